@@ -15,6 +15,7 @@ stream after each tapped layer, at the position whose next token the logits pred
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from collections.abc import Sequence
@@ -196,10 +197,9 @@ class Engine:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        # Interpreter shutdown may have torn llama_cpp down already; nothing useful can be reported then.
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn llama_cpp down already
-            pass
 
     # ----------------------------------------------------------------- vocabulary
     @property
