@@ -19,7 +19,7 @@ import contextlib
 import ctypes
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
@@ -100,17 +100,117 @@ class ScoredContinuation:
     logits: np.ndarray | None = None  # (T, n_vocab) when asked for
 
 
-@dataclass
-class _TapBuffer:
-    """Per-layer arrays captured during one `llama_decode` call (one entry per micro-batch)."""
+class _Taps:
+    """Captures the `l_out-N` tensors during `llama_decode`, through the C callback when it was built.
 
-    wanted: dict[bytes, int]
-    n_embd: int
-    captured: dict[int, list[np.ndarray]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
+    `localpers._taps` (a tiny C extension, see `_taps.c`) answers llama.cpp's ~730 per-token node
+    queries in nanoseconds; the pure-Python fallback works everywhere but costs microseconds per node.
+    """
+
+    def __init__(self, layers: Sequence[int], n_embd: int, max_tokens: int) -> None:
+        self.names = [f"l_out-{layer}".encode() for layer in layers]
+        self.n_embd = n_embd
+        self.buffers = [np.zeros(max_tokens * n_embd, dtype=np.float32) for _ in layers]
+        self.implementation = "c"
+        try:
+            self._setup_c()
+        except (ImportError, OSError, AttributeError):
+            self.implementation = "python"
+            self._setup_python()
+
+    def _setup_c(self) -> None:
+        from localpers import _taps  # the compiled extension; ImportError when it was not built
+
+        library = ctypes.CDLL(_taps.__file__)
+        address = ctypes.cast(library.localpers_tap_callback, ctypes.c_void_p).value
+        state = _CTapState()
+        state.get_name = ctypes.cast(_libggml.ggml_get_name, ctypes.c_void_p).value
+        state.nbytes = ctypes.cast(_libggml.ggml_nbytes, ctypes.c_void_p).value
+        state.tensor_get = ctypes.cast(_libggml.ggml_backend_tensor_get, ctypes.c_void_p).value
+        state.n_taps = len(self.names)
+        for i, (name, buffer) in enumerate(zip(self.names, self.buffers, strict=True)):
+            state.names[i].value = name
+            state.buffers[i] = buffer.ctypes.data
+            state.capacity[i] = buffer.nbytes
+        self._library = library
+        self._state = state
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(address)
+        self.user_data = ctypes.cast(ctypes.pointer(state), ctypes.c_void_p)
+
+    def _setup_python(self) -> None:
+        wanted = {name: i for i, name in enumerate(self.names)}
+        self._filled = [0] * len(self.names)
+        self._error = 0
+        get_name, nbytes_of, tensor_get = (
+            _libggml.ggml_get_name,
+            _libggml.ggml_nbytes,
+            _libggml.ggml_backend_tensor_get,
+        )
+
+        def on_tensor(tensor: int, ask: bool, user_data: int) -> bool:
+            index = wanted.get(get_name(tensor))
+            if ask:
+                return index is not None
+            if index is None:
+                return True
+            if ctypes.c_int.from_address(tensor).value != GGML_TYPE_F32:
+                self._error = 1
+                return True
+            size = nbytes_of(tensor)
+            buffer = self.buffers[index]
+            if self._filled[index] + size > buffer.nbytes:
+                self._error = 2
+                return True
+            tensor_get(tensor, buffer.ctypes.data + self._filled[index], 0, size)
+            self._filled[index] += size
+            return True
+
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
+        self.user_data = None
 
     def clear(self) -> None:
-        self.captured = {}
+        if self.implementation == "c":
+            self._state.error = 0
+            for i in range(len(self.names)):
+                self._state.filled[i] = 0
+        else:
+            self._error = 0
+            self._filled = [0] * len(self.names)
+
+    @property
+    def error(self) -> str | None:
+        code = self._state.error if self.implementation == "c" else self._error
+        return {0: None, 1: "a tapped tensor is not f32", 2: "tap buffer too small"}.get(code, f"code {code}")
+
+    def collect(self, n_tokens: int, n_out: int) -> np.ndarray:
+        """Stack the tapped layers for the output rows: `(n_out, n_taps, n_embd)`."""
+        per_layer = []
+        for i, name in enumerate(self.names):
+            filled = self._state.filled[i] if self.implementation == "c" else self._filled[i]
+            if filled == 0:
+                raise LocalpersError(
+                    f"layer tap {name.decode()} produced nothing; is this a supported architecture?"
+                )
+            rows = self.buffers[i][: filled // 4].reshape(-1, self.n_embd)
+            # llama.cpp keeps only the output rows in the final layer; earlier layers hold every token.
+            per_layer.append(rows[-n_out:] if rows.shape[0] == n_tokens else rows)
+        return np.stack(per_layer, axis=1)
+
+
+class _CTapState(ctypes.Structure):
+    """Mirror of `lp_taps` in `_taps.c`."""
+
+    _fields_ = [
+        ("get_name", ctypes.c_void_p),
+        ("nbytes", ctypes.c_void_p),
+        ("tensor_get", ctypes.c_void_p),
+        ("n_taps", ctypes.c_int),
+        ("error", ctypes.c_int),
+        ("names", (ctypes.c_char * 64) * 16),
+        ("buffers", ctypes.c_void_p * 16),
+        ("capacity", ctypes.c_size_t * 16),
+        ("filled", ctypes.c_size_t * 16),
+    ]
 
 
 class Engine:
@@ -142,24 +242,23 @@ class Engine:
         self.tap_layers: tuple[int, ...] = tuple(
             sorted({layer % self.n_layer for layer in tap_layers}) if tap_layers else ()
         )
-        self._taps = _TapBuffer(
-            wanted={f"l_out-{layer}".encode(): i for i, layer in enumerate(self.tap_layers)},
-            n_embd=self.n_embd,
-        )
-        self._callback = self._make_callback() if self.tap_layers else None
+        if len(self.tap_layers) > 16:
+            raise LocalpersError("at most 16 layers can be tapped")
+        batch_size = min(n_batch, n_ctx)
+        self._taps = _Taps(self.tap_layers, self.n_embd, batch_size) if self.tap_layers else None
 
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
-        ctx_params.n_batch = min(n_batch, n_ctx)
-        ctx_params.n_ubatch = min(n_batch, n_ctx)
+        ctx_params.n_batch = batch_size
+        ctx_params.n_ubatch = batch_size
         ctx_params.n_threads = self.n_threads
         ctx_params.n_threads_batch = self.n_threads
         ctx_params.no_perf = True
         if hasattr(ctx_params, "swa_full"):
             ctx_params.swa_full = True  # keeps every position so the KV cache can be truncated anywhere
-        if self._callback is not None:
-            ctx_params.cb_eval = self._callback
-            ctx_params.cb_eval_user_data = None
+        if self._taps is not None:
+            ctx_params.cb_eval = self._taps.callback
+            ctx_params.cb_eval_user_data = self._taps.user_data
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
@@ -175,6 +274,16 @@ class Engine:
         self.active_scale: float = 1.0
         self.n_past = 0
         self._piece_cache: dict[int, bytes] = {}
+
+    @property
+    def tap_implementation(self) -> str | None:
+        """`c` (compiled callback), `python` (fallback) or None when no layer is tapped."""
+        return self._taps.implementation if self._taps is not None else None
+
+    @property
+    def tap_names(self) -> tuple[str, ...]:
+        """llama.cpp graph names of the tapped tensors, in feature order (e.g. `l_out-14`)."""
+        return tuple(f"l_out-{layer}" for layer in self.tap_layers)
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -324,8 +433,8 @@ class Engine:
             n_out = self._decode(chunk, all_positions=all_positions, want_last=is_last_chunk)
             if n_out:
                 logit_rows.append(self._read_logits(n_out))
-                if self.tap_layers:
-                    feature_rows.append(self._collect_features(len(chunk), n_out))
+                if self._taps is not None:
+                    feature_rows.append(self._taps.collect(len(chunk), n_out))
         logits = np.concatenate(logit_rows, axis=0)
         features = np.concatenate(feature_rows, axis=0) if feature_rows else None
         if all_positions:
@@ -396,58 +505,19 @@ class Engine:
             batch.logits[i] = wants
             n_out += wants
         batch.n_tokens = len(tokens)
-        self._taps.clear()
+        if self._taps is not None:
+            self._taps.clear()
         result = llama_cpp.llama_decode(self._ctx, batch)
         if result != 0:
             raise LocalpersError(f"llama.cpp decode failed (code {result}) at position {self.n_past}")
-        if self._taps.errors:
-            raise LocalpersError(f"layer tap failed: {self._taps.errors[0]}")
+        if self._taps is not None and self._taps.error:
+            raise LocalpersError(f"layer tap failed: {self._taps.error}")
         self.n_past += len(tokens)
         return n_out
 
     def _read_logits(self, n_out: int) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(n_out, self.n_vocab)).copy()
-
-    def _collect_features(self, n_tokens: int, n_out: int) -> np.ndarray:
-        """Stack the tapped layers for the output rows; (n_out, n_taps, n_embd)."""
-        per_layer = []
-        for index, layer in enumerate(self.tap_layers):
-            parts = self._taps.captured.get(index)
-            if not parts:
-                raise LocalpersError(
-                    f"layer tap l_out-{layer} produced nothing; is this a supported architecture?"
-                )
-            rows = np.concatenate(parts, axis=0)
-            # llama.cpp keeps only the output rows in the final layer; earlier layers hold every token.
-            per_layer.append(rows[-n_out:] if rows.shape[0] == n_tokens else rows)
-        return np.stack(per_layer, axis=1)
-
-    def _make_callback(self) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-        taps = self._taps
-        wanted = taps.wanted
-        n_embd = taps.n_embd
-        get_name = _libggml.ggml_get_name
-        nbytes_of = _libggml.ggml_nbytes
-        tensor_get = _libggml.ggml_backend_tensor_get
-
-        def on_tensor(tensor: int, ask: bool, user_data: int) -> bool:
-            index = wanted.get(get_name(tensor))
-            if ask:
-                return index is not None
-            if index is None:
-                return True
-            tensor_type = ctypes.c_int.from_address(tensor).value
-            if tensor_type != GGML_TYPE_F32:
-                taps.errors.append(f"tensor type {tensor_type} is not f32")
-                return True
-            size = nbytes_of(tensor)
-            rows = np.empty(size // 4, dtype=np.float32)
-            tensor_get(tensor, rows.ctypes.data, 0, size)
-            taps.captured.setdefault(index, []).append(rows.reshape(-1, n_embd))
-            return True
-
-        return llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
 
 
 def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -1,0 +1,77 @@
+/*
+ * Layer-tap callback for llama.cpp's cb_eval, in C so that the per-node cost is nanoseconds.
+ *
+ * llama.cpp calls the callback once per graph node (about 730 per token for Gemma 3 270M) with
+ * ask=true, and again with ask=false once a node it said yes to has been computed. A Python callback
+ * costs microseconds per call, which is 10-70 % of a 10 ms token; this one costs almost nothing.
+ * It does no allocation: Python owns the buffers and passes the ggml functions it needs as pointers
+ * (so nothing here links against ggml). It is a Python extension module only so that pip builds it;
+ * the engine loads the symbol with ctypes and falls back to a Python callback when it is missing.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#define LP_MAX_TAPS 16
+#define LP_NAME_LEN 64
+
+typedef const char *(*lp_get_name_fn)(const void *tensor);
+typedef size_t (*lp_nbytes_fn)(const void *tensor);
+typedef void (*lp_tensor_get_fn)(const void *tensor, void *data, size_t offset, size_t size);
+
+typedef struct {
+    lp_get_name_fn get_name;
+    lp_nbytes_fn nbytes;
+    lp_tensor_get_fn tensor_get;
+    int n_taps;
+    int error; /* 0 ok, 1 tensor not f32, 2 buffer too small */
+    char names[LP_MAX_TAPS][LP_NAME_LEN];
+    char *buffers[LP_MAX_TAPS];
+    size_t capacity[LP_MAX_TAPS];
+    size_t filled[LP_MAX_TAPS];
+} lp_taps;
+
+static int lp_find(const lp_taps *taps, const char *name) {
+    if (name == NULL || strncmp(name, "l_out-", 6) != 0) {
+        return -1;
+    }
+    for (int i = 0; i < taps->n_taps; i++) {
+        if (strcmp(name, taps->names[i]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+PyMODINIT_FUNC PyInit__taps(void);
+
+__attribute__((visibility("default"))) bool localpers_tap_callback(void *tensor, bool ask, void *user_data) {
+    lp_taps *taps = (lp_taps *)user_data;
+    int index = lp_find(taps, taps->get_name(tensor));
+    if (ask) {
+        return index >= 0;
+    }
+    if (index < 0) {
+        return true;
+    }
+    if (*(const int *)tensor != 0) { /* enum ggml_type is the first field; 0 = GGML_TYPE_F32 */
+        taps->error = 1;
+        return true;
+    }
+    size_t size = taps->nbytes(tensor);
+    if (taps->filled[index] + size > taps->capacity[index]) {
+        taps->error = 2;
+        return true;
+    }
+    taps->tensor_get(tensor, taps->buffers[index] + taps->filled[index], 0, size);
+    taps->filled[index] += size;
+    return true;
+}
+
+static struct PyModuleDef lp_module = {
+    PyModuleDef_HEAD_INIT, "_taps", "C layer-tap callback for llama.cpp (loaded through ctypes).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__taps(void) { return PyModule_Create(&lp_module); }

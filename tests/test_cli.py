@@ -1,0 +1,86 @@
+"""The foundation CLI: --version, doctor, generate, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from localpers import __version__
+from localpers.backbone import Backbone
+from localpers.cli import app
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert __version__ in result.stdout
+
+
+def test_every_command_has_help() -> None:
+    for command in ([], ["doctor"], ["generate"]):
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0, command
+        assert "Usage" in result.stdout
+
+
+def test_doctor_json_reports_backbone_and_extras(backbone: Backbone) -> None:
+    result = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["backbone"]["sha256"] == backbone.sha256
+    assert report["llama_cpp_python"] == "0.3.36"
+    assert set(report["extras"]) >= {"publish", "torch", "gguf"}
+    assert Path(report["dirs"]["data"]).is_dir()
+
+
+def test_generate_streams_text(backbone: Backbone) -> None:
+    result = runner.invoke(
+        app, ["generate", "The capital of France is", "--max-tokens", "8", "--model", str(backbone.path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip()) > 0
+
+
+def test_generate_json_headline_is_one_line(backbone: Backbone) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "Scientists found that people who walk 20 minutes a day sleep better.",
+            "--task",
+            "headline",
+            "--json",
+            "--model",
+            str(backbone.path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["task"] == "headline"
+    assert "\n" not in payload["text"]
+    assert payload["tokens"] >= 1 and payload["ms_per_token"] > 0
+
+
+def test_generate_reads_stdin(backbone: Backbone) -> None:
+    result = runner.invoke(
+        app, ["generate", "-", "--max-tokens", "4", "--json", "--model", str(backbone.path)], input="Once upon a time"
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokens"] >= 1
+
+
+def test_bad_model_path_is_one_line_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["generate", "hello", "--model", str(tmp_path / "missing.gguf")])
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0
+    assert result.output.startswith("error:") and "missing.gguf" in result.output
+
+
+def test_unknown_task_is_one_line_error(backbone: Backbone) -> None:
+    result = runner.invoke(app, ["generate", "hello", "--task", "poem", "--model", str(backbone.path)])
+    assert result.exit_code == 1
+    assert "unknown task 'poem'" in result.output
