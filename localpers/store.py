@@ -184,9 +184,9 @@ class User:
             raise ValueError(f"user state must be JSON-serialisable: {exc}") from None
         atomic_write_text(self.state_path, text + "\n")
 
-    def vector_path(self) -> Path | None:
+    def vector_path(self, state: dict[str, Any] | None = None) -> Path | None:
         """The file of the current vector, as named by state.json; None if the user has no vector."""
-        name = self.state().get("vector_file")
+        name = (self.state() if state is None else state).get("vector_file")
         if name is None:
             return None
         if not isinstance(name, str) or not VECTOR_FILE_PATTERN.fullmatch(name):
@@ -207,7 +207,7 @@ class User:
         from safetensors.numpy import load
 
         state = self.state()
-        path = self.vector_path()
+        path = self.vector_path(state)
         if path is None:
             return None
         try:
