@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli_users import history_app, user_app
 from localpers.errors import LocalpersError
 
 app = typer.Typer(
@@ -194,6 +195,10 @@ def generate(
         typer.echo(json.dumps(payload, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
+
+
+app.add_typer(user_app, name="user")
+app.add_typer(history_app, name="history")
 
 
 def main() -> None:

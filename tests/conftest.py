@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated LOCALPERS_HOME for every test, and one backbone engine per session."""
+"""Shared fixtures: an isolated LOCALPERS_HOME for every test, and the backbone resolved once per session."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own data/config dirs; the backbone cache stays shared so it is assembled once."""
-    home = tmp_path_factory.mktemp("home")
+def localpers_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point LOCALPERS_HOME at a temp dir so no test reads or writes the real user folders."""
+    home = tmp_path / "localpers-home"
     monkeypatch.setenv("LOCALPERS_HOME", str(home))
     monkeypatch.delenv("LOCALPERS_MODEL", raising=False)
     return home
@@ -22,5 +22,5 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 
 @pytest.fixture(scope="session")
 def backbone() -> Backbone:
-    """The embedded default backbone, resolved with the real (shared) cache directory."""
+    """The embedded default backbone, resolved with the real cache so it is assembled only once."""
     return resolve_backbone()

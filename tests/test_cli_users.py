@@ -1,0 +1,175 @@
+"""`localpers user ...` and `localpers history ...` through Typer's CliRunner: exit codes and --json."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.history import demo_history_path
+from localpers.store import UserStore
+
+runner = CliRunner()
+
+
+def run(*args: str, input: str | None = None, code: int = 0):
+    result = runner.invoke(app, list(args), input=input)
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    return result
+
+
+def run_json(*args: str) -> dict:
+    return json.loads(run(*args, "--json").stdout)
+
+
+def assert_one_line_error(result, fragment: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["user"],
+        ["history"],
+        *[["user", verb] for verb in ("create", "list", "use", "show", "delete", "export", "import")],
+        *[["history", verb] for verb in ("import", "add", "list", "remove")],
+    ],
+)
+def test_every_command_has_help(command: list[str]) -> None:
+    result = run(*command, "--help")
+    assert "Usage" in result.stdout
+
+
+def test_no_active_user_is_a_one_line_error() -> None:
+    result = run("history", "list", code=1)
+    assert_one_line_error(result, "no active user: run `localpers user create NAME`")
+
+
+def test_user_lifecycle() -> None:
+    assert run_json("user", "create", "ann") == {
+        "name": "ann",
+        "dir": str(UserStore().get("ann").dir),
+        "active": True,
+    }
+    run("user", "create", "bob")  # a new user becomes active by default
+    assert run_json("user", "list") == {
+        "users": [{"name": "ann", "active": False}, {"name": "bob", "active": True}],
+        "active": "bob",
+    }
+    run("user", "create", "cy", "--no-use")
+    assert "* bob" in run("user", "list").stdout
+    run("user", "use", "ann")
+    shown = run_json("user", "show")
+    assert (
+        shown["name"] == "ann" and shown["active"] and shown["vector"] is None and shown["history_items"] == 0
+    )
+    assert_one_line_error(run("user", "create", "ann", code=1), "already exists")
+    assert_one_line_error(run("user", "use", "nobody", code=1), "no user named 'nobody'")
+    assert_one_line_error(run("user", "create", "Bad Name", code=1), "invalid user name")
+
+
+def test_delete_asks_first() -> None:
+    run("user", "create", "ann")
+    refused = run("user", "delete", "ann", input="n\n", code=1)
+    assert "Delete user 'ann'" in refused.stdout and UserStore().list() == ["ann"]
+    run("user", "delete", "ann", input="y\n")
+    assert UserStore().list() == []
+    run("user", "create", "bob")
+    UserStore().get("bob").history_path.write_text("{damaged")
+    run("user", "delete", "bob", input="y\n")  # a damaged user can still be deleted
+    run("user", "create", "cy")
+    run("user", "delete", "cy", "--yes")
+    assert run_json("user", "list") == {"users": [], "active": None}
+
+
+def test_history_import_add_list_remove(tmp_path: Path) -> None:
+    run("user", "create", "ann")
+    demo = str(demo_history_path())
+    first = run_json("history", "import", demo)
+    assert first["added"] == 24 and first["total"] == 24
+    again = run_json("history", "import", demo)
+    assert again["added"] == 0 and len(again["already_in_history"]) == 24
+
+    added = run_json(
+        "history", "add", "--input", "A cat won a prize.", "--output", "Purr-fect: Cat Wins, Here's Why"
+    )
+    assert added["added"] is True and added["total"] == 25
+    duplicate = run(
+        "history", "add", "--input", "A cat won a prize.", "--output", "Purr-fect: Cat Wins, Here's Why"
+    )
+    assert "nothing added" in duplicate.stderr
+
+    listed = run_json("history", "list")
+    assert len(listed["items"]) == 25 and listed["items"][-1]["id"] == added["item"]["id"]
+    assert added["item"]["output"] in run("history", "list").stdout
+
+    run("history", "remove", added["item"]["id"][:6])
+    assert len(run_json("history", "list")["items"]) == 24
+    assert_one_line_error(run("history", "remove", "zzzzzz", code=1), "no history item 'zzzzzz'")
+
+
+def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
+    run("user", "create", "ann")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": "a", "output": "A"}\n{"input": "b"}\n')
+    assert_one_line_error(
+        run("history", "import", str(bad), code=1), "bad.jsonl line 2: missing field 'output'"
+    )
+    assert run_json("history", "list")["items"] == []  # nothing was imported
+
+    dupes = tmp_path / "dupes.jsonl"
+    dupes.write_text('{"input": "a", "output": "A"}\n\n{"input": "a", "output": "A"}\n')
+    result = run("history", "import", str(dupes))
+    assert "skipped line 3: same text as line 1" in result.stderr
+    assert "imported 1 item into" in result.stdout
+
+
+def test_history_import_per_user_file_needs_user_id(tmp_path: Path) -> None:
+    run("user", "create", "ann")
+    path = tmp_path / "users.jsonl"
+    rows = [
+        {"user_id": uid, "history": [{"input": f"{uid} news", "output": f"{uid} Headline"}]}
+        for uid in ("u1", "u2")
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert_one_line_error(run("history", "import", str(path), code=1), "choose one with --user-id")
+    assert run_json("history", "import", str(path), "--user-id", "u2")["added"] == 1
+
+
+def test_history_of_another_user_and_empty_add_is_refused() -> None:
+    run("user", "create", "ann")
+    run("user", "create", "bob")
+    run("history", "add", "--user", "ann", "-i", "x", "-o", "Y")
+    assert len(run_json("history", "list", "--user", "ann")["items"]) == 1
+    assert run_json("history", "list")["items"] == []  # bob, the active user, is untouched
+    assert_one_line_error(run("history", "add", "-i", "x", "-o", "  ", code=1), "field 'output' is empty")
+
+
+def test_export_and_import_commands(tmp_path: Path) -> None:
+    run("user", "create", "ann")
+    run("history", "add", "-i", "x", "-o", "Private Words")
+    UserStore().get("ann").save_fit(np.ones(4, np.float32), {"cluster": 7})
+    exported = run_json("user", "export", "-o", str(tmp_path))
+    archive = Path(exported["archive"])
+    assert archive.is_file() and exported["with_history"] is False
+    assert_one_line_error(run("user", "export", "-o", str(archive), code=1), "already exists")
+    run("user", "export", "-o", str(archive), "--with-history", "--force")
+
+    imported = run_json("user", "import", str(archive), "--as", "ann2")
+    assert imported["name"] == "ann2" and imported["active"] is False
+    shown = run_json("user", "show", "ann2")
+    assert shown["cluster"] == 7 and shown["vector"]["dim"] == 4 and shown["history_items"] == 1
+    assert_one_line_error(run("user", "import", str(archive), code=1), "already exists")
+
+
+def test_damaged_vector_gives_one_line_error_in_show() -> None:
+    run("user", "create", "ann")
+    user = UserStore().get("ann")
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1})
+    user.vector_path().write_bytes(b"garbage")
+    result = run("user", "show", code=1)
+    assert_one_line_error(result, "run `localpers fit` again")

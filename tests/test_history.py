@@ -1,0 +1,194 @@
+"""History parsing: the three input formats, line-numbered errors, duplicates, the item limit."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localpers.errors import LocalpersError
+from localpers.history import (
+    MAX_HISTORY_ITEMS,
+    HistoryItem,
+    demo_history_path,
+    item_id,
+    merge_history,
+    normalize_text,
+    parse_history,
+    parse_history_file,
+    read_stored_history,
+    serialize_history,
+)
+
+SHARED_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "news-headlines" / "test.jsonl"
+
+
+def write_lines(path: Path, lines: list[object]) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def test_plain_items_default_to_headline_and_are_normalised(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "h.jsonl",
+        [
+            {"input": "  An   article\tabout cats ", "output": "Cats  Win\r\n"},
+            "",
+            {"input": "b", "output": "B"},
+        ],
+    )
+    items = parse_history_file(path)
+    assert [(i.task, i.input, i.output) for i in items] == [
+        ("headline", "An article about cats", "Cats Win"),
+        ("headline", "b", "B"),
+    ]
+    assert items[0].source == "h.jsonl:1" and items[1].source == "h.jsonl:3"
+    assert items[0].id == item_id("headline", "An article about cats", "Cats Win")
+
+
+def test_task_field_and_default_task(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "h.jsonl", [{"task": "title", "input": "x", "output": "X"}, {"input": "y", "output": "Y"}]
+    )
+    items = parse_history_file(path, default_task="paraphrase")
+    assert [i.task for i in items] == ["title", "paraphrase"]
+
+
+def shared_user(uid: str, n: int) -> dict:
+    history = [
+        {"id": f"n{k}", "input": f"article {uid} {k}", "output": f"Headline {k}", "date": "2020-01-01"}
+        for k in range(n)
+    ]
+    return {"user_id": uid, "history": history, "queries": [{"input": "secret query", "output": "Q"}]}
+
+
+def test_shared_user_format_single_user(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "u.jsonl", [shared_user("u1", 3)])
+    items = parse_history_file(path)
+    assert [i.output for i in items] == ["Headline 0", "Headline 1", "Headline 2"]
+    assert items[0].source == "u.jsonl:u1/n0"
+    assert all("secret" not in i.input for i in items)  # queries are never taken
+
+
+def test_shared_user_format_several_users_needs_user_id(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "u.jsonl", [shared_user("u1", 2), shared_user("u2", 4)])
+    with pytest.raises(LocalpersError, match=r"holds 2 users \(u1, u2\); choose one with --user-id"):
+        parse_history_file(path)
+    assert len(parse_history_file(path, user_id="u2")) == 4
+    with pytest.raises(LocalpersError, match="has no user_id 'u9'"):
+        parse_history_file(path, user_id="u9")
+
+
+def test_user_id_on_a_plain_file_and_mixed_formats_are_refused(tmp_path: Path) -> None:
+    plain = write_lines(tmp_path / "p.jsonl", [{"input": "a", "output": "A"}])
+    with pytest.raises(LocalpersError, match="--user-id applies only"):
+        parse_history_file(plain, user_id="u1")
+    mixed = write_lines(tmp_path / "m.jsonl", [shared_user("u1", 1), {"input": "a", "output": "A"}])
+    with pytest.raises(LocalpersError, match=r"m.jsonl line 2: a plain item in a file of per-user lines"):
+        parse_history_file(mixed)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ('{"input": "a"}', r"line 3: missing field 'output'"),
+        ('{"input": "a", "output": 5}', r"line 3: field 'output' must be a string"),
+        ('{"input": "a", "output": "   "}', r"line 3: field 'output' is empty"),
+        ('{"input": "a", "output": "b", "task": "poem"}', r"line 3: unknown task 'poem'"),
+        ('{"input": "a", "output": "b"', r"line 3: not valid JSON"),
+        ('["a", "b"]', r"line 3: expected a JSON object, got list"),
+    ],
+)
+def test_errors_name_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", [{"input": "ok", "output": "OK"}, "", bad_line])
+    with pytest.raises(LocalpersError, match=message) as raised:
+        parse_history_file(path)
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_errors_inside_a_shared_user_line_name_the_item(tmp_path: Path) -> None:
+    record = shared_user("u1", 3)
+    del record["history"][1]["output"]
+    path = write_lines(tmp_path / "u.jsonl", [record])
+    with pytest.raises(LocalpersError, match=r"line 1 \(user u1\) history item 2: missing field 'output'"):
+        parse_history_file(path)
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(LocalpersError, match="no such file"):
+        parse_history_file(tmp_path / "absent.jsonl")
+    (tmp_path / "latin1.jsonl").write_bytes(
+        b'{"input": "a", "output": "b"}\n{"input": "caf\xe9", "output": "b"}\n'
+    )
+    with pytest.raises(LocalpersError, match="line 2: not UTF-8"):
+        parse_history_file(tmp_path / "latin1.jsonl")
+    (tmp_path / "blank.jsonl").write_text("\n  \n")
+    with pytest.raises(LocalpersError, match="has no history items"):
+        parse_history_file(tmp_path / "blank.jsonl")
+
+
+def test_duplicates_are_reported_and_skipped(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "d.jsonl",
+        [
+            {"input": "a", "output": "A"},
+            {"input": "b", "output": "B"},
+            {"input": " a ", "output": "A  "},  # same text once whitespace is normalised
+            {"task": "title", "input": "a", "output": "A"},  # another task: not a duplicate
+        ],
+    )
+    parsed = parse_history(path)
+    assert [i.output for i in parsed.items] == ["A", "B", "A"]
+    assert [(d.where, d.first_seen) for d in parsed.duplicates] == [("line 3", "line 1")]
+    assert parsed.duplicates[0].item_id == parsed.items[0].id
+
+
+def test_item_limit(tmp_path: Path) -> None:
+    lines = [{"input": f"article {k}", "output": f"Headline {k}"} for k in range(MAX_HISTORY_ITEMS)]
+    assert len(parse_history_file(write_lines(tmp_path / "ok.jsonl", lines))) == MAX_HISTORY_ITEMS
+    lines.append({"input": "one more", "output": "Too Many"})
+    with pytest.raises(
+        LocalpersError, match=f"501 history items, more than the limit of {MAX_HISTORY_ITEMS}"
+    ):
+        parse_history_file(write_lines(tmp_path / "big.jsonl", lines))
+
+
+def test_ids_are_stable_and_distinguish_fields() -> None:
+    first = HistoryItem.create("headline", "x  y", "Z")
+    assert first.id == HistoryItem.create("headline", "x y", " Z").id
+    assert len({first.id, item_id("title", "x y", "Z"), item_id("headline", "x y", "z")}) == 3
+    assert normalize_text("a\n\n\n\nb  c ") == "a\n\nb c"
+
+
+def test_merge_and_stored_round_trip(tmp_path: Path) -> None:
+    a, b, c = (HistoryItem.create("headline", s, s.upper(), "t") for s in "abc")
+    merged, skipped = merge_history([a, b], [b, c])
+    assert merged == [a, b, c] and skipped == [b]
+    stored = tmp_path / "history.jsonl"
+    stored.write_text(serialize_history(merged))
+    assert read_stored_history(stored) == merged
+    assert read_stored_history(tmp_path / "none.jsonl") == []
+
+
+def test_damaged_stored_history_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    stored = tmp_path / "history.jsonl"
+    stored.write_text(serialize_history([HistoryItem.create("headline", "a", "A")]) + "{oops\n")
+    with pytest.raises(LocalpersError, match=r"history.jsonl line 2: not valid JSON .*remove the file"):
+        read_stored_history(stored)
+
+
+def test_demo_history_is_a_valid_headline_history() -> None:
+    items = parse_history_file(demo_history_path())
+    assert 15 <= len(items) <= 30
+    assert {i.task for i in items} == {"headline"}
+    assert all(i.input.startswith("Generate a headline for the following article: ") for i in items)
+    assert all(":" in i.output for i in items)  # the demo style: a verdict after a colon
+
+
+@pytest.mark.skipif(not SHARED_TEST.exists(), reason="shared news-headlines data not present")
+def test_shared_test_file_parses_per_user() -> None:
+    with pytest.raises(LocalpersError, match="choose one with --user-id"):
+        parse_history_file(SHARED_TEST)
+    first = json.loads(SHARED_TEST.read_text().splitlines()[0])
+    items = parse_history_file(SHARED_TEST, user_id=first["user_id"])
+    assert 0 < len(items) <= len(first["history"])
+    assert items[0].output == normalize_text(first["history"][0]["output"])

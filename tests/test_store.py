@@ -1,0 +1,280 @@
+"""User store: users and the active pointer, atomic fits, damaged files, export and import."""
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.store import UserStore
+
+SECRET = "Zebra Quokka Manifesto"  # a distinctive bit of "user text" to hunt for on disk
+
+
+def items(n: int) -> list[HistoryItem]:
+    return [HistoryItem.create("headline", f"article {k}", f"{SECRET} {k}", "test") for k in range(n)]
+
+
+def files_under(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def test_create_list_use_resolve() -> None:
+    store = UserStore()
+    assert store.list() == [] and store.active_name() is None
+    with pytest.raises(LocalpersError, match=r"^no active user: run `localpers user create NAME`$"):
+        store.resolve(None)
+    ann = store.create("ann")
+    assert store.active_name() == "ann"  # the first user becomes active
+    store.create("bob-2")
+    assert store.list() == ["ann", "bob-2"] and store.active_name() == "ann"
+    store.use("bob-2")
+    assert store.resolve(None).name == "bob-2" and store.resolve("ann") == ann
+    assert ann.history() == [] and ann.vector() is None and "created_at" in ann.state()
+
+
+@pytest.mark.parametrize("name", ["", "Ann", "-ann", "a" * 33, "an n", "../x", "ann/"])
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(LocalpersError, match="invalid user name"):
+        UserStore().create(name)
+
+
+def test_create_twice_and_unknown_user() -> None:
+    store = UserStore()
+    store.create("ann")
+    with pytest.raises(LocalpersError, match="already exists"):
+        store.create("ann")
+    with pytest.raises(LocalpersError, match="no user named 'zed'"):
+        store.get("zed")
+
+
+def test_delete_removes_every_trace(localpers_home: Path) -> None:
+    store = UserStore()
+    ann = store.create("ann")
+    store.create("bob")
+    ann.save_history(items(3))
+    ann.save_fit(np.ones(8, np.float32), {"cluster": 1}, {"bundle_sha256": "abc"})
+    store.use("ann")
+    store.delete("ann")
+    assert store.list() == ["bob"] and store.active_name() is None
+    assert not store.active_path.exists()
+    assert not any(SECRET in p.read_text(errors="ignore") for p in files_under(localpers_home))
+    assert not any("ann" in p.name for p in localpers_home.rglob("*"))
+    with pytest.raises(LocalpersError, match="no user named 'ann'"):
+        store.delete("ann")
+
+
+def test_delete_keeps_another_users_active_pointer() -> None:
+    store = UserStore()
+    store.create("ann")
+    store.create("bob")
+    store.delete("bob")
+    assert store.active_name() == "ann"
+
+
+def test_user_text_stays_in_its_folder(localpers_home: Path) -> None:
+    store = UserStore()
+    ann = store.create("ann")
+    ann.save_history(items(5))
+    ann.save_fit(np.zeros(4, np.float32), {"cluster": 0})
+    holders = [p for p in files_under(localpers_home) if SECRET in p.read_text(errors="ignore")]
+    assert holders == [ann.history_path]
+    assert not [p for p in files_under(localpers_home) if p.name.endswith(".tmp")]
+
+
+def test_fit_round_trip_and_state_keys() -> None:
+    ann = UserStore().create("ann")
+    vector = np.linspace(-1, 1, 16, dtype=np.float32)
+    ann.save_fit(vector, {"cluster": 3, "method": "card", "report": {"pairs": 20}}, {"bundle_sha256": "f00"})
+    assert np.array_equal(ann.vector(), vector) and ann.vector().dtype == np.float32
+    assert ann.vector_metadata() == {"bundle_sha256": "f00"}
+    state = ann.state()
+    assert state["cluster"] == 3 and state["report"] == {"pairs": 20} and state["vector_dim"] == 16
+    ann.save_state({"cluster": 4})  # keeps the link to the vector it does not mention
+    assert np.array_equal(ann.vector(), vector) and ann.state()["cluster"] == 4
+    ann.save_vector(vector * 2, {"bundle_sha256": "f01"})
+    assert np.array_equal(ann.vector(), vector * 2) and ann.state()["cluster"] == 4
+    assert len(list(ann.dir.glob("vector-*.safetensors"))) == 1
+    ann.save_fit(None, {"cluster": 5, "method": "global"})  # cold start: no vector
+    assert ann.vector() is None and not list(ann.dir.glob("vector-*"))
+
+
+def test_save_fit_rejects_bad_vectors() -> None:
+    ann = UserStore().create("ann")
+    for bad in (np.zeros((2, 3)), np.zeros(0), np.array([1.0, np.nan])):
+        with pytest.raises(ValueError):
+            ann.save_fit(bad, {})
+    with pytest.raises(TypeError):
+        ann.save_fit(np.zeros(3), {}, {"n": 1})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("failing_call", [1, 2])
+def test_interrupted_fit_keeps_the_previous_pair(monkeypatch: pytest.MonkeyPatch, failing_call: int) -> None:
+    ann = UserStore().create("ann")
+    old = np.full(8, 0.5, np.float32)
+    ann.save_fit(old, {"cluster": 1, "report": {"run": "old"}})
+    real_replace = os.replace
+    calls = []
+
+    def crashing_replace(src, dst):  # the vector's replace is call 1, the state's call 2
+        calls.append(dst)
+        if len(calls) == failing_call:
+            raise OSError("simulated crash")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crashing_replace)
+    with pytest.raises(OSError, match="simulated crash"):
+        ann.save_fit(np.full(8, 9.0, np.float32), {"cluster": 2, "report": {"run": "new"}})
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    assert np.array_equal(ann.vector(), old)
+    assert ann.state()["cluster"] == 1 and ann.state()["report"] == {"run": "old"}
+    assert not [p for p in ann.dir.iterdir() if p.name.endswith(".tmp")]
+    ann.save_fit(np.full(8, 2.0, np.float32), {"cluster": 3})  # the next fit tidies the orphan
+    assert len(list(ann.dir.glob("vector-*.safetensors"))) == 1 and ann.vector()[0] == 2.0
+
+
+def damage(ann, data: bytes, *, fix_sha: bool) -> Path:
+    """Overwrite the current vector file, optionally recording the new bytes' sha in state.json."""
+    import hashlib
+
+    path = ann.vector_path()
+    path.write_bytes(data)
+    if fix_sha:
+        state = json.loads(ann.state_path.read_text())
+        state["vector_sha256"] = hashlib.sha256(data).hexdigest()
+        ann.state_path.write_text(json.dumps(state))
+    return path
+
+
+def assert_one_line(exc: pytest.ExceptionInfo, *fragments: str) -> None:
+    message = str(exc.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize(
+    ("data", "fix_sha", "expected"),
+    [
+        (b"not a safetensors file at all", True, "is not a readable safetensors file"),
+        (save({"lambda": np.zeros(8, np.float64)}), True, "is float64 (8,), expected float32 (D,)"),
+        (save({"lambda": np.zeros((2, 4), np.float32)}), True, "expected float32 (D,)"),
+        (save({"other": np.zeros(8, np.float32)}), True, "has no tensor 'lambda'"),
+        (save({"lambda": np.zeros(6, np.float32)}), True, "has 6 values but state.json says 8"),
+        (save({"lambda": np.ones(8, np.float32)}), False, "does not match the sha256 recorded in state.json"),
+    ],
+    ids=["garbage", "float64", "2-d", "no-lambda", "wrong-dim", "sha-mismatch"],
+)
+def test_damaged_vector_is_refused(data: bytes, fix_sha: bool, expected: str) -> None:
+    ann = UserStore().create("ann")
+    ann.save_fit(np.zeros(8, np.float32), {"cluster": 1})
+    path = damage(ann, data, fix_sha=fix_sha)
+    with pytest.raises(LocalpersError) as exc:
+        ann.vector()
+    assert_one_line(exc, str(path), expected, "run `localpers fit` again")
+
+
+def test_missing_vector_file_is_refused() -> None:
+    ann = UserStore().create("ann")
+    ann.save_fit(np.zeros(8, np.float32), {})
+    ann.vector_path().unlink()
+    with pytest.raises(LocalpersError) as exc:
+        ann.vector()
+    assert_one_line(exc, "is missing although state.json names it", "run `localpers fit` again")
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"vector_file": "../../etc/passwd"}'])
+def test_damaged_state_is_refused(text: str) -> None:
+    ann = UserStore().create("ann")
+    ann.state_path.write_text(text)
+    with pytest.raises(LocalpersError) as exc:
+        ann.vector()
+    assert_one_line(exc, str(ann.state_path), "is damaged", "remove it and run `localpers fit` again")
+    ann.save_fit(np.ones(2, np.float32), {"cluster": 0})  # a new fit repairs it
+    assert ann.vector() is not None
+
+
+def test_damaged_history_and_active_pointer() -> None:
+    store = UserStore()
+    ann = store.create("ann")
+    ann.save_history(items(2))
+    with ann.history_path.open("a") as handle:
+        handle.write('{"input": "x"}\n')
+    with pytest.raises(LocalpersError) as exc:
+        ann.history()
+    assert_one_line(exc, str(ann.history_path), "line 3: missing field 'output'", "remove the file")
+    store.active_path.write_text("{")
+    with pytest.raises(LocalpersError) as exc:
+        store.active_name()
+    assert_one_line(exc, "active.json is damaged", "localpers user use NAME")
+    store.use("ann")  # repairs the pointer
+    assert store.active_name() == "ann"
+
+
+def test_history_limit_on_save() -> None:
+    ann = UserStore().create("ann")
+    with pytest.raises(LocalpersError, match="would have 501 history items"):
+        ann.save_history(items(501))
+
+
+def test_export_and_import(tmp_path: Path) -> None:
+    store = UserStore()
+    ann = store.create("ann")
+    ann.save_history(items(4))
+    ann.save_fit(
+        np.arange(8, dtype=np.float32), {"cluster": 2, "report": {"pairs": 4}}, {"bundle_sha256": "b"}
+    )
+
+    plain = store.export("ann", tmp_path)
+    assert plain == tmp_path / "localpers-user-ann.zip"
+    with zipfile.ZipFile(plain) as archive:
+        names = set(archive.namelist())
+        manifest = json.loads(archive.read("manifest.json"))
+        assert "history.jsonl" not in names
+        assert not any(SECRET.encode() in archive.read(n) for n in names)
+    assert manifest["cluster"] == 2 and manifest["with_history"] is False
+    with pytest.raises(LocalpersError, match="already exists"):
+        store.export("ann", plain)
+
+    full = store.export("ann", tmp_path / "full.zip", with_history=True)
+    with pytest.raises(LocalpersError, match="user 'ann' already exists"):
+        store.import_(full)
+    copy = store.import_(full, "ann-copy")
+    assert copy.history() == ann.history()
+    assert np.array_equal(copy.vector(), ann.vector()) and copy.vector_metadata() == {"bundle_sha256": "b"}
+    assert store.import_(plain, "ann-lite").history() == []
+
+
+def test_import_refuses_damaged_archives(tmp_path: Path) -> None:
+    store = UserStore()
+    store.create("ann").save_fit(np.ones(4, np.float32), {"cluster": 1})
+    good = store.export("ann", tmp_path / "good.zip")
+    with zipfile.ZipFile(good) as archive:
+        members = {n: archive.read(n) for n in archive.namelist()}
+
+    def rewrite(name: str, changes: dict[str, bytes]) -> Path:
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as archive:
+            for member, data in {**members, **changes}.items():
+                archive.writestr(member, data)
+        return path
+
+    vector_name = next(n for n in members if n.startswith("vector-"))
+    cases = {
+        rewrite("tampered.zip", {vector_name: b"xx"}): "does not match its sha256",
+        rewrite("extra.zip", {"../evil.sh": b"rm"}): "unexpected file",
+        rewrite("nomanifest.zip", {"manifest.json": b"{"}): "manifest.json is not valid JSON",
+    }
+    (tmp_path / "notzip.zip").write_bytes(b"plain text")
+    cases[tmp_path / "notzip.zip"] = "not a localpers user archive"
+    for path, expected in cases.items():
+        with pytest.raises(LocalpersError, match=expected):
+            store.import_(path, "copy")
+        assert store.list() == ["ann"]
+    assert not [p for p in store.users_dir.iterdir() if p.name.startswith(".")]
