@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli_bundle import register as register_bundle_commands
 from localpers.errors import LocalpersError
 
 app = typer.Typer(
@@ -194,6 +195,9 @@ def generate(
         typer.echo(json.dumps(payload, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
+
+
+register_bundle_commands(app)
 
 
 def main() -> None:
