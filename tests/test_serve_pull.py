@@ -142,7 +142,9 @@ def test_head_sends_headers_without_body(served: tuple[BundleServer, str]) -> No
     assert headers["Accept-Ranges"] == "bytes"
 
 
-def test_unlisted_file_and_directories_are_not_served(served: tuple[BundleServer, str], bundle_dir: Path) -> None:
+def test_unlisted_file_and_directories_are_not_served(
+    served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
     _, url = served
     (bundle_dir / "secret.txt").write_text("not in the manifest")
     for path in ("/secret.txt", "/", "/adapters", "/adapters/", "/plots/", "/nothing.gguf"):
@@ -169,7 +171,9 @@ def test_unlisted_file_and_directories_are_not_served(served: tuple[BundleServer
         "http://127.0.0.1/../secret.txt",
     ],
 )
-def test_traversal_is_not_served(served: tuple[BundleServer, str], bundle_dir: Path, tmp_path: Path, path: str) -> None:
+def test_traversal_is_not_served(
+    served: tuple[BundleServer, str], bundle_dir: Path, tmp_path: Path, path: str
+) -> None:
     _, url = served
     (bundle_dir / "secret.txt").write_text("secret")
     (tmp_path / "secret.txt").write_text("secret")
@@ -209,7 +213,9 @@ def test_range_requests(served: tuple[BundleServer, str], bundle_dir: Path) -> N
     assert status == 206 and body == b"{"
 
 
-@pytest.mark.parametrize("header", [f"bytes={10**6}-", "bytes=9-2", "bytes=-0", "items=0-3", "bytes=0-1,4-5", "bytes=-"])
+@pytest.mark.parametrize(
+    "header", [f"bytes={10**6}-", "bytes=9-2", "bytes=-0", "items=0-3", "bytes=0-1,4-5", "bytes=-"]
+)
 def test_bad_ranges_get_416(served: tuple[BundleServer, str], header: str) -> None:
     _, url = served
     status, headers, _ = request(url, "GET", "/head.safetensors", {"Range": header})
@@ -348,9 +354,11 @@ def test_pull_refuses_wrong_backbone_before_downloading(
     installed_previous: Path, served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, url = served
-    with caplog.at_level(logging.INFO, logger="localpers.serve"):
-        with pytest.raises(LocalpersError, match="backbone") as caught:
-            pull_bundle(url, backbone_sha256="e" * 64)
+    with (
+        caplog.at_level(logging.INFO, logger="localpers.serve"),
+        pytest.raises(LocalpersError, match="backbone") as caught,
+    ):
+        pull_bundle(url, backbone_sha256="e" * 64)
     assert BACKBONE_SHA in str(caught.value)
     fetched = [r.getMessage() for r in caplog.records if r.name == "localpers.serve"]
     assert fetched == ["GET /manifest.json 200"]
@@ -379,7 +387,9 @@ def serve_edited_manifest(bundle_dir: Path, edit: dict) -> tuple[BundleServer, s
         ({"head": {"file": "head-v2.safetensors"}}, "head-v2.safetensors"),
     ],
 )
-def test_pull_refuses_bad_manifests(installed_previous: Path, bundle_dir: Path, edit: dict, expected: str) -> None:
+def test_pull_refuses_bad_manifests(
+    installed_previous: Path, bundle_dir: Path, edit: dict, expected: str
+) -> None:
     server, url = serve_edited_manifest(bundle_dir, edit)
     try:
         with pytest.raises(LocalpersError, match=expected):
@@ -389,7 +399,9 @@ def test_pull_refuses_bad_manifests(installed_previous: Path, bundle_dir: Path, 
     assert_previous_intact(installed_previous)
 
 
-def test_pull_refuses_extra_bytes(installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path) -> None:
+def test_pull_refuses_extra_bytes(
+    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
     server, url = served
     manifest = json.loads(server.files[MANIFEST_NAME].data or b"")
     manifest["files"]["centroids.safetensors"]["size"] -= 100  # the server sends 100 bytes more than listed
@@ -463,7 +475,9 @@ def test_cli_pull_info_verify(served: tuple[BundleServer, str], fake_backbone: P
     assert code == 0 and out.startswith("ok: ") and "backbone hash matches" in out
 
 
-def test_cli_errors_are_one_line_naming_the_file(bundle_dir: Path, fake_backbone: Path, tmp_path: Path) -> None:
+def test_cli_errors_are_one_line_naming_the_file(
+    bundle_dir: Path, fake_backbone: Path, tmp_path: Path
+) -> None:
     (bundle_dir / "adapters/global.gguf").write_bytes(b"evil")
     code, out, err = run_cli("bundle", "verify", str(bundle_dir), "--model", str(fake_backbone))
     assert code == 1 and out == ""
