@@ -157,6 +157,25 @@ def _referenced_paths(manifest: dict[str, Any], origin: str) -> dict[str, object
     return references
 
 
+def _check_paths_do_not_collide(paths: list[str], origin: str) -> None:
+    """Refuse a path that is also another path's directory, or two paths equal but for letter case
+    (they would overwrite each other on case-insensitive file systems)."""
+    directories = {
+        "/".join(parts[:end]) for parts in (p.split("/") for p in paths) for end in range(1, len(parts))
+    }
+    folded: dict[str, str] = {}
+    for relative in paths:
+        if relative in directories:
+            raise LocalpersError(
+                f"{origin}: refusing file path {relative!r}: it is also a directory of another listed path"
+            )
+        other = folded.setdefault(relative.casefold(), relative)
+        if other != relative:
+            raise LocalpersError(
+                f"{origin}: refusing file path {relative!r}: it differs from {other!r} only in letter case"
+            )
+
+
 def validate_manifest(
     manifest: dict[str, Any], *, origin: str = MANIFEST_NAME, backbone_sha256: str | None = None
 ) -> None:
@@ -201,6 +220,8 @@ def validate_manifest(
             raise LocalpersError(f"{origin}: files[{relative!r}].sha256 is not a lowercase hex sha256")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise LocalpersError(f"{origin}: files[{relative!r}].size is not a non-negative integer")
+
+    _check_paths_do_not_collide(list(files), origin)
 
     for field, relative in _referenced_paths(manifest, origin).items():
         problem = path_problem(relative)
@@ -261,7 +282,7 @@ def read_manifest(bundle_dir: Path) -> dict[str, Any]:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         raise LocalpersError(
-            f"{bundle_dir}: no manifest.json, so this is not a bundle; {PULL_HINT}"
+            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
         ) from None
     except OSError as exc:
         raise LocalpersError(f"{path}: cannot be read ({exc.strerror})") from None

@@ -225,10 +225,16 @@ def _fetch_file(
     expected_size: int = entry["size"]
     where = source.where(relative)
     target = staging / relative
-    target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     received = 0
-    with source.open_file(relative) as stream, target.open("wb") as out:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        out = target.open("wb")
+    except OSError as exc:
+        raise LocalpersError(
+            f"{relative}: cannot be written into the staging directory {staging} ({exc})"
+        ) from None
+    with source.open_file(relative) as stream, out:
         while True:
             try:
                 block = stream.read(min(CHUNK_SIZE, expected_size + 1 - received))
@@ -245,7 +251,12 @@ def _fetch_file(
                     f" refusing the bundle from {source.description}"
                 )
             digest.update(block)
-            out.write(block)
+            try:
+                out.write(block)
+            except OSError as exc:
+                raise LocalpersError(
+                    f"{relative}: writing into {staging} failed ({exc}); free some space and pull again"
+                ) from None
             progress(len(block))
         out.flush()
         os.fsync(out.fileno())

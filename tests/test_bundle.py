@@ -300,10 +300,11 @@ def test_bad_file_entries_are_refused(fake_bundle: Path) -> None:
 
 
 def test_directory_listed_as_file_is_refused(fake_bundle: Path) -> None:
+    (fake_bundle / "extra").mkdir()
     manifest = load_manifest(fake_bundle)
-    manifest["files"]["adapters"] = {"sha256": "1" * 64, "size": 0}
+    manifest["files"]["extra"] = {"sha256": "1" * 64, "size": 0}
     save_manifest(fake_bundle, manifest)
-    assert "adapters: is not a regular file" in refusal(fake_bundle)
+    assert "extra: is not a regular file" in refusal(fake_bundle)
 
 
 def test_write_manifest_refuses_unsafe_file_names(tmp_path: Path) -> None:
@@ -342,3 +343,27 @@ def test_verify_reports_files_in_manifest_order(fake_bundle: Path) -> None:
     for relative in ("adapters/global.gguf", "head.safetensors"):
         os.truncate(fake_bundle / relative, 1)
     assert "adapters/global.gguf" in refusal(fake_bundle)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [("head.safetensors/x", "also a directory"), ("Head.safetensors", "only in letter case")],
+)
+def test_colliding_paths_are_refused(fake_bundle: Path, extra: str, expected: str) -> None:
+    manifest = load_manifest(fake_bundle)
+    manifest["files"][extra] = {"sha256": "1" * 64, "size": 1}
+    save_manifest(fake_bundle, manifest)
+    assert expected in refusal(fake_bundle)
+
+
+def test_directory_without_manifest_is_not_a_bundle(tmp_path: Path) -> None:
+    with pytest.raises(LocalpersError, match="no manifest.json there"):
+        verify_bundle(tmp_path)
+
+
+def test_listed_fifo_is_refused_without_blocking(fake_bundle: Path) -> None:
+    os.mkfifo(fake_bundle / "pipe")
+    manifest = load_manifest(fake_bundle)
+    manifest["files"]["pipe"] = {"sha256": "1" * 64, "size": 0}
+    save_manifest(fake_bundle, manifest)
+    assert "pipe: is not a regular file" in refusal(fake_bundle)

@@ -488,3 +488,15 @@ def test_cli_errors_are_one_line_naming_the_file(
     code, _, err = run_cli("pull", str(make_bundle(tmp_path / "fresh")), "--model", str(other))
     assert code == 1 and "backbone" in err and err.count("\n") == 1
     assert staging_leftovers() == []
+
+
+def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bundle_dir: Path) -> None:
+    import os
+
+    os.mkfifo(bundle_dir / "pipe")
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    manifest["files"]["pipe"] = {"sha256": "1" * 64, "size": 0}
+    (bundle_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(LocalpersError, match="pipe: is not a regular file"):
+        pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    assert_previous_intact(installed_previous)
