@@ -31,7 +31,7 @@ PARTIAL_SUFFIX = ".partial"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
 CHUNK_SIZE = 1 << 20
 
-_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 # Characters never allowed in a bundle path: backslash, colon (Windows drives and streams), controls.
 _FORBIDDEN_PATH_CHARS = re.compile(r"[\\:\x00-\x1f\x7f]")
 
@@ -201,7 +201,7 @@ def validate_manifest(
 
     backbone = manifest.get("backbone")
     bundle_backbone = backbone.get("sha256") if isinstance(backbone, dict) else None
-    if not isinstance(bundle_backbone, str) or not _SHA256_PATTERN.match(bundle_backbone):
+    if not isinstance(bundle_backbone, str) or not _SHA256_PATTERN.fullmatch(bundle_backbone):
         raise LocalpersError(
             f"{origin}: field 'backbone.sha256' is missing or not a lowercase hex sha256; {PULL_HINT}"
         )
@@ -216,7 +216,7 @@ def validate_manifest(
         if not isinstance(entry, dict):
             raise LocalpersError(f"{origin}: files[{relative!r}] must be an object with sha256 and size")
         digest, size = entry.get("sha256"), entry.get("size")
-        if not isinstance(digest, str) or not _SHA256_PATTERN.match(digest):
+        if not isinstance(digest, str) or not _SHA256_PATTERN.fullmatch(digest):
             raise LocalpersError(f"{origin}: files[{relative!r}].sha256 is not a lowercase hex sha256")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise LocalpersError(f"{origin}: files[{relative!r}].size is not a non-negative integer")

@@ -297,6 +297,11 @@ def test_bad_file_entries_are_refused(fake_bundle: Path) -> None:
     manifest["files"]["head.safetensors"] = {"sha256": "XYZ", "size": 1}
     save_manifest(fake_bundle, manifest)
     assert "files['head.safetensors'].sha256" in refusal(fake_bundle)
+    manifest = load_manifest(fake_bundle)
+    entry = manifest["files"]["adapters/global.gguf"]
+    entry["sha256"] += "\n"  # a regex `$` would let a trailing newline through
+    save_manifest(fake_bundle, manifest)
+    assert "files['adapters/global.gguf'].sha256" in refusal(fake_bundle)
 
 
 def test_directory_listed_as_file_is_refused(fake_bundle: Path) -> None:
