@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_users import history_app, user_app
 from localpers.errors import LocalpersError
 
@@ -199,7 +200,12 @@ def generate(
 
 app.add_typer(user_app, name="user")
 app.add_typer(history_app, name="history")
+register_bundle_commands(app)
 
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

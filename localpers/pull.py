@@ -1,0 +1,406 @@
+"""`localpers pull`: fetch a bundle from a served URL or a local directory and install it atomically.
+
+The manifest is fetched and checked first (format version, safe paths, backbone hash), then every
+listed file is streamed into a staging directory under cache_dir()/bundles while its size and sha256
+are checked; the staged bundle is verified once more as a whole, renamed into `versions/<id>`, and
+the `current` pointer is switched with one atomic rename. Any failure or interruption removes the
+staging directory and leaves the previously installed bundle in place. This is the only module of
+localpers that opens a network connection; it never loads what it downloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import ipaddress
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from localpers import __version__
+from localpers.bundle import (
+    CHUNK_SIZE,
+    CURRENT_FILE,
+    CURRENT_LINK,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    VERSIONS_DIR,
+    bundles_root,
+    installed_bundle_dir,
+    parse_manifest,
+    validate_manifest,
+    verify_bundle,
+    write_bytes_atomically,
+)
+from localpers.errors import LocalpersError
+
+STAGING_PREFIX = ".staging-"
+LOCK_NAME = ".pull.lock"
+DEFAULT_TIMEOUT_S = 30.0
+
+# (file being fetched, bytes fetched so far over all files, total bytes of all files)
+ProgressCallback = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """What a successful pull installed."""
+
+    directory: Path
+    version: str
+    source: str
+    files: int
+    bytes: int
+    seconds: float
+    previous: Path | None
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources: a served URL or a local directory
+
+
+class BundleSource(Protocol):
+    description: str
+
+    def read_manifest(self) -> bytes: ...
+
+    def open_file(self, relative: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+
+    def where(self, relative: str) -> str: ...
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HttpSource:
+    """A bundle served over http(s) (by `localpers serve` or any static file server)."""
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise LocalpersError(
+                f"{url}: not an http(s) URL of a bundle; give http://HOST:PORT/ or a directory"
+            )
+        base_path = parsed.path
+        if base_path.endswith("/" + MANIFEST_NAME):
+            base_path = base_path[: -len(MANIFEST_NAME)]
+        if not base_path.endswith("/"):
+            base_path += "/"
+        self.base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, base_path, "", ""))
+        self.description = self.base
+        self.timeout = timeout
+        # A loopback address never goes through a proxy configured in the environment.
+        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def where(self, relative: str) -> str:
+        return urllib.parse.urljoin(self.base, urllib.parse.quote(relative, safe="/"))
+
+    @contextlib.contextmanager
+    def _request(self, relative: str) -> Iterator[BinaryIO]:
+        url = self.where(relative)
+        request = urllib.request.Request(
+            url, headers={"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
+        )
+        try:
+            response = self._opener.open(request, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise LocalpersError(
+                f"{url}: HTTP {exc.code} {exc.reason}; is {self.base} a served bundle?"
+            ) from None
+        except urllib.error.URLError as exc:
+            raise LocalpersError(
+                f"could not reach {url}: {exc.reason}; check the address and that the server runs"
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise LocalpersError(f"{url}: request failed ({exc}); try again") from None
+        with response:
+            if response.status != 200:
+                raise LocalpersError(
+                    f"{url}: HTTP {response.status} instead of 200; the server is not serving the bundle"
+                )
+            yield response
+
+    def read_manifest(self) -> bytes:
+        with self._request(MANIFEST_NAME) as response:
+            return _read_capped(response, MAX_MANIFEST_BYTES + 1, self.where(MANIFEST_NAME))
+
+    def open_file(self, relative: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        return self._request(relative)
+
+
+class DirectorySource:
+    """A bundle directory on this machine (a mounted share, a USB stick, a publisher's output)."""
+
+    def __init__(self, directory: Path) -> None:
+        if directory.is_file() and directory.name == MANIFEST_NAME:
+            directory = directory.parent
+        if not (directory / MANIFEST_NAME).is_file():
+            raise LocalpersError(f"{directory}: no manifest.json there, so it is not a bundle directory")
+        self.directory = directory
+        self.root = directory.resolve()
+        self.description = str(directory)
+
+    def where(self, relative: str) -> str:
+        return str(self.directory / relative)
+
+    def read_manifest(self) -> bytes:
+        with (self.directory / MANIFEST_NAME).open("rb") as handle:
+            return _read_capped(handle, MAX_MANIFEST_BYTES + 1, self.where(MANIFEST_NAME))
+
+    @contextlib.contextmanager
+    def open_file(self, relative: str) -> Iterator[BinaryIO]:
+        path = self.directory / relative
+        try:
+            resolved = path.resolve()
+            info = path.stat()
+        except FileNotFoundError:
+            raise LocalpersError(
+                f"{path}: listed in the manifest but missing from the source bundle"
+            ) from None
+        except (OSError, RuntimeError) as exc:
+            raise LocalpersError(f"{path}: cannot be read ({exc})") from None
+        if not resolved.is_relative_to(self.root):
+            raise LocalpersError(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would hang or never end
+            raise LocalpersError(f"{path}: is not a regular file; refusing it")
+        with path.open("rb") as handle:
+            yield handle
+
+
+def open_source(source: str, timeout: float = DEFAULT_TIMEOUT_S) -> BundleSource:
+    """An `HttpSource` for http(s) URLs, a `DirectorySource` for existing paths."""
+    if source.startswith(("http://", "https://")):
+        return HttpSource(source, timeout=timeout)
+    if "://" in source:
+        raise LocalpersError(f"{source}: only http://, https:// or a local directory can be pulled")
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise LocalpersError(f"{source}: no such directory; give a bundle directory or an http(s) URL")
+    return DirectorySource(path)
+
+
+def _read_capped(stream: BinaryIO, limit: int, where: str) -> bytes:
+    try:
+        data = stream.read(limit)
+    except (OSError, http.client.HTTPException) as exc:
+        raise LocalpersError(f"{where}: reading failed ({exc}); try again") from None
+    if len(data) >= limit:
+        raise LocalpersError(
+            f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle"
+        )
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# Downloading into staging
+
+
+def _fetch_file(
+    source: BundleSource,
+    relative: str,
+    entry: dict,
+    staging: Path,
+    progress: Callable[[int], None],
+) -> None:
+    """Stream one listed file into `staging`, refusing it as soon as its size or sha256 is wrong."""
+    expected_size: int = entry["size"]
+    where = source.where(relative)
+    target = staging / relative
+    digest = hashlib.sha256()
+    received = 0
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        out = target.open("wb")
+    except OSError as exc:
+        raise LocalpersError(
+            f"{relative}: cannot be written into the staging directory {staging} ({exc})"
+        ) from None
+    with source.open_file(relative) as stream, out:
+        while True:
+            try:
+                block = stream.read(min(CHUNK_SIZE, expected_size + 1 - received))
+            except (OSError, http.client.HTTPException) as exc:
+                raise LocalpersError(
+                    f"{where}: download failed after {received} bytes ({exc}); try again"
+                ) from None
+            if not block:
+                break
+            received += len(block)
+            if received > expected_size:
+                raise LocalpersError(
+                    f"{relative}: the source sends more than the {expected_size} bytes the manifest lists;"
+                    f" refusing the bundle from {source.description}"
+                )
+            digest.update(block)
+            try:
+                out.write(block)
+            except OSError as exc:
+                raise LocalpersError(
+                    f"{relative}: writing into {staging} failed ({exc}); free some space and pull again"
+                ) from None
+            progress(len(block))
+        out.flush()
+        os.fsync(out.fileno())
+    if received != expected_size:
+        raise LocalpersError(
+            f"{relative}: got {received} bytes from {where}, the manifest lists {expected_size};"
+            " the transfer was cut short or the file is not the published one"
+        )
+    if digest.hexdigest() != entry["sha256"]:
+        raise LocalpersError(
+            f"{relative}: sha256 of the downloaded file is {digest.hexdigest()}, the manifest says"
+            f" {entry['sha256']}; the file at {where} is damaged or was tampered with"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Installing
+
+
+@contextlib.contextmanager
+def _pull_lock(root: Path) -> Iterator[None]:
+    """One pull at a time per cache (POSIX advisory lock; no lock where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with (root / LOCK_NAME).open("a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LocalpersError(
+                f"another `localpers pull` is installing into {root}; wait for it to finish"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Staging directories left by a pull that was killed (we hold the lock, so none is in use)."""
+    for leftover in root.glob(STAGING_PREFIX + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(".current-*"):
+        leftover.unlink(missing_ok=True)
+
+
+def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
+    name, counter = base, 1
+    while (versions / name).exists():
+        counter += 1
+        name = f"{base}-{counter}"
+    return name
+
+
+def switch_current(root: Path, version: str) -> None:
+    """Point `current` at versions/<version> with one atomic rename (a symlink, else current.json)."""
+    link = root / CURRENT_LINK
+    temporary = root / f".current-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.symlink(Path(VERSIONS_DIR) / version, temporary, target_is_directory=True)
+    except (OSError, NotImplementedError):
+        # No symlinks here (e.g. Windows without developer mode): an atomically replaced pointer file.
+        write_bytes_atomically(root / CURRENT_FILE, json.dumps({"version": version}).encode())
+        if link.is_symlink():
+            link.unlink()
+        return
+    try:
+        os.replace(temporary, link)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+    (root / CURRENT_FILE).unlink(missing_ok=True)
+
+
+def _prune_versions(versions: Path, keep: set[str]) -> None:
+    """Delete installed versions except `keep` (the new one and the one it replaced)."""
+    for entry in versions.iterdir():
+        if entry.name not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def pull_bundle(
+    source: str,
+    *,
+    backbone_sha256: str | None = None,
+    on_progress: ProgressCallback | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> PullResult:
+    """Fetch, verify and install the bundle at `source` (an http(s) URL or a directory).
+
+    `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. Raises
+    LocalpersError naming the failing file; on any failure the installed bundle is unchanged.
+    """
+    if backbone_sha256 is None:
+        from localpers.backbone import resolve_backbone
+
+        backbone_sha256 = resolve_backbone().sha256
+    started = time.perf_counter()
+    bundle_source = open_source(source, timeout=timeout)
+    root = bundles_root()
+    versions = root / VERSIONS_DIR
+    with _pull_lock(root):
+        _remove_stale_staging(root)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+        try:
+            manifest_bytes = bundle_source.read_manifest()
+            manifest_origin = bundle_source.where(MANIFEST_NAME)
+            manifest = parse_manifest(manifest_bytes, manifest_origin)
+            validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
+            files: dict[str, dict] = manifest["files"]
+            total = sum(entry["size"] for entry in files.values())
+            done = 0
+
+            def advance(relative: str, count: int) -> None:
+                nonlocal done
+                done += count
+                if on_progress:
+                    on_progress(relative, done, total)
+
+            for relative, entry in files.items():
+                if on_progress:
+                    on_progress(relative, done, total)
+                _fetch_file(bundle_source, relative, entry, staging, lambda n, r=relative: advance(r, n))
+            (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
+            verify_bundle(staging, backbone_sha256=backbone_sha256)
+            versions.mkdir(exist_ok=True)
+            version = _new_version_name(versions, manifest_bytes)
+            os.replace(staging, versions / version)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        previous = installed_bundle_dir()
+        switch_current(root, version)
+        _prune_versions(versions, keep={version} | ({previous.name} if previous else set()))
+    return PullResult(
+        directory=versions / version,
+        version=version,
+        source=bundle_source.description,
+        files=len(files),
+        bytes=total,
+        seconds=time.perf_counter() - started,
+        previous=previous,
+    )

@@ -1,0 +1,276 @@
+"""`localpers serve`: serve one verified bundle read-only over HTTP (stdlib `http.server`).
+
+The bundle is verified when the server starts; from then on only `manifest.json` (the verified bytes,
+held in memory) and the files the manifest lists can be fetched, with GET or HEAD and optionally one
+byte range. Every other path is 404 (no directory listings, no traversal: request paths are looked
+up in the manifest's list, never joined onto the directory), every other method is 405, and request
+bodies are never read. The log holds method, path and status only. This module does not pull,
+write or load anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import socket
+import socketserver
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from localpers import __version__
+from localpers.bundle import CHUNK_SIZE, MANIFEST_NAME, Bundle, verify_bundle
+from localpers.errors import LocalpersError
+
+logger = logging.getLogger("localpers.serve")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+_RANGE_PATTERN = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """One fetchable resource: a listed file on disk, or the manifest's bytes in memory."""
+
+    size: int
+    sha256: str
+    content_type: str
+    path: Path | None = None
+    data: bytes | None = None
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """The inclusive (start, end) of a single `bytes=` range within `size` bytes, or None if unusable."""
+    match = _RANGE_PATTERN.fullmatch(header.strip())
+    if not match or (not match[1] and not match[2]) or size == 0:
+        return None
+    if not match[1]:  # suffix range: the last N bytes
+        count = int(match[2])
+        return (max(0, size - count), size - 1) if count > 0 else None
+    start = int(match[1])
+    end = int(match[2]) if match[2] else size - 1
+    if start >= size or end < start:
+        return None
+    return start, min(end, size - 1)
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    """A request path made safe for one log line (control characters escaped, length capped)."""
+    clipped = text[:limit] + ("..." if len(text) > limit else "")
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in clipped)
+
+
+class BundleRequestHandler(BaseHTTPRequestHandler):
+    """GET/HEAD of whitelisted bundle files; everything else refused."""
+
+    server: BundleServer
+    server_version = f"localpers-serve/{__version__}"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # seconds a silent client may hold a connection
+
+    def do_GET(self) -> None:
+        self._serve(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(send_body=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # http.server dispatches method FOO to do_FOO and answers 501 when it is missing; every
+        # method other than GET and HEAD is a refused write or probe here, so answer 405 instead.
+        if name.startswith("do_"):
+            return self._method_not_allowed
+        raise AttributeError(name)
+
+    def _method_not_allowed(self) -> None:
+        self._send_text(HTTPStatus.METHOD_NOT_ALLOWED, {"Allow": "GET, HEAD"}, close=True)
+
+    # -- responses ----------------------------------------------------------------------------------
+
+    def _send_text(
+        self, status: HTTPStatus, headers: dict[str, str] | None = None, *, close: bool = False
+    ) -> None:
+        body = f"{status.value} {status.phrase}\n".encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _carries_body(self) -> bool:
+        length = self.headers.get("Content-Length")
+        return self.headers.get("Transfer-Encoding") is not None or (length not in (None, "0"))
+
+    def _serve(self, *, send_body: bool) -> None:
+        # A body on GET/HEAD is never read; closing afterwards keeps it from being parsed as a request.
+        close = self._carries_body()
+        raw_path = self.path.split("?", 1)[0].split("#", 1)[0]
+        try:
+            decoded = urllib.parse.unquote(raw_path, errors="strict")
+        except UnicodeDecodeError:
+            decoded = ""
+        served = self.server.files.get(decoded[1:]) if decoded.startswith("/") else None
+        if served is None:
+            self._send_text(HTTPStatus.NOT_FOUND, close=close)
+            return
+
+        start, end, status = 0, served.size - 1, HTTPStatus.OK
+        range_header = self.headers.get("Range")
+        if range_header is not None:
+            wanted = parse_range(range_header, served.size)
+            if wanted is None:
+                self._send_text(
+                    HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
+                    {"Content-Range": f"bytes */{served.size}"},
+                    close=close,
+                )
+                return
+            (start, end), status = wanted, HTTPStatus.PARTIAL_CONTENT
+        length = end - start + 1
+
+        handle = None
+        if served.path is not None:
+            try:
+                handle = served.path.open("rb")
+                changed = handle.seek(0, 2) != served.size
+            except OSError:
+                changed = True
+            if changed:
+                if handle:
+                    handle.close()
+                logger.warning(
+                    "%s changed on disk since the bundle was verified; not serving it", served.path
+                )
+                self._send_text(HTTPStatus.INTERNAL_SERVER_ERROR, close=close)
+                return
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", served.content_type)
+            self.send_header("Content-Length", str(length))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", f'"{served.sha256}"')
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            if status == HTTPStatus.PARTIAL_CONTENT:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{served.size}")
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            if not send_body:
+                return
+            if served.data is not None:
+                self.wfile.write(served.data[start : end + 1])
+                return
+            assert handle is not None
+            handle.seek(start)
+            remaining = length
+            while remaining > 0:
+                block = handle.read(min(CHUNK_SIZE, remaining))
+                if (
+                    not block
+                ):  # the file shrank mid-response: cut the connection, the client sees a short body
+                    self.close_connection = True
+                    return
+                self.wfile.write(block)
+                remaining -= len(block)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            if handle:
+                handle.close()
+
+    # -- logging: method, path and status only --------------------------------------------------------
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        status = code.value if isinstance(code, HTTPStatus) else code
+        logger.info("%s %s %s", self.command or "-", _printable(self.path or "-"), status)
+
+    def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        pass  # the status line is already logged by log_request; error details could echo request data
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+class BundleServer(ThreadingHTTPServer):
+    """A threading HTTP server over one verified bundle."""
+
+    daemon_threads = True
+
+    def __init__(self, bundle: Bundle, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        self.bundle = bundle
+        manifest_bytes = (bundle.directory / MANIFEST_NAME).read_bytes()
+        self.files: dict[str, ServedFile] = {
+            MANIFEST_NAME: ServedFile(
+                size=len(manifest_bytes),
+                sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+                content_type="application/json",
+                data=manifest_bytes,
+            )
+        }
+        for relative, entry in bundle.manifest["files"].items():
+            self.files[relative] = ServedFile(
+                size=entry["size"],
+                sha256=entry["sha256"],
+                content_type="application/octet-stream",
+                path=bundle.directory / relative,
+            )
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), BundleRequestHandler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn), slow or hanging offline; skip it.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        shown = f"[{host}]" if ":" in str(host) else str(host)
+        return f"http://{shown}:{port}/"
+
+    def close(self) -> None:
+        """Stop a server started with `start_background_server` and release its port."""
+        self.shutdown()
+        self.server_close()
+
+
+def make_server(bundle_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> BundleServer:
+    """Verify the bundle at `bundle_dir` and bind a server for it (not yet serving)."""
+    bundle = verify_bundle(Path(bundle_dir))
+    try:
+        return BundleServer(bundle, host, port)
+    except OSError as exc:
+        raise LocalpersError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host"
+        ) from None
+
+
+def start_background_server(
+    bundle_dir: Path, host: str = DEFAULT_HOST, port: int = 0
+) -> tuple[BundleServer, str]:
+    """Serve `bundle_dir` from a daemon thread (port 0: an ephemeral port); returns (server, url).
+
+    Call `server.close()` when done.
+    """
+    server = make_server(bundle_dir, host, port)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="localpers-serve", daemon=True
+    )
+    thread.start()
+    return server, server.url

@@ -1,0 +1,502 @@
+"""`localpers serve` and `localpers pull` over 127.0.0.1: what is served, what is refused, and that a
+failed or interrupted pull leaves the installed bundle in place with no staging left behind.
+
+Fake bundles are random bytes; the "backbone" is a tiny file whose sha256 the manifest names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import socket
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers import pull as pull_module
+from localpers.bundle import (
+    CURRENT_FILE,
+    CURRENT_LINK,
+    MANIFEST_NAME,
+    bundles_root,
+    default_bundle_dir,
+    installed_bundle_dir,
+    open_bundle,
+    verify_bundle,
+    write_manifest,
+)
+from localpers.errors import LocalpersError
+from localpers.pull import pull_bundle
+from localpers.serve import BundleServer, parse_range, start_background_server
+
+FAKE_BACKBONE_BYTES = b"GGUF fake backbone for bundle tests"
+BACKBONE_SHA = hashlib.sha256(FAKE_BACKBONE_BYTES).hexdigest()
+FILES = {
+    "adapters/global.gguf": 70_000,
+    "adapters/cluster-0.gguf": 50_000,
+    "adapters/cluster-1.gguf": 50_000,
+    "centroids.safetensors": 900,
+    "head.safetensors": 5_000,
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALPERS_HOME", str(home))
+    monkeypatch.delenv("LOCALPERS_MODEL", raising=False)
+    return home
+
+
+def make_bundle(directory: Path, seed: str = "a", backbone_sha256: str = BACKBONE_SHA) -> Path:
+    directory.mkdir(parents=True)
+    for relative, size in FILES.items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(hashlib.shake_256(f"{seed}:{relative}".encode()).digest(size))
+    write_manifest(
+        directory,
+        {
+            "backbone": {"name": "fake", "sha256": backbone_sha256},
+            "clusters": {"k": 2, "centroids": "centroids.safetensors"},
+            "adapters": {n: f"adapters/{n}.gguf" for n in ("global", "cluster-0", "cluster-1")},
+            "head": {"file": "head.safetensors"},
+        },
+    )
+    return directory
+
+
+@pytest.fixture
+def bundle_dir(tmp_path: Path) -> Path:
+    return make_bundle(tmp_path / "published")
+
+
+@pytest.fixture
+def served(bundle_dir: Path) -> Iterator[tuple[BundleServer, str]]:
+    server, url = start_background_server(bundle_dir)
+    try:
+        yield server, url
+    finally:
+        server.close()
+
+
+def request(
+    url: str, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """Send `path` exactly as given (no client-side normalisation) and return status, headers, body."""
+    parsed = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def raw_request(url: str, data: bytes) -> bytes:
+    """Send raw bytes (for requests http.client refuses to build) and return the raw response."""
+    parsed = urllib.parse.urlsplit(url)
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=10) as connection:
+        connection.sendall(data)
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def staging_leftovers() -> list[str]:
+    return [p.name for p in bundles_root().iterdir() if p.name.startswith((".staging-", ".current-"))]
+
+
+def installed_versions() -> list[str]:
+    versions = bundles_root() / "versions"
+    return sorted(p.name for p in versions.iterdir()) if versions.exists() else []
+
+
+# -- serve -------------------------------------------------------------------------------------------
+
+
+def test_serve_returns_manifest_and_listed_files(served: tuple[BundleServer, str], bundle_dir: Path) -> None:
+    _, url = served
+    assert url.startswith("http://127.0.0.1:")
+    status, headers, body = request(url, "GET", "/manifest.json")
+    assert status == 200 and body == (bundle_dir / MANIFEST_NAME).read_bytes()
+    assert headers["Content-Type"] == "application/json"
+    for relative in FILES:
+        status, headers, body = request(url, "GET", "/" + relative)
+        assert status == 200 and body == (bundle_dir / relative).read_bytes()
+        assert headers["ETag"] == f'"{hashlib.sha256(body).hexdigest()}"'
+
+
+def test_head_sends_headers_without_body(served: tuple[BundleServer, str]) -> None:
+    _, url = served
+    status, headers, body = request(url, "HEAD", "/adapters/global.gguf")
+    assert status == 200 and body == b""
+    assert headers["Content-Length"] == str(FILES["adapters/global.gguf"])
+    assert headers["Accept-Ranges"] == "bytes"
+
+
+def test_unlisted_file_and_directories_are_not_served(
+    served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    _, url = served
+    (bundle_dir / "secret.txt").write_text("not in the manifest")
+    for path in ("/secret.txt", "/", "/adapters", "/adapters/", "/plots/", "/nothing.gguf"):
+        status, _, body = request(url, "GET", path)
+        assert status == 404, path
+        assert b"not in the manifest" not in body
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/adapters/../secret.txt",
+        "/adapters/..%2f..%2fsecret.txt",
+        "/adapters%2f..%2fsecret.txt",
+        "/%2Fetc%2Fpasswd",
+        "//etc/passwd",
+        "/adapters/../manifest.json",
+        "/./manifest.json",
+        "/adapters%5c..%5csecret.txt",
+        "/%252e%252e/secret.txt",
+        "/%ff%fe",
+        "http://127.0.0.1/../secret.txt",
+    ],
+)
+def test_traversal_is_not_served(
+    served: tuple[BundleServer, str], bundle_dir: Path, tmp_path: Path, path: str
+) -> None:
+    _, url = served
+    (bundle_dir / "secret.txt").write_text("secret")
+    (tmp_path / "secret.txt").write_text("secret")
+    status, _, body = request(url, "GET", path)
+    assert status == 404 and b"secret" not in body
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "PROPFIND", "TRACE"])
+def test_methods_other_than_get_and_head_are_refused(
+    served: tuple[BundleServer, str], bundle_dir: Path, method: str
+) -> None:
+    _, url = served
+    before = sorted(p.relative_to(bundle_dir).as_posix() for p in bundle_dir.rglob("*"))
+    status, headers, _ = request(url, method, "/uploaded.bin", body=b"payload" * 100)
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, _, _ = request(url, method, "/adapters/global.gguf", body=b"overwrite")
+    assert status == 405
+    assert sorted(p.relative_to(bundle_dir).as_posix() for p in bundle_dir.rglob("*")) == before
+    verify_bundle(bundle_dir)
+
+
+def test_range_requests(served: tuple[BundleServer, str], bundle_dir: Path) -> None:
+    _, url = served
+    data = (bundle_dir / "head.safetensors").read_bytes()
+    size = len(data)
+    for header, (start, end) in {
+        "bytes=0-9": (0, 9),
+        "bytes=100-": (100, size - 1),
+        "bytes=-16": (size - 16, size - 1),
+        f"bytes=4990-{size + 100}": (4990, size - 1),
+    }.items():
+        status, headers, body = request(url, "GET", "/head.safetensors", {"Range": header})
+        assert status == 206, header
+        assert headers["Content-Range"] == f"bytes {start}-{end}/{size}"
+        assert body == data[start : end + 1]
+    status, _, body = request(url, "GET", "/manifest.json", {"Range": "bytes=0-0"})
+    assert status == 206 and body == b"{"
+
+
+@pytest.mark.parametrize(
+    "header", [f"bytes={10**6}-", "bytes=9-2", "bytes=-0", "items=0-3", "bytes=0-1,4-5", "bytes=-"]
+)
+def test_bad_ranges_get_416(served: tuple[BundleServer, str], header: str) -> None:
+    _, url = served
+    status, headers, _ = request(url, "GET", "/head.safetensors", {"Range": header})
+    assert status == 416
+    assert headers["Content-Range"] == f"bytes */{FILES['head.safetensors']}"
+
+
+def test_parse_range_edges() -> None:
+    assert parse_range("bytes=0-0", 1) == (0, 0)
+    assert parse_range("bytes=0-", 0) is None
+    assert parse_range("bytes=" + "9" * 40 + "-", 10) is None
+
+
+def test_log_has_method_path_status_only(
+    served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = served
+    with caplog.at_level(logging.INFO, logger="localpers.serve"):
+        request(url, "GET", "/head.safetensors")
+        request(url, "POST", "/upload", body=b"PRIVATE-BODY-TEXT")
+        raw_request(url, b"GET /missing\x1b[31m HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    lines = [record.getMessage() for record in caplog.records if record.name == "localpers.serve"]
+    assert "GET /head.safetensors 200" in lines
+    assert "POST /upload 405" in lines
+    assert "GET /missing\\x1b[31m 404" in lines
+    assert all("PRIVATE-BODY-TEXT" not in line and "\x1b" not in line for line in lines)
+
+
+def test_serve_refuses_a_tampered_bundle(bundle_dir: Path) -> None:
+    (bundle_dir / "adapters/cluster-1.gguf").write_bytes(b"tampered")
+    with pytest.raises(LocalpersError, match="adapters/cluster-1.gguf"):
+        start_background_server(bundle_dir)
+
+
+# -- pull --------------------------------------------------------------------------------------------
+
+
+def test_pull_over_loopback_installs_and_becomes_the_default(
+    served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    _, url = served
+    seen: list[tuple[str, int, int]] = []
+    result = pull_bundle(url, backbone_sha256=BACKBONE_SHA, on_progress=lambda *a: seen.append(a))
+
+    assert result.files == len(FILES) and result.bytes == sum(FILES.values())
+    assert result.previous is None
+    assert seen[-1][1] == seen[-1][2] == sum(FILES.values())
+    assert (bundles_root() / CURRENT_LINK).is_symlink()
+    assert installed_bundle_dir() == result.directory.resolve()
+    assert default_bundle_dir() == result.directory.resolve()
+    bundle = open_bundle(backbone_sha256=BACKBONE_SHA)
+    for relative in FILES:
+        assert (bundle.directory / relative).read_bytes() == (bundle_dir / relative).read_bytes()
+    assert (bundle.directory / MANIFEST_NAME).read_bytes() == (bundle_dir / MANIFEST_NAME).read_bytes()
+    assert staging_leftovers() == []
+
+
+def test_pull_accepts_manifest_url_and_local_directory(
+    served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    _, url = served
+    first = pull_bundle(url + "manifest.json", backbone_sha256=BACKBONE_SHA)
+    second = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    assert second.previous == first.directory.resolve()
+    assert installed_bundle_dir() == second.directory.resolve()
+    assert installed_versions() == sorted([first.version, second.version])
+
+
+def test_old_versions_are_pruned_keeping_the_previous(tmp_path: Path) -> None:
+    results = [
+        pull_bundle(str(make_bundle(tmp_path / f"b{i}", seed=str(i))), backbone_sha256=BACKBONE_SHA)
+        for i in range(3)
+    ]
+    assert installed_versions() == sorted(r.version for r in results[1:])
+
+
+@pytest.fixture
+def installed_previous(tmp_path: Path) -> Path:
+    """A bundle already installed by an earlier pull; failing pulls must leave it current."""
+    result = pull_bundle(str(make_bundle(tmp_path / "previous", seed="old")), backbone_sha256=BACKBONE_SHA)
+    return result.directory.resolve()
+
+
+def assert_previous_intact(previous: Path) -> None:
+    assert installed_bundle_dir() == previous
+    verify_bundle(previous, backbone_sha256=BACKBONE_SHA)
+    assert installed_versions() == [previous.name]
+    assert staging_leftovers() == []
+
+
+def test_pull_of_file_served_with_wrong_content_keeps_previous(
+    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    _, url = served
+    path = bundle_dir / "adapters/cluster-0.gguf"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size, so the server still serves it
+    path.write_bytes(bytes(data))
+    with pytest.raises(LocalpersError) as caught:
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+    assert "adapters/cluster-0.gguf" in str(caught.value) and "sha256" in str(caught.value)
+    assert_previous_intact(installed_previous)
+
+
+def test_pull_of_missing_file_keeps_previous(
+    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    _, url = served
+    (bundle_dir / "head.safetensors").unlink()
+    with pytest.raises(LocalpersError, match="head.safetensors.*HTTP 500"):
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+    assert_previous_intact(installed_previous)
+
+
+def test_interrupted_pull_keeps_previous(installed_previous: Path, served: tuple[BundleServer, str]) -> None:
+    _, url = served
+
+    def interrupt(relative: str, done: int, total: int) -> None:
+        if done > 60_000:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA, on_progress=interrupt)
+    assert_previous_intact(installed_previous)
+
+
+def test_stale_staging_from_a_killed_pull_is_cleaned(installed_previous: Path, bundle_dir: Path) -> None:
+    stale = bundles_root() / ".staging-killed"
+    (stale / "adapters").mkdir(parents=True)
+    (stale / "adapters" / "half.gguf").write_bytes(b"x" * 10)
+    pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    assert staging_leftovers() == []
+
+
+def test_pull_refuses_wrong_backbone_before_downloading(
+    installed_previous: Path, served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = served
+    with (
+        caplog.at_level(logging.INFO, logger="localpers.serve"),
+        pytest.raises(LocalpersError, match="backbone") as caught,
+    ):
+        pull_bundle(url, backbone_sha256="e" * 64)
+    assert BACKBONE_SHA in str(caught.value)
+    fetched = [r.getMessage() for r in caplog.records if r.name == "localpers.serve"]
+    assert fetched == ["GET /manifest.json 200"]
+    assert_previous_intact(installed_previous)
+
+
+def serve_edited_manifest(bundle_dir: Path, edit: dict) -> tuple[BundleServer, str]:
+    """Start serving a valid bundle, then swap in an edited manifest the server hands out as is."""
+    server, url = start_background_server(bundle_dir)
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    manifest.update(edit)
+    data = json.dumps(manifest).encode()
+    served_manifest = server.files[MANIFEST_NAME]
+    server.files[MANIFEST_NAME] = type(served_manifest)(
+        size=len(data), sha256=hashlib.sha256(data).hexdigest(), content_type="application/json", data=data
+    )
+    return server, url
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ({"format_version": 2}, "format version 2"),
+        ({"files": {"../escape.bin": {"sha256": "0" * 64, "size": 1}}}, "'../escape.bin'"),
+        ({"files": {"/etc/passwd": {"sha256": "0" * 64, "size": 1}}}, "'/etc/passwd'"),
+        ({"head": {"file": "head-v2.safetensors"}}, "head-v2.safetensors"),
+    ],
+)
+def test_pull_refuses_bad_manifests(
+    installed_previous: Path, bundle_dir: Path, edit: dict, expected: str
+) -> None:
+    server, url = serve_edited_manifest(bundle_dir, edit)
+    try:
+        with pytest.raises(LocalpersError, match=expected):
+            pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+    finally:
+        server.close()
+    assert_previous_intact(installed_previous)
+
+
+def test_pull_refuses_extra_bytes(
+    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    server, url = served
+    manifest = json.loads(server.files[MANIFEST_NAME].data or b"")
+    manifest["files"]["centroids.safetensors"]["size"] -= 100  # the server sends 100 bytes more than listed
+    data = json.dumps(manifest).encode()
+    server.files[MANIFEST_NAME] = type(server.files[MANIFEST_NAME])(
+        size=len(data), sha256="0" * 64, content_type="application/json", data=data
+    )
+    with pytest.raises(LocalpersError, match="centroids.safetensors.*more than"):
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+    assert_previous_intact(installed_previous)
+
+
+def test_pull_from_unreachable_server_says_so(installed_previous: Path) -> None:
+    server, url = start_background_server(installed_previous)
+    server.close()  # the port is free again: nothing listens there
+    with pytest.raises(LocalpersError, match="could not reach"):
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA, timeout=5)
+    with pytest.raises(LocalpersError, match="only http"):
+        pull_bundle("ftp://example.org/bundle", backbone_sha256=BACKBONE_SHA)
+    with pytest.raises(LocalpersError, match="no such directory"):
+        pull_bundle("/nonexistent/bundle", backbone_sha256=BACKBONE_SHA)
+    assert_previous_intact(installed_previous)
+
+
+def test_pointer_file_is_used_where_symlinks_fail(
+    bundle_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_symlinks(*args: object, **kwargs: object) -> None:
+        raise OSError("symlinks not permitted")
+
+    monkeypatch.setattr(pull_module.os, "symlink", no_symlinks)
+    first = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    assert not (bundles_root() / CURRENT_LINK).exists()
+    assert json.loads((bundles_root() / CURRENT_FILE).read_text()) == {"version": first.version}
+    assert installed_bundle_dir() == first.directory
+    second = pull_bundle(str(make_bundle(tmp_path / "next", seed="n")), backbone_sha256=BACKBONE_SHA)
+    assert installed_bundle_dir() == second.directory
+    assert second.previous == first.directory
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_backbone(tmp_path: Path) -> Path:
+    path = tmp_path / "fake-backbone.gguf"
+    path.write_bytes(FAKE_BACKBONE_BYTES)
+    return path
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    from localpers.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_cli_pull_info_verify(served: tuple[BundleServer, str], fake_backbone: Path) -> None:
+    _, url = served
+    code, out, _ = run_cli("pull", url, "--model", str(fake_backbone), "--json")
+    assert code == 0, out
+    pulled = json.loads(out)
+    assert pulled["files"] == len(FILES)
+
+    code, out, _ = run_cli("bundle", "info", "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["origin"] == "pulled" and info["k"] == 2 and info["directory"] == pulled["directory"]
+
+    code, out, _ = run_cli("bundle", "verify", "--model", str(fake_backbone))
+    assert code == 0 and out.startswith("ok: ") and "backbone hash matches" in out
+
+
+def test_cli_errors_are_one_line_naming_the_file(
+    bundle_dir: Path, fake_backbone: Path, tmp_path: Path
+) -> None:
+    (bundle_dir / "adapters/global.gguf").write_bytes(b"evil")
+    code, out, err = run_cli("bundle", "verify", str(bundle_dir), "--model", str(fake_backbone))
+    assert code == 1 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and "adapters/global.gguf" in err
+
+    other = tmp_path / "other-backbone.gguf"
+    other.write_bytes(b"another model")
+    code, _, err = run_cli("pull", str(make_bundle(tmp_path / "fresh")), "--model", str(other))
+    assert code == 1 and "backbone" in err and err.count("\n") == 1
+    assert staging_leftovers() == []
+
+
+def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bundle_dir: Path) -> None:
+    import os
+
+    os.mkfifo(bundle_dir / "pipe")
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    manifest["files"]["pipe"] = {"sha256": "1" * 64, "size": 0}
+    (bundle_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(LocalpersError, match="pipe: is not a regular file"):
+        pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    assert_previous_intact(installed_previous)
