@@ -4,6 +4,8 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("localpers._taps", sources=["localpers/_taps.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension(
+            "localpers._taps", sources=["localpers/_taps.c"], optional=True, extra_compile_args=["-O2"]
+        ),
     ]
 )

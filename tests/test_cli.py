@@ -67,7 +67,9 @@ def test_generate_json_headline_is_one_line(backbone: Backbone) -> None:
 
 def test_generate_reads_stdin(backbone: Backbone) -> None:
     result = runner.invoke(
-        app, ["generate", "-", "--max-tokens", "4", "--json", "--model", str(backbone.path)], input="Once upon a time"
+        app,
+        ["generate", "-", "--max-tokens", "4", "--json", "--model", str(backbone.path)],
+        input="Once upon a time",
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["tokens"] >= 1

@@ -80,7 +80,9 @@ def test_logits_with_taps_equal_logits_without(engine: Engine, plain_engine: Eng
     np.testing.assert_array_equal(engine.step(next_token).logits, plain_engine.step(next_token).logits)
 
 
-def test_adapter_switch_changes_logits_and_switching_back_restores_them(engine: Engine, adapter_file: Path) -> None:
+def test_adapter_switch_changes_logits_and_switching_back_restores_them(
+    engine: Engine, adapter_file: Path
+) -> None:
     tokens = engine.tokenize(PROMPT)
     engine.set_adapter(None)
     base = engine.prefill(tokens).logits
@@ -151,7 +153,9 @@ def test_logit_hook_changes_the_chosen_tokens(engine: Engine) -> None:
 
 def test_stop_string_ends_generation_without_streaming_it(engine: Engine) -> None:
     pieces: list[str] = []
-    result = generate(engine, "One, two, three, four, five,", max_tokens=20, stop=[","], on_text=pieces.append)
+    result = generate(
+        engine, "One, two, three, four, five,", max_tokens=20, stop=[","], on_text=pieces.append
+    )
     assert result.stop_reason == "stop"
     assert "," not in "".join(pieces)
     assert "".join(pieces) == result.text

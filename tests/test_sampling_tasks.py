@@ -30,7 +30,9 @@ def test_top_p_keeps_only_the_nucleus() -> None:
 def test_sampling_is_reproducible_with_a_seed() -> None:
     logits = np.random.default_rng(1).normal(size=1000)
     config = SamplingConfig(temperature=1.0, seed=42)
-    assert [choose_token(logits, config) for _ in range(5)] == [choose_token(logits, config) for _ in range(5)]
+    assert [choose_token(logits, config) for _ in range(5)] == [
+        choose_token(logits, config) for _ in range(5)
+    ]
 
 
 def test_repetition_penalty_lowers_seen_tokens_only() -> None:
