@@ -1,0 +1,254 @@
+"""CLI commands of the device side of CARD: `fit`, `rewrite` and `demo`.
+
+They load one `Personalizer` (backbone + bundle) per invocation and read/write users through the
+store. User text stays in the user's folder; nothing here opens a network connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from localpers.errors import LocalpersError
+from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
+from localpers.store import User, UserStore
+
+DEMO_USER = "demo"
+
+UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
+BundleOption = Annotated[
+    str | None,
+    typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+@contextmanager
+def fit_progress(enabled: bool) -> Iterator[Any]:
+    """A rich progress bar fed by the Personalizer's (stage, done, total) callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    labels = {"negatives": "model's own outputs (y-)", "features": "pair features"}
+    with Progress(
+        TextColumn("{task.description:<26}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(labels.get(stage, stage), total=total)
+            progress.update(tasks[stage], completed=done)
+
+        yield update
+
+
+def _fit_summary(user: str, report: FitReport) -> str:
+    if report.mode == "cold-start":
+        return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
+    lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
+    if report.mode == "cluster-default":
+        lines.append(f"only {report.n_pairs} usable pairs: using cluster {report.cluster}'s default vector")
+    else:
+        heldout = (
+            f"held-out pair accuracy {report.heldout_accuracy:.2f} on {report.n_heldout} pairs"
+            f" (cluster default {report.heldout_accuracy_default:.2f})"
+            if report.heldout_accuracy is not None
+            else "too few pairs for a held-out split"
+        )
+        lines.append(f"{report.n_pairs} pairs, training pair accuracy {report.train_accuracy:.2f}, {heldout}")
+    total = sum(report.seconds.values())
+    lines.append(f"fit took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in report.seconds.items())})")
+    return "\n".join(lines)
+
+
+def fit_command(
+    user: UserOption = None,
+    history_limit: Annotated[
+        int | None, typer.Option(min=1, help="Use only the N most recent items.")
+    ] = None,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit the user's cluster and vector from their history (everything stays on this machine)."""
+    target = UserStore().resolve(user)
+    personalizer = Personalizer.open(model=model, bundle=bundle)
+    with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+        report = personalizer.fit_user(target, progress=progress, history_limit=history_limit)
+    if as_json:
+        typer.echo(json.dumps({"user": target.name, **report.to_json()}))
+    else:
+        typer.echo(_fit_summary(target.name, report))
+
+
+def _profile_for_rewrite(
+    target: User | None, method: str, personalizer: Personalizer
+) -> tuple[int | None, Any]:
+    """The user's cluster and vector, refusing stale or missing fits for the personalized methods."""
+    if target is None or method == "global":
+        return None, None
+    cluster, vector, state = user_profile(target)
+    if not state.get("fit"):
+        raise LocalpersError(
+            f"user {target.name!r} has not been fitted: run `localpers fit --user {target.name}`"
+        )
+    if state.get("bundle_sha256") != personalizer.bundle_sha256:
+        raise LocalpersError(
+            f"user {target.name!r} was fitted with another bundle: run `localpers fit --user {target.name}` again"
+        )
+    return cluster, vector
+
+
+def rewrite_command(
+    text: Annotated[str, typer.Argument(help="Input text, or - to read standard input.")],
+    user: UserOption = None,
+    task: Annotated[
+        str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
+    ] = "headline",
+    method: Annotated[str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")] = "card",
+    strength: Annotated[
+        float | None, typer.Option(min=0.0, help="CARD strength α (default: the bundle's).")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, max=2048, help="Token limit (default: the task's).")
+    ] = None,
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they come.")] = True,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write TEXT's headline/title/paraphrase the way the user writes (CARD by default)."""
+    from localpers.cli import read_text_argument
+
+    source = read_text_argument(text)
+    store = UserStore()
+    target = store.resolve(user) if (user or store.active_name() or method != "global") else None
+    personalizer = Personalizer.open(model=model, bundle=bundle)
+    cluster, vector = _profile_for_rewrite(target, method, personalizer)
+    if method != "global" and cluster is None:
+        if not as_json:
+            typer.echo("note: this user has no history yet; using the global adapter", err=True)
+        method = "global"
+
+    def stream_piece(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    result = personalizer.rewrite(
+        source,
+        task=task,
+        method=method,
+        cluster=cluster,
+        vector=vector,
+        strength=strength,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        on_text=stream_piece if (stream and not as_json) else None,
+    )
+    if as_json:
+        typer.echo(
+            json.dumps({"user": target.name if target else None, **result.to_json()}, ensure_ascii=False)
+        )
+    elif stream:
+        sys.stdout.write("\n")
+    else:
+        typer.echo(result.text)
+
+
+def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any = None) -> tuple[User, bool]:
+    """The demo user, created from the shipped history and fitted when missing or stale."""
+    from localpers.history import demo_history_path, parse_history_file
+
+    demo = store.get(DEMO_USER) if DEMO_USER in store.list() else store.create(DEMO_USER)
+    if not demo.history():
+        demo.save_history(parse_history_file(demo_history_path()))
+    state = demo.state()
+    fitted_now = False
+    if not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:
+        personalizer.fit_user(demo, progress=progress)
+        fitted_now = True
+    return demo, fitted_now
+
+
+def demo_articles() -> list[str]:
+    """Inputs of the shipped demo articles (invented text, see models/demo-user/README.md)."""
+    from localpers.history import demo_history_path
+
+    path = demo_history_path().with_name("articles.jsonl")
+    return [json.loads(line)["input"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def demo_command(
+    articles: Annotated[int, typer.Option(min=1, max=4, help="How many demo articles to show.")] = 3,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit the shipped demo user (first run) and compare global, cluster and personalized headlines."""
+    personalizer = Personalizer.open(model=model, bundle=bundle)
+    store = UserStore()
+    if not as_json:
+        typer.echo(
+            f"bundle {personalizer.bundle.directory} (k={personalizer.bundle.k}); backbone {personalizer.backbone.path.name}"
+        )
+    with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+        demo, fitted_now = ensure_demo_user(personalizer, store, progress)
+    report = demo.state()["fit"]
+    cluster, vector, _ = user_profile(demo)
+    rows: list[dict[str, Any]] = []
+    for article in demo_articles()[:articles]:
+        outputs: dict[str, RewriteResult] = {
+            method: personalizer.rewrite(article, method=method, cluster=cluster, vector=vector)
+            for method in ("global", "cluster", "card")
+        }
+        rows.append({"article": article.split(":", 1)[-1].strip(), **{m: r.text for m, r in outputs.items()}})
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {"user": DEMO_USER, "fitted_now": fitted_now, "fit": report, "rows": rows}, ensure_ascii=False
+            )
+        )
+        return
+    if fitted_now:
+        typer.echo(_fit_summary(DEMO_USER, FitReport(**report)))
+    _print_comparison(rows)
+
+
+def _print_comparison(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Demo user (a punny optimist): one article per row", show_lines=True)
+    table.add_column("article", ratio=3)
+    table.add_column("global (non-personalized)", ratio=2)
+    table.add_column("cluster adapter", ratio=2)
+    table.add_column("CARD (personalized)", ratio=2, style="bold")
+    for row in rows:
+        table.add_row(row["article"], row["global"], row["cluster"], row["card"])
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add fit, rewrite and demo to the main app, each with one-line error handling."""
+    from localpers.cli import one_line_errors
+
+    app.command("fit")(one_line_errors(fit_command))
+    app.command("rewrite")(one_line_errors(rewrite_command))
+    app.command("demo")(one_line_errors(demo_command))

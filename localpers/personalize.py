@@ -1,0 +1,406 @@
+"""Device-side CARD: cluster assignment, preference pairs, user-vector fit, personalized rewriting.
+
+A `Personalizer` holds one backbone engine with every adapter of the bundle loaded, the shared head
+and the cluster centroids. Users are only `(cluster, vector)` pairs to it, so switching users never
+reloads anything. It reads user text from the store and writes the fit back into the user's own
+folder (through `localpers.store`); it opens no network connection.
+
+Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (cluster adapter +
+reward-guided top-k correction with the user's vector), `card-global` (the correction on the global
+adapter, the paper's "w/o LoRA" ablation).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.backbone import Backbone, resolve_backbone
+from localpers.bundle import Bundle, open_bundle, sha256_of_file
+from localpers.engine import Engine
+from localpers.errors import LocalpersError
+from localpers.fitting import DEFAULT_REGULARISATION, fit_with_heldout
+from localpers.generation import GenerationResult, generate
+from localpers.head import CardHead, HeadConfig
+from localpers.history import HistoryItem
+from localpers.sampling import SamplingConfig
+from localpers.store import User, atomic_write_text
+from localpers.tasks import get_task
+from localpers.token_embeddings import TokenEmbeddings
+
+METHODS = ("card", "cluster", "global", "card-global")
+MIN_PAIRS_FOR_VECTOR = 3
+NEGATIVES_FILE = "negatives.json"
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class CandidateShift:
+    """One top-k candidate at a step: its logit before and after the user's correction."""
+
+    token: int
+    piece: str
+    before: float
+    after: float
+
+
+@dataclass
+class RewriteStep:
+    """What the correction did at one decoding step (for the Why view)."""
+
+    token: int
+    piece: str
+    correction: float
+    candidates: list[CandidateShift]
+
+
+@dataclass
+class RewriteResult:
+    text: str
+    method: str
+    task: str
+    cluster: int | None
+    adapter: str | None
+    strength: float | None
+    top_k: int | None
+    tokens: int
+    prompt_ms: float
+    ms_per_token: float
+    total_ms: float
+    steps: list[RewriteStep] = field(default_factory=list)
+
+    def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
+        payload = asdict(self)
+        if not with_steps:
+            payload.pop("steps")
+        return payload
+
+
+@dataclass
+class FitReport:
+    """What `fit` did, stored in the user's state and printed by the CLI."""
+
+    mode: str  # "vector", "cluster-default" or "cold-start"
+    cluster: int | None
+    cluster_similarities: list[float]
+    n_items: int
+    n_pairs: int
+    n_identical_skipped: int
+    train_accuracy: float | None
+    heldout_accuracy: float | None
+    heldout_accuracy_default: float | None
+    n_heldout: int
+    regularisation: float | None
+    vector_norm: float | None
+    seconds: dict[str, float]
+    bundle_sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Personalizer:
+    """Backbone + bundle (adapters, head, centroids) ready to fit users and rewrite for them."""
+
+    def __init__(self, bundle: Bundle, backbone: Backbone, *, n_ctx: int = 1024) -> None:
+        manifest = bundle.manifest
+        if "head" not in manifest:
+            raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
+        self.bundle = bundle
+        self.backbone = backbone
+        self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
+        self.head_config = HeadConfig.from_manifest(manifest["head"])
+        self.engine = Engine(backbone.path, n_ctx=n_ctx, tap_layers=self.head_config.layers)
+        for name in bundle.adapter_names:
+            self.engine.load_adapter(bundle.adapter_path(name), name)
+        embeddings = TokenEmbeddings(backbone.path) if self.head_config.u == "factored" else None
+        self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
+        self._centroids: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, *, model: str | None = None, bundle: str | Path | None = None) -> Personalizer:
+        """Resolve the backbone and the (verified) bundle, then load both."""
+        backbone = resolve_backbone(model)
+        return cls(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ------------------------------------------------------------------ clusters
+    @property
+    def centroids(self) -> np.ndarray:
+        if self._centroids is None:
+            from safetensors.numpy import load_file
+
+            try:
+                self._centroids = load_file(str(self.bundle.centroids_path))["centroids"].astype(np.float32)
+            except Exception as exc:  # safetensors raises several types for a bad file
+                raise LocalpersError(
+                    f"{self.bundle.centroids_path}: unreadable centroids ({exc}); re-pull"
+                ) from exc
+        return self._centroids
+
+    def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]:
+        """Nearest centroid (cosine) to the user's mean output embedding, and all similarities."""
+        from localpers.encoder import user_embedding
+
+        similarities = self.centroids @ user_embedding(list(outputs))
+        return int(np.argmax(similarities)), [round(float(s), 4) for s in similarities]
+
+    def adapter_for(self, method: str, cluster: int | None) -> str:
+        if method not in METHODS:
+            raise LocalpersError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        if method in ("global", "card-global") or cluster is None:
+            return "global"
+        return self.bundle.cluster_adapter_name(cluster)
+
+    # ------------------------------------------------------------------ generation
+    def rewrite(
+        self,
+        text: str,
+        *,
+        task: str = "headline",
+        method: str = "card",
+        cluster: int | None = None,
+        vector: np.ndarray | None = None,
+        strength: float | None = None,
+        top_k: int | None = None,
+        max_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+        on_text: Callable[[str], None] | None = None,
+        record_steps: bool = False,
+        prompt_prefix: str = "",
+    ) -> RewriteResult:
+        """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step."""
+        chosen_task = get_task(task)
+        adapter = self.adapter_for(method, cluster)
+        personalized = method in ("card", "card-global")
+        if personalized and vector is None:
+            vector = self.head.default_vector(cluster)
+        strength_used = (self.head_config.alpha if strength is None else strength) if personalized else None
+        k_used = (top_k or self.head_config.top_k) if personalized else None
+        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+        def card_hook(
+            logits: np.ndarray, features: np.ndarray | None, generated: Sequence[int]
+        ) -> np.ndarray:
+            if features is None:
+                raise LocalpersError("the engine returned no layer features; CARD needs the layer taps")
+            corrected, candidates, delta = self.head.correct(
+                logits, features, vector, strength=strength_used, top_k=k_used
+            )
+            if record_steps:
+                steps.append((candidates, logits[candidates].copy(), delta))
+            return corrected
+
+        self.engine.set_adapter(adapter)
+        started = time.perf_counter()
+        result = generate(
+            self.engine,
+            prompt_prefix + chosen_task.prompt_for(text),
+            max_tokens=max_tokens or chosen_task.default_max_tokens,
+            sampling=sampling,
+            stop=chosen_task.stop_strings,
+            hook=card_hook if personalized else None,
+            on_text=on_text,
+        )
+        total_ms = 1000 * (time.perf_counter() - started)
+        return RewriteResult(
+            text=result.text.strip() if chosen_task.one_line else result.text,
+            method=method,
+            task=chosen_task.name,
+            cluster=cluster,
+            adapter=adapter,
+            strength=strength_used,
+            top_k=k_used,
+            tokens=len(result.tokens),
+            prompt_ms=round(1000 * result.prompt_seconds, 2),
+            ms_per_token=round(result.ms_per_token, 3),
+            total_ms=round(total_ms, 2),
+            steps=self._describe_steps(result, steps) if record_steps else [],
+        )
+
+    def _describe_steps(
+        self, result: GenerationResult, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    ) -> list[RewriteStep]:
+        described = []
+        for token, (candidates, before, delta) in zip(result.tokens, steps, strict=False):
+            shifts = [
+                CandidateShift(int(t), self.engine.detokenize([int(t)]), float(b), float(b + d))
+                for t, b, d in zip(candidates, before, delta, strict=True)
+            ]
+            shifts.sort(key=lambda s: -s.after)
+            match = [s.after - s.before for s in shifts if s.token == token]
+            described.append(
+                RewriteStep(int(token), self.engine.detokenize([token]), match[0] if match else 0.0, shifts)
+            )
+        return described
+
+    # ------------------------------------------------------------------ fitting
+    def negatives(
+        self, items: Sequence[HistoryItem], cluster: int, progress: Progress | None = None
+    ) -> list[str]:
+        """y- for each item: the cluster model's own greedy output for the same input."""
+        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        outputs = []
+        for done, item in enumerate(items):
+            task = get_task(item.task)
+            result = generate(
+                self.engine,
+                task.prompt_for(item.input),
+                max_tokens=task.default_max_tokens,
+                stop=task.stop_strings,
+            )
+            outputs.append(result.text.strip())
+            if progress:
+                progress("negatives", done + 1, len(items))
+        return outputs
+
+    def pair_differences(
+        self,
+        items: Sequence[HistoryItem],
+        negatives: Sequence[str],
+        cluster: int | None,
+        progress: Progress | None = None,
+    ) -> np.ndarray:
+        """`g(y+) - g(y-)` per pair, teacher-forced through the cluster model; `(n, D)`."""
+        self.engine.set_adapter(self.adapter_for("card", cluster))
+        rows = []
+        for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
+            prompt = self.engine.tokenize(get_task(item.task).prompt_for(item.input))
+            positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
+            negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
+            plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
+            rows.append(
+                self.head.sequence_feature(plus.tokens, plus.features)
+                - self.head.sequence_feature(minus.tokens, minus.features)
+            )
+            if progress:
+                progress("features", done + 1, len(items))
+        return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
+
+    def fit_user(
+        self,
+        user: User,
+        *,
+        progress: Progress | None = None,
+        regularisation: float = DEFAULT_REGULARISATION,
+        history_limit: int | None = None,
+    ) -> FitReport:
+        """Cluster, pairs, features and lambda for `user`; stores the result atomically in its folder."""
+        items = user.history()
+        if history_limit is not None:
+            items = items[-history_limit:]
+        seconds: dict[str, float] = {}
+        if not items:
+            report = self._report("cold-start", None, [], 0, 0, 0, None, seconds)
+            user.save_fit(
+                None, {"cluster": None, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()}
+            )
+            return report
+
+        started = time.perf_counter()
+        cluster, similarities = self.assign_cluster([item.output for item in items])
+        seconds["cluster"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        negatives = self._cached_negatives(user, items, cluster, progress)
+        seconds["negatives"] = time.perf_counter() - started
+        distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
+        skipped = len(items) - len(distinct)
+
+        if len(distinct) < MIN_PAIRS_FOR_VECTOR:
+            report = self._report(
+                "cluster-default", cluster, similarities, len(items), len(distinct), skipped, None, seconds
+            )
+            user.save_fit(
+                self.head.default_vector(cluster),
+                {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
+                {"bundle_sha256": self.bundle_sha256, "mode": "cluster-default"},
+            )
+            return report
+
+        started = time.perf_counter()
+        differences = self.pair_differences(
+            [i for i, _ in distinct], [n for _, n in distinct], cluster, progress
+        )
+        seconds["features"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        fit = fit_with_heldout(differences, self.head.default_vector(cluster), regularisation=regularisation)
+        seconds["fit"] = time.perf_counter() - started
+        report = self._report(
+            "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
+        )
+        user.save_fit(
+            fit.vector,
+            {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
+            {"bundle_sha256": self.bundle_sha256, "mode": "vector"},
+        )
+        return report
+
+    def _cached_negatives(
+        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+    ) -> list[str]:
+        """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
+        cache_path = user.dir / NEGATIVES_FILE
+        key = f"{self.bundle_sha256}:{cluster}"
+        try:
+            cache = json.loads(cache_path.read_text())
+            known: dict[str, str] = cache.get(key, {}) if isinstance(cache, dict) else {}
+        except (OSError, ValueError):
+            known = {}
+        missing = [item for item in items if item.id not in known]
+        if missing:
+            for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):
+                known[item.id] = negative
+            atomic_write_text(cache_path, json.dumps({key: known}, ensure_ascii=False))
+        return [known[item.id] for item in items]
+
+    def _report(
+        self,
+        mode: str,
+        cluster: int | None,
+        similarities: list[float],
+        n_items: int,
+        n_pairs: int,
+        skipped: int,
+        fit: Any,
+        seconds: dict[str, float],
+    ) -> FitReport:
+        return FitReport(
+            mode=mode,
+            cluster=cluster,
+            cluster_similarities=similarities,
+            n_items=n_items,
+            n_pairs=n_pairs,
+            n_identical_skipped=skipped,
+            train_accuracy=None if fit is None else round(fit.train_accuracy, 4),
+            heldout_accuracy=None
+            if fit is None or fit.heldout_accuracy is None
+            else round(fit.heldout_accuracy, 4),
+            heldout_accuracy_default=(
+                None
+                if fit is None or fit.heldout_accuracy_default is None
+                else round(fit.heldout_accuracy_default, 4)
+            ),
+            n_heldout=0 if fit is None else fit.n_heldout,
+            regularisation=None if fit is None else fit.regularisation,
+            vector_norm=None if fit is None else round(float(np.linalg.norm(fit.vector)), 4),
+            seconds={k: round(v, 3) for k, v in seconds.items()},
+            bundle_sha256=self.bundle_sha256,
+        )
+
+
+def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, Any]]:
+    """`(cluster, vector, state)` of a stored user, as `rewrite` needs them."""
+    state = user.state()
+    cluster = state.get("cluster")
+    return (int(cluster) if cluster is not None else None), user.vector(), state
