@@ -1,0 +1,201 @@
+"""Device-side CARD on a synthetic bundle: fit, corrected decoding, user switching, privacy."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic_bundle import make_bundle
+from typer.testing import CliRunner
+
+from localpers.backbone import Backbone
+from localpers.bundle import open_bundle
+from localpers.cli import app
+from localpers.history import HistoryItem
+from localpers.personalize import Personalizer
+from localpers.store import UserStore
+
+SHOUTY = [
+    ("The city opened a new bike lane along the river.", "BIKE LANE OPENS ON RIVER, HUGE WIN!!!"),
+    ("The school board approved free lunches for all pupils.", "FREE LUNCH FOR EVERY KID, AMAZING!!!"),
+    ("A storm knocked out power to 3,000 homes overnight.", "STORM CUTS POWER TO 3,000 HOMES, WOW!!!"),
+    ("The museum will stay open late on Fridays this summer.", "MUSEUM OPEN LATE ON FRIDAYS, YES!!!"),
+    ("Local farmers expect a record apple harvest this year.", "RECORD APPLE HARVEST AHEAD, INCREDIBLE!!!"),
+    ("The mayor announced a plan to plant 10,000 trees.", "MAYOR PLANS 10,000 TREES, FANTASTIC!!!"),
+    ("A new library branch opens in the east district.", "NEW LIBRARY OPENS IN EAST, BRILLIANT!!!"),
+    ("The marathon drew a record 20,000 runners.", "MARATHON DRAWS 20,000 RUNNERS, EPIC!!!"),
+    ("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE AT ZOO, ADORABLE!!!"),
+    ("Bus fares will drop by half for students.", "BUS FARES HALVED FOR STUDENTS, GREAT!!!"),
+]
+ARTICLE = "Generate a headline for the following article: The town hall will install solar panels on its roof."
+
+
+def items(pairs: list[tuple[str, str]]) -> list[HistoryItem]:
+    return [
+        HistoryItem.create("headline", "Generate a headline for the following article: " + i, o) for i, o in pairs
+    ]
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
+
+
+@pytest.fixture(scope="module")
+def personalizer(bundle_dir: Path, backbone: Backbone) -> Personalizer:
+    loaded = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    yield loaded
+    loaded.close()
+
+
+def test_fit_raises_heldout_reward_margin(personalizer: Personalizer) -> None:
+    user = UserStore().create("shouty")
+    user.save_history(items(SHOUTY[:7]))
+    report = personalizer.fit_user(user)
+    assert report.mode == "vector"
+    assert report.cluster == 0  # the synthetic bundle's shouty centroid
+    assert report.n_pairs == 7
+    vector = user.vector()
+    prior = personalizer.head.default_vector(report.cluster)
+    heldout = items(SHOUTY[7:])
+    negatives = personalizer.negatives(heldout, report.cluster)
+    differences = personalizer.pair_differences(heldout, negatives, report.cluster)
+    assert np.mean(differences @ vector) > np.mean(differences @ prior)
+    assert np.mean(differences @ vector > 0) >= 2 / 3
+
+
+def test_refit_reuses_cached_negatives(personalizer: Personalizer) -> None:
+    user = UserStore().create("again")
+    user.save_history(items(SHOUTY[:4]))
+    personalizer.fit_user(user)
+    second = personalizer.fit_user(user)
+    assert second.seconds["negatives"] < 0.5
+    assert (user.dir / "negatives.json").is_file()
+
+
+def test_cold_start_and_too_few_pairs(personalizer: Personalizer) -> None:
+    store = UserStore()
+    empty = store.create("empty")
+    assert personalizer.fit_user(empty).mode == "cold-start"
+    assert empty.vector() is None
+    few = store.create("few")
+    few.save_history(items(SHOUTY[:2]))
+    report = personalizer.fit_user(few)
+    assert report.mode == "cluster-default"
+    np.testing.assert_array_equal(few.vector(), personalizer.head.default_vector(report.cluster))
+
+
+def test_strength_zero_is_exactly_the_cluster_model(personalizer: Personalizer) -> None:
+    vector = np.full(personalizer.head.d, 5.0, dtype=np.float32)
+    plain = personalizer.rewrite(ARTICLE, method="cluster", cluster=1)
+    zero = personalizer.rewrite(ARTICLE, method="card", cluster=1, vector=vector, strength=0.0)
+    assert zero.text == plain.text and zero.tokens == plain.tokens
+
+
+def test_only_top_k_cluster_tokens_are_ever_chosen(personalizer: Personalizer) -> None:
+    rng = np.random.default_rng(1)
+    vector = rng.normal(0, 50.0, personalizer.head.d).astype(np.float32)
+    result = personalizer.rewrite(
+        ARTICLE, method="card", cluster=1, vector=vector, strength=10.0, top_k=3, record_steps=True
+    )
+    assert result.steps, "no steps recorded"
+    moved = False
+    for step in result.steps:
+        candidates = {c.token for c in step.candidates}
+        assert len(candidates) == 3
+        assert step.token in candidates
+        moved |= step.token != max(step.candidates, key=lambda c: c.before).token
+    assert moved, "a strength of 10 with a large vector should change at least one choice"
+
+
+def test_switching_users_changes_output_without_reloading(personalizer: Personalizer) -> None:
+    model_before, context_before = personalizer.engine._model, personalizer.engine._ctx
+    rng = np.random.default_rng(7)
+    first = personalizer.rewrite(
+        ARTICLE, method="card", cluster=1, vector=rng.normal(0, 40, personalizer.head.d), strength=5.0
+    )
+    second = personalizer.rewrite(
+        ARTICLE, method="card", cluster=1, vector=rng.normal(0, 40, personalizer.head.d), strength=5.0
+    )
+    assert first.text != second.text
+    assert personalizer.engine._model is model_before and personalizer.engine._ctx is context_before
+
+
+def test_interrupted_fit_keeps_the_previous_vector(personalizer: Personalizer) -> None:
+    user = UserStore().create("steady")
+    user.save_history(items(SHOUTY[:5]))
+    personalizer.fit_user(user)
+    before_vector, before_state = user.vector(), user.state()
+    user.save_history(items(SHOUTY))
+
+    def interrupt(stage: str, done: int, total: int) -> None:
+        if stage == "features" and done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        personalizer.fit_user(user, progress=interrupt)
+    np.testing.assert_array_equal(user.vector(), before_vector)
+    assert user.state()["fit"] == before_state["fit"]
+
+
+def test_fit_and_rewrite_open_no_socket(
+    personalizer: Personalizer, bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process guard: any attempt to open a network socket fails the test."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    runner = CliRunner()
+    common = ["--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    assert runner.invoke(app, ["user", "create", "net"]).exit_code == 0
+    history = Path(os.environ["LOCALPERS_HOME"]) / "h.jsonl"
+    history.write_text("".join(json.dumps({"input": i, "output": o}) + "\n" for i, o in SHOUTY[:4]))
+    assert runner.invoke(app, ["history", "import", str(history)]).exit_code == 0
+    fitted = runner.invoke(app, ["fit", "--json", *common])
+    assert fitted.exit_code == 0, fitted.output
+    assert json.loads(fitted.stdout)["mode"] == "vector"
+    rewritten = runner.invoke(app, ["rewrite", ARTICLE, "--json", *common])
+    assert rewritten.exit_code == 0, rewritten.output
+    payload = json.loads(rewritten.stdout)
+    assert payload["method"] == "card" and payload["user"] == "net" and payload["text"]
+    demo = runner.invoke(app, ["demo", "--json", "--articles", "1", *common])
+    assert demo.exit_code == 0, demo.output
+    row = json.loads(demo.stdout)["rows"][0]
+    assert set(row) == {"article", "global", "cluster", "card"}
+
+
+def _network_namespace_available() -> bool:
+    if sys.platform != "linux" or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _network_namespace_available(), reason="cannot create a network namespace here")
+def test_rewrite_runs_in_a_namespace_without_network(bundle_dir: Path, backbone: Backbone) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        ["unshare", "-n", sys.executable, "-m", "localpers.cli", "rewrite", ARTICLE, "--method", "global",
+         "--json", "--bundle", str(bundle_dir), "--model", str(backbone.path)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["text"]
+
+
+def test_rewrite_refuses_an_unfitted_user(bundle_dir: Path, backbone: Backbone) -> None:
+    runner = CliRunner()
+    runner.invoke(app, ["user", "create", "fresh"])
+    result = runner.invoke(app, ["rewrite", ARTICLE, "--bundle", str(bundle_dir), "--model", str(backbone.path)])
+    assert result.exit_code == 1
+    assert "localpers fit" in result.output
