@@ -109,6 +109,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
         "threads": os.cpu_count(),
+        "layer_taps": "c" if importlib.util.find_spec("localpers._taps") else "python (slower: C callback not built)",
         "dirs": {
             "data": str(paths.data_dir()),
             "cache": str(paths.cache_dir()),
@@ -128,6 +129,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(f"threads       {report['threads']}")
+    typer.echo(f"layer taps    {report['layer_taps']}")
     for name, where in report["dirs"].items():
         typer.echo(f"{name + ' dir':<14}{where}")
     installed = ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in report["extras"].items())
