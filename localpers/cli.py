@@ -196,5 +196,8 @@ def generate(
         sys.stdout.write("\n")
 
 
+import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
+
+
 def main() -> None:
     app()
