@@ -199,7 +199,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
             if step % EVAL_EVERY == 0 or step == options.head_steps - 1:
                 point = {
                     "step": step,
-                    "train_loss": round(float(loss), 5),
+                    "train_loss": round(float(loss.detach()), 5),
                     "train_accuracy": round(float((margin > 0).float().mean()), 4),
                 }
                 point["heldout_accuracy_own"] = _accuracy(

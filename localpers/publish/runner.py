@@ -102,7 +102,19 @@ class PublishContext:
         )
         with bar:
             task = bar.add_task(description, total=total)
-            yield lambda n=1: bar.advance(task, n)
+            if self.console.is_terminal:
+                yield lambda n=1: bar.advance(task, n)
+                return
+            # No live bar in a log file: a line every tenth of the way instead.
+            state = {"done": 0, "next": max(1, total // 10)}
+
+            def advance_and_log(n: int = 1) -> None:
+                state["done"] += n
+                if state["done"] >= state["next"] and total > 1:
+                    self.log(f"  {description}: {state['done']}/{total}")
+                    state["next"] = state["done"] + max(1, total // 10)
+
+            yield advance_and_log
 
 
 def stage_key(options: PublishOptions, stage: str, upstream: dict[str, str]) -> str:

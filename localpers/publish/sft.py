@@ -105,7 +105,7 @@ def _train_pass(model: Any, batch: dict[str, Any], precision: str) -> float:
     with autocast(precision):
         loss = torch_model.target_token_losses(model, batch).mean()
     loss.backward()
-    return float(loss)
+    return float(loss.detach())
 
 
 def evaluate(model: Any, examples: list[Example], precision: str) -> dict[int, tuple[float, int]]:

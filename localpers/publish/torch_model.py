@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def quiet_transformers() -> None:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
 
 
 def load_backbone(path: Path) -> Any:
