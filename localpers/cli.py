@@ -205,6 +205,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(history_app, name="history")
 register_bundle_commands(app)
 register_device_commands(app)
+import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
 
 
 def main() -> None:
