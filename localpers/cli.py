@@ -109,7 +109,9 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
         "threads": os.cpu_count(),
-        "layer_taps": "c" if importlib.util.find_spec("localpers._taps") else "python (slower: C callback not built)",
+        "layer_taps": "c"
+        if importlib.util.find_spec("localpers._taps")
+        else "python (slower: C callback not built)",
         "dirs": {
             "data": str(paths.data_dir()),
             "cache": str(paths.cache_dir()),
