@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli_bench import register as register_bench_commands
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
 from localpers.cli_users import history_app, user_app
@@ -207,6 +208,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(history_app, name="history")
 register_bundle_commands(app)
 register_device_commands(app)
+register_bench_commands(app)
 import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
 
 
