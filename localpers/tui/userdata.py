@@ -1,0 +1,199 @@
+"""The TUI's reads and writes of a user's folder: profile summary, accepted and rejected outputs, import.
+
+Accepting an output adds `(input, accepted text)` to the user's history (the examples the vector is fitted
+on). Rejecting one keeps it in `negatives_user.jsonl` beside the history, one JSON object per line,
+rewritten atomically; `fit` does not read that file yet (the fit builds its own y- from the cluster model),
+so rejected outputs are kept for a later fit that uses them, never sent anywhere. This module does no
+generation or fitting and draws nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
+from localpers.store import User, UserStore, atomic_write_text
+
+REJECTED_FILE = "negatives_user.jsonl"
+TUI_SOURCE = "tui"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the app shows and uses of one user: history size, cluster, vector and the last fit report."""
+
+    user: str
+    n_history: int
+    n_rejected: int = 0
+    cluster: int | None = None
+    vector: np.ndarray | None = field(default=None, compare=False)
+    vector_sha256: str | None = None
+    fit: dict[str, Any] | None = None
+    fitted_at: str | None = None
+    bundle_matches: bool | None = None  # None until the bundle is known (the model is loading)
+    problem: str | None = None  # a damaged file, shown instead of the fit
+
+    @property
+    def needs_fit(self) -> bool:
+        """History exists but no fit for this bundle, or the history changed size since the fit."""
+        if self.n_history == 0:
+            return False
+        return self.fit is None or self.bundle_matches is False or self.fit.get("n_items") != self.n_history
+
+    @property
+    def can_personalize(self) -> bool:
+        """A fit for this bundle that assigned a cluster (cold-start users fall back to the global adapter)."""
+        return self.fit is not None and self.bundle_matches is True and self.cluster is not None
+
+
+def load_profile(user: User, bundle_sha256: str | None) -> Profile:
+    """The user's profile; a damaged state or vector becomes `problem`, so the app can offer a refit."""
+    n_history = len(user.history())
+    n_rejected = len(read_rejected(user))
+    try:
+        state = user.state()
+        vector = user.vector()
+    except LocalpersError as exc:
+        return Profile(user.name, n_history, n_rejected, problem=str(exc))
+    cluster = state.get("cluster")
+    fit = state.get("fit") if isinstance(state.get("fit"), dict) else None
+    return Profile(
+        user=user.name,
+        n_history=n_history,
+        n_rejected=n_rejected,
+        cluster=int(cluster) if cluster is not None else None,
+        vector=vector,
+        vector_sha256=state.get("vector_sha256"),
+        fit=fit,
+        fitted_at=state.get("updated_at") if fit else None,
+        bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
+    )
+
+
+def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[HistoryItem, bool]:
+    """Add `(input_text, output)` to the history; (the item, False when the same text was already there)."""
+    try:
+        item = HistoryItem.create(task, input_text, output, source=TUI_SOURCE)
+    except ValueError as exc:
+        raise LocalpersError(f"cannot add this example: {exc}") from None
+    merged, already = merge_history(user.history(), [item])
+    if already:
+        return item, False
+    check_history_size(len(merged), what=f"user {user.name!r} would have")
+    user.save_history(merged)
+    return item, True
+
+
+def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
+    """Remove the item with id `wanted_id` from the history and return it."""
+    items = user.history()
+    matches = [item for item in items if item.id == wanted_id]
+    if not matches:
+        raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
+    user.save_history([item for item in items if item.id != wanted_id])
+    return matches[0]
+
+
+@dataclass(frozen=True)
+class RejectedOutput:
+    """An output the user turned down for an input, with the settings that produced it."""
+
+    id: str
+    task: str
+    input: str
+    output: str
+    method: str
+    strength: float | None
+    top_k: int | None
+    rejected_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def rejected_path(user: User) -> Path:
+    return user.dir / REJECTED_FILE
+
+
+def read_rejected(user: User) -> list[RejectedOutput]:
+    """The rejected outputs kept for `user` (none when the file is absent)."""
+    path = rejected_path(user)
+    if not path.exists():
+        return []
+    rows: list[RejectedOutput] = []
+    fix = "fix or delete that line, or remove the file"
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            rows.append(RejectedOutput(**record))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise LocalpersError(
+                f"{path} line {number}: not a rejected-output record ({exc}); {fix}"
+            ) from None
+    return rows
+
+
+def reject_output(
+    user: User,
+    *,
+    task: str,
+    input_text: str,
+    output: str,
+    method: str,
+    strength: float | None,
+    top_k: int | None,
+) -> tuple[RejectedOutput, bool]:
+    """Keep `output` as a negative for `input_text`; (the record, False when it was already kept)."""
+    if not output.strip():
+        raise LocalpersError("there is no output to reject yet")
+    if not input_text.strip():
+        raise LocalpersError("the draft is empty; there is nothing to reject an output for")
+    record = RejectedOutput(
+        id=item_id(task, input_text.strip(), output.strip()),
+        task=task,
+        input=input_text.strip(),
+        output=output.strip(),
+        method=method,
+        strength=strength,
+        top_k=top_k,
+        rejected_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    existing = read_rejected(user)
+    if any(row.id == record.id for row in existing):
+        return record, False
+    lines = [json.dumps(row.to_json(), ensure_ascii=False) for row in [*existing, record]]
+    atomic_write_text(rejected_path(user), "\n".join(lines) + "\n")
+    return record, True
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    user: str
+    added: int
+    skipped: int
+    total: int
+    created: bool
+
+
+def import_history_file(store: UserStore, user_name: str, path: Path | str) -> ImportSummary:
+    """Parse `path` (any `localpers history import` format) into `user_name`'s history, creating the user.
+
+    The file is validated before the user is created, so a bad file leaves no empty user behind.
+    """
+    parsed = parse_history(Path(path).expanduser())
+    created = user_name not in store.list()
+    user = store.create(user_name) if created else store.get(user_name)
+    merged, already = merge_history(user.history(), parsed.items)
+    check_history_size(len(merged), what=f"user {user_name!r} would have")
+    user.save_history(merged)
+    skipped = len(parsed.duplicates) + len(already)
+    return ImportSummary(user_name, len(parsed.items) - len(already), skipped, len(merged), created)

@@ -1,0 +1,32 @@
+"""`DraftEditor`: the multi-line text the user wants rewritten (a `TextArea` with the app's defaults).
+
+Tab moves focus on (it does not indent), so every control stays reachable from the keyboard. The app
+listens to `TextArea.Changed` for the debounce; this widget does not trigger generation itself.
+"""
+
+from __future__ import annotations
+
+from textual.widgets import TextArea
+
+PLACEHOLDER = "Type or paste a text (an article for the headline task), then wait a moment or press ctrl+r."
+
+
+class DraftEditor(TextArea):
+    """The draft: soft-wrapped plain text, with a placeholder when empty."""
+
+    DEFAULT_CSS = """
+    DraftEditor {
+        height: 1fr;
+        border: round $primary 60%;
+        border-title-color: $text;
+    }
+    DraftEditor:focus {
+        border: round $accent;
+    }
+    """
+
+    def __init__(self, text: str = "", *, id: str | None = None) -> None:
+        super().__init__(text, soft_wrap=True, tab_behavior="focus", placeholder=PLACEHOLDER, id=id)
+
+    def on_mount(self) -> None:
+        self.border_title = "Draft (F1)"

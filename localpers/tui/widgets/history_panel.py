@@ -1,0 +1,106 @@
+"""`HistoryPanel`: the user's history items (newest first) in a table; `x`/delete asks to remove one.
+
+The panel only displays items and posts `HistoryPanel.RemoveRequested`; the app confirms, removes the item
+from the user's folder and refreshes the panel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from localpers.history import HistoryItem
+from localpers.tasks import TASKS
+
+
+def without_instruction(item: HistoryItem) -> str:
+    """The input minus its task's instruction, which stored items often repeat."""
+    instruction = TASKS[item.task].instruction
+    if instruction and item.input.startswith(instruction):
+        return item.input[len(instruction) :].strip()
+    return item.input
+
+
+def shorten(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+class HistoryTable(DataTable[str]):
+    """The table of items; its row keys are item ids."""
+
+    BINDINGS = [Binding("x,delete", "remove", "Remove item", show=True)]
+
+    def action_remove(self) -> None:
+        if self.row_count == 0:
+            return
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        if row_key.value is not None:
+            self.post_message(HistoryPanel.RemoveRequested(row_key.value))
+
+
+class HistoryPanel(Vertical):
+    """A caption and the table of the current user's history items."""
+
+    DEFAULT_CSS = """
+    HistoryPanel {
+        height: auto;
+    }
+    HistoryPanel #history-caption {
+        color: $text-muted;
+        padding: 0 1;
+    }
+    HistoryPanel HistoryTable {
+        height: auto;
+        max-height: 14;
+    }
+    """
+
+    @dataclass
+    class RemoveRequested(Message):
+        item_id: str
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.items: list[HistoryItem] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("No user yet.", id="history-caption")
+        yield HistoryTable(cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        self.table.add_columns("id", "task", "your text", "for")
+
+    @property
+    def table(self) -> HistoryTable:
+        return self.query_one(HistoryTable)
+
+    @property
+    def caption(self) -> Static:
+        return self.query_one("#history-caption", Static)
+
+    def show(self, user: str | None, items: Sequence[HistoryItem]) -> None:
+        self.items = list(items)
+        table = self.table
+        table.clear()
+        if user is None:
+            self.caption.update("No user yet.")
+            return
+        for item in reversed(self.items):
+            table.add_row(
+                item.id,
+                item.task,
+                shorten(item.output, 60),
+                shorten(without_instruction(item), 70),
+                key=item.id,
+            )
+        count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"
+        self.caption.update(
+            f"{user}: {count}, newest first. ctrl+s adds the current output; x removes the selected item."
+        )

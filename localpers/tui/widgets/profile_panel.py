@@ -1,0 +1,97 @@
+"""`ProfilePanel`: the current user's cluster, fit report and what is kept on disk, as a small table.
+
+It renders a `Profile` (see `localpers.tui.userdata`) and says whether a refit is due; it reads no files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from localpers.tui.userdata import Profile
+
+MODE_LABELS = {
+    "vector": "own vector (fitted on your pairs)",
+    "cluster-default": "cluster default vector (too few pairs)",
+    "cold-start": "cold start (no history): global adapter",
+}
+
+
+def _accuracy(value: Any) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def status_line(profile: Profile) -> Text:
+    """Whether the profile is usable as is, e.g. 'up to date' or 'refit due: history changed'."""
+    if profile.problem:
+        return Text(f"damaged: {profile.problem}", style="bold red")
+    if profile.n_history == 0:
+        return Text("no history yet: accept outputs (ctrl+s) or import a file (ctrl+o)", style="yellow")
+    if profile.fit is None:
+        return Text("not fitted yet (ctrl+f fits)", style="yellow")
+    if profile.bundle_matches is None:
+        return Text("fitted (checking it against the bundle while the model loads)", style="dim")
+    if not profile.bundle_matches:
+        return Text("fitted with another bundle: refit due", style="yellow")
+    if profile.fit.get("n_items") != profile.n_history:
+        return Text("history changed since the fit: refit due", style="yellow")
+    return Text("up to date", style="green")
+
+
+def profile_table(profile: Profile) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("user", profile.user)
+    table.add_row("status", status_line(profile))
+    table.add_row("history", f"{profile.n_history} items · {profile.n_rejected} rejected outputs kept")
+    fit = profile.fit
+    if fit is not None:
+        similarities = ", ".join(f"{s:.2f}" for s in fit.get("cluster_similarities") or [])
+        cluster = "none" if profile.cluster is None else str(profile.cluster)
+        table.add_row("cluster", f"{cluster}" + (f"  (similarities {similarities})" if similarities else ""))
+        table.add_row("vector", MODE_LABELS.get(str(fit.get("mode")), str(fit.get("mode"))))
+        if fit.get("mode") == "vector":
+            table.add_row(
+                "pairs",
+                f"{fit.get('n_pairs')} used · {fit.get('n_identical_skipped', 0)} skipped (output = model's)",
+            )
+            table.add_row(
+                "pair accuracy",
+                f"train {_accuracy(fit.get('train_accuracy'))} · held-out "
+                f"{_accuracy(fit.get('heldout_accuracy'))} on {fit.get('n_heldout')} "
+                f"(cluster default {_accuracy(fit.get('heldout_accuracy_default'))})",
+            )
+            table.add_row("vector norm", f"{fit.get('vector_norm')}")
+        seconds = fit.get("seconds") or {}
+        if seconds:
+            parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+            table.add_row("fit time", f"{sum(seconds.values()):.1f} s ({parts})")
+        if profile.fitted_at:
+            table.add_row("fitted at", profile.fitted_at)
+    return table
+
+
+class ProfilePanel(Static):
+    """The profile of the current user, or a hint when there is none."""
+
+    DEFAULT_CSS = """
+    ProfilePanel {
+        height: auto;
+        padding: 0 1;
+    }
+    """
+
+    profile: reactive[Profile | None] = reactive(None, always_update=True)
+
+    def watch_profile(self, profile: Profile | None) -> None:
+        if profile is None:
+            self.update(
+                Text("No user yet: import a history file (ctrl+o) or use the demo user.", style="dim")
+            )
+        else:
+            self.update(profile_table(profile))

@@ -1,0 +1,91 @@
+"""`WhyView`: why the personalized output reads the way it does (CARD's per-token corrections).
+
+It shows a one-line summary, the `TokenStrip` and, for the selected token, the `CandidateTable`. It only
+has something to explain for the `card` method; for the others it says so.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from localpers.personalize import RewriteResult
+from localpers.tui.widgets.candidate_table import CandidateTable
+from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visible_piece
+
+EMPTY_HINT = (
+    "The Why view explains CARD outputs: choose method card, write a draft, and select tokens with ←/→."
+)
+
+
+def summarize(result: RewriteResult) -> str:
+    """One line: tokens, choices the vector changed, the largest push, e.g. '12 tokens · 2 choices changed'."""
+    steps = result.steps
+    changed = sum(choice_changed(step) for step in steps)
+    line = f"{len(steps)} tokens · {changed} choice{'' if changed == 1 else 's'} changed by your vector"
+    if steps:
+        strongest = max(steps, key=lambda s: abs(s.correction))
+        line += f" · largest shift {strongest.correction:+.2f} on {visible_piece(strongest.piece)!r}"
+    line += f" · α {result.strength:g}, top-{result.top_k}" if result.strength is not None else ""
+    return line
+
+
+class WhyView(Vertical):
+    """Summary, coloured tokens and the candidate table of the selected token."""
+
+    DEFAULT_CSS = """
+    WhyView {
+        height: auto;
+    }
+    WhyView #why-summary {
+        color: $text-muted;
+        padding: 0 1;
+    }
+    WhyView #why-legend {
+        color: $text-muted;
+        padding: 0 1;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.result: RewriteResult | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(EMPTY_HINT, id="why-summary")
+        yield TokenStrip()
+        yield Static(
+            "[on rgb(24,150,72)] pushed up [/] [on rgb(190,48,48)] pushed down [/] "
+            "[underline]underlined[/]: the vector changed the choice",
+            id="why-legend",
+        )
+        yield CandidateTable()
+
+    @property
+    def strip(self) -> TokenStrip:
+        return self.query_one(TokenStrip)
+
+    @property
+    def table(self) -> CandidateTable:
+        return self.query_one(CandidateTable)
+
+    @property
+    def summary(self) -> Static:
+        return self.query_one("#why-summary", Static)
+
+    def show(self, result: RewriteResult | None) -> None:
+        """Explain `result` (None or a non-CARD result clears the view)."""
+        self.result = result
+        if result is None or not result.steps:
+            self.summary.update(EMPTY_HINT)
+            self.strip.steps = []
+            self.table.show(None)
+            return
+        self.summary.update(summarize(result))
+        self.strip.show(result.steps)
+
+    def on_token_strip_selected(self, message: TokenStrip.Selected) -> None:
+        message.stop()
+        if self.result is not None and 0 <= message.index < len(self.result.steps):
+            self.table.show(self.result.steps[message.index])

@@ -1,0 +1,474 @@
+"""Pilot tests of every TUI flow on a fake engine: typing, streaming, controls, users, Why, teaching, first run."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from textual.widgets import Select, TextArea
+from tui_fakes import FakeService, fake_text
+from tui_helpers import async_test, wait_idle
+
+from localpers.history import HistoryItem, demo_history_path
+from localpers.store import UserStore
+from localpers.tui.app import LocalpersApp
+from localpers.tui.screens.confirm import ConfirmScreen
+from localpers.tui.screens.edit_accept import EditAcceptScreen
+from localpers.tui.screens.import_history import ImportScreen
+from localpers.tui.screens.welcome import WelcomeScreen
+from localpers.tui.service import RewriteRequest
+from localpers.tui.userdata import REJECTED_FILE
+from localpers.tui.widgets.candidate_table import CandidateTable
+from localpers.tui.widgets.history_panel import HistoryTable
+from localpers.tui.widgets.stepper import Stepper
+from localpers.tui.widgets.token_strip import TokenStrip
+
+SIZE = (120, 40)
+DRAFT = "The city opened a new bike lane along the river"
+
+
+def examples(prefix: str, count: int) -> list[HistoryItem]:
+    return [
+        HistoryItem.create(
+            "headline", f"{prefix} article number {i} about the town", f"{prefix.upper()} {i}!"
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.fixture
+def service() -> FakeService:
+    store = UserStore()
+    store.create("ann").save_history(examples("ann", 4))
+    store.create("bob").save_history(examples("bob", 6))
+    store.use("ann")
+    return FakeService(store)
+
+
+def make_app(service: FakeService, **kwargs: object) -> LocalpersApp:
+    return LocalpersApp(service, debounce=0.05, refit_delay=0.05, **kwargs)  # type: ignore[arg-type]
+
+
+def card(text: str, vector: int, strength: float = 1.0, top_k: int = 10) -> str:
+    import numpy as np
+
+    return fake_text(
+        RewriteRequest(text, "headline", "card", 0, np.full(4, vector, np.float32), strength, top_k)
+    )
+
+
+@async_test
+async def test_typing_generates_both_outputs_after_a_pause(service: FakeService) -> None:
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        assert service.fits == ["ann"]  # ann had history but no fit: fitted on opening
+        typed = "Bike lane opens"
+        await pilot.press(*typed)
+        await wait_idle(pilot)
+        assert app.main.draft.text == typed
+        assert app.main.baseline_panel.text == fake_text(RewriteRequest(typed, "headline", "global"))
+        assert app.main.personal_panel.text == card(typed, vector=4)
+        assert app.main.personal_panel.complete
+        methods = [r.method for r in service.rewrites if r.text == typed]
+        assert methods == ["card", "global"]  # debounced: one generation per output for the whole typing
+        assert service.max_concurrent == 1
+
+
+@async_test
+async def test_ui_stays_responsive_and_streams_while_generating(service: FakeService) -> None:
+    service.fit(service.store.get("ann"), lambda *_: None)  # fitted already: the generation starts at once
+    service.fits.clear()
+    service.hold = threading.Event()
+    app = make_app(service, text="first draft words")
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(100):  # the generation is blocked before its first piece
+            await pilot.pause(0.05)
+            if app.main.personal_panel.status == "generating…":
+                break
+        assert app.main.personal_panel.status == "generating…"
+        app.main.draft.focus()
+        await pilot.press("end", *" and more")  # the UI still takes keys while the engine is busy
+        assert app.main.draft.text == "first draft words and more"
+        seen: set[str] = set()
+        service.piece_delay = 0.05
+        service.hold.set()
+        for _ in range(200):
+            await pilot.pause(0.02)
+            seen.add(app.main.personal_panel.text)
+            if not app.busy:
+                break
+        await wait_idle(pilot)
+        final = card("first draft words and more", vector=4)
+        assert app.main.personal_panel.text == final
+        assert any(0 < len(text) < len(final) for text in seen)  # streamed piece by piece
+        assert service.max_concurrent == 1  # the superseded generation never overlapped the new one
+
+
+@async_test
+async def test_strength_top_k_and_method_controls(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        global_runs = sum(r.method == "global" for r in service.rewrites)
+        app.main.controls.strength.focus()
+        await pilot.press("right")  # α 1.00 -> 1.50
+        await wait_idle(pilot)
+        assert app.main.personal_panel.text == card(DRAFT, 4, strength=1.5)
+        await pilot.press("tab", "left")  # top-k 10 -> 5
+        await wait_idle(pilot)
+        assert app.main.personal_panel.text == card(DRAFT, 4, strength=1.5, top_k=5)
+        assert sum(r.method == "global" for r in service.rewrites) == global_runs  # baseline from cache
+
+        app.main.controls.method_select.focus()
+        await pilot.press("enter", "down", "enter")  # card -> cluster
+        await wait_idle(pilot)
+        assert app.main.controls.method == "cluster"
+        assert app.main.personal_panel.text == f"Cluster 0: {' '.join(DRAFT.split()[:5]).lower()}"
+        assert app.main.controls.strength.disabled and app.main.controls.top_k.disabled
+
+        app.main.controls.method_select.focus()
+        await pilot.press("enter", "up", "enter")  # back to card: α and top-k kept, served from the cache
+        await wait_idle(pilot)
+        assert app.main.personal_panel.text == card(DRAFT, 4, strength=1.5, top_k=5)
+        assert app.main.personal_panel.status.endswith("cached")
+
+        count = len(service.rewrites)
+        await pilot.press("ctrl+r")  # on demand: regenerates even though cached
+        await wait_idle(pilot)
+        assert len(service.rewrites) == count + 2
+
+
+@async_test
+async def test_task_switch_regenerates_both(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        app.main.controls.task_select.focus()
+        await pilot.press("enter", "down", "enter")  # headline -> title
+        await wait_idle(pilot)
+        assert app.main.controls.task == "title"
+        assert {r.method for r in service.rewrites if r.task == "title"} == {"card", "global"}
+
+
+@async_test
+async def test_switching_user(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        assert "user ann" in app.sub_title
+        app.main.controls.user_select.focus()
+        await pilot.press("enter", "down", "enter")  # ann -> bob
+        await wait_idle(pilot)
+        assert app.user is not None and app.user.name == "bob"
+        assert service.store.active_name() == "bob"
+        assert "user bob · 6 examples" in app.sub_title
+        assert service.fits == ["ann", "bob"]
+        assert app.main.personal_panel.text == card(DRAFT, vector=6)  # bob's vector
+        assert app.main.history_panel.table.row_count == 6
+        assert app.main.profile_panel.profile is not None and app.main.profile_panel.profile.user == "bob"
+
+
+@async_test
+async def test_why_view_selects_tokens_and_shows_candidates(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f2")
+        strip = app.main.why.query_one(TokenStrip)
+        table = app.main.why.query_one(CandidateTable)
+        assert app.focused is strip
+        steps = strip.steps
+        assert len(steps) == len(card(DRAFT, 4).split(" "))
+        strongest = max(range(len(steps)), key=lambda i: abs(steps[i].correction))
+        assert strip.selected == strongest
+        await pilot.press("home", "right", "right")
+        await pilot.pause()
+        assert strip.selected == 2
+        assert table.row_count == 2
+        chosen_row = [str(cell) for cell in table.get_row_at(0)]
+        assert chosen_row[0] == "▶" and steps[2].piece.strip() in chosen_row[1]
+        assert "1 choice changed" in str(app.main.why.summary.render())
+
+
+@async_test
+async def test_accept_adds_to_history_refits_and_updates(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        accepted = app.main.personal_panel.text
+        await pilot.press("ctrl+s")
+        await wait_idle(pilot)
+        user = service.store.get("ann")
+        items = user.history()
+        assert (items[-1].input, items[-1].output, items[-1].source) == (DRAFT, accepted, "tui")
+        assert service.fits == ["ann", "ann"]
+        assert app.profile is not None and app.profile.n_history == 5 and not app.profile.needs_fit
+        assert user.state()["fit"]["n_items"] == 5
+        assert app.main.personal_panel.text == card(DRAFT, vector=5)  # the refitted vector is in use
+        assert "5 examples" in app.sub_title
+        await pilot.press("ctrl+s")  # the new output is accepted too; the same text twice is not
+        await wait_idle(pilot)
+        await pilot.press("ctrl+s")
+        await wait_idle(pilot)
+        assert len(user.history()) == 7
+
+
+@async_test
+async def test_edit_and_accept(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert isinstance(app.screen, EditAcceptScreen)
+        await pilot.press("ctrl+r")  # app actions are off while the dialog is open
+        editor = app.screen.query_one(TextArea)
+        editor.text = ""
+        await pilot.press(*"Wheel Win")
+        await pilot.press("ctrl+s")
+        await wait_idle(pilot)
+        assert app.screen is app.main
+        assert service.store.get("ann").history()[-1].output == "Wheel Win"
+        assert service.fits == ["ann", "ann"]
+
+
+@async_test
+async def test_edit_cancel_changes_nothing(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        await pilot.press("escape")
+        await wait_idle(pilot)
+        assert len(service.store.get("ann").history()) == 4
+
+
+@async_test
+async def test_reject_keeps_a_negative_without_touching_history(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        rejected = app.main.personal_panel.text
+        await pilot.press("ctrl+n")
+        await pilot.press("ctrl+n")  # twice: kept once
+        await wait_idle(pilot)
+        user = service.store.get("ann")
+        lines = (user.dir / REJECTED_FILE).read_text().splitlines()
+        assert len(lines) == 1
+        record = json.loads(lines[0])
+        assert (record["input"], record["output"], record["method"], record["strength"]) == (
+            DRAFT,
+            rejected,
+            "card",
+            1.0,
+        )
+        assert len(user.history()) == 4
+        assert app.profile is not None and app.profile.n_rejected == 1
+        assert service.fits == ["ann"]
+
+
+@async_test
+async def test_accept_refuses_an_out_of_date_output(service: FakeService) -> None:
+    service.hold = threading.Event()
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("ctrl+s")  # nothing finished yet
+        service.hold.set()
+        await wait_idle(pilot)
+        assert len(service.store.get("ann").history()) == 4
+
+
+@async_test
+async def test_remove_history_item_after_confirmation(service: FakeService) -> None:
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f3")
+        table = app.main.history_panel.query_one(HistoryTable)
+        assert app.focused is table and table.row_count == 4
+        newest = service.store.get("ann").history()[-1]
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert len(service.store.get("ann").history()) == 4
+        await pilot.press("x")
+        await pilot.pause()
+        await pilot.press("y")
+        await wait_idle(pilot)
+        remaining = service.store.get("ann").history()
+        assert len(remaining) == 3 and newest.id not in {item.id for item in remaining}
+        assert table.row_count == 3
+        assert service.fits == ["ann", "ann"]
+        assert app.profile is not None and app.profile.fit is not None and app.profile.fit["n_items"] == 3
+
+
+@async_test
+async def test_refit_shows_progress_and_failure_is_reported_once(service: FakeService) -> None:
+    service.fail_fit = "the history is damaged"
+    app = make_app(service)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        assert service.fits == ["ann"]  # failed once, not retried in a loop
+        assert any("the history is damaged" in n.message for n in app._notifications)
+        assert not app.main.progress.running
+        service.fail_fit = None
+        await pilot.press("ctrl+f")  # explicit refit
+        await wait_idle(pilot)
+        assert service.fits == ["ann", "ann"]
+        assert app.profile is not None and app.profile.fit is not None
+
+
+@async_test
+async def test_progress_bar_is_shown_during_a_fit(service: FakeService) -> None:
+    gate = threading.Event()
+    original = service.fit
+
+    def slow_fit(user, progress):  # type: ignore[no-untyped-def]
+        gate.wait(timeout=10)
+        return original(user, progress)
+
+    service.fit = slow_fit  # type: ignore[method-assign]
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.fit_running:
+                break
+        assert app.main.progress.running
+        assert "fitting ann" in str(app.main.progress.label.render())
+        gate.set()
+        await wait_idle(pilot)
+        assert not app.main.progress.running
+
+
+@async_test
+async def test_cold_start_user_falls_back_to_the_global_adapter() -> None:
+    store = UserStore()
+    store.create("new")
+    service = FakeService(store)
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        assert service.fits == []
+        assert "global adapter" in app.main.personal_panel.border_title
+        assert app.main.personal_panel.text == app.main.baseline_panel.text
+        assert "cold start" in app.sub_title
+        assert [r.method for r in service.rewrites] == ["global"]  # one run feeds both panels
+
+
+@async_test
+async def test_first_run_demo_user() -> None:
+    service = FakeService(UserStore())
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, WelcomeScreen)
+        await pilot.press("d")
+        await wait_idle(pilot)
+        assert app.screen is app.main
+        assert service.store.list() == ["demo"]
+        assert app.user is not None and app.user.name == "demo"
+        assert app.main.draft.text  # a demo article to start from
+        assert app.main.personal_panel.text.startswith(" ".join(app.main.draft.text.split()[:5]).upper())
+        shipped = len(demo_history_path().read_text().splitlines())
+        assert app.profile is not None and app.profile.n_history == shipped and app.profile.can_personalize
+
+
+@async_test
+async def test_first_run_import(tmp_path: Path) -> None:
+    good = tmp_path / "mine.jsonl"
+    good.write_text("\n".join(json.dumps({"input": f"article {i}", "output": f"Mine {i}"}) for i in range(3)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": "x"}\n')
+    service = FakeService(UserStore())
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("i")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ImportScreen)
+        assert app.focused is screen.path_input
+        screen.path_input.value = str(bad)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "missing field 'output'" in str(screen.error.render())
+        assert service.store.list() == []  # a bad file creates no user
+        screen.path_input.value = str(good)
+        await pilot.press("tab")
+        assert app.focused is screen.user_input and screen.user_input.value == "me"
+        screen.user_input.value = "mi"
+        await pilot.press("end", *"ne", "enter")
+        await wait_idle(pilot)
+        assert app.screen is app.main
+        assert service.store.list() == ["mine"] and service.store.active_name() == "mine"
+        assert [item.output for item in service.store.get("mine").history()] == ["Mine 0", "Mine 1", "Mine 2"]
+        assert service.fits == ["mine"]
+        assert app.main.controls.user_select.value == "mine"
+
+
+@async_test
+async def test_first_run_quit() -> None:
+    service = FakeService(UserStore())
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0 and service.store.list() == []
+
+
+@async_test
+async def test_close_service_waits_for_the_engine(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+    app.close_service()
+    assert service.closed
+
+
+@async_test
+async def test_keyboard_reaches_every_control(service: FakeService) -> None:
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        chain = [widget.id for widget in app.screen.focus_chain]
+        assert chain[:6] == ["task", "method", "user", "strength", "top-k", "draft"]
+        assert app.focused is app.main.draft
+        await pilot.press("shift+tab")
+        assert app.focused is app.main.controls.top_k
+        shown = {binding.key for binding in app.BINDINGS if binding.show}  # type: ignore[union-attr]
+        assert {"ctrl+r", "ctrl+s", "ctrl+g", "ctrl+n", "ctrl+f", "ctrl+o"} <= shown
+        titles = [str(tab.label) for tab in app.main.tabs.query("ContentTab")]
+        assert titles == ["Why (F2)", "History (F3)", "Profile (F4)"]
+        assert app.main.draft.border_title == "Draft (F1)"
+        app.main.controls.strength.focus()
+        await pilot.pause()
+        assert isinstance(app.focused, Stepper)
+        assert isinstance(app.main.controls.user_select, Select)
+
+
+@async_test
+async def test_a_model_that_fails_to_load_is_reported_in_place(service: FakeService) -> None:
+    from localpers.errors import LocalpersError
+
+    def broken_load() -> None:
+        raise LocalpersError("backbone x.gguf is damaged; re-run `localpers doctor`")
+
+    service.load = broken_load  # type: ignore[method-assign]
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        for panel in (app.main.baseline_panel, app.main.personal_panel):
+            assert "x.gguf is damaged" in panel.status
+        await pilot.press("end", "!")
+        await wait_idle(pilot)
+        assert "x.gguf is damaged" in app.main.personal_panel.status
+        assert service.rewrites == [] and service.fits == []

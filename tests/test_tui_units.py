@@ -1,0 +1,202 @@
+"""Unit tests of the TUI's pure parts: user-folder writes, cache keys, colours, summaries, the stepper."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tui_helpers import async_test, visible_lines
+
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.personalize import CandidateShift, RewriteResult, RewriteStep
+from localpers.store import UserStore
+from localpers.tui.app import fit_summary, request_key
+from localpers.tui.service import RewriteRequest
+from localpers.tui.userdata import (
+    REJECTED_FILE,
+    accept_output,
+    import_history_file,
+    load_profile,
+    read_rejected,
+    reject_output,
+    remove_history_item,
+)
+from localpers.tui.widgets.stepper import Stepper
+from localpers.tui.widgets.token_strip import NEUTRAL, choice_changed, correction_color, visible_piece
+from localpers.tui.widgets.why_view import summarize
+
+
+def test_accept_output_adds_once_and_validates() -> None:
+    user = UserStore().create("ann")
+    item, added = accept_output(user, "headline", "An article", "My Headline")
+    assert added and user.history() == [item] and item.source == "tui"
+    _, again = accept_output(user, "headline", "An article", "My  Headline ")  # same after normalisation
+    assert not again and len(user.history()) == 1
+    with pytest.raises(LocalpersError, match="field 'output' is empty"):
+        accept_output(user, "headline", "An article", "   ")
+
+
+def test_remove_history_item() -> None:
+    user = UserStore().create("ann")
+    first, _ = accept_output(user, "headline", "a", "A")
+    second, _ = accept_output(user, "headline", "b", "B")
+    assert remove_history_item(user, first.id) == first
+    assert user.history() == [second]
+    with pytest.raises(LocalpersError, match="already removed"):
+        remove_history_item(user, first.id)
+
+
+def test_reject_output_writes_jsonl_atomically_and_dedupes() -> None:
+    user = UserStore().create("ann")
+    options = {"task": "headline", "method": "card", "strength": 1.5, "top_k": 10}
+    record, added = reject_output(user, input_text="An article", output="Bad Headline", **options)
+    assert added
+    _, again = reject_output(user, input_text="An article", output="Bad Headline", **options)
+    assert not again
+    reject_output(user, input_text="An article", output="Other", **options)
+    lines = (user.dir / REJECTED_FILE).read_text().splitlines()
+    assert [json.loads(line)["output"] for line in lines] == ["Bad Headline", "Other"]
+    assert read_rejected(user)[0] == record
+    assert not list(user.dir.glob(".*.tmp"))  # no temporary file left behind
+    assert user.history() == []
+    with pytest.raises(LocalpersError, match="no output"):
+        reject_output(user, input_text="x", output=" ", **options)
+
+
+def test_damaged_rejected_file_names_the_line() -> None:
+    user = UserStore().create("ann")
+    (user.dir / REJECTED_FILE).write_text('{"id": "x"}\n')
+    with pytest.raises(LocalpersError, match=rf"{REJECTED_FILE} line 1"):
+        read_rejected(user)
+
+
+def test_import_validates_before_creating_the_user(tmp_path: Path) -> None:
+    store = UserStore()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    with pytest.raises(LocalpersError, match="line 1: not valid JSON"):
+        import_history_file(store, "ann", bad)
+    assert store.list() == []
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        '{"input": "a", "output": "A"}\n{"input": "a", "output": "A"}\n{"input": "b", "output": "B"}\n'
+    )
+    summary = import_history_file(store, "ann", good)
+    assert (summary.added, summary.skipped, summary.total, summary.created) == (2, 1, 2, True)
+    again = import_history_file(store, "ann", good)
+    assert (again.added, again.created) == (0, False)
+
+
+def test_profile_says_when_a_fit_is_due() -> None:
+    user = UserStore().create("ann")
+    assert not load_profile(user, "sha").needs_fit  # nothing to fit
+    accept_output(user, "headline", "a", "A")
+    assert load_profile(user, "sha").needs_fit
+    report = {"mode": "cluster-default", "n_items": 1}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": "sha", "fit": report})
+    profile = load_profile(user, "sha")
+    assert not profile.needs_fit and profile.can_personalize and profile.cluster == 1
+    assert load_profile(user, "other").needs_fit  # fitted with another bundle
+    assert load_profile(user, None).bundle_matches is None and not load_profile(user, None).can_personalize
+    accept_output(user, "headline", "b", "B")
+    assert load_profile(user, "sha").needs_fit  # history changed
+
+
+def test_damaged_state_becomes_a_problem_not_a_crash() -> None:
+    user = UserStore().create("ann")
+    user.state_path.write_text("{broken")
+    profile = load_profile(user, "sha")
+    assert profile.problem is not None and "state.json" in profile.problem
+
+
+def test_request_key_tells_outputs_apart() -> None:
+    vector = np.arange(4, dtype=np.float32)
+    base = RewriteRequest("text", "headline", "card", 0, vector, 1.0, 10)
+    assert request_key(base) == request_key(
+        RewriteRequest("text", "headline", "card", 0, vector.copy(), 1.0, 10)
+    )
+    for other in (
+        RewriteRequest("text", "headline", "card", 0, vector + 1, 1.0, 10),
+        RewriteRequest("text", "headline", "card", 0, vector, 1.5, 10),
+        RewriteRequest("text", "headline", "card", 0, vector, 1.0, 5),
+        RewriteRequest("text", "title", "card", 0, vector, 1.0, 10),
+        RewriteRequest("text", "headline", "cluster", 0),
+    ):
+        assert request_key(other) != request_key(base)
+
+
+def test_correction_colours() -> None:
+    assert correction_color(0.0, 1.0) == "rgb({},{},{})".format(*NEUTRAL)
+    assert correction_color(2.0, 2.0) == "rgb(24,150,72)"
+    assert correction_color(-5.0, 2.0) == "rgb(190,48,48)"  # capped at full strength
+    half = correction_color(1.0, 2.0)
+    assert half not in (correction_color(0.0, 2.0), correction_color(2.0, 2.0))
+    assert visible_piece("a\nb") == "a⏎b" and visible_piece("") == "∅"
+
+
+def _step(token: int, before: dict[int, float], delta: dict[int, float]) -> RewriteStep:
+    shifts = [CandidateShift(t, f"t{t}", b, b + delta.get(t, 0.0)) for t, b in before.items()]
+    shifts.sort(key=lambda s: -s.after)
+    return RewriteStep(token, f"t{token}", delta.get(token, 0.0), shifts)
+
+
+def test_choice_changed_and_summary() -> None:
+    kept = _step(1, {1: 5.0, 2: 4.0}, {1: 0.5})
+    flipped = _step(2, {1: 5.0, 2: 4.0}, {2: 2.0})
+    assert not choice_changed(kept) and choice_changed(flipped)
+    result = RewriteResult(
+        "t1t2", "card", "headline", 0, "cluster-0", 1.0, 10, 2, 1.0, 10.0, 20.0, [kept, flipped]
+    )
+    assert summarize(result) == (
+        "2 tokens · 1 choice changed by your vector · largest shift +2.00 on 't2' · α 1, top-10"
+    )
+
+
+def test_fit_summary() -> None:
+    assert "global adapter" in fit_summary({"mode": "cold-start"})
+    assert fit_summary({"mode": "cluster-default", "cluster": 1, "n_pairs": 2}) == (
+        "cluster 1, cluster default vector (only 2 usable pairs)"
+    )
+    assert fit_summary({"mode": "vector", "cluster": 0, "n_pairs": 9, "heldout_accuracy": 0.75}) == (
+        "cluster 0, own vector from 9 pairs (held-out pair accuracy 0.75)"
+    )
+
+
+@async_test
+async def test_stepper_steps_within_its_values() -> None:
+    from textual.app import App, ComposeResult
+
+    changes: list[float] = []
+
+    class Harness(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Stepper("α", (0.5, 1.0, 2.0), 1.0, id="s")
+
+        def on_stepper_changed(self, event: Stepper.Changed) -> None:
+            changes.append(event.value)
+
+    app = Harness()
+    async with app.run_test() as pilot:
+        stepper = app.query_one(Stepper)
+        stepper.focus()
+        await pilot.press("right", "right", "right", "left", "minus", "minus")
+        await pilot.pause()
+        assert changes == [2.0, 1.0, 0.5]
+        stepper.set_value(0.75)  # a value from the bundle that is not in the list is added
+        assert stepper.values == [0.5, 0.75, 1.0, 2.0] and stepper.value == 0.75
+
+
+def test_visible_lines_reads_svg_rows() -> None:
+    svg = (
+        '<svg><text x="0" y="20">b&#160;c</text><text x="0" y="10">a</text><text x="9" y="20">d</text></svg>'
+    )
+    assert visible_lines(svg) == ["a", "b cd"]
+
+
+def test_history_items_in_a_store_stay_valid_after_tui_writes() -> None:
+    user = UserStore().create("ann")
+    accept_output(user, "title", "Some text", "A Title")
+    assert user.history()[0] == HistoryItem.create("title", "Some text", "A Title", source="tui")
