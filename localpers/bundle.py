@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
-import os
 import re
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localpers.atomic import atomic_write_bytes as write_bytes_atomically
 from localpers.errors import LocalpersError
 from localpers.paths import cache_dir
 
@@ -79,20 +78,6 @@ def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> Path:
     target = bundle_dir / MANIFEST_NAME
     write_bytes_atomically(target, (json.dumps(complete, indent=2) + "\n").encode())
     return target
-
-
-def write_bytes_atomically(target: Path, data: bytes) -> None:
-    """Write `data` to a temp file beside `target`, fsync it, then os.replace it over `target`."""
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------------------------------

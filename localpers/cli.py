@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli_bench import register as register_bench_commands
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
 from localpers.cli_tui import register as register_tui_command
@@ -110,6 +111,9 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
         "threads": os.cpu_count(),
+        "layer_taps": "c"
+        if importlib.util.find_spec("localpers._taps")
+        else "python (slower: C callback not built)",
         "dirs": {
             "data": str(paths.data_dir()),
             "cache": str(paths.cache_dir()),
@@ -129,6 +133,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(f"threads       {report['threads']}")
+    typer.echo(f"layer taps    {report['layer_taps']}")
     for name, where in report["dirs"].items():
         typer.echo(f"{name + ' dir':<14}{where}")
     installed = ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in report["extras"].items())
@@ -204,7 +209,9 @@ app.add_typer(user_app, name="user")
 app.add_typer(history_app, name="history")
 register_bundle_commands(app)
 register_device_commands(app)
+register_bench_commands(app)
 register_tui_command(app)
+import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
 
 
 def main() -> None:

@@ -207,15 +207,17 @@ class CardHead:
         strength: float | None = None,
         top_k: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Corrected logits (a copy), plus the top-k ids and their corrections.
+        """Corrected logits, plus the top-k ids and their corrections.
 
-        Only the top-k tokens of `logits` move; every other token keeps its logit.
+        Only the top-k tokens of the cluster logits are corrected, and only they stay eligible: every
+        other token is set to -inf, so however strong the correction, the next token is one the
+        cluster model ranked in its top k (a large negative correction cannot promote an outsider).
         """
         k = top_k or self.config.top_k
         scale = self.config.alpha if strength is None else strength
         candidates = top_k_indices(logits, k)
         s = self.project(features) * user_vector
         delta = scale * (self.u_rows(candidates) @ s)
-        corrected = logits.copy()
-        corrected[candidates] += delta
+        corrected = np.full_like(logits, -np.inf)
+        corrected[candidates] = logits[candidates] + delta
         return corrected, candidates, delta

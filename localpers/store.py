@@ -28,7 +28,6 @@ import re
 import secrets
 import shutil
 import struct
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from localpers import paths
+from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 from localpers.errors import LocalpersError
 from localpers.history import HistoryItem, check_history_size, read_stored_history, serialize_history
 
@@ -50,40 +50,6 @@ MAX_ARCHIVE_MEMBER_BYTES = 64 * 1024 * 1024
 # state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
 _VECTOR_KEYS = ("vector_file", "vector_sha256", "vector_dim")
 _REFIT = "run `localpers fit` again"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` all at once: temp file in the same folder, fsync, os.replace."""
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
-    _fsync_directory(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _now() -> str:
@@ -449,7 +415,7 @@ class UserStore:
             os.rename(staging, target)
         except OSError:
             raise LocalpersError(f"user {name!r} already exists; pick another name") from None
-        _fsync_directory(self.users_dir)
+        fsync_directory(self.users_dir)
 
     def _sweep(self) -> None:
         """Remove folders left by an interrupted create, import or delete."""

@@ -34,12 +34,15 @@ SHOUTY = [
     ("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE AT ZOO, ADORABLE!!!"),
     ("Bus fares will drop by half for students.", "BUS FARES HALVED FOR STUDENTS, GREAT!!!"),
 ]
-ARTICLE = "Generate a headline for the following article: The town hall will install solar panels on its roof."
+ARTICLE = (
+    "Generate a headline for the following article: The town hall will install solar panels on its roof."
+)
 
 
 def items(pairs: list[tuple[str, str]]) -> list[HistoryItem]:
     return [
-        HistoryItem.create("headline", "Generate a headline for the following article: " + i, o) for i, o in pairs
+        HistoryItem.create("headline", "Generate a headline for the following article: " + i, o)
+        for i, o in pairs
     ]
 
 
@@ -196,6 +199,8 @@ def test_rewrite_runs_in_a_namespace_without_network(bundle_dir: Path, backbone:
 def test_rewrite_refuses_an_unfitted_user(bundle_dir: Path, backbone: Backbone) -> None:
     runner = CliRunner()
     runner.invoke(app, ["user", "create", "fresh"])
-    result = runner.invoke(app, ["rewrite", ARTICLE, "--bundle", str(bundle_dir), "--model", str(backbone.path)])
+    result = runner.invoke(
+        app, ["rewrite", ARTICLE, "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    )
     assert result.exit_code == 1
     assert "localpers fit" in result.output

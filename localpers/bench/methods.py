@@ -1,0 +1,380 @@
+"""The benchmark's methods: one small class each, in a registry, selectable by name with parameters.
+
+A method name is `base` or `base@key=value,key=value`, e.g. `card@strength=0.5`, `rag@k=2`,
+`card@history=5` (every method that uses the history accepts `history=N|all`: fit on the N most
+recent items only). `parse_method` checks the name and its parameters; `canonical_spec` drops
+parameters equal to the method's default, so `card@strength=<bundle alpha>` and `card` share one
+cache. Adding a method (CoPe, EXACT) is one subclass of `Method` decorated with `@register`.
+
+A method declares what it `needs` from the user's fit: nothing, the cluster id, or the full CARD
+vector fit; the runner computes (and caches) that and hands it over as a `UserProfile`. Methods
+generate through the `Personalizer` only; they never touch files.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.personalize import Personalizer, RewriteResult
+from localpers.tasks import get_task
+
+Needs = Literal["none", "cluster", "vector"]
+ParamValue = int | float | None
+HISTORY_PARAM = "history"
+_PARAM_PATTERN = re.compile(r"([a-z_]+)=([^,=@]+)")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method with its parameters, e.g. MethodSpec("card", (("strength", 0.5),))."""
+
+    base: str
+    params: tuple[tuple[str, ParamValue], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The canonical name: "card@strength=0.5,top_k=50" (parameters sorted)."""
+        if not self.params:
+            return self.base
+        return self.base + "@" + ",".join(f"{k}={_format_value(v)}" for k, v in self.params)
+
+    def get(self, key: str, default: ParamValue = None) -> ParamValue:
+        return dict(self.params).get(key, default)
+
+    @property
+    def history_limit(self) -> int | None:
+        value = self.get(HISTORY_PARAM)
+        return None if value is None else int(value)
+
+
+def _format_value(value: ParamValue) -> str:
+    if value is None:
+        return "all"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:.1f}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass
+class UserProfile:
+    """What a method may use for one user: the (possibly truncated) history and the fit it asked for."""
+
+    name: str
+    items: tuple[HistoryItem, ...]
+    cluster: int | None = None
+    vector: np.ndarray | None = None
+    fit_seconds: float = 0.0
+    cluster_bytes: int = 0
+    vector_bytes: int = 0
+    fit_report: dict[str, Any] = field(default_factory=dict)
+
+
+class Method(ABC):
+    """One way of generating for a user. Subclasses set the class variables and `generate`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    needs: ClassVar[Needs] = "none"
+    uses_history: ClassVar[bool] = False
+    # parameter name -> its type (int or float); "history" is added for methods that use the history
+    params: ClassVar[dict[str, type]] = {}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        """The value each parameter takes when the name does not set it."""
+        return {}
+
+    def check(self, personalizer: Personalizer) -> None:
+        """Refuse (LocalpersError) if this bundle cannot run the method."""
+        return None
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        """Per-user work before the queries (timed as part of the fit); its result goes to `generate`."""
+        return None
+
+    @abstractmethod
+    def generate(
+        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+    ) -> RewriteResult:
+        """The output for one query."""
+
+    def stored_bytes(self, profile: UserProfile) -> int:
+        """Bytes the device keeps per user for this method, the user's own history not counted."""
+        return {"none": 0, "cluster": profile.cluster_bytes, "vector": profile.vector_bytes}[self.needs]
+
+
+REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: make the method selectable by its `name`."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"method {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> Method:
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise LocalpersError(f"unknown method {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+
+
+def allowed_params(method: Method) -> dict[str, type]:
+    allowed = dict(method.params)
+    if method.uses_history:
+        allowed[HISTORY_PARAM] = int
+    return allowed
+
+
+def parse_method(text: str) -> MethodSpec:
+    """`"card@strength=0.5,top_k=50"` -> MethodSpec; a one-line error for unknown names or parameters."""
+    text = text.strip()
+    base, _, param_text = text.partition("@")
+    method = get_method(base)
+    allowed = allowed_params(method)
+    params: dict[str, ParamValue] = {}
+    if param_text:
+        for piece in param_text.split(","):
+            match = _PARAM_PATTERN.fullmatch(piece.strip())
+            if not match:
+                raise LocalpersError(
+                    f"method {text!r}: cannot read {piece!r}; write key=value, e.g. card@strength=0.5"
+                )
+            key, raw = match.groups()
+            if key not in allowed:
+                choices = ", ".join(allowed) or "none"
+                raise LocalpersError(
+                    f"method {text!r}: {base} has no parameter {key!r} (it takes: {choices})"
+                )
+            params[key] = _parse_value(text, key, raw, allowed[key])
+    return MethodSpec(base, tuple(sorted(params.items())))
+
+
+def _parse_value(text: str, key: str, raw: str, kind: type) -> ParamValue:
+    """`raw` as `kind`; `history=all` is None. Counts (k, top_k) are >= 1, strength and history >= 0."""
+    if key == HISTORY_PARAM and raw == "all":
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise LocalpersError(f"method {text!r}: {key}={raw} is not a valid {kind.__name__}") from None
+    minimum = 0 if kind is float or key == HISTORY_PARAM else 1
+    if not value >= minimum:  # also refuses nan
+        raise LocalpersError(f"method {text!r}: {key}={raw} must be at least {minimum}")
+    return value
+
+
+def canonical_spec(spec: MethodSpec, personalizer: Personalizer, history_limit: int | None) -> MethodSpec:
+    """`spec` with the run-wide history limit filled in and parameters at their defaults dropped."""
+    method = get_method(spec.base)
+    defaults = {**method.defaults(personalizer), HISTORY_PARAM: history_limit}
+    params = dict(spec.params)
+    if method.uses_history and HISTORY_PARAM not in params:
+        params[HISTORY_PARAM] = history_limit
+    kept = {k: v for k, v in params.items() if not _same(v, defaults.get(k, object()))}
+    return MethodSpec(spec.base, tuple(sorted(kept.items())))
+
+
+def effective_params(
+    spec: MethodSpec, personalizer: Personalizer, history_limit: int | None
+) -> dict[str, Any]:
+    """Every parameter of `spec` with its value in this run (defaults filled in; history None = all)."""
+    method = get_method(spec.base)
+    values: dict[str, Any] = dict(method.defaults(personalizer))
+    if method.uses_history:
+        values[HISTORY_PARAM] = history_limit
+    values.update(dict(spec.params))
+    return values
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return isinstance(b, int | float) and float(a) == float(b)
+
+
+# --------------------------------------------------------------------------------------------------
+# The methods
+
+
+@register
+class GlobalMethod(Method):
+    name = "global"
+    description = "global adapter, no personalization (the baseline)"
+
+    def generate(
+        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+    ) -> RewriteResult:
+        return personalizer.rewrite(text, method="global")
+
+
+@register
+class RagMethod(Method):
+    name = "rag"
+    description = "global adapter with the k history items most similar to the query (BM25) as examples"
+    uses_history = True
+    params = {"k": int}
+    max_example_chars = 1000
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        return {"k": 4}
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        from localpers.bench.retrieval import Bm25Index
+
+        return Bm25Index([f"{item.input} {item.output}" for item in profile.items]) if profile.items else None
+
+    def generate(
+        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+    ) -> RewriteResult:
+        k = int(spec.get("k", 4) or 4)
+        prefix = ""
+        if prepared is not None:
+            examples = [profile.items[i] for i in prepared.top(text, k)]
+            prefix = few_shot_prefix(examples, self.max_example_chars)
+        return personalizer.rewrite(text, method="global", prompt_prefix=prefix)
+
+
+def few_shot_prefix(examples: list[HistoryItem], max_chars: int = 1000) -> str:
+    """The examples as completed prompts, most relevant last (nearest the query), one blank line apart."""
+    parts = []
+    for item in reversed(examples):
+        prompt = get_task(item.task).prompt_for(item.input[:max_chars])
+        parts.append(f"{prompt} {item.output}\n\n")
+    return "".join(parts)
+
+
+@register
+class ClusterMethod(Method):
+    name = "cluster"
+    description = "the user's cluster adapter only"
+    needs = "cluster"
+    uses_history = True
+
+    def generate(
+        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+    ) -> RewriteResult:
+        if profile.cluster is None:  # no history: the device falls back to the global adapter
+            return personalizer.rewrite(text, method="global")
+        return personalizer.rewrite(text, method="cluster", cluster=profile.cluster)
+
+
+@register
+class CardMethod(Method):
+    name = "card"
+    description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
+    needs = "vector"
+    uses_history = True
+    params = {"strength": float, "top_k": int}
+    adapter_method = "card"
+    head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        config = personalizer.head_config
+        return {"strength": float(config.alpha), "top_k": int(config.top_k)}
+
+    def check(self, personalizer: Personalizer) -> None:
+        actual = personalizer.head_config.u
+        if self.head_type is not None and actual != self.head_type:
+            raise LocalpersError(
+                f"method {self.name} needs a bundle with a {self.head_type} U, but "
+                f"{personalizer.bundle.directory} has a {actual} U; run it with --bundle pointing at such a bundle"
+            )
+
+    def generate(
+        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+    ) -> RewriteResult:
+        if profile.cluster is None and self.adapter_method == "card":
+            return personalizer.rewrite(text, method="global")  # cold start, as `localpers rewrite` does
+        strength = spec.get("strength")
+        top_k = spec.get("top_k")
+        return personalizer.rewrite(
+            text,
+            method=self.adapter_method,
+            cluster=profile.cluster,
+            vector=profile.vector,
+            strength=None if strength is None else float(strength),
+            top_k=None if top_k is None else int(top_k),
+        )
+
+
+@register
+class CardGlobalMethod(CardMethod):
+    name = "card-global"
+    description = "the user's vector on the global adapter (the paper's 'w/o LoRA' ablation)"
+    adapter_method = "card-global"
+
+
+@register
+class CardFactoredUMethod(CardMethod):
+    name = "card-factored-u"
+    description = "CARD, requiring a bundle whose head has a factored U (E Q)"
+    head_type = "factored"
+
+
+@register
+class CardFullUMethod(CardMethod):
+    name = "card-full-u"
+    description = "CARD, requiring a bundle whose head has a full (sparse) U"
+    head_type = "full"
+
+
+# --------------------------------------------------------------------------------------------------
+# Presets: names that expand to several methods
+
+LOW_RESOURCE_HISTORY = (1, 2, 5, 10, 20)
+STRENGTH_MULTIPLIERS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+TOP_K_VALUES = (5, 10, 20, 50, 100)
+
+
+def _strength_sweep(personalizer: Personalizer) -> list[str]:
+    alpha = personalizer.head_config.alpha
+    return [f"card@strength={m * alpha:g}" for m in STRENGTH_MULTIPLIERS]
+
+
+PRESETS: dict[str, Callable[[Personalizer], list[str]]] = {
+    "main": lambda p: ["global", "rag", "cluster", "card"],
+    "low-resource": lambda p: (
+        [f"{base}@history={h}" for h in LOW_RESOURCE_HISTORY for base in ("cluster", "card")]
+        + ["cluster", "card"]
+    ),
+    "alpha-sweep": _strength_sweep,
+    "topk-sweep": lambda p: [f"card@top_k={k}" for k in TOP_K_VALUES],
+}
+
+
+def check_method_names(names: list[str]) -> None:
+    """Refuse unknown methods or parameters before anything is loaded (presets are always valid)."""
+    for name in names:
+        for piece in name.split(","):
+            piece = piece.strip()
+            if piece and piece not in PRESETS:
+                parse_method(piece)
+
+
+def expand_methods(
+    names: list[str], personalizer: Personalizer, history_limit: int | None
+) -> list[MethodSpec]:
+    """Presets expanded, names parsed and canonicalised, duplicates dropped, `global` first."""
+    texts: list[str] = []
+    for name in names:
+        for piece in name.split(","):
+            piece = piece.strip()
+            if piece:
+                texts.extend(PRESETS[piece](personalizer) if piece in PRESETS else [piece])
+    specs: list[MethodSpec] = [MethodSpec("global")]
+    for text in texts:
+        spec = canonical_spec(parse_method(text), personalizer, history_limit)
+        get_method(spec.base).check(personalizer)
+        if spec not in specs:
+            specs.append(spec)
+    return specs

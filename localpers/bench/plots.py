@@ -1,0 +1,162 @@
+"""PNG figures of a results.json: bars with intervals, the low-resource curve, parameter sweeps.
+
+Each function takes the results object, writes one PNG (matplotlib, Agg backend, no display) and
+returns its path, or None when the run holds no methods for that figure (e.g. no `@history=` runs
+means no low-resource curve). This module reads nothing but the results object.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+HISTORY_ALL_LABEL = "all"
+
+
+def _pyplot():  # noqa: ANN202 - matplotlib's module
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def main_methods(results: dict[str, Any]) -> list[str]:
+    """Methods run without parameters (global, rag, cluster, card, ...), in run order."""
+    return [name for name, row in results["methods"].items() if not row.get("overrides")]
+
+
+def history_curves(results: dict[str, Any]) -> dict[str, list[tuple[int | None, str]]]:
+    """base method -> [(history limit or None for all, method name)] for methods varying only `history`."""
+    curves: dict[str, list[tuple[int | None, str]]] = {}
+    for name, row in results["methods"].items():
+        if row["base"] == "global" or set(row.get("overrides", {})) - {"history"}:
+            continue
+        if "history" not in row["params"]:
+            continue
+        curves.setdefault(row["base"], []).append((row["params"]["history"], name))
+    limited = {base: points for base, points in curves.items() if any(h is not None for h, _ in points)}
+    for points in limited.values():
+        points.sort(key=lambda p: math.inf if p[0] is None else p[0])
+    return limited
+
+
+def sweep_points(results: dict[str, Any], param: str, base: str = "card") -> list[tuple[float, str]]:
+    """[(value of `param`, method name)] for `base` methods that vary only `param`, sorted by value."""
+    points = []
+    for name, row in results["methods"].items():
+        if row["base"] == base and set(row.get("overrides", {})) <= {param} and param in row["params"]:
+            points.append((float(row["params"][param]), name))
+    return sorted(points) if len(points) >= 2 else []
+
+
+def plot_bars(results: dict[str, Any], path: Path) -> Path | None:
+    names = main_methods(results)
+    if not names:
+        return None
+    plt = _pyplot()
+    rows = results["methods"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    means = [rows[n]["rouge1"] for n in names]
+    lows = [rows[n]["rouge1"] - rows[n]["rouge1_ci"][0] for n in names]
+    highs = [rows[n]["rouge1_ci"][2] - rows[n]["rouge1"] for n in names]
+    left.bar(names, means, yerr=[lows, highs], capsize=4, color="#4c72b0")
+    left.set_ylabel("ROUGE-1 (mean over queries)")
+    left.set_title("ROUGE-1 with 95% bootstrap interval")
+    others = [n for n in names if n in results["deltas_vs_global"]]
+    if others:
+        intervals = [results["deltas_vs_global"][n]["rouge1"] for n in others]
+        centre = [iv[1] for iv in intervals]
+        right.bar(
+            others,
+            centre,
+            yerr=[[iv[1] - iv[0] for iv in intervals], [iv[2] - iv[1] for iv in intervals]],
+            capsize=4,
+            color=["#55a868" if iv[0] > 0 else "#c44e52" if iv[2] < 0 else "#8c8c8c" for iv in intervals],
+        )
+        right.axhline(0, color="black", linewidth=0.8)
+    right.set_ylabel("ROUGE-1 difference to global")
+    right.set_title("Paired difference to global, 95% interval")
+    for axis in (left, right):
+        axis.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_low_resource(results: dict[str, Any], path: Path) -> Path | None:
+    curves = history_curves(results)
+    if not curves:
+        return None
+    plt = _pyplot()
+    rows = results["methods"]
+    labels = sorted(
+        {h for points in curves.values() for h, _ in points}, key=lambda h: math.inf if h is None else h
+    )
+    position = {h: i for i, h in enumerate(labels)}
+    fig, axis = plt.subplots(figsize=(7, 4))
+    for base, points in curves.items():
+        xs = [position[h] for h, _ in points]
+        ys = [rows[name]["rouge1"] for _, name in points]
+        axis.plot(xs, ys, marker="o", label=base)
+        axis.fill_between(
+            xs,
+            [rows[name]["rouge1_ci"][0] for _, name in points],
+            [rows[name]["rouge1_ci"][2] for _, name in points],
+            alpha=0.15,
+        )
+    if "global" in rows:
+        axis.axhline(rows["global"]["rouge1"], color="black", linestyle="--", linewidth=1, label="global")
+    axis.set_xticks(range(len(labels)), [HISTORY_ALL_LABEL if h is None else str(h) for h in labels])
+    axis.set_xlabel("history items used (most recent)")
+    axis.set_ylabel("ROUGE-1")
+    axis.set_title("Low-resource curve (95% bootstrap interval of the mean)")
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(results: dict[str, Any], param: str, path: Path, *, label: str) -> Path | None:
+    points = sweep_points(results, param)
+    if not points:
+        return None
+    plt = _pyplot()
+    rows = results["methods"]
+    xs = [x for x, _ in points]
+    ys = [rows[name]["rouge1"] for _, name in points]
+    errors = [
+        [rows[name]["rouge1"] - rows[name]["rouge1_ci"][0] for _, name in points],
+        [rows[name]["rouge1_ci"][2] - rows[name]["rouge1"] for _, name in points],
+    ]
+    fig, axis = plt.subplots(figsize=(7, 4))
+    axis.errorbar(xs, ys, yerr=errors, marker="o", capsize=4, label="card")
+    for reference, style in (("global", "--"), ("cluster", ":")):
+        if reference in rows:
+            axis.axhline(
+                rows[reference]["rouge1"], color="black", linestyle=style, linewidth=1, label=reference
+            )
+    axis.set_xlabel(label)
+    axis.set_ylabel("ROUGE-1")
+    axis.set_title(f"CARD: ROUGE-1 against {label} (95% bootstrap interval)")
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
+    """Every figure the results support, as PNGs in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [
+        plot_bars(results, directory / "bars.png"),
+        plot_low_resource(results, directory / "low_resource.png"),
+        plot_sweep(results, "strength", directory / "alpha_sweep.png", label="strength α"),
+        plot_sweep(results, "top_k", directory / "topk_sweep.png", label="top-k"),
+    ]
+    return [path for path in written if path is not None]

@@ -1,0 +1,160 @@
+"""report.md from a results.json object: a Table-1-style table, comparisons, curves and per-user fits.
+
+`render_report(results, image_prefix="")` returns Markdown; images are linked as
+`<image_prefix><name>.png` for the figures listed in `images`. Numbers only: no generated or
+reference text ever goes into a report. This module neither runs nor plots anything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from localpers.bench.plots import history_curves, sweep_points
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _interval(iv: list[float] | None, digits: int = 4, signed: bool = True) -> str:
+    if not iv:
+        return "–"
+    sign = "+" if signed else ""
+    marker = " *" if (iv[0] > 0 or iv[2] < 0) else ""
+    return f"{iv[1]:{sign}.{digits}f} [{iv[0]:{sign}.{digits}f}, {iv[2]:{sign}.{digits}f}]{marker}"
+
+
+def main_table(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "| Method | R-1 | R-L | ΔR-1 vs global [95% CI] | R-1 / global [95% CI] | ΔR-L vs global [95% CI] | ms/token | fit s/user | bytes/user |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|",
+    ]
+    for name, row in results["methods"].items():
+        delta = results["deltas_vs_global"].get(name, {})
+        lines.append(
+            f"| {name} | {_num(row['rouge1'])} | {_num(row['rougeL'])} | {_interval(delta.get('rouge1'))} "
+            f"| {_interval(delta.get('rouge1_ratio'), 3, signed=False) if delta else '1.000'} "
+            f"| {_interval(delta.get('rougeL'))} | {_num(row['ms_per_token'], 2)} "
+            f"| {_num(row['fit_s_per_user'], 2)} | {row['bytes_per_user']} |"
+        )
+    return lines
+
+
+def comparison_tables(results: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for baseline, table in results.get("deltas_vs", {}).items():
+        if not table:
+            continue
+        lines += [
+            "",
+            f"Paired differences to `{baseline}` (ROUGE-1, 95% CI; * = interval excludes 0):",
+            "",
+            "| Method | ΔR-1 | ΔR-L |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {_interval(d['rouge1'])} | {_interval(d['rougeL'])} |" for name, d in table.items()
+        ]
+    return lines
+
+
+def low_resource_table(results: dict[str, Any]) -> list[str]:
+    curves = history_curves(results)
+    if not curves:
+        return []
+    rows = results["methods"]
+    limits = sorted(
+        {h for points in curves.values() for h, _ in points}, key=lambda h: math.inf if h is None else h
+    )
+    lines = [
+        "| history items | " + " | ".join(curves) + " | global |",
+        "|---|" + "---:|" * (len(curves) + 1),
+    ]
+    for limit in limits:
+        cells = []
+        for points in curves.values():
+            name = dict(points).get(limit)
+            cells.append(_num(rows[name]["rouge1"]) if name else "–")
+        global_r1 = _num(rows["global"]["rouge1"]) if "global" in rows else "–"
+        lines.append(f"| {'all' if limit is None else limit} | " + " | ".join(cells) + f" | {global_r1} |")
+    return lines
+
+
+def sweep_table(results: dict[str, Any], param: str) -> list[str]:
+    points = sweep_points(results, param)
+    if not points:
+        return []
+    rows = results["methods"]
+    lines = [f"| {param} | R-1 | R-L | ΔR-1 vs global [95% CI] |", "|---:|---:|---:|---|"]
+    for value, name in points:
+        delta = results["deltas_vs_global"].get(name, {}).get("rouge1")
+        lines.append(
+            f"| {value:g} | {_num(rows[name]['rouge1'])} | {_num(rows[name]['rougeL'])} | {_interval(delta)} |"
+        )
+    return lines
+
+
+def user_table(results: dict[str, Any]) -> list[str]:
+    users = results.get("users", {})
+    if not users or not any("cluster" in row for row in users.values()):
+        return []
+    lines = [
+        "| user | history | cluster | fit mode | pairs | held-out pair acc. (fitted / cluster default) |",
+        "|---|---:|---:|---|---:|---|",
+    ]
+    for user_id, row in users.items():
+        heldout = (
+            f"{_num(row.get('heldout_accuracy'), 2)} / {_num(row.get('heldout_accuracy_default'), 2)} (n={row.get('n_heldout')})"
+            if row.get("heldout_accuracy") is not None
+            else "–"
+        )
+        lines.append(
+            f"| {user_id} | {row['history_items']} | {row.get('cluster')} | {row.get('mode') or '–'} "
+            f"| {row.get('n_pairs') if row.get('n_pairs') is not None else '–'} | {heldout} |"
+        )
+    return lines
+
+
+def render_report(results: dict[str, Any], *, images: list[str] = (), image_prefix: str = "") -> str:
+    """The whole report as Markdown."""
+    config = results["config"]
+    out = [
+        "# localpers bench: results",
+        "",
+        f"Data `{config['data']}` ({config['n_users']} users, {config['n_queries']} queries, sha256 {config['data_sha256'][:12]}); "
+        f"bundle `{config['bundle']}` (manifest sha256 {config['bundle_sha256'][:12]}); backbone `{config['backbone']}`.",
+        f"Head: {config['head']}. Bootstrap: {config['bootstrap_resamples']} paired resamples of queries, seed {config['seed']}.",
+    ]
+    if config.get("command"):
+        out += ["", "Command:", "", f"    {config['command']}"]
+    out += [
+        "",
+        "ROUGE F1 with stemming, mean over all queries. Δ = paired difference to `global` on the same queries "
+        "(* = 95% interval excludes 0). ms/token = decode time per generated token (prompt excluded). "
+        "fit s/user = what the method computes per user before generating (CARD: cluster, negatives, pair "
+        "features, vector). bytes/user = what the device stores per user besides their own history.",
+        "",
+        *main_table(results),
+        *comparison_tables(results),
+    ]
+    if "bars.png" in images:
+        out += ["", f"![ROUGE-1 per method]({image_prefix}bars.png)"]
+    table = low_resource_table(results)
+    if table:
+        out += ["", "## Low-resource curve (ROUGE-1, history truncated to the most recent items)", "", *table]
+        if "low_resource.png" in images:
+            out += ["", f"![Low-resource curve]({image_prefix}low_resource.png)"]
+    for param, title, image in (
+        ("strength", "Strength α sweep", "alpha_sweep.png"),
+        ("top_k", "Top-k sweep", "topk_sweep.png"),
+    ):
+        table = sweep_table(results, param)
+        if table:
+            out += ["", f"## {title} (CARD)", "", *table]
+            if image in images:
+                out += ["", f"![{title}]({image_prefix}{image})"]
+    table = user_table(results)
+    if table:
+        out += ["", "## Per-user CARD fits", "", *table]
+    return "\n".join(out) + "\n"

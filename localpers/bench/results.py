@@ -1,0 +1,163 @@
+"""Turn a finished run's per-(method, user) records into results.json and outputs.jsonl.
+
+results.json keeps exactly the shape the issue fixes, plus extra fields:
+
+    {"methods": {"<name>": {"rouge1", "rougeL", "n", "ms_per_token", "fit_s_per_user", "bytes_per_user", ...}},
+     "deltas_vs_global": {"<name>": {"rouge1": [low, mean, high], "rougeL": [...], "rouge1_ratio": [...]}},
+     "deltas_vs": {"rag": {...}, "cluster": {...}}, "config": {...}, "users": {...}}
+
+Deltas pair the two methods' scores on the same (user, query); intervals are paired bootstrap 95%
+percentile intervals over queries. outputs.jsonl holds every generation (it contains no reference
+text, but generated headlines for a private test set: keep it out of the repository).
+This module neither generates nor plots.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
+from localpers.bench.runner import BenchRun
+from localpers.store import atomic_write_text
+
+BASELINE = "global"
+OTHER_BASELINES = ("rag", "cluster")
+DIGITS = 5
+
+
+def query_scores(records: list[dict[str, Any]], metric: str) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """((user, query id) keys, scores) over all users' queries, in run order."""
+    keys = [(r["user"], q["query_id"]) for r in records for q in r["queries"]]
+    return keys, np.array([q[metric] for r in records for q in r["queries"]], dtype=np.float64)
+
+
+def method_summary(records: list[dict[str, Any]], *, n_resamples: int, seed: int) -> dict[str, Any]:
+    """The per-method row of results.json."""
+    _, r1 = query_scores(records, "rouge1")
+    _, rl = query_scores(records, "rougeL")
+    queries = [q for r in records for q in r["queries"]]
+    tokens = sum(q["tokens"] for q in queries)
+    decode_ms = sum(q["ms_per_token"] * q["tokens"] for q in queries)
+    return {
+        "rouge1": round(float(r1.mean()), DIGITS),
+        "rougeL": round(float(rl.mean()), DIGITS),
+        "n": len(queries),
+        "ms_per_token": round(decode_ms / tokens, 3) if tokens else 0.0,
+        "fit_s_per_user": round(float(np.mean([r["fit_seconds"] for r in records])), 3),
+        "bytes_per_user": int(round(float(np.mean([r["stored_bytes"] for r in records])))),
+        "history_bytes_per_user": int(round(float(np.mean([r["history_bytes"] for r in records])))),
+        "users": len(records),
+        "rouge1_ci": mean_interval(r1, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
+        "rougeL_ci": mean_interval(rl, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
+        "prompt_ms": round(float(np.mean([q["prompt_ms"] for q in queries])), 2),
+        "tokens_per_output": round(tokens / len(queries), 2),
+    }
+
+
+def deltas(
+    candidate: list[dict[str, Any]], baseline: list[dict[str, Any]], *, n_resamples: int, seed: int
+) -> dict[str, list[float]]:
+    """Paired bootstrap intervals of candidate - baseline (R-1, R-L) and of the R-1 ratio."""
+    out: dict[str, list[float]] = {}
+    for metric in ("rouge1", "rougeL"):
+        keys_a, a = query_scores(candidate, metric)
+        keys_b, b = query_scores(baseline, metric)
+        if keys_a != keys_b:
+            raise ValueError("methods were scored on different (user, query) pairs; cannot pair them")
+        out[metric] = paired_bootstrap(a, b, n_resamples=n_resamples, seed=seed).as_list(DIGITS)
+        if metric == "rouge1":
+            out["rouge1_ratio"] = paired_ratio_bootstrap(a, b, n_resamples=n_resamples, seed=seed).as_list(
+                DIGITS
+            )
+    return out
+
+
+def build_results(run: BenchRun) -> dict[str, Any]:
+    """The results.json object of a run."""
+    n, seed = run.config.n_resamples, run.config.seed
+    methods = {}
+    for spec in run.specs:
+        summary = method_summary(run.records[spec.name], n_resamples=n, seed=seed)
+        methods[spec.name] = {
+            **summary,
+            "base": spec.base,
+            "params": run.params[spec.name],
+            "overrides": dict(spec.params),
+        }
+    baseline = run.records[BASELINE]
+    results: dict[str, Any] = {
+        "methods": methods,
+        "deltas_vs_global": {
+            spec.name: deltas(run.records[spec.name], baseline, n_resamples=n, seed=seed)
+            for spec in run.specs
+            if spec.name != BASELINE
+        },
+        "deltas_vs": {
+            other: {
+                spec.name: deltas(run.records[spec.name], run.records[other], n_resamples=n, seed=seed)
+                for spec in run.specs
+                if spec.name not in (BASELINE, other)
+            }
+            for other in OTHER_BASELINES
+            if other in run.records
+        },
+        "config": {
+            "command": run.config.command,
+            "methods": [spec.name for spec in run.specs],
+            "max_users": run.config.max_users,
+            "max_queries": run.config.max_queries,
+            "history_limit": run.config.history_limit,
+            "seed": seed,
+            "bootstrap_resamples": n,
+            "n_users": len(run.users),
+            "n_queries": sum(len(u.queries) for u in run.users),
+            **run.context,
+        },
+        "users": _user_table(run),
+    }
+    return results
+
+
+def _user_table(run: BenchRun) -> dict[str, Any]:
+    """Per user: history size and the CARD fit diagnostics (no text)."""
+    fitted = next(
+        (name for name in ("card", *run.records) if name in run.records and run.records[name][0].get("fit")),
+        None,
+    )
+    table: dict[str, Any] = {}
+    for index, user in enumerate(run.users):
+        row: dict[str, Any] = {"history_items": len(user.history), "queries": len(user.queries)}
+        if fitted is not None:
+            record = run.records[fitted][index]
+            row.update({"cluster": record["cluster"], "fit_method": fitted, **(record["fit"] or {})})
+        table[user.user_id] = row
+    return table
+
+
+def write_outputs(run: BenchRun, path: Path) -> int:
+    """Every generation of the run as JSONL (user, query id, method, text, scores); returns the count."""
+    lines = []
+    for spec in run.specs:
+        for record in run.records[spec.name]:
+            for query in record["queries"]:
+                lines.append(
+                    json.dumps(
+                        {
+                            "user": record["user_id"],
+                            "query_id": query["query_id"],
+                            "method": spec.name,
+                            **query,
+                        },
+                        ensure_ascii=False,
+                    )
+                )
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return len(lines)
+
+
+def write_results(results: dict[str, Any], path: Path) -> None:
+    atomic_write_text(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")

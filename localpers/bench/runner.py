@@ -1,0 +1,338 @@
+"""Run the benchmark: per (method, user) fit what the method needs, generate every query, score, cache.
+
+Layout under the output directory:
+
+    users/history-<N|all>/users/<user>/   the benchmark's own user store per history truncation
+                                          (history, vector, state, negatives); never the real store
+    cache/<method>/<user>.json            one finished (method, user): outputs, scores, timings
+    outputs.jsonl, results.json, report.md, *.png   written at the end from the cache
+
+A (method, user) cache file is reused only when its fingerprint (bundle, backbone, method and its
+parameters, the history item ids and the queries) matches, so an interrupted run resumes where it
+stopped and a changed bundle or data file recomputes. Fits are shared between methods through the
+benchmark's user store. This module does not aggregate or plot (see `results`, `report`, `plots`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localpers.bench.data import BenchUser, load_bench_users
+from localpers.bench.methods import (
+    Method,
+    MethodSpec,
+    UserProfile,
+    check_method_names,
+    effective_params,
+    expand_methods,
+    get_method,
+)
+from localpers.bench.metrics import rouge
+from localpers.errors import LocalpersError
+from localpers.history import serialize_history
+from localpers.personalize import Personalizer, user_profile
+from localpers.store import User, UserStore, atomic_write_text
+
+BENCH_VERSION = 1  # bump when a change to the runner invalidates cached results
+Progress = Callable[[str, int, int, str], None]  # (method, users done, users total, what is happening)
+_UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.=@,-]+")
+
+
+@dataclass
+class BenchConfig:
+    """What to run; mirrors the `localpers bench` options."""
+
+    data: Path
+    out: Path
+    methods: list[str] = field(default_factory=lambda: ["main"])
+    max_users: int | None = None
+    max_queries: int | None = None
+    history_limit: int | None = None
+    seed: int = 0
+    bundle: Path | None = None
+    model: str | None = None
+    n_resamples: int = 10_000
+    command: str | None = None
+
+
+@dataclass
+class BenchRun:
+    """Everything a finished run produced, for aggregation and reports."""
+
+    config: BenchConfig
+    users: list[BenchUser]
+    specs: list[MethodSpec]
+    params: dict[str, dict[str, Any]]  # method name -> effective parameters
+    records: dict[str, list[dict[str, Any]]]  # method name -> one record per user, in user order
+    context: dict[str, Any]  # bundle, backbone, data file facts
+
+
+def _sha256_text(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class FitStore:
+    """Per-user fits of the benchmark, one user store per history truncation, reused across runs."""
+
+    def __init__(self, root: Path, personalizer: Personalizer) -> None:
+        self.root = root
+        self.personalizer = personalizer
+        self._clusters: dict[tuple[str, int | None], tuple[int | None, float]] = {}
+        self._encoder_warm = False
+
+    def _warm_encoder(self) -> None:
+        """Load the sentence encoder once, so its start-up is not billed to the first user's fit."""
+        if not self._encoder_warm:
+            from localpers.encoder import user_embedding
+
+            user_embedding(["warm-up"])
+            self._encoder_warm = True
+
+    def _user(self, user: BenchUser, limit: int | None) -> User:
+        store = UserStore(root=self.root / f"history-{'all' if limit is None else limit}")
+        name = user.store_name
+        return store.get(name) if name in store.list() else store.create(name)
+
+    def profile(
+        self, user: BenchUser, limit: int | None, method: Method, on_stage: Callable[[str], None]
+    ) -> UserProfile:
+        items = user.history_up_to(limit) if method.uses_history else ()
+        profile = UserProfile(name=user.store_name, items=items)
+        if method.needs == "vector":
+            self._vector_profile(user, limit, profile, on_stage)
+        elif method.needs == "cluster":
+            profile.cluster, profile.fit_seconds = self._cluster(user, limit, items)
+            profile.cluster_bytes = _cluster_state_bytes(profile.cluster)
+        return profile
+
+    def _cluster(self, user: BenchUser, limit: int | None, items: tuple) -> tuple[int | None, float]:
+        key = (user.store_name, limit)
+        if key not in self._clusters:
+            if not items:
+                self._clusters[key] = (None, 0.0)
+            else:
+                self._warm_encoder()
+                started = time.perf_counter()
+                cluster, _ = self.personalizer.assign_cluster([item.output for item in items])
+                self._clusters[key] = (cluster, time.perf_counter() - started)
+        return self._clusters[key]
+
+    def _vector_profile(
+        self, user: BenchUser, limit: int | None, profile: UserProfile, on_stage: Callable[[str], None]
+    ) -> None:
+        stored = self._user(user, limit)
+        items = list(profile.items)
+        fingerprint = _sha256_text(
+            [BENCH_VERSION, self.personalizer.bundle_sha256, [item.id for item in items]]
+        )
+        state = stored.state()
+        bench = state.get("bench") if isinstance(state.get("bench"), dict) else {}
+        if bench.get("fingerprint") != fingerprint or not state.get("fit"):
+            if [item.id for item in stored.history()] != [item.id for item in items]:
+                stored.save_history(items)
+            self._warm_encoder()
+
+            def stage(name: str, done: int, total: int) -> None:
+                on_stage(f"{name} {done}/{total}")
+
+            self.personalizer.fit_user(stored, progress=stage)
+            vector_path = stored.vector_path()
+            stored_bytes = stored.state_path.stat().st_size + (
+                vector_path.stat().st_size if vector_path is not None else 0
+            )
+            stored.save_state(
+                {**stored.state(), "bench": {"fingerprint": fingerprint, "stored_bytes": stored_bytes}}
+            )
+            state = stored.state()
+        cluster, vector, state = user_profile(stored)
+        report = state["fit"]
+        profile.cluster = cluster
+        profile.vector = vector
+        profile.fit_seconds = float(sum(report.get("seconds", {}).values()))
+        profile.vector_bytes = int(state["bench"]["stored_bytes"])
+        profile.cluster_bytes = _cluster_state_bytes(cluster)
+        profile.fit_report = report
+
+
+def _cluster_state_bytes(cluster: int | None) -> int:
+    """What a cluster-only device keeps: the cluster id as a JSON state file (nothing for no cluster)."""
+    return 0 if cluster is None else len(json.dumps({"cluster": cluster}).encode())
+
+
+class ResultCache:
+    """One JSON file per finished (method, user); written atomically, trusted only on a matching fingerprint."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, method: str, user: str) -> Path:
+        return self.root / _UNSAFE_PATH.sub("_", method) / f"{user}.json"
+
+    def load(self, method: str, user: str, fingerprint: str) -> dict[str, Any] | None:
+        try:
+            record = json.loads(self.path(method, user).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # absent or half-written by an older interrupted run: recompute
+        if not isinstance(record, dict) or record.get("fingerprint") != fingerprint:
+            return None
+        return record
+
+    def save(self, record: dict[str, Any]) -> None:
+        path = self.path(record["method"], record["user"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=1) + "\n")
+
+
+def run_bench(
+    config: BenchConfig, *, personalizer: Personalizer | None = None, progress: Progress | None = None
+) -> BenchRun:
+    """Evaluate every method on every user (from the cache where possible) and return the raw records."""
+    check_method_names(config.methods)
+    users = load_bench_users(config.data, max_users=config.max_users, max_queries=config.max_queries)
+    owned = personalizer is None
+    if personalizer is None:
+        personalizer = Personalizer.open(model=config.model, bundle=config.bundle)
+    try:
+        specs = expand_methods(config.methods, personalizer, config.history_limit)
+        try:
+            config.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LocalpersError(
+                f"{config.out}: cannot create the output directory ({exc.strerror})"
+            ) from None
+        fits = FitStore(config.out / "users", personalizer)
+        cache = ResultCache(config.out / "cache")
+        context = {
+            "bundle": str(personalizer.bundle.directory),
+            "bundle_sha256": personalizer.bundle_sha256,
+            "backbone": personalizer.backbone.path.name,
+            "backbone_sha256": personalizer.backbone.sha256,
+            "head": personalizer.head_config.to_manifest(),
+            "data": str(config.data),
+            "data_sha256": _file_sha256(Path(config.data)),
+        }
+        params = {s.name: effective_params(s, personalizer, config.history_limit) for s in specs}
+        records: dict[str, list[dict[str, Any]]] = {}
+        for spec in specs:
+            records[spec.name] = _run_method(
+                spec, params[spec.name], users, personalizer, fits, cache, progress
+            )
+        return BenchRun(config, users, specs, params, records, context)
+    finally:
+        if owned:
+            personalizer.close()
+
+
+def _run_method(
+    spec: MethodSpec,
+    params: dict[str, Any],
+    users: list[BenchUser],
+    personalizer: Personalizer,
+    fits: FitStore,
+    cache: ResultCache,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    method = get_method(spec.base)
+    limit = params.get("history")
+    records = []
+    if progress:
+        progress(spec.name, 0, len(users), "")
+    for done, user in enumerate(users):
+        items = user.history_up_to(limit) if method.uses_history else ()
+        fingerprint = _sha256_text(
+            [
+                BENCH_VERSION,
+                personalizer.bundle_sha256,
+                personalizer.backbone.sha256,
+                spec.name,
+                params,
+                [item.id for item in items],
+                [[q.id, q.input, q.reference] for q in user.queries],
+            ]
+        )
+        record = cache.load(spec.name, user.store_name, fingerprint)
+        if record is None:
+
+            def on_stage(detail: str, user: BenchUser = user, done: int = done) -> None:
+                if progress:
+                    progress(spec.name, done, len(users), f"{user.user_id}: {detail}")
+
+            record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage)
+            record["fingerprint"] = fingerprint
+            cache.save(record)
+        records.append(record)
+        if progress:
+            progress(spec.name, done + 1, len(users), "")
+    return records
+
+
+def _evaluate_user(
+    spec: MethodSpec,
+    method: Method,
+    user: BenchUser,
+    limit: int | None,
+    personalizer: Personalizer,
+    fits: FitStore,
+    on_stage: Callable[[str], None],
+) -> dict[str, Any]:
+    on_stage("fit")
+    profile = fits.profile(user, limit, method, on_stage)
+    started = time.perf_counter()
+    prepared = method.prepare(personalizer, profile, spec)
+    fit_seconds = profile.fit_seconds + (time.perf_counter() - started)
+    outputs = []
+    for index, query in enumerate(user.queries):
+        on_stage(f"query {index + 1}/{len(user.queries)}")
+        result = method.generate(personalizer, profile, prepared, query.input, spec)
+        scores = rouge(result.text, query.reference)
+        outputs.append(
+            {
+                "query_id": query.id,
+                "text": result.text,
+                "rouge1": round(scores.rouge1, 6),
+                "rougeL": round(scores.rougeL, 6),
+                "tokens": result.tokens,
+                "ms_per_token": result.ms_per_token,
+                "prompt_ms": result.prompt_ms,
+            }
+        )
+    report = profile.fit_report
+    return {
+        "method": spec.name,
+        "user": user.store_name,
+        "user_id": user.user_id,
+        "history_items": len(profile.items),
+        "history_bytes": len(serialize_history(profile.items).encode()) if profile.items else 0,
+        "cluster": profile.cluster,
+        "fit_seconds": round(fit_seconds, 4),
+        "stored_bytes": method.stored_bytes(profile),
+        "fit": {
+            key: report.get(key)
+            for key in (
+                "mode",
+                "n_pairs",
+                "train_accuracy",
+                "heldout_accuracy",
+                "heldout_accuracy_default",
+                "n_heldout",
+            )
+        }
+        if report
+        else None,
+        "queries": outputs,
+    }

@@ -1,0 +1,141 @@
+"""CLI command `localpers bench`: CARD against its baselines on held-out users, with a report and plots.
+
+Thin: it parses options, shows one progress bar per method and prints where the results went; the
+work is in `localpers.bench`. The benchmark keeps its own user store under `--out`, never the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localpers.errors import LocalpersError
+
+
+@contextmanager
+def method_progress(enabled: bool) -> Iterator[Any]:
+    """One rich progress bar per method, counting users, with the current stage as its description."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.fields[method]:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        transient=False,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def update(method: str, done: int, total: int, detail: str) -> None:
+            if method not in tasks:
+                tasks[method] = progress.add_task(detail, total=total, method=method)
+            progress.update(tasks[method], completed=done, description=detail)
+
+        yield update
+
+
+def bench_command(
+    data: Annotated[
+        Path, typer.Option("--data", help="Users in the shared-data JSONL format (history + queries).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Output directory (results, report, plots, cache).")],
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--methods",
+            "-m",
+            help="Methods or presets, repeatable or comma-separated: global, rag, cluster, card, card-global, "
+            "card-factored-u, card-full-u; parameters as card@strength=0.5,top_k=50, rag@k=2, card@history=5; "
+            "presets main (default), low-resource, alpha-sweep, topk-sweep. global is always included.",
+        ),
+    ] = None,
+    max_users: Annotated[int | None, typer.Option(min=1, help="Only the first N users of the file.")] = None,
+    max_queries: Annotated[int | None, typer.Option(min=1, help="Only the first N queries per user.")] = None,
+    history_limit: Annotated[
+        int | None, typer.Option(min=0, help="Fit on the N most recent history items only (default: all).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")] = 0,
+    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 10_000,
+    bundle: Annotated[
+        Path | None, typer.Option("--bundle", help="Bundle directory (default: the pulled or demo bundle).")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
+    ] = False,
+) -> None:
+    """Evaluate methods on held-out users: fit on each history, generate each query, score with ROUGE.
+
+    Resumable: finished (method, user) pairs are cached under --out and reused by the next run.
+    """
+    from localpers.bench import BenchConfig, run_and_write
+
+    if not data.is_file():
+        raise LocalpersError(f"{data}: no such file; pass the users' JSONL with --data")
+    config = BenchConfig(
+        data=data,
+        out=out,
+        methods=methods or ["main"],
+        max_users=max_users,
+        max_queries=max_queries,
+        history_limit=history_limit,
+        seed=seed,
+        bundle=bundle,
+        model=model,
+        n_resamples=bootstrap,
+        command="localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+    )
+    with method_progress(not as_json and sys.stderr.isatty()) as progress:
+        written = run_and_write(config, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(written.results, indent=2, ensure_ascii=False))
+        return
+    _print_summary(written.results)
+    typer.echo(f"report   {written.report_path}")
+    typer.echo(f"results  {written.results_path}")
+    typer.echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
+    for plot in written.plots:
+        typer.echo(f"plot     {plot}")
+
+
+def _print_summary(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{results['config']['n_users']} users, {results['config']['n_queries']} queries")
+    for column in ("method", "R-1", "R-L", "ΔR-1 vs global [95% CI]", "ms/token", "fit s/user", "bytes/user"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for name, row in results["methods"].items():
+        delta = results["deltas_vs_global"].get(name, {}).get("rouge1")
+        shown = f"{delta[1]:+.4f} [{delta[0]:+.4f}, {delta[2]:+.4f}]" if delta else "–"
+        table.add_row(
+            name,
+            f"{row['rouge1']:.4f}",
+            f"{row['rougeL']:.4f}",
+            shown,
+            f"{row['ms_per_token']:.2f}",
+            f"{row['fit_s_per_user']:.2f}",
+            str(row["bytes_per_user"]),
+        )
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` to the main app with one-line error handling."""
+    from localpers.cli import one_line_errors
+
+    app.command("bench")(one_line_errors(bench_command))

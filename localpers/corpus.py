@@ -1,0 +1,125 @@
+"""Read and validate a publisher corpus: JSONL, one user per line.
+
+Each line is `{"user_id": str, "history": [{"input": str, "output": str, ...}, ...], ...}`, the format of
+the shared news-headlines data. Extra fields (ids, dates, categories, `queries`) are ignored; `queries`
+are never read, so a corpus file holds only what may be trained on. Every problem is reported as a
+one-line `LocalpersError` naming the file, the line and the field. This module does not embed,
+cluster or split anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localpers.errors import LocalpersError
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One (input, output) example written by a user."""
+
+    input: str
+    output: str
+
+
+@dataclass(frozen=True)
+class CorpusUser:
+    """A training user and their history, in file order."""
+
+    user_id: str
+    history: tuple[HistoryItem, ...]
+    line: int
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Validated users of one corpus file."""
+
+    path: Path
+    users: tuple[CorpusUser, ...]
+
+    @property
+    def n_items(self) -> int:
+        return sum(len(user.history) for user in self.users)
+
+
+def _string_field(value: Any, where: str, field_name: str) -> str:
+    if not isinstance(value, str):
+        raise LocalpersError(f"{where}: field {field_name!r} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise LocalpersError(f"{where}: field {field_name!r} is empty; remove the item or fill it in")
+    return value
+
+
+def parse_user(record: Any, where: str, line: int) -> CorpusUser:
+    """Validate one decoded JSON line; `where` is `file:line` for the error messages."""
+    if not isinstance(record, dict):
+        raise LocalpersError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
+    if "user_id" not in record:
+        raise LocalpersError(f"{where}: missing field 'user_id'")
+    user_id = record["user_id"]
+    if isinstance(user_id, int) and not isinstance(user_id, bool):
+        user_id = str(user_id)
+    user_id = _string_field(user_id, where, "user_id")
+    history = record.get("history")
+    if history is None:
+        raise LocalpersError(f"{where}: user {user_id!r} has no 'history' field")
+    if not isinstance(history, list):
+        raise LocalpersError(f"{where}: field 'history' must be a list, got {type(history).__name__}")
+    if not history:
+        raise LocalpersError(f"{where}: user {user_id!r} has an empty history; drop the user or add items")
+    items = []
+    for index, item in enumerate(history):
+        item_where = f"{where}: history[{index}]"
+        if not isinstance(item, dict):
+            raise LocalpersError(f"{item_where} must be an object with 'input' and 'output'")
+        for key in ("input", "output"):
+            if key not in item:
+                raise LocalpersError(f"{item_where}: missing field {key!r}")
+        items.append(
+            HistoryItem(
+                input=_string_field(item["input"], item_where, "input"),
+                output=_string_field(item["output"], item_where, "output").strip(),
+            )
+        )
+    return CorpusUser(user_id=user_id, history=tuple(items), line=line)
+
+
+def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
+    """Read and validate a JSONL corpus; blank lines are skipped, user ids must be unique."""
+    corpus_path = Path(path)
+    if not corpus_path.is_file():
+        raise LocalpersError(
+            f"corpus file {corpus_path} does not exist; give a JSONL file, one user per line"
+        )
+    users: list[CorpusUser] = []
+    first_line: dict[str, int] = {}
+    try:
+        with corpus_path.open(encoding="utf-8") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                where = f"{corpus_path}:{number}"
+                try:
+                    record = json.loads(raw)
+                except json.JSONDecodeError as exc:
+                    raise LocalpersError(
+                        f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
+                    ) from None
+                user = parse_user(record, where, number)
+                if user.user_id in first_line:
+                    raise LocalpersError(
+                        f"{where}: user_id {user.user_id!r} already appears on line {first_line[user.user_id]}"
+                    )
+                first_line[user.user_id] = number
+                users.append(user)
+    except UnicodeDecodeError as exc:
+        raise LocalpersError(f"{corpus_path}: not UTF-8 text ({exc.reason}); re-encode the file") from None
+    if len(users) < min_users:
+        raise LocalpersError(
+            f"{corpus_path}: {len(users)} user(s) found, at least {min_users} needed; add users or lower --k"
+        )
+    return Corpus(path=corpus_path, users=tuple(users))

@@ -1,0 +1,128 @@
+"""Stage `bundle`: assemble the bundle directory (docs/BUNDLE.md) with its manifest written last.
+
+Files are staged under `WORK/bundle/staging/`, hashed there by `localpers.bundle.write_manifest`, then
+moved into OUT: the old `manifest.json` is removed first and the new one moved in last, so a bundle
+interrupted half-way has no manifest and no device will take it. Nothing here trains or evaluates.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from localpers.backbone import DEFAULT_BACKBONE_NAME
+from localpers.bundle import MANIFEST_NAME, write_manifest
+from localpers.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
+from localpers.publish import plots
+from localpers.publish.clusters import CENTROIDS_FILE
+from localpers.publish.head_training import HEAD_FILE
+from localpers.publish.runner import PublishContext
+
+BUNDLE_ENTRIES = ("adapters", "plots", CENTROIDS_FILE, HEAD_FILE)
+
+
+def backbone_name(context: PublishContext) -> str:
+    if context.backbone_path.name.startswith(DEFAULT_BACKBONE_NAME):
+        return DEFAULT_BACKBONE_NAME
+    return context.backbone_path.stem
+
+
+def build_manifest(context: PublishContext, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    options = context.options
+    clusters, sft, export, head = (summaries[s] for s in ("clusters", "sft", "export", "head"))
+    features = summaries["features"]
+    names = list(export["files"])
+    return {
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "backbone": {
+            "name": backbone_name(context),
+            "sha256": context.backbone_sha256,
+            "n_embd": features["n_embd"],
+            "n_layer": len(features["tap_layers"]) and max(features["tap_layers"]) + 1,
+        },
+        "encoder": {"id": ENCODER_ID, "package": ENCODER_PACKAGE, "dim": ENCODER_DIM},
+        "task": options.task,
+        "clusters": {"k": clusters["k"], "centroids": CENTROIDS_FILE, "sizes": clusters["sizes"]},
+        "adapters": {name: f"adapters/{name}.gguf" for name in names},
+        "lora": {
+            "rank": options.rank,
+            "alpha": options.lora_alpha,
+            "dropout": options.dropout,
+            "targets": list(options.targets),
+            "steps": {name: record["steps"] for name, record in sft["adapters"].items()},
+            "lr": options.lr,
+            "batch_size": options.batch_size,
+            "cluster_init": options.cluster_init,
+            "precision": sft["precision"]["chosen"],
+        },
+        "head": {"file": HEAD_FILE, **head["config"]},
+        "data_card": {
+            "source": options.data_source,
+            "licence": options.data_licence,
+            "users": clusters["users"],
+            "items": clusters["items"],
+            "validation_items": clusters["val_items"],
+        },
+        "training": {
+            "silhouette": clusters["silhouette"],
+            "val_loss": {
+                name: {key: r[key] for key in ("val_loss_backbone", "val_loss_init", "val_loss", "val_items")}
+                for name, r in sft["adapters"].items()
+            },
+            "sft_tokens_per_second": {name: r["tokens_per_second"] for name, r in sft["adapters"].items()},
+            "precision_measured": sft["precision"].get("measured", {}),
+            "export_check": export["adapters"],
+            "pairs": summaries["pairs"]["pairs"],
+            "head_pair_accuracy": head["heldout_accuracy"],
+            "head_heldout_pairs": head["heldout_pairs"],
+            "stage_seconds": {name: round(s, 1) for name, s in context.stage_seconds.items()},
+        },
+    }
+
+
+def run(context: PublishContext, directory: Path, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    staging = directory / "staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    (staging / "adapters").mkdir(parents=True)
+    (staging / "plots").mkdir()
+    export_dir = context.stage_dir("export")
+    for name, file in summaries["export"]["files"].items():
+        shutil.copyfile(export_dir / file, staging / "adapters" / f"{name}.gguf")
+    shutil.copyfile(context.stage_dir("clusters") / CENTROIDS_FILE, staging / CENTROIDS_FILE)
+    shutil.copyfile(context.stage_dir("head") / HEAD_FILE, staging / HEAD_FILE)
+    plots.plot_sft_losses(
+        staging / "plots" / "sft_loss.png", summaries["sft"]["train_loss"], summaries["sft"]["adapters"]
+    )
+    plots.plot_head(
+        staging / "plots" / "head_accuracy.png",
+        summaries["head"]["curve"],
+        summaries["head"]["heldout_accuracy"],
+    )
+    manifest = build_manifest(context, summaries)
+    write_manifest(staging, manifest)
+    install(staging, context.options.out)
+    files = sorted(
+        p.relative_to(context.options.out).as_posix()
+        for p in context.options.out.rglob("*")
+        if p.is_file() and ".work" not in p.parts
+    )
+    total = sum((context.options.out / f).stat().st_size for f in files)
+    return {"files": files, "bytes": total}
+
+
+def install(staging: Path, out: Path) -> None:
+    """Move the staged bundle into `out`: manifest removed first, bundle files replaced, manifest last."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    for entry in BUNDLE_ENTRIES:
+        target = out / entry
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        os.replace(staging / entry, target)
+    os.replace(staging / MANIFEST_NAME, out / MANIFEST_NAME)

@@ -1,0 +1,311 @@
+"""Stage `head`: train the shared CARD head (P, Q) jointly with one vector lambda per training user.
+
+Exactly the maths of `localpers.head` (factored U = E Q, E = the backbone's token embeddings):
+`z_t = P f_t` on the stored normalised features, `u_t = E[y_t] Q`, `g(y) = alpha * sum_t u_t * z_t`
+(over T when length-normalised), `R(y) = lambda_u . g(y)`. Loss: Bradley-Terry
+`-log sigmoid(R(y+) - R(y-))`, full-batch AdamW with weight decay. A seeded `head_holdout` slice of each
+user's pairs is never trained on; on it we report the fraction with `R(y+) > R(y-)` using the user's own
+lambda, the cluster's default vector (mean lambda of its users), the global default (mean of all),
+and a lambda refitted the way the device does it (L2 logistic regression on `g(y+) - g(y-)` of the
+user's training pairs, P and Q frozen). Output: `head.safetensors` via `CardHead.save`.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.head import CardHead, HeadConfig
+from localpers.publish.features import user_file
+from localpers.publish.pairs import load_pairs
+from localpers.publish.runner import PublishContext, write_json_atomic
+from localpers.token_embeddings import TokenEmbeddings
+
+HEAD_FILE = "head.safetensors"
+EVAL_EVERY = 10
+
+
+@dataclass
+class PairData:
+    """All sequences of all pairs, flattened: sequence 2p is pair p's y+, 2p+1 its y-."""
+
+    features: np.ndarray  # (N, n_taps * n_embd) float16, normalised
+    tokens: np.ndarray  # (N,)
+    sequence: np.ndarray  # (N,) sequence index of each token
+    lengths: np.ndarray  # (n_seq,)
+    pair_user: np.ndarray  # (n_pairs,) training-user row
+    pair_cluster: np.ndarray  # (n_pairs,)
+    user_ids: list[str]
+    user_cluster: np.ndarray  # (n_users,)
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pair_user)
+
+
+def load_pair_data(context: PublishContext) -> PairData:
+    directory = context.stage_dir("features")
+    features, tokens, lengths, pair_user, pair_cluster, user_ids, user_cluster = [], [], [], [], [], [], []
+    for record in load_pairs(context):
+        with np.load(user_file(directory, record["user"])) as data:
+            if data["tokens"].size == 0:
+                continue
+            row = len(user_ids)
+            user_ids.append(record["user_id"])
+            user_cluster.append(record["cluster"])
+            features.append(data["features"])
+            tokens.append(data["tokens"])
+            lengths.append(data["lengths"])
+            n_pairs = len(data["lengths"]) // 2
+            pair_user.extend([row] * n_pairs)
+            pair_cluster.extend([record["cluster"]] * n_pairs)
+    all_lengths = np.concatenate(lengths)
+    return PairData(
+        features=np.concatenate(features),
+        tokens=np.concatenate(tokens),
+        sequence=np.repeat(np.arange(len(all_lengths)), all_lengths),
+        lengths=all_lengths,
+        pair_user=np.asarray(pair_user),
+        pair_cluster=np.asarray(pair_cluster),
+        user_ids=user_ids,
+        user_cluster=np.asarray(user_cluster),
+    )
+
+
+def holdout_mask(data: PairData, fraction: float, seed: int) -> np.ndarray:
+    """True for held-out pairs: a seeded `fraction` of each user's pairs, at least one if they have two."""
+    held = np.zeros(data.n_pairs, dtype=bool)
+    for row, user_id in enumerate(data.user_ids):
+        indices = np.flatnonzero(data.pair_user == row)
+        if len(indices) < 2 or fraction <= 0:
+            continue
+        n_held = min(len(indices) - 1, max(1, round(fraction * len(indices))))
+        rng = np.random.default_rng([seed, zlib.crc32(user_id.encode()), 2])
+        held[rng.choice(indices, size=n_held, replace=False)] = True
+    return held
+
+
+class TorchHead:
+    """Differentiable twin of `CardHead.sequence_feature` for a factored U."""
+
+    def __init__(self, n_features: int, n_embd: int, d: int, n_users: int, embedding_rms: float, seed: int):
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        self.P = (torch.randn(d, n_features, generator=generator) / n_features**0.5).requires_grad_()
+        q_scale = 0.1 / (n_embd**0.5 * max(embedding_rms, 1e-6))
+        self.Q = (torch.randn(n_embd, d, generator=generator) * q_scale).requires_grad_()
+        self.lambdas = torch.ones(n_users, d).requires_grad_()
+
+    def parameters(self) -> list[Any]:
+        return [self.P, self.Q, self.lambdas]
+
+
+def sequence_features(
+    P: Any,
+    Q: Any,
+    features: Any,
+    embedding_rows: Any,
+    sequence: Any,
+    n_seq: int,
+    lengths: Any,
+    alpha: float,
+    length_normalised: bool,
+) -> Any:
+    """g for every sequence, `(n_seq, D)`: alpha * sum over the sequence's tokens of (E[y_t] Q) * (P f_t)."""
+    import torch
+
+    z = features @ P.T
+    u = embedding_rows @ Q
+    g = torch.zeros(n_seq, P.shape[0], dtype=z.dtype).index_add_(0, sequence, u * z) * alpha
+    if length_normalised:
+        g = g / lengths.clamp(min=1).unsqueeze(1).to(g.dtype)
+    return g
+
+
+def run(context: PublishContext, directory: Path) -> dict[str, Any]:
+    import torch
+
+    options = context.options
+    torch.set_num_threads(options.threads)
+    torch.manual_seed(options.seed)
+    data = load_pair_data(context)
+    k = context.summary("clusters")["k"]
+    tap_layers = context.summary("features")["tap_layers"]
+    embeddings = TokenEmbeddings(context.backbone_path)
+    unique, inverse = np.unique(data.tokens, return_inverse=True)
+    unique_rows = embeddings.rows(unique)
+    held = holdout_mask(data, options.head_holdout, options.seed)
+    config = HeadConfig(
+        d=options.head_d,
+        layers=tuple(tap_layers),
+        u="factored",
+        alpha=1.0,
+        top_k=options.head_top_k,
+        length_normalised=options.length_normalised,
+    )
+    features = torch.from_numpy(data.features.astype(np.float32))
+    rows = torch.from_numpy(unique_rows)[torch.from_numpy(inverse)]
+    sequence = torch.from_numpy(data.sequence)
+    lengths = torch.from_numpy(data.lengths)
+    n_seq = len(data.lengths)
+    head = TorchHead(
+        features.shape[1],
+        unique_rows.shape[1],
+        config.d,
+        len(data.user_ids),
+        float(np.sqrt(np.mean(unique_rows**2))),
+        options.seed,
+    )
+
+    train_seq = np.flatnonzero(np.repeat(~held, 2))
+    token_in_train = np.isin(data.sequence, train_seq)
+    remap = -np.ones(n_seq, dtype=np.int64)
+    remap[train_seq] = np.arange(len(train_seq))
+    train_features = features[torch.from_numpy(token_in_train)]
+    train_rows = rows[torch.from_numpy(token_in_train)]
+    train_sequence = torch.from_numpy(remap[data.sequence[token_in_train]])
+    train_lengths = lengths[torch.from_numpy(train_seq)]
+    train_pair_user = torch.from_numpy(data.pair_user[~held])
+
+    optimizer = torch.optim.AdamW(
+        head.parameters(), lr=options.head_lr, weight_decay=options.head_weight_decay
+    )
+    curve: list[dict[str, float]] = []
+    started = time.perf_counter()
+    with context.progress("head (Bradley-Terry)", options.head_steps) as advance:
+        for step in range(options.head_steps):
+            g = sequence_features(
+                head.P,
+                head.Q,
+                train_features,
+                train_rows,
+                train_sequence,
+                len(train_seq),
+                train_lengths,
+                config.alpha,
+                config.length_normalised,
+            )
+            margin = ((g[0::2] - g[1::2]) * head.lambdas[train_pair_user]).sum(-1)
+            loss = torch.nn.functional.softplus(-margin).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if step % EVAL_EVERY == 0 or step == options.head_steps - 1:
+                point = {
+                    "step": step,
+                    "train_loss": round(float(loss.detach()), 5),
+                    "train_accuracy": round(float((margin > 0).float().mean()), 4),
+                }
+                point["heldout_accuracy_own"] = _accuracy(
+                    head, features, rows, sequence, lengths, data, held, config, None
+                )
+                curve.append(point)
+            advance(1)
+    train_seconds = time.perf_counter() - started
+
+    lambdas = head.lambdas.detach().numpy()
+    defaults = np.zeros((k + 1, config.d), dtype=np.float32)
+    for c in range(k):
+        members = np.flatnonzero(data.user_cluster == c)
+        defaults[c] = lambdas[members].mean(axis=0) if len(members) else lambdas.mean(axis=0)
+    defaults[k] = lambdas.mean(axis=0)
+    with torch.no_grad():
+        g_all = sequence_features(
+            head.P, head.Q, features, rows, sequence, n_seq, lengths, config.alpha, config.length_normalised
+        ).numpy()
+    diffs = g_all[0::2] - g_all[1::2]
+    accuracies = {
+        "own_lambda": _fraction((diffs * lambdas[data.pair_user]).sum(-1) > 0, held),
+        "cluster_default": _fraction((diffs * defaults[data.pair_cluster]).sum(-1) > 0, held),
+        "global_default": _fraction((diffs @ defaults[k]) > 0, held),
+        "device_refit": _refit_accuracy(diffs, data, held),
+        "train_own_lambda": _fraction((diffs * lambdas[data.pair_user]).sum(-1) > 0, ~held),
+    }
+    card = CardHead(
+        config, head.P.detach().numpy(), defaults, factor_q=head.Q.detach().numpy(), embeddings=embeddings
+    )
+    card.save(directory / HEAD_FILE)
+    magnitude = _correction_magnitude(diffs, g_all, data, defaults)
+    summary = {
+        "config": config.to_manifest(),
+        "pairs": int(data.n_pairs),
+        "heldout_pairs": int(held.sum()),
+        "users": len(data.user_ids),
+        "tokens": int(data.tokens.size),
+        "steps": options.head_steps,
+        "train_seconds": round(train_seconds, 1),
+        "heldout_accuracy": accuracies,
+        "mean_abs_sequence_reward_default": magnitude,
+        "curve": curve,
+    }
+    write_json_atomic(directory / "head_report.json", summary)
+    context.log("head held-out pair accuracy: " + ", ".join(f"{k_}={v}" for k_, v in accuracies.items()))
+    return summary
+
+
+def _fraction(correct: np.ndarray, mask: np.ndarray) -> float:
+    return round(float(correct[mask].mean()), 4) if mask.any() else float("nan")
+
+
+def _accuracy(
+    head: TorchHead,
+    features: Any,
+    rows: Any,
+    sequence: Any,
+    lengths: Any,
+    data: PairData,
+    held: np.ndarray,
+    config: HeadConfig,
+    _: Any,
+) -> float:
+    import torch
+
+    if not held.any():
+        return float("nan")
+    with torch.no_grad():
+        g = sequence_features(
+            head.P,
+            head.Q,
+            features,
+            rows,
+            sequence,
+            len(data.lengths),
+            lengths,
+            config.alpha,
+            config.length_normalised,
+        )
+        margin = ((g[0::2] - g[1::2]) * head.lambdas[torch.from_numpy(data.pair_user)]).sum(-1).numpy()
+    return _fraction(margin > 0, held)
+
+
+def _refit_accuracy(diffs: np.ndarray, data: PairData, held: np.ndarray) -> float:
+    """Held-out accuracy when each user's lambda is refitted from their training pairs only (device style)."""
+    from sklearn.linear_model import LogisticRegression
+
+    correct, total = 0, 0
+    for row in range(len(data.user_ids)):
+        train = (data.pair_user == row) & ~held
+        test = (data.pair_user == row) & held
+        if not train.any() or not test.any():
+            continue
+        x = np.concatenate([diffs[train], -diffs[train]])
+        y = np.concatenate([np.ones(train.sum()), np.zeros(train.sum())])
+        model = LogisticRegression(fit_intercept=False, C=1.0, max_iter=1000).fit(x, y)
+        correct += int(((diffs[test] @ model.coef_[0]) > 0).sum())
+        total += int(test.sum())
+    return round(correct / total, 4) if total else float("nan")
+
+
+def _correction_magnitude(
+    diffs: np.ndarray, g_all: np.ndarray, data: PairData, defaults: np.ndarray
+) -> float:
+    """Mean |R(y)| per token under the cluster default vectors: the scale of the logit corrections."""
+    seq_cluster = np.repeat(data.pair_cluster, 2)
+    rewards = (g_all * defaults[seq_cluster]).sum(-1)
+    return round(float(np.mean(np.abs(rewards) / np.maximum(data.lengths, 1))), 4)

@@ -1,0 +1,111 @@
+"""Every knob of `localpers publish`, in one frozen dataclass with the defaults used for the demo bundle.
+
+Each stage names the fields it depends on (`stage_fields`), so changing an option re-runs only the
+stages it affects (and the ones after them). This module holds no logic beyond that bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localpers.adapters import DEFAULT_TARGETS
+
+STAGES: tuple[str, ...] = ("clusters", "sft", "export", "pairs", "features", "head", "bundle")
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """Options of one publisher run (CLI flags map 1:1 onto these fields)."""
+
+    corpus: Path
+    out: Path
+    work: Path | None = None  # stage cache; default OUT/.work
+    model: str | None = None  # backbone GGUF; default: resolve_backbone()
+    task: str = "headline"
+    seed: int = 0
+    # a. clusters
+    k: int | None = None  # None = choose by silhouette over k_range
+    k_range: tuple[int, int] = (2, 6)
+    val_fraction: float = 0.1
+    # b. SFT
+    rank: int = 16
+    lora_alpha: float = 32.0
+    dropout: float = 0.05
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    lr: float = 2e-4
+    batch_size: int = 8
+    global_epochs: float = 1.0
+    cluster_epochs: float = 1.0
+    max_steps: int | None = None  # caps the steps of every adapter
+    cluster_init: str = "global"  # "global" (start from the trained global adapter) or "fresh"
+    max_seq_len: int = 256
+    precision: str = "auto"  # "auto" (measure), "bf16" or "fp32"
+    checkpoint_every: int = 25
+    threads: int = 2  # torch
+    engine_threads: int = 2  # llama.cpp (1 can be faster on a CPU other jobs are using)
+    # d. pairs
+    pairs_per_user: int | None = 30
+    max_new_tokens: int = 32
+    # f. head
+    head_d: int = 128
+    head_steps: int = 300
+    head_lr: float = 5e-3
+    head_weight_decay: float = 1e-2
+    head_holdout: float = 0.2
+    head_top_k: int = 20
+    length_normalised: bool = False
+    # g. bundle
+    data_source: str = "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows"
+    data_licence: str = "CC BY 4.0"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def work_dir(self) -> Path:
+        return self.work if self.work is not None else self.out / ".work"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            key: (str(value) if isinstance(value, Path) else value) for key, value in asdict(self).items()
+        }
+
+
+# Which options each stage's output depends on (besides the outputs of earlier stages).
+STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "clusters": ("k", "k_range", "val_fraction", "seed"),
+    "sft": (
+        "task",
+        "rank",
+        "lora_alpha",
+        "dropout",
+        "targets",
+        "lr",
+        "batch_size",
+        "global_epochs",
+        "cluster_epochs",
+        "max_steps",
+        "cluster_init",
+        "max_seq_len",
+        "precision",
+        "seed",
+    ),
+    "export": (),
+    "pairs": ("pairs_per_user", "max_new_tokens", "task", "seed"),
+    "features": (),
+    "head": (
+        "head_d",
+        "head_steps",
+        "head_lr",
+        "head_weight_decay",
+        "head_holdout",
+        "length_normalised",
+        "seed",
+    ),
+    "bundle": ("head_top_k", "data_source", "data_licence"),
+}
+
+
+def stage_fields(options: PublishOptions, stage: str) -> dict[str, Any]:
+    values = options.as_dict()
+    return {name: values[name] for name in STAGE_FIELDS[stage]}

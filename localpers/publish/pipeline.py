@@ -1,0 +1,71 @@
+"""Wire the publisher's stages together: `publish(options)` runs them and returns every stage summary.
+
+Order: clusters -> sft -> export -> pairs -> features -> head -> bundle (see each stage's module).
+This module resolves the corpus and backbone, sets up logging, and leaves caching to `runner`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from localpers.backbone import resolve_backbone
+from localpers.corpus import load_corpus
+from localpers.errors import LocalpersError
+from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft
+from localpers.publish.options import PublishOptions
+from localpers.publish.runner import PublishContext, run_stages
+
+
+def publish(
+    options: PublishOptions,
+    *,
+    until: str | None = None,
+    from_stage: str | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the publisher; returns `{"stages": summaries, "seconds": ..., "out": ...}`."""
+    if options.cluster_init not in ("global", "fresh"):
+        raise LocalpersError(f"--cluster-init must be 'global' or 'fresh', not {options.cluster_init!r}")
+    if options.precision not in ("auto", "bf16", "fp32"):
+        raise LocalpersError(f"--precision must be auto, bf16 or fp32, not {options.precision!r}")
+    if options.k is not None and options.k < 1:
+        raise LocalpersError("--k must be at least 1")
+    corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
+    backbone = resolve_backbone(options.model)
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    context = PublishContext(
+        options=options,
+        corpus=corpus,
+        backbone_path=Path(backbone.path),
+        backbone_sha256=backbone.sha256,
+        console=console or Console(stderr=True),
+        log_file=options.work_dir / "publish.log",
+    )
+    context.log(f"publish {corpus.path} ({len(corpus.users)} users, {corpus.n_items} items) -> {options.out}")
+    summaries: dict[str, dict[str, Any]] = {}
+
+    def bundle(ctx: PublishContext, directory: Path) -> dict[str, Any]:
+        return bundle_stage.run(ctx, directory, summaries)
+
+    functions = {
+        "clusters": clusters.run,
+        "sft": sft.run,
+        "export": export.run,
+        "pairs": pairs.run,
+        "features": features.run,
+        "head": head_training.run,
+        "bundle": bundle,
+    }
+
+    result = run_stages(
+        context, functions, until=until, from_stage=from_stage, on_summary=summaries.__setitem__
+    )
+    return {
+        "out": str(options.out),
+        "work": str(options.work_dir),
+        "stages": result,
+        "stage_seconds": {name: round(s, 1) for name, s in context.stage_seconds.items()},
+    }

@@ -1,0 +1,179 @@
+"""Run the publisher's stages in order, each cached under `WORK/<stage>/` and resumable.
+
+A stage's cache key hashes the options it depends on plus the keys of every earlier stage. A stage
+is skipped when its `done.json` carries the current key; a directory whose `key.txt` differs is wiped
+(the inputs changed); a directory with the right key but no `done.json` was interrupted and is handed
+back to the stage, which resumes what it can (SFT checkpoints, per-user pair and feature files).
+This module does not know what the stages compute; `localpers.publish.pipeline` wires them up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from localpers.corpus import Corpus
+from localpers.errors import LocalpersError
+from localpers.publish.options import STAGES, PublishOptions, stage_fields
+
+DONE_MARKER = "done.json"
+KEY_FILE = "key.txt"
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON via a temp file and `os.replace`, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LocalpersError(f"{path}: unreadable stage file ({exc}); re-run with --from-stage") from exc
+
+
+@dataclass
+class PublishContext:
+    """What every stage sees: options, the corpus, the backbone, the work dir, logging and progress."""
+
+    options: PublishOptions
+    corpus: Corpus
+    backbone_path: Path
+    backbone_sha256: str
+    console: Console
+    keys: dict[str, str] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    log_file: Path | None = None
+
+    @property
+    def work(self) -> Path:
+        return self.options.work_dir
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.work / stage
+
+    def summary(self, stage: str) -> dict[str, Any]:
+        """The summary a finished stage recorded in its done marker."""
+        marker = self.stage_dir(stage) / DONE_MARKER
+        if not marker.exists():
+            raise LocalpersError(f"stage {stage!r} has not run yet in {self.work}; run it first")
+        return read_json(marker)["summary"]
+
+    def log(self, message: str) -> None:
+        stamp = datetime.now(UTC).strftime("%H:%M:%S")
+        self.console.print(f"[dim]{stamp}[/dim] {message}", highlight=False)
+        if self.log_file is not None:
+            with self.log_file.open("a", encoding="utf-8") as handle:
+                handle.write(f"{datetime.now(UTC).isoformat(timespec='seconds')} {message}\n")
+
+    @contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
+        """A rich progress bar; yields `advance(n)`."""
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=not self.console.is_terminal,
+        )
+        with bar:
+            task = bar.add_task(description, total=total)
+            if self.console.is_terminal:
+                yield lambda n=1: bar.advance(task, n)
+                return
+            # No live bar in a log file: a line every tenth of the way instead.
+            state = {"done": 0, "next": max(1, total // 10)}
+
+            def advance_and_log(n: int = 1) -> None:
+                state["done"] += n
+                if state["done"] >= state["next"] and total > 1:
+                    self.log(f"  {description}: {state['done']}/{total}")
+                    state["next"] = state["done"] + max(1, total // 10)
+
+            yield advance_and_log
+
+
+def stage_key(options: PublishOptions, stage: str, upstream: dict[str, str]) -> str:
+    payload = {"stage": stage, "fields": stage_fields(options, stage), "upstream": upstream}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+StageFunction = Callable[[PublishContext, Path], dict[str, Any]]
+
+
+def run_stages(
+    context: PublishContext,
+    functions: dict[str, StageFunction],
+    *,
+    until: str | None = None,
+    from_stage: str | None = None,
+    on_summary: Callable[[str, dict[str, Any]], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run the stages in `STAGES` order up to `until`; `from_stage` forces it and later ones to recompute."""
+    for name in (until, from_stage):
+        if name is not None and name not in STAGES:
+            raise LocalpersError(f"unknown stage {name!r}; stages are: {', '.join(STAGES)}")
+    last = STAGES.index(until) if until else len(STAGES) - 1
+    forced = STAGES.index(from_stage) if from_stage else len(STAGES)
+    summaries: dict[str, dict[str, Any]] = {}
+    upstream: dict[str, str] = {}
+    for index, stage in enumerate(STAGES[: last + 1]):
+        key = stage_key(context.options, stage, dict(upstream))
+        context.keys[stage] = key
+        directory = context.stage_dir(stage)
+        marker = directory / DONE_MARKER
+        if index >= forced and directory.exists():
+            shutil.rmtree(directory)
+        if marker.exists() and read_json(marker).get("key") == key:
+            done = read_json(marker)
+            context.stage_seconds[stage] = float(done.get("seconds", 0.0))
+            context.log(f"stage {stage}: cached ({done.get('seconds', 0):.1f} s when it ran)")
+            summaries[stage] = done["summary"]
+            upstream[stage] = key
+            if on_summary is not None:
+                on_summary(stage, done["summary"])
+            continue
+        key_file = directory / KEY_FILE
+        if directory.exists() and (not key_file.exists() or key_file.read_text().strip() != key):
+            context.log(f"stage {stage}: inputs changed, discarding its old cache")
+            shutil.rmtree(directory)
+        elif directory.exists():
+            context.log(f"stage {stage}: resuming an interrupted run")
+        directory.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(key + "\n")
+        context.log(f"stage {stage}: started")
+        started = time.perf_counter()
+        summary = functions[stage](context, directory)
+        seconds = time.perf_counter() - started
+        context.stage_seconds[stage] = seconds
+        write_json_atomic(marker, {"key": key, "seconds": round(seconds, 2), "summary": summary})
+        context.log(f"stage {stage}: done in {seconds:.1f} s")
+        summaries[stage] = summary
+        upstream[stage] = key
+        if on_summary is not None:
+            on_summary(stage, summary)
+    return summaries

@@ -1,0 +1,343 @@
+"""Stage `sft`: one LoRA on all training users (`global`) and one per cluster (`cluster-<c>`).
+
+Loss: cross-entropy on the output tokens only, with the LM head applied at target positions only
+(`torch_model.target_token_losses`). Optimiser: AdamW, linear warm-up then cosine decay. Precision:
+with `--precision auto` a few steps are timed in fp32 and under bf16 autocast and the faster is kept.
+Cluster adapters start from the trained global adapter (`--cluster-init global`) or from scratch.
+Each adapter checkpoints every `checkpoint_every` steps to `<adapter>/checkpoint.pt` (LoRA weights,
+optimiser, scheduler, step, losses) so an interrupted run resumes where it stopped, and its final
+weights go to `<adapter>/lora.pt`. Validation loss (mean per target token over the users' held-out
+items) is measured for the backbone, the starting point and the trained adapter.
+This stage does not write GGUF (stage `export` does).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.publish import torch_model
+from localpers.publish.clusters import load_assignment
+from localpers.publish.runner import PublishContext, read_json, write_json_atomic
+from localpers.publish.torch_model import Example
+
+GLOBAL = "global"
+EVAL_BATCH = 16
+
+
+def adapter_names(k: int) -> list[str]:
+    return [GLOBAL] + [f"cluster-{c}" for c in range(k)]
+
+
+def split_examples(context: PublishContext) -> tuple[list[Example], list[Example], list[int]]:
+    """All training and validation examples (user = index in the corpus) and each user's cluster."""
+    assignment = load_assignment(context)
+    rows: list[tuple[str, str, int]] = []
+    is_val: list[bool] = []
+    clusters: list[int] = []
+    for index, (user, entry) in enumerate(zip(context.corpus.users, assignment["users"], strict=True)):
+        held_out = set(entry["val"])
+        clusters.append(int(entry["cluster"]))
+        for item_index, item in enumerate(user.history):
+            rows.append((item.input, item.output, index))
+            is_val.append(item_index in held_out)
+    examples = torch_model.tokenise_examples(
+        context.backbone_path, rows, context.options.task, context.options.max_seq_len
+    )
+    train = [e for e, v in zip(examples, is_val, strict=True) if not v]
+    val = [e for e, v in zip(examples, is_val, strict=True) if v]
+    return train, val, clusters
+
+
+def autocast(precision: str) -> Any:
+    import torch
+
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = handle.read()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        return False
+
+
+def measure_precision(context: PublishContext, model: Any, examples: list[Example]) -> dict[str, Any]:
+    """Tokens/s of a few forward+backward passes in fp32 and bf16 (gradients discarded)."""
+    options = context.options
+    if options.precision != "auto":
+        return {"chosen": options.precision, "measured": {}}
+    if not cpu_has_bf16():
+        return {"chosen": "fp32", "measured": {}, "reason": "no avx512_bf16/amx_bf16"}
+    batches = [
+        torch_model.make_batch(examples[i : i + options.batch_size])
+        for i in range(0, 3 * options.batch_size, options.batch_size)
+    ]
+    batches = [b for b in batches if b["n_tokens"]]
+    measured: dict[str, float] = {}
+    model.train()
+    for precision in ("fp32", "bf16"):  # warm-up: bf16 kernels are JIT-compiled on first use
+        for batch in batches:
+            _train_pass(model, batch, precision)
+    for precision in ("fp32", "bf16", "fp32", "bf16"):
+        started, tokens = time.perf_counter(), 0
+        for batch in batches:
+            _train_pass(model, batch, precision)
+            tokens += batch["n_tokens"]
+        rate = round(tokens / (time.perf_counter() - started), 1)
+        measured[precision] = max(measured.get(precision, 0.0), rate)
+    model.zero_grad(set_to_none=True)
+    chosen = max(measured, key=measured.get)
+    context.log(f"sft precision: {measured} tokens/s -> {chosen}")
+    return {"chosen": chosen, "measured": measured}
+
+
+def _train_pass(model: Any, batch: dict[str, Any], precision: str) -> float:
+    with autocast(precision):
+        loss = torch_model.target_token_losses(model, batch).mean()
+    loss.backward()
+    return float(loss.detach())
+
+
+def evaluate(model: Any, examples: list[Example], precision: str) -> dict[int, tuple[float, int]]:
+    """Per user: (summed target-token loss, number of target tokens) of the current weights."""
+    import torch
+
+    model.eval()
+    totals: dict[int, tuple[float, int]] = {}
+    with torch.no_grad():
+        for start in range(0, len(examples), EVAL_BATCH):
+            chunk = examples[start : start + EVAL_BATCH]
+            batch = torch_model.make_batch(chunk)
+            with autocast(precision):
+                losses = torch_model.target_token_losses(model, batch).float().numpy()
+            rows = batch["rows"].numpy()
+            for row, example in enumerate(chunk):
+                loss_sum, count = totals.get(example.user, (0.0, 0))
+                picked = losses[rows == row]
+                totals[example.user] = (loss_sum + float(picked.sum()), count + len(picked))
+    return totals
+
+
+def mean_loss(totals: dict[int, tuple[float, int]], users: set[int]) -> float:
+    loss = sum(totals[u][0] for u in users if u in totals)
+    count = sum(totals[u][1] for u in users if u in totals)
+    return round(loss / count, 4) if count else float("nan")
+
+
+def planned_steps(n_examples: int, epochs: float, batch_size: int, max_steps: int | None) -> int:
+    steps = max(1, math.ceil(epochs * n_examples / batch_size))
+    return min(steps, max_steps) if max_steps else steps
+
+
+def train_adapter(
+    context: PublishContext,
+    model: Any,
+    name: str,
+    examples: list[Example],
+    steps: int,
+    initial_state: dict[str, Any],
+    precision: str,
+    directory: Path,
+) -> dict[str, Any]:
+    """Train one adapter from `initial_state`, resuming from its checkpoint; returns its training record."""
+    import torch
+
+    options = context.options
+    directory.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = directory / "checkpoint.pt"
+    torch_model.load_lora_state(model, initial_state)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=options.lr, weight_decay=0.0)
+    warmup = max(1, min(100, steps // 10))
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    step, losses, tokens_seen, seconds = 0, [], 0, 0.0
+    if checkpoint_path.exists():
+        saved = torch.load(checkpoint_path, weights_only=False)
+        torch_model.load_lora_state(model, saved["lora"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        step, losses, tokens_seen, seconds = saved["step"], saved["losses"], saved["tokens"], saved["seconds"]
+        context.log(f"{name}: resuming at step {step}/{steps}")
+    order = _batch_order(len(examples), steps, options.batch_size, options.seed, name)
+    model.train()
+    with context.progress(f"sft {name}", steps) as advance:
+        advance(step)
+        while step < steps:
+            started = time.perf_counter()
+            batch = torch_model.make_batch([examples[i] for i in order[step]])
+            loss = _train_pass(model, batch, precision)
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            losses.append(round(loss, 4))
+            tokens_seen += batch["n_tokens"]
+            seconds += time.perf_counter() - started
+            advance(1)
+            if step % options.checkpoint_every == 0 or step == steps:
+                _save_checkpoint(
+                    checkpoint_path, model, optimizer, scheduler, step, losses, tokens_seen, seconds
+                )
+    final = torch_model.lora_state(model)
+    _atomic_torch_save(final, directory / "lora.pt")
+    return {
+        "steps": steps,
+        "examples": len(examples),
+        "train_loss": losses,
+        "tokens": tokens_seen,
+        "train_seconds": round(seconds, 1),
+        "tokens_per_second": round(tokens_seen / max(seconds, 1e-9), 1),
+    }
+
+
+def _batch_order(n: int, steps: int, batch_size: int, seed: int, name: str) -> list[list[int]]:
+    """Deterministic batches (reshuffled every epoch), so a resumed run sees the same data order."""
+    rng = np.random.default_rng([seed, sum(name.encode())])
+    order: list[int] = []
+    while len(order) < steps * batch_size:
+        order.extend(int(i) for i in rng.permutation(n))
+    return [order[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+
+
+def _atomic_torch_save(payload: Any, path: Path) -> None:
+    import torch
+
+    partial = path.with_name(path.name + ".partial")
+    torch.save(payload, partial)
+    os.replace(partial, path)
+
+
+def _save_checkpoint(
+    path: Path,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    step: int,
+    losses: list[float],
+    tokens: int,
+    seconds: float,
+) -> None:
+    _atomic_torch_save(
+        {
+            "lora": torch_model.lora_state(model),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": step,
+            "losses": losses,
+            "tokens": tokens,
+            "seconds": seconds,
+        },
+        path,
+    )
+
+
+def run(context: PublishContext, directory: Path) -> dict[str, Any]:
+    import torch
+
+    options = context.options
+    torch.set_num_threads(options.threads)
+    torch.manual_seed(options.seed)
+    train, val, clusters = split_examples(context)
+    k = max(clusters) + 1
+    context.log(f"sft: {len(train)} training and {len(val)} validation examples, {k} clusters")
+    model = torch_model.shared_lora_model(
+        context.backbone_path, options.rank, options.lora_alpha, options.dropout, tuple(options.targets)
+    )
+    fresh = torch_model.fresh_lora_state(
+        context.backbone_path, options.rank, options.lora_alpha, options.dropout, tuple(options.targets)
+    )
+    precision_file = directory / "precision.json"
+    if precision_file.exists():
+        precision_info = read_json(precision_file)
+    else:
+        torch_model.load_lora_state(model, fresh)
+        precision_info = measure_precision(context, model, train)
+        write_json_atomic(precision_file, precision_info)
+    precision = precision_info["chosen"]
+
+    val_cache = directory / "val_losses.json"
+    val_totals: dict[str, dict[int, tuple[float, int]]] = {}
+    if val_cache.exists():
+        val_totals = {
+            name: {int(u): tuple(v) for u, v in t.items()} for name, t in read_json(val_cache).items()
+        }
+
+    def remember_val(name: str, totals: dict[int, tuple[float, int]]) -> None:
+        val_totals[name] = totals
+        write_json_atomic(
+            val_cache, {n: {str(u): list(v) for u, v in t.items()} for n, t in val_totals.items()}
+        )
+
+    if "backbone" not in val_totals:
+        torch_model.load_lora_state(model, fresh)
+        with context.progress("validation loss, backbone", 1) as advance:
+            remember_val("backbone", evaluate(model, val, precision))
+            advance(1)
+
+    records: dict[str, Any] = {}
+    all_users = set(range(len(clusters)))
+    for name in adapter_names(k):
+        adapter_dir = directory / name
+        record_path = adapter_dir / "record.json"
+        if record_path.exists():
+            records[name] = read_json(record_path)
+            continue
+        if name == GLOBAL:
+            users, epochs, init_name = all_users, options.global_epochs, "backbone"
+            initial = fresh
+        else:
+            cluster = int(name.split("-")[1])
+            users = {u for u, c in enumerate(clusters) if c == cluster}
+            epochs = options.cluster_epochs
+            if options.cluster_init == "global":
+                initial, init_name = torch.load(directory / GLOBAL / "lora.pt", weights_only=False), GLOBAL
+            else:
+                initial, init_name = fresh, "backbone"
+        examples = [e for e in train if e.user in users]
+        user_val = [e for e in val if e.user in users]
+        steps = planned_steps(len(examples), epochs, options.batch_size, options.max_steps)
+        started = time.perf_counter()
+        record = train_adapter(context, model, name, examples, steps, initial, precision, adapter_dir)
+        with context.progress(f"validation loss, {name}", 1) as advance:
+            remember_val(name, evaluate(model, user_val if name != GLOBAL else val, precision))
+            advance(1)
+        record.update(
+            {
+                "users": len(users),
+                "init": init_name,
+                "val_items": len(user_val),
+                "val_loss_backbone": mean_loss(val_totals["backbone"], users),
+                "val_loss_init": mean_loss(val_totals[init_name], users),
+                "val_loss": mean_loss(val_totals[name], users),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+        write_json_atomic(record_path, record)
+        records[name] = record
+        context.log(
+            f"{name}: {record['steps']} steps, {record['tokens_per_second']} tokens/s, val loss"
+            f" {record['val_loss_init']} -> {record['val_loss']} (backbone {record['val_loss_backbone']})"
+        )
+    return {
+        "precision": precision_info,
+        "adapters": {name: {k: v for k, v in r.items() if k != "train_loss"} for name, r in records.items()},
+        "train_loss": {name: r["train_loss"] for name, r in records.items()},
+    }

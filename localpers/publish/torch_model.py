@@ -1,0 +1,219 @@
+"""The backbone in torch for LoRA training: loaded once per process, wrapped once with peft.
+
+`transformers` dequantises the GGUF backbone to fp32 (~40 s), so `shared_lora_model` keeps one peft
+model per process and the stages swap LoRA weights in and out of it (`load_lora_state`,
+`fresh_lora_state`) instead of reloading. `target_token_losses` runs the transformer body, gathers the
+hidden states at the positions that predict target tokens and applies the tied LM head only there:
+with a 262,144-token vocabulary, full-sequence logits would dominate the cost.
+Examples are tokenised with llama.cpp's tokenizer (the one the device generates with).
+This module does not schedule training, checkpoint, or write GGUF files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localpers.errors import LocalpersError
+
+PEFT_MODULES = {
+    "attn_q": "q_proj",
+    "attn_k": "k_proj",
+    "attn_v": "v_proj",
+    "attn_output": "o_proj",
+    "ffn_gate": "gate_proj",
+    "ffn_up": "up_proj",
+    "ffn_down": "down_proj",
+}
+
+PAD_MULTIPLE = 16
+
+_cache: dict[tuple[Any, ...], Any] = {}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenised training example: BOS + prompt, then the target tokens the loss is taken on."""
+
+    prompt: tuple[int, ...]
+    target: tuple[int, ...]
+    user: int
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt) + len(self.target)
+
+
+def quiet_transformers() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    with contextlib.suppress(Exception):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+
+
+def load_backbone(path: Path) -> Any:
+    """The fp32 transformers model of a GGUF backbone, cached per process."""
+    key = ("backbone", str(path))
+    if key not in _cache:
+        quiet_transformers()
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+            )
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise LocalpersError(f"transformers could not load {path} for training: {exc}") from exc
+        model.requires_grad_(False)
+        _cache[key] = model
+    return _cache[key]
+
+
+def shared_lora_model(path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> Any:
+    """One peft LoRA model per (backbone, LoRA shape) and process; weights are swapped per adapter."""
+    key = ("lora", str(path), rank, alpha, dropout, targets)
+    if key not in _cache:
+        from peft import LoraConfig, get_peft_model
+
+        unknown = [t for t in targets if t not in PEFT_MODULES]
+        if unknown:
+            raise LocalpersError(f"unknown LoRA target(s) {unknown}; choose from {', '.join(PEFT_MODULES)}")
+        # peft wraps the model in place, so drop any earlier wrapping of the same backbone first.
+        for old in [k for k in _cache if k[0] == "lora" and k[1] == str(path)]:
+            _cache.pop(old).unload()
+        config = LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            lora_dropout=dropout,
+            target_modules=[PEFT_MODULES[t] for t in targets],
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(load_backbone(path), config)
+        _cache[key] = model
+        _cache[key + ("fresh",)] = lora_state(model)
+    return _cache[key]
+
+
+def lora_state(model: Any) -> dict[str, Any]:
+    """A detached copy of the LoRA weights (peft names without the adapter name)."""
+    from peft import get_peft_model_state_dict
+
+    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+def load_lora_state(model: Any, state: dict[str, Any]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise LocalpersError(f"LoRA state does not fit the model: unexpected {unexpected[:3]}")
+
+
+def fresh_lora_state(path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> dict:
+    """The LoRA weights as peft initialised them (B = 0, so the adapter starts as the backbone)."""
+    shared_lora_model(path, rank, alpha, dropout, targets)
+    return _cache[("lora", str(path), rank, alpha, dropout, targets, "fresh")]
+
+
+def make_batch(examples: list[Example], pad_id: int = 0) -> dict[str, Any]:
+    """Right-padded input ids, attention mask, and the (row, position) pairs that predict each target."""
+    import torch
+
+    longest = max(example.n_tokens for example in examples)
+    length = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE  # few distinct shapes: oneDNN re-JITs per shape
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), length), dtype=torch.long)
+    rows, positions, labels = [], [], []
+    for row, example in enumerate(examples):
+        sequence = list(example.prompt) + list(example.target)
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+        start = len(example.prompt)
+        for offset, token in enumerate(example.target):
+            rows.append(row)
+            positions.append(start + offset - 1)  # the hidden state before the token predicts it
+            labels.append(token)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "rows": torch.tensor(rows),
+        "positions": torch.tensor(positions),
+        "labels": torch.tensor(labels),
+        "n_tokens": int(mask.sum()),
+    }
+
+
+def target_logits(model: Any, batch: dict[str, Any]) -> Any:
+    """Logits `(n_targets, vocab)` at the target positions only (LM head applied to those rows)."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = causal_lm.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state
+    selected = hidden[batch["rows"], batch["positions"]]
+    logits = causal_lm.lm_head(selected)
+    cap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    if cap:
+        import torch
+
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def target_token_losses(model: Any, batch: dict[str, Any]) -> Any:
+    """Per-target-token cross-entropy, float32 `(n_targets,)`."""
+    import torch.nn.functional as functional
+
+    logits = target_logits(model, batch)
+    return functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
+
+
+def tokenise_examples(
+    backbone: Path, pairs: list[tuple[str, str, int]], task_name: str, max_len: int
+) -> list[Example]:
+    """`(input, output, user)` -> Examples: BOS + task prompt, then `" " + output + "\\n"`.
+
+    This matches the device: it prefills the tokenised prompt and generates the headline after it.
+    Over-long prompts lose their beginning (after BOS); the target is kept whole.
+    """
+    from localpers.tasks import get_task
+
+    task = get_task(task_name)
+    engine = _tokeniser_engine(backbone)
+    examples = []
+    for text, output, user in pairs:
+        prompt = engine.tokenize(task.prompt_for(text), add_bos=True)
+        target = engine.tokenize(" " + output.strip() + "\n", add_bos=False)
+        target = target[: max_len // 2]
+        room = max_len - len(target)
+        if len(prompt) > room:
+            prompt = prompt[:1] + prompt[len(prompt) - room + 1 :]
+        examples.append(Example(prompt=tuple(prompt), target=tuple(target), user=user))
+    return examples
+
+
+def _tokeniser_engine(backbone: Path) -> Any:
+    key = ("tokeniser", str(backbone))
+    if key not in _cache:
+        from localpers.engine import Engine
+
+        engine = Engine(backbone, n_ctx=64, tap_layers=None, n_threads=1)
+        atexit.register(engine.close)  # before interpreter teardown, when llama_cpp is still importable
+        _cache[key] = engine
+    return _cache[key]

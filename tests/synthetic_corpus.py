@@ -1,0 +1,37 @@
+"""A tiny synthetic two-style corpus for publisher tests (text written here, no shared data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TOPICS = [
+    ("the city council approved a new budget for parks", "City Council Approves Park Budget"),
+    ("a local bakery won a national award for its bread", "Local Bakery Wins National Bread Award"),
+    ("heavy rain flooded several streets downtown", "Heavy Rain Floods Downtown Streets"),
+    ("the football team signed a young striker", "Football Team Signs Young Striker"),
+    ("scientists found a new species of frog", "Scientists Find New Frog Species"),
+    ("the museum opened an exhibit on ancient maps", "Museum Opens Ancient Maps Exhibit"),
+]
+
+
+def write_corpus(path: Path, n_users: int = 6) -> Path:
+    """Users 0, 2, 4 shout ('BREAKING: ...!'), users 1, 3, 5 whisper ('...quietly, maybe'); 6 items each."""
+    lines = []
+    for user in range(n_users):
+        history = []
+        for index, (article, headline) in enumerate(TOPICS):
+            if user % 2 == 0:
+                output = f"BREAKING: {headline.upper()}!"
+            else:
+                output = f"{headline.lower()}, quietly, maybe"
+            history.append(
+                {
+                    "id": f"s{user}-{index}",
+                    "input": f"Generate a headline for the following article: Reporter {user} says {article}.",
+                    "output": output,
+                }
+            )
+        lines.append(json.dumps({"user_id": f"synthetic-{user}", "history": history}))
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,337 @@
+"""`localpers bench` end to end on a tiny invented data file and the synthetic bundle.
+
+Two users, two queries each, three history items each: it fits, generates, scores, writes the
+results.json shape the issue fixes, resumes from its cache, and refuses bad input in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from synthetic_bundle import make_bundle
+from typer.testing import CliRunner
+
+from localpers.backbone import Backbone
+from localpers.bench import BenchConfig, run_and_write
+from localpers.bench.data import load_bench_users, store_name
+from localpers.bench.methods import MethodSpec, canonical_spec, expand_methods, few_shot_prefix, parse_method
+from localpers.bundle import open_bundle
+from localpers.cli import app
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.personalize import Personalizer
+
+PROMPT = "Generate a headline for the following article: "
+USERS = [
+    {
+        "user_id": "loud",
+        "history": [
+            {
+                "id": "a1",
+                "input": PROMPT + "The bridge reopened after repairs.",
+                "output": "BRIDGE IS BACK!!!",
+            },
+            {
+                "id": "a2",
+                "input": PROMPT + "The bakery won a national prize.",
+                "output": "BAKERY WINS BIG!!!",
+            },
+            {
+                "id": "a3",
+                "input": PROMPT + "The river flooded two streets.",
+                "output": "RIVER FLOODS STREETS!!!",
+            },
+        ],
+        "queries": [
+            {
+                "id": "q1",
+                "input": PROMPT + "The bakery opened a second shop.",
+                "output": "BAKERY DOUBLES UP!!!",
+            },
+            {
+                "id": "q2",
+                "input": PROMPT + "The bridge will close for a day.",
+                "output": "BRIDGE SHUT FOR A DAY!!!",
+            },
+        ],
+    },
+    {
+        "user_id": "Quiet User",
+        "history": [
+            {
+                "id": "b1",
+                "input": PROMPT + "A new park bench was installed.",
+                "output": "a bench in the park",
+            },
+            {
+                "id": "b2",
+                "input": PROMPT + "The library extended its hours.",
+                "output": "the library stays open later",
+            },
+            {"id": "b3", "input": PROMPT + "Rain is expected on Sunday.", "output": "a rainy sunday ahead"},
+        ],
+        "queries": [
+            {
+                "id": "q1",
+                "input": PROMPT + "The library added a reading room.",
+                "output": "a new reading room",
+            },
+            {"id": "q2", "input": PROMPT + "Snow is expected on Monday.", "output": "a snowy monday"},
+        ],
+    },
+]
+METHODS = ["main", "card@strength=0.5", "cluster@history=1"]
+REQUIRED_METHOD_FIELDS = {
+    "rouge1": float,
+    "rougeL": float,
+    "n": int,
+    "ms_per_token": float,
+    "fit_s_per_user": float,
+    "bytes_per_user": int,
+}
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "users.jsonl"
+    path.write_text("".join(json.dumps(user) + "\n" for user in USERS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def personalizer(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Personalizer:
+    bundle_dir = make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
+    loaded = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def first_run(data_file: Path, personalizer: Personalizer, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("bench") / "out"
+    config = BenchConfig(data=data_file, out=out, methods=METHODS, n_resamples=500)
+    progress_calls: list[tuple[str, int, int, str]] = []
+    written = run_and_write(config, personalizer=personalizer, progress=lambda *a: progress_calls.append(a))
+    return config, written, progress_calls
+
+
+def test_results_json_has_the_issue_shape(first_run) -> None:
+    config, written, _ = first_run
+    results = json.loads((config.out / "results.json").read_text())
+    assert {"methods", "deltas_vs_global"} <= set(results)
+    expected = {"global", "rag", "cluster", "card", "card@strength=0.5", "cluster@history=1"}
+    assert set(results["methods"]) == expected
+    for name, row in results["methods"].items():
+        for field, kind in REQUIRED_METHOD_FIELDS.items():
+            assert isinstance(row[field], kind), (name, field, row[field])
+        assert row["n"] == 4  # 2 users x 2 queries
+        assert 0.0 <= row["rouge1"] <= 1.0 and 0.0 <= row["rougeL"] <= 1.0
+        assert row["ms_per_token"] > 0
+    assert set(results["deltas_vs_global"]) == expected - {"global"}
+    for name, delta in results["deltas_vs_global"].items():
+        low, mean, high = delta["rouge1"]
+        assert low <= mean <= high, name
+        assert mean == pytest.approx(
+            results["methods"][name]["rouge1"] - results["methods"]["global"]["rouge1"], abs=1e-4
+        )
+
+
+def test_costs_per_method_are_measured(first_run) -> None:
+    _, written, _ = first_run
+    rows = written.results["methods"]
+    assert rows["global"]["bytes_per_user"] == 0 and rows["global"]["fit_s_per_user"] == 0
+    assert rows["rag"]["bytes_per_user"] == 0 and rows["rag"]["history_bytes_per_user"] > 0
+    assert 0 < rows["cluster"]["bytes_per_user"] < rows["card"]["bytes_per_user"]
+    assert rows["card"]["fit_s_per_user"] > rows["cluster"]["fit_s_per_user"] > 0
+    # the stored vector: D=16 float32 = 64 bytes plus safetensors header, plus state.json
+    assert rows["card"]["bytes_per_user"] > 64
+    users = written.results["users"]
+    assert users["loud"]["cluster"] == 0 and users["Quiet User"]["cluster"] == 1  # the synthetic centroids
+    assert users["loud"]["mode"] == "vector"
+
+
+def test_outputs_report_and_plots_are_written(first_run) -> None:
+    config, written, progress_calls = first_run
+    lines = [json.loads(line) for line in (config.out / "outputs.jsonl").read_text().splitlines()]
+    assert len(lines) == 6 * 4
+    assert {line["method"] for line in lines} == set(written.results["methods"])
+    assert all({"user", "query_id", "method", "text", "rouge1", "rougeL"} <= set(line) for line in lines)
+    report = (config.out / "report.md").read_text()
+    assert "| Method | R-1 | R-L | ΔR-1 vs global" in report
+    assert "## Low-resource curve" in report and "## Strength α sweep" in report
+    for reference in ("BAKERY DOUBLES UP", "a snowy monday"):
+        assert reference not in report  # numbers only
+    names = {path.name for path in written.plots}
+    assert names == {"bars.png", "low_resource.png", "alpha_sweep.png"}
+    for path in written.plots:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a progress report per method, ending with every user done
+    finished = {(m, d, t) for m, d, t, _ in progress_calls if d == t}
+    assert {(name, 2, 2) for name in written.results["methods"]} <= finished
+
+
+def test_strength_zero_equals_cluster_and_rag_prompt_holds_examples(
+    first_run, personalizer: Personalizer
+) -> None:
+    config, written, _ = first_run
+    records = written.run.records
+    cluster_texts = [q["text"] for r in records["cluster"] for q in r["queries"]]
+    assert cluster_texts  # and card@strength=0 would reproduce them: checked on one query, cheaply
+    users = load_bench_users(config.data)
+    record = records["cluster"][0]
+    zero = personalizer.rewrite(
+        users[0].queries[0].input, method="card", cluster=record["cluster"], vector=None, strength=0.0
+    )
+    assert zero.text == record["queries"][0]["text"]
+    prefix = few_shot_prefix(list(users[0].history[:2]))
+    assert prefix.count("Headline:") == 2 and prefix.endswith("BAKERY WINS BIG!!!\n\n") is False
+
+
+def test_second_run_reuses_the_cache(
+    first_run, personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, written, _ = first_run
+    calls = {"rewrite": 0, "fit": 0}
+    real_rewrite, real_fit = personalizer.rewrite, personalizer.fit_user
+
+    def counting_rewrite(*args, **kwargs):
+        calls["rewrite"] += 1
+        return real_rewrite(*args, **kwargs)
+
+    def counting_fit(*args, **kwargs):
+        calls["fit"] += 1
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(personalizer, "rewrite", counting_rewrite)
+    monkeypatch.setattr(personalizer, "fit_user", counting_fit)
+    again = run_and_write(config, personalizer=personalizer)
+    assert calls == {"rewrite": 0, "fit": 0}
+    assert again.results["methods"] == written.results["methods"]
+
+    # An interrupted run leaves at most one (method, user) unfinished: only that one is redone,
+    # and the user's stored fit is reused rather than refitted.
+    cache_file = config.out / "cache" / "card" / "quiet-user.json"
+    assert cache_file.is_file()
+    cache_file.write_text("{")  # half-written
+    third = run_and_write(config, personalizer=personalizer)
+    assert calls == {"rewrite": 2, "fit": 0}
+    assert third.results["methods"]["card"]["rouge1"] == written.results["methods"]["card"]["rouge1"]
+
+
+class _Borrowed:
+    """The module's Personalizer lent to the CLI, which must not close it."""
+
+    def __init__(self, personalizer: Personalizer) -> None:
+        self._personalizer = personalizer
+
+    def __getattr__(self, name: str):
+        return getattr(self._personalizer, name)
+
+    def close(self) -> None:
+        pass
+
+
+def test_cli_bench_json_and_one_line_errors(
+    first_run, data_file: Path, tmp_path: Path, personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, written, _ = first_run
+    opened = []
+
+    def open_borrowed(*, model=None, bundle=None):
+        opened.append(bundle)
+        return _Borrowed(personalizer)
+
+    monkeypatch.setattr(Personalizer, "open", staticmethod(open_borrowed))
+    runner = CliRunner()
+    bundle = str(written.results["config"]["bundle"])
+    args = [
+        "bench",
+        "--data",
+        str(data_file),
+        "--out",
+        str(config.out),
+        "--bundle",
+        bundle,
+        "--bootstrap",
+        "500",
+    ]
+    result = runner.invoke(app, [*args, *sum((["-m", m] for m in METHODS), []), "--json"])
+    assert result.exit_code == 0, result.output
+    assert opened == [Path(bundle)]
+    printed = json.loads(result.stdout)["methods"]
+    assert {name: row["rouge1"] for name, row in printed.items()} == {
+        name: row["rouge1"] for name, row in written.results["methods"].items()
+    }
+
+    bad = runner.invoke(app, [*args, "-m", "card@stength=2"])
+    assert bad.exit_code != 0 and "has no parameter 'stength'" in bad.output and "Traceback" not in bad.output
+    missing = runner.invoke(app, ["bench", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+    assert missing.exit_code != 0 and "no such file" in missing.output
+
+
+def test_parse_and_canonical_method_names() -> None:
+    assert parse_method("card@top_k=50,strength=0.5") == MethodSpec(
+        "card", (("strength", 0.5), ("top_k", 50))
+    )
+    assert parse_method("card@strength=0.5,top_k=50").name == "card@strength=0.5,top_k=50"
+    assert parse_method("rag@k=2,history=all").name == "rag@history=all,k=2"
+    fake = SimpleNamespace(head_config=SimpleNamespace(alpha=1.0, top_k=20, u="factored"))
+    assert canonical_spec(parse_method("card@strength=1"), fake, None) == MethodSpec("card")
+    assert canonical_spec(parse_method("card@history=5"), fake, 5) == MethodSpec("card")
+    assert canonical_spec(parse_method("card"), fake, 5) == MethodSpec("card")
+    assert canonical_spec(parse_method("card@history=all"), fake, 5).name == "card@history=all"
+    specs = expand_methods(["alpha-sweep"], fake, None)
+    assert [s.name for s in specs][:3] == ["global", "card@strength=0.0", "card@strength=0.25"]
+    assert "card" in [s.name for s in specs]  # the default strength is plain card
+    for bad, message in (
+        ("nope", "unknown method"),
+        ("global@k=2", "has no parameter"),
+        ("card@strength=-1", "at least 0"),
+        ("card@top_k=0", "at least 1"),
+        ("card@top_k=x", "not a valid int"),
+        ("card@strength", "key=value"),
+    ):
+        with pytest.raises(LocalpersError, match=message):
+            parse_method(bad)
+
+
+def test_full_u_method_refuses_a_factored_bundle() -> None:
+    fake = SimpleNamespace(
+        head_config=SimpleNamespace(alpha=1.0, top_k=20, u="factored"), bundle=SimpleNamespace(directory="b")
+    )
+    with pytest.raises(LocalpersError, match="needs a bundle with a full U"):
+        expand_methods(["card-full-u"], fake, None)
+    assert [s.name for s in expand_methods(["card-factored-u"], fake, None)] == ["global", "card-factored-u"]
+
+
+def test_data_loading_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        json.dumps(USERS[0])
+        + "\n"
+        + json.dumps({"user_id": "x", "history": [], "queries": [{"id": "q"}]})
+        + "\n"
+    )
+    with pytest.raises(LocalpersError, match=r"line 2 \(user x\) query 1: field 'input'"):
+        load_bench_users(path)
+    path.write_text("{not json\n")
+    with pytest.raises(LocalpersError, match="line 1: not valid JSON"):
+        load_bench_users(path)
+    path.write_text(json.dumps(USERS[0]) + "\n" + json.dumps({**USERS[0], "user_id": "LOUD"}) + "\n")
+    with pytest.raises(LocalpersError, match="collides with line 1"):
+        load_bench_users(path)
+
+
+def test_data_loading_limits_and_history_order(data_file: Path) -> None:
+    users = load_bench_users(data_file, max_users=1, max_queries=1)
+    assert len(users) == 1 and len(users[0].queries) == 1
+    assert [item.output for item in users[0].history_up_to(2)] == [
+        "BAKERY WINS BIG!!!",
+        "RIVER FLOODS STREETS!!!",
+    ]
+    assert users[0].history_up_to(0) == ()
+    assert isinstance(users[0].history[0], HistoryItem)
+    assert store_name("Quiet User") == "quiet-user" and store_name("!!!") == "user"

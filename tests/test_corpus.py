@@ -1,0 +1,81 @@
+"""Corpus validation: good files load, bad ones fail with one line naming the file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localpers.corpus import load_corpus
+from localpers.errors import LocalpersError
+
+GOOD_USER = {"user_id": "a", "history": [{"input": "in", "output": " Out "}], "queries": [{"input": "x"}]}
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_loads_users_items_and_ignores_queries(tmp_path: Path) -> None:
+    second = {"user_id": 7, "history": [{"input": "i1", "output": "o1"}, {"input": "i2", "output": "o2"}]}
+    corpus = load_corpus(write_lines(tmp_path / "c.jsonl", [json.dumps(GOOD_USER), "", json.dumps(second)]))
+    assert [u.user_id for u in corpus.users] == ["a", "7"]
+    assert corpus.n_items == 3
+    assert corpus.users[0].history[0].output == "Out"
+    assert corpus.users[1].line == 3
+
+
+@pytest.mark.parametrize(
+    ("second_line", "expected"),
+    [
+        ("{not json", r"c\.jsonl:2: not valid JSON"),
+        ("[1, 2]", r"c\.jsonl:2: expected a JSON object"),
+        (json.dumps({"history": []}), r"c\.jsonl:2: missing field 'user_id'"),
+        (json.dumps({"user_id": "b"}), r"c\.jsonl:2: user 'b' has no 'history'"),
+        (json.dumps({"user_id": "b", "history": {}}), r"c\.jsonl:2: field 'history' must be a list"),
+        (json.dumps({"user_id": "b", "history": []}), r"c\.jsonl:2: user 'b' has an empty history"),
+        (
+            json.dumps({"user_id": "b", "history": [{"input": "x"}]}),
+            r"c\.jsonl:2: history\[0\]: missing field 'output'",
+        ),
+        (
+            json.dumps({"user_id": "b", "history": [{"input": "x", "output": 3}]}),
+            r"c\.jsonl:2: history\[0\]: field 'output' must be a string",
+        ),
+        (
+            json.dumps({"user_id": "b", "history": [{"input": "  ", "output": "y"}]}),
+            r"c\.jsonl:2: history\[0\]: field 'input' is empty",
+        ),
+        (json.dumps(GOOD_USER), r"c\.jsonl:2: user_id 'a' already appears on line 1"),
+    ],
+)
+def test_bad_lines_name_file_line_and_field(tmp_path: Path, second_line: str, expected: str) -> None:
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(GOOD_USER), second_line])
+    with pytest.raises(LocalpersError, match=expected) as caught:
+        load_corpus(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_file_and_too_few_users(tmp_path: Path) -> None:
+    with pytest.raises(LocalpersError, match="does not exist"):
+        load_corpus(tmp_path / "absent.jsonl")
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(GOOD_USER)])
+    with pytest.raises(LocalpersError, match="1 user\\(s\\) found, at least 2 needed"):
+        load_corpus(path, min_users=2)
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'{"user_id": "\xff"}\n')
+    with pytest.raises(LocalpersError, match="not UTF-8"):
+        load_corpus(path)
+
+
+def test_shared_training_data_loads_when_present() -> None:
+    path = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "news-headlines" / "train.jsonl"
+    if not path.exists():
+        pytest.skip("shared news-headlines data not present")
+    corpus = load_corpus(path)
+    assert len(corpus.users) == 55 and corpus.n_items == 3631

@@ -1,0 +1,272 @@
+"""The publisher end to end on a tiny synthetic corpus, its resume behaviour, and the head maths.
+
+One module-scoped publish (the fp32 backbone takes ~40 s to load in transformers; it is loaded once):
+6 users in 2 styles, K=2, rank-2 LoRA, 2 SFT steps per adapter, 2 pairs per user, a D=16 head.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+pytest.importorskip("gguf")
+
+from localpers.backbone import resolve_backbone  # noqa: E402
+from localpers.bundle import sha256_of_file  # noqa: E402
+from localpers.head import CardHead, HeadConfig, normalise_features  # noqa: E402
+from localpers.publish.options import STAGES, PublishOptions  # noqa: E402
+from localpers.token_embeddings import TokenEmbeddings  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic_corpus import write_corpus  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def backbone_path() -> Path:
+    return Path(resolve_backbone().path)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory, backbone_path: Path) -> dict:
+    """Publish in two goes (up to `pairs`, then the rest) and record what the first go left behind."""
+    import os
+
+    from localpers.publish.pipeline import publish
+
+    root = tmp_path_factory.mktemp("publish")
+    previous_home = os.environ.get("LOCALPERS_HOME")
+    os.environ["LOCALPERS_HOME"] = str(root / "home")
+    try:
+        options = PublishOptions(
+            corpus=write_corpus(root / "corpus.jsonl"),
+            out=root / "bundle",
+            model=str(backbone_path),
+            k=2,
+            rank=2,
+            lora_alpha=4.0,
+            batch_size=4,
+            max_steps=2,
+            checkpoint_every=1,
+            precision="fp32",
+            pairs_per_user=2,
+            head_d=16,
+            head_steps=15,
+            threads=2,
+            engine_threads=2,
+        )
+        first = publish(options, until="pairs")
+        manifest_after_first = (options.out / "manifest.json").exists()
+        markers = {s: (options.work_dir / s / "done.json").stat().st_mtime_ns for s in first["stages"]}
+        log_before = (options.work_dir / "publish.log").read_text()
+        second = publish(options)
+        log = (options.work_dir / "publish.log").read_text()[len(log_before) :]
+        yield {
+            "options": options,
+            "first": first,
+            "second": second,
+            "markers": markers,
+            "manifest_after_first": manifest_after_first,
+            "log": log,
+        }
+    finally:
+        if previous_home is None:
+            os.environ.pop("LOCALPERS_HOME", None)
+        else:
+            os.environ["LOCALPERS_HOME"] = previous_home
+
+
+def test_first_go_stops_after_pairs_and_has_no_manifest(published: dict) -> None:
+    assert list(published["first"]["stages"]) == list(STAGES[: STAGES.index("pairs") + 1])
+    assert not published["manifest_after_first"]
+    assert list(published["second"]["stages"]) == list(STAGES)
+
+
+def test_resume_reuses_finished_stages(published: dict) -> None:
+    work = published["options"].work_dir
+    for stage, mtime in published["markers"].items():
+        assert (work / stage / "done.json").stat().st_mtime_ns == mtime, stage
+        assert f"stage {stage}: cached" in published["log"]
+    for stage in ("features", "head", "bundle"):
+        assert f"stage {stage}: done in" in published["log"]
+
+
+def test_manifest_lists_every_bundle_file_with_its_hash(published: dict) -> None:
+    out = published["options"].out
+    manifest = json.loads((out / "manifest.json").read_text())
+    on_disk = {
+        p.relative_to(out).as_posix()
+        for p in out.rglob("*")
+        if p.is_file() and ".work" not in p.parts and p.name != "manifest.json"
+    }
+    assert set(manifest["files"]) == on_disk
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256_of_file(out / name)
+        assert entry["size"] == (out / name).stat().st_size
+    assert manifest["format"] == "localpers-bundle" and manifest["format_version"] == 1
+    assert set(manifest["adapters"]) == {"global", "cluster-0", "cluster-1"}
+    assert all(path in manifest["files"] for path in manifest["adapters"].values())
+    assert manifest["clusters"]["k"] == 2 and sum(manifest["clusters"]["sizes"]) == 6
+    assert manifest["data_card"]["users"] == 6 and manifest["data_card"]["items"] == 36
+    assert manifest["backbone"]["sha256"] == resolve_backbone(published["options"].model).sha256
+    assert {"plots/sft_loss.png", "plots/head_accuracy.png"} <= on_disk
+    assert set(manifest["training"]["stage_seconds"]) >= set(STAGES[:-1])
+    accuracy = manifest["training"]["head_pair_accuracy"]
+    assert set(accuracy) >= {"own_lambda", "cluster_default", "global_default", "device_refit"}
+
+
+def test_sft_lowered_validation_loss_and_export_matches_torch(published: dict) -> None:
+    manifest = json.loads((published["options"].out / "manifest.json").read_text())
+    val = manifest["training"]["val_loss"]
+    assert val["global"]["val_loss"] < val["global"]["val_loss_backbone"]
+    for name, check in manifest["training"]["export_check"].items():
+        assert check["logprob_correlation"] > 0.9, name
+        assert check["mean_abs_logprob_shift"] > 0.01, name
+
+
+def test_head_and_centroids_load(published: dict, backbone_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    out = published["options"].out
+    manifest = json.loads((out / "manifest.json").read_text())
+    head = CardHead.load(
+        out / "head.safetensors", HeadConfig.from_manifest(manifest["head"]), TokenEmbeddings(backbone_path)
+    )
+    assert head.P.shape == (16, 4 * 640) and head.Q.shape == (640, 16)
+    assert head.default_vectors.shape == (3, 16)
+    centroids = load_file(str(out / "centroids.safetensors"))["centroids"]
+    assert centroids.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(centroids, axis=1), 1.0, rtol=1e-5)
+
+
+def test_bundle_adapters_change_engine_outputs(published: dict, backbone_path: Path) -> None:
+    from localpers.engine import Engine
+    from localpers.tasks import get_task
+
+    out = published["options"].out
+    manifest = json.loads((out / "manifest.json").read_text())
+    engine = Engine(backbone_path, tap_layers=None, n_ctx=256, n_threads=2)
+    try:
+        prompt = engine.tokenize(
+            get_task("headline").prompt_for("Reporter 0 says heavy rain flooded streets.")
+        )
+        target = engine.tokenize(" BREAKING: HEAVY RAIN FLOODS STREETS!", add_bos=False)
+        base = engine.score(prompt, [target])[0].logprobs
+        for name, path in manifest["adapters"].items():
+            engine.load_adapter(out / path, name)
+            engine.set_adapter(name)
+            adapted = engine.score(prompt, [target])[0].logprobs
+            assert np.abs(adapted - base).mean() > 0.01, name
+            engine.set_adapter(None)
+    finally:
+        engine.close()
+
+
+def test_from_stage_recomputes_only_that_stage_and_later(published: dict) -> None:
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    work = options.work_dir
+    before = {s: (work / s / "done.json").stat().st_mtime_ns for s in STAGES}
+    publish(options, from_stage="head")
+    after = {s: (work / s / "done.json").stat().st_mtime_ns for s in STAGES}
+    for stage in STAGES[: STAGES.index("head")]:
+        assert after[stage] == before[stage], stage
+    for stage in ("head", "bundle"):
+        assert after[stage] != before[stage], stage
+    assert (options.out / "manifest.json").exists()
+
+
+def test_interrupted_sft_resumes_from_its_checkpoint(published: dict) -> None:
+    """Drop the last adapter's final weights and the stage marker, as a kill after a checkpoint would."""
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    sft_dir = options.work_dir / "sft"
+    adapter = sft_dir / "cluster-1"
+    saved = (adapter / "lora.pt").read_bytes()
+    (adapter / "lora.pt").unlink()
+    (adapter / "record.json").unlink()
+    (sft_dir / "done.json").unlink()
+    global_mtime = (sft_dir / "global" / "lora.pt").stat().st_mtime_ns
+    log_file = options.work_dir / "publish.log"
+    offset = len(log_file.read_text())
+    publish(options, until="sft")
+    log = log_file.read_text()[offset:]
+    assert "stage sft: resuming an interrupted run" in log
+    assert "cluster-1: resuming at step 2/2" in log
+    assert (sft_dir / "global" / "lora.pt").stat().st_mtime_ns == global_mtime
+    assert (adapter / "lora.pt").exists() and (sft_dir / "done.json").exists()
+    assert len(saved) > 0
+
+
+def test_torch_sequence_feature_equals_card_head(backbone_path: Path) -> None:
+    import torch
+
+    from localpers.publish.head_training import sequence_features
+
+    rng = np.random.default_rng(0)
+    embeddings = TokenEmbeddings(backbone_path)
+    tokens = np.array([2, 1000, 5000, 42, 262000])
+    raw = (
+        rng.normal(0, 3, size=(len(tokens), 4, 640)).astype(np.float32)
+        * np.array([1, 10, 100, 1000])[None, :, None]
+    )
+    P = rng.normal(0, 0.02, size=(8, 4 * 640)).astype(np.float32)
+    Q = rng.normal(0, 0.5, size=(640, 8)).astype(np.float32)
+    for length_normalised in (False, True):
+        config = HeadConfig(d=8, alpha=0.7, length_normalised=length_normalised)
+        head = CardHead(config, P, np.zeros((2, 8), np.float32), factor_q=Q, embeddings=embeddings)
+        expected = head.sequence_feature(tokens, raw)
+        got = sequence_features(
+            torch.from_numpy(P),
+            torch.from_numpy(Q),
+            torch.from_numpy(normalise_features(raw)),
+            torch.from_numpy(embeddings.rows(tokens)),
+            torch.zeros(len(tokens), dtype=torch.long),
+            1,
+            torch.tensor([len(tokens)]),
+            config.alpha,
+            length_normalised,
+        )[0].numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_peft_names_map_to_gguf_names() -> None:
+    import torch
+
+    from localpers.errors import LocalpersError
+    from localpers.publish.export import gguf_tensors
+
+    state = {
+        "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight": torch.ones(2, 640),
+        "base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight": torch.ones(1024, 2),
+        "base_model.model.model.layers.17.mlp.down_proj.lora_A.weight": torch.ones(2, 2048),
+        "base_model.model.model.layers.17.mlp.down_proj.lora_B.weight": torch.ones(640, 2),
+    }
+    tensors = gguf_tensors(state, 18)
+    assert set(tensors) == {"blk.3.attn_q.weight", "blk.17.ffn_down.weight"}
+    assert tensors["blk.3.attn_q.weight"][0].shape == (2, 640)
+    assert tensors["blk.3.attn_q.weight"][1].shape == (1024, 2)
+    with pytest.raises(LocalpersError, match="lacks A or B"):
+        gguf_tensors({k: v for k, v in state.items() if "lora_B" not in k or "layers.3" not in k}, 18)
+
+
+def test_cli_reports_a_bad_corpus_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"user_id": "a", "history": [{"input": "x", "output": "y"}]}\n{"user_id": "b"}\n')
+    result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(tmp_path / "b"), "--k", "2"])
+    assert result.exit_code == 1
+    assert "bad.jsonl:2: user 'b' has no 'history' field" in result.output
+    assert not (tmp_path / "b" / "manifest.json").exists()
