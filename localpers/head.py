@@ -37,6 +37,11 @@ class HeadConfig:
     top_k: int = 20
     length_normalised: bool = False
     layer_norm: str = "rms"
+    strength: float | None = None  # default decoding strength; None = alpha (the training scale)
+
+    @property
+    def default_strength(self) -> float:
+        return self.alpha if self.strength is None else self.strength
 
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> HeadConfig:
@@ -49,6 +54,7 @@ class HeadConfig:
                 top_k=int(entry.get("top_k", 20)),
                 length_normalised=bool(entry.get("length_normalised", False)),
                 layer_norm=str(entry.get("layer_norm", "rms")),
+                strength=None if entry.get("strength") is None else float(entry["strength"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LocalpersError(
@@ -64,6 +70,7 @@ class HeadConfig:
             "top_k": self.top_k,
             "length_normalised": self.length_normalised,
             "layer_norm": self.layer_norm,
+            **({} if self.strength is None else {"strength": self.strength}),
         }
 
 
@@ -214,7 +221,7 @@ class CardHead:
         cluster model ranked in its top k (a large negative correction cannot promote an outsider).
         """
         k = top_k or self.config.top_k
-        scale = self.config.alpha if strength is None else strength
+        scale = self.config.default_strength if strength is None else strength
         candidates = top_k_indices(logits, k)
         s = self.project(features) * user_vector
         delta = scale * (self.u_rows(candidates) @ s)

@@ -186,7 +186,9 @@ class Personalizer:
         personalized = method in ("card", "card-global")
         if personalized and vector is None:
             vector = self.head.default_vector(cluster)
-        strength_used = (self.head_config.alpha if strength is None else strength) if personalized else None
+        strength_used = (
+            (self.head_config.default_strength if strength is None else strength) if personalized else None
+        )
         k_used = (top_k or self.head_config.top_k) if personalized else None
         steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 

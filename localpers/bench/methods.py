@@ -280,7 +280,7 @@ class CardMethod(Method):
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         config = personalizer.head_config
-        return {"strength": float(config.alpha), "top_k": int(config.top_k)}
+        return {"strength": float(config.default_strength), "top_k": int(config.top_k)}
 
     def check(self, personalizer: Personalizer) -> None:
         actual = personalizer.head_config.u
@@ -337,8 +337,8 @@ TOP_K_VALUES = (5, 10, 20, 50, 100)
 
 
 def _strength_sweep(personalizer: Personalizer) -> list[str]:
-    alpha = personalizer.head_config.alpha
-    return [f"card@strength={m * alpha:g}" for m in STRENGTH_MULTIPLIERS]
+    default = personalizer.head_config.default_strength
+    return [f"card@strength={m * default:g}" for m in STRENGTH_MULTIPLIERS]
 
 
 PRESETS: dict[str, Callable[[Personalizer], list[str]]] = {

@@ -109,7 +109,7 @@ class EngineService:
                 self._info = EngineInfo(
                     bundle_sha256=personalizer.bundle_sha256,
                     bundle_label=f"{personalizer.bundle.directory.name} (k={personalizer.bundle.k})",
-                    default_strength=float(config.alpha),
+                    default_strength=float(config.default_strength),
                     default_top_k=int(config.top_k),
                     methods=tuple(METHOD_DESCRIPTIONS),
                 )
