@@ -53,6 +53,13 @@ def publish_command(
     head_lr: Annotated[float, typer.Option(min=0.0, help="Head learning rate.")] = 5e-3,
     head_weight_decay: Annotated[float, typer.Option(min=0.0, help="Head weight decay.")] = 1e-2,
     head_top_k: Annotated[int, typer.Option(min=1, help="top-k the device corrects.")] = 20,
+    head_target_correction: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Set head alpha so the mean |per-token correction| is this many logits (0 = alpha 1).",
+        ),
+    ] = 1.0,
     val_fraction: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Held-out items per user for validation loss.")
     ] = 0.1,
@@ -110,6 +117,7 @@ def publish_command(
         head_lr=head_lr,
         head_weight_decay=head_weight_decay,
         head_top_k=head_top_k,
+        head_target_correction=head_target_correction or None,
     )
     result = publish(options, until=until, from_stage=from_stage)
     if as_json:

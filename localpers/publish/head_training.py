@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,11 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
             head.P, head.Q, features, rows, sequence, n_seq, lengths, config.alpha, config.length_normalised
         ).numpy()
     diffs = g_all[0::2] - g_all[1::2]
+    token_correction = _mean_abs_token_correction(head, features, rows, data, defaults)
+    if options.head_target_correction:
+        # Rewards are scale-free for the pair ranking; alpha sets how hard the device pushes the logits.
+        config = replace(config, alpha=round(options.head_target_correction / max(token_correction, 1e-9), 6))
+    diffs = diffs * config.alpha
     accuracies = {
         "own_lambda": _fraction((diffs * lambdas[data.pair_user]).sum(-1) > 0, held),
         "cluster_default": _fraction((diffs * defaults[data.pair_cluster]).sum(-1) > 0, held),
@@ -231,7 +236,6 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         config, head.P.detach().numpy(), defaults, factor_q=head.Q.detach().numpy(), embeddings=embeddings
     )
     card.save(directory / HEAD_FILE)
-    magnitude = _correction_magnitude(diffs, g_all, data, defaults)
     summary = {
         "config": config.to_manifest(),
         "pairs": int(data.n_pairs),
@@ -241,7 +245,8 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         "steps": options.head_steps,
         "train_seconds": round(train_seconds, 1),
         "heldout_accuracy": accuracies,
-        "mean_abs_sequence_reward_default": magnitude,
+        "trained_mean_abs_token_correction": round(token_correction, 4),
+        "alpha": config.alpha,
         "curve": curve,
     }
     write_json_atomic(directory / "head_report.json", summary)
@@ -302,10 +307,15 @@ def _refit_accuracy(diffs: np.ndarray, data: PairData, held: np.ndarray) -> floa
     return round(correct / total, 4) if total else float("nan")
 
 
-def _correction_magnitude(
-    diffs: np.ndarray, g_all: np.ndarray, data: PairData, defaults: np.ndarray
+def _mean_abs_token_correction(
+    head: TorchHead, features: Any, rows: Any, data: PairData, defaults: np.ndarray
 ) -> float:
-    """Mean |R(y)| per token under the cluster default vectors: the scale of the logit corrections."""
-    seq_cluster = np.repeat(data.pair_cluster, 2)
-    rewards = (g_all * defaults[seq_cluster]).sum(-1)
-    return round(float(np.mean(np.abs(rewards) / np.maximum(data.lengths, 1))), 4)
+    """Mean over all pair tokens of |U[y_t] . (z_t * lambda_cluster)| at alpha = 1, in logits."""
+    import torch
+
+    seq_cluster = np.repeat(data.pair_cluster, 2)[data.sequence]
+    with torch.no_grad():
+        per_token = ((rows @ head.Q) * (features @ head.P.T) * torch.from_numpy(defaults[seq_cluster])).sum(
+            -1
+        )
+    return float(per_token.abs().mean())

@@ -55,6 +55,7 @@ class PublishOptions:
     head_weight_decay: float = 1e-2
     head_holdout: float = 0.2
     head_top_k: int = 20
+    head_target_correction: float | None = 1.0  # calibrate alpha: mean |per-token correction| in logits
     length_normalised: bool = False
     # g. bundle
     data_source: str = "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows"
@@ -100,6 +101,8 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "head_weight_decay",
         "head_holdout",
         "length_normalised",
+        "head_target_correction",
+        "head_top_k",
         "seed",
     ),
     "bundle": ("head_top_k", "data_source", "data_licence"),

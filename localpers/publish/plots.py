@@ -56,6 +56,7 @@ def plot_head(path: Path, curve: list[dict[str, float]], accuracy: dict[str, flo
     left.plot(steps, [p["train_loss"] for p in curve], label="train BT loss")
     left.set_xlabel("step")
     left.set_ylabel("loss")
+    left.legend(fontsize=8, loc="upper right")
     twin = left.twinx()
     twin.plot(steps, [p["train_accuracy"] for p in curve], color="tab:green", label="train accuracy")
     twin.plot(steps, [p["heldout_accuracy_own"] for p in curve], color="tab:red", label="held-out accuracy")
