@@ -36,7 +36,8 @@ def main_table(results: dict[str, Any]) -> list[str]:
             f"| {name} | {_num(row['rouge1'])} | {_num(row['rougeL'])} | {_interval(delta.get('rouge1'))} "
             f"| {_interval(delta.get('rouge1_ratio'), 3, signed=False) if delta else '1.000'} "
             f"| {_interval(delta.get('rougeL'))} | {_num(row['ms_per_token'], 2)} "
-            f"| {_num(row['fit_s_per_user'], 2)} | {row['bytes_per_user']} |"
+            f"| {_num(row['fit_s_per_user'], 2)}{' †' if row.get('fit_shared_negatives') else ''} "
+            f"| {row['bytes_per_user']} |"
         )
     return lines
 
@@ -124,7 +125,7 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
         "",
         f"Data `{config['data']}` ({config['n_users']} users, {config['n_queries']} queries, sha256 {config['data_sha256'][:12]}); "
         f"bundle `{config['bundle']}` (manifest sha256 {config['bundle_sha256'][:12]}); backbone `{config['backbone']}`.",
-        f"Head: {config['head']}. Bootstrap: {config['bootstrap_resamples']} paired resamples of queries, seed {config['seed']}.",
+        f"Head: {config['head']}. llama.cpp threads: {config.get('threads')}. Bootstrap: {config['bootstrap_resamples']} paired resamples of queries, seed {config['seed']}.",
     ]
     if config.get("command"):
         out += ["", "Command:", "", f"    {config['command']}"]
@@ -133,7 +134,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
         "ROUGE F1 with stemming, mean over all queries. Δ = paired difference to `global` on the same queries "
         "(* = 95% interval excludes 0). ms/token = decode time per generated token (prompt excluded). "
         "fit s/user = what the method computes per user before generating (CARD: cluster, negatives, pair "
-        "features, vector). bytes/user = what the device stores per user besides their own history.",
+        "features, vector; † = the y- were reused from the full-history fit, so their generation is not "
+        "counted). bytes/user = what the device stores per user besides their own history.",
         "",
         *main_table(results),
         *comparison_tables(results),
