@@ -472,3 +472,21 @@ async def test_a_model_that_fails_to_load_is_reported_in_place(service: FakeServ
         await wait_idle(pilot)
         assert "x.gguf is damaged" in app.main.personal_panel.status
         assert service.rewrites == [] and service.fits == []
+
+
+@async_test
+async def test_method_selector_offers_what_the_engine_supports(service: FakeService) -> None:
+    from dataclasses import replace
+
+    info = service.load()
+    service.load = lambda: replace(info, methods=("cluster", "global"))  # type: ignore[method-assign]
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        from textual.widgets.select import InvalidSelectValueError
+
+        select = app.main.controls.method_select
+        with pytest.raises(InvalidSelectValueError):
+            select.value = "card"
+        assert app.main.controls.method == "cluster" and app.main.controls.strength.disabled
+        assert app.main.personal_panel.text.startswith("Cluster 0:")

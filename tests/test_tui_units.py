@@ -13,7 +13,8 @@ from localpers.errors import LocalpersError
 from localpers.history import HistoryItem
 from localpers.personalize import CandidateShift, RewriteResult, RewriteStep
 from localpers.store import UserStore
-from localpers.tui.app import fit_summary, request_key
+from localpers.tui.app import fit_summary
+from localpers.tui.runs import ResultCache, plan_runs, request_key
 from localpers.tui.service import RewriteRequest
 from localpers.tui.userdata import (
     REJECTED_FILE,
@@ -126,6 +127,27 @@ def test_request_key_tells_outputs_apart() -> None:
         RewriteRequest("text", "headline", "cluster", 0),
     ):
         assert request_key(other) != request_key(base)
+
+
+def _result(text: str) -> RewriteResult:
+    return RewriteResult(text, "global", "headline", None, "global", None, None, 1, 1.0, 1.0, 1.0)
+
+
+def test_plan_runs_uses_the_cache_and_shares_equal_requests() -> None:
+    cache = ResultCache(size=2)
+    baseline = RewriteRequest("text", "headline", "global")
+    personal = RewriteRequest("text", "headline", "cluster", cluster=1)
+    cached, runs = plan_runs([("personal", baseline), ("baseline", baseline)], cache, force=False)
+    assert cached == {} and [run.targets for run in runs] == [("personal", "baseline")]  # one generation
+    cache.put(request_key(baseline), _result("plain"))
+    cached, runs = plan_runs([("personal", personal), ("baseline", baseline)], cache, force=False)
+    assert cached["baseline"].text == "plain" and [run.targets for run in runs] == [("personal",)]
+    _, forced = plan_runs([("personal", personal), ("baseline", baseline)], cache, force=True)
+    assert len(forced) == 2
+    cache.put(request_key(personal), _result("b"))
+    cache.get(request_key(baseline))  # baseline is now the most recently used
+    cache.put(request_key(RewriteRequest("other", "headline", "global")), _result("c"))
+    assert len(cache) == 2 and cache.get(request_key(personal)) is None
 
 
 def test_correction_colours() -> None:

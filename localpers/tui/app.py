@@ -2,12 +2,11 @@
 
 The app owns the behaviour; `MainScreen` owns the layout and each widget lives in its own module.
 
-Threading. The engine is not thread-safe, so every engine call (load, rewrite, fit, demo fit) runs in a
-Textual thread worker and holds `engine_lock` for its whole duration: two calls never overlap, whichever
-worker they come from. A newer generation cancels the older worker (`exclusive=True`); a thread cannot be
-killed, so the older one notices the cancellation at its next streamed piece, raises `Superseded` and
-gives the lock up. Workers talk back only through messages (`localpers.tui.messages`), each generation
-message tagged with its job id so pieces of a superseded job are dropped.
+Threading. The engine is not thread-safe: every engine call (load, rewrite, fit, demo fit) is a job of
+`localpers.tui.engine_jobs`, run in a Textual thread worker, holding `engine_lock` for all of its engine
+calls, so calls never overlap whichever worker they come from. A newer generation cancels the older worker
+(`exclusive=True`), which stops at its next streamed piece. Jobs talk back only through messages, each
+generation message tagged with its job id so pieces of a superseded job are dropped.
 
 Generation. Typing or changing a control re-generates after `debounce` seconds (ctrl+r at once, bypassing
 the cache). Results are cached by (text, task, method, cluster, vector, α, top-k), so moving α back and
@@ -20,21 +19,19 @@ bar and the profile, header and personalized output update when it ends.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
-from textual.worker import get_current_worker
 
 from localpers.errors import LocalpersError
 from localpers.personalize import RewriteResult
 from localpers.store import User
+from localpers.tui import engine_jobs
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
@@ -46,6 +43,7 @@ from localpers.tui.messages import (
     GenerationPiece,
     GenerationStarted,
 )
+from localpers.tui.runs import ResultCache, plan_runs, result_status
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.import_history import ImportScreen
@@ -65,7 +63,6 @@ from localpers.tui.widgets.stepper import Stepper
 
 DEBOUNCE_SECONDS = 0.6
 REFIT_DELAY_SECONDS = 1.0
-CACHE_SIZE = 64
 EMPTY_DRAFT_HINT = "The output appears here as you write."
 MAIN_SCREEN_ACTIONS = {
     "regenerate",
@@ -77,39 +74,6 @@ MAIN_SCREEN_ACTIONS = {
     "focus_draft",
     "show_tab",
 }
-
-
-class Superseded(Exception):
-    """Raised inside a worker's callback to abandon work a newer request (or quitting) made pointless."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One generation of a job and the output panels it feeds."""
-
-    key: tuple[object, ...]
-    request: RewriteRequest
-    targets: tuple[str, ...]
-
-
-def request_key(request: RewriteRequest) -> tuple[object, ...]:
-    """What determines a (greedy) output: identical keys give identical text."""
-    vector = None if request.vector is None else hashlib.sha1(request.vector.tobytes()).hexdigest()
-    return (
-        request.text,
-        request.task,
-        request.method,
-        request.cluster,
-        vector,
-        request.strength,
-        request.top_k,
-    )
-
-
-def result_status(result: RewriteResult, *, cached: bool = False) -> str:
-    """The subtitle of a finished output, e.g. '9 tokens · 11.2 ms/token'."""
-    status = f"{result.tokens} tokens · {result.ms_per_token:.1f} ms/token"
-    return status + (" · cached" if cached else "")
 
 
 class LocalpersApp(App[None]):
@@ -157,7 +121,7 @@ class LocalpersApp(App[None]):
         self.personal_input: str | None = None
         self.fit_running = False
         self.job_id = 0
-        self._cache: OrderedDict[tuple[object, ...], RewriteResult] = OrderedDict()
+        self._cache = ResultCache()
         self._debounce_timer: Timer | None = None
         self._refit_timer: Timer | None = None
         self._refit_again = False
@@ -176,7 +140,7 @@ class LocalpersApp(App[None]):
         self.main.progress.start("loading the model")
         self.main.personal_panel.clear(EMPTY_DRAFT_HINT)
         self.main.baseline_panel.clear(EMPTY_DRAFT_HINT)
-        self._load_engine()
+        self._run_engine_job("load", engine_jobs.load_engine)
         try:
             names = self.store.list()
             chosen = self.requested_user or self.store.active_name() or (names[0] if names else None)
@@ -192,7 +156,8 @@ class LocalpersApp(App[None]):
     def _after_welcome(self, choice: str | None) -> None:
         if choice == "demo":
             self.main.progress.start("preparing the demo user")
-            self._prepare_demo()
+            self.fit_running = True
+            self._run_engine_job("fit", engine_jobs.prepare_demo)
         elif choice == "import":
             self.push_screen(ImportScreen(self.store, None), self._after_import)
         else:
@@ -279,18 +244,12 @@ class LocalpersApp(App[None]):
         return " · ".join(parts)
 
     # ------------------------------------------------------------------ engine loading
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load_engine(self) -> None:
-        with self.engine_lock:
-            try:
-                info = self.service.load()
-            except LocalpersError as exc:
-                self.post_message(EngineFailed(str(exc)))
-                return
-            except Exception as exc:  # a broken model file must not take the UI down
-                self.post_message(EngineFailed(f"could not load the model: {type(exc).__name__}: {exc}"))
-                return
-        self.post_message(EngineLoaded(info))
+    def _run_engine_job(self, group: str, job: Callable[..., None], *args: object) -> None:
+        """Run `job(service, engine_lock, post_message, *args)` in a thread worker; newer jobs cancel older."""
+        work = functools.partial(job, self.service, self.engine_lock, self.post_message, *args)
+        self.run_worker(
+            work, name=job.__name__, group=group, thread=True, exclusive=True, exit_on_error=False
+        )
 
     def on_engine_loaded(self, message: EngineLoaded) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
@@ -299,6 +258,7 @@ class LocalpersApp(App[None]):
         if not self.fit_running:
             self.main.progress.stop()
         controls = self.main.controls
+        controls.set_methods(message.info.methods)
         with controls.strength.prevent(Stepper.Changed), controls.top_k.prevent(Stepper.Changed):
             controls.strength.set_value(message.info.default_strength)
             controls.top_k.set_value(message.info.default_top_k)
@@ -391,24 +351,12 @@ class LocalpersApp(App[None]):
         task = main.controls.task
         personal, title = self._personal_request(text, task)
         main.personal_panel.border_title = title
-        runs: list[Run] = []
-        for target, request in (
-            ("personal", personal),
-            ("baseline", RewriteRequest(text, task, BASELINE_METHOD)),
-        ):
-            key = request_key(request)
-            cached = None if force else self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                main.panel(target).finish(cached.text, result_status(cached, cached=True))
-                if target == "personal":
-                    self._set_personal(cached, text)
-                continue
-            same = next((run for run in runs if run.key == key), None)
-            if same is not None:
-                runs[runs.index(same)] = Run(key, request, (*same.targets, target))
-            else:
-                runs.append(Run(key, request, (target,)))
+        baseline = RewriteRequest(text, task, BASELINE_METHOD)
+        cached, runs = plan_runs([("personal", personal), ("baseline", baseline)], self._cache, force=force)
+        for target, result in cached.items():
+            main.panel(target).finish(result.text, result_status(result, cached=True))
+            if target == "personal":
+                self._set_personal(result, text)
         if not runs:
             self.workers.cancel_group(self, "generate")
             return
@@ -428,37 +376,8 @@ class LocalpersApp(App[None]):
                 if target == "personal":
                     self._set_personal(None, None)
         if self.info is not None:
-            self._generate(self.job_id, tuple(runs))
+            self._run_engine_job("generate", engine_jobs.generate, self.job_id, tuple(runs))
         # else: on_engine_loaded calls regenerate again
-
-    @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def _generate(self, job: int, runs: tuple[Run, ...]) -> None:
-        worker = get_current_worker()
-
-        def stream(targets: tuple[str, ...]):  # noqa: ANN202 - a closure per run
-            def sink(piece: str) -> None:
-                if worker.is_cancelled:
-                    raise Superseded()
-                self.post_message(GenerationPiece(job, targets, piece))
-
-            return sink
-
-        with self.engine_lock:
-            for run in runs:
-                if worker.is_cancelled:
-                    return
-                self.post_message(GenerationStarted(job, run.targets))
-                try:
-                    result = self.service.rewrite(run.request, stream(run.targets))
-                except Superseded:
-                    return
-                except LocalpersError as exc:
-                    self.post_message(GenerationFailed(job, run.targets, str(exc)))
-                    return
-                except Exception as exc:  # shown in the panel rather than crashing the app
-                    self.post_message(GenerationFailed(job, run.targets, f"{type(exc).__name__}: {exc}"))
-                    return
-                self.post_message(GenerationDone(job, run.targets, run.key, run.request, result))
 
     def on_generation_started(self, message: GenerationStarted) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
@@ -477,9 +396,7 @@ class LocalpersApp(App[None]):
     def on_generation_done(self, message: GenerationDone) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
             return
-        self._cache[message.key] = message.result
-        while len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
+        self._cache.put(message.key, message.result)
         if message.job != self.job_id:
             return
         for target in message.targets:
@@ -627,30 +544,7 @@ class LocalpersApp(App[None]):
             return
         self.fit_running = True
         self.main.progress.start(f"fitting {self.user.name}")
-        self._fit(self.user)
-
-    @work(thread=True, exclusive=True, group="fit", exit_on_error=False)
-    def _fit(self, user: User) -> None:
-        worker = get_current_worker()
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if worker.is_cancelled:
-                raise Superseded()
-            self.post_message(FitProgressed(stage, done, total))
-
-        with self.engine_lock:
-            try:
-                report = self.service.fit(user, progress)
-            except Superseded:
-                self.post_message(FitDone(user.name, None, "cancelled"))
-                return
-            except LocalpersError as exc:
-                self.post_message(FitDone(user.name, None, str(exc)))
-                return
-            except Exception as exc:
-                self.post_message(FitDone(user.name, None, f"{type(exc).__name__}: {exc}"))
-                return
-        self.post_message(FitDone(user.name, report))
+        self._run_engine_job("fit", engine_jobs.fit, self.user)
 
     def on_fit_progressed(self, message: FitProgressed) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
@@ -678,31 +572,10 @@ class LocalpersApp(App[None]):
             self.maybe_refit()
 
     # ------------------------------------------------------------------ demo user
-    @work(thread=True, exclusive=True, group="fit", exit_on_error=False)
-    def _prepare_demo(self) -> None:
-        worker = get_current_worker()
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if worker.is_cancelled:
-                raise Superseded()
-            self.post_message(FitProgressed(stage, done, total))
-
-        with self.engine_lock:
-            try:
-                user = self.service.ensure_demo_user(progress)
-            except Superseded:
-                return
-            except LocalpersError as exc:
-                self.post_message(DemoReady(None, str(exc)))
-                return
-            except Exception as exc:
-                self.post_message(DemoReady(None, f"{type(exc).__name__}: {exc}"))
-                return
-        self.post_message(DemoReady(user.name))
-
     def on_demo_ready(self, message: DemoReady) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
             return
+        self.fit_running = False
         self.main.progress.stop()
         if message.user is None:
             self.notify(f"The demo user could not be prepared: {message.error}", severity="error", timeout=30)

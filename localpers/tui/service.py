@@ -40,7 +40,7 @@ class EngineInfo:
     bundle_label: str
     default_strength: float
     default_top_k: int
-    methods: tuple[str, ...]
+    methods: tuple[str, ...]  # offered in the method selector, in this order
 
 
 @dataclass(frozen=True)

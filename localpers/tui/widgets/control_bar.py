@@ -106,6 +106,15 @@ class ControlBar(Horizontal):
             if current is not None and current in names:
                 select.value = current
 
+    def set_methods(self, methods: Sequence[str]) -> None:
+        """Offer the methods the loaded bundle supports, keeping the current one when it is among them."""
+        select = self.method_select
+        current = self.method
+        with select.prevent(Select.Changed):
+            select.set_options([(name, name) for name in methods])
+            select.value = current if current in methods else methods[0]
+        self.set_card_controls_enabled(self.method == "card")
+
     def set_card_controls_enabled(self, enabled: bool) -> None:
         """α and top-k only mean something for CARD; disabled, they are skipped by tab."""
         self.strength.disabled = not enabled

@@ -1,0 +1,117 @@
+"""The engine work of the TUI, as functions that run inside Textual thread workers.
+
+The engine is not thread-safe, so each function holds `lock` for all of its engine calls: two jobs never
+overlap, whichever worker they run in. A thread cannot be killed, so a cancelled worker (a newer
+generation, or quitting) notices at its next streamed piece or progress step, raises `Superseded` and
+gives the lock up. Jobs report only by posting messages (`localpers.tui.messages`, thread-safe); they never
+touch widgets. Errors become messages too: a `LocalpersError` keeps its one-line text, anything else is
+named by its type, so a failing job never takes the UI down.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from textual.message import Message
+from textual.worker import Worker, get_current_worker
+
+from localpers.errors import LocalpersError
+from localpers.store import User
+from localpers.tui.messages import (
+    DemoReady,
+    EngineFailed,
+    EngineLoaded,
+    FitDone,
+    FitProgressed,
+    GenerationDone,
+    GenerationFailed,
+    GenerationPiece,
+    GenerationStarted,
+)
+from localpers.tui.runs import Run
+from localpers.tui.service import Progress, WritingService
+
+Post = Callable[[Message], object]
+
+
+class Superseded(Exception):
+    """Raised inside a job's callback to abandon work that a newer request (or quitting) made pointless."""
+
+
+def describe(error: Exception) -> str:
+    return str(error) if isinstance(error, LocalpersError) else f"{type(error).__name__}: {error}"
+
+
+def _progress(worker: Worker[None], post: Post) -> Progress:
+    def report(stage: str, done: int, total: int) -> None:
+        if worker.is_cancelled:
+            raise Superseded()
+        post(FitProgressed(stage, done, total))
+
+    return report
+
+
+def load_engine(service: WritingService, lock: threading.Lock, post: Post) -> None:
+    with lock:
+        try:
+            info = service.load()
+        except Exception as exc:  # a broken model file is reported in the panels
+            post(EngineFailed(describe(exc)))
+            return
+    post(EngineLoaded(info))
+
+
+def generate(
+    service: WritingService, lock: threading.Lock, post: Post, job: int, runs: tuple[Run, ...]
+) -> None:
+    worker = get_current_worker()
+
+    def sink(targets: tuple[str, ...]) -> Callable[[str], None]:
+        def stream(piece: str) -> None:
+            if worker.is_cancelled:
+                raise Superseded()
+            post(GenerationPiece(job, targets, piece))
+
+        return stream
+
+    with lock:
+        for run in runs:
+            if worker.is_cancelled:
+                return
+            post(GenerationStarted(job, run.targets))
+            try:
+                result = service.rewrite(run.request, sink(run.targets))
+            except Superseded:
+                return
+            except Exception as exc:
+                post(GenerationFailed(job, run.targets, describe(exc)))
+                return
+            post(GenerationDone(job, run.targets, run.key, run.request, result))
+
+
+def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -> None:
+    worker = get_current_worker()
+    with lock:
+        try:
+            report = service.fit(user, _progress(worker, post))
+        except Superseded:
+            post(FitDone(user.name, None, "cancelled"))
+            return
+        except Exception as exc:
+            post(FitDone(user.name, None, describe(exc)))
+            return
+    post(FitDone(user.name, report))
+
+
+def prepare_demo(service: WritingService, lock: threading.Lock, post: Post) -> None:
+    worker = get_current_worker()
+    with lock:
+        try:
+            user = service.ensure_demo_user(_progress(worker, post))
+        except Superseded:
+            return
+        except Exception as exc:
+            post(DemoReady(None, describe(exc)))
+            return
+    post(DemoReady(user.name))

@@ -1,0 +1,94 @@
+"""Planning generations: what determines an output (`request_key`), a small result cache, and `Run`s.
+
+A job is one or more `Run`s; a run is one generation that feeds one or both output panels (when the
+personalized request falls back to the global adapter it is the same generation as the baseline).
+Nothing here touches the engine or the screen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from localpers.personalize import RewriteResult
+from localpers.tui.service import RewriteRequest
+
+CACHE_SIZE = 64
+
+Key = tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One generation of a job and the output panels ("baseline", "personal") it feeds."""
+
+    key: Key
+    request: RewriteRequest
+    targets: tuple[str, ...]
+
+
+def request_key(request: RewriteRequest) -> Key:
+    """What determines a (greedy) output: identical keys give identical text."""
+    vector = None if request.vector is None else hashlib.sha1(request.vector.tobytes()).hexdigest()
+    return (
+        request.text,
+        request.task,
+        request.method,
+        request.cluster,
+        vector,
+        request.strength,
+        request.top_k,
+    )
+
+
+def result_status(result: RewriteResult, *, cached: bool = False) -> str:
+    """The subtitle of a finished output, e.g. '9 tokens · 11.2 ms/token'."""
+    status = f"{result.tokens} tokens · {result.ms_per_token:.1f} ms/token"
+    return status + (" · cached" if cached else "")
+
+
+class ResultCache:
+    """The last `size` results by request key (least recently used dropped first)."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self.size = size
+        self._results: OrderedDict[Key, RewriteResult] = OrderedDict()
+
+    def get(self, key: Key) -> RewriteResult | None:
+        result = self._results.get(key)
+        if result is not None:
+            self._results.move_to_end(key)
+        return result
+
+    def put(self, key: Key, result: RewriteResult) -> None:
+        self._results[key] = result
+        self._results.move_to_end(key)
+        while len(self._results) > self.size:
+            self._results.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+
+def plan_runs(
+    requests: list[tuple[str, RewriteRequest]], cache: ResultCache, *, force: bool
+) -> tuple[dict[str, RewriteResult], list[Run]]:
+    """(cached results by target, runs still to generate); equal requests share one run.
+
+    `requests` pairs each panel ("personal", "baseline") with what it should show; `force` ignores the cache.
+    """
+    cached: dict[str, RewriteResult] = {}
+    runs: list[Run] = []
+    for target, request in requests:
+        key = request_key(request)
+        hit = None if force else cache.get(key)
+        if hit is not None:
+            cached[target] = hit
+            continue
+        index = next((i for i, run in enumerate(runs) if run.key == key), None)
+        if index is None:
+            runs.append(Run(key, request, (target,)))
+        else:
+            runs[index] = Run(key, request, (*runs[index].targets, target))
+    return cached, runs

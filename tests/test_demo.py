@@ -1,0 +1,32 @@
+"""The README's first quick-start command: `localpers demo` on the shipped demo bundle and demo user."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers.backbone import Backbone
+from localpers.bundle import embedded_bundle_dir
+from localpers.cli import app
+
+pytestmark = pytest.mark.skipif(
+    not (embedded_bundle_dir() / "manifest.json").is_file(), reason="the demo bundle is not in this checkout"
+)
+
+
+def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) -> None:
+    runner = CliRunner()
+    first = runner.invoke(app, ["demo", "--json", "--articles", "2", "--model", str(backbone.path)])
+    assert first.exit_code == 0, first.output
+    payload = json.loads(first.stdout)
+    assert payload["fitted_now"] is True
+    assert payload["fit"]["mode"] == "vector"
+    assert payload["fit"]["n_pairs"] >= 10
+    assert len(payload["rows"]) == 2
+    for row in payload["rows"]:
+        assert all(row[method].strip() for method in ("global", "cluster", "card"))
+    again = runner.invoke(app, ["demo", "--json", "--articles", "1", "--model", str(backbone.path)])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["fitted_now"] is False
