@@ -19,11 +19,23 @@ import typer
 from localpers.errors import LocalpersError
 
 
+def _log_progress(method: str, done: int, total: int, detail: str) -> None:
+    """Without a terminal (nohup, CI logs): one line per finished user."""
+    if not detail and done > 0:
+        typer.echo(f"bench: {method} {done}/{total} users", err=True)
+
+
 @contextmanager
-def method_progress(enabled: bool) -> Iterator[Any]:
-    """One rich progress bar per method, counting users, with the current stage as its description."""
+def method_progress(enabled: bool, interactive: bool) -> Iterator[Any]:
+    """One rich progress bar per method, counting users, with the current stage as its description.
+
+    Without a terminal it logs a line per finished user instead; disabled, it reports nothing.
+    """
     if not enabled:
         yield None
+        return
+    if not interactive:
+        yield _log_progress
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -74,6 +86,13 @@ def bench_command(
         str | None,
         typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
     ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="llama.cpp threads (default: all cores; 1 is much faster on a CPU shared with other work).",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
     ] = False,
@@ -97,9 +116,10 @@ def bench_command(
         bundle=bundle,
         model=model,
         n_resamples=bootstrap,
+        threads=threads,
         command="localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
     )
-    with method_progress(not as_json and sys.stderr.isatty()) as progress:
+    with method_progress(not as_json, sys.stderr.isatty()) as progress:
         written = run_and_write(config, progress=progress)
     if as_json:
         typer.echo(json.dumps(written.results, indent=2, ensure_ascii=False))

@@ -109,7 +109,9 @@ class FitReport:
 class Personalizer:
     """Backbone + bundle (adapters, head, centroids) ready to fit users and rewrite for them."""
 
-    def __init__(self, bundle: Bundle, backbone: Backbone, *, n_ctx: int = 1024) -> None:
+    def __init__(
+        self, bundle: Bundle, backbone: Backbone, *, n_ctx: int = 1024, n_threads: int | None = None
+    ) -> None:
         manifest = bundle.manifest
         if "head" not in manifest:
             raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
@@ -117,7 +119,9 @@ class Personalizer:
         self.backbone = backbone
         self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
         self.head_config = HeadConfig.from_manifest(manifest["head"])
-        self.engine = Engine(backbone.path, n_ctx=n_ctx, tap_layers=self.head_config.layers)
+        self.engine = Engine(
+            backbone.path, n_ctx=n_ctx, tap_layers=self.head_config.layers, n_threads=n_threads
+        )
         for name in bundle.adapter_names:
             self.engine.load_adapter(bundle.adapter_path(name), name)
         embeddings = (
@@ -127,10 +131,12 @@ class Personalizer:
         self._centroids: np.ndarray | None = None
 
     @classmethod
-    def open(cls, *, model: str | None = None, bundle: str | Path | None = None) -> Personalizer:
+    def open(
+        cls, *, model: str | None = None, bundle: str | Path | None = None, n_threads: int | None = None
+    ) -> Personalizer:
         """Resolve the backbone and the (verified) bundle, then load both."""
         backbone = resolve_backbone(model)
-        return cls(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone)
+        return cls(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone, n_threads=n_threads)
 
     def close(self) -> None:
         self.engine.close()

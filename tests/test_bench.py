@@ -83,7 +83,7 @@ USERS = [
         ],
     },
 ]
-METHODS = ["main", "card@strength=0.5", "cluster@history=1"]
+METHODS = ["main", "card@strength=0.5", "cluster@history=1", "card@history=2"]
 REQUIRED_METHOD_FIELDS = {
     "rouge1": float,
     "rougeL": float,
@@ -104,7 +104,8 @@ def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def personalizer(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Personalizer:
     bundle_dir = make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
-    loaded = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    # one thread: on a CPU shared with other jobs, two llama.cpp threads were measured 10x+ slower
+    loaded = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone, n_threads=1)
     yield loaded
     loaded.close()
 
@@ -122,7 +123,15 @@ def test_results_json_has_the_issue_shape(first_run) -> None:
     config, written, _ = first_run
     results = json.loads((config.out / "results.json").read_text())
     assert {"methods", "deltas_vs_global"} <= set(results)
-    expected = {"global", "rag", "cluster", "card", "card@strength=0.5", "cluster@history=1"}
+    expected = {
+        "global",
+        "rag",
+        "cluster",
+        "card",
+        "card@strength=0.5",
+        "cluster@history=1",
+        "card@history=2",
+    }
     assert set(results["methods"]) == expected
     for name, row in results["methods"].items():
         for field, kind in REQUIRED_METHOD_FIELDS.items():
@@ -151,12 +160,18 @@ def test_costs_per_method_are_measured(first_run) -> None:
     users = written.results["users"]
     assert users["loud"]["cluster"] == 0 and users["Quiet User"]["cluster"] == 1  # the synthetic centroids
     assert users["loud"]["mode"] == "vector"
+    # The 2-item fit reuses the full fit's y- (same bundle, cluster and items) and has too few pairs
+    # for a vector of its own, so it falls back to the cluster's default vector.
+    truncated = written.run.records["card@history=2"]
+    assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "cluster-default" for r in truncated)
+    assert all(r["history_items"] == 2 for r in truncated)
+    assert rows["card@history=2"]["fit_shared_negatives"] and not rows["card"]["fit_shared_negatives"]
 
 
 def test_outputs_report_and_plots_are_written(first_run) -> None:
     config, written, progress_calls = first_run
     lines = [json.loads(line) for line in (config.out / "outputs.jsonl").read_text().splitlines()]
-    assert len(lines) == 6 * 4
+    assert len(lines) == 7 * 4
     assert {line["method"] for line in lines} == set(written.results["methods"])
     assert all({"user", "query_id", "method", "text", "rouge1", "rougeL"} <= set(line) for line in lines)
     report = (config.out / "report.md").read_text()
@@ -240,7 +255,7 @@ def test_cli_bench_json_and_one_line_errors(
     config, written, _ = first_run
     opened = []
 
-    def open_borrowed(*, model=None, bundle=None):
+    def open_borrowed(*, model=None, bundle=None, n_threads=None):
         opened.append(bundle)
         return _Borrowed(personalizer)
 
@@ -281,6 +296,8 @@ def test_parse_and_canonical_method_names() -> None:
     fake = SimpleNamespace(head_config=SimpleNamespace(alpha=1.0, top_k=20, u="factored"))
     assert canonical_spec(parse_method("card@strength=1"), fake, None) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=5"), fake, 5) == MethodSpec("card")
+    assert canonical_spec(parse_method("card@reg=1"), fake, None) == MethodSpec("card")
+    assert canonical_spec(parse_method("card@reg=0.1"), fake, None).name == "card@reg=0.1"
     assert canonical_spec(parse_method("card"), fake, 5) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=all"), fake, 5).name == "card@history=all"
     specs = expand_methods(["alpha-sweep"], fake, None)
@@ -293,6 +310,7 @@ def test_parse_and_canonical_method_names() -> None:
         ("card@top_k=0", "at least 1"),
         ("card@top_k=x", "not a valid int"),
         ("card@strength", "key=value"),
+        ("card@reg=0", "greater than 0"),
     ):
         with pytest.raises(LocalpersError, match=message):
             parse_method(bad)

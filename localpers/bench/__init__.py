@@ -33,10 +33,10 @@ def run_and_write(
     config: BenchConfig, *, personalizer: Any = None, progress: Progress | None = None
 ) -> BenchOutputs:
     """Run (resuming from the cache), then write results.json, outputs.jsonl, report.md and the plots."""
+    from localpers.atomic import atomic_write_text
     from localpers.bench.plots import write_plots
     from localpers.bench.report import render_report
     from localpers.bench.results import build_results, write_outputs, write_results
-    from localpers.store import atomic_write_text
 
     run = run_bench(config, personalizer=personalizer, progress=progress)
     results = build_results(run)

@@ -1,8 +1,9 @@
 """The benchmark's methods: one small class each, in a registry, selectable by name with parameters.
 
 A method name is `base` or `base@key=value,key=value`, e.g. `card@strength=0.5`, `rag@k=2`,
-`card@history=5` (every method that uses the history accepts `history=N|all`: fit on the N most
-recent items only). `parse_method` checks the name and its parameters; `canonical_spec` drops
+`card@history=5`, `card@reg=0.1`. Every method that uses the history accepts `history=N|all` (fit
+on the N most recent items only); the CARD methods also take `strength`, `top_k` and `reg` (the
+L2 weight of the vector fit). `parse_method` checks the name and its parameters; `canonical_spec` drops
 parameters equal to the method's default, so `card@strength=<bundle alpha>` and `card` share one
 cache. Adding a method (CoPe, EXACT) is one subclass of `Method` decorated with `@register`.
 
@@ -22,6 +23,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from localpers.errors import LocalpersError
+from localpers.fitting import DEFAULT_REGULARISATION
 from localpers.history import HistoryItem
 from localpers.personalize import Personalizer, RewriteResult
 from localpers.tasks import get_task
@@ -29,6 +31,7 @@ from localpers.tasks import get_task
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
 HISTORY_PARAM = "history"
+POSITIVE_PARAMS = frozenset({"reg"})
 _PARAM_PATTERN = re.compile(r"([a-z_]+)=([^,=@]+)")
 
 
@@ -160,13 +163,18 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def _parse_value(text: str, key: str, raw: str, kind: type) -> ParamValue:
-    """`raw` as `kind`; `history=all` is None. Counts (k, top_k) are >= 1, strength and history >= 0."""
+    """`raw` as `kind`; `history=all` is None. Counts (k, top_k) are >= 1, strength and history >= 0,
+    the fit's regularisation `reg` > 0 (without it a separable set of pairs has no finite optimum)."""
     if key == HISTORY_PARAM and raw == "all":
         return None
     try:
         value = kind(raw)
     except ValueError:
         raise LocalpersError(f"method {text!r}: {key}={raw} is not a valid {kind.__name__}") from None
+    if key in POSITIVE_PARAMS:
+        if not value > 0:  # also refuses nan
+            raise LocalpersError(f"method {text!r}: {key}={raw} must be greater than 0")
+        return value
     minimum = 0 if kind is float or key == HISTORY_PARAM else 1
     if not value >= minimum:  # also refuses nan
         raise LocalpersError(f"method {text!r}: {key}={raw} must be at least {minimum}")
@@ -274,13 +282,17 @@ class CardMethod(Method):
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
-    params = {"strength": float, "top_k": int}
+    params = {"strength": float, "top_k": int, "reg": float}
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         config = personalizer.head_config
-        return {"strength": float(config.default_strength), "top_k": int(config.top_k)}
+        return {
+            "strength": float(config.default_strength),
+            "top_k": int(config.top_k),
+            "reg": float(DEFAULT_REGULARISATION),
+        }
 
     def check(self, personalizer: Personalizer) -> None:
         actual = personalizer.head_config.u

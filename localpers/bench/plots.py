@@ -37,7 +37,11 @@ def history_curves(results: dict[str, Any]) -> dict[str, list[tuple[int | None, 
         if "history" not in row["params"]:
             continue
         curves.setdefault(row["base"], []).append((row["params"]["history"], name))
-    limited = {base: points for base, points in curves.items() if any(h is not None for h, _ in points)}
+    limited = {
+        base: points
+        for base, points in curves.items()
+        if len(points) >= 2 and any(h is not None for h, _ in points)
+    }
     for points in limited.values():
         points.sort(key=lambda p: math.inf if p[0] is None else p[0])
     return limited
@@ -98,23 +102,22 @@ def plot_low_resource(results: dict[str, Any], path: Path) -> Path | None:
     )
     position = {h: i for i, h in enumerate(labels)}
     fig, axis = plt.subplots(figsize=(7, 4))
-    for base, points in curves.items():
-        xs = [position[h] for h, _ in points]
+    for index, (base, points) in enumerate(curves.items()):
+        offset = 0.06 * (index - (len(curves) - 1) / 2)  # keep the interval bars apart
+        xs = [position[h] + offset for h, _ in points]
         ys = [rows[name]["rouge1"] for _, name in points]
-        axis.plot(xs, ys, marker="o", label=base)
-        axis.fill_between(
-            xs,
-            [rows[name]["rouge1_ci"][0] for _, name in points],
-            [rows[name]["rouge1_ci"][2] for _, name in points],
-            alpha=0.15,
-        )
+        errors = [
+            [rows[name]["rouge1"] - rows[name]["rouge1_ci"][0] for _, name in points],
+            [rows[name]["rouge1_ci"][2] - rows[name]["rouge1"] for _, name in points],
+        ]
+        axis.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=base)
     if "global" in rows:
         axis.axhline(rows["global"]["rouge1"], color="black", linestyle="--", linewidth=1, label="global")
     axis.set_xticks(range(len(labels)), [HISTORY_ALL_LABEL if h is None else str(h) for h in labels])
     axis.set_xlabel("history items used (most recent)")
     axis.set_ylabel("ROUGE-1")
     axis.set_title("Low-resource curve (95% bootstrap interval of the mean)")
-    axis.legend()
+    axis.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

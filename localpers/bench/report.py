@@ -17,11 +17,12 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _interval(iv: list[float] | None, digits: int = 4, signed: bool = True) -> str:
+def _interval(iv: list[float] | None, digits: int = 4, signed: bool = True, null: float = 0.0) -> str:
+    """ "mean [low, high]", with " *" when the interval excludes `null` (0 for a difference, 1 for a ratio)."""
     if not iv:
         return "–"
     sign = "+" if signed else ""
-    marker = " *" if (iv[0] > 0 or iv[2] < 0) else ""
+    marker = " *" if (iv[0] > null or iv[2] < null) else ""
     return f"{iv[1]:{sign}.{digits}f} [{iv[0]:{sign}.{digits}f}, {iv[2]:{sign}.{digits}f}]{marker}"
 
 
@@ -34,9 +35,10 @@ def main_table(results: dict[str, Any]) -> list[str]:
         delta = results["deltas_vs_global"].get(name, {})
         lines.append(
             f"| {name} | {_num(row['rouge1'])} | {_num(row['rougeL'])} | {_interval(delta.get('rouge1'))} "
-            f"| {_interval(delta.get('rouge1_ratio'), 3, signed=False) if delta else '1.000'} "
+            f"| {_interval(delta.get('rouge1_ratio'), 3, signed=False, null=1.0) if delta else '1.000'} "
             f"| {_interval(delta.get('rougeL'))} | {_num(row['ms_per_token'], 2)} "
-            f"| {_num(row['fit_s_per_user'], 2)} | {row['bytes_per_user']} |"
+            f"| {_num(row['fit_s_per_user'], 2)}{' †' if row.get('fit_shared_negatives') else ''} "
+            f"| {row['bytes_per_user']} |"
         )
     return lines
 
@@ -124,7 +126,7 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
         "",
         f"Data `{config['data']}` ({config['n_users']} users, {config['n_queries']} queries, sha256 {config['data_sha256'][:12]}); "
         f"bundle `{config['bundle']}` (manifest sha256 {config['bundle_sha256'][:12]}); backbone `{config['backbone']}`.",
-        f"Head: {config['head']}. Bootstrap: {config['bootstrap_resamples']} paired resamples of queries, seed {config['seed']}.",
+        f"Head: {config['head']}. llama.cpp threads: {config.get('threads')}. Bootstrap: {config['bootstrap_resamples']} paired resamples of queries, seed {config['seed']}.",
     ]
     if config.get("command"):
         out += ["", "Command:", "", f"    {config['command']}"]
@@ -133,7 +135,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
         "ROUGE F1 with stemming, mean over all queries. Δ = paired difference to `global` on the same queries "
         "(* = 95% interval excludes 0). ms/token = decode time per generated token (prompt excluded). "
         "fit s/user = what the method computes per user before generating (CARD: cluster, negatives, pair "
-        "features, vector). bytes/user = what the device stores per user besides their own history.",
+        "features, vector; † = the y- were reused from the full-history fit, so their generation is not "
+        "counted). bytes/user = what the device stores per user besides their own history.",
         "",
         *main_table(results),
         *comparison_tables(results),

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from localpers.atomic import atomic_write_text
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
 from localpers.bench.runner import BenchRun
-from localpers.store import atomic_write_text
 
 BASELINE = "global"
 OTHER_BASELINES = ("rag", "cluster")
@@ -48,6 +48,8 @@ def method_summary(records: list[dict[str, Any]], *, n_resamples: int, seed: int
         "n": len(queries),
         "ms_per_token": round(decode_ms / tokens, 3) if tokens else 0.0,
         "fit_s_per_user": round(float(np.mean([r["fit_seconds"] for r in records])), 3),
+        # y- reused from another fit of the same user: the fit time then leaves their generation out
+        "fit_shared_negatives": any((r.get("fit") or {}).get("shared_negatives") for r in records),
         "bytes_per_user": int(round(float(np.mean([r["stored_bytes"] for r in records])))),
         "history_bytes_per_user": int(round(float(np.mean([r["history_bytes"] for r in records])))),
         "users": len(records),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser, load_bench_users
 from localpers.bench.methods import (
     Method,
@@ -36,9 +37,10 @@ from localpers.bench.methods import (
 )
 from localpers.bench.metrics import rouge
 from localpers.errors import LocalpersError
+from localpers.fitting import DEFAULT_REGULARISATION
 from localpers.history import serialize_history
-from localpers.personalize import Personalizer, user_profile
-from localpers.store import User, UserStore, atomic_write_text
+from localpers.personalize import NEGATIVES_FILE, Personalizer, user_profile
+from localpers.store import User, UserStore
 
 BENCH_VERSION = 1  # bump when a change to the runner invalidates cached results
 Progress = Callable[[str, int, int, str], None]  # (method, users done, users total, what is happening)
@@ -60,6 +62,7 @@ class BenchConfig:
     model: str | None = None
     n_resamples: int = 10_000
     command: str | None = None
+    threads: int | None = None  # llama.cpp threads (None = all cores; 1 is far faster on a busy CPU)
 
 
 @dataclass
@@ -103,18 +106,26 @@ class FitStore:
             user_embedding(["warm-up"])
             self._encoder_warm = True
 
-    def _user(self, user: BenchUser, limit: int | None) -> User:
-        store = UserStore(root=self.root / f"history-{'all' if limit is None else limit}")
+    def _user(self, user: BenchUser, limit: int | None, regularisation: float | None) -> User:
+        folder = f"history-{'all' if limit is None else limit}"
+        if regularisation is not None:
+            folder += f"-reg{regularisation:g}"
+        store = UserStore(root=self.root / folder)
         name = user.store_name
         return store.get(name) if name in store.list() else store.create(name)
 
     def profile(
-        self, user: BenchUser, limit: int | None, method: Method, on_stage: Callable[[str], None]
+        self,
+        user: BenchUser,
+        limit: int | None,
+        method: Method,
+        on_stage: Callable[[str], None],
+        regularisation: float | None = None,
     ) -> UserProfile:
         items = user.history_up_to(limit) if method.uses_history else ()
         profile = UserProfile(name=user.store_name, items=items)
         if method.needs == "vector":
-            self._vector_profile(user, limit, profile, on_stage)
+            self._vector_profile(user, limit, regularisation, profile, on_stage)
         elif method.needs == "cluster":
             profile.cluster, profile.fit_seconds = self._cluster(user, limit, items)
             profile.cluster_bytes = _cluster_state_bytes(profile.cluster)
@@ -132,31 +143,74 @@ class FitStore:
                 self._clusters[key] = (cluster, time.perf_counter() - started)
         return self._clusters[key]
 
+    def _share_negatives(self, stored: User) -> bool:
+        """Seed a new fit folder with y- already generated for this user in the other folders.
+
+        y- is the cluster model's greedy output, fixed by (bundle, cluster, item), and the file keys
+        them by exactly that, so history truncations and regularisation variants need not regenerate
+        them. Returns whether anything was shared (the fit time then excludes that generation).
+        """
+        target = stored.dir / NEGATIVES_FILE
+        if target.exists():
+            return False
+        merged: dict[str, dict[str, str]] = {}
+        for sibling in sorted(self.root.glob(f"*/users/{stored.name}/{NEGATIVES_FILE}")):
+            try:
+                known = json.loads(sibling.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(known, dict):
+                for key, negatives in known.items():
+                    if isinstance(negatives, dict):
+                        merged.setdefault(key, {}).update(negatives)
+        if not merged:
+            return False
+        # the Personalizer reads one key (bundle:cluster) per file, so keep every key: it picks its own
+        atomic_write_text(target, json.dumps(merged, ensure_ascii=False))
+        return True
+
     def _vector_profile(
-        self, user: BenchUser, limit: int | None, profile: UserProfile, on_stage: Callable[[str], None]
+        self,
+        user: BenchUser,
+        limit: int | None,
+        regularisation: float | None,
+        profile: UserProfile,
+        on_stage: Callable[[str], None],
     ) -> None:
-        stored = self._user(user, limit)
+        stored = self._user(user, limit, regularisation)
         items = list(profile.items)
         fingerprint = _sha256_text(
-            [BENCH_VERSION, self.personalizer.bundle_sha256, [item.id for item in items]]
+            [BENCH_VERSION, self.personalizer.bundle_sha256, [item.id for item in items], regularisation]
         )
         state = stored.state()
         bench = state.get("bench") if isinstance(state.get("bench"), dict) else {}
         if bench.get("fingerprint") != fingerprint or not state.get("fit"):
             if [item.id for item in stored.history()] != [item.id for item in items]:
                 stored.save_history(items)
+            shared = self._share_negatives(stored)
             self._warm_encoder()
 
             def stage(name: str, done: int, total: int) -> None:
                 on_stage(f"{name} {done}/{total}")
 
-            self.personalizer.fit_user(stored, progress=stage)
+            self.personalizer.fit_user(
+                stored,
+                progress=stage,
+                regularisation=DEFAULT_REGULARISATION if regularisation is None else regularisation,
+            )
             vector_path = stored.vector_path()
             stored_bytes = stored.state_path.stat().st_size + (
                 vector_path.stat().st_size if vector_path is not None else 0
             )
             stored.save_state(
-                {**stored.state(), "bench": {"fingerprint": fingerprint, "stored_bytes": stored_bytes}}
+                {
+                    **stored.state(),
+                    "bench": {
+                        "fingerprint": fingerprint,
+                        "stored_bytes": stored_bytes,
+                        "shared_negatives": shared,
+                    },
+                }
             )
             state = stored.state()
         cluster, vector, state = user_profile(stored)
@@ -166,7 +220,7 @@ class FitStore:
         profile.fit_seconds = float(sum(report.get("seconds", {}).values()))
         profile.vector_bytes = int(state["bench"]["stored_bytes"])
         profile.cluster_bytes = _cluster_state_bytes(cluster)
-        profile.fit_report = report
+        profile.fit_report = {**report, "shared_negatives": bool(state["bench"].get("shared_negatives"))}
 
 
 def _cluster_state_bytes(cluster: int | None) -> int:
@@ -206,7 +260,7 @@ def run_bench(
     users = load_bench_users(config.data, max_users=config.max_users, max_queries=config.max_queries)
     owned = personalizer is None
     if personalizer is None:
-        personalizer = Personalizer.open(model=config.model, bundle=config.bundle)
+        personalizer = Personalizer.open(model=config.model, bundle=config.bundle, n_threads=config.threads)
     try:
         specs = expand_methods(config.methods, personalizer, config.history_limit)
         try:
@@ -223,6 +277,7 @@ def run_bench(
             "backbone": personalizer.backbone.path.name,
             "backbone_sha256": personalizer.backbone.sha256,
             "head": personalizer.head_config.to_manifest(),
+            "threads": personalizer.engine.n_threads,
             "data": str(config.data),
             "data_sha256": _file_sha256(Path(config.data)),
         }
@@ -291,7 +346,14 @@ def _evaluate_user(
     on_stage: Callable[[str], None],
 ) -> dict[str, Any]:
     on_stage("fit")
-    profile = fits.profile(user, limit, method, on_stage)
+    regularisation = spec.get("reg")
+    profile = fits.profile(
+        user,
+        limit,
+        method,
+        on_stage,
+        regularisation=None if regularisation is None else float(regularisation),
+    )
     started = time.perf_counter()
     prepared = method.prepare(personalizer, profile, spec)
     fit_seconds = profile.fit_seconds + (time.perf_counter() - started)
@@ -330,6 +392,7 @@ def _evaluate_user(
                 "heldout_accuracy",
                 "heldout_accuracy_default",
                 "n_heldout",
+                "shared_negatives",
             )
         }
         if report
