@@ -21,6 +21,7 @@ from localpers.bench.methods import MethodSpec, canonical_spec, expand_methods, 
 from localpers.bundle import open_bundle
 from localpers.cli import app
 from localpers.errors import LocalpersError
+from localpers.head import HeadConfig
 from localpers.history import HistoryItem
 from localpers.personalize import Personalizer
 
@@ -293,7 +294,7 @@ def test_parse_and_canonical_method_names() -> None:
     )
     assert parse_method("card@strength=0.5,top_k=50").name == "card@strength=0.5,top_k=50"
     assert parse_method("rag@k=2,history=all").name == "rag@history=all,k=2"
-    fake = SimpleNamespace(head_config=SimpleNamespace(alpha=1.0, top_k=20, u="factored"))
+    fake = SimpleNamespace(head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"))
     assert canonical_spec(parse_method("card@strength=1"), fake, None) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=5"), fake, 5) == MethodSpec("card")
     assert canonical_spec(parse_method("card@reg=1"), fake, None) == MethodSpec("card")
@@ -318,7 +319,7 @@ def test_parse_and_canonical_method_names() -> None:
 
 def test_full_u_method_refuses_a_factored_bundle() -> None:
     fake = SimpleNamespace(
-        head_config=SimpleNamespace(alpha=1.0, top_k=20, u="factored"), bundle=SimpleNamespace(directory="b")
+        head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"), bundle=SimpleNamespace(directory="b")
     )
     with pytest.raises(LocalpersError, match="needs a bundle with a full U"):
         expand_methods(["card-full-u"], fake, None)
