@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from localpers.backbone import Backbone, resolve_backbone
 from localpers.bundle import Bundle, open_bundle, sha256_of_file
@@ -212,15 +213,17 @@ class Personalizer:
 
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
-        result = generate(
-            self.engine,
-            prompt_prefix + chosen_task.prompt_for(text),
-            max_tokens=max_tokens or chosen_task.default_max_tokens,
-            sampling=sampling,
-            stop=chosen_task.stop_strings,
-            hook=card_hook if personalized else None,
-            on_text=on_text,
-        )
+        # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
+        with threadpool_limits(limits=1, user_api="blas"):
+            result = generate(
+                self.engine,
+                prompt_prefix + chosen_task.prompt_for(text),
+                max_tokens=max_tokens or chosen_task.default_max_tokens,
+                sampling=sampling,
+                stop=chosen_task.stop_strings,
+                hook=card_hook if personalized else None,
+                on_text=on_text,
+            )
         total_ms = 1000 * (time.perf_counter() - started)
         return RewriteResult(
             text=result.text.strip() if chosen_task.one_line else result.text,
