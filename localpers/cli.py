@@ -18,6 +18,7 @@ import typer
 from localpers import __version__
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
+from localpers.cli_methods import register as register_method_commands
 from localpers.cli_users import history_app, user_app
 from localpers.errors import LocalpersError
 
@@ -205,6 +206,7 @@ app.add_typer(user_app, name="user")
 app.add_typer(history_app, name="history")
 register_bundle_commands(app)
 register_device_commands(app)
+register_method_commands(app)
 
 
 def main() -> None:
