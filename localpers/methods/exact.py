@@ -202,6 +202,29 @@ class ExactIndex:
         return sorted(counts.items(), key=lambda kv: (-kv[1], order.get(kv[0], len(order))))
 
 
+def keep_for_index(
+    selections: Sequence[tuple[HistoryItem, Selection]],
+) -> tuple[dict[str, tuple[HistoryItem, Selection]], int, int]:
+    """The pairs the index keeps, by input body: `(kept, n_negative_gain, n_duplicates)`.
+
+    A pair whose attributes lower the margin below the plain prompt's is dropped (the non-negative
+    gain filter); of several pairs with the same input, the one with the largest margin stays.
+    """
+    best: dict[str, tuple[HistoryItem, Selection]] = {}
+    filtered = duplicates = 0
+    for item, selection in selections:
+        if selection.gain < 0:
+            filtered += 1
+            continue
+        key = input_body(item.task, item.input)
+        if key in best:
+            duplicates += 1
+            if best[key][1].margin >= selection.margin:
+                continue
+        best[key] = (item, selection)
+    return best, filtered, duplicates
+
+
 def index_path(user: User) -> Path:
     return user.dir / INDEX_FILE
 
@@ -264,24 +287,14 @@ def index_exact(
     adapter = personalizer.adapter_for("cluster", cluster)
     personalizer.engine.set_adapter(adapter)
     scorer = PrefixScorer(personalizer.engine)
-    best: dict[str, tuple[HistoryItem, Selection]] = {}
-    evaluations = filtered = duplicates = 0
-    gains = []
+    selections = []
     for done, (item, negative) in enumerate(pairs):
-        selection = greedy_select(PairMargins(scorer, item, negative), library, k)
-        evaluations += selection.evaluations
-        gains.append(selection.gain)
+        selections.append((item, greedy_select(PairMargins(scorer, item, negative), library, k)))
         if progress:
             progress("attributes", done + 1, len(pairs))
-        if selection.gain < 0:
-            filtered += 1
-            continue
-        key = input_body(item.task, item.input)
-        if key in best:
-            duplicates += 1
-            if best[key][1].margin >= selection.margin:
-                continue
-        best[key] = (item, selection)
+    best, filtered, duplicates = keep_for_index(selections)
+    evaluations = sum(selection.evaluations for _, selection in selections)
+    gains = [selection.gain for _, selection in selections]
     seconds["selection"] = time.perf_counter() - started
 
     started = time.perf_counter()
