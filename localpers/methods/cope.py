@@ -139,9 +139,13 @@ def fit_cope(
     config: SftConfig | None = None,
     base: str = "cluster",
     history_limit: int | None = None,
+    cluster: int | None = None,
     progress: Progress | None = None,
 ) -> CopeState:
-    """Train the user's LoRA on their history and store it (atomically) in their folder."""
+    """Train the user's LoRA on their history and store it (atomically) in their folder.
+
+    `cluster` skips the cluster assignment when the caller already knows it.
+    """
     config = config or SftConfig()
     if base not in ("cluster", "global"):
         raise LocalpersError(f"CoPe base must be 'cluster' or 'global', not {base!r}")
@@ -154,7 +158,8 @@ def fit_cope(
         )
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    cluster, _ = personalizer.assign_cluster([item.output for item in items])
+    if cluster is None:
+        cluster, _ = personalizer.assign_cluster([item.output for item in items])
     base_adapter = personalizer.adapter_for("cluster", cluster) if base == "cluster" else "global"
     seconds["cluster"] = time.perf_counter() - started
 

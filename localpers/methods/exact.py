@@ -263,9 +263,16 @@ def index_exact(
     k: int = DEFAULT_K,
     library: Sequence[str] = ATTRIBUTES,
     history_limit: int | None = None,
+    max_pairs: int | None = None,
+    cluster: int | None = None,
     progress: Progress | None = None,
 ) -> ExactReport:
-    """Select attributes for every preference pair of `user` and store the index in their folder."""
+    """Select attributes for every preference pair of `user` and store the index in their folder.
+
+    `max_pairs` builds pairs from the most recent items only (each pair costs 1 + 42 + 41 + 40
+    prompt scorings at k = 3; the cluster is still assigned from the whole history);
+    `cluster` skips the cluster assignment when the caller already knows it.
+    """
     items = user.history()
     if history_limit is not None:
         items = items[-history_limit:]
@@ -275,13 +282,15 @@ def index_exact(
         )
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    cluster, _ = personalizer.assign_cluster([item.output for item in items])
+    if cluster is None:
+        cluster, _ = personalizer.assign_cluster([item.output for item in items])
     seconds["cluster"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    negatives = personalizer._cached_negatives(user, items, cluster, progress)
+    paired = items[-max_pairs:] if max_pairs is not None else items
+    negatives = personalizer._cached_negatives(user, paired, cluster, progress)
     seconds["negatives"] = time.perf_counter() - started
-    pairs = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
+    pairs = [(i, n) for i, n in zip(paired, negatives, strict=True) if n and n != i.output]
 
     started = time.perf_counter()
     adapter = personalizer.adapter_for("cluster", cluster)
@@ -309,7 +318,7 @@ def index_exact(
         k=k,
         n_items=len(items),
         n_pairs=len(pairs),
-        n_identical_skipped=len(items) - len(pairs),
+        n_identical_skipped=len(paired) - len(pairs),
         n_filtered_negative_gain=filtered,
         n_duplicates_merged=duplicates,
         n_indexed=len(kept),
