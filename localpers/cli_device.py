@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli_methods import EXTRA_METHODS, fit_method, fit_summary, rewrite_method
 from localpers.errors import LocalpersError
 from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
 from localpers.store import User, UserStore
@@ -79,6 +80,12 @@ def _fit_summary(user: str, report: FitReport) -> str:
 
 def fit_command(
     user: UserOption = None,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method", "-m", help="card (default), cope (train a user LoRA) or exact (attribute index)."
+        ),
+    ] = "card",
     history_limit: Annotated[
         int | None, typer.Option(min=1, help="Use only the N most recent items.")
     ] = None,
@@ -86,9 +93,16 @@ def fit_command(
     model: ModelOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit the user's cluster and vector from their history (everything stays on this machine)."""
+    """Fit the user from their history: CARD's cluster and vector, or CoPe/EXACT with --method (all on this machine)."""
+    if method not in ("card", *EXTRA_METHODS):
+        raise LocalpersError(f"unknown method {method!r}; choose one of: card, {', '.join(EXTRA_METHODS)}")
     target = UserStore().resolve(user)
     personalizer = Personalizer.open(model=model, bundle=bundle)
+    if method in EXTRA_METHODS:
+        with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+            extra = fit_method(method, personalizer, target, history_limit=history_limit, progress=progress)
+        typer.echo(json.dumps({"user": target.name, **extra}) if as_json else fit_summary(target.name, extra))
+        return
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         report = personalizer.fit_user(target, progress=progress, history_limit=history_limit)
     if as_json:
@@ -121,9 +135,14 @@ def rewrite_command(
     task: Annotated[
         str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
     ] = "headline",
-    method: Annotated[str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")] = "card",
+    method: Annotated[
+        str, typer.Option("--method", "-m", help=f"One of: {', '.join((*METHODS, *EXTRA_METHODS))}.")
+    ] = "card",
     strength: Annotated[
-        float | None, typer.Option(min=0.0, help="CARD strength α (default: the bundle's).")
+        float | None,
+        typer.Option(
+            min=0.0, help="CARD strength α (default: the bundle's); for cope, its contrastive α (0.3)."
+        ),
     ] = None,
     top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,
     max_tokens: Annotated[
@@ -141,15 +160,32 @@ def rewrite_command(
     store = UserStore()
     target = store.resolve(user) if (user or store.active_name() or method != "global") else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
+
+    def stream_piece(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    if method in EXTRA_METHODS:
+        payload = rewrite_method(
+            method,
+            personalizer,
+            target,
+            source,
+            task=task,
+            strength=strength,
+            max_tokens=max_tokens,
+            on_text=stream_piece if (stream and not as_json) else None,
+        )
+        if as_json:
+            typer.echo(json.dumps(payload, ensure_ascii=False))
+        else:
+            typer.echo("" if stream else payload["text"])
+        return
     cluster, vector = _profile_for_rewrite(target, method, personalizer)
     if method != "global" and cluster is None:
         if not as_json:
             typer.echo("note: this user has no history yet; using the global adapter", err=True)
         method = "global"
-
-    def stream_piece(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
 
     result = personalizer.rewrite(
         source,

@@ -1,0 +1,9 @@
+"""Other personalization methods in the same engine, to compare with CARD: CoPe and EXACT.
+
+- `cope`: a per-user LoRA trained on the device (`cope_train`) and contrastive decoding between the
+  user model and its base model (two llama.cpp contexts).
+- `exact`: greedy selection of preference attributes (`attributes`, the paper's 42 names) per
+  history pair, a prompt-level index, and retrieval of the nearest input's attributes at inference.
+- `profile`: the user's interpretable style profile (EXACT frequencies next to CARD's cluster).
+- `bench_methods`: adapters for the `localpers.bench` method registry.
+"""

@@ -1,0 +1,368 @@
+"""CoPe on the device: a per-user LoRA fitted from the history, and contrastive decoding against its base.
+
+Fit (`fit_cope`): assign the user's cluster, train a LoRA on the history with the cluster adapter
+(or the global one) merged into the backbone (`localpers.methods.cope_train`), and store it in the
+user's folder: the adapter goes to a new content-addressed file `cope-<sha16>.gguf`, then
+`cope.json` (the commit point) is replaced to name it, then stale adapters are removed, so an
+interrupted fit leaves the previous one usable.
+
+Decode (`CopeDecoder`): two llama.cpp contexts, one for the user model (backbone + base adapter +
+user LoRA, stacked into one adapter file, see `lora_files`) and one for the base model (backbone +
+base adapter). At every step, with `p_user` and `p_base` the two next-token distributions:
+
+    V = {w : p_user(w) >= tau * max p_user}          (plausibility set)
+    next token = argmax over V of  log p_user(w) - alpha * log p_base(w)
+
+(tau = 0.1, alpha = 0.3 as in the CoPe paper). It costs a second forward pass per token. The
+optional DPO step of the paper is not implemented. Nothing here opens a network connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.engine import Engine
+from localpers.errors import LocalpersError
+from localpers.generation import generate
+from localpers.history import HistoryItem
+from localpers.methods.cope_train import Example, SftConfig, train_user_lora
+from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
+from localpers.personalize import Personalizer, RewriteResult
+from localpers.store import User, atomic_write_text
+from localpers.tasks import get_task
+
+STATE_FILE = "cope.json"
+ADAPTER_PREFIX = "cope-"
+STATE_VERSION = 1
+DEFAULT_TAU = 0.1
+DEFAULT_ALPHA = 0.3
+_REFIT = "run `localpers fit --method cope`"
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class CopeState:
+    """What `cope.json` records about a user's CoPe fit."""
+
+    bundle_sha256: str
+    cluster: int | None
+    base_adapter: str
+    adapter_file: str
+    adapter_sha256: str
+    rank: int
+    alpha: float
+    n_items: int
+    steps: int
+    train_tokens: int
+    final_loss: float | None
+    precision: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    version: int = STATE_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_state(user: User) -> CopeState:
+    """The user's CoPe fit, checked against its adapter file; a one-line error when missing or damaged."""
+    path = user.dir / STATE_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_REFIT} --user {user.name}") from None
+    except (OSError, ValueError) as exc:
+        raise LocalpersError(f"{path} is damaged ({exc}); {_REFIT} --user {user.name}") from None
+    try:
+        state = CopeState(**raw)
+    except TypeError:
+        raise LocalpersError(f"{path} is damaged (unexpected fields); {_REFIT} --user {user.name}") from None
+    if state.version != STATE_VERSION:
+        raise LocalpersError(f"{path} has version {state.version}; {_REFIT} --user {user.name}")
+    adapter = adapter_path(user, state)
+    if not adapter.is_file():
+        raise LocalpersError(
+            f"{adapter} is missing although {STATE_FILE} names it; {_REFIT} --user {user.name}"
+        )
+    if _sha256(adapter) != state.adapter_sha256:
+        raise LocalpersError(
+            f"{adapter} does not match its sha256 in {STATE_FILE}; {_REFIT} --user {user.name}"
+        )
+    return state
+
+
+def adapter_path(user: User, state: CopeState) -> Path:
+    name = Path(state.adapter_file).name
+    if name != state.adapter_file or not name.startswith(ADAPTER_PREFIX) or not name.endswith(".gguf"):
+        raise LocalpersError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_REFIT}")
+    return user.dir / name
+
+
+def stored_bytes(user: User) -> int:
+    """Bytes CoPe keeps for the user: its state file and its adapter."""
+    files = [user.dir / STATE_FILE, *user.dir.glob(f"{ADAPTER_PREFIX}*.gguf")]
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
+def training_examples(engine: Engine, items: Sequence[HistoryItem], max_seq_len: int) -> list[Example]:
+    """BOS + the task prompt, then `" " + output + "\\n"`: what the device prefills and then generates."""
+    examples = []
+    for item in items:
+        prompt = engine.tokenize(get_task(item.task).prompt_for(item.input), add_bos=True)
+        target = engine.tokenize(" " + item.output.strip() + "\n", add_bos=False)[: max_seq_len // 2]
+        room = max_seq_len - len(target)
+        if len(prompt) > room:  # keep BOS and the end of the prompt, where the answer cue is
+            prompt = prompt[:1] + prompt[len(prompt) - room + 1 :]
+        examples.append(Example(tuple(prompt), tuple(target)))
+    return examples
+
+
+def fit_cope(
+    personalizer: Personalizer,
+    user: User,
+    *,
+    config: SftConfig | None = None,
+    base: str = "cluster",
+    history_limit: int | None = None,
+    cluster: int | None = None,
+    progress: Progress | None = None,
+) -> CopeState:
+    """Train the user's LoRA on their history and store it (atomically) in their folder.
+
+    `cluster` skips the cluster assignment when the caller already knows it.
+    """
+    config = config or SftConfig()
+    if base not in ("cluster", "global"):
+        raise LocalpersError(f"CoPe base must be 'cluster' or 'global', not {base!r}")
+    items = user.history()
+    if history_limit is not None:
+        items = items[-history_limit:]
+    if not items:
+        raise LocalpersError(
+            f"user {user.name!r} has no history: CoPe trains on it; add items with `localpers history import`"
+        )
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    if cluster is None:
+        cluster, _ = personalizer.assign_cluster([item.output for item in items])
+    base_adapter = personalizer.adapter_for("cluster", cluster) if base == "cluster" else "global"
+    seconds["cluster"] = time.perf_counter() - started
+
+    examples = training_examples(personalizer.engine, items, config.max_seq_len)
+    base_lora = read_lora_gguf(personalizer.bundle.adapter_path(base_adapter))
+    result = train_user_lora(personalizer.backbone.path, examples, base_lora, config, progress)
+    seconds.update(result.seconds)
+
+    started = time.perf_counter()
+    from localpers.adapters import write_lora_gguf
+
+    user.dir.mkdir(parents=True, exist_ok=True)
+    fresh = write_lora_gguf(
+        user.dir / f".{ADAPTER_PREFIX}new.gguf",
+        result.tensors,
+        alpha=config.alpha,
+        architecture=base_lora.architecture,
+        name=f"cope-{user.name}",
+    )
+    sha = _sha256(fresh)
+    final = user.dir / f"{ADAPTER_PREFIX}{sha[:16]}.gguf"
+    os.replace(fresh, final)
+    state = CopeState(
+        bundle_sha256=personalizer.bundle_sha256,
+        cluster=cluster,
+        base_adapter=base_adapter,
+        adapter_file=final.name,
+        adapter_sha256=sha,
+        rank=config.rank,
+        alpha=config.alpha,
+        n_items=len(items),
+        steps=result.steps,
+        train_tokens=result.tokens,
+        final_loss=result.losses[-1] if result.losses else None,
+        precision=result.precision,
+    )
+    seconds["export"] = time.perf_counter() - started
+    state.seconds = {k: round(v, 3) for k, v in seconds.items()}
+    atomic_write_text(user.dir / STATE_FILE, json.dumps(state.to_json(), indent=2) + "\n")
+    for stale in user.dir.glob(f"{ADAPTER_PREFIX}*.gguf"):
+        if stale.name != final.name:
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+    return state
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class ContrastiveStep:
+    """One decoding step: the plausible tokens and the one chosen (for tests and the Why view)."""
+
+    plausible: np.ndarray
+    chosen_by: np.ndarray  # the score of each plausible token, same order
+
+
+class ContrastiveHook:
+    """A `generate` hook turning the user model's logits into CoPe scores, keeping the base model in step.
+
+    The base engine is prefilled with the same prompt on construction; on each call it first evaluates
+    the tokens generated since the previous call, so both models always see the same prefix.
+    Tokens outside the plausibility set get -inf; inside it, `log p_user - alpha * log p_base`.
+    """
+
+    def __init__(
+        self,
+        base: Engine,
+        prompt_tokens: Sequence[int],
+        *,
+        tau: float = DEFAULT_TAU,
+        alpha: float = DEFAULT_ALPHA,
+        record: bool = False,
+    ) -> None:
+        if not 0.0 < tau <= 1.0:
+            raise LocalpersError(f"tau must be in (0, 1], got {tau}")
+        if alpha < 0.0:
+            raise LocalpersError(f"alpha must be >= 0, got {alpha}")
+        self.base = base
+        self.tau = tau
+        self.alpha = alpha
+        self.steps: list[ContrastiveStep] | None = [] if record else None
+        self._base_logits = base.prefill(list(prompt_tokens)).logits
+        self._synced = 0
+
+    def __call__(
+        self, logits: np.ndarray, features: np.ndarray | None, generated: Sequence[int]
+    ) -> np.ndarray:
+        while self._synced < len(generated):
+            self._base_logits = self.base.step(generated[self._synced]).logits
+            self._synced += 1
+        log_user = _log_softmax(logits)
+        plausible = np.flatnonzero(log_user >= log_user.max() + np.log(self.tau))
+        scores = log_user[plausible]
+        if self.alpha:
+            scores = scores - self.alpha * _log_softmax(self._base_logits)[plausible]
+        out = np.full(logits.shape, -np.inf, dtype=np.float32)
+        out[plausible] = scores
+        if self.steps is not None:
+            self.steps.append(ContrastiveStep(plausible, scores))
+        return out
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    values = np.asarray(logits, dtype=np.float32)
+    peak = values.max()
+    return values - (peak + np.log(np.exp(values - peak).sum(dtype=np.float64))).astype(np.float32)
+
+
+class CopeDecoder:
+    """The user model and the base model in two contexts of the same backbone, ready to decode one user."""
+
+    def __init__(
+        self, backbone: Path, user_adapter: Path, base_adapter: Path | None, *, n_ctx: int = 1024
+    ) -> None:
+        self.user = Engine(backbone, n_ctx=n_ctx, tap_layers=None)
+        self.base = Engine(backbone, n_ctx=n_ctx, tap_layers=None)
+        try:
+            self.user.set_adapter(self.user.load_adapter(user_adapter, "user"))
+            if base_adapter is not None:
+                self.base.set_adapter(self.base.load_adapter(base_adapter, "base"))
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def for_user(cls, personalizer: Personalizer, user: User, state: CopeState | None = None) -> CopeDecoder:
+        """Stack the bundle's base adapter and the user's LoRA (in a temporary file in the user's folder) and load both."""
+        state = state or load_state(user)
+        if state.bundle_sha256 != personalizer.bundle_sha256:
+            raise LocalpersError(
+                f"user {user.name!r}'s CoPe adapter was fitted with another bundle; {_REFIT} --user {user.name}"
+            )
+        base_path = personalizer.bundle.adapter_path(state.base_adapter)
+        fd, temp_name = tempfile.mkstemp(dir=user.dir, prefix=".cope-stacked-", suffix=".gguf")
+        os.close(fd)
+        stacked = Path(temp_name)
+        try:
+            write_stacked_lora(
+                stacked, [read_lora_gguf(base_path), read_lora_gguf(adapter_path(user, state))]
+            )
+            # llama.cpp copies the adapter's tensors when loading it, so the file can go right after.
+            return cls(personalizer.backbone.path, stacked, base_path)
+        finally:
+            stacked.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.user.close()
+        self.base.close()
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        tau: float = DEFAULT_TAU,
+        alpha: float = DEFAULT_ALPHA,
+        on_text: Callable[[str], None] | None = None,
+        record: bool = False,
+    ) -> tuple[Any, ContrastiveHook]:
+        """Contrastive greedy decoding; returns the `GenerationResult` and the hook (with its record)."""
+        tokens = self.user.tokenize(prompt)
+        started = time.perf_counter()
+        hook = ContrastiveHook(self.base, tokens, tau=tau, alpha=alpha, record=record)
+        base_prompt_seconds = time.perf_counter() - started
+        result = generate(self.user, tokens, max_tokens=max_tokens, stop=stop, hook=hook, on_text=on_text)
+        result.prompt_seconds += base_prompt_seconds
+        return result, hook
+
+
+def rewrite_cope(
+    decoder: CopeDecoder,
+    state: CopeState,
+    text: str,
+    *,
+    task: str = "headline",
+    tau: float = DEFAULT_TAU,
+    alpha: float = DEFAULT_ALPHA,
+    max_tokens: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+) -> RewriteResult:
+    """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha)."""
+    chosen = get_task(task)
+    started = time.perf_counter()
+    result, _ = decoder.generate(
+        chosen.prompt_for(text),
+        max_tokens=max_tokens or chosen.default_max_tokens,
+        stop=chosen.stop_strings,
+        tau=tau,
+        alpha=alpha,
+        on_text=on_text,
+    )
+    return RewriteResult(
+        text=result.text.strip() if chosen.one_line else result.text,
+        method="cope",
+        task=chosen.name,
+        cluster=state.cluster,
+        adapter=f"{state.base_adapter}+user",
+        strength=alpha,
+        top_k=None,
+        tokens=len(result.tokens),
+        prompt_ms=round(1000 * result.prompt_seconds, 2),
+        ms_per_token=round(result.ms_per_token, 3),
+        total_ms=round(1000 * (time.perf_counter() - started), 2),
+    )

@@ -1,0 +1,337 @@
+"""CoPe's per-user LoRA: supervised fine-tuning on the user's history, on the device, with torch + peft.
+
+The base model is the GGUF backbone (dequantised to fp32 by `transformers`) with the user's cluster
+(or the global) adapter merged into its weights; a fresh LoRA on top of it is trained with
+cross-entropy on the output tokens only (the LM head is applied at target positions only: the
+262,144-token vocabulary would otherwise dominate the cost). The trained LoRA is returned as GGUF
+tensors (`{blk.N.attn_q.weight: (A, B)}`) for `localpers.adapters.write_lora_gguf`.
+
+The backbone is loaded once per process (about 40 s) and wrapped with peft once; every user's fit
+resets the LoRA weights and merges, then unmerges, its base adapter. Needs the `[publish]` extra
+(torch, transformers, peft, gguf). It writes no files and does not decode (see `localpers.methods.cope`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+from localpers.methods.lora_files import LoraFile, Tensors
+
+# GGUF block weight -> (transformers submodule, peft target name)
+GGUF_TO_TORCH = {
+    "attn_q": ("self_attn", "q_proj"),
+    "attn_k": ("self_attn", "k_proj"),
+    "attn_v": ("self_attn", "v_proj"),
+    "attn_output": ("self_attn", "o_proj"),
+    "ffn_gate": ("mlp", "gate_proj"),
+    "ffn_up": ("mlp", "up_proj"),
+    "ffn_down": ("mlp", "down_proj"),
+}
+_TORCH_TO_GGUF = {proj: gguf for gguf, (_, proj) in GGUF_TO_TORCH.items()}
+_GGUF_WEIGHT = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_PEFT_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+PAD_MULTIPLE = 16
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    """How the user LoRA is trained. Defaults: small and short, for a CPU and a ~20-100 item history."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+    targets: tuple[str, ...] = tuple(GGUF_TO_TORCH)
+    epochs: float = 3.0
+    max_steps: int | None = None
+    batch_size: int = 4
+    learning_rate: float = 2e-4
+    max_seq_len: int = 256
+    seed: int = 0
+    threads: int | None = None
+    precision: str = "auto"  # "auto" (bf16 when the CPU has it), "bf16" or "fp32"
+
+
+@dataclass(frozen=True)
+class Example:
+    """BOS + prompt tokens, then the target tokens the loss is taken on."""
+
+    prompt: tuple[int, ...]
+    target: tuple[int, ...]
+
+
+@dataclass
+class SftResult:
+    tensors: Tensors
+    steps: int
+    tokens: int
+    losses: list[float]
+    precision: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def _quiet_transformers() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+
+
+def _require_training_extra() -> None:
+    try:
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise LocalpersError(
+            f"CoPe trains a LoRA on this machine and needs the publish extra ({exc.name} is missing): "
+            "pip install 'localpers[publish]'"
+        ) from None
+
+
+def lora_model(backbone: Path, config: SftConfig) -> Any:
+    """The peft-wrapped fp32 backbone for `config`'s LoRA shape, loaded once per process."""
+    key = ("lora", str(backbone), config.rank, config.alpha, config.dropout, config.targets)
+    if key in _cache:
+        return _cache[key]
+    _require_training_extra()
+    _quiet_transformers()
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    for old in [k for k in _cache if k[0] == "lora" and k[1] == str(backbone)]:
+        _cache.pop(old)  # a different LoRA shape: drop the old wrapping (and its backbone copy)
+    unknown = [t for t in config.targets if t not in GGUF_TO_TORCH]
+    if unknown:
+        raise LocalpersError(f"unknown LoRA target(s) {unknown}; choose from {', '.join(GGUF_TO_TORCH)}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(backbone.parent), gguf_file=backbone.name, dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise LocalpersError(f"transformers could not load {backbone} for training: {exc}") from None
+    model.requires_grad_(False)
+    peft_config = LoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=[GGUF_TO_TORCH[t][1] for t in config.targets],
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(config.seed)
+    wrapped = get_peft_model(model, peft_config)
+    _cache[key] = wrapped
+    _cache[key + ("fresh",)] = _lora_state(wrapped)
+    return wrapped
+
+
+def _lora_state(model: Any) -> dict[str, Any]:
+    from peft import get_peft_model_state_dict
+
+    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+def _reset_lora(model: Any, backbone: Path, config: SftConfig) -> None:
+    from peft import set_peft_model_state_dict
+
+    key = ("lora", str(backbone), config.rank, config.alpha, config.dropout, config.targets, "fresh")
+    set_peft_model_state_dict(model, _cache[key])
+
+
+def _linear(model: Any, layer: int, gguf_kind: str) -> Any:
+    """The frozen `nn.Linear` of block `layer` that a GGUF weight name refers to (under peft's wrapper)."""
+    causal_lm = model.get_base_model()
+    group, projection = GGUF_TO_TORCH[gguf_kind]
+    module = getattr(getattr(causal_lm.model.layers[layer], group), projection)
+    return getattr(module, "base_layer", module)
+
+
+@contextlib.contextmanager
+def merged(model: Any, adapter: LoraFile | None) -> Iterator[None]:
+    """Add `adapter`'s update to the backbone weights for the duration of the block, then remove it."""
+    if adapter is None:
+        yield
+        return
+    import torch
+
+    deltas = []
+    for name, (lora_a, lora_b) in adapter.scaled().items():
+        match = _GGUF_WEIGHT.fullmatch(name)
+        if match is None or match.group(2) not in GGUF_TO_TORCH:
+            raise LocalpersError(f"base adapter tensor {name!r} is not a block weight this trainer knows")
+        linear = _linear(model, int(match.group(1)), match.group(2))
+        delta = torch.from_numpy(lora_b @ lora_a)
+        if tuple(delta.shape) != tuple(linear.weight.shape):
+            raise LocalpersError(
+                f"base adapter {name}: update {tuple(delta.shape)} does not fit weight {tuple(linear.weight.shape)}"
+            )
+        deltas.append((linear, delta))
+    with torch.no_grad():
+        for linear, delta in deltas:
+            linear.weight += delta
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for linear, delta in deltas:
+                linear.weight -= delta
+
+
+def make_batch(examples: Sequence[Example]) -> dict[str, Any]:
+    """Right-padded ids and mask, and the (row, position) whose hidden state predicts each target token."""
+    import torch
+
+    longest = max(len(e.prompt) + len(e.target) for e in examples)
+    length = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE  # few distinct shapes, fewer kernel re-JITs
+    ids = torch.zeros((len(examples), length), dtype=torch.long)
+    mask = torch.zeros((len(examples), length), dtype=torch.long)
+    rows, positions, labels = [], [], []
+    for row, example in enumerate(examples):
+        sequence = list(example.prompt) + list(example.target)
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+        for offset, token in enumerate(example.target):
+            rows.append(row)
+            positions.append(len(example.prompt) + offset - 1)
+            labels.append(token)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "rows": torch.tensor(rows),
+        "positions": torch.tensor(positions),
+        "labels": torch.tensor(labels),
+        "n_tokens": int(mask.sum()),
+    }
+
+
+def target_losses(model: Any, batch: dict[str, Any]) -> Any:
+    """Cross-entropy of each target token, `(n_targets,)`."""
+    import torch
+    import torch.nn.functional as functional
+
+    causal_lm = model.get_base_model()
+    hidden = causal_lm.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state
+    logits = causal_lm.lm_head(hidden[batch["rows"], batch["positions"]])
+    cap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = handle.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def train_user_lora(
+    backbone: Path,
+    examples: Sequence[Example],
+    base_adapter: LoraFile | None,
+    config: SftConfig | None = None,
+    progress: Progress | None = None,
+) -> SftResult:
+    """Fit a fresh LoRA to `examples` on top of `backbone + base_adapter`; returns its GGUF tensors."""
+    config = config or SftConfig()
+    if not examples:
+        raise LocalpersError("CoPe needs at least one history item to train on")
+    import torch
+
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    model = lora_model(backbone, config)
+    seconds["load"] = time.perf_counter() - started
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    precision = config.precision
+    if precision == "auto":
+        precision = "bf16" if _cpu_has_bf16() else "fp32"
+    steps = max(1, math.ceil(config.epochs * len(examples) / config.batch_size))
+    if config.max_steps:
+        steps = min(steps, config.max_steps)
+    rng = np.random.default_rng(config.seed)
+    order: list[int] = []
+    while len(order) < steps * config.batch_size:
+        order.extend(int(i) for i in rng.permutation(len(examples)))
+
+    started = time.perf_counter()
+    _reset_lora(model, backbone, config)
+    torch.manual_seed(config.seed)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * (1.0 - 0.9 * step / max(1, steps))
+    )
+    losses: list[float] = []
+    tokens = 0
+    autocast = (
+        torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    )
+    with merged(model, base_adapter):
+        model.train()
+        for step in range(steps):
+            batch = make_batch(
+                [examples[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
+            )
+            with autocast:
+                loss = target_losses(model, batch).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(round(float(loss.detach()), 4))
+            tokens += batch["n_tokens"]
+            if progress:
+                progress("train", step + 1, steps)
+        model.eval()
+    seconds["train"] = time.perf_counter() - started
+    return SftResult(
+        tensors=gguf_tensors(_lora_state(model)),
+        steps=steps,
+        tokens=tokens,
+        losses=losses,
+        precision=precision,
+        seconds=seconds,
+    )
+
+
+def gguf_tensors(state: dict[str, Any]) -> Tensors:
+    """`{blk.N.<kind>.weight: (A (r, in), B (out, r))}` from a peft LoRA state dict."""
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    for key, tensor in state.items():
+        match = _PEFT_KEY.match(key)
+        if match is None or match.group(2) not in _TORCH_TO_GGUF:
+            raise LocalpersError(f"unexpected LoRA tensor {key!r}; cannot map it to a GGUF weight name")
+        layer, projection, which = match.groups()
+        name = f"blk.{layer}.{_TORCH_TO_GGUF[projection]}.weight"
+        pairs.setdefault(name, {})[which] = tensor.detach().float().numpy()
+    return {name: (ab["A"], ab["B"]) for name, ab in pairs.items()}

@@ -1,0 +1,417 @@
+"""EXACT on the device: per-pair greedy attribute selection, a prompt-level index, retrieval at inference.
+
+Indexing (`index_exact`), for each preference pair of the user's history (`y+` = the user's output,
+`y-` = the cluster model's greedy output, shared with CARD's fit through `negatives.json`):
+
+    F(A) = log p(y+ | x, A) - log p(y- | x, A)       under the cluster model
+    greedy: A = {}; k times, add the attribute a maximising F(A + {a})         (EXACT Algorithm 1)
+
+The attribute set enters the prompt as a line after the input, `Attributes: <A1, A2, a>`, just before
+the answer cue, so every candidate prompt of a greedy step shares the article and the attributes
+already chosen; `PrefixScorer` keeps those in the KV cache and evaluates only the candidate's name,
+`y+` and `y-`. Pairs whose selected set does not beat the plain prompt (`F(A) < F({})`, the
+non-negative gain filter) are left out of the index, and a repeated input keeps its best set.
+The index (sentence-encoder embedding of each input -> attribute set) goes to the user's folder as
+one safetensors file, written atomically.
+
+Inference (`retrieve`, `rewrite_exact`): embed the new input, take the nearest indexed input
+(cosine) and generate with the cluster model on the prompt with that input's attribute line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.methods.attributes import ATTRIBUTES, attribute_line
+from localpers.methods.scoring import PrefixScorer
+from localpers.personalize import Personalizer, RewriteResult
+from localpers.store import User, atomic_write_bytes
+from localpers.tasks import get_task
+
+INDEX_FILE = "exact-index.safetensors"
+INDEX_VERSION = 1
+DEFAULT_K = 3
+_REFIT = "run `localpers fit --method exact`"
+
+Progress = Callable[[str, int, int], None]
+MarginFunction = Callable[[tuple[str, ...]], float]
+
+
+# --------------------------------------------------------------------------------------- greedy selection
+
+
+@dataclass
+class Selection:
+    """The attributes greedy search chose for one pair, with the objective along the way."""
+
+    attributes: tuple[str, ...]
+    margin: float  # F(A) for the chosen set
+    base_margin: float  # F({}) : the plain prompt
+    step_margins: list[float] = field(default_factory=list)  # F after each added attribute
+    evaluations: int = 0
+
+    @property
+    def gain(self) -> float:
+        return self.margin - self.base_margin
+
+
+def greedy_select(
+    margin: MarginFunction, library: Sequence[str] = ATTRIBUTES, k: int = DEFAULT_K
+) -> Selection:
+    """EXACT's Algorithm 1 for one pair: k times, add the attribute whose addition maximises `margin`.
+
+    `margin(attributes)` is F(A) for an ordered tuple of attribute names (the prompt lists them in
+    the order they were chosen). Ties go to the attribute listed first in `library`.
+    """
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    chosen: tuple[str, ...] = ()
+    base = margin(chosen)
+    step_margins: list[float] = []
+    evaluations = 1
+    for _ in range(min(k, len(library))):
+        best_name, best_value = None, -np.inf
+        for name in library:
+            if name in chosen:
+                continue
+            value = margin((*chosen, name))
+            evaluations += 1
+            if value > best_value:
+                best_name, best_value = name, value
+        assert best_name is not None
+        chosen = (*chosen, best_name)
+        step_margins.append(float(best_value))
+    return Selection(chosen, step_margins[-1], float(base), step_margins, evaluations)
+
+
+# --------------------------------------------------------------------------------------- prompts and scoring
+
+
+def attributed_input(text: str, attributes: Sequence[str]) -> str:
+    """The input with EXACT's attribute line after it (unchanged when there are no attributes)."""
+    return f"{text.rstrip()}\n{attribute_line(attributes)}" if attributes else text
+
+
+def input_body(task: str, text: str) -> str:
+    """The input without the task's instruction: what the index embeds (the instruction is the same for all)."""
+    chosen = get_task(task)
+    stripped = text.strip()
+    if chosen.instruction and stripped.startswith(chosen.instruction):
+        stripped = stripped[len(chosen.instruction) :].strip()
+    return stripped
+
+
+class PairMargins:
+    """F(A) for one (x, y+, y-) on the engine's active adapter, through a shared `PrefixScorer`."""
+
+    def __init__(self, scorer: PrefixScorer, item: HistoryItem, negative: str) -> None:
+        engine = scorer.engine
+        self.scorer = scorer
+        self.item = item
+        self.positive = engine.tokenize(" " + item.output, add_bos=False)
+        self.negative = engine.tokenize(" " + negative, add_bos=False)
+
+    def __call__(self, attributes: tuple[str, ...]) -> float:
+        prompt = get_task(self.item.task).prompt_for(attributed_input(self.item.input, attributes))
+        plus, minus = self.scorer.score(self.scorer.engine.tokenize(prompt), [self.positive, self.negative])
+        return plus - minus
+
+
+# --------------------------------------------------------------------------------------- the index
+
+
+@dataclass
+class IndexEntry:
+    item_id: str
+    task: str
+    input: str
+    attributes: list[str]
+    margin: float
+    base_margin: float
+
+
+@dataclass
+class ExactIndex:
+    """A user's EXACT memory: one attribute set per indexed input, and the inputs' embeddings."""
+
+    entries: list[IndexEntry]
+    embeddings: np.ndarray  # (n, dim) float32, L2-normalised, row i embeds entries[i].input
+    meta: dict[str, Any]
+
+    def save(self, path: Path) -> None:
+        from safetensors.numpy import save
+
+        payload = {
+            "version": INDEX_VERSION,
+            "meta": self.meta,
+            "entries": [asdict(e) for e in self.entries],
+        }
+        data = save(
+            {"embeddings": np.ascontiguousarray(self.embeddings, dtype=np.float32)},
+            metadata={"exact": json.dumps(payload, ensure_ascii=False)},
+        )
+        atomic_write_bytes(path, data)
+
+    @classmethod
+    def load(cls, path: Path, user_name: str = "") -> ExactIndex:
+        from safetensors import safe_open
+
+        fix = f"{_REFIT}" + (f" --user {user_name}" if user_name else "")
+        if not path.is_file():
+            who = f"user {user_name!r}" if user_name else str(path.parent)
+            raise LocalpersError(f"{who} has no EXACT index: {fix}")
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                embeddings = handle.get_tensor("embeddings")
+                payload = json.loads((handle.metadata() or {})["exact"])
+            entries = [IndexEntry(**e) for e in payload["entries"]]
+            meta = dict(payload["meta"])
+            version = payload["version"]
+        except Exception as exc:  # safetensors and json raise several types for a damaged file
+            raise LocalpersError(f"{path} is damaged ({type(exc).__name__}); {fix}") from None
+        if version != INDEX_VERSION:
+            raise LocalpersError(f"{path} has version {version}; {fix}")
+        if embeddings.ndim != 2 or len(embeddings) != len(entries):
+            raise LocalpersError(
+                f"{path} is damaged ({len(entries)} entries, {embeddings.shape} embeddings); {fix}"
+            )
+        return cls(entries, embeddings.astype(np.float32), meta)
+
+    def nearest(self, query: np.ndarray) -> tuple[IndexEntry, float] | None:
+        """The entry whose input embedding is closest (cosine) to `query`; None for an empty index."""
+        if not self.entries:
+            return None
+        similarities = self.embeddings @ np.asarray(query, dtype=np.float32)
+        best = int(np.argmax(similarities))
+        return self.entries[best], float(similarities[best])
+
+    def frequencies(self) -> list[tuple[str, int]]:
+        """How many indexed inputs use each attribute, most used first (ties: library order)."""
+        counts = Counter(name for entry in self.entries for name in entry.attributes)
+        order = {name: i for i, name in enumerate(self.meta.get("library", ATTRIBUTES))}
+        return sorted(counts.items(), key=lambda kv: (-kv[1], order.get(kv[0], len(order))))
+
+
+def keep_for_index(
+    selections: Sequence[tuple[HistoryItem, Selection]],
+) -> tuple[dict[str, tuple[HistoryItem, Selection]], int, int]:
+    """The pairs the index keeps, by input body: `(kept, n_negative_gain, n_duplicates)`.
+
+    A pair whose attributes lower the margin below the plain prompt's is dropped (the non-negative
+    gain filter); of several pairs with the same input, the one with the largest margin stays.
+    """
+    best: dict[str, tuple[HistoryItem, Selection]] = {}
+    filtered = duplicates = 0
+    for item, selection in selections:
+        if selection.gain < 0:
+            filtered += 1
+            continue
+        key = input_body(item.task, item.input)
+        if key in best:
+            duplicates += 1
+            if best[key][1].margin >= selection.margin:
+                continue
+        best[key] = (item, selection)
+    return best, filtered, duplicates
+
+
+def index_path(user: User) -> Path:
+    return user.dir / INDEX_FILE
+
+
+def load_index(user: User) -> ExactIndex:
+    return ExactIndex.load(index_path(user), user.name)
+
+
+@dataclass
+class ExactReport:
+    """What `index_exact` did (stored in the index's meta and printed by the CLI)."""
+
+    cluster: int | None
+    adapter: str
+    k: int
+    n_items: int
+    n_pairs: int
+    n_identical_skipped: int
+    n_filtered_negative_gain: int
+    n_duplicates_merged: int
+    n_indexed: int
+    margin_evaluations: int
+    tokens_evaluated: int
+    tokens_without_reuse: int
+    mean_gain: float | None
+    seconds: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def index_exact(
+    personalizer: Personalizer,
+    user: User,
+    *,
+    k: int = DEFAULT_K,
+    library: Sequence[str] = ATTRIBUTES,
+    history_limit: int | None = None,
+    max_pairs: int | None = None,
+    cluster: int | None = None,
+    progress: Progress | None = None,
+) -> ExactReport:
+    """Select attributes for every preference pair of `user` and store the index in their folder.
+
+    `max_pairs` builds pairs from the most recent items only (each pair costs 1 + 42 + 41 + 40
+    prompt scorings at k = 3; the cluster is still assigned from the whole history);
+    `cluster` skips the cluster assignment when the caller already knows it.
+    """
+    items = user.history()
+    if history_limit is not None:
+        items = items[-history_limit:]
+    if not items:
+        raise LocalpersError(
+            f"user {user.name!r} has no history: EXACT learns from it; add items with `localpers history import`"
+        )
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    if cluster is None:
+        cluster, _ = personalizer.assign_cluster([item.output for item in items])
+    seconds["cluster"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    paired = items[-max_pairs:] if max_pairs is not None else items
+    negatives = personalizer._cached_negatives(user, paired, cluster, progress)
+    seconds["negatives"] = time.perf_counter() - started
+    pairs = [(i, n) for i, n in zip(paired, negatives, strict=True) if n and n != i.output]
+
+    started = time.perf_counter()
+    adapter = personalizer.adapter_for("cluster", cluster)
+    personalizer.engine.set_adapter(adapter)
+    scorer = PrefixScorer(personalizer.engine)
+    selections = []
+    for done, (item, negative) in enumerate(pairs):
+        selections.append((item, greedy_select(PairMargins(scorer, item, negative), library, k)))
+        if progress:
+            progress("attributes", done + 1, len(pairs))
+    best, filtered, duplicates = keep_for_index(selections)
+    evaluations = sum(selection.evaluations for _, selection in selections)
+    gains = [selection.gain for _, selection in selections]
+    seconds["selection"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    from localpers.encoder import embed_texts
+
+    kept = list(best.items())
+    embeddings = embed_texts([key for key, _ in kept])
+    seconds["embed"] = time.perf_counter() - started
+    report = ExactReport(
+        cluster=cluster,
+        adapter=adapter,
+        k=k,
+        n_items=len(items),
+        n_pairs=len(pairs),
+        n_identical_skipped=len(paired) - len(pairs),
+        n_filtered_negative_gain=filtered,
+        n_duplicates_merged=duplicates,
+        n_indexed=len(kept),
+        margin_evaluations=evaluations,
+        tokens_evaluated=scorer.evaluated_tokens,
+        tokens_without_reuse=scorer.requested_tokens,
+        mean_gain=round(float(np.mean(gains)), 4) if gains else None,
+        seconds={name: round(value, 3) for name, value in seconds.items()},
+    )
+    entries = [
+        IndexEntry(
+            item.id,
+            item.task,
+            item.input,
+            list(sel.attributes),
+            round(sel.margin, 4),
+            round(sel.base_margin, 4),
+        )
+        for _, (item, sel) in kept
+    ]
+    meta = {
+        "bundle_sha256": personalizer.bundle_sha256,
+        "cluster": cluster,
+        "adapter": adapter,
+        "k": k,
+        "library": list(library),
+        "report": report.to_json(),
+    }
+    ExactIndex(entries, embeddings, meta).save(index_path(user))
+    return report
+
+
+# --------------------------------------------------------------------------------------- inference
+
+
+@dataclass
+class Retrieval:
+    """The attributes retrieved for an input and where they came from."""
+
+    attributes: list[str]
+    similarity: float | None
+    item_id: str | None
+    matched_input: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
+    """The attribute set of the indexed input nearest to `text` (none when the index is empty)."""
+    from localpers.encoder import embed_texts
+
+    found = index.nearest(embed_texts([input_body(task, text)])[0])
+    if found is None:
+        return Retrieval([], None, None, None)
+    entry, similarity = found
+    return Retrieval(list(entry.attributes), round(similarity, 4), entry.item_id, entry.input)
+
+
+def check_bundle(index: ExactIndex, personalizer: Personalizer, user_name: str) -> None:
+    if index.meta.get("bundle_sha256") != personalizer.bundle_sha256:
+        raise LocalpersError(
+            f"user {user_name!r}'s EXACT index was built with another bundle; {_REFIT} --user {user_name}"
+        )
+
+
+def rewrite_exact(
+    personalizer: Personalizer,
+    index: ExactIndex,
+    text: str,
+    *,
+    task: str = "headline",
+    max_tokens: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+) -> tuple[RewriteResult, Retrieval]:
+    """Generate with the cluster model on the prompt carrying the retrieved attribute line."""
+    started = time.perf_counter()
+    retrieval = retrieve(index, text, task)
+    retrieval_ms = 1000 * (time.perf_counter() - started)
+    cluster = index.meta.get("cluster")
+    result = personalizer.rewrite(
+        attributed_input(text, retrieval.attributes),
+        task=task,
+        method="cluster",
+        cluster=cluster,
+        max_tokens=max_tokens,
+        on_text=on_text,
+    )
+    # Retrieval (one encoder call) is part of EXACT's prompt cost.
+    result = replace(
+        result,
+        method="exact",
+        prompt_ms=round(result.prompt_ms + retrieval_ms, 2),
+        total_ms=round(result.total_ms + retrieval_ms, 2),
+    )
+    return result, retrieval

@@ -1,0 +1,56 @@
+"""A user's interpretable style profile: EXACT's attribute frequencies next to CARD's cluster.
+
+`user_style_profile(user, text=None)` reads what the fits stored in the user's folder (the EXACT index,
+CARD's state.json) and, given a text, retrieves the attributes EXACT would use for it (one sentence-
+encoder call). It loads no language model and writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localpers.errors import LocalpersError
+from localpers.methods.exact import index_path, load_index, retrieve
+from localpers.store import User
+
+
+def card_summary(user: User) -> dict[str, Any] | None:
+    """CARD's cluster and fit mode from state.json, or None when the user was never fitted."""
+    state = user.state()
+    fit = state.get("fit")
+    if not isinstance(fit, dict):
+        return None
+    return {
+        "cluster": state.get("cluster"),
+        "mode": fit.get("mode"),
+        "cluster_similarities": fit.get("cluster_similarities"),
+        "n_pairs": fit.get("n_pairs"),
+        "heldout_accuracy": fit.get("heldout_accuracy"),
+    }
+
+
+def user_style_profile(user: User, text: str | None = None, task: str = "headline") -> dict[str, Any]:
+    """Attribute frequencies (EXACT), the attributes for `text`, and CARD's cluster, as one JSON-ready dict."""
+    card = card_summary(user)
+    if not index_path(user).is_file():
+        if card is None:
+            raise LocalpersError(
+                f"user {user.name!r} has no profile yet: run `localpers fit --method exact --user {user.name}`"
+                " (and `localpers fit` for CARD's cluster)"
+            )
+        exact = None
+    else:
+        index = load_index(user)
+        n = len(index.entries)
+        exact = {
+            "k": index.meta.get("k"),
+            "cluster": index.meta.get("cluster"),
+            "indexed_inputs": n,
+            "frequencies": [
+                {"attribute": name, "count": count, "share": round(count / n, 4)}
+                for name, count in index.frequencies()
+            ],
+        }
+        if text is not None:
+            exact["retrieved"] = retrieve(index, text, task).to_json()
+    return {"user": user.name, "exact": exact, "card": card}

@@ -1,0 +1,147 @@
+"""CoPe: contrastive decoding on two contexts, stacked adapters, the device SFT, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic_bundle import make_bundle
+from typer.testing import CliRunner
+
+from localpers.adapters import random_lora
+from localpers.backbone import Backbone
+from localpers.bundle import open_bundle
+from localpers.cli import app
+from localpers.engine import Engine
+from localpers.errors import LocalpersError
+from localpers.generation import generate
+from localpers.history import HistoryItem
+from localpers.methods.cope import CopeDecoder, fit_cope, load_state, stored_bytes
+from localpers.methods.cope_train import SftConfig
+from localpers.methods.lora_files import LoraFile, read_lora_gguf, write_stacked_lora
+from localpers.personalize import Personalizer
+from localpers.store import UserStore
+
+PROMPT = "Generate a headline for the following article: The city opened a new bike lane along the river.\nHeadline:"
+
+
+@pytest.fixture(scope="module")
+def adapters(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("adapters")
+    return {
+        "user": random_lora(backbone.path, folder / "user.gguf", rank=4, std=0.05, seed=11),
+        "base": random_lora(backbone.path, folder / "base.gguf", rank=4, std=0.05, seed=12),
+    }
+
+
+@pytest.fixture(scope="module")
+def decoder(backbone: Backbone, adapters: dict[str, Path]) -> CopeDecoder:
+    loaded = CopeDecoder(backbone.path, adapters["user"], adapters["base"], n_ctx=256)
+    yield loaded
+    loaded.close()
+
+
+def test_chosen_tokens_are_always_plausible_under_the_user_model(decoder: CopeDecoder) -> None:
+    tau, alpha = 0.05, 3.0
+    result, hook = decoder.generate(PROMPT, max_tokens=16, tau=tau, alpha=alpha, record=True)
+    assert len(result.tokens) >= 4
+    # Independent check: teacher-force the output through the user model alone.
+    prompt = decoder.user.tokenize(PROMPT)
+    scored = decoder.user.score(prompt, [result.tokens], keep_logits=True)[0]
+    left_argmax = 0
+    for t, token in enumerate(result.tokens):
+        row = scored.logits[t].astype(np.float64)
+        probs = np.exp(row - row.max())
+        probs /= probs.sum()
+        assert probs[token] >= tau * probs.max() - 1e-6, f"step {t} chose an implausible token"
+        assert token in hook.steps[t].plausible
+        left_argmax += token != int(np.argmax(row))
+    assert left_argmax >= 1, "the contrast never changed a choice; the test would not notice a broken hook"
+
+
+def test_alpha_zero_is_plain_greedy_decoding_of_the_user_model(decoder: CopeDecoder) -> None:
+    contrastive, _ = decoder.generate(PROMPT, max_tokens=12, alpha=0.0)
+    plain = generate(decoder.user, PROMPT, max_tokens=12)
+    assert contrastive.tokens == plain.tokens
+
+
+def test_stacked_adapter_is_the_sum_of_its_parts(
+    backbone: Backbone, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    lora = read_lora_gguf(adapters["user"])
+    negated = LoraFile({k: (a, -b) for k, (a, b) in lora.tensors.items()}, lora.alpha, lora.architecture)
+    write_stacked_lora(tmp_path / "same.gguf", [lora])
+    write_stacked_lora(tmp_path / "cancel.gguf", [lora, negated])
+    engine = Engine(backbone.path, n_ctx=128, tap_layers=None)
+    try:
+        for name in ("same", "cancel"):
+            engine.load_adapter(tmp_path / f"{name}.gguf", name)
+        engine.load_adapter(adapters["user"], "user")
+        tokens = engine.tokenize(PROMPT)
+        logits = {}
+        for name in (None, "user", "same", "cancel"):
+            engine.set_adapter(name)
+            logits[name] = engine.prefill(tokens).logits
+    finally:
+        engine.close()
+    assert np.abs(logits["user"] - logits[None]).max() > 0.5  # the adapter matters
+    assert np.abs(logits["same"] - logits["user"]).max() < 1e-2
+    assert np.abs(logits["cancel"] - logits[None]).max() < 1e-2
+
+
+def test_missing_cope_state_is_refused_by_the_api_and_the_cli(backbone: Backbone, tmp_path: Path) -> None:
+    user = UserStore().create("nocope")
+    with pytest.raises(LocalpersError, match="fit --method cope"):
+        load_state(user)
+    bundle = make_bundle(tmp_path / "bundle", backbone)
+    result = CliRunner().invoke(
+        app, ["rewrite", "Some article.", "--method", "cope", "--user", "nocope", "--bundle", str(bundle)]
+    )
+    assert result.exit_code == 1
+    assert "no CoPe adapter" in result.output and "Traceback" not in result.output
+    assert "\n" not in result.output.strip()
+
+
+@pytest.mark.slow
+def test_device_sft_fits_stores_and_decodes(backbone: Backbone, tmp_path: Path) -> None:
+    """One tiny real fit (rank 2, 3 steps): stored atomically, loads in llama.cpp, moves the user model."""
+    personalizer = Personalizer(
+        open_bundle(make_bundle(tmp_path / "bundle", backbone), backbone_sha256=backbone.sha256), backbone
+    )
+    user = UserStore().create("coper")
+    user.save_history(
+        [
+            HistoryItem.create("headline", f"Generate a headline for the following article: {a}", h)
+            for a, h in [
+                ("The zoo welcomed two baby pandas.", "TWO BABY PANDAS, ADORABLE!!!"),
+                ("Bus fares will drop for students.", "BUS FARES HALVED, GREAT!!!"),
+                ("A storm cut power overnight.", "STORM CUTS POWER, WOW!!!"),
+            ]
+        ]
+    )
+    try:
+        config = SftConfig(rank=2, alpha=4.0, max_steps=3, batch_size=2, learning_rate=5e-3)
+        state = fit_cope(personalizer, user, config=config)
+        assert state.steps == 3 and state.rank == 2 and state.n_items == 3
+        assert load_state(user).adapter_sha256 == state.adapter_sha256
+        assert stored_bytes(user) > 10_000
+        trained = read_lora_gguf(user.dir / state.adapter_file)
+        assert trained.alpha == 4.0 and all(np.abs(b).max() > 0 for _, b in trained.tensors.values())
+        decoder = CopeDecoder.for_user(personalizer, user, state)
+        try:
+            assert not list(user.dir.glob(".cope-stacked-*")), "the temporary stacked adapter was left behind"
+            prompt = decoder.user.tokenize(PROMPT)
+            user_logits = decoder.user.prefill(prompt).logits
+            base_logits = decoder.base.prefill(prompt).logits
+            assert np.abs(user_logits - base_logits).max() > 1e-2
+            result, _ = decoder.generate(PROMPT, max_tokens=8)
+            assert result.tokens
+        finally:
+            decoder.close()
+        second = fit_cope(
+            personalizer, user, config=config
+        )  # refit replaces the adapter, leaves no stale file
+        assert [p.name for p in user.dir.glob("cope-*.gguf")] == [second.adapter_file]
+    finally:
+        personalizer.close()

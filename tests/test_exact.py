@@ -1,0 +1,236 @@
+"""EXACT: greedy attribute selection, KV-prefix scoring, the index, retrieval, profile and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic_bundle import make_bundle
+from typer.testing import CliRunner
+
+from localpers.adapters import random_lora
+from localpers.backbone import Backbone
+from localpers.bundle import open_bundle
+from localpers.cli import app
+from localpers.engine import Engine
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.methods.attributes import ATTRIBUTES, attribute_line
+from localpers.methods.exact import (
+    ExactIndex,
+    IndexEntry,
+    PairMargins,
+    Selection,
+    greedy_select,
+    index_exact,
+    keep_for_index,
+    load_index,
+    retrieve,
+    rewrite_exact,
+)
+from localpers.methods.scoring import PrefixScorer
+from localpers.personalize import Personalizer
+from localpers.store import UserStore
+
+INSTRUCTION = "Generate a headline for the following article: "
+
+
+def item(article: str, headline: str) -> HistoryItem:
+    return HistoryItem.create("headline", INSTRUCTION + article, headline)
+
+
+def test_library_is_the_papers_42_names() -> None:
+    assert len(ATTRIBUTES) == len(set(ATTRIBUTES)) == 42
+    assert {"Concise", "Vivid", "Humor", "Internet Slang", "Tech Industry Priority"} <= set(ATTRIBUTES)
+    assert attribute_line(["Concise", "Vivid"]) == "Attributes: <Concise, Vivid>"
+
+
+def test_greedy_picks_the_known_best_attributes() -> None:
+    rng = np.random.default_rng(0)
+    weights = {name: float(rng.uniform(-1.0, 0.5)) for name in ATTRIBUTES}
+    weights.update(Concise=3.0, Vivid=2.0, Humor=1.5)
+    calls: list[tuple[str, ...]] = []
+
+    def margin(attributes: tuple[str, ...]) -> float:
+        calls.append(attributes)
+        return -0.5 + sum(weights[a] for a in attributes)
+
+    selection = greedy_select(margin, ATTRIBUTES, k=3)
+    assert selection.attributes == ("Concise", "Vivid", "Humor")
+    assert selection.base_margin == -0.5
+    assert selection.margin == pytest.approx(6.0)
+    assert selection.step_margins == pytest.approx([2.5, 4.5, 6.0])
+    assert selection.evaluations == len(calls) == 1 + 42 + 41 + 40
+
+
+def test_greedy_follows_interactions_between_attributes() -> None:
+    """Code is weak alone but strong with Formal: greedy takes Formal, then Code, then Direct."""
+    alone = {"Formal": 1.0, "Direct": 0.9, "Code": 0.1}
+
+    def margin(attributes: tuple[str, ...]) -> float:
+        value = sum(alone.get(a, -1.0) for a in attributes)
+        return value + (2.0 if {"Formal", "Code"} <= set(attributes) else 0.0)
+
+    assert greedy_select(margin, ATTRIBUTES, k=3).attributes == ("Formal", "Code", "Direct")
+    assert greedy_select(margin, ATTRIBUTES, k=1).attributes == ("Formal",)
+
+
+def test_index_keeps_non_negative_gains_and_the_best_of_duplicate_inputs() -> None:
+    a, a_again, b, c = (
+        item("Pandas at the zoo.", "PANDAS!"),
+        item("Pandas at the zoo.", "Zoo news"),
+        item("Rain.", "Wet"),
+        item("Sun.", "Hot"),
+    )
+    selections = [
+        (a, Selection(("Vivid",), margin=2.0, base_margin=1.0)),
+        (a_again, Selection(("Concise",), margin=3.0, base_margin=2.5)),
+        (b, Selection(("Humor",), margin=0.5, base_margin=0.9)),  # attributes hurt: left out
+        (c, Selection(("Direct",), margin=1.0, base_margin=1.0)),  # zero gain is kept
+    ]
+    kept, filtered, duplicates = keep_for_index(selections)
+    assert filtered == 1 and duplicates == 1
+    assert {key: sel.attributes for key, (_, sel) in kept.items()} == {
+        "Pandas at the zoo.": ("Concise",),
+        "Sun.": ("Direct",),
+    }
+
+
+def test_prefix_reuse_scores_like_fresh_scoring(backbone: Backbone, tmp_path: Path) -> None:
+    """Reused and fresh scores agree up to llama.cpp's batch-split noise, far below a stale cache's error.
+
+    llama.cpp's CPU kernels give slightly different numbers for a token depending on how the batch it
+    was evaluated in was split, so reuse cannot be bit-identical to one fresh prompt batch.
+    """
+    engine = Engine(backbone.path, n_ctx=256, tap_layers=None)
+    try:
+        engine.set_adapter(engine.load_adapter(random_lora(backbone.path, tmp_path / "a.gguf", seed=3), "a"))
+        scorer = PrefixScorer(engine)
+        pair = item("The museum will stay open late on Fridays.", "MUSEUM OPEN LATE!!!")
+        margins = PairMargins(scorer, pair, "Museum extends hours")
+        text = INSTRUCTION + "The museum will stay open late on Fridays."
+        sets = [(), ("Concise",), ("Concise", "Vivid"), ("Concise", "Humor"), ("Concise",), ("Formal",)]
+        reused = [margins(attributes) for attributes in sets]
+        tokens_reused, tokens_asked = scorer.evaluated_tokens, scorer.requested_tokens
+        fresh, stale = [], []
+        for attributes in sets:
+            prompt = engine.tokenize(
+                text + ("\n" + attribute_line(attributes) if attributes else "") + "\nHeadline:"
+            )
+            plus, minus = engine.score(prompt, [margins.positive, margins.negative])
+            fresh.append(float(plus.logprobs.sum() - minus.logprobs.sum()))
+            # What a cache that kept one wrong token would give: the tolerance below must reject it.
+            wrong = prompt[:-3] + engine.tokenize(" zebra", add_bos=False) + prompt[-3:]
+            plus, minus = engine.score(wrong, [margins.positive, margins.negative])
+            stale.append(float(plus.logprobs.sum() - minus.logprobs.sum()))
+        engine.eval(engine.tokenize(" unrelated", add_bos=False))  # someone else moves the cache...
+        again = margins(("Formal",))  # ...and the scorer notices and starts over
+    finally:
+        engine.close()
+    assert reused == pytest.approx(fresh, abs=0.5)
+    assert again == pytest.approx(fresh[-1], abs=0.5)
+    assert max(abs(s - f) for s, f in zip(stale, fresh, strict=True)) > 1.0
+    assert len({round(r, 3) for r in reused[1:4]}) == 3  # the attribute line changes the margin
+    assert tokens_reused < 0.7 * tokens_asked
+
+
+def test_retrieval_returns_the_nearest_prompts_attributes(tmp_path: Path) -> None:
+    from localpers.encoder import embed_texts
+
+    inputs = [
+        "The central bank raised interest rates by half a point to fight inflation.",
+        "The home team won the championship after a dramatic overtime goal.",
+        "A new study links daily walking to a longer, healthier life.",
+    ]
+    entries = [
+        IndexEntry(f"id{i}", "headline", INSTRUCTION + text, attrs, 1.0, 0.0)
+        for i, (text, attrs) in enumerate(
+            zip(
+                inputs,
+                [
+                    ["Formal", "Analytic", "Concise"],
+                    ["Exclamatory", "Energy", "Vivid"],
+                    ["Easy", "Empathetic", "Direct"],
+                ],
+                strict=True,
+            )
+        )
+    ]
+    ExactIndex(entries, embed_texts(inputs), {"k": 3}).save(tmp_path / "index.safetensors")
+    index = ExactIndex.load(tmp_path / "index.safetensors")
+    found = retrieve(index, INSTRUCTION + "Stocks fell after the Federal Reserve signalled more rate hikes.")
+    assert found.attributes == ["Formal", "Analytic", "Concise"] and found.item_id == "id0"
+    assert retrieve(index, "Fans celebrated the soccer final win in the streets.").attributes == [
+        "Exclamatory",
+        "Energy",
+        "Vivid",
+    ]
+    assert index.frequencies()[0][1] == 1
+    assert retrieve(ExactIndex([], np.zeros((0, 384), np.float32), {}), "anything").attributes == []
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
+
+
+def test_index_exact_end_to_end_profile_and_rewrite(bundle_dir: Path, backbone: Backbone) -> None:
+    personalizer = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    user = UserStore().create("exacter")
+    user.save_history(
+        [
+            item("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE, ADORABLE!!!"),
+            item("Bus fares will drop by half for students.", "BUS FARES HALVED FOR STUDENTS, GREAT!!!"),
+            item("The marathon drew a record 20,000 runners.", "MARATHON DRAWS 20,000 RUNNERS, EPIC!!!"),
+        ]
+    )
+    library = ("Concise", "Vivid", "Exclamatory", "Formal")
+    try:
+        report = index_exact(personalizer, user, k=2, library=library)
+        index = load_index(user)
+        assert report.n_pairs == 3 and report.margin_evaluations == 3 * (1 + 4 + 3)
+        assert report.n_indexed + report.n_filtered_negative_gain == 3
+        assert report.tokens_evaluated < report.tokens_without_reuse
+        # Stored margins are what a fresh scorer finds for the stored attribute sets.
+        negatives = json.loads((user.dir / "negatives.json").read_text())
+        (known,) = negatives.values()
+        personalizer.engine.set_adapter(personalizer.adapter_for("cluster", index.meta["cluster"]))
+        for entry in index.entries:
+            history_item = next(i for i in user.history() if i.id == entry.item_id)
+            margin = PairMargins(PrefixScorer(personalizer.engine), history_item, known[entry.item_id])
+            # Up to llama.cpp's batch-split noise (see the prefix test): ~0.03 per scored token.
+            assert margin(tuple(entry.attributes)) == pytest.approx(entry.margin, abs=1.0)
+            assert entry.margin >= entry.base_margin and set(entry.attributes) <= set(library)
+        result, retrieval = rewrite_exact(personalizer, index, "Two baby pandas were born at the city zoo.")
+        assert result.method == "exact" and result.text
+        by_id = {entry.item_id: entry for entry in index.entries}
+        panda = user.history()[0].id
+        if panda in by_id:  # the nearest history input is the panda article
+            assert retrieval.item_id == panda and retrieval.attributes == by_id[panda].attributes
+        else:
+            assert retrieval.item_id in by_id or not by_id
+    finally:
+        personalizer.close()
+    shown = CliRunner().invoke(
+        app, ["profile", "--user", "exacter", "--json", "--text", "Pandas at the zoo."]
+    )
+    assert shown.exit_code == 0, shown.output
+    profile = json.loads(shown.output)
+    assert profile["exact"]["indexed_inputs"] == len(index.entries)
+    assert sum(row["count"] for row in profile["exact"]["frequencies"]) == 2 * len(index.entries)
+
+
+def test_missing_exact_index_is_refused(bundle_dir: Path) -> None:
+    user = UserStore().create("noexact")
+    with pytest.raises(LocalpersError, match="fit --method exact"):
+        load_index(user)
+    result = CliRunner().invoke(
+        app,
+        ["rewrite", "Some article.", "--method", "exact", "--user", "noexact", "--bundle", str(bundle_dir)],
+    )
+    assert result.exit_code == 1
+    assert "no EXACT index" in result.output and "Traceback" not in result.output
+    profile = CliRunner().invoke(app, ["profile", "--user", "noexact"])
+    assert profile.exit_code == 1 and "no profile yet" in profile.output
