@@ -68,8 +68,8 @@ def bench_command(
             "--methods",
             "-m",
             help="Methods or presets, repeatable or comma-separated: global, rag, cluster, card, card-global, "
-            "card-factored-u, card-full-u; parameters as card@strength=0.5,top_k=50, rag@k=2, card@history=5; "
-            "presets main (default), low-resource, alpha-sweep, topk-sweep. global is always included.",
+            "card-factored-u, card-full-u, cope, exact; parameters as card@strength=0.5,top_k=50, rag@k=2, card@history=5; "
+            "presets main (default), low-resource, alpha-sweep, topk-sweep, related (cope, exact). global is always included.",
         ),
     ] = None,
     max_users: Annotated[int | None, typer.Option(min=1, help="Only the first N users of the file.")] = None,

@@ -60,6 +60,13 @@ def publish_command(
             help="Set head alpha so the mean |per-token correction| is this many logits (0 = alpha 1).",
         ),
     ] = 1.0,
+    head_length_normalised: Annotated[
+        bool,
+        typer.Option(
+            "--head-length-normalised",
+            help="Train the head on the mean per-token reward instead of the sum (the device follows).",
+        ),
+    ] = False,
     val_fraction: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Held-out items per user for validation loss.")
     ] = 0.1,
@@ -118,6 +125,7 @@ def publish_command(
         head_weight_decay=head_weight_decay,
         head_top_k=head_top_k,
         head_target_correction=head_target_correction or None,
+        length_normalised=head_length_normalised,
     )
     result = publish(options, until=until, from_stage=from_stage)
     if as_json:

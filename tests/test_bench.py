@@ -354,3 +354,28 @@ def test_data_loading_limits_and_history_order(data_file: Path) -> None:
     assert users[0].history_up_to(0) == ()
     assert isinstance(users[0].history[0], HistoryItem)
     assert store_name("Quiet User") == "quiet-user" and store_name("!!!") == "user"
+
+
+def test_cope_and_exact_run_in_the_bench_registry(
+    data_file: Path, personalizer: Personalizer, tmp_path: Path
+) -> None:
+    """The `related` preset expands to cope and exact; both fit per user, generate, and report their costs."""
+    out = tmp_path / "out"
+    config = BenchConfig(
+        data=data_file,
+        out=out,
+        methods=["related", "exact@pairs=1"],
+        max_users=1,
+        max_queries=1,
+        n_resamples=200,
+    )
+    written = run_and_write(config, personalizer=personalizer)
+    methods = written.results["methods"]
+    assert {"global", "cope", "exact", "exact@pairs=1"} <= set(methods)
+    for name in ("cope", "exact", "exact@pairs=1"):
+        assert methods[name]["n"] == 1
+        assert methods[name]["fit_s_per_user"] > 0
+        assert methods[name]["bytes_per_user"] > 0
+    assert (out / "method-state" / "cope").is_dir() and (out / "method-state" / "exact").is_dir()
+    generated = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert {row["method"] for row in generated} >= {"cope", "exact"}

@@ -361,6 +361,7 @@ PRESETS: dict[str, Callable[[Personalizer], list[str]]] = {
     ),
     "alpha-sweep": _strength_sweep,
     "topk-sweep": lambda p: [f"card@top_k={k}" for k in TOP_K_VALUES],
+    "related": lambda p: ["cope", "exact"],
 }
 
 

@@ -256,6 +256,9 @@ def run_bench(
     config: BenchConfig, *, personalizer: Personalizer | None = None, progress: Progress | None = None
 ) -> BenchRun:
     """Evaluate every method on every user (from the cache where possible) and return the raw records."""
+    from localpers.methods.bench_methods import MethodStateRoot, register_bench_methods
+
+    register_bench_methods()
     check_method_names(config.methods)
     users = load_bench_users(config.data, max_users=config.max_users, max_queries=config.max_queries)
     owned = personalizer is None
@@ -269,6 +272,7 @@ def run_bench(
             raise LocalpersError(
                 f"{config.out}: cannot create the output directory ({exc.strerror})"
             ) from None
+        MethodStateRoot.path = config.out / "method-state"  # CoPe's LoRA files, EXACT's indexes
         fits = FitStore(config.out / "users", personalizer)
         cache = ResultCache(config.out / "cache")
         context = {
