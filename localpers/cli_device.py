@@ -63,8 +63,11 @@ def _fit_summary(user: str, report: FitReport) -> str:
     if report.mode == "cold-start":
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
     lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
-    if report.mode == "cluster-default":
-        lines.append(f"only {report.n_pairs} usable pairs: using cluster {report.cluster}'s default vector")
+    if report.mode == "too-few-pairs":
+        lines.append(
+            f"only {report.n_pairs} usable pairs: no personal vector yet, rewrites use cluster {report.cluster}'s "
+            "adapter without a correction; add history and refit"
+        )
     else:
         heldout = (
             f"held-out pair accuracy {report.heldout_accuracy:.2f} on {report.n_heldout} pairs"

@@ -26,7 +26,7 @@ from localpers.backbone import Backbone, resolve_backbone
 from localpers.bundle import Bundle, open_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.errors import LocalpersError
-from localpers.fitting import DEFAULT_REGULARISATION, fit_with_heldout
+from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.generation import GenerationResult, generate
 from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
@@ -88,7 +88,7 @@ class RewriteResult:
 class FitReport:
     """What `fit` did, stored in the user's state and printed by the CLI."""
 
-    mode: str  # "vector", "cluster-default" or "cold-start"
+    mode: str  # "vector", "too-few-pairs" (lambda = the prior) or "cold-start"
     cluster: int | None
     cluster_similarities: list[float]
     n_items: int
@@ -192,7 +192,7 @@ class Personalizer:
         adapter = self.adapter_for(method, cluster)
         personalized = method in ("card", "card-global")
         if personalized and vector is None:
-            vector = self.head.default_vector(cluster)
+            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
         strength_used = (
             (self.head_config.default_strength if strength is None else strength) if personalized else None
         )
@@ -306,8 +306,13 @@ class Personalizer:
         progress: Progress | None = None,
         regularisation: float = DEFAULT_REGULARISATION,
         history_limit: int | None = None,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     ) -> FitReport:
-        """Cluster, pairs, features and lambda for `user`; stores the result atomically in its folder."""
+        """Cluster, pairs, features and lambda for `user`; stores the result atomically in its folder.
+
+        lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
+        MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
+        """
         items = user.history()
         if history_limit is not None:
             items = items[-history_limit:]
@@ -331,12 +336,12 @@ class Personalizer:
 
         if len(distinct) < MIN_PAIRS_FOR_VECTOR:
             report = self._report(
-                "cluster-default", cluster, similarities, len(items), len(distinct), skipped, None, seconds
+                "too-few-pairs", cluster, similarities, len(items), len(distinct), skipped, None, seconds
             )
             user.save_fit(
-                self.head.default_vector(cluster),
+                prior_weight * self.head.default_vector(cluster),
                 {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
-                {"bundle_sha256": self.bundle_sha256, "mode": "cluster-default"},
+                {"bundle_sha256": self.bundle_sha256, "mode": "too-few-pairs"},
             )
             return report
 
@@ -347,7 +352,10 @@ class Personalizer:
         seconds["features"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        fit = fit_with_heldout(differences, self.head.default_vector(cluster), regularisation=regularisation)
+        default = self.head.default_vector(cluster)
+        fit = fit_with_heldout(
+            differences, prior_weight * default, regularisation=regularisation, reference=default
+        )
         seconds["fit"] = time.perf_counter() - started
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds

@@ -164,7 +164,7 @@ def test_costs_per_method_are_measured(first_run) -> None:
     # The 2-item fit reuses the full fit's y- (same bundle, cluster and items) and has too few pairs
     # for a vector of its own, so it falls back to the cluster's default vector.
     truncated = written.run.records["card@history=2"]
-    assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "cluster-default" for r in truncated)
+    assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "too-few-pairs" for r in truncated)
     assert all(r["history_items"] == 2 for r in truncated)
     assert rows["card@history=2"]["fit_shared_negatives"] and not rows["card"]["fit_shared_negatives"]
 

@@ -66,12 +66,19 @@ def test_fit_raises_heldout_reward_margin(personalizer: Personalizer) -> None:
     assert report.cluster == 0  # the synthetic bundle's shouty centroid
     assert report.n_pairs == 7
     vector = user.vector()
-    prior = personalizer.head.default_vector(report.cluster)
+    assert np.linalg.norm(vector) > 0  # the prior is zero (DEFAULT_PRIOR_WEIGHT): all of it was learned
     heldout = items(SHOUTY[7:])
     negatives = personalizer.negatives(heldout, report.cluster)
     differences = personalizer.pair_differences(heldout, negatives, report.cluster)
-    assert np.mean(differences @ vector) > np.mean(differences @ prior)
+    assert np.mean(differences @ vector) > 0
     assert np.mean(differences @ vector > 0) >= 2 / 3
+
+
+def test_prior_weight_one_shrinks_towards_the_cluster_default(personalizer: Personalizer) -> None:
+    user = UserStore().create("anchored")
+    user.save_history(items(SHOUTY[:7]))
+    personalizer.fit_user(user, prior_weight=1.0, regularisation=1e6)
+    np.testing.assert_allclose(user.vector(), personalizer.head.default_vector(0), atol=1e-3)
 
 
 def test_refit_reuses_cached_negatives(personalizer: Personalizer) -> None:
@@ -91,8 +98,8 @@ def test_cold_start_and_too_few_pairs(personalizer: Personalizer) -> None:
     few = store.create("few")
     few.save_history(items(SHOUTY[:2]))
     report = personalizer.fit_user(few)
-    assert report.mode == "cluster-default"
-    np.testing.assert_array_equal(few.vector(), personalizer.head.default_vector(report.cluster))
+    assert report.mode == "too-few-pairs"
+    np.testing.assert_array_equal(few.vector(), np.zeros(personalizer.head.d, dtype=np.float32))
 
 
 def test_strength_zero_is_exactly_the_cluster_model(personalizer: Personalizer) -> None:

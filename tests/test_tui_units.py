@@ -96,7 +96,7 @@ def test_profile_says_when_a_fit_is_due() -> None:
     assert not load_profile(user, "sha").needs_fit  # nothing to fit
     accept_output(user, "headline", "a", "A")
     assert load_profile(user, "sha").needs_fit
-    report = {"mode": "cluster-default", "n_items": 1}
+    report = {"mode": "too-few-pairs", "n_items": 1}
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": "sha", "fit": report})
     profile = load_profile(user, "sha")
     assert not profile.needs_fit and profile.can_personalize and profile.cluster == 1
@@ -179,8 +179,8 @@ def test_choice_changed_and_summary() -> None:
 
 def test_fit_summary() -> None:
     assert "global adapter" in fit_summary({"mode": "cold-start"})
-    assert fit_summary({"mode": "cluster-default", "cluster": 1, "n_pairs": 2}) == (
-        "cluster 1, cluster default vector (only 2 usable pairs)"
+    assert fit_summary({"mode": "too-few-pairs", "cluster": 1, "n_pairs": 2}) == (
+        "cluster 1, no own vector yet (only 2 usable pairs)"
     )
     assert fit_summary({"mode": "vector", "cluster": 0, "n_pairs": 9, "heldout_accuracy": 0.75}) == (
         "cluster 0, own vector from 9 pairs (held-out pair accuracy 0.75)"

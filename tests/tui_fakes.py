@@ -97,7 +97,7 @@ class FakeService:
             for stage in ("negatives", "features"):
                 for done in range(1, len(items) + 1):
                     progress(stage, done, len(items))
-            mode = "vector" if len(items) >= 3 else ("cluster-default" if items else "cold-start")
+            mode = "vector" if len(items) >= 3 else ("too-few-pairs" if items else "cold-start")
             report = FitReport(
                 mode=mode,
                 cluster=0 if items else None,

@@ -1,11 +1,13 @@
 """The benchmark's methods: one small class each, in a registry, selectable by name with parameters.
 
 A method name is `base` or `base@key=value,key=value`, e.g. `card@strength=0.5`, `rag@k=2`,
-`card@history=5`, `card@reg=0.1`. Every method that uses the history accepts `history=N|all` (fit
-on the N most recent items only); the CARD methods also take `strength`, `top_k` and `reg` (the
-L2 weight of the vector fit). `parse_method` checks the name and its parameters; `canonical_spec` drops
-parameters equal to the method's default, so `card@strength=<bundle alpha>` and `card` share one
-cache. Adding a method (CoPe, EXACT) is one subclass of `Method` decorated with `@register`.
+`card@history=5`, `card@reg=0.1`, `card@prior=1`. Every method that uses the history accepts
+`history=N|all` (fit on the N most recent items only); the CARD methods also take `strength`, `top_k`,
+`reg` (the L2 weight of the vector fit) and `prior` (the fit shrinks lambda towards prior x the
+cluster's default vector; 0 by default). `parse_method` checks the name and its parameters;
+`canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>`
+and `card` share one cache. Adding a method (CoPe, EXACT) is one subclass of `Method` decorated
+with `@register`.
 
 A method declares what it `needs` from the user's fit: nothing, the cluster id, or the full CARD
 vector fit; the runner computes (and caches) that and hands it over as a `UserProfile`. Methods
@@ -23,7 +25,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from localpers.errors import LocalpersError
-from localpers.fitting import DEFAULT_REGULARISATION
+from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.history import HistoryItem
 from localpers.personalize import Personalizer, RewriteResult
 from localpers.tasks import get_task
@@ -282,7 +284,7 @@ class CardMethod(Method):
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
-    params = {"strength": float, "top_k": int, "reg": float}
+    params = {"strength": float, "top_k": int, "reg": float, "prior": float}
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
@@ -292,6 +294,7 @@ class CardMethod(Method):
             "strength": float(config.default_strength),
             "top_k": int(config.top_k),
             "reg": float(DEFAULT_REGULARISATION),
+            "prior": float(DEFAULT_PRIOR_WEIGHT),
         }
 
     def check(self, personalizer: Personalizer) -> None:

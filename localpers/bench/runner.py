@@ -37,7 +37,7 @@ from localpers.bench.methods import (
 )
 from localpers.bench.metrics import rouge
 from localpers.errors import LocalpersError
-from localpers.fitting import DEFAULT_REGULARISATION
+from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.history import serialize_history
 from localpers.personalize import NEGATIVES_FILE, Personalizer, user_profile
 from localpers.store import User, UserStore
@@ -106,10 +106,14 @@ class FitStore:
             user_embedding(["warm-up"])
             self._encoder_warm = True
 
-    def _user(self, user: BenchUser, limit: int | None, regularisation: float | None) -> User:
+    def _user(
+        self, user: BenchUser, limit: int | None, regularisation: float | None, prior: float | None
+    ) -> User:
         folder = f"history-{'all' if limit is None else limit}"
         if regularisation is not None:
             folder += f"-reg{regularisation:g}"
+        if prior is not None:
+            folder += f"-prior{prior:g}"
         store = UserStore(root=self.root / folder)
         name = user.store_name
         return store.get(name) if name in store.list() else store.create(name)
@@ -121,11 +125,12 @@ class FitStore:
         method: Method,
         on_stage: Callable[[str], None],
         regularisation: float | None = None,
+        prior: float | None = None,
     ) -> UserProfile:
         items = user.history_up_to(limit) if method.uses_history else ()
         profile = UserProfile(name=user.store_name, items=items)
         if method.needs == "vector":
-            self._vector_profile(user, limit, regularisation, profile, on_stage)
+            self._vector_profile(user, limit, regularisation, prior, profile, on_stage)
         elif method.needs == "cluster":
             profile.cluster, profile.fit_seconds = self._cluster(user, limit, items)
             profile.cluster_bytes = _cluster_state_bytes(profile.cluster)
@@ -174,13 +179,21 @@ class FitStore:
         user: BenchUser,
         limit: int | None,
         regularisation: float | None,
+        prior: float | None,
         profile: UserProfile,
         on_stage: Callable[[str], None],
     ) -> None:
-        stored = self._user(user, limit, regularisation)
+        stored = self._user(user, limit, regularisation, prior)
         items = list(profile.items)
+        prior_weight = DEFAULT_PRIOR_WEIGHT if prior is None else prior
         fingerprint = _sha256_text(
-            [BENCH_VERSION, self.personalizer.bundle_sha256, [item.id for item in items], regularisation]
+            [
+                BENCH_VERSION,
+                self.personalizer.bundle_sha256,
+                [item.id for item in items],
+                regularisation,
+                {"prior_weight": prior_weight},
+            ]
         )
         state = stored.state()
         bench = state.get("bench") if isinstance(state.get("bench"), dict) else {}
@@ -197,6 +210,7 @@ class FitStore:
                 stored,
                 progress=stage,
                 regularisation=DEFAULT_REGULARISATION if regularisation is None else regularisation,
+                prior_weight=prior_weight,
             )
             vector_path = stored.vector_path()
             stored_bytes = stored.state_path.stat().st_size + (
@@ -351,12 +365,14 @@ def _evaluate_user(
 ) -> dict[str, Any]:
     on_stage("fit")
     regularisation = spec.get("reg")
+    prior = spec.get("prior")
     profile = fits.profile(
         user,
         limit,
         method,
         on_stage,
         regularisation=None if regularisation is None else float(regularisation),
+        prior=None if prior is None else float(prior),
     )
     started = time.perf_counter()
     prepared = method.prepare(personalizer, profile, spec)

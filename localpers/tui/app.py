@@ -615,8 +615,8 @@ def fit_summary(report: dict[str, object]) -> str:
     if mode == "cold-start":
         return "no history yet, so outputs use the global adapter"
     line = f"cluster {report.get('cluster')}, "
-    if mode == "cluster-default":
-        return line + f"cluster default vector (only {report.get('n_pairs')} usable pairs)"
+    if mode == "too-few-pairs":
+        return line + f"no own vector yet (only {report.get('n_pairs')} usable pairs)"
     line += f"own vector from {report.get('n_pairs')} pairs"
     heldout = report.get("heldout_accuracy")
     if isinstance(heldout, float):

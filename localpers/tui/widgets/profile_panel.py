@@ -16,7 +16,7 @@ from localpers.tui.userdata import Profile
 
 MODE_LABELS = {
     "vector": "own vector (fitted on your pairs)",
-    "cluster-default": "cluster default vector (too few pairs)",
+    "too-few-pairs": "no own vector yet (too few pairs): cluster adapter alone",
     "cold-start": "cold start (no history): global adapter",
 }
 
