@@ -162,7 +162,7 @@ def test_costs_per_method_are_measured(first_run) -> None:
     assert users["loud"]["cluster"] == 0 and users["Quiet User"]["cluster"] == 1  # the synthetic centroids
     assert users["loud"]["mode"] == "vector"
     # The 2-item fit reuses the full fit's y- (same bundle, cluster and items) and has too few pairs
-    # for a vector of its own, so it falls back to the cluster's default vector.
+    # for a vector of its own, so lambda is the prior (zero: the cluster adapter without a correction).
     truncated = written.run.records["card@history=2"]
     assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "too-few-pairs" for r in truncated)
     assert all(r["history_items"] == 2 for r in truncated)
