@@ -41,7 +41,11 @@ def fit_progress(enabled: bool) -> Iterator[Any]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    labels = {"negatives": "model's own outputs (y-)", "features": "pair features"}
+    labels = {
+        "negatives": "model's own outputs (y-)",
+        "features": "pair features",
+        "pairs": "pairs (y- + features)",
+    }
     with Progress(
         TextColumn("{task.description:<26}"),
         BarColumn(),

@@ -273,6 +273,10 @@ class Engine:
         self.active_adapter: str | None = None
         self.active_scale: float = 1.0
         self.n_past = 0
+        # The last prefilled prompt and the step it produced: prefilling the same prompt again (CARD's fit
+        # generates y- and then scores y+/y- after one prompt) truncates the cache to it instead of
+        # re-evaluating it. Cleared by reset() and by truncating into it.
+        self._prompt_memo: tuple[tuple[int, ...], Step] | None = None
         self._piece_cache: dict[int, bytes] = {}
 
     @property
@@ -398,6 +402,7 @@ class Engine:
         """Forget everything in the KV cache."""
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
         self.n_past = 0
+        self._prompt_memo = None
 
     def truncate(self, n_keep: int) -> None:
         """Drop KV positions >= n_keep so evaluation continues from there (shared-prefix reuse)."""
@@ -406,6 +411,8 @@ class Engine:
         if n_keep <= 0:
             self.reset()
             return
+        if self._prompt_memo is not None and n_keep < len(self._prompt_memo[0]):
+            self._prompt_memo = None
         ok = llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n_keep, -1)
         if not ok:
             raise LocalpersError("llama.cpp could not truncate the KV cache")
@@ -447,9 +454,19 @@ class Engine:
         return Step(logits=logits, features=features)
 
     def prefill(self, tokens: Sequence[int]) -> Step:
-        """Reset and evaluate a prompt; returns the step that predicts the first new token."""
+        """Evaluate a prompt from an empty cache; returns the step that predicts the first new token.
+
+        When the cache still starts with exactly this prompt (the last one prefilled, same adapter), it is
+        truncated back to it and the remembered step is returned instead: same result, no recomputation.
+        """
+        key = tuple(int(t) for t in tokens)
+        memo = self._prompt_memo
+        if memo is not None and memo[0] == key and self.n_past >= len(key):
+            self.truncate(len(key))
+            return Step(memo[1].logits.copy(), None if memo[1].features is None else memo[1].features.copy())
         self.reset()
         logits, features = self.eval(tokens)
+        self._prompt_memo = (key, Step(logits.copy(), None if features is None else features.copy()))
         return Step(logits=logits, features=features)
 
     def score(

@@ -264,14 +264,7 @@ class Personalizer:
         self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
         outputs = []
         for done, item in enumerate(items):
-            task = get_task(item.task)
-            result = generate(
-                self.engine,
-                task.prompt_for(item.input),
-                max_tokens=task.default_max_tokens,
-                stop=task.stop_strings,
-            )
-            outputs.append(result.text.strip())
+            outputs.append(self._generate_negative(item))
             if progress:
                 progress("negatives", done + 1, len(items))
         return outputs
@@ -287,14 +280,7 @@ class Personalizer:
         self.engine.set_adapter(self.adapter_for("card", cluster))
         rows = []
         for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
-            prompt = self.engine.tokenize(get_task(item.task).prompt_for(item.input))
-            positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
-            negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
-            plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
-            rows.append(
-                self.head.sequence_feature(plus.tokens, plus.features)
-                - self.head.sequence_feature(minus.tokens, minus.features)
-            )
+            rows.append(self._pair_difference(item, negative))
             if progress:
                 progress("features", done + 1, len(items))
         return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
@@ -328,9 +314,8 @@ class Personalizer:
         cluster, similarities = self.assign_cluster([item.output for item in items])
         seconds["cluster"] = time.perf_counter() - started
 
-        started = time.perf_counter()
-        negatives = self._cached_negatives(user, items, cluster, progress)
-        seconds["negatives"] = time.perf_counter() - started
+        negatives, differences, pair_seconds = self._negatives_and_differences(user, items, cluster, progress)
+        seconds.update(pair_seconds)
         distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
         skipped = len(items) - len(distinct)
 
@@ -344,12 +329,6 @@ class Personalizer:
                 {"bundle_sha256": self.bundle_sha256, "mode": "too-few-pairs"},
             )
             return report
-
-        started = time.perf_counter()
-        differences = self.pair_differences(
-            [i for i, _ in distinct], [n for _, n in distinct], cluster, progress
-        )
-        seconds["features"] = time.perf_counter() - started
 
         started = time.perf_counter()
         default = self.head.default_vector(cluster)
@@ -366,6 +345,63 @@ class Personalizer:
             {"bundle_sha256": self.bundle_sha256, "mode": "vector"},
         )
         return report
+
+    def _negatives_and_differences(
+        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+    ) -> tuple[list[str], np.ndarray, dict[str, float]]:
+        """y- per item (cached in the user's folder) and `g(y+) - g(y-)` of the distinct pairs, item by item.
+
+        Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
+        generation just evaluated (the engine remembers its last prompt), so each article is run once.
+        """
+        cache_path = user.dir / NEGATIVES_FILE
+        key = f"{self.bundle_sha256}:{cluster}"
+        try:
+            cache = json.loads(cache_path.read_text())
+            known: dict[str, str] = cache.get(key, {}) if isinstance(cache, dict) else {}
+        except (OSError, ValueError):
+            known = {}
+        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        seconds = {"negatives": 0.0, "features": 0.0}
+        negatives: list[str] = []
+        rows: list[np.ndarray] = []
+        generated = False
+        for done, item in enumerate(items):
+            if item.id not in known:
+                started = time.perf_counter()
+                known[item.id] = self._generate_negative(item)
+                generated = True
+                seconds["negatives"] += time.perf_counter() - started
+            negative = known[item.id]
+            negatives.append(negative)
+            if negative and negative != item.output:
+                started = time.perf_counter()
+                rows.append(self._pair_difference(item, negative))
+                seconds["features"] += time.perf_counter() - started
+            if progress:
+                progress("pairs", done + 1, len(items))
+        if generated:
+            atomic_write_text(cache_path, json.dumps({key: known}, ensure_ascii=False))
+        return negatives, np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d), seconds
+
+    def _generate_negative(self, item: HistoryItem) -> str:
+        task = get_task(item.task)
+        result = generate(
+            self.engine,
+            task.prompt_for(item.input),
+            max_tokens=task.default_max_tokens,
+            stop=task.stop_strings,
+        )
+        return result.text.strip()
+
+    def _pair_difference(self, item: HistoryItem, negative: str) -> np.ndarray:
+        prompt = self.engine.tokenize(get_task(item.task).prompt_for(item.input))
+        positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
+        negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
+        plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
+        return self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
+            minus.tokens, minus.features
+        )
 
     def _cached_negatives(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None

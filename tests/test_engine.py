@@ -194,3 +194,20 @@ def test_corrupt_adapter_is_a_clear_error(engine: Engine, tmp_path: Path) -> Non
     bogus.write_bytes(b"GGUF" + b"\x00" * 64)
     with pytest.raises(LocalpersError, match="refused adapter"):
         engine.load_adapter(bogus)
+
+
+def test_prefilling_the_same_prompt_again_reuses_the_cache(engine) -> None:
+    """The prompt memo: same step as a fresh prefill, after generation or scoring beyond the prompt."""
+    prompt = engine.tokenize("Generate a headline for the following article: The bridge reopened today.")
+    fresh = engine.prefill(prompt)
+    engine.eval(engine.tokenize(" Bridge", add_bos=False))  # the cache now runs past the prompt
+    again = engine.prefill(prompt)
+    assert engine.n_past == len(prompt)
+    np.testing.assert_array_equal(again.logits, fresh.logits)
+    continuation = engine.tokenize(" Bridge Reopens", add_bos=False)
+    memo_scored = engine.score(prompt, [continuation])[0]
+    engine.reset()
+    fresh_scored = engine.score(prompt, [continuation])[0]
+    np.testing.assert_allclose(memo_scored.logprobs, fresh_scored.logprobs, atol=1e-5)
+    engine.truncate(2)  # truncating into the prompt forgets it
+    assert engine._prompt_memo is None

@@ -13,6 +13,7 @@ from textual.widgets import Label, ProgressBar
 STAGE_LABELS = {
     "negatives": "model's own outputs (y-)",
     "features": "pair features",
+    "pairs": "pairs: y- and features",
 }
 
 
