@@ -36,9 +36,10 @@ from localpers.engine import Engine
 from localpers.errors import LocalpersError
 from localpers.generation import generate
 from localpers.history import HistoryItem
-from localpers.methods.cope_train import Example, SftConfig, train_user_lora
+from localpers.methods.cope_train import SftConfig, train_user_lora
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.personalize import Personalizer, RewriteResult
+from localpers.publish.torch_model import Example
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
 

@@ -6,20 +6,18 @@ cross-entropy on the output tokens only (the LM head is applied at target positi
 262,144-token vocabulary would otherwise dominate the cost). The trained LoRA is returned as GGUF
 tensors (`{blk.N.attn_q.weight: (A, B)}`) for `localpers.adapters.write_lora_gguf`.
 
-The backbone is loaded once per process (about 40 s) and wrapped with peft once; every user's fit
-resets the LoRA weights and merges, then unmerges, its base adapter. Needs the `[publish]` extra
+The backbone is loaded once per process (about 40 s) and wrapped with peft once, through the
+publisher's `localpers.publish.torch_model` (shared with it: batches, target-only losses, LoRA state);
+every user's fit resets the LoRA weights and merges, then unmerges, its base adapter. Needs the `[publish]` extra
 (torch, transformers, peft, gguf). It writes no files and does not decode (see `localpers.methods.cope`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,15 @@ import numpy as np
 
 from localpers.errors import LocalpersError
 from localpers.methods.lora_files import LoraFile, Tensors
+from localpers.publish.torch_model import (
+    Example,
+    fresh_lora_state,
+    load_lora_state,
+    lora_state,
+    make_batch,
+    shared_lora_model,
+    target_token_losses,
+)
 
 # GGUF block weight -> (transformers submodule, peft target name)
 GGUF_TO_TORCH = {
@@ -66,14 +73,6 @@ class SftConfig:
     precision: str = "auto"  # "auto" (bf16 when the CPU has it), "bf16" or "fp32"
 
 
-@dataclass(frozen=True)
-class Example:
-    """BOS + prompt tokens, then the target tokens the loss is taken on."""
-
-    prompt: tuple[int, ...]
-    target: tuple[int, ...]
-
-
 @dataclass
 class SftResult:
     tensors: Tensors
@@ -82,19 +81,6 @@ class SftResult:
     losses: list[float]
     precision: str
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-_cache: dict[tuple[Any, ...], Any] = {}
-
-
-def _quiet_transformers() -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
 
 
 def _require_training_extra() -> None:
@@ -110,54 +96,18 @@ def _require_training_extra() -> None:
 
 
 def lora_model(backbone: Path, config: SftConfig) -> Any:
-    """The peft-wrapped fp32 backbone for `config`'s LoRA shape, loaded once per process."""
-    key = ("lora", str(backbone), config.rank, config.alpha, config.dropout, config.targets)
-    if key in _cache:
-        return _cache[key]
+    """The peft-wrapped fp32 backbone for `config`'s LoRA shape: the publisher's per-process shared model."""
     _require_training_extra()
-    _quiet_transformers()
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    for old in [k for k in _cache if k[0] == "lora" and k[1] == str(backbone)]:
-        _cache.pop(old)  # a different LoRA shape: drop the old wrapping (and its backbone copy)
-    unknown = [t for t in config.targets if t not in GGUF_TO_TORCH]
-    if unknown:
-        raise LocalpersError(f"unknown LoRA target(s) {unknown}; choose from {', '.join(GGUF_TO_TORCH)}")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(backbone.parent), gguf_file=backbone.name, dtype=torch.float32, local_files_only=True
-        )
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise LocalpersError(f"transformers could not load {backbone} for training: {exc}") from None
-    model.requires_grad_(False)
-    peft_config = LoraConfig(
-        r=config.rank,
-        lora_alpha=config.alpha,
-        lora_dropout=config.dropout,
-        target_modules=[GGUF_TO_TORCH[t][1] for t in config.targets],
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    torch.manual_seed(config.seed)
-    wrapped = get_peft_model(model, peft_config)
-    _cache[key] = wrapped
-    _cache[key + ("fresh",)] = _lora_state(wrapped)
-    return wrapped
-
-
-def _lora_state(model: Any) -> dict[str, Any]:
-    from peft import get_peft_model_state_dict
-
-    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+    torch.manual_seed(config.seed)  # peft's LoRA initialisation, when this shape is first built
+    return shared_lora_model(backbone, config.rank, config.alpha, config.dropout, config.targets)
 
 
 def _reset_lora(model: Any, backbone: Path, config: SftConfig) -> None:
-    from peft import set_peft_model_state_dict
-
-    key = ("lora", str(backbone), config.rank, config.alpha, config.dropout, config.targets, "fresh")
-    set_peft_model_state_dict(model, _cache[key])
+    load_lora_state(
+        model, fresh_lora_state(backbone, config.rank, config.alpha, config.dropout, config.targets)
+    )
 
 
 def _linear(model: Any, layer: int, gguf_kind: str) -> Any:
@@ -197,49 +147,6 @@ def merged(model: Any, adapter: LoraFile | None) -> Iterator[None]:
         with torch.no_grad():
             for linear, delta in deltas:
                 linear.weight -= delta
-
-
-def make_batch(examples: Sequence[Example]) -> dict[str, Any]:
-    """Right-padded ids and mask, and the (row, position) whose hidden state predicts each target token."""
-    import torch
-
-    longest = max(len(e.prompt) + len(e.target) for e in examples)
-    length = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE  # few distinct shapes, fewer kernel re-JITs
-    ids = torch.zeros((len(examples), length), dtype=torch.long)
-    mask = torch.zeros((len(examples), length), dtype=torch.long)
-    rows, positions, labels = [], [], []
-    for row, example in enumerate(examples):
-        sequence = list(example.prompt) + list(example.target)
-        ids[row, : len(sequence)] = torch.tensor(sequence)
-        mask[row, : len(sequence)] = 1
-        for offset, token in enumerate(example.target):
-            rows.append(row)
-            positions.append(len(example.prompt) + offset - 1)
-            labels.append(token)
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "rows": torch.tensor(rows),
-        "positions": torch.tensor(positions),
-        "labels": torch.tensor(labels),
-        "n_tokens": int(mask.sum()),
-    }
-
-
-def target_losses(model: Any, batch: dict[str, Any]) -> Any:
-    """Cross-entropy of each target token, `(n_targets,)`."""
-    import torch
-    import torch.nn.functional as functional
-
-    causal_lm = model.get_base_model()
-    hidden = causal_lm.model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-    ).last_hidden_state
-    logits = causal_lm.lm_head(hidden[batch["rows"], batch["positions"]])
-    cap = getattr(causal_lm.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
 
 
 def _cpu_has_bf16() -> bool:
@@ -302,7 +209,7 @@ def train_user_lora(
                 [examples[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
             )
             with autocast:
-                loss = target_losses(model, batch).mean()
+                loss = target_token_losses(model, batch).mean()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, 1.0)
             optimizer.step()
@@ -315,7 +222,7 @@ def train_user_lora(
         model.eval()
     seconds["train"] = time.perf_counter() - started
     return SftResult(
-        tensors=gguf_tensors(_lora_state(model)),
+        tensors=gguf_tensors(lora_state(model)),
         steps=steps,
         tokens=tokens,
         losses=losses,

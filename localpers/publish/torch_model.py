@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ class Example:
 
     prompt: tuple[int, ...]
     target: tuple[int, ...]
-    user: int
+    user: int = 0  # the training user's row (publisher); 0 for a single user's examples (CoPe)
 
     @property
     def n_tokens(self) -> int:
@@ -132,7 +133,7 @@ def fresh_lora_state(path: Path, rank: int, alpha: float, dropout: float, target
     return _cache[("lora", str(path), rank, alpha, dropout, targets, "fresh")]
 
 
-def make_batch(examples: list[Example], pad_id: int = 0) -> dict[str, Any]:
+def make_batch(examples: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
     """Right-padded input ids, attention mask, and the (row, position) pairs that predict each target."""
     import torch
 
