@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_
 from localpers.generation import GenerationResult, generate
 from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
+from localpers.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.sampling import SamplingConfig
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
@@ -40,71 +40,6 @@ MIN_PAIRS_FOR_VECTOR = 3
 NEGATIVES_FILE = "negatives.json"
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-@dataclass
-class CandidateShift:
-    """One top-k candidate at a step: its logit before and after the user's correction."""
-
-    token: int
-    piece: str
-    before: float
-    after: float
-
-
-@dataclass
-class RewriteStep:
-    """What the correction did at one decoding step (for the Why view)."""
-
-    token: int
-    piece: str
-    correction: float
-    candidates: list[CandidateShift]
-
-
-@dataclass
-class RewriteResult:
-    text: str
-    method: str
-    task: str
-    cluster: int | None
-    adapter: str | None
-    strength: float | None
-    top_k: int | None
-    tokens: int
-    prompt_ms: float
-    ms_per_token: float
-    total_ms: float
-    steps: list[RewriteStep] = field(default_factory=list)
-
-    def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
-        payload = asdict(self)
-        if not with_steps:
-            payload.pop("steps")
-        return payload
-
-
-@dataclass
-class FitReport:
-    """What `fit` did, stored in the user's state and printed by the CLI."""
-
-    mode: str  # "vector", "too-few-pairs" (lambda = the prior) or "cold-start"
-    cluster: int | None
-    cluster_similarities: list[float]
-    n_items: int
-    n_pairs: int
-    n_identical_skipped: int
-    train_accuracy: float | None
-    heldout_accuracy: float | None
-    heldout_accuracy_default: float | None
-    n_heldout: int
-    regularisation: float | None
-    vector_norm: float | None
-    seconds: dict[str, float]
-    bundle_sha256: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Personalizer:
@@ -354,13 +289,7 @@ class Personalizer:
         Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
         generation just evaluated (the engine remembers its last prompt), so each article is run once.
         """
-        cache_path = user.dir / NEGATIVES_FILE
-        key = f"{self.bundle_sha256}:{cluster}"
-        try:
-            cache = json.loads(cache_path.read_text())
-            known: dict[str, str] = cache.get(key, {}) if isinstance(cache, dict) else {}
-        except (OSError, ValueError):
-            known = {}
+        known = self._read_negatives(user, cluster)
         self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
         seconds = {"negatives": 0.0, "features": 0.0}
         negatives: list[str] = []
@@ -381,7 +310,7 @@ class Personalizer:
             if progress:
                 progress("pairs", done + 1, len(items))
         if generated:
-            atomic_write_text(cache_path, json.dumps({key: known}, ensure_ascii=False))
+            self._write_negatives(user, cluster, known)
         return negatives, np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d), seconds
 
     def _generate_negative(self, item: HistoryItem) -> str:
@@ -407,19 +336,30 @@ class Personalizer:
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
     ) -> list[str]:
         """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
-        cache_path = user.dir / NEGATIVES_FILE
-        key = f"{self.bundle_sha256}:{cluster}"
-        try:
-            cache = json.loads(cache_path.read_text())
-            known: dict[str, str] = cache.get(key, {}) if isinstance(cache, dict) else {}
-        except (OSError, ValueError):
-            known = {}
+        known = self._read_negatives(user, cluster)
         missing = [item for item in items if item.id not in known]
         if missing:
             for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):
                 known[item.id] = negative
-            atomic_write_text(cache_path, json.dumps({key: known}, ensure_ascii=False))
+            self._write_negatives(user, cluster, known)
         return [known[item.id] for item in items]
+
+    def _negatives_key(self, cluster: int) -> str:
+        return f"{self.bundle_sha256}:{cluster}"
+
+    def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
+        """The user's cached y- (item id -> text) for this bundle and cluster; empty when absent or unreadable."""
+        try:
+            cache = json.loads((user.dir / NEGATIVES_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        known = cache.get(self._negatives_key(cluster), {}) if isinstance(cache, dict) else {}
+        return dict(known) if isinstance(known, dict) else {}
+
+    def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
+        atomic_write_text(
+            user.dir / NEGATIVES_FILE, json.dumps({self._negatives_key(cluster): known}, ensure_ascii=False)
+        )
 
     def _report(
         self,
@@ -454,6 +394,18 @@ class Personalizer:
             seconds={k: round(v, 3) for k, v in seconds.items()},
             bundle_sha256=self.bundle_sha256,
         )
+
+
+def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:
+    """The user's history (the `history_limit` most recent items), refusing an empty one for `method`."""
+    items = user.history()
+    if history_limit is not None:
+        items = items[-history_limit:]
+    if not items:
+        raise LocalpersError(
+            f"user {user.name!r} has no history: {method} learns from it; add items with `localpers history import`"
+        )
+    return items
 
 
 def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, Any]]:

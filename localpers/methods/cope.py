@@ -38,7 +38,7 @@ from localpers.generation import generate
 from localpers.history import HistoryItem
 from localpers.methods.cope_train import SftConfig, train_user_lora
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
-from localpers.personalize import Personalizer, RewriteResult
+from localpers.personalize import Personalizer, RewriteResult, history_for
 from localpers.publish.torch_model import Example
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
@@ -150,13 +150,7 @@ def fit_cope(
     config = config or SftConfig()
     if base not in ("cluster", "global"):
         raise LocalpersError(f"CoPe base must be 'cluster' or 'global', not {base!r}")
-    items = user.history()
-    if history_limit is not None:
-        items = items[-history_limit:]
-    if not items:
-        raise LocalpersError(
-            f"user {user.name!r} has no history: CoPe trains on it; add items with `localpers history import`"
-        )
+    items = history_for(user, history_limit, "CoPe")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     if cluster is None:

@@ -34,7 +34,7 @@ from localpers.errors import LocalpersError
 from localpers.history import HistoryItem
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.scoring import PrefixScorer
-from localpers.personalize import Personalizer, RewriteResult
+from localpers.personalize import Personalizer, RewriteResult, history_for
 from localpers.store import User, atomic_write_bytes
 from localpers.tasks import get_task
 
@@ -273,13 +273,7 @@ def index_exact(
     prompt scorings at k = 3; the cluster is still assigned from the whole history);
     `cluster` skips the cluster assignment when the caller already knows it.
     """
-    items = user.history()
-    if history_limit is not None:
-        items = items[-history_limit:]
-    if not items:
-        raise LocalpersError(
-            f"user {user.name!r} has no history: EXACT learns from it; add items with `localpers history import`"
-        )
+    items = history_for(user, history_limit, "EXACT")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     if cluster is None:
