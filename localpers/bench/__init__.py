@@ -1,7 +1,7 @@
 """`localpers bench`: evaluate CARD and its baselines on held-out authors (DESIGN.md section 7).
 
 Modules: `data` (the shared-data users), `methods` (the registry: global, rag, cluster, card, ...),
-`metrics` (ROUGE, paired bootstrap), `retrieval` (BM25 for rag), `runner` (fits, generation, the
+`metrics` (ROUGE, paired bootstrap), `retrieval` (BM25 for rag), `fits` (per-user fits), `runner` (generation, the
 per-(method, user) cache), `results` (results.json, outputs.jsonl), `report` (report.md), `plots`.
 `run_and_write` ties them together; it is what the CLI calls.
 """
