@@ -73,4 +73,3 @@ class FitReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
