@@ -36,6 +36,7 @@ PEFT_MODULES = {
 PAD_MULTIPLE = 16
 
 _cache: dict[tuple[Any, ...], Any] = {}
+_fresh_states: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def shared_lora_model(path: Path, rank: int, alpha: float, dropout: float, targe
         # peft wraps the model in place, so drop any earlier wrapping of the same backbone first.
         for old in [k for k in _cache if k[0] == "lora" and k[1] == str(path)]:
             _cache.pop(old).unload()
+            _fresh_states.pop(old, None)
         config = LoraConfig(
             r=rank,
             lora_alpha=alpha,
@@ -107,7 +109,7 @@ def shared_lora_model(path: Path, rank: int, alpha: float, dropout: float, targe
         )
         model = get_peft_model(load_backbone(path), config)
         _cache[key] = model
-        _cache[key + ("fresh",)] = lora_state(model)
+        _fresh_states[key] = lora_state(model)
     return _cache[key]
 
 
@@ -130,7 +132,7 @@ def load_lora_state(model: Any, state: dict[str, Any]) -> None:
 def fresh_lora_state(path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> dict:
     """The LoRA weights as peft initialised them (B = 0, so the adapter starts as the backbone)."""
     shared_lora_model(path, rank, alpha, dropout, targets)
-    return _cache[("lora", str(path), rank, alpha, dropout, targets, "fresh")]
+    return _fresh_states[("lora", str(path), rank, alpha, dropout, targets)]
 
 
 def make_batch(examples: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
