@@ -67,6 +67,13 @@ def publish_command(
             help="Train the head on the mean per-token reward instead of the sum (the device follows).",
         ),
     ] = False,
+    head_author_negatives: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Per pair, this many extra pairs whose y- is another same-cluster author's own text.",
+        ),
+    ] = 0,
     val_fraction: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Held-out items per user for validation loss.")
     ] = 0.1,
@@ -126,6 +133,7 @@ def publish_command(
         head_top_k=head_top_k,
         head_target_correction=head_target_correction or None,
         length_normalised=head_length_normalised,
+        head_author_negatives=head_author_negatives,
     )
     result = publish(options, until=until, from_stage=from_stage)
     if as_json:

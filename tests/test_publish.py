@@ -270,3 +270,30 @@ def test_cli_reports_a_bad_corpus_line(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "bad.jsonl:2: user 'b' has no 'history' field" in result.output
     assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+def test_author_negative_pairs_stay_in_cluster_and_eligible_set() -> None:
+    from localpers.publish.head_training import PairData, author_negative_pairs
+
+    # users 0,1 in cluster 0; user 2 alone in cluster 1; 3 pairs each; pair 1 is held out
+    pair_user = np.repeat([0, 1, 2], 3)
+    data = PairData(
+        features=np.zeros((0, 1), np.float16),
+        tokens=np.zeros(0, np.int64),
+        sequence=np.zeros(0, np.int64),
+        lengths=np.zeros(18, np.int64),
+        pair_user=pair_user,
+        pair_cluster=np.array([0, 0, 0, 0, 0, 0, 1, 1, 1]),
+        user_ids=["a", "b", "c"],
+        user_cluster=np.array([0, 0, 1]),
+    )
+    eligible = np.ones(9, dtype=bool)
+    eligible[1] = False
+    rows = author_negative_pairs(data, eligible, per_pair=2, seed=0)
+    assert len(rows) == 5 * 2  # pairs 0,2 (user 0) and 3,4,5 (user 1); user 2 has no same-cluster peer
+    for own, other in rows:
+        assert eligible[own] and eligible[other]
+        assert data.pair_cluster[own] == data.pair_cluster[other]
+        assert pair_user[own] != pair_user[other]
+    assert {int(p) for p in rows[:, 0]} == {0, 2, 3, 4, 5}
+    assert len(author_negative_pairs(data, eligible, per_pair=0, seed=0)) == 0

@@ -8,6 +8,12 @@ user's pairs is never trained on; on it we report the fraction with `R(y+) > R(y
 lambda, the cluster's default vector (mean lambda of its users), the global default (mean of all),
 and a lambda refitted the way the device does it (L2 logistic regression on `g(y+) - g(y-)` of the
 user's training pairs, P and Q frozen). Output: `head.safetensors` via `CardHead.save`.
+
+With `head_author_negatives = N > 0`, each training pair also contributes N *author-vs-author* pairs:
+the same `y+` against the own text of another training user of the same cluster (a `y+` of one of
+their training pairs, so another prompt), so the head can learn what separates this author from
+similar authors and not only people from the cluster model. `author_accuracy` reports, on held-out
+pairs, how often an author's own lambda ranks their text above a same-cluster author's.
 """
 
 from __future__ import annotations
@@ -75,6 +81,23 @@ def load_pair_data(context: PublishContext) -> PairData:
         user_ids=user_ids,
         user_cluster=np.asarray(user_cluster),
     )
+
+
+def author_negative_pairs(data: PairData, eligible: np.ndarray, per_pair: int, seed: int) -> np.ndarray:
+    """(pair, other pair) rows: each eligible pair against `per_pair` eligible pairs of other same-cluster users."""
+    rng = np.random.default_rng([seed, 3])
+    rows: list[tuple[int, int]] = []
+    if per_pair <= 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    for p in np.flatnonzero(eligible):
+        others = np.flatnonzero(
+            eligible & (data.pair_cluster == data.pair_cluster[p]) & (data.pair_user != data.pair_user[p])
+        )
+        if len(others) == 0:
+            continue
+        for q in rng.choice(others, size=min(per_pair, len(others)), replace=False):
+            rows.append((int(p), int(q)))
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
 
 def holdout_mask(data: PairData, fraction: float, seed: int) -> np.ndarray:
@@ -171,7 +194,15 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     train_rows = rows[torch.from_numpy(token_in_train)]
     train_sequence = torch.from_numpy(remap[data.sequence[token_in_train]])
     train_lengths = lengths[torch.from_numpy(train_seq)]
-    train_pair_user = torch.from_numpy(data.pair_user[~held])
+    # Every training comparison as (sequence of the preferred text, sequence of the other, user row).
+    train_pairs = np.flatnonzero(~held)
+    cross = author_negative_pairs(data, ~held, options.head_author_negatives, options.seed)
+    preferred = np.concatenate([2 * train_pairs, 2 * cross[:, 0]])
+    other = np.concatenate([2 * train_pairs + 1, 2 * cross[:, 1]])
+    comparison_user = np.concatenate([data.pair_user[train_pairs], data.pair_user[cross[:, 0]]])
+    train_preferred = torch.from_numpy(remap[preferred])
+    train_other = torch.from_numpy(remap[other])
+    train_comparison_user = torch.from_numpy(comparison_user)
 
     optimizer = torch.optim.AdamW(
         head.parameters(), lr=options.head_lr, weight_decay=options.head_weight_decay
@@ -191,7 +222,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
                 config.alpha,
                 config.length_normalised,
             )
-            margin = ((g[0::2] - g[1::2]) * head.lambdas[train_pair_user]).sum(-1)
+            margin = ((g[train_preferred] - g[train_other]) * head.lambdas[train_comparison_user]).sum(-1)
             loss = torch.nn.functional.softplus(-margin).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -231,6 +262,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         "global_default": _fraction((diffs @ defaults[k]) > 0, held),
         "device_refit": _refit_accuracy(diffs, data, held),
         "train_own_lambda": _fraction((diffs * lambdas[data.pair_user]).sum(-1) > 0, ~held),
+        "author_own_lambda": _author_accuracy(g_all, lambdas, data, held, options.seed),
     }
     card = CardHead(
         config, head.P.detach().numpy(), defaults, factor_q=head.Q.detach().numpy(), embeddings=embeddings
@@ -239,6 +271,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     summary = {
         "config": config.to_manifest(),
         "pairs": int(data.n_pairs),
+        "author_negative_pairs": int(len(cross)),
         "heldout_pairs": int(held.sum()),
         "users": len(data.user_ids),
         "tokens": int(data.tokens.size),
@@ -287,6 +320,18 @@ def _accuracy(
         )
         margin = ((g[0::2] - g[1::2]) * head.lambdas[torch.from_numpy(data.pair_user)]).sum(-1).numpy()
     return _fraction(margin > 0, held)
+
+
+def _author_accuracy(
+    g_all: np.ndarray, lambdas: np.ndarray, data: PairData, held: np.ndarray, seed: int
+) -> float:
+    """Held-out: fraction where the author's lambda ranks their own text above a same-cluster author's."""
+    pairs = author_negative_pairs(data, held, 3, seed + 1)
+    if len(pairs) == 0:
+        return float("nan")
+    own, other = g_all[2 * pairs[:, 0]], g_all[2 * pairs[:, 1]]
+    margin = ((own - other) * lambdas[data.pair_user[pairs[:, 0]]]).sum(-1)
+    return round(float((margin > 0).mean()), 4)
 
 
 def _refit_accuracy(diffs: np.ndarray, data: PairData, held: np.ndarray) -> float:

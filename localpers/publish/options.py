@@ -57,6 +57,7 @@ class PublishOptions:
     head_top_k: int = 20
     head_target_correction: float | None = 1.0  # calibrate alpha: mean |per-token correction| in logits
     length_normalised: bool = False
+    head_author_negatives: int = 0  # extra pairs per pair: y- = a same-cluster author's own text
     # g. bundle
     data_source: str = "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows"
     data_licence: str = "CC BY 4.0"
@@ -101,6 +102,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "head_weight_decay",
         "head_holdout",
         "length_normalised",
+        "head_author_negatives",
         "head_target_correction",
         "head_top_k",
         "seed",
