@@ -74,6 +74,12 @@ def publish_command(
             help="Per pair, this many extra pairs whose y- is another same-cluster author's own text.",
         ),
     ] = 0,
+    head_u: Annotated[
+        str,
+        typer.Option(
+            help="Head U: 'factored' (E Q, 400x smaller) or 'full' (a row per token seen in pairs)."
+        ),
+    ] = "factored",
     val_fraction: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Held-out items per user for validation loss.")
     ] = 0.1,
@@ -134,6 +140,7 @@ def publish_command(
         head_target_correction=head_target_correction or None,
         length_normalised=head_length_normalised,
         head_author_negatives=head_author_negatives,
+        head_u=head_u,
     )
     result = publish(options, until=until, from_stage=from_stage)
     if as_json:

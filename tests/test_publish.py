@@ -297,3 +297,42 @@ def test_author_negative_pairs_stay_in_cluster_and_eligible_set() -> None:
         assert pair_user[own] != pair_user[other]
     assert {int(p) for p in rows[:, 0]} == {0, 2, 3, 4, 5}
     assert len(author_negative_pairs(data, eligible, per_pair=0, seed=0)) == 0
+
+
+def test_full_u_torch_head_matches_card_head(backbone_path: Path) -> None:
+    import torch
+
+    from localpers.publish.head_training import TorchHead, sequence_features
+
+    rng = np.random.default_rng(1)
+    embeddings = TokenEmbeddings(backbone_path)
+    unique = np.array([7, 1000, 5000])
+    tokens = np.array([1000, 7, 1000, 5000])
+    index = torch.tensor([1, 0, 1, 2])
+    raw = rng.normal(0, 3, size=(len(tokens), 4, 640)).astype(np.float32)
+    head = TorchHead(4 * 640, torch.from_numpy(embeddings.rows(unique)), 8, 2, seed=0, full_u=True)
+    assert head.U.shape == (3, 8) and head.U.requires_grad
+    assert any(parameter is head.U for parameter in head.parameters())
+    np.testing.assert_array_equal(
+        head.token_inputs(None, index).detach().numpy(), head.U[index].detach().numpy()
+    )
+    config = HeadConfig(d=8, u="full", alpha=0.5)
+    card = CardHead(
+        config,
+        head.P.detach().numpy(),
+        np.zeros((2, 8), np.float32),
+        u_ids=unique,
+        u_rows=head.U.detach().numpy(),
+    )
+    got = sequence_features(
+        head.P.detach(),
+        head.Q,
+        torch.from_numpy(normalise_features(raw)),
+        head.token_inputs(None, index).detach(),
+        torch.zeros(len(tokens), dtype=torch.long),
+        1,
+        torch.tensor([len(tokens)]),
+        config.alpha,
+        False,
+    )[0].numpy()
+    np.testing.assert_allclose(got, card.sequence_feature(tokens, raw), rtol=1e-4, atol=1e-5)

@@ -1,6 +1,7 @@
 """Stage `head`: train the shared CARD head (P, Q) jointly with one vector lambda per training user.
 
-Exactly the maths of `localpers.head` (factored U = E Q, E = the backbone's token embeddings):
+Exactly the maths of `localpers.head` (factored U = E Q, E = the backbone's token embeddings; with
+`head_u = "full"`, one free row of U per token seen in the pairs instead):
 `z_t = P f_t` on the stored normalised features, `u_t = E[y_t] Q`, `g(y) = alpha * sum_t u_t * z_t`
 (over T when length-normalised), `R(y) = lambda_u . g(y)`. Loss: Bradley-Terry
 `-log sigmoid(R(y+) - R(y-))`, full-batch AdamW with weight decay. A seeded `head_holdout` slice of each
@@ -114,19 +115,41 @@ def holdout_mask(data: PairData, fraction: float, seed: int) -> np.ndarray:
 
 
 class TorchHead:
-    """Differentiable twin of `CardHead.sequence_feature` for a factored U."""
+    """Differentiable twin of `CardHead.sequence_feature`, factored (`U = E Q`) or full.
 
-    def __init__(self, n_features: int, n_embd: int, d: int, n_users: int, embedding_rms: float, seed: int):
+    A full U has one trainable row per token seen in the pairs (`unique_rows`), initialised to the
+    factored head's starting `E[v] Q`; tokens never seen keep a zero row on the device.
+    """
+
+    def __init__(
+        self,
+        n_features: int,
+        unique_rows: Any,
+        d: int,
+        n_users: int,
+        seed: int,
+        full_u: bool = False,
+    ):
         import torch
 
+        n_embd = unique_rows.shape[1]
+        embedding_rms = float(unique_rows.pow(2).mean().sqrt())
         generator = torch.Generator().manual_seed(seed)
         self.P = (torch.randn(d, n_features, generator=generator) / n_features**0.5).requires_grad_()
         q_scale = 0.1 / (n_embd**0.5 * max(embedding_rms, 1e-6))
         self.Q = (torch.randn(n_embd, d, generator=generator) * q_scale).requires_grad_()
         self.lambdas = torch.ones(n_users, d).requires_grad_()
+        self.U: Any = None
+        if full_u:
+            self.U = (unique_rows @ self.Q).detach().requires_grad_()
+            self.Q = torch.eye(d)
 
     def parameters(self) -> list[Any]:
-        return [self.P, self.Q, self.lambdas]
+        return [self.P, self.U if self.U is not None else self.Q, self.lambdas]
+
+    def token_inputs(self, embedding_rows: Any, token_index: Any) -> Any:
+        """What `sequence_features` multiplies by `Q`: embedding rows, or (full U, Q = I) the U rows."""
+        return embedding_rows if self.U is None else self.U[token_index]
 
 
 def sequence_features(
@@ -167,7 +190,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     config = HeadConfig(
         d=options.head_d,
         layers=tuple(tap_layers),
-        u="factored",
+        u=options.head_u,
         alpha=1.0,
         top_k=options.head_top_k,
         length_normalised=options.length_normalised,
@@ -177,13 +200,14 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     sequence = torch.from_numpy(data.sequence)
     lengths = torch.from_numpy(data.lengths)
     n_seq = len(data.lengths)
+    token_index = torch.from_numpy(inverse.reshape(-1))
     head = TorchHead(
         features.shape[1],
-        unique_rows.shape[1],
+        torch.from_numpy(unique_rows),
         config.d,
         len(data.user_ids),
-        float(np.sqrt(np.mean(unique_rows**2))),
         options.seed,
+        full_u=config.u == "full",
     )
 
     train_seq = np.flatnonzero(np.repeat(~held, 2))
@@ -192,6 +216,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     remap[train_seq] = np.arange(len(train_seq))
     train_features = features[torch.from_numpy(token_in_train)]
     train_rows = rows[torch.from_numpy(token_in_train)]
+    train_token_index = token_index[torch.from_numpy(token_in_train)]
     train_sequence = torch.from_numpy(remap[data.sequence[token_in_train]])
     train_lengths = lengths[torch.from_numpy(train_seq)]
     # Every training comparison as (sequence of the preferred text, sequence of the other, user row).
@@ -215,7 +240,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
                 head.P,
                 head.Q,
                 train_features,
-                train_rows,
+                head.token_inputs(train_rows, train_token_index),
                 train_sequence,
                 len(train_seq),
                 train_lengths,
@@ -234,7 +259,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
                     "train_accuracy": round(float((margin > 0).float().mean()), 4),
                 }
                 point["heldout_accuracy_own"] = _accuracy(
-                    head, features, rows, sequence, lengths, data, held, config, None
+                    head, features, rows, token_index, sequence, lengths, data, held, config
                 )
                 curve.append(point)
             advance(1)
@@ -247,11 +272,20 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         defaults[c] = lambdas[members].mean(axis=0) if len(members) else lambdas.mean(axis=0)
     defaults[k] = lambdas.mean(axis=0)
     with torch.no_grad():
+        all_inputs = head.token_inputs(rows, token_index)
         g_all = sequence_features(
-            head.P, head.Q, features, rows, sequence, n_seq, lengths, config.alpha, config.length_normalised
+            head.P,
+            head.Q,
+            features,
+            all_inputs,
+            sequence,
+            n_seq,
+            lengths,
+            config.alpha,
+            config.length_normalised,
         ).numpy()
     diffs = g_all[0::2] - g_all[1::2]
-    token_correction = _mean_abs_token_correction(head, features, rows, data, defaults)
+    token_correction = _mean_abs_token_correction(head, features, all_inputs, data, defaults)
     if options.head_target_correction:
         # Rewards are scale-free for the pair ranking; alpha sets how hard the device pushes the logits.
         config = replace(config, alpha=round(options.head_target_correction / max(token_correction, 1e-9), 6))
@@ -264,9 +298,14 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         "train_own_lambda": _fraction((diffs * lambdas[data.pair_user]).sum(-1) > 0, ~held),
         "author_own_lambda": _author_accuracy(g_all, lambdas, data, held, options.seed),
     }
-    card = CardHead(
-        config, head.P.detach().numpy(), defaults, factor_q=head.Q.detach().numpy(), embeddings=embeddings
-    )
+    if head.U is None:
+        card = CardHead(
+            config, head.P.detach().numpy(), defaults, factor_q=head.Q.detach().numpy(), embeddings=embeddings
+        )
+    else:
+        card = CardHead(
+            config, head.P.detach().numpy(), defaults, u_ids=unique, u_rows=head.U.detach().numpy()
+        )
     card.save(directory / HEAD_FILE)
     summary = {
         "config": config.to_manifest(),
@@ -295,12 +334,12 @@ def _accuracy(
     head: TorchHead,
     features: Any,
     rows: Any,
+    token_index: Any,
     sequence: Any,
     lengths: Any,
     data: PairData,
     held: np.ndarray,
     config: HeadConfig,
-    _: Any,
 ) -> float:
     import torch
 
@@ -311,7 +350,7 @@ def _accuracy(
             head.P,
             head.Q,
             features,
-            rows,
+            head.token_inputs(rows, token_index),
             sequence,
             len(data.lengths),
             lengths,
@@ -353,14 +392,14 @@ def _refit_accuracy(diffs: np.ndarray, data: PairData, held: np.ndarray) -> floa
 
 
 def _mean_abs_token_correction(
-    head: TorchHead, features: Any, rows: Any, data: PairData, defaults: np.ndarray
+    head: TorchHead, features: Any, token_inputs: Any, data: PairData, defaults: np.ndarray
 ) -> float:
     """Mean over all pair tokens of |U[y_t] . (z_t * lambda_cluster)| at alpha = 1, in logits."""
     import torch
 
     seq_cluster = np.repeat(data.pair_cluster, 2)[data.sequence]
     with torch.no_grad():
-        per_token = ((rows @ head.Q) * (features @ head.P.T) * torch.from_numpy(defaults[seq_cluster])).sum(
-            -1
-        )
+        per_token = (
+            (token_inputs @ head.Q) * (features @ head.P.T) * torch.from_numpy(defaults[seq_cluster])
+        ).sum(-1)
     return float(per_token.abs().mean())

@@ -58,6 +58,7 @@ class PublishOptions:
     head_target_correction: float | None = 1.0  # calibrate alpha: mean |per-token correction| in logits
     length_normalised: bool = False
     head_author_negatives: int = 0  # extra pairs per pair: y- = a same-cluster author's own text
+    head_u: str = "factored"  # "factored" (U = E Q) or "full" (a free row per token seen in the pairs)
     # g. bundle
     data_source: str = "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows"
     data_licence: str = "CC BY 4.0"
@@ -103,6 +104,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "head_holdout",
         "length_normalised",
         "head_author_negatives",
+        "head_u",
         "head_target_correction",
         "head_top_k",
         "seed",

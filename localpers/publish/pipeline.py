@@ -31,6 +31,8 @@ def publish(
         raise LocalpersError(f"--cluster-init must be 'global' or 'fresh', not {options.cluster_init!r}")
     if options.precision not in ("auto", "bf16", "fp32"):
         raise LocalpersError(f"--precision must be auto, bf16 or fp32, not {options.precision!r}")
+    if options.head_u not in ("factored", "full"):
+        raise LocalpersError(f"--head-u must be 'factored' or 'full', not {options.head_u!r}")
     if options.k is not None and options.k < 1:
         raise LocalpersError("--k must be at least 1")
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
