@@ -272,6 +272,20 @@ def test_cli_reports_a_bad_corpus_line(tmp_path: Path) -> None:
     assert not (tmp_path / "b" / "manifest.json").exists()
 
 
+def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(corpus)
+    out = tmp_path / "b"
+    result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(out), "--head-u", "sparse"])
+    assert result.exit_code == 1
+    assert "--head-u must be 'factored' or 'full', not 'sparse'" in result.output
+    assert not (out / ".work").exists()
+
+
 def test_author_negative_pairs_stay_in_cluster_and_eligible_set() -> None:
     from localpers.publish.head_training import PairData, author_negative_pairs
 
