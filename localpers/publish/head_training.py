@@ -133,7 +133,7 @@ class TorchHead:
         import torch
 
         n_embd = unique_rows.shape[1]
-        embedding_rms = float(unique_rows.pow(2).mean().sqrt())
+        embedding_rms = float(np.sqrt(np.mean(unique_rows.numpy() ** 2)))  # numpy: same bits as before
         generator = torch.Generator().manual_seed(seed)
         self.P = (torch.randn(d, n_features, generator=generator) / n_features**0.5).requires_grad_()
         q_scale = 0.1 / (n_embd**0.5 * max(embedding_rms, 1e-6))
