@@ -287,7 +287,7 @@ def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
 
 
 def test_author_negative_pairs_stay_in_cluster_and_eligible_set() -> None:
-    from localpers.publish.head_training import PairData, author_negative_pairs
+    from localpers.publish.head_data import PairData, author_negative_pairs
 
     # users 0,1 in cluster 0; user 2 alone in cluster 1; 3 pairs each; pair 1 is held out
     pair_user = np.repeat([0, 1, 2], 3)
