@@ -99,9 +99,12 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
 
     from localpers import paths
     from localpers.backbone import resolve_backbone
-    from localpers.engine import llama_cpp_version, llama_system_info
+    from localpers.engine import Engine, llama_cpp_version, llama_system_info
 
     backbone = resolve_backbone(model)
+    # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
+    with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
+        choice, weights = engine.buffer_choice, engine.weight_buffers
     extras = {
         name: importlib.util.find_spec(name) is not None
         for name in ("torch", "transformers", "peft", "gguf", "matplotlib", "pytest")
@@ -112,6 +115,13 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
         "threads": os.cpu_count(),
+        "cpu_buffers": {
+            "setting": choice.setting,
+            "offered": list(choice.offered),
+            "allowed": list(choice.allowed),
+            "reason": choice.reason,
+            "weights_mib": weights,
+        },
         "layer_taps": "c"
         if importlib.util.find_spec("localpers._taps")
         else "python (slower: C callback not built)",
@@ -134,6 +144,9 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(f"threads       {report['threads']}")
+    placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in weights.items()) or "?"
+    typer.echo(f"cpu buffers   {choice.reason}")
+    typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
     typer.echo(f"layer taps    {report['layer_taps']}")
     for name, where in report["dirs"].items():
         typer.echo(f"{name + ' dir':<14}{where}")

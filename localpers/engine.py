@@ -18,14 +18,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Sequence
+import re
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 from llama_cpp import _ggml
 
+from localpers import cpu_buffers
 from localpers.errors import LocalpersError
 
 GGUF_MAGIC = b"GGUF"
@@ -45,10 +49,26 @@ _libggml.ggml_backend_tensor_get.argtypes = [
 _libggml.ggml_backend_tensor_get.restype = None
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    return None
+class _LogRecorder:
+    """llama.cpp's log sink: silent unless LOCALPERS_LLAMA_LOG is set, and records text while asked to.
 
+    Recording is how the engine learns which buffer types the weights got: llama.cpp reports them only
+    in its load log (`CPU_REPACK model buffer size = ... MiB`).
+    """
+
+    def __init__(self) -> None:
+        self.recording: list[str] | None = None
+
+    def __call__(self, level: int, text: bytes | None, user_data: ctypes.c_void_p) -> None:
+        piece = (text or b"").decode("utf-8", errors="replace")
+        if self.recording is not None:
+            self.recording.append(piece)
+        if os.environ.get("LOCALPERS_LLAMA_LOG"):
+            sys.stderr.write(piece)
+
+
+_log_recorder = _LogRecorder()
+_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log_recorder)
 
 _backend_ready = False
 
@@ -56,10 +76,83 @@ _backend_ready = False
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
-        if not os.environ.get("LOCALPERS_LLAMA_LOG"):
-            llama_cpp.llama_log_set(_silent_log, ctypes.c_void_p(0))
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
+
+
+# ----------------------------------------------------------------- CPU extra buffer types
+_GGML_BACKEND_DEVICE_TYPE_CPU = 0
+_BUFFER_SIZE_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
+
+
+def _bind(name: str, argtypes: list[Any], restype: Any) -> Any:
+    function = getattr(_libggml, name)
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
+
+
+def _cpu_extra_buffer_array() -> ctypes.Array[ctypes.c_void_p] | None:
+    """ggml's NULL-terminated list of the CPU device's extra buffer types (the array llama.cpp reads)."""
+    dev_by_type = _bind("ggml_backend_dev_by_type", [ctypes.c_int], ctypes.c_void_p)
+    dev_reg = _bind("ggml_backend_dev_backend_reg", [ctypes.c_void_p], ctypes.c_void_p)
+    proc_address = _bind(
+        "ggml_backend_reg_get_proc_address", [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p
+    )
+    device = dev_by_type(_GGML_BACKEND_DEVICE_TYPE_CPU)
+    if not device:
+        return None
+    address = proc_address(dev_reg(device), b"ggml_backend_dev_get_extra_bufts")
+    if not address:
+        return None
+    get_extra = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
+    array_address = get_extra(device)
+    if not array_address:
+        return None
+    length = 0
+    while ctypes.c_void_p.from_address(array_address + length * ctypes.sizeof(ctypes.c_void_p)).value:
+        length += 1
+    return (ctypes.c_void_p * (length + 1)).from_address(array_address)
+
+
+def _buffer_type_name(buffer_type: int) -> str:
+    name = _bind("ggml_backend_buft_name", [ctypes.c_void_p], ctypes.c_char_p)(buffer_type)
+    return (name or b"?").decode("utf-8", errors="replace")
+
+
+def cpu_extra_buffer_types() -> list[str]:
+    """Names of the extra CPU buffer types this llama.cpp build offers, in llama.cpp's order of preference."""
+    _init_backend()
+    array = _cpu_extra_buffer_array()
+    if array is None:
+        return []
+    return [_buffer_type_name(entry) for entry in array[:-1]]
+
+
+@contextlib.contextmanager
+def _only_extra_buffer_types(allowed: Sequence[str]) -> Iterator[None]:
+    """While loading a model, llama.cpp sees only the `allowed` extra buffer types.
+
+    llama.cpp has no per-type switch (only all or none through `use_extra_bufts`), and a per-tensor
+    override to CPU_REPACK aborts on tensors repack cannot hold. So the CPU device's own list, which
+    llama.cpp walks when it builds a model's buffer list, is compacted in place for the load and
+    restored afterwards. The list is ggml's static array of pointers; entries are only removed, never
+    added, so the array never grows.
+    """
+    array = _cpu_extra_buffer_array()
+    if array is None:
+        yield
+        return
+    original = list(array)
+    kept = [entry for entry in original[:-1] if _buffer_type_name(entry) in allowed]
+    for i in range(len(original)):
+        array[i] = kept[i] if i < len(kept) else None
+    try:
+        yield
+    finally:
+        for i, entry in enumerate(original):
+            array[i] = entry
 
 
 def llama_cpp_version() -> str:
@@ -228,9 +321,8 @@ class Engine:
         _init_backend()
         self.model_path = Path(model_path)
         check_gguf_file(self.model_path)
-        model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = 0
-        self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
+        self._model = None
+        self.buffer_choice, self.weight_buffers = self._load_model()
         if not self._model:
             raise LocalpersError(f"llama.cpp could not load {self.model_path}: corrupt or unsupported GGUF")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -278,6 +370,28 @@ class Engine:
         # re-evaluating it. Cleared by reset() and by truncating into it.
         self._prompt_memo: tuple[tuple[int, ...], Step] | None = None
         self._piece_cache: dict[int, bytes] = {}
+
+    def _load_model(self) -> tuple[cpu_buffers.BufferChoice, dict[str, float]]:
+        """Load the GGUF with the CPU buffer types `cpu_buffers` allows; returns the choice and MiB per type."""
+        try:
+            setting = cpu_buffers.setting_from_environment()
+        except cpu_buffers.BufferSettingError as exc:
+            raise LocalpersError(str(exc)) from None
+        choice = cpu_buffers.choose_buffer_types(cpu_extra_buffer_types(), setting, cpu_buffers.cpu_flags())
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        model_params.use_extra_bufts = choice.use_extra_buffers
+        _log_recorder.recording = []
+        try:
+            with _only_extra_buffer_types(choice.allowed):
+                self._model = llama_cpp.llama_model_load_from_file(
+                    str(self.model_path).encode(), model_params
+                )
+            log = "".join(_log_recorder.recording)
+        finally:
+            _log_recorder.recording = None
+        sizes = {name: float(mib) for name, mib in _BUFFER_SIZE_LINE.findall(log)}
+        return choice, sizes
 
     @property
     def tap_implementation(self) -> str | None:

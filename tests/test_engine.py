@@ -119,7 +119,10 @@ def test_teacher_forced_logprobs_match_greedy_generation(engine: Engine) -> None
         step = engine.step(token)
     (scored,) = engine.score(prompt_tokens, [result.tokens], keep_logits=True)
     # A batch and single-token steps use different matmul paths in llama.cpp: close, not bit-identical.
-    np.testing.assert_allclose(scored.logprobs, seen_logprobs, atol=0.03)
+    # `python scripts/measure_batch_noise.py` over 336 tokens: max |gap| 0.098 nats with CPU_REPACK weights,
+    # 0.113 with plain buffers (p99 0.07 / 0.05); 0.048 was seen on an AMX Xeon with plain buffers. 0.15 is
+    # 1.3x the largest measured gap; a stale cache or a shifted position moves log-probs by nats.
+    np.testing.assert_allclose(scored.logprobs, seen_logprobs, atol=0.15)
     assert list(np.argmax(scored.logits, axis=1)) == result.tokens
     assert scored.features.shape == (len(result.tokens), 4, engine.n_embd)
 
