@@ -18,6 +18,7 @@ from localpers.cli_methods import EXTRA_METHODS, fit_method, fit_summary, rewrit
 from localpers.errors import LocalpersError
 from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
 from localpers.store import User, UserStore
+from localpers.tasks import get_task
 
 DEMO_USER = "demo"
 
@@ -204,6 +205,7 @@ def rewrite_command(
         top_k=top_k,
         max_tokens=max_tokens,
         on_text=stream_piece if (stream and not as_json) else None,
+        history=target.history_index(get_task(task)) if target is not None else None,
     )
     if as_json:
         typer.echo(

@@ -45,6 +45,14 @@ def publish_command(
     lr: Annotated[float, typer.Option(min=0.0, help="SFT learning rate.")] = 2e-4,
     batch_size: Annotated[int, typer.Option(min=1, help="SFT batch size.")] = 8,
     precision: Annotated[str, typer.Option(help="auto (measure), bf16 or fp32.")] = "auto",
+    history_examples: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=20,
+            help="Train with the author's K earlier outputs in the prompt (history-conditioned); 0 = plain.",
+        ),
+    ] = 0,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,
     pairs_per_user: Annotated[int | None, typer.Option(min=1, help="Cap on preference pairs per user.")] = 30,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
@@ -127,6 +135,7 @@ def publish_command(
         max_steps=max_steps,
         cluster_init=cluster_init,
         precision=precision,
+        history_examples=history_examples,
         checkpoint_every=checkpoint_every,
         threads=threads,
         engine_threads=engine_threads,

@@ -23,6 +23,7 @@ class HistoryItem:
 
     input: str
     output: str
+    date: str | None = None  # ISO date when the corpus has one; orders "earlier" items for history prompts
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def parse_user(record: Any, where: str, line: int) -> CorpusUser:
             HistoryItem(
                 input=_string_field(item["input"], item_where, "input"),
                 output=_string_field(item["output"], item_where, "output").strip(),
+                date=item["date"] if isinstance(item.get("date"), str) else None,
             )
         )
     return CorpusUser(user_id=user_id, history=tuple(items), line=line)

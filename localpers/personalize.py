@@ -29,13 +29,16 @@ from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_
 from localpers.generation import GenerationResult, generate
 from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
+from localpers.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
 from localpers.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.sampling import SamplingConfig
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
 from localpers.token_embeddings import TokenEmbeddings
 
-METHODS = ("card", "cluster", "global", "card-global")
+METHODS = ("card", "cluster", "global", "card-global", "global-history")
+# Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
+HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 MIN_PAIRS_FOR_VECTOR = 3
 NEGATIVES_FILE = "negatives.json"
 
@@ -55,6 +58,9 @@ class Personalizer:
         self.backbone = backbone
         self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
         self.head_config = HeadConfig.from_manifest(manifest["head"])
+        self.prompt_format = PromptFormat.from_manifest(
+            manifest.get("prompt"), where=str(bundle.directory / "manifest.json")
+        )
         self.engine = Engine(
             backbone.path, n_ctx=n_ctx, tap_layers=self.head_config.layers, n_threads=n_threads
         )
@@ -101,7 +107,7 @@ class Personalizer:
     def adapter_for(self, method: str, cluster: int | None) -> str:
         if method not in METHODS:
             raise LocalpersError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        if method in ("global", "card-global") or cluster is None:
+        if method in ("global", "card-global", "global-history") or cluster is None:
             return "global"
         return self.bundle.cluster_adapter_name(cluster)
 
@@ -121,8 +127,13 @@ class Personalizer:
         on_text: Callable[[str], None] | None = None,
         record_steps: bool = False,
         prompt_prefix: str = "",
+        history: HistoryIndex | None = None,
     ) -> RewriteResult:
-        """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step."""
+        """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
+
+        `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
+        history prompts and the method is a personalized one; `global` always gets the plain prompt.
+        """
         chosen_task = get_task(task)
         adapter = self.adapter_for(method, cluster)
         personalized = method in ("card", "card-global")
@@ -152,7 +163,7 @@ class Personalizer:
         with threadpool_limits(limits=1, user_api="blas"):
             result = generate(
                 self.engine,
-                prompt_prefix + chosen_task.prompt_for(text),
+                prompt_prefix + self.prompt_for(chosen_task.name, text, method, history),
                 max_tokens=max_tokens or chosen_task.default_max_tokens,
                 sampling=sampling,
                 stop=chosen_task.stop_strings,
@@ -174,6 +185,11 @@ class Personalizer:
             total_ms=round(total_ms, 2),
             steps=self._describe_steps(result, steps) if record_steps else [],
         )
+
+    def prompt_for(self, task: str, text: str, method: str, history: HistoryIndex | None) -> str:
+        """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
+        conditioned = method in HISTORY_METHODS and self.prompt_format is not None
+        return prompt_for_user(task, text, self.prompt_format if conditioned else None, history)
 
     def _describe_steps(
         self, result: GenerationResult, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]

@@ -40,6 +40,8 @@ from localpers import paths
 from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 from localpers.errors import LocalpersError
 from localpers.history import HistoryItem, check_history_size, read_stored_history, serialize_history
+from localpers.history_prompt import HistoryIndex
+from localpers.tasks import Task
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -126,8 +128,19 @@ class User:
         return read_stored_history(self.history_path)
 
     def save_history(self, items: list[HistoryItem]) -> None:
+        """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read)."""
         check_history_size(len(items), what=f"user {self.name!r} would have")
-        atomic_write_text(self.history_path, serialize_history(items))
+        text = serialize_history(items)
+        atomic_write_text(self.history_path, text)
+        HistoryIndex.write(self.dir, text, items)
+
+    def history_index(self, task: Task) -> HistoryIndex:
+        """The user's examples for `task` with their BM25 index, for history-conditioned prompts."""
+        try:
+            text = self.history_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            text = ""
+        return HistoryIndex.load(self.dir, text, self.history() if text else [], task)
 
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""

@@ -239,7 +239,7 @@ class RagMethod(Method):
         return {"k": 4}
 
     def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
-        from localpers.bench.retrieval import Bm25Index
+        from localpers.retrieval import Bm25Index
 
         return Bm25Index([f"{item.input} {item.output}" for item in profile.items]) if profile.items else None
 

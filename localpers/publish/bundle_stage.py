@@ -19,6 +19,7 @@ from localpers.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
 from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
 from localpers.publish.head_training import HEAD_FILE
+from localpers.publish.prompts import prompt_format
 from localpers.publish.runner import PublishContext
 
 BUNDLE_ENTRIES = ("adapters", "plots", CENTROIDS_FILE, HEAD_FILE)
@@ -45,6 +46,7 @@ def build_manifest(context: PublishContext, summaries: dict[str, dict[str, Any]]
         },
         "encoder": {"id": ENCODER_ID, "package": ENCODER_PACKAGE, "dim": ENCODER_DIM},
         "task": options.task,
+        **({"prompt": chosen.to_manifest()} if (chosen := prompt_format(context)) is not None else {}),
         "clusters": {"k": clusters["k"], "centroids": CENTROIDS_FILE, "sizes": clusters["sizes"]},
         "adapters": {name: f"adapters/{name}.gguf" for name in names},
         "lora": {

@@ -17,6 +17,7 @@ import numpy as np
 
 from localpers.head import normalise_features
 from localpers.publish.pairs import load_pairs
+from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import PublishContext
 
 
@@ -26,10 +27,8 @@ def user_file(directory: Path, index: int) -> Path:
 
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     from localpers.engine import Engine
-    from localpers.tasks import get_task
 
     options = context.options
-    task = get_task(options.task)
     users = load_pairs(context)
     adapters = context.stage_dir("export")
     engine = Engine(context.backbone_path, n_ctx=1024, n_threads=options.engine_threads)
@@ -42,12 +41,11 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         with context.progress("features (llama.cpp taps)", sum(len(u["pairs"]) for u in todo)) as advance:
             for record in todo:
                 corpus_user = context.corpus.users[record["user"]]
+                prompts = user_prompts(context, corpus_user)
                 engine.set_adapter(f"cluster-{record['cluster']}")
                 features, tokens, lengths = [], [], []
                 for pair in record["pairs"]:
-                    prompt = engine.tokenize(
-                        task.prompt_for(corpus_user.history[pair["item"]].input), add_bos=True
-                    )
+                    prompt = engine.tokenize(prompts[pair["item"]], add_bos=True)
                     continuations = [
                         engine.tokenize(" " + pair["chosen"], add_bos=False),
                         engine.tokenize(" " + pair["rejected"], add_bos=False),

@@ -41,6 +41,9 @@ class PublishOptions:
     max_steps: int | None = None  # caps the steps of every adapter
     cluster_init: str = "global"  # "global" (start from the trained global adapter) or "fresh"
     max_seq_len: int = 256
+    history_examples: int = (
+        0  # > 0: history-conditioned prompts with this many past outputs (publish/prompts.py)
+    )
     precision: str = "auto"  # "auto" (measure), "bf16" or "fp32"
     checkpoint_every: int = 25
     threads: int = 2  # torch
@@ -90,11 +93,12 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "max_steps",
         "cluster_init",
         "max_seq_len",
+        "history_examples",
         "precision",
         "seed",
     ),
     "export": (),
-    "pairs": ("pairs_per_user", "max_new_tokens", "task", "seed"),
+    "pairs": ("pairs_per_user", "max_new_tokens", "task", "history_examples", "seed"),
     "features": (),
     "head": (
         "head_d",

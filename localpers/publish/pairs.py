@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from localpers.publish.clusters import load_assignment
+from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import PublishContext, read_json, write_json_atomic
 
 
@@ -62,13 +63,14 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         with context.progress("pairs (greedy y-)", sum(len(items) for *_, items in todo)) as advance:
             for index, cluster, items in todo:
                 user = context.corpus.users[index]
+                prompts = user_prompts(context, user)
                 engine.set_adapter(f"cluster-{cluster}")
                 pairs = []
                 for item_index in items:
                     item = user.history[item_index]
                     result = generate(
                         engine,
-                        task.prompt_for(item.input),
+                        prompts[item_index],
                         max_tokens=options.max_new_tokens,
                         sampling=SamplingConfig(),
                         stop=task.stop_strings,

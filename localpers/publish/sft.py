@@ -23,6 +23,7 @@ import numpy as np
 
 from localpers.publish import torch_model
 from localpers.publish.clusters import load_assignment
+from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import PublishContext, read_json, write_json_atomic
 from localpers.publish.torch_model import Example
 
@@ -43,12 +44,12 @@ def split_examples(context: PublishContext) -> tuple[list[Example], list[Example
     for index, (user, entry) in enumerate(zip(context.corpus.users, assignment["users"], strict=True)):
         held_out = set(entry["val"])
         clusters.append(int(entry["cluster"]))
-        for item_index, item in enumerate(user.history):
-            rows.append((item.input, item.output, index))
+        for item_index, (item, prompt) in enumerate(
+            zip(user.history, user_prompts(context, user), strict=True)
+        ):
+            rows.append((prompt, item.output, index))
             is_val.append(item_index in held_out)
-    examples = torch_model.tokenise_examples(
-        context.backbone_path, rows, context.options.task, context.options.max_seq_len
-    )
+    examples = torch_model.tokenise_examples(context.backbone_path, rows, context.options.max_seq_len)
     train = [e for e, v in zip(examples, is_val, strict=True) if not v]
     val = [e for e, v in zip(examples, is_val, strict=True) if v]
     return train, val, clusters

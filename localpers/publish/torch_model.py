@@ -187,21 +187,16 @@ def target_token_losses(model: Any, batch: dict[str, Any]) -> Any:
     return functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
 
 
-def tokenise_examples(
-    backbone: Path, pairs: list[tuple[str, str, int]], task_name: str, max_len: int
-) -> list[Example]:
-    """`(input, output, user)` -> Examples: BOS + task prompt, then `" " + output + "\\n"`.
+def tokenise_examples(backbone: Path, pairs: list[tuple[str, str, int]], max_len: int) -> list[Example]:
+    """`(prompt, output, user)` -> Examples: BOS + the prompt, then `" " + output + "\\n"`.
 
     This matches the device: it prefills the tokenised prompt and generates the headline after it.
     Over-long prompts lose their beginning (after BOS); the target is kept whole.
     """
-    from localpers.tasks import get_task
-
-    task = get_task(task_name)
     engine = _tokeniser_engine(backbone)
     examples = []
-    for text, output, user in pairs:
-        prompt = engine.tokenize(task.prompt_for(text), add_bos=True)
+    for prompt_text, output, user in pairs:
+        prompt = engine.tokenize(prompt_text, add_bos=True)
         target = engine.tokenize(" " + output.strip() + "\n", add_bos=False)
         target = target[: max_len // 2]
         room = max_len - len(target)

@@ -31,6 +31,7 @@ from textual.widgets import Select, TextArea
 from localpers.errors import LocalpersError
 from localpers.personalize import RewriteResult
 from localpers.store import User
+from localpers.tasks import get_task
 from localpers.tui import engine_jobs
 from localpers.tui.messages import (
     DemoReady,
@@ -318,8 +319,9 @@ class LocalpersApp(App[None]):
         if profile is None or not profile.can_personalize:
             why = "no user" if profile is None else "no fitted profile yet"
             return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
+        history = self.user.history_index(get_task(task)) if self.user is not None else None
         if method == "cluster":
-            request = RewriteRequest(text, task, "cluster", cluster=profile.cluster)
+            request = RewriteRequest(text, task, "cluster", cluster=profile.cluster, history=history)
             return request, f"Personalized · cluster {profile.cluster} adapter"
         strength, top_k = controls.strength.value, int(controls.top_k.value)
         request = RewriteRequest(
@@ -331,6 +333,7 @@ class LocalpersApp(App[None]):
             strength=strength,
             top_k=top_k,
             record_steps=True,
+            history=history,
         )
         return request, f"Personalized · CARD · cluster {profile.cluster} · α {strength:.2f} · top-{top_k}"
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localpers.history_prompt import HistoryIndex
 from localpers.store import User, UserStore
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class RewriteRequest:
     strength: float | None = None
     top_k: int | None = None
     record_steps: bool = False
+    history: HistoryIndex | None = None  # the user's examples, for bundles trained with history prompts
 
 
 class WritingService(Protocol):
@@ -126,6 +128,7 @@ class EngineService:
             top_k=request.top_k,
             on_text=on_text,
             record_steps=request.record_steps,
+            history=request.history,
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:

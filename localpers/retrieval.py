@@ -1,4 +1,4 @@
-"""BM25 retrieval over a user's history, for the `rag` baseline (rank-bm25's Okapi BM25).
+"""BM25 retrieval over a user's history (rank-bm25's Okapi BM25): the rag baseline and history-conditioned prompts.
 
     Bm25Index(["cats purr", "dogs bark", "cats and dogs"]).top("why do cats purr", 1) -> [0]
 

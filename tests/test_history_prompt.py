@@ -1,0 +1,129 @@
+"""History-conditioned prompts: format, example choice, the user's cached index, the publisher's pools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localpers.corpus import CorpusUser
+from localpers.corpus import HistoryItem as CorpusItem
+from localpers.errors import LocalpersError
+from localpers.history import HistoryItem
+from localpers.history_prompt import (
+    INDEX_FILE,
+    HistoryIndex,
+    PromptFormat,
+    build_prompt,
+    prompt_for_user,
+    select_examples,
+)
+from localpers.publish.prompts import earlier_items
+from localpers.store import UserStore
+from localpers.tasks import get_task
+
+HEADLINE = get_task("headline")
+INSTRUCTION = "Generate a headline for the following article: "
+POOL = [
+    (INSTRUCTION + "The council approved new bike lanes on Main Street.", "Bike Lanes Win: Council Says Yes"),
+    (
+        INSTRUCTION + "A bakery won a national prize for its sourdough bread.",
+        "Rise And Shine: Sourdough Takes Gold",
+    ),
+    (INSTRUCTION + "Rail service adds late trains on weekends.", "Night Owls Rejoice: Later Trains"),
+]
+
+
+def test_plain_prompt_without_examples_and_the_documented_layout_with_them() -> None:
+    text = INSTRUCTION + "The museum stays open late on Fridays."
+    assert build_prompt(HEADLINE, text, []) == HEADLINE.prompt_for(text)
+    prompt = build_prompt(HEADLINE, text, ["Old  one", "Closest one"])
+    assert prompt == (
+        "Headlines this author wrote before:\n- Old one\n- Closest one\n\n"
+        "Generate a headline for the following article: The museum stays open late on Fridays.\nHeadline:"
+    )
+
+
+def test_examples_are_the_most_similar_with_the_best_last() -> None:
+    chosen = select_examples(
+        HEADLINE, INSTRUCTION + "New bike lanes for the street, the council said.", POOL, 2
+    )
+    assert chosen[-1] == "Bike Lanes Win: Council Says Yes"
+    assert len(chosen) == 2
+    assert select_examples(HEADLINE, "anything", [], 5) == []
+    assert len(select_examples(HEADLINE, "bread", POOL, 10)) == 3
+
+
+def test_prompt_format_round_trips_and_refuses_bad_entries() -> None:
+    chosen = PromptFormat(examples=5)
+    assert PromptFormat.from_manifest(chosen.to_manifest()) == chosen
+    assert PromptFormat.from_manifest(None) is None
+    for bad in (
+        {"format": "other"},
+        {**chosen.to_manifest(), "version": 9},
+        {**chosen.to_manifest(), "examples": 0},
+    ):
+        with pytest.raises(LocalpersError, match="manifest.json"):
+            PromptFormat.from_manifest(bad)
+
+
+def _items(pool: list[tuple[str, str]]) -> list[HistoryItem]:
+    return [HistoryItem.create("headline", i, o) for i, o in pool]
+
+
+def test_user_index_is_written_with_the_history_and_rebuilt_when_stale() -> None:
+    store = UserStore()
+    user = store.create("ana")
+    user.save_history(_items(POOL))
+    cache = user.dir / INDEX_FILE
+    assert cache.is_file()
+    index = user.history_index(HEADLINE)
+    assert [o for _, o in index.pool] == [o for _, o in POOL]
+    # The history changes behind the cache's back (e.g. a crash between the two writes): rebuilt on read.
+    user.history_path.write_text(user.history_path.read_text().splitlines()[0] + "\n")
+    assert len(user.history_index(HEADLINE).pool) == 1
+    assert len(json.loads(cache.read_text())["tasks"]["headline"]) == 1
+    cache.write_text("{not json")
+    assert len(user.history_index(HEADLINE).pool) == 1
+    store.delete("ana")
+    assert not cache.exists()
+
+
+def test_prompt_for_user_is_plain_without_a_format_or_history() -> None:
+    text = INSTRUCTION + "Rail adds trains."
+    index = HistoryIndex(HEADLINE, POOL)
+    assert prompt_for_user("headline", text, None, index) == HEADLINE.prompt_for(text)
+    assert prompt_for_user("headline", text, PromptFormat(3), None) == HEADLINE.prompt_for(text)
+    conditioned = prompt_for_user("headline", text, PromptFormat(3), index)
+    assert conditioned.startswith("Headlines this author wrote before:\n")
+    assert conditioned.endswith(HEADLINE.prompt_for(text))
+    assert "Night Owls Rejoice: Later Trains\n\n" in conditioned  # the closest example sits last
+
+
+def test_publisher_pools_hold_only_strictly_earlier_items() -> None:
+    user = CorpusUser(
+        "u1",
+        (
+            CorpusItem("a", "A", "2020-01-01"),
+            CorpusItem("b", "B", "2020-01-02"),
+            CorpusItem("c", "C", "2020-01-02"),
+            CorpusItem("d", "D", "2020-01-03"),
+        ),
+        line=1,
+    )
+    assert earlier_items(user, 0) == []
+    assert earlier_items(user, 2) == [("a", "A")]  # same-day items are not "before"
+    assert earlier_items(user, 3) == [("a", "A"), ("b", "B"), ("c", "C")]
+    undated = CorpusUser("u2", (CorpusItem("a", "A"), CorpusItem("b", "B")), line=2)
+    assert earlier_items(undated, 1) == [("a", "A")]
+
+
+def test_shared_corpus_dates_parse(tmp_path: Path) -> None:
+    from localpers.corpus import load_corpus
+
+    path = tmp_path / "c.jsonl"
+    path.write_text(
+        json.dumps({"user_id": "u", "history": [{"input": "x", "output": "y", "date": "2020-01-01"}]})
+    )
+    assert load_corpus(path).users[0].history[0].date == "2020-01-01"
