@@ -128,11 +128,13 @@ class Personalizer:
         record_steps: bool = False,
         prompt_prefix: str = "",
         history: HistoryIndex | None = None,
+        prompt_format: PromptFormat | None = None,
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
 
         `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
         history prompts and the method is a personalized one; `global` always gets the plain prompt.
+        `prompt_format` overrides the bundle's (the "same prompt, adapters not trained on it" ablation).
         """
         chosen_task = get_task(task)
         adapter = self.adapter_for(method, cluster)
@@ -163,7 +165,7 @@ class Personalizer:
         with threadpool_limits(limits=1, user_api="blas"):
             result = generate(
                 self.engine,
-                prompt_prefix + self.prompt_for(chosen_task.name, text, method, history),
+                prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
                 max_tokens=max_tokens or chosen_task.default_max_tokens,
                 sampling=sampling,
                 stop=chosen_task.stop_strings,
@@ -186,10 +188,17 @@ class Personalizer:
             steps=self._describe_steps(result, steps) if record_steps else [],
         )
 
-    def prompt_for(self, task: str, text: str, method: str, history: HistoryIndex | None) -> str:
+    def prompt_for(
+        self,
+        task: str,
+        text: str,
+        method: str,
+        history: HistoryIndex | None,
+        prompt_format: PromptFormat | None = None,
+    ) -> str:
         """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
-        conditioned = method in HISTORY_METHODS and self.prompt_format is not None
-        return prompt_for_user(task, text, self.prompt_format if conditioned else None, history)
+        chosen = prompt_format or self.prompt_format
+        return prompt_for_user(task, text, chosen if method in HISTORY_METHODS else None, history)
 
     def _describe_steps(
         self, result: GenerationResult, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]

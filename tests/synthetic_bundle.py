@@ -25,8 +25,13 @@ CALM_OUTPUTS = [
 ]
 
 
-def make_bundle(directory: Path, backbone: Backbone, *, d: int = 16, seed: int = 0) -> Path:
-    """Write a verified-format bundle with k=2 clusters into `directory` and return it."""
+def make_bundle(
+    directory: Path, backbone: Backbone, *, d: int = 16, seed: int = 0, prompt: dict | None = None
+) -> Path:
+    """Write a verified-format bundle with k=2 clusters into `directory` and return it.
+
+    `prompt` is the manifest's history-prompt entry (None: a plain-prompt bundle).
+    """
     from localpers.encoder import user_embedding
 
     rng = np.random.default_rng(seed)
@@ -55,6 +60,7 @@ def make_bundle(directory: Path, backbone: Backbone, *, d: int = 16, seed: int =
             "backbone": {"name": backbone.path.stem, "sha256": backbone.sha256, "n_embd": 640, "n_layer": 18},
             "encoder": {"id": "sentence-transformers/all-MiniLM-L6-v2", "dim": int(centroids.shape[1])},
             "task": "headline",
+            **({"prompt": prompt} if prompt is not None else {}),
             "clusters": {"k": 2, "centroids": "centroids.safetensors", "sizes": [1, 1]},
             "adapters": adapters,
             "head": {"file": "head.safetensors", **config.to_manifest()},

@@ -211,3 +211,42 @@ def test_rewrite_refuses_an_unfitted_user(bundle_dir: Path, backbone: Backbone) 
     )
     assert result.exit_code == 1
     assert "localpers fit" in result.output
+
+
+def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
+    backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.history_prompt import PromptFormat
+    from localpers.tasks import get_task
+
+    conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
+    try:
+        assert loaded.prompt_format == PromptFormat(examples=2)
+        user = UserStore().create("shouty")
+        user.save_history(items(SHOUTY))
+        index = user.history_index(get_task("headline"))
+        prompt = loaded.prompt_for("headline", ARTICLE, "cluster", index)
+        assert prompt.startswith("Headlines this author wrote before:\n- ")
+        assert prompt.count("\n- ") == 2 and prompt.endswith(get_task("headline").prompt_for(ARTICLE))
+        # The non-personalized baseline never sees the history; no history means the plain prompt.
+        assert loaded.prompt_for("headline", ARTICLE, "global", index) == get_task("headline").prompt_for(
+            ARTICLE
+        )
+        assert loaded.prompt_for("headline", ARTICLE, "card", None) == get_task("headline").prompt_for(
+            ARTICLE
+        )
+        result = loaded.rewrite(ARTICLE, method="cluster", cluster=0, history=index, max_tokens=4)
+        assert result.tokens > 0
+    finally:
+        loaded.close()
+    # A plain bundle (the demo bundle until it is retrained) keeps plain prompts whatever the history.
+    plain = make_bundle(tmp_path / "p", backbone)
+    loaded = Personalizer(open_bundle(plain, backbone_sha256=backbone.sha256), backbone)
+    try:
+        assert loaded.prompt_format is None
+        assert loaded.prompt_for("headline", ARTICLE, "cluster", index) == get_task("headline").prompt_for(
+            ARTICLE
+        )
+    finally:
+        loaded.close()

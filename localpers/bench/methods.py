@@ -27,6 +27,7 @@ import numpy as np
 from localpers.errors import LocalpersError
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.history import HistoryItem
+from localpers.history_prompt import HistoryIndex, PromptFormat
 from localpers.personalize import Personalizer, RewriteResult
 from localpers.tasks import get_task
 
@@ -263,19 +264,49 @@ def few_shot_prefix(examples: list[HistoryItem], max_chars: int = 1000) -> str:
     return "".join(parts)
 
 
+def history_index(profile: UserProfile, task: str = "headline") -> HistoryIndex:
+    """The user's examples for `task`, as the device's history index holds them."""
+    return HistoryIndex(get_task(task), [(i.input, i.output) for i in profile.items if i.task == task])
+
+
+@register
+class GlobalHistoryMethod(Method):
+    name = "global-history"
+    description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
+    uses_history = True
+    params = {"examples": int}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        chosen = personalizer.prompt_format
+        return {"examples": chosen.examples if chosen is not None else 5}
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        return history_index(profile)
+
+    def generate(
+        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+    ) -> RewriteResult:
+        examples = spec.get("examples")
+        chosen = None if examples is None else PromptFormat(examples=int(examples))
+        return personalizer.rewrite(text, method="global-history", history=prepared, prompt_format=chosen)
+
+
 @register
 class ClusterMethod(Method):
     name = "cluster"
-    description = "the user's cluster adapter only"
+    description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        return history_index(profile)
 
     def generate(
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
     ) -> RewriteResult:
         if profile.cluster is None:  # no history: the device falls back to the global adapter
             return personalizer.rewrite(text, method="global")
-        return personalizer.rewrite(text, method="cluster", cluster=profile.cluster)
+        return personalizer.rewrite(text, method="cluster", cluster=profile.cluster, history=prepared)
 
 
 @register
@@ -296,6 +327,9 @@ class CardMethod(Method):
             "reg": float(DEFAULT_REGULARISATION),
             "prior": float(DEFAULT_PRIOR_WEIGHT),
         }
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        return history_index(profile)
 
     def check(self, personalizer: Personalizer) -> None:
         actual = personalizer.head_config.u
@@ -319,6 +353,7 @@ class CardMethod(Method):
             vector=profile.vector,
             strength=None if strength is None else float(strength),
             top_k=None if top_k is None else int(top_k),
+            history=prepared,
         )
 
 
