@@ -379,3 +379,28 @@ def test_cope_and_exact_run_in_the_bench_registry(
     assert (out / "method-state" / "cope").is_dir() and (out / "method-state" / "exact").is_dir()
     generated = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
     assert {row["method"] for row in generated} >= {"cope", "exact"}
+
+
+def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() -> None:
+    """On a bundle without a prompt format it is the "same prompt, untrained adapter" ablation, not `global`."""
+    from localpers.bench.methods import MethodSpec, UserProfile, get_method, history_index
+    from localpers.history import HistoryItem
+    from localpers.history_prompt import PromptFormat
+
+    class Recorder:
+        prompt_format = None
+
+        def rewrite(self, text: str, **kwargs: object) -> dict[str, object]:
+            return kwargs
+
+    method = get_method("global-history")
+    item = HistoryItem.create("headline", "Generate a headline for the following article: a b", "A B")
+    profile = UserProfile("u", (item,))
+    prepared = method.prepare(Recorder(), profile, MethodSpec("global-history"))  # type: ignore[arg-type]
+    assert prepared.pool == history_index(profile).pool
+    sent = method.generate(Recorder(), profile, prepared, "text", MethodSpec("global-history"))  # type: ignore[arg-type]
+    assert sent["prompt_format"] == PromptFormat(examples=5) and sent["history"] is prepared
+    sent = method.generate(
+        Recorder(), profile, prepared, "t", MethodSpec("global-history", (("examples", 3),))
+    )  # type: ignore[arg-type]
+    assert sent["prompt_format"] == PromptFormat(examples=3)

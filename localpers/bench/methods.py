@@ -286,8 +286,9 @@ class GlobalHistoryMethod(Method):
     def generate(
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
     ) -> RewriteResult:
-        examples = spec.get("examples")
-        chosen = None if examples is None else PromptFormat(examples=int(examples))
+        # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
+        examples = spec.get("examples", self.defaults(personalizer)["examples"])
+        chosen = PromptFormat(examples=int(examples or 5))
         return personalizer.rewrite(text, method="global-history", history=prepared, prompt_format=chosen)
 
 
