@@ -1,0 +1,97 @@
+"""Compare methods across `localpers bench` runs (e.g. two bundles) on the same queries, with author-level intervals.
+
+Each argument is RUN_DIR:METHOD (a bench --out folder and a method name in its cache). The first is the
+reference. For each other one it prints mean ROUGE-1, the ratio and difference to the reference with a paired
+bootstrap 95% interval over queries and one over authors (resampling authors, each with all their queries),
+how many authors improved, and the mean prompt and decode cost.
+Usage: python scripts/compare_runs.py ../bench-runs/demo:global ../bench-runs/hist:global-history [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
+    """{user: {query_id: {rouge1, ms_per_token, prompt_ms, tokens}}} from one run's cache of one method."""
+    run, _, method = spec.rpartition(":")
+    folder = Path(run) / "cache" / method
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} does not exist: run the bench with -m {method} --out {run} first")
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        table[record["user"]] = {q["query_id"]: q for q in record["queries"]}
+    return table
+
+
+def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str, object]:
+    users = sorted(set(reference) & set(other))
+    rows = [(u, q) for u in users for q in sorted(set(reference[u]) & set(other[u]))]
+    base = np.array([reference[u][q]["rouge1"] for u, q in rows])
+    new = np.array([other[u][q]["rouge1"] for u, q in rows])
+    author = np.array([users.index(u) for u, _ in rows])
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(rows), size=(resamples, len(rows)))
+    query_ratio = new[picks].mean(1) / base[picks].mean(1)
+    query_diff = (new - base)[picks].mean(1)
+    by_author = [np.flatnonzero(author == i) for i in range(len(users))]
+    author_ratio, author_diff = [], []
+    for _ in range(resamples):
+        chosen = np.concatenate([by_author[i] for i in rng.integers(0, len(users), size=len(users))])
+        author_ratio.append(new[chosen].mean() / base[chosen].mean())
+        author_diff.append((new - base)[chosen].mean())
+    improved = sum(new[by_author[i]].mean() > base[by_author[i]].mean() for i in range(len(users)))
+    same = sum(new[by_author[i]].mean() == base[by_author[i]].mean() for i in range(len(users)))
+
+    def interval(values: list[float] | np.ndarray) -> list[float]:
+        return [round(float(v), 4) for v in np.percentile(values, [2.5, 97.5])]
+
+    def cost(table: dict, key: str) -> float:
+        return round(float(np.mean([table[u][q][key] for u, q in rows])), 2)
+
+    return {
+        "queries": len(rows),
+        "authors": len(users),
+        "rouge1_reference": round(float(base.mean()), 4),
+        "rouge1": round(float(new.mean()), 4),
+        "ratio": round(float(new.mean() / base.mean()), 4),
+        "ratio_query_ci": interval(query_ratio),
+        "ratio_author_ci": interval(author_ratio),
+        "diff": round(float((new - base).mean()), 4),
+        "diff_query_ci": interval(query_diff),
+        "diff_author_ci": interval(author_diff),
+        "authors_improved": f"{improved}/{len(users)}" + (f" ({same} unchanged)" if same else ""),
+        "ms_per_token": [cost(reference, "ms_per_token"), cost(other, "ms_per_token")],
+        "prompt_ms": [cost(reference, "prompt_ms"), cost(other, "prompt_ms")],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="RUN_DIR:METHOD, the reference first")
+    parser.add_argument("--resamples", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    reference = load(args.runs[0])
+    report = {spec: compare(reference, load(spec), args.resamples, args.seed) for spec in args.runs[1:]}
+    if args.json:
+        print(json.dumps({"reference": args.runs[0], "compared": report}, indent=2))
+        return
+    print(f"reference {args.runs[0]}")
+    for spec, row in report.items():
+        print(
+            f"{spec}: R-1 {row['rouge1']} vs {row['rouge1_reference']} = {row['ratio']}x "
+            f"query CI {row['ratio_query_ci']} author CI {row['ratio_author_ci']}; "
+            f"diff {row['diff']:+} {row['diff_query_ci']}; authors improved {row['authors_improved']}; "
+            f"ms/token {row['ms_per_token']}, prompt ms {row['prompt_ms']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
