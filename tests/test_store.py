@@ -83,7 +83,8 @@ def test_user_text_stays_in_its_folder(localpers_home: Path) -> None:
     ann.save_history(items(5))
     ann.save_fit(np.zeros(4, np.float32), {"cluster": 0})
     holders = [p for p in files_under(localpers_home) if SECRET in p.read_text(errors="ignore")]
-    assert holders == [ann.history_path]
+    # The history and its retrieval index (derived from it), both in the user's own folder, and nowhere else.
+    assert sorted(holders) == sorted([ann.history_path, ann.dir / "history_index.json"])
     assert not [p for p in files_under(localpers_home) if p.name.endswith(".tmp")]
 
 
