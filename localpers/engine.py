@@ -93,17 +93,21 @@ def _bind(name: str, argtypes: list[Any], restype: Any) -> Any:
     return function
 
 
+# Bound once: ggml's device registry, the CPU device's proc-address lookup and buffer-type names.
+_dev_by_type = _bind("ggml_backend_dev_by_type", [ctypes.c_int], ctypes.c_void_p)
+_dev_backend_reg = _bind("ggml_backend_dev_backend_reg", [ctypes.c_void_p], ctypes.c_void_p)
+_reg_proc_address = _bind(
+    "ggml_backend_reg_get_proc_address", [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p
+)
+_buft_name = _bind("ggml_backend_buft_name", [ctypes.c_void_p], ctypes.c_char_p)
+
+
 def _cpu_extra_buffer_array() -> ctypes.Array[ctypes.c_void_p] | None:
     """ggml's NULL-terminated list of the CPU device's extra buffer types (the array llama.cpp reads)."""
-    dev_by_type = _bind("ggml_backend_dev_by_type", [ctypes.c_int], ctypes.c_void_p)
-    dev_reg = _bind("ggml_backend_dev_backend_reg", [ctypes.c_void_p], ctypes.c_void_p)
-    proc_address = _bind(
-        "ggml_backend_reg_get_proc_address", [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p
-    )
-    device = dev_by_type(_GGML_BACKEND_DEVICE_TYPE_CPU)
+    device = _dev_by_type(_GGML_BACKEND_DEVICE_TYPE_CPU)
     if not device:
         return None
-    address = proc_address(dev_reg(device), b"ggml_backend_dev_get_extra_bufts")
+    address = _reg_proc_address(_dev_backend_reg(device), b"ggml_backend_dev_get_extra_bufts")
     if not address:
         return None
     get_extra = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
@@ -117,7 +121,7 @@ def _cpu_extra_buffer_array() -> ctypes.Array[ctypes.c_void_p] | None:
 
 
 def _buffer_type_name(buffer_type: int) -> str:
-    name = _bind("ggml_backend_buft_name", [ctypes.c_void_p], ctypes.c_char_p)(buffer_type)
+    name = _buft_name(buffer_type)
     return (name or b"?").decode("utf-8", errors="replace")
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,16 @@ class HistoryIndex:
         atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
 
     @classmethod
-    def load(cls, user_dir: Path, history_text: str, items: Sequence[Any], task: Task) -> HistoryIndex:
-        """The index for `task`, from the cache when it matches `history_text`, else rebuilt (and rewritten)."""
+    def load(
+        cls, user_dir: Path, history_text: str, read_items: Callable[[], Sequence[Any]], task: Task
+    ) -> HistoryIndex:
+        """The index for `task`, from the cache when it matches `history_text`, else rebuilt (and rewritten).
+
+        `read_items` parses the history; it is called only when the cache is missing or stale.
+        """
         cached = _read_cache(user_dir / INDEX_FILE)
         if cached is None or cached.get("history_sha256") != _sha256(history_text):
+            items = read_items()
             cls.write(user_dir, history_text, items)
             pool = [(item.input, item.output) for item in items if item.task == task.name]
         else:

@@ -140,7 +140,7 @@ class User:
             text = self.history_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             text = ""
-        return HistoryIndex.load(self.dir, text, self.history() if text else [], task)
+        return HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
 
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""

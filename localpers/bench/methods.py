@@ -269,8 +269,15 @@ def history_index(profile: UserProfile, task: str = "headline") -> HistoryIndex:
     return HistoryIndex(get_task(task), [(i.input, i.output) for i in profile.items if i.task == task])
 
 
+class HistoryPromptMethod(Method):
+    """A method whose prompt may show the user's past outputs: it prepares their history index once per user."""
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        return history_index(profile)
+
+
 @register
-class GlobalHistoryMethod(Method):
+class GlobalHistoryMethod(HistoryPromptMethod):
     name = "global-history"
     description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
     uses_history = True
@@ -279,9 +286,6 @@ class GlobalHistoryMethod(Method):
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         return {"examples": chosen.examples if chosen is not None else 5}
-
-    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
-        return history_index(profile)
 
     def generate(
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
@@ -293,14 +297,11 @@ class GlobalHistoryMethod(Method):
 
 
 @register
-class ClusterMethod(Method):
+class ClusterMethod(HistoryPromptMethod):
     name = "cluster"
     description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
-
-    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
-        return history_index(profile)
 
     def generate(
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
@@ -311,7 +312,7 @@ class ClusterMethod(Method):
 
 
 @register
-class CardMethod(Method):
+class CardMethod(HistoryPromptMethod):
     name = "card"
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
@@ -328,9 +329,6 @@ class CardMethod(Method):
             "reg": float(DEFAULT_REGULARISATION),
             "prior": float(DEFAULT_PRIOR_WEIGHT),
         }
-
-    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
-        return history_index(profile)
 
     def check(self, personalizer: Personalizer) -> None:
         actual = personalizer.head_config.u
