@@ -20,6 +20,18 @@ from localpers.cli_bench import register as register_bench_commands
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
 from localpers.cli_methods import register as register_method_commands
+from localpers.cli_sampling import (
+    FrequencyPenaltyOption,
+    GrammarOption,
+    MinPOption,
+    PresencePenaltyOption,
+    RepetitionPenaltyOption,
+    SeedOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
+    sampler_settings,
+)
 from localpers.cli_tui import register as register_tui_command
 from localpers.cli_users import history_app, user_app
 from localpers.errors import LocalpersError
@@ -170,11 +182,15 @@ def generate(
     max_tokens: Annotated[
         int | None, typer.Option(min=1, max=4096, help="Token limit (default: the task's).")
     ] = None,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option(min=0, help="Sample among the k best tokens (0 = all).")] = 0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = 1.0,
-    repetition_penalty: Annotated[float, typer.Option(min=1.0, help="> 1 discourages repeats.")] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
+    temperature: TemperatureOption = 0.0,
+    top_k: TopKOption = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    presence_penalty: PresencePenaltyOption = 0.0,
+    frequency_penalty: FrequencyPenaltyOption = 0.0,
+    seed: SeedOption = None,
+    grammar: GrammarOption = None,
     adapter: Annotated[
         str | None, typer.Option(help="A GGUF LoRA adapter file to apply to the backbone.")
     ] = None,
@@ -185,18 +201,25 @@ def generate(
     from localpers.backbone import resolve_backbone
     from localpers.engine import Engine
     from localpers.generation import generate as run_generation
-    from localpers.sampling import SamplingConfig
     from localpers.tasks import get_task
 
     chosen_task = get_task(task)
     source_text = read_text_argument(text)
+    sampling = sampler_settings(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        grammar=grammar,
+    )
     backbone = resolve_backbone(model)
     engine = Engine(backbone.path, tap_layers=None)
     if adapter:
         engine.set_adapter(engine.load_adapter(adapter))
-    sampling = SamplingConfig(
-        temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed
-    )
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)

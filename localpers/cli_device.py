@@ -15,6 +15,18 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli_methods import EXTRA_METHODS, fit_method, fit_summary, rewrite_method
+from localpers.cli_sampling import (
+    PANEL,
+    FrequencyPenaltyOption,
+    GrammarOption,
+    MinPOption,
+    PresencePenaltyOption,
+    RepetitionPenaltyOption,
+    SeedOption,
+    TemperatureOption,
+    TopPOption,
+    sampler_settings,
+)
 from localpers.errors import LocalpersError
 from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
 from localpers.store import User, UserStore
@@ -157,6 +169,18 @@ def rewrite_command(
         int | None, typer.Option(min=1, max=2048, help="Token limit (default: the task's).")
     ] = None,
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they come.")] = True,
+    temperature: TemperatureOption = 0.0,
+    sample_top_k: Annotated[
+        int,
+        typer.Option("--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL),
+    ] = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    presence_penalty: PresencePenaltyOption = 0.0,
+    frequency_penalty: FrequencyPenaltyOption = 0.0,
+    seed: SeedOption = None,
+    grammar: GrammarOption = None,
     bundle: BundleOption = None,
     model: ModelOption = None,
     as_json: JsonOption = False,
@@ -165,6 +189,17 @@ def rewrite_command(
     from localpers.cli import read_text_argument
 
     source = read_text_argument(text)
+    sampling = sampler_settings(
+        temperature=temperature,
+        top_k=sample_top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        grammar=grammar,
+    )
     store = UserStore()
     target = store.resolve(user) if (user or store.active_name() or method != "global") else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
@@ -183,6 +218,7 @@ def rewrite_command(
             strength=strength,
             max_tokens=max_tokens,
             on_text=stream_piece if (stream and not as_json) else None,
+            sampling=sampling,
         )
         if as_json:
             typer.echo(json.dumps(payload, ensure_ascii=False))
@@ -204,6 +240,7 @@ def rewrite_command(
         strength=strength,
         top_k=top_k,
         max_tokens=max_tokens,
+        sampling=sampling,
         on_text=stream_piece if (stream and not as_json) else None,
         history=target.history_index(get_task(task)) if target is not None else None,
     )

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.personalize import Personalizer
 from localpers.store import User, UserStore
@@ -69,6 +70,7 @@ def rewrite_method(
     strength: float | None,
     max_tokens: int | None,
     on_text: Callable[[str], None] | None,
+    sampling: SamplerSettings | None = None,
 ) -> dict[str, Any]:
     """Rewrite `text` with CoPe (strength = its contrastive alpha) or EXACT; returns the JSON payload."""
     if method == "cope":
@@ -79,7 +81,14 @@ def rewrite_method(
         try:
             alpha = DEFAULT_ALPHA if strength is None else strength
             result = rewrite_cope(
-                decoder, state, text, task=task, alpha=alpha, max_tokens=max_tokens, on_text=on_text
+                decoder,
+                state,
+                text,
+                task=task,
+                alpha=alpha,
+                max_tokens=max_tokens,
+                on_text=on_text,
+                sampling=sampling,
             )
         finally:
             decoder.close()
@@ -90,7 +99,7 @@ def rewrite_method(
         index = load_index(user)
         check_bundle(index, personalizer, user.name)
         result, retrieval = rewrite_exact(
-            personalizer, index, text, task=task, max_tokens=max_tokens, on_text=on_text
+            personalizer, index, text, task=task, max_tokens=max_tokens, on_text=on_text, sampling=sampling
         )
         return {"user": user.name, **result.to_json(), "attributes": retrieval.to_json()}
     raise LocalpersError(f"unknown method {method!r}; choose one of: {', '.join(EXTRA_METHODS)}")

@@ -11,6 +11,16 @@ from typing import Annotated
 
 import typer
 
+from localpers.cli_sampling import (
+    PANEL,
+    GrammarOption,
+    MinPOption,
+    RepetitionPenaltyOption,
+    SeedOption,
+    TemperatureOption,
+    TopPOption,
+    sampler_settings,
+)
 from localpers.errors import LocalpersError
 
 
@@ -27,12 +37,31 @@ def tui_command(
         str | None,
         typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
     ] = None,
+    temperature: TemperatureOption = 0.0,
+    sample_top_k: Annotated[
+        int,
+        typer.Option("--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL),
+    ] = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    seed: SeedOption = None,
+    grammar: GrammarOption = None,
 ) -> None:
     """Write a draft and watch your personalized rewrite stream beside the plain one; see why; teach it."""
     from localpers.backbone import resolve_backbone
     from localpers.bundle import open_bundle
     from localpers.store import UserStore
 
+    sampling = sampler_settings(
+        temperature=temperature,
+        top_k=sample_top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        grammar=grammar,
+    )
     backbone = resolve_backbone(model)
     verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
     store = UserStore()
@@ -46,7 +75,7 @@ def tui_command(
     from localpers.personalize import Personalizer
     from localpers.tui import EngineService, run_app
 
-    service = EngineService(lambda: Personalizer(verified, backbone), store)
+    service = EngineService(lambda: Personalizer(verified, backbone), store, sampling=sampling)
     run_app(service, user=user, text=text)
 
 

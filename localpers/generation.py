@@ -1,8 +1,9 @@
-"""The decode loop: prompt -> tokens, with a per-step logit hook, stop rules and streaming.
+"""The decode loop: prompt -> tokens through llama.cpp's sampler chain, with stop rules and streaming.
 
-The hook `(logits, features, generated_so_far) -> logits` sees each step's next-token logits and
-tapped layer features before a token is chosen; CARD and CoPe plug in here. Stop strings are
-honoured without ever streaming their text, and leading whitespace never triggers a stop (a
+Each step's token is chosen by the engine's sampler chain (`localpers.decoding.SamplerSettings`, greedy by
+default); a personalization method plugs in as one sampler of that chain (`MethodSampler`: CARD's
+correction, CoPe's contrast), which sees the step's candidates and tapped layer features. Stop strings
+are honoured without ever streaming their text, and leading whitespace never triggers a stop (a
 headline that starts with a newline is not an empty headline). This module does not load models.
 """
 
@@ -12,12 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from localpers.decoding import GREEDY, MethodSampler, SamplerSettings
 from localpers.engine import Engine
-from localpers.sampling import SamplingConfig, choose_token
 
-LogitHook = Callable[[np.ndarray, "np.ndarray | None", Sequence[int]], np.ndarray]
 TextCallback = Callable[[str], None]
 
 
@@ -76,44 +74,47 @@ def generate(
     prompt: str | Sequence[int],
     *,
     max_tokens: int = 64,
-    sampling: SamplingConfig | None = None,
+    sampling: SamplerSettings | None = None,
     stop: Sequence[str] = (),
-    hook: LogitHook | None = None,
+    method: MethodSampler | None = None,
     on_text: TextCallback | None = None,
 ) -> GenerationResult:
-    """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`."""
-    sampling = sampling or SamplingConfig()
-    rng = np.random.default_rng(sampling.seed)
-    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-    started = time.perf_counter()
-    step = engine.prefill(prompt_tokens)
-    prompt_seconds = time.perf_counter() - started
+    """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`.
 
-    scanner = _StopScanner(stop)
-    generated: list[int] = []
-    chosen_logits: list[float] = []
-    stop_reason = "length"
-    text = ""
-    decode_started = time.perf_counter()
-    for _ in range(max_tokens):
-        logits = step.logits if hook is None else hook(step.logits, step.features, generated)
-        token = choose_token(logits, sampling, generated, rng)
-        if engine.is_end_of_generation(token):
-            stop_reason = "eos"
-            break
-        generated.append(token)
-        chosen_logits.append(float(logits[token]))
-        text = engine.detokenize(generated)
-        cut = scanner.find_stop(text)
-        if cut is not None:
-            text = text[:cut]
-            stop_reason = "stop"
-            break
-        scanner.emit(text, scanner.safe_length(text.rstrip("\ufffd")), on_text)
-        if len(generated) == max_tokens or engine.n_past >= engine.n_ctx:
-            break
-        step = engine.step(token)
-    decode_seconds = time.perf_counter() - decode_started
+    `chosen_logits` holds each chosen token's logit as the end of the chain saw it (after the method's
+    change and, when sampling, the temperature).
+    """
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    with engine.sampler_chain(sampling or GREEDY, method) as chain:
+        started = time.perf_counter()
+        step = engine.prefill(prompt_tokens)
+        prompt_seconds = time.perf_counter() - started
+
+        scanner = _StopScanner(stop)
+        generated: list[int] = []
+        chosen_logits: list[float] = []
+        stop_reason = "length"
+        text = ""
+        decode_started = time.perf_counter()
+        for _ in range(max_tokens):
+            pick = chain.sample(step.logits, step.features)
+            token = pick.token
+            if engine.is_end_of_generation(token):
+                stop_reason = "eos"
+                break
+            generated.append(token)
+            chosen_logits.append(pick.logit)
+            text = engine.detokenize(generated)
+            cut = scanner.find_stop(text)
+            if cut is not None:
+                text = text[:cut]
+                stop_reason = "stop"
+                break
+            scanner.emit(text, scanner.safe_length(text.rstrip("\ufffd")), on_text)
+            if len(generated) == max_tokens or engine.n_past >= engine.n_ctx:
+                break
+            step = engine.step(token, copy_logits=False)
+        decode_seconds = time.perf_counter() - decode_started
     scanner.emit(text, len(text), on_text)
     return GenerationResult(
         text=text,

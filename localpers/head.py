@@ -205,6 +205,19 @@ class CardHead:
             raise LocalpersError(f"cluster {cluster} is not in this bundle's head; refit the user")
         return self.default_vectors[row].copy()
 
+    def correction(
+        self,
+        candidates: np.ndarray,
+        features: np.ndarray,
+        user_vector: np.ndarray,
+        *,
+        strength: float | None = None,
+    ) -> np.ndarray:
+        """`strength * U[v] . (P f * lambda)` for each candidate token id `v`: what CARD adds to its logit."""
+        scale = self.config.default_strength if strength is None else strength
+        s = self.project(features) * user_vector
+        return scale * (self.u_rows(candidates) @ s)
+
     def correct(
         self,
         logits: np.ndarray,
@@ -221,10 +234,8 @@ class CardHead:
         cluster model ranked in its top k (a large negative correction cannot promote an outsider).
         """
         k = top_k or self.config.top_k
-        scale = self.config.default_strength if strength is None else strength
         candidates = top_k_indices(logits, k)
-        s = self.project(features) * user_vector
-        delta = scale * (self.u_rows(candidates) @ s)
+        delta = self.correction(candidates, features, user_vector, strength=strength)
         corrected = np.full_like(logits, -np.inf)
         corrected[candidates] = logits[candidates] + delta
         return corrected, candidates, delta

@@ -23,6 +23,8 @@ from threadpoolctl import threadpool_limits
 
 from localpers.backbone import Backbone, resolve_backbone
 from localpers.bundle import Bundle, open_bundle, sha256_of_file
+from localpers.card_sampler import CardCorrection, CorrectionRecord
+from localpers.decoding import SamplerSettings
 from localpers.engine import Engine
 from localpers.errors import LocalpersError
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
@@ -31,7 +33,6 @@ from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
 from localpers.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
 from localpers.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
-from localpers.sampling import SamplingConfig
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
 from localpers.token_embeddings import TokenEmbeddings
@@ -123,18 +124,23 @@ class Personalizer:
         strength: float | None = None,
         top_k: int | None = None,
         max_tokens: int | None = None,
-        sampling: SamplingConfig | None = None,
+        sampling: SamplerSettings | None = None,
         on_text: Callable[[str], None] | None = None,
         record_steps: bool = False,
         prompt_prefix: str = "",
         history: HistoryIndex | None = None,
         prompt_format: PromptFormat | None = None,
+        prompt: list[int] | None = None,
+        stop: Sequence[str] = (),
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
 
         `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
         history prompts and the method is a personalized one; `global` always gets the plain prompt.
         `prompt_format` overrides the bundle's (the "same prompt, adapters not trained on it" ablation).
+        `sampling` sets llama.cpp's sampler chain (default: greedy); CARD's correction is one sampler in it.
+        `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
+        replaces the task's template and its stop rule; `text` is then not used.
         """
         chosen_task = get_task(task)
         adapter = self.adapter_for(method, cluster)
@@ -145,19 +151,11 @@ class Personalizer:
             (self.head_config.default_strength if strength is None else strength) if personalized else None
         )
         k_used = (top_k or self.head_config.top_k) if personalized else None
-        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-        def card_hook(
-            logits: np.ndarray, features: np.ndarray | None, generated: Sequence[int]
-        ) -> np.ndarray:
-            if features is None:
-                raise LocalpersError("the engine returned no layer features; CARD needs the layer taps")
-            corrected, candidates, delta = self.head.correct(
-                logits, features, vector, strength=strength_used, top_k=k_used
-            )
-            if record_steps:
-                steps.append((candidates, logits[candidates].copy(), delta))
-            return corrected
+        correction = (
+            CardCorrection(self.head, vector, float(strength_used), int(k_used), record=record_steps)
+            if personalized
+            else None
+        )
 
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
@@ -165,11 +163,13 @@ class Personalizer:
         with threadpool_limits(limits=1, user_api="blas"):
             result = generate(
                 self.engine,
-                prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
+                prompt
+                if prompt is not None
+                else prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
                 max_tokens=max_tokens or chosen_task.default_max_tokens,
                 sampling=sampling,
-                stop=chosen_task.stop_strings,
-                hook=card_hook if personalized else None,
+                stop=(*chosen_task.stop_strings, *stop) if prompt is None else stop,
+                method=correction,
                 on_text=on_text,
             )
         total_ms = 1000 * (time.perf_counter() - started)
@@ -185,8 +185,23 @@ class Personalizer:
             prompt_ms=round(1000 * result.prompt_seconds, 2),
             ms_per_token=round(result.ms_per_token, 3),
             total_ms=round(total_ms, 2),
-            steps=self._describe_steps(result, steps) if record_steps else [],
+            steps=self._describe_steps(result, correction.steps) if correction and record_steps else [],
+            stop_reason=result.stop_reason,
+            prompt_tokens=result.prompt_tokens,
         )
+
+    def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """`(role, content)` messages as a prompt: the backbone's chat template when it has one, else a transcript.
+
+        The transcript (for base models) is the lone user message itself, or `Role: content` paragraphs ending
+        with `Assistant:`; its text is tokenized as plain text, so no message can smuggle in control tokens.
+        """
+        if self.engine.has_chat_template:
+            tokens = self.engine.tokenize(self.engine.chat_prompt(messages), add_bos=False, special=True)
+            if not tokens or tokens[0] != self.engine.bos_token:
+                tokens.insert(0, self.engine.bos_token)
+            return tokens
+        return self.engine.tokenize(chat_transcript(messages))
 
     def prompt_for(
         self,
@@ -200,11 +215,10 @@ class Personalizer:
         chosen = prompt_format or self.prompt_format
         return prompt_for_user(task, text, chosen if method in HISTORY_METHODS else None, history)
 
-    def _describe_steps(
-        self, result: GenerationResult, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
-    ) -> list[RewriteStep]:
+    def _describe_steps(self, result: GenerationResult, steps: list[CorrectionRecord]) -> list[RewriteStep]:
         described = []
-        for token, (candidates, before, delta) in zip(result.tokens, steps, strict=False):
+        for token, record in zip(result.tokens, steps, strict=False):
+            candidates, before, delta = record.candidates, record.before, record.delta
             shifts = [
                 CandidateShift(int(t), self.engine.detokenize([int(t)]), float(b), float(b + d))
                 for t, b, d in zip(candidates, before, delta, strict=True)
@@ -419,6 +433,14 @@ class Personalizer:
             seconds={k: round(v, 3) for k, v in seconds.items()},
             bundle_sha256=self.bundle_sha256,
         )
+
+
+def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
+    """A chat as plain text for a backbone without a chat template (see `Personalizer.chat_prompt_tokens`)."""
+    if len(messages) == 1 and messages[0][0] == "user":
+        return messages[0][1]
+    turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
+    return "\n\n".join([*turns, "Assistant:"])
 
 
 def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:

@@ -44,6 +44,8 @@ class RewriteResult:
     ms_per_token: float
     total_ms: float
     steps: list[RewriteStep] = field(default_factory=list)
+    stop_reason: str = "length"  # "eos", "stop" or "length"
+    prompt_tokens: int = 0
 
     def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
         payload = asdict(self)

@@ -27,9 +27,9 @@ import numpy as np
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import paired_bootstrap, rouge
+from localpers.decoding import SamplerSettings
 from localpers.fitting import fit_vector
 from localpers.personalize import Personalizer
-from localpers.sampling import SamplingConfig
 from localpers.tasks import get_task
 
 DEV_ITEMS = 5
@@ -186,7 +186,7 @@ def reranked(p: Personalizer, text: str, cluster: int, vector: np.ndarray, n: in
     """Best of the cluster model's greedy output and n-1 samples by the author's per-token reward."""
     candidates = [p.rewrite(text, method="cluster", cluster=cluster).text]
     for seed in range(1, n):
-        sampling = SamplingConfig(temperature=RERANK_TEMPERATURE, top_p=0.95, seed=seed)
+        sampling = SamplerSettings(temperature=RERANK_TEMPERATURE, top_p=0.95, seed=seed)
         candidates.append(p.rewrite(text, method="cluster", cluster=cluster, sampling=sampling).text)
     unique = [c for i, c in enumerate(candidates) if c.strip() and c not in candidates[:i]]
     if len(unique) < 2:

@@ -1,4 +1,4 @@
-"""Engine behaviour on the real embedded backbone: taps, adapters, scoring, hooks and bad files."""
+"""Engine behaviour on the real embedded backbone: taps, adapters, scoring, chat prompts and bad files."""
 
 from __future__ import annotations
 
@@ -137,23 +137,6 @@ def test_scoring_reuses_the_prompt_for_several_continuations(engine: Engine) -> 
     np.testing.assert_allclose(together[1].features, alone[0].features, rtol=1e-3, atol=1e-2)
 
 
-def test_logit_hook_changes_the_chosen_tokens(engine: Engine) -> None:
-    plain = generate(engine, PROMPT, max_tokens=6)
-    banned = plain.tokens[0]
-    seen_features = []
-
-    def ban_first_choice(logits: np.ndarray, features: np.ndarray | None, generated: list[int]) -> np.ndarray:
-        seen_features.append(features)
-        out = logits.copy()
-        out[banned] = -np.inf
-        return out
-
-    hooked = generate(engine, PROMPT, max_tokens=6, hook=ban_first_choice)
-    assert banned not in hooked.tokens
-    assert hooked.tokens != plain.tokens
-    assert all(f is not None and f.shape == (4, engine.n_embd) for f in seen_features)
-
-
 def test_stop_string_ends_generation_without_streaming_it(engine: Engine) -> None:
     pieces: list[str] = []
     result = generate(
@@ -162,6 +145,20 @@ def test_stop_string_ends_generation_without_streaming_it(engine: Engine) -> Non
     assert result.stop_reason == "stop"
     assert "," not in "".join(pieces)
     assert "".join(pieces) == result.text
+
+
+def test_special_tokenization_parses_control_tokens_and_plain_does_not(engine: Engine) -> None:
+    text = "<start_of_turn>user\nWrite a headline.<end_of_turn>\n<start_of_turn>model\n"
+    special = engine.tokenize(text, add_bos=False, special=True)
+    plain = engine.tokenize(text, add_bos=False)
+    assert len(special) < len(plain)
+    assert engine.detokenize(plain) == text  # user text is never turned into control tokens
+
+
+def test_chat_prompt_of_a_model_without_a_template_is_a_clear_error(engine: Engine) -> None:
+    assert not engine.has_chat_template  # the embedded Gemma 3 270M is the pretrained model
+    with pytest.raises(LocalpersError, match="no chat template"):
+        engine.chat_prompt([("user", "Hello")])
 
 
 def test_tokenize_round_trip_and_bos(engine: Engine) -> None:

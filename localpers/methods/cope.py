@@ -8,7 +8,8 @@ interrupted fit leaves the previous one usable.
 
 Decode (`CopeDecoder`): two llama.cpp contexts, one for the user model (backbone + base adapter +
 user LoRA, stacked into one adapter file, see `lora_files`) and one for the base model (backbone +
-base adapter). At every step, with `p_user` and `p_base` the two next-token distributions:
+base adapter). The contrast is one sampler of the user model's llama.cpp sampler chain
+(`ContrastiveSampler`). At every step, with `p_user` and `p_base` the two next-token distributions:
 
     V = {w : p_user(w) >= tau * max p_user}          (plausibility set)
     next token = argmax over V of  log p_user(w) - alpha * log p_base(w)
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from localpers.decoding import Candidates, SamplerSettings
 from localpers.engine import Engine
 from localpers.errors import LocalpersError
 from localpers.generation import generate
@@ -212,13 +214,17 @@ class ContrastiveStep:
     chosen_by: np.ndarray  # the score of each plausible token, same order
 
 
-class ContrastiveHook:
-    """A `generate` hook turning the user model's logits into CoPe scores, keeping the base model in step.
+class ContrastiveSampler:
+    """CoPe's contrast as one sampler of llama.cpp's chain, keeping the base model in step with the user model.
 
-    The base engine is prefilled with the same prompt on construction; on each call it first evaluates
-    the tokens generated since the previous call, so both models always see the same prefix.
-    Tokens outside the plausibility set get -inf; inside it, `log p_user - alpha * log p_base`.
+    The base engine is prefilled with the same prompt on construction; the chain tells it each chosen token
+    (`accept`), and `apply` evaluates those in the base model before scoring, so both models always see the
+    same prefix. Of the candidates it gets (the whole vocabulary in the default chain), it keeps the
+    plausibility set and gives each kept token `log p_user - alpha * log p_base`.
     """
+
+    name = "cope"
+    candidate_limit = None
 
     def __init__(
         self,
@@ -238,24 +244,25 @@ class ContrastiveHook:
         self.alpha = alpha
         self.steps: list[ContrastiveStep] | None = [] if record else None
         self._base_logits = base.prefill(list(prompt_tokens)).logits
-        self._synced = 0
+        self._pending: list[int] = []
 
-    def __call__(
-        self, logits: np.ndarray, features: np.ndarray | None, generated: Sequence[int]
-    ) -> np.ndarray:
-        while self._synced < len(generated):
-            self._base_logits = self.base.step(generated[self._synced]).logits
-            self._synced += 1
-        log_user = _log_softmax(logits)
-        plausible = np.flatnonzero(log_user >= log_user.max() + np.log(self.tau))
+    def accept(self, token: int) -> None:
+        self._pending.append(token)
+
+    def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
+        for token in self._pending:
+            self._base_logits = self.base.step(token).logits
+        self._pending.clear()
+        log_user = _log_softmax(candidates.logits)
+        plausible = log_user >= log_user.max() + np.log(self.tau)
+        ids = candidates.ids[plausible]
         scores = log_user[plausible]
         if self.alpha:
-            scores = scores - self.alpha * _log_softmax(self._base_logits)[plausible]
-        out = np.full(logits.shape, -np.inf, dtype=np.float32)
-        out[plausible] = scores
+            scores = scores - self.alpha * _log_softmax(self._base_logits)[ids]
+        candidates.keep(plausible)
+        candidates.logits[:] = scores
         if self.steps is not None:
-            self.steps.append(ContrastiveStep(plausible, scores))
-        return out
+            self.steps.append(ContrastiveStep(ids.astype(np.int64), scores))
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -315,15 +322,18 @@ class CopeDecoder:
         alpha: float = DEFAULT_ALPHA,
         on_text: Callable[[str], None] | None = None,
         record: bool = False,
-    ) -> tuple[Any, ContrastiveHook]:
-        """Contrastive greedy decoding; returns the `GenerationResult` and the hook (with its record)."""
+        sampling: SamplerSettings | None = None,
+    ) -> tuple[Any, ContrastiveSampler]:
+        """Contrastive decoding (greedy unless `sampling` says otherwise); returns the result and the sampler."""
         tokens = self.user.tokenize(prompt)
         started = time.perf_counter()
-        hook = ContrastiveHook(self.base, tokens, tau=tau, alpha=alpha, record=record)
+        contrast = ContrastiveSampler(self.base, tokens, tau=tau, alpha=alpha, record=record)
         base_prompt_seconds = time.perf_counter() - started
-        result = generate(self.user, tokens, max_tokens=max_tokens, stop=stop, hook=hook, on_text=on_text)
+        result = generate(
+            self.user, tokens, max_tokens=max_tokens, stop=stop, method=contrast, on_text=on_text, sampling=sampling
+        )
         result.prompt_seconds += base_prompt_seconds
-        return result, hook
+        return result, contrast
 
 
 def rewrite_cope(
@@ -336,6 +346,7 @@ def rewrite_cope(
     alpha: float = DEFAULT_ALPHA,
     max_tokens: int | None = None,
     on_text: Callable[[str], None] | None = None,
+    sampling: SamplerSettings | None = None,
 ) -> RewriteResult:
     """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha)."""
     chosen = get_task(task)
@@ -347,6 +358,7 @@ def rewrite_cope(
         tau=tau,
         alpha=alpha,
         on_text=on_text,
+        sampling=sampling,
     )
     return RewriteResult(
         text=result.text.strip() if chosen.one_line else result.text,
@@ -360,4 +372,6 @@ def rewrite_cope(
         prompt_ms=round(1000 * result.prompt_seconds, 2),
         ms_per_token=round(result.ms_per_token, 3),
         total_ms=round(1000 * (time.perf_counter() - started), 2),
+        stop_reason=result.stop_reason,
+        prompt_tokens=result.prompt_tokens,
     )

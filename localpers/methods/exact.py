@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from localpers.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.history import HistoryItem
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
@@ -387,6 +388,7 @@ def rewrite_exact(
     task: str = "headline",
     max_tokens: int | None = None,
     on_text: Callable[[str], None] | None = None,
+    sampling: SamplerSettings | None = None,
 ) -> tuple[RewriteResult, Retrieval]:
     """Generate with the cluster model on the prompt carrying the retrieved attribute line."""
     started = time.perf_counter()
@@ -400,6 +402,7 @@ def rewrite_exact(
         cluster=cluster,
         max_tokens=max_tokens,
         on_text=on_text,
+        sampling=sampling,
     )
     # Retrieval (one encoder call) is part of EXACT's prompt cost.
     result = replace(

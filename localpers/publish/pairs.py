@@ -34,7 +34,6 @@ def user_file(directory: Path, index: int) -> Path:
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     from localpers.engine import Engine
     from localpers.generation import generate
-    from localpers.sampling import SamplingConfig
     from localpers.tasks import get_task
 
     options = context.options
@@ -72,7 +71,6 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
                         engine,
                         prompts[item_index],
                         max_tokens=options.max_new_tokens,
-                        sampling=SamplingConfig(),
                         stop=task.stop_strings,
                     )
                     rejected = result.text.strip()

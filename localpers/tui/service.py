@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localpers.decoding import SamplerSettings
 from localpers.history_prompt import HistoryIndex
 from localpers.store import User, UserStore
 
@@ -88,8 +89,15 @@ class WritingService(Protocol):
 class EngineService:
     """`WritingService` over a real `Personalizer`, opened lazily by `load()` from `opener`."""
 
-    def __init__(self, opener: Callable[[], Personalizer], store: UserStore | None = None) -> None:
+    def __init__(
+        self,
+        opener: Callable[[], Personalizer],
+        store: UserStore | None = None,
+        *,
+        sampling: SamplerSettings | None = None,
+    ) -> None:
         self.store = store or UserStore()
+        self.sampling = sampling  # llama.cpp sampler settings for every rewrite (None: greedy)
         self._opener = opener
         self._personalizer: Personalizer | None = None
         self._info: EngineInfo | None = None
@@ -129,6 +137,7 @@ class EngineService:
             on_text=on_text,
             record_steps=request.record_steps,
             history=request.history,
+            sampling=self.sampling,
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:

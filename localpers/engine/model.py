@@ -1,13 +1,14 @@
-"""The only module that imports `llama_cpp`: a small typed API over its low-level bindings.
+"""The model side of the engine: a small typed API over llama.cpp's low-level bindings.
 
 What it does: load a GGUF backbone and GGUF LoRA adapters, switch the active adapter without
-reloading the backbone, tokenize and detokenize, evaluate tokens into the KV cache returning the
-next-token logits together with the hidden states of chosen layers (read through a `cb_eval` tap
-on the `l_out-N` tensors), and teacher-forced scoring of continuations that share a prompt.
+reloading the backbone, tokenize and detokenize, render a chat with the model's own template,
+evaluate tokens into the KV cache returning the next-token logits together with the hidden states
+of chosen layers (read through a `cb_eval` tap on the `l_out-N` tensors), teacher-forced scoring of
+continuations that share a prompt, and hand out a sampler chain for this model's vocabulary
+(`sampler_chain`, built in `localpers.engine.sampler_chain`).
 
-What it does not do: sampling, stop rules, hooks and the generation loop live in
-`localpers.generation`; feature normalisation and the CARD head live elsewhere. Nothing here
-opens a network connection.
+What it does not do: stop rules, streaming and the generation loop live in `localpers.generation`;
+feature normalisation and the CARD head live elsewhere. Nothing here opens a network connection.
 
 Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32, the raw residual
 stream after each tapped layer, at the position whose next token the logits predict.
@@ -19,7 +20,6 @@ import contextlib
 import ctypes
 import os
 import re
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,9 @@ import numpy as np
 from llama_cpp import _ggml
 
 from localpers import cpu_buffers
+from localpers.decoding import MethodSampler, SamplerSettings
+from localpers.engine.backend import init_backend, recorded_llama_log
+from localpers.engine.sampler_chain import SamplerChain
 from localpers.errors import LocalpersError
 
 GGUF_MAGIC = b"GGUF"
@@ -47,38 +50,6 @@ _libggml.ggml_backend_tensor_get.argtypes = [
     ctypes.c_size_t,
 ]
 _libggml.ggml_backend_tensor_get.restype = None
-
-
-class _LogRecorder:
-    """llama.cpp's log sink: silent unless LOCALPERS_LLAMA_LOG is set, and records text while asked to.
-
-    Recording is how the engine learns which buffer types the weights got: llama.cpp reports them only
-    in its load log (`CPU_REPACK model buffer size = ... MiB`).
-    """
-
-    def __init__(self) -> None:
-        self.recording: list[str] | None = None
-
-    def __call__(self, level: int, text: bytes | None, user_data: ctypes.c_void_p) -> None:
-        piece = (text or b"").decode("utf-8", errors="replace")
-        if self.recording is not None:
-            self.recording.append(piece)
-        if os.environ.get("LOCALPERS_LLAMA_LOG"):
-            sys.stderr.write(piece)
-
-
-_log_recorder = _LogRecorder()
-_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log_recorder)
-
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
 
 
 # ----------------------------------------------------------------- CPU extra buffer types
@@ -127,7 +98,7 @@ def _buffer_type_name(buffer_type: int) -> str:
 
 def cpu_extra_buffer_types() -> list[str]:
     """Names of the extra CPU buffer types this llama.cpp build offers, in llama.cpp's order of preference."""
-    _init_backend()
+    init_backend()
     array = _cpu_extra_buffer_array()
     if array is None:
         return []
@@ -322,7 +293,7 @@ class Engine:
         tap_layers: Sequence[int] | None = (-4, -3, -2, -1),
         n_batch: int = 512,
     ) -> None:
-        _init_backend()
+        init_backend()
         self.model_path = Path(model_path)
         check_gguf_file(self.model_path)
         self._model = None
@@ -385,15 +356,9 @@ class Engine:
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0
         model_params.use_extra_bufts = choice.use_extra_buffers
-        _log_recorder.recording = []
-        try:
-            with _only_extra_buffer_types(choice.allowed):
-                self._model = llama_cpp.llama_model_load_from_file(
-                    str(self.model_path).encode(), model_params
-                )
-            log = "".join(_log_recorder.recording)
-        finally:
-            _log_recorder.recording = None
+        with recorded_llama_log() as pieces, _only_extra_buffer_types(choice.allowed):
+            self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
+        log = "".join(pieces)
         sizes = {name: float(mib) for name, mib in _BUFFER_SIZE_LINE.findall(log)}
         return choice, sizes
 
@@ -444,17 +409,52 @@ class Engine:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def tokenize(self, text: str, *, add_bos: bool = True) -> list[int]:
-        """Token ids of `text`; `add_bos` adds the model's BOS token if the model uses one."""
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`; `add_bos` adds the model's BOS token if the model uses one.
+
+        `special` parses control-token text such as `<start_of_turn>` into those tokens (for prompts
+        rendered by `chat_prompt`); user text is never tokenized that way.
+        """
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buffer = (llama_cpp.llama_token * capacity)()
-        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, False)
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
         if count < 0:
             capacity = -count
             buffer = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, False)
+            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
         return list(buffer[:count])
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the GGUF carries a chat template (base models such as Gemma 3 270M PT do not)."""
+        return bool(llama_cpp.llama_model_chat_template(self._model, None))
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
+        """`(role, content)` messages rendered with the model's chat template, ending where the reply starts."""
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        if not template:
+            raise LocalpersError(f"{self.model_path.name} has no chat template; use a completion instead")
+        encoded = [(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages]
+        chat = (llama_cpp.llama_chat_message * len(encoded))()
+        for entry, (role, content) in zip(chat, encoded, strict=True):
+            entry.role, entry.content = role, content
+        capacity = 256 + 2 * sum(len(role) + len(content) for role, content in encoded)
+        for _ in range(2):
+            buffer = ctypes.create_string_buffer(capacity)
+            size = llama_cpp.llama_chat_apply_template(template, chat, len(encoded), True, buffer, capacity)
+            if size < 0:
+                raise LocalpersError(f"llama.cpp does not support the chat template of {self.model_path.name}")
+            if size <= capacity:
+                return buffer.raw[:size].decode("utf-8", errors="replace")
+            capacity = size
+        raise LocalpersError("the chat template's output kept growing")
+
+    def sampler_chain(
+        self, settings: SamplerSettings, method: MethodSampler | None = None
+    ) -> SamplerChain:
+        """A llama.cpp sampler chain over this model's vocabulary (close it, or use it as a context manager)."""
+        return SamplerChain(self._vocab, self.n_vocab, settings, method)
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes one token stands for (special tokens render as empty)."""
@@ -537,12 +537,14 @@ class Engine:
         self.n_past = n_keep
 
     def eval(
-        self, tokens: Sequence[int], *, all_positions: bool = False
+        self, tokens: Sequence[int], *, all_positions: bool = False, copy_logits: bool = True
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Append `tokens` to the KV cache.
 
         Returns `(logits, features)`: for the last position only, shapes `(n_vocab,)` and
         `(n_taps, n_embd)`, or with `all_positions` for every token, `(n, n_vocab)` and `(n, n_taps, n_embd)`.
+        `copy_logits=False` (one batch only) returns a read-only view of llama.cpp's logits buffer instead of
+        a copy: valid until the next evaluation, it saves the decode loop a 1 MB copy per token.
         """
         if not tokens:
             raise ValueError("eval needs at least one token")
@@ -557,18 +559,18 @@ class Engine:
             is_last_chunk = start + len(chunk) == len(tokens)
             n_out = self._decode(chunk, all_positions=all_positions, want_last=is_last_chunk)
             if n_out:
-                logit_rows.append(self._read_logits(n_out))
+                logit_rows.append(self._read_logits(n_out, copy=copy_logits))
                 if self._taps is not None:
                     feature_rows.append(self._taps.collect(len(chunk), n_out))
-        logits = np.concatenate(logit_rows, axis=0)
+        logits = logit_rows[0] if len(logit_rows) == 1 else np.concatenate(logit_rows, axis=0)
         features = np.concatenate(feature_rows, axis=0) if feature_rows else None
         if all_positions:
             return logits, features
         return logits[-1], (features[-1] if features is not None else None)
 
-    def step(self, token: int) -> Step:
-        """Evaluate one token; the logits array is a copy the caller may modify."""
-        logits, features = self.eval([token])
+    def step(self, token: int, *, copy_logits: bool = True) -> Step:
+        """Evaluate one token; the logits array is a copy the caller may modify (a view without `copy_logits`)."""
+        logits, features = self.eval([token], copy_logits=copy_logits)
         return Step(logits=logits, features=features)
 
     def prefill(self, tokens: Sequence[int]) -> Step:
@@ -650,9 +652,13 @@ class Engine:
         self.n_past += len(tokens)
         return n_out
 
-    def _read_logits(self, n_out: int) -> np.ndarray:
+    def _read_logits(self, n_out: int, *, copy: bool = True) -> np.ndarray:
         pointer = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(n_out, self.n_vocab)).copy()
+        rows = np.ctypeslib.as_array(pointer, shape=(n_out, self.n_vocab))
+        if copy:
+            return rows.copy()
+        rows.flags.writeable = False
+        return rows
 
 
 def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

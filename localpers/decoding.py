@@ -1,0 +1,132 @@
+"""What a decoding step should do, as plain data: the settings of llama.cpp's sampler chain and a method's sampler.
+
+`SamplerSettings` names llama.cpp's built-in samplers (temperature, top-k, top-p, min-p, typical, the
+repeat/frequency/presence penalties, DRY, logit bias, a GBNF grammar, the seed of the final draw); the
+defaults are greedy decoding, as in the CARD paper. `MethodSampler` is the interface of a personalization
+method's own sampler (CARD's top-k correction, CoPe's contrast): it sees the chain's current `Candidates`
+and may change their logits or drop some. `localpers.engine` turns both into one llama.cpp sampler chain:
+
+    grammar -> logit bias -> penalties -> DRY -> [top-k(method's k) -> method] -> top-k -> typical
+            -> top-p -> min-p -> temperature -> seeded draw (or greedy when temperature == 0)
+
+This module imports no llama.cpp and decodes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+
+# llama.cpp's own "pick a random seed" value (LLAMA_DEFAULT_SEED).
+RANDOM_SEED = 0xFFFFFFFF
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """The built-in llama.cpp samplers of one generation. `temperature == 0` is greedy decoding."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no cut
+    top_p: float = 1.0  # 1 = no cut
+    min_p: float = 0.0  # 0 = no cut
+    typical_p: float = 1.0  # 1 = no cut
+    repeat_penalty: float = 1.0  # > 1 discourages tokens already generated (CTRL-style)
+    frequency_penalty: float = 0.0  # OpenAI-style, per occurrence
+    presence_penalty: float = 0.0  # OpenAI-style, once per token seen
+    penalty_last_n: int = 256  # how many generated tokens the penalties look back on
+    dry_multiplier: float = 0.0  # 0 = DRY off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans a token
+    grammar: str | None = None  # GBNF text; output must match its `root` rule
+    seed: int | None = None  # None = a fresh random seed per generation
+    dry_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def penalties(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    def validated(self) -> SamplerSettings:
+        """This object, or a one-line `LocalpersError` naming the first setting out of range."""
+        checks = (
+            ("temperature", self.temperature, math.isfinite(self.temperature) and self.temperature >= 0.0, ">= 0"),
+            ("top_k", self.top_k, self.top_k >= 0, ">= 0"),
+            ("top_p", self.top_p, 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("min_p", self.min_p, 0.0 <= self.min_p < 1.0, "in [0, 1)"),
+            ("typical_p", self.typical_p, 0.0 < self.typical_p <= 1.0, "in (0, 1]"),
+            ("repeat_penalty", self.repeat_penalty, 0.0 < self.repeat_penalty <= 10.0, "in (0, 10]"),
+            ("frequency_penalty", self.frequency_penalty, -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
+            ("presence_penalty", self.presence_penalty, -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
+            ("penalty_last_n", self.penalty_last_n, self.penalty_last_n >= 0, ">= 0"),
+            ("dry_multiplier", self.dry_multiplier, self.dry_multiplier >= 0.0, ">= 0"),
+            ("seed", self.seed, self.seed is None or 0 <= self.seed < RANDOM_SEED, "in [0, 2^32 - 1)"),
+        )
+        for name, value, ok, expected in checks:
+            if not ok:
+                raise LocalpersError(f"{name} must be {expected}, got {value}", exit_code=2)
+        for token, bias in self.logit_bias:
+            if token < 0 or math.isnan(bias):
+                raise LocalpersError(f"logit bias ({token}, {bias}) is invalid", exit_code=2)
+        if self.grammar is not None and not self.grammar.strip():
+            raise LocalpersError("the grammar is empty; give GBNF text with a `root` rule", exit_code=2)
+        return self
+
+
+GREEDY = SamplerSettings()
+
+
+class Candidates:
+    """The sampler chain's current candidate tokens (llama.cpp's `llama_token_data_array`) as numpy views.
+
+    `ids` and `logits` have one entry per candidate; writing `logits` changes what the rest of the chain
+    sees. `keep(mask)` drops the others (the order of the kept ones is preserved). Valid only during the
+    `apply` call that received it.
+    """
+
+    def __init__(self, entries: np.ndarray) -> None:
+        self._entries = entries
+        self.size = len(entries)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._entries["id"][: self.size]
+
+    @property
+    def logits(self) -> np.ndarray:
+        return self._entries["logit"][: self.size]
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the candidates where `mask` is true (at least one must be)."""
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (self.size,):
+            raise ValueError(f"mask has shape {mask.shape}, expected ({self.size},)")
+        kept = self._entries[: self.size][mask]
+        if kept.size == 0:
+            raise LocalpersError("a sampler dropped every candidate token")
+        self._entries[: kept.size] = kept
+        self.size = int(kept.size)
+
+
+class MethodSampler(Protocol):
+    """A personalization method's step in the chain, placed after `top_k(candidate_limit)`, before the pick.
+
+    `apply` gets the candidates and the tapped layer features of the position being predicted (None when
+    the engine has no taps); `accept` is told each token the chain chose. A chain serves one generation.
+    """
+
+    name: str
+    candidate_limit: int | None  # keep only the k best tokens before this sampler; None = all of them
+
+    def apply(self, candidates: Candidates, features: np.ndarray | None) -> None: ...
+
+    def accept(self, token: int) -> None: ...

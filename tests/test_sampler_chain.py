@@ -1,0 +1,189 @@
+"""llama.cpp's sampler chain as the engine builds it: built-in samplers, a Python method sampler, grammars, errors.
+
+Most tests feed the chain made-up logits over the real vocabulary (so the expected token is known); the
+grammar and generation tests decode with the embedded backbone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localpers.backbone import Backbone
+from localpers.decoding import Candidates, SamplerSettings
+from localpers.engine import Engine
+from localpers.errors import LocalpersError
+from localpers.generation import generate
+
+PROMPT = "Generate a headline for the following article: The city opened a new bike lane along the river.\nHeadline:"
+
+
+@pytest.fixture(scope="module")
+def engine(backbone: Backbone) -> Engine:
+    with Engine(backbone.path, n_ctx=256) as shared:
+        yield shared
+
+
+def logits_with(engine: Engine, values: dict[int, float]) -> np.ndarray:
+    """Every token at -inf except the given ones."""
+    logits = np.full(engine.n_vocab, -np.inf, dtype=np.float32)
+    for token, value in values.items():
+        logits[token] = value
+    return logits
+
+
+def draws(engine: Engine, settings: SamplerSettings, logits: np.ndarray, n: int) -> list[int]:
+    with engine.sampler_chain(settings) as chain:
+        return [chain.sample(logits).token for _ in range(n)]
+
+
+def test_greedy_picks_the_largest_logit_and_reports_it(engine: Engine) -> None:
+    logits = np.random.default_rng(0).normal(size=engine.n_vocab).astype(np.float32)
+    with engine.sampler_chain(SamplerSettings()) as chain:
+        pick = chain.sample(logits)
+    assert chain.names == ["greedy"]
+    assert pick.token == int(np.argmax(logits)) and pick.logit == pytest.approx(float(logits.max()))
+
+
+def test_top_k_one_is_greedy_even_when_sampling(engine: Engine) -> None:
+    logits = logits_with(engine, {10: 5.0, 11: 4.9, 12: 4.8})
+    assert set(draws(engine, SamplerSettings(temperature=1.5, top_k=1, seed=3), logits, 20)) == {10}
+
+
+def test_top_p_keeps_only_the_nucleus(engine: Engine) -> None:
+    logits = logits_with(engine, dict(zip((20, 21, 22, 23), np.log([0.6, 0.3, 0.05, 0.05]), strict=True)))
+    picks = draws(engine, SamplerSettings(temperature=1.0, top_p=0.8, seed=1), logits, 200)
+    assert set(picks) == {20, 21}
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_best(engine: Engine) -> None:
+    logits = logits_with(engine, dict(zip((30, 31, 32, 33), np.log([0.5, 0.3, 0.15, 0.05]), strict=True)))
+    picks = draws(engine, SamplerSettings(temperature=1.0, min_p=0.2, seed=2), logits, 300)
+    assert set(picks) == {30, 31, 32}  # 0.05 < 0.2 x 0.5
+
+
+def test_seeded_draws_repeat_and_other_seeds_differ(engine: Engine) -> None:
+    logits = logits_with(engine, {token: 0.0 for token in range(100, 164)})
+    first = draws(engine, SamplerSettings(temperature=1.0, seed=42), logits, 20)
+    assert first == draws(engine, SamplerSettings(temperature=1.0, seed=42), logits, 20)
+    assert first != draws(engine, SamplerSettings(temperature=1.0, seed=43), logits, 20)
+
+
+def test_repetition_penalty_applies_to_tokens_the_chain_accepted(engine: Engine) -> None:
+    logits = logits_with(engine, {40: 2.0, 41: 1.0})
+    with engine.sampler_chain(SamplerSettings(repeat_penalty=3.0)) as chain:
+        assert chain.sample(logits).token == 40
+        assert chain.sample(logits).token == 41  # 2.0 / 3 < 1.0 once 40 was generated
+    with engine.sampler_chain(SamplerSettings(presence_penalty=1.5)) as chain:
+        assert [chain.sample(logits).token for _ in range(2)] == [40, 41]
+
+
+def test_logit_bias_can_ban_the_best_token(engine: Engine) -> None:
+    logits = logits_with(engine, {50: 3.0, 51: 2.0})
+    assert draws(engine, SamplerSettings(logit_bias=((50, -np.inf),)), logits, 1) == [51]
+
+
+class BanFirstCandidate:
+    """A method sampler that drops the best candidate and records what it saw."""
+
+    name = "ban-first"
+
+    def __init__(self, candidate_limit: int | None) -> None:
+        self.candidate_limit = candidate_limit
+        self.seen: list[np.ndarray] = []
+        self.features: list[np.ndarray | None] = []
+        self.accepted: list[int] = []
+
+    def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
+        self.seen.append(candidates.ids.copy())
+        self.features.append(features)
+        candidates.keep(candidates.logits < candidates.logits.max())
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+
+def test_method_sampler_sees_only_its_top_k_and_decides(engine: Engine) -> None:
+    logits = np.arange(engine.n_vocab, dtype=np.float32) / engine.n_vocab  # larger id, larger logit
+    method = BanFirstCandidate(candidate_limit=5)
+    features = np.ones((4, 640), dtype=np.float32)
+    with engine.sampler_chain(SamplerSettings(), method) as chain:
+        pick = chain.sample(logits, features)
+    assert chain.names == ["top-k(5)", "ban-first", "greedy"]
+    assert sorted(method.seen[0].tolist()) == list(range(engine.n_vocab - 5, engine.n_vocab))
+    assert method.features[0] is features
+    assert pick.token == engine.n_vocab - 2 and method.accepted == [pick.token]
+
+
+def test_an_error_in_a_method_sampler_reaches_the_caller(engine: Engine) -> None:
+    class Broken:
+        name = "broken"
+        candidate_limit = None
+
+        def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
+            raise ValueError("boom")
+
+        def accept(self, token: int) -> None:
+            return None
+
+    with engine.sampler_chain(SamplerSettings(), Broken()) as chain, pytest.raises(ValueError, match="boom"):
+        chain.sample(np.zeros(engine.n_vocab, dtype=np.float32))
+
+
+def test_a_method_sampler_that_drops_everything_is_an_error(engine: Engine) -> None:
+    class DropAll:
+        name = "drop-all"
+        candidate_limit = 3
+
+        def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
+            candidates.keep(np.zeros(candidates.size, dtype=bool))
+
+        def accept(self, token: int) -> None:
+            return None
+
+    with engine.sampler_chain(SamplerSettings(), DropAll()) as chain, pytest.raises(LocalpersError, match="every"):
+        chain.sample(np.zeros(engine.n_vocab, dtype=np.float32))
+
+
+def test_method_sampler_changes_generated_tokens(engine: Engine) -> None:
+    plain = generate(engine, PROMPT, max_tokens=6)
+    method = BanFirstCandidate(candidate_limit=None)
+    banned = generate(engine, PROMPT, max_tokens=6, method=method)
+    assert banned.tokens[0] != plain.tokens[0]
+    assert all(f is not None and f.shape == (4, engine.n_embd) for f in method.features)
+    assert method.accepted[: len(banned.tokens)] == banned.tokens
+
+
+def test_grammar_constrains_the_output(engine: Engine) -> None:
+    grammar = 'root ::= ("Yes" | "No") "."'
+    result = generate(engine, "Is the sky green? Answer:", max_tokens=8, sampling=SamplerSettings(grammar=grammar))
+    assert result.text in {"Yes.", "No."}
+    assert result.stop_reason == "eos"  # the grammar ends, so only end-of-generation is allowed
+
+
+def test_invalid_grammar_is_a_one_line_error(engine: Engine) -> None:
+    with pytest.raises(LocalpersError, match="not valid GBNF") as raised:
+        engine.sampler_chain(SamplerSettings(grammar="root ::= (unclosed"))
+    assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        (SamplerSettings(top_p=0.0), "top_p"),
+        (SamplerSettings(min_p=1.0), "min_p"),
+        (SamplerSettings(temperature=-1.0), "temperature"),
+        (SamplerSettings(seed=2**32 - 1), "seed"),
+        (SamplerSettings(grammar="  "), "grammar"),
+    ],
+)
+def test_out_of_range_settings_are_refused(settings: SamplerSettings, name: str) -> None:
+    with pytest.raises(LocalpersError, match=name) as raised:
+        settings.validated()
+    assert raised.value.exit_code == 2
+
+
+def test_sampled_generation_is_reproducible_with_a_seed(engine: Engine) -> None:
+    settings = SamplerSettings(temperature=1.2, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    first = generate(engine, PROMPT, max_tokens=10, sampling=settings)
+    assert first.tokens == generate(engine, PROMPT, max_tokens=10, sampling=settings).tokens
