@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli_api import register as register_api_command
 from localpers.cli_bench import register as register_bench_commands
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
@@ -257,6 +258,7 @@ register_device_commands(app)
 register_bench_commands(app)
 register_tui_command(app)
 register_method_commands(app)
+register_api_command(app)
 import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
 
 

@@ -1,0 +1,210 @@
+"""The ASGI app of `localpers api`: OpenAI-compatible `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
+
+Routes parse the body (`localpers.api.requests`), run the generation in a worker thread through
+`ApiBackend` and answer in OpenAI's shapes; `"stream": true` answers with server-sent events, one chunk per
+text piece, then `data: [DONE]`. Every failure is a JSON error object with a 4xx/5xx status, never a
+traceback; a client that disconnects mid-stream stops its generation. With an API key configured, every
+route needs `Authorization: Bearer <key>`. Nothing here logs request or generated text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localpers.api.backend import ApiBackend, Served
+from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+_DONE = object()
+
+
+class ClientGone(Exception):
+    """Raised inside a generation's text callback once the client has disconnected."""
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _usage(served: Served) -> dict[str, int]:
+    prompt, completion = served.result.prompt_tokens, served.result.tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_body(job: GenerationJob, served: Served, ident: str) -> dict[str, Any]:
+    finish = FINISH_REASONS.get(served.result.stop_reason, "stop")
+    if job.kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": served.result.text},
+            "finish_reason": finish,
+        }
+    else:
+        choice = {"index": 0, "text": served.result.text, "finish_reason": finish, "logprobs": None}
+    return {
+        "id": ident,
+        "object": "chat.completion" if job.kind == "chat" else "text_completion",
+        "created": served.created,
+        "model": job.model,
+        "choices": [choice],
+        "usage": _usage(served),
+        "localpers": {"user": served.user, "method": served.result.method, "adapter": served.result.adapter},
+    }
+
+
+def _chunk(job: GenerationJob, ident: str, created: int, piece: str | None, finish: str | None) -> dict[str, Any]:
+    if job.kind == "chat":
+        delta: dict[str, Any] = {} if piece is None else {"content": piece}
+        if piece is not None and not piece and finish is None:
+            delta = {"role": "assistant", "content": ""}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+        "created": created,
+        "model": job.model,
+        "choices": [choice],
+    }
+
+
+def _event(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
+    """The Starlette app serving `backend`; `api_key` (if any) is required on every request."""
+
+    def authorised(request: Request) -> bool:
+        if not api_key:
+            return True
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def route(request: Request) -> Response:
+            if not authorised(request):
+                return error_response(ApiError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)", code="invalid_api_key"))
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return error_response(exc)
+            except Exception as exc:  # report the type only: messages may quote request text
+                print(f"localpers api: internal error {type(exc).__name__}", file=sys.stderr)
+                return error_response(ApiError(500, f"internal error ({type(exc).__name__})"))
+
+        return route
+
+    async def read_json(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+
+    async def models(request: Request) -> Response:
+        data = [{"id": ident, "object": "model", "created": 0, "owned_by": "local"} for ident in backend.model_ids()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        ident = request.path_params["model"]
+        if ident not in backend.model_ids():
+            raise ApiError(404, f"model {ident!r} does not exist; see /v1/models", param="model", code="model_not_found")
+        return JSONResponse({"id": ident, "object": "model", "created": 0, "owned_by": "local"})
+
+    async def generate(request: Request, parse: Callable[[Any], GenerationJob]) -> Response:
+        job = parse(await read_json(request))
+        ident = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if not job.stream:
+            served = await anyio.to_thread.run_sync(backend.run, job)
+            return JSONResponse(_completion_body(job, served, ident))
+        return await stream(request, job, ident)
+
+    async def stream(request: Request, job: GenerationJob, ident: str) -> Response:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        gone = False
+
+        def on_text(piece: str) -> None:
+            if gone:
+                raise ClientGone()
+            loop.call_soon_threadsafe(queue.put_nowait, piece)
+
+        def work() -> None:
+            try:
+                outcome: object = backend.run(job, on_text)
+            except BaseException as exc:  # handed to the event loop, reported as an SSE error event
+                outcome = exc
+            loop.call_soon_threadsafe(queue.put_nowait, outcome)
+            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        # Errors found before any text (unknown user, bad grammar, unfitted user) still get a 4xx status.
+        task = loop.run_in_executor(None, work)
+        first = await queue.get()
+        if isinstance(first, BaseException):
+            await task
+            if isinstance(first, ApiError):
+                return error_response(first)
+            print(f"localpers api: internal error {type(first).__name__}", file=sys.stderr)
+            return error_response(ApiError(500, f"internal error ({type(first).__name__})"))
+
+        async def events() -> AsyncIterator[str]:
+            nonlocal gone
+            created = int(time.time())
+            item = first
+            try:
+                if job.kind == "chat":
+                    yield _event(_chunk(job, ident, created, "", None))
+                while item is not _DONE:
+                    if isinstance(item, str):
+                        yield _event(_chunk(job, ident, created, item, None))
+                    elif isinstance(item, Served):
+                        finish = FINISH_REASONS.get(item.result.stop_reason, "stop")
+                        yield _event(_chunk(job, ident, item.created, None, finish))
+                        if job.include_usage:
+                            yield _event({**_chunk(job, ident, item.created, None, None), "choices": [], "usage": _usage(item)})
+                    elif isinstance(item, ApiError):
+                        yield _event(item.body())
+                    elif isinstance(item, BaseException):
+                        print(f"localpers api: internal error {type(item).__name__}", file=sys.stderr)
+                        yield _event(ApiError(500, f"internal error ({type(item).__name__})").body())
+                    item = await queue.get()
+                yield _event("[DONE]")
+            finally:
+                gone = True  # the generation stops at its next piece if the client left early
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, parse_completion)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, parse_chat)
+
+    routes = [
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{model:path}", guarded(model), methods=["GET"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return error_response(ApiError(status, f"{request.method} {request.url.path} is not an endpoint of localpers api"))
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})

@@ -1,0 +1,162 @@
+"""What the endpoint does with a parsed request: pick the local user, run the method, stream the text.
+
+`ApiBackend` holds one `Personalizer` (backbone + bundle) and the user store. `run` resolves the user
+(the request's `user`, else the one in the model name, else the active user), refuses what cannot be
+served (unknown or unfitted user, a method without its fit) with an `ApiError`, and generates under one
+lock, because the engine serves one generation at a time. It is called from a worker thread; `on_text`
+may raise to abandon the generation (a client that went away). It never logs request text and opens no
+outgoing connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
+from localpers.errors import LocalpersError
+from localpers.personalize import Personalizer, RewriteResult, chat_transcript, user_profile
+from localpers.store import User, UserStore
+from localpers.tasks import get_task
+
+TextSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Served:
+    """A finished generation and who it was for."""
+
+    result: RewriteResult
+    user: str | None
+    created: int
+
+
+class ApiBackend:
+    """The device side of `localpers api`: one personalizer, the user store, one generation at a time."""
+
+    def __init__(self, personalizer: Personalizer, store: UserStore | None = None) -> None:
+        self.personalizer = personalizer
+        self.store = store or UserStore()
+        self._lock = threading.Lock()
+        self._cope: tuple[str, str, Any] | None = None  # (user, adapter sha, decoder) of the last CoPe user
+
+    def model_ids(self) -> list[str]:
+        """`localpers` (the active user) and `localpers/<user>` for every local user."""
+        return [MODEL_PREFIX, *(f"{MODEL_PREFIX}/{name}" for name in self.store.list())]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cope is not None:
+                self._cope[2].close()
+                self._cope = None
+            self.personalizer.close()
+
+    # ------------------------------------------------------------------ users
+    def resolve_user(self, name: str | None) -> User | None:
+        """The named user, else the active one, else None (only the global method works then)."""
+        if name is not None:
+            if name not in self.store.list():
+                raise ApiError(404, f"no local user {name!r}; see /v1/models", param="user", code="user_not_found")
+            return self.store.get(name)
+        active = self.store.active_name()
+        return self.store.get(active) if active else None
+
+    def _profile(self, user: User | None, method: str) -> tuple[str, int | None, Any]:
+        """(method actually used, cluster, vector); an unfitted or stale user is refused for CARD's methods."""
+        if method in ("global", "cope", "exact"):
+            return method, None, None
+        if user is None:
+            raise ApiError(400, f"no user: name one with `user` or `localpers/<user>` for method {method!r}", param="user")
+        cluster, vector, state = user_profile(user)
+        if not state.get("fit") or state.get("bundle_sha256") != self.personalizer.bundle_sha256:
+            raise ApiError(409, f"user {user.name!r} is not fitted to this bundle: run `localpers fit --user {user.name}`", param="user", code="user_not_fitted")
+        if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
+            return "global", None, None
+        return method, cluster, vector
+
+    # ------------------------------------------------------------------ generation
+    def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
+        """Generate for `job` (blocking; call from a worker thread)."""
+        with self._lock:
+            user = self.resolve_user(job.user)
+            try:
+                result = self._generate(job, user, on_text)
+            except LocalpersError as exc:
+                raise ApiError(400 if exc.exit_code == 2 else 409, str(exc)) from None
+            return Served(result, user.name if user else None, int(time.time()))
+
+    def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
+        method, cluster, vector = self._profile(user, job.method)
+        use_chat_prompt = job.kind == "chat" and job.task is None
+        if use_chat_prompt and self.personalizer.engine.has_chat_template:
+            if method in ("cope", "exact"):
+                raise ApiError(400, f"method {method!r} needs a `task` in a chat request", param="task")
+            return self.personalizer.rewrite(
+                "",
+                task="free",
+                method=method,
+                cluster=cluster,
+                vector=vector,
+                strength=job.strength,
+                max_tokens=job.max_tokens,
+                sampling=job.sampling,
+                on_text=on_text,
+                prompt=self.personalizer.chat_prompt_tokens(job.messages),
+                stop=job.stop,
+            )
+        text = chat_transcript(job.messages) if use_chat_prompt else job.text
+        task = job.task or "free"
+        assert text is not None
+        if method in ("cope", "exact"):
+            if user is None:
+                raise ApiError(400, f"no user: name one with `user` or `localpers/<user>` for method {method!r}", param="user")
+            return self._extra_method(method, user, text, task, job, on_text)
+        return self.personalizer.rewrite(
+            text,
+            task=task,
+            method=method,
+            cluster=cluster,
+            vector=vector,
+            strength=job.strength,
+            max_tokens=job.max_tokens,
+            sampling=job.sampling,
+            on_text=on_text,
+            history=user.history_index(get_task(task)) if user is not None else None,
+            stop=job.stop,
+        )
+
+    def _extra_method(
+        self, method: str, user: User, text: str, task: str, job: GenerationJob, on_text: TextSink | None
+    ) -> RewriteResult:
+        if job.stop:
+            raise ApiError(400, f"`stop` is not supported with method {method!r}", param="stop")
+        if method == "exact":
+            from localpers.methods.exact import check_bundle, load_index, rewrite_exact
+
+            index = load_index(user)
+            check_bundle(index, self.personalizer, user.name)
+            result, _ = rewrite_exact(
+                self.personalizer, index, text, task=task, max_tokens=job.max_tokens, on_text=on_text, sampling=job.sampling
+            )
+            return result
+        from localpers.methods.cope import DEFAULT_ALPHA, CopeDecoder, load_state, rewrite_cope
+
+        state = load_state(user)
+        if self._cope is None or self._cope[:2] != (user.name, state.adapter_sha256):
+            if self._cope is not None:
+                self._cope[2].close()
+                self._cope = None
+            self._cope = (user.name, state.adapter_sha256, CopeDecoder.for_user(self.personalizer, user, state))
+        return rewrite_cope(
+            self._cope[2],
+            state,
+            text,
+            task=task,
+            alpha=DEFAULT_ALPHA if job.strength is None else job.strength,
+            max_tokens=job.max_tokens,
+            on_text=on_text,
+            sampling=job.sampling,
+        )

@@ -1,0 +1,249 @@
+"""`localpers api` against a live server on a free loopback port, driven by the official `openai` client.
+
+The server runs uvicorn in a thread over a real `Personalizer` (synthetic bundle, embedded backbone); its
+answers are checked against calling the personalizer directly, so a wrong user, method or prompt shows.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import uvicorn
+from synthetic_bundle import make_bundle
+from typer.testing import CliRunner
+
+from localpers.api.app import create_app
+from localpers.api.backend import ApiBackend
+from localpers.api.server import check_bind, is_loopback
+from localpers.backbone import Backbone
+from localpers.bundle import open_bundle
+from localpers.cli import app as cli_app
+from localpers.errors import LocalpersError
+from localpers.personalize import Personalizer
+from localpers.store import UserStore
+
+ARTICLE = "Generate a headline for the following article: The town hall will install solar panels on its roof."
+SECRET = "Zorblax the seventh quietly reorganised the lighthouse archive"
+
+
+def raw_request(url: str, data: bytes | None = None) -> tuple[int, str]:
+    """(status, body) of one request without any client library's interpretation."""
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def personalizer(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Personalizer]:
+    bundle = make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
+    loaded = Personalizer(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone, n_ctx=512)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def store(personalizer: Personalizer, tmp_path_factory: pytest.TempPathFactory) -> UserStore:
+    users = UserStore(root=tmp_path_factory.mktemp("users"))
+    alice = users.create("alice")  # the first user becomes the active one
+    vector = np.random.default_rng(3).normal(0, 30.0, personalizer.head.d).astype(np.float32)
+    alice.save_fit(vector, {"cluster": 1, "bundle_sha256": personalizer.bundle_sha256, "fit": {"mode": "vector"}})
+    users.create("bob")  # never fitted
+    return users
+
+
+class LiveServer:
+    """uvicorn serving `app` on a free loopback port in a background thread."""
+
+    def __init__(self, app: object) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)  # type: ignore[arg-type]
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@pytest.fixture(scope="module")
+def backend(personalizer: Personalizer, store: UserStore) -> ApiBackend:
+    return ApiBackend(personalizer, store)
+
+
+@pytest.fixture(scope="module")
+def server(backend: ApiBackend) -> Iterator[LiveServer]:
+    with LiveServer(create_app(backend)) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="not-needed", max_retries=0, timeout=300)
+
+
+def alice_card(personalizer: Personalizer, store: UserStore, **kwargs: object) -> str:
+    alice = store.get("alice")
+    return personalizer.rewrite(
+        ARTICLE, method="card", cluster=1, vector=alice.vector(), history=None, **kwargs  # type: ignore[arg-type]
+    ).text
+
+
+def test_models_lists_the_active_user_alias_and_every_user(client: openai.OpenAI) -> None:
+    assert {model.id for model in client.models.list()} == {"localpers", "localpers/alice", "localpers/bob"}
+    assert client.models.retrieve("localpers/bob").id == "localpers/bob"
+
+
+def test_completion_uses_the_active_users_card_profile(
+    client: openai.OpenAI, personalizer: Personalizer, store: UserStore
+) -> None:
+    response = client.completions.create(
+        model="localpers", prompt=ARTICLE, max_tokens=12, extra_body={"task": "headline"}
+    )
+    expected = alice_card(personalizer, store, max_tokens=12)
+    assert response.choices[0].text == expected and expected
+    global_text = personalizer.rewrite(ARTICLE, method="global", max_tokens=12).text
+    assert expected != global_text, "the test would not notice a request served without alice's profile"
+    assert response.usage is not None and response.usage.completion_tokens > 0
+    assert response.choices[0].finish_reason in ("stop", "length")
+
+
+def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
+    by_model = client.completions.create(
+        model="localpers/bob", prompt=ARTICLE, max_tokens=8, extra_body={"task": "headline", "method": "global"}
+    )
+    by_field = client.completions.create(
+        model="localpers", user="bob", prompt=ARTICLE, max_tokens=8, extra_body={"task": "headline", "method": "global"}
+    )
+    assert by_model.choices[0].text == by_field.choices[0].text
+    with pytest.raises(openai.ConflictError, match="not fitted"):  # bob has no fit for CARD
+        client.completions.create(model="localpers/bob", prompt=ARTICLE, max_tokens=8)
+    with pytest.raises(openai.NotFoundError, match="no local user"):
+        client.completions.create(model="localpers", user="nobody", prompt=ARTICLE, max_tokens=8)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4o", prompt=ARTICLE, max_tokens=8)
+
+
+def test_chat_streaming_sends_the_same_text_as_a_plain_answer(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "The town hall will install solar panels on its roof."}]
+    plain = client.chat.completions.create(model="localpers/alice", messages=messages, max_tokens=16)  # type: ignore[arg-type]
+    chunks = list(
+        client.chat.completions.create(
+            model="localpers/alice",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([p for p in pieces if p]) >= 2, "streaming should deliver the text in several pieces"
+    assert "".join(pieces) == plain.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [plain.choices[0].finish_reason]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_completion_streaming_with_a_task(client: openai.OpenAI, personalizer: Personalizer, store: UserStore) -> None:
+    stream = client.completions.create(
+        model="localpers/alice", prompt=ARTICLE, max_tokens=12, stream=True, extra_body={"task": "headline"}
+    )
+    text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    assert text.strip() == alice_card(personalizer, store, max_tokens=12)
+
+
+def test_grammar_and_sampling_options_reach_the_sampler_chain(client: openai.OpenAI) -> None:
+    response = client.completions.create(
+        model="localpers/alice",
+        prompt="Is the town hall getting solar panels? Answer:",
+        max_tokens=6,
+        temperature=0.8,
+        seed=5,
+        extra_body={"grammar": 'root ::= " " ("yes" | "no")', "min_p": 0.05},
+    )
+    assert response.choices[0].text in {" yes", " no"}
+    assert response.choices[0].finish_reason == "stop"
+
+
+def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, server: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError, match="temperature") as raised:
+        client.completions.create(model="localpers", prompt=ARTICLE, temperature=5.0)
+    assert raised.value.body["param"] == "temperature"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="not valid GBNF"):
+        client.completions.create(model="localpers", prompt=ARTICLE, extra_body={"grammar": "root ::= ("})
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model="localpers", messages=[])
+    status, body = raw_request(f"{server.base_url}/completions", b"{not json")
+    assert status == 400
+    assert json.loads(body)["error"]["message"] == "the request body is not valid JSON"
+    assert "Traceback" not in body
+    status, body = raw_request(f"{server.base_url}/embeddings")
+    assert status == 404 and "error" in json.loads(body)
+
+
+def test_a_key_protected_server_refuses_requests_without_it(backend: ApiBackend) -> None:
+    with LiveServer(create_app(backend, api_key="s3cret")) as live:
+        wrong = openai.OpenAI(base_url=live.base_url, api_key="guess", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=live.base_url, api_key="s3cret", max_retries=0)
+        assert "localpers" in {model.id for model in right.models.list()}
+
+
+def test_request_text_is_never_logged(client: openai.OpenAI, capfd: pytest.CaptureFixture[str]) -> None:
+    client.completions.create(model="localpers", prompt=SECRET, max_tokens=4, extra_body={"method": "global"})
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="localpers", prompt=SECRET, top_p=7)
+    captured = capfd.readouterr()
+    assert "Zorblax" not in captured.out + captured.err
+
+
+def test_only_loopback_binds_without_a_flag_and_a_key() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5")
+    check_bind("127.0.0.1", allow_remote=False, api_key=None)
+    with pytest.raises(LocalpersError, match="--allow-remote"):
+        check_bind("0.0.0.0", allow_remote=False, api_key="k")
+    with pytest.raises(LocalpersError, match="API key"):
+        check_bind("0.0.0.0", allow_remote=True, api_key=None)
+    check_bind("0.0.0.0", allow_remote=True, api_key="k")
+
+
+def test_api_command_refuses_a_public_bind_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LOCALPERS_API_KEY", raising=False)
+    result = CliRunner().invoke(cli_app, ["api", "--host", "0.0.0.0", "--allow-remote"])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith("error: listening on 0.0.0.0 needs an API key")
+    assert len(result.output.strip().splitlines()) == 1
