@@ -1,5 +1,6 @@
 /*
- * Layer-tap callback for llama.cpp's cb_eval, in C so that the per-node cost is nanoseconds.
+ * Layer-tap callback for llama.cpp's cb_eval, in C so that the per-node cost is nanoseconds, and the
+ * per-token fill of the sampler chain's candidate array (262,144 entries for Gemma 3) from the logits.
  *
  * llama.cpp calls the callback once per graph node (about 730 per token for Gemma 3 270M) with
  * ask=true, and again with ask=false once a node it said yes to has been computed. A Python callback
@@ -12,6 +13,7 @@
 #include <Python.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define LP_MAX_TAPS 16
@@ -70,8 +72,26 @@ __attribute__((visibility("default"))) bool localpers_tap_callback(void *tensor,
     return true;
 }
 
+/* Mirror of llama.cpp's llama_token_data. */
+typedef struct {
+    int32_t id;
+    float logit;
+    float p;
+} lp_token_data;
+
+/* candidates[i] = {i, logits[i], 0}: what llama_sampler_sample does before running a chain, done here so
+ * the engine can feed the chain logits it holds itself (a cached prompt's) at C speed. */
+__attribute__((visibility("default"))) void localpers_fill_candidates(const float *logits, lp_token_data *candidates,
+                                                                      int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        candidates[i].id = i;
+        candidates[i].logit = logits[i];
+        candidates[i].p = 0.0f;
+    }
+}
+
 static struct PyModuleDef lp_module = {
-    PyModuleDef_HEAD_INIT, "_taps", "C layer-tap callback for llama.cpp (loaded through ctypes).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_taps", "C layer-tap callback and candidate fill for llama.cpp (loaded through ctypes).", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__taps(void) { return PyModule_Create(&lp_module); }

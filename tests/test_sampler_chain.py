@@ -187,3 +187,19 @@ def test_sampled_generation_is_reproducible_with_a_seed(engine: Engine) -> None:
     settings = SamplerSettings(temperature=1.2, top_k=40, top_p=0.95, min_p=0.05, seed=7)
     first = generate(engine, PROMPT, max_tokens=10, sampling=settings)
     assert first.tokens == generate(engine, PROMPT, max_tokens=10, sampling=settings).tokens
+
+
+def test_the_c_candidate_fill_and_the_numpy_fill_feed_the_chain_alike(engine: Engine) -> None:
+    from localpers.engine import sampler_chain
+
+    if sampler_chain._FILL_CANDIDATES is None:
+        pytest.skip("the C extension was not built; only the numpy fill exists")
+    rng = np.random.default_rng(11)
+    settings = SamplerSettings(temperature=1.0, top_k=50, seed=9)
+    with engine.sampler_chain(settings) as fast, engine.sampler_chain(settings) as slow:
+        for _ in range(30):
+            logits = rng.normal(size=engine.n_vocab).astype(np.float32)
+            strided = np.repeat(logits, 2)[::2]  # same values, not contiguous: takes the numpy path
+            assert not strided.flags.c_contiguous
+            assert fast.sample(logits).token == slow.sample(strided).token
+            np.testing.assert_array_equal(fast._entries, slow._entries)

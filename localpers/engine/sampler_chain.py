@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -30,6 +31,22 @@ assert TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 # `name` returns a pointer the sampler owns; a ctypes callback cannot return a c_char_p safely, so it is
 # declared as returning an address and cast to the interface's type.
 _NAME_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_void_p, llama_cpp.llama_sampler_p_ctypes)
+
+
+def _c_fill() -> Any:
+    """`localpers_fill_candidates` from the compiled extension (`_taps.c`), or None when it was not built."""
+    try:
+        from localpers import _taps
+
+        function = ctypes.CDLL(_taps.__file__).localpers_fill_candidates
+    except (ImportError, OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+    function.restype = None
+    return function
+
+
+_FILL_CANDIDATES = _c_fill()
 
 
 @dataclass(frozen=True)
@@ -186,9 +203,14 @@ class SamplerChain:
         if self._chain is None:
             raise LocalpersError("the sampler chain was closed")
         entries = self._entries
-        entries["id"] = self._ids
-        entries["logit"] = logits
-        entries["p"] = 0.0
+        if len(logits) != len(entries):
+            raise ValueError(f"expected {len(entries)} logits, got {len(logits)}")
+        if _FILL_CANDIDATES is not None and logits.dtype == np.float32 and logits.flags.c_contiguous:
+            _FILL_CANDIDATES(logits.ctypes.data, entries.ctypes.data, len(entries))
+        else:  # the same in numpy (about 1 ms for 262k tokens instead of 0.2)
+            entries["id"] = self._ids
+            entries["logit"] = logits
+            entries["p"] = 0.0
         array = self._array
         array.data = self._address
         array.size = len(entries)
