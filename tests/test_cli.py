@@ -86,3 +86,32 @@ def test_unknown_task_is_one_line_error(backbone: Backbone) -> None:
     result = runner.invoke(app, ["generate", "hello", "--task", "poem", "--model", str(backbone.path)])
     assert result.exit_code == 1
     assert "unknown task 'poem'" in result.output
+
+
+def test_generate_samples_with_min_p_and_a_seed_reproducibly(backbone: Backbone) -> None:
+    command = ["generate", "Once upon a time", "--max-tokens", "8", "--json", "--model", str(backbone.path),
+               "--temperature", "0.9", "--min-p", "0.05", "--top-k", "40", "--seed", "3"]
+    first, second = runner.invoke(app, command), runner.invoke(app, command)
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["text"] == json.loads(second.stdout)["text"]
+
+
+def test_generate_follows_a_grammar_file(backbone: Backbone, tmp_path: Path) -> None:
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= " " ("yes" | "no")\n')
+    result = runner.invoke(
+        app,
+        ["generate", "Is Paris in France? Answer:", "--json", "--grammar", str(grammar), "--model", str(backbone.path)],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["text"] in {" yes", " no"}
+
+
+def test_bad_grammar_is_a_one_line_error_with_exit_code_2(backbone: Backbone, tmp_path: Path) -> None:
+    grammar = tmp_path / "broken.gbnf"
+    grammar.write_text("root ::= (")
+    result = runner.invoke(app, ["generate", "hi", "--grammar", str(grammar), "--model", str(backbone.path)])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: the grammar is not valid GBNF") and result.output.strip().count("\n") == 0
+    missing = runner.invoke(app, ["generate", "hi", "--grammar", str(tmp_path / "none.gbnf")])
+    assert missing.exit_code == 2 and missing.output.startswith("error: cannot read grammar file")
