@@ -10,7 +10,7 @@ logit bias in all three, so every run does the same number of steps):
 
 and reports the median decode ms/token of each and the ratios C/A and C/B, with the load average.
 Usage: python scripts/bench_correction.py --data ../shared/data/news-headlines/test.jsonl [--threads 1]
-       [--prompts 4] [--tokens 32] [--repeats 5] [--json]
+       [--prompts 4] [--tokens 32] [--repeats 5] [--user NAME] [--json]
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from localpers.card_sampler import CardCorrection
 from localpers.decoding import SamplerSettings
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT
 from localpers.generation import generate
-from localpers.personalize import Personalizer
+from localpers.personalize import Personalizer, user_profile
+from localpers.store import UserStore
 from localpers.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,9 +51,16 @@ def prompts_from(data: Path, count: int) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, object]:
     personalizer = Personalizer.open(model=args.model, bundle=args.bundle, n_threads=args.threads)
     engine = personalizer.engine
-    engine.set_adapter(personalizer.adapter_for("card", args.cluster))
+    cluster = args.cluster
+    vector = DEFAULT_PRIOR_WEIGHT * personalizer.head.default_vector(cluster)
+    if args.user:  # a fitted user's cluster and vector (from LOCALPERS_HOME)
+        fitted_cluster, fitted_vector, _ = user_profile(UserStore().get(args.user))
+        if fitted_cluster is None or fitted_vector is None:
+            raise SystemExit(f"user {args.user!r} has no fitted cluster and vector")
+        cluster, vector = fitted_cluster, fitted_vector
+    vector = vector * args.vector_scale
+    engine.set_adapter(personalizer.adapter_for("card", cluster))
     k = personalizer.head_config.top_k
-    vector = DEFAULT_PRIOR_WEIGHT * personalizer.head.default_vector(args.cluster) * args.vector_scale
     strength = personalizer.head_config.default_strength
     end_tokens = [t for t in range(engine.n_vocab) if engine.is_end_of_generation(t)]
     no_end = tuple((t, float("-inf")) for t in end_tokens)
@@ -91,6 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "tokens_per_run": args.tokens,
         "runs_per_variant": len(per_variant["plain"]),
         "top_k": k,
+        "cluster": cluster,
         "vector_norm": round(float(np.linalg.norm(vector)), 3),
         "runs_where_card_changed_tokens": changed,
         "median_ms_per_token": {name: round(value, 3) for name, value in medians.items()},
@@ -111,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds over all prompts")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--cluster", type=int, default=0)
+    parser.add_argument("--cluster", type=int, default=0, help="cluster whose default vector is used")
+    parser.add_argument("--user", default=None, help="use this fitted user's cluster and vector instead")
     parser.add_argument("--vector-scale", type=float, default=1.0, help="multiplies the cluster's default vector")
     parser.add_argument("--bundle", default=str(REPO / "models" / "demo-bundle"))
     parser.add_argument("--model", default=None, help="backbone GGUF (default: embedded Gemma 3 270M)")

@@ -13,7 +13,8 @@ EXACT inside `--home` (a LOCALPERS_HOME of its own, never the real user folders)
 fits, so only the decoding is compared. Each method decodes greedily with the task's default token limit, as
 `localpers rewrite` does. Outputs are generated text of a private test set: keep them out of the repository.
 The token ids are captured by wrapping the `generate` function the personalization modules call.
-`compare` prints, per method, how many queries gave identical token ids and where the first difference is.
+`compare` prints, per method, how many queries gave identical token ids and where the first difference is
+(over the pairs both records hold; the "after" side may be split over several files).
 """
 
 from __future__ import annotations
@@ -155,12 +156,16 @@ def load_record(path: Path) -> dict[tuple[int, str], dict[str, Any]]:
 
 
 def compare(args: argparse.Namespace) -> None:
-    before, after = load_record(Path(args.before)), load_record(Path(args.after))
-    if set(before) != set(after):
-        raise SystemExit("the two records cover different (query, method) pairs")
+    before = load_record(Path(args.before))
+    after: dict[tuple[int, str], dict[str, Any]] = {}
+    for path in args.after:
+        after.update(load_record(Path(path)))
+    shared = sorted(set(before) & set(after))
+    if len(shared) < max(len(before), len(after)):
+        print(f"note: comparing the {len(shared)} (query, method) pairs both records have", file=sys.stderr)
     summary: dict[str, dict[str, Any]] = {}
-    for (query, method), old in sorted(before.items()):
-        new = after[(query, method)]
+    for query, method in shared:
+        old, new = before[(query, method)], after[(query, method)]
         entry = summary.setdefault(method, {"identical": 0, "different": 0, "differences": []})
         if old["tokens"] == new["tokens"]:
             entry["identical"] += 1
@@ -196,7 +201,7 @@ def main() -> None:
     rec.add_argument("--methods", nargs="*", choices=DEVICE_METHODS)
     cmp_parser = commands.add_parser("compare", help="count identical token sequences per method")
     cmp_parser.add_argument("before")
-    cmp_parser.add_argument("after")
+    cmp_parser.add_argument("after", nargs="+", help="one record, or several (e.g. methods recorded apart)")
     cmp_parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     record(args) if args.command == "record" else compare(args)
