@@ -87,6 +87,7 @@ def record(args: argparse.Namespace) -> None:
     recorder.wrap(cope_module)
     methods = args.methods or list(DEVICE_METHODS)
     queries = first_queries(Path(args.data), args.queries)
+    first = args.skip
     personalizer = Personalizer.open(model=args.model, bundle=args.bundle, n_threads=args.threads)
     store = UserStore()
     fits: dict[str, float] = {}
@@ -124,6 +125,8 @@ def record(args: argparse.Namespace) -> None:
         }
         handle.write(json.dumps({"meta": meta}) + "\n")
         for number, (author, text) in enumerate(queries):
+            if number < first:
+                continue
             for method in methods:
                 if method == "cope":
                     assert decoder is not None and state is not None
@@ -193,6 +196,7 @@ def main() -> None:
     rec = commands.add_parser("record", help="decode the queries greedily with every method")
     rec.add_argument("--data", required=True, help="a shared-data JSONL file (users with queries)")
     rec.add_argument("--queries", type=int, default=50)
+    rec.add_argument("--skip", type=int, default=0, help="start at this query (to split a record over processes)")
     rec.add_argument("--out", required=True, help="JSONL output (keep it outside the repository)")
     rec.add_argument("--home", required=True, help="LOCALPERS_HOME for the fitted user (reused by later runs)")
     rec.add_argument("--threads", type=int, default=1)
