@@ -108,7 +108,7 @@ def record(args: argparse.Namespace) -> None:
     if "exact" in methods:
         if not index_path(user).is_file():
             started = time.perf_counter()
-            index_exact(personalizer, user)
+            index_exact(personalizer, user, max_pairs=args.exact_max_pairs)
             fits["exact"] = round(time.perf_counter() - started, 1)
         index = load_index(user)
 
@@ -203,6 +203,7 @@ def main() -> None:
     rec.add_argument("--bundle", default=str(REPO / "models" / "demo-bundle"))
     rec.add_argument("--model", default=None, help="backbone GGUF (default: the embedded one)")
     rec.add_argument("--methods", nargs="*", choices=DEVICE_METHODS)
+    rec.add_argument("--exact-max-pairs", type=int, default=None, help="build the EXACT index from the N most recent pairs")
     cmp_parser = commands.add_parser("compare", help="count identical token sequences per method")
     cmp_parser.add_argument("before")
     cmp_parser.add_argument("after", nargs="+", help="one record, or several (e.g. methods recorded apart)")
