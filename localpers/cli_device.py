@@ -19,6 +19,7 @@ from localpers.errors import LocalpersError
 from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
 from localpers.store import User, UserStore
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias
 
 DEMO_USER = "demo"
 
@@ -121,10 +122,10 @@ def fit_command(
 
 def _profile_for_rewrite(
     target: User | None, method: str, personalizer: Personalizer
-) -> tuple[int | None, Any]:
-    """The user's cluster and vector, refusing stale or missing fits for the personalized methods."""
+) -> tuple[int | None, Any, TokenBias | None]:
+    """The user's cluster, vector and token bias, refusing stale or missing fits for the personalized methods."""
     if target is None or method == "global":
-        return None, None
+        return None, None, None
     cluster, vector, state = user_profile(target)
     if not state.get("fit"):
         raise LocalpersError(
@@ -134,7 +135,7 @@ def _profile_for_rewrite(
         raise LocalpersError(
             f"user {target.name!r} was fitted with another bundle: run `localpers fit --user {target.name}` again"
         )
-    return cluster, vector
+    return cluster, vector, target.token_bias(state)
 
 
 def rewrite_command(
@@ -189,7 +190,7 @@ def rewrite_command(
         else:
             typer.echo("" if stream else payload["text"])
         return
-    cluster, vector = _profile_for_rewrite(target, method, personalizer)
+    cluster, vector, bias = _profile_for_rewrite(target, method, personalizer)
     if method != "global" and cluster is None:
         if not as_json:
             typer.echo("note: this user has no history yet; using the global adapter", err=True)
@@ -206,6 +207,7 @@ def rewrite_command(
         max_tokens=max_tokens,
         on_text=stream_piece if (stream and not as_json) else None,
         history=target.history_index(get_task(task)) if target is not None else None,
+        bias=bias,
     )
     if as_json:
         typer.echo(
@@ -256,11 +258,19 @@ def demo_command(
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         demo, fitted_now = ensure_demo_user(personalizer, store, progress)
     report = demo.state()["fit"]
-    cluster, vector, _ = user_profile(demo)
+    cluster, vector, state = user_profile(demo)
+    history = demo.history_index(get_task("headline"))
     rows: list[dict[str, Any]] = []
     for article in demo_articles()[:articles]:
         outputs: dict[str, RewriteResult] = {
-            method: personalizer.rewrite(article, method=method, cluster=cluster, vector=vector)
+            method: personalizer.rewrite(
+                article,
+                method=method,
+                cluster=cluster,
+                vector=vector,
+                history=history,
+                bias=demo.token_bias(state),
+            )
             for method in ("global", "cluster", "card")
         }
         rows.append({"article": article.split(":", 1)[-1].strip(), **{m: r.text for m, r in outputs.items()}})

@@ -12,6 +12,7 @@ adapter, the paper's "w/o LoRA" ablation).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -29,17 +30,25 @@ from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_
 from localpers.generation import GenerationResult, generate
 from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
-from localpers.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
+from localpers.history_prompt import (
+    HistoryIndex,
+    PromptFormat,
+    build_prompt,
+    prompt_for_user,
+    select_examples,
+)
 from localpers.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.sampling import SamplingConfig
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias, fit_token_bias
 from localpers.token_embeddings import TokenEmbeddings
 
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
 # Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 MIN_PAIRS_FOR_VECTOR = 3
+DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias inside CARD's correction (token_bias.py)
 NEGATIVES_FILE = "negatives.json"
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -129,8 +138,13 @@ class Personalizer:
         prompt_prefix: str = "",
         history: HistoryIndex | None = None,
         prompt_format: PromptFormat | None = None,
+        bias: TokenBias | None = None,
+        bias_strength: float | None = None,
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
+
+        CARD's correction is the user vector's reward plus, when the user has one, their token bias
+        (`bias`, times `bias_strength`, default DEFAULT_BIAS_STRENGTH), both on the same top-k candidates.
 
         `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
         history prompts and the method is a personalized one; `global` always gets the plain prompt.
@@ -145,6 +159,8 @@ class Personalizer:
             (self.head_config.default_strength if strength is None else strength) if personalized else None
         )
         k_used = (top_k or self.head_config.top_k) if personalized else None
+        bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
+        user_bias = bias if (personalized and bias is not None and len(bias) and bias_used) else None
         steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
         def card_hook(
@@ -155,6 +171,10 @@ class Personalizer:
             corrected, candidates, delta = self.head.correct(
                 logits, features, vector, strength=strength_used, top_k=k_used
             )
+            if user_bias is not None:
+                extra = user_bias.apply(logits, candidates, len(generated), bias_used)
+                corrected[candidates] += extra
+                delta = delta + extra
             if record_steps:
                 steps.append((candidates, logits[candidates].copy(), delta))
             return corrected
@@ -295,16 +315,50 @@ class Personalizer:
         fit = fit_with_heldout(
             differences, prior_weight * default, regularisation=regularisation, reference=default
         )
+        bias = self.token_bias(items, negatives)
         seconds["fit"] = time.perf_counter() - started
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
         )
         user.save_fit(
             fit.vector,
-            {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
+            {
+                "cluster": cluster,
+                "bundle_sha256": self.bundle_sha256,
+                "fit": report.to_json(),
+                "token_bias": bias.to_json(),
+            },
             {"bundle_sha256": self.bundle_sha256, "mode": "vector"},
         )
         return report
+
+    def token_bias(self, items: Sequence[HistoryItem], negatives: Sequence[str]) -> TokenBias:
+        """The user's token bias: their outputs against the cluster model's for the same prompts."""
+        positives = [self.engine.tokenize(" " + item.output, add_bos=False) for item in items]
+        generated = [
+            self.engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative
+        ]
+        return fit_token_bias(positives, generated)
+
+    def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
+        """The prompt of each item as the publisher trained the head: conditioned on the items before it.
+
+        With a history-conditioned bundle, item i shows the user's closest outputs among items 0..i-1 (what the
+        user had written by then, as `localpers publish` builds its pairs); the first item, and every item on a
+        plain bundle, gets the plain task prompt.
+        """
+        chosen = self.prompt_format
+        prompts = []
+        for index, item in enumerate(items):
+            task = get_task(item.task)
+            if chosen is None:
+                prompts.append(task.prompt_for(item.input))
+                continue
+            pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
+            prompts.append(
+                build_prompt(task, item.input, select_examples(task, item.input, pool, chosen.examples))
+            )
+        return prompts
 
     def _negatives_and_differences(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
@@ -313,6 +367,7 @@ class Personalizer:
 
         Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
         generation just evaluated (the engine remembers its last prompt), so each article is run once.
+        A conditioned prompt depends on the items before it, so its y- is cached under the prompt's hash too.
         """
         known = self._read_negatives(user, cluster)
         self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
@@ -320,17 +375,19 @@ class Personalizer:
         negatives: list[str] = []
         rows: list[np.ndarray] = []
         generated = False
-        for done, item in enumerate(items):
-            if item.id not in known:
+        prompts = self.training_prompts(items)
+        for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
+            key = _negative_key(item, prompt)
+            if key not in known:
                 started = time.perf_counter()
-                known[item.id] = self._generate_negative(item)
+                known[key] = self._generate_negative(item, prompt)
                 generated = True
                 seconds["negatives"] += time.perf_counter() - started
-            negative = known[item.id]
+            negative = known[key]
             negatives.append(negative)
             if negative and negative != item.output:
                 started = time.perf_counter()
-                rows.append(self._pair_difference(item, negative))
+                rows.append(self._pair_difference(item, negative, prompt))
                 seconds["features"] += time.perf_counter() - started
             if progress:
                 progress("pairs", done + 1, len(items))
@@ -338,18 +395,22 @@ class Personalizer:
             self._write_negatives(user, cluster, known)
         return negatives, np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d), seconds
 
-    def _generate_negative(self, item: HistoryItem) -> str:
+    def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
         task = get_task(item.task)
         result = generate(
             self.engine,
-            task.prompt_for(item.input),
+            task.prompt_for(item.input) if prompt is None else prompt,
             max_tokens=task.default_max_tokens,
             stop=task.stop_strings,
         )
         return result.text.strip()
 
-    def _pair_difference(self, item: HistoryItem, negative: str) -> np.ndarray:
-        prompt = self.engine.tokenize(get_task(item.task).prompt_for(item.input))
+    def _pair_difference(
+        self, item: HistoryItem, negative: str, prompt_text: str | None = None
+    ) -> np.ndarray:
+        prompt = self.engine.tokenize(
+            get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
+        )
         positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
         negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
         plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
@@ -421,6 +482,13 @@ class Personalizer:
         )
 
 
+def _negative_key(item: HistoryItem, prompt: str) -> str:
+    """The item id for a plain prompt (as before conditioned bundles); id and prompt hash otherwise."""
+    if prompt == get_task(item.task).prompt_for(item.input):
+        return item.id
+    return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"
+
+
 def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:
     """The user's history (the `history_limit` most recent items), refusing an empty one for `method`."""
     items = user.history()
@@ -438,3 +506,4 @@ def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, A
     state = user.state()
     cluster = state.get("cluster")
     return (int(cluster) if cluster is not None else None), user.vector(), state
+

@@ -42,6 +42,7 @@ from localpers.errors import LocalpersError
 from localpers.history import HistoryItem, check_history_size, read_stored_history, serialize_history
 from localpers.history_prompt import HistoryIndex
 from localpers.tasks import Task
+from localpers.token_bias import TokenBias
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -162,6 +163,18 @@ class User:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"user state must be JSON-serialisable: {exc}") from None
         atomic_write_text(self.state_path, text + "\n")
+
+    def token_bias(self, state: dict[str, Any] | None = None) -> TokenBias | None:
+        """The token bias stored with the user's fit; None for no fit or a fit made before it existed."""
+        entry = (self.state() if state is None else state).get("token_bias")
+        if entry is None:
+            return None
+        try:
+            return TokenBias.from_json(entry)
+        except ValueError as exc:
+            raise LocalpersError(
+                f"{self.state_path}: field 'token_bias' is damaged ({exc}); {_REFIT}"
+            ) from None
 
     def vector_path(self, state: dict[str, Any] | None = None) -> Path | None:
         """The file of the current vector, as named by state.json; None if the user has no vector."""

@@ -3,8 +3,8 @@
 A method name is `base` or `base@key=value,key=value`, e.g. `card@strength=0.5`, `rag@k=2`,
 `card@history=5`, `card@reg=0.1`, `card@prior=1`. Every method that uses the history accepts
 `history=N|all` (fit on the N most recent items only); the CARD methods also take `strength`, `top_k`,
-`reg` (the L2 weight of the vector fit) and `prior` (the fit shrinks lambda towards prior x the
-cluster's default vector; 0 by default). `parse_method` checks the name and its parameters;
+`reg` (the L2 weight of the vector fit), `prior` (the fit shrinks lambda towards prior x the
+cluster's default vector; 0 by default) and `bias` (the strength of the user's token bias; 0 = vector only). `parse_method` checks the name and its parameters;
 `canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>`
 and `card` share one cache. Adding a method (CoPe, EXACT) is one subclass of `Method` decorated
 with `@register`.
@@ -28,8 +28,9 @@ from localpers.errors import LocalpersError
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.history import HistoryItem
 from localpers.history_prompt import HistoryIndex, PromptFormat
-from localpers.personalize import Personalizer, RewriteResult
+from localpers.personalize import DEFAULT_BIAS_STRENGTH, Personalizer, RewriteResult
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias
 
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
@@ -77,6 +78,7 @@ class UserProfile:
     items: tuple[HistoryItem, ...]
     cluster: int | None = None
     vector: np.ndarray | None = None
+    bias: TokenBias | None = None
     fit_seconds: float = 0.0
     cluster_bytes: int = 0
     vector_bytes: int = 0
@@ -317,7 +319,7 @@ class CardMethod(HistoryPromptMethod):
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
-    params = {"strength": float, "top_k": int, "reg": float, "prior": float}
+    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float}
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
@@ -328,6 +330,7 @@ class CardMethod(HistoryPromptMethod):
             "top_k": int(config.top_k),
             "reg": float(DEFAULT_REGULARISATION),
             "prior": float(DEFAULT_PRIOR_WEIGHT),
+            "bias": float(DEFAULT_BIAS_STRENGTH),
         }
 
     def check(self, personalizer: Personalizer) -> None:
@@ -345,6 +348,7 @@ class CardMethod(HistoryPromptMethod):
             return personalizer.rewrite(text, method="global")  # cold start, as `localpers rewrite` does
         strength = spec.get("strength")
         top_k = spec.get("top_k")
+        bias_strength = spec.get("bias")
         return personalizer.rewrite(
             text,
             method=self.adapter_method,
@@ -353,6 +357,8 @@ class CardMethod(HistoryPromptMethod):
             strength=None if strength is None else float(strength),
             top_k=None if top_k is None else int(top_k),
             history=prepared,
+            bias=profile.bias,
+            bias_strength=None if bias_strength is None else float(bias_strength),
         )
 
 

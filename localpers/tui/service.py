@@ -18,6 +18,7 @@ import numpy as np
 
 from localpers.history_prompt import HistoryIndex
 from localpers.store import User, UserStore
+from localpers.token_bias import TokenBias
 
 if TYPE_CHECKING:
     from localpers.personalize import FitReport, Personalizer, RewriteResult
@@ -57,6 +58,7 @@ class RewriteRequest:
     top_k: int | None = None
     record_steps: bool = False
     history: HistoryIndex | None = None  # the user's examples, for bundles trained with history prompts
+    bias: TokenBias | None = None  # the user's token bias (part of CARD's correction)
 
 
 class WritingService(Protocol):
@@ -129,6 +131,7 @@ class EngineService:
             on_text=on_text,
             record_steps=request.record_steps,
             history=request.history,
+            bias=request.bias,
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:
