@@ -4,6 +4,12 @@ The hook `(logits, features, generated_so_far) -> logits` sees each step's next-
 tapped layer features before a token is chosen; CARD and CoPe plug in here. Stop strings are
 honoured without ever streaming their text, and leading whitespace never triggers a stop (a
 headline that starts with a newline is not an empty headline). This module does not load models.
+
+`generate(..., forced=tokens)` runs the same loop and the same hook teacher-forced: instead of choosing,
+it feeds the given tokens and records each one's log-probability under the hooked logits (the gold
+likelihood of the benchmark). A hook that leaves only its top k finite (CARD) is scored with the
+unhooked logits outside that top k, so the correction moves the top k and every method is scored over
+the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class GenerationResult:
     prompt_seconds: float
     decode_seconds: float
     chosen_logits: list[float] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)  # teacher-forced runs only
 
     @property
     def ms_per_token(self) -> float:
@@ -80,8 +87,15 @@ def generate(
     stop: Sequence[str] = (),
     hook: LogitHook | None = None,
     on_text: TextCallback | None = None,
+    forced: Sequence[int] | None = None,
 ) -> GenerationResult:
-    """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`."""
+    """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`.
+
+    With `forced`, feed exactly those tokens instead (no sampling, no stop rules) and return their
+    log-probabilities under the hooked distribution in `token_logprobs`.
+    """
+    if forced is not None:
+        return _teacher_forced(engine, prompt, forced, hook)
     sampling = sampling or SamplingConfig()
     rng = np.random.default_rng(sampling.seed)
     prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -123,4 +137,33 @@ def generate(
         prompt_seconds=prompt_seconds,
         decode_seconds=decode_seconds,
         chosen_logits=chosen_logits,
+    )
+
+
+def _teacher_forced(
+    engine: Engine, prompt: str | Sequence[int], forced: Sequence[int], hook: LogitHook | None
+) -> GenerationResult:
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    started = time.perf_counter()
+    step = engine.prefill(prompt_tokens)
+    prompt_seconds = time.perf_counter() - started
+    fed: list[int] = []
+    logprobs: list[float] = []
+    decode_started = time.perf_counter()
+    for index, token in enumerate(forced):
+        hooked = step.logits if hook is None else hook(step.logits, step.features, fed)
+        scored = np.where(np.isfinite(hooked), hooked, step.logits).astype(np.float64)
+        top = scored.max()
+        logprobs.append(float(scored[token] - top - np.log(np.exp(scored - top).sum())))
+        fed.append(int(token))
+        if index + 1 < len(forced):
+            step = engine.step(int(token))
+    return GenerationResult(
+        text=engine.detokenize(fed),
+        tokens=fed,
+        stop_reason="forced",
+        prompt_tokens=len(prompt_tokens),
+        prompt_seconds=prompt_seconds,
+        decode_seconds=time.perf_counter() - decode_started,
+        token_logprobs=logprobs,
     )

@@ -140,11 +140,14 @@ class Personalizer:
         prompt_format: PromptFormat | None = None,
         bias: TokenBias | None = None,
         bias_strength: float | None = None,
+        reference: str | None = None,
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
 
         CARD's correction is the user vector's reward plus, when the user has one, their token bias
         (`bias`, times `bias_strength`, default DEFAULT_BIAS_STRENGTH), both on the same top-k candidates.
+        With `reference`, the same prompt, adapter and correction then score that output teacher-forced
+        (`gold_logprob`, the benchmark's gold likelihood; not counted in the timings).
 
         `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
         history prompts and the method is a personalized one; `global` always gets the plain prompt.
@@ -193,6 +196,17 @@ class Personalizer:
                 on_text=on_text,
             )
         total_ms = 1000 * (time.perf_counter() - started)
+        gold: GenerationResult | None = None
+        if reference is not None:
+            record_steps_was, record_steps = record_steps, False
+            with threadpool_limits(limits=1, user_api="blas"):
+                gold = generate(
+                    self.engine,
+                    prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
+                    hook=card_hook if personalized else None,
+                    forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
+                )
+            record_steps = record_steps_was
         return RewriteResult(
             text=result.text.strip() if chosen_task.one_line else result.text,
             method=method,
@@ -206,6 +220,8 @@ class Personalizer:
             ms_per_token=round(result.ms_per_token, 3),
             total_ms=round(total_ms, 2),
             steps=self._describe_steps(result, steps) if record_steps else [],
+            gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
+            gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
 
     def prompt_for(

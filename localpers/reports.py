@@ -44,11 +44,17 @@ class RewriteResult:
     ms_per_token: float
     total_ms: float
     steps: list[RewriteStep] = field(default_factory=list)
+    # Teacher-forced score of a reference output under the same corrected distribution (bench only).
+    gold_logprob: float | None = None  # mean natural-log probability per reference token
+    gold_tokens: int | None = None
 
     def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
         payload = asdict(self)
         if not with_steps:
             payload.pop("steps")
+        if self.gold_tokens is None:
+            payload.pop("gold_logprob")
+            payload.pop("gold_tokens")
         return payload
 
 

@@ -92,6 +92,8 @@ class Method(ABC):
     description: ClassVar[str]
     needs: ClassVar[Needs] = "none"
     uses_history: ClassVar[bool] = False
+    # True when `generate` scores `reference` teacher-forced through the same correction (gold likelihood)
+    scores_gold: ClassVar[bool] = False
     # parameter name -> its type (int or float); "history" is added for methods that use the history
     params: ClassVar[dict[str, type]] = {}
 
@@ -109,9 +111,15 @@ class Method(ABC):
 
     @abstractmethod
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
-        """The output for one query."""
+        """The output for one query; with `reference` (methods with `scores_gold`), also its gold likelihood."""
 
     def stored_bytes(self, profile: UserProfile) -> int:
         """Bytes the device keeps per user for this method, the user's own history not counted."""
@@ -222,17 +230,25 @@ def _same(a: Any, b: Any) -> bool:
 @register
 class GlobalMethod(Method):
     name = "global"
+    scores_gold = True
     description = "global adapter, no personalization (the baseline)"
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
-        return personalizer.rewrite(text, method="global")
+        return personalizer.rewrite(text, method="global", reference=reference)
 
 
 @register
 class RagMethod(Method):
     name = "rag"
+    scores_gold = True
     description = "global adapter with the k history items most similar to the query (BM25) as examples"
     uses_history = True
     params = {"k": int}
@@ -247,14 +263,20 @@ class RagMethod(Method):
         return Bm25Index([f"{item.input} {item.output}" for item in profile.items]) if profile.items else None
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         k = int(spec.get("k", 4) or 4)
         prefix = ""
         if prepared is not None:
             examples = [profile.items[i] for i in prepared.top(text, k)]
             prefix = few_shot_prefix(examples, self.max_example_chars)
-        return personalizer.rewrite(text, method="global", prompt_prefix=prefix)
+        return personalizer.rewrite(text, method="global", prompt_prefix=prefix, reference=reference)
 
 
 def few_shot_prefix(examples: list[HistoryItem], max_chars: int = 1000) -> str:
@@ -281,6 +303,7 @@ class HistoryPromptMethod(Method):
 @register
 class GlobalHistoryMethod(HistoryPromptMethod):
     name = "global-history"
+    scores_gold = True
     description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
     uses_history = True
     params = {"examples": int}
@@ -290,32 +313,50 @@ class GlobalHistoryMethod(HistoryPromptMethod):
         return {"examples": chosen.examples if chosen is not None else 5}
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
         examples = spec.get("examples", self.defaults(personalizer)["examples"])
         chosen = PromptFormat(examples=int(examples or 5))
-        return personalizer.rewrite(text, method="global-history", history=prepared, prompt_format=chosen)
+        return personalizer.rewrite(
+            text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
+        )
 
 
 @register
 class ClusterMethod(HistoryPromptMethod):
     name = "cluster"
+    scores_gold = True
     description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         if profile.cluster is None:  # no history: the device falls back to the global adapter
-            return personalizer.rewrite(text, method="global")
-        return personalizer.rewrite(text, method="cluster", cluster=profile.cluster, history=prepared)
+            return personalizer.rewrite(text, method="global", reference=reference)
+        return personalizer.rewrite(
+            text, method="cluster", cluster=profile.cluster, history=prepared, reference=reference
+        )
 
 
 @register
 class CardMethod(HistoryPromptMethod):
     name = "card"
+    scores_gold = True
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
@@ -342,10 +383,18 @@ class CardMethod(HistoryPromptMethod):
             )
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         if profile.cluster is None and self.adapter_method == "card":
-            return personalizer.rewrite(text, method="global")  # cold start, as `localpers rewrite` does
+            return personalizer.rewrite(
+                text, method="global", reference=reference
+            )  # cold start, as `rewrite` does
         strength = spec.get("strength")
         top_k = spec.get("top_k")
         bias_strength = spec.get("bias")
@@ -359,6 +408,7 @@ class CardMethod(HistoryPromptMethod):
             history=prepared,
             bias=profile.bias,
             bias_strength=None if bias_strength is None else float(bias_strength),
+            reference=reference,
         )
 
 

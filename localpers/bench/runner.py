@@ -229,7 +229,8 @@ def _evaluate_user(
     outputs = []
     for index, query in enumerate(user.queries):
         on_stage(f"query {index + 1}/{len(user.queries)}")
-        result = method.generate(personalizer, profile, prepared, query.input, spec)
+        gold = {"reference": query.reference} if method.scores_gold else {}
+        result = method.generate(personalizer, profile, prepared, query.input, spec, **gold)
         scores = rouge(result.text, query.reference)
         outputs.append(
             {
@@ -240,6 +241,8 @@ def _evaluate_user(
                 "tokens": result.tokens,
                 "ms_per_token": result.ms_per_token,
                 "prompt_ms": result.prompt_ms,
+                "gold_logprob": result.gold_logprob,
+                "gold_tokens": result.gold_tokens,
                 **({"style_hit": style.detect(result.text)} if style else {}),
             }
         )
