@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.choice import stored_choice
 from localpers.cli_methods import EXTRA_METHODS, fit_method, fit_summary, rewrite_method
 from localpers.errors import LocalpersError
 from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
@@ -65,7 +66,7 @@ def fit_progress(enabled: bool) -> Iterator[Any]:
         yield update
 
 
-def _fit_summary(user: str, report: FitReport) -> str:
+def _fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = None) -> str:
     if report.mode == "cold-start":
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
     lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
@@ -82,6 +83,13 @@ def _fit_summary(user: str, report: FitReport) -> str:
             else "too few pairs for a held-out split"
         )
         lines.append(f"{report.n_pairs} pairs, training pair accuracy {report.train_accuracy:.2f}, {heldout}")
+    if report.mode == "vector":
+        if choice:
+            lines.append(f"chose {choice['label']}: {choice['reason']}")
+        else:
+            lines.append(
+                "too few items to choose a correction on your own recent items: the bundle's defaults apply"
+            )
     total = sum(report.seconds.values())
     lines.append(f"fit took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in report.seconds.items())})")
     return "\n".join(lines)
@@ -114,18 +122,19 @@ def fit_command(
         return
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         report = personalizer.fit_user(target, progress=progress, history_limit=history_limit)
+    choice = target.state().get("choice")
     if as_json:
-        typer.echo(json.dumps({"user": target.name, **report.to_json()}))
+        typer.echo(json.dumps({"user": target.name, **report.to_json(), "choice": choice}))
     else:
-        typer.echo(_fit_summary(target.name, report))
+        typer.echo(_fit_summary(target.name, report, choice))
 
 
 def _profile_for_rewrite(
     target: User | None, method: str, personalizer: Personalizer
-) -> tuple[int | None, Any, TokenBias | None]:
-    """The user's cluster, vector and token bias, refusing stale or missing fits for the personalized methods."""
+) -> tuple[int | None, Any, TokenBias | None, dict[str, Any]]:
+    """The user's cluster, vector, token bias and state, refusing stale or missing fits for personalized methods."""
     if target is None or method == "global":
-        return None, None, None
+        return None, None, None, {}
     cluster, vector, state = user_profile(target)
     if not state.get("fit"):
         raise LocalpersError(
@@ -135,7 +144,7 @@ def _profile_for_rewrite(
         raise LocalpersError(
             f"user {target.name!r} was fitted with another bundle: run `localpers fit --user {target.name}` again"
         )
-    return cluster, vector, target.token_bias(state)
+    return cluster, vector, target.token_bias(state), state
 
 
 def rewrite_command(
@@ -190,7 +199,10 @@ def rewrite_command(
         else:
             typer.echo("" if stream else payload["text"])
         return
-    cluster, vector, bias = _profile_for_rewrite(target, method, personalizer)
+    cluster, vector, bias, state = _profile_for_rewrite(target, method, personalizer)
+    chosen_strength, chosen_bias, _ = stored_choice(state) if method == "card" else (None, None, None)
+    if strength is None:
+        strength = chosen_strength
     if method != "global" and cluster is None:
         if not as_json:
             typer.echo("note: this user has no history yet; using the global adapter", err=True)
@@ -208,6 +220,7 @@ def rewrite_command(
         on_text=stream_piece if (stream and not as_json) else None,
         history=target.history_index(get_task(task)) if target is not None else None,
         bias=bias,
+        bias_strength=chosen_bias,
     )
     if as_json:
         typer.echo(
@@ -260,6 +273,7 @@ def demo_command(
     report = demo.state()["fit"]
     cluster, vector, state = user_profile(demo)
     history = demo.history_index(get_task("headline"))
+    chosen_strength, chosen_bias, _ = stored_choice(state)
     rows: list[dict[str, Any]] = []
     for article in demo_articles()[:articles]:
         outputs: dict[str, RewriteResult] = {
@@ -270,6 +284,8 @@ def demo_command(
                 vector=vector,
                 history=history,
                 bias=demo.token_bias(state),
+                strength=chosen_strength,
+                bias_strength=chosen_bias,
             )
             for method in ("global", "cluster", "card")
         }
@@ -282,7 +298,7 @@ def demo_command(
         )
         return
     if fitted_now:
-        typer.echo(_fit_summary(DEMO_USER, FitReport(**report)))
+        typer.echo(_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
     _print_comparison(rows)
 
 

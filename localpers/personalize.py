@@ -16,6 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from threadpoolctl import threadpool_limits
 
 from localpers.backbone import Backbone, resolve_backbone
 from localpers.bundle import Bundle, open_bundle, sha256_of_file
+from localpers.choice import choose_correction
 from localpers.engine import Engine
 from localpers.errors import LocalpersError
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
-from localpers.generation import GenerationResult, generate
+from localpers.generation import GenerationResult, LogitHook, generate
 from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
 from localpers.history_prompt import (
@@ -52,6 +54,16 @@ DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias inside CARD's c
 NEGATIVES_FILE = "negatives.json"
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class FitOutcome:
+    """A fit before it is stored: the report, the cluster, lambda and the token bias (None without pairs)."""
+
+    report: FitReport
+    cluster: int
+    vector: np.ndarray
+    bias: TokenBias | None
 
 
 class Personalizer:
@@ -155,32 +167,11 @@ class Personalizer:
         """
         chosen_task = get_task(task)
         adapter = self.adapter_for(method, cluster)
-        personalized = method in ("card", "card-global")
-        if personalized and vector is None:
-            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
-        strength_used = (
-            (self.head_config.default_strength if strength is None else strength) if personalized else None
-        )
-        k_used = (top_k or self.head_config.top_k) if personalized else None
-        bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
-        user_bias = bias if (personalized and bias is not None and len(bias) and bias_used) else None
         steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-        def card_hook(
-            logits: np.ndarray, features: np.ndarray | None, generated: Sequence[int]
-        ) -> np.ndarray:
-            if features is None:
-                raise LocalpersError("the engine returned no layer features; CARD needs the layer taps")
-            corrected, candidates, delta = self.head.correct(
-                logits, features, vector, strength=strength_used, top_k=k_used
-            )
-            if user_bias is not None:
-                extra = user_bias.apply(logits, candidates, len(generated), bias_used)
-                corrected[candidates] += extra
-                delta = delta + extra
-            if record_steps:
-                steps.append((candidates, logits[candidates].copy(), delta))
-            return corrected
+        hook, strength_used, k_used = self.correction_hook(
+            method, cluster, vector, strength, top_k, bias, bias_strength, steps if record_steps else None
+        )
+        prompt = prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format)
 
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
@@ -188,25 +179,20 @@ class Personalizer:
         with threadpool_limits(limits=1, user_api="blas"):
             result = generate(
                 self.engine,
-                prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
+                prompt,
                 max_tokens=max_tokens or chosen_task.default_max_tokens,
                 sampling=sampling,
                 stop=chosen_task.stop_strings,
-                hook=card_hook if personalized else None,
+                hook=hook,
                 on_text=on_text,
             )
         total_ms = 1000 * (time.perf_counter() - started)
         gold: GenerationResult | None = None
         if reference is not None:
-            record_steps_was, record_steps = record_steps, False
-            with threadpool_limits(limits=1, user_api="blas"):
-                gold = generate(
-                    self.engine,
-                    prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
-                    hook=card_hook if personalized else None,
-                    forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
-                )
-            record_steps = record_steps_was
+            scoring_hook, _, _ = self.correction_hook(
+                method, cluster, vector, strength, top_k, bias, bias_strength
+            )
+            gold = self._score(prompt, reference, scoring_hook)
         return RewriteResult(
             text=result.text.strip() if chosen_task.one_line else result.text,
             method=method,
@@ -223,6 +209,80 @@ class Personalizer:
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
+
+    def correction_hook(
+        self,
+        method: str,
+        cluster: int | None,
+        vector: np.ndarray | None,
+        strength: float | None,
+        top_k: int | None,
+        bias: TokenBias | None,
+        bias_strength: float | None,
+        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+    ) -> tuple[LogitHook | None, float | None, int | None]:
+        """`(hook, strength, top_k)` of `method`: CARD's top-k correction (None for the uncorrected methods).
+
+        The one place the correction is built, for generating and for teacher-forced scoring alike; with
+        `steps`, each step's candidates, logits and corrections are appended there (the Why view).
+        """
+        if method not in ("card", "card-global"):
+            return None, None, None
+        if vector is None:
+            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
+        strength_used = self.head_config.default_strength if strength is None else strength
+        k_used = top_k or self.head_config.top_k
+        bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
+        user_bias = bias if (bias is not None and len(bias) and bias_used) else None
+
+        def card_hook(
+            logits: np.ndarray, features: np.ndarray | None, generated: Sequence[int]
+        ) -> np.ndarray:
+            if features is None:
+                raise LocalpersError("the engine returned no layer features; CARD needs the layer taps")
+            corrected, candidates, delta = self.head.correct(
+                logits, features, vector, strength=strength_used, top_k=k_used
+            )
+            if user_bias is not None:
+                extra = user_bias.apply(logits, candidates, len(generated), bias_used)
+                corrected[candidates] += extra
+                delta = delta + extra
+            if steps is not None:
+                steps.append((candidates, logits[candidates].copy(), delta))
+            return corrected
+
+        return card_hook, strength_used, k_used
+
+    def score_reference(
+        self,
+        text: str,
+        reference: str,
+        *,
+        task: str = "headline",
+        method: str = "card",
+        cluster: int | None = None,
+        vector: np.ndarray | None = None,
+        strength: float | None = None,
+        top_k: int | None = None,
+        history: HistoryIndex | None = None,
+        bias: TokenBias | None = None,
+        bias_strength: float | None = None,
+    ) -> float:
+        """Mean per-token log-probability of `reference` after `text`'s prompt, as `rewrite` would decode it."""
+        chosen_task = get_task(task)
+        self.engine.set_adapter(self.adapter_for(method, cluster))
+        hook, _, _ = self.correction_hook(method, cluster, vector, strength, top_k, bias, bias_strength)
+        prompt = self.prompt_for(chosen_task.name, text, method, history)
+        return float(np.mean(self._score(prompt, reference, hook).token_logprobs))
+
+    def _score(self, prompt: str, reference: str, hook: LogitHook | None) -> GenerationResult:
+        with threadpool_limits(limits=1, user_api="blas"):
+            return generate(
+                self.engine,
+                prompt,
+                hook=hook,
+                forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
+            )
 
     def prompt_for(
         self,
@@ -289,23 +349,58 @@ class Personalizer:
         regularisation: float = DEFAULT_REGULARISATION,
         history_limit: int | None = None,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        choose: bool = True,
     ) -> FitReport:
-        """Cluster, pairs, features and lambda for `user`; stores the result atomically in its folder.
+        """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder.
 
         lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
         MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
+        With `choose` and enough history, the correction's strengths are then chosen on the user's own most
+        recent items (`localpers.choice`) and stored with the fit; `rewrite` applies them.
         """
         items = user.history()
         if history_limit is not None:
             items = items[-history_limit:]
-        seconds: dict[str, float] = {}
         if not items:
-            report = self._report("cold-start", None, [], 0, 0, 0, None, seconds)
+            report = self._report("cold-start", None, [], 0, 0, 0, None, {})
             user.save_fit(
                 None, {"cluster": None, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()}
             )
             return report
+        outcome = self.fit_items(
+            user, items, progress=progress, regularisation=regularisation, prior_weight=prior_weight
+        )
+        state: dict[str, Any] = {
+            "cluster": outcome.cluster,
+            "bundle_sha256": self.bundle_sha256,
+            "fit": outcome.report.to_json(),
+        }
+        if outcome.bias is not None:
+            state["token_bias"] = outcome.bias.to_json()
+        if choose and outcome.report.mode == "vector":
+            choice = choose_correction(
+                self, user, items, regularisation=regularisation, prior_weight=prior_weight, progress=progress
+            )
+            if choice is not None:
+                state["choice"] = choice.to_json()
+                outcome.report.seconds["choice"] = round(choice.seconds, 3)
+                state["fit"] = outcome.report.to_json()
+        user.save_fit(
+            outcome.vector, state, {"bundle_sha256": self.bundle_sha256, "mode": outcome.report.mode}
+        )
+        return outcome.report
 
+    def fit_items(
+        self,
+        user: User,
+        items: Sequence[HistoryItem],
+        *,
+        progress: Progress | None = None,
+        regularisation: float = DEFAULT_REGULARISATION,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    ) -> FitOutcome:
+        """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder)."""
+        seconds: dict[str, float] = {}
         started = time.perf_counter()
         cluster, similarities = self.assign_cluster([item.output for item in items])
         seconds["cluster"] = time.perf_counter() - started
@@ -319,12 +414,7 @@ class Personalizer:
             report = self._report(
                 "too-few-pairs", cluster, similarities, len(items), len(distinct), skipped, None, seconds
             )
-            user.save_fit(
-                prior_weight * self.head.default_vector(cluster),
-                {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
-                {"bundle_sha256": self.bundle_sha256, "mode": "too-few-pairs"},
-            )
-            return report
+            return FitOutcome(report, cluster, prior_weight * self.head.default_vector(cluster), None)
 
         started = time.perf_counter()
         default = self.head.default_vector(cluster)
@@ -336,17 +426,7 @@ class Personalizer:
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
         )
-        user.save_fit(
-            fit.vector,
-            {
-                "cluster": cluster,
-                "bundle_sha256": self.bundle_sha256,
-                "fit": report.to_json(),
-                "token_bias": bias.to_json(),
-            },
-            {"bundle_sha256": self.bundle_sha256, "mode": "vector"},
-        )
-        return report
+        return FitOutcome(report, cluster, fit.vector, bias)
 
     def token_bias(self, items: Sequence[HistoryItem], negatives: Sequence[str]) -> TokenBias:
         """The user's token bias: their outputs against the cluster model's for the same prompts."""
@@ -522,4 +602,3 @@ def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, A
     state = user.state()
     cluster = state.get("cluster")
     return (int(cluster) if cluster is not None else None), user.vector(), state
-

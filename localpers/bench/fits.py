@@ -173,6 +173,7 @@ class FitStore:
         profile.cluster = cluster
         profile.vector = vector
         profile.bias = stored.token_bias(state)
+        profile.choice = state.get("choice")
         profile.fit_seconds = float(sum(report.get("seconds", {}).values()))
         profile.vector_bytes = int(state["bench"]["stored_bytes"])
         profile.cluster_bytes = _cluster_state_bytes(cluster)

@@ -79,6 +79,7 @@ class UserProfile:
     cluster: int | None = None
     vector: np.ndarray | None = None
     bias: TokenBias | None = None
+    choice: dict[str, Any] | None = None  # the strengths `localpers fit` chose on the user's recent items
     fit_seconds: float = 0.0
     cluster_bytes: int = 0
     vector_bytes: int = 0
@@ -410,6 +411,43 @@ class CardMethod(HistoryPromptMethod):
             bias_strength=None if bias_strength is None else float(bias_strength),
             reference=reference,
         )
+
+
+@register
+class CardChosenMethod(CardMethod):
+    name = "card-auto"
+    description = (
+        "CARD with the strengths `localpers fit` chose on the user's own recent items (what rewrite does)"
+    )
+    params = {"top_k": int, "reg": float, "prior": float}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        values = super().defaults(personalizer)
+        values.pop("strength")
+        values.pop("bias")
+        return values
+
+    def generate(
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        from localpers.choice import stored_choice
+
+        vector_strength, bias_strength, _ = stored_choice({"choice": profile.choice})
+        chosen = MethodSpec(
+            spec.base,
+            tuple(
+                (key, value)
+                for key, value in (*spec.params, ("strength", vector_strength), ("bias", bias_strength))
+                if value is not None
+            ),
+        )
+        return super().generate(personalizer, profile, prepared, text, chosen, reference)
 
 
 @register

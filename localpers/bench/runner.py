@@ -270,5 +270,6 @@ def _evaluate_user(
         }
         if report
         else None,
+        "choice": profile.choice,
         "queries": outputs,
     }
