@@ -103,7 +103,9 @@ def bench_command(
     ] = False,
     styles: Annotated[
         str,
-        typer.Option(help="With --probes: comma-separated styles (sentence-case, kicker, question, ampersand)."),
+        typer.Option(
+            help="With --probes: comma-separated styles (sentence-case, kicker, question, ampersand)."
+        ),
     ] = "sentence-case,kicker,question,ampersand",
     probe_history: Annotated[
         str, typer.Option(help="With --probes: comma-separated history sizes, 'all' for the whole history.")
@@ -123,8 +125,20 @@ def bench_command(
     command = "localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     if probes:
         _run_probes(
-            data, out, methods, styles, probe_history, max_users, max_queries, seed, bootstrap, bundle, model,
-            threads, command, as_json,
+            data,
+            out,
+            methods,
+            styles,
+            probe_history,
+            max_users,
+            max_queries,
+            seed,
+            bootstrap,
+            bundle,
+            model,
+            threads,
+            command,
+            as_json,
         )
         return
     config = BenchConfig(
@@ -167,7 +181,9 @@ def _parse_sizes(text: str) -> tuple[int | None, ...]:
         elif piece.isdigit() and int(piece) > 0:
             sizes.append(int(piece))
         else:
-            raise LocalpersError(f"--probe-history: {piece!r} is not a positive count or 'all'; e.g. 5,10,20,all")
+            raise LocalpersError(
+                f"--probe-history: {piece!r} is not a positive count or 'all'; e.g. 5,10,20,all"
+            )
     return tuple(sizes)
 
 

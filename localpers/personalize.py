@@ -244,6 +244,12 @@ class Personalizer:
                 logits, features, vector, strength=strength_used, top_k=k_used
             )
             if user_bias is not None:
+                habitual = user_bias.habitual_tokens(len(generated))
+                habitual = habitual[(habitual < len(logits)) & ~np.isin(habitual, candidates)]
+                if len(habitual):  # the user's habits join the top k, uncorrected by the vector
+                    corrected[habitual] = logits[habitual]
+                    candidates = np.concatenate([candidates, habitual])
+                    delta = np.concatenate([delta, np.zeros(len(habitual), dtype=delta.dtype)])
                 extra = user_bias.apply(logits, candidates, len(generated), bias_used)
                 corrected[candidates] += extra
                 delta = delta + extra

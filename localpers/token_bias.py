@@ -9,8 +9,10 @@ rate in the y- outputs:
 
 (a = 1 add-one smoothing, M = the number of distinct tokens seen in that context). Only |b| >= `MIN_BIAS`
 is kept, at most `MAX_ENTRIES` per context, so the state stays a few KB. At decoding time the bias is added,
-times a strength, to the logits of the top-k candidates only, inside the same correction as CARD's vector:
-it can reorder what the cluster model already considers, never bring in a token from outside its top k.
+times a strength, inside the same correction as CARD's vector, to the cluster model's top-k candidates and to
+the tokens this user habitually writes at that position (positive bias), which join the candidates: a habit
+the shared model ranks 21st (a kicker word, "&") could otherwise never show. A habitual token still wins only
+where the model's own logit comes within the bias of its best token, so it cannot appear just anywhere.
 
 This captures habits a headline shows in its tokens (a fixed kicker, "&" for "and", sentence case on common
 words, a closing "?") that neither the shared adapters nor a 128-dimensional vector pick up from ~20 items.
@@ -43,6 +45,10 @@ class TokenBias:
     def for_step(self, step: int) -> dict[int, float]:
         """The bias table for the `step`-th generated token (0 = the first)."""
         return self.first if step == 0 else self.rest
+
+    def habitual_tokens(self, step: int) -> np.ndarray:
+        """Token ids with a positive bias at `step` (they join the candidates of the correction)."""
+        return np.array(sorted(t for t, b in self.for_step(step).items() if b > 0), dtype=np.int64)
 
     def apply(self, logits: np.ndarray, candidates: np.ndarray, step: int, strength: float) -> np.ndarray:
         """The bias of each candidate at `step`, times `strength` (zeros where the user shows no habit)."""

@@ -79,6 +79,9 @@ def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Pe
                 2.0 * table.get(candidate.token, 0.0), abs=1e-4
             )
     assert any(c.after != c.before for step in biased.steps for c in step.candidates)
+    first_candidates = {c.token for c in biased.steps[0].candidates}
+    assert set(bias.habitual_tokens(0).tolist()) <= first_candidates  # the user's habits join the top k
+    assert len(first_candidates) >= personalizer.head_config.top_k
 
 
 def test_a_damaged_bias_in_the_state_is_a_one_line_error(tmp_path) -> None:

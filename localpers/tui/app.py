@@ -335,6 +335,7 @@ class LocalpersApp(App[None]):
             record_steps=True,
             history=history,
             bias=profile.bias,
+            bias_strength=profile.bias_strength,
         )
         return request, f"Personalized · CARD · cluster {profile.cluster} · α {strength:.2f} · top-{top_k}"
 

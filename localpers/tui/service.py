@@ -59,6 +59,7 @@ class RewriteRequest:
     record_steps: bool = False
     history: HistoryIndex | None = None  # the user's examples, for bundles trained with history prompts
     bias: TokenBias | None = None  # the user's token bias (part of CARD's correction)
+    bias_strength: float | None = None
 
 
 class WritingService(Protocol):
@@ -132,6 +133,7 @@ class EngineService:
             record_steps=request.record_steps,
             history=request.history,
             bias=request.bias,
+            bias_strength=request.bias_strength,
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:
