@@ -45,6 +45,7 @@ from localpers.bundle import (
     write_bytes_atomically,
 )
 from localpers.errors import LocalpersError
+from localpers.untrusted import one_line
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -90,6 +91,19 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to another http(s) URL (urllib would also follow one to ftp://)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise LocalpersError(
+                f"{req.full_url}: the server redirects to {one_line(newurl, 200)}, which is not http(s);"
+                " refusing it"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class HttpSource:
     """A bundle served over http(s) (by `localpers serve` or any static file server)."""
 
@@ -108,7 +122,9 @@ class HttpSource:
         self.description = self.base
         self.timeout = timeout
         # A loopback address never goes through a proxy configured in the environment.
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
+        handlers: list[urllib.request.BaseHandler] = [_HttpOnlyRedirects()]
+        if _is_loopback(parsed.hostname):
+            handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
 
     def where(self, relative: str) -> str:
@@ -305,6 +321,18 @@ def _remove_stale_staging(root: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+def _check_free_space(root: Path, needed: int) -> None:
+    """Refuse a bundle that would not fit on the disk, before downloading any of it."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return
+    if needed > free:
+        raise LocalpersError(
+            f"the bundle needs {needed} bytes but {root} has {free} free; free some space and pull again"
+        )
+
+
 def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
@@ -372,6 +400,7 @@ def pull_bundle(
             validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
             files: dict[str, dict] = manifest["files"]
             total = sum(entry["size"] for entry in files.values())
+            _check_free_space(root, total)
             done = 0
 
             def advance(relative: str, count: int) -> None:

@@ -4,17 +4,24 @@ The bundle is verified when the server starts; from then on only `manifest.json`
 held in memory) and the files the manifest lists can be fetched, with GET or HEAD and optionally one
 byte range. Every other path is 404 (no directory listings, no traversal: request paths are looked
 up in the manifest's list, never joined onto the directory), every other method is 405, and request
-bodies are never read. The log holds method, path and status only. This module does not pull,
-write or load anything.
+bodies are never read. Request lines are parsed strictly (`METHOD SP /target SP HTTP/1.x`): anything
+else is 400, a line over `MAX_REQUEST_LINE` bytes 414, HTTP/2 and later 505, too many or too long
+headers 431. A client must finish its request line and headers within `request_deadline_s` (slowloris
+clients are cut off), and at most `max_connections` connections are served at once (others get 503).
+The log holds method, path and status only, escaped: never request bodies, headers or client
+addresses. This module does not pull, write or load anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.client
 import logging
 import re
 import socket
 import socketserver
+import sys
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -26,12 +33,20 @@ from typing import Any
 from localpers import __version__
 from localpers.bundle import CHUNK_SIZE, MANIFEST_NAME, Bundle, verify_bundle
 from localpers.errors import LocalpersError
+from localpers.untrusted import one_line
 
 logger = logging.getLogger("localpers.serve")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 _RANGE_PATTERN = re.compile(r"bytes=(\d{0,18})-(\d{0,18})")
+MAX_REQUEST_LINE = 8192  # bytes, with the line end
+DEFAULT_REQUEST_DEADLINE_S = 10.0  # to send a request line and its headers
+DEFAULT_MAX_CONNECTIONS = 32
+# RFC 9110 token characters for the method; the target is visible ASCII without spaces.
+_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+_VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
 
 
 @dataclass(frozen=True)
@@ -61,9 +76,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 
 def _printable(text: str, limit: int = 300) -> str:
-    """A request path made safe for one log line (control characters escaped, length capped)."""
-    clipped = text[:limit] + ("..." if len(text) > limit else "")
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in clipped)
+    """A request method or path made safe for one log line (control characters escaped, length capped)."""
+    return one_line(text, limit)
 
 
 class BundleRequestHandler(BaseHTTPRequestHandler):
@@ -73,7 +87,89 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
     server_version = f"localpers-serve/{__version__}"
     sys_version = ""
     protocol_version = "HTTP/1.1"
-    timeout = 30  # seconds a silent client may hold a connection
+    default_request_version = "HTTP/1.0"  # error answers always carry a status line
+    timeout = 30  # seconds one read or write may stall
+    # Set before a request line is parsed, so logging a refused request never meets a missing attribute.
+    command = ""
+    path = ""
+
+    # -- reading one request: strict request line, capped headers, a deadline for both ---------------
+
+    def handle_one_request(self) -> None:
+        self.command, self.path, self.request_version = "", "", self.default_request_version
+        deadline = threading.Timer(self.server.request_deadline_s, self._cut_off_slow_client)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            if not self._read_request_head():
+                return
+        except (TimeoutError, ConnectionError, OSError):
+            self.close_connection = True
+            return
+        finally:
+            deadline.cancel()
+        try:
+            getattr(self, "do_" + self.command)()
+            self.wfile.flush()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+
+    def _cut_off_slow_client(self) -> None:
+        """The request head did not arrive in time: unblock the reading thread by shutting the socket."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _refuse(self, status: HTTPStatus) -> bool:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self._send_text(status, close=True)
+        return False
+
+    def _read_request_head(self) -> bool:
+        """Parse the request line and headers; on anything malformed answer 400/414/431/505 and say False."""
+        self.close_connection = True
+        raw = self.rfile.readline(MAX_REQUEST_LINE + 1)
+        if not raw:
+            return False
+        if len(raw) > MAX_REQUEST_LINE:
+            self.path = one_line(raw[:80].decode("latin-1")) + "..."
+            return self._refuse(HTTPStatus.REQUEST_URI_TOO_LONG)
+        if not raw.endswith(b"\n"):  # the client closed, or was cut off, mid-line
+            return False
+        self.raw_requestline = raw
+        self.requestline = raw.rstrip(b"\r\n").decode("latin-1")
+        parts = raw.rstrip(b"\r\n").split(b" ")
+        if len(parts) != 3:
+            self.path = self.requestline
+            return self._refuse(HTTPStatus.BAD_REQUEST)
+        method, target, version = parts
+        self.path = target.decode("latin-1")
+        version_match = _VERSION.fullmatch(version)
+        if not (
+            _METHOD.fullmatch(method)
+            and _TARGET.fullmatch(target)
+            and target.startswith((b"/", b"http://", b"https://"))
+        ):
+            self.command = method.decode("latin-1")
+            return self._refuse(HTTPStatus.BAD_REQUEST)
+        self.command = method.decode("ascii")
+        if version_match is None:
+            return self._refuse(HTTPStatus.BAD_REQUEST)
+        if version_match[1] != b"1":
+            return self._refuse(
+                HTTPStatus.HTTP_VERSION_NOT_SUPPORTED
+                if int(version_match[1]) >= 2
+                else HTTPStatus.BAD_REQUEST
+            )
+        self.request_version = version.decode("ascii")
+        try:
+            self.headers = http.client.parse_headers(self.rfile, _class=self.MessageClass)
+        except (http.client.LineTooLong, http.client.HTTPException):
+            return self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+        connection = self.headers.get("Connection", "").lower()
+        self.close_connection = self.request_version == "HTTP/1.0" or "close" in connection
+        return True
 
     def do_GET(self) -> None:
         self._serve(send_body=True)
@@ -196,7 +292,7 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         status = code.value if isinstance(code, HTTPStatus) else code
-        logger.info("%s %s %s", self.command or "-", _printable(self.path or "-"), status)
+        logger.info("%s %s %s", _printable(self.command or "-", 40), _printable(self.path or "-"), status)
 
     def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         pass  # the status line is already logged by log_request; error details could echo request data
@@ -210,8 +306,19 @@ class BundleServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, bundle: Bundle, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    request_deadline_s = DEFAULT_REQUEST_DEADLINE_S
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
         self.bundle = bundle
+        self.max_connections = max_connections
+        self._connection_slots = threading.BoundedSemaphore(max_connections)
         manifest_bytes = (bundle.directory / MANIFEST_NAME).read_bytes()
         self.files: dict[str, ServedFile] = {
             MANIFEST_NAME: ServedFile(
@@ -232,6 +339,35 @@ class BundleServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__((host, port), BundleRequestHandler)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection in a thread if a slot is free; otherwise answer 503 and close it."""
+        if not self._connection_slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                request.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 5\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
+            self.shutdown_request(request)
+            logger.info("- - 503 (more than %d connections)", self.max_connections)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connection_slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connection_slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One log line naming the failure, without the client's address or a traceback."""
+        error = sys.exc_info()[1]
+        logger.warning("a request failed: %s", type(error).__name__ if error else "unknown error")
+
     def server_bind(self) -> None:
         # HTTPServer.server_bind does a reverse DNS lookup (getfqdn), slow or hanging offline; skip it.
         socketserver.TCPServer.server_bind(self)
@@ -250,11 +386,17 @@ class BundleServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def make_server(bundle_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> BundleServer:
+def make_server(
+    bundle_dir: Path,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> BundleServer:
     """Verify the bundle at `bundle_dir` and bind a server for it (not yet serving)."""
     bundle = verify_bundle(Path(bundle_dir))
     try:
-        return BundleServer(bundle, host, port)
+        return BundleServer(bundle, host, port, max_connections=max_connections)
     except OSError as exc:
         raise LocalpersError(
             f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host"
@@ -262,13 +404,17 @@ def make_server(bundle_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_
 
 
 def start_background_server(
-    bundle_dir: Path, host: str = DEFAULT_HOST, port: int = 0
+    bundle_dir: Path,
+    host: str = DEFAULT_HOST,
+    port: int = 0,
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> tuple[BundleServer, str]:
     """Serve `bundle_dir` from a daemon thread (port 0: an ephemeral port); returns (server, url).
 
     Call `server.close()` when done.
     """
-    server = make_server(bundle_dir, host, port)
+    server = make_server(bundle_dir, host, port, max_connections=max_connections)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="localpers-serve", daemon=True
     )

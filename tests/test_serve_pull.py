@@ -240,7 +240,7 @@ def test_log_has_method_path_status_only(
     lines = [record.getMessage() for record in caplog.records if record.name == "localpers.serve"]
     assert "GET /head.safetensors 200" in lines
     assert "POST /upload 405" in lines
-    assert "GET /missing\\x1b[31m 404" in lines
+    assert "GET /missing\\x1b[31m 400" in lines  # a control character makes the request line malformed
     assert all("PRIVATE-BODY-TEXT" not in line and "\x1b" not in line for line in lines)
 
 
@@ -480,7 +480,7 @@ def test_cli_errors_are_one_line_naming_the_file(
 ) -> None:
     (bundle_dir / "adapters/global.gguf").write_bytes(b"evil")
     code, out, err = run_cli("bundle", "verify", str(bundle_dir), "--model", str(fake_backbone))
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""  # bad content from outside: exit code 2
     assert err.startswith("error: ") and err.count("\n") == 1 and "adapters/global.gguf" in err
 
     other = tmp_path / "other-backbone.gguf"
