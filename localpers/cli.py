@@ -20,6 +20,7 @@ from localpers.cli_bench import register as register_bench_commands
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
 from localpers.cli_methods import register as register_method_commands
+from localpers.cli_repo import register as register_repo_commands
 from localpers.cli_tui import register as register_tui_command
 from localpers.cli_users import history_app, user_app
 from localpers.errors import LocalpersError
@@ -237,6 +238,7 @@ register_device_commands(app)
 register_bench_commands(app)
 register_tui_command(app)
 register_method_commands(app)
+register_repo_commands(app)
 import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
 
 

@@ -1,8 +1,10 @@
-"""`localpers serve`: serve one verified bundle read-only over HTTP (stdlib `http.server`).
+"""`localpers serve`: serve a signed bundle repository, or one verified bundle, read-only over HTTP.
 
-The bundle is verified when the server starts; from then on only `manifest.json` (the verified bytes,
-held in memory) and the files the manifest lists can be fetched, with GET or HEAD and optionally one
-byte range. Every other path is 404 (no directory listings, no traversal: request paths are looked
+For local use (any static web server can host a repository too). A repository directory (made with
+`localpers repo`) is served as its `metadata/` and `targets/` files, listed once at start (regular
+files only: no symlinks, hidden or `.partial` files); a plain bundle directory is verified at start and
+then only `manifest.json` (the verified bytes, held in memory) and the files the manifest lists can be
+fetched. Either way GET or HEAD only, optionally with one byte range. Every other path is 404 (no directory listings, no traversal: request paths are looked
 up in the manifest's list, never joined onto the directory), every other method is 405, and request
 bodies are never read. Request lines are parsed strictly (`METHOD SP /target SP HTTP/1.x`): anything
 else is 400, a line over `MAX_REQUEST_LINE` bytes 414, HTTP/2 and later 505, too many or too long
@@ -33,6 +35,7 @@ from typing import Any
 from localpers import __version__
 from localpers.bundle import CHUNK_SIZE, MANIFEST_NAME, Bundle, verify_bundle
 from localpers.errors import LocalpersError
+from localpers.repository import METADATA_DIR, TARGETS_DIR
 from localpers.untrusted import one_line
 
 logger = logging.getLogger("localpers.serve")
@@ -310,17 +313,27 @@ class BundleServer(ThreadingHTTPServer):
 
     def __init__(
         self,
-        bundle: Bundle,
+        bundle: Bundle | None,
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        files: dict[str, ServedFile] | None = None,
     ) -> None:
         self.bundle = bundle
         self.max_connections = max_connections
         self._connection_slots = threading.BoundedSemaphore(max_connections)
+        self.files = files if files is not None else self._bundle_files(bundle)
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), BundleRequestHandler)
+
+    @staticmethod
+    def _bundle_files(bundle: Bundle | None) -> dict[str, ServedFile]:
+        if bundle is None:
+            raise ValueError("BundleServer needs a bundle or the files to serve")
         manifest_bytes = (bundle.directory / MANIFEST_NAME).read_bytes()
-        self.files: dict[str, ServedFile] = {
+        files: dict[str, ServedFile] = {
             MANIFEST_NAME: ServedFile(
                 size=len(manifest_bytes),
                 sha256=hashlib.sha256(manifest_bytes).hexdigest(),
@@ -329,15 +342,13 @@ class BundleServer(ThreadingHTTPServer):
             )
         }
         for relative, entry in bundle.manifest["files"].items():
-            self.files[relative] = ServedFile(
+            files[relative] = ServedFile(
                 size=entry["size"],
                 sha256=entry["sha256"],
                 content_type="application/octet-stream",
                 path=bundle.directory / relative,
             )
-        if ":" in host:
-            self.address_family = socket.AF_INET6
-        super().__init__((host, port), BundleRequestHandler)
+        return files
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve the connection in a thread if a slot is free; otherwise answer 503 and close it."""
@@ -386,6 +397,28 @@ class BundleServer(ThreadingHTTPServer):
         self.server_close()
 
 
+def repository_files(directory: Path) -> dict[str, ServedFile]:
+    """Every regular file under a repository's metadata/ and targets/, by URL path (no symlinks, no hidden
+    or `.partial` files)."""
+    from localpers.bundle import path_problem, sha256_of_file
+
+    files: dict[str, ServedFile] = {}
+    for top in (METADATA_DIR, TARGETS_DIR):
+        for path in sorted((directory / top).rglob("*")):
+            relative = path.relative_to(directory).as_posix()
+            if path.is_symlink() or not path.is_file() or path_problem(relative):
+                continue
+            if any(part.startswith(".") for part in relative.split("/")) or relative.endswith(".partial"):
+                continue
+            files[relative] = ServedFile(
+                size=path.stat().st_size,
+                sha256=sha256_of_file(path),
+                content_type="application/json" if relative.endswith(".json") else "application/octet-stream",
+                path=path,
+            )
+    return files
+
+
 def make_server(
     bundle_dir: Path,
     host: str = DEFAULT_HOST,
@@ -393,10 +426,14 @@ def make_server(
     *,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> BundleServer:
-    """Verify the bundle at `bundle_dir` and bind a server for it (not yet serving)."""
-    bundle = verify_bundle(Path(bundle_dir))
+    """Bind a server (not yet serving) for a repository directory, or a bundle directory it verifies."""
+    directory = Path(bundle_dir)
+    if (directory / METADATA_DIR / "1.root.json").is_file():
+        bundle, files = None, repository_files(directory)
+    else:
+        bundle, files = verify_bundle(directory), None
     try:
-        return BundleServer(bundle, host, port, max_connections=max_connections)
+        return BundleServer(bundle, host, port, max_connections=max_connections, files=files)
     except OSError as exc:
         raise LocalpersError(
             f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host"

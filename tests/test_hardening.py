@@ -289,7 +289,7 @@ def test_f5_a_manifest_declaring_a_gigantic_file_is_refused_before_downloading(t
     manifest["files"]["adapters/global.gguf"]["size"] = 10**30
     (bundle / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="more than the"):
-        pull_bundle(str(bundle), backbone_sha256=BACKBONE_SHA)
+        pull_bundle(str(bundle), backbone_sha256=BACKBONE_SHA, unsigned=True)
     assert not (bundles_root() / "versions").exists()
 
 
@@ -416,7 +416,7 @@ def test_a_string_vector_dim_is_reported_as_a_string() -> None:
 
 
 def test_a_dangling_current_link_is_an_error_not_the_demo_bundle(tmp_path: Path) -> None:
-    pull_bundle(str(make_bundle(tmp_path / "b")), backbone_sha256=BACKBONE_SHA)
+    pull_bundle(str(make_bundle(tmp_path / "b")), backbone_sha256=BACKBONE_SHA, unsigned=True)
     link = bundles_root() / CURRENT_LINK
     target = link.resolve()
     for path in sorted(target.rglob("*"), reverse=True):
