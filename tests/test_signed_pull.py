@@ -1,0 +1,257 @@
+"""Signed bundle updates (TUF): what `pull` trusts and what it refuses before anything is installed.
+
+Every repository here is signed with throwaway keys made in the test's tmp dir; the demo publisher's
+private keys are never needed (only its shipped root is checked).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers.bundle import MANIFEST_NAME, bundles_root, installed_bundle_dir
+from localpers.cli import app
+from localpers.errors import InputError, LocalpersError
+from localpers.pull import pull_bundle
+from localpers.repository import (
+    add_bundle,
+    generate_keys,
+    init_repository,
+    refresh,
+    root_keyid,
+    rotate_keys,
+)
+from localpers.signed_pull import demo_root_bytes, root_fingerprint, trust_store
+from tests.test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> tuple[Path, Path, str]:
+    """(repository, keys, fingerprint) with one bundle published."""
+    repo_dir, keys = tmp_path / "repo", tmp_path / "keys"
+    fingerprint = publish(make_bundle(tmp_path / "bundle"), repo_dir, keys)
+    return repo_dir, keys, fingerprint
+
+
+def nothing_installed() -> bool:
+    root = bundles_root()
+    versions = root / "versions"
+    leftovers = [p for p in root.iterdir() if p.name.startswith(".staging-")]
+    return (
+        installed_bundle_dir() is None
+        and not leftovers
+        and not (versions.exists() and any(versions.iterdir()))
+    )
+
+
+def pull(source: Path | str, **kwargs: object) -> object:
+    return pull_bundle(str(source), backbone_sha256=BACKBONE_SHA, **kwargs)  # type: ignore[arg-type]
+
+
+# -- whom a device trusts -----------------------------------------------------------------------------
+
+
+def test_an_unknown_publisher_is_refused_until_its_fingerprint_is_given(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    with pytest.raises(
+        LocalpersError, match=f"publisher key {fingerprint}, which this device does not trust"
+    ):
+        pull(repo_dir)
+    with pytest.raises(LocalpersError, match="not " + "0" * 64):
+        pull(repo_dir, trust="0" * 64)
+    assert nothing_installed() and not trust_store(fingerprint).exists()
+    pull(repo_dir, trust=fingerprint)
+    assert (trust_store(fingerprint) / "root.json").exists()
+    pull(repo_dir)  # stored: no --trust needed again
+
+
+def test_an_unsigned_bundle_directory_needs_unsigned(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:
+    with pytest.raises(LocalpersError, match="unsigned bundle directory.*--unsigned"):
+        pull(make_bundle(tmp_path / "plain"))
+    with pytest.raises(LocalpersError, match="--unsigned applies only to a local bundle directory"):
+        pull(repo[0], unsigned=True)
+    assert nothing_installed()
+
+
+def test_an_attackers_self_consistent_repository_is_refused(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """F8: re-hashed, self-consistent metadata and adapters signed with the attacker's own keys."""
+    repo_dir, _, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    installed = installed_bundle_dir()
+    evil = tmp_path / "evil"
+    publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
+    with pytest.raises(LocalpersError, match="does not trust"):
+        pull(evil)
+    # The same, keeping the real publisher's 1.root.json so it claims the trusted fingerprint.
+    shutil.copyfile(repo_dir / "metadata/1.root.json", evil / "metadata/1.root.json")
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(evil)
+    assert installed_bundle_dir() == installed
+
+
+def test_a_repository_claiming_the_demo_publisher_is_checked_against_the_shipped_root(tmp_path: Path) -> None:
+    demo = demo_root_bytes()
+    fingerprint = root_fingerprint(demo, "demo")
+    evil = tmp_path / "evil"
+    publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
+    (evil / "metadata/1.root.json").write_bytes(demo)
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(evil)
+    assert nothing_installed()
+    assert trust_store(fingerprint).exists()  # seeded from the package, not from the server
+
+
+def test_the_shipped_demo_root_is_self_signed_and_not_about_to_expire() -> None:
+    from tuf.api.metadata import Metadata, Root
+
+    root = Metadata[Root].from_bytes(demo_root_bytes())
+    root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
+    assert root.signed.expires > datetime.now(UTC) + timedelta(days=30)
+    assert root.signed.consistent_snapshot
+
+
+# -- what TUF refuses ---------------------------------------------------------------------------------
+
+
+def test_tampered_metadata_is_refused(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    timestamp = repo_dir / "metadata/timestamp.json"
+    document = json.loads(timestamp.read_text())
+    document["signed"]["expires"] = "2099-01-01T00:00:00Z"  # not re-signed
+    timestamp.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+
+
+def test_a_tampered_target_is_refused(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    (adapter,) = (repo_dir / "targets/bundle/adapters").glob("*.global.gguf")
+    adapter.write_bytes(b"evil" + adapter.read_bytes()[4:])
+    with pytest.raises(InputError, match="adapters/global.gguf.*signed length or hash"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+
+
+def test_rollback_to_older_metadata_is_refused(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    old = tmp_path / "old-copy"
+    shutil.copytree(repo_dir, old)
+    add_bundle(repo_dir, make_bundle(tmp_path / "newer", seed="newer"), keys)
+    newer = pull(repo_dir, trust=fingerprint)
+    with pytest.raises(InputError, match="refusing a rollback"):
+        pull(old)
+    assert installed_bundle_dir() == newer.directory.resolve()  # type: ignore[attr-defined]
+
+
+def test_an_expired_timestamp_is_refused_until_refreshed(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    refresh(repo_dir, keys, {"timestamp": -1})
+    with pytest.raises(InputError, match="expired.*localpers repo refresh"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+    refresh(repo_dir, keys)
+    pull(repo_dir, trust=fingerprint)
+
+
+def test_mix_and_match_of_metadata_versions_is_refused(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    add_bundle(repo_dir, make_bundle(tmp_path / "newer", seed="newer"), keys)
+    metadata = repo_dir / "metadata"
+    newest = max(int(p.name.split(".")[0]) for p in metadata.glob("*.targets.json"))
+    # Serve the older (validly signed) targets under the version the snapshot names.
+    shutil.copyfile(metadata / f"{newest - 1}.targets.json", metadata / f"{newest}.targets.json")
+    with pytest.raises(InputError, match="does not match its signed length or hash"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+
+
+def test_key_rotation_is_followed_and_old_keys_lose_power(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    repo_dir, keys, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    stale = tmp_path / "before-rotation"
+    shutil.copytree(repo_dir, stale)
+    new_keys = tmp_path / "new-keys"
+    generate_keys(new_keys)
+    assert rotate_keys(repo_dir, keys, new_keys) == 2
+    add_bundle(repo_dir, make_bundle(tmp_path / "after", seed="after"), new_keys)
+    after = pull(repo_dir)
+    stored = json.loads((trust_store(fingerprint) / "root.json").read_text())
+    assert stored["signed"]["version"] == 2
+    # Metadata still signed with the replaced keys is no longer accepted.
+    add_bundle(stale, make_bundle(tmp_path / "stale", seed="stale"), keys)
+    with pytest.raises(InputError):
+        pull(stale)
+    assert installed_bundle_dir() == after.directory.resolve()  # type: ignore[attr-defined]
+
+
+# -- hosting: plain static files ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def static_host(repo: tuple[Path, Path, str]) -> Iterator[str]:
+    """The repository served by Python's plain static file server: no localpers code on the host."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo[0]))
+    handler.log_message = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_repository_on_any_static_host_can_be_pulled(
+    static_host: str, repo: tuple[Path, Path, str]
+) -> None:
+    result = pull(static_host, trust=repo[2])
+    assert result.files == len(FILES)  # type: ignore[attr-defined]
+    assert (result.directory / MANIFEST_NAME).is_file()  # type: ignore[attr-defined]
+
+
+# -- the publisher's commands -------------------------------------------------------------------------
+
+
+def test_repo_commands_end_to_end(tmp_path: Path) -> None:
+    keys, repo_dir = tmp_path / "keys", tmp_path / "repo"
+    bundle = make_bundle(tmp_path / "bundle")
+    created = runner.invoke(app, ["repo", "keygen", str(keys)])
+    assert created.exit_code == 0, created.output
+    assert (keys / "root.key").stat().st_mode & 0o077 == 0
+    assert runner.invoke(app, ["repo", "keygen", str(keys)]).exit_code == 1  # never overwrites keys
+    assert runner.invoke(app, ["repo", "init", str(repo_dir), "--keys", str(keys)]).exit_code == 0
+    assert runner.invoke(app, ["repo", "add", str(repo_dir), str(bundle), "--keys", str(keys)]).exit_code == 0
+    assert not any(p.suffix == ".key" for p in repo_dir.rglob("*"))
+    shown = runner.invoke(app, ["repo", "fingerprint", str(repo_dir)])
+    fingerprint = shown.stdout.strip()
+    assert fingerprint == root_keyid(repo_dir) and fingerprint in created.stdout
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys)])
+    assert refreshed.exit_code == 0 and json.loads(refreshed.stdout)["timestamp"] == 3
+    fake_backbone = tmp_path / "fake.gguf"
+    fake_backbone.write_bytes(b"GGUF fake backbone for bundle tests")
+    pulled = runner.invoke(
+        app, ["pull", str(repo_dir), "--trust", fingerprint, "--model", str(fake_backbone), "--json"]
+    )
+    assert pulled.exit_code == 0, pulled.output
+    assert json.loads(pulled.stdout)["files"] == len(FILES)
+
+
+def test_init_refuses_an_existing_repository(repo: tuple[Path, Path, str]) -> None:
+    with pytest.raises(LocalpersError, match="already a repository"):
+        init_repository(repo[0], repo[1])
