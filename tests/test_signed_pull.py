@@ -255,3 +255,82 @@ def test_repo_commands_end_to_end(tmp_path: Path) -> None:
 def test_init_refuses_an_existing_repository(repo: tuple[Path, Path, str]) -> None:
     with pytest.raises(LocalpersError, match="already a repository"):
         init_repository(repo[0], repo[1])
+
+
+# -- the backbone as a signed target --------------------------------------------------------------------
+
+
+@pytest.fixture
+def repo_with_backbone(tmp_path: Path) -> tuple[Path, str, bytes]:
+    """A repository whose bundle names a 3 MiB "backbone" published as a signed target."""
+    import hashlib
+
+    from localpers.repository import BACKBONE_PREFIX, add_file_target
+
+    backbone = hashlib.shake_256(b"backbone").digest(3 << 20)
+    sha = hashlib.sha256(backbone).hexdigest()
+    source = tmp_path / "published-backbone.gguf"
+    source.write_bytes(backbone)
+    repo_dir, keys = tmp_path / "repo", tmp_path / "keys"
+    fingerprint = publish(make_bundle(tmp_path / "bundle", backbone_sha256=sha), repo_dir, keys)
+    add_file_target(repo_dir, f"{BACKBONE_PREFIX}{sha}.gguf", source, keys)
+    return repo_dir, fingerprint, backbone
+
+
+def test_pull_with_backbone_installs_it_resuming_an_interrupted_download(
+    repo_with_backbone: tuple[Path, str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from localpers import backbone as backbone_module
+    from localpers.backbone import pulled_backbone_path, resolve_backbone
+    from localpers.serve import start_background_server
+
+    repo_dir, fingerprint, data = repo_with_backbone
+    sha = hashlib.sha256(data).hexdigest()
+    server, url = start_background_server(repo_dir)
+    try:
+
+        def interrupt(relative: str, done: int, total: int) -> None:
+            if relative.startswith("backbone/") and done >= 1 << 20:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            pull_bundle(url, with_backbone=True, trust=fingerprint, on_progress=interrupt)
+        partial = pulled_backbone_path(sha).with_name(pulled_backbone_path(sha).name + ".partial")
+        assert partial.stat().st_size >= 1 << 20 and nothing_installed()
+
+        seen: list[tuple[str, int, int]] = []
+        result = pull_bundle(url, with_backbone=True, on_progress=lambda *a: seen.append(a))
+    finally:
+        server.close()
+    fetched_again = max(done for relative, done, _ in seen if relative.startswith("backbone/"))
+    assert fetched_again <= len(data) - (1 << 20)  # resumed, not started over
+    assert pulled_backbone_path(sha).read_bytes() == data and not partial.exists()
+    assert result.directory.is_dir()  # type: ignore[attr-defined]
+
+    def no_package() -> Path:
+        raise LocalpersError("the default backbone package is not installed")
+
+    monkeypatch.setattr(backbone_module, "default_backbone_path", no_package)
+    resolved = resolve_backbone()
+    assert resolved.source == "pulled" and resolved.sha256 == sha
+
+
+def test_a_damaged_backbone_download_is_refused_and_started_over(
+    repo_with_backbone: tuple[Path, str, bytes],
+) -> None:
+    import hashlib
+
+    from localpers.backbone import pulled_backbone_path
+
+    repo_dir, fingerprint, data = repo_with_backbone
+    sha = hashlib.sha256(data).hexdigest()
+    partial = pulled_backbone_path(sha).with_name(pulled_backbone_path(sha).name + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"\0" * (1 << 20))  # a partial download that is not the published bytes
+    with pytest.raises(InputError, match="signed length or hash"):
+        pull_bundle(str(repo_dir), with_backbone=True, trust=fingerprint)
+    assert not partial.exists() and not pulled_backbone_path(sha).exists() and nothing_installed()
+    pull_bundle(str(repo_dir), with_backbone=True)
+    assert pulled_backbone_path(sha).read_bytes() == data
