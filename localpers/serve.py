@@ -149,6 +149,11 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
         method, target, version = parts
         self.path = target.decode("latin-1")
         version_match = _VERSION.fullmatch(version)
+        if (
+            version_match is not None and int(version_match[1]) >= 2
+        ):  # e.g. the HTTP/2 preface `PRI * HTTP/2.0`
+            self.command = method.decode("latin-1")
+            return self._refuse(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED)
         if not (
             _METHOD.fullmatch(method)
             and _TARGET.fullmatch(target)
@@ -160,11 +165,7 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
         if version_match is None:
             return self._refuse(HTTPStatus.BAD_REQUEST)
         if version_match[1] != b"1":
-            return self._refuse(
-                HTTPStatus.HTTP_VERSION_NOT_SUPPORTED
-                if int(version_match[1]) >= 2
-                else HTTPStatus.BAD_REQUEST
-            )
+            return self._refuse(HTTPStatus.BAD_REQUEST)
         self.request_version = version.decode("ascii")
         try:
             self.headers = http.client.parse_headers(self.rfile, _class=self.MessageClass)

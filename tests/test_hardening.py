@@ -136,6 +136,7 @@ def exchange(url: str, data: bytes, timeout: float = 10) -> bytes:
         (b"GET /manifest.json HTTP/x.y\r\n", b"400"),
         (b"GET /manifest.json HTTP/2.0\r\n", b"505"),
         (b"GET /manifest.json HTTP/3.0\r\n", b"505"),
+        (b"PRI * HTTP/2.0\r\n", b"505"),  # the HTTP/2 connection preface
         (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n", b"414"),
         (b"G\x1bT /manifest.json HTTP/1.1\r\n", b"400"),
     ],
