@@ -143,22 +143,25 @@ def _write_metadata(path: Path, metadata: Any) -> bytes:
     return data
 
 
+def read_metadata(path: Path, fix: str) -> Any:
+    """The signed metadata file at `path`; one-line errors for a missing, unreadable or malformed file."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise LocalpersError(f"{path}: no such file; {fix}") from None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+    try:
+        return _tuf().Metadata.from_bytes(data)
+    except Exception as exc:  # python-tuf raises several types for malformed metadata
+        raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
+
+
 def load_repository(directory: Path) -> Repository:
     """The latest root, targets, snapshot and timestamp of the repository at `directory`."""
-    metadata = _tuf()
     directory = Path(directory)
-    loaded = {}
-    for role in ROLES:
-        path = directory / METADATA_DIR / f"{role}.json"
-        try:
-            loaded[role] = metadata.Metadata.from_file(str(path))
-        except FileNotFoundError:
-            raise LocalpersError(
-                f"{directory}: no {METADATA_DIR}/{role}.json, so it is not a repository; create one with"
-                " `localpers repo init`"
-            ) from None
-        except Exception as exc:  # python-tuf raises several types for malformed metadata
-            raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
+    fix = "it is not a repository: create one with `localpers repo init`"
+    loaded = {role: read_metadata(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
     return Repository(directory, loaded["root"], loaded["targets"], loaded["snapshot"], loaded["timestamp"])
 
 
@@ -238,16 +241,17 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
 def root_keyid(repo_dir: Path) -> str:
     """The keyid of the first root key of version 1: the publisher's fingerprint."""
     path = Path(repo_dir) / METADATA_DIR / "1.root.json"
-    try:
-        root = _tuf().Metadata.from_file(str(path))
-    except FileNotFoundError:
-        raise LocalpersError(f"{repo_dir}: no {METADATA_DIR}/1.root.json; not a repository") from None
+    root = read_metadata(path, "not a repository: create one with `localpers repo init`")
+    if root.signed.type != "root" or not root.signed.roles["root"].keyids:
+        raise InputError(f"{path}: not root metadata with a root key")
     return sorted(root.signed.roles["root"].keyids)[0]
 
 
 def _copy_target(repo: Repository, target_path: str, source: Path) -> Any:
     """Copy `source` into targets/ under its hash-prefixed name; return its TargetFile."""
     metadata = _tuf()
+    if not source.is_file():
+        raise LocalpersError(f"{source}: no such file to publish as {target_path}")
     info = metadata.TargetFile.from_file(target_path, str(source), ["sha256"])
     directory, _, name = target_path.rpartition("/")
     destination = repo.targets_dir / directory / f"{info.hashes['sha256']}.{name}"

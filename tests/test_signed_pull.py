@@ -345,3 +345,14 @@ def test_a_new_publisher_can_be_confirmed_once(repo: tuple[Path, Path, str]) -> 
     pull(repo_dir, confirm_trust=lambda fp: asked.append(fp) or True)
     pull(repo_dir, confirm_trust=lambda fp: pytest.fail("asked again"))  # stored: not asked again
     assert asked == [fingerprint, fingerprint]
+
+
+@pytest.mark.parametrize("argument", ["", "no-such-repo"])
+def test_repo_fingerprint_of_a_missing_repository_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argument: str
+) -> None:
+    """Found by the long hypothesis run: a StorageError traceback for `repo fingerprint ''`."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["repo", "fingerprint", argument])
+    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("error: ") and "1.root.json: no such file" in result.stderr
