@@ -356,3 +356,36 @@ def test_repo_fingerprint_of_a_missing_repository_is_a_one_line_error(
     result = runner.invoke(app, ["repo", "fingerprint", argument])
     assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
     assert result.stderr.startswith("error: ") and "1.root.json: no such file" in result.stderr
+
+
+def test_publish_signs_into_a_repository_with_repo_and_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo: tuple[Path, Path, str]
+) -> None:
+    import importlib.util
+
+    if any(
+        importlib.util.find_spec(n) is None for n in ("torch", "transformers", "peft", "gguf", "matplotlib")
+    ):
+        pytest.skip("publish needs the publish extra")
+    from localpers.publish import pipeline
+
+    repo_dir, keys, fingerprint = repo
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("{}\n")
+    out = tmp_path / "out"
+
+    def fake_publish(options: object, until: object = None, from_stage: object = None) -> dict:
+        make_bundle(out, seed="published")  # what the bundle stage writes
+        return {"stages": {"bundle": {"files": FILES, "bytes": 1}}, "stage_seconds": {}}
+
+    monkeypatch.setattr(pipeline, "publish", fake_publish)
+    refused = runner.invoke(app, ["publish", str(corpus), "--out", str(out), "--repo", str(repo_dir)])
+    assert refused.exit_code == 1 and "--repo and --keys go together" in refused.stderr
+    assert not out.exists()
+    done = runner.invoke(
+        app, ["publish", str(corpus), "--out", str(out), "--repo", str(repo_dir), "--keys", str(keys)]
+    )
+    assert done.exit_code == 0, done.output
+    assert "signed into" in done.stdout
+    result = pull(repo_dir, trust=fingerprint)
+    assert (result.directory / MANIFEST_NAME).read_bytes() == (out / MANIFEST_NAME).read_bytes()  # type: ignore[attr-defined]
