@@ -7,6 +7,7 @@ store. User text stays in the user's folder; nothing here opens a network connec
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -290,16 +291,33 @@ def demo_command(
             for method in ("global", "cluster", "card")
         }
         rows.append({"article": article.split(":", 1)[-1].strip(), **{m: r.text for m, r in outputs.items()}})
+    hits = {m: sum(carries_demo_style(row[m]) for row in rows) for m in ("global", "cluster", "card")}
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"user": DEMO_USER, "fitted_now": fitted_now, "fit": report, "rows": rows}, ensure_ascii=False
-            )
-        )
+        payload = {
+            "user": DEMO_USER,
+            "fitted_now": fitted_now,
+            "fit": report,
+            "rows": rows,
+            "style_hits": hits,
+        }
+        typer.echo(json.dumps(payload, ensure_ascii=False))
         return
     if fitted_now:
         typer.echo(_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
     _print_comparison(rows)
+    typer.echo(
+        "the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have "
+        f"one): global {hits['global']}/{len(rows)}, cluster adapter {hits['cluster']}/{len(rows)}, "
+        f"CARD {hits['card']}/{len(rows)}"
+    )
+
+
+_DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
+
+
+def carries_demo_style(text: str) -> bool:
+    """Whether a headline shows the demo user's habit: a short kicker before a colon, or "Here's Why"."""
+    return bool(_DEMO_KICKER.match(text)) or "here's why" in text.lower().replace("\u2019", "'")
 
 
 def _print_comparison(rows: list[dict[str, Any]]) -> None:
