@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_serve_pull import BACKBONE_SHA, make_bundle, publish
 from typer.testing import CliRunner
 
 from localpers.bundle import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
@@ -33,7 +34,6 @@ from localpers.pull import pull_bundle
 from localpers.serve import BundleServer, start_background_server
 from localpers.signed_pull import root_fingerprint
 from localpers.store import UserStore
-from tests.test_serve_pull import BACKBONE_SHA, make_bundle, publish
 
 runner = CliRunner()
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_serve_pull import BACKBONE_SHA, make_bundle
 from typer.testing import CliRunner
 
 from localpers.bundle import (
@@ -41,7 +42,6 @@ from localpers.history import parse_history
 from localpers.pull import pull_bundle
 from localpers.serve import BundleServer, start_background_server
 from localpers.store import UserStore
-from tests.test_serve_pull import BACKBONE_SHA, make_bundle
 
 runner = CliRunner()
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
 from typer.testing import CliRunner
 
 from localpers.bundle import MANIFEST_NAME, bundles_root, installed_bundle_dir
@@ -31,7 +32,6 @@ from localpers.repository import (
     rotate_keys,
 )
 from localpers.signed_pull import demo_root_bytes, root_fingerprint, trust_store
-from tests.test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
 
 runner = CliRunner()
 
