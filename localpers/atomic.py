@@ -1,24 +1,80 @@
 """Atomic file replacement: a reader sees the old file or the new one, never a half-written one.
 
 `atomic_write_bytes` writes a temp file in the target's folder, fsyncs it, renames it over the
-target and fsyncs the folder so the rename survives a crash. It does not lock: two writers race
-and the last rename wins.
+target and fsyncs the folder so the rename survives a crash. It refuses to replace anything but a
+regular file (renaming over a device node such as /dev/null, a FIFO or a socket would destroy it).
+Temp files carry the writer's process id, and each write removes the temp files of writers that no
+longer run (a killed import leaves no `.partial` behind for long). It does not lock: two writers
+race and the last rename wins.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 
+from localpers.errors import LocalpersError
+
 TEMP_SUFFIX = ".partial"
+# .<target name>.<pid>.<random>.partial
+_TEMP_NAME = re.compile(r"\..+\.(\d{1,10})\.[^.]+" + re.escape(TEMP_SUFFIX))
+
+
+def _process_is_running(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # it exists but is another user's; or a number we cannot check: leave it
+    return True
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete temp files in `directory` whose writing process is gone; returns what was deleted."""
+    removed: list[Path] = []
+    try:
+        candidates = list(Path(directory).glob(f".*{TEMP_SUFFIX}"))
+    except OSError:
+        return removed
+    for candidate in candidates:
+        match = _TEMP_NAME.fullmatch(candidate.name)
+        if match and not _process_is_running(int(match[1])):
+            with contextlib.suppress(OSError):
+                candidate.unlink()
+                removed.append(candidate)
+    return removed
+
+
+def refuse_non_regular(path: Path) -> None:
+    """A one-line error if `path` exists (following links) and is not a regular file."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot be checked before replacing it ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise LocalpersError(
+            f"{path} exists and is not a regular file (a directory, device, FIFO or socket); it is never"
+            " replaced: choose a file path"
+        )
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace `path` with `data` all at once: temp file in the same folder, fsync, os.replace."""
     path = Path(path)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    refuse_non_regular(path)
+    remove_stale_temp_files(path.parent)
+    fd, temp_name = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX
+    )
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -11,8 +11,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.paths import cache_dir, config_dir
+from localpers.untrusted import JSONProblem, parse_json
+
+PULLED_PREFIX = (
+    "pulled-"  # cache_dir()/backbones/pulled-<sha256>.gguf: a backbone from `pull --with-backbone`
+)
 
 MODEL_ENV_VAR = "LOCALPERS_MODEL"
 DEFAULT_BACKBONE_NAME = "gemma-3-270m-q4_k_m"
@@ -72,9 +77,9 @@ def configured_model_path() -> str | None:
     if not config_file.exists():
         return None
     try:
-        value = json.loads(config_file.read_text()).get("model")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise LocalpersError(f"{config_file}: not valid JSON ({exc}); fix or delete the file") from exc
+        value = parse_json(config_file.read_bytes()).get("model")
+    except (OSError, JSONProblem, AttributeError) as exc:
+        raise InputError(f"{config_file}: not valid JSON ({exc}); fix or delete the file") from None
     return str(value) if value else None
 
 
@@ -114,5 +119,24 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
             if not path.is_file():
                 raise LocalpersError(f"backbone {path} (from {source}) does not exist; give a GGUF file path")
             return Backbone(path=path, sha256=cached_sha256(path), source=source)
-    path = default_backbone_path()
+    try:
+        path = default_backbone_path()
+    except LocalpersError as missing:
+        # No PyPI package (a device without a package index): a backbone pulled from a signed repository.
+        pulled = pulled_backbones()
+        if not pulled:
+            raise LocalpersError(f"{missing}, or `localpers pull URL --with-backbone`") from None
+        return Backbone(path=pulled[0], sha256=cached_sha256(pulled[0]), source="pulled")
     return Backbone(path=path, sha256=cached_sha256(path), source="default")
+
+
+def pulled_backbone_path(sha256: str) -> Path:
+    """Where `pull --with-backbone` installs the backbone with this sha256."""
+    return cache_dir() / "backbones" / f"{PULLED_PREFIX}{sha256}.gguf"
+
+
+def pulled_backbones() -> list[Path]:
+    """Backbones installed by `pull --with-backbone`, newest first."""
+    directory = cache_dir() / "backbones"
+    found = [p for p in directory.glob(f"{PULLED_PREFIX}*.gguf") if p.is_file()] if directory.is_dir() else []
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
+import os
 import re
 import stat
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_bytes as write_bytes_atomically
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.paths import cache_dir
+from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
 
 FORMAT = "localpers-bundle"
 FORMAT_VERSION = 1
@@ -29,6 +31,10 @@ MANIFEST_NAME = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
 CHUNK_SIZE = 1 << 20
+# The demo bundle is 59 MB and a backbone 250 MB: a manifest declaring more than this is refused before
+# anything is downloaded, whatever a server sends (a TUF target length caps each download again).
+MAX_BUNDLE_BYTES = 4 << 30
+MAX_BUNDLE_FILES = 4096
 
 _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 # Characters never allowed in a bundle path: backslash, colon (Windows drives and streams), controls.
@@ -100,25 +106,16 @@ def path_problem(relative: object) -> str | None:
     return None
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
-
-
 def parse_manifest(data: bytes, origin: str) -> dict[str, Any]:
     """Parse manifest bytes (from `origin`, used in messages) into a dict; no validation beyond JSON."""
     if len(data) > MAX_MANIFEST_BYTES:
-        raise LocalpersError(f"{origin}: {len(data)} bytes is too large for a manifest; this is not a bundle")
+        raise InputError(f"{origin}: {len(data)} bytes is too large for a manifest; this is not a bundle")
     try:
-        manifest = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise LocalpersError(f"{origin}: not valid JSON ({exc}); {PULL_HINT}") from exc
+        manifest = parse_json(data, object_pairs_hook=reject_duplicate_keys)
+    except JSONProblem as exc:
+        raise InputError(f"{origin}: not valid JSON ({exc}); {PULL_HINT}") from None
     if not isinstance(manifest, dict):
-        raise LocalpersError(f"{origin}: the manifest is not a JSON object; {PULL_HINT}")
+        raise InputError(f"{origin}: the manifest is not a JSON object; {PULL_HINT}")
     return manifest
 
 
@@ -128,7 +125,7 @@ def _referenced_paths(manifest: dict[str, Any], origin: str) -> dict[str, object
     adapters = manifest.get("adapters")
     if adapters is not None:
         if not isinstance(adapters, dict):
-            raise LocalpersError(f"{origin}: field 'adapters' must be an object of name -> path")
+            raise InputError(f"{origin}: field 'adapters' must be an object of name -> path")
         for name, value in adapters.items():
             references[f"adapters.{name}"] = value
     for section, key in (("clusters", "centroids"), ("head", "file")):
@@ -136,7 +133,7 @@ def _referenced_paths(manifest: dict[str, Any], origin: str) -> dict[str, object
         if block is None:
             continue
         if not isinstance(block, dict):
-            raise LocalpersError(f"{origin}: field '{section}' must be an object")
+            raise InputError(f"{origin}: field '{section}' must be an object")
         if key in block:
             references[f"{section}.{key}"] = block[key]
     return references
@@ -151,12 +148,12 @@ def _check_paths_do_not_collide(paths: list[str], origin: str) -> None:
     folded: dict[str, str] = {}
     for relative in paths:
         if relative in directories:
-            raise LocalpersError(
+            raise InputError(
                 f"{origin}: refusing file path {relative!r}: it is also a directory of another listed path"
             )
         other = folded.setdefault(relative.casefold(), relative)
         if other != relative:
-            raise LocalpersError(
+            raise InputError(
                 f"{origin}: refusing file path {relative!r}: it differs from {other!r} only in letter case"
             )
 
@@ -171,49 +168,59 @@ def validate_manifest(
     """
     fmt = manifest.get("format")
     if fmt != FORMAT:
-        raise LocalpersError(
+        raise InputError(
             f"{origin}: field 'format' is {fmt!r}, not {FORMAT!r}; this is not a localpers bundle"
         )
     version = manifest.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise LocalpersError(f"{origin}: field 'format_version' is {version!r}, not an integer; {PULL_HINT}")
+        raise InputError(f"{origin}: field 'format_version' is {version!r}, not an integer; {PULL_HINT}")
     if version not in SUPPORTED_FORMAT_VERSIONS:
         known = ", ".join(map(str, SUPPORTED_FORMAT_VERSIONS))
         advice = "upgrade localpers" if version > max(SUPPORTED_FORMAT_VERSIONS) else "re-publish the bundle"
-        raise LocalpersError(
+        raise InputError(
             f"{origin}: bundle format version {version} is not supported by this localpers (knows {known}); {advice}"
         )
 
     backbone = manifest.get("backbone")
     bundle_backbone = backbone.get("sha256") if isinstance(backbone, dict) else None
     if not isinstance(bundle_backbone, str) or not _SHA256_PATTERN.fullmatch(bundle_backbone):
-        raise LocalpersError(
+        raise InputError(
             f"{origin}: field 'backbone.sha256' is missing or not a lowercase hex sha256; {PULL_HINT}"
         )
 
     files = manifest.get("files")
     if not isinstance(files, dict):
-        raise LocalpersError(f"{origin}: field 'files' is missing or not an object; {PULL_HINT}")
+        raise InputError(f"{origin}: field 'files' is missing or not an object; {PULL_HINT}")
     for relative, entry in files.items():
         problem = path_problem(relative)
         if problem:
-            raise LocalpersError(f"{origin}: refusing file path {relative!r} in 'files': {problem}")
+            raise InputError(f"{origin}: refusing file path {relative!r} in 'files': {problem}")
         if not isinstance(entry, dict):
-            raise LocalpersError(f"{origin}: files[{relative!r}] must be an object with sha256 and size")
+            raise InputError(f"{origin}: files[{relative!r}] must be an object with sha256 and size")
         digest, size = entry.get("sha256"), entry.get("size")
         if not isinstance(digest, str) or not _SHA256_PATTERN.fullmatch(digest):
-            raise LocalpersError(f"{origin}: files[{relative!r}].sha256 is not a lowercase hex sha256")
+            raise InputError(f"{origin}: files[{relative!r}].sha256 is not a lowercase hex sha256")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise LocalpersError(f"{origin}: files[{relative!r}].size is not a non-negative integer")
+            raise InputError(f"{origin}: files[{relative!r}].size is not a non-negative integer")
 
+    if len(files) > MAX_BUNDLE_FILES:
+        raise InputError(
+            f"{origin}: field 'files' lists {len(files)} files, more than the {MAX_BUNDLE_FILES} a bundle may have"
+        )
+    total = sum(entry["size"] for entry in files.values())
+    if total > MAX_BUNDLE_BYTES:
+        raise InputError(
+            f"{origin}: field 'files' adds up to {total} bytes, more than the {MAX_BUNDLE_BYTES} a bundle may"
+            " have; this is not a bundle localpers will download"
+        )
     _check_paths_do_not_collide(list(files), origin)
 
     for field, relative in _referenced_paths(manifest, origin).items():
         problem = path_problem(relative)
         if problem:
-            raise LocalpersError(f"{origin}: refusing path {relative!r} in field '{field}': {problem}")
+            raise InputError(f"{origin}: refusing path {relative!r} in field '{field}': {problem}")
         if relative not in files:
-            raise LocalpersError(
+            raise InputError(
                 f"{origin}: field '{field}' names {relative!r}, which is not listed in 'files'; {PULL_HINT}"
             )
 
@@ -239,21 +246,21 @@ def check_file(bundle_dir: Path, relative: str, entry: dict[str, Any]) -> None:
         resolved = path.resolve()
         info = path.stat()
     except FileNotFoundError:
-        raise LocalpersError(f"{where}: listed in the manifest but missing; {PULL_HINT}") from None
+        raise InputError(f"{where}: listed in the manifest but missing; {PULL_HINT}") from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
-        raise LocalpersError(f"{where}: cannot be read ({exc}); {PULL_HINT}") from None
+        raise InputError(f"{where}: cannot be read ({exc}); {PULL_HINT}") from None
     if not resolved.is_relative_to(root):
-        raise LocalpersError(f"{where}: resolves outside the bundle (to {resolved}); refusing it")
+        raise InputError(f"{where}: resolves outside the bundle (to {resolved}); refusing it")
     if not stat.S_ISREG(info.st_mode):
-        raise LocalpersError(f"{where}: is not a regular file; {PULL_HINT}")
+        raise InputError(f"{where}: is not a regular file; {PULL_HINT}")
     if info.st_size != entry["size"]:
-        raise LocalpersError(
+        raise InputError(
             f"{where}: size is {info.st_size} bytes, the manifest says {entry['size']};"
             f" the file is damaged or was tampered with: {PULL_HINT}"
         )
     digest = sha256_of_file(path)
     if digest != entry["sha256"]:
-        raise LocalpersError(
+        raise InputError(
             f"{where}: sha256 is {digest}, the manifest says {entry['sha256']};"
             f" the file is damaged or was tampered with: {PULL_HINT}"
         )
@@ -364,21 +371,35 @@ CURRENT_FILE = "current.json"  # fallback pointer where symlinks cannot be made:
 VERSIONS_DIR = "versions"
 
 
-def installed_bundle_dir() -> Path | None:
-    """The directory of the pulled bundle `current` points to, or None when nothing was pulled."""
+def installed_bundle_dir(*, strict: bool = False) -> Path | None:
+    """The directory of the pulled bundle `current` points to, or None when nothing was pulled.
+
+    A `current` link or `current.json` that names a missing or unreadable version is None, or with
+    `strict` a one-line error saying so (the device must not silently fall back to the demo bundle).
+    """
     root = bundles_root()
     link = root / CURRENT_LINK
+    fix = f"run `localpers pull URL` again, or delete {link} to use the embedded demo bundle"
     if link.is_symlink() or link.is_dir():
-        return link.resolve() if link.exists() else None
+        if link.is_dir():
+            return link.resolve()
+        if strict:
+            raise LocalpersError(f"{link} points to {os.readlink(link)}, which is missing; {fix}")
+        return None
     pointer = root / CURRENT_FILE
-    if pointer.is_file():
-        try:
-            version = json.loads(pointer.read_text())["version"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if isinstance(version, str) and path_problem(version) is None and "/" not in version:
-            candidate = root / VERSIONS_DIR / version
-            return candidate if candidate.is_dir() else None
+    if not pointer.is_file():
+        return None
+    try:
+        version = parse_json(pointer.read_bytes()).get("version")
+    except (OSError, JSONProblem, AttributeError):
+        version = None
+    candidate = None
+    if isinstance(version, str) and path_problem(version) is None and "/" not in version:
+        candidate = root / VERSIONS_DIR / version
+    if candidate is not None and candidate.is_dir():
+        return candidate
+    if strict:
+        raise LocalpersError(f"{pointer} names a bundle version that is missing or unreadable; {fix}")
     return None
 
 
@@ -393,7 +414,7 @@ def embedded_bundle_dir() -> Path:
 
 def default_bundle_dir() -> Path:
     """The pulled bundle if there is one, else the embedded demo bundle's directory (may not exist)."""
-    return installed_bundle_dir() or embedded_bundle_dir()
+    return installed_bundle_dir(strict=True) or embedded_bundle_dir()
 
 
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:

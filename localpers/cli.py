@@ -21,6 +21,7 @@ from localpers.cli_bench import register as register_bench_commands
 from localpers.cli_bundle import register as register_bundle_commands
 from localpers.cli_device import register as register_device_commands
 from localpers.cli_methods import register as register_method_commands
+from localpers.cli_repo import register as register_repo_commands
 from localpers.cli_sampling import (
     FrequencyPenaltyOption,
     GrammarOption,
@@ -36,6 +37,7 @@ from localpers.cli_sampling import (
 from localpers.cli_tui import register as register_tui_command
 from localpers.cli_users import history_app, user_app
 from localpers.errors import LocalpersError
+from localpers.untrusted import one_line
 
 app = typer.Typer(
     name="localpers",
@@ -56,7 +58,9 @@ def one_line_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except LocalpersError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            # Messages quote outside input (file names, fields): escape anything that would break the
+            # line (\n, U+2028) or drive the terminal (ESC).
+            typer.echo(f"error: {one_line(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("interrupted; nothing was changed", err=True)
@@ -259,6 +263,7 @@ register_bench_commands(app)
 register_tui_command(app)
 register_method_commands(app)
 register_api_command(app)
+register_repo_commands(app)
 import localpers.cli_publish  # noqa: E402, F401  (registers `publish`)
 
 

@@ -16,12 +16,16 @@ def api_command(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
     api_key: Annotated[
         str | None,
-        typer.Option(envvar="LOCALPERS_API_KEY", help="Require `Authorization: Bearer KEY` (needed off loopback)."),
+        typer.Option(
+            envvar="LOCALPERS_API_KEY", help="Require `Authorization: Bearer KEY` (needed off loopback)."
+        ),
     ] = None,
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (needs --api-key).")
     ] = False,
-    threads: Annotated[int | None, typer.Option(min=1, help="llama.cpp threads (default: all cores).")] = None,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="llama.cpp threads (default: all cores).")
+    ] = None,
     bundle: Annotated[
         str | None,
         typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),

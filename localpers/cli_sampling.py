@@ -24,22 +24,34 @@ TopKOption = Annotated[
     int, typer.Option(min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL)
 ]
 TopPOption = Annotated[
-    float, typer.Option(min=0.0, max=1.0, help="Nucleus: keep the smallest set with this mass.", rich_help_panel=PANEL)
+    float,
+    typer.Option(
+        min=0.0, max=1.0, help="Nucleus: keep the smallest set with this mass.", rich_help_panel=PANEL
+    ),
 ]
 MinPOption = Annotated[
     float,
-    typer.Option(min=0.0, max=0.99, help="Drop tokens less likely than min-p x the best one.", rich_help_panel=PANEL),
+    typer.Option(
+        min=0.0, max=0.99, help="Drop tokens less likely than min-p x the best one.", rich_help_panel=PANEL
+    ),
 ]
 RepetitionPenaltyOption = Annotated[
-    float, typer.Option(min=0.0, max=10.0, help="> 1 discourages tokens already generated.", rich_help_panel=PANEL)
+    float,
+    typer.Option(min=0.0, max=10.0, help="> 1 discourages tokens already generated.", rich_help_panel=PANEL),
 ]
 PresencePenaltyOption = Annotated[
-    float, typer.Option(min=-2.0, max=2.0, help="Lowers every token already generated once.", rich_help_panel=PANEL)
+    float,
+    typer.Option(min=-2.0, max=2.0, help="Lowers every token already generated once.", rich_help_panel=PANEL),
 ]
 FrequencyPenaltyOption = Annotated[
-    float, typer.Option(min=-2.0, max=2.0, help="Lowers tokens by how often they were generated.", rich_help_panel=PANEL)
+    float,
+    typer.Option(
+        min=-2.0, max=2.0, help="Lowers tokens by how often they were generated.", rich_help_panel=PANEL
+    ),
 ]
-SeedOption = Annotated[int | None, typer.Option(min=0, help="Seed of the random draw.", rich_help_panel=PANEL)]
+SeedOption = Annotated[
+    int | None, typer.Option(min=0, help="Seed of the random draw.", rich_help_panel=PANEL)
+]
 GrammarOption = Annotated[
     Path | None,
     typer.Option(
@@ -56,7 +68,9 @@ def read_grammar(path: Path | None) -> str | None:
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise LocalpersError(f"cannot read grammar file {path}: {exc.__class__.__name__}", exit_code=2) from None
+        raise LocalpersError(
+            f"cannot read grammar file {path}: {exc.__class__.__name__}", exit_code=2
+        ) from None
 
 
 def sampler_settings(

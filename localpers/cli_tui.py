@@ -40,7 +40,9 @@ def tui_command(
     temperature: TemperatureOption = 0.0,
     sample_top_k: Annotated[
         int,
-        typer.Option("--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL),
+        typer.Option(
+            "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
+        ),
     ] = 0,
     top_p: TopPOption = 1.0,
     min_p: MinPOption = 0.0,

@@ -20,6 +20,7 @@ from localpers.errors import LocalpersError
 from localpers.history import DEFAULT_TASK, HistoryItem, check_history_size, merge_history, parse_history
 from localpers.store import UserStore
 from localpers.tasks import TASKS
+from localpers.untrusted import one_line
 
 user_app = typer.Typer(
     help="Create, choose, inspect, export and delete the users on this device.", no_args_is_help=True
@@ -261,7 +262,7 @@ def history_import(
     for duplicate in parsed.duplicates:
         typer.echo(f"skipped {duplicate.where}: same text as {duplicate.first_seen}", err=True)
     for item in already:
-        typer.echo(f"skipped {item.source}: already in the history as {item.id}", err=True)
+        typer.echo(f"skipped {one_line(str(item.source))}: already in the history as {item.id}", err=True)
     skipped = len(parsed.duplicates) + len(already)
     typer.echo(
         f"imported {_items(added)} into user {target.name!r}"
@@ -322,8 +323,9 @@ def history_list(user: UserOption = None, as_json: JsonOption = False) -> None:
         )
         return
     for item in items:
-        typer.echo(f"{item.id}  {item.task:<9} {item.output}")
-        typer.echo(f"{'':12}  {'':<9} <- {_shorten(_without_instruction(item), 100)}")
+        # Items are cleaned of control characters when read; one_line also keeps each on its row.
+        typer.echo(f"{item.id}  {item.task:<9} {one_line(item.output)}")
+        typer.echo(f"{'':12}  {'':<9} <- {one_line(_shorten(_without_instruction(item), 100))}")
 
 
 def _without_instruction(item: HistoryItem) -> str:

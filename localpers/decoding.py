@@ -59,13 +59,23 @@ class SamplerSettings:
     def validated(self) -> SamplerSettings:
         """This object, or a one-line `LocalpersError` naming the first setting out of range."""
         checks = (
-            ("temperature", self.temperature, math.isfinite(self.temperature) and self.temperature >= 0.0, ">= 0"),
+            (
+                "temperature",
+                self.temperature,
+                math.isfinite(self.temperature) and self.temperature >= 0.0,
+                ">= 0",
+            ),
             ("top_k", self.top_k, self.top_k >= 0, ">= 0"),
             ("top_p", self.top_p, 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("min_p", self.min_p, 0.0 <= self.min_p < 1.0, "in [0, 1)"),
             ("typical_p", self.typical_p, 0.0 < self.typical_p <= 1.0, "in (0, 1]"),
             ("repeat_penalty", self.repeat_penalty, 0.0 < self.repeat_penalty <= 10.0, "in (0, 10]"),
-            ("frequency_penalty", self.frequency_penalty, -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                -2.0 <= self.frequency_penalty <= 2.0,
+                "in [-2, 2]",
+            ),
             ("presence_penalty", self.presence_penalty, -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
             ("penalty_last_n", self.penalty_last_n, self.penalty_last_n >= 0, ">= 0"),
             ("dry_multiplier", self.dry_multiplier, self.dry_multiplier >= 0.0, ">= 0"),
@@ -113,6 +123,17 @@ class Candidates:
         kept = self._entries[: self.size][mask]
         if kept.size == 0:
             raise LocalpersError("a sampler dropped every candidate token")
+        self._entries[: kept.size] = kept
+        self.size = int(kept.size)
+
+    def select(self, positions: np.ndarray) -> None:
+        """Keep only the candidates at `positions` (indices into the current candidates), in that order."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            raise LocalpersError("a sampler dropped every candidate token")
+        if positions.min() < 0 or positions.max() >= self.size:
+            raise ValueError(f"positions out of range for {self.size} candidates")
+        kept = self._entries[positions]  # fancy indexing copies, so overlapping ranges are safe
         self._entries[: kept.size] = kept
         self.size = int(kept.size)
 

@@ -1,8 +1,13 @@
-"""The one exception type the CLI turns into a one-line error and a non-zero exit code.
+"""The exception types the CLI turns into a one-line error and a non-zero exit code.
 
-Raise `LocalpersError` with a message that names the file, line or field at fault and says what to do.
-It does not format, log or exit; `localpers.cli` does that.
+Raise `LocalpersError` with a message that names the file, line or field at fault and says what to do
+(exit code 1: a state or usage problem, such as a missing user). Raise `InputError` when the content of
+something that came from outside is bad (a history file, a user archive, a bundle manifest, signed
+metadata): exit code 2, like a command-line usage error. Neither formats, logs nor exits;
+`localpers.cli` does that.
 """
+
+BAD_INPUT_EXIT_CODE = 2
 
 
 class LocalpersError(Exception):
@@ -10,6 +15,13 @@ class LocalpersError(Exception):
 
     exit_code: int = 1
 
-    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(LocalpersError):
+    """Bad content in a file, archive, download or request from outside: exit code 2."""
+
+    exit_code = BAD_INPUT_EXIT_CODE

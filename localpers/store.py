@@ -38,10 +38,12 @@ import numpy as np
 
 from localpers import paths
 from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.history import HistoryItem, check_history_size, read_stored_history, serialize_history
 from localpers.history_prompt import HistoryIndex
 from localpers.tasks import Task
+from localpers.token_bias import TokenBias
+from localpers.untrusted import JSONProblem, one_line, parse_json
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -49,6 +51,11 @@ VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
 ARCHIVE_FORMAT = "localpers-user"
 ARCHIVE_VERSION = 1
 MAX_ARCHIVE_MEMBER_BYTES = 64 * 1024 * 1024
+# An export holds manifest.json, state.json, at most one vector and optionally history.jsonl: a zip with
+# more members, or more bytes in all, is not one (and may be a zip bomb).
+MAX_ARCHIVE_MEMBERS = 4
+MAX_ARCHIVE_TOTAL_BYTES = 64 * 1024 * 1024
+MAX_ARCHIVE_FILE_BYTES = 64 * 1024 * 1024
 # state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
 _VECTOR_KEYS = ("vector_file", "vector_sha256", "vector_dim")
 _REFIT = "run `localpers fit` again"
@@ -67,12 +74,11 @@ def _read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
     except OSError as exc:
         raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise LocalpersError(f"{path} is damaged (not valid JSON: {reason}); {fix}") from None
+        value = parse_json(raw)
+    except JSONProblem as exc:
+        raise InputError(f"{path} is damaged (not valid JSON: {exc}); {fix}") from None
     if not isinstance(value, dict):
-        raise LocalpersError(f"{path} is damaged (expected a JSON object); {fix}")
+        raise InputError(f"{path} is damaged (expected a JSON object); {fix}")
     return value
 
 
@@ -163,6 +169,18 @@ class User:
             raise ValueError(f"user state must be JSON-serialisable: {exc}") from None
         atomic_write_text(self.state_path, text + "\n")
 
+    def token_bias(self, state: dict[str, Any] | None = None) -> TokenBias | None:
+        """The token bias stored with the user's fit; None for no fit or a fit made before it existed."""
+        entry = (self.state() if state is None else state).get("token_bias")
+        if entry is None:
+            return None
+        try:
+            return TokenBias.from_json(entry)
+        except ValueError as exc:
+            raise LocalpersError(
+                f"{self.state_path}: field 'token_bias' is damaged ({exc}); {_REFIT}"
+            ) from None
+
     def vector_path(self, state: dict[str, Any] | None = None) -> Path | None:
         """The file of the current vector, as named by state.json; None if the user has no vector."""
         name = (self.state() if state is None else state).get("vector_file")
@@ -214,9 +232,16 @@ class User:
                 f"{path}: tensor {VECTOR_TENSOR!r} is {array.dtype} {tuple(array.shape)}, "
                 f"expected float32 (D,); {_REFIT}"
             )
-        if state.get("vector_dim") is not None and state["vector_dim"] != array.size:
-            raise LocalpersError(
-                f"{path} has {array.size} values but {self.state_path.name} says {state['vector_dim']}; {_REFIT}"
+        dim = state.get("vector_dim")
+        if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
+            raise InputError(
+                f"{self.state_path} is damaged: field 'vector_dim' is {one_line(repr(dim), 40)}"
+                f" ({type(dim).__name__}), not an integer; {_REFIT}"
+            )
+        if dim is not None and dim != array.size:
+            raise InputError(
+                f"{path} has {array.size} values but field 'vector_dim' of {self.state_path.name} says {dim};"
+                f" {_REFIT}"
             )
         if not np.all(np.isfinite(array)):
             raise LocalpersError(f"{path} holds non-finite values; {_REFIT}")
@@ -359,6 +384,11 @@ class UserStore:
         dest = Path(dest)
         if dest.is_dir():
             dest = dest / f"localpers-user-{name}.zip"
+        if dest.exists() and not dest.is_file():
+            raise LocalpersError(
+                f"{dest} exists and is not a regular file (a device, FIFO or socket); it is never replaced:"
+                " choose a file path"
+            )
         if dest.exists() and not overwrite:
             raise LocalpersError(f"{dest} already exists; choose another path or pass --force")
         members: dict[str, bytes] = {}
@@ -393,7 +423,14 @@ class UserStore:
         """A new user from an `export` archive, under its own name or `name`; checked before it appears."""
         archive = Path(archive)
         manifest, members = _read_archive(archive)
-        target = validate_name(name if name is not None else str(manifest.get("name")))
+        if name is None:
+            name = manifest.get("name")
+            if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+                shown = "missing" if name is None else f"{one_line(repr(name), 40)}, not a valid user name"
+                raise InputError(
+                    f"{archive}: manifest.json field 'name' is {shown}; import it with --as NAME"
+                )
+        target = validate_name(name)
         if self._user(target).dir.exists():
             raise LocalpersError(f"user {target!r} already exists; import under another name with --as NAME")
         staging = self._staging_dir("importing")
@@ -406,7 +443,7 @@ class UserStore:
                 check_history_size(len(candidate.history()), what=f"{archive} has")
             except LocalpersError as exc:
                 detail = str(exc).replace(f"{staging}{os.sep}", "")
-                raise LocalpersError(f"{archive} holds a damaged user: {detail}") from None
+                raise InputError(f"{archive} holds a damaged user: {detail}") from None
             self._commit_staging(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -446,41 +483,77 @@ class UserStore:
 
 
 def _read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(manifest, the other members by name) of a user archive whose files match their recorded sha256."""
-    if not archive.is_file():
-        raise LocalpersError(f"{archive}: no such file")
+    """(manifest, the other members by name) of a user archive whose files match their recorded sha256.
+
+    Refused before anything is decompressed: a non-regular file, more than MAX_ARCHIVE_MEMBERS
+    members, a repeated or unexpected member name, more than one vector, or declared sizes over the
+    per-member or total caps. Decompression is capped again at the declared sizes.
+    """
+    from localpers.history import read_regular_file
+
+    raw_archive = read_regular_file(archive, MAX_ARCHIVE_FILE_BYTES, what="user archive (.zip)")
     allowed = {"manifest.json", "state.json", "history.jsonl"}
     try:
-        with zipfile.ZipFile(archive) as zipped:
+        with zipfile.ZipFile(io.BytesIO(raw_archive)) as zipped:
             infos = zipped.infolist()
+            if len(infos) > MAX_ARCHIVE_MEMBERS:
+                raise InputError(
+                    f"{archive}: {len(infos)} members, more than the {MAX_ARCHIVE_MEMBERS} of a user archive;"
+                    " not a localpers user archive"
+                )
+            names = [info.filename for info in infos]
             for info in infos:
+                shown = one_line(repr(info.filename), 80)
                 if info.filename not in allowed and not VECTOR_FILE_PATTERN.fullmatch(info.filename):
-                    raise LocalpersError(
-                        f"{archive}: unexpected file {info.filename!r}; not a localpers user archive"
-                    )
+                    raise InputError(f"{archive}: unexpected file {shown}; not a localpers user archive")
+                if names.count(info.filename) > 1:
+                    raise InputError(f"{archive}: member {shown} appears twice; not a localpers user archive")
                 if info.file_size > MAX_ARCHIVE_MEMBER_BYTES:
-                    raise LocalpersError(f"{archive}: {info.filename} is too large for a user archive")
-            raw = {info.filename: zipped.read(info) for info in infos}
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise LocalpersError(f"{archive} is not a localpers user archive ({exc})") from None
+                    raise InputError(f"{archive}: {info.filename} is too large for a user archive")
+            if sum(1 for n in names if VECTOR_FILE_PATTERN.fullmatch(n)) > 1:
+                raise InputError(f"{archive}: more than one vector file; not a localpers user archive")
+            declared = sum(info.file_size for info in infos)
+            if declared > MAX_ARCHIVE_TOTAL_BYTES:
+                raise InputError(
+                    f"{archive}: its members unpack to {declared} bytes, more than the"
+                    f" {MAX_ARCHIVE_TOTAL_BYTES} of a user archive"
+                )
+            raw: dict[str, bytes] = {}
+            for info in infos:
+                with zipped.open(info) as member:
+                    data = member.read(info.file_size + 1)
+                if len(data) != info.file_size:
+                    raise InputError(f"{archive}: {info.filename} is not the size the archive declares")
+                raw[info.filename] = data
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        OSError,
+        EOFError,
+        NotImplementedError,
+        ValueError,
+    ) as exc:
+        reason = one_line(str(exc), 120)
+        raise InputError(f"{archive} is not a localpers user archive ({reason})") from None
     if "manifest.json" not in raw:
-        raise LocalpersError(f"{archive} has no manifest.json; not a localpers user archive")
+        raise InputError(f"{archive} has no manifest.json; not a localpers user archive")
     try:
-        manifest = json.loads(raw["manifest.json"])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise LocalpersError(f"{archive}: manifest.json is not valid JSON") from None
+        manifest = parse_json(raw["manifest.json"])
+    except JSONProblem as exc:
+        raise InputError(f"{archive}: manifest.json is not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
-        raise LocalpersError(f"{archive} is not a localpers user archive (manifest format)")
+        raise InputError(f"{archive} is not a localpers user archive (manifest.json field 'format')")
     if manifest.get("format_version") != ARCHIVE_VERSION:
-        raise LocalpersError(
-            f"{archive} has format version {manifest.get('format_version')}; this localpers reads "
+        shown = one_line(repr(manifest.get("format_version")), 40)
+        raise InputError(
+            f"{archive}: manifest.json field 'format_version' is {shown}; this localpers reads "
             f"version {ARCHIVE_VERSION}: upgrade localpers"
         )
     listed = manifest.get("files")
     if not isinstance(listed, dict) or set(listed) != set(raw) - {"manifest.json"}:
-        raise LocalpersError(f"{archive}: manifest.json does not list the archive's files")
+        raise InputError(f"{archive}: manifest.json field 'files' does not list the archive's files")
     for member, expected in listed.items():
         if hashlib.sha256(raw[member]).hexdigest() != expected:
-            raise LocalpersError(f"{archive}: {member} does not match its sha256 in manifest.json (damaged)")
+            raise InputError(f"{archive}: {member} does not match its sha256 in manifest.json (damaged)")
     del raw["manifest.json"]
     return manifest, raw

@@ -84,9 +84,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             for prompt in prompts:
                 outputs = {}
                 for name, (settings, method) in variants.items():
-                    result = generate(engine, prompt, max_tokens=args.tokens, sampling=settings, method=method())
+                    result = generate(
+                        engine, prompt, max_tokens=args.tokens, sampling=settings, method=method()
+                    )
                     if len(result.tokens) != args.tokens:
-                        raise SystemExit(f"{name} stopped after {len(result.tokens)} tokens; the runs would differ")
+                        raise SystemExit(
+                            f"{name} stopped after {len(result.tokens)} tokens; the runs would differ"
+                        )
                     per_variant[name].append(result.ms_per_token)
                     outputs[name] = result.tokens
                 if outputs["plain"] != outputs["top-k"]:
@@ -115,14 +119,18 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="a shared-data JSONL file (its first queries are the prompts)")
+    parser.add_argument(
+        "--data", required=True, help="a shared-data JSONL file (its first queries are the prompts)"
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds over all prompts")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cluster", type=int, default=0, help="cluster whose default vector is used")
     parser.add_argument("--user", default=None, help="use this fitted user's cluster and vector instead")
-    parser.add_argument("--vector-scale", type=float, default=1.0, help="multiplies the cluster's default vector")
+    parser.add_argument(
+        "--vector-scale", type=float, default=1.0, help="multiplies the cluster's default vector"
+    )
     parser.add_argument("--bundle", default=str(REPO / "models" / "demo-bundle"))
     parser.add_argument("--model", default=None, help="backbone GGUF (default: embedded Gemma 3 270M)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -133,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for name, value in result["median_ms_per_token"].items():  # type: ignore[union-attr]
         print(f"{name:<6} {value:8.3f} ms/token (median of {result['runs_per_variant']})")
-    print(f"card / plain {result['ratio_card_to_plain']:.3f}x, card / top-k {result['ratio_card_to_topk']:.3f}x")
+    print(
+        f"card / plain {result['ratio_card_to_plain']:.3f}x, card / top-k {result['ratio_card_to_topk']:.3f}x"
+    )
     print(f"load average before {result['load_average_before']}, after {result['load_average_after']}")
     return 0
 

@@ -187,23 +187,33 @@ def compare(args: argparse.Namespace) -> None:
     for method, entry in summary.items():
         print(f"{method:<15} identical {entry['identical']:>3}  different {entry['different']:>3}")
         for diff in entry["differences"]:
-            print(f"    query {diff['query']} (token {diff['first_different_token']}): {diff['before']!r} -> {diff['after']!r}")
+            print(
+                f"    query {diff['query']} (token {diff['first_different_token']}): {diff['before']!r} -> {diff['after']!r}"
+            )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     rec = commands.add_parser("record", help="decode the queries greedily with every method")
     rec.add_argument("--data", required=True, help="a shared-data JSONL file (users with queries)")
     rec.add_argument("--queries", type=int, default=50)
-    rec.add_argument("--skip", type=int, default=0, help="start at this query (to split a record over processes)")
+    rec.add_argument(
+        "--skip", type=int, default=0, help="start at this query (to split a record over processes)"
+    )
     rec.add_argument("--out", required=True, help="JSONL output (keep it outside the repository)")
-    rec.add_argument("--home", required=True, help="LOCALPERS_HOME for the fitted user (reused by later runs)")
+    rec.add_argument(
+        "--home", required=True, help="LOCALPERS_HOME for the fitted user (reused by later runs)"
+    )
     rec.add_argument("--threads", type=int, default=1)
     rec.add_argument("--bundle", default=str(REPO / "models" / "demo-bundle"))
     rec.add_argument("--model", default=None, help="backbone GGUF (default: the embedded one)")
     rec.add_argument("--methods", nargs="*", choices=DEVICE_METHODS)
-    rec.add_argument("--exact-max-pairs", type=int, default=None, help="build the EXACT index from the N most recent pairs")
+    rec.add_argument(
+        "--exact-max-pairs", type=int, default=None, help="build the EXACT index from the N most recent pairs"
+    )
     cmp_parser = commands.add_parser("compare", help="count identical token sequences per method")
     cmp_parser.add_argument("before")
     cmp_parser.add_argument("after", nargs="+", help="one record, or several (e.g. methods recorded apart)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,16 @@ def localpers_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def backbone() -> Backbone:
     """The embedded default backbone, resolved with the real cache so it is assembled only once."""
     return resolve_backbone()
+
+
+# Property-based tests (tests/test_fuzz.py): a fast profile for CI, a long one for local runs
+# (HYPOTHESIS_PROFILE=long pytest tests/test_fuzz.py --hypothesis-show-statistics).
+try:
+    from hypothesis import HealthCheck, settings
+
+    _FUZZ_HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+    settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=_FUZZ_HEALTH)
+    settings.register_profile("long", max_examples=1500, deadline=None, suppress_health_check=_FUZZ_HEALTH)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # hypothesis is in the test extra; without it only tests/test_fuzz.py is skipped
+    pass

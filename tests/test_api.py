@@ -32,7 +32,9 @@ from localpers.errors import LocalpersError
 from localpers.personalize import Personalizer
 from localpers.store import UserStore
 
-ARTICLE = "Generate a headline for the following article: The town hall will install solar panels on its roof."
+ARTICLE = (
+    "Generate a headline for the following article: The town hall will install solar panels on its roof."
+)
 SECRET = "Zorblax the seventh quietly reorganised the lighthouse archive"
 
 
@@ -65,7 +67,9 @@ def store(personalizer: Personalizer, tmp_path_factory: pytest.TempPathFactory) 
     users = UserStore(root=tmp_path_factory.mktemp("users"))
     alice = users.create("alice")  # the first user becomes the active one
     vector = np.random.default_rng(3).normal(0, 30.0, personalizer.head.d).astype(np.float32)
-    alice.save_fit(vector, {"cluster": 1, "bundle_sha256": personalizer.bundle_sha256, "fit": {"mode": "vector"}})
+    alice.save_fit(
+        vector, {"cluster": 1, "bundle_sha256": personalizer.bundle_sha256, "fit": {"mode": "vector"}}
+    )
     users.create("bob")  # never fitted
     return users
 
@@ -117,7 +121,12 @@ def client(server: LiveServer) -> openai.OpenAI:
 def alice_card(personalizer: Personalizer, store: UserStore, **kwargs: object) -> str:
     alice = store.get("alice")
     return personalizer.rewrite(
-        ARTICLE, method="card", cluster=1, vector=alice.vector(), history=None, **kwargs  # type: ignore[arg-type]
+        ARTICLE,
+        method="card",
+        cluster=1,
+        vector=alice.vector(),
+        history=None,
+        **kwargs,  # type: ignore[arg-type]
     ).text
 
 
@@ -142,10 +151,17 @@ def test_completion_uses_the_active_users_card_profile(
 
 def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
     by_model = client.completions.create(
-        model="localpers/bob", prompt=ARTICLE, max_tokens=8, extra_body={"task": "headline", "method": "global"}
+        model="localpers/bob",
+        prompt=ARTICLE,
+        max_tokens=8,
+        extra_body={"task": "headline", "method": "global"},
     )
     by_field = client.completions.create(
-        model="localpers", user="bob", prompt=ARTICLE, max_tokens=8, extra_body={"task": "headline", "method": "global"}
+        model="localpers",
+        user="bob",
+        prompt=ARTICLE,
+        max_tokens=8,
+        extra_body={"task": "headline", "method": "global"},
     )
     assert by_model.choices[0].text == by_field.choices[0].text
     with pytest.raises(openai.ConflictError, match="not fitted"):  # bob has no fit for CARD
@@ -173,10 +189,14 @@ def test_chat_streaming_sends_the_same_text_as_a_plain_answer(client: openai.Ope
     assert "".join(pieces) == plain.choices[0].message.content
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [plain.choices[0].finish_reason]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert (
+        chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    )
 
 
-def test_completion_streaming_with_a_task(client: openai.OpenAI, personalizer: Personalizer, store: UserStore) -> None:
+def test_completion_streaming_with_a_task(
+    client: openai.OpenAI, personalizer: Personalizer, store: UserStore
+) -> None:
     stream = client.completions.create(
         model="localpers/alice", prompt=ARTICLE, max_tokens=12, stream=True, extra_body={"task": "headline"}
     )
@@ -241,7 +261,9 @@ def test_only_loopback_binds_without_a_flag_and_a_key() -> None:
     check_bind("0.0.0.0", allow_remote=True, api_key="k")
 
 
-def test_api_command_refuses_a_public_bind_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_api_command_refuses_a_public_bind_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("LOCALPERS_API_KEY", raising=False)
     result = CliRunner().invoke(cli_app, ["api", "--host", "0.0.0.0", "--allow-remote"])
     assert result.exit_code == 2

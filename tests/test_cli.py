@@ -89,8 +89,23 @@ def test_unknown_task_is_one_line_error(backbone: Backbone) -> None:
 
 
 def test_generate_samples_with_min_p_and_a_seed_reproducibly(backbone: Backbone) -> None:
-    command = ["generate", "Once upon a time", "--max-tokens", "8", "--json", "--model", str(backbone.path),
-               "--temperature", "0.9", "--min-p", "0.05", "--top-k", "40", "--seed", "3"]
+    command = [
+        "generate",
+        "Once upon a time",
+        "--max-tokens",
+        "8",
+        "--json",
+        "--model",
+        str(backbone.path),
+        "--temperature",
+        "0.9",
+        "--min-p",
+        "0.05",
+        "--top-k",
+        "40",
+        "--seed",
+        "3",
+    ]
     first, second = runner.invoke(app, command), runner.invoke(app, command)
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["text"] == json.loads(second.stdout)["text"]
@@ -101,7 +116,15 @@ def test_generate_follows_a_grammar_file(backbone: Backbone, tmp_path: Path) -> 
     grammar.write_text('root ::= " " ("yes" | "no")\n')
     result = runner.invoke(
         app,
-        ["generate", "Is Paris in France? Answer:", "--json", "--grammar", str(grammar), "--model", str(backbone.path)],
+        [
+            "generate",
+            "Is Paris in France? Answer:",
+            "--json",
+            "--grammar",
+            str(grammar),
+            "--model",
+            str(backbone.path),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["text"] in {" yes", " no"}
@@ -112,6 +135,9 @@ def test_bad_grammar_is_a_one_line_error_with_exit_code_2(backbone: Backbone, tm
     grammar.write_text("root ::= (")
     result = runner.invoke(app, ["generate", "hi", "--grammar", str(grammar), "--model", str(backbone.path)])
     assert result.exit_code == 2
-    assert result.output.startswith("error: the grammar is not valid GBNF") and result.output.strip().count("\n") == 0
+    assert (
+        result.output.startswith("error: the grammar is not valid GBNF")
+        and result.output.strip().count("\n") == 0
+    )
     missing = runner.invoke(app, ["generate", "hi", "--grammar", str(tmp_path / "none.gbnf")])
     assert missing.exit_code == 2 and missing.output.startswith("error: cannot read grammar file")

@@ -117,7 +117,7 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input": "a", "output": "A"}\n{"input": "b"}\n')
     assert_one_line_error(
-        run("history", "import", str(bad), code=1), "bad.jsonl line 2: missing field 'output'"
+        run("history", "import", str(bad), code=2), "bad.jsonl line 2: missing field 'output'"
     )
     assert run_json("history", "list")["items"] == []  # nothing was imported
 
@@ -136,7 +136,7 @@ def test_history_import_per_user_file_needs_user_id(tmp_path: Path) -> None:
         for uid in ("u1", "u2")
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert_one_line_error(run("history", "import", str(path), code=1), "choose one with --user-id")
+    assert_one_line_error(run("history", "import", str(path), code=2), "choose one with --user-id")
     assert run_json("history", "import", str(path), "--user-id", "u2")["added"] == 1
 
 

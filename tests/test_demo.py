@@ -27,6 +27,18 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
     assert len(payload["rows"]) == 2
     for row in payload["rows"]:
         assert all(row[method].strip() for method in ("global", "cluster", "card"))
+    assert set(payload["style_hits"]) == {"global", "cluster", "card"}
+    assert all(0 <= hits <= 2 for hits in payload["style_hits"].values())
     again = runner.invoke(app, ["demo", "--json", "--articles", "1", "--model", str(backbone.path)])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["fitted_now"] is False
+
+
+def test_the_demo_style_detector_matches_the_demo_history_and_not_plain_headlines() -> None:
+    from localpers.cli_device import carries_demo_style
+    from localpers.history import demo_history_path, parse_history_file
+
+    outputs = [item.output for item in parse_history_file(demo_history_path())]
+    assert len(outputs) == 24 and all(carries_demo_style(text) for text in outputs)
+    plain = ["Amtrak Adds 10 Late-Night Trains On Weekend", "Study Finds A Walk After Lunch Sharpens Focus"]
+    assert not any(carries_demo_style(text) for text in plain)

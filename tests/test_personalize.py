@@ -250,3 +250,35 @@ def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
         )
     finally:
         loaded.close()
+
+
+def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    from localpers.history_prompt import PromptFormat
+    from localpers.tasks import get_task
+
+    conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
+    try:
+        history = items(SHOUTY[:5])
+        prompts = loaded.training_prompts(history)
+        plain = [get_task("headline").prompt_for(item.input) for item in history]
+        assert prompts[0] == plain[0]  # nothing written before the first item
+        assert prompts[1].count("\n- ") == 1 and prompts[2].count("\n- ") == 2
+        for index, prompt in enumerate(prompts[1:], start=1):
+            shown = [line[2:] for line in prompt.splitlines() if line.startswith("- ")]
+            earlier = {item.output for item in history[:index]}
+            assert set(shown) <= earlier and prompt.endswith(plain[index])  # never its own or a later output
+        user = UserStore().create("conditioned")
+        user.save_history(history)
+        report = loaded.fit_user(user)
+        assert report.mode == "vector" and report.n_pairs >= 3
+        cached = json.loads((user.dir / "negatives.json").read_text())
+        keys = next(iter(cached.values()))
+        assert history[0].id in keys  # plain prompt: keyed by the item id, as before
+        assert (
+            sum(key.startswith(history[1].id + ":") for key in keys) == 1
+        )  # conditioned: id and prompt hash
+    finally:
+        loaded.close()

@@ -141,7 +141,10 @@ def test_a_method_sampler_that_drops_everything_is_an_error(engine: Engine) -> N
         def accept(self, token: int) -> None:
             return None
 
-    with engine.sampler_chain(SamplerSettings(), DropAll()) as chain, pytest.raises(LocalpersError, match="every"):
+    with (
+        engine.sampler_chain(SamplerSettings(), DropAll()) as chain,
+        pytest.raises(LocalpersError, match="every"),
+    ):
         chain.sample(np.zeros(engine.n_vocab, dtype=np.float32))
 
 
@@ -156,7 +159,9 @@ def test_method_sampler_changes_generated_tokens(engine: Engine) -> None:
 
 def test_grammar_constrains_the_output(engine: Engine) -> None:
     grammar = 'root ::= ("Yes" | "No") "."'
-    result = generate(engine, "Is the sky green? Answer:", max_tokens=8, sampling=SamplerSettings(grammar=grammar))
+    result = generate(
+        engine, "Is the sky green? Answer:", max_tokens=8, sampling=SamplerSettings(grammar=grammar)
+    )
     assert result.text in {"Yes.", "No."}
     assert result.stop_reason == "eos"  # the grammar ends, so only end-of-generation is allowed
 

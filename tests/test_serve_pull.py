@@ -1,7 +1,9 @@
 """`localpers serve` and `localpers pull` over 127.0.0.1: what is served, what is refused, and that a
 failed or interrupted pull leaves the installed bundle in place with no staging left behind.
 
-Fake bundles are random bytes; the "backbone" is a tiny file whose sha256 the manifest names.
+Fake bundles are random bytes; the "backbone" is a tiny file whose sha256 the manifest names. Pulls over
+HTTP go through a signed repository made with throwaway keys in the test's tmp dir; plain bundle
+directories are pulled with `unsigned=True`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from localpers.bundle import (
 )
 from localpers.errors import LocalpersError
 from localpers.pull import pull_bundle
-from localpers.serve import BundleServer, parse_range, start_background_server
+from localpers.repository import add_bundle, add_file_target, generate_keys, init_repository
+from localpers.serve import BundleServer, ServedFile, parse_range, start_background_server
 
 FAKE_BACKBONE_BYTES = b"GGUF fake backbone for bundle tests"
 BACKBONE_SHA = hashlib.sha256(FAKE_BACKBONE_BYTES).hexdigest()
@@ -76,13 +79,53 @@ def bundle_dir(tmp_path: Path) -> Path:
     return make_bundle(tmp_path / "published")
 
 
+def publish(bundle_dir: Path, repo_dir: Path, keys_dir: Path) -> str:
+    """Sign `bundle_dir` into a new repository with new keys; returns the root fingerprint."""
+    generate_keys(keys_dir)
+    fingerprint = init_repository(repo_dir, keys_dir)
+    add_bundle(repo_dir, bundle_dir, keys_dir)
+    return fingerprint
+
+
 @pytest.fixture
-def served(bundle_dir: Path) -> Iterator[tuple[BundleServer, str]]:
+def keys_dir(tmp_path: Path) -> Path:
+    return tmp_path / "keys"
+
+
+@pytest.fixture
+def repo_dir(tmp_path: Path) -> Path:
+    return tmp_path / "repository"
+
+
+@pytest.fixture
+def fingerprint(bundle_dir: Path, repo_dir: Path, keys_dir: Path) -> str:
+    return publish(bundle_dir, repo_dir, keys_dir)
+
+
+@pytest.fixture
+def plain_served(bundle_dir: Path) -> Iterator[tuple[BundleServer, str]]:
+    """A plain (unsigned) bundle served as in earlier versions: serve still verifies and whitelists it."""
     server, url = start_background_server(bundle_dir)
     try:
         yield server, url
     finally:
         server.close()
+
+
+@pytest.fixture
+def served(repo_dir: Path, fingerprint: str) -> Iterator[tuple[BundleServer, str]]:
+    server, url = start_background_server(repo_dir)
+    try:
+        yield server, url
+    finally:
+        server.close()
+
+
+def target_file(repo_dir: Path, relative: str) -> Path:
+    """The hash-named file of bundle file `relative` in the repository's targets/."""
+    directory, _, name = ("bundle/" + relative).rpartition("/")
+    (match,) = (repo_dir / "targets" / directory).glob(f"*.{name}")
+    return match
 
 
 def request(
@@ -122,8 +165,10 @@ def installed_versions() -> list[str]:
 # -- serve -------------------------------------------------------------------------------------------
 
 
-def test_serve_returns_manifest_and_listed_files(served: tuple[BundleServer, str], bundle_dir: Path) -> None:
-    _, url = served
+def test_serve_returns_manifest_and_listed_files(
+    plain_served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    _, url = plain_served
     assert url.startswith("http://127.0.0.1:")
     status, headers, body = request(url, "GET", "/manifest.json")
     assert status == 200 and body == (bundle_dir / MANIFEST_NAME).read_bytes()
@@ -134,8 +179,8 @@ def test_serve_returns_manifest_and_listed_files(served: tuple[BundleServer, str
         assert headers["ETag"] == f'"{hashlib.sha256(body).hexdigest()}"'
 
 
-def test_head_sends_headers_without_body(served: tuple[BundleServer, str]) -> None:
-    _, url = served
+def test_head_sends_headers_without_body(plain_served: tuple[BundleServer, str]) -> None:
+    _, url = plain_served
     status, headers, body = request(url, "HEAD", "/adapters/global.gguf")
     assert status == 200 and body == b""
     assert headers["Content-Length"] == str(FILES["adapters/global.gguf"])
@@ -143,9 +188,9 @@ def test_head_sends_headers_without_body(served: tuple[BundleServer, str]) -> No
 
 
 def test_unlisted_file_and_directories_are_not_served(
-    served: tuple[BundleServer, str], bundle_dir: Path
+    plain_served: tuple[BundleServer, str], bundle_dir: Path
 ) -> None:
-    _, url = served
+    _, url = plain_served
     (bundle_dir / "secret.txt").write_text("not in the manifest")
     for path in ("/secret.txt", "/", "/adapters", "/adapters/", "/plots/", "/nothing.gguf"):
         status, _, body = request(url, "GET", path)
@@ -172,9 +217,9 @@ def test_unlisted_file_and_directories_are_not_served(
     ],
 )
 def test_traversal_is_not_served(
-    served: tuple[BundleServer, str], bundle_dir: Path, tmp_path: Path, path: str
+    plain_served: tuple[BundleServer, str], bundle_dir: Path, tmp_path: Path, path: str
 ) -> None:
-    _, url = served
+    _, url = plain_served
     (bundle_dir / "secret.txt").write_text("secret")
     (tmp_path / "secret.txt").write_text("secret")
     status, _, body = request(url, "GET", path)
@@ -183,9 +228,9 @@ def test_traversal_is_not_served(
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "PROPFIND", "TRACE"])
 def test_methods_other_than_get_and_head_are_refused(
-    served: tuple[BundleServer, str], bundle_dir: Path, method: str
+    plain_served: tuple[BundleServer, str], bundle_dir: Path, method: str
 ) -> None:
-    _, url = served
+    _, url = plain_served
     before = sorted(p.relative_to(bundle_dir).as_posix() for p in bundle_dir.rglob("*"))
     status, headers, _ = request(url, method, "/uploaded.bin", body=b"payload" * 100)
     assert status == 405 and headers["Allow"] == "GET, HEAD"
@@ -195,8 +240,8 @@ def test_methods_other_than_get_and_head_are_refused(
     verify_bundle(bundle_dir)
 
 
-def test_range_requests(served: tuple[BundleServer, str], bundle_dir: Path) -> None:
-    _, url = served
+def test_range_requests(plain_served: tuple[BundleServer, str], bundle_dir: Path) -> None:
+    _, url = plain_served
     data = (bundle_dir / "head.safetensors").read_bytes()
     size = len(data)
     for header, (start, end) in {
@@ -216,8 +261,8 @@ def test_range_requests(served: tuple[BundleServer, str], bundle_dir: Path) -> N
 @pytest.mark.parametrize(
     "header", [f"bytes={10**6}-", "bytes=9-2", "bytes=-0", "items=0-3", "bytes=0-1,4-5", "bytes=-"]
 )
-def test_bad_ranges_get_416(served: tuple[BundleServer, str], header: str) -> None:
-    _, url = served
+def test_bad_ranges_get_416(plain_served: tuple[BundleServer, str], header: str) -> None:
+    _, url = plain_served
     status, headers, _ = request(url, "GET", "/head.safetensors", {"Range": header})
     assert status == 416
     assert headers["Content-Range"] == f"bytes */{FILES['head.safetensors']}"
@@ -230,9 +275,9 @@ def test_parse_range_edges() -> None:
 
 
 def test_log_has_method_path_status_only(
-    served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
+    plain_served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, url = served
+    _, url = plain_served
     with caplog.at_level(logging.INFO, logger="localpers.serve"):
         request(url, "GET", "/head.safetensors")
         request(url, "POST", "/upload", body=b"PRIVATE-BODY-TEXT")
@@ -240,7 +285,7 @@ def test_log_has_method_path_status_only(
     lines = [record.getMessage() for record in caplog.records if record.name == "localpers.serve"]
     assert "GET /head.safetensors 200" in lines
     assert "POST /upload 405" in lines
-    assert "GET /missing\\x1b[31m 404" in lines
+    assert "GET /missing\\x1b[31m 400" in lines  # a control character makes the request line malformed
     assert all("PRIVATE-BODY-TEXT" not in line and "\x1b" not in line for line in lines)
 
 
@@ -254,11 +299,13 @@ def test_serve_refuses_a_tampered_bundle(bundle_dir: Path) -> None:
 
 
 def test_pull_over_loopback_installs_and_becomes_the_default(
-    served: tuple[BundleServer, str], bundle_dir: Path
+    served: tuple[BundleServer, str], bundle_dir: Path, fingerprint: str
 ) -> None:
     _, url = served
     seen: list[tuple[str, int, int]] = []
-    result = pull_bundle(url, backbone_sha256=BACKBONE_SHA, on_progress=lambda *a: seen.append(a))
+    result = pull_bundle(
+        url, backbone_sha256=BACKBONE_SHA, on_progress=lambda *a: seen.append(a), trust=fingerprint
+    )
 
     assert result.files == len(FILES) and result.bytes == sum(FILES.values())
     assert result.previous is None
@@ -273,12 +320,12 @@ def test_pull_over_loopback_installs_and_becomes_the_default(
     assert staging_leftovers() == []
 
 
-def test_pull_accepts_manifest_url_and_local_directory(
-    served: tuple[BundleServer, str], bundle_dir: Path
+def test_pull_accepts_repository_url_and_directory(
+    served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
 ) -> None:
     _, url = served
-    first = pull_bundle(url + "manifest.json", backbone_sha256=BACKBONE_SHA)
-    second = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    first = pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    second = pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA)  # trusted since the first pull
     assert second.previous == first.directory.resolve()
     assert installed_bundle_dir() == second.directory.resolve()
     assert installed_versions() == sorted([first.version, second.version])
@@ -286,7 +333,9 @@ def test_pull_accepts_manifest_url_and_local_directory(
 
 def test_old_versions_are_pruned_keeping_the_previous(tmp_path: Path) -> None:
     results = [
-        pull_bundle(str(make_bundle(tmp_path / f"b{i}", seed=str(i))), backbone_sha256=BACKBONE_SHA)
+        pull_bundle(
+            str(make_bundle(tmp_path / f"b{i}", seed=str(i))), backbone_sha256=BACKBONE_SHA, unsigned=True
+        )
         for i in range(3)
     ]
     assert installed_versions() == sorted(r.version for r in results[1:])
@@ -295,7 +344,9 @@ def test_old_versions_are_pruned_keeping_the_previous(tmp_path: Path) -> None:
 @pytest.fixture
 def installed_previous(tmp_path: Path) -> Path:
     """A bundle already installed by an earlier pull; failing pulls must leave it current."""
-    result = pull_bundle(str(make_bundle(tmp_path / "previous", seed="old")), backbone_sha256=BACKBONE_SHA)
+    result = pull_bundle(
+        str(make_bundle(tmp_path / "previous", seed="old")), backbone_sha256=BACKBONE_SHA, unsigned=True
+    )
     return result.directory.resolve()
 
 
@@ -307,30 +358,32 @@ def assert_previous_intact(previous: Path) -> None:
 
 
 def test_pull_of_file_served_with_wrong_content_keeps_previous(
-    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+    installed_previous: Path, served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
 ) -> None:
     _, url = served
-    path = bundle_dir / "adapters/cluster-0.gguf"
+    path = target_file(repo_dir, "adapters/cluster-0.gguf")
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF  # same size, so the server still serves it
     path.write_bytes(bytes(data))
     with pytest.raises(LocalpersError) as caught:
-        pull_bundle(url, backbone_sha256=BACKBONE_SHA)
-    assert "adapters/cluster-0.gguf" in str(caught.value) and "sha256" in str(caught.value)
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    assert "adapters/cluster-0.gguf" in str(caught.value) and "signed length or hash" in str(caught.value)
     assert_previous_intact(installed_previous)
 
 
 def test_pull_of_missing_file_keeps_previous(
-    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+    installed_previous: Path, served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
 ) -> None:
     _, url = served
-    (bundle_dir / "head.safetensors").unlink()
+    target_file(repo_dir, "head.safetensors").unlink()
     with pytest.raises(LocalpersError, match="head.safetensors.*HTTP 500"):
-        pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
     assert_previous_intact(installed_previous)
 
 
-def test_interrupted_pull_keeps_previous(installed_previous: Path, served: tuple[BundleServer, str]) -> None:
+def test_interrupted_pull_keeps_previous(
+    installed_previous: Path, served: tuple[BundleServer, str], fingerprint: str
+) -> None:
     _, url = served
 
     def interrupt(relative: str, done: int, total: int) -> None:
@@ -338,7 +391,7 @@ def test_interrupted_pull_keeps_previous(installed_previous: Path, served: tuple
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        pull_bundle(url, backbone_sha256=BACKBONE_SHA, on_progress=interrupt)
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA, on_progress=interrupt, trust=fingerprint)
     assert_previous_intact(installed_previous)
 
 
@@ -346,36 +399,36 @@ def test_stale_staging_from_a_killed_pull_is_cleaned(installed_previous: Path, b
     stale = bundles_root() / ".staging-killed"
     (stale / "adapters").mkdir(parents=True)
     (stale / "adapters" / "half.gguf").write_bytes(b"x" * 10)
-    pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
     assert staging_leftovers() == []
 
 
 def test_pull_refuses_wrong_backbone_before_downloading(
-    installed_previous: Path, served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
+    installed_previous: Path,
+    served: tuple[BundleServer, str],
+    fingerprint: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _, url = served
     with (
         caplog.at_level(logging.INFO, logger="localpers.serve"),
         pytest.raises(LocalpersError, match="backbone") as caught,
     ):
-        pull_bundle(url, backbone_sha256="e" * 64)
+        pull_bundle(url, backbone_sha256="e" * 64, trust=fingerprint)
     assert BACKBONE_SHA in str(caught.value)
-    fetched = [r.getMessage() for r in caplog.records if r.name == "localpers.serve"]
-    assert fetched == ["GET /manifest.json 200"]
+    fetched = [r.getMessage().split()[1] for r in caplog.records if r.name == "localpers.serve"]
+    targets = [path for path in fetched if path.startswith("/targets/")]
+    assert len(targets) == 1 and targets[0].endswith(".manifest.json")
     assert_previous_intact(installed_previous)
 
 
-def serve_edited_manifest(bundle_dir: Path, edit: dict) -> tuple[BundleServer, str]:
-    """Start serving a valid bundle, then swap in an edited manifest the server hands out as is."""
-    server, url = start_background_server(bundle_dir)
+def sign_edited_manifest(bundle_dir: Path, repo_dir: Path, keys_dir: Path, edit: dict) -> None:
+    """The publisher signs an edited (invalid) manifest: a signature does not make a manifest acceptable."""
     manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
     manifest.update(edit)
-    data = json.dumps(manifest).encode()
-    served_manifest = server.files[MANIFEST_NAME]
-    server.files[MANIFEST_NAME] = type(served_manifest)(
-        size=len(data), sha256=hashlib.sha256(data).hexdigest(), content_type="application/json", data=data
-    )
-    return server, url
+    edited = bundle_dir.parent / "edited-manifest.json"
+    edited.write_text(json.dumps(manifest))
+    add_file_target(repo_dir, "bundle/manifest.json", edited, keys_dir)
 
 
 @pytest.mark.parametrize(
@@ -388,29 +441,48 @@ def serve_edited_manifest(bundle_dir: Path, edit: dict) -> tuple[BundleServer, s
     ],
 )
 def test_pull_refuses_bad_manifests(
-    installed_previous: Path, bundle_dir: Path, edit: dict, expected: str
+    installed_previous: Path,
+    bundle_dir: Path,
+    repo_dir: Path,
+    keys_dir: Path,
+    fingerprint: str,
+    edit: dict,
+    expected: str,
 ) -> None:
-    server, url = serve_edited_manifest(bundle_dir, edit)
+    sign_edited_manifest(bundle_dir, repo_dir, keys_dir, edit)
+    server, url = start_background_server(repo_dir)
     try:
         with pytest.raises(LocalpersError, match=expected):
-            pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+            pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
     finally:
         server.close()
     assert_previous_intact(installed_previous)
 
 
+def test_pull_refuses_a_manifest_that_disagrees_with_the_signed_targets(
+    installed_previous: Path, bundle_dir: Path, repo_dir: Path, keys_dir: Path, fingerprint: str
+) -> None:
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    manifest["files"]["centroids.safetensors"]["size"] -= 100
+    sign_edited_manifest(bundle_dir, repo_dir, keys_dir, {"files": manifest["files"]})
+    with pytest.raises(LocalpersError, match="centroids.safetensors: manifest.json lists size"):
+        pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    assert_previous_intact(installed_previous)
+
+
 def test_pull_refuses_extra_bytes(
-    installed_previous: Path, served: tuple[BundleServer, str], bundle_dir: Path
+    installed_previous: Path, served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
 ) -> None:
     server, url = served
-    manifest = json.loads(server.files[MANIFEST_NAME].data or b"")
-    manifest["files"]["centroids.safetensors"]["size"] -= 100  # the server sends 100 bytes more than listed
-    data = json.dumps(manifest).encode()
-    server.files[MANIFEST_NAME] = type(server.files[MANIFEST_NAME])(
-        size=len(data), sha256="0" * 64, content_type="application/json", data=data
+    path = target_file(repo_dir, "centroids.safetensors")
+    longer = path.parent / "longer"
+    longer.write_bytes(path.read_bytes() + b"x" * 100)  # the server sends 100 bytes more than signed
+    name = path.relative_to(repo_dir).as_posix()
+    server.files[name] = ServedFile(
+        size=longer.stat().st_size, sha256="0" * 64, content_type="application/octet-stream", path=longer
     )
-    with pytest.raises(LocalpersError, match="centroids.safetensors.*more than"):
-        pull_bundle(url, backbone_sha256=BACKBONE_SHA)
+    with pytest.raises(LocalpersError, match="centroids.safetensors.*more than the signed length"):
+        pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
     assert_previous_intact(installed_previous)
 
 
@@ -433,11 +505,13 @@ def test_pointer_file_is_used_where_symlinks_fail(
         raise OSError("symlinks not permitted")
 
     monkeypatch.setattr(pull_module.os, "symlink", no_symlinks)
-    first = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+    first = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
     assert not (bundles_root() / CURRENT_LINK).exists()
     assert json.loads((bundles_root() / CURRENT_FILE).read_text()) == {"version": first.version}
     assert installed_bundle_dir() == first.directory
-    second = pull_bundle(str(make_bundle(tmp_path / "next", seed="n")), backbone_sha256=BACKBONE_SHA)
+    second = pull_bundle(
+        str(make_bundle(tmp_path / "next", seed="n")), backbone_sha256=BACKBONE_SHA, unsigned=True
+    )
     assert installed_bundle_dir() == second.directory
     assert second.previous == first.directory
 
@@ -459,9 +533,11 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def test_cli_pull_info_verify(served: tuple[BundleServer, str], fake_backbone: Path) -> None:
+def test_cli_pull_info_verify(
+    served: tuple[BundleServer, str], fake_backbone: Path, fingerprint: str
+) -> None:
     _, url = served
-    code, out, _ = run_cli("pull", url, "--model", str(fake_backbone), "--json")
+    code, out, _ = run_cli("pull", url, "--model", str(fake_backbone), "--trust", fingerprint, "--json")
     assert code == 0, out
     pulled = json.loads(out)
     assert pulled["files"] == len(FILES)
@@ -480,12 +556,12 @@ def test_cli_errors_are_one_line_naming_the_file(
 ) -> None:
     (bundle_dir / "adapters/global.gguf").write_bytes(b"evil")
     code, out, err = run_cli("bundle", "verify", str(bundle_dir), "--model", str(fake_backbone))
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""  # bad content from outside: exit code 2
     assert err.startswith("error: ") and err.count("\n") == 1 and "adapters/global.gguf" in err
 
     other = tmp_path / "other-backbone.gguf"
     other.write_bytes(b"another model")
-    code, _, err = run_cli("pull", str(make_bundle(tmp_path / "fresh")), "--model", str(other))
+    code, _, err = run_cli("pull", str(make_bundle(tmp_path / "fresh")), "--model", str(other), "--unsigned")
     assert code == 1 and "backbone" in err and err.count("\n") == 1
     assert staging_leftovers() == []
 
@@ -498,5 +574,5 @@ def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bun
     manifest["files"]["pipe"] = {"sha256": "1" * 64, "size": 0}
     (bundle_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(LocalpersError, match="pipe: is not a regular file"):
-        pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA)
+        pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
     assert_previous_intact(installed_previous)

@@ -167,7 +167,11 @@ def assert_one_line(exc: pytest.ExceptionInfo, *fragments: str) -> None:
         (save({"lambda": np.zeros(8, np.float64)}), True, "is float64 (8,), expected float32 (D,)"),
         (save({"lambda": np.zeros((2, 4), np.float32)}), True, "expected float32 (D,)"),
         (save({"other": np.zeros(8, np.float32)}), True, "has no tensor 'lambda'"),
-        (save({"lambda": np.zeros(6, np.float32)}), True, "has 6 values but state.json says 8"),
+        (
+            save({"lambda": np.zeros(6, np.float32)}),
+            True,
+            "has 6 values but field 'vector_dim' of state.json says 8",
+        ),
         (save({"lambda": np.ones(8, np.float32)}), False, "does not match the sha256 recorded in state.json"),
     ],
     ids=["garbage", "float64", "2-d", "no-lambda", "wrong-dim", "sha-mismatch"],

@@ -65,7 +65,9 @@ def _completion_body(job: GenerationJob, served: Served, ident: str) -> dict[str
     }
 
 
-def _chunk(job: GenerationJob, ident: str, created: int, piece: str | None, finish: str | None) -> dict[str, Any]:
+def _chunk(
+    job: GenerationJob, ident: str, created: int, piece: str | None, finish: str | None
+) -> dict[str, Any]:
     if job.kind == "chat":
         delta: dict[str, Any] = {} if piece is None else {"content": piece}
         if piece is not None and not piece and finish is None:
@@ -99,7 +101,13 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
             if not authorised(request):
-                return error_response(ApiError(401, "missing or wrong API key (send `Authorization: Bearer <key>`)", code="invalid_api_key"))
+                return error_response(
+                    ApiError(
+                        401,
+                        "missing or wrong API key (send `Authorization: Bearer <key>`)",
+                        code="invalid_api_key",
+                    )
+                )
             try:
                 return await handler(request)
             except ApiError as exc:
@@ -117,13 +125,18 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
             raise ApiError(400, "the request body is not valid JSON") from None
 
     async def models(request: Request) -> Response:
-        data = [{"id": ident, "object": "model", "created": 0, "owned_by": "local"} for ident in backend.model_ids()]
+        data = [
+            {"id": ident, "object": "model", "created": 0, "owned_by": "local"}
+            for ident in backend.model_ids()
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def model(request: Request) -> Response:
         ident = request.path_params["model"]
         if ident not in backend.model_ids():
-            raise ApiError(404, f"model {ident!r} does not exist; see /v1/models", param="model", code="model_not_found")
+            raise ApiError(
+                404, f"model {ident!r} does not exist; see /v1/models", param="model", code="model_not_found"
+            )
         return JSONResponse({"id": ident, "object": "model", "created": 0, "owned_by": "local"})
 
     async def generate(request: Request, parse: Callable[[Any], GenerationJob]) -> Response:
@@ -176,7 +189,13 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
                         finish = FINISH_REASONS.get(item.result.stop_reason, "stop")
                         yield _event(_chunk(job, ident, item.created, None, finish))
                         if job.include_usage:
-                            yield _event({**_chunk(job, ident, item.created, None, None), "choices": [], "usage": _usage(item)})
+                            yield _event(
+                                {
+                                    **_chunk(job, ident, item.created, None, None),
+                                    "choices": [],
+                                    "usage": _usage(item),
+                                }
+                            )
                     elif isinstance(item, ApiError):
                         yield _event(item.body())
                     elif isinstance(item, BaseException):
@@ -205,6 +224,8 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
-        return error_response(ApiError(status, f"{request.method} {request.url.path} is not an endpoint of localpers api"))
+        return error_response(
+            ApiError(status, f"{request.method} {request.url.path} is not an endpoint of localpers api")
+        )
 
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})

@@ -59,7 +59,9 @@ class ApiBackend:
         """The named user, else the active one, else None (only the global method works then)."""
         if name is not None:
             if name not in self.store.list():
-                raise ApiError(404, f"no local user {name!r}; see /v1/models", param="user", code="user_not_found")
+                raise ApiError(
+                    404, f"no local user {name!r}; see /v1/models", param="user", code="user_not_found"
+                )
             return self.store.get(name)
         active = self.store.active_name()
         return self.store.get(active) if active else None
@@ -69,10 +71,19 @@ class ApiBackend:
         if method in ("global", "cope", "exact"):
             return method, None, None
         if user is None:
-            raise ApiError(400, f"no user: name one with `user` or `localpers/<user>` for method {method!r}", param="user")
+            raise ApiError(
+                400,
+                f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
+                param="user",
+            )
         cluster, vector, state = user_profile(user)
         if not state.get("fit") or state.get("bundle_sha256") != self.personalizer.bundle_sha256:
-            raise ApiError(409, f"user {user.name!r} is not fitted to this bundle: run `localpers fit --user {user.name}`", param="user", code="user_not_fitted")
+            raise ApiError(
+                409,
+                f"user {user.name!r} is not fitted to this bundle: run `localpers fit --user {user.name}`",
+                param="user",
+                code="user_not_fitted",
+            )
         if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
             return "global", None, None
         return method, cluster, vector
@@ -112,7 +123,11 @@ class ApiBackend:
         assert text is not None
         if method in ("cope", "exact"):
             if user is None:
-                raise ApiError(400, f"no user: name one with `user` or `localpers/<user>` for method {method!r}", param="user")
+                raise ApiError(
+                    400,
+                    f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
+                    param="user",
+                )
             return self._extra_method(method, user, text, task, job, on_text)
         return self.personalizer.rewrite(
             text,
@@ -139,7 +154,13 @@ class ApiBackend:
             index = load_index(user)
             check_bundle(index, self.personalizer, user.name)
             result, _ = rewrite_exact(
-                self.personalizer, index, text, task=task, max_tokens=job.max_tokens, on_text=on_text, sampling=job.sampling
+                self.personalizer,
+                index,
+                text,
+                task=task,
+                max_tokens=job.max_tokens,
+                on_text=on_text,
+                sampling=job.sampling,
             )
             return result
         from localpers.methods.cope import DEFAULT_ALPHA, CopeDecoder, load_state, rewrite_cope
@@ -149,7 +170,11 @@ class ApiBackend:
             if self._cope is not None:
                 self._cope[2].close()
                 self._cope = None
-            self._cope = (user.name, state.adapter_sha256, CopeDecoder.for_user(self.personalizer, user, state))
+            self._cope = (
+                user.name,
+                state.adapter_sha256,
+                CopeDecoder.for_user(self.personalizer, user, state),
+            )
         return rewrite_cope(
             self._cope[2],
             state,

@@ -29,7 +29,13 @@ class ApiError(Exception):
     """An error the client caused (or a refusal), as an HTTP status and an OpenAI error object."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None, kind: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -126,15 +132,24 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     if body.get("best_of") not in (None, 1):
         raise _bad("only `best_of` = 1 is supported", "best_of")
     response_format = body.get("response_format")
-    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise _bad("only `response_format` {\"type\": \"text\"} is supported; use `grammar` (GBNF) for structure", "response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    ):
+        raise _bad(
+            'only `response_format` {"type": "text"} is supported; use `grammar` (GBNF) for structure',
+            "response_format",
+        )
     task = _string(body, "task")
     if task is not None and task not in TASKS:
         raise _bad(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}", "task")
     method = _string(body, "method") or "card"
     if method not in METHODS:
         raise _bad(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", "method")
-    limit_name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    limit_name = (
+        "max_completion_tokens"
+        if kind == "chat" and body.get("max_completion_tokens") is not None
+        else "max_tokens"
+    )
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -213,7 +228,11 @@ def _content(message: dict[str, Any], index: int) -> str:
     if isinstance(content, list):
         parts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 raise _bad(f"message {index}: only text content parts are supported", "messages")
             parts.append(part["text"])
         return "".join(parts)

@@ -35,7 +35,9 @@ def check_bind(host: str, *, allow_remote: bool, api_key: str | None) -> None:
             exit_code=2,
         )
     if not api_key:
-        raise LocalpersError(f"listening on {host} needs an API key: pass --api-key KEY (or LOCALPERS_API_KEY)", exit_code=2)
+        raise LocalpersError(
+            f"listening on {host} needs an API key: pass --api-key KEY (or LOCALPERS_API_KEY)", exit_code=2
+        )
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -46,7 +48,9 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host.strip("[]"), port))
         except OSError as exc:
-            raise LocalpersError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", exit_code=2) from None
+            raise LocalpersError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}", exit_code=2
+            ) from None
 
 
 def serve(app: object, host: str, port: int) -> None:

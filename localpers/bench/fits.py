@@ -23,7 +23,7 @@ from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.personalize import NEGATIVES_FILE, Personalizer, user_profile
 from localpers.store import User, UserStore
 
-BENCH_VERSION = 1  # bump when a change to the runner invalidates cached results
+BENCH_VERSION = 2  # bump when a change to the runner invalidates cached results
 
 
 def sha256_text(value: Any) -> str:
@@ -172,6 +172,8 @@ class FitStore:
         report = state["fit"]
         profile.cluster = cluster
         profile.vector = vector
+        profile.bias = stored.token_bias(state)
+        profile.choice = state.get("choice")
         profile.fit_seconds = float(sum(report.get("seconds", {}).values()))
         profile.vector_bytes = int(state["bench"]["stored_bytes"])
         profile.cluster_bytes = _cluster_state_bytes(cluster)

@@ -3,8 +3,8 @@
 A method name is `base` or `base@key=value,key=value`, e.g. `card@strength=0.5`, `rag@k=2`,
 `card@history=5`, `card@reg=0.1`, `card@prior=1`. Every method that uses the history accepts
 `history=N|all` (fit on the N most recent items only); the CARD methods also take `strength`, `top_k`,
-`reg` (the L2 weight of the vector fit) and `prior` (the fit shrinks lambda towards prior x the
-cluster's default vector; 0 by default). `parse_method` checks the name and its parameters;
+`reg` (the L2 weight of the vector fit), `prior` (the fit shrinks lambda towards prior x the
+cluster's default vector; 0 by default) and `bias` (the strength of the user's token bias; 0 = vector only). `parse_method` checks the name and its parameters;
 `canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>`
 and `card` share one cache. Adding a method (CoPe, EXACT) is one subclass of `Method` decorated
 with `@register`.
@@ -28,8 +28,9 @@ from localpers.errors import LocalpersError
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.history import HistoryItem
 from localpers.history_prompt import HistoryIndex, PromptFormat
-from localpers.personalize import Personalizer, RewriteResult
+from localpers.personalize import DEFAULT_BIAS_STRENGTH, Personalizer, RewriteResult
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias
 
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
@@ -77,6 +78,8 @@ class UserProfile:
     items: tuple[HistoryItem, ...]
     cluster: int | None = None
     vector: np.ndarray | None = None
+    bias: TokenBias | None = None
+    choice: dict[str, Any] | None = None  # the strengths `localpers fit` chose on the user's recent items
     fit_seconds: float = 0.0
     cluster_bytes: int = 0
     vector_bytes: int = 0
@@ -90,6 +93,8 @@ class Method(ABC):
     description: ClassVar[str]
     needs: ClassVar[Needs] = "none"
     uses_history: ClassVar[bool] = False
+    # True when `generate` scores `reference` teacher-forced through the same correction (gold likelihood)
+    scores_gold: ClassVar[bool] = False
     # parameter name -> its type (int or float); "history" is added for methods that use the history
     params: ClassVar[dict[str, type]] = {}
 
@@ -107,9 +112,15 @@ class Method(ABC):
 
     @abstractmethod
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
-        """The output for one query."""
+        """The output for one query; with `reference` (methods with `scores_gold`), also its gold likelihood."""
 
     def stored_bytes(self, profile: UserProfile) -> int:
         """Bytes the device keeps per user for this method, the user's own history not counted."""
@@ -220,17 +231,25 @@ def _same(a: Any, b: Any) -> bool:
 @register
 class GlobalMethod(Method):
     name = "global"
+    scores_gold = True
     description = "global adapter, no personalization (the baseline)"
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
-        return personalizer.rewrite(text, method="global")
+        return personalizer.rewrite(text, method="global", reference=reference)
 
 
 @register
 class RagMethod(Method):
     name = "rag"
+    scores_gold = True
     description = "global adapter with the k history items most similar to the query (BM25) as examples"
     uses_history = True
     params = {"k": int}
@@ -245,14 +264,20 @@ class RagMethod(Method):
         return Bm25Index([f"{item.input} {item.output}" for item in profile.items]) if profile.items else None
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         k = int(spec.get("k", 4) or 4)
         prefix = ""
         if prepared is not None:
             examples = [profile.items[i] for i in prepared.top(text, k)]
             prefix = few_shot_prefix(examples, self.max_example_chars)
-        return personalizer.rewrite(text, method="global", prompt_prefix=prefix)
+        return personalizer.rewrite(text, method="global", prompt_prefix=prefix, reference=reference)
 
 
 def few_shot_prefix(examples: list[HistoryItem], max_chars: int = 1000) -> str:
@@ -279,6 +304,7 @@ class HistoryPromptMethod(Method):
 @register
 class GlobalHistoryMethod(HistoryPromptMethod):
     name = "global-history"
+    scores_gold = True
     description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
     uses_history = True
     params = {"examples": int}
@@ -288,36 +314,54 @@ class GlobalHistoryMethod(HistoryPromptMethod):
         return {"examples": chosen.examples if chosen is not None else 5}
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
         examples = spec.get("examples", self.defaults(personalizer)["examples"])
         chosen = PromptFormat(examples=int(examples or 5))
-        return personalizer.rewrite(text, method="global-history", history=prepared, prompt_format=chosen)
+        return personalizer.rewrite(
+            text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
+        )
 
 
 @register
 class ClusterMethod(HistoryPromptMethod):
     name = "cluster"
+    scores_gold = True
     description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         if profile.cluster is None:  # no history: the device falls back to the global adapter
-            return personalizer.rewrite(text, method="global")
-        return personalizer.rewrite(text, method="cluster", cluster=profile.cluster, history=prepared)
+            return personalizer.rewrite(text, method="global", reference=reference)
+        return personalizer.rewrite(
+            text, method="cluster", cluster=profile.cluster, history=prepared, reference=reference
+        )
 
 
 @register
 class CardMethod(HistoryPromptMethod):
     name = "card"
+    scores_gold = True
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
-    params = {"strength": float, "top_k": int, "reg": float, "prior": float}
+    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float}
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
@@ -328,6 +372,7 @@ class CardMethod(HistoryPromptMethod):
             "top_k": int(config.top_k),
             "reg": float(DEFAULT_REGULARISATION),
             "prior": float(DEFAULT_PRIOR_WEIGHT),
+            "bias": float(DEFAULT_BIAS_STRENGTH),
         }
 
     def check(self, personalizer: Personalizer) -> None:
@@ -339,12 +384,21 @@ class CardMethod(HistoryPromptMethod):
             )
 
     def generate(
-        self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
     ) -> RewriteResult:
         if profile.cluster is None and self.adapter_method == "card":
-            return personalizer.rewrite(text, method="global")  # cold start, as `localpers rewrite` does
+            return personalizer.rewrite(
+                text, method="global", reference=reference
+            )  # cold start, as `rewrite` does
         strength = spec.get("strength")
         top_k = spec.get("top_k")
+        bias_strength = spec.get("bias")
         return personalizer.rewrite(
             text,
             method=self.adapter_method,
@@ -353,7 +407,47 @@ class CardMethod(HistoryPromptMethod):
             strength=None if strength is None else float(strength),
             top_k=None if top_k is None else int(top_k),
             history=prepared,
+            bias=profile.bias,
+            bias_strength=None if bias_strength is None else float(bias_strength),
+            reference=reference,
         )
+
+
+@register
+class CardChosenMethod(CardMethod):
+    name = "card-auto"
+    description = (
+        "CARD with the strengths `localpers fit` chose on the user's own recent items (what rewrite does)"
+    )
+    params = {"top_k": int, "reg": float, "prior": float}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        values = super().defaults(personalizer)
+        values.pop("strength")
+        values.pop("bias")
+        return values
+
+    def generate(
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        from localpers.choice import stored_choice
+
+        vector_strength, bias_strength, _ = stored_choice({"choice": profile.choice})
+        chosen = MethodSpec(
+            spec.base,
+            tuple(
+                (key, value)
+                for key, value in (*spec.params, ("strength", vector_strength), ("bias", bias_strength))
+                if value is not None
+            ),
+        )
+        return super().generate(personalizer, profile, prepared, text, chosen, reference)
 
 
 @register

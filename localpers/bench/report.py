@@ -97,6 +97,24 @@ def sweep_table(results: dict[str, Any], param: str) -> list[str]:
     return lines
 
 
+def gold_table(results: dict[str, Any]) -> list[str]:
+    """Gold likelihood per method, with the paired difference to global (methods that score it)."""
+    rows = {name: row for name, row in results["methods"].items() if row.get("gold_logprob") is not None}
+    if not rows:
+        return []
+    lines = [
+        "| Method | log p per token [95% CI] | perplexity | Δ vs global [95% CI] |",
+        "|---|---|---:|---|",
+    ]
+    for name, row in rows.items():
+        delta = results["deltas_vs_global"].get(name, {}).get("gold_logprob")
+        lines.append(
+            f"| {name} | {row['gold_logprob_ci'][1]:.3f} [{row['gold_logprob_ci'][0]:.3f}, {row['gold_logprob_ci'][2]:.3f}] "
+            f"| {_num(row['gold_perplexity'], 2)} | {_interval(delta, 3) if delta else '–'} |"
+        )
+    return lines
+
+
 def user_table(results: dict[str, Any]) -> list[str]:
     users = results.get("users", {})
     if not users or not any("cluster" in row for row in users.values()):
@@ -143,6 +161,19 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
     ]
     if "bars.png" in images:
         out += ["", f"![ROUGE-1 per method]({image_prefix}bars.png)"]
+    table = gold_table(results)
+    if table:
+        out += [
+            "",
+            "## Gold likelihood (teacher-forced log-probability of the author's own headline)",
+            "",
+            "Mean per-token natural-log probability of ` <reference>\\n` under each method's final next-token "
+            "distribution, computed by the same decode loop and correction hook that generate (CARD's correction "
+            "moves its top k; tokens outside the top k keep the adapter's logits, for every method alike). "
+            "Higher is better; Δ is paired over queries.",
+            "",
+            *table,
+        ]
     table = low_resource_table(results)
     if table:
         out += ["", "## Low-resource curve (ROUGE-1, history truncated to the most recent items)", "", *table]

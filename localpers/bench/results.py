@@ -57,6 +57,22 @@ def method_summary(records: list[dict[str, Any]], *, n_resamples: int, seed: int
         "rougeL_ci": mean_interval(rl, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
         "prompt_ms": round(float(np.mean([q["prompt_ms"] for q in queries])), 2),
         "tokens_per_output": round(tokens / len(queries), 2),
+        **_gold_summary(queries, n_resamples=n_resamples, seed=seed),
+    }
+
+
+def _gold_summary(queries: list[dict[str, Any]], *, n_resamples: int, seed: int) -> dict[str, Any]:
+    """Gold likelihood: mean per-token log-probability of the reference (per query, then averaged), its
+    interval, and the perplexity over all reference tokens; empty for methods that do not score it."""
+    scored = [q for q in queries if q.get("gold_logprob") is not None]
+    if not scored or len(scored) != len(queries):
+        return {}
+    per_query = np.array([q["gold_logprob"] for q in scored], dtype=np.float64)
+    tokens = np.array([q["gold_tokens"] for q in scored], dtype=np.float64)
+    return {
+        "gold_logprob": round(float(per_query.mean()), DIGITS),
+        "gold_logprob_ci": mean_interval(per_query, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
+        "gold_perplexity": round(float(np.exp(-(per_query * tokens).sum() / tokens.sum())), 3),
     }
 
 
@@ -65,6 +81,12 @@ def deltas(
 ) -> dict[str, list[float]]:
     """Paired bootstrap intervals of candidate - baseline (R-1, R-L) and of the R-1 ratio."""
     out: dict[str, list[float]] = {}
+    gold_a = [q.get("gold_logprob") for r in candidate for q in r["queries"]]
+    gold_b = [q.get("gold_logprob") for r in baseline for q in r["queries"]]
+    if gold_a and None not in gold_a and None not in gold_b and len(gold_a) == len(gold_b):
+        out["gold_logprob"] = paired_bootstrap(
+            np.array(gold_a), np.array(gold_b), n_resamples=n_resamples, seed=seed
+        ).as_list(DIGITS)
     for metric in ("rouge1", "rougeL"):
         keys_a, a = query_scores(candidate, metric)
         keys_b, b = query_scores(baseline, metric)

@@ -36,6 +36,7 @@ from localpers.bench.methods import (
     get_method,
 )
 from localpers.bench.metrics import rouge
+from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
 from localpers.history import serialize_history
 from localpers.personalize import Personalizer
@@ -60,6 +61,7 @@ class BenchConfig:
     n_resamples: int = 10_000
     command: str | None = None
     threads: int | None = None  # llama.cpp threads (None = all cores; 1 is far faster on a busy CPU)
+    style: str | None = None  # a style probe: every gold output rewritten in this style (bench.styles)
 
 
 @dataclass
@@ -115,6 +117,9 @@ def run_bench(
     register_bench_methods()
     check_method_names(config.methods)
     users = load_bench_users(config.data, max_users=config.max_users, max_queries=config.max_queries)
+    style = get_style(config.style) if config.style else None
+    if style is not None:
+        users = restyle_users(users, style)
     owned = personalizer is None
     if personalizer is None:
         personalizer = Personalizer.open(model=config.model, bundle=config.bundle, n_threads=config.threads)
@@ -138,12 +143,13 @@ def run_bench(
             "threads": personalizer.engine.n_threads,
             "data": str(config.data),
             "data_sha256": _file_sha256(Path(config.data)),
+            "style": config.style,
         }
         params = {s.name: effective_params(s, personalizer, config.history_limit) for s in specs}
         records: dict[str, list[dict[str, Any]]] = {}
         for spec in specs:
             records[spec.name] = _run_method(
-                spec, params[spec.name], users, personalizer, fits, cache, progress
+                spec, params[spec.name], users, personalizer, fits, cache, progress, style
             )
         return BenchRun(config, users, specs, params, records, context)
     finally:
@@ -159,6 +165,7 @@ def _run_method(
     fits: FitStore,
     cache: ResultCache,
     progress: Progress | None,
+    style: Style | None = None,
 ) -> list[dict[str, Any]]:
     method = get_method(spec.base)
     limit = params.get("history")
@@ -176,6 +183,7 @@ def _run_method(
                 params,
                 [item.id for item in items],
                 [[q.id, q.input, q.reference] for q in user.queries],
+                *([style.name] if style else []),
             ]
         )
         record = cache.load(spec.name, user.store_name, fingerprint)
@@ -185,7 +193,7 @@ def _run_method(
                 if progress:
                     progress(spec.name, done, len(users), f"{user.user_id}: {detail}")
 
-            record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage)
+            record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage, style)
             record["fingerprint"] = fingerprint
             cache.save(record)
         records.append(record)
@@ -202,6 +210,7 @@ def _evaluate_user(
     personalizer: Personalizer,
     fits: FitStore,
     on_stage: Callable[[str], None],
+    style: Style | None = None,
 ) -> dict[str, Any]:
     on_stage("fit")
     regularisation = spec.get("reg")
@@ -220,7 +229,8 @@ def _evaluate_user(
     outputs = []
     for index, query in enumerate(user.queries):
         on_stage(f"query {index + 1}/{len(user.queries)}")
-        result = method.generate(personalizer, profile, prepared, query.input, spec)
+        gold = {"reference": query.reference} if method.scores_gold else {}
+        result = method.generate(personalizer, profile, prepared, query.input, spec, **gold)
         scores = rouge(result.text, query.reference)
         outputs.append(
             {
@@ -231,6 +241,9 @@ def _evaluate_user(
                 "tokens": result.tokens,
                 "ms_per_token": result.ms_per_token,
                 "prompt_ms": result.prompt_ms,
+                "gold_logprob": result.gold_logprob,
+                "gold_tokens": result.gold_tokens,
+                **({"style_hit": style.detect(result.text)} if style else {}),
             }
         )
     report = profile.fit_report
@@ -257,5 +270,6 @@ def _evaluate_user(
         }
         if report
         else None,
+        "choice": profile.choice,
         "queries": outputs,
     }

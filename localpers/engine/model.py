@@ -444,17 +444,19 @@ class Engine:
             buffer = ctypes.create_string_buffer(capacity)
             size = llama_cpp.llama_chat_apply_template(template, chat, len(encoded), True, buffer, capacity)
             if size < 0:
-                raise LocalpersError(f"llama.cpp does not support the chat template of {self.model_path.name}")
+                raise LocalpersError(
+                    f"llama.cpp does not support the chat template of {self.model_path.name}"
+                )
             if size <= capacity:
                 return buffer.raw[:size].decode("utf-8", errors="replace")
             capacity = size
         raise LocalpersError("the chat template's output kept growing")
 
     def sampler_chain(
-        self, settings: SamplerSettings, method: MethodSampler | None = None
+        self, settings: SamplerSettings, method: MethodSampler | None = None, *, final_pick: bool = True
     ) -> SamplerChain:
         """A llama.cpp sampler chain over this model's vocabulary (close it, or use it as a context manager)."""
-        return SamplerChain(self._vocab, self.n_vocab, settings, method)
+        return SamplerChain(self._vocab, self.n_vocab, settings, method, final_pick=final_pick)
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes one token stands for (special tokens render as empty)."""

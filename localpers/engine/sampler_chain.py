@@ -2,8 +2,9 @@
 
 What it does: create a `llama_sampler_chain` of llama.cpp's built-in samplers in the order documented in
 `localpers.decoding`, insert a `MethodSampler` (CARD's correction, CoPe's contrast) as one custom
-`llama_sampler` (a `llama_sampler_i` whose `apply`/`accept`/`reset`/`name` call into Python) after a top-k
-cut of the method's own k, and choose a token from one step's logits with it (`sample`). An exception in
+`llama_sampler` (a `llama_sampler_i` whose `apply`/`accept`/`name` call into Python) after a top-k
+cut of the method's own k, and choose a token from one step's logits with it (`sample`); built without a
+final pick, it returns the candidates the method left (`transform`, for teacher-forced scoring). An exception in
 the method's callback cannot cross llama.cpp: it is kept and raised again once the chain has returned.
 
 What it does not do: evaluate the model (`localpers.engine.model`), stop rules or streaming
@@ -108,8 +109,11 @@ class SamplerChain:
         n_vocab: int,
         settings: SamplerSettings,
         method: MethodSampler | None = None,
+        *,
+        final_pick: bool = True,
     ) -> None:
         settings.validated()
+        self.final_pick = final_pick
         params = llama_cpp.llama_sampler_chain_default_params()
         params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(params)
@@ -137,17 +141,23 @@ class SamplerChain:
     ) -> None:
         if settings.grammar is not None:
             with recorded_llama_log() as log:
-                grammar = llama_cpp.llama_sampler_init_grammar(vocab, settings.grammar.encode("utf-8"), b"root")
+                grammar = llama_cpp.llama_sampler_init_grammar(
+                    vocab, settings.grammar.encode("utf-8"), b"root"
+                )
             if not grammar:
                 lines = [line.strip() for line in "".join(log).splitlines() if line.strip()]
-                detail = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no detail")
+                detail = next(
+                    (line for line in lines if "error" in line.lower()), lines[0] if lines else "no detail"
+                )
                 raise LocalpersError(f"the grammar is not valid GBNF: {detail}", exit_code=2)
             self._add(grammar, "grammar")
         if settings.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(settings.logit_bias))()
             for entry, (token, bias) in zip(biases, settings.logit_bias, strict=True):
                 if token >= n_vocab:
-                    raise LocalpersError(f"logit bias names token {token}, beyond the vocabulary of {n_vocab}", exit_code=2)
+                    raise LocalpersError(
+                        f"logit bias names token {token}, beyond the vocabulary of {n_vocab}", exit_code=2
+                    )
                 entry.token, entry.bias = token, bias
             self._add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases), "logit-bias")
         if settings.penalties:
@@ -179,7 +189,10 @@ class SamplerChain:
             )
         if method is not None:
             if method.candidate_limit:
-                self._add(llama_cpp.llama_sampler_init_top_k(method.candidate_limit), f"top-k({method.candidate_limit})")
+                self._add(
+                    llama_cpp.llama_sampler_init_top_k(method.candidate_limit),
+                    f"top-k({method.candidate_limit})",
+                )
             self._link = _MethodLink(method)
             self._add(self._link.pointer, method.name)
         if settings.top_k > 0:
@@ -190,6 +203,8 @@ class SamplerChain:
             self._add(llama_cpp.llama_sampler_init_top_p(settings.top_p, 1), "top-p")
         if settings.min_p > 0.0:
             self._add(llama_cpp.llama_sampler_init_min_p(settings.min_p, 1), "min-p")
+        if not self.final_pick:
+            return
         if settings.greedy:
             self._add(llama_cpp.llama_sampler_init_greedy(), "greedy")
         else:
@@ -198,8 +213,8 @@ class SamplerChain:
             self._add(llama_cpp.llama_sampler_init_dist(seed), "dist")
 
     # ------------------------------------------------------------------ use
-    def sample(self, logits: np.ndarray, features: np.ndarray | None = None) -> Pick:
-        """Run the chain over one step's logits `(n_vocab,)`, accept the chosen token and return it."""
+    def _run(self, logits: np.ndarray, features: np.ndarray | None) -> Any:
+        """Fill the candidates from `logits` and apply every sampler; returns the candidate array."""
         if self._chain is None:
             raise LocalpersError("the sampler chain was closed")
         entries = self._entries
@@ -221,13 +236,37 @@ class SamplerChain:
             link.features = features
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
         self._raise_link_error()
+        return array
+
+    def sample(self, logits: np.ndarray, features: np.ndarray | None = None) -> Pick:
+        """Run the chain over one step's logits `(n_vocab,)`, accept the chosen token and return it."""
+        if not self.final_pick:
+            raise LocalpersError("this sampler chain was built without a final pick; use transform()")
+        array = self._run(logits, features)
         if not 0 <= array.selected < array.size:
             raise LocalpersError("the sampler chain chose no token")
         chosen = array.data[array.selected]  # samplers may have moved `data`; read through the array
         token, logit = int(chosen.id), float(chosen.logit)
+        self.accept(token)
+        return Pick(token, logit)
+
+    def transform(
+        self, logits: np.ndarray, features: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates the chain leaves for one step, `(ids, logits)`, without choosing or accepting one."""
+        array = self._run(logits, features)
+        address = ctypes.cast(array.data, ctypes.c_void_p).value
+        size = int(array.size)
+        buffer = (ctypes.c_char * (size * TOKEN_DATA.itemsize)).from_address(address)
+        kept = np.frombuffer(buffer, dtype=TOKEN_DATA).copy()
+        return kept["id"].astype(np.int64), kept["logit"].astype(np.float32)
+
+    def accept(self, token: int) -> None:
+        """Tell every sampler the token that was chosen (or forced) at this step."""
+        if self._chain is None:
+            raise LocalpersError("the sampler chain was closed")
         llama_cpp.llama_sampler_accept(self._chain, token)
         self._raise_link_error()
-        return Pick(token, logit)
 
     def reset(self) -> None:
         """Forget accepted tokens (penalties, grammar state, the method's own state)."""

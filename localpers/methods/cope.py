@@ -330,7 +330,13 @@ class CopeDecoder:
         contrast = ContrastiveSampler(self.base, tokens, tau=tau, alpha=alpha, record=record)
         base_prompt_seconds = time.perf_counter() - started
         result = generate(
-            self.user, tokens, max_tokens=max_tokens, stop=stop, method=contrast, on_text=on_text, sampling=sampling
+            self.user,
+            tokens,
+            max_tokens=max_tokens,
+            stop=stop,
+            method=contrast,
+            on_text=on_text,
+            sampling=sampling,
         )
         result.prompt_seconds += base_prompt_seconds
         return result, contrast

@@ -334,6 +334,8 @@ class LocalpersApp(App[None]):
             top_k=top_k,
             record_steps=True,
             history=history,
+            bias=profile.bias,
+            bias_strength=profile.bias_strength,
         )
         return request, f"Personalized · CARD · cluster {profile.cluster} · α {strength:.2f} · top-{top_k}"
 

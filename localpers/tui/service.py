@@ -19,6 +19,7 @@ import numpy as np
 from localpers.decoding import SamplerSettings
 from localpers.history_prompt import HistoryIndex
 from localpers.store import User, UserStore
+from localpers.token_bias import TokenBias
 
 if TYPE_CHECKING:
     from localpers.personalize import FitReport, Personalizer, RewriteResult
@@ -58,6 +59,8 @@ class RewriteRequest:
     top_k: int | None = None
     record_steps: bool = False
     history: HistoryIndex | None = None  # the user's examples, for bundles trained with history prompts
+    bias: TokenBias | None = None  # the user's token bias (part of CARD's correction)
+    bias_strength: float | None = None
 
 
 class WritingService(Protocol):
@@ -138,6 +141,8 @@ class EngineService:
             record_steps=request.record_steps,
             history=request.history,
             sampling=self.sampling,
+            bias=request.bias,
+            bias_strength=request.bias_strength,
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:

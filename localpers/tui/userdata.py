@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from localpers.choice import stored_choice
 from localpers.errors import LocalpersError
 from localpers.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
 from localpers.store import User, UserStore, atomic_write_text
+from localpers.token_bias import TokenBias
 
 REJECTED_FILE = "negatives_user.jsonl"
 TUI_SOURCE = "tui"
@@ -39,6 +41,8 @@ class Profile:
     fitted_at: str | None = None
     bundle_matches: bool | None = None  # None until the bundle is known (the model is loading)
     problem: str | None = None  # a damaged file, shown instead of the fit
+    bias: TokenBias | None = field(default=None, compare=False)
+    bias_strength: float | None = None  # what `fit` chose on the user's recent items (None: the default)
 
     @property
     def needs_fit(self) -> bool:
@@ -60,6 +64,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
     try:
         state = user.state()
         vector = user.vector()
+        bias = user.token_bias(state)
     except LocalpersError as exc:
         return Profile(user.name, n_history, n_rejected, problem=str(exc))
     cluster = state.get("cluster")
@@ -74,6 +79,8 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         fit=fit,
         fitted_at=state.get("updated_at") if fit else None,
         bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
+        bias=bias,
+        bias_strength=stored_choice(state)[1],
     )
 
 

@@ -1,0 +1,84 @@
+"""Helpers for input that comes from outside this device: JSON text and text shown in one line.
+
+`parse_json` turns any JSON failure (syntax, nesting deeper than `MAX_JSON_DEPTH`, integers longer
+than Python's 4300-digit limit, duplicate keys when asked) into `JSONProblem`, a ValueError with a
+short reason, so callers can name their file and field in a one-line `LocalpersError` instead of a
+traceback. `one_line` escapes control and line-separator characters so a message stays one line and
+cannot drive the terminal. This module reads no files and raises no `LocalpersError` itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+MAX_JSON_DEPTH = 64  # the deepest of our formats nests 4 levels; anything far deeper is hostile
+
+
+class JSONProblem(ValueError):
+    """Why a piece of outside JSON was refused, as one short line."""
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """True when containers nest deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children = current.values()
+        elif isinstance(current, list):
+            children = current
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An `object_pairs_hook` that refuses an object naming the same key twice."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise JSONProblem(f"duplicate key {one_line(key)!r}")
+        seen[key] = value
+    return seen
+
+
+def parse_json(
+    text: str | bytes,
+    *,
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
+    """`json.loads`, with every way outside text can fail raised as `JSONProblem`."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=object_pairs_hook)
+    except UnicodeDecodeError:
+        raise JSONProblem("not UTF-8 text") from None
+    except JSONProblem:
+        raise
+    except json.JSONDecodeError as exc:
+        raise JSONProblem(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise JSONProblem(f"nested deeper than {max_depth} levels") from None
+    except ValueError as exc:
+        if "digits" in str(exc):  # int() refuses integer strings longer than 4300 digits
+            raise JSONProblem("a number has more digits than the 4300 Python accepts") from None
+        raise JSONProblem(one_line(str(exc), limit=120)) from None
+    if _depth_exceeds(value, max_depth):
+        raise JSONProblem(f"nested deeper than {max_depth} levels")
+    return value
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """`text` with line breaks, control and other unprintable characters escaped (\\n, \\x1b, \\u2028)."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -1,0 +1,88 @@
+"""`localpers fit` chooses the correction per user on their own most recent items (localpers.choice)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
+from typer.testing import CliRunner
+
+from localpers import choice as choice_module
+from localpers.choice import CANDIDATES, MIN_ITEMS_TO_CHOOSE, split_recent, stored_choice
+from localpers.cli import app
+from localpers.personalize import Personalizer
+from localpers.store import UserStore
+
+
+def test_split_holds_out_the_most_recent_fifth_between_3_and_10() -> None:
+    for n, held in ((8, 3), (20, 4), (40, 8), (100, 10)):
+        earlier, recent = split_recent(list(range(n)))
+        assert len(recent) == held and recent == list(range(n - held, n)) and earlier == list(range(n - held))
+
+
+def test_fit_stores_a_choice_made_on_held_out_recent_items(personalizer: Personalizer) -> None:  # noqa: F811
+    user = UserStore().create("chooser")
+    history = items(SHOUTY)
+    assert len(history) >= MIN_ITEMS_TO_CHOOSE
+    user.save_history(history)
+    report = personalizer.fit_user(user)
+    state = user.state()
+    chosen = state["choice"]
+    assert set(chosen["scores"]) == {label for label, _, _ in CANDIDATES}
+    assert chosen["label"] == max(chosen["scores"], key=lambda k: chosen["scores"][k])
+    assert chosen["n_items"] == 3 and "most recent items" in chosen["reason"]
+    assert report.seconds["choice"] > 0
+    strength, bias_strength, label = stored_choice(state)
+    expected = dict((name, (v, b)) for name, v, b in CANDIDATES)[label]
+    assert bias_strength == expected[1]
+    assert strength == pytest.approx(expected[0] * personalizer.head_config.default_strength)
+    assert len(user.state_path.read_bytes()) < 10_000
+
+
+def test_ties_and_losses_go_to_the_adapter_alone(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    user = UserStore().create("tied")
+    user.save_history(items(SHOUTY))
+    monkeypatch.setattr(personalizer, "score_reference", lambda *a, **k: -2.0)
+    tied = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    assert tied is not None and tied.label == "adapter" and tied.vector_strength == tied.bias_strength == 0.0
+    assert "nothing beat your cluster adapter" in tied.reason
+
+    def bias_wins(*args, bias_strength=0.0, strength=0.0, **kwargs):
+        return -2.0 + 0.1 * bias_strength - 0.05 * (strength > 0)
+
+    monkeypatch.setattr(personalizer, "score_reference", bias_wins)
+    won = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    assert won.label == "bias x2" and won.bias_strength == 2.0 and won.vector_strength == 0.0
+    assert (
+        choice_module.choose_correction(
+            personalizer, user, items(SHOUTY[:5]), regularisation=1.0, prior_weight=0.0
+        )
+        is None
+    )
+
+
+def test_cli_fit_says_what_it_chose_and_rewrite_applies_it(bundle_dir, backbone) -> None:  # noqa: F811
+    runner = CliRunner()
+    store = UserStore()
+    store.create("cli-chooser").save_history(items(SHOUTY))
+    common = ["--user", "cli-chooser", "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    result = runner.invoke(app, ["fit", *common, "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["choice"]["label"] in {label for label, _, _ in CANDIDATES}
+    result = runner.invoke(app, ["fit", *common])
+    assert result.exit_code == 0 and "chose " in result.output
+    result = runner.invoke(
+        app, ["rewrite", "The zoo got a new tiger.", *common, "--json", "--max-tokens", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    strength, _, _ = stored_choice(store.get("cli-chooser").state())
+    assert json.loads(result.output)["strength"] == pytest.approx(strength)

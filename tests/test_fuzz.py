@@ -1,0 +1,387 @@
+"""Property-based tests (hypothesis) of every parser of outside input: zero tracebacks.
+
+History files, user archives, bundle manifests, TUF metadata, HTTP request lines to `serve` and CLI
+arguments get generated input, structured and random. The property is always the same: the input is
+accepted, or refused with a `LocalpersError` (one line, naming the file or field; exit code 2 for bad
+content) and no partial state; never another exception. Profiles are in conftest.py: `ci` (default,
+fast) and `long` (HYPOTHESIS_PROFILE=long).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import socket
+import urllib.parse
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_serve_pull import BACKBONE_SHA, make_bundle, publish
+from typer.testing import CliRunner
+
+from localpers.bundle import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
+from localpers.cli import app
+from localpers.errors import InputError, LocalpersError
+from localpers.history import parse_history
+from localpers.pull import pull_bundle
+from localpers.serve import BundleServer, start_background_server
+from localpers.signed_pull import root_fingerprint
+from localpers.store import UserStore
+
+runner = CliRunner()
+
+# JSON values, nested a few levels, with awkward scalars (odd floats, control text); hostile raw JSON
+# (integers past Python's 4300-digit limit, nesting far too deep) comes from `hostile_json`.
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+)
+hostile_json = st.integers(4301, 6000).map(lambda n: '{"input": ' + "9" * n + "}") | st.integers(
+    500, 200_000
+).map(lambda n: "[" * n + "]" * n)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+awkward_text = st.lists(
+    st.text(max_size=12)
+    | st.sampled_from(["\x1b[2J", "\x1b]0;x\x07", "\u2028", "\x00", "\r", "\n", "\ufeff", "\x9b"]),
+    max_size=6,
+).map("".join)
+
+
+def assert_one_line(exc: LocalpersError) -> None:
+    text = str(exc)
+    assert text and "\n" not in text and "Traceback" not in text
+
+
+# -- history files --------------------------------------------------------------------------------------
+
+
+def history_lines() -> st.SearchStrategy[str]:
+    item = st.fixed_dictionaries(
+        {},
+        optional={
+            "input": awkward_text | json_values,
+            "output": awkward_text | json_values,
+            "task": st.sampled_from(["headline", "title", "free", "nope"]) | json_values,
+            "user_id": st.text(max_size=5) | json_values,
+            "history": st.lists(
+                st.dictionaries(st.sampled_from(["input", "output"]), awkward_text), max_size=3
+            )
+            | json_values,
+        },
+    )
+    line = (
+        item.map(lambda d: json.dumps(d, ensure_ascii=False))
+        | json_values.map(json.dumps)
+        | awkward_text
+        | hostile_json
+    )
+    return st.lists(line, max_size=6).map("\n".join)
+
+
+@given(content=history_lines() | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
+def test_history_files_parse_or_fail_in_one_line(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(content.encode("utf-8", "surrogatepass"))
+    try:
+        parsed = parse_history(path)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert "history.jsonl" in str(exc)
+        return
+    for item in parsed.items:
+        assert item.input and item.output and "\x1b" not in item.output
+
+
+@given(content=history_lines())
+def test_history_import_is_all_or_nothing(tmp_path: Path, content: str) -> None:
+    store = UserStore(tmp_path / f"data-{os.urandom(4).hex()}")
+    user = store.create("ann")
+    before = user.history_path.read_bytes() if user.history_path.exists() else None
+    path = tmp_path / "h.jsonl"
+    path.write_text(content, encoding="utf-8", errors="surrogatepass")
+    try:
+        parsed = parse_history(path)
+    except LocalpersError:
+        after = user.history_path.read_bytes() if user.history_path.exists() else None
+        assert after == before
+        return
+    user.save_history(parsed.items)
+    assert [item.id for item in user.history()] == [item.id for item in parsed.items]
+
+
+# -- user archives ----------------------------------------------------------------------------------------
+
+
+member_names = st.sampled_from(
+    [
+        "manifest.json",
+        "state.json",
+        "history.jsonl",
+        "vector-0123456789abcdef.safetensors",
+        "evil/../x",
+        "a" * 300,
+    ]
+)
+
+
+@st.composite
+def archives(draw: st.DrawFn) -> bytes:
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=400))
+    members = draw(
+        st.dictionaries(member_names, json_values.map(json.dumps) | st.binary(max_size=100), max_size=5)
+    )
+    if draw(st.booleans()):
+        members["manifest.json"] = json.dumps(
+            {
+                "format": draw(st.sampled_from(["localpers-user", "other"])),
+                "format_version": draw(st.sampled_from([1, 2, "1"])),
+                "name": draw(st.sampled_from(["bob", None, "Bad Name", 5, "x" * 40])),
+                "files": draw(json_values),
+            }
+        )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zipped:
+        for name, data in members.items():
+            zipped.writestr(name, data)
+    return buffer.getvalue()
+
+
+@given(data=archives())
+def test_user_archives_import_or_fail_in_one_line_leaving_nothing(tmp_path: Path, data: bytes) -> None:
+    store = UserStore(tmp_path / f"data-{os.urandom(4).hex()}")
+    archive = tmp_path / "user.zip"
+    archive.write_bytes(data)
+    try:
+        store.import_(archive)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert store.list() == []
+        assert not [p for p in store.users_dir.glob(".*")] if store.users_dir.exists() else True
+        return
+    assert len(store.list()) == 1
+
+
+# -- bundle manifests --------------------------------------------------------------------------------------
+
+
+@st.composite
+def manifests(draw: st.DrawFn) -> bytes:
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=300) | hostile_json.map(str.encode))
+    path = st.sampled_from(
+        ["a", "adapters/global.gguf", "../x", "/etc/passwd", "a/", "A", "a\\b", "c:d", "x\x00"]
+    )
+    entry = st.fixed_dictionaries(
+        {},
+        optional={
+            "sha256": st.sampled_from(["0" * 64, "A" * 64, "xyz"]) | json_values,
+            "size": st.integers(min_value=-5, max_value=10**31) | json_values,
+        },
+    )
+    document = draw(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "format": st.sampled_from(["localpers-bundle", "x"]) | json_values,
+                "format_version": st.sampled_from([1, 2, True, "1"]) | json_values,
+                "backbone": st.fixed_dictionaries(
+                    {}, optional={"sha256": st.sampled_from([BACKBONE_SHA, "z"])}
+                )
+                | json_values,
+                "files": st.dictionaries(path, entry | json_values, max_size=4) | json_values,
+                "adapters": st.dictionaries(st.text(max_size=5), path | json_values, max_size=3)
+                | json_values,
+                "head": json_values,
+                "clusters": json_values,
+            },
+        )
+    )
+    return json.dumps(document).encode()
+
+
+@given(data=manifests())
+def test_bundle_manifests_validate_or_fail_in_one_line(data: bytes) -> None:
+    try:
+        manifest = parse_manifest(data, "fuzz/manifest.json")
+        validate_manifest(manifest, origin="fuzz/manifest.json", backbone_sha256=BACKBONE_SHA)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert "fuzz/manifest.json" in str(exc)
+
+
+# -- TUF metadata ----------------------------------------------------------------------------------------
+
+
+_REPOSITORY: dict[str, object] = {}
+
+
+def signed_repository(tmp_root: Path) -> tuple[Path, str]:
+    """One signed repository for all examples (building one per example would dominate the run)."""
+    if "dir" not in _REPOSITORY:
+        base = tmp_root / "fuzz-repository-source"
+        fingerprint = publish(make_bundle(base / "bundle"), base / "repo", base / "keys")
+        _REPOSITORY.update(dir=base / "repo", fingerprint=fingerprint)
+    return _REPOSITORY["dir"], str(_REPOSITORY["fingerprint"])  # type: ignore[return-value]
+
+
+def mutate(document: object, data: st.DataObject) -> object:
+    """Replace one randomly chosen value somewhere inside `document` with generated JSON."""
+    if isinstance(document, dict) and document and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(document)))
+        return {**document, key: mutate(document[key], data)}
+    if isinstance(document, list) and document and data.draw(st.booleans()):
+        index = data.draw(st.integers(0, len(document) - 1))
+        return [*document[:index], mutate(document[index], data), *document[index + 1 :]]
+    return data.draw(json_values)
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz-tuf")
+
+
+@given(
+    role=st.sampled_from(["timestamp.json", "1.root.json", "2.root.json", "snapshot", "targets"]),
+    raw=st.none() | st.binary(max_size=200),
+    data=st.data(),
+)
+def test_tuf_metadata_is_verified_or_refused_before_anything_is_installed(
+    module_tmp: Path, monkeypatch: pytest.MonkeyPatch, role: str, raw: bytes | None, data: st.DataObject
+) -> None:
+    source, fingerprint = signed_repository(module_tmp)
+    repo = module_tmp / f"repo-{os.urandom(4).hex()}"
+    shutil.copytree(source, repo)
+    metadata = repo / "metadata"
+    if role in ("snapshot", "targets"):
+        role = max(metadata.glob(f"*.{role}.json"), key=lambda p: int(p.name.split(".")[0])).name
+    target = metadata / role
+    original = json.loads(target.read_text()) if target.exists() else {}
+    target.write_bytes(raw if raw is not None else json.dumps(mutate(original, data)).encode())
+    monkeypatch.setenv("LOCALPERS_HOME", str(module_tmp / f"home-{os.urandom(4).hex()}"))
+    try:
+        pull_bundle(str(repo), backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert installed_bundle_dir() is None
+        assert not [p for p in bundles_root().iterdir() if p.name.startswith(".staging-")]
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+@given(raw=st.binary(max_size=400) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_root_fingerprint_of_garbage_is_an_input_error(raw: bytes) -> None:
+    try:
+        root_fingerprint(raw, "fuzz/1.root.json")
+    except InputError as exc:
+        assert_one_line(exc)
+
+
+# -- HTTP request lines to serve -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BundleServer, str]]:
+    server, url = start_background_server(make_bundle(tmp_path_factory.mktemp("fuzz-serve") / "b"))
+    server.request_deadline_s = 1.0
+    try:
+        yield server, url
+    finally:
+        server.close()
+
+
+request_lines = st.binary(max_size=200) | st.builds(
+    lambda method, target, version: method + b" " + target + b" " + version,
+    st.sampled_from([b"GET", b"HEAD", b"POST", b"G\x1bT", b"", b"PRI"]) | st.binary(max_size=8),
+    st.sampled_from([b"/manifest.json", b"/../x", b"*", b"/%00", b"//x"]) | st.binary(max_size=30),
+    st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/0.9", b"HTTP/1.1 x"])
+    | st.binary(max_size=10),
+)
+
+
+@given(line=request_lines, headers=st.lists(st.binary(max_size=40), max_size=4))
+def test_request_lines_get_a_status_and_the_server_keeps_serving(
+    fuzz_server: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture, line: bytes, headers: list[bytes]
+) -> None:
+    _, url = fuzz_server
+    parsed = urllib.parse.urlsplit(url)
+    with (
+        caplog.at_level(logging.INFO, logger="localpers.serve"),
+        socket.create_connection((parsed.hostname, parsed.port), timeout=5) as connection,
+    ):
+        connection.sendall(
+            line.replace(b"\n", b"")
+            + b"\r\n"
+            + b"".join(h.replace(b"\n", b"") + b"\r\n" for h in headers)
+            + b"\r\n"
+        )
+        connection.shutdown(socket.SHUT_WR)
+        response = b""
+        while chunk := connection.recv(65536):
+            response += chunk
+    assert response == b"" or response.startswith(b"HTTP/1.1 ")
+    for record in caplog.records:
+        message = record.getMessage()
+        assert "request failed" not in message and message.isprintable() and "127.0.0.1" not in message
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=5) as connection:
+        connection.sendall(b"HEAD /manifest.json HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert connection.recv(12) == b"HTTP/1.1 200"
+
+
+# -- CLI arguments -----------------------------------------------------------------------------------------
+
+
+commands = st.sampled_from(
+    [
+        ["user", "create"],
+        ["user", "use"],
+        ["user", "show"],
+        ["user", "delete", "-y"],
+        ["user", "export", "-o"],
+        ["user", "import"],
+        ["history", "import"],
+        ["history", "add", "-i"],
+        ["history", "list", "--user"],
+        ["history", "remove"],
+        ["bundle", "info"],
+        ["bundle", "verify", "--skip-backbone"],
+        ["repo", "fingerprint"],
+        ["repo", "init", "--keys"],
+    ]
+)
+arguments = st.lists(
+    # Never a real device path: a bug here must not be able to replace anything outside tmp_path.
+    awkward_text.filter(lambda t: "\x00" not in t and not t.startswith("/"))
+    | st.sampled_from(["--json", "-", ".", "--force", "x.zip"]),
+    max_size=3,
+)
+
+
+@given(command=commands, extra=arguments)
+def test_cli_arguments_never_end_in_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], extra: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*command, *extra])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    if result.exit_code not in (0, 2) or result.stderr.startswith("error: "):
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.exit_code in (0, 1, 2)

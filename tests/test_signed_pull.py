@@ -1,0 +1,391 @@
+"""Signed bundle updates (TUF): what `pull` trusts and what it refuses before anything is installed.
+
+Every repository here is signed with throwaway keys made in the test's tmp dir; the demo publisher's
+private keys are never needed (only its shipped root is checked).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
+from typer.testing import CliRunner
+
+from localpers.bundle import MANIFEST_NAME, bundles_root, installed_bundle_dir
+from localpers.cli import app
+from localpers.errors import InputError, LocalpersError
+from localpers.pull import pull_bundle
+from localpers.repository import (
+    add_bundle,
+    generate_keys,
+    init_repository,
+    refresh,
+    root_keyid,
+    rotate_keys,
+)
+from localpers.signed_pull import demo_root_bytes, root_fingerprint, trust_store
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> tuple[Path, Path, str]:
+    """(repository, keys, fingerprint) with one bundle published."""
+    repo_dir, keys = tmp_path / "repo", tmp_path / "keys"
+    fingerprint = publish(make_bundle(tmp_path / "bundle"), repo_dir, keys)
+    return repo_dir, keys, fingerprint
+
+
+def nothing_installed() -> bool:
+    root = bundles_root()
+    versions = root / "versions"
+    leftovers = [p for p in root.iterdir() if p.name.startswith(".staging-")]
+    return (
+        installed_bundle_dir() is None
+        and not leftovers
+        and not (versions.exists() and any(versions.iterdir()))
+    )
+
+
+def pull(source: Path | str, **kwargs: object) -> object:
+    return pull_bundle(str(source), backbone_sha256=BACKBONE_SHA, **kwargs)  # type: ignore[arg-type]
+
+
+# -- whom a device trusts -----------------------------------------------------------------------------
+
+
+def test_an_unknown_publisher_is_refused_until_its_fingerprint_is_given(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    with pytest.raises(
+        LocalpersError, match=f"publisher key {fingerprint}, which this device does not trust"
+    ):
+        pull(repo_dir)
+    with pytest.raises(LocalpersError, match="not " + "0" * 64):
+        pull(repo_dir, trust="0" * 64)
+    assert nothing_installed() and not trust_store(fingerprint).exists()
+    pull(repo_dir, trust=fingerprint)
+    assert (trust_store(fingerprint) / "root.json").exists()
+    pull(repo_dir)  # stored: no --trust needed again
+
+
+def test_an_unsigned_bundle_directory_needs_unsigned(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:
+    with pytest.raises(LocalpersError, match="unsigned bundle directory.*--unsigned"):
+        pull(make_bundle(tmp_path / "plain"))
+    with pytest.raises(LocalpersError, match="--unsigned applies only to a local bundle directory"):
+        pull(repo[0], unsigned=True)
+    assert nothing_installed()
+
+
+def test_an_attackers_self_consistent_repository_is_refused(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """F8: re-hashed, self-consistent metadata and adapters signed with the attacker's own keys."""
+    repo_dir, _, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    installed = installed_bundle_dir()
+    evil = tmp_path / "evil"
+    publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
+    with pytest.raises(LocalpersError, match="does not trust"):
+        pull(evil)
+    # The same, keeping the real publisher's 1.root.json so it claims the trusted fingerprint.
+    shutil.copyfile(repo_dir / "metadata/1.root.json", evil / "metadata/1.root.json")
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(evil)
+    assert installed_bundle_dir() == installed
+
+
+def test_a_repository_claiming_the_demo_publisher_is_checked_against_the_shipped_root(tmp_path: Path) -> None:
+    demo = demo_root_bytes()
+    fingerprint = root_fingerprint(demo, "demo")
+    evil = tmp_path / "evil"
+    publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
+    (evil / "metadata/1.root.json").write_bytes(demo)
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(evil)
+    assert nothing_installed()
+    assert trust_store(fingerprint).exists()  # seeded from the package, not from the server
+
+
+def test_the_shipped_demo_root_is_self_signed_and_not_about_to_expire() -> None:
+    from tuf.api.metadata import Metadata, Root
+
+    root = Metadata[Root].from_bytes(demo_root_bytes())
+    root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
+    assert root.signed.expires > datetime.now(UTC) + timedelta(days=30)
+    assert root.signed.consistent_snapshot
+
+
+# -- what TUF refuses ---------------------------------------------------------------------------------
+
+
+def test_tampered_metadata_is_refused(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    timestamp = repo_dir / "metadata/timestamp.json"
+    document = json.loads(timestamp.read_text())
+    document["signed"]["expires"] = "2099-01-01T00:00:00Z"  # not re-signed
+    timestamp.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+
+
+def test_a_tampered_target_is_refused(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    (adapter,) = (repo_dir / "targets/bundle/adapters").glob("*.global.gguf")
+    adapter.write_bytes(b"evil" + adapter.read_bytes()[4:])
+    with pytest.raises(InputError, match="adapters/global.gguf.*signed length or hash"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+
+
+def test_rollback_to_older_metadata_is_refused(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    old = tmp_path / "old-copy"
+    shutil.copytree(repo_dir, old)
+    add_bundle(repo_dir, make_bundle(tmp_path / "newer", seed="newer"), keys)
+    newer = pull(repo_dir, trust=fingerprint)
+    with pytest.raises(InputError, match="refusing a rollback"):
+        pull(old)
+    assert installed_bundle_dir() == newer.directory.resolve()  # type: ignore[attr-defined]
+
+
+def test_an_expired_timestamp_is_refused_until_refreshed(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    refresh(repo_dir, keys, {"timestamp": -1})
+    with pytest.raises(InputError, match="expired.*localpers repo refresh"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+    refresh(repo_dir, keys)
+    pull(repo_dir, trust=fingerprint)
+
+
+def test_mix_and_match_of_metadata_versions_is_refused(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    add_bundle(repo_dir, make_bundle(tmp_path / "newer", seed="newer"), keys)
+    metadata = repo_dir / "metadata"
+    newest = max(int(p.name.split(".")[0]) for p in metadata.glob("*.targets.json"))
+    # Serve the older (validly signed) targets under the version the snapshot names.
+    shutil.copyfile(metadata / f"{newest - 1}.targets.json", metadata / f"{newest}.targets.json")
+    with pytest.raises(InputError, match="does not match its signed length or hash"):
+        pull(repo_dir, trust=fingerprint)
+    assert nothing_installed()
+
+
+def test_key_rotation_is_followed_and_old_keys_lose_power(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    repo_dir, keys, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    stale = tmp_path / "before-rotation"
+    shutil.copytree(repo_dir, stale)
+    new_keys = tmp_path / "new-keys"
+    generate_keys(new_keys)
+    assert rotate_keys(repo_dir, keys, new_keys) == 2
+    add_bundle(repo_dir, make_bundle(tmp_path / "after", seed="after"), new_keys)
+    after = pull(repo_dir)
+    stored = json.loads((trust_store(fingerprint) / "root.json").read_text())
+    assert stored["signed"]["version"] == 2
+    # Metadata still signed with the replaced keys is no longer accepted.
+    add_bundle(stale, make_bundle(tmp_path / "stale", seed="stale"), keys)
+    with pytest.raises(InputError):
+        pull(stale)
+    assert installed_bundle_dir() == after.directory.resolve()  # type: ignore[attr-defined]
+
+
+# -- hosting: plain static files ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def static_host(repo: tuple[Path, Path, str]) -> Iterator[str]:
+    """The repository served by Python's plain static file server: no localpers code on the host."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo[0]))
+    handler.log_message = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_repository_on_any_static_host_can_be_pulled(
+    static_host: str, repo: tuple[Path, Path, str]
+) -> None:
+    result = pull(static_host, trust=repo[2])
+    assert result.files == len(FILES)  # type: ignore[attr-defined]
+    assert (result.directory / MANIFEST_NAME).is_file()  # type: ignore[attr-defined]
+
+
+# -- the publisher's commands -------------------------------------------------------------------------
+
+
+def test_repo_commands_end_to_end(tmp_path: Path) -> None:
+    keys, repo_dir = tmp_path / "keys", tmp_path / "repo"
+    bundle = make_bundle(tmp_path / "bundle")
+    created = runner.invoke(app, ["repo", "keygen", str(keys)])
+    assert created.exit_code == 0, created.output
+    assert (keys / "root.key").stat().st_mode & 0o077 == 0
+    assert runner.invoke(app, ["repo", "keygen", str(keys)]).exit_code == 1  # never overwrites keys
+    assert runner.invoke(app, ["repo", "init", str(repo_dir), "--keys", str(keys)]).exit_code == 0
+    assert runner.invoke(app, ["repo", "add", str(repo_dir), str(bundle), "--keys", str(keys)]).exit_code == 0
+    assert not any(p.suffix == ".key" for p in repo_dir.rglob("*"))
+    shown = runner.invoke(app, ["repo", "fingerprint", str(repo_dir)])
+    fingerprint = shown.stdout.strip()
+    assert fingerprint == root_keyid(repo_dir) and fingerprint in created.stdout
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys)])
+    assert refreshed.exit_code == 0 and json.loads(refreshed.stdout)["timestamp"] == 3
+    fake_backbone = tmp_path / "fake.gguf"
+    fake_backbone.write_bytes(b"GGUF fake backbone for bundle tests")
+    pulled = runner.invoke(
+        app, ["pull", str(repo_dir), "--trust", fingerprint, "--model", str(fake_backbone), "--json"]
+    )
+    assert pulled.exit_code == 0, pulled.output
+    assert json.loads(pulled.stdout)["files"] == len(FILES)
+
+
+def test_init_refuses_an_existing_repository(repo: tuple[Path, Path, str]) -> None:
+    with pytest.raises(LocalpersError, match="already a repository"):
+        init_repository(repo[0], repo[1])
+
+
+# -- the backbone as a signed target --------------------------------------------------------------------
+
+
+@pytest.fixture
+def repo_with_backbone(tmp_path: Path) -> tuple[Path, str, bytes]:
+    """A repository whose bundle names a 3 MiB "backbone" published as a signed target."""
+    import hashlib
+
+    from localpers.repository import BACKBONE_PREFIX, add_file_target
+
+    backbone = hashlib.shake_256(b"backbone").digest(3 << 20)
+    sha = hashlib.sha256(backbone).hexdigest()
+    source = tmp_path / "published-backbone.gguf"
+    source.write_bytes(backbone)
+    repo_dir, keys = tmp_path / "repo", tmp_path / "keys"
+    fingerprint = publish(make_bundle(tmp_path / "bundle", backbone_sha256=sha), repo_dir, keys)
+    add_file_target(repo_dir, f"{BACKBONE_PREFIX}{sha}.gguf", source, keys)
+    return repo_dir, fingerprint, backbone
+
+
+def test_pull_with_backbone_installs_it_resuming_an_interrupted_download(
+    repo_with_backbone: tuple[Path, str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from localpers import backbone as backbone_module
+    from localpers.backbone import pulled_backbone_path, resolve_backbone
+    from localpers.serve import start_background_server
+
+    repo_dir, fingerprint, data = repo_with_backbone
+    sha = hashlib.sha256(data).hexdigest()
+    server, url = start_background_server(repo_dir)
+    try:
+
+        def interrupt(relative: str, done: int, total: int) -> None:
+            if relative.startswith("backbone/") and done >= 1 << 20:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            pull_bundle(url, with_backbone=True, trust=fingerprint, on_progress=interrupt)
+        partial = pulled_backbone_path(sha).with_name(pulled_backbone_path(sha).name + ".partial")
+        assert partial.stat().st_size >= 1 << 20 and nothing_installed()
+
+        seen: list[tuple[str, int, int]] = []
+        result = pull_bundle(url, with_backbone=True, on_progress=lambda *a: seen.append(a))
+    finally:
+        server.close()
+    fetched_again = max(done for relative, done, _ in seen if relative.startswith("backbone/"))
+    assert fetched_again <= len(data) - (1 << 20)  # resumed, not started over
+    assert pulled_backbone_path(sha).read_bytes() == data and not partial.exists()
+    assert result.directory.is_dir()  # type: ignore[attr-defined]
+
+    def no_package() -> Path:
+        raise LocalpersError("the default backbone package is not installed")
+
+    monkeypatch.setattr(backbone_module, "default_backbone_path", no_package)
+    resolved = resolve_backbone()
+    assert resolved.source == "pulled" and resolved.sha256 == sha
+
+
+def test_a_damaged_backbone_download_is_refused_and_started_over(
+    repo_with_backbone: tuple[Path, str, bytes],
+) -> None:
+    import hashlib
+
+    from localpers.backbone import pulled_backbone_path
+
+    repo_dir, fingerprint, data = repo_with_backbone
+    sha = hashlib.sha256(data).hexdigest()
+    partial = pulled_backbone_path(sha).with_name(pulled_backbone_path(sha).name + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"\0" * (1 << 20))  # a partial download that is not the published bytes
+    with pytest.raises(InputError, match="signed length or hash"):
+        pull_bundle(str(repo_dir), with_backbone=True, trust=fingerprint)
+    assert not partial.exists() and not pulled_backbone_path(sha).exists() and nothing_installed()
+    pull_bundle(str(repo_dir), with_backbone=True)
+    assert pulled_backbone_path(sha).read_bytes() == data
+
+
+def test_a_new_publisher_can_be_confirmed_once(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    asked: list[str] = []
+    with pytest.raises(LocalpersError, match="does not trust"):
+        pull(repo_dir, confirm_trust=lambda fp: asked.append(fp) or False)
+    assert asked == [fingerprint] and nothing_installed()
+    pull(repo_dir, confirm_trust=lambda fp: asked.append(fp) or True)
+    pull(repo_dir, confirm_trust=lambda fp: pytest.fail("asked again"))  # stored: not asked again
+    assert asked == [fingerprint, fingerprint]
+
+
+@pytest.mark.parametrize("argument", ["", "no-such-repo"])
+def test_repo_fingerprint_of_a_missing_repository_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argument: str
+) -> None:
+    """Found by the long hypothesis run: a StorageError traceback for `repo fingerprint ''`."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["repo", "fingerprint", argument])
+    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("error: ") and "1.root.json: no such file" in result.stderr
+
+
+def test_publish_signs_into_a_repository_with_repo_and_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo: tuple[Path, Path, str]
+) -> None:
+    import importlib.util
+
+    if any(
+        importlib.util.find_spec(n) is None for n in ("torch", "transformers", "peft", "gguf", "matplotlib")
+    ):
+        pytest.skip("publish needs the publish extra")
+    from localpers.publish import pipeline
+
+    repo_dir, keys, fingerprint = repo
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("{}\n")
+    out = tmp_path / "out"
+
+    def fake_publish(options: object, until: object = None, from_stage: object = None) -> dict:
+        make_bundle(out, seed="published")  # what the bundle stage writes
+        return {"stages": {"bundle": {"files": FILES, "bytes": 1}}, "stage_seconds": {}}
+
+    monkeypatch.setattr(pipeline, "publish", fake_publish)
+    refused = runner.invoke(app, ["publish", str(corpus), "--out", str(out), "--repo", str(repo_dir)])
+    assert refused.exit_code == 1 and "--repo and --keys go together" in refused.stderr
+    assert not out.exists()
+    done = runner.invoke(
+        app, ["publish", str(corpus), "--out", str(out), "--repo", str(repo_dir), "--keys", str(keys)]
+    )
+    assert done.exit_code == 0, done.output
+    assert "signed into" in done.stdout
+    result = pull(repo_dir, trust=fingerprint)
+    assert (result.directory / MANIFEST_NAME).read_bytes() == (out / MANIFEST_NAME).read_bytes()  # type: ignore[attr-defined]
