@@ -96,6 +96,7 @@ def record(args: argparse.Namespace) -> None:
     fits["card"] = round(time.perf_counter() - started, 1)
     cluster, vector, _ = user_profile(user)
     history = user.history_index(get_task("headline"))
+    bias = user.token_bias()  # CARD's correction includes the user's token bias, as `localpers rewrite` applies it
     decoder = state = index = None
     if "cope" in methods:
         if not (user.dir / cope_module.STATE_FILE).is_file():
@@ -136,7 +137,7 @@ def record(args: argparse.Namespace) -> None:
                     result, _ = rewrite_exact(personalizer, index, text)
                 else:
                     result = personalizer.rewrite(
-                        text, method=method, cluster=cluster, vector=vector, history=history
+                        text, method=method, cluster=cluster, vector=vector, history=history, bias=bias
                     )
                 row = {
                     "query": number,

@@ -71,6 +71,20 @@ def store(personalizer: Personalizer, tmp_path_factory: pytest.TempPathFactory) 
         vector, {"cluster": 1, "bundle_sha256": personalizer.bundle_sha256, "fit": {"mode": "vector"}}
     )
     users.create("bob")  # never fitted
+    carol = users.create(
+        "carol"
+    )  # fitted with a chosen correction and a token bias, as `localpers fit` stores them
+    habit = personalizer.engine.tokenize(" Zorblax", add_bos=False)[0]
+    carol.save_fit(
+        vector,
+        {
+            "cluster": 1,
+            "bundle_sha256": personalizer.bundle_sha256,
+            "fit": {"mode": "vector"},
+            "token_bias": {"first": [[habit, 10.0]], "rest": []},
+            "choice": {"vector_strength": 0.5, "bias_strength": 20.0, "label": "vector 0.5 + bias 20"},
+        },
+    )
     return users
 
 
@@ -131,7 +145,12 @@ def alice_card(personalizer: Personalizer, store: UserStore, **kwargs: object) -
 
 
 def test_models_lists_the_active_user_alias_and_every_user(client: openai.OpenAI) -> None:
-    assert {model.id for model in client.models.list()} == {"localpers", "localpers/alice", "localpers/bob"}
+    assert {model.id for model in client.models.list()} == {
+        "localpers",
+        "localpers/alice",
+        "localpers/bob",
+        "localpers/carol",
+    }
     assert client.models.retrieve("localpers/bob").id == "localpers/bob"
 
 
@@ -147,6 +166,23 @@ def test_completion_uses_the_active_users_card_profile(
     assert expected != global_text, "the test would not notice a request served without alice's profile"
     assert response.usage is not None and response.usage.completion_tokens > 0
     assert response.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_users_chosen_strengths_and_token_bias_apply_as_in_rewrite(
+    client: openai.OpenAI, personalizer: Personalizer, store: UserStore
+) -> None:
+    carol = store.get("carol")
+    response = client.completions.create(
+        model="localpers/carol", prompt=ARTICLE, max_tokens=10, extra_body={"task": "headline"}
+    )
+    common = {"method": "card", "cluster": 1, "vector": carol.vector(), "max_tokens": 10}
+    expected = personalizer.rewrite(
+        ARTICLE, strength=0.5, bias=carol.token_bias(), bias_strength=20.0, **common
+    )
+    assert response.choices[0].text == expected.text
+    assert expected.text.startswith("Zor"), "the habit (bias 10 x 20 on the first token) should lead"
+    unbiased = personalizer.rewrite(ARTICLE, strength=0.5, **common).text
+    assert unbiased != expected.text, "the test would not notice a request served without the token bias"
 
 
 def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:

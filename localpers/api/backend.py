@@ -16,11 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
+from localpers.choice import stored_choice
 from localpers.errors import LocalpersError
 from localpers.personalize import Personalizer, RewriteResult, chat_transcript, user_profile
 from localpers.store import User, UserStore
 from localpers.tasks import get_task
+from localpers.token_bias import TokenBias
 
 TextSink = Callable[[str], None]
 
@@ -32,6 +36,18 @@ class Served:
     result: RewriteResult
     user: str | None
     created: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The method a request is served with and what it needs of the user (Nones: not personalized)."""
+
+    method: str
+    cluster: int | None = None
+    vector: np.ndarray | None = None
+    bias: TokenBias | None = None
+    strength: float | None = None  # the vector strength the user's fit chose
+    bias_strength: float | None = None  # the token bias strength the user's fit chose
 
 
 class ApiBackend:
@@ -66,10 +82,14 @@ class ApiBackend:
         active = self.store.active_name()
         return self.store.get(active) if active else None
 
-    def _profile(self, user: User | None, method: str) -> tuple[str, int | None, Any]:
-        """(method actually used, cluster, vector); an unfitted or stale user is refused for CARD's methods."""
+    def _profile(self, user: User | None, method: str) -> Profile:
+        """What `method` needs of `user`; an unfitted or stale user is refused for CARD's methods.
+
+        For `card`, the strengths the user's fit chose (`localpers.choice`) and the user's token bias apply,
+        as in `localpers rewrite`.
+        """
         if method in ("global", "cope", "exact"):
-            return method, None, None
+            return Profile(method)
         if user is None:
             raise ApiError(
                 400,
@@ -85,8 +105,11 @@ class ApiBackend:
                 code="user_not_fitted",
             )
         if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
-            return "global", None, None
-        return method, cluster, vector
+            return Profile("global")
+        if method != "card":
+            return Profile(method, cluster, vector)
+        vector_strength, bias_strength, _ = stored_choice(state)
+        return Profile(method, cluster, vector, user.token_bias(state), vector_strength, bias_strength)
 
     # ------------------------------------------------------------------ generation
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
@@ -100,7 +123,15 @@ class ApiBackend:
             return Served(result, user.name if user else None, int(time.time()))
 
     def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
-        method, cluster, vector = self._profile(user, job.method)
+        profile = self._profile(user, job.method)
+        method = profile.method
+        personal = {
+            "cluster": profile.cluster,
+            "vector": profile.vector,
+            "strength": profile.strength if job.strength is None else job.strength,
+            "bias": profile.bias,
+            "bias_strength": profile.bias_strength,
+        }
         use_chat_prompt = job.kind == "chat" and job.task is None
         if use_chat_prompt and self.personalizer.engine.has_chat_template:
             if method in ("cope", "exact"):
@@ -109,9 +140,7 @@ class ApiBackend:
                 "",
                 task="free",
                 method=method,
-                cluster=cluster,
-                vector=vector,
-                strength=job.strength,
+                **personal,
                 max_tokens=job.max_tokens,
                 sampling=job.sampling,
                 on_text=on_text,
@@ -133,9 +162,7 @@ class ApiBackend:
             text,
             task=task,
             method=method,
-            cluster=cluster,
-            vector=vector,
-            strength=job.strength,
+            **personal,
             max_tokens=job.max_tokens,
             sampling=job.sampling,
             on_text=on_text,
