@@ -7,8 +7,11 @@ logit bias in all three, so every run does the same number of steps):
     A  plain         greedy                             (what `--method cluster` decodes with)
     B  top-k         top_k(k) -> greedy                 (the CARD chain without the correction)
     C  card          top_k(k) -> CARD correction -> greedy
+    D  card+bias     CARD correction with the user's token bias -> greedy   (only with --user, when the
+                     user's fit stored a token bias: the correction then makes its own top-k cut and adds
+                     the user's habitual tokens, as `localpers rewrite` decodes)
 
-and reports the median decode ms/token of each and the ratios C/A and C/B, with the load average.
+and reports the median decode ms/token of each and the ratios C/A, C/B and D/A, with the load average.
 Usage: python scripts/bench_correction.py --data ../shared/data/news-headlines/test.jsonl [--threads 1]
        [--prompts 4] [--tokens 32] [--repeats 5] [--user NAME] [--json]
 """
@@ -27,10 +30,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from localpers.card_sampler import CardCorrection
+from localpers.choice import stored_choice
 from localpers.decoding import SamplerSettings
 from localpers.fitting import DEFAULT_PRIOR_WEIGHT
 from localpers.generation import generate
-from localpers.personalize import Personalizer, user_profile
+from localpers.personalize import DEFAULT_BIAS_STRENGTH, Personalizer, user_profile
 from localpers.store import UserStore
 from localpers.tasks import get_task
 
@@ -53,8 +57,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     engine = personalizer.engine
     cluster = args.cluster
     vector = DEFAULT_PRIOR_WEIGHT * personalizer.head.default_vector(cluster)
+    bias, bias_strength = None, 0.0
     if args.user:  # a fitted user's cluster and vector (from LOCALPERS_HOME)
-        fitted_cluster, fitted_vector, _ = user_profile(UserStore().get(args.user))
+        user = UserStore().get(args.user)
+        fitted_cluster, fitted_vector, state = user_profile(user)
+        bias = user.token_bias(state)
+        _, chosen_bias, _ = stored_choice(state)
+        bias_strength = DEFAULT_BIAS_STRENGTH if chosen_bias is None else chosen_bias
         if fitted_cluster is None or fitted_vector is None:
             raise SystemExit(f"user {args.user!r} has no fitted cluster and vector")
         cluster, vector = fitted_cluster, fitted_vector
@@ -72,6 +81,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             lambda: CardCorrection(personalizer.head, vector, strength, k),
         ),
     }
+    if bias is not None and len(bias) and bias_strength:
+        variants["card+bias"] = (
+            SamplerSettings(logit_bias=no_end),
+            lambda: CardCorrection(
+                personalizer.head, vector, strength, k, bias=bias, bias_strength=bias_strength
+            ),
+        )
     prompts = [engine.tokenize(p) for p in prompts_from(Path(args.data), args.prompts)]
     per_variant: dict[str, list[float]] = {name: [] for name in variants}
     changed = 0
@@ -109,6 +125,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "median_ms_per_token": {name: round(value, 3) for name, value in medians.items()},
         "ratio_card_to_plain": round(medians["card"] / medians["plain"], 4),
         "ratio_card_to_topk": round(medians["card"] / medians["top-k"], 4),
+        "ratio_card_bias_to_plain": (
+            round(medians["card+bias"] / medians["plain"], 4) if "card+bias" in medians else None
+        ),
+        "token_bias_entries": len(bias) if bias is not None else 0,
+        "bias_strength": bias_strength if "card+bias" in medians else None,
         "target_ratio": 1.05,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -140,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     for name, value in result["median_ms_per_token"].items():  # type: ignore[union-attr]
-        print(f"{name:<6} {value:8.3f} ms/token (median of {result['runs_per_variant']})")
+        print(f"{name:<9} {value:8.3f} ms/token (median of {result['runs_per_variant']})")
     print(
         f"card / plain {result['ratio_card_to_plain']:.3f}x, card / top-k {result['ratio_card_to_topk']:.3f}x"
     )
+    if result["ratio_card_bias_to_plain"] is not None:
+        print(f"card+bias / plain {result['ratio_card_bias_to_plain']:.3f}x")
     print(f"load average before {result['load_average_before']}, after {result['load_average_after']}")
     return 0
 
