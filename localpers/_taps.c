@@ -1,6 +1,7 @@
 /*
  * Layer-tap callback for llama.cpp's cb_eval, in C so that the per-node cost is nanoseconds, and the
- * per-token fill of the sampler chain's candidate array (262,144 entries for Gemma 3) from the logits.
+ * per-token fill of the sampler chain's candidate array (262,144 entries for Gemma 3) from the logits,
+ * and the positions of its k best candidates (CARD's own top-k cut when a user's token bias is on).
  *
  * llama.cpp calls the callback once per graph node (about 730 per token for Gemma 3 270M) with
  * ask=true, and again with ask=false once a node it said yes to has been computed. A Python callback
@@ -90,8 +91,35 @@ __attribute__((visibility("default"))) void localpers_fill_candidates(const floa
     }
 }
 
+/* The positions of the k highest logits among n candidates, best first, written to `out`; returns how many
+ * (min(k, n), fewer when some logits are NaN). One pass keeping a sorted buffer of k: for the small k of a
+ * top-k correction nearly every candidate costs one comparison. Ties keep the earlier position first. */
+__attribute__((visibility("default"))) int32_t localpers_top_k_positions(const lp_token_data *candidates, int32_t n,
+                                                                        int32_t k, int32_t *out) {
+    if (k <= 0 || n <= 0) {
+        return 0;
+    }
+    int32_t kept = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float logit = candidates[i].logit;
+        if (logit != logit) { /* NaN */
+            continue;
+        }
+        if (kept == k && !(logit > candidates[out[k - 1]].logit)) {
+            continue;
+        }
+        int32_t slot = kept < k ? kept++ : k - 1;
+        while (slot > 0 && logit > candidates[out[slot - 1]].logit) {
+            out[slot] = out[slot - 1];
+            slot--;
+        }
+        out[slot] = i;
+    }
+    return kept;
+}
+
 static struct PyModuleDef lp_module = {
-    PyModuleDef_HEAD_INIT, "_taps", "C layer-tap callback and candidate fill for llama.cpp (loaded through ctypes).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_taps", "C layer-tap callback, candidate fill and top-k positions for llama.cpp (loaded through ctypes).", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__taps(void) { return PyModule_Create(&lp_module); }

@@ -80,20 +80,17 @@ class CardCorrection:
 
     def _cut_with_habits(self, candidates: Candidates) -> np.ndarray:
         """Keep the k best candidates plus this position's habitual tokens; returns the habitual ones added."""
-        logits = candidates.logits
-        k = min(self.top_k, candidates.size)
-        best = np.argpartition(logits, candidates.size - k)[candidates.size - k :]
         assert self.bias is not None
-        habits = self.bias.habitual_tokens(self.position)
+        best = candidates.best_positions(self.top_k)
+        habits = self.bias.habitual_tokens(self.position)  # sorted ids
         ids = candidates.ids
-        in_range = habits[habits < candidates.size]
-        if len(in_range) == len(habits) and np.array_equal(ids[in_range], habits):
+        if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):
             positions = habits  # the usual case: the candidates are still in vocabulary order
         else:
             positions = np.flatnonzero(np.isin(ids, habits))
-        extra = np.setdiff1d(positions, best)
-        candidates.select(np.concatenate([np.sort(best), extra]))
-        return candidates.ids[k:].astype(np.int64)
+        extra = positions[~np.isin(positions, best)]
+        candidates.select(np.concatenate([best, extra]))
+        return candidates.ids[len(best) :].astype(np.int64)
 
     def accept(self, token: int) -> None:
         """Count the step (the features of each step come from the taps, not from here)."""

@@ -9,14 +9,16 @@ and may change their logits or drop some. `localpers.engine` turns both into one
     grammar -> logit bias -> penalties -> DRY -> [top-k(method's k) -> method] -> top-k -> typical
             -> top-p -> min-p -> temperature -> seeded draw (or greedy when temperature == 0)
 
-This module imports no llama.cpp and decodes nothing.
+This module imports no llama.cpp and decodes nothing (`Candidates.best_positions` uses the compiled `_taps`
+helper when it is built, numpy otherwise).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -95,6 +97,22 @@ class SamplerSettings:
 GREEDY = SamplerSettings()
 
 
+def _c_top_k_positions() -> Any:
+    """`localpers_top_k_positions` from the compiled extension (`_taps.c`), or None when it was not built."""
+    try:
+        from localpers import _taps
+
+        function = ctypes.CDLL(_taps.__file__).localpers_top_k_positions
+    except (ImportError, OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
+    function.restype = ctypes.c_int32
+    return function
+
+
+_TOP_K_POSITIONS = _c_top_k_positions()
+
+
 class Candidates:
     """The sampler chain's current candidate tokens (llama.cpp's `llama_token_data_array`) as numpy views.
 
@@ -125,6 +143,22 @@ class Candidates:
             raise LocalpersError("a sampler dropped every candidate token")
         self._entries[: kept.size] = kept
         self.size = int(kept.size)
+
+    def best_positions(self, k: int) -> np.ndarray:
+        """Positions of the `k` highest-logit candidates, best first (ties: the earlier position first)."""
+        k = min(int(k), self.size)
+        if k <= 0:
+            return np.zeros(0, dtype=np.int64)
+        if _TOP_K_POSITIONS is not None and self._entries.flags.c_contiguous:
+            out = np.empty(k, dtype=np.int32)
+            found = _TOP_K_POSITIONS(self._entries.ctypes.data, self.size, k, out.ctypes.data)
+            return out[:found].astype(np.int64)
+        logits = self.logits
+        valid = np.flatnonzero(~np.isnan(logits))
+        if len(valid) > k:  # everything tied with the k-th best stays, so ties resolve by position below
+            values = logits[valid]
+            valid = valid[values >= np.partition(values, len(values) - k)[len(values) - k]]
+        return valid[np.lexsort((valid, -logits[valid]))][:k]
 
     def select(self, positions: np.ndarray) -> None:
         """Keep only the candidates at `positions` (indices into the current candidates), in that order."""

@@ -208,3 +208,52 @@ def test_the_c_candidate_fill_and_the_numpy_fill_feed_the_chain_alike(engine: En
             assert not strided.flags.c_contiguous
             assert fast.sample(logits).token == slow.sample(strided).token
             np.testing.assert_array_equal(fast._entries, slow._entries)
+
+
+@pytest.mark.parametrize("k", [1, 5, 20, 64])
+def test_best_positions_in_c_and_numpy_agree_with_ties_and_nans(
+    k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import localpers.decoding as decoding
+    from localpers.engine.sampler_chain import TOKEN_DATA
+
+    rng = np.random.default_rng(k)
+    entries = np.zeros(5000, dtype=TOKEN_DATA)
+    entries["id"] = rng.permutation(5000)
+    entries["logit"] = rng.integers(-50, 50, 5000).astype(np.float32)  # many exact ties
+    entries["logit"][[3, 17, 400]] = np.nan
+    valid = [i for i in range(5000) if not np.isnan(entries["logit"][i])]
+    expected = sorted(valid, key=lambda i: (-entries["logit"][i], i))[:k]
+    assert decoding._TOP_K_POSITIONS is not None, "the compiled helper should be built in tests"
+    assert Candidates(entries).best_positions(k).tolist() == expected
+    monkeypatch.setattr(decoding, "_TOP_K_POSITIONS", None)
+    assert Candidates(entries).best_positions(k).tolist() == expected
+
+
+def test_card_correction_with_a_token_bias_cuts_itself_and_adds_the_habits() -> None:
+    from localpers.card_sampler import CardCorrection
+    from localpers.engine.sampler_chain import TOKEN_DATA
+    from localpers.token_bias import TokenBias
+
+    class ZeroHead:
+        def correction(
+            self, ids: np.ndarray, features: np.ndarray, vector: np.ndarray, strength: float
+        ) -> np.ndarray:
+            return np.ones(len(ids), dtype=np.float32)  # +1 for every token the vector sees
+
+    entries = np.zeros(1000, dtype=TOKEN_DATA)
+    entries["id"] = np.arange(1000)
+    entries["logit"] = -np.arange(1000, dtype=np.float32)  # token t has logit -t: the top 3 are 0, 1, 2
+    bias = TokenBias(first={900: 2.0, 1: 1.0}, rest={950: 1.0})
+    correction = CardCorrection(ZeroHead(), np.zeros(4), 1.0, 3, record=True, bias=bias, bias_strength=3.0)  # type: ignore[arg-type]
+    assert correction.candidate_limit is None  # it must see the habitual tokens' logits
+    candidates = Candidates(entries.copy())
+    correction.apply(candidates, np.zeros(4, dtype=np.float32))
+    assert candidates.ids.tolist() == [0, 1, 2, 900]  # top 3 best first, then the habit
+    assert candidates.logits.tolist() == [1.0, -1.0 + 1.0 + 3.0, -2.0 + 1.0, -900.0 + 6.0]
+    correction.accept(0)  # later tokens use the "rest" table
+    candidates = Candidates(entries.copy())
+    correction.apply(candidates, np.zeros(4, dtype=np.float32))
+    assert candidates.ids.tolist() == [0, 1, 2, 950]
+    without = CardCorrection(ZeroHead(), np.zeros(4), 1.0, 3, bias=TokenBias(), bias_strength=3.0)  # type: ignore[arg-type]
+    assert without.candidate_limit == 3 and without.bias is None  # an empty bias: the chain's top-k cuts
