@@ -4,7 +4,7 @@ Raise `LocalpersError` with a message that names the file, line or field at faul
 (exit code 1: a state or usage problem, such as a missing user). Raise `InputError` when the content of
 something that came from outside is bad (a history file, a user archive, a bundle manifest, signed
 metadata): exit code 2, like a command-line usage error. Neither formats, logs nor exits;
-`localpers.cli` does that.
+`localpers.cli.main` does that.
 """
 
 BAD_INPUT_EXIT_CODE = 2

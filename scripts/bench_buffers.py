@@ -15,10 +15,10 @@ import os
 import statistics
 import time
 
-from localpers.backbone import resolve_backbone
-from localpers.cpu_buffers import ENV_VAR
 from localpers.engine import Engine
-from localpers.generation import generate
+from localpers.engine.backbone import resolve_backbone
+from localpers.engine.cpu_buffers import ENV_VAR
+from localpers.engine.generation import generate
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Once upon a time,"
 # About 150 tokens, the length of a history-conditioned headline prompt: what prefill costs in a rewrite.

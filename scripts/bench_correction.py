@@ -29,14 +29,15 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from localpers.card_sampler import CardCorrection
-from localpers.choice import stored_choice
-from localpers.decoding import SamplerSettings
-from localpers.fitting import DEFAULT_PRIOR_WEIGHT
-from localpers.generation import generate
-from localpers.personalize import DEFAULT_BIAS_STRENGTH, Personalizer, user_profile
-from localpers.store import UserStore
+from localpers.engine.decoding import SamplerSettings
+from localpers.engine.generation import generate
+from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.correction import CardCorrection
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
+from localpers.methods.card.personalizer import DEFAULT_BIAS_STRENGTH, Personalizer
+from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.tasks import get_task
+from localpers.users.store import UserStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     if args.user:  # a fitted user's cluster and vector (from LOCALPERS_HOME)
         user = UserStore().get(args.user)
         fitted_cluster, fitted_vector, state = user_profile(user)
-        bias = user.token_bias(state)
+        bias = stored_token_bias(user, state)
         _, chosen_bias, _ = stored_choice(state)
         bias_strength = DEFAULT_BIAS_STRENGTH if chosen_bias is None else chosen_bias
         if fitted_cluster is None or fitted_vector is None:

@@ -17,10 +17,10 @@ import sys
 
 import numpy as np
 
-from localpers.backbone import resolve_backbone
-from localpers.decoding import Candidates
 from localpers.engine import Engine
-from localpers.generation import generate
+from localpers.engine.backbone import resolve_backbone
+from localpers.engine.decoding import Candidates
+from localpers.engine.generation import generate
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Once upon a time,"
 

@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 
 from localpers.engine import Engine
-from localpers.generation import generate
-from localpers.history import HistoryItem, demo_history_path, parse_history_file
-from localpers.personalize import Personalizer, user_profile
-from localpers.store import UserStore
+from localpers.engine.generation import generate
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.user_state import user_profile
 from localpers.tasks import get_task
+from localpers.users.history import HistoryItem, demo_history_path, parse_history_file
+from localpers.users.store import UserStore
 
 PROMPTS = [
     "The regional rail operator will add late-night trains on weekends starting in June.",

@@ -27,9 +27,9 @@ import numpy as np
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import paired_bootstrap, rouge
-from localpers.decoding import SamplerSettings
-from localpers.fitting import fit_vector
-from localpers.personalize import Personalizer
+from localpers.engine.decoding import SamplerSettings
+from localpers.methods.card.fitting import fit_vector
+from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
 
 DEV_ITEMS = 5

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.backbone import resolve_backbone
-from localpers.cpu_buffers import ENV_VAR
 from localpers.engine import Engine
-from localpers.generation import generate
+from localpers.engine.backbone import resolve_backbone
+from localpers.engine.cpu_buffers import ENV_VAR
+from localpers.engine.generation import generate
 from localpers.tasks import get_task
 
 ARTICLES = Path(__file__).resolve().parents[1] / "models" / "demo-user" / "articles.jsonl"

@@ -73,14 +73,15 @@ def record(args: argparse.Namespace) -> None:
     os.environ["LOCALPERS_HOME"] = str(Path(args.home).resolve())
     from threadpoolctl import threadpool_limits
 
+    import localpers.methods.card.personalizer as personalize_module
     import localpers.methods.cope as cope_module
-    import localpers.personalize as personalize_module
-    from localpers.cli_device import ensure_demo_user
+    from localpers.device.demo import ensure_demo_user
+    from localpers.methods.card.personalizer import Personalizer
+    from localpers.methods.card.user_state import stored_token_bias, user_profile
     from localpers.methods.cope import CopeDecoder, fit_cope, load_state, rewrite_cope
     from localpers.methods.exact import index_exact, index_path, load_index, rewrite_exact
-    from localpers.personalize import Personalizer, user_profile
-    from localpers.store import UserStore
     from localpers.tasks import get_task
+    from localpers.users.store import UserStore
 
     recorder = TokenRecorder()
     recorder.wrap(personalize_module)
@@ -96,7 +97,9 @@ def record(args: argparse.Namespace) -> None:
     fits["card"] = round(time.perf_counter() - started, 1)
     cluster, vector, _ = user_profile(user)
     history = user.history_index(get_task("headline"))
-    bias = user.token_bias()  # CARD's correction includes the user's token bias, as `localpers rewrite` applies it
+    bias = stored_token_bias(
+        user
+    )  # CARD's correction includes the user's token bias, as `localpers rewrite` applies it
     decoder = state = index = None
     if "cope" in methods:
         if not (user.dir / cope_module.STATE_FILE).is_file():

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from localpers.bench.data import load_bench_users
-from localpers.fitting import fit_vector
-from localpers.personalize import Personalizer
+from localpers.methods.card.fitting import fit_vector
+from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
 
 

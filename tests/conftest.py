@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localpers.backbone import Backbone, resolve_backbone
+from localpers.engine.backbone import Backbone, resolve_backbone
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "news-headlines"
 

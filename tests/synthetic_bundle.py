@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from localpers.adapters import random_lora
-from localpers.backbone import Backbone
-from localpers.bundle import write_manifest
-from localpers.head import CardHead, HeadConfig
+from localpers.bundle.format import write_manifest
+from localpers.engine.adapters import random_lora
+from localpers.engine.backbone import Backbone
+from localpers.methods.card.head import CardHead, HeadConfig
 
 SHOUTY_OUTPUTS = ["BIG WIN FOR CITY PARK!!!", "MAYOR SAYS YES TO BUSES!!!", "STORM HITS COAST, ALL SAFE!!!"]
 CALM_OUTPUTS = [
@@ -32,7 +32,7 @@ def make_bundle(
 
     `prompt` is the manifest's history-prompt entry (None: a plain-prompt bundle).
     """
-    from localpers.encoder import user_embedding
+    from localpers.engine.encoder import user_embedding
 
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True, exist_ok=True)

@@ -25,12 +25,13 @@ from typer.testing import CliRunner
 from localpers.api.app import create_app
 from localpers.api.backend import ApiBackend
 from localpers.api.server import check_bind, is_loopback
-from localpers.backbone import Backbone
-from localpers.bundle import open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.cli import app as cli_app
+from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.user_state import stored_token_bias
+from localpers.users.store import UserStore
 
 ARTICLE = (
     "Generate a headline for the following article: The town hall will install solar panels on its roof."
@@ -177,7 +178,7 @@ def test_a_users_chosen_strengths_and_token_bias_apply_as_in_rewrite(
     )
     common = {"method": "card", "cluster": 1, "vector": carol.vector(), "max_tokens": 10}
     expected = personalizer.rewrite(
-        ARTICLE, strength=0.5, bias=carol.token_bias(), bias_strength=20.0, **common
+        ARTICLE, strength=0.5, bias=stored_token_bias(carol), bias_strength=20.0, **common
     )
     assert response.choices[0].text == expected.text
     assert expected.text.startswith("Zor"), "the habit (bias 10 x 20 on the first token) should lead"

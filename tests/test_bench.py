@@ -14,16 +14,16 @@ import pytest
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.backbone import Backbone
 from localpers.bench import BenchConfig, run_and_write
 from localpers.bench.data import load_bench_users, store_name
 from localpers.bench.methods import MethodSpec, canonical_spec, expand_methods, few_shot_prefix, parse_method
-from localpers.bundle import open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.cli import app
+from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
-from localpers.head import HeadConfig
-from localpers.history import HistoryItem
-from localpers.personalize import Personalizer
+from localpers.methods.card.head import HeadConfig
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.history import HistoryItem
 
 PROMPT = "Generate a headline for the following article: "
 USERS = [
@@ -384,8 +384,8 @@ def test_cope_and_exact_run_in_the_bench_registry(
 def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() -> None:
     """On a bundle without a prompt format it is the "same prompt, untrained adapter" ablation, not `global`."""
     from localpers.bench.methods import MethodSpec, UserProfile, get_method, history_index
-    from localpers.history import HistoryItem
-    from localpers.history_prompt import PromptFormat
+    from localpers.users.history import HistoryItem
+    from localpers.users.history_prompt import PromptFormat
 
     class Recorder:
         prompt_format = None

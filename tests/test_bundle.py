@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localpers import bundle as bundle_module
-from localpers.bundle import (
+from localpers.bundle import format as bundle_module
+from localpers.bundle.format import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,

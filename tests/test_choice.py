@@ -1,4 +1,4 @@
-"""`localpers fit` chooses the correction per user on their own most recent items (localpers.choice)."""
+"""`localpers fit` chooses the correction per user on their own most recent items (localpers.methods.card.choice)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 from typer.testing import CliRunner
 
-from localpers import choice as choice_module
-from localpers.choice import CANDIDATES, MIN_ITEMS_TO_CHOOSE, split_recent, stored_choice
 from localpers.cli import app
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
+from localpers.methods.card import choice as choice_module
+from localpers.methods.card.choice import CANDIDATES, MIN_ITEMS_TO_CHOOSE, split_recent, stored_choice
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.store import UserStore
 
 
 def test_split_holds_out_the_most_recent_fifth_between_3_and_10() -> None:

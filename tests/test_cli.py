@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from localpers import __version__
-from localpers.backbone import Backbone
 from localpers.cli import app
+from localpers.engine.backbone import Backbone
 
 runner = CliRunner()
 

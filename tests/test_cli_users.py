@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from localpers.cli import app
-from localpers.history import demo_history_path
-from localpers.store import UserStore
+from localpers.users.history import demo_history_path
+from localpers.users.store import UserStore
 
 runner = CliRunner()
 

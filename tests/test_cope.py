@@ -9,19 +9,19 @@ import pytest
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.adapters import random_lora
-from localpers.backbone import Backbone
-from localpers.bundle import open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine import Engine
+from localpers.engine.adapters import random_lora
+from localpers.engine.backbone import Backbone
+from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
-from localpers.generation import generate
-from localpers.history import HistoryItem
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import CopeDecoder, fit_cope, load_state, stored_bytes
 from localpers.methods.cope_train import SftConfig
 from localpers.methods.lora_files import LoraFile, read_lora_gguf, write_stacked_lora
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 PROMPT = "Generate a headline for the following article: The city opened a new bike lane along the river.\nHeadline:"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from localpers.corpus import load_corpus
 from localpers.errors import LocalpersError
+from localpers.publish.corpus import load_corpus
 
 GOOD_USER = {"user_id": "a", "history": [{"input": "in", "output": " Out "}], "queries": [{"input": "x"}]}
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from localpers import cpu_buffers
-from localpers.cpu_buffers import BufferSettingError, choose_buffer_types
+from localpers.engine import cpu_buffers
+from localpers.engine.cpu_buffers import BufferSettingError, choose_buffer_types
 
 AMX_CPU_FLAGS = {"avx2", "avx512f", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
 AMX_BUILD_OFFERS = ("AMX", "CPU_REPACK")  # what ggml offers on a Sapphire Rapids host, in its order

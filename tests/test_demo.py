@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localpers.backbone import Backbone
-from localpers.bundle import embedded_bundle_dir
+from localpers.bundle.format import embedded_bundle_dir
 from localpers.cli import app
+from localpers.engine.backbone import Backbone
 
 pytestmark = pytest.mark.skipif(
     not (embedded_bundle_dir() / "manifest.json").is_file(), reason="the demo bundle is not in this checkout"
@@ -35,8 +35,8 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
 
 
 def test_the_demo_style_detector_matches_the_demo_history_and_not_plain_headlines() -> None:
-    from localpers.cli_device import carries_demo_style
-    from localpers.history import demo_history_path, parse_history_file
+    from localpers.device.demo import carries_demo_style
+    from localpers.users.history import demo_history_path, parse_history_file
 
     outputs = [item.output for item in parse_history_file(demo_history_path())]
     assert len(outputs) == 24 and all(carries_demo_style(text) for text in outputs)

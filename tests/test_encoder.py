@@ -16,10 +16,10 @@ from conftest import SHARED_DATA
 from safetensors.numpy import load_file, save_file
 
 import localpers
-from localpers import encoder
-from localpers.encoder import ENCODER_DIM, embed_texts, encoder_dir, load_encoder, user_embedding
+from localpers.engine import encoder
+from localpers.engine.encoder import ENCODER_DIM, embed_texts, encoder_dir, load_encoder, user_embedding
+from localpers.engine.minilm import MiniLM
 from localpers.errors import LocalpersError
-from localpers.minilm import MiniLM
 
 DEMO_CENTROIDS = Path(__file__).resolve().parents[1] / "models" / "demo-bundle" / "centroids.safetensors"
 
@@ -109,8 +109,8 @@ def test_embedding_does_not_import_torch() -> None:
         "        if name.split('.')[0] in {'torch', 'transformers', 'sentence_transformers', 'peft'}:\n"
         "            raise ImportError(name + ' is blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import localpers.encoder\n"
-        "vectors = localpers.encoder.embed_texts(['Local man writes headline', ''])\n"
+        "import localpers.engine.encoder\n"
+        "vectors = localpers.engine.encoder.embed_texts(['Local man writes headline', ''])\n"
         "assert vectors.shape == (2, 384), vectors.shape\n"
         "loaded = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
@@ -206,7 +206,7 @@ def test_matches_sentence_transformers_on_the_shared_texts(reference) -> None:  
 
 @pytest.mark.slow
 def test_every_author_gets_the_same_cluster(reference, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from localpers.personalize import Personalizer
+    from localpers.methods.card.personalizer import Personalizer
 
     histories = {
         f"{name}:{row['user_id']}": [item["output"] for item in row["history"]]

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localpers.adapters import random_lora
-from localpers.backbone import Backbone
 from localpers.engine import Engine
+from localpers.engine.adapters import random_lora
+from localpers.engine.backbone import Backbone
+from localpers.engine.generation import generate
+from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
-from localpers.generation import generate
 from localpers.tasks import get_task
-from localpers.token_embeddings import TokenEmbeddings
 
 PROMPT = get_task("headline").prompt_for(
     "Generate a headline for the following article: The city council voted on Tuesday to turn an empty"

@@ -10,14 +10,14 @@ import pytest
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.adapters import random_lora
-from localpers.backbone import Backbone
-from localpers.bundle import open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine import Engine
+from localpers.engine.adapters import random_lora
+from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact import (
     ExactIndex,
     IndexEntry,
@@ -31,8 +31,8 @@ from localpers.methods.exact import (
     rewrite_exact,
 )
 from localpers.methods.scoring import PrefixScorer
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 INSTRUCTION = "Generate a headline for the following article: "
 
@@ -140,7 +140,7 @@ def test_prefix_reuse_scores_like_fresh_scoring(backbone: Backbone, tmp_path: Pa
 
 
 def test_retrieval_returns_the_nearest_prompts_attributes(tmp_path: Path) -> None:
-    from localpers.encoder import embed_texts
+    from localpers.engine.encoder import embed_texts
 
     inputs = [
         "The central bank raised interest rates by half a point to fight inflation.",

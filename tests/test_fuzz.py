@@ -26,14 +26,14 @@ from hypothesis import strategies as st
 from test_serve_pull import BACKBONE_SHA, make_bundle, publish
 from typer.testing import CliRunner
 
-from localpers.bundle import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
+from localpers.bundle.format import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
+from localpers.bundle.pull import pull_bundle
+from localpers.bundle.serve import BundleServer, start_background_server
+from localpers.bundle.signed import root_fingerprint
 from localpers.cli import app
 from localpers.errors import InputError, LocalpersError
-from localpers.history import parse_history
-from localpers.pull import pull_bundle
-from localpers.serve import BundleServer, start_background_server
-from localpers.signed_pull import root_fingerprint
-from localpers.store import UserStore
+from localpers.users.history import parse_history
+from localpers.users.store import UserStore
 
 runner = CliRunner()
 
@@ -322,7 +322,7 @@ def test_request_lines_get_a_status_and_the_server_keeps_serving(
     _, url = fuzz_server
     parsed = urllib.parse.urlsplit(url)
     with (
-        caplog.at_level(logging.INFO, logger="localpers.serve"),
+        caplog.at_level(logging.INFO, logger="localpers.bundle.serve"),
         socket.create_connection((parsed.hostname, parsed.port), timeout=5) as connection,
     ):
         connection.sendall(

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_bench import data_file, first_run, personalizer  # noqa: F401 - shared fixtures
 
-from localpers.generation import generate
-from localpers.personalize import Personalizer
+from localpers.engine.generation import generate
+from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
 
 ARTICLE = "Generate a headline for the following article: The bakery opened a second shop downtown."

@@ -28,7 +28,7 @@ import pytest
 from test_serve_pull import BACKBONE_SHA, make_bundle
 from typer.testing import CliRunner
 
-from localpers.bundle import (
+from localpers.bundle.format import (
     CURRENT_LINK,
     MANIFEST_NAME,
     bundles_root,
@@ -36,12 +36,12 @@ from localpers.bundle import (
     verify_bundle,
     write_manifest,
 )
+from localpers.bundle.pull import pull_bundle
+from localpers.bundle.serve import BundleServer, start_background_server
 from localpers.cli import app
 from localpers.errors import InputError, LocalpersError
-from localpers.history import parse_history
-from localpers.pull import pull_bundle
-from localpers.serve import BundleServer, start_background_server
-from localpers.store import UserStore
+from localpers.users.history import parse_history
+from localpers.users.store import UserStore
 
 runner = CliRunner()
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -145,7 +145,7 @@ def test_f1_f2_malformed_request_lines_get_an_error_status_and_no_handler_failur
     served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture, request_line: bytes, status: bytes
 ) -> None:
     _, url = served
-    with caplog.at_level(logging.INFO, logger="localpers.serve"):
+    with caplog.at_level(logging.INFO, logger="localpers.bundle.serve"):
         response = exchange(url, request_line + b"Host: x\r\n\r\n")
     assert response.startswith(b"HTTP/1.1 " + status), response[:80]
     assert not any("request failed" in record.getMessage() for record in caplog.records)
@@ -204,7 +204,7 @@ def test_f10_log_escapes_control_bytes_and_never_has_the_client_address(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server, url = served
-    with caplog.at_level(logging.INFO, logger="localpers.serve"):
+    with caplog.at_level(logging.INFO, logger="localpers.bundle.serve"):
         exchange(url, b"G\x1b[31mT\x00 /x HTTP/1.1\r\n\r\n")
 
         def explode(self: object) -> None:
@@ -212,7 +212,7 @@ def test_f10_log_escapes_control_bytes_and_never_has_the_client_address(
 
         monkeypatch.setattr(server.RequestHandlerClass, "do_GET", explode)
         exchange(url, b"GET /manifest.json HTTP/1.1\r\nConnection: close\r\n\r\n")
-    lines = [record.getMessage() for record in caplog.records if record.name == "localpers.serve"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "localpers.bundle.serve"]
     assert "G\\x1b[31mT\\x00 /x 400" in lines
     assert "a request failed: RuntimeError" in lines
     everything = "\n".join(lines) + capfd.readouterr().err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localpers.head import CardHead, HeadConfig, normalise_features, top_k_indices
+from localpers.methods.card.head import CardHead, HeadConfig, normalise_features, top_k_indices
 
 
 class TableEmbeddings:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from localpers.errors import LocalpersError
-from localpers.history import (
+from localpers.users.history import (
     MAX_HISTORY_ITEMS,
     HistoryItem,
     demo_history_path,

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from localpers.corpus import CorpusUser
-from localpers.corpus import HistoryItem as CorpusItem
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem
-from localpers.history_prompt import (
+from localpers.publish.corpus import CorpusUser
+from localpers.publish.corpus import HistoryItem as CorpusItem
+from localpers.publish.prompts import earlier_items
+from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import (
     INDEX_FILE,
     HistoryIndex,
     PromptFormat,
@@ -19,9 +21,7 @@ from localpers.history_prompt import (
     prompt_for_user,
     select_examples,
 )
-from localpers.publish.prompts import earlier_items
-from localpers.store import UserStore
-from localpers.tasks import get_task
+from localpers.users.store import UserStore
 
 HEADLINE = get_task("headline")
 INSTRUCTION = "Generate a headline for the following article: "
@@ -120,7 +120,7 @@ def test_publisher_pools_hold_only_strictly_earlier_items() -> None:
 
 
 def test_shared_corpus_dates_parse(tmp_path: Path) -> None:
-    from localpers.corpus import load_corpus
+    from localpers.publish.corpus import load_corpus
 
     path = tmp_path / "c.jsonl"
     path.write_text(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap, rouge
-from localpers.retrieval import Bm25Index, words
+from localpers.users.retrieval import Bm25Index, words
 
 
 def test_rouge_subset_prediction() -> None:

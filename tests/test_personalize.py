@@ -15,12 +15,12 @@ import pytest
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.backbone import Backbone
-from localpers.bundle import open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.cli import app
-from localpers.history import HistoryItem
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
+from localpers.engine.backbone import Backbone
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 SHOUTY = [
     ("The city opened a new bike lane along the river.", "BIKE LANE OPENS ON RIVER, HUGE WIN!!!"),
@@ -216,8 +216,8 @@ def test_rewrite_refuses_an_unfitted_user(bundle_dir: Path, backbone: Backbone) 
 def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
     backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from localpers.history_prompt import PromptFormat
     from localpers.tasks import get_task
+    from localpers.users.history_prompt import PromptFormat
 
     conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
     loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
@@ -255,8 +255,8 @@ def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
 def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
     backbone: Backbone, tmp_path: Path
 ) -> None:
-    from localpers.history_prompt import PromptFormat
     from localpers.tasks import get_task
+    from localpers.users.history_prompt import PromptFormat
 
     conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
     loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)

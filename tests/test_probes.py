@@ -15,11 +15,11 @@ from test_bench import USERS, data_file, personalizer  # noqa: F401 - shared fix
 from typer.testing import CliRunner
 
 from localpers.bench.data import load_bench_users
+from localpers.bench.extra_methods import register_bench_methods
 from localpers.bench.probes import ProbeConfig, hit_rate, probe_method_names, run_probes
 from localpers.bench.styles import STYLES, get_style, restyle_users, sentence_case
 from localpers.cli import app
 from localpers.errors import LocalpersError
-from localpers.methods.bench_methods import register_bench_methods
 
 HEADLINES = [
     "Fed Raises Rates And Stocks Fall",

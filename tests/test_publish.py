@@ -17,11 +17,11 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("gguf")
 
-from localpers.backbone import resolve_backbone  # noqa: E402
-from localpers.bundle import sha256_of_file  # noqa: E402
-from localpers.head import CardHead, HeadConfig, normalise_features  # noqa: E402
+from localpers.bundle.format import sha256_of_file  # noqa: E402
+from localpers.engine.backbone import resolve_backbone  # noqa: E402
+from localpers.engine.token_embeddings import TokenEmbeddings  # noqa: E402
+from localpers.methods.card.head import CardHead, HeadConfig, normalise_features  # noqa: E402
 from localpers.publish.options import STAGES, PublishOptions  # noqa: E402
-from localpers.token_embeddings import TokenEmbeddings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic_corpus import write_corpus  # noqa: E402

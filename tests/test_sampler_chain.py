@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localpers.backbone import Backbone
-from localpers.decoding import Candidates, SamplerSettings
 from localpers.engine import Engine
+from localpers.engine.backbone import Backbone
+from localpers.engine.decoding import Candidates, SamplerSettings
+from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
-from localpers.generation import generate
 
 PROMPT = "Generate a headline for the following article: The city opened a new bike lane along the river.\nHeadline:"
 
@@ -214,7 +214,7 @@ def test_the_c_candidate_fill_and_the_numpy_fill_feed_the_chain_alike(engine: En
 def test_best_positions_in_c_and_numpy_agree_with_ties_and_nans(
     k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import localpers.decoding as decoding
+    import localpers.engine.decoding as decoding
     from localpers.engine.sampler_chain import TOKEN_DATA
 
     rng = np.random.default_rng(k)
@@ -231,9 +231,9 @@ def test_best_positions_in_c_and_numpy_agree_with_ties_and_nans(
 
 
 def test_card_correction_with_a_token_bias_cuts_itself_and_adds_the_habits() -> None:
-    from localpers.card_sampler import CardCorrection
     from localpers.engine.sampler_chain import TOKEN_DATA
-    from localpers.token_bias import TokenBias
+    from localpers.methods.card.correction import CardCorrection
+    from localpers.methods.card.token_bias import TokenBias
 
     class ZeroHead:
         def correction(

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from localpers import pull as pull_module
-from localpers.bundle import (
+from localpers.bundle import pull as pull_module
+from localpers.bundle.format import (
     CURRENT_FILE,
     CURRENT_LINK,
     MANIFEST_NAME,
@@ -32,10 +32,10 @@ from localpers.bundle import (
     verify_bundle,
     write_manifest,
 )
+from localpers.bundle.pull import pull_bundle
+from localpers.bundle.repository import add_bundle, add_file_target, generate_keys, init_repository
+from localpers.bundle.serve import BundleServer, ServedFile, parse_range, start_background_server
 from localpers.errors import LocalpersError
-from localpers.pull import pull_bundle
-from localpers.repository import add_bundle, add_file_target, generate_keys, init_repository
-from localpers.serve import BundleServer, ServedFile, parse_range, start_background_server
 
 FAKE_BACKBONE_BYTES = b"GGUF fake backbone for bundle tests"
 BACKBONE_SHA = hashlib.sha256(FAKE_BACKBONE_BYTES).hexdigest()
@@ -278,11 +278,11 @@ def test_log_has_method_path_status_only(
     plain_served: tuple[BundleServer, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, url = plain_served
-    with caplog.at_level(logging.INFO, logger="localpers.serve"):
+    with caplog.at_level(logging.INFO, logger="localpers.bundle.serve"):
         request(url, "GET", "/head.safetensors")
         request(url, "POST", "/upload", body=b"PRIVATE-BODY-TEXT")
         raw_request(url, b"GET /missing\x1b[31m HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    lines = [record.getMessage() for record in caplog.records if record.name == "localpers.serve"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "localpers.bundle.serve"]
     assert "GET /head.safetensors 200" in lines
     assert "POST /upload 405" in lines
     assert "GET /missing\\x1b[31m 400" in lines  # a control character makes the request line malformed
@@ -411,12 +411,12 @@ def test_pull_refuses_wrong_backbone_before_downloading(
 ) -> None:
     _, url = served
     with (
-        caplog.at_level(logging.INFO, logger="localpers.serve"),
+        caplog.at_level(logging.INFO, logger="localpers.bundle.serve"),
         pytest.raises(LocalpersError, match="backbone") as caught,
     ):
         pull_bundle(url, backbone_sha256="e" * 64, trust=fingerprint)
     assert BACKBONE_SHA in str(caught.value)
-    fetched = [r.getMessage().split()[1] for r in caplog.records if r.name == "localpers.serve"]
+    fetched = [r.getMessage().split()[1] for r in caplog.records if r.name == "localpers.bundle.serve"]
     targets = [path for path in fetched if path.startswith("/targets/")]
     assert len(targets) == 1 and targets[0].endswith(".manifest.json")
     assert_previous_intact(installed_previous)

@@ -19,11 +19,9 @@ import pytest
 from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
 from typer.testing import CliRunner
 
-from localpers.bundle import MANIFEST_NAME, bundles_root, installed_bundle_dir
-from localpers.cli import app
-from localpers.errors import InputError, LocalpersError
-from localpers.pull import pull_bundle
-from localpers.repository import (
+from localpers.bundle.format import MANIFEST_NAME, bundles_root, installed_bundle_dir
+from localpers.bundle.pull import pull_bundle
+from localpers.bundle.repository import (
     add_bundle,
     generate_keys,
     init_repository,
@@ -31,7 +29,9 @@ from localpers.repository import (
     root_keyid,
     rotate_keys,
 )
-from localpers.signed_pull import demo_root_bytes, root_fingerprint, trust_store
+from localpers.bundle.signed import demo_root_bytes, root_fingerprint, trust_store
+from localpers.cli import app
+from localpers.errors import InputError, LocalpersError
 
 runner = CliRunner()
 
@@ -265,7 +265,7 @@ def repo_with_backbone(tmp_path: Path) -> tuple[Path, str, bytes]:
     """A repository whose bundle names a 3 MiB "backbone" published as a signed target."""
     import hashlib
 
-    from localpers.repository import BACKBONE_PREFIX, add_file_target
+    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
 
     backbone = hashlib.shake_256(b"backbone").digest(3 << 20)
     sha = hashlib.sha256(backbone).hexdigest()
@@ -282,9 +282,9 @@ def test_pull_with_backbone_installs_it_resuming_an_interrupted_download(
 ) -> None:
     import hashlib
 
-    from localpers import backbone as backbone_module
-    from localpers.backbone import pulled_backbone_path, resolve_backbone
-    from localpers.serve import start_background_server
+    from localpers.bundle.serve import start_background_server
+    from localpers.engine import backbone as backbone_module
+    from localpers.engine.backbone import pulled_backbone_path, resolve_backbone
 
     repo_dir, fingerprint, data = repo_with_backbone
     sha = hashlib.sha256(data).hexdigest()
@@ -322,7 +322,7 @@ def test_a_damaged_backbone_download_is_refused_and_started_over(
 ) -> None:
     import hashlib
 
-    from localpers.backbone import pulled_backbone_path
+    from localpers.engine.backbone import pulled_backbone_path
 
     repo_dir, fingerprint, data = repo_with_backbone
     sha = hashlib.sha256(data).hexdigest()

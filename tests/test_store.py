@@ -10,8 +10,8 @@ import pytest
 from safetensors.numpy import save
 
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem
-from localpers.store import UserStore
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 SECRET = "Zebra Quokka Manifesto"  # a distinctive bit of "user text" to hunt for on disk
 

@@ -8,9 +8,10 @@ import pytest
 from test_personalize import ARTICLE, SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 
 from localpers.errors import LocalpersError
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
-from localpers.token_bias import MIN_BIAS, TokenBias, fit_token_bias
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, fit_token_bias
+from localpers.methods.card.user_state import stored_token_bias
+from localpers.users.store import UserStore
 
 
 def test_bias_favours_what_the_user_writes_and_the_model_does_not() -> None:
@@ -45,7 +46,7 @@ def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Pe
     user.save_history(items(SHOUTY))
     report = personalizer.fit_user(user)
     assert report.mode == "vector"
-    bias = user.token_bias()
+    bias = stored_token_bias(user)
     assert bias is not None and len(bias) > 0
     assert len(user.state_path.read_bytes()) < 10_000  # per-user state stays small
     cluster = user.state()["cluster"]
@@ -88,4 +89,4 @@ def test_a_damaged_bias_in_the_state_is_a_one_line_error(tmp_path) -> None:
     user = UserStore(tmp_path).create("damaged")
     user.save_state({"token_bias": {"first": [[1, "x"]]}})
     with pytest.raises(LocalpersError, match="field 'token_bias' is damaged.*localpers fit"):
-        user.token_bias()
+        stored_token_bias(user)

@@ -11,8 +11,6 @@ from textual.widgets import Select, TextArea
 from tui_fakes import FakeService, fake_text
 from tui_helpers import async_test, wait_idle
 
-from localpers.history import HistoryItem, demo_history_path
-from localpers.store import UserStore
 from localpers.tui.app import LocalpersApp
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
@@ -24,6 +22,8 @@ from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.history_panel import HistoryTable
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import TokenStrip
+from localpers.users.history import HistoryItem, demo_history_path
+from localpers.users.store import UserStore
 
 SIZE = (120, 40)
 DRAFT = "The city opened a new bike lane along the river"

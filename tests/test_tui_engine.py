@@ -10,15 +10,15 @@ from synthetic_bundle import make_bundle
 from tui_helpers import async_test, wait_idle
 from typer.testing import CliRunner
 
-from localpers.backbone import Backbone
-from localpers.bundle import open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.cli import app as cli_app
-from localpers.history import HistoryItem
-from localpers.personalize import Personalizer
-from localpers.store import UserStore
+from localpers.engine.backbone import Backbone
+from localpers.methods.card.personalizer import Personalizer
 from localpers.tui.app import LocalpersApp
 from localpers.tui.service import EngineService
 from localpers.tui.widgets.candidate_table import CandidateTable
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 SHOUTY = [
     ("The city opened a new bike lane along the river.", "BIKE LANE OPENS ON RIVER, HUGE WIN!!!"),
@@ -33,7 +33,7 @@ ARTICLE = "The town hall will install solar panels on its roof."
 def bundle_dir(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic bundle; the backbone's GGUF header is parsed once instead of once per adapter call
     (parsing its 262k-token vocabulary is most of make_bundle's time)."""
-    import localpers.adapters as adapters
+    import localpers.engine.adapters as adapters
 
     with pytest.MonkeyPatch.context() as patch:
         for name in ("linear_shapes", "backbone_architecture"):

@@ -8,9 +8,9 @@ from textual.widgets import Input, TextArea
 from tui_fakes import FakeService
 from tui_helpers import assert_svg_snapshot, async_test, wait_idle
 
-from localpers.history import HistoryItem
-from localpers.store import UserStore
 from localpers.tui.app import LocalpersApp
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 SIZE = (120, 36)
 ARTICLE = (
@@ -34,7 +34,7 @@ HISTORY = [
 @pytest.fixture(autouse=True)
 def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fit times appear on the profile panel: make them the same on every run."""
-    monkeypatch.setattr("localpers.store._now", lambda: "2025-01-01T12:00:00+00:00")
+    monkeypatch.setattr("localpers.users.store._now", lambda: "2025-01-01T12:00:00+00:00")
 
 
 def fitted_service() -> FakeService:

@@ -10,9 +10,7 @@ import pytest
 from tui_helpers import async_test, visible_lines
 
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem
-from localpers.personalize import CandidateShift, RewriteResult, RewriteStep
-from localpers.store import UserStore
+from localpers.methods.card.personalizer import CandidateShift, RewriteResult, RewriteStep
 from localpers.tui.app import fit_summary
 from localpers.tui.runs import ResultCache, plan_runs, request_key
 from localpers.tui.service import RewriteRequest
@@ -28,6 +26,8 @@ from localpers.tui.userdata import (
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import NEUTRAL, choice_changed, correction_color, visible_piece
 from localpers.tui.widgets.why_view import summarize
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 
 def test_accept_output_adds_once_and_validates() -> None:

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from localpers.personalize import CandidateShift, FitReport, RewriteResult, RewriteStep
-from localpers.store import User, UserStore
+from localpers.methods.card.personalizer import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.tui.service import METHOD_DESCRIPTIONS, EngineInfo, Progress, RewriteRequest, TextSink
+from localpers.users.store import User, UserStore
 
 FAKE_SHA = "f" * 64
 
@@ -122,7 +122,7 @@ class FakeService:
             self._leave()
 
     def ensure_demo_user(self, progress: Progress) -> User:
-        from localpers.history import demo_history_path, parse_history_file
+        from localpers.users.history import demo_history_path, parse_history_file
 
         demo = self.store.get("demo") if "demo" in self.store.list() else self.store.create("demo")
         if not demo.history():

@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
-from localpers.choice import stored_choice
 from localpers.errors import LocalpersError
-from localpers.personalize import Personalizer, RewriteResult, chat_transcript, user_profile
-from localpers.store import User, UserStore
+from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.personalizer import Personalizer, RewriteResult, chat_transcript
+from localpers.methods.card.token_bias import TokenBias
+from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.tasks import get_task
-from localpers.token_bias import TokenBias
+from localpers.users.store import User, UserStore
 
 TextSink = Callable[[str], None]
 
@@ -85,7 +86,7 @@ class ApiBackend:
     def _profile(self, user: User | None, method: str) -> Profile:
         """What `method` needs of `user`; an unfitted or stale user is refused for CARD's methods.
 
-        For `card`, the strengths the user's fit chose (`localpers.choice`) and the user's token bias apply,
+        For `card`, the strengths the user's fit chose (`localpers.methods.card.choice`) and the user's token bias apply,
         as in `localpers rewrite`.
         """
         if method in ("global", "cope", "exact"):
@@ -109,7 +110,9 @@ class ApiBackend:
         if method != "card":
             return Profile(method, cluster, vector)
         vector_strength, bias_strength, _ = stored_choice(state)
-        return Profile(method, cluster, vector, user.token_bias(state), vector_strength, bias_strength)
+        return Profile(
+            method, cluster, vector, stored_token_bias(user, state), vector_strength, bias_strength
+        )
 
     # ------------------------------------------------------------------ generation
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from localpers.decoding import SamplerSettings
+from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.tasks import TASKS
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.errors import LocalpersError
-from localpers.history import DEFAULT_TASK, HistoryItem, normalize_text
+from localpers.users.history import DEFAULT_TASK, HistoryItem, normalize_text
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9_-]+")
 

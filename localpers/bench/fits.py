@@ -19,9 +19,10 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser
 from localpers.bench.methods import Method, UserProfile
-from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.personalize import NEGATIVES_FILE, Personalizer, user_profile
-from localpers.store import User, UserStore
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
+from localpers.methods.card.personalizer import NEGATIVES_FILE, Personalizer
+from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.users.store import User, UserStore
 
 BENCH_VERSION = 2  # bump when a change to the runner invalidates cached results
 
@@ -42,7 +43,7 @@ class FitStore:
     def _warm_encoder(self) -> None:
         """Load the sentence encoder once, so its start-up is not billed to the first user's fit."""
         if not self._encoder_warm:
-            from localpers.encoder import user_embedding
+            from localpers.engine.encoder import user_embedding
 
             user_embedding(["warm-up"])
             self._encoder_warm = True
@@ -172,7 +173,7 @@ class FitStore:
         report = state["fit"]
         profile.cluster = cluster
         profile.vector = vector
-        profile.bias = stored.token_bias(state)
+        profile.bias = stored_token_bias(stored, state)
         profile.choice = state.get("choice")
         profile.fit_seconds = float(sum(report.get("seconds", {}).values()))
         profile.vector_bytes = int(state["bench"]["stored_bytes"])

@@ -25,12 +25,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from localpers.errors import LocalpersError
-from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.history import HistoryItem
-from localpers.history_prompt import HistoryIndex, PromptFormat
-from localpers.personalize import DEFAULT_BIAS_STRENGTH, Personalizer, RewriteResult
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
+from localpers.methods.card.personalizer import DEFAULT_BIAS_STRENGTH, Personalizer, RewriteResult
+from localpers.methods.card.token_bias import TokenBias
 from localpers.tasks import get_task
-from localpers.token_bias import TokenBias
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import HistoryIndex, PromptFormat
 
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
@@ -259,7 +259,7 @@ class RagMethod(Method):
         return {"k": 4}
 
     def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
-        from localpers.retrieval import Bm25Index
+        from localpers.users.retrieval import Bm25Index
 
         return Bm25Index([f"{item.input} {item.output}" for item in profile.items]) if profile.items else None
 
@@ -436,7 +436,7 @@ class CardChosenMethod(CardMethod):
         spec: MethodSpec,
         reference: str | None = None,
     ) -> RewriteResult:
-        from localpers.choice import stored_choice
+        from localpers.methods.card.choice import stored_choice
 
         vector_strength, bias_strength, _ = stored_choice({"choice": profile.choice})
         chosen = MethodSpec(

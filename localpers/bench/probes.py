@@ -105,7 +105,7 @@ def run_probes(
 ) -> dict[str, Any]:
     """Run every style (resuming from each run's cache) and write probes.json, probes.md and probes.png."""
     from localpers.bench import run_and_write
-    from localpers.personalize import Personalizer
+    from localpers.methods.card.personalizer import Personalizer
 
     for name in config.styles:
         get_style(name)  # refuse an unknown style before loading anything

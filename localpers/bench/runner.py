@@ -38,8 +38,8 @@ from localpers.bench.methods import (
 from localpers.bench.metrics import rouge
 from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
-from localpers.history import serialize_history
-from localpers.personalize import Personalizer
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.history import serialize_history
 
 Progress = Callable[[str, int, int, str], None]  # (method, users done, users total, what is happening)
 _UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.=@,-]+")
@@ -112,7 +112,7 @@ def run_bench(
     config: BenchConfig, *, personalizer: Personalizer | None = None, progress: Progress | None = None
 ) -> BenchRun:
     """Evaluate every method on every user (from the cache where possible) and return the raw records."""
-    from localpers.methods.bench_methods import MethodStateRoot, register_bench_methods
+    from localpers.bench.extra_methods import MethodStateRoot, register_bench_methods
 
     register_bench_methods()
     check_method_names(config.methods)

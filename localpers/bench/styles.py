@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from localpers.bench.data import BenchUser
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem
+from localpers.users.history import HistoryItem
 
 _AND = re.compile(r"\b[Aa]nd\b")
 _TRAILING_PUNCTUATION = " .!?;:,"

@@ -7,7 +7,7 @@ of chosen layers (read through a `cb_eval` tap on the `l_out-N` tensors), teache
 continuations that share a prompt, and hand out a sampler chain for this model's vocabulary
 (`sampler_chain`, built in `localpers.engine.sampler_chain`).
 
-What it does not do: stop rules, streaming and the generation loop live in `localpers.generation`;
+What it does not do: stop rules, streaming and the generation loop live in `localpers.engine.generation`;
 feature normalisation and the CARD head live elsewhere. Nothing here opens a network connection.
 
 Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32, the raw residual
@@ -29,9 +29,9 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _ggml
 
-from localpers import cpu_buffers
-from localpers.decoding import MethodSampler, SamplerSettings
+from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, recorded_llama_log
+from localpers.engine.decoding import MethodSampler, SamplerSettings
 from localpers.engine.sampler_chain import SamplerChain
 from localpers.errors import LocalpersError
 

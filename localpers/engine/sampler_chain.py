@@ -1,14 +1,14 @@
 """llama.cpp's sampler chain, built from `SamplerSettings`, with a method's own sampler as one link of it.
 
 What it does: create a `llama_sampler_chain` of llama.cpp's built-in samplers in the order documented in
-`localpers.decoding`, insert a `MethodSampler` (CARD's correction, CoPe's contrast) as one custom
+`localpers.engine.decoding`, insert a `MethodSampler` (CARD's correction, CoPe's contrast) as one custom
 `llama_sampler` (a `llama_sampler_i` whose `apply`/`accept`/`name` call into Python) after a top-k
 cut of the method's own k, and choose a token from one step's logits with it (`sample`); built without a
 final pick, it returns the candidates the method left (`transform`, for teacher-forced scoring). An exception in
 the method's callback cannot cross llama.cpp: it is kept and raised again once the chain has returned.
 
 What it does not do: evaluate the model (`localpers.engine.model`), stop rules or streaming
-(`localpers.generation`).
+(`localpers.engine.generation`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from localpers.decoding import RANDOM_SEED, Candidates, MethodSampler, SamplerSettings
 from localpers.engine.backend import recorded_llama_log
+from localpers.engine.decoding import RANDOM_SEED, Candidates, MethodSampler, SamplerSettings
 from localpers.errors import LocalpersError
 
 # Mirror of `llama_token_data`: {int32 id; float logit; float p}.

@@ -33,17 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from localpers.decoding import Candidates, SamplerSettings
 from localpers.engine import Engine
+from localpers.engine.decoding import Candidates, SamplerSettings
+from localpers.engine.generation import generate
+from localpers.engine.torch_model import Example
 from localpers.errors import LocalpersError
-from localpers.generation import generate
-from localpers.history import HistoryItem
+from localpers.methods.card.personalizer import Personalizer, RewriteResult
 from localpers.methods.cope_train import SftConfig, train_user_lora
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
-from localpers.personalize import Personalizer, RewriteResult, history_for
-from localpers.publish.torch_model import Example
-from localpers.store import User, atomic_write_text
 from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = "cope.json"
 ADAPTER_PREFIX = "cope-"
@@ -166,7 +166,7 @@ def fit_cope(
     seconds.update(result.seconds)
 
     started = time.perf_counter()
-    from localpers.adapters import write_lora_gguf
+    from localpers.engine.adapters import write_lora_gguf
 
     user.dir.mkdir(parents=True, exist_ok=True)
     fresh = write_lora_gguf(

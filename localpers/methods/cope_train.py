@@ -4,10 +4,10 @@ The base model is the GGUF backbone (dequantised to fp32 by `transformers`) with
 (or the global) adapter merged into its weights; a fresh LoRA on top of it is trained with
 cross-entropy on the output tokens only (the LM head is applied at target positions only: the
 262,144-token vocabulary would otherwise dominate the cost). The trained LoRA is returned as GGUF
-tensors (`{blk.N.attn_q.weight: (A, B)}`) for `localpers.adapters.write_lora_gguf`.
+tensors (`{blk.N.attn_q.weight: (A, B)}`) for `localpers.engine.adapters.write_lora_gguf`.
 
 The backbone is loaded once per process (about 40 s) and wrapped with peft once, through the
-publisher's `localpers.publish.torch_model` (shared with it: batches, target-only losses, LoRA state);
+publisher's `localpers.engine.torch_model` (shared with it: batches, target-only losses, LoRA state);
 every user's fit resets the LoRA weights and merges, then unmerges, its base adapter. Needs the `[publish]` extra
 (torch, transformers, peft, gguf). It writes no files and does not decode (see `localpers.methods.cope`).
 """
@@ -25,9 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.errors import LocalpersError
-from localpers.methods.lora_files import LoraFile, Tensors
-from localpers.publish.torch_model import (
+from localpers.engine.torch_model import (
     Example,
     fresh_lora_state,
     load_lora_state,
@@ -36,6 +34,8 @@ from localpers.publish.torch_model import (
     shared_lora_model,
     target_token_losses,
 )
+from localpers.errors import LocalpersError
+from localpers.methods.lora_files import LoraFile, Tensors
 
 # GGUF block weight -> (transformers submodule, peft target name)
 GGUF_TO_TORCH = {

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.history import HistoryItem
+from localpers.users.history import HistoryItem
 
 
 def _timed(action: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
@@ -43,12 +43,12 @@ def _load_user(data: Path, user_id: str) -> tuple[list[HistoryItem], list[str]]:
 
 
 def measure(bundle: str, data: Path, user_id: str, n_items: int, n_queries: int) -> dict[str, Any]:
-    from localpers.generation import generate
+    from localpers.engine.generation import generate
+    from localpers.methods.card.personalizer import Personalizer
     from localpers.methods.cope import CopeDecoder, fit_cope, rewrite_cope, stored_bytes
     from localpers.methods.exact import index_exact, index_path, load_index, rewrite_exact
-    from localpers.personalize import Personalizer
-    from localpers.store import UserStore
     from localpers.tasks import get_task
+    from localpers.users.store import UserStore
 
     items, queries = _load_user(data, user_id)
     items = items[-n_items:]

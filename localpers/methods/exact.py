@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from localpers.decoding import SamplerSettings
+from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
+from localpers.methods.card.personalizer import Personalizer, RewriteResult
 from localpers.methods.scoring import PrefixScorer
-from localpers.personalize import Personalizer, RewriteResult, history_for
-from localpers.store import User, atomic_write_bytes
 from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.store import User, atomic_write_bytes, history_for
 
 INDEX_FILE = "exact-index.safetensors"
 INDEX_VERSION = 1
@@ -302,7 +302,7 @@ def index_exact(
     seconds["selection"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    from localpers.encoder import embed_texts
+    from localpers.engine.encoder import embed_texts
 
     kept = list(best.items())
     embeddings = embed_texts([key for key, _ in kept])
@@ -364,7 +364,7 @@ class Retrieval:
 
 def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
     """The attribute set of the indexed input nearest to `text` (none when the index is empty)."""
-    from localpers.encoder import embed_texts
+    from localpers.engine.encoder import embed_texts
 
     found = index.nearest(embed_texts([input_body(task, text)])[0])
     if found is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.adapters import write_lora_gguf
+from localpers.engine.adapters import write_lora_gguf
 from localpers.errors import LocalpersError
 
 Tensors = dict[str, tuple[np.ndarray, np.ndarray]]  # gguf weight name -> (A (r, in), B (out, r))
@@ -45,7 +45,7 @@ class LoraFile:
 
 
 def read_lora_gguf(path: Path) -> LoraFile:
-    """The LoRA tensors of a GGUF adapter written by `localpers.adapters.write_lora_gguf` (or llama.cpp's tools)."""
+    """The LoRA tensors of a GGUF adapter written by `localpers.engine.adapters.write_lora_gguf` (or llama.cpp's tools)."""
     import gguf
 
     try:

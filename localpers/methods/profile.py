@@ -11,7 +11,7 @@ from typing import Any
 
 from localpers.errors import LocalpersError
 from localpers.methods.exact import index_path, load_index, retrieve
-from localpers.store import User
+from localpers.users.store import User
 
 
 def card_summary(user: User) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 """Stage `bundle`: assemble the bundle directory (docs/BUNDLE.md) with its manifest written last.
 
-Files are staged under `WORK/bundle/staging/`, hashed there by `localpers.bundle.write_manifest`, then
+Files are staged under `WORK/bundle/staging/`, hashed there by `localpers.bundle.format.write_manifest`, then
 moved into OUT: the old `manifest.json` is removed first and the new one moved in last, so a bundle
 interrupted half-way has no manifest and no device will take it. Nothing here trains or evaluates.
 """
@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from localpers.backbone import DEFAULT_BACKBONE_NAME
-from localpers.bundle import MANIFEST_NAME, write_manifest
-from localpers.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
+from localpers.bundle.format import MANIFEST_NAME, write_manifest
+from localpers.engine.backbone import DEFAULT_BACKBONE_NAME
+from localpers.engine.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
 from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
 from localpers.publish.head_training import HEAD_FILE

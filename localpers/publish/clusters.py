@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.encoder import embed_texts, l2_normalise
+from localpers.engine.encoder import embed_texts, l2_normalise
 from localpers.errors import LocalpersError
 from localpers.publish.runner import PublishContext, read_json, write_json_atomic
 

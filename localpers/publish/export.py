@@ -2,7 +2,7 @@
 
 peft names (`...layers.3.self_attn.q_proj.lora_A.weight`) map to GGUF weight names
 (`blk.3.attn_q.weight`) through gguf's Gemma 3 tensor-name map; `lora_A` (r, in) and `lora_B`
-(out, r) are written as they are, with `alpha` = the LoRA alpha (`localpers.adapters.write_lora_gguf`).
+(out, r) are written as they are, with `alpha` = the LoRA alpha (`localpers.engine.adapters.write_lora_gguf`).
 The check, per adapter, on a few validation items: the adapter changes llama.cpp's log-probs of the
 target, and those log-probs correlate with torch's (the remainder is Q4 quantisation noise).
 This stage does not train anything.
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from localpers.adapters import backbone_architecture, write_lora_gguf
+from localpers.engine import torch_model
+from localpers.engine.adapters import backbone_architecture, write_lora_gguf
 from localpers.errors import LocalpersError
-from localpers.publish import torch_model
 from localpers.publish.runner import PublishContext
 from localpers.publish.sft import adapter_names, split_examples
 

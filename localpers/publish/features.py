@@ -2,7 +2,7 @@
 
 With the user's cluster adapter active, `Engine.score(prompt, [tok(" " + y+), tok(" " + y-)])` gives,
 for every continuation token, the tapped layers' hidden states that preceded it. They are stored
-RMS-normalised per layer and concatenated (`localpers.head.normalise_features`), in float16, with the
+RMS-normalised per layer and concatenated (`localpers.methods.card.head.normalise_features`), in float16, with the
 token ids and the sequence boundaries, one `.npz` per user (resumable per user). This stage does
 not train the head.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.head import normalise_features
+from localpers.methods.card.head import normalise_features
 from localpers.publish.pairs import load_pairs
 from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import PublishContext

@@ -1,6 +1,6 @@
 """Stage `head`: train the shared CARD head (P, Q) jointly with one vector lambda per training user.
 
-Exactly the maths of `localpers.head` (factored U = E Q, E = the backbone's token embeddings; with
+Exactly the maths of `localpers.methods.card.head` (factored U = E Q, E = the backbone's token embeddings; with
 `head_u = "full"`, one free row of U per token seen in the pairs instead):
 `z_t = P f_t` on the stored normalised features, `u_t = E[y_t] Q`, `g(y) = alpha * sum_t u_t * z_t`
 (over T when length-normalised), `R(y) = lambda_u . g(y)`. Loss: Bradley-Terry
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from localpers.head import CardHead, HeadConfig
+from localpers.engine.token_embeddings import TokenEmbeddings
+from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.publish.head_data import PairData, author_negative_pairs, holdout_mask, load_pair_data
 from localpers.publish.runner import PublishContext, write_json_atomic
-from localpers.token_embeddings import TokenEmbeddings
 
 HEAD_FILE = "head.safetensors"
 EVAL_EVERY = 10

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localpers.adapters import DEFAULT_TARGETS
+from localpers.engine.adapters import DEFAULT_TARGETS
 
 STAGES: tuple[str, ...] = ("clusters", "sft", "export", "pairs", "features", "head", "bundle")
 

@@ -33,7 +33,7 @@ def user_file(directory: Path, index: int) -> Path:
 
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     from localpers.engine import Engine
-    from localpers.generation import generate
+    from localpers.engine.generation import generate
     from localpers.tasks import get_task
 
     options = context.options

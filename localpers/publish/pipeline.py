@@ -11,10 +11,10 @@ from typing import Any
 
 from rich.console import Console
 
-from localpers.backbone import resolve_backbone
-from localpers.corpus import load_corpus
+from localpers.engine.backbone import resolve_backbone
 from localpers.errors import LocalpersError
 from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft
+from localpers.publish.corpus import load_corpus
 from localpers.publish.options import PublishOptions
 from localpers.publish.runner import PublishContext, run_stages
 

@@ -1,7 +1,7 @@
 """The publisher's training prompts: plain, or history-conditioned as the device will build them.
 
 With `--history-examples K` (K > 0) every training item's prompt shows the author's own earlier outputs
-(`localpers.history_prompt`, the same functions the device uses), chosen from that author's items dated
+(`localpers.users.history_prompt`, the same functions the device uses), chosen from that author's items dated
 strictly before it (items without dates: the items before it in file order), which is what a device has
 when the author writes that item. An item with no earlier item keeps the plain prompt, so the same
 adapters serve users with no history. Stages sft, pairs and features all take their prompts from here.
@@ -9,10 +9,10 @@ adapters serve users with no history. Stages sft, pairs and features all take th
 
 from __future__ import annotations
 
-from localpers.corpus import CorpusUser
-from localpers.history_prompt import PromptFormat, build_prompt, select_examples
+from localpers.publish.corpus import CorpusUser
 from localpers.publish.runner import PublishContext
 from localpers.tasks import get_task
+from localpers.users.history_prompt import PromptFormat, build_prompt, select_examples
 
 
 def prompt_format(context: PublishContext) -> PromptFormat | None:

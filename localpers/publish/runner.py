@@ -31,8 +31,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from localpers.corpus import Corpus
 from localpers.errors import LocalpersError
+from localpers.publish.corpus import Corpus
 from localpers.publish.options import STAGES, PublishOptions, stage_fields
 
 DONE_MARKER = "done.json"

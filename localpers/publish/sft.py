@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from localpers.publish import torch_model
+from localpers.engine import torch_model
+from localpers.engine.torch_model import Example
 from localpers.publish.clusters import load_assignment
 from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import PublishContext, read_json, write_json_atomic
-from localpers.publish.torch_model import Example
 
 GLOBAL = "global"
 EVAL_BATCH = 16

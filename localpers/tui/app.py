@@ -29,8 +29,7 @@ from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
 from localpers.errors import LocalpersError
-from localpers.personalize import RewriteResult
-from localpers.store import User
+from localpers.methods.card.personalizer import RewriteResult
 from localpers.tasks import get_task
 from localpers.tui import engine_jobs
 from localpers.tui.messages import (
@@ -61,6 +60,7 @@ from localpers.tui.userdata import (
 )
 from localpers.tui.widgets.history_panel import HistoryPanel
 from localpers.tui.widgets.stepper import Stepper
+from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
 REFIT_DELAY_SECONDS = 1.0
@@ -632,7 +632,7 @@ def fit_summary(report: dict[str, object]) -> str:
 def first_demo_article() -> str | None:
     """The first shipped demo article's input, or None when the demo files are not installed."""
     try:
-        from localpers.cli_device import demo_articles
+        from localpers.device.demo import demo_articles
 
         articles = demo_articles()
     except (LocalpersError, OSError, ValueError, KeyError):

@@ -17,7 +17,6 @@ from textual.message import Message
 from textual.worker import Worker, get_current_worker
 
 from localpers.errors import LocalpersError
-from localpers.store import User
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
@@ -31,6 +30,7 @@ from localpers.tui.messages import (
 )
 from localpers.tui.runs import Run
 from localpers.tui.service import Progress, WritingService
+from localpers.users.store import User
 
 Post = Callable[[Message], object]
 

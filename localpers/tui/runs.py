@@ -11,7 +11,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localpers.personalize import RewriteResult
+from localpers.methods.card.personalizer import RewriteResult
 from localpers.tui.service import RewriteRequest
 
 CACHE_SIZE = 64

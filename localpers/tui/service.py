@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from localpers.decoding import SamplerSettings
-from localpers.history_prompt import HistoryIndex
-from localpers.store import User, UserStore
-from localpers.token_bias import TokenBias
+from localpers.engine.decoding import SamplerSettings
+from localpers.methods.card.token_bias import TokenBias
+from localpers.users.history_prompt import HistoryIndex
+from localpers.users.store import User, UserStore
 
 if TYPE_CHECKING:
-    from localpers.personalize import FitReport, Personalizer, RewriteResult
+    from localpers.methods.card.personalizer import FitReport, Personalizer, RewriteResult
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total), called from the worker thread
 TextSink = Callable[[str], None]  # receives streamed text pieces, called from the worker thread
@@ -149,7 +149,7 @@ class EngineService:
         return self.personalizer.fit_user(user, progress=progress)
 
     def ensure_demo_user(self, progress: Progress) -> User:
-        from localpers.cli_device import ensure_demo_user
+        from localpers.device.demo import ensure_demo_user
 
         user, _ = ensure_demo_user(self.personalizer, self.store, progress)
         return user

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from localpers.choice import stored_choice
 from localpers.errors import LocalpersError
-from localpers.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
-from localpers.store import User, UserStore, atomic_write_text
-from localpers.token_bias import TokenBias
+from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.token_bias import TokenBias
+from localpers.methods.card.user_state import stored_token_bias
+from localpers.users.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
+from localpers.users.store import User, UserStore, atomic_write_text
 
 REJECTED_FILE = "negatives_user.jsonl"
 TUI_SOURCE = "tui"
@@ -64,7 +65,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
     try:
         state = user.state()
         vector = user.vector()
-        bias = user.token_bias(state)
+        bias = stored_token_bias(user, state)
     except LocalpersError as exc:
         return Profile(user.name, n_history, n_rejected, problem=str(exc))
     cluster = state.get("cluster")

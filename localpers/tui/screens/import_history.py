@@ -13,8 +13,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from localpers.errors import LocalpersError
-from localpers.store import UserStore
 from localpers.tui.userdata import ImportSummary, import_history_file
+from localpers.users.store import UserStore
 
 IMPORT_HELP = (
     'A JSONL file of your examples, one per line: {"input": ..., "output": ...} '

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from localpers.personalize import RewriteStep
+from localpers.methods.card.personalizer import RewriteStep
 from localpers.tui.widgets.token_strip import visible_piece
 
 MAX_ROWS = 10

@@ -15,8 +15,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from localpers.history import HistoryItem
 from localpers.tasks import TASKS
+from localpers.users.history import HistoryItem
 
 
 def without_instruction(item: HistoryItem) -> str:

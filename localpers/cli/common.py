@@ -1,0 +1,86 @@
+"""What every `localpers` command shares: the Typer app, one-line errors, text arguments, common options.
+
+This module imports no command module (the command modules import it), so the command line has no import
+circle: `localpers.cli.main` imports the command modules, and each of them registers itself on `app`.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from localpers import __version__
+from localpers.errors import LocalpersError
+from localpers.untrusted import one_line
+
+app = typer.Typer(
+    name="localpers",
+    help="An LLM that writes the way you write, without your writing leaving your machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line_errors(func: F) -> F:
+    """Print a LocalpersError as `error: ...` on stderr and exit with its code, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except LocalpersError as exc:
+            # Messages quote outside input (file names, fields): escape anything that would break the
+            # line (\n, U+2028) or drive the terminal (ESC).
+            typer.echo(f"error: {one_line(str(exc))}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted; nothing was changed", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def read_text_argument(text: str) -> str:
+    """`-` reads standard input; anything else is the text itself."""
+    if text == "-":
+        data = sys.stdin.read()
+        if not data.strip():
+            raise LocalpersError("standard input was empty; pipe some text or pass it as an argument")
+        return data
+    if not text.strip():
+        raise LocalpersError("the text is empty; pass some text or - to read standard input")
+    return text
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"localpers {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """An LLM that writes the way you write, without your writing leaving your machine."""
+
+
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded Gemma 3 270M)."
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]

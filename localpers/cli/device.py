@@ -1,0 +1,264 @@
+"""CLI commands of the device side of CARD: `fit`, `rewrite` and `demo`.
+
+They load one `Personalizer` (backbone + bundle) per invocation and read/write users through the
+store. User text stays in the user's folder; nothing here opens a network connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from localpers.cli.sampling import (
+    PANEL,
+    FrequencyPenaltyOption,
+    GrammarOption,
+    MinPOption,
+    PresencePenaltyOption,
+    RepetitionPenaltyOption,
+    SeedOption,
+    TemperatureOption,
+    TopPOption,
+    sampler_settings,
+)
+from localpers.device.demo import DEMO_USER, carries_demo_style, demo_articles, ensure_demo_user
+from localpers.methods.base import RewriteOptions
+from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.method import fit_summary as card_fit_summary
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.registry import METHODS, get_method, method_names
+from localpers.methods.reports import FitReport, RewriteResult
+from localpers.tasks import get_task
+from localpers.users.store import UserStore
+
+UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
+BundleOption = Annotated[
+    str | None,
+    typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+@contextmanager
+def fit_progress(enabled: bool) -> Iterator[Any]:
+    """A rich progress bar fed by the Personalizer's (stage, done, total) callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    labels = {
+        "negatives": "model's own outputs (y-)",
+        "features": "pair features",
+        "pairs": "pairs (y- + features)",
+    }
+    with Progress(
+        TextColumn("{task.description:<26}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(labels.get(stage, stage), total=total)
+            progress.update(tasks[stage], completed=done)
+
+        yield update
+
+
+def fit_command(
+    user: UserOption = None,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method", "-m", help=f"One of: {', '.join(method_names(fitted=True))} (card by default)."
+        ),
+    ] = "card",
+    history_limit: Annotated[
+        int | None, typer.Option(min=1, help="Use only the N most recent items.")
+    ] = None,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit the user from their history: CARD's cluster and vector, or CoPe/EXACT with --method (all on this machine)."""
+    chosen = get_method(method, for_fit=True)
+    target = UserStore().resolve(user)
+    personalizer = Personalizer.open(model=model, bundle=bundle)
+    with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+        fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
+    typer.echo(json.dumps(fitted.report) if as_json else fitted.summary)
+
+
+def rewrite_command(
+    text: Annotated[str, typer.Argument(help="Input text, or - to read standard input.")],
+    user: UserOption = None,
+    task: Annotated[
+        str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
+    ] = "headline",
+    method: Annotated[str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")] = "card",
+    strength: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, help="CARD strength α (default: the bundle's); for cope, its contrastive α (0.3)."
+        ),
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, max=2048, help="Token limit (default: the task's).")
+    ] = None,
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they come.")] = True,
+    temperature: TemperatureOption = 0.0,
+    sample_top_k: Annotated[
+        int,
+        typer.Option(
+            "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
+        ),
+    ] = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    presence_penalty: PresencePenaltyOption = 0.0,
+    frequency_penalty: FrequencyPenaltyOption = 0.0,
+    seed: SeedOption = None,
+    grammar: GrammarOption = None,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write TEXT's headline/title/paraphrase the way the user writes (CARD by default)."""
+    from localpers.cli.common import read_text_argument
+
+    source = read_text_argument(text)
+    sampling = sampler_settings(
+        temperature=temperature,
+        top_k=sample_top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        grammar=grammar,
+    )
+    chosen = get_method(method)
+    store = UserStore()
+    target = store.resolve(user) if (user or store.active_name() or chosen.needs_user) else None
+    personalizer = Personalizer.open(model=model, bundle=bundle)
+
+    def stream_piece(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    payload = chosen.rewrite(
+        personalizer,
+        target,
+        source,
+        RewriteOptions(
+            task=task,
+            strength=strength,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            on_text=stream_piece if (stream and not as_json) else None,
+            note=(lambda _: None) if as_json else (lambda text: typer.echo(f"note: {text}", err=True)),
+        ),
+    )
+    if as_json:
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+    elif stream:
+        sys.stdout.write("\n")
+    else:
+        typer.echo(payload["text"])
+
+
+def demo_command(
+    articles: Annotated[int, typer.Option(min=1, max=4, help="How many demo articles to show.")] = 3,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit the shipped demo user (first run) and compare global, cluster and personalized headlines."""
+    personalizer = Personalizer.open(model=model, bundle=bundle)
+    store = UserStore()
+    if not as_json:
+        typer.echo(
+            f"bundle {personalizer.bundle.directory} (k={personalizer.bundle.k}); backbone {personalizer.backbone.path.name}"
+        )
+    with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+        demo, fitted_now = ensure_demo_user(personalizer, store, progress)
+    report = demo.state()["fit"]
+    cluster, vector, state = user_profile(demo)
+    history = demo.history_index(get_task("headline"))
+    chosen_strength, chosen_bias, _ = stored_choice(state)
+    rows: list[dict[str, Any]] = []
+    for article in demo_articles()[:articles]:
+        outputs: dict[str, RewriteResult] = {
+            method: personalizer.rewrite(
+                article,
+                method=method,
+                cluster=cluster,
+                vector=vector,
+                history=history,
+                bias=stored_token_bias(demo, state),
+                strength=chosen_strength,
+                bias_strength=chosen_bias,
+            )
+            for method in ("global", "cluster", "card")
+        }
+        rows.append({"article": article.split(":", 1)[-1].strip(), **{m: r.text for m, r in outputs.items()}})
+    hits = {m: sum(carries_demo_style(row[m]) for row in rows) for m in ("global", "cluster", "card")}
+    if as_json:
+        payload = {
+            "user": DEMO_USER,
+            "fitted_now": fitted_now,
+            "fit": report,
+            "rows": rows,
+            "style_hits": hits,
+        }
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    if fitted_now:
+        typer.echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
+    _print_comparison(rows)
+    typer.echo(
+        "the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have "
+        f"one): global {hits['global']}/{len(rows)}, cluster adapter {hits['cluster']}/{len(rows)}, "
+        f"CARD {hits['card']}/{len(rows)}"
+    )
+
+
+def _print_comparison(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Demo user (a punny optimist): one article per row", show_lines=True)
+    table.add_column("article", ratio=3)
+    table.add_column("global (non-personalized)", ratio=2)
+    table.add_column("cluster adapter", ratio=2)
+    table.add_column("CARD (personalized)", ratio=2, style="bold")
+    for row in rows:
+        table.add_row(row["article"], row["global"], row["cluster"], row["card"])
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add fit, rewrite and demo to the main app, each with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    app.command("fit")(one_line_errors(fit_command))
+    app.command("rewrite")(one_line_errors(rewrite_command))
+    app.command("demo")(one_line_errors(demo_command))

@@ -1,0 +1,179 @@
+"""The `localpers doctor` and `localpers generate` commands: the backbone alone, no bundle and no user.
+
+`doctor` reports the backbone, llama.cpp build, threads, data directories and installed extras;
+`generate` runs the backbone (optionally with one of its sampler settings) on a prompt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from localpers import __version__
+from localpers.cli.common import JsonOption, ModelOption, one_line_errors, read_text_argument
+from localpers.cli.sampling import (
+    FrequencyPenaltyOption,
+    GrammarOption,
+    MinPOption,
+    PresencePenaltyOption,
+    RepetitionPenaltyOption,
+    SeedOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
+    sampler_settings,
+)
+from localpers.errors import LocalpersError
+
+
+def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
+    """Show the backbone, llama.cpp build, threads, data directories and installed extras."""
+    import os
+
+    from localpers import paths
+    from localpers.engine import Engine, llama_cpp_version, llama_system_info
+    from localpers.engine.backbone import resolve_backbone
+
+    backbone = resolve_backbone(model)
+    try:
+        from localpers.engine.encoder import encoder_dir
+
+        encoder = str(encoder_dir())
+    except LocalpersError as exc:
+        encoder = f"missing: {exc}"
+    # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
+    with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
+        choice, weights = engine.buffer_choice, engine.weight_buffers
+    extras = {
+        name: importlib.util.find_spec(name) is not None
+        for name in ("torch", "transformers", "peft", "gguf", "matplotlib", "pytest")
+    }
+    report = {
+        "version": __version__,
+        "backbone": {"path": str(backbone.path), "sha256": backbone.sha256, "source": backbone.source},
+        "llama_cpp_python": llama_cpp_version(),
+        "llama_system_info": llama_system_info(),
+        "threads": os.cpu_count(),
+        "encoder": encoder,
+        "cpu_buffers": {
+            "setting": choice.setting,
+            "offered": list(choice.offered),
+            "allowed": list(choice.allowed),
+            "reason": choice.reason,
+            "weights_mib": weights,
+        },
+        "layer_taps": "c"
+        if importlib.util.find_spec("localpers._taps")
+        else "python (slower: C callback not built)",
+        "dirs": {
+            "data": str(paths.data_dir()),
+            "cache": str(paths.cache_dir()),
+            "config": str(paths.config_dir()),
+        },
+        "extras": {
+            "publish": all(extras[n] for n in ("torch", "transformers", "peft", "gguf")),
+            **extras,
+        },
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"localpers {report['version']}")
+    typer.echo(f"backbone      {backbone.path} ({backbone.source})")
+    typer.echo(f"  sha256      {backbone.sha256}")
+    typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
+    typer.echo(f"  system      {report['llama_system_info']}")
+    typer.echo(f"threads       {report['threads']}")
+    typer.echo(f"encoder       {encoder}")
+    placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in weights.items()) or "?"
+    typer.echo(f"cpu buffers   {choice.reason}")
+    typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
+    typer.echo(f"layer taps    {report['layer_taps']}")
+    for name, where in report["dirs"].items():
+        typer.echo(f"{name + ' dir':<14}{where}")
+    installed = ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in report["extras"].items())
+    typer.echo(f"extras        {installed}")
+
+
+def generate(
+    text: Annotated[str, typer.Argument(help="Input text, or - to read standard input.")],
+    task: Annotated[str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")] = "free",
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, max=4096, help="Token limit (default: the task's).")
+    ] = None,
+    temperature: TemperatureOption = 0.0,
+    top_k: TopKOption = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    presence_penalty: PresencePenaltyOption = 0.0,
+    frequency_penalty: FrequencyPenaltyOption = 0.0,
+    seed: SeedOption = None,
+    grammar: GrammarOption = None,
+    adapter: Annotated[
+        str | None, typer.Option(help="A GGUF LoRA adapter file to apply to the backbone.")
+    ] = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Plain (non-personalized) streaming generation on the backbone, optionally with one adapter."""
+    from localpers.engine import Engine
+    from localpers.engine.backbone import resolve_backbone
+    from localpers.engine.generation import generate as run_generation
+    from localpers.tasks import get_task
+
+    chosen_task = get_task(task)
+    source_text = read_text_argument(text)
+    sampling = sampler_settings(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        grammar=grammar,
+    )
+    backbone = resolve_backbone(model)
+    engine = Engine(backbone.path, tap_layers=None)
+    if adapter:
+        engine.set_adapter(engine.load_adapter(adapter))
+
+    def stream(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    result = run_generation(
+        engine,
+        chosen_task.prompt_for(source_text),
+        max_tokens=max_tokens or chosen_task.default_max_tokens,
+        sampling=sampling,
+        stop=chosen_task.stop_strings,
+        on_text=None if as_json else stream,
+    )
+    if as_json:
+        payload = {
+            "text": result.text.strip() if chosen_task.one_line else result.text,
+            "task": chosen_task.name,
+            "adapter": adapter,
+            "backbone": str(backbone.path),
+            "tokens": len(result.tokens),
+            "stop_reason": result.stop_reason,
+            "prompt_tokens": result.prompt_tokens,
+            "prompt_ms": round(1000 * result.prompt_seconds, 2),
+            "ms_per_token": round(result.ms_per_token, 2),
+        }
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `doctor` and `generate` to the main app with one-line error handling."""
+    app.command("doctor")(one_line_errors(doctor))
+    app.command("generate")(one_line_errors(generate))

@@ -1,0 +1,26 @@
+"""The assembled `localpers` command line: every command module registered on the shared Typer app.
+
+Command modules import `localpers.cli.common` only; this module is the one place that imports them all,
+so adding a command group is one module with a `register(app)` and one line here.
+"""
+
+from __future__ import annotations
+
+from localpers.cli import api, bench, bundle, device, generate, profile, publish, repo, tui, users
+from localpers.cli.common import app
+
+generate.register(app)
+app.add_typer(users.user_app, name="user")
+app.add_typer(users.history_app, name="history")
+for _module in (bundle, device, bench, tui, profile, api, repo, publish):
+    _module.register(app)
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""`localpers profile`: the user's interpretable style profile (EXACT's attribute frequencies, CARD's cluster).
+
+Reads the user's folder only; nothing here opens a network connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from localpers.users.store import UserStore
+
+
+def profile_command(
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="User name (default: the active user).")
+    ] = None,
+    text: Annotated[
+        str | None,
+        typer.Option("--text", help="Also show the attributes EXACT retrieves for this text (- = stdin)."),
+    ] = None,
+    task: Annotated[str, typer.Option("--task", "-t", help="Task of --text.")] = "headline",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+) -> None:
+    """Show the user's style profile: EXACT attribute frequencies, attributes for a text, CARD's cluster."""
+    from localpers.cli.common import read_text_argument
+    from localpers.methods.profile import user_style_profile
+
+    target = UserStore().resolve(user)
+    profile = user_style_profile(target, read_text_argument(text) if text is not None else None, task)
+    if as_json:
+        typer.echo(json.dumps(profile, ensure_ascii=False))
+        return
+    _print_profile(profile, text is not None)
+
+
+def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{profile['user']}[/bold]")
+    card = profile["card"]
+    if card is None:
+        console.print("CARD: not fitted (run `localpers fit`)")
+    else:
+        console.print(
+            f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"
+        )
+    exact = profile["exact"]
+    if exact is None:
+        console.print("EXACT: no index (run `localpers fit --method exact`)")
+        return
+    table = Table(title=f"EXACT attributes over {exact['indexed_inputs']} indexed inputs (k={exact['k']})")
+    table.add_column("attribute")
+    table.add_column("inputs", justify="right")
+    table.add_column("share", justify="right")
+    for row in exact["frequencies"]:
+        table.add_row(row["attribute"], str(row["count"]), f"{100 * row['share']:.0f}%")
+    console.print(table)
+    if asked_for_text:
+        retrieved = exact["retrieved"]
+        if retrieved["attributes"]:
+            console.print(
+                f"for this text: [bold]{', '.join(retrieved['attributes'])}[/bold]"
+                f" (nearest history input, cosine {retrieved['similarity']}: {retrieved['matched_input'][:80]!r})"
+            )
+        else:
+            console.print("for this text: no attributes (the index is empty)")
+    sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    """Add `profile` to the main app with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    app.command("profile")(one_line_errors(profile_command))

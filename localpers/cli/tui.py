@@ -1,0 +1,88 @@
+"""The `localpers tui` command: open the interactive writer (a Textual app, `localpers.tui`).
+
+It resolves the backbone and verifies the bundle before the screen opens, so a missing bundle or model is
+a one-line error like in every other command; the model itself loads inside the app, in the background.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from localpers.cli.sampling import (
+    PANEL,
+    GrammarOption,
+    MinPOption,
+    RepetitionPenaltyOption,
+    SeedOption,
+    TemperatureOption,
+    TopPOption,
+    sampler_settings,
+)
+from localpers.errors import LocalpersError
+
+
+def tui_command(
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="User to open (default: the active user).")
+    ] = None,
+    text: Annotated[str, typer.Option("--text", help="Start with this draft.")] = "",
+    bundle: Annotated[
+        str | None,
+        typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
+    ] = None,
+    temperature: TemperatureOption = 0.0,
+    sample_top_k: Annotated[
+        int,
+        typer.Option(
+            "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
+        ),
+    ] = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
+    repetition_penalty: RepetitionPenaltyOption = 1.0,
+    seed: SeedOption = None,
+    grammar: GrammarOption = None,
+) -> None:
+    """Write a draft and watch your personalized rewrite stream beside the plain one; see why; teach it."""
+    from localpers.bundle.format import open_bundle
+    from localpers.engine.backbone import resolve_backbone
+    from localpers.users.store import UserStore
+
+    sampling = sampler_settings(
+        temperature=temperature,
+        top_k=sample_top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        grammar=grammar,
+    )
+    backbone = resolve_backbone(model)
+    verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
+    store = UserStore()
+    if user is not None:
+        store.get(user)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise LocalpersError(
+            "`localpers tui` needs an interactive terminal; in scripts use `localpers rewrite`"
+        )
+
+    from localpers.methods.card.personalizer import Personalizer
+    from localpers.tui import EngineService, run_app
+
+    service = EngineService(lambda: Personalizer(verified, backbone), store, sampling=sampling)
+    run_app(service, user=user, text=text)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `tui` to the main app with one-line error handling."""
+    from localpers.cli.common import one_line_errors
+
+    app.command("tui")(one_line_errors(tui_command))

@@ -1,0 +1,44 @@
+"""The demo user: created from the shipped (invented) history and fitted with CARD when missing or stale.
+
+Used by `localpers demo`, the TUI's first run and scripts; it writes only the demo user's own folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.store import User, UserStore
+
+DEMO_USER = "demo"
+_DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
+
+
+def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any = None) -> tuple[User, bool]:
+    """The demo user, created from the shipped history and fitted when missing or stale."""
+    from localpers.users.history import demo_history_path, parse_history_file
+
+    demo = store.get(DEMO_USER) if DEMO_USER in store.list() else store.create(DEMO_USER)
+    if not demo.history():
+        demo.save_history(parse_history_file(demo_history_path()))
+    state = demo.state()
+    fitted_now = False
+    if not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:
+        personalizer.fit_user(demo, progress=progress)
+        fitted_now = True
+    return demo, fitted_now
+
+
+def demo_articles() -> list[str]:
+    """Inputs of the shipped demo articles (invented text, see models/demo-user/README.md)."""
+    from localpers.users.history import demo_history_path
+
+    path = demo_history_path().with_name("articles.jsonl")
+    return [json.loads(line)["input"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def carries_demo_style(text: str) -> bool:
+    """Whether a headline shows the demo user's habit: a short kicker before a colon, or "Here's Why"."""
+    return bool(_DEMO_KICKER.match(text)) or "here's why" in text.lower().replace("\u2019", "'")

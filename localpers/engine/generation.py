@@ -1,0 +1,177 @@
+"""The decode loop: prompt -> tokens through llama.cpp's sampler chain, with stop rules and streaming.
+
+Each step's token is chosen by the engine's sampler chain (`localpers.engine.decoding.SamplerSettings`, greedy by
+default); a personalization method plugs in as one sampler of that chain (`MethodSampler`: CARD's
+correction, CoPe's contrast), which sees the step's candidates and tapped layer features. Stop strings
+are honoured without ever streaming their text, and leading whitespace never triggers a stop (a
+headline that starts with a newline is not an empty headline). This module does not load models.
+
+`generate(..., forced=tokens)` runs the same method sampler teacher-forced: instead of choosing, it feeds
+the given tokens and records each one's log-probability under the method's logits (the gold likelihood of
+the benchmark). The method changes only the candidates it is given (CARD: the cluster model's top k; CoPe:
+its plausibility set); every other token keeps its unchanged logit, so the correction moves the top k and
+every method is scored over the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localpers.engine import Engine
+from localpers.engine.decoding import GREEDY, MethodSampler, SamplerSettings
+
+TextCallback = Callable[[str], None]
+
+
+@dataclass
+class GenerationResult:
+    """What a generation produced and how long it took."""
+
+    text: str
+    tokens: list[int]
+    stop_reason: str  # "eos", "stop" or "length"
+    prompt_tokens: int
+    prompt_seconds: float
+    decode_seconds: float
+    chosen_logits: list[float] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)  # teacher-forced runs only
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.decode_seconds / max(1, len(self.tokens))
+
+
+class _StopScanner:
+    """Tracks generated text, finds stop strings, and says how much text is safe to stream."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self.streamed = 0
+
+    def _content_start(self, text: str) -> int:
+        return len(text) - len(text.lstrip())
+
+    def find_stop(self, text: str) -> int | None:
+        start = self._content_start(text)
+        if start == len(text):
+            return None
+        hits = [index for s in self.stop if (index := text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        """Length of the prefix that cannot turn out to be part of a stop string."""
+        held = 0
+        for s in self.stop:
+            for size in range(min(len(s), len(text)), 0, -1):
+                if text.endswith(s[:size]):
+                    held = max(held, size)
+                    break
+        return len(text) - held
+
+    def emit(self, text: str, upto: int, on_text: TextCallback | None) -> None:
+        if on_text is not None and upto > self.streamed:
+            on_text(text[self.streamed : upto])
+        self.streamed = max(self.streamed, upto)
+
+
+def generate(
+    engine: Engine,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 64,
+    sampling: SamplerSettings | None = None,
+    stop: Sequence[str] = (),
+    method: MethodSampler | None = None,
+    on_text: TextCallback | None = None,
+    forced: Sequence[int] | None = None,
+) -> GenerationResult:
+    """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`.
+
+    With `forced`, feed exactly those tokens instead (no sampling, no stop rules) and return their
+    log-probabilities under the method's distribution in `token_logprobs`.
+
+    `chosen_logits` holds each chosen token's logit as the end of the chain saw it (after the method's
+    change and, when sampling, the temperature).
+    """
+    if forced is not None:
+        return _teacher_forced(engine, prompt, forced, method)
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    with engine.sampler_chain(sampling or GREEDY, method) as chain:
+        started = time.perf_counter()
+        step = engine.prefill(prompt_tokens)
+        prompt_seconds = time.perf_counter() - started
+
+        scanner = _StopScanner(stop)
+        generated: list[int] = []
+        chosen_logits: list[float] = []
+        stop_reason = "length"
+        text = ""
+        decode_started = time.perf_counter()
+        for _ in range(max_tokens):
+            pick = chain.sample(step.logits, step.features)
+            token = pick.token
+            if engine.is_end_of_generation(token):
+                stop_reason = "eos"
+                break
+            generated.append(token)
+            chosen_logits.append(pick.logit)
+            text = engine.detokenize(generated)
+            cut = scanner.find_stop(text)
+            if cut is not None:
+                text = text[:cut]
+                stop_reason = "stop"
+                break
+            scanner.emit(text, scanner.safe_length(text.rstrip("\ufffd")), on_text)
+            if len(generated) == max_tokens or engine.n_past >= engine.n_ctx:
+                break
+            step = engine.step(token, copy_logits=False)
+        decode_seconds = time.perf_counter() - decode_started
+    scanner.emit(text, len(text), on_text)
+    return GenerationResult(
+        text=text,
+        tokens=generated,
+        stop_reason=stop_reason,
+        prompt_tokens=len(prompt_tokens),
+        prompt_seconds=prompt_seconds,
+        decode_seconds=decode_seconds,
+        chosen_logits=chosen_logits,
+    )
+
+
+def _teacher_forced(
+    engine: Engine, prompt: str | Sequence[int], forced: Sequence[int], method: MethodSampler | None
+) -> GenerationResult:
+    """Feed `forced` and score each token: the method's candidates with its logits, the rest unchanged."""
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    with engine.sampler_chain(GREEDY, method, final_pick=False) as chain:
+        started = time.perf_counter()
+        step = engine.prefill(prompt_tokens)
+        prompt_seconds = time.perf_counter() - started
+        fed: list[int] = []
+        logprobs: list[float] = []
+        decode_started = time.perf_counter()
+        for index, token in enumerate(forced):
+            scored = step.logits.astype(np.float64)
+            if method is not None:
+                ids, changed = chain.transform(step.logits, step.features)
+                finite = np.isfinite(changed)
+                scored[ids[finite]] = changed[finite]
+            top = scored.max()
+            logprobs.append(float(scored[token] - top - np.log(np.exp(scored - top).sum())))
+            chain.accept(int(token))
+            fed.append(int(token))
+            if index + 1 < len(forced):
+                step = engine.step(int(token))
+    return GenerationResult(
+        text=engine.detokenize(fed),
+        tokens=fed,
+        stop_reason="forced",
+        prompt_tokens=len(prompt_tokens),
+        prompt_seconds=prompt_seconds,
+        decode_seconds=time.perf_counter() - decode_started,
+        token_logprobs=logprobs,
+    )

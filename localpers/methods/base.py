@@ -1,0 +1,69 @@
+"""The one shape every personalization method has on the device: fit, rewrite, report costs and a why.
+
+A method learns from a user's history (`fit`), keeps what it learned in the user's own folder (the
+method's files under `User.dir`, written atomically through `localpers.users.store`; read back by
+`rewrite`), rewrites a text for that user, and says what it stores (`stored_bytes`) and, in one line,
+what it does (`summary`, the "why" shown in `--help` and the TUI). CARD's logit correction, CoPe's
+contrastive decoder and EXACT's attribute prompt are what each `rewrite` plugs into the decode loop.
+
+This module defines the shape only; `localpers.methods.registry` lists the methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from localpers.engine.decoding import SamplerSettings
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.store import User
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class Fitted:
+    """A finished fit: its JSON report (as `localpers fit --json` prints it) and a human summary."""
+
+    report: dict[str, Any]
+    summary: str
+
+
+@dataclass
+class RewriteOptions:
+    """What the caller asks of one rewrite; `strength` and `top_k` mean what the method says they mean."""
+
+    task: str = "headline"
+    strength: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    sampling: SamplerSettings | None = None
+    on_text: Callable[[str], None] | None = None
+    note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
+
+
+class Method(ABC):
+    """One personalization method as the CLI, the TUI and the API use it."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line: what the method learns and how it changes decoding (the "why")
+    fits: ClassVar[bool] = True  # whether `localpers fit --method NAME` learns anything
+    needs_user: ClassVar[bool] = True  # whether a rewrite needs a fitted user
+
+    def fit(
+        self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
+    ) -> Fitted:
+        """Learn from the user's history and store the result in their folder."""
+        raise NotImplementedError(f"{self.name} learns nothing from a history; fit another method")
+
+    @abstractmethod
+    def rewrite(
+        self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
+    ) -> dict[str, Any]:
+        """Rewrite `text` for `user` from their stored state; the JSON payload of `localpers rewrite --json`."""
+
+    def stored_bytes(self, user: User) -> int:
+        """Bytes this method keeps in the user's folder (0 when it keeps nothing of its own)."""
+        return 0

@@ -1,0 +1,97 @@
+"""CARD's reward-guided decoding step as one sampler of llama.cpp's chain: the top-k logit correction.
+
+The sampler keeps only the cluster model's k best tokens and adds `strength * U[v] . (P f_t * lambda)` to
+each of them, with `f_t` the layer features tapped at the position being predicted. When the user has a
+token bias (`localpers.methods.card.token_bias`), the user's habitual tokens for this position join the k candidates
+(uncorrected by the vector) and every candidate gets its bias times `bias_strength`. Every other token
+leaves the chain, so however strong the correction, the next token is one the cluster model ranked in its
+top k or one the user habitually writes there. Without a token bias a llama.cpp `top_k(k)` sampler placed
+right before this one makes the cut; with one, this sampler cuts itself (it must see the habitual tokens'
+logits). It only does head maths on the candidates it is given: no model evaluation, no token choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localpers.engine.decoding import Candidates
+from localpers.errors import LocalpersError
+from localpers.methods.card.head import CardHead
+from localpers.methods.card.token_bias import TokenBias
+
+
+@dataclass
+class CorrectionRecord:
+    """One step of the correction: the candidate ids, their logits before, and what was added."""
+
+    candidates: np.ndarray
+    before: np.ndarray
+    delta: np.ndarray
+
+
+@dataclass
+class CardCorrection:
+    """A `MethodSampler` applying CARD's correction for one user (`vector`) at one `strength`.
+
+    `top_k` is CARD's k; `bias` (optional) is the user's token bias, applied at `bias_strength`.
+    A correction serves one generation or one teacher-forced scoring: it counts the tokens it is told of.
+    """
+
+    head: CardHead
+    vector: np.ndarray
+    strength: float
+    top_k: int
+    record: bool = False
+    bias: TokenBias | None = None
+    bias_strength: float = 0.0
+    name: str = "card"
+    steps: list[CorrectionRecord] = field(default_factory=list)
+    position: int = 0  # tokens accepted so far: the token bias differs for the first one
+
+    def __post_init__(self) -> None:
+        if self.bias is not None and (not len(self.bias) or self.bias_strength == 0.0):
+            self.bias = None
+
+    @property
+    def candidate_limit(self) -> int | None:
+        """The chain's top-k cut before this sampler; None when this sampler cuts itself (token bias)."""
+        return None if self.bias is not None else self.top_k
+
+    def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
+        if features is None:
+            raise LocalpersError("the engine returned no layer features; CARD needs the layer taps")
+        habitual = np.zeros(0, dtype=np.int64)
+        if self.bias is not None:
+            habitual = self._cut_with_habits(candidates)
+        ids = candidates.ids
+        before = candidates.logits.astype(np.float32)  # a copy: the view is about to change
+        delta = np.asarray(
+            self.head.correction(ids, features, self.vector, strength=self.strength), dtype=np.float32
+        )
+        if len(habitual):  # the user's habits beyond the top k are not corrected by the vector
+            delta[np.isin(ids, habitual)] = 0.0
+        if self.bias is not None:
+            delta = delta + self.bias.apply(before, ids, self.position, self.bias_strength).astype(np.float32)
+        candidates.logits[:] = before + delta
+        if self.record:
+            self.steps.append(CorrectionRecord(ids.copy(), before, delta))
+
+    def _cut_with_habits(self, candidates: Candidates) -> np.ndarray:
+        """Keep the k best candidates plus this position's habitual tokens; returns the habitual ones added."""
+        assert self.bias is not None
+        best = candidates.best_positions(self.top_k)
+        habits = self.bias.habitual_tokens(self.position)  # sorted ids
+        ids = candidates.ids
+        if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):
+            positions = habits  # the usual case: the candidates are still in vocabulary order
+        else:
+            positions = np.flatnonzero(np.isin(ids, habits))
+        extra = positions[~np.isin(positions, best)]
+        candidates.select(np.concatenate([best, extra]))
+        return candidates.ids[len(best) :].astype(np.int64)
+
+    def accept(self, token: int) -> None:
+        """Count the step (the features of each step come from the taps, not from here)."""
+        self.position += 1

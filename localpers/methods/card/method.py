@@ -1,0 +1,125 @@
+"""CARD as a registry method: `fit` learns cluster, vector, token bias and strengths; `rewrite` applies them.
+
+The rewrite path of every method that runs on the `Personalizer`'s adapters (CARD and the baselines in
+`localpers.methods.baselines`) lives in `AdapterMethod`: read the user's stored fit, refuse a stale one,
+fall back to the global adapter for a user without history, decode. CARD's correction itself is built in
+`localpers.methods.card.correction`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from localpers.errors import LocalpersError
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions
+from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.token_bias import TokenBias
+from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.reports import FitReport
+from localpers.tasks import get_task
+from localpers.users.store import User
+
+
+def profile_for_rewrite(
+    target: User | None, method: str, personalizer: Personalizer
+) -> tuple[int | None, Any, TokenBias | None, dict[str, Any]]:
+    """The user's cluster, vector, token bias and state, refusing stale or missing fits for personalized methods."""
+    if target is None or method == "global":
+        return None, None, None, {}
+    cluster, vector, state = user_profile(target)
+    if not state.get("fit"):
+        raise LocalpersError(
+            f"user {target.name!r} has not been fitted: run `localpers fit --user {target.name}`"
+        )
+    if state.get("bundle_sha256") != personalizer.bundle_sha256:
+        raise LocalpersError(
+            f"user {target.name!r} was fitted with another bundle: run `localpers fit --user {target.name}` again"
+        )
+    return cluster, vector, stored_token_bias(target, state), state
+
+
+class AdapterMethod(Method):
+    """A method decoded by the Personalizer on one of the bundle's adapters (CARD's correction or none)."""
+
+    fits: ClassVar[bool] = False
+    uses_choice: ClassVar[bool] = False  # whether the strengths chosen at fit time apply
+
+    def rewrite(
+        self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
+    ) -> dict[str, Any]:
+        method = self.name
+        cluster, vector, bias, state = profile_for_rewrite(user, method, personalizer)
+        chosen_strength, chosen_bias, _ = stored_choice(state) if self.uses_choice else (None, None, None)
+        strength = chosen_strength if options.strength is None else options.strength
+        if method != "global" and cluster is None:
+            options.note("this user has no history yet; using the global adapter")
+            method = "global"
+        result = personalizer.rewrite(
+            text,
+            task=options.task,
+            method=method,
+            cluster=cluster,
+            vector=vector,
+            strength=strength,
+            top_k=options.top_k,
+            max_tokens=options.max_tokens,
+            sampling=options.sampling,
+            on_text=options.on_text,
+            history=user.history_index(get_task(options.task)) if user is not None else None,
+            bias=bias,
+            bias_strength=chosen_bias,
+        )
+        return {"user": user.name if user else None, **result.to_json()}
+
+
+class CardMethod(AdapterMethod):
+    name = "card"
+    summary = "cluster adapter + a top-k logit correction from your vector and token bias (fitted here)"
+    fits = True
+    uses_choice = True
+
+    def fit(
+        self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
+    ) -> Fitted:
+        report = personalizer.fit_user(user, progress=progress, history_limit=history_limit)
+        choice = user.state().get("choice")
+        return Fitted(
+            {"user": user.name, **report.to_json(), "choice": choice}, fit_summary(user.name, report, choice)
+        )
+
+    def stored_bytes(self, user: User) -> int:
+        path = user.vector_path()
+        return (path.stat().st_size if path else 0) + (
+            user.state_path.stat().st_size if user.state_path.exists() else 0
+        )
+
+
+def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = None) -> str:
+    """CARD's fit in a few lines: cluster, pairs, held-out accuracy, the chosen strengths, timings."""
+    if report.mode == "cold-start":
+        return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
+    lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
+    if report.mode == "too-few-pairs":
+        lines.append(
+            f"only {report.n_pairs} usable pairs: no personal vector yet, rewrites use cluster {report.cluster}'s "
+            "adapter without a correction; add history and refit"
+        )
+    else:
+        heldout = (
+            f"held-out pair accuracy {report.heldout_accuracy:.2f} on {report.n_heldout} pairs"
+            f" (cluster default {report.heldout_accuracy_default:.2f})"
+            if report.heldout_accuracy is not None
+            else "too few pairs for a held-out split"
+        )
+        lines.append(f"{report.n_pairs} pairs, training pair accuracy {report.train_accuracy:.2f}, {heldout}")
+    if report.mode == "vector":
+        if choice:
+            lines.append(f"chose {choice['label']}: {choice['reason']}")
+        else:
+            lines.append(
+                "too few items to choose a correction on your own recent items: the bundle's defaults apply"
+            )
+    total = sum(report.seconds.values())
+    lines.append(f"fit took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in report.seconds.items())})")
+    return "\n".join(lines)

@@ -1,0 +1,614 @@
+"""Device-side CARD: cluster assignment, preference pairs, user-vector fit, personalized rewriting.
+
+A `Personalizer` holds one backbone engine with every adapter of the bundle loaded, the shared head
+and the cluster centroids. Users are only `(cluster, vector)` pairs to it, so switching users never
+reloads anything. It reads user text from the store and writes the fit back into the user's own
+folder (through `localpers.users.store`); it opens no network connection.
+
+Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (cluster adapter +
+reward-guided top-k correction with the user's vector), `card-global` (the correction on the global
+adapter, the paper's "w/o LoRA" ablation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
+from localpers.engine import Engine
+from localpers.engine.backbone import Backbone, resolve_backbone
+from localpers.engine.decoding import SamplerSettings
+from localpers.engine.generation import GenerationResult, generate
+from localpers.engine.token_embeddings import TokenEmbeddings
+from localpers.errors import LocalpersError
+from localpers.methods.card.choice import choose_correction
+from localpers.methods.card.correction import CardCorrection, CorrectionRecord
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
+from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.token_bias import TokenBias, fit_token_bias
+from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
+from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import (
+    HistoryIndex,
+    PromptFormat,
+    build_prompt,
+    prompt_for_user,
+    select_examples,
+)
+from localpers.users.store import User, atomic_write_text
+
+METHODS = ("card", "cluster", "global", "card-global", "global-history")
+# Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
+HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
+MIN_PAIRS_FOR_VECTOR = 3
+DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias inside CARD's correction (token_bias.py)
+NEGATIVES_FILE = "negatives.json"
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class FitOutcome:
+    """A fit before it is stored: the report, the cluster, lambda and the token bias (None without pairs)."""
+
+    report: FitReport
+    cluster: int
+    vector: np.ndarray
+    bias: TokenBias | None
+
+
+class Personalizer:
+    """Backbone + bundle (adapters, head, centroids) ready to fit users and rewrite for them."""
+
+    def __init__(
+        self, bundle: Bundle, backbone: Backbone, *, n_ctx: int = 1024, n_threads: int | None = None
+    ) -> None:
+        manifest = bundle.manifest
+        if "head" not in manifest:
+            raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
+        self.bundle = bundle
+        self.backbone = backbone
+        self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
+        self.head_config = HeadConfig.from_manifest(manifest["head"])
+        self.prompt_format = PromptFormat.from_manifest(
+            manifest.get("prompt"), where=str(bundle.directory / "manifest.json")
+        )
+        self.engine = Engine(
+            backbone.path, n_ctx=n_ctx, tap_layers=self.head_config.layers, n_threads=n_threads
+        )
+        for name in bundle.adapter_names:
+            self.engine.load_adapter(bundle.adapter_path(name), name)
+        embeddings = (
+            TokenEmbeddings(backbone.path, backbone.sha256) if self.head_config.u == "factored" else None
+        )
+        self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
+        self._centroids: np.ndarray | None = None
+
+    @classmethod
+    def open(
+        cls, *, model: str | None = None, bundle: str | Path | None = None, n_threads: int | None = None
+    ) -> Personalizer:
+        """Resolve the backbone and the (verified) bundle, then load both."""
+        backbone = resolve_backbone(model)
+        return cls(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone, n_threads=n_threads)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ------------------------------------------------------------------ clusters
+    @property
+    def centroids(self) -> np.ndarray:
+        if self._centroids is None:
+            from safetensors.numpy import load_file
+
+            try:
+                self._centroids = load_file(str(self.bundle.centroids_path))["centroids"].astype(np.float32)
+            except Exception as exc:  # safetensors raises several types for a bad file
+                raise LocalpersError(
+                    f"{self.bundle.centroids_path}: unreadable centroids ({exc}); re-pull"
+                ) from exc
+        return self._centroids
+
+    def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]:
+        """Nearest centroid (cosine) to the user's mean output embedding, and all similarities."""
+        from localpers.engine.encoder import user_embedding
+
+        similarities = self.centroids @ user_embedding(list(outputs))
+        return int(np.argmax(similarities)), [round(float(s), 4) for s in similarities]
+
+    def adapter_for(self, method: str, cluster: int | None) -> str:
+        if method not in METHODS:
+            raise LocalpersError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        if method in ("global", "card-global", "global-history") or cluster is None:
+            return "global"
+        return self.bundle.cluster_adapter_name(cluster)
+
+    # ------------------------------------------------------------------ generation
+    def rewrite(
+        self,
+        text: str,
+        *,
+        task: str = "headline",
+        method: str = "card",
+        cluster: int | None = None,
+        vector: np.ndarray | None = None,
+        strength: float | None = None,
+        top_k: int | None = None,
+        max_tokens: int | None = None,
+        sampling: SamplerSettings | None = None,
+        on_text: Callable[[str], None] | None = None,
+        record_steps: bool = False,
+        prompt_prefix: str = "",
+        history: HistoryIndex | None = None,
+        prompt_format: PromptFormat | None = None,
+        prompt: list[int] | None = None,
+        stop: Sequence[str] = (),
+        bias: TokenBias | None = None,
+        bias_strength: float | None = None,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
+
+        CARD's correction is the user vector's reward plus, when the user has one, their token bias
+        (`bias`, times `bias_strength`, default DEFAULT_BIAS_STRENGTH), both on the same top-k candidates.
+        With `reference`, the same prompt, adapter and correction then score that output teacher-forced
+        (`gold_logprob`, the benchmark's gold likelihood; not counted in the timings).
+
+        `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
+        history prompts and the method is a personalized one; `global` always gets the plain prompt.
+        `prompt_format` overrides the bundle's (the "same prompt, adapters not trained on it" ablation).
+        `sampling` sets llama.cpp's sampler chain (default: greedy); CARD's correction is one sampler in it.
+        `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
+        replaces the task's template and its stop rule; `text` is then not used.
+        """
+        chosen_task = get_task(task)
+        adapter = self.adapter_for(method, cluster)
+        correction, strength_used, k_used = self.correction_sampler(
+            method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
+        )
+        if prompt is None:
+            prompt_text = prompt_prefix + self.prompt_for(
+                chosen_task.name, text, method, history, prompt_format
+            )
+            prompt = self.engine.tokenize(prompt_text)
+            stop = (*chosen_task.stop_strings, *stop)
+
+        self.engine.set_adapter(adapter)
+        started = time.perf_counter()
+        # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
+        with threadpool_limits(limits=1, user_api="blas"):
+            result = generate(
+                self.engine,
+                prompt,
+                max_tokens=max_tokens or chosen_task.default_max_tokens,
+                sampling=sampling,
+                stop=stop,
+                method=correction,
+                on_text=on_text,
+            )
+        total_ms = 1000 * (time.perf_counter() - started)
+        gold: GenerationResult | None = None
+        if reference is not None:
+            scoring, _, _ = self.correction_sampler(
+                method, cluster, vector, strength, top_k, bias, bias_strength
+            )
+            gold = self._score(prompt, reference, scoring)
+        return RewriteResult(
+            text=result.text.strip() if chosen_task.one_line else result.text,
+            method=method,
+            task=chosen_task.name,
+            cluster=cluster,
+            adapter=adapter,
+            strength=strength_used,
+            top_k=k_used,
+            tokens=len(result.tokens),
+            prompt_ms=round(1000 * result.prompt_seconds, 2),
+            ms_per_token=round(result.ms_per_token, 3),
+            total_ms=round(total_ms, 2),
+            steps=self._describe_steps(result, correction.steps) if correction and record_steps else [],
+            stop_reason=result.stop_reason,
+            prompt_tokens=result.prompt_tokens,
+            gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
+            gold_tokens=None if gold is None else len(gold.token_logprobs),
+        )
+
+    def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """`(role, content)` messages as a prompt: the backbone's chat template when it has one, else a transcript.
+
+        The transcript (for base models) is the lone user message itself, or `Role: content` paragraphs ending
+        with `Assistant:`; its text is tokenized as plain text, so no message can smuggle in control tokens.
+        """
+        if self.engine.has_chat_template:
+            tokens = self.engine.tokenize(self.engine.chat_prompt(messages), add_bos=False, special=True)
+            if not tokens or tokens[0] != self.engine.bos_token:
+                tokens.insert(0, self.engine.bos_token)
+            return tokens
+        return self.engine.tokenize(chat_transcript(messages))
+
+    def correction_sampler(
+        self,
+        method: str,
+        cluster: int | None,
+        vector: np.ndarray | None,
+        strength: float | None,
+        top_k: int | None,
+        bias: TokenBias | None,
+        bias_strength: float | None,
+        *,
+        record: bool = False,
+    ) -> tuple[CardCorrection | None, float | None, int | None]:
+        """`(sampler, strength, top_k)` of `method`: CARD's top-k correction (None for the uncorrected methods).
+
+        The one place the correction is built, for generating and for teacher-forced scoring alike; with
+        `record`, the sampler keeps each step's candidates, logits and corrections (the Why view).
+        """
+        if method not in ("card", "card-global"):
+            return None, None, None
+        if vector is None:
+            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
+        strength_used = self.head_config.default_strength if strength is None else strength
+        k_used = top_k or self.head_config.top_k
+        bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
+        user_bias = bias if (bias is not None and len(bias) and bias_used) else None
+        correction = CardCorrection(
+            self.head,
+            vector,
+            float(strength_used),
+            int(k_used),
+            record=record,
+            bias=user_bias,
+            bias_strength=float(bias_used),
+        )
+        return correction, strength_used, k_used
+
+    def score_reference(
+        self,
+        text: str,
+        reference: str,
+        *,
+        task: str = "headline",
+        method: str = "card",
+        cluster: int | None = None,
+        vector: np.ndarray | None = None,
+        strength: float | None = None,
+        top_k: int | None = None,
+        history: HistoryIndex | None = None,
+        bias: TokenBias | None = None,
+        bias_strength: float | None = None,
+    ) -> float:
+        """Mean per-token log-probability of `reference` after `text`'s prompt, as `rewrite` would decode it."""
+        chosen_task = get_task(task)
+        self.engine.set_adapter(self.adapter_for(method, cluster))
+        correction, _, _ = self.correction_sampler(
+            method, cluster, vector, strength, top_k, bias, bias_strength
+        )
+        prompt = self.engine.tokenize(self.prompt_for(chosen_task.name, text, method, history))
+        return float(np.mean(self._score(prompt, reference, correction).token_logprobs))
+
+    def _score(
+        self, prompt: list[int], reference: str, correction: CardCorrection | None
+    ) -> GenerationResult:
+        with threadpool_limits(limits=1, user_api="blas"):
+            return generate(
+                self.engine,
+                prompt,
+                method=correction,
+                forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
+            )
+
+    def prompt_for(
+        self,
+        task: str,
+        text: str,
+        method: str,
+        history: HistoryIndex | None,
+        prompt_format: PromptFormat | None = None,
+    ) -> str:
+        """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
+        chosen = prompt_format or self.prompt_format
+        return prompt_for_user(task, text, chosen if method in HISTORY_METHODS else None, history)
+
+    def _describe_steps(self, result: GenerationResult, steps: list[CorrectionRecord]) -> list[RewriteStep]:
+        described = []
+        for token, record in zip(result.tokens, steps, strict=False):
+            candidates, before, delta = record.candidates, record.before, record.delta
+            shifts = [
+                CandidateShift(int(t), self.engine.detokenize([int(t)]), float(b), float(b + d))
+                for t, b, d in zip(candidates, before, delta, strict=True)
+            ]
+            shifts.sort(key=lambda s: -s.after)
+            match = [s.after - s.before for s in shifts if s.token == token]
+            described.append(
+                RewriteStep(int(token), self.engine.detokenize([token]), match[0] if match else 0.0, shifts)
+            )
+        return described
+
+    # ------------------------------------------------------------------ fitting
+    def negatives(
+        self, items: Sequence[HistoryItem], cluster: int, progress: Progress | None = None
+    ) -> list[str]:
+        """y- for each item: the cluster model's own greedy output for the same input."""
+        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        outputs = []
+        for done, item in enumerate(items):
+            outputs.append(self._generate_negative(item))
+            if progress:
+                progress("negatives", done + 1, len(items))
+        return outputs
+
+    def pair_differences(
+        self,
+        items: Sequence[HistoryItem],
+        negatives: Sequence[str],
+        cluster: int | None,
+        progress: Progress | None = None,
+    ) -> np.ndarray:
+        """`g(y+) - g(y-)` per pair, teacher-forced through the cluster model; `(n, D)`."""
+        self.engine.set_adapter(self.adapter_for("card", cluster))
+        rows = []
+        for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
+            rows.append(self._pair_difference(item, negative))
+            if progress:
+                progress("features", done + 1, len(items))
+        return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
+
+    def fit_user(
+        self,
+        user: User,
+        *,
+        progress: Progress | None = None,
+        regularisation: float = DEFAULT_REGULARISATION,
+        history_limit: int | None = None,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        choose: bool = True,
+    ) -> FitReport:
+        """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder.
+
+        lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
+        MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
+        With `choose` and enough history, the correction's strengths are then chosen on the user's own most
+        recent items (`localpers.methods.card.choice`) and stored with the fit; `rewrite` applies them.
+        """
+        items = user.history()
+        if history_limit is not None:
+            items = items[-history_limit:]
+        if not items:
+            report = self._report("cold-start", None, [], 0, 0, 0, None, {})
+            user.save_fit(
+                None, {"cluster": None, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()}
+            )
+            return report
+        outcome = self.fit_items(
+            user, items, progress=progress, regularisation=regularisation, prior_weight=prior_weight
+        )
+        state: dict[str, Any] = {
+            "cluster": outcome.cluster,
+            "bundle_sha256": self.bundle_sha256,
+            "fit": outcome.report.to_json(),
+        }
+        if outcome.bias is not None:
+            state["token_bias"] = outcome.bias.to_json()
+        if choose and outcome.report.mode == "vector":
+            choice = choose_correction(
+                self, user, items, regularisation=regularisation, prior_weight=prior_weight, progress=progress
+            )
+            if choice is not None:
+                state["choice"] = choice.to_json()
+                outcome.report.seconds["choice"] = round(choice.seconds, 3)
+                state["fit"] = outcome.report.to_json()
+        user.save_fit(
+            outcome.vector, state, {"bundle_sha256": self.bundle_sha256, "mode": outcome.report.mode}
+        )
+        return outcome.report
+
+    def fit_items(
+        self,
+        user: User,
+        items: Sequence[HistoryItem],
+        *,
+        progress: Progress | None = None,
+        regularisation: float = DEFAULT_REGULARISATION,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    ) -> FitOutcome:
+        """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder)."""
+        seconds: dict[str, float] = {}
+        started = time.perf_counter()
+        cluster, similarities = self.assign_cluster([item.output for item in items])
+        seconds["cluster"] = time.perf_counter() - started
+
+        negatives, differences, pair_seconds = self._negatives_and_differences(user, items, cluster, progress)
+        seconds.update(pair_seconds)
+        distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
+        skipped = len(items) - len(distinct)
+
+        if len(distinct) < MIN_PAIRS_FOR_VECTOR:
+            report = self._report(
+                "too-few-pairs", cluster, similarities, len(items), len(distinct), skipped, None, seconds
+            )
+            return FitOutcome(report, cluster, prior_weight * self.head.default_vector(cluster), None)
+
+        started = time.perf_counter()
+        default = self.head.default_vector(cluster)
+        fit = fit_with_heldout(
+            differences, prior_weight * default, regularisation=regularisation, reference=default
+        )
+        bias = self.token_bias(items, negatives)
+        seconds["fit"] = time.perf_counter() - started
+        report = self._report(
+            "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
+        )
+        return FitOutcome(report, cluster, fit.vector, bias)
+
+    def token_bias(self, items: Sequence[HistoryItem], negatives: Sequence[str]) -> TokenBias:
+        """The user's token bias: their outputs against the cluster model's for the same prompts."""
+        positives = [self.engine.tokenize(" " + item.output, add_bos=False) for item in items]
+        generated = [
+            self.engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative
+        ]
+        return fit_token_bias(positives, generated)
+
+    def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
+        """The prompt of each item as the publisher trained the head: conditioned on the items before it.
+
+        With a history-conditioned bundle, item i shows the user's closest outputs among items 0..i-1 (what the
+        user had written by then, as `localpers publish` builds its pairs); the first item, and every item on a
+        plain bundle, gets the plain task prompt.
+        """
+        chosen = self.prompt_format
+        prompts = []
+        for index, item in enumerate(items):
+            task = get_task(item.task)
+            if chosen is None:
+                prompts.append(task.prompt_for(item.input))
+                continue
+            pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
+            prompts.append(
+                build_prompt(task, item.input, select_examples(task, item.input, pool, chosen.examples))
+            )
+        return prompts
+
+    def _negatives_and_differences(
+        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+    ) -> tuple[list[str], np.ndarray, dict[str, float]]:
+        """y- per item (cached in the user's folder) and `g(y+) - g(y-)` of the distinct pairs, item by item.
+
+        Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
+        generation just evaluated (the engine remembers its last prompt), so each article is run once.
+        A conditioned prompt depends on the items before it, so its y- is cached under the prompt's hash too.
+        """
+        known = self._read_negatives(user, cluster)
+        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        seconds = {"negatives": 0.0, "features": 0.0}
+        negatives: list[str] = []
+        rows: list[np.ndarray] = []
+        generated = False
+        prompts = self.training_prompts(items)
+        for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
+            key = _negative_key(item, prompt)
+            if key not in known:
+                started = time.perf_counter()
+                known[key] = self._generate_negative(item, prompt)
+                generated = True
+                seconds["negatives"] += time.perf_counter() - started
+            negative = known[key]
+            negatives.append(negative)
+            if negative and negative != item.output:
+                started = time.perf_counter()
+                rows.append(self._pair_difference(item, negative, prompt))
+                seconds["features"] += time.perf_counter() - started
+            if progress:
+                progress("pairs", done + 1, len(items))
+        if generated:
+            self._write_negatives(user, cluster, known)
+        return negatives, np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d), seconds
+
+    def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
+        task = get_task(item.task)
+        result = generate(
+            self.engine,
+            task.prompt_for(item.input) if prompt is None else prompt,
+            max_tokens=task.default_max_tokens,
+            stop=task.stop_strings,
+        )
+        return result.text.strip()
+
+    def _pair_difference(
+        self, item: HistoryItem, negative: str, prompt_text: str | None = None
+    ) -> np.ndarray:
+        prompt = self.engine.tokenize(
+            get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
+        )
+        positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
+        negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
+        plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
+        return self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
+            minus.tokens, minus.features
+        )
+
+    def _cached_negatives(
+        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+    ) -> list[str]:
+        """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
+        known = self._read_negatives(user, cluster)
+        missing = [item for item in items if item.id not in known]
+        if missing:
+            for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):
+                known[item.id] = negative
+            self._write_negatives(user, cluster, known)
+        return [known[item.id] for item in items]
+
+    def _negatives_key(self, cluster: int) -> str:
+        return f"{self.bundle_sha256}:{cluster}"
+
+    def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
+        """The user's cached y- (item id -> text) for this bundle and cluster; empty when absent or unreadable."""
+        try:
+            cache = json.loads((user.dir / NEGATIVES_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        known = cache.get(self._negatives_key(cluster), {}) if isinstance(cache, dict) else {}
+        return dict(known) if isinstance(known, dict) else {}
+
+    def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
+        atomic_write_text(
+            user.dir / NEGATIVES_FILE, json.dumps({self._negatives_key(cluster): known}, ensure_ascii=False)
+        )
+
+    def _report(
+        self,
+        mode: str,
+        cluster: int | None,
+        similarities: list[float],
+        n_items: int,
+        n_pairs: int,
+        skipped: int,
+        fit: Any,
+        seconds: dict[str, float],
+    ) -> FitReport:
+        return FitReport(
+            mode=mode,
+            cluster=cluster,
+            cluster_similarities=similarities,
+            n_items=n_items,
+            n_pairs=n_pairs,
+            n_identical_skipped=skipped,
+            train_accuracy=None if fit is None else round(fit.train_accuracy, 4),
+            heldout_accuracy=None
+            if fit is None or fit.heldout_accuracy is None
+            else round(fit.heldout_accuracy, 4),
+            heldout_accuracy_default=(
+                None
+                if fit is None or fit.heldout_accuracy_default is None
+                else round(fit.heldout_accuracy_default, 4)
+            ),
+            n_heldout=0 if fit is None else fit.n_heldout,
+            regularisation=None if fit is None else fit.regularisation,
+            vector_norm=None if fit is None else round(float(np.linalg.norm(fit.vector)), 4),
+            seconds={k: round(v, 3) for k, v in seconds.items()},
+            bundle_sha256=self.bundle_sha256,
+        )
+
+
+def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
+    """A chat as plain text for a backbone without a chat template (see `Personalizer.chat_prompt_tokens`)."""
+    if len(messages) == 1 and messages[0][0] == "user":
+        return messages[0][1]
+    turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
+    return "\n\n".join([*turns, "Assistant:"])
+
+
+def _negative_key(item: HistoryItem, prompt: str) -> str:
+    """The item id for a plain prompt (as before conditioned bundles); id and prompt hash otherwise."""
+    if prompt == get_task(item.task).prompt_for(item.input):
+        return item.id
+    return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"

@@ -1,0 +1,35 @@
+"""What CARD reads back from a user's stored fit: cluster, vector, state and token bias.
+
+The fit itself (`Personalizer.fit_user`) writes these through `localpers.users.store`; this module only
+reads them, for `rewrite`, the TUI, the API and the benchmark alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from localpers.errors import LocalpersError
+from localpers.methods.card.token_bias import TokenBias
+from localpers.users.store import User
+
+REFIT = "run `localpers fit` again"
+
+
+def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, Any]]:
+    """`(cluster, vector, state)` of a stored user, as `rewrite` needs them."""
+    state = user.state()
+    cluster = state.get("cluster")
+    return (int(cluster) if cluster is not None else None), user.vector(), state
+
+
+def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenBias | None:
+    """The token bias stored with the user's fit; None for no fit or a fit made before it existed."""
+    entry = (user.state() if state is None else state).get("token_bias")
+    if entry is None:
+        return None
+    try:
+        return TokenBias.from_json(entry)
+    except ValueError as exc:
+        raise LocalpersError(f"{user.state_path}: field 'token_bias' is damaged ({exc}); {REFIT}") from None

@@ -1,0 +1,67 @@
+"""CoPe as a registry method: `fit` trains the user's LoRA on the device, `rewrite` decodes contrastively.
+
+The training is `localpers.methods.cope_train`, the decoder and its stored state `localpers.methods.cope`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.cope import (
+    DEFAULT_ALPHA,
+    CopeDecoder,
+    fit_cope,
+    load_state,
+    rewrite_cope,
+    stored_bytes,
+)
+from localpers.users.store import User
+
+
+class CopeMethod(Method):
+    name = "cope"
+    summary = "a LoRA trained on your history here, decoded contrastively against its base adapter"
+
+    def fit(
+        self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
+    ) -> Fitted:
+        state = fit_cope(personalizer, user, history_limit=history_limit, progress=progress)
+        report = {"user": user.name, "method": "cope", **state.to_json(), "stored_bytes": stored_bytes(user)}
+        head = (
+            f"user {user.name}: CoPe LoRA (rank {report['rank']}) on {report['base_adapter']},"
+            f" {report['n_items']} items, {report['steps']} steps, final loss {report['final_loss']}"
+        )
+        return Fitted(report, head + "\n" + storage_line(report))
+
+    def rewrite(
+        self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
+    ) -> dict[str, Any]:
+        assert user is not None  # needs_user
+        state = load_state(user)
+        decoder = CopeDecoder.for_user(personalizer, user, state)
+        try:
+            result = rewrite_cope(
+                decoder,
+                state,
+                text,
+                task=options.task,
+                alpha=DEFAULT_ALPHA if options.strength is None else options.strength,
+                max_tokens=options.max_tokens,
+                on_text=options.on_text,
+                sampling=options.sampling,
+            )
+        finally:
+            decoder.close()
+        return {"user": user.name, **result.to_json()}
+
+    def stored_bytes(self, user: User) -> int:
+        return stored_bytes(user)
+
+
+def storage_line(report: dict[str, Any]) -> str:
+    """`N MB stored; fit took T s (stage s, ...)`: the cost line of a CoPe or EXACT fit."""
+    total = sum(report["seconds"].values())
+    timing = ", ".join(f"{k} {v:.1f} s" for k, v in report["seconds"].items())
+    return f"{report['stored_bytes'] / 1e6:.2f} MB stored; fit took {total:.1f} s ({timing})"

@@ -1,0 +1,83 @@
+"""What the device's rewrite and fit return, as plain data: results, per-step corrections, fit reports.
+
+These dataclasses are shared by the CLI (`--json`), the TUI and the benchmark; they hold numbers and
+text only and do no work. `localpers.methods.card.personalizer` produces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CandidateShift:
+    """One top-k candidate at a step: its logit before and after the user's correction."""
+
+    token: int
+    piece: str
+    before: float
+    after: float
+
+
+@dataclass
+class RewriteStep:
+    """What the correction did at one decoding step (for the Why view)."""
+
+    token: int
+    piece: str
+    correction: float
+    candidates: list[CandidateShift]
+
+
+@dataclass
+class RewriteResult:
+    text: str
+    method: str
+    task: str
+    cluster: int | None
+    adapter: str | None
+    strength: float | None
+    top_k: int | None
+    tokens: int
+    prompt_ms: float
+    ms_per_token: float
+    total_ms: float
+    steps: list[RewriteStep] = field(default_factory=list)
+    stop_reason: str = "length"  # "eos", "stop" or "length"
+    prompt_tokens: int = 0
+    # Teacher-forced score of a reference output under the same corrected distribution (bench only).
+    gold_logprob: float | None = None  # mean natural-log probability per reference token
+    gold_tokens: int | None = None
+
+    def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
+        payload = asdict(self)
+        if not with_steps:
+            payload.pop("steps")
+        if self.gold_tokens is None:
+            payload.pop("gold_logprob")
+            payload.pop("gold_tokens")
+        return payload
+
+
+@dataclass
+class FitReport:
+    """What `fit` did, stored in the user's state and printed by the CLI."""
+
+    mode: str  # "vector", "too-few-pairs" (lambda = the prior) or "cold-start"
+    cluster: int | None
+    cluster_similarities: list[float]
+    n_items: int
+    n_pairs: int
+    n_identical_skipped: int
+    train_accuracy: float | None
+    heldout_accuracy: float | None
+    heldout_accuracy_default: float | None
+    n_heldout: int
+    regularisation: float | None
+    vector_norm: float | None
+    seconds: dict[str, float]
+    bundle_sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,10 @@
+"""The users of this device and their writing: where user text is stored and how it is read.
+
+- `store`: one folder per user (history, fitted state, per-method files), every write atomic.
+- `archive`: `localpers user export|import` archives of one user's folder.
+- `history`: history items and the JSONL formats they are imported from.
+- `history_prompt`: the user's own earlier outputs shown in front of a task prompt.
+- `retrieval`: BM25 over a user's history.
+
+This package runs no model and knows no method: methods read users through it.
+"""

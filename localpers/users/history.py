@@ -1,0 +1,330 @@
+"""A user's writing history: items, the JSONL formats they are imported from, and validation.
+
+A `HistoryItem` is one (task, input, output) example of the user's own writing; its `id` is a short
+hash of those three fields, so the same text always gets the same id. `parse_history_file` reads:
+
+    {"input": "...", "output": "..."}                    one item per line, task = the default
+    {"task": "headline", "input": "...", "output": "..."}
+    {"user_id": "u003", "history": [{"input", "output", ...}, ...], ...}   the shared-data user format
+
+Errors name the file and line ("history.jsonl line 7: missing field 'output'"). Blank lines are
+skipped, duplicates are reported and skipped, and a file may hold at most `MAX_HISTORY_ITEMS` items.
+This module neither stores nor fits anything: `localpers.users.store` keeps the items per user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localpers.errors import InputError, LocalpersError
+from localpers.tasks import TASKS
+from localpers.untrusted import JSONProblem, parse_json
+
+MAX_HISTORY_ITEMS = 500
+MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
+DEFAULT_TASK = "headline"
+ID_LENGTH = 12
+
+_HORIZONTAL_SPACE = re.compile(r"[^\S\n]+")
+_MANY_NEWLINES = re.compile(r"\n{3,}")
+# C0 and C1 control characters other than tab and newline (ESC starts terminal escape sequences), and
+# the Unicode line and paragraph separators: never part of anyone's writing, removed on import.
+_CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One example of the user's writing: `output` is what the user wrote for `input`."""
+
+    id: str
+    task: str
+    input: str
+    output: str
+    source: str | None = None
+
+    @classmethod
+    def create(cls, task: str, input: str, output: str, source: str | None = None) -> HistoryItem:
+        """An item with normalised text and its stable id; raises ValueError on empty text or unknown task."""
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+        clean_input = normalize_text(input)
+        clean_output = normalize_text(output)
+        if not clean_input:
+            raise ValueError("field 'input' is empty")
+        if not clean_output:
+            raise ValueError("field 'output' is empty")
+        return cls(item_id(task, clean_input, clean_output), task, clean_input, clean_output, source)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def item_id(task: str, input: str, output: str) -> str:
+    """Short sha256 of the three fields, e.g. item_id("headline", "a", "b") -> 12 hex characters."""
+    encoded = json.dumps([task, input, output], ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(encoded).hexdigest()[:ID_LENGTH]
+
+
+def normalize_text(text: str) -> str:
+    """NFC, unix newlines, runs of spaces/tabs -> one space, no trailing spaces, at most one blank line,
+    control characters (terminal escapes, NUL) and Unicode line separators removed.
+
+    normalize_text("  Big   news\\r\\n ") -> "Big news"
+    """
+    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL_CHARACTERS.sub("", text)
+    lines = [_HORIZONTAL_SPACE.sub(" ", line).strip() for line in text.split("\n")]
+    return _MANY_NEWLINES.sub("\n\n", "\n".join(lines)).strip()
+
+
+@dataclass
+class Duplicate:
+    """An item that was skipped because the same text was already seen."""
+
+    where: str
+    item_id: str
+    first_seen: str
+
+
+@dataclass
+class ParsedHistory:
+    """The unique items of a file, in file order, and the duplicates that were skipped."""
+
+    items: list[HistoryItem] = field(default_factory=list)
+    duplicates: list[Duplicate] = field(default_factory=list)
+
+
+def parse_history_file(
+    path: Path | str, *, user_id: str | None = None, default_task: str = DEFAULT_TASK
+) -> list[HistoryItem]:
+    """The unique history items of a JSONL file (see the module docstring for the formats)."""
+    return parse_history(path, user_id=user_id, default_task=default_task).items
+
+
+def parse_history(
+    path: Path | str, *, user_id: str | None = None, default_task: str = DEFAULT_TASK
+) -> ParsedHistory:
+    """Like `parse_history_file`, also returning the duplicates that were skipped."""
+    path = Path(path)
+    if default_task not in TASKS:
+        raise InputError(f"unknown task {default_task!r}; choose one of: {', '.join(TASKS)}")
+    records = list(_read_json_lines(path))
+    if not records:
+        raise InputError(f"{path} has no history items; expected JSONL lines with 'input' and 'output'")
+
+    user_lines = [(n, r) for n, r in records if "user_id" in r or "history" in r]
+    if user_lines and len(user_lines) != len(records):
+        plain_line = next(n for n, r in records if not ("user_id" in r or "history" in r))
+        raise InputError(
+            f"{path} line {plain_line}: a plain item in a file of per-user lines "
+            "(with 'user_id' and 'history'); use one format per file"
+        )
+    if user_lines:
+        candidates = _user_items(path, user_lines, user_id)
+    else:
+        if user_id is not None:
+            raise InputError(
+                f"{path} holds plain items, not per-user lines; --user-id applies only to "
+                "files with 'user_id' and 'history' lines"
+            )
+        candidates = [(f"line {n}", r, f"{path.name}:{n}") for n, r in records]
+
+    parsed = ParsedHistory()
+    first_seen: dict[str, str] = {}
+    for where, record, source in candidates:
+        item = _item_from_record(path, where, record, default_task, source)
+        if item.id in first_seen:
+            parsed.duplicates.append(Duplicate(where, item.id, first_seen[item.id]))
+            continue
+        first_seen[item.id] = where
+        parsed.items.append(item)
+    check_history_size(len(parsed.items), what=f"{path} has")
+    return parsed
+
+
+def check_history_size(count: int, *, what: str) -> None:
+    """Refuse more than MAX_HISTORY_ITEMS items; `what` starts the message, e.g. "user 'ann' would have"."""
+    if count > MAX_HISTORY_ITEMS:
+        raise InputError(
+            f"{what} {count} history items, more than the limit of {MAX_HISTORY_ITEMS}; "
+            f"keep your {MAX_HISTORY_ITEMS} most representative items (recent ones are a good choice)"
+        )
+
+
+def merge_history(
+    existing: Iterable[HistoryItem], new: Iterable[HistoryItem]
+) -> tuple[list[HistoryItem], list[HistoryItem]]:
+    """(existing + the new items not already present, the new items skipped as already present)."""
+    merged = list(existing)
+    known = {item.id for item in merged}
+    skipped: list[HistoryItem] = []
+    for item in new:
+        if item.id in known:
+            skipped.append(item)
+        else:
+            known.add(item.id)
+            merged.append(item)
+    return merged, skipped
+
+
+def read_stored_history(path: Path) -> list[HistoryItem]:
+    """A user's stored history.jsonl (one item object per line); a missing file is an empty history."""
+    if not path.exists():
+        return []
+    hint = "fix or delete that line, or remove the file"
+    items: list[HistoryItem] = []
+    for line_number, record in _read_json_lines(path, hint=hint):
+        where = f"line {line_number}"
+        source = record.get("source")
+        if source is not None and not isinstance(source, str):
+            raise InputError(f"{path} {where}: field 'source' must be a string; {hint}")
+        items.append(_item_from_record(path, where, record, DEFAULT_TASK, source, hint=hint))
+    return items
+
+
+def serialize_history(items: Iterable[HistoryItem]) -> str:
+    """JSONL text of the items, one object per line (the stored history.jsonl format)."""
+    return "".join(json.dumps(item.to_json(), ensure_ascii=False) + "\n" for item in items)
+
+
+def demo_history_path() -> Path:
+    """The shipped demo user's history: `localpers.models` when installed, `models/` in a checkout."""
+    from importlib import resources
+
+    try:
+        installed = Path(str(resources.files("localpers.models") / "demo-user" / "history.jsonl"))
+        if installed.is_file():
+            return installed
+    except ModuleNotFoundError:
+        pass
+    checkout = Path(__file__).resolve().parents[2] / "models" / "demo-user" / "history.jsonl"
+    if checkout.is_file():
+        return checkout
+    raise LocalpersError("the demo history is missing from this installation; reinstall localpers")
+
+
+def read_regular_file(path: Path, limit: int, *, what: str) -> bytes:
+    """The bytes of `path`, refusing anything but a regular file of at most `limit` bytes.
+
+    A FIFO, device or socket is refused without being opened for reading (reading one blocks or never
+    ends); the file is opened with O_NONBLOCK so a FIFO swapped in after the check cannot block either.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(f"{path} is a directory; pass a {what}")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path} is not a regular file (a FIFO, device or socket); pass a {what}")
+    if info.st_size > limit:
+        raise InputError(f"{path} is {info.st_size} bytes, more than the {limit} a {what} may have")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise InputError(f"{path} is not a regular file; pass a {what}")
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(raw) > limit:
+        raise InputError(f"{path} is more than the {limit} bytes a {what} may have")
+    return raw
+
+
+def _read_json_lines(path: Path, hint: str = "fix that line") -> Iterable[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; one-line errors for unreadable files and bad lines."""
+    raw = read_regular_file(path, MAX_HISTORY_FILE_BYTES, what="history file")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_number = raw[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path} line {line_number}: not UTF-8 text; save the file as UTF-8") from None
+    # Lines end at "\n" only: str.splitlines would also split inside a JSON string at U+2028 or \x1c.
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = parse_json(line)
+        except JSONProblem as exc:
+            raise InputError(f"{path} line {line_number}: not valid JSON ({exc}); {hint}") from None
+        if not isinstance(record, dict):
+            raise InputError(
+                f"{path} line {line_number}: expected a JSON object, got {type(record).__name__}; {hint}"
+            )
+        yield line_number, record
+
+
+def _user_items(
+    path: Path, user_lines: list[tuple[int, dict[str, Any]]], user_id: str | None
+) -> list[tuple[str, Any, str]]:
+    """The history records of the chosen user in a per-user file, with where each one came from."""
+    by_user: dict[str, tuple[int, dict[str, Any]]] = {}
+    for line_number, record in user_lines:
+        uid = record.get("user_id")
+        if not isinstance(uid, str) or not uid:
+            raise InputError(f"{path} line {line_number}: field 'user_id' must be a non-empty string")
+        if uid in by_user:
+            raise InputError(
+                f"{path} line {line_number}: user_id {uid!r} already appeared on line {by_user[uid][0]}"
+            )
+        by_user[uid] = (line_number, record)
+
+    if user_id is None:
+        if len(by_user) > 1:
+            shown = ", ".join(list(by_user)[:5]) + (", ..." if len(by_user) > 5 else "")
+            raise InputError(f"{path} holds {len(by_user)} users ({shown}); choose one with --user-id")
+        user_id = next(iter(by_user))
+    if user_id not in by_user:
+        raise InputError(f"{path} has no user_id {user_id!r}; it holds: {', '.join(by_user)}")
+
+    line_number, record = by_user[user_id]
+    history = record.get("history")
+    if not isinstance(history, list):
+        raise InputError(f"{path} line {line_number}: field 'history' must be a list of items")
+    candidates = []
+    for index, entry in enumerate(history, start=1):
+        where = f"line {line_number} (user {user_id}) history item {index}"
+        original_id = entry.get("id") if isinstance(entry, dict) else None
+        label = original_id if isinstance(original_id, str) and original_id else str(index)
+        candidates.append((where, entry, f"{path.name}:{user_id}/{label}"))
+    return candidates
+
+
+def _item_from_record(
+    path: Path,
+    where: str,
+    record: Any,
+    default_task: str,
+    source: str | None,
+    *,
+    hint: str | None = None,
+) -> HistoryItem:
+    """Validate one record into an item; every error names the file and the line."""
+    prefix = f"{path} {where}"
+    suffix = f"; {hint}" if hint else ""
+    if not isinstance(record, dict):
+        raise InputError(f"{prefix}: expected a JSON object with 'input' and 'output'{suffix}")
+    for name in ("input", "output"):
+        if name not in record:
+            raise InputError(f"{prefix}: missing field {name!r}{suffix}")
+        if not isinstance(record[name], str):
+            raise InputError(f"{prefix}: field {name!r} must be a string{suffix}")
+    task = record.get("task", default_task)
+    if not isinstance(task, str):
+        raise InputError(f"{prefix}: field 'task' must be a string{suffix}")
+    try:
+        return HistoryItem.create(task, record["input"], record["output"], source)
+    except ValueError as exc:
+        raise InputError(f"{prefix}: {exc}{suffix}") from None

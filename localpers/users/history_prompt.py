@@ -1,0 +1,184 @@
+"""History-conditioned prompts: the author's own earlier outputs shown in front of the task prompt.
+
+    Headlines this author wrote before:
+    - <least similar of the chosen examples>
+    ...
+    - <most similar>
+
+    Generate a headline for the following article: <text>
+    Headline:
+
+The examples are the outputs of the `examples` history items most similar to the new text (BM25 over
+each item's content + output, query = the new content), most similar last, so the closest one sits next
+to the task. Only items of the same task count; no such item gives the plain task prompt, so a user
+with no history gets exactly what a plain adapter was trained on. The publisher builds its training
+prompts with the same functions (each item's pool = the author's earlier items), and the device builds
+rewrite prompts through `prompt_for_user`: one code path, so the two cannot drift apart.
+
+`PromptFormat` is what a bundle's manifest records (`"prompt": {...}`); a bundle without it uses plain
+prompts. `HistoryIndex` is a user's retrieval index, derived from the history and cached next to it.
+This module loads no model and opens no connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localpers.atomic import atomic_write_text
+from localpers.errors import LocalpersError
+from localpers.tasks import Task, get_task
+from localpers.users.retrieval import Bm25Index
+
+FORMAT_NAME = "history-examples"
+FORMAT_VERSION = 1
+INDEX_FILE = "history_index.json"
+_HEADERS = {"headline": "Headlines", "title": "Titles"}
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How many past outputs a history-conditioned prompt shows, and how they are chosen."""
+
+    examples: int = 5
+    retrieval: str = "bm25"
+    version: int = FORMAT_VERSION
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "examples": self.examples,
+            "retrieval": self.retrieval,
+        }
+
+    @classmethod
+    def from_manifest(cls, entry: Any, where: str = "manifest.json") -> PromptFormat | None:
+        """The bundle's prompt format; None (plain prompts) when the manifest has no `prompt` entry."""
+        if entry is None:
+            return None
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT_NAME:
+            raise LocalpersError(
+                f"{where}: field 'prompt' is not a {FORMAT_NAME!r} entry; re-pull the bundle"
+            )
+        version, examples = entry.get("version"), entry.get("examples")
+        if version != FORMAT_VERSION:
+            raise LocalpersError(
+                f"{where}: prompt format version {version!r} is not supported (this localpers reads version"
+                f" {FORMAT_VERSION}); upgrade localpers"
+            )
+        if not isinstance(examples, int) or isinstance(examples, bool) or not 1 <= examples <= 20:
+            raise LocalpersError(f"{where}: field 'prompt.examples' must be a whole number from 1 to 20")
+        if entry.get("retrieval") != "bm25":
+            raise LocalpersError(f"{where}: field 'prompt.retrieval' must be 'bm25'")
+        return cls(examples=examples)
+
+
+def content_of(task: Task, text: str) -> str:
+    """The user's text without the task instruction the shared data puts in front of it."""
+    stripped = text.strip()
+    if task.instruction and stripped.startswith(task.instruction):
+        stripped = stripped[len(task.instruction) :].strip()
+    return stripped
+
+
+def build_prompt(task: Task, text: str, examples: Sequence[str]) -> str:
+    """The task prompt for `text`, with `examples` (least similar first) listed in front when there are any."""
+    plain = task.prompt_for(text)
+    if not examples:
+        return plain
+    header = f"{_HEADERS.get(task.name, 'Texts')} this author wrote before:\n"
+    lines = "".join(f"- {' '.join(example.split())}\n" for example in examples)
+    return header + lines + "\n" + plain
+
+
+def _document(task: Task, input_text: str, output: str) -> str:
+    return content_of(task, input_text) + " " + output
+
+
+def select_examples(
+    task: Task, text: str, pool: Sequence[tuple[str, str]], count: int, index: Bm25Index | None = None
+) -> list[str]:
+    """Outputs of the `count` items of `pool` ((input, output) pairs) most similar to `text`, most similar last.
+
+    `index` may be a prebuilt BM25 index over exactly `pool`'s documents; ties keep pool order.
+    """
+    if not pool or count <= 0:
+        return []
+    index = index or Bm25Index([_document(task, i, o) for i, o in pool])
+    best = index.top(content_of(task, text), count)
+    return [pool[i][1] for i in reversed(best)]
+
+
+class HistoryIndex:
+    """A user's history examples for one task, with their BM25 index; cached as `history_index.json`.
+
+    The cache holds only what the history already holds (texts of the user's own items) and a hash of
+    the history file, so a stale cache (history changed behind it) is noticed and rebuilt.
+    """
+
+    def __init__(self, task: Task, pool: list[tuple[str, str]]) -> None:
+        self.task = task
+        self.pool = pool
+        self._index = Bm25Index([_document(task, i, o) for i, o in pool]) if pool else None
+
+    def examples_for(self, text: str, count: int) -> list[str]:
+        return select_examples(self.task, text, self.pool, count, self._index)
+
+    @staticmethod
+    def write(user_dir: Path, history_text: str, items: Sequence[Any]) -> None:
+        """Write the cache for `items` (HistoryItem-like: task, input, output) atomically."""
+        by_task: dict[str, list[list[str]]] = {}
+        for item in items:
+            by_task.setdefault(item.task, []).append([item.input, item.output])
+        payload = {"version": 1, "history_sha256": _sha256(history_text), "tasks": by_task}
+        atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def load(
+        cls, user_dir: Path, history_text: str, read_items: Callable[[], Sequence[Any]], task: Task
+    ) -> HistoryIndex:
+        """The index for `task`, from the cache when it matches `history_text`, else rebuilt (and rewritten).
+
+        `read_items` parses the history; it is called only when the cache is missing or stale.
+        """
+        cached = _read_cache(user_dir / INDEX_FILE)
+        if cached is None or cached.get("history_sha256") != _sha256(history_text):
+            items = read_items()
+            cls.write(user_dir, history_text, items)
+            pool = [(item.input, item.output) for item in items if item.task == task.name]
+        else:
+            pool = [(pair[0], pair[1]) for pair in cached["tasks"].get(task.name, [])]
+        return cls(task, pool)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _read_cache(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None  # a missing or damaged cache is rebuilt from the history
+    tasks = data.get("tasks") if isinstance(data, dict) else None
+    if not isinstance(tasks, dict) or not all(
+        isinstance(rows, list) and all(isinstance(r, list) and len(r) == 2 for r in rows)
+        for rows in tasks.values()
+    ):
+        return None
+    return data
+
+
+def prompt_for_user(
+    task_name: str, text: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
+) -> str:
+    """The one way every entry point builds a rewrite prompt: conditioned when the bundle and history allow."""
+    task = get_task(task_name)
+    if prompt_format is None or index is None:
+        return task.prompt_for(text)
+    return build_prompt(task, text, index.examples_for(text, prompt_format.examples))
