@@ -8,7 +8,7 @@ signed target with the same length and sha256 before any of them is downloaded; 
 into a staging directory under cache_dir()/bundles, capped at its signed length. The staged bundle is
 verified once more as a whole, renamed into `versions/<id>`, and the `current` pointer is switched with
 one atomic rename. Any failure or interruption removes the staging directory and leaves the previously
-installed bundle in place. This is the only module of localpers (with `signed_pull`, which it calls) that
+installed bundle in place. This is the only module of localpers (with `localpers.bundle.signed`, which it calls) that
 opens a network connection; it never loads what it downloads.
 """
 

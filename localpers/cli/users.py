@@ -1,4 +1,4 @@
-"""The `localpers user ...` and `localpers history ...` commands (Typer sub-apps registered by cli.py).
+"""The `localpers user ...` and `localpers history ...` commands (Typer sub-apps added by `localpers.cli.main`).
 
 `user`: create, list, use, show, delete, export, import the users on this device.
 `history`: import, add, list, remove the writing examples of a user (the active one unless --user).
@@ -45,7 +45,7 @@ REFIT_HINT = "run `localpers fit` to update the user's vector"
 
 
 def _one_line_errors(func: F) -> F:
-    """cli.one_line_errors, looked up at call time: cli.py imports this module, so not at import time."""
+    """`localpers.cli.common.one_line_errors`, applied when the command runs."""
 
     @functools.wraps(func)  # type: ignore[arg-type]
     def wrapper(*args: Any, **kwargs: Any) -> Any:

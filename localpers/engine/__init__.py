@@ -1,6 +1,11 @@
-"""The only package that imports `llama_cpp`: the model (`model`), its sampler chain (`sampler_chain`), setup.
+"""Running models on this machine: llama.cpp (the only package that imports `llama_cpp`), the encoder, torch.
 
-Everything else in localpers reaches llama.cpp through the names re-exported here.
+- `model`, `sampler_chain`, `backend`: the llama.cpp model (adapters, layer taps, scoring) and its sampler chain;
+  everything else in localpers reaches llama.cpp through these and the names re-exported here.
+- `decoding`, `generation`: what a decoding step should do (settings, a method's sampler) and the decode loop.
+- `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`: the backbone GGUF, its weight layouts, its
+  token embeddings, LoRA adapter files.
+- `encoder`, `minilm`: the numpy sentence encoder. `torch_model`: the backbone in torch, for training only.
 """
 
 from localpers.engine.backend import init_backend

@@ -1,7 +1,7 @@
 """The publisher: from a multi-user corpus to a hashed CARD bundle (extra `[publish]`).
 
 One module per stage (`clusters`, `sft`, `export`, `pairs`, `features`, `head_training`,
-`bundle_stage`), a stage cache/runner (`runner`), the torch side of the backbone (`torch_model`) and
+`bundle_stage`), a stage cache/runner (`runner`), the corpus reader (`corpus`) and
 the wiring (`pipeline.publish`). Importing this package does not import torch.
 """
 
