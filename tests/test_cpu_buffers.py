@@ -92,7 +92,7 @@ def test_removing_an_offered_type_really_keeps_weights_out_of_it(backbone) -> No
         pytest.skip("this llama.cpp build offers no extra CPU buffer type")
     import llama_cpp
 
-    from localpers import engine as engine_module
+    from localpers.engine import backend as engine_module
 
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0
