@@ -92,23 +92,24 @@ def test_removing_an_offered_type_really_keeps_weights_out_of_it(backbone) -> No
         pytest.skip("this llama.cpp build offers no extra CPU buffer type")
     import llama_cpp
 
-    from localpers.engine import backend as engine_module
+    from localpers.engine import backend
+    from localpers.engine import model as engine_model
 
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0
     params.use_extra_bufts = True
     for keep in ([], offered[:1]):
-        engine_module._log_recorder.recording = []
+        backend._log_recorder.recording = []
         try:
             with _only_extra_buffer_types(keep):
                 assert cpu_extra_buffer_types() == keep
                 model = llama_cpp.llama_model_load_from_file(str(backbone.path).encode(), params)
-            log = "".join(engine_module._log_recorder.recording)
+            log = "".join(backend._log_recorder.recording)
         finally:
-            engine_module._log_recorder.recording = None
+            backend._log_recorder.recording = None
         assert model
         llama_cpp.llama_model_free(model)
-        placed = {name for name, _ in engine_module._BUFFER_SIZE_LINE.findall(log)}
+        placed = {name for name, _ in engine_model._BUFFER_SIZE_LINE.findall(log)}
         assert not (placed & (set(offered) - set(keep))), f"weights went to a removed type: {placed}"
         if keep == ["CPU_REPACK"]:
             assert "CPU_REPACK" in placed
