@@ -31,6 +31,19 @@ class CorrectionRecord:
     delta: np.ndarray
 
 
+@dataclass(frozen=True)
+class CorrectionVariant:
+    """One setting of CARD's correction for a user: their vector and token bias at chosen strengths.
+
+    Nones mean the defaults of whoever builds the correction (`Personalizer.correction_sampler`).
+    """
+
+    vector: np.ndarray | None = None
+    strength: float | None = None
+    bias: TokenBias | None = None
+    bias_strength: float | None = None
+
+
 @dataclass
 class CardCorrection:
     """A `MethodSampler` applying CARD's correction for one user (`vector`) at one `strength`.

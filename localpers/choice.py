@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from localpers.card_sampler import CorrectionVariant
 from localpers.history_prompt import HistoryIndex
 from localpers.tasks import get_task
 
@@ -96,19 +97,21 @@ def choose_correction(
         if task.name not in index_by_task:
             pool = [(e.input, e.output) for e in earlier if e.task == task.name]
             index_by_task[task.name] = HistoryIndex(task, pool)
-        for label, vector_scale, bias_strength in CANDIDATES:
-            totals[label] += personalizer.score_reference(
-                item.input,
-                item.output,
-                task=task.name,
-                method="card",
-                cluster=outcome.cluster,
-                vector=outcome.vector,
-                strength=vector_scale * default_strength,
-                history=index_by_task[task.name],
-                bias=outcome.bias,
-                bias_strength=bias_strength,
-            )
+        variants = [
+            CorrectionVariant(outcome.vector, vector_scale * default_strength, outcome.bias, bias_strength)
+            for _, vector_scale, bias_strength in CANDIDATES
+        ]
+        scores = personalizer.score_reference_variants(
+            item.input,
+            item.output,
+            variants,
+            task=task.name,
+            method="card",
+            cluster=outcome.cluster,
+            history=index_by_task[task.name],
+        )
+        for (label, _, _), score in zip(CANDIDATES, scores, strict=True):
+            totals[label] += score
         if progress:
             progress("choice", done + 1, len(recent))
     scores = {label: total / len(recent) for label, total in totals.items()}

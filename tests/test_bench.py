@@ -404,3 +404,27 @@ def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() 
         Recorder(), profile, prepared, "t", MethodSpec("global-history", (("examples", 3),))
     )  # type: ignore[arg-type]
     assert sent["prompt_format"] == PromptFormat(examples=3)
+
+
+def test_dev_split_takes_each_train_authors_most_recent_30_percent_as_queries(tmp_path: Path) -> None:
+    def item(i: int) -> dict[str, str]:
+        return {"id": f"n{i}", "input": f"Article number {i} about the town.", "output": f"Headline {i}"}
+
+    path = tmp_path / "train.jsonl"
+    lines = [
+        {"user_id": "long", "history": [item(i) for i in range(200)], "queries": []},  # 30% = 60 -> 40
+        {"user_id": "mid", "history": [item(i) for i in range(20)], "queries": []},  # 30% = 6
+        {"user_id": "short", "history": [item(i) for i in range(5)], "queries": []},  # 5 queries need 6 items
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    users = {user.user_id: user for user in load_bench_users(path, dev_split=True)}
+    assert set(users) == {"long", "mid"}
+    long, mid = users["long"], users["mid"]
+    assert [q.reference for q in long.queries] == [f"Headline {i}" for i in range(160, 200)]
+    assert [h.output for h in long.history] == [
+        f"Headline {i}" for i in range(60, 160)
+    ]  # at most 100 earlier
+    assert [q.reference for q in mid.queries] == [f"Headline {i}" for i in range(14, 20)]
+    assert len(mid.history) == 14
+    with pytest.raises(LocalpersError, match="'queries' must be a non-empty list"):
+        load_bench_users(path)  # without the split a train file has no queries

@@ -49,6 +49,7 @@ class ProbeConfig:
     model: str | None = None
     threads: int | None = None
     command: str | None = None
+    dev_split: bool = False  # train authors split as the test file (bench.data)
 
 
 def probe_method_names(methods: list[str], sizes: tuple[int | None, ...]) -> list[str]:
@@ -129,6 +130,7 @@ def run_probes(
                 threads=config.threads,
                 command=config.command,
                 style=name,
+                dev_split=config.dev_split,
             )
             written = run_and_write(
                 bench,
@@ -149,6 +151,7 @@ def run_probes(
             "methods": names,
             "history_sizes": ["all" if s is None else s for s in config.history_sizes],
             "queries_per_user": config.max_queries,
+            "dev_split": config.dev_split,
             "n_users": context["n_users"],
             "n_queries": context["n_queries"],
             "bundle": context["bundle"],
