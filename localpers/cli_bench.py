@@ -214,7 +214,7 @@ def _run_probes(
     as_json: bool,
     dev_split: bool = False,
 ) -> None:
-    from localpers.bench.methods import check_method_names
+    from localpers.bench.methods import check_method_names, split_method_list
     from localpers.bench.probes import (
         DEFAULT_PROBE_METHODS,
         DEFAULT_QUERIES_PER_USER,
@@ -225,7 +225,7 @@ def _run_probes(
     from localpers.methods.bench_methods import register_bench_methods
 
     register_bench_methods()
-    chosen = [piece.strip() for text in (methods or DEFAULT_PROBE_METHODS) for piece in text.split(",")]
+    chosen = [piece for text in (methods or DEFAULT_PROBE_METHODS) for piece in split_method_list(text)]
     check_method_names([name for name in chosen if name])
     style_names = [name.strip() for name in styles.split(",") if name.strip()]
     for name in style_names:

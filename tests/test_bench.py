@@ -17,7 +17,14 @@ from typer.testing import CliRunner
 from localpers.backbone import Backbone
 from localpers.bench import BenchConfig, run_and_write
 from localpers.bench.data import load_bench_users, store_name
-from localpers.bench.methods import MethodSpec, canonical_spec, expand_methods, few_shot_prefix, parse_method
+from localpers.bench.methods import (
+    MethodSpec,
+    canonical_spec,
+    expand_methods,
+    few_shot_prefix,
+    parse_method,
+    split_method_list,
+)
 from localpers.bundle import open_bundle
 from localpers.cli import app
 from localpers.errors import LocalpersError
@@ -301,6 +308,18 @@ def test_parse_and_canonical_method_names() -> None:
     assert canonical_spec(parse_method("card@reg=0.1"), fake, None).name == "card@reg=0.1"
     assert canonical_spec(parse_method("card"), fake, 5) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=all"), fake, 5).name == "card@history=all"
+    assert split_method_list("cluster,card@bias=2,history=20,rag") == [
+        "cluster",
+        "card@bias=2,history=20",
+        "rag",
+    ]
+    mixed = expand_methods(["cluster,card@top_k=5,history=all", "rag@k=2,history=5"], fake, None)
+    assert [s.name for s in mixed] == [
+        "global",
+        "cluster",
+        "card@top_k=5",
+        "rag@history=5,k=2",
+    ]  # all = default
     specs = expand_methods(["alpha-sweep"], fake, None)
     assert [s.name for s in specs][:3] == ["global", "card@strength=0.0", "card@strength=0.25"]
     assert "card" in [s.name for s in specs]  # the default strength is plain card
