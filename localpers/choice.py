@@ -1,11 +1,12 @@
 """`localpers fit` chooses, per user, how strongly CARD corrects their cluster adapter.
 
 The candidates are the conditioned cluster adapter alone, and the same adapter with the user's vector
-(at the bundle's strength) and/or their token bias (strength 1 or 2). They are compared on the user's own
+(at the bundle's strength) and/or their token bias (strength 1, 2 or 4). They are compared on the user's own
 most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
 the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean log-probability
-per token, `Personalizer.score_reference`, the same correction that decodes). Likelihood rather than ROUGE
-because a handful of items is all a user has, and likelihood is far less noisy on a handful.
+per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model runs once per
+item for all candidates). Likelihood rather than ROUGE because a handful of items is all a user has, and
+likelihood is far less noisy on a handful.
 
 A candidate replaces the adapter alone only if it beats it on these items; otherwise the user gets the adapter
 alone and is told so. Users with fewer than MIN_ITEMS_TO_CHOOSE items get no choice (the bundle's defaults).
@@ -39,6 +40,8 @@ CANDIDATES: tuple[tuple[str, float, float], ...] = (
     ("vector+bias", 1.0, 1.0),
     ("bias x2", 0.0, 2.0),
     ("vector+bias x2", 1.0, 2.0),
+    ("bias x4", 0.0, 4.0),  # a fixed habit (a kicker) sits 6-8 nats below the adapter's best token
+    ("vector+bias x4", 1.0, 4.0),
 )
 
 
