@@ -23,7 +23,9 @@ from localpers.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.personalize import NEGATIVES_FILE, Personalizer, user_profile
 from localpers.store import User, UserStore
 
-BENCH_VERSION = 3  # bump when a change to the runner invalidates cached results (3: token-bias presence rule, x4)
+BENCH_VERSION = (
+    3  # bump when a change to the runner invalidates cached results (3: token-bias presence rule, x4)
+)
 
 
 def sha256_text(value: Any) -> str:

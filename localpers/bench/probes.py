@@ -67,6 +67,13 @@ def probe_method_names(methods: list[str], sizes: tuple[int | None, ...]) -> lis
     return names
 
 
+def _label(spec: Any) -> str:
+    """The method's name without its history size (which has its own column): `card@bias=2.0`."""
+    from localpers.bench.methods import MethodSpec
+
+    return MethodSpec(spec.base, tuple((k, v) for k, v in spec.params if k != "history")).name
+
+
 def hit_rate(flags: list[bool | None], *, n_resamples: int, seed: int) -> dict[str, Any]:
     """Share of applicable outputs carrying the style, with a bootstrap interval; None when none applies."""
     applicable = [bool(flag) for flag in flags if flag is not None]
@@ -86,6 +93,7 @@ def summarise_style(style_name: str, run: Any, *, n_resamples: int, seed: int) -
         r1 = np.array([q["rouge1"] for q in queries], dtype=np.float64)
         rows[spec.name] = {
             "base": spec.base,
+            "label": _label(spec),
             "history": run.params[spec.name].get("history", "n/a"),
             "hit": hit_rate([q.get("style_hit") for q in queries], n_resamples=n_resamples, seed=seed),
             "rouge1": round(float(r1.mean()), DIGITS),
@@ -209,7 +217,7 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
             low, mean, high = row["rouge1_ci"]
             history = "all" if row["history"] is None else row["history"]
             lines.append(
-                f"| {row['base']} | {history} | {_percent(row['hit'])} | {mean:.4f} [{low:.4f}, {high:.4f}] |"
+                f"| {row.get('label', row['base'])} | {history} | {_percent(row['hit'])} | {mean:.4f} [{low:.4f}, {high:.4f}] |"
             )
         lines.append("")
     if image:
@@ -237,11 +245,11 @@ def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
             if hit["rate"] is None:
                 continue
             if row["history"] == "n/a":
-                axis.axhline(hit["rate"], linestyle="--", color="grey", label=row["base"])
+                axis.axhline(hit["rate"], linestyle="--", color="grey", label=row.get("label", row["base"]))
                 continue
             size = "all" if row["history"] is None else row["history"]
             if size in positions:
-                curves.setdefault(row["base"], []).append((positions[size], *hit["ci"]))
+                curves.setdefault(row.get("label", row["base"]), []).append((positions[size], *hit["ci"]))
         for base, points in curves.items():
             points.sort()
             x = [p[0] for p in points]
