@@ -16,7 +16,14 @@ from typer.testing import CliRunner
 
 from localpers.bench import BenchConfig, run_and_write
 from localpers.bench.data import load_bench_users, store_name
-from localpers.bench.methods import MethodSpec, canonical_spec, expand_methods, few_shot_prefix, parse_method
+from localpers.bench.methods import (
+    MethodSpec,
+    canonical_spec,
+    expand_methods,
+    few_shot_prefix,
+    parse_method,
+    split_method_list,
+)
 from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
@@ -301,6 +308,18 @@ def test_parse_and_canonical_method_names() -> None:
     assert canonical_spec(parse_method("card@reg=0.1"), fake, None).name == "card@reg=0.1"
     assert canonical_spec(parse_method("card"), fake, 5) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=all"), fake, 5).name == "card@history=all"
+    assert split_method_list("cluster,card@bias=2,history=20,rag") == [
+        "cluster",
+        "card@bias=2,history=20",
+        "rag",
+    ]
+    mixed = expand_methods(["cluster,card@top_k=5,history=all", "rag@k=2,history=5"], fake, None)
+    assert [s.name for s in mixed] == [
+        "global",
+        "cluster",
+        "card@top_k=5",
+        "rag@history=5,k=2",
+    ]  # all = default
     specs = expand_methods(["alpha-sweep"], fake, None)
     assert [s.name for s in specs][:3] == ["global", "card@strength=0.0", "card@strength=0.25"]
     assert "card" in [s.name for s in specs]  # the default strength is plain card
@@ -404,3 +423,27 @@ def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() 
         Recorder(), profile, prepared, "t", MethodSpec("global-history", (("examples", 3),))
     )  # type: ignore[arg-type]
     assert sent["prompt_format"] == PromptFormat(examples=3)
+
+
+def test_dev_split_takes_each_train_authors_most_recent_30_percent_as_queries(tmp_path: Path) -> None:
+    def item(i: int) -> dict[str, str]:
+        return {"id": f"n{i}", "input": f"Article number {i} about the town.", "output": f"Headline {i}"}
+
+    path = tmp_path / "train.jsonl"
+    lines = [
+        {"user_id": "long", "history": [item(i) for i in range(200)], "queries": []},  # 30% = 60 -> 40
+        {"user_id": "mid", "history": [item(i) for i in range(20)], "queries": []},  # 30% = 6
+        {"user_id": "short", "history": [item(i) for i in range(5)], "queries": []},  # 5 queries need 6 items
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    users = {user.user_id: user for user in load_bench_users(path, dev_split=True)}
+    assert set(users) == {"long", "mid"}
+    long, mid = users["long"], users["mid"]
+    assert [q.reference for q in long.queries] == [f"Headline {i}" for i in range(160, 200)]
+    assert [h.output for h in long.history] == [
+        f"Headline {i}" for i in range(60, 160)
+    ]  # at most 100 earlier
+    assert [q.reference for q in mid.queries] == [f"Headline {i}" for i in range(14, 20)]
+    assert len(mid.history) == 14
+    with pytest.raises(LocalpersError, match="'queries' must be a non-empty list"):
+        load_bench_users(path)  # without the split a train file has no queries

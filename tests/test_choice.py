@@ -46,17 +46,19 @@ def test_ties_and_losses_go_to_the_adapter_alone(
 ) -> None:
     user = UserStore().create("tied")
     user.save_history(items(SHOUTY))
-    monkeypatch.setattr(personalizer, "score_reference", lambda *a, **k: -2.0)
+    monkeypatch.setattr(
+        personalizer, "score_reference_variants", lambda text, ref, variants, **k: [-2.0] * len(variants)
+    )
     tied = choice_module.choose_correction(
         personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
     )
     assert tied is not None and tied.label == "adapter" and tied.vector_strength == tied.bias_strength == 0.0
     assert "nothing beat your cluster adapter" in tied.reason
 
-    def bias_wins(*args, bias_strength=0.0, strength=0.0, **kwargs):
-        return -2.0 + 0.1 * bias_strength - 0.05 * (strength > 0)
+    def bias_wins(text, reference, variants, **kwargs):  # the likelihood peaks at bias strength 2
+        return [-2.0 - 0.1 * abs(v.bias_strength - 2.0) - 0.05 * (v.strength > 0) for v in variants]
 
-    monkeypatch.setattr(personalizer, "score_reference", bias_wins)
+    monkeypatch.setattr(personalizer, "score_reference_variants", bias_wins)
     won = choice_module.choose_correction(
         personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
     )

@@ -74,3 +74,37 @@ def test_bench_reports_gold_likelihood_with_paired_intervals(first_run) -> None:
         results["methods"]["card"]["gold_logprob"] - results["methods"]["global"]["gold_logprob"], abs=1e-4
     )
     assert "## Gold likelihood" in written.report_path.read_text()
+
+
+def test_several_corrections_scored_in_one_pass_equal_separate_scoring(personalizer: Personalizer) -> None:  # noqa: F811
+    from localpers.methods.card.correction import CorrectionVariant
+    from localpers.methods.card.token_bias import TokenBias
+
+    engine = personalizer.engine
+    habit = engine.tokenize(" BAKERY", add_bos=False)[0]
+    bias = TokenBias(first={habit: 2.0}, rest={engine.tokenize("!!!", add_bos=False)[0]: 1.0})
+    vector = np.linspace(-1.0, 1.0, personalizer.head.d).astype(np.float32)
+    variants = [
+        CorrectionVariant(vector, 0.0, None, 0.0),
+        CorrectionVariant(vector, 5.0, None, 0.0),
+        CorrectionVariant(vector, 0.0, bias, 1.0),
+        CorrectionVariant(vector, 5.0, bias, 3.0),
+    ]
+    together = personalizer.score_reference_variants(ARTICLE, REFERENCE, variants, cluster=0)
+    apart = [
+        personalizer.score_reference(
+            ARTICLE,
+            REFERENCE,
+            cluster=0,
+            vector=v.vector,
+            strength=v.strength,
+            bias=v.bias,
+            bias_strength=v.bias_strength,
+        )
+        for v in variants
+    ]
+    np.testing.assert_allclose(together, apart, atol=1e-6)
+    assert len({round(score, 4) for score in together}) == 4, "each correction should score differently"
+    cluster = personalizer.rewrite(ARTICLE, method="cluster", cluster=0, reference=REFERENCE, max_tokens=2)
+    assert together[0] == pytest.approx(cluster.gold_logprob, abs=1e-4)  # strength 0, no bias: the model
+    assert together[2] > together[0], "the habit's bias must raise the reference's likelihood"

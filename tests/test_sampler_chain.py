@@ -257,3 +257,31 @@ def test_card_correction_with_a_token_bias_cuts_itself_and_adds_the_habits() -> 
     assert candidates.ids.tolist() == [0, 1, 2, 950]
     without = CardCorrection(ZeroHead(), np.zeros(4), 1.0, 3, bias=TokenBias(), bias_strength=3.0)  # type: ignore[arg-type]
     assert without.candidate_limit == 3 and without.bias is None  # an empty bias: the chain's top-k cuts
+
+
+def test_a_habit_is_pushed_only_until_the_output_holds_it() -> None:
+    from localpers.engine.sampler_chain import TOKEN_DATA
+    from localpers.methods.card.correction import CardCorrection
+    from localpers.methods.card.token_bias import TokenBias
+
+    class NoVector:
+        def correction(
+            self, ids: np.ndarray, features: np.ndarray, vector: np.ndarray, strength: float
+        ) -> np.ndarray:
+            return np.zeros(len(ids), dtype=np.float32)
+
+    entries = np.zeros(1000, dtype=TOKEN_DATA)
+    entries["id"] = np.arange(1000)
+    entries["logit"] = -np.arange(1000, dtype=np.float32)
+    bias = TokenBias(first={}, rest={900: 2.0, 1: -1.0})  # a habit (":" after a kicker) and an avoided token
+    correction = CardCorrection(NoVector(), np.zeros(4), 0.0, 3, bias=bias, bias_strength=1.0)  # type: ignore[arg-type]
+    correction.accept(5)  # position 1: the "rest" table
+    before = Candidates(entries.copy())
+    correction.apply(before, np.zeros(4, dtype=np.float32))
+    assert before.ids.tolist() == [0, 1, 2, 900] and before.logits[3] == -898.0
+    correction.accept(900)  # the habit is now in the output
+    correction.accept(1)
+    after = Candidates(entries.copy())
+    correction.apply(after, np.zeros(4, dtype=np.float32))
+    assert after.ids.tolist() == [0, 1, 2], "an emitted habit no longer joins the candidates"
+    assert after.logits.tolist() == [0.0, -2.0, -2.0], "an avoided token stays avoided after it was emitted"

@@ -58,14 +58,25 @@ def store_name(user_id: str) -> str:
     return cleaned[:32]
 
 
+# The test file's protocol (../shared/data/news-headlines/README.md), applied to train authors by `dev_split`.
+DEV_QUERY_FRACTION, DEV_MIN_QUERIES, DEV_MAX_QUERIES, DEV_MAX_HISTORY = 0.3, 5, 40, 100
+
+
 def load_bench_users(
     path: Path | str,
     *,
     max_users: int | None = None,
     max_queries: int | None = None,
     task: str = DEFAULT_TASK,
+    dev_split: bool = False,
 ) -> list[BenchUser]:
-    """The users of `path` in file order, each with at most `max_queries` queries (first ones)."""
+    """The users of `path` in file order, each with at most `max_queries` queries (first ones).
+
+    With `dev_split` (for train authors, whose file holds only histories), each author's history is split as
+    the test file was made: the most recent 30% (at least 5, at most 40) become the queries, and up to 100
+    items before them the history; an author too short for 5 queries and one history item is left out.
+    Settings are chosen on this split, never on the test file's queries.
+    """
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -82,7 +93,9 @@ def load_bench_users(
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise LocalpersError(f"{path} line {line_number}: not valid JSON ({exc.msg})") from None
-        user = _user_from_record(path, line_number, record, task, max_queries)
+        user = _user_from_record(path, line_number, record, task, max_queries, dev_split)
+        if user is None:
+            continue
         if user.store_name in seen:
             raise LocalpersError(
                 f"{path} line {line_number}: user_id {user.user_id!r} collides with line "
@@ -98,8 +111,8 @@ def load_bench_users(
 
 
 def _user_from_record(
-    path: Path, line_number: int, record: Any, task: str, max_queries: int | None
-) -> BenchUser:
+    path: Path, line_number: int, record: Any, task: str, max_queries: int | None, dev_split: bool = False
+) -> BenchUser | None:
     where = f"{path} line {line_number}"
     if not isinstance(record, dict):
         raise LocalpersError(f"{where}: expected a JSON object with user_id, history and queries")
@@ -110,6 +123,12 @@ def _user_from_record(
     query_records = record.get("queries")
     if not isinstance(history_records, list):
         raise LocalpersError(f"{where} (user {user_id}): field 'history' must be a list")
+    if dev_split:
+        if query_records is not None and not isinstance(query_records, list):
+            raise LocalpersError(f"{where} (user {user_id}): field 'queries' must be a list")
+        history_records, query_records = _dev_split([*history_records, *(query_records or [])])
+        if not query_records:
+            return None
     if not isinstance(query_records, list) or not query_records:
         raise LocalpersError(f"{where} (user {user_id}): field 'queries' must be a non-empty list")
 
@@ -132,6 +151,14 @@ def _user_from_record(
         query_ids.add(query_id)
         queries.append(BenchQuery(query_id, normalize_text(text["input"]), normalize_text(text["output"])))
     return BenchUser(user_id, tuple(history), tuple(queries))
+
+
+def _dev_split(records: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(history, queries) of one author's items, oldest first, as the test file splits them; ([], []) if too short."""
+    count = min(DEV_MAX_QUERIES, max(DEV_MIN_QUERIES, round(DEV_QUERY_FRACTION * len(records))))
+    if len(records) < count + 1:
+        return [], []
+    return records[:-count][-DEV_MAX_HISTORY:], records[-count:]
 
 
 def _fields(entry: Any, where: str) -> dict[str, str]:

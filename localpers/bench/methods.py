@@ -496,12 +496,28 @@ PRESETS: dict[str, Callable[[Personalizer], list[str]]] = {
 }
 
 
+def split_method_list(text: str) -> list[str]:
+    """`"cluster,card@bias=2,history=20,rag"` -> `["cluster", "card@bias=2,history=20", "rag"]`.
+
+    Commas separate methods and also a method's parameters; a piece that is only `key=value` continues the
+    method before it.
+    """
+    names: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if names and "@" in names[-1] and "@" not in piece and _PARAM_PATTERN.fullmatch(piece):
+            names[-1] += "," + piece
+        else:
+            names.append(piece)
+    return names
+
+
 def check_method_names(names: list[str]) -> None:
     """Refuse unknown methods or parameters before anything is loaded (presets are always valid)."""
     for name in names:
-        for piece in name.split(","):
-            piece = piece.strip()
-            if piece and piece not in PRESETS:
+        for piece in split_method_list(name):
+            if piece not in PRESETS:
                 parse_method(piece)
 
 
@@ -511,10 +527,8 @@ def expand_methods(
     """Presets expanded, names parsed and canonicalised, duplicates dropped, `global` first."""
     texts: list[str] = []
     for name in names:
-        for piece in name.split(","):
-            piece = piece.strip()
-            if piece:
-                texts.extend(PRESETS[piece](personalizer) if piece in PRESETS else [piece])
+        for piece in split_method_list(name):
+            texts.extend(PRESETS[piece](personalizer) if piece in PRESETS else [piece])
     specs: list[MethodSpec] = [MethodSpec("global")]
     for text in texts:
         spec = canonical_spec(parse_method(text), personalizer, history_limit)

@@ -49,6 +49,7 @@ class ProbeConfig:
     model: str | None = None
     threads: int | None = None
     command: str | None = None
+    dev_split: bool = False  # train authors split as the test file (bench.data)
 
 
 def probe_method_names(methods: list[str], sizes: tuple[int | None, ...]) -> list[str]:
@@ -64,6 +65,13 @@ def probe_method_names(methods: list[str], sizes: tuple[int | None, ...]) -> lis
         joiner = "," if "@" in text else "@"
         names.extend(f"{text}{joiner}history={'all' if size is None else size}" for size in sizes)
     return names
+
+
+def _label(spec: Any) -> str:
+    """The method's name without its history size (which has its own column): `card@bias=2.0`."""
+    from localpers.bench.methods import MethodSpec
+
+    return MethodSpec(spec.base, tuple((k, v) for k, v in spec.params if k != "history")).name
 
 
 def hit_rate(flags: list[bool | None], *, n_resamples: int, seed: int) -> dict[str, Any]:
@@ -85,6 +93,7 @@ def summarise_style(style_name: str, run: Any, *, n_resamples: int, seed: int) -
         r1 = np.array([q["rouge1"] for q in queries], dtype=np.float64)
         rows[spec.name] = {
             "base": spec.base,
+            "label": _label(spec),
             "history": run.params[spec.name].get("history", "n/a"),
             "hit": hit_rate([q.get("style_hit") for q in queries], n_resamples=n_resamples, seed=seed),
             "rouge1": round(float(r1.mean()), DIGITS),
@@ -129,6 +138,7 @@ def run_probes(
                 threads=config.threads,
                 command=config.command,
                 style=name,
+                dev_split=config.dev_split,
             )
             written = run_and_write(
                 bench,
@@ -149,6 +159,7 @@ def run_probes(
             "methods": names,
             "history_sizes": ["all" if s is None else s for s in config.history_sizes],
             "queries_per_user": config.max_queries,
+            "dev_split": config.dev_split,
             "n_users": context["n_users"],
             "n_queries": context["n_queries"],
             "bundle": context["bundle"],
@@ -206,7 +217,7 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
             low, mean, high = row["rouge1_ci"]
             history = "all" if row["history"] is None else row["history"]
             lines.append(
-                f"| {row['base']} | {history} | {_percent(row['hit'])} | {mean:.4f} [{low:.4f}, {high:.4f}] |"
+                f"| {row.get('label', row['base'])} | {history} | {_percent(row['hit'])} | {mean:.4f} [{low:.4f}, {high:.4f}] |"
             )
         lines.append("")
     if image:
@@ -234,11 +245,11 @@ def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
             if hit["rate"] is None:
                 continue
             if row["history"] == "n/a":
-                axis.axhline(hit["rate"], linestyle="--", color="grey", label=row["base"])
+                axis.axhline(hit["rate"], linestyle="--", color="grey", label=row.get("label", row["base"]))
                 continue
             size = "all" if row["history"] is None else row["history"]
             if size in positions:
-                curves.setdefault(row["base"], []).append((positions[size], *hit["ci"]))
+                curves.setdefault(row.get("label", row["base"]), []).append((positions[size], *hit["ci"]))
         for base, points in curves.items():
             points.sort()
             x = [p[0] for p in points]

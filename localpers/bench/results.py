@@ -135,6 +135,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "max_users": run.config.max_users,
             "max_queries": run.config.max_queries,
             "history_limit": run.config.history_limit,
+            "dev_split": run.config.dev_split,
             "seed": seed,
             "bootstrap_resamples": n,
             "n_users": len(run.users),

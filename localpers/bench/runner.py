@@ -62,6 +62,7 @@ class BenchConfig:
     command: str | None = None
     threads: int | None = None  # llama.cpp threads (None = all cores; 1 is far faster on a busy CPU)
     style: str | None = None  # a style probe: every gold output rewritten in this style (bench.styles)
+    dev_split: bool = False  # train authors: most recent 30% of each history as queries (bench.data)
 
 
 @dataclass
@@ -116,7 +117,9 @@ def run_bench(
 
     register_bench_methods()
     check_method_names(config.methods)
-    users = load_bench_users(config.data, max_users=config.max_users, max_queries=config.max_queries)
+    users = load_bench_users(
+        config.data, max_users=config.max_users, max_queries=config.max_queries, dev_split=config.dev_split
+    )
     style = get_style(config.style) if config.style else None
     if style is not None:
         users = restyle_users(users, style)

@@ -74,6 +74,14 @@ def bench_command(
     ] = None,
     max_users: Annotated[int | None, typer.Option(min=1, help="Only the first N users of the file.")] = None,
     max_queries: Annotated[int | None, typer.Option(min=1, help="Only the first N queries per user.")] = None,
+    dev_split: Annotated[
+        bool,
+        typer.Option(
+            "--dev-split",
+            help="Train authors (e.g. train.jsonl): each author's most recent 30% become the queries, as in "
+            "test.jsonl. Choose settings on this, never on the test queries.",
+        ),
+    ] = False,
     history_limit: Annotated[
         int | None, typer.Option(min=0, help="Fit on the N most recent history items only (default: all).")
     ] = None,
@@ -139,6 +147,7 @@ def bench_command(
             threads,
             command,
             as_json,
+            dev_split,
         )
         return
     config = BenchConfig(
@@ -154,6 +163,7 @@ def bench_command(
         n_resamples=bootstrap,
         threads=threads,
         command=command,
+        dev_split=dev_split,
     )
     with method_progress(not as_json, sys.stderr.isatty()) as progress:
         written = run_and_write(config, progress=progress)
@@ -202,9 +212,10 @@ def _run_probes(
     threads: int | None,
     command: str,
     as_json: bool,
+    dev_split: bool = False,
 ) -> None:
     from localpers.bench.extra_methods import register_bench_methods
-    from localpers.bench.methods import check_method_names
+    from localpers.bench.methods import check_method_names, split_method_list
     from localpers.bench.probes import (
         DEFAULT_PROBE_METHODS,
         DEFAULT_QUERIES_PER_USER,
@@ -214,7 +225,7 @@ def _run_probes(
     from localpers.bench.styles import get_style
 
     register_bench_methods()
-    chosen = [piece.strip() for text in (methods or DEFAULT_PROBE_METHODS) for piece in text.split(",")]
+    chosen = [piece for text in (methods or DEFAULT_PROBE_METHODS) for piece in split_method_list(text)]
     check_method_names([name for name in chosen if name])
     style_names = [name.strip() for name in styles.split(",") if name.strip()]
     for name in style_names:
@@ -235,6 +246,7 @@ def _run_probes(
         model=model,
         threads=threads,
         command=command,
+        dev_split=dev_split,
     )
     with method_progress(not as_json, sys.stderr.isatty()) as progress:
         result = run_probes(config, progress=progress)

@@ -15,6 +15,7 @@ every method is scored over the whole vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -147,31 +148,74 @@ def _teacher_forced(
 ) -> GenerationResult:
     """Feed `forced` and score each token: the method's candidates with its logits, the rest unchanged."""
     prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-    with engine.sampler_chain(GREEDY, method, final_pick=False) as chain:
-        started = time.perf_counter()
-        step = engine.prefill(prompt_tokens)
-        prompt_seconds = time.perf_counter() - started
-        fed: list[int] = []
-        logprobs: list[float] = []
-        decode_started = time.perf_counter()
-        for index, token in enumerate(forced):
-            scored = step.logits.astype(np.float64)
-            if method is not None:
-                ids, changed = chain.transform(step.logits, step.features)
-                finite = np.isfinite(changed)
-                scored[ids[finite]] = changed[finite]
-            top = scored.max()
-            logprobs.append(float(scored[token] - top - np.log(np.exp(scored - top).sum())))
-            chain.accept(int(token))
-            fed.append(int(token))
-            if index + 1 < len(forced):
-                step = engine.step(int(token))
+    started = time.perf_counter()
+    scored, prompt_seconds = _score_forced(engine, prompt_tokens, forced, [method])
     return GenerationResult(
-        text=engine.detokenize(fed),
-        tokens=fed,
+        text=engine.detokenize(list(forced)),
+        tokens=[int(t) for t in forced],
         stop_reason="forced",
         prompt_tokens=len(prompt_tokens),
         prompt_seconds=prompt_seconds,
-        decode_seconds=time.perf_counter() - decode_started,
-        token_logprobs=logprobs,
+        decode_seconds=time.perf_counter() - started - prompt_seconds,
+        token_logprobs=scored[0],
     )
+
+
+def score_forced(
+    engine: Engine,
+    prompt: str | Sequence[int],
+    forced: Sequence[int],
+    methods: Sequence[MethodSampler | None],
+) -> list[list[float]]:
+    """Per-token log-probabilities of `forced` after `prompt` under each of `methods`, in one model pass.
+
+    Each method scores exactly as `generate(..., forced=forced, method=method)` would (None: the model's
+    own distribution); the model evaluates the prompt and the forced tokens once for all of them. Methods
+    must be fresh (a method sampler counts the tokens it is told of).
+    """
+    prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    return _score_forced(engine, prompt_tokens, forced, methods)[0]
+
+
+def _score_forced(
+    engine: Engine, prompt_tokens: list[int], forced: Sequence[int], methods: Sequence[MethodSampler | None]
+) -> tuple[list[list[float]], float]:
+    """(log-probabilities per method, prompt seconds): the one teacher-forced scoring loop.
+
+    A method changes only the candidates its chain leaves (CARD: the cluster model's top k and the user's
+    habits); every other token keeps its unchanged logit. The normaliser is the unchanged one with the
+    candidates' terms swapped for their new values, so each method costs its candidates, not the vocabulary.
+    """
+    with contextlib.ExitStack() as stack:
+        chains = [
+            None
+            if method is None
+            else stack.enter_context(engine.sampler_chain(GREEDY, method, final_pick=False))
+            for method in methods
+        ]
+        started = time.perf_counter()
+        step = engine.prefill(prompt_tokens)
+        prompt_seconds = time.perf_counter() - started
+        logprobs: list[list[float]] = [[] for _ in methods]
+        for index, token in enumerate(forced):
+            logits = step.logits.astype(np.float64)
+            top = float(logits.max())
+            weights = np.exp(logits - top)
+            total = float(weights.sum())
+            for column, chain in zip(logprobs, chains, strict=True):
+                if chain is None:
+                    column.append(float(logits[token] - top - np.log(total)))
+                    continue
+                ids, changed = chain.transform(step.logits, step.features)
+                finite = np.isfinite(changed)
+                ids, changed = ids[finite], changed[finite].astype(np.float64)
+                new_top = max(top, float(changed.max())) if len(changed) else top
+                rest = max(total - float(weights[ids].sum()), 0.0) * np.exp(top - new_top)
+                normaliser = new_top + np.log(rest + float(np.exp(changed - new_top).sum()))
+                hit = np.flatnonzero(ids == token)
+                value = float(changed[hit[0]]) if len(hit) else float(logits[token])
+                column.append(value - normaliser)
+                chain.accept(int(token))
+            if index + 1 < len(forced):
+                step = engine.step(int(token))
+    return logprobs, prompt_seconds

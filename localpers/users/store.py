@@ -163,7 +163,7 @@ class User:
 
     def _write_state(self, state: dict[str, Any]) -> None:
         try:
-            text = json.dumps({**state, "updated_at": _now()}, indent=2, ensure_ascii=False, allow_nan=False)
+            text = _state_json({**state, "updated_at": _now()})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"user state must be JSON-serialisable: {exc}") from None
         atomic_write_text(self.state_path, text + "\n")
@@ -556,3 +556,12 @@ def history_for(user: User, history_limit: int | None, method: str) -> list[Hist
             f"user {user.name!r} has no history: {method} learns from it; add items with `localpers history import`"
         )
     return items
+
+
+def _state_json(state: dict[str, Any]) -> str:
+    """One top-level field per line, each value compact: readable, and the token bias stays a few KB."""
+
+    def compact(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+    return "{\n" + ",\n".join(f"  {compact(key)}: {compact(value)}" for key, value in state.items()) + "\n}"

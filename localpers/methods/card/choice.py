@@ -1,11 +1,12 @@
 """`localpers fit` chooses, per user, how strongly CARD corrects their cluster adapter.
 
 The candidates are the conditioned cluster adapter alone, and the same adapter with the user's vector
-(at the bundle's strength) and/or their token bias (strength 1 or 2). They are compared on the user's own
+(at the bundle's strength) and/or their token bias (strength 1, 2 or 4). They are compared on the user's own
 most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
 the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean log-probability
-per token, `Personalizer.score_reference`, the same correction that decodes). Likelihood rather than ROUGE
-because a handful of items is all a user has, and likelihood is far less noisy on a handful.
+per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model runs once per
+item for all candidates). Likelihood rather than ROUGE because a handful of items is all a user has, and
+likelihood is far less noisy on a handful.
 
 A candidate replaces the adapter alone only if it beats it on these items; otherwise the user gets the adapter
 alone and is told so. Users with fewer than MIN_ITEMS_TO_CHOOSE items get no choice (the bundle's defaults).
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from localpers.methods.card.correction import CorrectionVariant
 from localpers.tasks import get_task
 from localpers.users.history_prompt import HistoryIndex
 
@@ -41,7 +43,9 @@ class Scorer(Protocol):
         self, user: User, items: Sequence[HistoryItem], *, regularisation: float, prior_weight: float
     ) -> Any: ...
 
-    def score_reference(self, text: str, reference: str, **options: Any) -> float: ...
+    def score_reference_variants(
+        self, text: str, reference: str, variants: Sequence[CorrectionVariant], **options: Any
+    ) -> list[float]: ...
 
 
 MIN_ITEMS_TO_CHOOSE = 8
@@ -54,6 +58,8 @@ CANDIDATES: tuple[tuple[str, float, float], ...] = (
     ("vector+bias", 1.0, 1.0),
     ("bias x2", 0.0, 2.0),
     ("vector+bias x2", 1.0, 2.0),
+    ("bias x4", 0.0, 4.0),  # a fixed habit (a kicker) sits 6-8 nats below the adapter's best token
+    ("vector+bias x4", 1.0, 4.0),
 )
 
 
@@ -112,19 +118,21 @@ def choose_correction(
         if task.name not in index_by_task:
             pool = [(e.input, e.output) for e in earlier if e.task == task.name]
             index_by_task[task.name] = HistoryIndex(task, pool)
-        for label, vector_scale, bias_strength in CANDIDATES:
-            totals[label] += personalizer.score_reference(
-                item.input,
-                item.output,
-                task=task.name,
-                method="card",
-                cluster=outcome.cluster,
-                vector=outcome.vector,
-                strength=vector_scale * default_strength,
-                history=index_by_task[task.name],
-                bias=outcome.bias,
-                bias_strength=bias_strength,
-            )
+        variants = [
+            CorrectionVariant(outcome.vector, vector_scale * default_strength, outcome.bias, bias_strength)
+            for _, vector_scale, bias_strength in CANDIDATES
+        ]
+        scores = personalizer.score_reference_variants(
+            item.input,
+            item.output,
+            variants,
+            task=task.name,
+            method="card",
+            cluster=outcome.cluster,
+            history=index_by_task[task.name],
+        )
+        for (label, _, _), score in zip(CANDIDATES, scores, strict=True):
+            totals[label] += score
         if progress:
             progress("choice", done + 1, len(recent))
     scores = {label: total / len(recent) for label, total in totals.items()}

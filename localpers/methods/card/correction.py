@@ -31,6 +31,19 @@ class CorrectionRecord:
     delta: np.ndarray
 
 
+@dataclass(frozen=True)
+class CorrectionVariant:
+    """One setting of CARD's correction for a user: their vector and token bias at chosen strengths.
+
+    Nones mean the defaults of whoever builds the correction (`Personalizer.correction_sampler`).
+    """
+
+    vector: np.ndarray | None = None
+    strength: float | None = None
+    bias: TokenBias | None = None
+    bias_strength: float | None = None
+
+
 @dataclass
 class CardCorrection:
     """A `MethodSampler` applying CARD's correction for one user (`vector`) at one `strength`.
@@ -49,6 +62,9 @@ class CardCorrection:
     name: str = "card"
     steps: list[CorrectionRecord] = field(default_factory=list)
     position: int = 0  # tokens accepted so far: the token bias differs for the first one
+    emitted: set[int] = field(
+        default_factory=set
+    )  # tokens accepted so far (a habit is pushed until it shows)
 
     def __post_init__(self) -> None:
         if self.bias is not None and (not len(self.bias) or self.bias_strength == 0.0):
@@ -73,7 +89,8 @@ class CardCorrection:
         if len(habitual):  # the user's habits beyond the top k are not corrected by the vector
             delta[np.isin(ids, habitual)] = 0.0
         if self.bias is not None:
-            delta = delta + self.bias.apply(before, ids, self.position, self.bias_strength).astype(np.float32)
+            extra = self.bias.apply(before, ids, self.position, self.bias_strength, self.emitted)
+            delta = delta + extra.astype(np.float32)
         candidates.logits[:] = before + delta
         if self.record:
             self.steps.append(CorrectionRecord(ids.copy(), before, delta))
@@ -82,7 +99,7 @@ class CardCorrection:
         """Keep the k best candidates plus this position's habitual tokens; returns the habitual ones added."""
         assert self.bias is not None
         best = candidates.best_positions(self.top_k)
-        habits = self.bias.habitual_tokens(self.position)  # sorted ids
+        habits = self.bias.habitual_tokens(self.position, self.emitted)  # sorted ids
         ids = candidates.ids
         if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):
             positions = habits  # the usual case: the candidates are still in vocabulary order
@@ -95,3 +112,4 @@ class CardCorrection:
     def accept(self, token: int) -> None:
         """Count the step (the features of each step come from the taps, not from here)."""
         self.position += 1
+        self.emitted.add(int(token))

@@ -27,11 +27,11 @@ from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
 from localpers.engine.decoding import SamplerSettings
-from localpers.engine.generation import GenerationResult, generate
+from localpers.engine.generation import GenerationResult, generate, score_forced
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import choose_correction
-from localpers.methods.card.correction import CardCorrection, CorrectionRecord
+from localpers.methods.card.correction import CardCorrection, CorrectionRecord, CorrectionVariant
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.token_bias import TokenBias, fit_token_bias
@@ -53,6 +53,8 @@ HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 MIN_PAIRS_FOR_VECTOR = 3
 DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias inside CARD's correction (token_bias.py)
 NEGATIVES_FILE = "negatives.json"
+# Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
+PAIR_MEMO_SIZE = 4096
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -93,6 +95,7 @@ class Personalizer:
         )
         self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
         self._centroids: np.ndarray | None = None
+        self._pair_memo: dict[tuple[int, str, str, str], np.ndarray] = {}
 
     @classmethod
     def open(
@@ -287,13 +290,42 @@ class Personalizer:
         bias_strength: float | None = None,
     ) -> float:
         """Mean per-token log-probability of `reference` after `text`'s prompt, as `rewrite` would decode it."""
+        variant = CorrectionVariant(vector, strength, bias, bias_strength)
+        return self.score_reference_variants(
+            text,
+            reference,
+            [variant],
+            task=task,
+            method=method,
+            cluster=cluster,
+            top_k=top_k,
+            history=history,
+        )[0]
+
+    def score_reference_variants(
+        self,
+        text: str,
+        reference: str,
+        variants: Sequence[CorrectionVariant],
+        *,
+        task: str = "headline",
+        method: str = "card",
+        cluster: int | None = None,
+        top_k: int | None = None,
+        history: HistoryIndex | None = None,
+    ) -> list[float]:
+        """`score_reference` for several corrections of one method at once: the model runs once for all."""
         chosen_task = get_task(task)
         self.engine.set_adapter(self.adapter_for(method, cluster))
-        correction, _, _ = self.correction_sampler(
-            method, cluster, vector, strength, top_k, bias, bias_strength
-        )
+        corrections = [
+            self.correction_sampler(method, cluster, v.vector, v.strength, top_k, v.bias, v.bias_strength)[0]
+            for v in variants
+        ]
         prompt = self.engine.tokenize(self.prompt_for(chosen_task.name, text, method, history))
-        return float(np.mean(self._score(prompt, reference, correction).token_logprobs))
+        forced = self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False)
+        with threadpool_limits(limits=1, user_api="blas"):
+            scores = score_forced(self.engine, prompt, forced, corrections)
+        return [float(np.mean(column)) for column in scores]
 
     def _score(
         self, prompt: list[int], reference: str, correction: CardCorrection | None
@@ -504,7 +536,12 @@ class Personalizer:
             negatives.append(negative)
             if negative and negative != item.output:
                 started = time.perf_counter()
-                rows.append(self._pair_difference(item, negative, prompt))
+                memo_key = (cluster, prompt, item.output, negative)
+                if memo_key not in self._pair_memo:
+                    if len(self._pair_memo) >= PAIR_MEMO_SIZE:
+                        self._pair_memo.pop(next(iter(self._pair_memo)))
+                    self._pair_memo[memo_key] = self._pair_difference(item, negative, prompt)
+                rows.append(self._pair_memo[memo_key])
                 seconds["features"] += time.perf_counter() - started
             if progress:
                 progress("pairs", done + 1, len(items))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,16 +46,35 @@ class TokenBias:
         """The bias table for the `step`-th generated token (0 = the first)."""
         return self.first if step == 0 else self.rest
 
-    def habitual_tokens(self, step: int) -> np.ndarray:
-        """Token ids with a positive bias at `step` (they join the candidates of the correction)."""
-        return np.array(sorted(t for t, b in self.for_step(step).items() if b > 0), dtype=np.int64)
+    def habitual_tokens(self, step: int, emitted: Collection[int] = ()) -> np.ndarray:
+        """Token ids with a positive bias at `step` and not yet `emitted` (they join the correction's candidates)."""
+        return np.array(
+            sorted(t for t, b in self.for_step(step).items() if b > 0 and t not in emitted), dtype=np.int64
+        )
 
-    def apply(self, logits: np.ndarray, candidates: np.ndarray, step: int, strength: float) -> np.ndarray:
-        """The bias of each candidate at `step`, times `strength` (zeros where the user shows no habit)."""
+    def apply(
+        self,
+        logits: np.ndarray,
+        candidates: np.ndarray,
+        step: int,
+        strength: float,
+        emitted: Collection[int] = (),
+    ) -> np.ndarray:
+        """The bias of each candidate at `step`, times `strength` (zeros where the user shows no habit).
+
+        A positive bias pushes a token until the output holds it (`emitted`: the tokens generated so far):
+        the bias says a token is more frequent in the user's outputs, not that it repeats, and pushing it
+        again turned a kicker's colon into "Opinion: Joe: How: How: ..." on the style probes.
+        """
         table = self.for_step(step)
         if not table or strength == 0.0:
             return np.zeros(len(candidates), dtype=logits.dtype)
-        return np.array([strength * table.get(int(t), 0.0) for t in candidates], dtype=logits.dtype)
+        values = [table.get(int(t), 0.0) for t in candidates]
+        if emitted:
+            values = [
+                min(v, 0.0) if int(t) in emitted else v for t, v in zip(candidates, values, strict=True)
+            ]
+        return np.array([strength * v for v in values], dtype=logits.dtype)
 
     def __len__(self) -> int:
         return len(self.first) + len(self.rest)
