@@ -32,9 +32,9 @@ from threadpoolctl import threadpool_limits
 from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import generate
 from localpers.methods.card.choice import stored_choice
-from localpers.methods.card.correction import CardCorrection
+from localpers.methods.card.correction import DEFAULT_BIAS_STRENGTH, CardCorrection
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
-from localpers.methods.card.personalizer import DEFAULT_BIAS_STRENGTH, Personalizer
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.tasks import get_task
 from localpers.users.store import UserStore

@@ -25,8 +25,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from localpers.errors import LocalpersError
+from localpers.methods.card.correction import DEFAULT_BIAS_STRENGTH
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.methods.card.personalizer import DEFAULT_BIAS_STRENGTH, Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer, RewriteResult
 from localpers.methods.card.token_bias import TokenBias
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem

@@ -18,8 +18,11 @@ import numpy as np
 
 from localpers.engine.decoding import Candidates
 from localpers.errors import LocalpersError
-from localpers.methods.card.head import CardHead
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
+from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.token_bias import TokenBias
+
+DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias when the fit chose none (token_bias.py)
 
 
 @dataclass
@@ -35,7 +38,7 @@ class CorrectionRecord:
 class CorrectionVariant:
     """One setting of CARD's correction for a user: their vector and token bias at chosen strengths.
 
-    Nones mean the defaults of whoever builds the correction (`Personalizer.correction_sampler`).
+    Nones mean the defaults of whoever builds the correction (`build_correction`).
     """
 
     vector: np.ndarray | None = None
@@ -113,3 +116,38 @@ class CardCorrection:
         """Count the step (the features of each step come from the taps, not from here)."""
         self.position += 1
         self.emitted.add(int(token))
+
+
+def build_correction(
+    head: CardHead,
+    config: HeadConfig,
+    *,
+    cluster: int | None,
+    vector: np.ndarray | None,
+    strength: float | None,
+    top_k: int | None,
+    bias: TokenBias | None,
+    bias_strength: float | None,
+    record: bool = False,
+) -> tuple[CardCorrection, float, int]:
+    """`(sampler, strength, k)`: CARD's correction for one user, with the bundle's defaults filled in.
+
+    No vector = the cluster's prior (`DEFAULT_PRIOR_WEIGHT` x its default vector); no strength or k = the head's;
+    no bias strength = `DEFAULT_BIAS_STRENGTH`; an empty bias or a zero bias strength = no token bias.
+    """
+    if vector is None:
+        vector = DEFAULT_PRIOR_WEIGHT * head.default_vector(cluster)
+    strength_used = config.default_strength if strength is None else strength
+    k_used = top_k or config.top_k
+    bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
+    user_bias = bias if (bias is not None and len(bias) and bias_used) else None
+    correction = CardCorrection(
+        head,
+        vector,
+        float(strength_used),
+        int(k_used),
+        record=record,
+        bias=user_bias,
+        bias_strength=float(bias_used),
+    )
+    return correction, strength_used, k_used

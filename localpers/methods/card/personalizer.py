@@ -31,7 +31,12 @@ from localpers.engine.generation import GenerationResult, generate, score_forced
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import choose_correction
-from localpers.methods.card.correction import CardCorrection, CorrectionRecord, CorrectionVariant
+from localpers.methods.card.correction import (
+    CardCorrection,
+    CorrectionRecord,
+    CorrectionVariant,
+    build_correction,
+)
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.token_bias import TokenBias, fit_token_bias
@@ -51,7 +56,6 @@ METHODS = ("card", "cluster", "global", "card-global", "global-history")
 # Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 MIN_PAIRS_FOR_VECTOR = 3
-DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias inside CARD's correction (token_bias.py)
 NEGATIVES_FILE = "negatives.json"
 # Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
 PAIR_MEMO_SIZE = 4096
@@ -252,27 +256,22 @@ class Personalizer:
     ) -> tuple[CardCorrection | None, float | None, int | None]:
         """`(sampler, strength, top_k)` of `method`: CARD's top-k correction (None for the uncorrected methods).
 
-        The one place the correction is built, for generating and for teacher-forced scoring alike; with
-        `record`, the sampler keeps each step's candidates, logits and corrections (the Why view).
+        Every generation and teacher-forced scoring gets its correction here (`correction.build_correction`);
+        with `record`, the sampler keeps each step's candidates, logits and corrections (the Why view).
         """
         if method not in ("card", "card-global"):
             return None, None, None
-        if vector is None:
-            vector = DEFAULT_PRIOR_WEIGHT * self.head.default_vector(cluster)
-        strength_used = self.head_config.default_strength if strength is None else strength
-        k_used = top_k or self.head_config.top_k
-        bias_used = DEFAULT_BIAS_STRENGTH if bias_strength is None else bias_strength
-        user_bias = bias if (bias is not None and len(bias) and bias_used) else None
-        correction = CardCorrection(
+        return build_correction(
             self.head,
-            vector,
-            float(strength_used),
-            int(k_used),
+            self.head_config,
+            cluster=cluster,
+            vector=vector,
+            strength=strength,
+            top_k=top_k,
+            bias=bias,
+            bias_strength=bias_strength,
             record=record,
-            bias=user_bias,
-            bias_strength=float(bias_used),
         )
-        return correction, strength_used, k_used
 
     def score_reference(
         self,
