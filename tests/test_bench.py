@@ -188,7 +188,7 @@ def test_outputs_report_and_plots_are_written(first_run) -> None:
     for reference in ("BAKERY DOUBLES UP", "a snowy monday"):
         assert reference not in report  # numbers only
     names = {path.name for path in written.plots}
-    assert names == {"bars.png", "low_resource.png", "alpha_sweep.png"}
+    assert names == {"bars.png", "gold.png", "low_resource.png", "alpha_sweep.png"}
     for path in written.plots:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a progress report per method, ending with every user done

@@ -153,11 +153,50 @@ def plot_sweep(results: dict[str, Any], param: str, path: Path, *, label: str) -
     return path
 
 
+def plot_gold(results: dict[str, Any], path: Path) -> Path | None:
+    """Gold likelihood per method (every method that has it) and its paired difference to global."""
+    rows = results["methods"]
+    names = [
+        n for n, row in rows.items() if row.get("gold_logprob") is not None and row.get("gold_logprob_ci")
+    ]
+    if not names:
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    means = [rows[n]["gold_logprob"] for n in names]
+    lows = [rows[n]["gold_logprob"] - rows[n]["gold_logprob_ci"][0] for n in names]
+    highs = [rows[n]["gold_logprob_ci"][2] - rows[n]["gold_logprob"] for n in names]
+    left.errorbar(names, means, yerr=[lows, highs], fmt="o", capsize=4, color="#4c72b0")
+    left.set_ylabel("log p per token of the author's headline")
+    left.set_title("Gold likelihood, 95% bootstrap interval")
+    deltas = results.get("deltas_vs_global", {})
+    others = [n for n in names if (deltas.get(n) or {}).get("gold_logprob")]
+    if others:
+        intervals = [deltas[n]["gold_logprob"] for n in others]
+        right.bar(
+            others,
+            [iv[1] for iv in intervals],
+            yerr=[[iv[1] - iv[0] for iv in intervals], [iv[2] - iv[1] for iv in intervals]],
+            capsize=4,
+            color=["#55a868" if iv[0] > 0 else "#c44e52" if iv[2] < 0 else "#8c8c8c" for iv in intervals],
+        )
+        right.axhline(0, color="black", linewidth=0.8)
+    right.set_ylabel("difference to global (nats/token)")
+    right.set_title("Paired difference to global, 95% interval")
+    for axis in (left, right):
+        axis.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
     """Every figure the results support, as PNGs in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     written = [
         plot_bars(results, directory / "bars.png"),
+        plot_gold(results, directory / "gold.png"),
         plot_low_resource(results, directory / "low_resource.png"),
         plot_sweep(results, "strength", directory / "alpha_sweep.png", label="strength α"),
         plot_sweep(results, "top_k", directory / "topk_sweep.png", label="top-k"),
