@@ -21,9 +21,10 @@ import numpy as np
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer, RewriteResult, chat_transcript
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.registry import get_method
 from localpers.tasks import get_task
 from localpers.users.store import User, UserStore
 
@@ -86,8 +87,8 @@ class ApiBackend:
     def _profile(self, user: User | None, method: str) -> Profile:
         """What `method` needs of `user`; an unfitted or stale user is refused for CARD's methods.
 
-        For `card`, the strengths the user's fit chose (`localpers.methods.card.choice`) and the user's token bias apply,
-        as in `localpers rewrite`.
+        The fit is read by `profile_for_rewrite`, as `localpers rewrite` reads it; for methods that use the
+        fit's choice (`card`), its strengths apply, with the user's token bias.
         """
         if method in ("global", "cope", "exact"):
             return Profile(method)
@@ -97,22 +98,15 @@ class ApiBackend:
                 f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
                 param="user",
             )
-        cluster, vector, state = user_profile(user)
-        if not state.get("fit") or state.get("bundle_sha256") != self.personalizer.bundle_sha256:
-            raise ApiError(
-                409,
-                f"user {user.name!r} is not fitted to this bundle: run `localpers fit --user {user.name}`",
-                param="user",
-                code="user_not_fitted",
-            )
+        try:  # the same reading of the user's fit as `localpers rewrite`
+            cluster, vector, bias, state = profile_for_rewrite(user, method, self.personalizer)
+        except LocalpersError as exc:
+            raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
         if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
             return Profile("global")
-        if method != "card":
-            return Profile(method, cluster, vector)
-        vector_strength, bias_strength, _ = stored_choice(state)
-        return Profile(
-            method, cluster, vector, stored_token_bias(user, state), vector_strength, bias_strength
-        )
+        uses_choice = getattr(get_method(method), "uses_choice", False)
+        vector_strength, bias_strength, _ = stored_choice(state) if uses_choice else (None, None, None)
+        return Profile(method, cluster, vector, bias, vector_strength, bias_strength)
 
     # ------------------------------------------------------------------ generation
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:

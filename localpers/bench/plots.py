@@ -69,21 +69,31 @@ def plot_bars(results: dict[str, Any], path: Path) -> Path | None:
     left.bar(names, means, yerr=[lows, highs], capsize=4, color="#4c72b0")
     left.set_ylabel("ROUGE-1 (mean over queries)")
     left.set_title("ROUGE-1 with 95% bootstrap interval")
-    others = [n for n in names if n in results["deltas_vs_global"]]
+    _difference_panel(right, results, names, "rouge1", "ROUGE-1 difference to global")
+    return _save(fig, (left, right), path)
+
+
+def _difference_panel(axis: Any, results: dict[str, Any], names: list[str], metric: str, label: str) -> None:
+    """Bars of each method's paired difference to global in `metric`, green/red where the interval excludes 0."""
+    deltas = results.get("deltas_vs_global", {})
+    others = [n for n in names if (deltas.get(n) or {}).get(metric)]
     if others:
-        intervals = [results["deltas_vs_global"][n]["rouge1"] for n in others]
-        centre = [iv[1] for iv in intervals]
-        right.bar(
+        intervals = [deltas[n][metric] for n in others]
+        axis.bar(
             others,
-            centre,
+            [iv[1] for iv in intervals],
             yerr=[[iv[1] - iv[0] for iv in intervals], [iv[2] - iv[1] for iv in intervals]],
             capsize=4,
             color=["#55a868" if iv[0] > 0 else "#c44e52" if iv[2] < 0 else "#8c8c8c" for iv in intervals],
         )
-        right.axhline(0, color="black", linewidth=0.8)
-    right.set_ylabel("ROUGE-1 difference to global")
-    right.set_title("Paired difference to global, 95% interval")
-    for axis in (left, right):
+        axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_ylabel(label)
+    axis.set_title("Paired difference to global, 95% interval")
+
+
+def _save(fig: Any, axes: tuple[Any, ...], path: Path) -> Path:
+    plt = _pyplot()
+    for axis in axes:
         axis.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -169,26 +179,8 @@ def plot_gold(results: dict[str, Any], path: Path) -> Path | None:
     left.errorbar(names, means, yerr=[lows, highs], fmt="o", capsize=4, color="#4c72b0")
     left.set_ylabel("log p per token of the author's headline")
     left.set_title("Gold likelihood, 95% bootstrap interval")
-    deltas = results.get("deltas_vs_global", {})
-    others = [n for n in names if (deltas.get(n) or {}).get("gold_logprob")]
-    if others:
-        intervals = [deltas[n]["gold_logprob"] for n in others]
-        right.bar(
-            others,
-            [iv[1] for iv in intervals],
-            yerr=[[iv[1] - iv[0] for iv in intervals], [iv[2] - iv[1] for iv in intervals]],
-            capsize=4,
-            color=["#55a868" if iv[0] > 0 else "#c44e52" if iv[2] < 0 else "#8c8c8c" for iv in intervals],
-        )
-        right.axhline(0, color="black", linewidth=0.8)
-    right.set_ylabel("difference to global (nats/token)")
-    right.set_title("Paired difference to global, 95% interval")
-    for axis in (left, right):
-        axis.tick_params(axis="x", rotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    _difference_panel(right, results, names, "gold_logprob", "difference to global (nats/token)")
+    return _save(fig, (left, right), path)
 
 
 def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:

@@ -29,12 +29,11 @@ def profile_for_rewrite(
         return None, None, None, {}
     cluster, vector, state = user_profile(target)
     if not state.get("fit"):
-        raise LocalpersError(
-            f"user {target.name!r} has not been fitted: run `localpers fit --user {target.name}`"
-        )
+        raise LocalpersError(f"user {target.name!r} is not fitted: run `localpers fit --user {target.name}`")
     if state.get("bundle_sha256") != personalizer.bundle_sha256:
         raise LocalpersError(
-            f"user {target.name!r} was fitted with another bundle: run `localpers fit --user {target.name}` again"
+            f"user {target.name!r} is not fitted to this bundle (fitted with another): "
+            f"run `localpers fit --user {target.name}` again"
         )
     return cluster, vector, stored_token_bias(target, state), state
 
