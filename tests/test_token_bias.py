@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from test_personalize import ARTICLE, SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 
 from localpers.errors import LocalpersError
+from localpers.methods.card.casing import TokenCasing, word_case
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, fit_token_bias
 from localpers.methods.card.user_state import stored_token_bias
@@ -39,6 +41,87 @@ def test_json_round_trip_and_damaged_entries() -> None:
     ):
         with pytest.raises(ValueError, match="token bias"):
             TokenBias.from_json(bad)
+
+
+def test_opening_habit_is_calibrated_against_the_models_probability() -> None:
+    # the user opens 5 of 6 outputs with token 7, which the model gives e^-9 there; 8 opens one output only
+    positives = [[7, 5, 1], [7, 5, 2], [7, 5, 3], [7, 5, 4], [7, 6, 2], [8, 5, 1]]
+    negatives = [[8, 5, 1]] * 6
+    logprobs = [-9.0, -9.0, -9.0, -9.0, None, -1.0]
+    bias = fit_token_bias(positives, negatives, first_logprobs=logprobs)
+    expected = math.log(5 / 2) - math.log(math.exp(-9.0) / (1 - math.exp(-9.0)))  # logit(5/7) - logit(e^-9)
+    assert bias.opening == {7: pytest.approx(expected, abs=1e-3)}  # 8 is a one-off: no habit
+    assert 7 not in bias.first  # the calibrated push replaces the counted one
+    # added once, whatever the strength of the counted tables: the first step lifts 7 to about 5/7 of the mass
+    logits = [0.0] * 9 + [9.0]  # log p(7) = -9
+    added = bias.apply(np.array(logits), np.arange(10), 0, 1.0)
+    final = np.array(logits) + added
+    share = np.exp(final[7] - np.logaddexp.reduce(final))
+    assert share == pytest.approx(5 / 7, abs=0.01)
+    assert not bias.apply(np.array(logits), np.arange(10), 1, 1.0)[7]  # the first step only
+    assert 7 in bias.habitual_tokens(0).tolist()
+    assert fit_token_bias(positives, negatives).opening == {}  # without the model's log-probabilities
+
+
+def test_closing_habit_moves_the_ending_to_the_habit_once() -> None:
+    question, newline, word = 42, 10, 3
+    positives = [[5, 6, question]] * 9 + [[5, 6, word]]
+    negatives = [[5, 6, word]] * 10
+    assert fit_token_bias(positives, negatives).closing == {}  # a closing habit must be allowed (punctuation)
+    bias = fit_token_bias(positives, negatives, closing_allowed={question})
+    share = bias.closing[question]
+    assert share == pytest.approx((9 / 11 - 1 / 12) / (1 - 1 / 12), abs=1e-3)
+    assert question not in bias.rest  # pushed anywhere, a closing "?" lands mid-output
+    ids = np.array([3, newline, question, 7])
+    logits = np.array([1.0, 2.0, -6.0, 0.5], dtype=np.float32)
+    moved = logits.copy()
+    bias.apply_closing(moved, ids, np.array([newline]), step=3, last=7)
+    probabilities = np.exp(moved - np.logaddexp.reduce(moved))
+    before = np.exp(logits - np.logaddexp.reduce(logits))
+    assert probabilities[2] == pytest.approx(before[2] + share * before[1], rel=1e-4)
+    assert probabilities[1] == pytest.approx((1 - share) * before[1], rel=1e-4)
+    assert moved[0] == logits[0] and moved[3] == logits[3]  # other tokens keep their logits
+    for step, last in ((0, None), (3, question)):  # not at the first step; not after the habit
+        same = logits.copy()
+        bias.apply_closing(same, ids, np.array([newline]), step=step, last=last)
+        assert np.array_equal(same, logits)
+    with pytest.raises(ValueError, match="closing share"):
+        TokenBias.from_json({"closing": [[42, 1.5]]})
+    assert TokenBias.from_json(bias.to_json()).closing == bias.closing
+
+
+VOCAB = {1: "Fed", 2: " Raises", 3: " raises", 4: " Rates", 5: " rates", 6: " FBI", 7: "ing", 8: " A", 9: " a"}
+
+
+def fake_casing() -> TokenCasing:
+    ids = {piece: token for token, piece in VOCAB.items()}
+    return TokenCasing(VOCAB.__getitem__, lambda text: [ids[text]] if text in ids else [])
+
+
+def test_word_case_and_twins() -> None:
+    assert [word_case(VOCAB[t]) for t in range(1, 10)] == [0, 1, -1, 1, -1, 0, 0, 1, -1]  # no space/acronym: 0
+    casing = fake_casing()
+    assert casing.twin(2) == 3 and casing.twin(5) == 4 and casing.twin(8) == 9
+    assert casing.twin(6) is None and casing.twin(1) is None  # acronyms and word pieces have none
+
+
+def test_casing_habit_pushes_lower_case_word_starts_after_the_first() -> None:
+    casing = fake_casing()
+    positives = [[1, 3, 5]] * 6  # "Fed raises rates": sentence case
+    negatives = [[1, 2, 4]] * 6  # the model's Title Case
+    bias = fit_token_bias(positives, negatives, casing=casing)
+    assert bias.case == pytest.approx(math.log(1 / 13) - math.log(13), abs=1e-3)  # add-one smoothed odds
+    assert fit_token_bias(positives[:4], negatives[:4], casing=casing).case == 0.0  # 8 word starts: too few
+    assert TokenBias.from_json(bias.to_json()).case == bias.case
+    candidates = np.array([2, 4, 6, 7])
+    assert sorted(bias.case_twins(candidates, 1, casing)) == [3, 5]  # " Raises" and " Rates" bring their twins
+    assert bias.case_twins(candidates, 0, casing) == []  # the first word keeps its capital
+    only_case = TokenBias(case=bias.case)
+    added = only_case.apply(np.zeros(4), candidates, 1, 1.0, casing=casing)
+    assert added.tolist() == pytest.approx([bias.case, bias.case, 0.0, 0.0])
+    assert not only_case.apply(np.zeros(4), candidates, 0, 1.0, casing=casing).any()
+    with pytest.raises(ValueError, match="case"):
+        TokenBias.from_json({"case": "x"})
 
 
 def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Personalizer) -> None:  # noqa: F811

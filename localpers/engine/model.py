@@ -163,7 +163,7 @@ class ScoredContinuation:
     """Teacher-forced view of one continuation: per token, its log-prob and the features that predicted it."""
 
     tokens: list[int]
-    logprobs: np.ndarray  # (T,)
+    logprobs: np.ndarray  # (T,), or the first `logprob_rows` of them
     features: np.ndarray | None  # (T, n_taps, n_embd)
     logits: np.ndarray | None = None  # (T, n_vocab) when asked for
 
@@ -597,12 +597,14 @@ class Engine:
         continuations: Sequence[Sequence[int]],
         *,
         keep_logits: bool = False,
+        logprob_rows: int | None = None,
     ) -> list[ScoredContinuation]:
         """Teacher-forced log-probs and features of each continuation after the same prompt.
 
         The prompt is evaluated once; each continuation reuses its KV cache entries.
         Row t of a result belongs to continuation token t and holds what the model saw
-        before choosing it.
+        before choosing it. `logprob_rows` limits the log-probabilities to the first rows (a full-vocabulary
+        softmax per token is a large share of the cost when only the features are wanted).
         """
         first = self.prefill(prompt_tokens)
         n_prompt = self.n_past
@@ -620,7 +622,8 @@ class Engine:
                 if features is not None:
                     feature_rows.append(features)
             all_logits = np.concatenate(logits_rows, axis=0)
-            logprobs = _log_softmax_at(all_logits, np.asarray(cont))
+            rows = len(cont) if logprob_rows is None else min(logprob_rows, len(cont))
+            logprobs = _log_softmax_at(all_logits[:rows], np.asarray(cont[:rows]))
             results.append(
                 ScoredContinuation(
                     tokens=cont,

@@ -3,7 +3,10 @@
 The sampler keeps only the cluster model's k best tokens and adds `strength * U[v] . (P f_t * lambda)` to
 each of them, with `f_t` the layer features tapped at the position being predicted. When the user has a
 token bias (`localpers.methods.card.token_bias`), the user's habitual tokens for this position join the k candidates
-(uncorrected by the vector) and every candidate gets its bias times `bias_strength`. Every other token
+(uncorrected by the vector) and every candidate gets its bias times `bias_strength` (its calibrated opening
+habits as they are); when the user has closing habits, a share of the ending probability of the
+end-of-output tokens (`end_tokens`) among the candidates moves to them (`TokenBias.apply_closing`); with a
+casing habit, the other-case twins of the disfavoured word starts join the candidates (`casing`). Every other token
 leaves the chain, so however strong the correction, the next token is one the cluster model ranked in its
 top k or one the user habitually writes there. Without a token bias a llama.cpp `top_k(k)` sampler placed
 right before this one makes the cut; with one, this sampler cuts itself (it must see the habitual tokens'
@@ -12,12 +15,14 @@ logits). It only does head maths on the candidates it is given: no model evaluat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from localpers.engine.decoding import Candidates
 from localpers.errors import LocalpersError
+from localpers.methods.card.casing import TokenCasing
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.token_bias import TokenBias
@@ -51,7 +56,8 @@ class CorrectionVariant:
 class CardCorrection:
     """A `MethodSampler` applying CARD's correction for one user (`vector`) at one `strength`.
 
-    `top_k` is CARD's k; `bias` (optional) is the user's token bias, applied at `bias_strength`.
+    `top_k` is CARD's k; `bias` (optional) is the user's token bias, applied at `bias_strength`; `end_tokens`
+    are the ids that end an output (the model's end token, the task's newline), where closing habits apply.
     A correction serves one generation or one teacher-forced scoring: it counts the tokens it is told of.
     """
 
@@ -63,11 +69,14 @@ class CardCorrection:
     bias: TokenBias | None = None
     bias_strength: float = 0.0
     name: str = "card"
+    end_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    casing: TokenCasing | None = None  # word-start cases of the vocabulary, for a casing habit
     steps: list[CorrectionRecord] = field(default_factory=list)
     position: int = 0  # tokens accepted so far: the token bias differs for the first one
     emitted: set[int] = field(
         default_factory=set
     )  # tokens accepted so far (a habit is pushed until it shows)
+    last: int | None = None  # the token accepted last (a closing habit is not appended twice)
 
     def __post_init__(self) -> None:
         if self.bias is not None and (not len(self.bias) or self.bias_strength == 0.0):
@@ -92,11 +101,22 @@ class CardCorrection:
         if len(habitual):  # the user's habits beyond the top k are not corrected by the vector
             delta[np.isin(ids, habitual)] = 0.0
         if self.bias is not None:
-            extra = self.bias.apply(before, ids, self.position, self.bias_strength, self.emitted)
+            extra = self.bias.apply(
+                before, ids, self.position, self.bias_strength, self.emitted, casing=self.casing
+            )
             delta = delta + extra.astype(np.float32)
         candidates.logits[:] = before + delta
+        if self.bias is not None and self.bias.closing:
+            candidates.logits[:] = self._with_closing(candidates.logits, ids)
+            delta = candidates.logits - before
         if self.record:
             self.steps.append(CorrectionRecord(ids.copy(), before, delta))
+
+    def _with_closing(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        assert self.bias is not None
+        closed = np.array(logits, dtype=np.float32)
+        self.bias.apply_closing(closed, ids, self.end_tokens, self.position, self.last)
+        return closed
 
     def _cut_with_habits(self, candidates: Candidates) -> np.ndarray:
         """Keep the k best candidates plus this position's habitual tokens; returns the habitual ones added."""
@@ -104,6 +124,9 @@ class CardCorrection:
         best = candidates.best_positions(self.top_k)
         habits = self.bias.habitual_tokens(self.position, self.emitted)  # sorted ids
         ids = candidates.ids
+        twins = self.bias.case_twins(ids[best], self.position, self.casing)
+        if twins:
+            habits = np.union1d(habits, np.asarray(twins, dtype=np.int64))
         if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):
             positions = habits  # the usual case: the candidates are still in vocabulary order
         else:
@@ -116,6 +139,7 @@ class CardCorrection:
         """Count the step (the features of each step come from the taps, not from here)."""
         self.position += 1
         self.emitted.add(int(token))
+        self.last = int(token)
 
 
 def build_correction(
@@ -128,6 +152,8 @@ def build_correction(
     top_k: int | None,
     bias: TokenBias | None,
     bias_strength: float | None,
+    end_tokens: Sequence[int] = (),
+    casing: TokenCasing | None = None,
     record: bool = False,
 ) -> tuple[CardCorrection, float, int]:
     """`(sampler, strength, k)`: CARD's correction for one user, with the bundle's defaults filled in.
@@ -149,5 +175,7 @@ def build_correction(
         record=record,
         bias=user_bias,
         bias_strength=float(bias_used),
+        end_tokens=np.asarray(sorted(set(end_tokens)), dtype=np.int64),
+        casing=casing,
     )
     return correction, strength_used, k_used

@@ -30,6 +30,7 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import GenerationResult, generate, score_forced
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
+from localpers.methods.card.casing import TokenCasing
 from localpers.methods.card.choice import choose_correction
 from localpers.methods.card.correction import (
     CardCorrection,
@@ -99,7 +100,13 @@ class Personalizer:
         )
         self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
         self._centroids: np.ndarray | None = None
-        self._pair_memo: dict[tuple[int, str, str, str], np.ndarray] = {}
+        self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
+        # Where an output ends: the model's end token and the one-line tasks' newline (closing habits apply there).
+        self.end_tokens = sorted({self.engine.eos_token, *self.engine.tokenize("\n", add_bos=False)})
+        self.casing = TokenCasing(
+            lambda token: self.engine.token_bytes(token).decode("utf-8", errors="replace"),
+            lambda text: self.engine.tokenize(text, add_bos=False),
+        )
 
     @classmethod
     def open(
@@ -270,6 +277,8 @@ class Personalizer:
             top_k=top_k,
             bias=bias,
             bias_strength=bias_strength,
+            end_tokens=self.end_tokens,
+            casing=self.casing,
             record=record,
         )
 
@@ -388,7 +397,7 @@ class Personalizer:
         self.engine.set_adapter(self.adapter_for("card", cluster))
         rows = []
         for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
-            rows.append(self._pair_difference(item, negative))
+            rows.append(self._pair_difference(item, negative)[0])
             if progress:
                 progress("features", done + 1, len(items))
         return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
@@ -457,7 +466,9 @@ class Personalizer:
         cluster, similarities = self.assign_cluster([item.output for item in items])
         seconds["cluster"] = time.perf_counter() - started
 
-        negatives, differences, pair_seconds = self._negatives_and_differences(user, items, cluster, progress)
+        negatives, differences, first_logprobs, pair_seconds = self._negatives_and_differences(
+            user, items, cluster, progress
+        )
         seconds.update(pair_seconds)
         distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
         skipped = len(items) - len(distinct)
@@ -473,20 +484,37 @@ class Personalizer:
         fit = fit_with_heldout(
             differences, prior_weight * default, regularisation=regularisation, reference=default
         )
-        bias = self.token_bias(items, negatives)
+        bias = self.token_bias(items, negatives, first_logprobs)
         seconds["fit"] = time.perf_counter() - started
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
         )
         return FitOutcome(report, cluster, fit.vector, bias)
 
-    def token_bias(self, items: Sequence[HistoryItem], negatives: Sequence[str]) -> TokenBias:
-        """The user's token bias: their outputs against the cluster model's for the same prompts."""
+    def token_bias(
+        self,
+        items: Sequence[HistoryItem],
+        negatives: Sequence[str],
+        first_logprobs: Sequence[float | None] | None = None,
+    ) -> TokenBias:
+        """The user's token bias: their outputs against the cluster model's for the same prompts.
+
+        `first_logprobs[i]`: the cluster model's log-probability of item i's first output token (None where
+        the pair was not scored); they calibrate the opening habits. Closing habits are punctuation only.
+        """
         positives = [self.engine.tokenize(" " + item.output, add_bos=False) for item in items]
         generated = [
             self.engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative
         ]
-        return fit_token_bias(positives, generated)
+        endings = {tokens[-1] for tokens in positives if tokens}
+        punctuation = {t for t in endings if _is_punctuation(self.engine.token_bytes(t))}
+        return fit_token_bias(
+            positives,
+            generated,
+            first_logprobs=first_logprobs,
+            closing_allowed=punctuation,
+            casing=self.casing,
+        )
 
     def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it.
@@ -510,8 +538,10 @@ class Personalizer:
 
     def _negatives_and_differences(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
-    ) -> tuple[list[str], np.ndarray, dict[str, float]]:
-        """y- per item (cached in the user's folder) and `g(y+) - g(y-)` of the distinct pairs, item by item.
+    ) -> tuple[list[str], np.ndarray, list[float | None], dict[str, float]]:
+        """y- per item (cached), `g(y+) - g(y-)` of the distinct pairs, and y+'s first-token log-probability.
+
+        The log-probability is the cluster model's, from the pair's scoring (None where y- equals y+).
 
         Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
         generation just evaluated (the engine remembers its last prompt), so each article is run once.
@@ -522,6 +552,7 @@ class Personalizer:
         seconds = {"negatives": 0.0, "features": 0.0}
         negatives: list[str] = []
         rows: list[np.ndarray] = []
+        first_logprobs: list[float | None] = []
         generated = False
         prompts = self.training_prompts(items)
         for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
@@ -540,13 +571,18 @@ class Personalizer:
                     if len(self._pair_memo) >= PAIR_MEMO_SIZE:
                         self._pair_memo.pop(next(iter(self._pair_memo)))
                     self._pair_memo[memo_key] = self._pair_difference(item, negative, prompt)
-                rows.append(self._pair_memo[memo_key])
+                difference, first_logprob = self._pair_memo[memo_key]
+                rows.append(difference)
+                first_logprobs.append(first_logprob)
                 seconds["features"] += time.perf_counter() - started
+            else:
+                first_logprobs.append(None)
             if progress:
                 progress("pairs", done + 1, len(items))
         if generated:
             self._write_negatives(user, cluster, known)
-        return negatives, np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d), seconds
+        differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
+        return negatives, differences, first_logprobs, seconds
 
     def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
         task = get_task(item.task)
@@ -560,16 +596,18 @@ class Personalizer:
 
     def _pair_difference(
         self, item: HistoryItem, negative: str, prompt_text: str | None = None
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, float]:
+        """`g(y+) - g(y-)` and the cluster model's log-probability of y+'s first token."""
         prompt = self.engine.tokenize(
             get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
         )
         positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
         negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
-        plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens])
-        return self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
+        plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens], logprob_rows=1)
+        difference = self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
             minus.tokens, minus.features
         )
+        return difference, float(plus.logprobs[0])
 
     def _cached_negatives(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
@@ -641,6 +679,12 @@ def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
         return messages[0][1]
     turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
     return "\n\n".join([*turns, "Assistant:"])
+
+
+def _is_punctuation(piece: bytes) -> bool:
+    """A token of punctuation only ("?", "!", "?\""), the kind a closing habit may be."""
+    text = piece.decode("utf-8", errors="ignore").strip()
+    return bool(text) and not any(c.isalnum() for c in text)
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:
