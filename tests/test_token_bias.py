@@ -90,38 +90,66 @@ def test_closing_habit_moves_the_ending_to_the_habit_once() -> None:
     assert TokenBias.from_json(bias.to_json()).closing == bias.closing
 
 
-VOCAB = {1: "Fed", 2: " Raises", 3: " raises", 4: " Rates", 5: " rates", 6: " FBI", 7: "ing", 8: " A", 9: " a"}
+VOCAB = {
+    1: "Fed",
+    2: " Raises",
+    3: " rais",
+    4: " Rates",
+    5: " rates",
+    6: " FBI",
+    7: "ing",
+    8: " Trump",
+    9: "-",
+    10: "Backed",
+    11: "backed",
+    12: "es",
+}
 
 
 def fake_casing() -> TokenCasing:
     ids = {piece: token for token, piece in VOCAB.items()}
-    return TokenCasing(VOCAB.__getitem__, lambda text: [ids[text]] if text in ids else [])
+
+    def tokenize(text: str) -> list[int]:  # " raises" -> [" rais", "es"]: the twin is the first token
+        return [3, 12] if text == " raises" else [ids[text]] if text in ids else []
+
+    return TokenCasing(VOCAB.__getitem__, tokenize)
 
 
 def test_word_case_and_twins() -> None:
-    assert [word_case(VOCAB[t]) for t in range(1, 10)] == [0, 1, -1, 1, -1, 0, 0, 1, -1]  # no space/acronym: 0
+    assert [word_case(VOCAB[t]) for t in (1, 2, 3, 6, 7, 10)] == [0, 1, -1, 0, 0, 0]  # no space, acronym: 0
+    assert word_case("Backed", "-") == 1 and word_case("backed", " '") == -1  # a word after "-" or a quote
     casing = fake_casing()
-    assert casing.twin(2) == 3 and casing.twin(5) == 4 and casing.twin(8) == 9
-    assert casing.twin(6) is None and casing.twin(1) is None  # acronyms and word pieces have none
+    assert casing.twin(2) == 3 and casing.twin(5) == 4 and casing.twin(10) == 11
+    assert casing.case_of(10, 9) == 1 and casing.case_of(10, 8) == 0  # "Backed" starts a word after "-" only
+    assert casing.twin(6) is None and casing.twin(9) is None  # acronyms and punctuation have none
 
 
-def test_casing_habit_pushes_lower_case_word_starts_after_the_first() -> None:
+def test_casing_habit_moves_capitalised_word_starts_to_lower_case() -> None:
     casing = fake_casing()
-    positives = [[1, 3, 5]] * 6  # "Fed raises rates": sentence case
+    positives = [[1, 3, 12, 5]] * 6  # "Fed raises rates": sentence case
     negatives = [[1, 2, 4]] * 6  # the model's Title Case
     bias = fit_token_bias(positives, negatives, casing=casing)
-    assert bias.case == pytest.approx(math.log(1 / 13) - math.log(13), abs=1e-3)  # add-one smoothed odds
+    assert bias.case == pytest.approx(-(1 - (1 / 14) / (13 / 14)), abs=1e-3)  # add-one smoothed rates
     assert fit_token_bias(positives[:4], negatives[:4], casing=casing).case == 0.0  # 8 word starts: too few
     assert TokenBias.from_json(bias.to_json()).case == bias.case
     candidates = np.array([2, 4, 6, 7])
-    assert sorted(bias.case_twins(candidates, 1, casing)) == [3, 5]  # " Raises" and " Rates" bring their twins
-    assert bias.case_twins(candidates, 0, casing) == []  # the first word keeps its capital
-    only_case = TokenBias(case=bias.case)
-    added = only_case.apply(np.zeros(4), candidates, 1, 1.0, casing=casing)
-    assert added.tolist() == pytest.approx([bias.case, bias.case, 0.0, 0.0])
-    assert not only_case.apply(np.zeros(4), candidates, 0, 1.0, casing=casing).any()
+    assert sorted(bias.case_twins(candidates, 1, casing, last=1)) == [3, 5]  # " Raises", " Rates" bring twins
+    assert bias.case_twins(candidates, 0, casing, last=None) == []  # the first word keeps its capital
+    ids = np.array([2, 3, 4, 6])
+    logits = np.array([3.0, -4.0, 1.0, 2.0], dtype=np.float32)
+    moved = logits.copy()
+    bias.apply_case(moved, ids, 1, casing, last=1)
+    share = abs(bias.case)
+    assert np.exp(moved[1]) == pytest.approx(np.exp(-4.0) + share * np.exp(3.0), rel=1e-4)  # " Raises" -> " rais"
+    assert moved[0] == pytest.approx(3.0 + math.log(1 - share), abs=1e-5)
+    assert moved[2] == logits[2]  # " Rates" has no twin among the candidates: unchanged
+    assert moved[3] == logits[3]  # an acronym keeps its case
+    assert np.logaddexp.reduce(moved) == pytest.approx(np.logaddexp.reduce(logits), abs=1e-4)  # mass kept
+    same = logits.copy()
+    bias.apply_case(same, ids, 0, casing, last=None)
+    assert np.array_equal(same, logits)
     with pytest.raises(ValueError, match="case"):
-        TokenBias.from_json({"case": "x"})
+        TokenBias.from_json({"case": 2.0})
 
 
 def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Personalizer) -> None:  # noqa: F811

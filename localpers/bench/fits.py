@@ -25,7 +25,7 @@ from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.users.store import User, UserStore
 
 BENCH_VERSION = (
-    3  # bump when a change to the runner invalidates cached results (3: token-bias presence rule, x4)
+    4  # bump when a change to the runner invalidates cached results (4: calibrated habits, x0.1 candidates)
 )
 
 

@@ -2,11 +2,16 @@
 
 A sentence-case writer ("Fed raises rates") and the Title Case the shared adapters write differ in almost
 every word after the first, mostly in words the user's ~20 items never showed, so a bias per token cannot
-carry the habit. One bias on the class of capitalised word starts can (`TokenBias.case`), provided each
-candidate's other-case twin can join the candidates: " Raises" -> " rais" (the first token of " raises").
+carry the habit. One share per user can (`TokenBias.case`): the part of the model's probability of a word
+start in the case the user avoids that moves to the same word in the other case, " Raises" -> " rais" (the
+first token of " raises"), so the model's choice of words stays its own.
 
-`TokenCasing` answers both questions for a token id, lazily and cached. It reads tokens through two
-callables (the engine's detokeniser and tokeniser), so it loads no model and decides nothing itself.
+A token starts a word when its piece begins with a space and a letter (" Fed"), or with a letter right after
+a token ending in a space, quote, bracket, hyphen or slash ("Backed" after "Trump-"). Acronyms (two or more
+letters, all capitals) are uncased: no casing habit changes them.
+
+`TokenCasing` answers these questions for token ids, lazily and cached. It reads tokens through two callables
+(the engine's detokeniser and tokeniser), so it loads no model and decides nothing itself.
 """
 
 from __future__ import annotations
@@ -14,20 +19,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 CAPITALISED, LOWER, UNCASED = 1, -1, 0
+_WORD_BREAKS = " '\"‘’“”(-/"
 
 
-def word_case(piece: str) -> int:
-    """CAPITALISED or LOWER for a token that starts a word (" Fed", " fed"), UNCASED for anything else.
-
-    Acronyms (" FBI", two or more letters, all capitals) and word pieces without a leading space are uncased:
-    no casing habit should change them.
-    """
-    if not piece.startswith(" ") or len(piece) < 2 or not piece[1].isalpha():
+def word_case(piece: str, previous: str | None = None) -> int:
+    """CAPITALISED or LOWER when `piece` starts a word (after the piece `previous`), UNCASED otherwise."""
+    if piece.startswith(" "):
+        word = piece[1:]
+    elif previous is not None and previous and previous[-1] in _WORD_BREAKS:
+        word = piece
+    else:
         return UNCASED
-    letters = [c for c in piece[1:] if c.isalpha()]
+    if not word or not word[0].isalpha():
+        return UNCASED
+    letters = [c for c in word if c.isalpha()]
     if len(letters) >= 2 and all(c.isupper() for c in letters):
         return UNCASED
-    return CAPITALISED if piece[1].isupper() else LOWER
+    return CAPITALISED if word[0].isupper() else LOWER
+
+
+def _flip_first_letter(piece: str) -> str:
+    start = 1 if piece.startswith(" ") else 0
+    return piece[:start] + piece[start].swapcase() + piece[start + 1 :]
 
 
 class TokenCasing:
@@ -36,24 +49,28 @@ class TokenCasing:
     def __init__(self, piece: Callable[[int], str], tokenize: Callable[[str], Sequence[int]]) -> None:
         self._piece = piece
         self._tokenize = tokenize
-        self._case: dict[int, int] = {}
+        self._pieces: dict[int, str] = {}
         self._twin: dict[int, int | None] = {}
 
-    def case_of(self, token: int) -> int:
-        case = self._case.get(token)
-        if case is None:
-            case = self._case[token] = word_case(self._piece(token))
-        return case
+    def piece(self, token: int) -> str:
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self._piece(token)
+        return text
+
+    def case_of(self, token: int, previous: int | None = None) -> int:
+        """The word-start case of `token` when it follows `previous` (None: at the start of an output)."""
+        return word_case(self.piece(token), None if previous is None else self.piece(previous))
 
     def twin(self, token: int) -> int | None:
-        """The first token of the same word in the other case (None for uncased tokens)."""
+        """The first token of the same piece with its first letter in the other case (None if it has none)."""
         if token in self._twin:
             return self._twin[token]
+        piece = self.piece(token)
         twin = None
-        if self.case_of(token) != UNCASED:
-            piece = self._piece(token)
-            flipped = " " + (piece[1].lower() if piece[1].isupper() else piece[1].upper()) + piece[2:]
-            tokens = self._tokenize(flipped)
+        start = 1 if piece.startswith(" ") else 0
+        if len(piece) > start and piece[start].isalpha():
+            tokens = self._tokenize(_flip_first_letter(piece))
             twin = int(tokens[0]) if tokens and int(tokens[0]) != token else None
         self._twin[token] = twin
         return twin

@@ -101,22 +101,22 @@ class CardCorrection:
         if len(habitual):  # the user's habits beyond the top k are not corrected by the vector
             delta[np.isin(ids, habitual)] = 0.0
         if self.bias is not None:
-            extra = self.bias.apply(
-                before, ids, self.position, self.bias_strength, self.emitted, casing=self.casing
-            )
+            extra = self.bias.apply(before, ids, self.position, self.bias_strength, self.emitted)
             delta = delta + extra.astype(np.float32)
         candidates.logits[:] = before + delta
-        if self.bias is not None and self.bias.closing:
-            candidates.logits[:] = self._with_closing(candidates.logits, ids)
+        if self.bias is not None and (self.bias.closing or self.bias.case):
+            candidates.logits[:] = self._with_habits(candidates.logits, ids)
             delta = candidates.logits - before
         if self.record:
             self.steps.append(CorrectionRecord(ids.copy(), before, delta))
 
-    def _with_closing(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    def _with_habits(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The final logits with the casing and closing habits' shares moved (case first: closing sees it)."""
         assert self.bias is not None
-        closed = np.array(logits, dtype=np.float32)
-        self.bias.apply_closing(closed, ids, self.end_tokens, self.position, self.last)
-        return closed
+        moved = np.array(logits, dtype=np.float32)
+        self.bias.apply_case(moved, ids, self.position, self.casing, self.last)
+        self.bias.apply_closing(moved, ids, self.end_tokens, self.position, self.last)
+        return moved
 
     def _cut_with_habits(self, candidates: Candidates) -> np.ndarray:
         """Keep the k best candidates plus this position's habitual tokens; returns the habitual ones added."""
@@ -124,7 +124,7 @@ class CardCorrection:
         best = candidates.best_positions(self.top_k)
         habits = self.bias.habitual_tokens(self.position, self.emitted)  # sorted ids
         ids = candidates.ids
-        twins = self.bias.case_twins(ids[best], self.position, self.casing)
+        twins = self.bias.case_twins(ids[best], self.position, self.casing, self.last)
         if twins:
             habits = np.union1d(habits, np.asarray(twins, dtype=np.int64))
         if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):

@@ -26,10 +26,10 @@ count ratio from ~20 greedy y- caps near log(20) while a kicker the model gives 
   with the habit), a share of the ending probability moves to the habit: the output ends with it, then
   ends. A count ratio cannot say *where* to put a closing "?"; pushed anywhere it lands mid-headline.
 
-A casing habit is one number, `case`: the log-odds ratio of capitalised word starts (after the first token)
-in the user's outputs against the model's, added to every capitalised word-start candidate; each such
-candidate's other-case twin joins the candidates (`localpers.methods.card.casing`). A sentence-case writer
-gets about -5: " Raises" falls below " rais(es)", for words the history never showed.
+A casing habit is one signed share, `case`: the part of the model's probability of a word start in the case
+the user avoids (capitalised for a sentence-case writer: negative `case`) that moves to the same word's
+other-case twin, which joins the candidates (`localpers.methods.card.casing`). Moving probability between
+the two spellings of one word, rather than pushing a class of tokens down, keeps the model's choice of words.
 
 This captures habits a headline shows in its tokens (a fixed kicker, "&" for "and", sentence case on common
 words, a closing "?") that neither the shared adapters nor a 128-dimensional vector pick up from ~20 items.
@@ -52,12 +52,13 @@ MIN_BIAS = 0.5
 MAX_ENTRIES = 200
 SMOOTHING = 1.0
 CONTEXTS = ("first", "rest", "opening", "closing")
-MIN_HABIT_COUNT = 3  # an opening or closing habit needs this many outputs showing it (one-offs are not habits)
+MIN_HABIT_COUNT = 3  # outputs that must show an opening or closing habit (one-offs are not habits)
 MIN_HABIT_RATE = 0.25  # ... and this share of the user's outputs
 MAX_OPENING_BIAS = 12.0
 MAX_CLOSING_SHARE = 0.95  # of the model's end-of-output probability moved to closing habits
 MIN_CASED_WORDS = 10  # word starts in the user's outputs before a casing habit is judged
-MIN_CASE_BIAS = 1.0
+MIN_CASE_SHARE = 0.3
+MAX_CASE_SHARE = 0.95
 
 
 @dataclass
@@ -72,7 +73,7 @@ class TokenBias:
     rest: dict[int, float] = field(default_factory=dict)
     opening: dict[int, float] = field(default_factory=dict)
     closing: dict[int, float] = field(default_factory=dict)
-    case: float = 0.0  # added to capitalised word starts after the first token (negative: sentence case)
+    case: float = 0.0  # share moved between a word start's two cases (negative: to lower case); 0 = no habit
 
     def for_step(self, step: int) -> dict[int, float]:
         """The counted bias table for the `step`-th generated token (0 = the first)."""
@@ -85,13 +86,42 @@ class TokenBias:
         tokens |= set(self.opening) if step == 0 else set(self.closing)
         return np.array(sorted(tokens), dtype=np.int64)
 
-    def case_twins(self, tokens: np.ndarray, step: int, casing: TokenCasing | None) -> list[int]:
+    def _disfavoured_case(self) -> int:
+        return CAPITALISED if self.case < 0 else LOWER
+
+    def case_twins(
+        self, tokens: np.ndarray, step: int, casing: TokenCasing | None, last: int | None
+    ) -> list[int]:
         """Twins of the `tokens` the casing habit disfavours: the other case must be a candidate too."""
         if not self.case or step == 0 or casing is None:
             return []
-        disfavoured = CAPITALISED if self.case < 0 else LOWER
-        twins = (casing.twin(int(t)) for t in tokens if casing.case_of(int(t)) == disfavoured)
+        disfavoured = self._disfavoured_case()
+        twins = (casing.twin(int(t)) for t in tokens if casing.case_of(int(t), last) == disfavoured)
         return [t for t in twins if t is not None]
+
+    def apply_case(
+        self,
+        logits: np.ndarray,
+        candidates: np.ndarray,
+        step: int,
+        casing: TokenCasing | None,
+        last: int | None,
+    ) -> None:
+        """Move `|case|` of each disfavoured word start's probability to its twin, in place on the final logits."""
+        if not self.case or step == 0 or casing is None:
+            return
+        disfavoured = self._disfavoured_case()
+        share = min(abs(self.case), MAX_CASE_SHARE)
+        position = {int(t): i for i, t in enumerate(candidates)}
+        original = logits.astype(np.float64)
+        for index, token in enumerate(candidates):
+            if casing.case_of(int(token), last) != disfavoured:
+                continue
+            twin = position.get(casing.twin(int(token)) or -1)
+            if twin is None:
+                continue
+            logits[twin] = np.logaddexp(float(logits[twin]), original[index] + math.log(share))
+            logits[index] = original[index] + math.log(1.0 - share)
 
     def apply(
         self,
@@ -100,7 +130,6 @@ class TokenBias:
         step: int,
         strength: float,
         emitted: Collection[int] = (),
-        casing: TokenCasing | None = None,
     ) -> np.ndarray:
         """The bias of each candidate at `step`, times `strength` (zeros where the user shows no habit).
 
@@ -110,23 +139,17 @@ class TokenBias:
         """
         table = self.for_step(step)
         opening = self.opening if step == 0 else {}
-        cased = bool(self.case) and step > 0 and casing is not None
-        if (not table and not opening and not cased) or strength == 0.0:
+        if (not table and not opening) or strength == 0.0:
             return np.zeros(len(candidates), dtype=logits.dtype)
         values = [table.get(int(t), 0.0) for t in candidates]
         if emitted:
             values = [
                 min(v, 0.0) if int(t) in emitted else v for t, v in zip(candidates, values, strict=True)
             ]
-        added = np.array(
+        return np.array(
             [strength * v + opening.get(int(t), 0.0) for t, v in zip(candidates, values, strict=True)],
             dtype=logits.dtype,
         )
-        if cased:
-            assert casing is not None
-            capitalised = [casing.case_of(int(t)) == CAPITALISED for t in candidates]
-            added[np.asarray(capitalised, dtype=bool)] += self.case
-        return added
 
     def apply_closing(
         self, logits: np.ndarray, candidates: np.ndarray, end_tokens: np.ndarray, step: int, last: int | None
@@ -195,8 +218,8 @@ class TokenBias:
                 table[row[0]] = float(row[1])
             tables[name] = table
         case = data.get("case", 0.0)
-        if not isinstance(case, int | float) or isinstance(case, bool) or not math.isfinite(case):
-            raise ValueError(f"token bias field 'case' must be a number, not {case!r:.40}")
+        if not isinstance(case, int | float) or isinstance(case, bool) or not -1.0 <= case <= 1.0:
+            raise ValueError(f"token bias field 'case' must be a share between -1 and 1, not {case!r:.40}")
         return cls(**tables, case=float(case))
 
 
@@ -270,13 +293,22 @@ def _closing_habits(
     return habits
 
 
-def _case_bias(
+def _case_share(
     positives: Sequence[Sequence[int]], negatives: Sequence[Sequence[int]], casing: TokenCasing
 ) -> float:
-    """log-odds(capitalised word starts | user) - log-odds(... | model), after each output's first token."""
+    """The signed share to move between word-start cases (after each output's first token), or 0.
+
+    u, m = the (add-one smoothed) rate of capitalised word starts in the user's and the model's outputs. A user
+    who capitalises less (u < m) gets -(1 - u/m): that share of every capitalised start moves to lower case
+    and the rate becomes about u; one who capitalises more gets +(1 - (1-u)/(1-m)) the other way.
+    """
 
     def counts(outputs: Sequence[Sequence[int]]) -> tuple[int, int]:
-        cases = [casing.case_of(int(t)) for tokens in outputs for t in tokens[1:]]
+        cases = [
+            casing.case_of(int(tokens[i]), int(tokens[i - 1]))
+            for tokens in outputs
+            for i in range(1, len(tokens))
+        ]
         return sum(c == CAPITALISED for c in cases), sum(c != UNCASED for c in cases)
 
     (user_caps, user_words), (model_caps, model_words) = counts(positives), counts(negatives)
@@ -284,8 +316,8 @@ def _case_bias(
         return 0.0
     user = (user_caps + SMOOTHING) / (user_words + 2 * SMOOTHING)
     model = (model_caps + SMOOTHING) / (model_words + 2 * SMOOTHING)
-    bias = _logit(user) - _logit(model)
-    return round(bias, 3) if abs(bias) >= MIN_CASE_BIAS else 0.0
+    share = -(1.0 - user / model) if user < model else 1.0 - (1.0 - user) / (1.0 - model)
+    return round(share, 3) if abs(share) >= MIN_CASE_SHARE else 0.0
 
 
 def fit_token_bias(
@@ -312,5 +344,5 @@ def fit_token_bias(
     # A calibrated habit replaces its counted push: pushed anywhere, a closing "?" lands mid-output.
     first = {t: b for t, b in first.items() if not (b > 0 and t in opening)}
     rest = {t: b for t, b in rest.items() if not (b > 0 and t in closing)}
-    case = _case_bias(positives, negatives, casing) if casing is not None else 0.0
+    case = _case_share(positives, negatives, casing) if casing is not None else 0.0
     return TokenBias(first, rest, opening, closing, case)
