@@ -11,7 +11,7 @@ from test_personalize import ARTICLE, SHOUTY, bundle_dir, items, personalizer  #
 from localpers.errors import LocalpersError
 from localpers.methods.card.casing import TokenCasing, word_case
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, fit_token_bias
+from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, describe_habits, fit_token_bias
 from localpers.methods.card.user_state import stored_token_bias
 from localpers.users.store import UserStore
 
@@ -150,6 +150,16 @@ def test_casing_habit_moves_capitalised_word_starts_to_lower_case() -> None:
     assert np.array_equal(same, logits)
     with pytest.raises(ValueError, match="case"):
         TokenBias.from_json({"case": 2.0})
+
+
+def test_habits_are_described_in_words() -> None:
+    bias = TokenBias(opening={2: 9.12}, closing={9: 0.9}, case=-0.97)
+    assert describe_habits(bias, VOCAB.__getitem__) == [
+        "opens with 'Raises' (+9.1 nats over the model)",
+        "ends with '-' (90% of endings moved to it)",
+        "writes later words in lower case (97% of capitalised word starts moved)",
+    ]
+    assert describe_habits(TokenBias(first={2: 3.0}), VOCAB.__getitem__) == []  # counted tables are no habit
 
 
 def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Personalizer) -> None:  # noqa: F811

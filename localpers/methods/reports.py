@@ -78,6 +78,7 @@ class FitReport:
     vector_norm: float | None
     seconds: dict[str, float]
     bundle_sha256: str
+    habits: list[str] = field(default_factory=list)  # the surface habits the fit found, in words
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -112,6 +112,8 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
             else "too few pairs for a held-out split"
         )
         lines.append(f"{report.n_pairs} pairs, training pair accuracy {report.train_accuracy:.2f}, {heldout}")
+    if report.habits:
+        lines.append("habits found in your outputs: " + "; ".join(report.habits))
     if report.mode == "vector":
         if choice:
             lines.append(f"chose {choice['label']}: {choice['reason']}")

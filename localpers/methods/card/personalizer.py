@@ -40,7 +40,7 @@ from localpers.methods.card.correction import (
 )
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.head import CardHead, HeadConfig
-from localpers.methods.card.token_bias import TokenBias, fit_token_bias
+from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
@@ -489,6 +489,7 @@ class Personalizer:
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
         )
+        report.habits = describe_habits(bias, self.casing.piece)
         return FitOutcome(report, cluster, fit.vector, bias)
 
     def token_bias(
