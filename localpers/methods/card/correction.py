@@ -27,7 +27,10 @@ from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.token_bias import TokenBias
 
-DEFAULT_BIAS_STRENGTH = 1.0  # strength of the user's token bias when the fit chose none (token_bias.py)
+# Strength of the token bias's counted tables when the fit chose none (its calibrated habits apply as fitted).
+# 0.1, not 1: on the dev-split style probes (train authors) the counted tables at 1 cost ROUGE-1 in all three
+# styles while the habits alone carried the style (docs/RESULTS.md, section 0c).
+DEFAULT_BIAS_STRENGTH = 0.1
 
 
 @dataclass
