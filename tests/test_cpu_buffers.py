@@ -92,8 +92,7 @@ def test_removing_an_offered_type_really_keeps_weights_out_of_it(backbone) -> No
         pytest.skip("this llama.cpp build offers no extra CPU buffer type")
     import llama_cpp
 
-    from localpers.engine import backend
-    from localpers.engine import model as engine_model
+    from localpers.engine import backend, ggml_buffers
 
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0
@@ -109,7 +108,7 @@ def test_removing_an_offered_type_really_keeps_weights_out_of_it(backbone) -> No
             backend._log_recorder.recording = None
         assert model
         llama_cpp.llama_model_free(model)
-        placed = {name for name, _ in engine_model._BUFFER_SIZE_LINE.findall(log)}
+        placed = {name for name, _ in ggml_buffers.BUFFER_SIZE_LINE.findall(log)}
         assert not (placed & (set(offered) - set(keep))), f"weights went to a removed type: {placed}"
         if keep == ["CPU_REPACK"]:
             assert "CPU_REPACK" in placed

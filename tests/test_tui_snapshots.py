@@ -34,7 +34,7 @@ HISTORY = [
 @pytest.fixture(autouse=True)
 def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fit times appear on the profile panel: make them the same on every run."""
-    monkeypatch.setattr("localpers.users.store._now", lambda: "2025-01-01T12:00:00+00:00")
+    monkeypatch.setattr("localpers.users.folder.now", lambda: "2025-01-01T12:00:00+00:00")
 
 
 def fitted_service() -> FakeService:

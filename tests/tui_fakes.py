@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from localpers.methods.card.personalizer import CandidateShift, FitReport, RewriteResult, RewriteStep
-from localpers.tui.service import METHOD_DESCRIPTIONS, EngineInfo, Progress, RewriteRequest, TextSink
+from localpers.methods.registry import compared_methods
+from localpers.tui.service import EngineInfo, Progress, RewriteRequest, TextSink
 from localpers.users.store import User, UserStore
 
 FAKE_SHA = "f" * 64
@@ -53,7 +54,7 @@ class FakeService:
             self._active -= 1
 
     def load(self) -> EngineInfo:
-        return EngineInfo(FAKE_SHA, "fake-bundle (k=2)", 1.0, 10, tuple(METHOD_DESCRIPTIONS))
+        return EngineInfo(FAKE_SHA, "fake-bundle (k=2)", 1.0, 10, compared_methods())
 
     def rewrite(self, request: RewriteRequest, on_text: TextSink) -> RewriteResult:
         self._enter()

@@ -6,6 +6,10 @@ served (unknown or unfitted user, a method without its fit) with an `ApiError`, 
 lock, because the engine serves one generation at a time. It is called from a worker thread; `on_text`
 may raise to abandon the generation (a client that went away). It never logs request text and opens no
 outgoing connection.
+
+What a method needs is asked of the registry's `Method`, never of its name: methods that decode through the
+Personalizer's adapters take the user's stored fit, a chat template and stop strings; a method with its
+own decoder (`own_decoder`) is served by the `UserDecoder` it opens, kept open while it `serves` the user.
 """
 
 from __future__ import annotations
@@ -14,17 +18,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
 from localpers.errors import LocalpersError
+from localpers.methods.base import Method, RewriteOptions, UserDecoder
 from localpers.methods.card.choice import stored_choice
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer, RewriteResult, chat_transcript
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.registry import get_method
+from localpers.methods.registry import BASELINE_METHOD, get_method
 from localpers.tasks import get_task
 from localpers.users.store import User, UserStore
 
@@ -59,7 +63,7 @@ class ApiBackend:
         self.personalizer = personalizer
         self.store = store or UserStore()
         self._lock = threading.Lock()
-        self._cope: tuple[str, str, Any] | None = None  # (user, adapter sha, decoder) of the last CoPe user
+        self._decoders: dict[str, UserDecoder] = {}  # the last decoder each own-decoder method opened
 
     def model_ids(self) -> list[str]:
         """`localpers` (the active user) and `localpers/<user>` for every local user."""
@@ -67,9 +71,9 @@ class ApiBackend:
 
     def close(self) -> None:
         with self._lock:
-            if self._cope is not None:
-                self._cope[2].close()
-                self._cope = None
+            for decoder in self._decoders.values():
+                decoder.close()
+            self._decoders.clear()
             self.personalizer.close()
 
     # ------------------------------------------------------------------ users
@@ -84,29 +88,28 @@ class ApiBackend:
         active = self.store.active_name()
         return self.store.get(active) if active else None
 
-    def _profile(self, user: User | None, method: str) -> Profile:
+    def _profile(self, user: User | None, method: Method) -> Profile:
         """What `method` needs of `user`; an unfitted or stale user is refused for CARD's methods.
 
         The fit is read by `profile_for_rewrite`, as `localpers rewrite` reads it; for methods that use the
         fit's choice (`card`), its strengths apply, with the user's token bias.
         """
-        if method in ("global", "cope", "exact"):
-            return Profile(method)
+        if not method.needs_user or method.own_decoder:
+            return Profile(method.name)
         if user is None:
             raise ApiError(
                 400,
-                f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
+                f"no user: name one with `user` or `localpers/<user>` for method {method.name!r}",
                 param="user",
             )
         try:  # the same reading of the user's fit as `localpers rewrite`
-            cluster, vector, bias, state = profile_for_rewrite(user, method, self.personalizer)
+            cluster, vector, bias, state = profile_for_rewrite(user, method.name, self.personalizer)
         except LocalpersError as exc:
             raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
         if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
-            return Profile("global")
-        uses_choice = getattr(get_method(method), "uses_choice", False)
-        vector_strength, bias_strength, _ = stored_choice(state) if uses_choice else (None, None, None)
-        return Profile(method, cluster, vector, bias, vector_strength, bias_strength)
+            return Profile(BASELINE_METHOD)
+        vector_strength, bias_strength, _ = stored_choice(state) if method.uses_choice else (None, None, None)
+        return Profile(method.name, cluster, vector, bias, vector_strength, bias_strength)
 
     # ------------------------------------------------------------------ generation
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
@@ -120,7 +123,8 @@ class ApiBackend:
             return Served(result, user.name if user else None, int(time.time()))
 
     def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
-        profile = self._profile(user, job.method)
+        chosen = get_method(job.method)
+        profile = self._profile(user, chosen)
         method = profile.method
         personal = {
             "cluster": profile.cluster,
@@ -131,7 +135,7 @@ class ApiBackend:
         }
         use_chat_prompt = job.kind == "chat" and job.task is None
         if use_chat_prompt and self.personalizer.engine.has_chat_template:
-            if method in ("cope", "exact"):
+            if chosen.own_decoder:
                 raise ApiError(400, f"method {method!r} needs a `task` in a chat request", param="task")
             return self.personalizer.rewrite(
                 "",
@@ -147,14 +151,14 @@ class ApiBackend:
         text = chat_transcript(job.messages) if use_chat_prompt else job.text
         task = job.task or "free"
         assert text is not None
-        if method in ("cope", "exact"):
+        if chosen.own_decoder:
             if user is None:
                 raise ApiError(
                     400,
                     f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
                     param="user",
                 )
-            return self._extra_method(method, user, text, task, job, on_text)
+            return self._own_decoder(chosen, user, text, task, job, on_text)
         return self.personalizer.rewrite(
             text,
             task=task,
@@ -167,45 +171,22 @@ class ApiBackend:
             stop=job.stop,
         )
 
-    def _extra_method(
-        self, method: str, user: User, text: str, task: str, job: GenerationJob, on_text: TextSink | None
+    def _own_decoder(
+        self, method: Method, user: User, text: str, task: str, job: GenerationJob, on_text: TextSink | None
     ) -> RewriteResult:
+        """Rewrite with the method's own decoder for `user`, reusing the open one while it serves them."""
         if job.stop:
-            raise ApiError(400, f"`stop` is not supported with method {method!r}", param="stop")
-        if method == "exact":
-            from localpers.methods.exact import check_bundle, load_index, rewrite_exact
-
-            index = load_index(user)
-            check_bundle(index, self.personalizer, user.name)
-            result, _ = rewrite_exact(
-                self.personalizer,
-                index,
-                text,
-                task=task,
-                max_tokens=job.max_tokens,
-                on_text=on_text,
-                sampling=job.sampling,
-            )
-            return result
-        from localpers.methods.cope import DEFAULT_ALPHA, CopeDecoder, load_state, rewrite_cope
-
-        state = load_state(user)
-        if self._cope is None or self._cope[:2] != (user.name, state.adapter_sha256):
-            if self._cope is not None:
-                self._cope[2].close()
-                self._cope = None
-            self._cope = (
-                user.name,
-                state.adapter_sha256,
-                CopeDecoder.for_user(self.personalizer, user, state),
-            )
-        return rewrite_cope(
-            self._cope[2],
-            state,
-            text,
+            raise ApiError(400, f"`stop` is not supported with method {method.name!r}", param="stop")
+        decoder = self._decoders.get(method.name)
+        if decoder is None or not decoder.serves(user):
+            if decoder is not None:
+                self._decoders.pop(method.name).close()
+            decoder = self._decoders[method.name] = method.open_decoder(self.personalizer, user)
+        options = RewriteOptions(
             task=task,
-            alpha=DEFAULT_ALPHA if job.strength is None else job.strength,
+            strength=job.strength,
             max_tokens=job.max_tokens,
-            on_text=on_text,
             sampling=job.sampling,
+            on_text=on_text,
         )
+        return decoder.rewrite(text, options)

@@ -16,10 +16,11 @@ from typing import Any
 
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
+from localpers.methods.registry import DEFAULT_METHOD, method_names
 from localpers.tasks import TASKS
 
 MODEL_PREFIX = "localpers"
-METHODS = ("card", "cluster", "global", "card-global", "global-history", "cope", "exact")
+METHODS = method_names()  # what `method` may name: the registry's methods
 MAX_TOKENS_LIMIT = 2048
 MAX_STOP_STRINGS = 4
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -142,7 +143,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     task = _string(body, "task")
     if task is not None and task not in TASKS:
         raise _bad(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}", "task")
-    method = _string(body, "method") or "card"
+    method = _string(body, "method") or DEFAULT_METHOD
     if method not in METHODS:
         raise _bad(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", "method")
     limit_name = (

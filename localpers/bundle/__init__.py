@@ -1,8 +1,10 @@
 """Bundles, the publisher's output and the device's input: format, verification, transport.
 
-- `format`: write a manifest, verify a bundle against every rule in docs/BUNDLE.md, open it.
+- `manifest`: a manifest's rules checked on its bytes alone (format, paths, hashes, sizes).
+- `format`: write a manifest, verify a bundle's files against docs/BUNDLE.md, open it; where bundles live.
 - `repository`: the publisher's signed (TUF) repository over a bundle.
 - `signed`: the device's trusted publisher roots and its TUF updater source.
+- `fetcher`: the bytes of a signed pull, over http(s) or from a local repository directory.
 - `transport`: the HTTP rules both pull paths share (http only, no redirects off the host).
 - `pull`: fetch a bundle (signed, or a local directory with --unsigned) and install it atomically.
 - `serve`: serve a repository or one verified bundle read-only over HTTP.

@@ -8,8 +8,12 @@ signed target with the same length and sha256 before any of them is downloaded; 
 into a staging directory under cache_dir()/bundles, capped at its signed length. The staged bundle is
 verified once more as a whole, renamed into `versions/<id>`, and the `current` pointer is switched with
 one atomic rename. Any failure or interruption removes the staging directory and leaves the previously
-installed bundle in place. This is the only module of localpers (with `localpers.bundle.signed`, which it calls) that
-opens a network connection; it never loads what it downloads.
+installed bundle in place. This is the only module of localpers (with `localpers.bundle.signed` and
+`localpers.bundle.fetcher`, which it calls) that opens a network connection; it never loads what it downloads.
+
+It stays one module of some 420 lines because its parts are one install transaction: the sources, the
+capped fetch of each file, the lock, the free-space check, staging and the atomic switch of `current`
+each rely on what the others guarantee, and read best in the order a pull runs them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from localpers.bundle.fetcher import is_signed_repository
 from localpers.bundle.format import (
     CHUNK_SIZE,
     CURRENT_FILE,
@@ -43,7 +48,7 @@ from localpers.bundle.format import (
     verify_bundle,
     write_bytes_atomically,
 )
-from localpers.bundle.signed import SignedSource, is_signed_repository
+from localpers.bundle.signed import SignedSource
 from localpers.errors import LocalpersError
 
 STAGING_PREFIX = ".staging-"

@@ -12,6 +12,10 @@ headers 431. A client must finish its request line and headers within `request_d
 clients are cut off), and at most `max_connections` connections are served at once (others get 503).
 The log holds method, path and status only, escaped: never request bodies, headers or client
 addresses. This module does not pull, write or load anything.
+
+It is one module of some 460 lines on purpose: the request handler and the server enforce one set of
+limits together (request line, headers, deadline, connection cap, byte range, what is listed), and a
+reader checking that no path escapes them should find every one of them here.
 """
 
 from __future__ import annotations

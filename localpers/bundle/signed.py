@@ -11,7 +11,8 @@ device already trusts:
 
 From there `tuf.ngclient.Updater` walks root rotations, refuses expired (freeze), older (rollback) or
 mismatched (mix-and-match) metadata, and downloads no target past its signed length (endless data).
-`SignedSource` hands the verified bundle files to `localpers.bundle.pull`, which installs them. This module
+`SignedSource` hands the verified bundle files to `localpers.bundle.pull`, which installs them; the bytes
+come through `localpers.bundle.fetcher`. This module
 never loads a bundle; the only connections it makes are the fetches of one explicit pull.
 """
 
@@ -21,18 +22,13 @@ import contextlib
 import http.client
 import importlib.resources
 import shutil
-import stat
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from localpers import __version__
+from localpers.bundle.fetcher import Fetcher, reason, repository_base
 from localpers.bundle.repository import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
-from localpers.bundle.transport import HttpOnlyRedirects, is_loopback
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import config_dir
 from localpers.untrusted import one_line
@@ -40,7 +36,6 @@ from localpers.untrusted import one_line
 ROOT_MAX_BYTES = 512_000  # python-tuf's own cap on a root file
 DEMO_ROOT_RESOURCE = "demo-publisher-root.json"
 TRUST_DIR = "trust"
-CHUNK = 1 << 20
 
 
 def demo_root_bytes() -> bytes:
@@ -58,12 +53,8 @@ def root_fingerprint(root_bytes: bytes, origin: str) -> str:
         if root.signed.type != "root" or not keyids:
             raise ValueError("no root keys")
     except Exception as exc:  # python-tuf raises several types for malformed metadata
-        raise InputError(f"{origin}: not valid TUF root metadata ({_reason(exc)})") from None
+        raise InputError(f"{origin}: not valid TUF root metadata ({reason(exc)})") from None
     return keyids[0]
-
-
-def _reason(exc: BaseException) -> str:
-    return one_line(f"{type(exc).__name__}: {exc}", 200)
 
 
 def trust_store(fingerprint: str) -> Path:
@@ -74,167 +65,6 @@ def trust_store(fingerprint: str) -> Path:
 def trusted_fingerprints() -> list[str]:
     root = config_dir() / TRUST_DIR
     return sorted(p.name for p in root.iterdir() if (p / "root.json").exists()) if root.is_dir() else []
-
-
-# --------------------------------------------------------------------------------------------------
-# Fetching: http(s) with the same rules as unsigned pulls, or a local repository directory
-
-
-class Fetcher:
-    """A python-tuf fetcher (subclass built lazily) over http(s) or a local directory, with progress."""
-
-    def __init__(self, timeout: float, on_bytes: Callable[[int], None] | None = None) -> None:
-        self.timeout = timeout
-        self.on_bytes = on_bytes
-        self._redirects = HttpOnlyRedirects
-        self._is_loopback = is_loopback
-
-    def chunks(self, url: str) -> Iterator[bytes]:
-        from tuf.api.exceptions import DownloadHTTPError
-
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme == "file":
-            yield from self._file_chunks(Path(urllib.parse.unquote(parsed.path)))
-            return
-        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
-        if parsed.hostname and self._is_loopback(parsed.hostname):
-            handlers.append(urllib.request.ProxyHandler({}))
-        opener = urllib.request.build_opener(*handlers)
-        request = urllib.request.Request(
-            url, headers={"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
-        )
-        try:
-            response = opener.open(request, timeout=self.timeout)
-        except urllib.error.HTTPError as exc:
-            raise DownloadHTTPError(f"{url}: HTTP {exc.code}", exc.code) from None
-        except urllib.error.URLError as exc:
-            raise LocalpersError(
-                f"could not reach {url}: {one_line(str(exc.reason), 200)}; check the address and that the"
-                " server runs"
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise LocalpersError(f"{url}: request failed ({_reason(exc)}); try again") from None
-        with response:
-            if response.status != 200:
-                raise DownloadHTTPError(f"{url}: HTTP {response.status}", response.status)
-            while True:
-                try:
-                    block = response.read(CHUNK)
-                except (OSError, http.client.HTTPException) as exc:
-                    raise LocalpersError(f"{url}: download failed ({_reason(exc)}); try again") from None
-                if not block:
-                    break
-                if self.on_bytes:
-                    self.on_bytes(len(block))
-                yield block
-
-    def _file_chunks(self, path: Path) -> Iterator[bytes]:
-        from tuf.api.exceptions import DownloadHTTPError
-
-        try:
-            info = path.lstat()
-        except FileNotFoundError:
-            raise DownloadHTTPError(f"{path}: no such file", 404) from None
-        if not stat.S_ISREG(info.st_mode):  # no FIFOs, devices or symlinks out of the repository
-            raise DownloadHTTPError(f"{path}: not a regular file", 403)
-        with path.open("rb") as handle:
-            while block := handle.read(CHUNK):
-                if self.on_bytes:
-                    self.on_bytes(len(block))
-                yield block
-
-    def resume_into(self, url: str, partial: Path, length: int) -> None:
-        """Append the rest of `url` to `partial` (an HTTP range request from its size), at most `length`
-        bytes in all. A server that ignores the range gets the file restarted from byte 0."""
-        have = partial.stat().st_size if partial.exists() else 0
-        if have > length:
-            partial.unlink()
-            have = 0
-        if have == length:
-            return
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme == "file":
-            source = Path(urllib.parse.unquote(parsed.path))
-            if not source.is_file() or source.is_symlink():
-                raise LocalpersError(f"{source}: missing or not a regular file in the repository")
-            with source.open("rb") as handle, partial.open("ab") as out:
-                handle.seek(have)
-                self._copy_capped(handle, out, length - have, url)
-            return
-        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
-        if parsed.hostname and self._is_loopback(parsed.hostname):
-            handlers.append(urllib.request.ProxyHandler({}))
-        headers = {"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
-        if have:
-            headers["Range"] = f"bytes={have}-"
-        try:
-            response = urllib.request.build_opener(*handlers).open(
-                urllib.request.Request(url, headers=headers), timeout=self.timeout
-            )
-        except urllib.error.HTTPError as exc:
-            raise LocalpersError(f"{url}: HTTP {exc.code}; the repository does not hold this file") from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            raise LocalpersError(f"could not reach {url} ({_reason(exc)}); pull again to resume") from None
-        with response:
-            resumed = response.status == 206 and str(response.headers.get("Content-Range", "")).startswith(
-                f"bytes {have}-"
-            )
-            mode = "ab" if resumed else "wb"
-            remaining = length - have if resumed else length
-            with partial.open(mode) as out:
-                self._copy_capped(response, out, remaining, url)
-
-    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str) -> None:
-        while True:
-            try:
-                block = stream.read(min(CHUNK, remaining + 1))
-            except (OSError, http.client.HTTPException) as exc:
-                raise LocalpersError(
-                    f"{url}: download failed ({_reason(exc)}); pull again to resume"
-                ) from None
-            if not block:
-                return
-            if len(block) > remaining:
-                raise InputError(f"{url}: the server sends more than the signed length; refusing it")
-            out.write(block)
-            out.flush()
-            remaining -= len(block)
-            if self.on_bytes:
-                self.on_bytes(len(block))
-
-    def as_tuf_fetcher(self) -> Any:
-        from tuf.ngclient import FetcherInterface
-
-        outer = self
-
-        class _TufFetcher(FetcherInterface):
-            def _fetch(self, url: str) -> Iterator[bytes]:
-                return outer.chunks(url)
-
-        return _TufFetcher()
-
-
-def _repository_base(source: str) -> str:
-    """The base URL (ending in /) of a repository given as an http(s) URL or a local directory."""
-    if source.startswith(("http://", "https://")):
-        parsed = urllib.parse.urlsplit(source)
-        if not parsed.hostname:
-            raise LocalpersError(f"{source}: not an http(s) URL of a repository")
-        path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
-        return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
-    if "://" in source:
-        raise LocalpersError(f"{source}: only http://, https:// or a local directory can be pulled")
-    directory = Path(source).expanduser().resolve()
-    if not directory.is_dir():
-        raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
-    return directory.as_uri() + "/"
-
-
-def is_signed_repository(source: str) -> bool:
-    """A local directory with metadata/1.root.json, or any URL (URLs are always pulled signed)."""
-    if "://" in source:
-        return True
-    return (Path(source).expanduser() / METADATA_DIR / "1.root.json").is_file()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,7 +83,7 @@ def _fetch_first_root(fetcher: Fetcher, base: str) -> bytes:
         raise
     except Exception as exc:
         status = getattr(exc, "status_code", None)
-        detail = f"HTTP {status}" if status else _reason(exc)
+        detail = f"HTTP {status}" if status else reason(exc)
         raise LocalpersError(
             f"{url}: {detail}; {base} is not a signed bundle repository (bundles are pulled from"
             " repositories made with `localpers repo`)"
@@ -298,7 +128,7 @@ def choose_trusted_root(
         root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
     except Exception as exc:
         raise InputError(
-            f"{base}{METADATA_DIR}/1.root.json: not signed by its root key ({_reason(exc)})"
+            f"{base}{METADATA_DIR}/1.root.json: not signed by its root key ({reason(exc)})"
         ) from None
     _start_store(store, claimed)
     return fingerprint, store
@@ -333,7 +163,7 @@ class SignedSource:
     ) -> None:
         from tuf.ngclient import Updater
 
-        self.base = _repository_base(source)
+        self.base = repository_base(source)
         self.description = self.base
         self.fetcher = Fetcher(timeout, on_bytes)
         self.fingerprint, store = choose_trusted_root(self.fetcher, self.base, trust, confirm)
@@ -375,14 +205,14 @@ class SignedSource:
                 f"{where}: the server sends more than the signed length ({one_line(str(exc), 200)})"
             ) from None
         except exceptions.RepositoryError as exc:
-            raise InputError(f"{where}: signed metadata refused ({_reason(exc)})") from None
+            raise InputError(f"{where}: signed metadata refused ({reason(exc)})") from None
         except exceptions.DownloadError as exc:
             cause = exc.__cause__ or exc
             if isinstance(cause, LocalpersError):  # raised by our fetcher, wrapped by python-tuf
                 raise cause from None
-            raise LocalpersError(f"{where}: download failed ({_reason(cause)}); try again") from None
+            raise LocalpersError(f"{where}: download failed ({reason(cause)}); try again") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise LocalpersError(f"{where}: {_reason(exc)}") from None
+            raise LocalpersError(f"{where}: {reason(exc)}") from None
 
     def _target(self, relative: str) -> Any:
         path = BUNDLE_PREFIX + relative

@@ -1,7 +1,7 @@
 """The device's HTTP rules for fetching bundles: follow no redirect off http(s), use no proxy for loopback.
 
-`signed.Fetcher` (python-tuf's fetcher, the only path that downloads over the network) opens every connection
-with these two helpers. Kept apart from `pull` so that `pull` -> `signed` -> `transport` runs one way.
+`fetcher.Fetcher` (python-tuf's fetcher, the only path that downloads over the network) opens every connection
+with these two helpers. Kept apart from `pull` so that `pull` -> `signed` -> `fetcher` -> `transport` runs one way.
 """
 
 from __future__ import annotations

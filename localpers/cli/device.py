@@ -26,15 +26,26 @@ from localpers.cli.sampling import (
     TopPOption,
     sampler_settings,
 )
-from localpers.device.demo import DEMO_USER, carries_demo_style, demo_articles, ensure_demo_user
+from localpers.device.demo import (
+    DEMO_USER,
+    carries_demo_style,
+    compare_on_demo,
+    demo_articles,
+    demo_methods,
+    ensure_demo_user,
+)
 from localpers.methods.base import RewriteOptions
-from localpers.methods.card.choice import stored_choice
 from localpers.methods.card.method import fit_summary as card_fit_summary
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.user_state import stored_token_bias, user_profile
-from localpers.methods.registry import METHODS, get_method, method_names
-from localpers.methods.reports import FitReport, RewriteResult
-from localpers.tasks import get_task
+from localpers.methods.registry import (
+    BASELINE_METHOD,
+    DEFAULT_METHOD,
+    METHODS,
+    get_method,
+    listed,
+    method_names,
+)
+from localpers.methods.reports import FitReport
 from localpers.users.store import UserStore
 
 UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
@@ -84,9 +95,11 @@ def fit_command(
     method: Annotated[
         str,
         typer.Option(
-            "--method", "-m", help=f"One of: {', '.join(method_names(fitted=True))} (card by default)."
+            "--method",
+            "-m",
+            help=f"One of: {', '.join(method_names(fitted=True))} ({DEFAULT_METHOD} by default).",
         ),
-    ] = "card",
+    ] = DEFAULT_METHOD,
     history_limit: Annotated[
         int | None, typer.Option(min=1, help="Use only the N most recent items.")
     ] = None,
@@ -109,7 +122,9 @@ def rewrite_command(
     task: Annotated[
         str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
     ] = "headline",
-    method: Annotated[str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")] = "card",
+    method: Annotated[
+        str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")
+    ] = DEFAULT_METHOD,
     strength: Annotated[
         float | None,
         typer.Option(
@@ -201,26 +216,8 @@ def demo_command(
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         demo, fitted_now = ensure_demo_user(personalizer, store, progress)
     report = demo.state()["fit"]
-    cluster, vector, state = user_profile(demo)
-    history = demo.history_index(get_task("headline"))
-    chosen_strength, chosen_bias, _ = stored_choice(state)
-    rows: list[dict[str, Any]] = []
-    for article in demo_articles()[:articles]:
-        outputs: dict[str, RewriteResult] = {
-            method: personalizer.rewrite(
-                article,
-                method=method,
-                cluster=cluster,
-                vector=vector,
-                history=history,
-                bias=stored_token_bias(demo, state),
-                strength=chosen_strength,
-                bias_strength=chosen_bias,
-            )
-            for method in ("global", "cluster", "card")
-        }
-        rows.append({"article": article.split(":", 1)[-1].strip(), **{m: r.text for m, r in outputs.items()}})
-    hits = {m: sum(carries_demo_style(row[m]) for row in rows) for m in ("global", "cluster", "card")}
+    rows = compare_on_demo(personalizer, demo, demo_articles()[:articles])
+    hits = {m: sum(carries_demo_style(row[m]) for row in rows) for m in demo_methods()}
     if as_json:
         payload = {
             "user": DEMO_USER,
@@ -234,11 +231,19 @@ def demo_command(
     if fitted_now:
         typer.echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
     _print_comparison(rows)
+    counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
     typer.echo(
         "the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have "
-        f"one): global {hits['global']}/{len(rows)}, cluster adapter {hits['cluster']}/{len(rows)}, "
-        f"CARD {hits['card']}/{len(rows)}"
+        f"one): {counts}"
     )
+
+
+def _column_title(method: str) -> str:
+    """`global (non-personalized)`, `cluster adapter`, `CARD (personalized)`: the demo table's headers."""
+    label = listed(method).label
+    if method == BASELINE_METHOD:
+        return f"{label} (non-personalized)"
+    return f"{label} (personalized)" if method == DEFAULT_METHOD else label
 
 
 def _print_comparison(rows: list[dict[str, Any]]) -> None:
@@ -247,11 +252,10 @@ def _print_comparison(rows: list[dict[str, Any]]) -> None:
 
     table = Table(title="Demo user (a punny optimist): one article per row", show_lines=True)
     table.add_column("article", ratio=3)
-    table.add_column("global (non-personalized)", ratio=2)
-    table.add_column("cluster adapter", ratio=2)
-    table.add_column("CARD (personalized)", ratio=2, style="bold")
+    for method in demo_methods():
+        table.add_column(_column_title(method), ratio=2, style="bold" if method == DEFAULT_METHOD else None)
     for row in rows:
-        table.add_row(row["article"], row["global"], row["cluster"], row["card"])
+        table.add_row(row["article"], *(row[method] for method in demo_methods()))
     Console().print(table)
 
 

@@ -1,15 +1,20 @@
 """The demo user: created from the shipped (invented) history and fitted with CARD when missing or stale.
 
 Used by `localpers demo`, the TUI's first run and scripts; it writes only the demo user's own folder.
+`compare_on_demo` rewrites the shipped articles with the registry's compared methods (baseline first),
+each through its `Method.rewrite`, exactly as `localpers rewrite --method NAME --user demo` would.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
+from localpers.methods.base import RewriteOptions
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.registry import compared_methods, get_method
 from localpers.users.store import User, UserStore
 
 DEMO_USER = "demo"
@@ -37,6 +42,23 @@ def demo_articles() -> list[str]:
 
     path = demo_history_path().with_name("articles.jsonl")
     return [json.loads(line)["input"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def demo_methods() -> tuple[str, ...]:
+    """The methods `localpers demo` compares, in its column order: the baseline first, CARD last."""
+    return tuple(reversed(compared_methods()))
+
+
+def compare_on_demo(personalizer: Personalizer, demo: User, articles: Sequence[str]) -> list[dict[str, str]]:
+    """One row per article: `article` (its body, after any "Headline:"-style label) and each method's text."""
+    rows = []
+    for article in articles:
+        outputs = {
+            name: get_method(name).rewrite(personalizer, demo, article, RewriteOptions())["text"]
+            for name in demo_methods()
+        }
+        rows.append({"article": article.split(":", 1)[-1].strip(), **outputs})
+    return rows
 
 
 def carries_demo_style(text: str) -> bool:

@@ -1,7 +1,8 @@
 """Running models on this machine: llama.cpp (the only package that imports `llama_cpp`), the encoder, torch.
 
-- `model`, `sampler_chain`, `backend`: the llama.cpp model (adapters, layer taps, scoring) and its sampler chain;
-  everything else in localpers reaches llama.cpp through these and the names re-exported here.
+- `model`, `vocabulary`, `taps`, `ggml_buffers`, `sampler_chain`, `backend`: the llama.cpp model (adapters,
+  evaluation, scoring), its tokens and chat template, its layer taps, the weights' CPU buffer types, and its
+  sampler chain; everything else in localpers reaches llama.cpp through these and the names re-exported here.
 - `decoding`, `generation`: what a decoding step should do (settings, a method's sampler) and the decode loop.
 - `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`: the backbone GGUF, its weight layouts, its
   token embeddings, LoRA adapter files.
@@ -9,14 +10,14 @@
 """
 
 from localpers.engine.backend import init_backend
+from localpers.engine.ggml_buffers import cpu_extra_buffer_types
+from localpers.engine.ggml_buffers import only_extra_buffer_types as _only_extra_buffer_types
 from localpers.engine.model import (
     GGUF_MAGIC,
     Engine,
     ScoredContinuation,
     Step,
-    _only_extra_buffer_types,
     check_gguf_file,
-    cpu_extra_buffer_types,
     llama_cpp_version,
     llama_system_info,
 )

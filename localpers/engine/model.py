@@ -1,11 +1,11 @@
 """The model side of the engine: a small typed API over llama.cpp's low-level bindings.
 
-What it does: load a GGUF backbone and GGUF LoRA adapters, switch the active adapter without
-reloading the backbone, tokenize and detokenize, render a chat with the model's own template,
+What it does: load a GGUF backbone (with the CPU buffer types `cpu_buffers` allows, applied by
+`ggml_buffers`) and GGUF LoRA adapters, switch the active adapter without reloading the backbone,
 evaluate tokens into the KV cache returning the next-token logits together with the hidden states
-of chosen layers (read through a `cb_eval` tap on the `l_out-N` tensors), teacher-forced scoring of
-continuations that share a prompt, and hand out a sampler chain for this model's vocabulary
-(`sampler_chain`, built in `localpers.engine.sampler_chain`).
+of chosen layers (`taps`: a `cb_eval` tap on the `l_out-N` tensors), and teacher-forced scoring of
+continuations that share a prompt. Tokens <-> text, the chat template and the sampler chain over the
+vocabulary are `Engine`'s base class `Vocabulary` (`localpers.engine.vocabulary`).
 
 What it does not do: stop rules, streaming and the generation loop live in `localpers.engine.generation`;
 feature normalisation and the CARD head live elsewhere. Nothing here opens a network connection.
@@ -19,115 +19,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp import _ggml
 
 from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, recorded_llama_log
-from localpers.engine.decoding import MethodSampler, SamplerSettings
-from localpers.engine.sampler_chain import SamplerChain
+from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
+from localpers.engine.taps import MAX_TAPS, LayerTaps
+from localpers.engine.vocabulary import Vocabulary
 from localpers.errors import LocalpersError
 
 GGUF_MAGIC = b"GGUF"
-GGML_TYPE_F32 = 0
-
-_libggml = _ggml.libggml
-_libggml.ggml_get_name.argtypes = [ctypes.c_void_p]
-_libggml.ggml_get_name.restype = ctypes.c_char_p
-_libggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
-_libggml.ggml_nbytes.restype = ctypes.c_size_t
-_libggml.ggml_backend_tensor_get.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_size_t,
-]
-_libggml.ggml_backend_tensor_get.restype = None
-
-
-# ----------------------------------------------------------------- CPU extra buffer types
-_GGML_BACKEND_DEVICE_TYPE_CPU = 0
-_BUFFER_SIZE_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
-
-
-def _bind(name: str, argtypes: list[Any], restype: Any) -> Any:
-    function = getattr(_libggml, name)
-    function.argtypes = argtypes
-    function.restype = restype
-    return function
-
-
-# Bound once: ggml's device registry, the CPU device's proc-address lookup and buffer-type names.
-_dev_by_type = _bind("ggml_backend_dev_by_type", [ctypes.c_int], ctypes.c_void_p)
-_dev_backend_reg = _bind("ggml_backend_dev_backend_reg", [ctypes.c_void_p], ctypes.c_void_p)
-_reg_proc_address = _bind(
-    "ggml_backend_reg_get_proc_address", [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p
-)
-_buft_name = _bind("ggml_backend_buft_name", [ctypes.c_void_p], ctypes.c_char_p)
-
-
-def _cpu_extra_buffer_array() -> ctypes.Array[ctypes.c_void_p] | None:
-    """ggml's NULL-terminated list of the CPU device's extra buffer types (the array llama.cpp reads)."""
-    device = _dev_by_type(_GGML_BACKEND_DEVICE_TYPE_CPU)
-    if not device:
-        return None
-    address = _reg_proc_address(_dev_backend_reg(device), b"ggml_backend_dev_get_extra_bufts")
-    if not address:
-        return None
-    get_extra = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
-    array_address = get_extra(device)
-    if not array_address:
-        return None
-    length = 0
-    while ctypes.c_void_p.from_address(array_address + length * ctypes.sizeof(ctypes.c_void_p)).value:
-        length += 1
-    return (ctypes.c_void_p * (length + 1)).from_address(array_address)
-
-
-def _buffer_type_name(buffer_type: int) -> str:
-    name = _buft_name(buffer_type)
-    return (name or b"?").decode("utf-8", errors="replace")
-
-
-def cpu_extra_buffer_types() -> list[str]:
-    """Names of the extra CPU buffer types this llama.cpp build offers, in llama.cpp's order of preference."""
-    init_backend()
-    array = _cpu_extra_buffer_array()
-    if array is None:
-        return []
-    return [_buffer_type_name(entry) for entry in array[:-1]]
-
-
-@contextlib.contextmanager
-def _only_extra_buffer_types(allowed: Sequence[str]) -> Iterator[None]:
-    """While loading a model, llama.cpp sees only the `allowed` extra buffer types.
-
-    llama.cpp has no per-type switch (only all or none through `use_extra_bufts`), and a per-tensor
-    override to CPU_REPACK aborts on tensors repack cannot hold. So the CPU device's own list, which
-    llama.cpp walks when it builds a model's buffer list, is compacted in place for the load and
-    restored afterwards. The list is ggml's static array of pointers; entries are only removed, never
-    added, so the array never grows.
-    """
-    array = _cpu_extra_buffer_array()
-    if array is None:
-        yield
-        return
-    original = list(array)
-    kept = [entry for entry in original[:-1] if _buffer_type_name(entry) in allowed]
-    for i in range(len(original)):
-        array[i] = kept[i] if i < len(kept) else None
-    try:
-        yield
-    finally:
-        for i, entry in enumerate(original):
-            array[i] = entry
 
 
 def llama_cpp_version() -> str:
@@ -168,120 +74,7 @@ class ScoredContinuation:
     logits: np.ndarray | None = None  # (T, n_vocab) when asked for
 
 
-class _Taps:
-    """Captures the `l_out-N` tensors during `llama_decode`, through the C callback when it was built.
-
-    `localpers._taps` (a tiny C extension, see `_taps.c`) answers llama.cpp's ~730 per-token node
-    queries in nanoseconds; the pure-Python fallback works everywhere but costs microseconds per node.
-    """
-
-    def __init__(self, layers: Sequence[int], n_embd: int, max_tokens: int) -> None:
-        self.names = [f"l_out-{layer}".encode() for layer in layers]
-        self.n_embd = n_embd
-        self.buffers = [np.zeros(max_tokens * n_embd, dtype=np.float32) for _ in layers]
-        self.implementation = "c"
-        try:
-            self._setup_c()
-        except (ImportError, OSError, AttributeError):
-            self.implementation = "python"
-            self._setup_python()
-
-    def _setup_c(self) -> None:
-        from localpers import _taps  # the compiled extension; ImportError when it was not built
-
-        library = ctypes.CDLL(_taps.__file__)
-        address = ctypes.cast(library.localpers_tap_callback, ctypes.c_void_p).value
-        state = _CTapState()
-        state.get_name = ctypes.cast(_libggml.ggml_get_name, ctypes.c_void_p).value
-        state.nbytes = ctypes.cast(_libggml.ggml_nbytes, ctypes.c_void_p).value
-        state.tensor_get = ctypes.cast(_libggml.ggml_backend_tensor_get, ctypes.c_void_p).value
-        state.n_taps = len(self.names)
-        for i, (name, buffer) in enumerate(zip(self.names, self.buffers, strict=True)):
-            state.names[i].value = name
-            state.buffers[i] = buffer.ctypes.data
-            state.capacity[i] = buffer.nbytes
-        self._library = library
-        self._state = state
-        self.callback = llama_cpp.ggml_backend_sched_eval_callback(address)
-        self.user_data = ctypes.cast(ctypes.pointer(state), ctypes.c_void_p)
-
-    def _setup_python(self) -> None:
-        wanted = {name: i for i, name in enumerate(self.names)}
-        self._filled = [0] * len(self.names)
-        self._error = 0
-        get_name, nbytes_of, tensor_get = (
-            _libggml.ggml_get_name,
-            _libggml.ggml_nbytes,
-            _libggml.ggml_backend_tensor_get,
-        )
-
-        def on_tensor(tensor: int, ask: bool, user_data: int) -> bool:
-            index = wanted.get(get_name(tensor))
-            if ask:
-                return index is not None
-            if index is None:
-                return True
-            if ctypes.c_int.from_address(tensor).value != GGML_TYPE_F32:
-                self._error = 1
-                return True
-            size = nbytes_of(tensor)
-            buffer = self.buffers[index]
-            if self._filled[index] + size > buffer.nbytes:
-                self._error = 2
-                return True
-            tensor_get(tensor, buffer.ctypes.data + self._filled[index], 0, size)
-            self._filled[index] += size
-            return True
-
-        self.callback = llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
-        self.user_data = None
-
-    def clear(self) -> None:
-        if self.implementation == "c":
-            self._state.error = 0
-            for i in range(len(self.names)):
-                self._state.filled[i] = 0
-        else:
-            self._error = 0
-            self._filled = [0] * len(self.names)
-
-    @property
-    def error(self) -> str | None:
-        code = self._state.error if self.implementation == "c" else self._error
-        return {0: None, 1: "a tapped tensor is not f32", 2: "tap buffer too small"}.get(code, f"code {code}")
-
-    def collect(self, n_tokens: int, n_out: int) -> np.ndarray:
-        """Stack the tapped layers for the output rows: `(n_out, n_taps, n_embd)`."""
-        per_layer = []
-        for i, name in enumerate(self.names):
-            filled = self._state.filled[i] if self.implementation == "c" else self._filled[i]
-            if filled == 0:
-                raise LocalpersError(
-                    f"layer tap {name.decode()} produced nothing; is this a supported architecture?"
-                )
-            rows = self.buffers[i][: filled // 4].reshape(-1, self.n_embd)
-            # llama.cpp keeps only the output rows in the final layer; earlier layers hold every token.
-            per_layer.append(rows[-n_out:] if rows.shape[0] == n_tokens else rows)
-        return np.stack(per_layer, axis=1)
-
-
-class _CTapState(ctypes.Structure):
-    """Mirror of `lp_taps` in `_taps.c`."""
-
-    _fields_ = [
-        ("get_name", ctypes.c_void_p),
-        ("nbytes", ctypes.c_void_p),
-        ("tensor_get", ctypes.c_void_p),
-        ("n_taps", ctypes.c_int),
-        ("error", ctypes.c_int),
-        ("names", (ctypes.c_char * 64) * 16),
-        ("buffers", ctypes.c_void_p * 16),
-        ("capacity", ctypes.c_size_t * 16),
-        ("filled", ctypes.c_size_t * 16),
-    ]
-
-
-class Engine:
+class Engine(Vocabulary):
     """One llama.cpp model + context, with optional layer taps and swappable LoRA adapters."""
 
     def __init__(
@@ -309,10 +102,10 @@ class Engine:
         self.tap_layers: tuple[int, ...] = tuple(
             sorted({layer % self.n_layer for layer in tap_layers}) if tap_layers else ()
         )
-        if len(self.tap_layers) > 16:
-            raise LocalpersError("at most 16 layers can be tapped")
+        if len(self.tap_layers) > MAX_TAPS:
+            raise LocalpersError(f"at most {MAX_TAPS} layers can be tapped")
         batch_size = min(n_batch, n_ctx)
-        self._taps = _Taps(self.tap_layers, self.n_embd, batch_size) if self.tap_layers else None
+        self._taps = LayerTaps(self.tap_layers, self.n_embd, batch_size) if self.tap_layers else None
 
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
@@ -356,10 +149,10 @@ class Engine:
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0
         model_params.use_extra_bufts = choice.use_extra_buffers
-        with recorded_llama_log() as pieces, _only_extra_buffer_types(choice.allowed):
+        with recorded_llama_log() as pieces, only_extra_buffer_types(choice.allowed):
             self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
         log = "".join(pieces)
-        sizes = {name: float(mib) for name, mib in _BUFFER_SIZE_LINE.findall(log)}
+        sizes = {name: float(mib) for name, mib in BUFFER_SIZE_LINE.findall(log)}
         return choice, sizes
 
     @property
@@ -396,85 +189,6 @@ class Engine:
         # Interpreter shutdown may have torn llama_cpp down already; nothing useful can be reported then.
         with contextlib.suppress(Exception):
             self.close()
-
-    # ----------------------------------------------------------------- vocabulary
-    @property
-    def bos_token(self) -> int:
-        return int(llama_cpp.llama_vocab_bos(self._vocab))
-
-    @property
-    def eos_token(self) -> int:
-        return int(llama_cpp.llama_vocab_eos(self._vocab))
-
-    def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
-    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text`; `add_bos` adds the model's BOS token if the model uses one.
-
-        `special` parses control-token text such as `<start_of_turn>` into those tokens (for prompts
-        rendered by `chat_prompt`); user text is never tokenized that way.
-        """
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buffer = (llama_cpp.llama_token * capacity)()
-        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
-        if count < 0:
-            capacity = -count
-            buffer = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
-        return list(buffer[:count])
-
-    @property
-    def has_chat_template(self) -> bool:
-        """Whether the GGUF carries a chat template (base models such as Gemma 3 270M PT do not)."""
-        return bool(llama_cpp.llama_model_chat_template(self._model, None))
-
-    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str:
-        """`(role, content)` messages rendered with the model's chat template, ending where the reply starts."""
-        template = llama_cpp.llama_model_chat_template(self._model, None)
-        if not template:
-            raise LocalpersError(f"{self.model_path.name} has no chat template; use a completion instead")
-        encoded = [(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages]
-        chat = (llama_cpp.llama_chat_message * len(encoded))()
-        for entry, (role, content) in zip(chat, encoded, strict=True):
-            entry.role, entry.content = role, content
-        capacity = 256 + 2 * sum(len(role) + len(content) for role, content in encoded)
-        for _ in range(2):
-            buffer = ctypes.create_string_buffer(capacity)
-            size = llama_cpp.llama_chat_apply_template(template, chat, len(encoded), True, buffer, capacity)
-            if size < 0:
-                raise LocalpersError(
-                    f"llama.cpp does not support the chat template of {self.model_path.name}"
-                )
-            if size <= capacity:
-                return buffer.raw[:size].decode("utf-8", errors="replace")
-            capacity = size
-        raise LocalpersError("the chat template's output kept growing")
-
-    def sampler_chain(
-        self, settings: SamplerSettings, method: MethodSampler | None = None, *, final_pick: bool = True
-    ) -> SamplerChain:
-        """A llama.cpp sampler chain over this model's vocabulary (close it, or use it as a context manager)."""
-        return SamplerChain(self._vocab, self.n_vocab, settings, method, final_pick=final_pick)
-
-    def token_bytes(self, token: int) -> bytes:
-        """The raw bytes one token stands for (special tokens render as empty)."""
-        cached = self._piece_cache.get(token)
-        if cached is not None:
-            return cached
-        buffer = ctypes.create_string_buffer(64)
-        size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
-        if size < 0:
-            buffer = ctypes.create_string_buffer(-size)
-            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -size, 0, False)
-        piece = buffer.raw[:size]
-        self._piece_cache[token] = piece
-        return piece
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        """Text of `tokens` (BOS/EOS and other control tokens are dropped)."""
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     # ----------------------------------------------------------------- adapters
     def load_adapter(self, path: str | Path, name: str | None = None) -> str:

@@ -6,7 +6,13 @@ method's files under `User.dir`, written atomically through `localpers.users.sto
 what it does (`summary`, the "why" shown in `--help` and the TUI). CARD's logit correction, CoPe's
 contrastive decoder and EXACT's attribute prompt are what each `rewrite` plugs into the decode loop.
 
-This module defines the shape only; `localpers.methods.registry` lists the methods.
+A method that decodes with machinery of its own (CoPe's two contexts, EXACT's index) says so with
+`own_decoder` and opens a `UserDecoder` for one user, which a server (`localpers api`) keeps open between
+requests; the other methods decode through the `Personalizer`'s adapters, which also take a ready prompt
+(a chat template) and stop strings.
+
+This module defines the shape only; `localpers.methods.registry` lists the methods and how the front ends
+show them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, ClassVar
 
 from localpers.engine.decoding import SamplerSettings
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.reports import RewriteResult
 from localpers.users.store import User
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -44,6 +51,21 @@ class RewriteOptions:
     note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
 
 
+class UserDecoder(ABC):
+    """A method's decoder opened for one user's current fit; `localpers api` keeps it open between requests."""
+
+    @abstractmethod
+    def rewrite(self, text: str, options: RewriteOptions) -> RewriteResult:
+        """Rewrite `text` with this user's fit (`options.task`, `strength`, `max_tokens`, `sampling`, `on_text`)."""
+
+    def serves(self, user: User) -> bool:
+        """Whether this decoder still decodes `user`'s current fit (False: open a new one)."""
+        return False
+
+    def close(self) -> None:  # noqa: B027 - a decoder that holds nothing to free need not override it
+        """Free what the decoder holds; no other call may follow."""
+
+
 class Method(ABC):
     """One personalization method as the CLI, the TUI and the API use it."""
 
@@ -51,6 +73,8 @@ class Method(ABC):
     summary: ClassVar[str]  # one line: what the method learns and how it changes decoding (the "why")
     fits: ClassVar[bool] = True  # whether `localpers fit --method NAME` learns anything
     needs_user: ClassVar[bool] = True  # whether a rewrite needs a fitted user
+    uses_choice: ClassVar[bool] = False  # whether the strengths the user's fit chose apply to a rewrite
+    own_decoder: ClassVar[bool] = False  # decodes through `open_decoder`, not the Personalizer's adapters
 
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
@@ -67,3 +91,7 @@ class Method(ABC):
     def stored_bytes(self, user: User) -> int:
         """Bytes this method keeps in the user's folder (0 when it keeps nothing of its own)."""
         return 0
+
+    def open_decoder(self, personalizer: Personalizer, user: User) -> UserDecoder:
+        """The user's decoder, for a method with `own_decoder` (it takes no chat prompt and no stop strings)."""
+        raise NotImplementedError(f"{self.name} decodes through the Personalizer's adapters")

@@ -1,28 +1,66 @@
 """CoPe as a registry method: `fit` trains the user's LoRA on the device, `rewrite` decodes contrastively.
 
 The training is `localpers.methods.cope_train`, the decoder and its stored state `localpers.methods.cope`.
+`CopeUserDecoder` keeps the user's two contexts open, so `localpers api` loads them once per fit.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import (
     DEFAULT_ALPHA,
     CopeDecoder,
+    CopeState,
     fit_cope,
     load_state,
     rewrite_cope,
     stored_bytes,
 )
+from localpers.methods.reports import RewriteResult
 from localpers.users.store import User
+
+
+class CopeUserDecoder(UserDecoder):
+    """The user model and its base model for one user's CoPe fit (two llama.cpp contexts)."""
+
+    def __init__(self, personalizer: Personalizer, user: User) -> None:
+        self.user_name = user.name
+        self.state: CopeState = load_state(user)
+        self.decoder = CopeDecoder.for_user(personalizer, user, self.state)
+
+    def rewrite(self, text: str, options: RewriteOptions) -> RewriteResult:
+        return rewrite_cope(
+            self.decoder,
+            self.state,
+            text,
+            task=options.task,
+            alpha=DEFAULT_ALPHA if options.strength is None else options.strength,
+            max_tokens=options.max_tokens,
+            on_text=options.on_text,
+            sampling=options.sampling,
+        )
+
+    def serves(self, user: User) -> bool:
+        """The same user with the same adapter (their stored state is read afresh, as a new decoder would)."""
+        if user.name != self.user_name:
+            return False
+        state = load_state(user)
+        if state.adapter_sha256 != self.state.adapter_sha256:
+            return False
+        self.state = state
+        return True
+
+    def close(self) -> None:
+        self.decoder.close()
 
 
 class CopeMethod(Method):
     name = "cope"
     summary = "a LoRA trained on your history here, decoded contrastively against its base adapter"
+    own_decoder = True
 
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
@@ -39,22 +77,15 @@ class CopeMethod(Method):
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
         assert user is not None  # needs_user
-        state = load_state(user)
-        decoder = CopeDecoder.for_user(personalizer, user, state)
+        decoder = self.open_decoder(personalizer, user)
         try:
-            result = rewrite_cope(
-                decoder,
-                state,
-                text,
-                task=options.task,
-                alpha=DEFAULT_ALPHA if options.strength is None else options.strength,
-                max_tokens=options.max_tokens,
-                on_text=options.on_text,
-                sampling=options.sampling,
-            )
+            result = decoder.rewrite(text, options)
         finally:
             decoder.close()
         return {"user": user.name, **result.to_json()}
+
+    def open_decoder(self, personalizer: Personalizer, user: User) -> CopeUserDecoder:
+        return CopeUserDecoder(personalizer, user)
 
     def stored_bytes(self, user: User) -> int:
         return stored_bytes(user)

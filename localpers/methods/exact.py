@@ -12,7 +12,8 @@ already chosen; `PrefixScorer` keeps those in the KV cache and evaluates only th
 `y+` and `y-`. Pairs whose selected set does not beat the plain prompt (`F(A) < F({})`, the
 non-negative gain filter) are left out of the index, and a repeated input keeps its best set.
 The index (sentence-encoder embedding of each input -> attribute set) goes to the user's folder as
-one safetensors file, written atomically.
+one safetensors file, written atomically (`localpers.methods.exact_index`, whose `ExactIndex`,
+`IndexEntry`, `index_path` and `load_index` are importable from here too).
 
 Inference (`retrieve`, `rewrite_exact`): embed the new input, take the nearest indexed input
 (cosine) and generate with the cluster model on the prompt with that input's attribute line.
@@ -20,12 +21,9 @@ Inference (`retrieve`, `rewrite_exact`): embed the new input, take the nearest i
 
 from __future__ import annotations
 
-import json
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,15 +32,14 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.exact_index import REFIT, ExactIndex, IndexEntry, index_path
+from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.scoring import PrefixScorer
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.store import User, atomic_write_bytes, history_for
+from localpers.users.store import User, history_for
 
-INDEX_FILE = "exact-index.safetensors"
-INDEX_VERSION = 1
 DEFAULT_K = 3
-_REFIT = "run `localpers fit --method exact`"
 
 Progress = Callable[[str, int, int], None]
 MarginFunction = Callable[[tuple[str, ...]], float]
@@ -128,81 +125,6 @@ class PairMargins:
         return plus - minus
 
 
-# --------------------------------------------------------------------------------------- the index
-
-
-@dataclass
-class IndexEntry:
-    item_id: str
-    task: str
-    input: str
-    attributes: list[str]
-    margin: float
-    base_margin: float
-
-
-@dataclass
-class ExactIndex:
-    """A user's EXACT memory: one attribute set per indexed input, and the inputs' embeddings."""
-
-    entries: list[IndexEntry]
-    embeddings: np.ndarray  # (n, dim) float32, L2-normalised, row i embeds entries[i].input
-    meta: dict[str, Any]
-
-    def save(self, path: Path) -> None:
-        from safetensors.numpy import save
-
-        payload = {
-            "version": INDEX_VERSION,
-            "meta": self.meta,
-            "entries": [asdict(e) for e in self.entries],
-        }
-        data = save(
-            {"embeddings": np.ascontiguousarray(self.embeddings, dtype=np.float32)},
-            metadata={"exact": json.dumps(payload, ensure_ascii=False)},
-        )
-        atomic_write_bytes(path, data)
-
-    @classmethod
-    def load(cls, path: Path, user_name: str = "") -> ExactIndex:
-        from safetensors import safe_open
-
-        fix = f"{_REFIT}" + (f" --user {user_name}" if user_name else "")
-        if not path.is_file():
-            who = f"user {user_name!r}" if user_name else str(path.parent)
-            raise LocalpersError(f"{who} has no EXACT index: {fix}")
-        try:
-            with safe_open(str(path), framework="numpy") as handle:
-                embeddings = handle.get_tensor("embeddings")
-                payload = json.loads((handle.metadata() or {})["exact"])
-            entries = [IndexEntry(**e) for e in payload["entries"]]
-            meta = dict(payload["meta"])
-            version = payload["version"]
-        except Exception as exc:  # safetensors and json raise several types for a damaged file
-            raise LocalpersError(f"{path} is damaged ({type(exc).__name__}); {fix}") from None
-        if version != INDEX_VERSION:
-            raise LocalpersError(f"{path} has version {version}; {fix}")
-        if embeddings.ndim != 2 or len(embeddings) != len(entries):
-            raise LocalpersError(
-                f"{path} is damaged ({len(entries)} entries, {embeddings.shape} embeddings); {fix}"
-            )
-        return cls(entries, embeddings.astype(np.float32), meta)
-
-    def nearest(self, query: np.ndarray) -> tuple[IndexEntry, float] | None:
-        """The entry whose input embedding is closest (cosine) to `query`; None for an empty index."""
-        if not self.entries:
-            return None
-        similarities = self.embeddings @ np.asarray(query, dtype=np.float32)
-        best = int(np.argmax(similarities))
-        return self.entries[best], float(similarities[best])
-
-    def frequencies(self) -> list[tuple[str, int]]:
-        """How many indexed inputs use each attribute, most used first (ties: library order)."""
-        counts = Counter(name for entry in self.entries for name in entry.attributes)
-        order = {name: i for i, name in enumerate(self.meta.get("library", ATTRIBUTES))}
-        return sorted(counts.items(), key=lambda kv: (-kv[1], order.get(kv[0], len(order))))
-
-
 def keep_for_index(
     selections: Sequence[tuple[HistoryItem, Selection]],
 ) -> tuple[dict[str, tuple[HistoryItem, Selection]], int, int]:
@@ -224,14 +146,6 @@ def keep_for_index(
                 continue
         best[key] = (item, selection)
     return best, filtered, duplicates
-
-
-def index_path(user: User) -> Path:
-    return user.dir / INDEX_FILE
-
-
-def load_index(user: User) -> ExactIndex:
-    return ExactIndex.load(index_path(user), user.name)
 
 
 @dataclass
@@ -376,7 +290,7 @@ def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
 def check_bundle(index: ExactIndex, personalizer: Personalizer, user_name: str) -> None:
     if index.meta.get("bundle_sha256") != personalizer.bundle_sha256:
         raise LocalpersError(
-            f"user {user_name!r}'s EXACT index was built with another bundle; {_REFIT} --user {user_name}"
+            f"user {user_name!r}'s EXACT index was built with another bundle; {REFIT} --user {user_name}"
         )
 
 

@@ -1,22 +1,59 @@
 """EXACT as a registry method: `fit` builds the user's attribute index, `rewrite` prompts with the nearest attributes.
 
-Selection, index and retrieval are `localpers.methods.exact`.
+Selection, index and retrieval are `localpers.methods.exact`; `ExactUserDecoder` holds one user's index.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope_method import storage_line
-from localpers.methods.exact import check_bundle, index_exact, index_path, load_index, rewrite_exact
+from localpers.methods.exact import (
+    ExactIndex,
+    Retrieval,
+    check_bundle,
+    index_exact,
+    index_path,
+    load_index,
+    rewrite_exact,
+)
+from localpers.methods.reports import RewriteResult
 from localpers.users.store import User
+
+
+class ExactUserDecoder(UserDecoder):
+    """One user's EXACT index, checked against the bundle, over the Personalizer's cluster adapter.
+
+    It never `serves` a later request: the index is read afresh each time, so a refit shows at once.
+    """
+
+    def __init__(self, personalizer: Personalizer, user: User) -> None:
+        self.personalizer = personalizer
+        self.index: ExactIndex = load_index(user)
+        check_bundle(self.index, personalizer, user.name)
+
+    def rewrite_with_attributes(self, text: str, options: RewriteOptions) -> tuple[RewriteResult, Retrieval]:
+        """The rewrite and the retrieved attributes it was prompted with."""
+        return rewrite_exact(
+            self.personalizer,
+            self.index,
+            text,
+            task=options.task,
+            max_tokens=options.max_tokens,
+            on_text=options.on_text,
+            sampling=options.sampling,
+        )
+
+    def rewrite(self, text: str, options: RewriteOptions) -> RewriteResult:
+        return self.rewrite_with_attributes(text, options)[0]
 
 
 class ExactMethod(Method):
     name = "exact"
     summary = "the style attributes of your closest earlier inputs, written into the prompt"
+    own_decoder = True
 
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
@@ -39,18 +76,11 @@ class ExactMethod(Method):
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
         assert user is not None  # needs_user
-        index = load_index(user)
-        check_bundle(index, personalizer, user.name)
-        result, retrieval = rewrite_exact(
-            personalizer,
-            index,
-            text,
-            task=options.task,
-            max_tokens=options.max_tokens,
-            on_text=options.on_text,
-            sampling=options.sampling,
-        )
+        result, retrieval = self.open_decoder(personalizer, user).rewrite_with_attributes(text, options)
         return {"user": user.name, **result.to_json(), "attributes": retrieval.to_json()}
+
+    def open_decoder(self, personalizer: Personalizer, user: User) -> ExactUserDecoder:
+        return ExactUserDecoder(personalizer, user)
 
     def stored_bytes(self, user: User) -> int:
         path = index_path(user)

@@ -1,10 +1,19 @@
-"""Every personalization method the device offers, by name: the one list the CLI, TUI and API consult.
+"""Every personalization method the device offers, by name: the one list the CLI, TUI, API and demo consult.
 
-Adding a method is one module with a `Method` subclass (`localpers.methods.base`) and one line in
-`_METHODS` below; `localpers fit/rewrite --method NAME` then offer it, with its `summary` in `--help`.
+Adding a method is one module with a `Method` subclass (`localpers.methods.base`) and one `Listed(...)` line
+in `_METHODS` below; `localpers fit/rewrite --method NAME` and the API's `method` then offer it, with its
+`summary` in `--help`. The line also says how the front ends show it: its `label` in prose and tables,
+whether it is one of the methods compared side by side (the TUI's method selector, `localpers demo`'s
+columns), and whether the correction's strength α and top-k (the TUI's steppers) apply to it. What a method
+does (fits, needs a user, uses the fit's chosen strengths, decodes on its own) is on its class.
+
+Front ends name no method themselves: they ask here for the default (`DEFAULT_METHOD`), the
+non-personalized reference (`BASELINE_METHOD`) and the compared ones (`compared_methods`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from localpers.errors import LocalpersError
 from localpers.methods.base import Method
@@ -13,21 +22,41 @@ from localpers.methods.card.method import CardMethod
 from localpers.methods.cope_method import CopeMethod
 from localpers.methods.exact_method import ExactMethod
 
-_METHODS: tuple[type[Method], ...] = (
-    CardMethod,
-    ClusterMethod,
-    GlobalMethod,
-    CardGlobalMethod,
-    GlobalHistoryMethod,
-    CopeMethod,
-    ExactMethod,
+
+@dataclass(frozen=True)
+class Listed:
+    """One method as the front ends show it."""
+
+    method: type[Method]
+    label: str  # its name in prose, tables and panel titles ("CARD", "cluster adapter")
+    compared: bool = False  # shown side by side: the TUI's method selector, `localpers demo`'s columns
+    tuned: bool = False  # the correction's strength α and top-k apply (the TUI's steppers)
+
+
+_METHODS: tuple[Listed, ...] = (
+    Listed(CardMethod, "CARD", compared=True, tuned=True),
+    Listed(ClusterMethod, "cluster adapter", compared=True),
+    Listed(GlobalMethod, "global", compared=True),
+    Listed(CardGlobalMethod, "CARD on the global adapter", tuned=True),
+    Listed(GlobalHistoryMethod, "global adapter with history"),
+    Listed(CopeMethod, "CoPe"),
+    Listed(ExactMethod, "EXACT"),
 )
-METHODS: dict[str, Method] = {cls.name: cls() for cls in _METHODS}
+METHODS: dict[str, Method] = {entry.method.name: entry.method() for entry in _METHODS}
+LISTED: dict[str, Listed] = {entry.method.name: entry for entry in _METHODS}
+
+DEFAULT_METHOD = CardMethod.name  # what `rewrite`, `fit`, the API and the TUI use unless told otherwise
+BASELINE_METHOD = GlobalMethod.name  # the non-personalized reference every comparison shows
 
 
 def method_names(*, fitted: bool | None = None) -> tuple[str, ...]:
     """All names, or only those that `fit` learns something for (`fitted=True`)."""
     return tuple(name for name, method in METHODS.items() if fitted is None or method.fits == fitted)
+
+
+def compared_methods() -> tuple[str, ...]:
+    """The methods shown side by side, personalized first and `BASELINE_METHOD` last."""
+    return tuple(name for name, entry in LISTED.items() if entry.compared)
 
 
 def get_method(name: str, *, for_fit: bool = False) -> Method:
@@ -36,3 +65,8 @@ def get_method(name: str, *, for_fit: bool = False) -> Method:
     if name not in choices:
         raise LocalpersError(f"unknown method {name!r}; choose one of: {', '.join(choices)}")
     return METHODS[name]
+
+
+def listed(name: str) -> Listed:
+    """How the front ends show the method called `name` (a KeyError for an unknown one)."""
+    return LISTED[name]

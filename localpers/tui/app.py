@@ -12,9 +12,10 @@ Generation. Typing or changing a control re-generates after `debounce` seconds (
 the cache). Results are cached by (text, task, method, cluster, vector, α, top-k), so moving α back and
 forth or switching methods does not regenerate the non-personalized output.
 
-Teaching. Accepting (or editing and accepting) adds `(draft, output)` to the user's history, rejecting
-keeps the output in the user's `negatives_user.jsonl`; a refit then runs in the background with a progress
-bar and the profile, header and personalized output update when it ends.
+The app's two halves of behaviour are its bases: `GenerationMixin` (`localpers.tui.generating`: the
+outputs for the draft; which request each panel gets is `localpers.tui.runs.personal_request`, which asks
+the method registry) and `TeachingMixin` (`localpers.tui.teaching`: accept, edit, reject, remove, import,
+and refitting). This module starts the app, picks the user, loads the engine and wires the controls.
 """
 
 from __future__ import annotations
@@ -30,41 +31,29 @@ from textual.widgets import Select, TextArea
 
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import RewriteResult
-from localpers.tasks import get_task
 from localpers.tui import engine_jobs
+from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
     EngineLoaded,
-    FitDone,
-    FitProgressed,
-    GenerationDone,
-    GenerationFailed,
-    GenerationPiece,
-    GenerationStarted,
 )
-from localpers.tui.runs import ResultCache, plan_runs, result_status
-from localpers.tui.screens.confirm import ConfirmScreen
-from localpers.tui.screens.edit_accept import EditAcceptScreen
+from localpers.tui.runs import ResultCache
 from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.screens.main import MainScreen
 from localpers.tui.screens.welcome import WelcomeScreen
-from localpers.tui.service import BASELINE_METHOD, EngineInfo, RewriteRequest, WritingService
+from localpers.tui.service import EngineInfo, WritingService
+from localpers.tui.teaching import TeachingMixin
 from localpers.tui.userdata import (
     ImportSummary,
     Profile,
-    accept_output,
     load_profile,
-    reject_output,
-    remove_history_item,
 )
-from localpers.tui.widgets.history_panel import HistoryPanel
 from localpers.tui.widgets.stepper import Stepper
 from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
 REFIT_DELAY_SECONDS = 1.0
-EMPTY_DRAFT_HINT = "The output appears here as you write."
 MAIN_SCREEN_ACTIONS = {
     "regenerate",
     "accept",
@@ -77,7 +66,7 @@ MAIN_SCREEN_ACTIONS = {
 }
 
 
-class LocalpersApp(App[None]):
+class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
     """The `localpers tui` application over a `WritingService`."""
 
     CSS_PATH = "app.tcss"
@@ -294,287 +283,11 @@ class LocalpersApp(App[None]):
                     return
                 self.select_user(name)
         elif select_id in ("task", "method"):
-            self.main.controls.set_card_controls_enabled(self.main.controls.method == "card")
+            self.main.controls.enable_tuning_for_method()
             self.schedule_generation()
 
     def on_stepper_changed(self, event: Stepper.Changed) -> None:
         self.schedule_generation()
-
-    def schedule_generation(self) -> None:
-        """Regenerate once the user has paused for `debounce` seconds."""
-        if self._debounce_timer is not None:
-            self._debounce_timer.stop()
-        self._debounce_timer = self.set_timer(self.debounce, self.regenerate)
-
-    def action_regenerate(self) -> None:
-        self.regenerate(force=True)
-
-    def _personal_request(self, text: str, task: str) -> tuple[RewriteRequest, str]:
-        """The personalized request for the chosen method, and the panel title saying what it is."""
-        controls = self.main.controls
-        method = controls.method
-        profile = self.profile
-        if method == BASELINE_METHOD:
-            return RewriteRequest(text, task, BASELINE_METHOD), "Personalized · global (not personalized)"
-        if profile is None or not profile.can_personalize:
-            why = "no user" if profile is None else "no fitted profile yet"
-            return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
-        history = self.user.history_index(get_task(task)) if self.user is not None else None
-        if method == "cluster":
-            request = RewriteRequest(text, task, "cluster", cluster=profile.cluster, history=history)
-            return request, f"Personalized · cluster {profile.cluster} adapter"
-        strength, top_k = controls.strength.value, int(controls.top_k.value)
-        request = RewriteRequest(
-            text,
-            task,
-            "card",
-            cluster=profile.cluster,
-            vector=profile.vector,
-            strength=strength,
-            top_k=top_k,
-            record_steps=True,
-            history=history,
-            bias=profile.bias,
-            bias_strength=profile.bias_strength,
-        )
-        return request, f"Personalized · CARD · cluster {profile.cluster} · α {strength:.2f} · top-{top_k}"
-
-    def regenerate(self, force: bool = False) -> None:
-        """Show both outputs for the current draft: from the cache, or by starting a generation job."""
-        if self._debounce_timer is not None:
-            self._debounce_timer.stop()
-            self._debounce_timer = None
-        main = self.main
-        text = self.draft_text
-        self.job_id += 1
-        if not text.strip():
-            self.workers.cancel_group(self, "generate")
-            main.baseline_panel.clear(EMPTY_DRAFT_HINT)
-            main.personal_panel.clear(EMPTY_DRAFT_HINT)
-            self._set_personal(None, None)
-            return
-        task = main.controls.task
-        personal, title = self._personal_request(text, task)
-        main.personal_panel.border_title = title
-        baseline = RewriteRequest(text, task, BASELINE_METHOD)
-        cached, runs = plan_runs([("personal", personal), ("baseline", baseline)], self._cache, force=force)
-        for target, result in cached.items():
-            main.panel(target).finish(result.text, result_status(result, cached=True))
-            if target == "personal":
-                self._set_personal(result, text)
-        if not runs:
-            self.workers.cancel_group(self, "generate")
-            return
-        if self.load_error is not None:
-            for run in runs:
-                for target in run.targets:
-                    main.panel(target).fail(self.load_error)
-            return
-        waiting = (
-            "waiting for the model to load…"
-            if self.info is None
-            else ("waiting for the refit to finish…" if self.fit_running else "queued…")
-        )
-        for run in runs:
-            for target in run.targets:
-                main.panel(target).begin(waiting)
-                if target == "personal":
-                    self._set_personal(None, None)
-        if self.info is not None:
-            self._run_engine_job("generate", engine_jobs.generate, self.job_id, tuple(runs))
-        # else: on_engine_loaded calls regenerate again
-
-    def on_generation_started(self, message: GenerationStarted) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        if message.job == self.job_id:
-            for target in message.targets:
-                self.main.panel(target).begin("generating…")
-
-    def on_generation_piece(self, message: GenerationPiece) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        if message.job == self.job_id:
-            for target in message.targets:
-                self.main.panel(target).append(message.piece)
-
-    def on_generation_done(self, message: GenerationDone) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        self._cache.put(message.key, message.result)
-        if message.job != self.job_id:
-            return
-        for target in message.targets:
-            self.main.panel(target).finish(message.result.text, result_status(message.result))
-        if "personal" in message.targets:
-            self._set_personal(message.result, message.request.text)
-
-    def on_generation_failed(self, message: GenerationFailed) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        if message.job == self.job_id:
-            for target in message.targets:
-                self.main.panel(target).fail(message.error)
-
-    def _set_personal(self, result: RewriteResult | None, input_text: str | None) -> None:
-        self.personal_result = result
-        self.personal_input = input_text
-        self.main.why.show(result)
-
-    # ------------------------------------------------------------------ teaching
-    def _finished_output(self) -> RewriteResult | None:
-        """The personalized output for the current draft, or None (with a notice saying why)."""
-        if self.user is None:
-            self.notify("Choose or create a user first (ctrl+o imports a history file).", severity="warning")
-            return None
-        result = self.personal_result
-        if result is None or self.personal_input != self.draft_text or not result.text.strip():
-            self.notify(
-                "No finished output for this draft yet: wait for it or press ctrl+r.", severity="warning"
-            )
-            return None
-        return result
-
-    def action_accept(self) -> None:
-        result = self._finished_output()
-        if result is not None:
-            self.accept_text(result.text)
-
-    def action_edit_accept(self) -> None:
-        result = self._finished_output()
-        if result is not None:
-            self.push_screen(EditAcceptScreen(result.text), self._after_edit)
-
-    def _after_edit(self, edited: str | None) -> None:
-        if edited is not None:
-            self.accept_text(edited)
-
-    def accept_text(self, accepted: str) -> None:
-        """Add (draft, accepted) to the user's history and refit in the background."""
-        if self.user is None or self.personal_result is None or self.personal_input is None:
-            return
-        try:
-            item, added = accept_output(self.user, self.personal_result.task, self.personal_input, accepted)
-        except LocalpersError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            return
-        if not added:
-            self.notify(f"Already in {self.user.name}'s history as {item.id}; nothing added.")
-            return
-        self.refresh_user_views()
-        count = self.profile.n_history if self.profile else 0
-        self.notify(f"Added to {self.user.name}'s history ({count} examples); refitting in the background.")
-        self.schedule_refit()
-
-    def action_reject(self) -> None:
-        result = self._finished_output()
-        if result is None or self.user is None or self.personal_input is None:
-            return
-        try:
-            _, added = reject_output(
-                self.user,
-                task=result.task,
-                input_text=self.personal_input,
-                output=result.text,
-                method=result.method,
-                strength=result.strength,
-                top_k=result.top_k,
-            )
-        except LocalpersError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            return
-        self.refresh_user_views()
-        if added:
-            self.notify(f"Kept as a rejected output in {self.user.name}'s folder (not added to the history).")
-        else:
-            self.notify("This output was already rejected.")
-
-    def on_history_panel_remove_requested(self, message: HistoryPanel.RemoveRequested) -> None:
-        item_id = message.item_id
-
-        def remove(confirmed: bool | None) -> None:
-            if not confirmed or self.user is None:
-                return
-            try:
-                item = remove_history_item(self.user, item_id)
-            except LocalpersError as exc:
-                self.notify(str(exc), severity="error")
-                return
-            self.refresh_user_views()
-            self.notify(f"Removed {item.id} from {self.user.name}'s history; refitting in the background.")
-            self.schedule_refit()
-
-        self.push_screen(ConfirmScreen(f"Remove history item {item_id} and refit?"), remove)
-
-    def action_import_history(self) -> None:
-        self.push_screen(ImportScreen(self.store, self.user.name if self.user else None), self._after_import)
-
-    # ------------------------------------------------------------------ fitting
-    def maybe_refit(self) -> None:
-        """Refit when the profile is due (no fit, another bundle, history changed) and it has not failed."""
-        profile = self.profile
-        if (
-            self.info is not None
-            and profile is not None
-            and profile.bundle_matches is not None
-            and (profile.needs_fit or profile.problem is not None)
-            and profile.user not in self._fit_failed
-        ):
-            self.start_refit()
-
-    def schedule_refit(self) -> None:
-        """Refit after `refit_delay` seconds, so several accepts or removals share one fit."""
-        if self._refit_timer is not None:
-            self._refit_timer.stop()
-        self._refit_timer = self.set_timer(self.refit_delay, self.start_refit)
-
-    def action_refit(self) -> None:
-        if self.user is not None:
-            self._fit_failed.discard(self.user.name)
-        self.start_refit()
-
-    def start_refit(self) -> None:
-        if self._refit_timer is not None:
-            self._refit_timer.stop()
-            self._refit_timer = None
-        if self.user is None:
-            self.notify("No user to fit yet.", severity="warning")
-            return
-        if self.info is None:
-            message = self.load_error or "The model is still loading; the fit starts when it is ready."
-            self.notify(message, severity="error" if self.load_error else "information")
-            return
-        if self.fit_running:
-            self._refit_again = True
-            return
-        self.fit_running = True
-        self.main.progress.start(f"fitting {self.user.name}")
-        self._run_engine_job("fit", engine_jobs.fit, self.user)
-
-    def on_fit_progressed(self, message: FitProgressed) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        self.main.progress.advance(message.stage, message.done, message.total)
-
-    def on_fit_done(self, message: FitDone) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        self.fit_running = False
-        self.main.progress.stop()
-        if message.error is not None:
-            self._fit_failed.add(message.user)
-            self.notify(f"Fitting {message.user} failed: {message.error}", severity="error", timeout=15)
-        elif message.report is not None:
-            self._fit_failed.discard(message.user)
-            self.notify(f"{message.user}: {fit_summary(message.report.to_json())}", title="Profile updated")
-        if self.user is not None and self.user.name == message.user:
-            self.refresh_user_views()
-            self.regenerate()
-        if self._refit_again:
-            self._refit_again = False
-            self.start_refit()
-        elif message.error is None:
-            self.maybe_refit()
 
     # ------------------------------------------------------------------ demo user
     def on_demo_ready(self, message: DemoReady) -> None:
@@ -612,21 +325,6 @@ class LocalpersApp(App[None]):
                 self.service.close()
             finally:
                 self.engine_lock.release()
-
-
-def fit_summary(report: dict[str, object]) -> str:
-    """One line about a fit report, e.g. 'cluster 1, own vector from 24 pairs (held-out accuracy 0.80)'."""
-    mode = report.get("mode")
-    if mode == "cold-start":
-        return "no history yet, so outputs use the global adapter"
-    line = f"cluster {report.get('cluster')}, "
-    if mode == "too-few-pairs":
-        return line + f"no own vector yet (only {report.get('n_pairs')} usable pairs)"
-    line += f"own vector from {report.get('n_pairs')} pairs"
-    heldout = report.get("heldout_accuracy")
-    if isinstance(heldout, float):
-        line += f" (held-out pair accuracy {heldout:.2f})"
-    return line
 
 
 def first_demo_article() -> str | None:

@@ -1,4 +1,9 @@
-"""Planning generations: what determines an output (`request_key`), a small result cache, and `Run`s.
+"""Planning generations: the personalized panel's request (`personal_request`), what determines an output
+(`request_key`), a small result cache, and `Run`s.
+
+`personal_request` asks the method registry, never a method's name: the non-personalized reference is
+`BASELINE_METHOD`, and a method the correction's strengths tune (`Listed.tuned`: CARD) gets the user's
+vector, token bias, α and top-k and records its steps for the Why view.
 
 A job is one or more `Run`s; a run is one generation that feeds one or both output panels (when the
 personalized request falls back to the global adapter it is the same generation as the baseline).
@@ -12,7 +17,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from localpers.methods.card.personalizer import RewriteResult
+from localpers.methods.registry import BASELINE_METHOD, listed
 from localpers.tui.service import RewriteRequest
+from localpers.tui.userdata import Profile
+from localpers.users.history_prompt import HistoryIndex
 
 CACHE_SIZE = 64
 
@@ -92,3 +100,43 @@ def plan_runs(
         else:
             runs[index] = Run(key, request, (*runs[index].targets, target))
     return cached, runs
+
+
+def personal_request(
+    text: str,
+    task: str,
+    method: str,
+    profile: Profile | None,
+    *,
+    history: HistoryIndex | None,
+    strength: float,
+    top_k: int,
+) -> tuple[RewriteRequest, str]:
+    """The personalized panel's request for `method` and the panel title saying what it is.
+
+    Without a user, or before their first fit, it is the baseline's request; `strength` and `top_k` (the
+    steppers) apply only to a tuned method.
+    """
+    if method == BASELINE_METHOD:
+        return RewriteRequest(text, task, BASELINE_METHOD), "Personalized · global (not personalized)"
+    if profile is None or not profile.can_personalize:
+        why = "no user" if profile is None else "no fitted profile yet"
+        return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
+    if not listed(method).tuned:
+        request = RewriteRequest(text, task, method, cluster=profile.cluster, history=history)
+        return request, f"Personalized · cluster {profile.cluster} adapter"
+    request = RewriteRequest(
+        text,
+        task,
+        method,
+        cluster=profile.cluster,
+        vector=profile.vector,
+        strength=strength,
+        top_k=top_k,
+        record_steps=True,
+        history=history,
+        bias=profile.bias,
+        bias_strength=profile.bias_strength,
+    )
+    title = f"{listed(method).label} · cluster {profile.cluster} · α {strength:.2f} · top-{top_k}"
+    return request, f"Personalized · {title}"

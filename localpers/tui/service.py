@@ -18,6 +18,7 @@ import numpy as np
 
 from localpers.engine.decoding import SamplerSettings
 from localpers.methods.card.token_bias import TokenBias
+from localpers.methods.registry import compared_methods
 from localpers.users.history_prompt import HistoryIndex
 from localpers.users.store import User, UserStore
 
@@ -26,13 +27,6 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total), called from the worker thread
 TextSink = Callable[[str], None]  # receives streamed text pieces, called from the worker thread
-
-METHOD_DESCRIPTIONS = {
-    "card": "CARD: cluster adapter + your vector",
-    "cluster": "cluster adapter only",
-    "global": "global adapter (not personalized)",
-}
-BASELINE_METHOD = "global"
 
 
 @dataclass(frozen=True)
@@ -43,7 +37,7 @@ class EngineInfo:
     bundle_label: str
     default_strength: float
     default_top_k: int
-    methods: tuple[str, ...]  # offered in the method selector, in this order
+    methods: tuple[str, ...]  # offered in the method selector, in this order (the registry's compared ones)
 
 
 @dataclass(frozen=True)
@@ -124,7 +118,7 @@ class EngineService:
                     bundle_label=f"{personalizer.bundle.directory.name} (k={personalizer.bundle.k})",
                     default_strength=float(config.default_strength),
                     default_top_k=int(config.top_k),
-                    methods=tuple(METHOD_DESCRIPTIONS),
+                    methods=compared_methods(),
                 )
             return self._info
 

@@ -1,6 +1,7 @@
 """The users of this device and their writing: where user text is stored and how it is read.
 
-- `store`: one folder per user (history, fitted state, per-method files), every write atomic.
+- `store`: the users of this device (list, create, active, delete, export/import), one folder each.
+- `folder`: one user's folder (history, fitted state, vector, per-method files), every write atomic.
 - `archive`: `localpers user export|import` archives of one user's folder.
 - `history`: history items and the JSONL formats they are imported from.
 - `history_prompt`: the user's own earlier outputs shown in front of a task prompt.

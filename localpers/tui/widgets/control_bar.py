@@ -12,8 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, Select
 
+from localpers.methods.registry import DEFAULT_METHOD, compared_methods, listed
 from localpers.tasks import TASKS
-from localpers.tui.service import METHOD_DESCRIPTIONS
 from localpers.tui.widgets.stepper import Stepper
 
 STRENGTH_VALUES = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -59,8 +59,8 @@ class ControlBar(Horizontal):
         )
         yield Label("Method")
         yield Select(
-            [(name, name) for name in METHOD_DESCRIPTIONS],
-            value="card",
+            [(name, name) for name in compared_methods()],
+            value=DEFAULT_METHOD,
             allow_blank=False,
             compact=True,
             id="method",
@@ -113,9 +113,13 @@ class ControlBar(Horizontal):
         with select.prevent(Select.Changed):
             select.set_options([(name, name) for name in methods])
             select.value = current if current in methods else methods[0]
-        self.set_card_controls_enabled(self.method == "card")
+        self.enable_tuning_for_method()
+
+    def enable_tuning_for_method(self) -> None:
+        """α and top-k on for a method the correction's strengths tune (CARD), off for the others."""
+        self.set_card_controls_enabled(listed(self.method).tuned)
 
     def set_card_controls_enabled(self, enabled: bool) -> None:
-        """α and top-k only mean something for CARD; disabled, they are skipped by tab."""
+        """α and top-k only mean something for CARD's correction; disabled, they are skipped by tab."""
         self.strength.disabled = not enabled
         self.top_k.disabled = not enabled

@@ -1,0 +1,189 @@
+"""Fetching a signed repository's files: http(s) under the device's transport rules, or a local directory.
+
+`Fetcher` streams one URL in chunks (capped, with progress), resumes a partial backbone download, and
+hands python-tuf a `FetcherInterface` over itself (`as_tuf_fetcher`), so every byte of a signed pull comes
+through here. `repository_base` normalises the repository a user names and `is_signed_repository` tells a
+signed one from an unsigned bundle directory. It verifies nothing: signatures, lengths and hashes are
+python-tuf's, driven by `localpers.bundle.signed`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import stat
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from localpers import __version__
+from localpers.bundle.repository import METADATA_DIR
+from localpers.bundle.transport import HttpOnlyRedirects, is_loopback
+from localpers.errors import InputError, LocalpersError
+from localpers.untrusted import one_line
+
+CHUNK = 1 << 20
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as one short line: its type and message."""
+    return one_line(f"{type(exc).__name__}: {exc}", 200)
+
+
+class Fetcher:
+    """A python-tuf fetcher (subclass built lazily) over http(s) or a local directory, with progress."""
+
+    def __init__(self, timeout: float, on_bytes: Callable[[int], None] | None = None) -> None:
+        self.timeout = timeout
+        self.on_bytes = on_bytes
+        self._redirects = HttpOnlyRedirects
+        self._is_loopback = is_loopback
+
+    def chunks(self, url: str) -> Iterator[bytes]:
+        from tuf.api.exceptions import DownloadHTTPError
+
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme == "file":
+            yield from self._file_chunks(Path(urllib.parse.unquote(parsed.path)))
+            return
+        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
+        if parsed.hostname and self._is_loopback(parsed.hostname):
+            handlers.append(urllib.request.ProxyHandler({}))
+        opener = urllib.request.build_opener(*handlers)
+        request = urllib.request.Request(
+            url, headers={"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
+        )
+        try:
+            response = opener.open(request, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise DownloadHTTPError(f"{url}: HTTP {exc.code}", exc.code) from None
+        except urllib.error.URLError as exc:
+            raise LocalpersError(
+                f"could not reach {url}: {one_line(str(exc.reason), 200)}; check the address and that the"
+                " server runs"
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise LocalpersError(f"{url}: request failed ({reason(exc)}); try again") from None
+        with response:
+            if response.status != 200:
+                raise DownloadHTTPError(f"{url}: HTTP {response.status}", response.status)
+            while True:
+                try:
+                    block = response.read(CHUNK)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise LocalpersError(f"{url}: download failed ({reason(exc)}); try again") from None
+                if not block:
+                    break
+                if self.on_bytes:
+                    self.on_bytes(len(block))
+                yield block
+
+    def _file_chunks(self, path: Path) -> Iterator[bytes]:
+        from tuf.api.exceptions import DownloadHTTPError
+
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            raise DownloadHTTPError(f"{path}: no such file", 404) from None
+        if not stat.S_ISREG(info.st_mode):  # no FIFOs, devices or symlinks out of the repository
+            raise DownloadHTTPError(f"{path}: not a regular file", 403)
+        with path.open("rb") as handle:
+            while block := handle.read(CHUNK):
+                if self.on_bytes:
+                    self.on_bytes(len(block))
+                yield block
+
+    def resume_into(self, url: str, partial: Path, length: int) -> None:
+        """Append the rest of `url` to `partial` (an HTTP range request from its size), at most `length`
+        bytes in all. A server that ignores the range gets the file restarted from byte 0."""
+        have = partial.stat().st_size if partial.exists() else 0
+        if have > length:
+            partial.unlink()
+            have = 0
+        if have == length:
+            return
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme == "file":
+            source = Path(urllib.parse.unquote(parsed.path))
+            if not source.is_file() or source.is_symlink():
+                raise LocalpersError(f"{source}: missing or not a regular file in the repository")
+            with source.open("rb") as handle, partial.open("ab") as out:
+                handle.seek(have)
+                self._copy_capped(handle, out, length - have, url)
+            return
+        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
+        if parsed.hostname and self._is_loopback(parsed.hostname):
+            handlers.append(urllib.request.ProxyHandler({}))
+        headers = {"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            response = urllib.request.build_opener(*handlers).open(
+                urllib.request.Request(url, headers=headers), timeout=self.timeout
+            )
+        except urllib.error.HTTPError as exc:
+            raise LocalpersError(f"{url}: HTTP {exc.code}; the repository does not hold this file") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise LocalpersError(f"could not reach {url} ({reason(exc)}); pull again to resume") from None
+        with response:
+            resumed = response.status == 206 and str(response.headers.get("Content-Range", "")).startswith(
+                f"bytes {have}-"
+            )
+            mode = "ab" if resumed else "wb"
+            remaining = length - have if resumed else length
+            with partial.open(mode) as out:
+                self._copy_capped(response, out, remaining, url)
+
+    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str) -> None:
+        while True:
+            try:
+                block = stream.read(min(CHUNK, remaining + 1))
+            except (OSError, http.client.HTTPException) as exc:
+                raise LocalpersError(
+                    f"{url}: download failed ({reason(exc)}); pull again to resume"
+                ) from None
+            if not block:
+                return
+            if len(block) > remaining:
+                raise InputError(f"{url}: the server sends more than the signed length; refusing it")
+            out.write(block)
+            out.flush()
+            remaining -= len(block)
+            if self.on_bytes:
+                self.on_bytes(len(block))
+
+    def as_tuf_fetcher(self) -> Any:
+        from tuf.ngclient import FetcherInterface
+
+        outer = self
+
+        class _TufFetcher(FetcherInterface):
+            def _fetch(self, url: str) -> Iterator[bytes]:
+                return outer.chunks(url)
+
+        return _TufFetcher()
+
+
+def repository_base(source: str) -> str:
+    """The base URL (ending in /) of a repository given as an http(s) URL or a local directory."""
+    if source.startswith(("http://", "https://")):
+        parsed = urllib.parse.urlsplit(source)
+        if not parsed.hostname:
+            raise LocalpersError(f"{source}: not an http(s) URL of a repository")
+        path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
+        return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+    if "://" in source:
+        raise LocalpersError(f"{source}: only http://, https:// or a local directory can be pulled")
+    directory = Path(source).expanduser().resolve()
+    if not directory.is_dir():
+        raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
+    return directory.as_uri() + "/"
+
+
+def is_signed_repository(source: str) -> bool:
+    """A local directory with metadata/1.root.json, or any URL (URLs are always pulled signed)."""
+    if "://" in source:
+        return True
+    return (Path(source).expanduser() / METADATA_DIR / "1.root.json").is_file()

@@ -1,0 +1,107 @@
+"""EXACT's per-user index: one attribute set per indexed input, the inputs' embeddings, and its file.
+
+The index lives in the user's folder as one safetensors file (`exact-index.safetensors`: the embeddings
+as a tensor, the entries and meta as JSON metadata), written atomically; `load` refuses a missing,
+damaged or other-version file with a one-line error. `nearest` is the retrieval's cosine look-up and
+`frequencies` the profile's attribute counts. Building the index (greedy selection over the user's
+pairs) and prompting with it are `localpers.methods.exact`; this module runs no model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.atomic import atomic_write_bytes
+from localpers.errors import LocalpersError
+from localpers.methods.attributes import ATTRIBUTES
+from localpers.users.store import User
+
+INDEX_FILE = "exact-index.safetensors"
+INDEX_VERSION = 1
+REFIT = "run `localpers fit --method exact`"
+
+
+@dataclass
+class IndexEntry:
+    item_id: str
+    task: str
+    input: str
+    attributes: list[str]
+    margin: float
+    base_margin: float
+
+
+@dataclass
+class ExactIndex:
+    """A user's EXACT memory: one attribute set per indexed input, and the inputs' embeddings."""
+
+    entries: list[IndexEntry]
+    embeddings: np.ndarray  # (n, dim) float32, L2-normalised, row i embeds entries[i].input
+    meta: dict[str, Any]
+
+    def save(self, path: Path) -> None:
+        from safetensors.numpy import save
+
+        payload = {
+            "version": INDEX_VERSION,
+            "meta": self.meta,
+            "entries": [asdict(e) for e in self.entries],
+        }
+        data = save(
+            {"embeddings": np.ascontiguousarray(self.embeddings, dtype=np.float32)},
+            metadata={"exact": json.dumps(payload, ensure_ascii=False)},
+        )
+        atomic_write_bytes(path, data)
+
+    @classmethod
+    def load(cls, path: Path, user_name: str = "") -> ExactIndex:
+        from safetensors import safe_open
+
+        fix = f"{REFIT}" + (f" --user {user_name}" if user_name else "")
+        if not path.is_file():
+            who = f"user {user_name!r}" if user_name else str(path.parent)
+            raise LocalpersError(f"{who} has no EXACT index: {fix}")
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                embeddings = handle.get_tensor("embeddings")
+                payload = json.loads((handle.metadata() or {})["exact"])
+            entries = [IndexEntry(**e) for e in payload["entries"]]
+            meta = dict(payload["meta"])
+            version = payload["version"]
+        except Exception as exc:  # safetensors and json raise several types for a damaged file
+            raise LocalpersError(f"{path} is damaged ({type(exc).__name__}); {fix}") from None
+        if version != INDEX_VERSION:
+            raise LocalpersError(f"{path} has version {version}; {fix}")
+        if embeddings.ndim != 2 or len(embeddings) != len(entries):
+            raise LocalpersError(
+                f"{path} is damaged ({len(entries)} entries, {embeddings.shape} embeddings); {fix}"
+            )
+        return cls(entries, embeddings.astype(np.float32), meta)
+
+    def nearest(self, query: np.ndarray) -> tuple[IndexEntry, float] | None:
+        """The entry whose input embedding is closest (cosine) to `query`; None for an empty index."""
+        if not self.entries:
+            return None
+        similarities = self.embeddings @ np.asarray(query, dtype=np.float32)
+        best = int(np.argmax(similarities))
+        return self.entries[best], float(similarities[best])
+
+    def frequencies(self) -> list[tuple[str, int]]:
+        """How many indexed inputs use each attribute, most used first (ties: library order)."""
+        counts = Counter(name for entry in self.entries for name in entry.attributes)
+        order = {name: i for i, name in enumerate(self.meta.get("library", ATTRIBUTES))}
+        return sorted(counts.items(), key=lambda kv: (-kv[1], order.get(kv[0], len(order))))
+
+
+def index_path(user: User) -> Path:
+    return user.dir / INDEX_FILE
+
+
+def load_index(user: User) -> ExactIndex:
+    return ExactIndex.load(index_path(user), user.name)

@@ -1,0 +1,219 @@
+"""The app's teaching half: accept, edit, reject and remove outputs, import a history, and refit after.
+
+Accepting (or editing and accepting) adds `(draft, output)` to the user's history, rejecting keeps the
+output in the user's `negatives_user.jsonl` (`localpers.tui.userdata` does the writing); a refit then runs
+in the background (`engine_jobs.fit`, under the app's engine lock) with a progress bar, and the profile,
+header and personalized output update when it ends. `TeachingMixin` is a base of
+`localpers.tui.app.LocalpersApp` and uses the app's state named below; it draws no widget of its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.timer import Timer
+
+from localpers.errors import LocalpersError
+from localpers.methods.card.personalizer import RewriteResult
+from localpers.tui import engine_jobs
+from localpers.tui.messages import FitDone, FitProgressed
+from localpers.tui.screens.confirm import ConfirmScreen
+from localpers.tui.screens.edit_accept import EditAcceptScreen
+from localpers.tui.screens.import_history import ImportScreen
+from localpers.tui.service import EngineInfo
+from localpers.tui.userdata import Profile, accept_output, reject_output, remove_history_item
+from localpers.tui.widgets.history_panel import HistoryPanel
+from localpers.users.store import User, UserStore
+
+if TYPE_CHECKING:
+    from localpers.tui.screens.main import MainScreen
+
+
+class TeachingMixin:
+    """Accept, reject, remove, import and refit, for `LocalpersApp` (whose state and Textual calls it uses)."""
+
+    # The app's state this half reads and writes (set in `LocalpersApp.__init__`).
+    main: MainScreen
+    store: UserStore
+    info: EngineInfo | None
+    load_error: str | None
+    user: User | None
+    profile: Profile | None
+    personal_result: RewriteResult | None
+    personal_input: str | None
+    fit_running: bool
+    refit_delay: float
+    _refit_timer: Timer | None
+    _refit_again: bool
+    _fit_failed: set[str]
+    # It also calls Textual's `notify`, `push_screen`, `set_timer` and the app's `refresh_user_views`,
+    # `regenerate`, `_run_engine_job` and `_after_import`.
+
+    def _finished_output(self) -> RewriteResult | None:
+        """The personalized output for the current draft, or None (with a notice saying why)."""
+        if self.user is None:
+            self.notify("Choose or create a user first (ctrl+o imports a history file).", severity="warning")
+            return None
+        result = self.personal_result
+        if result is None or self.personal_input != self.draft_text or not result.text.strip():
+            self.notify(
+                "No finished output for this draft yet: wait for it or press ctrl+r.", severity="warning"
+            )
+            return None
+        return result
+
+    def action_accept(self) -> None:
+        result = self._finished_output()
+        if result is not None:
+            self.accept_text(result.text)
+
+    def action_edit_accept(self) -> None:
+        result = self._finished_output()
+        if result is not None:
+            self.push_screen(EditAcceptScreen(result.text), self._after_edit)
+
+    def _after_edit(self, edited: str | None) -> None:
+        if edited is not None:
+            self.accept_text(edited)
+
+    def accept_text(self, accepted: str) -> None:
+        """Add (draft, accepted) to the user's history and refit in the background."""
+        if self.user is None or self.personal_result is None or self.personal_input is None:
+            return
+        try:
+            item, added = accept_output(self.user, self.personal_result.task, self.personal_input, accepted)
+        except LocalpersError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        if not added:
+            self.notify(f"Already in {self.user.name}'s history as {item.id}; nothing added.")
+            return
+        self.refresh_user_views()
+        count = self.profile.n_history if self.profile else 0
+        self.notify(f"Added to {self.user.name}'s history ({count} examples); refitting in the background.")
+        self.schedule_refit()
+
+    def action_reject(self) -> None:
+        result = self._finished_output()
+        if result is None or self.user is None or self.personal_input is None:
+            return
+        try:
+            _, added = reject_output(
+                self.user,
+                task=result.task,
+                input_text=self.personal_input,
+                output=result.text,
+                method=result.method,
+                strength=result.strength,
+                top_k=result.top_k,
+            )
+        except LocalpersError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        self.refresh_user_views()
+        if added:
+            self.notify(f"Kept as a rejected output in {self.user.name}'s folder (not added to the history).")
+        else:
+            self.notify("This output was already rejected.")
+
+    def on_history_panel_remove_requested(self, message: HistoryPanel.RemoveRequested) -> None:
+        item_id = message.item_id
+
+        def remove(confirmed: bool | None) -> None:
+            if not confirmed or self.user is None:
+                return
+            try:
+                item = remove_history_item(self.user, item_id)
+            except LocalpersError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            self.refresh_user_views()
+            self.notify(f"Removed {item.id} from {self.user.name}'s history; refitting in the background.")
+            self.schedule_refit()
+
+        self.push_screen(ConfirmScreen(f"Remove history item {item_id} and refit?"), remove)
+
+    def action_import_history(self) -> None:
+        self.push_screen(ImportScreen(self.store, self.user.name if self.user else None), self._after_import)
+
+    # ------------------------------------------------------------------ fitting
+    def maybe_refit(self) -> None:
+        """Refit when the profile is due (no fit, another bundle, history changed) and it has not failed."""
+        profile = self.profile
+        if (
+            self.info is not None
+            and profile is not None
+            and profile.bundle_matches is not None
+            and (profile.needs_fit or profile.problem is not None)
+            and profile.user not in self._fit_failed
+        ):
+            self.start_refit()
+
+    def schedule_refit(self) -> None:
+        """Refit after `refit_delay` seconds, so several accepts or removals share one fit."""
+        if self._refit_timer is not None:
+            self._refit_timer.stop()
+        self._refit_timer = self.set_timer(self.refit_delay, self.start_refit)
+
+    def action_refit(self) -> None:
+        if self.user is not None:
+            self._fit_failed.discard(self.user.name)
+        self.start_refit()
+
+    def start_refit(self) -> None:
+        if self._refit_timer is not None:
+            self._refit_timer.stop()
+            self._refit_timer = None
+        if self.user is None:
+            self.notify("No user to fit yet.", severity="warning")
+            return
+        if self.info is None:
+            message = self.load_error or "The model is still loading; the fit starts when it is ready."
+            self.notify(message, severity="error" if self.load_error else "information")
+            return
+        if self.fit_running:
+            self._refit_again = True
+            return
+        self.fit_running = True
+        self.main.progress.start(f"fitting {self.user.name}")
+        self._run_engine_job("fit", engine_jobs.fit, self.user)
+
+    def on_fit_progressed(self, message: FitProgressed) -> None:
+        if not self.is_running:  # a worker's message arriving while the app shuts down
+            return
+        self.main.progress.advance(message.stage, message.done, message.total)
+
+    def on_fit_done(self, message: FitDone) -> None:
+        if not self.is_running:  # a worker's message arriving while the app shuts down
+            return
+        self.fit_running = False
+        self.main.progress.stop()
+        if message.error is not None:
+            self._fit_failed.add(message.user)
+            self.notify(f"Fitting {message.user} failed: {message.error}", severity="error", timeout=15)
+        elif message.report is not None:
+            self._fit_failed.discard(message.user)
+            self.notify(f"{message.user}: {fit_summary(message.report.to_json())}", title="Profile updated")
+        if self.user is not None and self.user.name == message.user:
+            self.refresh_user_views()
+            self.regenerate()
+        if self._refit_again:
+            self._refit_again = False
+            self.start_refit()
+        elif message.error is None:
+            self.maybe_refit()
+
+
+def fit_summary(report: dict[str, object]) -> str:
+    """One line about a fit report, e.g. 'cluster 1, own vector from 24 pairs (held-out accuracy 0.80)'."""
+    mode = report.get("mode")
+    if mode == "cold-start":
+        return "no history yet, so outputs use the global adapter"
+    line = f"cluster {report.get('cluster')}, "
+    if mode == "too-few-pairs":
+        return line + f"no own vector yet (only {report.get('n_pairs')} usable pairs)"
+    line += f"own vector from {report.get('n_pairs')} pairs"
+    heldout = report.get("heldout_accuracy")
+    if isinstance(heldout, float):
+        line += f" (held-out pair accuracy {heldout:.2f})"
+    return line

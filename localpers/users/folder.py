@@ -1,0 +1,279 @@
+"""One user's folder: their history, fitted state and vector, each read checked and each write atomic.
+
+Layout of `users/<name>/` (the folders are listed and made by `localpers.users.store.UserStore`):
+
+    history.jsonl                    the user's history (localpers.users.history format)
+    vector-<sha256[:16]>.safetensors tensor "lambda" float32 (D,) plus string metadata
+    state.json                       cluster, method, fit report, timestamps, and the
+                                     file name and sha256 of the current vector
+
+A fit is committed in two steps: the vector goes to a new content-addressed file, then state.json is
+replaced to name it. State is the commit point: an interruption before it leaves the previous state
+naming the previous vector, which is still there; stale vector files are removed afterwards. Reading
+checks the vector's sha256 against state.json and refuses a mismatch. Every file is written to a
+temporary file in the same folder, fsynced, then `os.replace`d. Damaged files raise a one-line
+`LocalpersError` naming the file and what to do. Methods keep their own files beside these, written
+through the same atomic helpers. This module does not fit or embed anything, and knows no other user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localpers.atomic import atomic_write_bytes, atomic_write_text
+from localpers.errors import InputError, LocalpersError
+from localpers.tasks import Task
+from localpers.untrusted import JSONProblem, one_line, parse_json
+from localpers.users.history import HistoryItem, check_history_size, read_stored_history, serialize_history
+from localpers.users.history_prompt import HistoryIndex
+
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+VECTOR_TENSOR = "lambda"
+VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
+# state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
+_VECTOR_KEYS = ("vector_file", "vector_sha256", "vector_dim")
+_REFIT = "run `localpers fit` again"
+
+
+def now() -> str:
+    """The current UTC time as the user's files record it (ISO 8601, seconds)."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
+    """The JSON object in `path`, None if the file is absent; a one-line error if it is damaged."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+    try:
+        value = parse_json(raw)
+    except JSONProblem as exc:
+        raise InputError(f"{path} is damaged (not valid JSON: {exc}); {fix}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path} is damaged (expected a JSON object); {fix}")
+    return value
+
+
+def validate_name(name: str) -> str:
+    """`name` if it is a valid user name, else a one-line error saying what is allowed."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise LocalpersError(
+            f"invalid user name {name!r}: use 1-32 lowercase letters, digits, '-' or '_', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def _vector_bytes(vector: np.ndarray, meta: dict[str, str] | None) -> bytes:
+    """The safetensors file for a user vector; rejects anything but a finite, non-empty 1-D array."""
+    from safetensors.numpy import save
+
+    array = np.ascontiguousarray(np.asarray(vector, dtype=np.float32))
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"a user vector must be a non-empty 1-D array, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError("a user vector must hold finite numbers only")
+    meta = dict(meta or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise TypeError("vector metadata must map strings to strings")
+    return save({VECTOR_TENSOR: array}, metadata=meta or None)
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` strings of a safetensors file already known to be valid."""
+    (header_length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_length])
+    return dict(header.get("__metadata__") or {})
+
+
+@dataclass(frozen=True)
+class User:
+    """One user's folder. Read methods validate what they read; save methods write atomically."""
+
+    name: str
+    dir: Path
+
+    @property
+    def history_path(self) -> Path:
+        return self.dir / "history.jsonl"
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def history(self) -> list[HistoryItem]:
+        """The stored history items, in order; empty if none were imported."""
+        return read_stored_history(self.history_path)
+
+    def save_history(self, items: list[HistoryItem]) -> None:
+        """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read)."""
+        check_history_size(len(items), what=f"user {self.name!r} would have")
+        text = serialize_history(items)
+        atomic_write_text(self.history_path, text)
+        HistoryIndex.write(self.dir, text, items)
+
+    def history_index(self, task: Task) -> HistoryIndex:
+        """The user's examples for `task` with their BM25 index, for history-conditioned prompts."""
+        try:
+            text = self.history_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            text = ""
+        return HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
+
+    def state(self) -> dict[str, Any]:
+        """state.json as a dict ({} when absent)."""
+        state = read_json_object(self.state_path, f"remove it and {_REFIT}")
+        return state if state is not None else {}
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        """Write `state`, keeping the vector link and creation time of the current state unless given."""
+        try:
+            current = self.state()
+        except LocalpersError:
+            current = {}  # a damaged state.json is what this call repairs
+        kept = {k: current[k] for k in (*_VECTOR_KEYS, "created_at") if k in current and k not in state}
+        self._write_state({**state, **kept})
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        try:
+            text = _state_json({**state, "updated_at": now()})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"user state must be JSON-serialisable: {exc}") from None
+        atomic_write_text(self.state_path, text + "\n")
+
+    def vector_path(self, state: dict[str, Any] | None = None) -> Path | None:
+        """The file of the current vector, as named by state.json; None if the user has no vector."""
+        name = (self.state() if state is None else state).get("vector_file")
+        if name is None:
+            return None
+        if not isinstance(name, str) or not VECTOR_FILE_PATTERN.fullmatch(name):
+            raise LocalpersError(f"{self.state_path} is damaged (bad 'vector_file'); remove it and {_REFIT}")
+        return self.dir / name
+
+    def vector(self) -> np.ndarray | None:
+        """The fitted vector λ_u (float32, shape (D,)), or None if the user has none."""
+        loaded = self._load_vector()
+        return None if loaded is None else loaded[0]
+
+    def vector_metadata(self) -> dict[str, str]:
+        """The metadata strings saved with the vector (e.g. the bundle sha); {} without a vector."""
+        loaded = self._load_vector()
+        return {} if loaded is None else loaded[1]
+
+    def _load_vector(self) -> tuple[np.ndarray, dict[str, str]] | None:
+        from safetensors.numpy import load
+
+        state = self.state()
+        path = self.vector_path(state)
+        if path is None:
+            return None
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise LocalpersError(
+                f"{path} is missing although {self.state_path.name} names it; {_REFIT}"
+            ) from None
+        except OSError as exc:
+            raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {_REFIT}") from None
+        if hashlib.sha256(data).hexdigest() != state.get("vector_sha256"):
+            raise LocalpersError(
+                f"{path} does not match the sha256 recorded in {self.state_path.name} "
+                f"(changed or damaged); {_REFIT}"
+            )
+        try:
+            tensors = load(data)
+        except Exception as exc:  # safetensors raises several types for malformed files
+            raise LocalpersError(f"{path} is not a readable safetensors file ({exc}); {_REFIT}") from None
+        array = tensors.get(VECTOR_TENSOR)
+        if array is None:
+            raise LocalpersError(f"{path} has no tensor {VECTOR_TENSOR!r}; {_REFIT}")
+        if array.dtype != np.float32 or array.ndim != 1 or array.size == 0:
+            raise LocalpersError(
+                f"{path}: tensor {VECTOR_TENSOR!r} is {array.dtype} {tuple(array.shape)}, "
+                f"expected float32 (D,); {_REFIT}"
+            )
+        dim = state.get("vector_dim")
+        if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
+            raise InputError(
+                f"{self.state_path} is damaged: field 'vector_dim' is {one_line(repr(dim), 40)}"
+                f" ({type(dim).__name__}), not an integer; {_REFIT}"
+            )
+        if dim is not None and dim != array.size:
+            raise InputError(
+                f"{path} has {array.size} values but field 'vector_dim' of {self.state_path.name} says {dim};"
+                f" {_REFIT}"
+            )
+        if not np.all(np.isfinite(array)):
+            raise LocalpersError(f"{path} holds non-finite values; {_REFIT}")
+        return array, _safetensors_metadata(data)
+
+    def save_vector(self, vector: np.ndarray, meta: dict[str, str] | None = None) -> None:
+        """Replace the vector only, keeping the rest of the state (see `save_fit`)."""
+        self.save_fit(vector, self.state(), meta)
+
+    def save_fit(
+        self, vector: np.ndarray | None, state: dict[str, Any], meta: dict[str, str] | None = None
+    ) -> None:
+        """Store a fit: the vector (None = no vector, e.g. cold start) and the state that goes with it.
+
+        The vector is written first to its own new file, then state.json (naming that file and its
+        sha256) replaces the old one, so an interruption at any point leaves a consistent pair.
+        """
+        new_state = {k: v for k, v in state.items() if k not in _VECTOR_KEYS}
+        new_state.setdefault("created_at", self._created_at())
+        keep: str | None = None
+        if vector is not None:
+            data = _vector_bytes(vector, meta)
+            sha = hashlib.sha256(data).hexdigest()
+            keep = f"vector-{sha[:16]}.safetensors"
+            atomic_write_bytes(self.dir / keep, data)
+            new_state.update(vector_file=keep, vector_sha256=sha, vector_dim=int(np.asarray(vector).size))
+        self._write_state(new_state)
+        for stale in self.dir.glob("vector-*.safetensors"):
+            if stale.name != keep:
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+
+    def _created_at(self) -> str:
+        try:
+            return str(self.state().get("created_at") or now())
+        except LocalpersError:
+            return now()
+
+    def disk_bytes(self) -> int:
+        """Bytes this user takes on disk (all files in the folder)."""
+        return sum(p.stat().st_size for p in self.dir.rglob("*") if p.is_file())
+
+
+def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:
+    """The user's history (the `history_limit` most recent items), refusing an empty one for `method`."""
+    items = user.history()
+    if history_limit is not None:
+        items = items[-history_limit:]
+    if not items:
+        raise LocalpersError(
+            f"user {user.name!r} has no history: {method} learns from it; add items with `localpers history import`"
+        )
+    return items
+
+
+def _state_json(state: dict[str, Any]) -> str:
+    """One top-level field per line, each value compact: readable, and the token bias stays a few KB."""
+
+    def compact(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+    return "{\n" + ",\n".join(f"  {compact(key)}: {compact(value)}" for key, value in state.items()) + "\n}"
