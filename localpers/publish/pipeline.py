@@ -32,6 +32,8 @@ def make_executor(
     """The executor `kind` names ('sequential' or 'ray'); Ray is imported only for 'ray'."""
     if kind not in EXECUTORS:
         raise LocalpersError(f"--executor must be one of {', '.join(EXECUTORS)}, not {kind!r}")
+    if address is not None and workers is not None:
+        raise LocalpersError("--workers sizes a local Ray; with --ray-address the cluster's own CPUs count")
     if kind == "sequential":
         if address is not None:
             raise LocalpersError("--ray-address needs --executor ray")
