@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +43,7 @@ except ImportError:  # hypothesis is in the test extra; without it only tests/te
 
 
 @pytest.fixture(scope="session")
-def ray_session():  # noqa: ANN201 - the ray module
+def ray_session() -> Iterator[Any]:
     """One local Ray (2 CPUs) for the whole test session, shut down at its end; skips without ray."""
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
