@@ -28,6 +28,9 @@ def publish_command(
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Number of clusters (default: best silhouette in 2..6).")
     ] = None,
+    minibatch_above: Annotated[
+        int, typer.Option(min=1, help="More users than this: MiniBatchKMeans and a sampled silhouette.")
+    ] = 2000,
     global_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of the global adapter.")] = 1.0,
     cluster_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of each cluster adapter.")] = 1.0,
     max_steps: Annotated[
@@ -154,6 +157,7 @@ def publish_command(
         model=model,
         seed=seed,
         k=k,
+        minibatch_above=minibatch_above,
         val_fraction=val_fraction,
         rank=rank,
         lora_alpha=lora_alpha,

@@ -4,8 +4,9 @@ A user's embedding is the L2-normalised mean of the sentence embeddings of their
 K is chosen by the silhouette score (cosine) over `k_range` on the training users and every score is
 recorded. Users are embedded in shards of `shard_users` authors through the run's executor. With more
 than `minibatch_above` users, K-means is scikit-learn's MiniBatchKMeans and the silhouette is taken on a
-seeded sample of users (the exact one is quadratic in users); the outputs are the same files either way. Centroids are the L2-normalised means of each cluster's members. The per-user validation
-slice (at least one item for users with two or more) is drawn here so every later stage agrees on it.
+seeded sample of users (the exact one is quadratic in users); the outputs are the same files either way.
+Centroids are the L2-normalised means of each cluster's members. The per-user validation slice (at
+least one item for users with two or more) is drawn here so every later stage agrees on it.
 Outputs: `users.npz` (embeddings), `assignment.json`, `centroids.safetensors`.
 """
 
