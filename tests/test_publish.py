@@ -350,3 +350,29 @@ def test_full_u_torch_head_matches_card_head(backbone_path: Path) -> None:
         False,
     )[0].numpy()
     np.testing.assert_allclose(got, card.sequence_feature(tokens, raw), rtol=1e-4, atol=1e-5)
+
+
+def test_pairs_and_features_are_the_same_under_ray(published: dict, ray_session, tmp_path: Path) -> None:
+    """The published work directory, its pairs and features recomputed as Ray tasks (2-author shards)."""
+    import dataclasses
+    import shutil
+
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    work = tmp_path / "work"
+    shutil.copytree(options.work_dir, work)
+    ray_options = dataclasses.replace(
+        options, work=work, out=tmp_path / "bundle", executor="ray", shard_users=2
+    )
+    result = publish(ray_options, from_stage="pairs", until="features")
+    assert result["executor"]["kind"] == "ray" and list(result["stages"])[-1] == "features"
+    sequential_pairs = sorted((options.work_dir / "pairs").glob("user-*.json"))
+    assert len(sequential_pairs) == 6
+    for path in sequential_pairs:
+        assert (work / "pairs" / path.name).read_text() == path.read_text(), path.name
+    for path in sorted((options.work_dir / "features").glob("user-*.npz")):
+        with np.load(path) as expected, np.load(work / "features" / path.name) as got:
+            assert set(got.files) == set(expected.files)
+            for name in expected.files:
+                np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{path.name} {name}")

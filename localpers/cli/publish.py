@@ -3,6 +3,8 @@
 Thin Typer front end over `localpers.publish.pipeline.publish`; every flag maps onto a
 `PublishOptions` field. Progress bars and log lines go to stderr, `--json` prints the stage summaries
 on stdout. Re-running the same command resumes: finished stages are reused from `OUT/.work`.
+By default the independent tasks (adapters, author shards) run on a local Ray; `--ray-address` sends
+them to an existing cluster, `--executor sequential` runs them one after another in this process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def publish_command(
     k: Annotated[
         int | None, typer.Option("--k", min=1, help="Number of clusters (default: best silhouette in 2..6).")
     ] = None,
+    minibatch_above: Annotated[
+        int, typer.Option(min=1, help="More users than this: MiniBatchKMeans and a sampled silhouette.")
+    ] = 2000,
     global_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of the global adapter.")] = 1.0,
     cluster_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of each cluster adapter.")] = 1.0,
     max_steps: Annotated[
@@ -94,6 +99,27 @@ def publish_command(
     engine_threads: Annotated[
         int, typer.Option(min=1, help="CPU threads for llama.cpp (pairs, features).")
     ] = 2,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where tasks run: 'ray' (a local Ray, or --ray-address) or 'sequential' (this process)."
+        ),
+    ] = "ray",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address", help="Submit the tasks to this existing Ray cluster (e.g. HEAD_IP:6379, 'auto')."
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="CPUs of the local Ray (default: every core).")
+    ] = None,
+    shard_users: Annotated[int, typer.Option(min=1, help="Authors per pairs/features/embedding task.")] = 8,
+    task_retries: Annotated[int, typer.Option(min=0, help="Times Ray re-runs a task whose worker died.")] = 3,
+    gpus_per_task: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="GPUs per SFT/export task (default: 1 when the Ray cluster has GPUs)."),
+    ] = None,
     until: Annotated[str | None, typer.Option(help=f"Stop after this stage ({', '.join(STAGES)}).")] = None,
     from_stage: Annotated[str | None, typer.Option(help="Recompute this stage and all later ones.")] = None,
     work: Annotated[Path | None, typer.Option(help="Stage cache directory (default OUT/.work).")] = None,
@@ -114,11 +140,8 @@ def publish_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the stage summaries as JSON.")] = False,
 ) -> None:
     """Train cluster + global LoRA adapters and the CARD head on CORPUS and write a bundle to --out."""
-    missing = [
-        name
-        for name in ("torch", "transformers", "peft", "gguf", "matplotlib")
-        if importlib.util.find_spec(name) is None
-    ]
+    needed = ("torch", "transformers", "peft", "gguf", "matplotlib") + (("ray",) if executor == "ray" else ())
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise LocalpersError(
             f"publish needs the publish extra ({', '.join(missing)} missing): pip install 'localpers[publish]'"
@@ -134,6 +157,7 @@ def publish_command(
         model=model,
         seed=seed,
         k=k,
+        minibatch_above=minibatch_above,
         val_fraction=val_fraction,
         rank=rank,
         lora_alpha=lora_alpha,
@@ -161,6 +185,12 @@ def publish_command(
         length_normalised=head_length_normalised,
         head_author_negatives=head_author_negatives,
         head_u=head_u,
+        executor=executor,
+        ray_address=ray_address,
+        workers=workers,
+        shard_users=shard_users,
+        task_retries=task_retries,
+        gpus_per_task=gpus_per_task,
     )
     result = publish(options, until=until, from_stage=from_stage)
     if repo is not None and keys is not None and "bundle" in result["stages"]:

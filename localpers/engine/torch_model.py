@@ -6,6 +6,8 @@ model per process and the stages swap LoRA weights in and out of it (`load_lora_
 hidden states at the positions that predict target tokens and applies the tied LM head only there:
 with a 262,144-token vocabulary, full-sequence logits would dominate the cost.
 Examples are tokenised with llama.cpp's tokenizer (the one the device generates with).
+The publisher passes `device=training_device()` (CUDA when torch sees a GPU); batches are built on the
+CPU and moved to the model's device in `target_logits`; `lora_state` always returns CPU tensors.
 This module does not schedule training, checkpoint, or write GGUF files.
 """
 
@@ -67,9 +69,20 @@ def quiet_transformers() -> None:
     warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
 
 
-def load_backbone(path: Path) -> Any:
-    """The fp32 transformers model of a GGUF backbone, cached per process."""
-    key = ("backbone", str(path))
+def training_device() -> str:
+    """'cuda' when torch sees a GPU (a Ray task given one sees exactly it), else 'cpu'."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def model_device(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
+def load_backbone(path: Path, device: str = "cpu") -> Any:
+    """The fp32 transformers model of a GGUF backbone on `device`, cached per process."""
+    key = ("backbone", str(path), device)
     if key not in _cache:
         quiet_transformers()
         import torch
@@ -82,13 +95,15 @@ def load_backbone(path: Path) -> Any:
         except (OSError, ValueError, RuntimeError) as exc:
             raise LocalpersError(f"transformers could not load {path} for training: {exc}") from exc
         model.requires_grad_(False)
-        _cache[key] = model
+        _cache[key] = model.to(device) if device != "cpu" else model
     return _cache[key]
 
 
-def shared_lora_model(path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> Any:
-    """One peft LoRA model per (backbone, LoRA shape) and process; weights are swapped per adapter."""
-    key = ("lora", str(path), rank, alpha, dropout, targets)
+def shared_lora_model(
+    path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], device: str = "cpu"
+) -> Any:
+    """One peft LoRA model per (backbone, LoRA shape, device) and process; weights are swapped per adapter."""
+    key = ("lora", str(path), rank, alpha, dropout, targets, device)
     if key not in _cache:
         from peft import LoraConfig, get_peft_model
 
@@ -107,7 +122,7 @@ def shared_lora_model(path: Path, rank: int, alpha: float, dropout: float, targe
             bias="none",
             task_type="CAUSAL_LM",
         )
-        model = get_peft_model(load_backbone(path), config)
+        model = get_peft_model(load_backbone(path, device), config)
         _cache[key] = model
         _fresh_states[key] = lora_state(model)
     return _cache[key]
@@ -117,7 +132,7 @@ def lora_state(model: Any) -> dict[str, Any]:
     """A detached copy of the LoRA weights (peft names without the adapter name)."""
     from peft import get_peft_model_state_dict
 
-    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+    return {name: tensor.detach().cpu().clone() for name, tensor in get_peft_model_state_dict(model).items()}
 
 
 def load_lora_state(model: Any, state: dict[str, Any]) -> None:
@@ -129,10 +144,12 @@ def load_lora_state(model: Any, state: dict[str, Any]) -> None:
         raise LocalpersError(f"LoRA state does not fit the model: unexpected {unexpected[:3]}")
 
 
-def fresh_lora_state(path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> dict:
+def fresh_lora_state(
+    path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], device: str = "cpu"
+) -> dict:
     """The LoRA weights as peft initialised them (B = 0, so the adapter starts as the backbone)."""
-    shared_lora_model(path, rank, alpha, dropout, targets)
-    return _fresh_states[("lora", str(path), rank, alpha, dropout, targets)]
+    shared_lora_model(path, rank, alpha, dropout, targets, device)
+    return _fresh_states[("lora", str(path), rank, alpha, dropout, targets, device)]
 
 
 def make_batch(examples: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
@@ -166,10 +183,11 @@ def make_batch(examples: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
 def target_logits(model: Any, batch: dict[str, Any]) -> Any:
     """Logits `(n_targets, vocab)` at the target positions only (LM head applied to those rows)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    device = model_device(causal_lm)
     hidden = causal_lm.model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)
     ).last_hidden_state
-    selected = hidden[batch["rows"], batch["positions"]]
+    selected = hidden[batch["rows"].to(device), batch["positions"].to(device)]
     logits = causal_lm.lm_head(selected)
     cap = getattr(causal_lm.config, "final_logit_softcapping", None)
     if cap:
@@ -184,7 +202,7 @@ def target_token_losses(model: Any, batch: dict[str, Any]) -> Any:
     import torch.nn.functional as functional
 
     logits = target_logits(model, batch)
-    return functional.cross_entropy(logits.float(), batch["labels"], reduction="none")
+    return functional.cross_entropy(logits.float(), batch["labels"].to(logits.device), reduction="none")
 
 
 def tokenise_examples(backbone: Path, pairs: list[tuple[str, str, int]], max_len: int) -> list[Example]:

@@ -2,8 +2,11 @@
 
 A user's embedding is the L2-normalised mean of the sentence embeddings of their outputs. With no `--k`,
 K is chosen by the silhouette score (cosine) over `k_range` on the training users and every score is
-recorded. Centroids are the L2-normalised means of each cluster's members. The per-user validation
-slice (at least one item for users with two or more) is drawn here so every later stage agrees on it.
+recorded. Users are embedded in shards of `shard_users` authors through the run's executor. With more
+than `minibatch_above` users, K-means is scikit-learn's MiniBatchKMeans and the silhouette is taken on a
+seeded sample of users (the exact one is quadratic in users); the outputs are the same files either way.
+Centroids are the L2-normalised means of each cluster's members. The per-user validation slice (at
+least one item for users with two or more) is drawn here so every later stage agrees on it.
 Outputs: `users.npz` (embeddings), `assignment.json`, `centroids.safetensors`.
 """
 
@@ -17,10 +20,12 @@ import numpy as np
 
 from localpers.engine.encoder import embed_texts, l2_normalise
 from localpers.errors import LocalpersError
-from localpers.publish.runner import PublishContext, read_json, write_json_atomic
+from localpers.publish.executor import GIB, Resources, Task, shards
+from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
 
 ASSIGNMENT_FILE = "assignment.json"
 CENTROIDS_FILE = "centroids.safetensors"
+SILHOUETTE_SAMPLE = 5000
 
 
 def validation_indices(user_id: str, n_items: int, fraction: float, seed: int) -> list[int]:
@@ -32,17 +37,27 @@ def validation_indices(user_id: str, n_items: int, fraction: float, seed: int) -
     return sorted(int(i) for i in rng.choice(n_items, size=n_val, replace=False))
 
 
-def kmeans(embeddings: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Labels and L2-normalised centroids of K-means (n_init=10) on unit vectors."""
-    from sklearn.cluster import KMeans
+def kmeans(
+    embeddings: np.ndarray, k: int, seed: int, minibatch_above: int = 2000
+) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and L2-normalised centroids of K-means on unit vectors (MiniBatchKMeans for many users)."""
+    from sklearn.cluster import KMeans, MiniBatchKMeans
 
-    model = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings)
-    labels = model.labels_.astype(int)
+    if len(embeddings) > minibatch_above:
+        batch = min(len(embeddings), 4096)
+        model = MiniBatchKMeans(n_clusters=k, n_init=3, batch_size=batch, random_state=seed)
+        labels = model.fit(embeddings).predict(embeddings).astype(int)
+    else:
+        labels = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings).labels_.astype(int)
+    if len(set(labels.tolist())) < k:
+        raise LocalpersError(f"K-means left a cluster of the {k} empty; lower --k")
     centroids = np.stack([embeddings[labels == c].mean(axis=0) for c in range(k)])
     return labels, l2_normalise(centroids)
 
 
-def choose_k(embeddings: np.ndarray, k_range: tuple[int, int], seed: int) -> tuple[int, dict[int, float]]:
+def choose_k(
+    embeddings: np.ndarray, k_range: tuple[int, int], seed: int, minibatch_above: int = 2000
+) -> tuple[int, dict[int, float]]:
     """The K with the best cosine silhouette in `k_range` (inclusive), and every score measured."""
     from sklearn.metrics import silhouette_score
 
@@ -52,25 +67,39 @@ def choose_k(embeddings: np.ndarray, k_range: tuple[int, int], seed: int) -> tup
         raise LocalpersError(f"{len(embeddings)} users are too few to choose K in {k_range}; pass --k")
     scores: dict[int, float] = {}
     for k in range(low, high + 1):
-        labels, _ = kmeans(embeddings, k, seed)
-        scores[k] = float(silhouette_score(embeddings, labels, metric="cosine"))
+        labels, _ = kmeans(embeddings, k, seed, minibatch_above)
+        sample = SILHOUETTE_SAMPLE if len(embeddings) > minibatch_above else None
+        scores[k] = float(
+            silhouette_score(embeddings, labels, metric="cosine", sample_size=sample, random_state=seed)
+        )
     best = max(scores, key=lambda k: (round(scores[k], 6), -k))
     return best, scores
+
+
+def embed_users(spec: ContextSpec, indices: list[int]) -> np.ndarray:
+    """Task: the embeddings (one row per user in `indices`) of a shard of users."""
+    context = task_context(spec)
+    rows = []
+    for index in indices:
+        vectors = embed_texts([item.output for item in context.corpus.users[index].history])
+        rows.append(l2_normalise(vectors.mean(axis=0)))
+    return np.stack(rows).astype(np.float32)
 
 
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     options = context.options
     users = context.corpus.users
+    spec = context.spec()
+    parts = shards(range(len(users)), options.shard_users)
+    tasks = [Task(embed_users, (spec, part), f"embed users {part[0]}-{part[-1]}") for part in parts]
     with context.progress("embedding users", len(users)) as advance:
-        embeddings = []
-        for user in users:
-            vectors = embed_texts([item.output for item in user.history])
-            embeddings.append(l2_normalise(vectors.mean(axis=0)))
-            advance(1)
-    matrix = np.stack(embeddings).astype(np.float32)
+        blocks = context.executor.map(
+            tasks, Resources(cpus=1, memory=GIB), on_done=lambda i, _: advance(len(parts[i]))
+        )
+    matrix = np.concatenate(blocks).astype(np.float32)
     silhouette: dict[int, float] = {}
     if options.k is None:
-        k, silhouette = choose_k(matrix, options.k_range, options.seed)
+        k, silhouette = choose_k(matrix, options.k_range, options.seed, options.minibatch_above)
         context.log(
             "silhouette by K: "
             + ", ".join(f"{key}={value:.4f}" for key, value in silhouette.items())
@@ -81,7 +110,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         if not 1 <= k <= len(users):
             raise LocalpersError(f"--k {k} needs between 1 and {len(users)} (the number of users)")
     labels, centroids = (
-        kmeans(matrix, k, options.seed)
+        kmeans(matrix, k, options.seed, options.minibatch_above)
         if k > 1
         else (
             np.zeros(len(users), dtype=int),
@@ -111,6 +140,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     return {
         "k": k,
         "sizes": sizes,
+        **({"algorithm": "MiniBatchKMeans"} if len(users) > options.minibatch_above else {}),
         "silhouette": {str(key): round(value, 5) for key, value in silhouette.items()},
         "users": len(users),
         "items": context.corpus.n_items,

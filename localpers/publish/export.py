@@ -5,11 +5,14 @@ peft names (`...layers.3.self_attn.q_proj.lora_A.weight`) map to GGUF weight nam
 (out, r) are written as they are, with `alpha` = the LoRA alpha (`localpers.engine.adapters.write_lora_gguf`).
 The check, per adapter, on a few validation items: the adapter changes llama.cpp's log-probs of the
 target, and those log-probs correlate with torch's (the remainder is Q4 quantisation noise).
+Each adapter is one task (`export_task`, same resources as an SFT task), writing `<adapter>.gguf`
+and `<adapter>.check.json`; an adapter whose check file exists is not redone.
 This stage does not train anything.
 """
 
 from __future__ import annotations
 
+import atexit
 import re
 from pathlib import Path
 from typing import Any
@@ -19,8 +22,10 @@ import numpy as np
 from localpers.engine import torch_model
 from localpers.engine.adapters import backbone_architecture, write_lora_gguf
 from localpers.errors import LocalpersError
-from localpers.publish.runner import PublishContext
-from localpers.publish.sft import adapter_names, split_examples
+from localpers.publish.executor import Task
+from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
+from localpers.publish.sft import adapter_names
+from localpers.publish.sft_stage import prepared, task_resources
 
 _PEFT_KEY = re.compile(r"(?:.*\.)?(model\.layers\.\d+\.(?:self_attn|mlp)\.\w+)\.lora_([AB])\.weight$")
 CHECK_ITEMS = 4
@@ -56,54 +61,81 @@ def torch_logprobs(model: Any, examples: list[torch_model.Example]) -> list[np.n
         for example in examples:
             batch = torch_model.make_batch([example])
             logits = torch_model.target_logits(model, batch).float()
-            logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(example.target)), batch["labels"]]
-            out.append(logprobs.numpy())
+            rows = torch.arange(len(example.target), device=logits.device)
+            logprobs = torch.log_softmax(logits, dim=-1)[rows, batch["labels"].to(logits.device)]
+            out.append(logprobs.cpu().numpy())
     return out
 
 
-def run(context: PublishContext, directory: Path) -> dict[str, Any]:
-    import torch
+_engines: dict[tuple[str, int], Any] = {}
 
+
+def _engine(context: PublishContext) -> Any:
+    """One llama.cpp engine per process for the checks (adapters are loaded under their own names)."""
     from localpers.engine import Engine
 
+    key = (str(context.backbone_path), context.options.engine_threads)
+    if key not in _engines:
+        for old in _engines.values():
+            old.close()
+        _engines.clear()
+        engine = Engine(
+            context.backbone_path, tap_layers=None, n_ctx=512, n_threads=context.options.engine_threads
+        )
+        atexit.register(engine.close)  # before interpreter teardown, while llama_cpp is importable
+        _engines[key] = engine
+    return _engines[key]
+
+
+def export_task(spec: ContextSpec, name: str) -> dict[str, Any]:
+    """Task: write one adapter's GGUF and check it against torch (skipped when its check file exists)."""
+    import torch
+
+    context = task_context(spec)
     options = context.options
-    sft_dir = context.stage_dir("sft")
-    k = context.summary("clusters")["k"]
-    architecture = backbone_architecture(context.backbone_path)
-    engine = Engine(context.backbone_path, tap_layers=None, n_ctx=512, n_threads=options.engine_threads)
-    _, val, clusters = split_examples(context)
-    model = torch_model.shared_lora_model(
-        context.backbone_path, options.rank, options.lora_alpha, options.dropout, tuple(options.targets)
+    directory = context.stage_dir("export")
+    check_file = directory / f"{name}.check.json"
+    if check_file.exists():
+        return read_json(check_file)
+    model, _, _, val, clusters = prepared(context)
+    engine = _engine(context)
+    state = torch.load(context.stage_dir("sft") / name / "lora.pt", weights_only=False)
+    path = write_lora_gguf(
+        directory / f"{name}.gguf",
+        gguf_tensors(state, engine.n_layer),
+        alpha=options.lora_alpha,
+        architecture=backbone_architecture(context.backbone_path),
+        name=name,
     )
-    results: dict[str, Any] = {}
-    try:
-        with context.progress("export + check adapters", k + 1) as advance:
-            for name in adapter_names(k):
-                state = torch.load(sft_dir / name / "lora.pt", weights_only=False)
-                tensors = gguf_tensors(state, engine.n_layer)
-                path = write_lora_gguf(
-                    directory / f"{name}.gguf",
-                    tensors,
-                    alpha=options.lora_alpha,
-                    architecture=architecture,
-                    name=name,
-                )
-                users = (
-                    set(range(len(clusters)))
-                    if name == "global"
-                    else {u for u, c in enumerate(clusters) if c == int(name.split("-")[1])}
-                )
-                sample = [e for e in val if e.user in users][:CHECK_ITEMS] or val[:CHECK_ITEMS]
-                results[name] = check_adapter(engine, model, state, path, name, sample)
-                results[name]["bytes"] = path.stat().st_size
-                context.log(
-                    f"{name}: {path.stat().st_size / 1e6:.1f} MB, llama.cpp vs torch log-prob correlation"
-                    f" {results[name]['logprob_correlation']}, mean |shift| {results[name]['mean_abs_logprob_shift']}"
-                )
-                advance(1)
-    finally:
+    users = (
+        set(range(len(clusters)))
+        if name == "global"
+        else {u for u, c in enumerate(clusters) if c == int(name.split("-")[1])}
+    )
+    sample = [e for e in val if e.user in users][:CHECK_ITEMS] or val[:CHECK_ITEMS]
+    result = check_adapter(engine, model, state, path, f"{name}@{path.stat().st_mtime_ns}", sample)
+    result["bytes"] = path.stat().st_size
+    write_json_atomic(check_file, result)
+    context.log(
+        f"{name}: {result['bytes'] / 1e6:.1f} MB, llama.cpp vs torch log-prob correlation"
+        f" {result['logprob_correlation']}, mean |shift| {result['mean_abs_logprob_shift']}"
+    )
+    return result
+
+
+def run(context: PublishContext, directory: Path) -> dict[str, Any]:
+    names = adapter_names(context.summary("clusters")["k"])
+    spec = context.spec()
+    tasks = [Task(export_task, (spec, name), f"export {name}") for name in names]
+    with context.progress("export + check adapters", len(names)) as advance:
+        checks = context.executor.map(tasks, task_resources(context), on_done=lambda *_: advance(1))
+    for engine in _engines.values():  # this process's (the sequential executor's) checks are done
         engine.close()
-    return {"adapters": results, "files": {name: f"{name}.gguf" for name in adapter_names(k)}}
+    _engines.clear()
+    return {
+        "adapters": dict(zip(names, checks, strict=True)),
+        "files": {name: f"{name}.gguf" for name in names},
+    }
 
 
 def check_adapter(

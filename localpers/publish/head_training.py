@@ -15,6 +15,7 @@ the same `y+` against the own text of another training user of the same cluster 
 their training pairs, so another prompt), so the head can learn what separates this author from
 similar authors and not only people from the cluster model. `author_own_lambda` reports, on held-out
 pairs, how often an author's own lambda ranks their text above a same-cluster author's.
+The stage is one task of the run's executor (`run_as_task`), on the CPU.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import numpy as np
 
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.publish.executor import GIB, Resources, Task
 from localpers.publish.head_data import PairData, author_negative_pairs, holdout_mask, load_pair_data
-from localpers.publish.runner import PublishContext, write_json_atomic
+from localpers.publish.runner import ContextSpec, PublishContext, task_context, write_json_atomic
 
 HEAD_FILE = "head.safetensors"
 EVAL_EVERY = 10
@@ -93,6 +95,18 @@ def sequence_features(
     if length_normalised:
         g = g / lengths.clamp(min=1).unsqueeze(1).to(g.dtype)
     return g
+
+
+def head_task(spec: ContextSpec) -> dict[str, Any]:
+    """Task: the whole head stage where the executor puts it (one task: it needs every user's features)."""
+    context = task_context(spec)
+    return run(context, context.stage_dir("head"))
+
+
+def run_as_task(context: PublishContext, directory: Path) -> dict[str, Any]:
+    """The `head` stage through the run's executor (CPU: this trainer does not use a GPU)."""
+    resources = Resources(cpus=context.options.threads, memory=int(context.options.task_memory_gb * GIB))
+    return context.executor.map([Task(head_task, (context.spec(),), "head")], resources)[0]
 
 
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:

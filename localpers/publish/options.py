@@ -25,10 +25,19 @@ class PublishOptions:
     model: str | None = None  # backbone GGUF; default: resolve_backbone()
     task: str = "headline"
     seed: int = 0
+    # execution (not part of any stage's cache key: every executor computes the same outputs)
+    executor: str = "sequential"  # "sequential" (this process) or "ray" (the CLI's default)
+    ray_address: str | None = None  # None = start a local Ray; else an existing cluster's address
+    workers: int | None = None  # CPUs of a local Ray (default: all cores)
+    shard_users: int = 8  # authors per pairs/features/embedding task
+    task_retries: int = 3  # Ray re-runs a task whose worker died this many times
+    gpus_per_task: float | None = None  # GPUs per SFT task; None = 1 when the Ray cluster has GPUs
+    task_memory_gb: float = 4.0  # memory one SFT/export/head task declares (a pairs/features shard: half)
     # a. clusters
     k: int | None = None  # None = choose by silhouette over k_range
     k_range: tuple[int, int] = (2, 6)
     val_fraction: float = 0.1
+    minibatch_above: int = 2000  # more users than this: MiniBatchKMeans and a sampled silhouette
     # b. SFT
     rank: int = 16
     lora_alpha: float = 32.0
@@ -79,7 +88,7 @@ class PublishOptions:
 
 # Which options each stage's output depends on (besides the outputs of earlier stages).
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
-    "clusters": ("k", "k_range", "val_fraction", "seed"),
+    "clusters": ("k", "k_range", "val_fraction", "seed", "minibatch_above"),
     "sft": (
         "task",
         "rank",
@@ -117,6 +126,14 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Fields added after bundles were published: left out of the key at their default, so old caches stay valid.
+KEY_ONLY_IF_CHANGED: dict[str, Any] = {"minibatch_above": 2000}
+
+
 def stage_fields(options: PublishOptions, stage: str) -> dict[str, Any]:
     values = options.as_dict()
-    return {name: values[name] for name in STAGE_FIELDS[stage]}
+    return {
+        name: values[name]
+        for name in STAGE_FIELDS[stage]
+        if name not in KEY_ONLY_IF_CHANGED or values[name] != KEY_ONLY_IF_CHANGED[name]
+    }

@@ -3,12 +3,16 @@
 For each training user and up to `pairs_per_user` of their training items (a seeded sample; never the
 validation items): `y+` = the user's own output, `y-` = the greedy output of the user's cluster
 adapter on the same prompt, with the task's stop rule and `max_new_tokens`. Pairs with `y- == y+`
-(or an empty `y-`) are skipped. One JSON file per user is written as soon as that user is done, so an
-interrupted run picks up at the next user. This stage does not compute features.
+(or an empty `y-`) are skipped. Authors are cut into shards of `shard_users` (grouped by cluster: fewer
+adapter switches), one task each; a task writes one JSON file per user as soon as that user is done, so
+an interrupted or retried task picks up at the next user. Each process keeps one llama.cpp engine with
+every cluster adapter loaded (`cluster_engine`, shared with `features`). This stage does not compute
+features.
 """
 
 from __future__ import annotations
 
+import atexit
 import zlib
 from pathlib import Path
 from typing import Any
@@ -16,8 +20,11 @@ from typing import Any
 import numpy as np
 
 from localpers.publish.clusters import load_assignment
+from localpers.publish.executor import GIB, Resources, Task, shards
 from localpers.publish.prompts import user_prompts
-from localpers.publish.runner import PublishContext, read_json, write_json_atomic
+from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
+
+_engines: dict[tuple[Any, ...], Any] = {}
 
 
 def chosen_items(user_id: str, candidates: list[int], limit: int | None, seed: int) -> list[int]:
@@ -31,15 +38,80 @@ def user_file(directory: Path, index: int) -> Path:
     return directory / f"user-{index:05d}.json"
 
 
-def run(context: PublishContext, directory: Path) -> dict[str, Any]:
+def shard_resources(context: PublishContext) -> Resources:
+    """A pairs/features shard: `engine_threads` CPUs and half an SFT task's memory (llama.cpp, Q4 backbone)."""
+    return Resources(
+        cpus=context.options.engine_threads, memory=int(context.options.task_memory_gb * GIB / 2)
+    )
+
+
+def cluster_engine(context: PublishContext, *, taps: bool) -> Any:
+    """This process's llama.cpp engine with every exported cluster adapter loaded as `cluster-<c>`."""
     from localpers.engine import Engine
+
+    key = (str(context.backbone_path), context.options.engine_threads, taps, context.keys.get("export"))
+    if key not in _engines:
+        for old in _engines.values():
+            old.close()
+        _engines.clear()
+        kwargs: dict[str, Any] = {} if taps else {"tap_layers": None}
+        engine = Engine(context.backbone_path, n_ctx=1024, n_threads=context.options.engine_threads, **kwargs)
+        adapters = context.stage_dir("export")
+        for c in range(context.summary("clusters")["k"]):
+            engine.load_adapter(adapters / f"cluster-{c}.gguf", f"cluster-{c}")
+        atexit.register(engine.close)  # before interpreter teardown, while llama_cpp is importable
+        _engines[key] = engine
+    return _engines[key]
+
+
+def release_engines() -> None:
+    """Close this process's cached engine (the driver calls it when a stage is done with it)."""
+    for engine in _engines.values():
+        engine.close()
+    _engines.clear()
+
+
+def pairs_shard(spec: ContextSpec, rows: list[tuple[int, int, list[int]]]) -> dict[str, float]:
+    """Task: the pairs of a shard of `(user, cluster, items)` rows; users already written are skipped."""
     from localpers.engine.generation import generate
     from localpers.tasks import get_task
 
+    context = task_context(spec)
     options = context.options
+    directory = context.stage_dir("pairs")
     task = get_task(options.task)
+    engine = cluster_engine(context, taps=False)
+    stats = {"generated": 0, "skipped": 0, "new_tokens": 0, "decode_seconds": 0.0}
+    for index, cluster, items in rows:
+        if user_file(directory, index).exists():
+            continue
+        user = context.corpus.users[index]
+        prompts = user_prompts(context, user)
+        engine.set_adapter(f"cluster-{cluster}")
+        pairs = []
+        for item_index in items:
+            item = user.history[item_index]
+            result = generate(
+                engine, prompts[item_index], max_tokens=options.max_new_tokens, stop=task.stop_strings
+            )
+            rejected = result.text.strip()
+            stats["generated"] += 1
+            stats["new_tokens"] += len(result.tokens)
+            stats["decode_seconds"] += result.prompt_seconds + result.decode_seconds
+            if not rejected or rejected == item.output.strip():
+                stats["skipped"] += 1
+                continue
+            pairs.append({"item": item_index, "chosen": item.output.strip(), "rejected": rejected})
+        write_json_atomic(
+            user_file(directory, index),
+            {"user": index, "user_id": user.user_id, "cluster": cluster, "pairs": pairs},
+        )
+    return stats
+
+
+def run(context: PublishContext, directory: Path) -> dict[str, Any]:
+    options = context.options
     assignment = load_assignment(context)
-    adapters = context.stage_dir("export")
     plan: list[tuple[int, int, list[int]]] = []
     for index, (user, entry) in enumerate(zip(context.corpus.users, assignment["users"], strict=True)):
         held_out = set(entry["val"])
@@ -52,47 +124,23 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
             )
         )
     plan.sort(key=lambda row: (row[1], row[0]))  # group by cluster: fewer adapter switches
-    engine = Engine(context.backbone_path, tap_layers=None, n_ctx=1024, n_threads=options.engine_threads)
-    generated = skipped = new_tokens = 0
-    decode_seconds = 0.0
-    try:
-        for c in range(assignment["k"]):
-            engine.load_adapter(adapters / f"cluster-{c}.gguf", f"cluster-{c}")
-        todo = [row for row in plan if not user_file(directory, row[0]).exists()]
-        with context.progress("pairs (greedy y-)", sum(len(items) for *_, items in todo)) as advance:
-            for index, cluster, items in todo:
-                user = context.corpus.users[index]
-                prompts = user_prompts(context, user)
-                engine.set_adapter(f"cluster-{cluster}")
-                pairs = []
-                for item_index in items:
-                    item = user.history[item_index]
-                    result = generate(
-                        engine,
-                        prompts[item_index],
-                        max_tokens=options.max_new_tokens,
-                        stop=task.stop_strings,
-                    )
-                    rejected = result.text.strip()
-                    generated += 1
-                    new_tokens += len(result.tokens)
-                    decode_seconds += result.prompt_seconds + result.decode_seconds
-                    advance(1)
-                    if not rejected or rejected == item.output.strip():
-                        skipped += 1
-                        continue
-                    pairs.append({"item": item_index, "chosen": item.output.strip(), "rejected": rejected})
-                write_json_atomic(
-                    user_file(directory, index),
-                    {"user": index, "user_id": user.user_id, "cluster": cluster, "pairs": pairs},
-                )
-    finally:
-        engine.close()
+    todo = [row for row in plan if not user_file(directory, row[0]).exists()]
+    parts = shards(todo, options.shard_users)
+    spec = context.spec()
+    tasks = [Task(pairs_shard, (spec, part), f"pairs users {part[0][0]}..{part[-1][0]}") for part in parts]
+    with context.progress("pairs (greedy y-)", sum(len(items) for *_, items in todo)) as advance:
+        results = context.executor.map(
+            tasks, shard_resources(context), on_done=lambda i, _: advance(sum(len(r[2]) for r in parts[i]))
+        )
+    release_engines()
+    generated = sum(int(r["generated"]) for r in results)
+    new_tokens = sum(int(r["new_tokens"]) for r in results)
+    decode_seconds = sum(float(r["decode_seconds"]) for r in results)
     per_user = [len(read_json(user_file(directory, row[0]))["pairs"]) for row in plan]
     return {
         "pairs": int(sum(per_user)),
         "generated_this_run": generated,
-        "skipped_identical_this_run": skipped,
+        "skipped_identical_this_run": sum(int(r["skipped"]) for r in results),
         "generated_tokens_this_run": new_tokens,
         "ms_per_generated_token": round(1000 * decode_seconds / max(1, new_tokens), 1),
         "users": len(per_user),

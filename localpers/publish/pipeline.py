@@ -1,7 +1,8 @@
 """Wire the publisher's stages together: `publish(options)` runs them and returns every stage summary.
 
 Order: clusters -> sft -> export -> pairs -> features -> head -> bundle (see each stage's module).
-This module resolves the corpus and backbone, sets up logging, and leaves caching to `runner`.
+This module resolves the corpus and backbone, sets up logging and the executor (`--executor`: this
+process, or Ray), and leaves caching to `runner`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,36 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from threadpoolctl import threadpool_limits
 
 from localpers.engine.backbone import resolve_backbone
 from localpers.errors import LocalpersError
-from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft
+from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft_stage
 from localpers.publish.corpus import load_corpus
+from localpers.publish.executor import EXECUTORS, Executor, SequentialExecutor
 from localpers.publish.options import PublishOptions
 from localpers.publish.runner import PublishContext, run_stages
+
+
+def make_executor(
+    kind: str,
+    *,
+    address: str | None = None,
+    workers: int | None = None,
+    retries: int = 3,
+) -> Executor:
+    """The executor `kind` names ('sequential' or 'ray'); Ray is imported only for 'ray'."""
+    if kind not in EXECUTORS:
+        raise LocalpersError(f"--executor must be one of {', '.join(EXECUTORS)}, not {kind!r}")
+    if address is not None and workers is not None:
+        raise LocalpersError("--workers sizes a local Ray; with --ray-address the cluster's own CPUs count")
+    if kind == "sequential":
+        if address is not None:
+            raise LocalpersError("--ray-address needs --executor ray")
+        return SequentialExecutor()
+    from localpers.publish.ray_executor import RayExecutor  # imports ray itself only when made
+
+    return RayExecutor(address=address, workers=workers, retries=retries)
 
 
 def publish(
@@ -35,8 +59,30 @@ def publish(
         raise LocalpersError(f"--head-u must be 'factored' or 'full', not {options.head_u!r}")
     if options.k is not None and options.k < 1:
         raise LocalpersError("--k must be at least 1")
+    if options.shard_users < 1:
+        raise LocalpersError("--shard-users must be at least 1")
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
     backbone = resolve_backbone(options.model)
+    executor = make_executor(
+        options.executor, address=options.ray_address, workers=options.workers, retries=options.task_retries
+    )
+    limits = threadpool_limits(limits=options.threads)  # as in every task process (runner.task_context)
+    try:
+        return _publish(options, corpus, backbone, executor, until, from_stage, console)
+    finally:
+        executor.close()
+        limits.restore_original_limits()
+
+
+def _publish(
+    options: PublishOptions,
+    corpus: Any,
+    backbone: Any,
+    executor: Any,
+    until: str | None,
+    from_stage: str | None,
+    console: Console | None,
+) -> dict[str, Any]:
     options.work_dir.mkdir(parents=True, exist_ok=True)
     context = PublishContext(
         options=options,
@@ -45,8 +91,14 @@ def publish(
         backbone_sha256=backbone.sha256,
         console=console or Console(stderr=True),
         log_file=options.work_dir / "publish.log",
+        executor=executor,
     )
     context.log(f"publish {corpus.path} ({len(corpus.users)} users, {corpus.n_items} items) -> {options.out}")
+    info = executor.info
+    context.log(
+        f"executor: {info.kind}"
+        + (f" at {info.address}, {info.workers:g} CPUs, {info.gpus:g} GPUs" if info.kind == "ray" else "")
+    )
     summaries: dict[str, dict[str, Any]] = {}
 
     def bundle(ctx: PublishContext, directory: Path) -> dict[str, Any]:
@@ -54,11 +106,11 @@ def publish(
 
     functions = {
         "clusters": clusters.run,
-        "sft": sft.run,
+        "sft": sft_stage.run,
         "export": export.run,
         "pairs": pairs.run,
         "features": features.run,
-        "head": head_training.run,
+        "head": head_training.run_as_task,
         "bundle": bundle,
     }
 
@@ -70,4 +122,5 @@ def publish(
         "work": str(options.work_dir),
         "stages": result,
         "stage_seconds": {name: round(s, 1) for name, s in context.stage_seconds.items()},
+        "executor": {"kind": info.kind, "address": info.address, "cpus": info.workers, "gpus": info.gpus},
     }

@@ -4,7 +4,10 @@ A stage's cache key hashes the options it depends on plus the keys of every earl
 is skipped when its `done.json` carries the current key; a directory whose `key.txt` differs is wiped
 (the inputs changed); a directory with the right key but no `done.json` was interrupted and is handed
 back to the stage, which resumes what it can (SFT checkpoints, per-user pair and feature files).
-This module does not know what the stages compute; `localpers.publish.pipeline` wires them up.
+A stage's independent work goes through `context.executor` (`localpers.publish.executor`); a task
+rebuilds its own `PublishContext` from a picklable `ContextSpec` (`task_context`), in whatever process
+or machine runs it. This module does not know what the stages compute; `localpers.publish.pipeline`
+wires them up.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,9 +34,11 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from threadpoolctl import threadpool_limits
 
 from localpers.errors import LocalpersError
-from localpers.publish.corpus import Corpus
+from localpers.publish.corpus import Corpus, load_corpus
+from localpers.publish.executor import Executor, SequentialExecutor
 from localpers.publish.options import STAGES, PublishOptions, stage_fields
 
 DONE_MARKER = "done.json"
@@ -66,6 +72,17 @@ class PublishContext:
     keys: dict[str, str] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     log_file: Path | None = None
+    executor: Executor = field(default_factory=SequentialExecutor)
+
+    def spec(self) -> ContextSpec:
+        """What a task needs to rebuild this context elsewhere (no console, corpus or executor).
+
+        A task run in this same process (the sequential executor) gets this very context back.
+        """
+        token = uuid.uuid4().hex
+        _local_contexts.clear()
+        _local_contexts[token] = self
+        return ContextSpec(self.options, self.backbone_path, self.backbone_sha256, dict(self.keys), token)
 
     @property
     def work(self) -> Path:
@@ -115,6 +132,47 @@ class PublishContext:
                     state["next"] = state["done"] + max(1, total // 10)
 
             yield advance_and_log
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    """The picklable part of a `PublishContext`, shipped with every task."""
+
+    options: PublishOptions
+    backbone_path: Path
+    backbone_sha256: str
+    keys: dict[str, str]
+    token: str = ""
+
+
+_local_contexts: dict[str, PublishContext] = {}
+_corpora: dict[tuple[str, int, int], Corpus] = {}
+
+
+def task_context(spec: ContextSpec) -> PublishContext:
+    """A `PublishContext` for a task: the corpus is read once per process (keyed by path, size, mtime)."""
+    if spec.token in _local_contexts:
+        return _local_contexts[spec.token]
+    # numpy/BLAS with the run's thread count in every process: sums come out bit-identical everywhere.
+    threadpool_limits(limits=spec.options.threads)
+    path = Path(spec.options.corpus)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise LocalpersError(f"corpus {path} is not readable where this task runs ({exc.strerror})") from None
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _corpora:
+        _corpora.clear()
+        _corpora[key] = load_corpus(path)
+    return PublishContext(
+        options=spec.options,
+        corpus=_corpora[key],
+        backbone_path=spec.backbone_path,
+        backbone_sha256=spec.backbone_sha256,
+        console=Console(stderr=True),
+        keys=dict(spec.keys),
+        log_file=spec.options.work_dir / "publish.log",
+    )
 
 
 def stage_key(options: PublishOptions, stage: str, upstream: dict[str, str]) -> str:

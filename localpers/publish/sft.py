@@ -8,6 +8,8 @@ Each adapter checkpoints every `checkpoint_every` steps to `<adapter>/checkpoint
 optimiser, scheduler, step, losses) so an interrupted run resumes where it stopped, and its final
 weights go to `<adapter>/lora.pt`. Validation loss (mean per target token over the users' held-out
 items) is measured for the backbone, the starting point and the trained adapter.
+Every adapter's dropout is seeded from (seed, adapter name), so it trains the same in whichever process
+runs it. This module holds the training mechanics; `sft_stage` schedules the adapters as tasks.
 This stage does not write GGUF (stage `export` does).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from localpers.engine import torch_model
 from localpers.engine.torch_model import Example
 from localpers.publish.clusters import load_assignment
 from localpers.publish.prompts import user_prompts
-from localpers.publish.runner import PublishContext, read_json, write_json_atomic
+from localpers.publish.runner import PublishContext
 
 GLOBAL = "global"
 EVAL_BATCH = 16
@@ -55,12 +58,12 @@ def split_examples(context: PublishContext) -> tuple[list[Example], list[Example
     return train, val, clusters
 
 
-def autocast(precision: str) -> Any:
+def autocast(precision: str, device: str = "cpu") -> Any:
     import torch
 
     if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+        return torch.autocast(device, dtype=torch.bfloat16)
+    return torch.autocast(device, enabled=False)
 
 
 def cpu_has_bf16() -> bool:
@@ -77,7 +80,8 @@ def measure_precision(context: PublishContext, model: Any, examples: list[Exampl
     options = context.options
     if options.precision != "auto":
         return {"chosen": options.precision, "measured": {}}
-    if not cpu_has_bf16():
+    device = torch_model.model_device(model).type
+    if device == "cpu" and not cpu_has_bf16():
         return {"chosen": "fp32", "measured": {}, "reason": "no avx512_bf16/amx_bf16"}
     batches = [
         torch_model.make_batch(examples[i : i + options.batch_size])
@@ -103,7 +107,7 @@ def measure_precision(context: PublishContext, model: Any, examples: list[Exampl
 
 
 def _train_pass(model: Any, batch: dict[str, Any], precision: str) -> float:
-    with autocast(precision):
+    with autocast(precision, torch_model.model_device(model).type):
         loss = torch_model.target_token_losses(model, batch).mean()
     loss.backward()
     return float(loss.detach())
@@ -119,8 +123,8 @@ def evaluate(model: Any, examples: list[Example], precision: str) -> dict[int, t
         for start in range(0, len(examples), EVAL_BATCH):
             chunk = examples[start : start + EVAL_BATCH]
             batch = torch_model.make_batch(chunk)
-            with autocast(precision):
-                losses = torch_model.target_token_losses(model, batch).float().numpy()
+            with autocast(precision, torch_model.model_device(model).type):
+                losses = torch_model.target_token_losses(model, batch).float().cpu().numpy()
             rows = batch["rows"].numpy()
             for row, example in enumerate(chunk):
                 loss_sum, count = totals.get(example.user, (0.0, 0))
@@ -169,8 +173,9 @@ def train_adapter(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     step, losses, tokens_seen, seconds = 0, [], 0, 0.0
+    torch.manual_seed(adapter_seed(options.seed, name))  # dropout: the same masks in any process
     if checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=False)
+        saved = torch.load(checkpoint_path, weights_only=False, map_location=torch_model.model_device(model))
         torch_model.load_lora_state(model, saved["lora"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
@@ -207,6 +212,11 @@ def train_adapter(
         "train_seconds": round(seconds, 1),
         "tokens_per_second": round(tokens_seen / max(seconds, 1e-9), 1),
     }
+
+
+def adapter_seed(seed: int, name: str) -> int:
+    """The torch seed of one adapter's training: independent of which adapters ran before it."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**31
 
 
 def _batch_order(n: int, steps: int, batch_size: int, seed: int, name: str) -> list[list[int]]:
@@ -248,97 +258,3 @@ def _save_checkpoint(
         },
         path,
     )
-
-
-def run(context: PublishContext, directory: Path) -> dict[str, Any]:
-    import torch
-
-    options = context.options
-    torch.set_num_threads(options.threads)
-    torch.manual_seed(options.seed)
-    train, val, clusters = split_examples(context)
-    k = max(clusters) + 1
-    context.log(f"sft: {len(train)} training and {len(val)} validation examples, {k} clusters")
-    model = torch_model.shared_lora_model(
-        context.backbone_path, options.rank, options.lora_alpha, options.dropout, tuple(options.targets)
-    )
-    fresh = torch_model.fresh_lora_state(
-        context.backbone_path, options.rank, options.lora_alpha, options.dropout, tuple(options.targets)
-    )
-    precision_file = directory / "precision.json"
-    if precision_file.exists():
-        precision_info = read_json(precision_file)
-    else:
-        torch_model.load_lora_state(model, fresh)
-        precision_info = measure_precision(context, model, train)
-        write_json_atomic(precision_file, precision_info)
-    precision = precision_info["chosen"]
-
-    val_cache = directory / "val_losses.json"
-    val_totals: dict[str, dict[int, tuple[float, int]]] = {}
-    if val_cache.exists():
-        val_totals = {
-            name: {int(u): tuple(v) for u, v in t.items()} for name, t in read_json(val_cache).items()
-        }
-
-    def remember_val(name: str, totals: dict[int, tuple[float, int]]) -> None:
-        val_totals[name] = totals
-        write_json_atomic(
-            val_cache, {n: {str(u): list(v) for u, v in t.items()} for n, t in val_totals.items()}
-        )
-
-    if "backbone" not in val_totals:
-        torch_model.load_lora_state(model, fresh)
-        with context.progress("validation loss, backbone", 1) as advance:
-            remember_val("backbone", evaluate(model, val, precision))
-            advance(1)
-
-    records: dict[str, Any] = {}
-    all_users = set(range(len(clusters)))
-    for name in adapter_names(k):
-        adapter_dir = directory / name
-        record_path = adapter_dir / "record.json"
-        if record_path.exists():
-            records[name] = read_json(record_path)
-            continue
-        if name == GLOBAL:
-            users, epochs, init_name = all_users, options.global_epochs, "backbone"
-            initial = fresh
-        else:
-            cluster = int(name.split("-")[1])
-            users = {u for u, c in enumerate(clusters) if c == cluster}
-            epochs = options.cluster_epochs
-            if options.cluster_init == "global":
-                initial, init_name = torch.load(directory / GLOBAL / "lora.pt", weights_only=False), GLOBAL
-            else:
-                initial, init_name = fresh, "backbone"
-        examples = [e for e in train if e.user in users]
-        user_val = [e for e in val if e.user in users]
-        steps = planned_steps(len(examples), epochs, options.batch_size, options.max_steps)
-        started = time.perf_counter()
-        record = train_adapter(context, model, name, examples, steps, initial, precision, adapter_dir)
-        with context.progress(f"validation loss, {name}", 1) as advance:
-            remember_val(name, evaluate(model, user_val if name != GLOBAL else val, precision))
-            advance(1)
-        record.update(
-            {
-                "users": len(users),
-                "init": init_name,
-                "val_items": len(user_val),
-                "val_loss_backbone": mean_loss(val_totals["backbone"], users),
-                "val_loss_init": mean_loss(val_totals[init_name], users),
-                "val_loss": mean_loss(val_totals[name], users),
-                "seconds": round(time.perf_counter() - started, 1),
-            }
-        )
-        write_json_atomic(record_path, record)
-        records[name] = record
-        context.log(
-            f"{name}: {record['steps']} steps, {record['tokens_per_second']} tokens/s, val loss"
-            f" {record['val_loss_init']} -> {record['val_loss']} (backbone {record['val_loss_backbone']})"
-        )
-    return {
-        "precision": precision_info,
-        "adapters": {name: {k: v for k, v in r.items() if k != "train_loss"} for name, r in records.items()},
-        "train_loss": {name: r["train_loss"] for name, r in records.items()},
-    }
