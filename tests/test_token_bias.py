@@ -9,8 +9,8 @@ import pytest
 from test_personalize import ARTICLE, SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 
 from localpers.errors import LocalpersError
-from localpers.methods.card.casing import TokenCasing, word_case
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.recasing import Recasing
 from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, describe_habits, fit_token_bias
 from localpers.methods.card.user_state import stored_token_bias
 from localpers.users.store import UserStore
@@ -106,58 +106,12 @@ VOCAB = {
 }
 
 
-def fake_casing() -> TokenCasing:
-    ids = {piece: token for token, piece in VOCAB.items()}
-
-    def tokenize(text: str) -> list[int]:  # " raises" -> [" rais", "es"]: the twin is the first token
-        return [3, 12] if text == " raises" else [ids[text]] if text in ids else []
-
-    return TokenCasing(VOCAB.__getitem__, tokenize)
-
-
-def test_word_case_and_twins() -> None:
-    assert [word_case(VOCAB[t]) for t in (1, 2, 3, 6, 7, 10)] == [0, 1, -1, 0, 0, 0]  # no space, acronym: 0
-    assert word_case("Backed", "-") == 1 and word_case("backed", " '") == -1  # a word after "-" or a quote
-    casing = fake_casing()
-    assert casing.twin(2) == 3 and casing.twin(5) == 4 and casing.twin(10) == 11
-    assert casing.case_of(10, 9) == 1 and casing.case_of(10, 8) == 0  # "Backed" starts a word after "-" only
-    assert casing.twin(6) is None and casing.twin(9) is None  # acronyms and punctuation have none
-
-
-def test_casing_habit_moves_capitalised_word_starts_to_lower_case() -> None:
-    casing = fake_casing()
-    positives = [[1, 3, 12, 5]] * 6  # "Fed raises rates": sentence case
-    negatives = [[1, 2, 4]] * 6  # the model's Title Case
-    bias = fit_token_bias(positives, negatives, casing=casing)
-    assert bias.case == pytest.approx(-(1 - (1 / 14) / (13 / 14)), abs=1e-3)  # add-one smoothed rates
-    assert fit_token_bias(positives[:4], negatives[:4], casing=casing).case == 0.0  # 8 word starts: too few
-    assert TokenBias.from_json(bias.to_json()).case == bias.case
-    candidates = np.array([2, 4, 6, 7])
-    assert sorted(bias.case_twins(candidates, 1, casing, last=1)) == [3, 5]  # " Raises", " Rates" bring twins
-    assert bias.case_twins(candidates, 0, casing, last=None) == []  # the first word keeps its capital
-    ids = np.array([2, 3, 4, 6])
-    logits = np.array([3.0, -4.0, 1.0, 2.0], dtype=np.float32)
-    moved = logits.copy()
-    bias.apply_case(moved, ids, 1, casing, last=1)
-    share = abs(bias.case)
-    assert np.exp(moved[1]) == pytest.approx(np.exp(-4.0) + share * np.exp(3.0), rel=1e-4)  # " Raises" -> " rais"
-    assert moved[0] == pytest.approx(3.0 + math.log(1 - share), abs=1e-5)
-    assert moved[2] == logits[2]  # " Rates" has no twin among the candidates: unchanged
-    assert moved[3] == logits[3]  # an acronym keeps its case
-    assert np.logaddexp.reduce(moved) == pytest.approx(np.logaddexp.reduce(logits), abs=1e-4)  # mass kept
-    same = logits.copy()
-    bias.apply_case(same, ids, 0, casing, last=None)
-    assert np.array_equal(same, logits)
-    with pytest.raises(ValueError, match="case"):
-        TokenBias.from_json({"case": 2.0})
-
-
 def test_habits_are_described_in_words() -> None:
-    bias = TokenBias(opening={2: 9.12}, closing={9: 0.9}, case=-0.97)
+    bias = TokenBias(opening={2: 9.12}, closing={9: 0.9}, recasing=Recasing("lower"))
     assert describe_habits(bias, VOCAB.__getitem__) == [
         "opens with 'Raises' (+9.1 nats over the model)",
         "ends with '-' (90% of endings moved to it)",
-        "writes later words in lower case (97% of capitalised word starts moved)",
+        "writes later words in lower case (sentence case)",
     ]
     assert describe_habits(TokenBias(first={2: 3.0}), VOCAB.__getitem__) == []  # counted tables are no habit
 
@@ -211,3 +165,20 @@ def test_a_damaged_bias_in_the_state_is_a_one_line_error(tmp_path) -> None:
     user.save_state({"token_bias": {"first": [[1, "x"]]}})
     with pytest.raises(LocalpersError, match="field 'token_bias' is damaged.*localpers fit"):
         stored_token_bias(user)
+
+
+def test_a_casing_habit_recases_card_output_and_its_stream_but_not_the_cluster_adapters(
+    personalizer: Personalizer,  # noqa: F811
+) -> None:
+    habit = Recasing("upper")
+    common = {"cluster": 0, "strength": 0.0, "max_tokens": 12}
+    plain = personalizer.rewrite(ARTICLE, method="card", **common).text
+    streamed: list[str] = []
+    recased = personalizer.rewrite(
+        ARTICLE, method="card", bias=TokenBias(recasing=habit), on_text=streamed.append, **common
+    )
+    assert recased.text == habit.apply(plain, ARTICLE) != plain
+    assert "".join(streamed).strip() == recased.text
+    cluster = personalizer.rewrite(ARTICLE, method="cluster", bias=TokenBias(recasing=habit), **common)
+    assert cluster.text == personalizer.rewrite(ARTICLE, method="cluster", **common).text
+    assert TokenBias.from_json({"case": -0.9}).recasing is None  # a fit from before recasing still loads

@@ -2,7 +2,8 @@
 
 The candidates are the conditioned cluster adapter alone, and the same adapter with the user's vector
 (at the bundle's strength) and/or their token bias (its counted tables at strength 0.1, 1 or 2; its calibrated
-opening, closing and casing habits apply as fitted whenever the bias is on). They are compared on the user's own
+opening and closing habits apply as fitted whenever the bias is on; a casing habit recases every CARD output,
+whatever is chosen). They are compared on the user's own
 most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
 the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean log-probability
 per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model runs once per

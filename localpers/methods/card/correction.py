@@ -5,9 +5,8 @@ each of them, with `f_t` the layer features tapped at the position being predict
 token bias (`localpers.methods.card.token_bias`), the user's habitual tokens for this position join the k candidates
 (uncorrected by the vector) and every candidate gets its bias times `bias_strength` (its calibrated opening
 habits as they are); when the user has closing habits, a share of the ending probability of the
-end-of-output tokens (`end_tokens`) among the candidates moves to them (`TokenBias.apply_closing`); with a
-casing habit, the other-case twins of the disfavoured word starts join the candidates (`casing`). Every other token
-leaves the chain, so however strong the correction, the next token is one the cluster model ranked in its
+end-of-output tokens (`end_tokens`) among the candidates moves to them (`TokenBias.apply_closing`). Every
+other token leaves the chain, so however strong the correction, the next token is one the cluster model ranked in its
 top k or one the user habitually writes there. Without a token bias a llama.cpp `top_k(k)` sampler placed
 right before this one makes the cut; with one, this sampler cuts itself (it must see the habitual tokens'
 logits). It only does head maths on the candidates it is given: no model evaluation, no token choice.
@@ -22,7 +21,6 @@ import numpy as np
 
 from localpers.engine.decoding import Candidates
 from localpers.errors import LocalpersError
-from localpers.methods.card.casing import TokenCasing
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.token_bias import TokenBias
@@ -73,7 +71,6 @@ class CardCorrection:
     bias_strength: float = 0.0
     name: str = "card"
     end_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    casing: TokenCasing | None = None  # word-start cases of the vocabulary, for a casing habit
     steps: list[CorrectionRecord] = field(default_factory=list)
     position: int = 0  # tokens accepted so far: the token bias differs for the first one
     emitted: set[int] = field(
@@ -107,17 +104,16 @@ class CardCorrection:
             extra = self.bias.apply(before, ids, self.position, self.bias_strength, self.emitted)
             delta = delta + extra.astype(np.float32)
         candidates.logits[:] = before + delta
-        if self.bias is not None and (self.bias.closing or self.bias.case):
+        if self.bias is not None and self.bias.closing:
             candidates.logits[:] = self._with_habits(candidates.logits, ids)
             delta = candidates.logits - before
         if self.record:
             self.steps.append(CorrectionRecord(ids.copy(), before, delta))
 
     def _with_habits(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """The final logits with the casing and closing habits' shares moved (case first: closing sees it)."""
+        """The final logits with the closing habits' share of the ending probability moved."""
         assert self.bias is not None
         moved = np.array(logits, dtype=np.float32)
-        self.bias.apply_case(moved, ids, self.position, self.casing, self.last)
         self.bias.apply_closing(moved, ids, self.end_tokens, self.position, self.last)
         return moved
 
@@ -127,9 +123,6 @@ class CardCorrection:
         best = candidates.best_positions(self.top_k)
         habits = self.bias.habitual_tokens(self.position, self.emitted)  # sorted ids
         ids = candidates.ids
-        twins = self.bias.case_twins(ids[best], self.position, self.casing, self.last)
-        if twins:
-            habits = np.union1d(habits, np.asarray(twins, dtype=np.int64))
         if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):
             positions = habits  # the usual case: the candidates are still in vocabulary order
         else:
@@ -156,7 +149,6 @@ def build_correction(
     bias: TokenBias | None,
     bias_strength: float | None,
     end_tokens: Sequence[int] = (),
-    casing: TokenCasing | None = None,
     record: bool = False,
 ) -> tuple[CardCorrection, float, int]:
     """`(sampler, strength, k)`: CARD's correction for one user, with the bundle's defaults filled in.
@@ -179,6 +171,5 @@ def build_correction(
         bias=user_bias,
         bias_strength=float(bias_used),
         end_tokens=np.asarray(sorted(set(end_tokens)), dtype=np.int64),
-        casing=casing,
     )
     return correction, strength_used, k_used

@@ -30,7 +30,6 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import GenerationResult, generate, score_forced
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
-from localpers.methods.card.casing import TokenCasing
 from localpers.methods.card.choice import choose_correction
 from localpers.methods.card.correction import (
     CardCorrection,
@@ -40,6 +39,7 @@ from localpers.methods.card.correction import (
 )
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.recasing import RecasingStream, fit_recasing
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.tasks import get_task
@@ -48,6 +48,7 @@ from localpers.users.history_prompt import (
     HistoryIndex,
     PromptFormat,
     build_prompt,
+    content_of,
     prompt_for_user,
     select_examples,
 )
@@ -103,10 +104,6 @@ class Personalizer:
         self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
         # Where an output ends: the model's end token and the one-line tasks' newline (closing habits apply there).
         self.end_tokens = sorted({self.engine.eos_token, *self.engine.tokenize("\n", add_bos=False)})
-        self.casing = TokenCasing(
-            lambda token: self.engine.token_bytes(token).decode("utf-8", errors="replace"),
-            lambda text: self.engine.tokenize(text, add_bos=False),
-        )
 
     @classmethod
     def open(
@@ -197,6 +194,8 @@ class Personalizer:
             prompt = self.engine.tokenize(prompt_text)
             stop = (*chosen_task.stop_strings, *stop)
 
+        recasing = bias.recasing if correction is not None and bias is not None else None
+        stream = RecasingStream(recasing, text, on_text) if recasing and on_text else None
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
         # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
@@ -208,8 +207,11 @@ class Personalizer:
                 sampling=sampling,
                 stop=stop,
                 method=correction,
-                on_text=on_text,
+                on_text=stream or on_text,
             )
+        if stream is not None:
+            stream.close()
+        output = result.text if recasing is None else recasing.apply(result.text, text)
         total_ms = 1000 * (time.perf_counter() - started)
         gold: GenerationResult | None = None
         if reference is not None:
@@ -218,7 +220,7 @@ class Personalizer:
             )
             gold = self._score(prompt, reference, scoring)
         return RewriteResult(
-            text=result.text.strip() if chosen_task.one_line else result.text,
+            text=output.strip() if chosen_task.one_line else output,
             method=method,
             task=chosen_task.name,
             cluster=cluster,
@@ -278,7 +280,6 @@ class Personalizer:
             bias=bias,
             bias_strength=bias_strength,
             end_tokens=self.end_tokens,
-            casing=self.casing,
             record=record,
         )
 
@@ -489,7 +490,9 @@ class Personalizer:
         report = self._report(
             "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
         )
-        report.habits = describe_habits(bias, self.casing.piece)
+        report.habits = describe_habits(
+            bias, lambda token: self.engine.token_bytes(token).decode("utf-8", errors="replace")
+        )
         return FitOutcome(report, cluster, fit.vector, bias)
 
     def token_bias(
@@ -509,13 +512,22 @@ class Personalizer:
         ]
         endings = {tokens[-1] for tokens in positives if tokens}
         punctuation = {t for t in endings if _is_punctuation(self.engine.token_bytes(t))}
-        return fit_token_bias(
+        bias = fit_token_bias(
             positives,
             generated,
             first_logprobs=first_logprobs,
             closing_allowed=punctuation,
-            casing=self.casing,
         )
+        recasing = fit_recasing(
+            [item.output for item in items],
+            [content_of(get_task(item.task), item.input) for item in items],
+            [negative for negative in negatives if negative],
+        )
+        if recasing is not None:
+            # Applied to the finished words, the habit leaves the model's choice of words alone; moving
+            # probability between spellings while decoding (`case`) drifted it (docs/RESULTS.md 0d).
+            bias.recasing = recasing
+        return bias
 
     def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it.

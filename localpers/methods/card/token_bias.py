@@ -26,13 +26,10 @@ count ratio from ~20 greedy y- caps near log(20) while a kicker the model gives 
   with the habit), a share of the ending probability moves to the habit: the output ends with it, then
   ends. A count ratio cannot say *where* to put a closing "?"; pushed anywhere it lands mid-headline.
 
-A casing habit is one signed share, `case`: the part of the model's probability of a word start in the case
-the user avoids (capitalised for a sentence-case writer: negative `case`) that moves to the same word's
-other-case twin, which joins the candidates (`localpers.methods.card.casing`). Moving probability between
-the two spellings of one word, rather than pushing a class of tokens down, keeps the model's choice of words.
+A casing habit (sentence case, Title Case) is not a token bias: it travels with it as `recasing` and is
+applied to the finished words (`localpers.methods.card.recasing`), so it leaves the model's words alone.
 
-This captures habits a headline shows in its tokens (a fixed kicker, "&" for "and", sentence case on common
-words, a closing "?") that neither the shared adapters nor a 128-dimensional vector pick up from ~20 items.
+This captures habits a headline shows in its tokens (a fixed kicker, "&" for "and", a closing "?") that neither the shared adapters nor a 128-dimensional vector pick up from ~20 items.
 It knows nothing of models or files: token ids in, numbers out.
 """
 
@@ -46,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.methods.card.casing import CAPITALISED, LOWER, UNCASED, TokenCasing
+from localpers.methods.card.recasing import Recasing
 
 MIN_BIAS = 0.5
 MAX_ENTRIES = 200
@@ -56,9 +53,6 @@ MIN_HABIT_COUNT = 3  # outputs that must show an opening or closing habit (one-o
 MIN_HABIT_RATE = 0.25  # ... and this share of the user's outputs
 MAX_OPENING_BIAS = 12.0
 MAX_CLOSING_SHARE = 0.95  # of the model's end-of-output probability moved to closing habits
-MIN_CASED_WORDS = 10  # word starts in the user's outputs before a casing habit is judged
-MIN_CASE_SHARE = 0.3
-MAX_CASE_SHARE = 0.95
 
 
 @dataclass
@@ -73,7 +67,7 @@ class TokenBias:
     rest: dict[int, float] = field(default_factory=dict)
     opening: dict[int, float] = field(default_factory=dict)
     closing: dict[int, float] = field(default_factory=dict)
-    case: float = 0.0  # share moved between a word start's two cases (negative: to lower case); 0 = no habit
+    recasing: Recasing | None = None  # a casing habit, applied to the finished words (not a token bias)
 
     def for_step(self, step: int) -> dict[int, float]:
         """The counted bias table for the `step`-th generated token (0 = the first)."""
@@ -85,43 +79,6 @@ class TokenBias:
         tokens = {t for t, b in self.for_step(step).items() if b > 0 and t not in emitted}
         tokens |= set(self.opening) if step == 0 else set(self.closing)
         return np.array(sorted(tokens), dtype=np.int64)
-
-    def _disfavoured_case(self) -> int:
-        return CAPITALISED if self.case < 0 else LOWER
-
-    def case_twins(
-        self, tokens: np.ndarray, step: int, casing: TokenCasing | None, last: int | None
-    ) -> list[int]:
-        """Twins of the `tokens` the casing habit disfavours: the other case must be a candidate too."""
-        if not self.case or step == 0 or casing is None:
-            return []
-        disfavoured = self._disfavoured_case()
-        twins = (casing.twin(int(t)) for t in tokens if casing.case_of(int(t), last) == disfavoured)
-        return [t for t in twins if t is not None]
-
-    def apply_case(
-        self,
-        logits: np.ndarray,
-        candidates: np.ndarray,
-        step: int,
-        casing: TokenCasing | None,
-        last: int | None,
-    ) -> None:
-        """Move `|case|` of each disfavoured word start's probability to its twin, in place on the final logits."""
-        if not self.case or step == 0 or casing is None:
-            return
-        disfavoured = self._disfavoured_case()
-        share = min(abs(self.case), MAX_CASE_SHARE)
-        position = {int(t): i for i, t in enumerate(candidates)}
-        original = logits.astype(np.float64)
-        for index, token in enumerate(candidates):
-            if casing.case_of(int(token), last) != disfavoured:
-                continue
-            twin = position.get(casing.twin(int(token)) or -1)
-            if twin is None:
-                continue
-            logits[twin] = np.logaddexp(float(logits[twin]), original[index] + math.log(share))
-            logits[index] = original[index] + math.log(1.0 - share)
 
     def apply(
         self,
@@ -177,7 +134,7 @@ class TokenBias:
         logits[is_end] += math.log(1.0 - total * scale)
 
     def __len__(self) -> int:
-        return len(self.first) + len(self.rest) + len(self.opening) + len(self.closing) + bool(self.case)
+        return len(self.first) + len(self.rest) + len(self.opening) + len(self.closing)
 
     def to_json(self) -> dict[str, Any]:
         """{"first": [[token, bias], ...], "rest": [...], ..., "case": number}, rounded to 3 decimals."""
@@ -185,8 +142,8 @@ class TokenBias:
             name: [[int(t), round(float(b), 3)] for t, b in sorted(getattr(self, name).items())]
             for name in CONTEXTS
         }
-        if self.case:
-            tables["case"] = round(float(self.case), 3)
+        if self.recasing is not None:
+            tables["recasing"] = self.recasing.to_json()
         return tables
 
     @classmethod
@@ -217,10 +174,13 @@ class TokenBias:
                     )
                 table[row[0]] = float(row[1])
             tables[name] = table
-        case = data.get("case", 0.0)
-        if not isinstance(case, int | float) or isinstance(case, bool) or not -1.0 <= case <= 1.0:
-            raise ValueError(f"token bias field 'case' must be a share between -1 and 1, not {case!r:.40}")
-        return cls(**tables, case=float(case))
+        # A fit before recasing may hold "case" (a share moved while decoding, retired): ignored.
+        recasing = data.get("recasing")
+        try:
+            recasing = None if recasing is None else Recasing.from_json(recasing)
+        except ValueError as exc:
+            raise ValueError(f"token bias field 'recasing': {exc}") from None
+        return cls(**tables, recasing=recasing)
 
 
 def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
@@ -232,10 +192,8 @@ def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
         f"ends with {piece(t).strip()!r} ({share:.0%} of endings moved to it)"
         for t, share in bias.closing.items()
     ]
-    if bias.case < 0:
-        lines.append(f"writes later words in lower case ({-bias.case:.0%} of capitalised word starts moved)")
-    elif bias.case > 0:
-        lines.append(f"capitalises later words ({bias.case:.0%} of lower-case word starts moved)")
+    if bias.recasing is not None:
+        lines.append(bias.recasing.describe())
     return lines
 
 
@@ -309,48 +267,19 @@ def _closing_habits(
     return habits
 
 
-def _case_share(
-    positives: Sequence[Sequence[int]], negatives: Sequence[Sequence[int]], casing: TokenCasing
-) -> float:
-    """The signed share to move between word-start cases (after each output's first token), or 0.
-
-    u, m = the (add-one smoothed) rate of capitalised word starts in the user's and the model's outputs. A user
-    who capitalises less (u < m) gets -(1 - u/m): that share of every capitalised start moves to lower case
-    and the rate becomes about u; one who capitalises more gets +(1 - (1-u)/(1-m)) the other way.
-    """
-
-    def counts(outputs: Sequence[Sequence[int]]) -> tuple[int, int]:
-        cases = [
-            casing.case_of(int(tokens[i]), int(tokens[i - 1]))
-            for tokens in outputs
-            for i in range(1, len(tokens))
-        ]
-        return sum(c == CAPITALISED for c in cases), sum(c != UNCASED for c in cases)
-
-    (user_caps, user_words), (model_caps, model_words) = counts(positives), counts(negatives)
-    if user_words < MIN_CASED_WORDS or not model_words:
-        return 0.0
-    user = (user_caps + SMOOTHING) / (user_words + 2 * SMOOTHING)
-    model = (model_caps + SMOOTHING) / (model_words + 2 * SMOOTHING)
-    share = -(1.0 - user / model) if user < model else 1.0 - (1.0 - user) / (1.0 - model)
-    return round(share, 3) if abs(share) >= MIN_CASE_SHARE else 0.0
-
-
 def fit_token_bias(
     positives: Sequence[Sequence[int]],
     negatives: Sequence[Sequence[int]],
     *,
     first_logprobs: Sequence[float | None] | None = None,
     closing_allowed: Collection[int] = (),
-    casing: TokenCasing | None = None,
 ) -> TokenBias:
     """The bias from the user's outputs (`positives`) against the cluster model's (`negatives`), as token ids.
 
     `first_logprobs[i]`: the cluster model's log-probability of `positives[i]`'s first token at that item's
     prompt (None where unknown); without them there are no opening habits. `closing_allowed`: the tokens
     that may be closing habits (the caller's punctuation tokens); a word that ends many outputs ("Why" in
-    "Here's Why") is not a habit to append wherever the model stops. `casing`: the vocabulary's word-start
-    cases (None: no casing habit).
+    "Here's Why") is not a habit to append wherever the model stops.
     """
     first_pos, rest_pos = _counts(positives)
     first_neg, rest_neg = _counts(negatives)
@@ -360,5 +289,4 @@ def fit_token_bias(
     # A calibrated habit replaces its counted push: pushed anywhere, a closing "?" lands mid-output.
     first = {t: b for t, b in first.items() if not (b > 0 and t in opening)}
     rest = {t: b for t, b in rest.items() if not (b > 0 and t in closing)}
-    case = _case_share(positives, negatives, casing) if casing is not None else 0.0
-    return TokenBias(first, rest, opening, closing, case)
+    return TokenBias(first, rest, opening, closing)

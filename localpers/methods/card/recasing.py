@@ -1,0 +1,207 @@
+"""A user's casing habit, applied to the finished words of an output: sentence case or Title Case.
+
+Moving probability between a word's two spellings while decoding (`TokenBias.case`) carries a casing habit
+but drifts the model's choice of words: lower-case word starts are tokens the Title Case adapters rarely
+saw after a capitalised first word, and their continuations differ. Casing is a property of the text, not
+of the words chosen, so the habit is applied after each word is written instead: the model picks the
+words, `Recasing` writes them in the user's case. ROUGE ignores case, so this cannot cost the words.
+
+Fitted from the user's outputs against the cluster model's outputs for the same prompts (the pairs' y-):
+
+- a *lower* habit (sentence case) when at least `HABIT_RATE` of the user's cased later words start in lower
+  case while the model writes at most `MODEL_RATE` of them so; an *upper* habit (Title Case) the other way;
+- `exceptions`: words the user writes mostly in the other case (a sentence-case writer's "Trump", a Title
+  Case writer's "of"), kept as the user writes them;
+- `names_from_input` (lower habit only): whether the user keeps words that their input text capitalises
+  mid-sentence (names). A writer who lower-cases even those gets every later word lower-cased.
+
+Words are whitespace-separated; the first word of an output and acronyms ("NFL", two or more letters, all
+capitals) are never changed. This module knows nothing of models or tokens: text in, text out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+HABIT_RATE = 0.7  # share of the user's cased later words in the habit's case
+MODEL_RATE = 0.4  # ... while the model writes at most this share of them so
+MIN_CASED_WORDS = 20  # cased later words the user's outputs must show before a habit is believed
+MIN_NAME_EVIDENCE = 3  # capitalised input words the user repeats, before `names_from_input` is decided
+MAX_EXCEPTIONS = 200
+MODES = ("lower", "upper")
+_WORD = re.compile(r"\S+")
+_EDGE_PUNCTUATION = "'\"‘’“”()[]{}.,;:!?…-–—*"
+_SENTENCE_ENDS = (".", "!", "?", ":", ";")
+
+
+def _core(word: str) -> str:
+    return word.strip(_EDGE_PUNCTUATION)
+
+
+def _is_acronym(core: str) -> bool:
+    letters = [c for c in core if c.isalpha()]
+    return len(letters) >= 2 and all(c.isupper() for c in letters)
+
+
+def _case_of(word: str) -> str | None:
+    """ "upper" or "lower" by the word's first character, None when it has no case to change."""
+    core = _core(word)
+    if not core or not core[0].isalpha() or _is_acronym(core) or core[0].upper() == core[0].lower():
+        return None
+    return "upper" if core[0].isupper() else "lower"
+
+
+def later_words(text: str) -> list[str]:
+    """The words after an output's first word."""
+    return _WORD.findall(text)[1:]
+
+
+def input_names(source: str) -> set[str]:
+    """Lower-cased words that `source` (prose) capitalises where a sentence does not start: names."""
+    names: set[str] = set()
+    previous = ""
+    for word in _WORD.findall(source):
+        if previous and not previous.endswith(_SENTENCE_ENDS) and _case_of(word) == "upper":
+            names.add(_core(word).lower())
+        previous = word
+    return names
+
+
+@dataclass(frozen=True)
+class Recasing:
+    """Write later words in lower case (`mode="lower"`) or capitalised (`"upper"`), except the exceptions."""
+
+    mode: str
+    exceptions: frozenset[str] = field(default_factory=frozenset)
+    names_from_input: bool = False
+
+    def word(self, word: str, names: set[str]) -> str:
+        """One later word in the user's case (`names`: the input's names, for `names_from_input`)."""
+        case = _case_of(word)
+        if case is None or case == self.mode:
+            return word
+        key = _core(word).lower()
+        if key in self.exceptions:
+            return word
+        if self.mode == "upper":
+            start = len(word) - len(word.lstrip(_EDGE_PUNCTUATION))
+            return word[:start] + word[start].upper() + word[start + 1 :]
+        if self.names_from_input and key in names:
+            return word
+        return word.lower()
+
+    def apply(self, text: str, source: str = "") -> str:
+        """`text` with every later word in the user's case; spacing and the first word untouched."""
+        names = input_names(source) if self.names_from_input else set()
+        index = -1
+
+        def recase(match: re.Match[str]) -> str:
+            nonlocal index
+            index += 1
+            return match.group(0) if index == 0 else self.word(match.group(0), names)
+
+        return _WORD.sub(recase, text)
+
+    def describe(self) -> str:
+        if self.mode == "lower":
+            kept = " except names" if self.names_from_input or self.exceptions else ""
+            return f"writes later words in lower case (sentence case{kept})"
+        return "capitalises later words (Title Case)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "exceptions": sorted(self.exceptions),
+            "names_from_input": self.names_from_input,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Recasing:
+        """The inverse of `to_json`; ValueError naming the field on anything malformed."""
+        if not isinstance(data, dict) or data.get("mode") not in MODES:
+            raise ValueError(f"recasing field 'mode' must be one of {', '.join(MODES)}")
+        exceptions = data.get("exceptions", [])
+        if not isinstance(exceptions, list) or not all(isinstance(w, str) for w in exceptions):
+            raise ValueError("recasing field 'exceptions' must be a list of words")
+        if len(exceptions) > MAX_EXCEPTIONS:
+            raise ValueError(f"recasing field 'exceptions' holds more than {MAX_EXCEPTIONS} words")
+        names = data.get("names_from_input", False)
+        if not isinstance(names, bool):
+            raise ValueError("recasing field 'names_from_input' must be true or false")
+        return cls(data["mode"], frozenset(exceptions), names)
+
+
+def _lower_share(outputs: Iterable[str]) -> tuple[float, int]:
+    cases = [c for text in outputs for c in map(_case_of, later_words(text)) if c is not None]
+    return (sum(c == "lower" for c in cases) / len(cases) if cases else 0.0), len(cases)
+
+
+def fit_recasing(
+    outputs: Sequence[str], inputs: Sequence[str], model_outputs: Sequence[str]
+) -> Recasing | None:
+    """The user's casing habit from their `outputs` (for `inputs`) against the model's, or None.
+
+    None unless the user's cased later words are clearly in one case and the model's clearly in the other.
+    """
+    user_lower, user_words = _lower_share(outputs)
+    model_lower, model_words = _lower_share(model_outputs)
+    if user_words < MIN_CASED_WORDS or not model_words:
+        return None
+    if user_lower >= HABIT_RATE and model_lower <= MODEL_RATE:
+        mode = "lower"
+    elif 1.0 - user_lower >= HABIT_RATE and 1.0 - model_lower <= MODEL_RATE:
+        mode = "upper"
+    else:
+        return None
+    seen: dict[str, Counter[str]] = {}
+    kept_names = name_evidence = 0
+    for output, source in zip(outputs, inputs, strict=True):
+        names = input_names(source)
+        for word in later_words(output):
+            case = _case_of(word)
+            if case is None:
+                continue
+            key = _core(word).lower()
+            seen.setdefault(key, Counter())[case] += 1
+            if key in names:
+                name_evidence += 1
+                kept_names += case == "upper"
+    other = "upper" if mode == "lower" else "lower"
+    exceptions = sorted(
+        (key for key, counts in seen.items() if counts[other] > counts[mode]),
+        key=lambda key: -seen[key][other],
+    )[:MAX_EXCEPTIONS]
+    names_from_input = (
+        mode == "lower" and name_evidence >= MIN_NAME_EVIDENCE and kept_names >= name_evidence / 2
+    )
+    return Recasing(mode, frozenset(exceptions), names_from_input)
+
+
+class RecasingStream:
+    """Passes streamed text on to `sink` recased, holding back the word still being written."""
+
+    def __init__(self, recasing: Recasing, source: str, sink: Callable[[str], None]) -> None:
+        self._recasing = recasing
+        self._source = source
+        self._sink = sink
+        self._text = ""
+        self._sent = 0
+
+    def __call__(self, piece: str) -> None:
+        self._text += piece
+        end = max(self._text.rfind(" "), self._text.rfind("\n"))
+        if end >= 0:
+            self._send(self._recasing.apply(self._text[: end + 1], self._source))
+
+    def close(self) -> None:
+        """Send what is still held back (the last word)."""
+        self._send(self._recasing.apply(self._text, self._source))
+
+    def _send(self, recased: str) -> None:
+        if len(recased) > self._sent:
+            self._sink(recased[self._sent :])
+            self._sent = len(recased)

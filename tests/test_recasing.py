@@ -1,0 +1,122 @@
+"""The casing habit applied to finished words: fitting, applying, streaming, storing."""
+
+from __future__ import annotations
+
+import pytest
+
+from localpers.bench.styles import sentence_case
+from localpers.methods.card.recasing import (
+    Recasing,
+    RecasingStream,
+    fit_recasing,
+    input_names,
+)
+from localpers.methods.card.token_bias import TokenBias, describe_habits
+
+TITLE = [
+    "Trump Says He Will Veto The Bill",
+    "Senate Passes NFL Concussion Bill In Late Vote",
+    "Why Obama Left The White House Early",
+    "The Best Movies Of 2017 According To Critics",
+    "Here Is What Happens Next In Texas",
+]
+INPUTS = [
+    "On Monday President Trump said that he would veto the bill.",
+    "The Senate passed a bill on the NFL.",
+    "Former president Obama left early.",
+    "Critics chose their movies.",
+    "What happens in Texas next.",
+]
+# A real sentence-case writer keeps names capitalised.
+NAMED = [
+    "Trump says he will veto the bill",
+    "Senate passes NFL concussion bill in late vote",
+    "Why Obama left the White House early",
+    "The best movies of 2017, according to critics",
+    "Here is what happens next in Texas",
+]
+
+
+def test_a_synthetic_sentence_case_writer_gets_exactly_the_transform() -> None:
+    styled = [sentence_case(t) for t in TITLE]
+    habit = fit_recasing(styled * 3, INPUTS * 3, TITLE * 3)
+    assert habit == Recasing("lower", frozenset(), names_from_input=False)
+    for title, source in zip(TITLE, INPUTS, strict=True):
+        assert habit.apply(title, source) == sentence_case(title)
+
+
+def test_names_the_user_capitalises_are_kept() -> None:
+    habit = fit_recasing(NAMED * 3, INPUTS * 3, TITLE * 3)
+    assert habit is not None and habit.mode == "lower"
+    assert {"obama", "white", "house", "texas"} <= habit.exceptions
+    assert habit.apply("Obama Returns To Texas", "") == "Obama returns to Texas"
+
+
+def test_names_from_the_input_are_kept_when_the_user_keeps_them() -> None:
+    habit = Recasing("lower", frozenset(), names_from_input=True)
+    source = "On Tuesday the mayor of Springfield met Lisa Simpson. Nothing happened."
+    assert input_names(source) == {"tuesday", "springfield", "lisa", "simpson"}
+    assert habit.apply("Mayor Meets Lisa Simpson In Springfield", source) == (
+        "Mayor meets Lisa Simpson in Springfield"
+    )
+
+
+def test_a_title_case_writer_gets_capitalised_words_except_their_small_words() -> None:
+    titles = [
+        "Trump Says He Will Veto the Bill",
+        "Senate Passes a Concussion Bill in Late Vote",
+        "Why Obama Left the White House Early",
+        "The Best Movies of 2017 According to Critics",
+        "Here Is What Happens Next in Texas",
+    ]
+    habit = fit_recasing(titles * 3, INPUTS * 3, NAMED * 3)
+    assert habit is not None and habit.mode == "upper"
+    assert {"the", "a", "in", "of", "to"} <= habit.exceptions
+    assert (
+        habit.apply("why the senate voted in a hurry (again)", "")
+        == "why the Senate Voted in a Hurry (Again)"
+    )
+
+
+def test_no_habit_when_the_user_writes_like_the_model_or_shows_too_little() -> None:
+    assert fit_recasing(TITLE * 3, INPUTS * 3, TITLE * 3) is None
+    assert fit_recasing(NAMED * 3, INPUTS * 3, NAMED * 3) is None
+    assert fit_recasing(NAMED[:2], INPUTS[:2], TITLE[:2]) is None  # under 20 cased words
+
+
+def test_first_words_acronyms_numbers_and_spacing_are_untouched() -> None:
+    habit = Recasing("lower")
+    assert habit.apply("  Watch: NFL Star's 2 \u201cBig\u201d Wins\n", "") == (
+        "  Watch: NFL star's 2 \u201cbig\u201d wins\n"
+    )
+    assert habit.apply("", "") == ""
+
+
+def test_streamed_text_is_recased_word_by_word_and_adds_up_to_the_whole() -> None:
+    habit = Recasing("lower")
+    sent: list[str] = []
+    stream = RecasingStream(habit, "", sent.append)
+    pieces = [" Trump", " Sa", "ys", " He", " Will", " Veto", " The", " Bill"]
+    for piece in pieces:
+        stream(piece)
+    assert "".join(sent) == " Trump says he will veto the "  # the last word is still being written
+    stream.close()
+    assert "".join(sent) == habit.apply("".join(pieces))
+
+
+def test_stored_with_the_token_bias_and_named_in_the_fit_report() -> None:
+    habit = Recasing("lower", frozenset({"obama"}), names_from_input=True)
+    bias = TokenBias(first={5: 1.0}, recasing=habit)
+    again = TokenBias.from_json(bias.to_json())
+    assert again.recasing == habit and again.first == {5: 1.0}
+    assert TokenBias.from_json({"first": []}).recasing is None
+    assert "sentence case" in " ".join(describe_habits(bias, str))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"mode": "shout"}, {"mode": "lower", "exceptions": "obama"}, {"mode": "lower", "names_from_input": 1}],
+)
+def test_a_damaged_entry_names_the_field(entry: dict) -> None:
+    with pytest.raises(ValueError, match="recasing field"):
+        TokenBias.from_json({"recasing": entry})
