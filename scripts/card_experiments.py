@@ -90,7 +90,7 @@ def user_cache(p: Personalizer, user, out: Path, negatives_from: Path | None = N
         return data
     items = list(user.history_up_to(None))
     cluster, _ = p.assign_cluster([i.output for i in items])
-    negatives = reuse_negatives(p, user.store_name, cluster, items, negatives_from) or p.negatives(
+    negatives = reuse_negatives(p, user.store_name, cluster, items, negatives_from) or p.pairs.negatives(
         items, cluster
     )
     rows = [item_features(p, cluster, item, neg) for item, neg in zip(items, negatives, strict=True)]

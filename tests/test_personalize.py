@@ -68,8 +68,8 @@ def test_fit_raises_heldout_reward_margin(personalizer: Personalizer) -> None:
     vector = user.vector()
     assert np.linalg.norm(vector) > 0  # the prior is zero (DEFAULT_PRIOR_WEIGHT): all of it was learned
     heldout = items(SHOUTY[7:])
-    negatives = personalizer.negatives(heldout, report.cluster)
-    differences = personalizer.pair_differences(heldout, negatives, report.cluster)
+    negatives = personalizer.pairs.negatives(heldout, report.cluster)
+    differences = personalizer.pairs.pair_differences(heldout, negatives, report.cluster)
     assert np.mean(differences @ vector) > 0
     assert np.mean(differences @ vector > 0) >= 2 / 3
 
@@ -262,7 +262,7 @@ def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
     loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
     try:
         history = items(SHOUTY[:5])
-        prompts = loaded.training_prompts(history)
+        prompts = loaded.pairs.training_prompts(history)
         plain = [get_task("headline").prompt_for(item.input) for item in history]
         assert prompts[0] == plain[0]  # nothing written before the first item
         assert prompts[1].count("\n- ") == 1 and prompts[2].count("\n- ") == 2

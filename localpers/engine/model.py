@@ -34,6 +34,7 @@ from localpers.engine.vocabulary import Vocabulary
 from localpers.errors import LocalpersError
 
 GGUF_MAGIC = b"GGUF"
+SEQUENCE_CELLS = 320  # KV positions of one batched sequence (a conditioned prompt + its continuation)
 
 
 def llama_cpp_version() -> str:
@@ -85,6 +86,7 @@ class Engine(Vocabulary):
         n_threads: int | None = None,
         tap_layers: Sequence[int] | None = (-4, -3, -2, -1),
         n_batch: int = 512,
+        batch_sequences: int = 0,
     ) -> None:
         init_backend()
         self.model_path = Path(model_path)
@@ -109,6 +111,13 @@ class Engine(Vocabulary):
 
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
+        # Sequences 1..batch_sequences (`localpers.engine.batch`) share one KV cache with sequence 0, each
+        # with up to SEQUENCE_CELLS positions; sequence 0 keeps its own n_ctx.
+        self.batch_sequences = batch_sequences
+        if batch_sequences:
+            ctx_params.n_ctx = n_ctx + batch_sequences * SEQUENCE_CELLS
+            ctx_params.n_seq_max = 1 + batch_sequences
+            ctx_params.kv_unified = True
         ctx_params.n_batch = batch_size
         ctx_params.n_ubatch = batch_size
         ctx_params.n_threads = self.n_threads
@@ -347,6 +356,40 @@ class Engine(Vocabulary):
                 )
             )
         return results
+
+    def eval_sequences(
+        self, tokens: Sequence[int], positions: Sequence[int], sequences: Sequence[int], *, all_outputs: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One llama_decode of tokens at given positions of given sequences (1..batch_sequences).
+
+        Returns the logits (a read-only view, valid until the next evaluation) and tap features of every
+        token with `all_outputs`, else of the last token only. Sequence 0 and `n_past` are not touched.
+        """
+        if not 0 < len(tokens) <= self._batch_capacity:
+            raise ValueError(f"eval_sequences takes 1 to {self._batch_capacity} tokens")
+        batch = self._batch
+        for i, (token, position, sequence) in enumerate(zip(tokens, positions, sequences, strict=True)):
+            if not 0 < sequence <= self.batch_sequences or position >= SEQUENCE_CELLS:
+                raise LocalpersError(f"batched sequence {sequence} position {position} is out of range")
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
+            batch.seq_id[i][0] = sequence
+            batch.logits[i] = all_outputs or i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        if self._taps is not None:
+            self._taps.clear()
+        if llama_cpp.llama_decode(self._ctx, batch) != 0:
+            raise LocalpersError("llama.cpp decode of a batch of sequences failed")
+        if self._taps is not None and self._taps.error:
+            raise LocalpersError(f"layer tap failed: {self._taps.error}")
+        n_out = len(tokens) if all_outputs else 1
+        features = self._taps.collect(len(tokens), n_out) if self._taps is not None else None
+        return self._read_logits(n_out, copy=False), features
+
+    def forget_sequence(self, sequence: int, start: int = 0) -> None:
+        """Drop positions >= `start` of a batched sequence from the KV cache."""
+        if not 0 < sequence <= self.batch_sequences:
+            raise ValueError(f"sequence {sequence} is not a batched sequence")
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), sequence, start, -1)
 
     # ----------------------------------------------------------------- internals
     def _decode(self, tokens: Sequence[int], *, all_positions: bool, want_last: bool) -> int:

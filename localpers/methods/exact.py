@@ -197,7 +197,7 @@ def index_exact(
 
     started = time.perf_counter()
     paired = items[-max_pairs:] if max_pairs is not None else items
-    negatives = personalizer._cached_negatives(user, paired, cluster, progress)
+    negatives = personalizer.pairs.cached_negatives(user, paired, cluster, progress)
     seconds["negatives"] = time.perf_counter() - started
     pairs = [(i, n) for i, n in zip(paired, negatives, strict=True) if n and n != i.output]
 

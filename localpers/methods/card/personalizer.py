@@ -3,7 +3,11 @@
 A `Personalizer` holds one backbone engine with every adapter of the bundle loaded, the shared head
 and the cluster centroids. Users are only `(cluster, vector)` pairs to it, so switching users never
 reloads anything. It reads user text from the store and writes the fit back into the user's own
-folder (through `localpers.users.store`); it opens no network connection.
+folder (through `localpers.users.store`); it opens no network connection. The preference pairs (y-, their
+cache, pair features) are built by `localpers.methods.card.pairs`, the per-user choice of strengths by
+`choice`, the correction itself by `correction`; what stays here is the one object that owns the engine and
+the bundle, and the fit and rewrite paths that need both (kept together: each is one sequence of steps on the
+same engine state).
 
 Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (cluster adapter +
 reward-guided top-k correction with the user's vector), `card-global` (the correction on the global
@@ -12,8 +16,6 @@ adapter, the paper's "w/o LoRA" ablation).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from localpers.methods.card.correction import (
 )
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.pairs import PairBuilder, Progress
 from localpers.methods.card.recasing import RecasingStream, fit_recasing
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
@@ -47,22 +50,16 @@ from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import (
     HistoryIndex,
     PromptFormat,
-    build_prompt,
     content_of,
     prompt_for_user,
-    select_examples,
 )
-from localpers.users.store import User, atomic_write_text
+from localpers.users.store import User
 
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
 # Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 MIN_PAIRS_FOR_VECTOR = 3
-NEGATIVES_FILE = "negatives.json"
-# Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
-PAIR_MEMO_SIZE = 4096
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+BATCH_SEQUENCES = 8  # prompts the fit's pair pass runs side by side (`localpers.engine.batch`)
 
 
 @dataclass
@@ -92,7 +89,11 @@ class Personalizer:
             manifest.get("prompt"), where=str(bundle.directory / "manifest.json")
         )
         self.engine = Engine(
-            backbone.path, n_ctx=n_ctx, tap_layers=self.head_config.layers, n_threads=n_threads
+            backbone.path,
+            n_ctx=n_ctx,
+            tap_layers=self.head_config.layers,
+            n_threads=n_threads,
+            batch_sequences=BATCH_SEQUENCES,
         )
         for name in bundle.adapter_names:
             self.engine.load_adapter(bundle.adapter_path(name), name)
@@ -101,7 +102,7 @@ class Personalizer:
         )
         self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
         self._centroids: np.ndarray | None = None
-        self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
+        self.pairs = PairBuilder(self.engine, bundle, self.bundle_sha256, self.head, self.prompt_format)
         # Where an output ends: the model's end token and the one-line tasks' newline (closing habits apply there).
         self.end_tokens = sorted({self.engine.eos_token, *self.engine.tokenize("\n", add_bos=False)})
 
@@ -375,34 +376,6 @@ class Personalizer:
         return described
 
     # ------------------------------------------------------------------ fitting
-    def negatives(
-        self, items: Sequence[HistoryItem], cluster: int, progress: Progress | None = None
-    ) -> list[str]:
-        """y- for each item: the cluster model's own greedy output for the same input."""
-        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
-        outputs = []
-        for done, item in enumerate(items):
-            outputs.append(self._generate_negative(item))
-            if progress:
-                progress("negatives", done + 1, len(items))
-        return outputs
-
-    def pair_differences(
-        self,
-        items: Sequence[HistoryItem],
-        negatives: Sequence[str],
-        cluster: int | None,
-        progress: Progress | None = None,
-    ) -> np.ndarray:
-        """`g(y+) - g(y-)` per pair, teacher-forced through the cluster model; `(n, D)`."""
-        self.engine.set_adapter(self.adapter_for("card", cluster))
-        rows = []
-        for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
-            rows.append(self._pair_difference(item, negative)[0])
-            if progress:
-                progress("features", done + 1, len(items))
-        return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
-
     def fit_user(
         self,
         user: User,
@@ -467,7 +440,7 @@ class Personalizer:
         cluster, similarities = self.assign_cluster([item.output for item in items])
         seconds["cluster"] = time.perf_counter() - started
 
-        negatives, differences, first_logprobs, pair_seconds = self._negatives_and_differences(
+        negatives, differences, first_logprobs, pair_seconds = self.pairs.negatives_and_differences(
             user, items, cluster, progress
         )
         seconds.update(pair_seconds)
@@ -529,128 +502,6 @@ class Personalizer:
             bias.recasing = recasing
         return bias
 
-    def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
-        """The prompt of each item as the publisher trained the head: conditioned on the items before it.
-
-        With a history-conditioned bundle, item i shows the user's closest outputs among items 0..i-1 (what the
-        user had written by then, as `localpers publish` builds its pairs); the first item, and every item on a
-        plain bundle, gets the plain task prompt.
-        """
-        chosen = self.prompt_format
-        prompts = []
-        for index, item in enumerate(items):
-            task = get_task(item.task)
-            if chosen is None:
-                prompts.append(task.prompt_for(item.input))
-                continue
-            pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
-            prompts.append(
-                build_prompt(task, item.input, select_examples(task, item.input, pool, chosen.examples))
-            )
-        return prompts
-
-    def _negatives_and_differences(
-        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
-    ) -> tuple[list[str], np.ndarray, list[float | None], dict[str, float]]:
-        """y- per item (cached), `g(y+) - g(y-)` of the distinct pairs, and y+'s first-token log-probability.
-
-        The log-probability is the cluster model's, from the pair's scoring (None where y- equals y+).
-
-        Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
-        generation just evaluated (the engine remembers its last prompt), so each article is run once.
-        A conditioned prompt depends on the items before it, so its y- is cached under the prompt's hash too.
-        """
-        known = self._read_negatives(user, cluster)
-        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
-        seconds = {"negatives": 0.0, "features": 0.0}
-        negatives: list[str] = []
-        rows: list[np.ndarray] = []
-        first_logprobs: list[float | None] = []
-        generated = False
-        prompts = self.training_prompts(items)
-        for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
-            key = _negative_key(item, prompt)
-            if key not in known:
-                started = time.perf_counter()
-                known[key] = self._generate_negative(item, prompt)
-                generated = True
-                seconds["negatives"] += time.perf_counter() - started
-            negative = known[key]
-            negatives.append(negative)
-            if negative and negative != item.output:
-                started = time.perf_counter()
-                memo_key = (cluster, prompt, item.output, negative)
-                if memo_key not in self._pair_memo:
-                    if len(self._pair_memo) >= PAIR_MEMO_SIZE:
-                        self._pair_memo.pop(next(iter(self._pair_memo)))
-                    self._pair_memo[memo_key] = self._pair_difference(item, negative, prompt)
-                difference, first_logprob = self._pair_memo[memo_key]
-                rows.append(difference)
-                first_logprobs.append(first_logprob)
-                seconds["features"] += time.perf_counter() - started
-            else:
-                first_logprobs.append(None)
-            if progress:
-                progress("pairs", done + 1, len(items))
-        if generated:
-            self._write_negatives(user, cluster, known)
-        differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
-        return negatives, differences, first_logprobs, seconds
-
-    def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
-        task = get_task(item.task)
-        result = generate(
-            self.engine,
-            task.prompt_for(item.input) if prompt is None else prompt,
-            max_tokens=task.default_max_tokens,
-            stop=task.stop_strings,
-        )
-        return result.text.strip()
-
-    def _pair_difference(
-        self, item: HistoryItem, negative: str, prompt_text: str | None = None
-    ) -> tuple[np.ndarray, float]:
-        """`g(y+) - g(y-)` and the cluster model's log-probability of y+'s first token."""
-        prompt = self.engine.tokenize(
-            get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
-        )
-        positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
-        negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
-        plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens], logprob_rows=1)
-        difference = self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
-            minus.tokens, minus.features
-        )
-        return difference, float(plus.logprobs[0])
-
-    def _cached_negatives(
-        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
-    ) -> list[str]:
-        """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
-        known = self._read_negatives(user, cluster)
-        missing = [item for item in items if item.id not in known]
-        if missing:
-            for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):
-                known[item.id] = negative
-            self._write_negatives(user, cluster, known)
-        return [known[item.id] for item in items]
-
-    def _negatives_key(self, cluster: int) -> str:
-        return f"{self.bundle_sha256}:{cluster}"
-
-    def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
-        """The user's cached y- (item id -> text) for this bundle and cluster; empty when absent or unreadable."""
-        try:
-            cache = json.loads((user.dir / NEGATIVES_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        known = cache.get(self._negatives_key(cluster), {}) if isinstance(cache, dict) else {}
-        return dict(known) if isinstance(known, dict) else {}
-
-    def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
-        atomic_write_text(
-            user.dir / NEGATIVES_FILE, json.dumps({self._negatives_key(cluster): known}, ensure_ascii=False)
-        )
-
     def _report(
         self,
         mode: str,
@@ -698,10 +549,3 @@ def _is_punctuation(piece: bytes) -> bool:
     """A token of punctuation only ("?", "!", "?\""), the kind a closing habit may be."""
     text = piece.decode("utf-8", errors="ignore").strip()
     return bool(text) and not any(c.isalnum() for c in text)
-
-
-def _negative_key(item: HistoryItem, prompt: str) -> str:
-    """The item id for a plain prompt (as before conditioned bundles); id and prompt hash otherwise."""
-    if prompt == get_task(item.task).prompt_for(item.input):
-        return item.id
-    return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"

@@ -1,0 +1,281 @@
+"""CARD's preference pairs on the device: y- (the cluster model's own output) and the pair features.
+
+For each history item, y+ is the user's output and y- the cluster model's greedy output for the same prompt
+(conditioned on the items before it, as the publisher trained the head). y- are deterministic for (bundle,
+cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
+`g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
+refit. It also yields the cluster model's log-probability of each y+'s first token (the opening habits'
+calibration). It fits nothing and decides nothing: `Personalizer.fit_items` turns its output into a vector and
+a token bias.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from localpers.atomic import atomic_write_text
+from localpers.bundle.format import Bundle
+from localpers.engine import Engine
+from localpers.engine.batch import PromptJob, fits, run_jobs
+from localpers.engine.generation import generate
+from localpers.methods.card.head import CardHead
+from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import PromptFormat, build_prompt, select_examples
+from localpers.users.store import User
+
+NEGATIVES_FILE = "negatives.json"
+# Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
+PAIR_MEMO_SIZE = 4096
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class PairBuilder:
+    """y- generation (cached per user), pair features and first-token log-probabilities on one engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        bundle: Bundle,
+        bundle_sha256: str,
+        head: CardHead,
+        prompt_format: PromptFormat | None,
+    ) -> None:
+        self.engine = engine
+        self.bundle = bundle
+        self.bundle_sha256 = bundle_sha256
+        self.head = head
+        self.prompt_format = prompt_format
+        self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
+
+    def _adapter(self, cluster: int | None) -> str:
+        return "global" if cluster is None else self.bundle.cluster_adapter_name(cluster)
+
+    def negatives(
+        self, items: Sequence[HistoryItem], cluster: int, progress: Progress | None = None
+    ) -> list[str]:
+        """y- for each item: the cluster model's own greedy output for the same input."""
+        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        outputs = []
+        for done, item in enumerate(items):
+            outputs.append(self._generate_negative(item))
+            if progress:
+                progress("negatives", done + 1, len(items))
+        return outputs
+
+    def pair_differences(
+        self,
+        items: Sequence[HistoryItem],
+        negatives: Sequence[str],
+        cluster: int | None,
+        progress: Progress | None = None,
+    ) -> np.ndarray:
+        """`g(y+) - g(y-)` per pair, teacher-forced through the cluster model; `(n, D)`."""
+        self.engine.set_adapter(self._adapter(cluster))
+        rows = []
+        for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
+            rows.append(self._pair_difference(item, negative)[0])
+            if progress:
+                progress("features", done + 1, len(items))
+        return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
+
+    def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
+        """The prompt of each item as the publisher trained the head: conditioned on the items before it.
+
+        With a history-conditioned bundle, item i shows the user's closest outputs among items 0..i-1 (what the
+        user had written by then, as `localpers publish` builds its pairs); the first item, and every item on a
+        plain bundle, gets the plain task prompt.
+        """
+        chosen = self.prompt_format
+        prompts = []
+        for index, item in enumerate(items):
+            task = get_task(item.task)
+            if chosen is None:
+                prompts.append(task.prompt_for(item.input))
+                continue
+            pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
+            prompts.append(
+                build_prompt(task, item.input, select_examples(task, item.input, pool, chosen.examples))
+            )
+        return prompts
+
+    def negatives_and_differences(
+        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+    ) -> tuple[list[str], np.ndarray, list[float | None], dict[str, float]]:
+        """y- per item (cached), `g(y+) - g(y-)` of the distinct pairs, and y+'s first-token log-probability.
+
+        The log-probability is the cluster model's, from the pair's scoring (None where y- equals y+).
+
+        Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
+        generation just evaluated (the engine remembers its last prompt), so each article is run once.
+        A conditioned prompt depends on the items before it, so its y- is cached under the prompt's hash too.
+        """
+        known = self._read_negatives(user, cluster)
+        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        seconds = {"negatives": 0.0, "features": 0.0}
+        negatives: list[str] = []
+        rows: list[np.ndarray] = []
+        first_logprobs: list[float | None] = []
+        prompts = self.training_prompts(items)
+        generated = self._batched_pass(items, prompts, known, cluster, seconds)
+        for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
+            key = _negative_key(item, prompt)
+            if key not in known:
+                started = time.perf_counter()
+                known[key] = self._generate_negative(item, prompt)
+                generated = True
+                seconds["negatives"] += time.perf_counter() - started
+            negative = known[key]
+            negatives.append(negative)
+            if negative and negative != item.output:
+                started = time.perf_counter()
+                memo_key = (cluster, prompt, item.output, negative)
+                if memo_key not in self._pair_memo:
+                    self._remember(memo_key, self._pair_difference(item, negative, prompt))
+                difference, first_logprob = self._pair_memo[memo_key]
+                rows.append(difference)
+                first_logprobs.append(first_logprob)
+                seconds["features"] += time.perf_counter() - started
+            else:
+                first_logprobs.append(None)
+            if progress:
+                progress("pairs", done + 1, len(items))
+        if generated:
+            self._write_negatives(user, cluster, known)
+        differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
+        return negatives, differences, first_logprobs, seconds
+
+    def _remember(self, key: tuple[int, str, str, str], value: tuple[np.ndarray, float]) -> None:
+        if len(self._pair_memo) >= PAIR_MEMO_SIZE:
+            self._pair_memo.pop(next(iter(self._pair_memo)))
+        self._pair_memo[key] = value
+
+    def _batched_pass(
+        self,
+        items: Sequence[HistoryItem],
+        prompts: Sequence[str],
+        known: dict[str, str],
+        cluster: int,
+        seconds: dict[str, float],
+    ) -> bool:
+        """Generate the missing y- and score the unscored pairs several prompts at a time (`engine.batch`).
+
+        Fills `known` and the pair memo, so the one-at-a-time loop after it finds them done; what does not fit
+        a batched sequence (or a mix of tasks) is left to that loop. Returns whether any y- was generated.
+        """
+        tasks = {item.task for item in items}
+        if not self.engine.batch_sequences or len(tasks) != 1:
+            return False
+        task = get_task(tasks.pop())
+        jobs: list[PromptJob] = []
+        owners: list[tuple[HistoryItem, str, str]] = []
+        for item, prompt in zip(items, prompts, strict=True):
+            key = _negative_key(item, prompt)
+            cached = known.get(key)
+            if cached is not None and (
+                not cached
+                or cached == item.output
+                or (cluster, prompt, item.output, cached) in self._pair_memo
+            ):
+                continue
+            positive = self.engine.tokenize(" " + item.output, add_bos=False)
+
+            def continuations(
+                text: str, output: str = item.output, fixed: str | None = cached
+            ) -> list[list[int]]:
+                negative = text if fixed is None else fixed
+                if not negative or negative == output:
+                    return []
+                return [
+                    self.engine.tokenize(" " + output, add_bos=False),
+                    self.engine.tokenize(" " + negative, add_bos=False),
+                ]
+
+            job = PromptJob(self.engine.tokenize(prompt), cached is None, continuations)
+            if fits(job, task.default_max_tokens, max(len(positive), task.default_max_tokens + 8)):
+                jobs.append(job)
+                owners.append((item, prompt, key))
+        if not jobs:
+            return False
+        outcomes = run_jobs(
+            self.engine, jobs, max_tokens=task.default_max_tokens, stop=task.stop_strings, timings=seconds
+        )
+        for (item, prompt, key), job, outcome in zip(owners, jobs, outcomes, strict=True):
+            if job.generate:
+                known[key] = outcome.text
+            if outcome.scored:
+                plus, minus = outcome.scored
+                difference = self.head.sequence_feature(
+                    plus.tokens, plus.features
+                ) - self.head.sequence_feature(minus.tokens, minus.features)
+                self._remember(
+                    (cluster, prompt, item.output, known[key]), (difference, float(plus.logprobs[0]))
+                )
+        return any(job.generate for job in jobs)
+
+    def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
+        task = get_task(item.task)
+        result = generate(
+            self.engine,
+            task.prompt_for(item.input) if prompt is None else prompt,
+            max_tokens=task.default_max_tokens,
+            stop=task.stop_strings,
+        )
+        return result.text.strip()
+
+    def _pair_difference(
+        self, item: HistoryItem, negative: str, prompt_text: str | None = None
+    ) -> tuple[np.ndarray, float]:
+        """`g(y+) - g(y-)` and the cluster model's log-probability of y+'s first token."""
+        prompt = self.engine.tokenize(
+            get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
+        )
+        positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
+        negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
+        plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens], logprob_rows=1)
+        difference = self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
+            minus.tokens, minus.features
+        )
+        return difference, float(plus.logprobs[0])
+
+    def cached_negatives(
+        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+    ) -> list[str]:
+        """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
+        known = self._read_negatives(user, cluster)
+        missing = [item for item in items if item.id not in known]
+        if missing:
+            for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):
+                known[item.id] = negative
+            self._write_negatives(user, cluster, known)
+        return [known[item.id] for item in items]
+
+    def _negatives_key(self, cluster: int) -> str:
+        return f"{self.bundle_sha256}:{cluster}"
+
+    def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
+        """The user's cached y- (item id -> text) for this bundle and cluster; empty when absent or unreadable."""
+        try:
+            cache = json.loads((user.dir / NEGATIVES_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        known = cache.get(self._negatives_key(cluster), {}) if isinstance(cache, dict) else {}
+        return dict(known) if isinstance(known, dict) else {}
+
+    def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
+        atomic_write_text(
+            user.dir / NEGATIVES_FILE, json.dumps({self._negatives_key(cluster): known}, ensure_ascii=False)
+        )
+
+
+def _negative_key(item: HistoryItem, prompt: str) -> str:
+    """The item id for a plain prompt (as before conditioned bundles); id and prompt hash otherwise."""
+    if prompt == get_task(item.task).prompt_for(item.input):
+        return item.id
+    return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"

@@ -1,0 +1,83 @@
+"""Prompts side by side in llama.cpp sequences: the same greedy texts and scores as one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
+
+from localpers.engine.batch import PromptJob, run_jobs
+from localpers.engine.generation import generate
+from localpers.methods.card.personalizer import Personalizer
+from localpers.users.store import UserStore
+
+# Batched and single evaluation differ by float noise: up to ~0.15 nats on likely tokens on this CPU
+# (docs/PERFORMANCE.md); features are compared relative to their scale.
+LOGPROB_TOLERANCE = 0.3
+FEATURE_TOLERANCE = 0.05
+
+PROMPTS = [
+    "Generate a headline for the following article: The city opened a new bike lane along the river.\nHeadline:",
+    "Generate a headline for the following article: A storm knocked out power.\nHeadline:",
+    "Headlines this author wrote before:\n- BIG WIN FOR CITY PARK!!!\n- MAYOR SAYS YES TO BUSES!!!\n\n"
+    "Generate a headline for the following article: The school board approved free lunches for all pupils"
+    " in the district after a long debate.\nHeadline:",
+]
+
+
+def test_batched_generation_and_scoring_match_one_prompt_at_a_time(personalizer: Personalizer) -> None:  # noqa: F811
+    engine = personalizer.engine
+    engine.set_adapter("global")
+    continuation = engine.tokenize(" FREE LUNCH FOR EVERY KID!!!", add_bos=False)
+    jobs = [PromptJob(engine.tokenize(p), True, lambda text: [continuation]) for p in PROMPTS]
+    timings = {"negatives": 0.0, "features": 0.0}
+    outcomes = run_jobs(engine, jobs, max_tokens=12, stop=["\n"], timings=timings, logprob_rows=3)
+    assert timings["negatives"] > 0 and timings["features"] > 0
+    same_text = 0
+    for prompt, outcome in zip(PROMPTS, outcomes, strict=True):
+        single = generate(engine, prompt, max_tokens=12, stop=["\n"]).text.strip()
+        same_text += outcome.text == single
+        (scored,) = outcome.scored
+        (reference,) = engine.score(engine.tokenize(prompt), [continuation], logprob_rows=3)
+        assert scored.tokens == reference.tokens and len(scored.logprobs) == 3
+        assert np.allclose(scored.logprobs, reference.logprobs, atol=LOGPROB_TOLERANCE)
+        assert (
+            scored.features.shape
+            == reference.features.shape
+            == (len(continuation), *reference.features.shape[1:])
+        )
+        scale = np.abs(reference.features).max()
+        assert np.abs(scored.features - reference.features).max() <= FEATURE_TOLERANCE * scale
+    # A greedy token can flip where two candidates are within the noise; on these prompts most agree.
+    assert same_text >= 2
+
+
+def test_jobs_without_generation_only_score_and_sequences_are_left_empty(personalizer: Personalizer) -> None:  # noqa: F811
+    engine = personalizer.engine
+    engine.set_adapter("global")
+    before = engine.prefill(engine.tokenize(PROMPTS[0])).logits.copy()
+    tokens = engine.tokenize(" HELLO", add_bos=False)
+    outcomes = run_jobs(
+        engine, [PromptJob(engine.tokenize(PROMPTS[1]), False, lambda text: [tokens, tokens])], max_tokens=8
+    )
+    assert outcomes[0].text == "" and len(outcomes[0].scored) == 2
+    assert np.allclose(outcomes[0].scored[0].features, outcomes[0].scored[1].features, atol=1e-4)
+    # sequence 0 (the engine's own prompt) was not disturbed
+    assert np.array_equal(engine.prefill(engine.tokenize(PROMPTS[0])).logits, before)
+    with pytest.raises(ValueError):
+        engine.forget_sequence(0)
+
+
+def test_a_fit_through_the_batched_pair_pass_caches_every_negative(
+    personalizer: Personalizer,  # noqa: F811
+    tmp_path,
+) -> None:
+    assert personalizer.engine.batch_sequences > 0
+    user = UserStore(tmp_path).create("batched")
+    user.save_history(items(SHOUTY))
+    report = personalizer.fit_user(user, choose=False)
+    assert report.n_items == len(SHOUTY)
+    cached = (user.dir / "negatives.json").read_text()
+    assert cached.count(":") >= len(SHOUTY)  # one y- per item, under the bundle:cluster key
+    negatives = personalizer.pairs.negatives_and_differences(user, items(SHOUTY), report.cluster, None)
+    assert negatives[3]["negatives"] == 0.0  # all cached now: nothing generated the second time
