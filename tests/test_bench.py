@@ -16,14 +16,9 @@ from typer.testing import CliRunner
 
 from localpers.bench import BenchConfig, run_and_write
 from localpers.bench.data import load_bench_users, store_name
-from localpers.bench.methods import (
-    MethodSpec,
-    canonical_spec,
-    expand_methods,
-    few_shot_prefix,
-    parse_method,
-    split_method_list,
-)
+from localpers.bench.method_names import canonical_spec, expand_methods, parse_method, split_method_list
+from localpers.bench.methods import MethodSpec
+from localpers.bench.prompt_methods import few_shot_prefix
 from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
@@ -336,6 +331,32 @@ def test_parse_and_canonical_method_names() -> None:
             parse_method(bad)
 
 
+def test_every_device_method_is_measured_by_a_bench_method() -> None:
+    """A method added to the device's registry without a benchmark counterpart fails here."""
+    from localpers.bench.registry import BASELINE, REGISTRY, bench_method_for, unmeasured_device_methods
+    from localpers.methods.registry import BASELINE_METHOD, method_names
+
+    assert unmeasured_device_methods() == []
+    assert bench_method_for("card") == "card-auto"  # rewrite's CARD uses the strengths the fit chose
+    assert BASELINE == bench_method_for(BASELINE_METHOD) == "global"
+    for cls in REGISTRY.values():
+        assert cls.device_method is None or cls.device_method in method_names(), cls.name
+    measured = [cls.device_method for cls in REGISTRY.values() if cls.device_method]
+    assert len(measured) == len(set(measured))  # one bench method per device method
+
+
+def test_bench_help_names_every_method_and_preset() -> None:
+    import re
+
+    from localpers.bench.method_names import PRESETS
+    from localpers.bench.registry import REGISTRY
+    from localpers.cli.bench import METHODS_HELP
+
+    named = set(re.findall(r"[a-z][a-z-]*[a-z]", METHODS_HELP))
+    assert set(REGISTRY) <= named, set(REGISTRY) - named
+    assert set(PRESETS) <= named, set(PRESETS) - named
+
+
 def test_full_u_method_refuses_a_factored_bundle() -> None:
     fake = SimpleNamespace(
         head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"), bundle=SimpleNamespace(directory="b")
@@ -402,7 +423,9 @@ def test_cope_and_exact_run_in_the_bench_registry(
 
 def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() -> None:
     """On a bundle without a prompt format it is the "same prompt, untrained adapter" ablation, not `global`."""
-    from localpers.bench.methods import MethodSpec, UserProfile, get_method, history_index
+    from localpers.bench.methods import MethodSpec, UserProfile
+    from localpers.bench.prompt_methods import history_index
+    from localpers.bench.registry import get_method
     from localpers.users.history import HistoryItem
     from localpers.users.history_prompt import PromptFormat
 

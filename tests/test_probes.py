@@ -15,7 +15,6 @@ from test_bench import USERS, data_file, personalizer  # noqa: F401 - shared fix
 from typer.testing import CliRunner
 
 from localpers.bench.data import load_bench_users
-from localpers.bench.extra_methods import register_bench_methods
 from localpers.bench.probes import ProbeConfig, hit_rate, probe_method_names, run_probes
 from localpers.bench.styles import STYLES, get_style, restyle_users, sentence_case
 from localpers.cli import app
@@ -67,7 +66,6 @@ def test_restyle_changes_only_outputs_and_references(data_file: Path) -> None:  
 
 
 def test_probe_method_names_and_hit_rate() -> None:
-    register_bench_methods()
     assert probe_method_names(["global", "rag@k=2", "cluster@history=3"], (5, None)) == [
         "global",
         "rag@k=2,history=5",

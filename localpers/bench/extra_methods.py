@@ -1,7 +1,6 @@
-"""`cope` and `exact` for the benchmark's method registry (`localpers.bench.methods`).
+"""`cope` and `exact` in the benchmark (listed in `localpers.bench.registry`).
 
-Register them with `register_bench_methods()` (or decorate the classes with the registry's `@register`
-when merging). Both need per-user state on disk (CoPe's LoRA file, which llama.cpp loads from a path;
+Both need per-user state on disk (CoPe's LoRA file, which llama.cpp loads from a path;
 EXACT's index and cached negatives), so each keeps a user store of its own under `state_root`: set
 `MethodStateRoot.path` to a folder of the benchmark's output, or a temporary folder is used and
 removed at exit. Fit time is what the runner measures around `prepare` (training or indexing,
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from localpers.bench.methods import REGISTRY, Method, MethodSpec, ParamValue, UserProfile, register
+from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
 from localpers.methods.card.personalizer import Personalizer, RewriteResult
 from localpers.methods.cope import (
     DEFAULT_ALPHA,
@@ -67,6 +66,7 @@ class _CopePrepared:
 
 class CopeBenchMethod(Method):
     name = "cope"
+    device_method = "cope"
     description = (
         "per-user LoRA trained on the device + contrastive decoding against the cluster model (CoPe)"
     )
@@ -117,6 +117,7 @@ class CopeBenchMethod(Method):
 
 class ExactBenchMethod(Method):
     name = "exact"
+    device_method = "exact"
     description = (
         "attributes of the nearest history input, selected greedily per history pair, in the prompt (EXACT)"
     )
@@ -153,10 +154,3 @@ class ExactBenchMethod(Method):
 
     def stored_bytes(self, profile: UserProfile) -> int:
         return self._bytes.get(profile.name, 0)
-
-
-def register_bench_methods() -> None:
-    """Add `cope` and `exact` to the benchmark registry (idempotent)."""
-    for cls in (CopeBenchMethod, ExactBenchMethod):
-        if cls.name not in REGISTRY:
-            register(cls)

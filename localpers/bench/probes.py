@@ -54,7 +54,8 @@ class ProbeConfig:
 
 def probe_method_names(methods: list[str], sizes: tuple[int | None, ...]) -> list[str]:
     """Each history-using method once per history size; others (global) once."""
-    from localpers.bench.methods import get_method, parse_method
+    from localpers.bench.method_names import parse_method
+    from localpers.bench.registry import get_method
 
     names: list[str] = []
     for text in methods:

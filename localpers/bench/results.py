@@ -22,9 +22,9 @@ import numpy as np
 
 from localpers.atomic import atomic_write_text
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
+from localpers.bench.registry import BASELINE
 from localpers.bench.runner import BenchRun
 
-BASELINE = "global"
 OTHER_BASELINES = ("rag", "cluster")
 DIGITS = 5
 

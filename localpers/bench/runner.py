@@ -27,15 +27,10 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser, load_bench_users
 from localpers.bench.fits import BENCH_VERSION, FitStore, sha256_text
-from localpers.bench.methods import (
-    Method,
-    MethodSpec,
-    check_method_names,
-    effective_params,
-    expand_methods,
-    get_method,
-)
+from localpers.bench.method_names import check_method_names, effective_params, expand_methods
+from localpers.bench.methods import Method, MethodSpec
 from localpers.bench.metrics import rouge
+from localpers.bench.registry import get_method
 from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
@@ -113,9 +108,8 @@ def run_bench(
     config: BenchConfig, *, personalizer: Personalizer | None = None, progress: Progress | None = None
 ) -> BenchRun:
     """Evaluate every method on every user (from the cache where possible) and return the raw records."""
-    from localpers.bench.extra_methods import MethodStateRoot, register_bench_methods
+    from localpers.bench.extra_methods import MethodStateRoot
 
-    register_bench_methods()
     check_method_names(config.methods)
     users = load_bench_users(
         config.data, max_users=config.max_users, max_queries=config.max_queries, dev_split=config.dev_split

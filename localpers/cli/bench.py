@@ -18,6 +18,15 @@ import typer
 
 from localpers.errors import LocalpersError
 
+# Written out so `--help` loads no model code; tests/test_bench.py checks it names every method and preset of
+# `localpers.bench.registry` / `method_names`.
+METHODS_HELP = (
+    "Methods or presets, repeatable or comma-separated: global, rag, global-history, cluster, card, card-auto, "
+    "card-global, card-factored-u, card-full-u, cope, exact; parameters as card@strength=0.5,top_k=50, rag@k=2, "
+    "card@history=5; presets main (default), low-resource, alpha-sweep, topk-sweep, related (cope, exact). "
+    "global is always included."
+)
+
 
 def _log_progress(method: str, done: int, total: int, detail: str) -> None:
     """Without a terminal (nohup, CI logs): one line per finished user."""
@@ -67,9 +76,7 @@ def bench_command(
         typer.Option(
             "--methods",
             "-m",
-            help="Methods or presets, repeatable or comma-separated: global, rag, cluster, card, card-global, "
-            "card-factored-u, card-full-u, cope, exact; parameters as card@strength=0.5,top_k=50, rag@k=2, card@history=5; "
-            "presets main (default), low-resource, alpha-sweep, topk-sweep, related (cope, exact). global is always included.",
+            help=METHODS_HELP,
         ),
     ] = None,
     max_users: Annotated[int | None, typer.Option(min=1, help="Only the first N users of the file.")] = None,
@@ -214,8 +221,7 @@ def _run_probes(
     as_json: bool,
     dev_split: bool = False,
 ) -> None:
-    from localpers.bench.extra_methods import register_bench_methods
-    from localpers.bench.methods import check_method_names, split_method_list
+    from localpers.bench.method_names import check_method_names, split_method_list
     from localpers.bench.probes import (
         DEFAULT_PROBE_METHODS,
         DEFAULT_QUERIES_PER_USER,
@@ -224,7 +230,6 @@ def _run_probes(
     )
     from localpers.bench.styles import get_style
 
-    register_bench_methods()
     chosen = [piece for text in (methods or DEFAULT_PROBE_METHODS) for piece in split_method_list(text)]
     check_method_names([name for name in chosen if name])
     style_names = [name.strip() for name in styles.split(",") if name.strip()]

@@ -5,5 +5,4 @@
 - `exact`: greedy selection of preference attributes (`attributes`, the paper's 42 names) per
   history pair, a prompt-level index, and retrieval of the nearest input's attributes at inference.
 - `profile`: the user's interpretable style profile (EXACT frequencies next to CARD's cluster).
-- `bench_methods`: adapters for the `localpers.bench` method registry.
 """

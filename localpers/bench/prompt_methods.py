@@ -1,0 +1,142 @@
+"""The benchmark's prompt-level methods: the global adapter, RAG, the global adapter with history, the cluster adapter.
+
+Each generates through `Personalizer.rewrite` with the device's own prompt functions
+(`localpers.users.history_prompt`), so the bench measures the prompt `localpers rewrite` builds.
+`rag` is the bench's own few-shot baseline (whole past items as examples, untrained); it has no device
+counterpart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
+from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import HistoryIndex, PromptFormat
+
+
+class GlobalMethod(Method):
+    name = "global"
+    device_method = "global"
+    scores_gold = True
+    description = "global adapter, no personalization (the baseline)"
+
+    def generate(
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        return personalizer.rewrite(text, method="global", reference=reference)
+
+
+class RagMethod(Method):
+    name = "rag"
+    scores_gold = True
+    description = "global adapter with the k history items most similar to the query (BM25) as examples"
+    uses_history = True
+    params = {"k": int}
+    max_example_chars = 1000
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        return {"k": 4}
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        from localpers.users.retrieval import Bm25Index
+
+        return Bm25Index([f"{item.input} {item.output}" for item in profile.items]) if profile.items else None
+
+    def generate(
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        k = int(spec.get("k", 4) or 4)
+        prefix = ""
+        if prepared is not None:
+            examples = [profile.items[i] for i in prepared.top(text, k)]
+            prefix = few_shot_prefix(examples, self.max_example_chars)
+        return personalizer.rewrite(text, method="global", prompt_prefix=prefix, reference=reference)
+
+
+def few_shot_prefix(examples: list[HistoryItem], max_chars: int = 1000) -> str:
+    """The examples as completed prompts, most relevant last (nearest the query), one blank line apart."""
+    parts = []
+    for item in reversed(examples):
+        prompt = get_task(item.task).prompt_for(item.input[:max_chars])
+        parts.append(f"{prompt} {item.output}\n\n")
+    return "".join(parts)
+
+
+def history_index(profile: UserProfile, task: str = "headline") -> HistoryIndex:
+    """The user's examples for `task`, as the device's history index holds them."""
+    return HistoryIndex(get_task(task), [(i.input, i.output) for i in profile.items if i.task == task])
+
+
+class HistoryPromptMethod(Method):
+    """A method whose prompt may show the user's past outputs: it prepares their history index once per user."""
+
+    def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
+        return history_index(profile)
+
+
+class GlobalHistoryMethod(HistoryPromptMethod):
+    name = "global-history"
+    device_method = "global-history"
+    scores_gold = True
+    description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
+    uses_history = True
+    params = {"examples": int}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        chosen = personalizer.prompt_format
+        return {"examples": chosen.examples if chosen is not None else 5}
+
+    def generate(
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
+        examples = spec.get("examples", self.defaults(personalizer)["examples"])
+        chosen = PromptFormat(examples=int(examples or 5))
+        return personalizer.rewrite(
+            text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
+        )
+
+
+class ClusterMethod(HistoryPromptMethod):
+    name = "cluster"
+    device_method = "cluster"
+    scores_gold = True
+    description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
+    needs = "cluster"
+    uses_history = True
+
+    def generate(
+        self,
+        personalizer: Personalizer,
+        profile: UserProfile,
+        prepared: Any,
+        text: str,
+        spec: MethodSpec,
+        reference: str | None = None,
+    ) -> RewriteResult:
+        if profile.cluster is None:  # no history: the device falls back to the global adapter
+            return personalizer.rewrite(text, method="global", reference=reference)
+        return personalizer.rewrite(
+            text, method="cluster", cluster=profile.cluster, history=prepared, reference=reference
+        )
