@@ -121,11 +121,11 @@ def _run_group(
                         features.append(rows_features[row : row + count])
                 row += count
                 rows = min(logprob_rows, len(continuation))
-                all_logits = np.concatenate(logits, axis=0)[:rows]
+                head = _first_rows(logits, rows)  # a copy of the rows needed (the rest is a view into llama.cpp)
                 outcomes[index].scored.append(
                     ScoredContinuation(
                         tokens=list(continuation),
-                        logprobs=_log_softmax_at(all_logits, np.asarray(continuation[:rows])),
+                        logprobs=_log_softmax_at(head[:rows], np.asarray(continuation[:rows])),
                         features=np.concatenate(features, axis=0) if features else None,
                         logits=None,
                     )
@@ -138,6 +138,17 @@ def _run_group(
     finally:
         for sequence in sequences:
             engine.forget_sequence(sequence)
+
+
+def _first_rows(pieces: list[np.ndarray], rows: int) -> np.ndarray:
+    """The first `rows` rows of the pieces stacked, without copying the rest."""
+    taken: list[np.ndarray] = []
+    for piece in pieces:
+        if rows <= 0:
+            break
+        taken.append(piece[:rows])
+        rows -= len(taken[-1])
+    return np.concatenate(taken, axis=0)
 
 
 def _greedy(
