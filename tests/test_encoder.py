@@ -62,7 +62,9 @@ def reference():  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------ cheap checks of the numpy encoder
 def test_embeddings_are_normalised_rows_and_independent_of_batching() -> None:
     texts = ["A short headline", *EDGE_CASES, "Another one, a little longer than the first headline"]
+    encoder._embeddings.clear()
     together = embed_texts(texts)
+    encoder._embeddings.clear()  # else the second call reads the first one's rows back
     one_by_one = embed_texts(texts, batch_size=1)
     assert together.shape == (len(texts), ENCODER_DIM) and together.dtype == np.float32
     assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
@@ -71,6 +73,26 @@ def test_embeddings_are_normalised_rows_and_independent_of_batching() -> None:
     assert embed_texts([]).shape == (0, ENCODER_DIM)
     with pytest.raises(LocalpersError):
         user_embedding([])
+
+
+def test_embeddings_are_kept_in_memory_for_texts_seen_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encoder, "CACHED_TEXTS", 3)
+    encoder._embeddings.clear()
+    first = embed_texts(["one", "two", "two"])
+    encoded: list[list[str]] = []
+    real_encode = MiniLM.encode
+
+    def counting_encode(self: MiniLM, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        encoded.append(list(texts))
+        return real_encode(self, texts, batch_size=batch_size)
+
+    monkeypatch.setattr(MiniLM, "encode", counting_encode)
+    again = embed_texts(["two", "three", "one"])
+    assert encoded == [["three"]]  # only the new text runs through the model
+    assert np.array_equal(again[0], first[1]) and np.array_equal(again[2], first[0])
+    assert list(encoder._embeddings) == ["one", "two", "three"]
+    embed_texts(["four"])
+    assert list(encoder._embeddings) == ["two", "three", "four"]  # the oldest goes first
 
 
 def test_long_texts_are_truncated_to_max_seq_length() -> None:

