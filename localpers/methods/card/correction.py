@@ -95,9 +95,12 @@ class CardCorrection:
             habitual = self._cut_with_habits(candidates)
         ids = candidates.ids
         before = candidates.logits.astype(np.float32)  # a copy: the view is about to change
-        delta = np.asarray(
-            self.head.correction(ids, features, self.vector, strength=self.strength), dtype=np.float32
-        )
+        if self.strength == 0.0:  # the token bias alone (the fit's choice often is): no head to evaluate
+            delta = np.zeros(len(ids), dtype=np.float32)
+        else:
+            delta = np.asarray(
+                self.head.correction(ids, features, self.vector, strength=self.strength), dtype=np.float32
+            )
         if len(habitual):  # the user's habits beyond the top k are not corrected by the vector
             delta[np.isin(ids, habitual)] = 0.0
         if self.bias is not None:
