@@ -1,0 +1,102 @@
+"""Whole-rewrite cost per method: wall time of one rewrite as `localpers rewrite` / the TUI / the API run it.
+
+Each rewrite goes through the device's method registry (`Method.rewrite`: the user's state and history index
+read, the prompt built, prefill, decode, recasing), so the time includes everything a request costs after the
+process has started and the bundle is open. Methods are interleaved per article (global, cluster, card, global,
+...), so machine noise hits them alike; the medians, their ratio to the global adapter's, and the prompt and
+output token counts are reported.
+
+The user must exist and be fitted (`localpers fit`), e.g. the demo user:
+
+    LOCALPERS_HOME=/tmp/h localpers user create demo
+    LOCALPERS_HOME=/tmp/h localpers history import models/demo-user/history.jsonl --user demo
+    LOCALPERS_HOME=/tmp/h localpers fit --user demo
+    LOCALPERS_HOME=/tmp/h python scripts/bench_rewrite.py --user demo --articles 12 --repeats 3 --json
+
+Articles are the demo user's `articles.jsonl`, or --data: one JSON object per line with an `input` field, or the
+shared data's format (each author's `queries`, in file order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from localpers.methods.base import RewriteOptions
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.registry import BASELINE_METHOD, compared_methods, get_method
+from localpers.users.store import UserStore
+
+DEMO_ARTICLES = Path(__file__).resolve().parent.parent / "models" / "demo-user" / "articles.jsonl"
+
+
+def read_articles(path: Path, limit: int) -> list[str]:
+    texts = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if "queries" in row:  # the shared data's format: each author's queries
+                texts += [str(query["input"]) for query in row["queries"]]
+            else:
+                texts.append(str(row.get("input") or row.get("text")))
+    return texts[:limit]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--user", default="demo")
+    parser.add_argument("--data", type=Path, default=DEMO_ARTICLES)
+    parser.add_argument("--articles", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--methods", nargs="+", default=None, help="default: the compared methods")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    methods = args.methods or list(compared_methods())
+    user = UserStore().get(args.user)
+    articles = read_articles(args.data, args.articles)
+    personalizer = Personalizer.open(n_threads=args.threads)
+    walls: dict[str, list[float]] = {name: [] for name in methods}
+    prompt_tokens: dict[str, list[int]] = {name: [] for name in methods}
+    output_tokens: dict[str, list[int]] = {name: [] for name in methods}
+    for name in methods:  # warm-up: adapters loaded, history index read once
+        get_method(name).rewrite(personalizer, user, articles[0], RewriteOptions())
+    for _ in range(args.repeats):
+        for text in articles:
+            for name in methods:
+                started = time.perf_counter()
+                payload = get_method(name).rewrite(personalizer, user, text, RewriteOptions())
+                walls[name].append((time.perf_counter() - started) * 1000)
+                prompt_tokens[name].append(int(payload.get("prompt_tokens", 0)))
+                output_tokens[name].append(int(payload.get("tokens", 0)))
+    baseline = statistics.median(walls[BASELINE_METHOD]) if BASELINE_METHOD in walls else None
+    rows = {
+        name: {
+            "median_ms": round(statistics.median(walls[name]), 1),
+            "vs_global": None if baseline is None else round(statistics.median(walls[name]) / baseline, 3),
+            "prompt_tokens": round(statistics.mean(prompt_tokens[name]), 1),
+            "output_tokens": round(statistics.mean(output_tokens[name]), 1),
+            "rewrites": len(walls[name]),
+        }
+        for name in methods
+    }
+    if args.json:
+        print(
+            json.dumps(
+                {"user": args.user, "threads": personalizer.engine.n_threads, "methods": rows}, indent=2
+            )
+        )
+        return
+    for name, row in rows.items():
+        print(
+            f"{name:14s} {row['median_ms']:8.1f} ms  x{row['vs_global']}  prompt {row['prompt_tokens']:.0f} tokens,"
+            f" output {row['output_tokens']:.0f} tokens ({row['rewrites']} rewrites)"
+        )
+
+
+if __name__ == "__main__":
+    main()
