@@ -55,6 +55,19 @@ def test_examples_are_the_most_similar_with_the_best_last() -> None:
     assert len(select_examples(HEADLINE, "bread", POOL, 10)) == 3
 
 
+def test_recent_examples_open_the_list_and_are_not_retrieved_twice() -> None:
+    query = INSTRUCTION + "New bike lanes for the street, the council said."
+    chosen = select_examples(HEADLINE, query, POOL, 2, recent=1)
+    assert chosen == ["Night Owls Rejoice: Later Trains", "Bike Lanes Win: Council Says Yes"]
+    both = select_examples(HEADLINE, INSTRUCTION + "Late trains at night.", POOL, 3, recent=2)
+    assert both[:2] == [POOL[1][1], POOL[2][1]] and both[2] == POOL[0][1] and len(set(both)) == 3
+    assert select_examples(HEADLINE, query, POOL, 2, recent=5) == [POOL[1][1], POOL[2][1]]  # capped at count
+    index = HistoryIndex(HEADLINE, list(POOL))
+    assert prompt_for_user("headline", query, PromptFormat(examples=2, recent=1), index) == build_prompt(
+        HEADLINE, query, chosen
+    )
+
+
 def test_prompt_format_round_trips_and_refuses_bad_entries() -> None:
     chosen = PromptFormat(examples=5)
     assert PromptFormat.from_manifest(chosen.to_manifest()) == chosen

@@ -8,6 +8,7 @@ counterpart.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
@@ -125,6 +126,12 @@ class ClusterMethod(HistoryPromptMethod):
     description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
+    # `recent=N`: N of the prompt's examples are the user's most recent outputs instead of retrieved ones (an
+    # inference-time variant of the bundle's format, for choosing a format on the dev split)
+    params = {"recent": int}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        return {"recent": 0}
 
     def generate(
         self,
@@ -137,6 +144,14 @@ class ClusterMethod(HistoryPromptMethod):
     ) -> RewriteResult:
         if profile.cluster is None:  # no history: the device falls back to the global adapter
             return personalizer.rewrite(text, method="global", reference=reference)
+        recent = int(spec.get("recent", 0) or 0)
+        chosen = personalizer.prompt_format
+        variant = replace(chosen, recent=recent) if recent and chosen is not None else None
         return personalizer.rewrite(
-            text, method="cluster", cluster=profile.cluster, history=prepared, reference=reference
+            text,
+            method="cluster",
+            cluster=profile.cluster,
+            history=prepared,
+            prompt_format=variant,
+            reference=reference,
         )

@@ -47,6 +47,9 @@ class PromptFormat:
     examples: int = 5
     retrieval: str = "bm25"
     version: int = FORMAT_VERSION
+    recent: int = (
+        0  # of the examples, this many are the user's most recent outputs (shown first), not retrieved
+    )
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -101,17 +104,27 @@ def _document(task: Task, input_text: str, output: str) -> str:
 
 
 def select_examples(
-    task: Task, text: str, pool: Sequence[tuple[str, str]], count: int, index: Bm25Index | None = None
+    task: Task,
+    text: str,
+    pool: Sequence[tuple[str, str]],
+    count: int,
+    index: Bm25Index | None = None,
+    *,
+    recent: int = 0,
 ) -> list[str]:
     """Outputs of the `count` items of `pool` ((input, output) pairs) most similar to `text`, most similar last.
 
-    `index` may be a prebuilt BM25 index over exactly `pool`'s documents; ties keep pool order.
+    With `recent`, the last `recent` items of `pool` (the most recent, oldest first) open the list and the rest
+    are the most similar among the others. `index` may be a prebuilt BM25 index over exactly `pool`'s documents;
+    ties keep pool order.
     """
     if not pool or count <= 0:
         return []
+    recent = min(recent, count, len(pool))
+    latest = list(range(len(pool) - recent, len(pool)))
     index = index or Bm25Index([_document(task, i, o) for i, o in pool])
-    best = index.top(content_of(task, text), count)
-    return [pool[i][1] for i in reversed(best)]
+    best = [i for i in index.top(content_of(task, text), count) if i not in latest][: count - recent]
+    return [pool[i][1] for i in latest] + [pool[i][1] for i in reversed(best)]
 
 
 class HistoryIndex:
@@ -126,8 +139,8 @@ class HistoryIndex:
         self.pool = pool
         self._index = Bm25Index([_document(task, i, o) for i, o in pool]) if pool else None
 
-    def examples_for(self, text: str, count: int) -> list[str]:
-        return select_examples(self.task, text, self.pool, count, self._index)
+    def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
+        return select_examples(self.task, text, self.pool, count, self._index, recent=recent)
 
     @staticmethod
     def write(user_dir: Path, history_text: str, items: Sequence[Any]) -> None:
@@ -181,4 +194,4 @@ def prompt_for_user(
     task = get_task(task_name)
     if prompt_format is None or index is None:
         return task.prompt_for(text)
-    return build_prompt(task, text, index.examples_for(text, prompt_format.examples))
+    return build_prompt(task, text, index.examples_for(text, prompt_format.examples, prompt_format.recent))
