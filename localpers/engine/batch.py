@@ -121,9 +121,8 @@ def _run_group(
                         features.append(rows_features[row : row + count])
                 row += count
                 rows = min(logprob_rows, len(continuation))
-                head = _first_rows(
-                    logits, rows
-                )  # a copy of the rows needed (the rest is a view into llama.cpp)
+                # a copy of the rows needed (the rest is a view into llama.cpp's buffer)
+                head = _first_rows(logits, rows)
                 outcomes[index].scored.append(
                     ScoredContinuation(
                         tokens=list(continuation),

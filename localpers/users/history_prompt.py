@@ -47,9 +47,9 @@ class PromptFormat:
     examples: int = 5
     retrieval: str = "bm25"
     version: int = FORMAT_VERSION
-    recent: int = (
-        0  # of the examples, this many are the user's most recent outputs (shown first), not retrieved
-    )
+    # Of the examples, this many are the user's most recent outputs (shown first) instead of retrieved ones. Not in
+    # the manifest: bundles are trained with 0; `localpers bench -m cluster@recent=N` measures it at inference.
+    recent: int = 0
 
     def to_manifest(self) -> dict[str, Any]:
         return {
