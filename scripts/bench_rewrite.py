@@ -14,8 +14,8 @@ The user must exist and be fitted (`localpers fit`), e.g. the demo user:
     LOCALPERS_HOME=/tmp/h localpers fit --user demo
     LOCALPERS_HOME=/tmp/h python scripts/bench_rewrite.py --user demo --articles 12 --repeats 3 --json
 
-Articles are the demo user's `articles.jsonl`, or --data: one JSON object per line with an `input` field, or the
-shared data's format (each author's `queries`, in file order).
+Articles are the demo user's `articles.jsonl`, or with --data the queries of a file in the shared data's format
+(each author's `queries`, in file order).
 """
 
 from __future__ import annotations
@@ -26,30 +26,25 @@ import statistics
 import time
 from pathlib import Path
 
+from localpers.bench.data import load_bench_users
+from localpers.device.demo import demo_articles
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.registry import BASELINE_METHOD, compared_methods, get_method
 from localpers.users.store import UserStore
 
-DEMO_ARTICLES = Path(__file__).resolve().parent.parent / "models" / "demo-user" / "articles.jsonl"
 
-
-def read_articles(path: Path, limit: int) -> list[str]:
-    texts = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if "queries" in row:  # the shared data's format: each author's queries
-                texts += [str(query["input"]) for query in row["queries"]]
-            else:
-                texts.append(str(row.get("input") or row.get("text")))
-    return texts[:limit]
+def read_articles(path: Path | None, limit: int) -> list[str]:
+    """The demo user's articles, or the query inputs of a file in the shared data's format (file order)."""
+    if path is None:
+        return demo_articles()[:limit]
+    return [query.input for user in load_bench_users(path) for query in user.queries][:limit]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--user", default="demo")
-    parser.add_argument("--data", type=Path, default=DEMO_ARTICLES)
+    parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--articles", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)

@@ -57,9 +57,7 @@ class CardMethod(HistoryPromptMethod):
         reference: str | None = None,
     ) -> RewriteResult:
         if profile.cluster is None and self.adapter_method == "card":
-            return personalizer.rewrite(
-                text, method="global", reference=reference
-            )  # cold start, as `rewrite` does
+            return self.global_rewrite(personalizer, text, reference)  # cold start
         strength = spec.get("strength")
         top_k = spec.get("top_k")
         bias_strength = spec.get("bias")

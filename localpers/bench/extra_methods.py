@@ -100,7 +100,7 @@ class CopeBenchMethod(Method):
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
     ) -> RewriteResult:
         if prepared is None:
-            return personalizer.rewrite(text, method="global")
+            return self.global_rewrite(personalizer, text)
         alpha = spec.get("alpha", DEFAULT_ALPHA)
         tau = spec.get("tau", DEFAULT_TAU)
         return rewrite_cope(
@@ -148,7 +148,7 @@ class ExactBenchMethod(Method):
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
     ) -> RewriteResult:
         if prepared is None:
-            return personalizer.rewrite(text, method="global")
+            return self.global_rewrite(personalizer, text)
         result, _ = rewrite_exact(personalizer, prepared, text)
         return result
 

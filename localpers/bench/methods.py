@@ -114,6 +114,11 @@ class Method(ABC):
     ) -> RewriteResult:
         """The output for one query; with `reference` (methods with `scores_gold`), also its gold likelihood."""
 
+    @staticmethod
+    def global_rewrite(personalizer: Personalizer, text: str, reference: str | None = None) -> RewriteResult:
+        """The global adapter's output: the baseline, and what a user without history gets (as `rewrite` does)."""
+        return personalizer.rewrite(text, method="global", reference=reference)
+
     def stored_bytes(self, profile: UserProfile) -> int:
         """Bytes the device keeps per user for this method, the user's own history not counted."""
         return {"none": 0, "cluster": profile.cluster_bytes, "vector": profile.vector_bytes}[self.needs]

@@ -33,7 +33,7 @@ class GlobalMethod(Method):
         spec: MethodSpec,
         reference: str | None = None,
     ) -> RewriteResult:
-        return personalizer.rewrite(text, method="global", reference=reference)
+        return self.global_rewrite(personalizer, text, reference)
 
 
 class RagMethod(Method):
@@ -143,7 +143,7 @@ class ClusterMethod(HistoryPromptMethod):
         reference: str | None = None,
     ) -> RewriteResult:
         if profile.cluster is None:  # no history: the device falls back to the global adapter
-            return personalizer.rewrite(text, method="global", reference=reference)
+            return self.global_rewrite(personalizer, text, reference)
         recent = int(spec.get("recent", 0) or 0)
         chosen = personalizer.prompt_format
         variant = replace(chosen, recent=recent) if recent and chosen is not None else None

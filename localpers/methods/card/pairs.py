@@ -187,15 +187,12 @@ class PairBuilder:
             positive = self.engine.tokenize(" " + item.output, add_bos=False)
 
             def continuations(
-                text: str, output: str = item.output, fixed: str | None = cached
+                text: str, output: str = item.output, fixed: str | None = cached, plus: list[int] = positive
             ) -> list[list[int]]:
                 negative = text if fixed is None else fixed
                 if not negative or negative == output:
                     return []
-                return [
-                    self.engine.tokenize(" " + output, add_bos=False),
-                    self.engine.tokenize(" " + negative, add_bos=False),
-                ]
+                return [plus, self.engine.tokenize(" " + negative, add_bos=False)]
 
             job = PromptJob(self.engine.tokenize(prompt), cached is None, continuations)
             if fits(job, task.default_max_tokens, max(len(positive), task.default_max_tokens + 8)):
