@@ -2,9 +2,12 @@
 
 Each rewrite goes through the device's method registry (`Method.rewrite`: the user's state and history index
 read, the prompt built, prefill, decode, recasing), so the time includes everything a request costs after the
-process has started and the bundle is open. The KV cache is cleared before each rewrite, so every prompt is
-prefilled (the engine reuses an identical prompt it has just evaluated, which would favour the second method). Methods are interleaved per article (global, cluster, card, global,
-...), so machine noise hits them alike; the medians, their ratio to the global adapter's, and the prompt and
+process has started and the bundle is open. The KV cache and the engine's prefix snapshots are cleared before
+each rewrite, so every prompt is prefilled (the engine reuses an identical prompt it has just evaluated, which would favour the second method).
+With --warm, each timed rewrite instead follows an untimed rewrite of another article by the same method and
+user: what the second and later rewrites of a session (the TUI, the API, `rewrite` on several texts) cost, with
+the user's recent examples already in the engine's cache. Methods are interleaved per article (global, cluster,
+card, global, ...), so machine noise hits them alike; the medians, their ratio to the global adapter's, and the prompt and
 output token counts are reported.
 
 The user must exist and be fitted (`localpers fit`), e.g. the demo user:
@@ -49,6 +52,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--methods", nargs="+", default=None, help="default: the compared methods")
+    parser.add_argument("--warm", action="store_true", help="after a rewrite of another article (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -62,10 +66,15 @@ def main() -> None:
     for name in methods:  # warm-up: adapters loaded, history index read once
         get_method(name).rewrite(personalizer, user, articles[0], RewriteOptions())
     for _ in range(args.repeats):
-        for text in articles:
+        for position, text in enumerate(articles):
             for name in methods:
                 # a cold prompt: the engine would otherwise reuse the previous method's identical prefill
+                # or the user's examples block it has kept
                 personalizer.engine.reset()
+                personalizer.engine.prefix_snapshots.clear()
+                if args.warm:
+                    other = articles[position - 1] if len(articles) > 1 else text + " More."
+                    get_method(name).rewrite(personalizer, user, other, RewriteOptions())
                 started = time.perf_counter()
                 payload = get_method(name).rewrite(personalizer, user, text, RewriteOptions())
                 walls[name].append((time.perf_counter() - started) * 1000)
@@ -85,7 +94,13 @@ def main() -> None:
     if args.json:
         print(
             json.dumps(
-                {"user": args.user, "threads": personalizer.engine.n_threads, "methods": rows}, indent=2
+                {
+                    "user": args.user,
+                    "threads": personalizer.engine.n_threads,
+                    "cache": "warm" if args.warm else "cold",
+                    "methods": rows,
+                },
+                indent=2,
             )
         )
         return

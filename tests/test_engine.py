@@ -211,3 +211,54 @@ def test_prefilling_the_same_prompt_again_reuses_the_cache(engine) -> None:
     np.testing.assert_allclose(memo_scored.logprobs, fresh_scored.logprobs, atol=1e-5)
     engine.truncate(2)  # truncating into the prompt forgets it
     assert engine._prompt_memo is None
+
+
+def test_a_shared_prefix_stays_in_the_cache_and_gives_the_numbers_of_a_cold_prefill(engine: Engine) -> None:
+    examples = (
+        "Headlines this author wrote before:\n- Parks Win Big Downtown\n- Council Votes Yes On Green Space"
+    )
+    first = engine.tokenize(examples + "\n\n" + PROMPT)
+    second = engine.tokenize(examples + "\n- Another Closer Example\n\n" + PROMPT)
+    shared = len(engine.tokenize(examples))
+    assert first[:shared] == second[:shared]
+    engine.reset()
+    cold = engine.prefill(second, shared=shared)
+    engine.prefill(first, shared=shared)
+    assert engine.n_past == len(first)
+    warm = engine.prefill(second, shared=shared)  # only the tokens after the shared prefix are evaluated
+    np.testing.assert_array_equal(warm.logits, cold.logits)
+    np.testing.assert_array_equal(warm.features, cold.features)
+    # a different prefix of the same length is not mistaken for the cached one
+    other = engine.tokenize(examples.replace("Parks", "Lakes") + "\n\n" + PROMPT)
+    engine.reset()
+    expected = engine.prefill(other, shared=shared).logits
+    engine.prefill(second, shared=shared)
+    np.testing.assert_array_equal(engine.prefill(other, shared=shared).logits, expected)
+    # truncating into the prefix forgets it
+    engine.prefill(first, shared=shared)
+    engine.truncate(shared - 1)
+    np.testing.assert_array_equal(engine.prefill(second, shared=shared).logits, cold.logits)
+
+
+def test_a_shared_prefix_comes_back_after_an_adapter_switch_with_the_same_numbers(
+    engine: Engine, adapter_file: Path
+) -> None:
+    name = engine.load_adapter(adapter_file, "random") if "random" not in engine.adapters else "random"
+    examples = (
+        "Headlines this author wrote before:\n- Parks Win Big Downtown\n- Council Votes Yes On Green Space"
+    )
+    prompt = engine.tokenize(examples + "\n- Closer\n\n" + PROMPT)
+    shared = len(engine.tokenize(examples))
+    engine.prefix_snapshots.clear()
+    engine.set_adapter(name)
+    cold = engine.prefill(prompt, shared=shared).logits.copy()
+    assert len(engine.prefix_snapshots) == 1
+    engine.set_adapter(None)  # clears the cache
+    plain = engine.prefill(prompt, shared=shared).logits.copy()  # another adapter: its own snapshot
+    assert len(engine.prefix_snapshots) == 2 and not np.array_equal(plain, cold)
+    engine.set_adapter(name)
+    assert engine.n_past == 0
+    np.testing.assert_array_equal(engine.prefill(prompt, shared=shared).logits, cold)
+    engine.set_adapter(None)
+    np.testing.assert_array_equal(engine.prefill(prompt, shared=shared).logits, plain)
+    engine.prefix_snapshots.clear()

@@ -20,6 +20,7 @@ from localpers.users.history_prompt import (
     build_prompt,
     prompt_for_user,
     select_examples,
+    shared_prefix_for_user,
 )
 from localpers.users.store import UserStore
 
@@ -68,9 +69,27 @@ def test_recent_examples_open_the_list_and_are_not_retrieved_twice() -> None:
     )
 
 
+def test_every_prompt_of_a_user_starts_with_the_shared_prefix_of_recent_examples() -> None:
+    index = HistoryIndex(HEADLINE, list(POOL))
+    chosen = PromptFormat(examples=3, recent=1)
+    prefix = shared_prefix_for_user("headline", chosen, index)
+    assert prefix == "Headlines this author wrote before:\n- Night Owls Rejoice: Later Trains"
+    for text in ("New bike lanes.", "Sourdough bread prize.", "Trains at night."):
+        assert prompt_for_user("headline", INSTRUCTION + text, chosen, index).startswith(prefix + "\n")
+    assert shared_prefix_for_user("headline", PromptFormat(examples=3), index) == ""  # nothing shared
+    assert shared_prefix_for_user("headline", chosen, HistoryIndex(HEADLINE, [])) == ""
+    assert shared_prefix_for_user("headline", None, index) == ""
+    # a pool no larger than the recent block: every example is shared, the task follows a blank line
+    everything = PromptFormat(examples=5, recent=5)
+    prefix = shared_prefix_for_user("headline", everything, index)
+    assert prompt_for_user("headline", "x", everything, index).startswith(prefix + "\n\n")
+
+
 def test_prompt_format_round_trips_and_refuses_bad_entries() -> None:
     chosen = PromptFormat(examples=5)
-    assert PromptFormat.from_manifest(chosen.to_manifest()) == chosen
+    # the device shows the user's recent outputs first and retrieves the closest two
+    assert PromptFormat.from_manifest(chosen.to_manifest()) == PromptFormat(examples=5, recent=3)
+    assert PromptFormat.from_manifest(PromptFormat(examples=1).to_manifest()).recent == 0
     assert PromptFormat.from_manifest(None) is None
     for bad in (
         {"format": "other"},

@@ -25,9 +25,7 @@ from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.users.store import User, UserStore
 
-BENCH_VERSION = (
-    4  # bump when a change to the runner invalidates cached results (4: calibrated habits, x0.1 candidates)
-)
+BENCH_VERSION = 5  # bump when a change invalidates cached results (4: calibrated habits; 5: recent examples in the prompt)
 
 
 def sha256_text(value: Any) -> str:

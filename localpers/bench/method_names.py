@@ -56,7 +56,7 @@ def parse_method(text: str) -> MethodSpec:
 
 
 def _parse_value(text: str, key: str, raw: str, kind: type) -> ParamValue:
-    """`raw` as `kind`; `history=all` is None. Counts (k, top_k) are >= 1, strength and history >= 0,
+    """`raw` as `kind`; `history=all` is None. Counts (k, top_k) are >= 1, strength, history and recent >= 0,
     the fit's regularisation `reg` > 0 (without it a separable set of pairs has no finite optimum)."""
     if key == HISTORY_PARAM and raw == "all":
         return None
@@ -68,7 +68,7 @@ def _parse_value(text: str, key: str, raw: str, kind: type) -> ParamValue:
         if not value > 0:  # also refuses nan
             raise LocalpersError(f"method {text!r}: {key}={raw} must be greater than 0")
         return value
-    minimum = 0 if kind is float or key == HISTORY_PARAM else 1
+    minimum = 0 if kind is float or key in (HISTORY_PARAM, "recent") else 1
     if not value >= minimum:  # also refuses nan
         raise LocalpersError(f"method {text!r}: {key}={raw} must be at least {minimum}")
     return value

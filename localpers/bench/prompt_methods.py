@@ -126,12 +126,13 @@ class ClusterMethod(HistoryPromptMethod):
     description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
-    # `recent=N`: N of the prompt's examples are the user's most recent outputs instead of retrieved ones (an
-    # inference-time variant of the bundle's format, for choosing a format on the dev split)
+    # `recent=N`: N of the prompt's examples are the user's most recent outputs instead of retrieved ones (the
+    # device's default is the bundle's examples less `CLOSEST_PER_TEXT`; other N, for choosing on the dev split)
     params = {"recent": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
-        return {"recent": 0}
+        chosen = personalizer.prompt_format
+        return {"recent": 0 if chosen is None else chosen.recent}
 
     def generate(
         self,
@@ -144,9 +145,9 @@ class ClusterMethod(HistoryPromptMethod):
     ) -> RewriteResult:
         if profile.cluster is None:  # no history: the device falls back to the global adapter
             return self.global_rewrite(personalizer, text, reference)
-        recent = int(spec.get("recent", 0) or 0)
         chosen = personalizer.prompt_format
-        variant = replace(chosen, recent=recent) if recent and chosen is not None else None
+        recent = spec.get("recent")
+        variant = replace(chosen, recent=int(recent)) if recent is not None and chosen is not None else None
         return personalizer.rewrite(
             text,
             method="cluster",

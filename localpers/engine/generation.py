@@ -89,6 +89,7 @@ def generate(
     method: MethodSampler | None = None,
     on_text: TextCallback | None = None,
     forced: Sequence[int] | None = None,
+    shared: int = 0,
 ) -> GenerationResult:
     """Generate up to `max_tokens` tokens after `prompt`, streaming text pieces to `on_text`.
 
@@ -97,13 +98,15 @@ def generate(
 
     `chosen_logits` holds each chosen token's logit as the end of the chain saw it (after the method's
     change and, when sampling, the temperature).
+
+    `shared`: the prompt's first tokens that other prompts share (`Engine.prefill`), kept in the cache.
     """
     if forced is not None:
-        return _teacher_forced(engine, prompt, forced, method)
+        return _teacher_forced(engine, prompt, forced, method, shared)
     prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
     with engine.sampler_chain(sampling or GREEDY, method) as chain:
         started = time.perf_counter()
-        step = engine.prefill(prompt_tokens)
+        step = engine.prefill(prompt_tokens, shared=shared)
         prompt_seconds = time.perf_counter() - started
 
         scanner = _StopScanner(stop)
@@ -144,12 +147,16 @@ def generate(
 
 
 def _teacher_forced(
-    engine: Engine, prompt: str | Sequence[int], forced: Sequence[int], method: MethodSampler | None
+    engine: Engine,
+    prompt: str | Sequence[int],
+    forced: Sequence[int],
+    method: MethodSampler | None,
+    shared: int = 0,
 ) -> GenerationResult:
     """Feed `forced` and score each token: the method's candidates with its logits, the rest unchanged."""
     prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
     started = time.perf_counter()
-    scored, prompt_seconds = _score_forced(engine, prompt_tokens, forced, [method])
+    scored, prompt_seconds = _score_forced(engine, prompt_tokens, forced, [method], shared)
     return GenerationResult(
         text=engine.detokenize(list(forced)),
         tokens=[int(t) for t in forced],
@@ -166,6 +173,7 @@ def score_forced(
     prompt: str | Sequence[int],
     forced: Sequence[int],
     methods: Sequence[MethodSampler | None],
+    shared: int = 0,
 ) -> list[list[float]]:
     """Per-token log-probabilities of `forced` after `prompt` under each of `methods`, in one model pass.
 
@@ -174,11 +182,15 @@ def score_forced(
     must be fresh (a method sampler counts the tokens it is told of).
     """
     prompt_tokens = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-    return _score_forced(engine, prompt_tokens, forced, methods)[0]
+    return _score_forced(engine, prompt_tokens, forced, methods, shared)[0]
 
 
 def _score_forced(
-    engine: Engine, prompt_tokens: list[int], forced: Sequence[int], methods: Sequence[MethodSampler | None]
+    engine: Engine,
+    prompt_tokens: list[int],
+    forced: Sequence[int],
+    methods: Sequence[MethodSampler | None],
+    shared: int = 0,
 ) -> tuple[list[list[float]], float]:
     """(log-probabilities per method, prompt seconds): the one teacher-forced scoring loop.
 
@@ -194,7 +206,7 @@ def _score_forced(
             for method in methods
         ]
         started = time.perf_counter()
-        step = engine.prefill(prompt_tokens)
+        step = engine.prefill(prompt_tokens, shared=shared)
         prompt_seconds = time.perf_counter() - started
         logprobs: list[list[float]] = [[] for _ in methods]
         for index, token in enumerate(forced):

@@ -33,6 +33,7 @@ import numpy as np
 from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, recorded_llama_log
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
+from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.vocabulary import Vocabulary
 from localpers.errors import LocalpersError
@@ -140,6 +141,7 @@ class Engine(Vocabulary):
                 f"llama.cpp could not create a context for {self.model_path} (n_ctx={n_ctx})"
             )
         self._batch = llama_cpp.llama_batch_init(ctx_params.n_batch, 0, 1)
+        self.prefix_snapshots = PrefixSnapshots(self._ctx)
         self._batch_capacity = int(ctx_params.n_batch)
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._adapter_paths: dict[str, Path] = {}
@@ -149,7 +151,10 @@ class Engine(Vocabulary):
         # The last prefilled prompt and the step it produced: prefilling the same prompt again (CARD's fit
         # generates y- and then scores y+/y- after one prompt) truncates the cache to it instead of
         # re-evaluating it. Cleared by reset() and by truncating into it.
-        self._prompt_memo: tuple[tuple[int, ...], Step] | None = None
+        self._prompt_memo: tuple[tuple[tuple[int, ...], int], Step] | None = None
+        # The tokens at positions 0.. of the cache that were evaluated as a batch of their own (prefill's
+        # `shared`); cleared by reset() and by truncating into them.
+        self._shared_prefix: tuple[int, ...] | None = None
         self._piece_cache: dict[int, bytes] = {}
 
     def _load_model(self) -> tuple[cpu_buffers.BufferChoice, dict[str, float]]:
@@ -182,6 +187,7 @@ class Engine(Vocabulary):
     def close(self) -> None:
         """Free the context, adapters and model. Safe to call twice."""
         if getattr(self, "_ctx", None):
+            self.prefix_snapshots.clear()
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
@@ -250,6 +256,7 @@ class Engine(Vocabulary):
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
         self.n_past = 0
         self._prompt_memo = None
+        self._shared_prefix = None
 
     def truncate(self, n_keep: int) -> None:
         """Drop KV positions >= n_keep so evaluation continues from there (shared-prefix reuse)."""
@@ -258,8 +265,10 @@ class Engine(Vocabulary):
         if n_keep <= 0:
             self.reset()
             return
-        if self._prompt_memo is not None and n_keep < len(self._prompt_memo[0]):
+        if self._prompt_memo is not None and n_keep < len(self._prompt_memo[0][0]):
             self._prompt_memo = None
+        if self._shared_prefix is not None and n_keep < len(self._shared_prefix):
+            self._shared_prefix = None
         ok = llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n_keep, -1)
         if not ok:
             raise LocalpersError("llama.cpp could not truncate the KV cache")
@@ -302,20 +311,41 @@ class Engine(Vocabulary):
         logits, features = self.eval([token], copy_logits=copy_logits)
         return Step(logits=logits, features=features)
 
-    def prefill(self, tokens: Sequence[int]) -> Step:
+    def prefill(self, tokens: Sequence[int], *, shared: int = 0) -> Step:
         """Evaluate a prompt from an empty cache; returns the step that predicts the first new token.
 
+        `shared` > 0 says the first `shared` tokens are a prefix many prompts start with (a user's recent
+        examples): they are always evaluated as a batch of their own, and when the cache already holds exactly
+        them (same adapter) only the rest is evaluated; after an adapter switch the prefix's keys and values
+        come back from `prefix_snapshots`. Cold or warm, a prompt gives the same numbers, since llama.cpp's
+        results depend on how a prompt is split into batches (docs/PERFORMANCE.md).
         When the cache still starts with exactly this prompt (the last one prefilled, same adapter), it is
         truncated back to it and the remembered step is returned instead: same result, no recomputation.
         """
         key = tuple(int(t) for t in tokens)
+        shared = shared if 0 < shared < len(key) else 0
         memo = self._prompt_memo
-        if memo is not None and memo[0] == key and self.n_past >= len(key):
+        if memo is not None and memo[0] == (key, shared) and self.n_past >= len(key):
             self.truncate(len(key))
             return Step(memo[1].logits.copy(), None if memo[1].features is None else memo[1].features.copy())
-        self.reset()
-        logits, features = self.eval(tokens)
-        self._prompt_memo = (key, Step(logits.copy(), None if features is None else features.copy()))
+        prefix = key[:shared]
+        if shared and self._shared_prefix == prefix and self.n_past >= shared:
+            self.truncate(shared)
+            self._prompt_memo = None
+        else:
+            self.reset()
+            if shared:
+                if self.prefix_snapshots.restore(self.active_adapter, self.active_scale, prefix):
+                    self.n_past = shared
+                else:
+                    self.eval(prefix, copy_logits=False)
+                    self.prefix_snapshots.save(self.active_adapter, self.active_scale, prefix)
+                self._shared_prefix = prefix
+        logits, features = self.eval(key[shared:])
+        self._prompt_memo = (
+            (key, shared),
+            Step(logits.copy(), None if features is None else features.copy()),
+        )
         return Step(logits=logits, features=features)
 
     def score(

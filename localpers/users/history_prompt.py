@@ -8,9 +8,12 @@
     Generate a headline for the following article: <text>
     Headline:
 
-The examples are the outputs of the `examples` history items most similar to the new text (BM25 over
-each item's content + output, query = the new content), most similar last, so the closest one sits next
-to the task. Only items of the same task count; no such item gives the plain task prompt, so a user
+The bundle's manifest says how many examples (`examples`) and how they were retrieved for training: the
+items most similar to the new text (BM25 over each item's content + output, query = the new content), most
+similar last, so the closest one sits next to the task. On the device all but the `CLOSEST_PER_TEXT` closest
+are the user's most recent outputs instead (`recent`): that block is the same for every text the user
+rewrites, so the engine keeps its keys and values and evaluates only the rest of the prompt (measured on
+the train authors' dev split: no loss against all-similar, docs/RESULTS.md section 0f). Only items of the same task count; no such item gives the plain task prompt, so a user
 with no history gets exactly what a plain adapter was trained on. The publisher builds its training
 prompts with the same functions (each item's pool = the author's earlier items), and the device builds
 rewrite prompts through `prompt_for_user`: one code path, so the two cannot drift apart.
@@ -37,6 +40,8 @@ from localpers.users.retrieval import Bm25Index
 FORMAT_NAME = "history-examples"
 FORMAT_VERSION = 1
 INDEX_FILE = "history_index.json"
+# Examples retrieved per text on the device; the others are the user's most recent outputs (`recent`).
+CLOSEST_PER_TEXT = 2
 _HEADERS = {"headline": "Headlines", "title": "Titles"}
 
 
@@ -48,7 +53,7 @@ class PromptFormat:
     retrieval: str = "bm25"
     version: int = FORMAT_VERSION
     # Of the examples, this many are the user's most recent outputs (shown first) instead of retrieved ones. Not in
-    # the manifest: bundles are trained with 0; `localpers bench -m cluster@recent=N` measures it at inference.
+    # the manifest: the publisher trains with 0; the device reads `examples - CLOSEST_PER_TEXT` (`from_manifest`).
     recent: int = 0
 
     def to_manifest(self) -> dict[str, Any]:
@@ -78,7 +83,7 @@ class PromptFormat:
             raise LocalpersError(f"{where}: field 'prompt.examples' must be a whole number from 1 to 20")
         if entry.get("retrieval") != "bm25":
             raise LocalpersError(f"{where}: field 'prompt.retrieval' must be 'bm25'")
-        return cls(examples=examples)
+        return cls(examples=examples, recent=max(0, examples - CLOSEST_PER_TEXT))
 
 
 def content_of(task: Task, text: str) -> str:
@@ -94,9 +99,25 @@ def build_prompt(task: Task, text: str, examples: Sequence[str]) -> str:
     plain = task.prompt_for(text)
     if not examples:
         return plain
+    return _examples_block(task, examples) + "\n" + plain
+
+
+def shared_prefix(task: Task, pool: Sequence[tuple[str, str]], prompt_format: PromptFormat) -> str:
+    """The text every `build_prompt` of this pool and format starts with: the header and the recent examples.
+
+    Empty when the format shows no recent examples or the pool is empty. The final newline is left out: the
+    tokenizer may join it with what follows (a blank line), and a shared prefix must tokenize the same alone.
+    """
+    recent = min(prompt_format.recent, prompt_format.examples, len(pool))
+    if recent <= 0:
+        return ""
+    latest = [output for _, output in pool[len(pool) - recent :]]
+    return _examples_block(task, latest)[:-1]
+
+
+def _examples_block(task: Task, examples: Sequence[str]) -> str:
     header = f"{_HEADERS.get(task.name, 'Texts')} this author wrote before:\n"
-    lines = "".join(f"- {' '.join(example.split())}\n" for example in examples)
-    return header + lines + "\n" + plain
+    return header + "".join(f"- {' '.join(example.split())}\n" for example in examples)
 
 
 def _document(task: Task, input_text: str, output: str) -> str:
@@ -195,3 +216,12 @@ def prompt_for_user(
     if prompt_format is None or index is None:
         return task.prompt_for(text)
     return build_prompt(task, text, index.examples_for(text, prompt_format.examples, prompt_format.recent))
+
+
+def shared_prefix_for_user(
+    task_name: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
+) -> str:
+    """What every `prompt_for_user` of this user, task and format starts with ("" when nothing is shared)."""
+    if prompt_format is None or index is None:
+        return ""
+    return shared_prefix(get_task(task_name), index.pool, prompt_format)

@@ -88,9 +88,9 @@ class PairBuilder:
     def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it.
 
-        With a history-conditioned bundle, item i shows the user's closest outputs among items 0..i-1 (what the
-        user had written by then, as `localpers publish` builds its pairs); the first item, and every item on a
-        plain bundle, gets the plain task prompt.
+        With a history-conditioned bundle, item i shows the user's outputs among items 0..i-1 (what the user had
+        written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them (the most
+        recent and the closest); the first item, and every item on a plain bundle, gets the plain task prompt.
         """
         chosen = self.prompt_format
         prompts = []
@@ -101,7 +101,11 @@ class PairBuilder:
                 continue
             pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
             prompts.append(
-                build_prompt(task, item.input, select_examples(task, item.input, pool, chosen.examples))
+                build_prompt(
+                    task,
+                    item.input,
+                    select_examples(task, item.input, pool, chosen.examples, recent=chosen.recent),
+                )
             )
         return prompts
 

@@ -45,6 +45,7 @@ from localpers.methods.card.pairs import PairBuilder, Progress
 from localpers.methods.card.recasing import RecasingStream, fit_recasing
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
+from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import (
@@ -52,6 +53,7 @@ from localpers.users.history_prompt import (
     PromptFormat,
     content_of,
     prompt_for_user,
+    shared_prefix_for_user,
 )
 from localpers.users.store import User
 
@@ -188,11 +190,11 @@ class Personalizer:
         correction, strength_used, k_used = self.correction_sampler(
             method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
         )
+        shared = 0
         if prompt is None:
-            prompt_text = prompt_prefix + self.prompt_for(
-                chosen_task.name, text, method, history, prompt_format
+            prompt, shared = self.prompt_tokens(
+                chosen_task.name, text, method, history, prompt_format, prompt_prefix
             )
-            prompt = self.engine.tokenize(prompt_text)
             stop = (*chosen_task.stop_strings, *stop)
 
         recasing = bias.recasing if correction is not None and bias is not None else None
@@ -209,6 +211,7 @@ class Personalizer:
                 stop=stop,
                 method=correction,
                 on_text=stream or on_text,
+                shared=shared,
             )
         if stream is not None:
             stream.close()
@@ -219,7 +222,7 @@ class Personalizer:
             scoring, _, _ = self.correction_sampler(
                 method, cluster, vector, strength, top_k, bias, bias_strength
             )
-            gold = self._score(prompt, reference, scoring)
+            gold = self._score(prompt, reference, scoring, shared)
         return RewriteResult(
             text=output.strip() if chosen_task.one_line else output,
             method=method,
@@ -331,14 +334,14 @@ class Personalizer:
             self.correction_sampler(method, cluster, v.vector, v.strength, top_k, v.bias, v.bias_strength)[0]
             for v in variants
         ]
-        prompt = self.engine.tokenize(self.prompt_for(chosen_task.name, text, method, history))
+        prompt, shared = self.prompt_tokens(chosen_task.name, text, method, history)
         forced = self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False)
         with threadpool_limits(limits=1, user_api="blas"):
-            scores = score_forced(self.engine, prompt, forced, corrections)
+            scores = score_forced(self.engine, prompt, forced, corrections, shared)
         return [float(np.mean(column)) for column in scores]
 
     def _score(
-        self, prompt: list[int], reference: str, correction: CardCorrection | None
+        self, prompt: list[int], reference: str, correction: CardCorrection | None, shared: int
     ) -> GenerationResult:
         with threadpool_limits(limits=1, user_api="blas"):
             return generate(
@@ -346,6 +349,7 @@ class Personalizer:
                 prompt,
                 method=correction,
                 forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
+                shared=shared,
             )
 
     def prompt_for(
@@ -359,6 +363,28 @@ class Personalizer:
         """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
         chosen = prompt_format or self.prompt_format
         return prompt_for_user(task, text, chosen if method in HISTORY_METHODS else None, history)
+
+    def prompt_tokens(
+        self,
+        task: str,
+        text: str,
+        method: str,
+        history: HistoryIndex | None,
+        prompt_format: PromptFormat | None = None,
+        prompt_prefix: str = "",
+    ) -> tuple[list[int], int]:
+        """`prompt_prefix` + `prompt_for`'s prompt as tokens, and how many of them the user's prompts share.
+
+        The shared tokens (the user's recent examples) stay in the engine's cache from one rewrite to the next.
+        """
+        chosen = prompt_format or self.prompt_format
+        chosen = chosen if method in HISTORY_METHODS else None
+        tokens = self.engine.tokenize(prompt_prefix + prompt_for_user(task, text, chosen, history))
+        prefix = shared_prefix_for_user(task, chosen, history)
+        if not prefix:
+            return tokens, 0
+        # a tokenizer may join the prefix's last token with what follows; only the tokens both agree on are shared
+        return tokens, common_prefix_length(self.engine.tokenize(prompt_prefix + prefix), tokens)
 
     def _describe_steps(self, result: GenerationResult, steps: list[CorrectionRecord]) -> list[RewriteStep]:
         described = []
