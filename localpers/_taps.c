@@ -34,6 +34,7 @@ typedef struct {
     char *buffers[LP_MAX_TAPS];
     size_t capacity[LP_MAX_TAPS];
     size_t filled[LP_MAX_TAPS];
+    int stop_after; /* tap index after whose copy the rest of the graph is skipped; -1: never */
 } lp_taps;
 
 static int lp_find(const lp_taps *taps, const char *name) {
@@ -70,7 +71,8 @@ __attribute__((visibility("default"))) bool localpers_tap_callback(void *tensor,
     }
     taps->tensor_get(tensor, taps->buffers[index] + taps->filled[index], 0, size);
     taps->filled[index] += size;
-    return true;
+    /* false makes ggml skip the graph's remaining nodes (the output norm and the vocabulary projection) */
+    return index != taps->stop_after;
 }
 
 /* Mirror of llama.cpp's llama_token_data. */

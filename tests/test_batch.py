@@ -81,3 +81,32 @@ def test_a_fit_through_the_batched_pair_pass_caches_every_negative(
     assert cached.count(":") >= len(SHOUTY)  # one y- per item, under the bundle:cluster key
     negatives = personalizer.pairs.negatives_and_differences(user, items(SHOUTY), report.cluster, None)
     assert negatives[3]["negatives"] == 0.0  # all cached now: nothing generated the second time
+
+
+def test_features_only_passes_skip_the_logits_and_leave_the_cache_as_a_full_pass_does(
+    personalizer: Personalizer,  # noqa: F811
+) -> None:
+    engine = personalizer.engine
+    engine.set_adapter("global")
+    assert engine.tap_layers[-1] == engine.n_layer - 1  # the skip applies: the deepest tap is the last layer
+    prompt = engine.tokenize(PROMPTS[2])
+    body = engine.tokenize(" FREE LUNCH FOR EVERY KID", add_bos=False)
+    after = engine.tokenize("!!!", add_bos=False)
+    results = []
+    for logits in (True, False):
+        engine.forget_sequence(1)
+        engine.eval_sequences(prompt, range(len(prompt)), [1] * len(prompt), all_outputs=False)
+        positions = range(len(prompt), len(prompt) + len(body))
+        rows, features = engine.eval_sequences(body, positions, [1] * len(body), all_outputs=True, logits=logits)
+        assert (rows is None) == (not logits)
+        features = features.copy()
+        # the keys and values written by the features-only pass serve the next decode exactly as a full pass's
+        next_logits, _ = engine.eval_sequences(
+            after, range(positions.stop, positions.stop + len(after)), [1] * len(after), all_outputs=False
+        )
+        results.append((features, np.array(next_logits[-1])))
+    engine.forget_sequence(1)
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    # a later ordinary decode computes its logits again
+    assert np.isfinite(engine.prefill(prompt).logits).all()

@@ -87,9 +87,10 @@ def test_every_prompt_of_a_user_starts_with_the_shared_prefix_of_recent_examples
 
 def test_prompt_format_round_trips_and_refuses_bad_entries() -> None:
     chosen = PromptFormat(examples=5)
-    # the device shows the user's recent outputs first and retrieves the closest two
-    assert PromptFormat.from_manifest(chosen.to_manifest()) == PromptFormat(examples=5, recent=3)
+    # the device shows the user's recent outputs first and retrieves the closest one
+    assert PromptFormat.from_manifest(chosen.to_manifest()) == PromptFormat(examples=5, recent=4)
     assert PromptFormat.from_manifest(PromptFormat(examples=1).to_manifest()).recent == 0
+    assert PromptFormat.from_manifest(PromptFormat(examples=2).to_manifest()).recent == 1
     assert PromptFormat.from_manifest(None) is None
     for bad in (
         {"format": "other"},

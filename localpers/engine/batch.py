@@ -105,8 +105,11 @@ def _run_group(
                 positions += range(len(job.prompt), len(job.prompt) + len(body))
                 batch_sequences += [sequence] * len(body)
                 owners.append((index, len(body)))
+            # the logits of the continuations' own rows are needed only beyond the first (the prompt's) row
             rows_logits, rows_features = (
-                engine.eval_sequences(tokens, positions, batch_sequences, all_outputs=True)
+                engine.eval_sequences(
+                    tokens, positions, batch_sequences, all_outputs=True, logits=logprob_rows > 1
+                )
                 if tokens
                 else (None, None)
             )
@@ -116,7 +119,8 @@ def _run_group(
                 logits = [first_logits[index][None, :]]
                 features = [] if first_features[index] is None else [first_features[index][None]]
                 if count:
-                    logits.append(rows_logits[row : row + count])
+                    if rows_logits is not None:
+                        logits.append(rows_logits[row : row + count])
                     if rows_features is not None:
                         features.append(rows_features[row : row + count])
                 row += count

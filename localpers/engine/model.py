@@ -392,12 +392,20 @@ class Engine(Vocabulary):
         return results
 
     def eval_sequences(
-        self, tokens: Sequence[int], positions: Sequence[int], sequences: Sequence[int], *, all_outputs: bool
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        sequences: Sequence[int],
+        *,
+        all_outputs: bool,
+        logits: bool = True,
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """One llama_decode of tokens at given positions of given sequences (1..batch_sequences).
 
         Returns the logits (a read-only view, valid until the next evaluation) and tap features of every
         token with `all_outputs`, else of the last token only. Sequence 0 and `n_past` are not touched.
+        `logits=False` (features only) skips the vocabulary projection when the deepest tap is the model's
+        last layer, about half of a multi-token pass on Gemma 3's 262k vocabulary, and returns None for them.
         """
         if not 0 < len(tokens) <= self._batch_capacity:
             raise ValueError(f"eval_sequences takes 1 to {self._batch_capacity} tokens")
@@ -409,15 +417,21 @@ class Engine(Vocabulary):
             batch.seq_id[i][0] = sequence
             batch.logits[i] = all_outputs or i == len(tokens) - 1
         batch.n_tokens = len(tokens)
+        skip_logits = not logits and self._taps is not None and self.tap_layers[-1] == self.n_layer - 1
         if self._taps is not None:
             self._taps.clear()
-        if llama_cpp.llama_decode(self._ctx, batch) != 0:
-            raise LocalpersError("llama.cpp decode of a batch of sequences failed")
+            self._taps.stop_after_deepest(skip_logits)
+        try:
+            if llama_cpp.llama_decode(self._ctx, batch) != 0:
+                raise LocalpersError("llama.cpp decode of a batch of sequences failed")
+        finally:
+            if skip_logits:
+                self._taps.stop_after_deepest(False)
         if self._taps is not None and self._taps.error:
             raise LocalpersError(f"layer tap failed: {self._taps.error}")
         n_out = len(tokens) if all_outputs else 1
         features = self._taps.collect(len(tokens), n_out) if self._taps is not None else None
-        return self._read_logits(n_out, copy=False), features
+        return (None if skip_logits else self._read_logits(n_out, copy=False)), features
 
     def forget_sequence(self, sequence: int, start: int = 0) -> None:
         """Drop positions >= `start` of a batched sequence from the KV cache."""

@@ -62,6 +62,7 @@ class LayerTaps:
         state.nbytes = ctypes.cast(_libggml.ggml_nbytes, ctypes.c_void_p).value
         state.tensor_get = ctypes.cast(_libggml.ggml_backend_tensor_get, ctypes.c_void_p).value
         state.n_taps = len(self.names)
+        state.stop_after = -1
         for i, (name, buffer) in enumerate(zip(self.names, self.buffers, strict=True)):
             state.names[i].value = name
             state.buffers[i] = buffer.ctypes.data
@@ -75,6 +76,7 @@ class LayerTaps:
         wanted = {name: i for i, name in enumerate(self.names)}
         self._filled = [0] * len(self.names)
         self._error = 0
+        self._stop_after = -1
         get_name, nbytes_of, tensor_get = (
             _libggml.ggml_get_name,
             _libggml.ggml_nbytes,
@@ -97,10 +99,23 @@ class LayerTaps:
                 return True
             tensor_get(tensor, buffer.ctypes.data + self._filled[index], 0, size)
             self._filled[index] += size
-            return True
+            return index != self._stop_after
 
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
         self.user_data = None
+
+    def stop_after_deepest(self, enabled: bool) -> None:
+        """Make llama.cpp skip every graph node after the deepest tap (or compute them all again).
+
+        ggml stops computing a graph when the callback answers false for a node it watched. Only for a
+        deepest tap on the model's last layer is what follows nothing but the output norm and the
+        vocabulary projection (the caller checks): the logits of such a decode are then not computed.
+        """
+        value = len(self.names) - 1 if enabled else -1
+        if self.implementation == "c":
+            self._state.stop_after = value
+        else:
+            self._stop_after = value
 
     def clear(self) -> None:
         if self.implementation == "c":
@@ -144,4 +159,5 @@ class _CTapState(ctypes.Structure):
         ("buffers", ctypes.c_void_p * MAX_TAPS),
         ("capacity", ctypes.c_size_t * MAX_TAPS),
         ("filled", ctypes.c_size_t * MAX_TAPS),
+        ("stop_after", ctypes.c_int),
     ]

@@ -41,7 +41,7 @@ FORMAT_NAME = "history-examples"
 FORMAT_VERSION = 1
 INDEX_FILE = "history_index.json"
 # Examples retrieved per text on the device; the others are the user's most recent outputs (`recent`).
-CLOSEST_PER_TEXT = 2
+CLOSEST_PER_TEXT = 1
 _HEADERS = {"headline": "Headlines", "title": "Titles"}
 
 
