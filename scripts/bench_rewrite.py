@@ -63,6 +63,8 @@ def main() -> None:
     walls: dict[str, list[float]] = {name: [] for name in methods}
     prompt_tokens: dict[str, list[int]] = {name: [] for name in methods}
     output_tokens: dict[str, list[int]] = {name: [] for name in methods}
+    prompt_ms: dict[str, list[float]] = {name: [] for name in methods}
+    decode_ms: dict[str, list[float]] = {name: [] for name in methods}
     for name in methods:  # warm-up: adapters loaded, history index read once
         get_method(name).rewrite(personalizer, user, articles[0], RewriteOptions())
     for _ in range(args.repeats):
@@ -80,6 +82,8 @@ def main() -> None:
                 walls[name].append((time.perf_counter() - started) * 1000)
                 prompt_tokens[name].append(int(payload.get("prompt_tokens", 0)))
                 output_tokens[name].append(int(payload.get("tokens", 0)))
+                prompt_ms[name].append(float(payload.get("prompt_ms", 0.0)))
+                decode_ms[name].append(float(payload.get("ms_per_token", 0.0)))
     baseline = statistics.median(walls[BASELINE_METHOD]) if BASELINE_METHOD in walls else None
     rows = {
         name: {
@@ -87,6 +91,8 @@ def main() -> None:
             "vs_global": None if baseline is None else round(statistics.median(walls[name]) / baseline, 3),
             "prompt_tokens": round(statistics.mean(prompt_tokens[name]), 1),
             "output_tokens": round(statistics.mean(output_tokens[name]), 1),
+            "prompt_ms": round(statistics.median(prompt_ms[name]), 1),
+            "decode_ms_per_token": round(statistics.median(decode_ms[name]), 2),
             "rewrites": len(walls[name]),
         }
         for name in methods
@@ -107,7 +113,8 @@ def main() -> None:
     for name, row in rows.items():
         print(
             f"{name:14s} {row['median_ms']:8.1f} ms  x{row['vs_global']}  prompt {row['prompt_tokens']:.0f} tokens,"
-            f" output {row['output_tokens']:.0f} tokens ({row['rewrites']} rewrites)"
+            f" output {row['output_tokens']:.0f} tokens ({row['rewrites']} rewrites); prompt {row['prompt_ms']} ms,"
+            f" decode {row['decode_ms_per_token']} ms/token"
         )
 
 

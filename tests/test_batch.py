@@ -97,7 +97,9 @@ def test_features_only_passes_skip_the_logits_and_leave_the_cache_as_a_full_pass
         engine.forget_sequence(1)
         engine.eval_sequences(prompt, range(len(prompt)), [1] * len(prompt), all_outputs=False)
         positions = range(len(prompt), len(prompt) + len(body))
-        rows, features = engine.eval_sequences(body, positions, [1] * len(body), all_outputs=True, logits=logits)
+        rows, features = engine.eval_sequences(
+            body, positions, [1] * len(body), all_outputs=True, logits=logits
+        )
         assert (rows is None) == (not logits)
         features = features.copy()
         # the keys and values written by the features-only pass serve the next decode exactly as a full pass's

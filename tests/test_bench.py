@@ -26,6 +26,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.card.head import HeadConfig
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import PromptFormat
 
 PROMPT = "Generate a headline for the following article: "
 USERS = [
@@ -296,13 +297,18 @@ def test_parse_and_canonical_method_names() -> None:
     )
     assert parse_method("card@strength=0.5,top_k=50").name == "card@strength=0.5,top_k=50"
     assert parse_method("rag@k=2,history=all").name == "rag@history=all,k=2"
-    fake = SimpleNamespace(head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"))
+    fake = SimpleNamespace(
+        head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"), prompt_format=PromptFormat(recent=4)
+    )
     assert canonical_spec(parse_method("card@strength=1"), fake, None) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=5"), fake, 5) == MethodSpec("card")
     assert canonical_spec(parse_method("card@reg=1"), fake, None) == MethodSpec("card")
     assert canonical_spec(parse_method("card@reg=0.1"), fake, None).name == "card@reg=0.1"
     assert canonical_spec(parse_method("card"), fake, 5) == MethodSpec("card")
     assert canonical_spec(parse_method("card@history=all"), fake, 5).name == "card@history=all"
+    # the device's prompt (4 recent examples) is the default; the trained format (no recent ones) is named
+    assert canonical_spec(parse_method("cluster@recent=4"), fake, None) == MethodSpec("cluster")
+    assert canonical_spec(parse_method("cluster@recent=0"), fake, None).name == "cluster@recent=0"
     assert split_method_list("cluster,card@bias=2,history=20,rag") == [
         "cluster",
         "card@bias=2,history=20",
@@ -359,7 +365,9 @@ def test_bench_help_names_every_method_and_preset() -> None:
 
 def test_full_u_method_refuses_a_factored_bundle() -> None:
     fake = SimpleNamespace(
-        head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"), bundle=SimpleNamespace(directory="b")
+        head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"),
+        bundle=SimpleNamespace(directory="b"),
+        prompt_format=PromptFormat(recent=4),
     )
     with pytest.raises(LocalpersError, match="needs a bundle with a full U"):
         expand_methods(["card-full-u"], fake, None)
