@@ -222,7 +222,8 @@ def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
     conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
     loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
     try:
-        assert loaded.prompt_format == PromptFormat(examples=2)
+        # The device shows the most recent outputs first and retrieves `CLOSEST_PER_TEXT` (1) per text.
+        assert loaded.prompt_format == PromptFormat(examples=2, recent=1)
         user = UserStore().create("shouty")
         user.save_history(items(SHOUTY))
         index = user.history_index(get_task("headline"))

@@ -126,13 +126,15 @@ class ClusterMethod(HistoryPromptMethod):
     description = "the user's cluster adapter only (history-conditioned prompt when the bundle has one)"
     needs = "cluster"
     uses_history = True
-    # `recent=N`: N of the prompt's examples are the user's most recent outputs instead of retrieved ones (the
-    # device's default is the bundle's examples less `CLOSEST_PER_TEXT`; other N, for choosing on the dev split)
-    params = {"recent": int}
+    # `examples=K,recent=N`: K examples in the prompt, N of them the user's most recent outputs instead of retrieved
+    # ones (the device's default: the bundle's K, N = K less `CLOSEST_PER_TEXT`); others for choosing on the dev split
+    params = {"examples": int, "recent": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
-        return {"recent": 0 if chosen is None else chosen.recent}
+        if chosen is None:
+            return {"examples": 0, "recent": 0}
+        return {"examples": chosen.examples, "recent": chosen.recent}
 
     def generate(
         self,
@@ -146,8 +148,12 @@ class ClusterMethod(HistoryPromptMethod):
         if profile.cluster is None:  # no history: the device falls back to the global adapter
             return self.global_rewrite(personalizer, text, reference)
         chosen = personalizer.prompt_format
-        recent = spec.get("recent")
-        variant = replace(chosen, recent=int(recent)) if recent is not None and chosen is not None else None
+        variant = None
+        if chosen is not None and (spec.get("recent") is not None or spec.get("examples") is not None):
+            examples = int(spec.get("examples", chosen.examples) or chosen.examples)
+            recent = spec.get("recent")
+            recent = chosen.recent if recent is None else int(recent)
+            variant = replace(chosen, examples=examples, recent=min(recent, examples))
         return personalizer.rewrite(
             text,
             method="cluster",
