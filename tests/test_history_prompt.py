@@ -160,3 +160,17 @@ def test_shared_corpus_dates_parse(tmp_path: Path) -> None:
         json.dumps({"user_id": "u", "history": [{"input": "x", "output": "y", "date": "2020-01-01"}]})
     )
     assert load_corpus(path).users[0].history[0].date == "2020-01-01"
+
+
+def test_dense_retrieval_ranks_by_meaning_and_serves_the_same_prompts() -> None:
+    """The `dense` ablation: MiniLM similarity picks the semantically closest item, through the same index API."""
+    from localpers.users.retrieval import DenseIndex, make_index
+
+    dense = DenseIndex(["Shares fell sharply on Wall Street.", "The cat slept in the sun.", "Rain all week."])
+    assert dense.top("Stock markets dropped today", 1) == [0]  # no word in common with document 0
+    assert sorted(dense.top("anything", 5)) == [0, 1, 2]
+    with pytest.raises(ValueError, match="unknown retrieval"):
+        make_index(["a"], "tfidf")
+    index = HistoryIndex(HEADLINE, list(POOL), retrieval="minilm")
+    query = INSTRUCTION + "Cyclists get protected paths downtown after the city vote."
+    assert index.examples_for(query, 1) == ["Bike Lanes Win: Council Says Yes"]

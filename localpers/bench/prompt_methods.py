@@ -78,16 +78,20 @@ def few_shot_prefix(examples: list[HistoryItem], max_chars: int = 1000) -> str:
     return "".join(parts)
 
 
-def history_index(profile: UserProfile, task: str = "headline") -> HistoryIndex:
+def history_index(profile: UserProfile, task: str = "headline", retrieval: str = "bm25") -> HistoryIndex:
     """The user's examples for `task`, as the device's history index holds them."""
-    return HistoryIndex(get_task(task), [(i.input, i.output) for i in profile.items if i.task == task])
+    pool = [(i.input, i.output) for i in profile.items if i.task == task]
+    return HistoryIndex(get_task(task), pool, retrieval)
 
 
 class HistoryPromptMethod(Method):
-    """A method whose prompt may show the user's past outputs: it prepares their history index once per user."""
+    """A method whose prompt may show the user's past outputs: it prepares their history index once per user.
+
+    `dense=1` retrieves the per-text examples by MiniLM similarity instead of BM25 (an ablation).
+    """
 
     def prepare(self, personalizer: Personalizer, profile: UserProfile, spec: MethodSpec) -> Any:
-        return history_index(profile)
+        return history_index(profile, retrieval="minilm" if spec.get("dense") else "bm25")
 
 
 class GlobalHistoryMethod(HistoryPromptMethod):
@@ -128,13 +132,13 @@ class ClusterMethod(HistoryPromptMethod):
     uses_history = True
     # `examples=K,recent=N`: K examples in the prompt, N of them the user's most recent outputs instead of retrieved
     # ones (the device's default: the bundle's K, N = K less `CLOSEST_PER_TEXT`); others for choosing on the dev split
-    params = {"examples": int, "recent": int}
+    params = {"examples": int, "recent": int, "dense": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
-            return {"examples": 0, "recent": 0}
-        return {"examples": chosen.examples, "recent": chosen.recent}
+            return {"examples": 0, "recent": 0, "dense": 0}
+        return {"examples": chosen.examples, "recent": chosen.recent, "dense": 0}
 
     def generate(
         self,

@@ -35,7 +35,7 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
 from localpers.tasks import Task, get_task
-from localpers.users.retrieval import Bm25Index
+from localpers.users.retrieval import Bm25Index, DenseIndex, make_index
 
 FORMAT_NAME = "history-examples"
 FORMAT_VERSION = 1
@@ -129,7 +129,7 @@ def select_examples(
     text: str,
     pool: Sequence[tuple[str, str]],
     count: int,
-    index: Bm25Index | None = None,
+    index: Bm25Index | DenseIndex | None = None,
     *,
     recent: int = 0,
 ) -> list[str]:
@@ -155,10 +155,10 @@ class HistoryIndex:
     the history file, so a stale cache (history changed behind it) is noticed and rebuilt.
     """
 
-    def __init__(self, task: Task, pool: list[tuple[str, str]]) -> None:
+    def __init__(self, task: Task, pool: list[tuple[str, str]], retrieval: str = "bm25") -> None:
         self.task = task
         self.pool = pool
-        self._index = Bm25Index([_document(task, i, o) for i, o in pool]) if pool else None
+        self._index = make_index([_document(task, i, o) for i, o in pool], retrieval) if pool else None
 
     def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
         return select_examples(self.task, text, self.pool, count, self._index, recent=recent)

@@ -1,10 +1,13 @@
-"""BM25 retrieval over a user's history (rank-bm25's Okapi BM25): the rag baseline and history-conditioned prompts.
+"""Retrieval over a user's history: BM25 (rank-bm25's Okapi BM25) for the rag baseline and history-conditioned
+prompts, and a dense index over the device's sentence encoder (all-MiniLM-L6-v2), measured against it.
 
     Bm25Index(["cats purr", "dogs bark", "cats and dogs"]).top("why do cats purr", 1) -> [0]
 
 Text is lowercased and split into letters/digits runs; the task instruction shared by every input
 ("Generate a headline for the following article:") is just a frequent term, which BM25's IDF
-already discounts. Ties keep history order. This module knows nothing of models.
+already discounts. Ties keep history order. `DenseIndex` ranks by cosine similarity of MiniLM embeddings
+(computed in this process, never sent anywhere); it is the `dense` ablation of the prompt examples
+(docs/RESULTS.md), not the device's default. Nothing here loads a language model.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+
+RETRIEVALS = ("bm25", "minilm")
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -42,3 +47,37 @@ class Bm25Index:
         scores = self.scores(query)
         order = np.argsort(-scores, kind="stable")
         return [int(i) for i in order[:k]]
+
+
+class DenseIndex:
+    """Cosine similarity of sentence-encoder embeddings; the same `top` as `Bm25Index`.
+
+    The documents are embedded on first use (the encoder keeps recent embeddings in memory for the process).
+    """
+
+    def __init__(self, documents: Sequence[str]) -> None:
+        if not documents:
+            raise ValueError("a dense index needs at least one document")
+        self._documents = list(documents)
+        self._matrix: np.ndarray | None = None
+        self.size = len(documents)
+
+    def scores(self, query: str) -> np.ndarray:
+        from localpers.engine.encoder import embed_texts
+
+        if self._matrix is None:
+            self._matrix = embed_texts(self._documents)
+        return (self._matrix @ embed_texts([query])[0]).astype(np.float64)
+
+    def top(self, query: str, k: int) -> list[int]:
+        order = np.argsort(-self.scores(query), kind="stable")
+        return [int(i) for i in order[:k]]
+
+
+def make_index(documents: Sequence[str], retrieval: str = "bm25") -> Bm25Index | DenseIndex:
+    """The index `retrieval` names ("bm25" or "minilm") over `documents`."""
+    if retrieval == "bm25":
+        return Bm25Index(documents)
+    if retrieval == "minilm":
+        return DenseIndex(documents)
+    raise ValueError(f"unknown retrieval {retrieval!r}; choose one of: {', '.join(RETRIEVALS)}")
