@@ -35,7 +35,7 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
 from localpers.tasks import Task, get_task
-from localpers.users.retrieval import Bm25Index, DenseIndex, make_index
+from localpers.users.retrieval import Bm25Index, HistorySearch, make_index
 
 FORMAT_NAME = "history-examples"
 FORMAT_VERSION = 1
@@ -129,7 +129,7 @@ def select_examples(
     text: str,
     pool: Sequence[tuple[str, str]],
     count: int,
-    index: Bm25Index | DenseIndex | None = None,
+    index: HistorySearch | None = None,
     *,
     recent: int = 0,
 ) -> list[str]:

@@ -44,9 +44,7 @@ class Bm25Index:
 
     def top(self, query: str, k: int) -> list[int]:
         """Positions of the k best-scoring documents (all of them if there are fewer than k)."""
-        scores = self.scores(query)
-        order = np.argsort(-scores, kind="stable")
-        return [int(i) for i in order[:k]]
+        return best_positions(self.scores(query), k)
 
 
 class DenseIndex:
@@ -70,11 +68,19 @@ class DenseIndex:
         return (self._matrix @ embed_texts([query])[0]).astype(np.float64)
 
     def top(self, query: str, k: int) -> list[int]:
-        order = np.argsort(-self.scores(query), kind="stable")
-        return [int(i) for i in order[:k]]
+        return best_positions(self.scores(query), k)
 
 
-def make_index(documents: Sequence[str], retrieval: str = "bm25") -> Bm25Index | DenseIndex:
+HistorySearch = Bm25Index | DenseIndex
+
+
+def best_positions(scores: np.ndarray, k: int) -> list[int]:
+    """Positions of the k highest scores, best first; ties keep document order."""
+    order = np.argsort(-scores, kind="stable")
+    return [int(i) for i in order[:k]]
+
+
+def make_index(documents: Sequence[str], retrieval: str = "bm25") -> HistorySearch:
     """The index `retrieval` names ("bm25" or "minilm") over `documents`."""
     if retrieval == "bm25":
         return Bm25Index(documents)
