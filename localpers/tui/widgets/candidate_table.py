@@ -13,6 +13,10 @@ from localpers.methods.card.personalizer import RewriteStep
 from localpers.tui.widgets.token_strip import visible_piece
 
 MAX_ROWS = 10
+TOKEN_WIDTH = 16
+# Fixed widths: DataTable widens auto-width columns only when idle and keeps rows it drew before that, so auto widths
+# would depend on which steps were shown before and on timing; fixed ones also keep the table still while stepping.
+COLUMNS = (("", 1), ("token", TOKEN_WIDTH), ("before", 7), ("after", 7), ("shift", 7), ("rank before", 11))
 
 
 class CandidateTable(DataTable[object]):
@@ -28,7 +32,8 @@ class CandidateTable(DataTable[object]):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = True
-        self.add_columns("", "token", "before", "after", "shift", "rank before")
+        for label, width in COLUMNS:
+            self.add_column(label, width=width)
 
     def show(self, step: RewriteStep | None) -> None:
         self.clear()
@@ -42,9 +47,16 @@ class CandidateTable(DataTable[object]):
             shift_style = "green" if shift > 0 else ("red" if shift < 0 else "")
             self.add_row(
                 Text("▶", style="bold") if chosen else "",
-                Text(repr(visible_piece(candidate.piece)), style="bold" if chosen else ""),
+                Text(
+                    shorten(repr(visible_piece(candidate.piece)), TOKEN_WIDTH), style="bold" if chosen else ""
+                ),
                 f"{candidate.before:7.2f}",
                 f"{candidate.after:7.2f}",
                 Text(f"{shift:+7.2f}", style=shift_style),
                 str(rank_before[candidate.token]),
             )
+
+
+def shorten(text: str, width: int) -> str:
+    """`text`, or its first `width - 1` characters and an ellipsis when it is longer than `width`."""
+    return text if len(text) <= width else text[: width - 1] + "…"
