@@ -13,13 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from localpers.bench.data import DEV_MAX_QUERIES, DEV_MIN_QUERIES, DEV_QUERY_FRACTION
-
-
-def dev_query_count(n_items: int) -> int:
-    """How many of an author's n_items the dev split takes as queries (0 when the author is too short)."""
-    count = min(DEV_MAX_QUERIES, max(DEV_MIN_QUERIES, round(DEV_QUERY_FRACTION * n_items)))
-    return count if n_items >= count + 1 else 0
+from localpers.bench.data import dev_query_count
 
 
 def main() -> None:

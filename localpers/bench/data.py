@@ -153,10 +153,16 @@ def _user_from_record(
     return BenchUser(user_id, tuple(history), tuple(queries))
 
 
+def dev_query_count(n_items: int) -> int:
+    """How many of an author's `n_items` the dev split takes as queries (0 when the author is too short)."""
+    count = min(DEV_MAX_QUERIES, max(DEV_MIN_QUERIES, round(DEV_QUERY_FRACTION * n_items)))
+    return count if n_items >= count + 1 else 0
+
+
 def _dev_split(records: list[Any]) -> tuple[list[Any], list[Any]]:
     """(history, queries) of one author's items, oldest first, as the test file splits them; ([], []) if too short."""
-    count = min(DEV_MAX_QUERIES, max(DEV_MIN_QUERIES, round(DEV_QUERY_FRACTION * len(records))))
-    if len(records) < count + 1:
+    count = dev_query_count(len(records))
+    if not count:
         return [], []
     return records[:-count][-DEV_MAX_HISTORY:], records[-count:]
 
