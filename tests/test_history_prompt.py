@@ -18,6 +18,7 @@ from localpers.users.history_prompt import (
     HistoryIndex,
     PromptFormat,
     build_prompt,
+    conditioned_prompt,
     prompt_for_user,
     select_examples,
     shared_prefix_for_user,
@@ -101,6 +102,51 @@ def test_prompt_format_round_trips_and_refuses_bad_entries() -> None:
             PromptFormat.from_manifest(bad)
 
 
+def test_described_examples_are_the_closest_shown_as_completed_task_prompts() -> None:
+    query = INSTRUCTION + "New bike lanes for the street, the council said."
+    chosen = PromptFormat(examples=3, described=1)
+    prompt = conditioned_prompt(HEADLINE, query, POOL, chosen)
+    listed = select_examples(HEADLINE, query, POOL, 3)
+    assert listed[-1] == POOL[0][1]  # the closest: shown with its article, not in the list
+    assert prompt == (
+        build_prompt(HEADLINE, query, listed[:2]).rsplit("\n\n", 1)[0]
+        + "\n\nGenerate a headline for the following article: The council approved new bike lanes on Main Street."
+        + "\nHeadline: Bike Lanes Win: Council Says Yes\n\n"
+        + HEADLINE.prompt_for(query)
+    )
+    # a demonstration alone (nothing listed) and a long article cut to a bounded demonstration
+    alone = conditioned_prompt(HEADLINE, query, POOL[:1], chosen)
+    assert alone.startswith("Generate a headline") and alone.count("Headline:") == 2
+    long_pool = [(INSTRUCTION + "word " * 500, "Long One")]
+    assert len(conditioned_prompt(HEADLINE, query, long_pool, chosen)) < 600
+    assert conditioned_prompt(HEADLINE, query, POOL, PromptFormat(examples=3)) == build_prompt(
+        HEADLINE, query, listed
+    )
+
+
+def test_described_format_keeps_the_shared_prefix_and_describes_only_retrieved_examples() -> None:
+    index = HistoryIndex(HEADLINE, list(POOL))
+    device = PromptFormat.from_manifest(PromptFormat(examples=3, described=1).to_manifest())
+    assert device == PromptFormat(examples=3, described=1, recent=2)
+    prefix = shared_prefix_for_user("headline", device, index)
+    for text in ("New bike lanes.", "Sourdough bread prize.", "Trains at night."):
+        prompt = prompt_for_user("headline", INSTRUCTION + text, device, index)
+        assert prompt.startswith(prefix + "\n") and prompt.count("Headline:") == 2
+    # every item recent, none retrieved: nothing to describe, the plain list
+    small = HistoryIndex(HEADLINE, list(POOL[:2]))
+    assert prompt_for_user("headline", "x", device, small).count("Headline:") == 1
+
+
+def test_manifest_versions_one_and_two() -> None:
+    assert PromptFormat(examples=5).to_manifest()["version"] == 1  # older devices keep reading it
+    two = PromptFormat(examples=5, described=1).to_manifest()
+    assert two["version"] == 2 and two["described"] == 1
+    assert PromptFormat.from_manifest({**two, "version": 1}).described == 0  # v1 has no demonstrations
+    for bad in ({**two, "described": 6}, {**two, "described": True}, {**two, "described": -1}):
+        with pytest.raises(LocalpersError, match="prompt.described"):
+            PromptFormat.from_manifest(bad)
+
+
 def _items(pool: list[tuple[str, str]]) -> list[HistoryItem]:
     return [HistoryItem.create("headline", i, o) for i, o in pool]
 
@@ -150,6 +196,30 @@ def test_publisher_pools_hold_only_strictly_earlier_items() -> None:
     assert earlier_items(user, 3) == [("a", "A"), ("b", "B"), ("c", "C")]
     undated = CorpusUser("u2", (CorpusItem("a", "A"), CorpusItem("b", "B")), line=2)
     assert earlier_items(undated, 1) == [("a", "A")]
+
+
+def test_publisher_trains_with_the_described_format_it_writes_into_the_manifest(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from localpers.publish.corpus import Corpus
+    from localpers.publish.options import PublishOptions
+    from localpers.publish.prompts import prompt_format, user_prompts
+    from localpers.publish.runner import PublishContext
+
+    user = CorpusUser("u1", tuple(CorpusItem(i, o) for i, o in POOL), line=1)
+    options = PublishOptions(
+        corpus=tmp_path / "c.jsonl", out=tmp_path, history_examples=2, described_examples=1
+    )
+    context = PublishContext(
+        options, Corpus(tmp_path / "c.jsonl", (user,)), tmp_path / "m.gguf", "0" * 64, Console()
+    )
+    assert prompt_format(context) == PromptFormat(examples=2, described=1)
+    prompts = user_prompts(context, user)
+    assert prompts[0] == HEADLINE.prompt_for(POOL[0][0])  # no earlier item: plain
+    assert prompts[1].startswith(HEADLINE.prompt_for(POOL[0][0]) + " " + POOL[0][1] + "\n\n")
+    assert prompts[2].count("Headline:") == 2 and prompts[2].startswith(
+        "Headlines this author wrote before:\n"
+    )
 
 
 def test_shared_corpus_dates_parse(tmp_path: Path) -> None:

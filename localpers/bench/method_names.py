@@ -68,7 +68,7 @@ def _parse_value(text: str, key: str, raw: str, kind: type) -> ParamValue:
         if not value > 0:  # also refuses nan
             raise LocalpersError(f"method {text!r}: {key}={raw} must be greater than 0")
         return value
-    minimum = 0 if kind is float or key in (HISTORY_PARAM, "recent", "dense") else 1
+    minimum = 0 if kind is float or key in (HISTORY_PARAM, "recent", "dense", "described") else 1
     if not value >= minimum:  # also refuses nan
         raise LocalpersError(f"method {text!r}: {key}={raw} must be at least {minimum}")
     return value

@@ -100,11 +100,14 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     scores_gold = True
     description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
     uses_history = True
-    params = {"examples": int}
+    # `described=N`: the closest N examples shown with their content (the bundle's value by default)
+    params = {"examples": int, "described": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
-        return {"examples": chosen.examples if chosen is not None else 5}
+        if chosen is None:
+            return {"examples": 5, "described": 0}
+        return {"examples": chosen.examples, "described": chosen.described}
 
     def generate(
         self,
@@ -116,8 +119,10 @@ class GlobalHistoryMethod(HistoryPromptMethod):
         reference: str | None = None,
     ) -> RewriteResult:
         # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
-        examples = spec.get("examples", self.defaults(personalizer)["examples"])
-        chosen = PromptFormat(examples=int(examples or 5))
+        defaults = self.defaults(personalizer)
+        examples = int(spec.get("examples", defaults["examples"]) or 5)
+        described = int(spec.get("described", defaults["described"]) or 0)
+        chosen = PromptFormat(examples=examples, described=min(described, examples))
         return personalizer.rewrite(
             text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
         )
@@ -132,13 +137,18 @@ class ClusterMethod(HistoryPromptMethod):
     uses_history = True
     # `examples=K,recent=N`: K examples in the prompt, N of them the user's most recent outputs instead of retrieved
     # ones (the device's default: the bundle's K, N = K less `CLOSEST_PER_TEXT`); others for choosing on the dev split
-    params = {"examples": int, "recent": int, "dense": int}
+    params = {"examples": int, "recent": int, "dense": int, "described": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
-            return {"examples": 0, "recent": 0, "dense": 0}
-        return {"examples": chosen.examples, "recent": chosen.recent, "dense": 0}
+            return {"examples": 0, "recent": 0, "dense": 0, "described": 0}
+        return {
+            "examples": chosen.examples,
+            "recent": chosen.recent,
+            "dense": 0,
+            "described": chosen.described,
+        }
 
     def generate(
         self,
@@ -153,11 +163,17 @@ class ClusterMethod(HistoryPromptMethod):
             return self.global_rewrite(personalizer, text, reference)
         chosen = personalizer.prompt_format
         variant = None
-        if chosen is not None and (spec.get("recent") is not None or spec.get("examples") is not None):
+        if chosen is not None and any(
+            spec.get(key) is not None for key in ("recent", "examples", "described")
+        ):
             examples = int(spec.get("examples", chosen.examples) or chosen.examples)
             recent = spec.get("recent")
             recent = chosen.recent if recent is None else int(recent)
-            variant = replace(chosen, examples=examples, recent=min(recent, examples))
+            described = spec.get("described")
+            described = chosen.described if described is None else int(described)
+            variant = replace(
+                chosen, examples=examples, recent=min(recent, examples), described=min(described, examples)
+            )
         return personalizer.rewrite(
             text,
             method="cluster",

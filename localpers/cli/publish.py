@@ -56,6 +56,14 @@ def publish_command(
             help="Train with the author's K earlier outputs in the prompt (history-conditioned); 0 = plain.",
         ),
     ] = 0,
+    described_examples: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=20,
+            help="Of those, show the closest N with their content (task prompt + output) instead of the output alone.",
+        ),
+    ] = 0,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,
     pairs_per_user: Annotated[int | None, typer.Option(min=1, help="Cap on preference pairs per user.")] = 30,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
@@ -171,6 +179,7 @@ def publish_command(
         cluster_init=cluster_init,
         precision=precision,
         history_examples=history_examples,
+        described_examples=described_examples,
         checkpoint_every=checkpoint_every,
         threads=threads,
         engine_threads=engine_threads,

@@ -53,6 +53,9 @@ class PublishOptions:
     history_examples: int = (
         0  # > 0: history-conditioned prompts with this many past outputs (publish/prompts.py)
     )
+    described_examples: int = (
+        0  # of those, the closest this many shown with their content (history_prompt.py)
+    )
     precision: str = "auto"  # "auto" (measure), "bf16" or "fp32"
     checkpoint_every: int = 25
     threads: int = 2  # torch
@@ -103,11 +106,12 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "cluster_init",
         "max_seq_len",
         "history_examples",
+        "described_examples",
         "precision",
         "seed",
     ),
     "export": (),
-    "pairs": ("pairs_per_user", "max_new_tokens", "task", "history_examples", "seed"),
+    "pairs": ("pairs_per_user", "max_new_tokens", "task", "history_examples", "described_examples", "seed"),
     "features": (),
     "head": (
         "head_d",

@@ -12,13 +12,15 @@ from __future__ import annotations
 from localpers.publish.corpus import CorpusUser
 from localpers.publish.runner import PublishContext
 from localpers.tasks import get_task
-from localpers.users.history_prompt import PromptFormat, build_prompt, select_examples
+from localpers.users.history_prompt import PromptFormat, conditioned_prompt
 
 
 def prompt_format(context: PublishContext) -> PromptFormat | None:
     """The bundle's prompt format, or None for plain prompts."""
     count = context.options.history_examples
-    return PromptFormat(examples=count) if count > 0 else None
+    if count <= 0:
+        return None
+    return PromptFormat(examples=count, described=min(context.options.described_examples, count))
 
 
 def earlier_items(user: CorpusUser, index: int) -> list[tuple[str, str]]:
@@ -36,8 +38,6 @@ def user_prompts(context: PublishContext, user: CorpusUser) -> list[str]:
     if chosen is None:
         return [task.prompt_for(item.input) for item in user.history]
     return [
-        build_prompt(
-            task, item.input, select_examples(task, item.input, earlier_items(user, i), chosen.examples)
-        )
+        conditioned_prompt(task, item.input, earlier_items(user, i), chosen)
         for i, item in enumerate(user.history)
     ]

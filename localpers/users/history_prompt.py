@@ -38,7 +38,11 @@ from localpers.tasks import Task, get_task
 from localpers.users.retrieval import Bm25Index, HistorySearch, make_index
 
 FORMAT_NAME = "history-examples"
-FORMAT_VERSION = 1
+# Version 2 adds `described` (demonstrations). A bundle without demonstrations still says version 1, so a device
+# with an older localpers keeps reading it.
+SUPPORTED_VERSIONS = (1, 2)
+# A demonstration's content is cut to this many words (descriptions in the shared data run 10-60).
+DEMONSTRATION_WORDS = 60
 INDEX_FILE = "history_index.json"
 # Examples retrieved per text on the device; the others are the user's most recent outputs (`recent`).
 CLOSEST_PER_TEXT = 1
@@ -51,18 +55,27 @@ class PromptFormat:
 
     examples: int = 5
     retrieval: str = "bm25"
-    version: int = FORMAT_VERSION
+    # Of the retrieved (closest) examples, the last this many are shown as demonstrations: the task prompt for the
+    # item's content followed by the user's output, instead of the output alone.
+    described: int = 0
     # Of the examples, this many are the user's most recent outputs (shown first) instead of retrieved ones. Not in
     # the manifest: the publisher trains with 0; the device reads `examples - CLOSEST_PER_TEXT` (`from_manifest`).
     recent: int = 0
 
+    @property
+    def version(self) -> int:
+        return 2 if self.described else 1
+
     def to_manifest(self) -> dict[str, Any]:
-        return {
+        entry: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": self.version,
             "examples": self.examples,
             "retrieval": self.retrieval,
         }
+        if self.described:
+            entry["described"] = self.described
+        return entry
 
     @classmethod
     def from_manifest(cls, entry: Any, where: str = "manifest.json") -> PromptFormat | None:
@@ -74,16 +87,26 @@ class PromptFormat:
                 f"{where}: field 'prompt' is not a {FORMAT_NAME!r} entry; re-pull the bundle"
             )
         version, examples = entry.get("version"), entry.get("examples")
-        if version != FORMAT_VERSION:
+        if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
             raise LocalpersError(
-                f"{where}: prompt format version {version!r} is not supported (this localpers reads version"
-                f" {FORMAT_VERSION}); upgrade localpers"
+                f"{where}: prompt format version {version!r} is not supported (this localpers reads versions"
+                f" {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade localpers"
             )
-        if not isinstance(examples, int) or isinstance(examples, bool) or not 1 <= examples <= 20:
+        if not _whole(examples) or not 1 <= examples <= 20:
             raise LocalpersError(f"{where}: field 'prompt.examples' must be a whole number from 1 to 20")
         if entry.get("retrieval") != "bm25":
             raise LocalpersError(f"{where}: field 'prompt.retrieval' must be 'bm25'")
-        return cls(examples=examples, recent=max(0, examples - CLOSEST_PER_TEXT))
+        described = entry.get("described", 0) if version >= 2 else 0
+        if not _whole(described) or not 0 <= described <= examples:
+            raise LocalpersError(
+                f"{where}: field 'prompt.described' must be a whole number from 0 to prompt.examples"
+            )
+        closest = max(CLOSEST_PER_TEXT, described)
+        return cls(examples=examples, described=described, recent=max(0, examples - closest))
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def content_of(task: Task, text: str) -> str:
@@ -94,12 +117,43 @@ def content_of(task: Task, text: str) -> str:
     return stripped
 
 
-def build_prompt(task: Task, text: str, examples: Sequence[str]) -> str:
-    """The task prompt for `text`, with `examples` (least similar first) listed in front when there are any."""
-    plain = task.prompt_for(text)
-    if not examples:
-        return plain
-    return _examples_block(task, examples) + "\n" + plain
+def build_prompt(
+    task: Task, text: str, examples: Sequence[str], demonstrations: Sequence[tuple[str, str]] = ()
+) -> str:
+    """The task prompt for `text`, with `examples` (least similar first) listed in front when there are any.
+
+    `demonstrations` ((input, output) pairs) follow the list, each as a completed task prompt, one blank line apart.
+    """
+    parts = [_examples_block(task, examples)] if examples else []
+    parts += [_demonstration(task, input_text, output) for input_text, output in demonstrations]
+    if not parts:
+        return task.prompt_for(text)
+    return "\n".join(parts) + "\n" + task.prompt_for(text)
+
+
+def _demonstration(task: Task, input_text: str, output: str) -> str:
+    words = content_of(task, input_text).split()
+    content = " ".join(words[:DEMONSTRATION_WORDS]) + (" ..." if len(words) > DEMONSTRATION_WORDS else "")
+    return task.prompt_for(content) + " " + " ".join(output.split()) + "\n"
+
+
+def conditioned_prompt(
+    task: Task,
+    text: str,
+    pool: Sequence[tuple[str, str]],
+    prompt_format: PromptFormat,
+    index: HistorySearch | None = None,
+) -> str:
+    """The history-conditioned prompt for `text` from `pool` ((input, output) pairs, oldest first).
+
+    The one composition the publisher's training prompts, the fit's pairs and `rewrite` all use: the format's
+    recent outputs, then the retrieved ones, the last `described` retrieved items as demonstrations.
+    """
+    latest, retrieved = _choose(task, text, pool, prompt_format.examples, index, prompt_format.recent)
+    described = min(prompt_format.described, len(retrieved))
+    listed = latest + retrieved[: len(retrieved) - described]
+    shown = retrieved[len(retrieved) - described :] if described else []
+    return build_prompt(task, text, [pool[i][1] for i in listed], [pool[i] for i in shown])
 
 
 def shared_prefix(task: Task, pool: Sequence[tuple[str, str]], prompt_format: PromptFormat) -> str:
@@ -139,13 +193,26 @@ def select_examples(
     are the most similar among the others. `index` may be a prebuilt BM25 index over exactly `pool`'s documents;
     ties keep pool order.
     """
+    latest, retrieved = _choose(task, text, pool, count, index, recent)
+    return [pool[i][1] for i in latest + retrieved]
+
+
+def _choose(
+    task: Task,
+    text: str,
+    pool: Sequence[tuple[str, str]],
+    count: int,
+    index: HistorySearch | None,
+    recent: int,
+) -> tuple[list[int], list[int]]:
+    """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last)."""
     if not pool or count <= 0:
-        return []
+        return [], []
     recent = min(recent, count, len(pool))
     latest = list(range(len(pool) - recent, len(pool)))
     index = index or Bm25Index([_document(task, i, o) for i, o in pool])
     best = [i for i in index.top(content_of(task, text), count) if i not in latest][: count - recent]
-    return [pool[i][1] for i in latest] + [pool[i][1] for i in reversed(best)]
+    return latest, list(reversed(best))
 
 
 class HistoryIndex:
@@ -162,6 +229,9 @@ class HistoryIndex:
 
     def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
         return select_examples(self.task, text, self.pool, count, self._index, recent=recent)
+
+    def prompt_for(self, text: str, prompt_format: PromptFormat) -> str:
+        return conditioned_prompt(self.task, text, self.pool, prompt_format, self._index)
 
     @staticmethod
     def write(user_dir: Path, history_text: str, items: Sequence[Any]) -> None:
@@ -215,7 +285,7 @@ def prompt_for_user(
     task = get_task(task_name)
     if prompt_format is None or index is None:
         return task.prompt_for(text)
-    return build_prompt(task, text, index.examples_for(text, prompt_format.examples, prompt_format.recent))
+    return index.prompt_for(text, prompt_format)
 
 
 def shared_prefix_for_user(

@@ -26,7 +26,7 @@ from localpers.engine.generation import generate
 from localpers.methods.card.head import CardHead
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import PromptFormat, build_prompt, select_examples
+from localpers.users.history_prompt import PromptFormat, conditioned_prompt
 from localpers.users.store import User
 
 NEGATIVES_FILE = "negatives.json"
@@ -100,13 +100,7 @@ class PairBuilder:
                 prompts.append(task.prompt_for(item.input))
                 continue
             pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
-            prompts.append(
-                build_prompt(
-                    task,
-                    item.input,
-                    select_examples(task, item.input, pool, chosen.examples, recent=chosen.recent),
-                )
-            )
+            prompts.append(conditioned_prompt(task, item.input, pool, chosen))
         return prompts
 
     def negatives_and_differences(
