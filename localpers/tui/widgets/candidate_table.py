@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from localpers.methods.card.personalizer import RewriteStep
+from localpers.tui.text import shorten
 from localpers.tui.widgets.token_strip import visible_piece
 
 MAX_ROWS = 10
@@ -55,8 +56,3 @@ class CandidateTable(DataTable[object]):
                 Text(f"{shift:+7.2f}", style=shift_style),
                 str(rank_before[candidate.token]),
             )
-
-
-def shorten(text: str, width: int) -> str:
-    """`text`, or its first `width - 1` characters and an ellipsis when it is longer than `width`."""
-    return text if len(text) <= width else text[: width - 1] + "…"

@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from localpers.tasks import TASKS
+from localpers.tui.text import one_line, shorten
 from localpers.users.history import HistoryItem
 
 
@@ -25,11 +26,6 @@ def without_instruction(item: HistoryItem) -> str:
     if instruction and item.input.startswith(instruction):
         return item.input[len(instruction) :].strip()
     return item.input
-
-
-def shorten(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class HistoryTable(DataTable[str]):
@@ -96,8 +92,8 @@ class HistoryPanel(Vertical):
             table.add_row(
                 item.id,
                 item.task,
-                shorten(item.output, 60),
-                shorten(without_instruction(item), 70),
+                shorten(one_line(item.output), 60),
+                shorten(one_line(without_instruction(item)), 70),
                 key=item.id,
             )
         count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"
