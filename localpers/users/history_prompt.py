@@ -18,6 +18,11 @@ with no history gets exactly what a plain adapter was trained on. The publisher 
 prompts with the same functions (each item's pool = the author's earlier items), and the device builds
 rewrite prompts through `prompt_for_user`: one code path, so the two cannot drift apart.
 
+A version-2 format may also describe its `described` closest examples: each is shown after the list as a
+completed task prompt (the item's content, cut to `DEMONSTRATION_WORDS` words, and the user's output), one
+blank line apart (measured no better on our data, docs/RESULTS.md section 0i; kept for other backbones).
+`conditioned_prompt` is the one composition of recent, retrieved and described examples.
+
 `PromptFormat` is what a bundle's manifest records (`"prompt": {...}`); a bundle without it uses plain
 prompts. `HistoryIndex` is a user's retrieval index, derived from the history and cached next to it.
 This module loads no model and opens no connection.
