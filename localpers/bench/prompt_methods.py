@@ -84,6 +84,17 @@ def history_index(profile: UserProfile, task: str = "headline", retrieval: str =
     return HistoryIndex(get_task(task), pool, retrieval)
 
 
+FORMAT_PARAMS = ("examples", "recent", "described")
+
+
+def format_variant(base: PromptFormat, spec: MethodSpec) -> PromptFormat:
+    """`base` with the spec's `examples`, `recent` and `described` where given (counts capped at `examples`)."""
+    examples = int(spec.get("examples") or base.examples)
+    recent = base.recent if spec.get("recent") is None else int(spec.get("recent") or 0)
+    described = base.described if spec.get("described") is None else int(spec.get("described") or 0)
+    return replace(base, examples=examples, recent=min(recent, examples), described=min(described, examples))
+
+
 class HistoryPromptMethod(Method):
     """A method whose prompt may show the user's past outputs: it prepares their history index once per user.
 
@@ -119,10 +130,8 @@ class GlobalHistoryMethod(HistoryPromptMethod):
         reference: str | None = None,
     ) -> RewriteResult:
         # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
-        defaults = self.defaults(personalizer)
-        examples = int(spec.get("examples", defaults["examples"]) or 5)
-        described = int(spec.get("described", defaults["described"]) or 0)
-        chosen = PromptFormat(examples=examples, described=min(described, examples))
+        base = personalizer.prompt_format or PromptFormat()
+        chosen = format_variant(PromptFormat(examples=base.examples, described=base.described), spec)
         return personalizer.rewrite(
             text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
         )
@@ -163,17 +172,8 @@ class ClusterMethod(HistoryPromptMethod):
             return self.global_rewrite(personalizer, text, reference)
         chosen = personalizer.prompt_format
         variant = None
-        if chosen is not None and any(
-            spec.get(key) is not None for key in ("recent", "examples", "described")
-        ):
-            examples = int(spec.get("examples", chosen.examples) or chosen.examples)
-            recent = spec.get("recent")
-            recent = chosen.recent if recent is None else int(recent)
-            described = spec.get("described")
-            described = chosen.described if described is None else int(described)
-            variant = replace(
-                chosen, examples=examples, recent=min(recent, examples), described=min(described, examples)
-            )
+        if chosen is not None and any(spec.get(key) is not None for key in FORMAT_PARAMS):
+            variant = format_variant(chosen, spec)
         return personalizer.rewrite(
             text,
             method="cluster",

@@ -139,7 +139,7 @@ def build_prompt(
 def _demonstration(task: Task, input_text: str, output: str) -> str:
     words = content_of(task, input_text).split()
     content = " ".join(words[:DEMONSTRATION_WORDS]) + (" ..." if len(words) > DEMONSTRATION_WORDS else "")
-    return task.prompt_for(content) + " " + " ".join(output.split()) + "\n"
+    return task.prompt_for(content) + " " + _one_line(output) + "\n"
 
 
 def conditioned_prompt(
@@ -176,7 +176,11 @@ def shared_prefix(task: Task, pool: Sequence[tuple[str, str]], prompt_format: Pr
 
 def _examples_block(task: Task, examples: Sequence[str]) -> str:
     header = f"{_HEADERS.get(task.name, 'Texts')} this author wrote before:\n"
-    return header + "".join(f"- {' '.join(example.split())}\n" for example in examples)
+    return header + "".join(f"- {_one_line(example)}\n" for example in examples)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _document(task: Task, input_text: str, output: str) -> str:
