@@ -182,3 +182,45 @@ def test_a_casing_habit_recases_card_output_and_its_stream_but_not_the_cluster_a
     cluster = personalizer.rewrite(ARTICLE, method="cluster", bias=TokenBias(recasing=habit), **common)
     assert cluster.text == personalizer.rewrite(ARTICLE, method="cluster", **common).text
     assert TokenBias.from_json({"case": -0.9}).recasing is None  # a fit from before recasing still loads
+
+
+def test_length_habit_is_the_users_usual_length_and_pushes_the_end_beyond_it() -> None:
+    positives = [[5] * 3, [5] * 3, [5] * 4, [5] * 5, [5] * 8]  # 75th percentile of the lengths: 5 tokens
+    bias = fit_token_bias(positives, [[5] * 4] * 5)
+    assert bias.length == 5
+    assert [bias.length_push(step) for step in (0, 4, 5, 6, 8)] == [0.0, 0.0, 1.0, 2.0, 4.0]
+    assert fit_token_bias(positives[:2], [[5]] * 2).length is None  # two outputs are no habit
+    assert TokenBias().length_push(50) == 0.0
+    assert len(TokenBias(length=5)) == 1  # a bias holding only the length habit is not empty
+    assert TokenBias.from_json(bias.to_json()).length == 5
+    assert TokenBias.from_json({"first": []}).length is None  # a fit from before the length habit
+    for bad in (0, -3, 2.5, "5", True, 10**6):
+        with pytest.raises(ValueError, match="'length'"):
+            TokenBias.from_json({"length": bad})
+    assert describe_habits(TokenBias(length=5), VOCAB.__getitem__) == [
+        "ends by about 5 tokens (the end is pushed after that)"
+    ]
+
+
+def test_past_the_usual_length_the_end_joins_the_candidates_and_is_pushed() -> None:
+    from localpers.engine.decoding import Candidates
+    from localpers.engine.sampler_chain import TOKEN_DATA
+    from localpers.methods.card.correction import CardCorrection
+
+    end = 700
+    entries = np.zeros(1000, dtype=TOKEN_DATA)
+    entries["id"] = np.arange(1000)
+    entries["logit"] = -np.arange(1000, dtype=np.float32)  # the end token is far outside the top 3
+    correction = CardCorrection(None, np.zeros(4), 0.0, 3, bias=TokenBias(length=2), bias_strength=1.0)  # type: ignore[arg-type]
+    correction.end_tokens = np.array([end])
+    for step in range(4):
+        candidates = Candidates(entries.copy())
+        correction.apply(candidates, np.zeros(4, dtype=np.float32))
+        if step < 2:  # before the usual length nothing changes
+            assert candidates.ids.tolist() == [0, 1, 2]
+            assert candidates.logits.tolist() == [0.0, -1.0, -2.0]
+        else:
+            assert candidates.ids.tolist() == [0, 1, 2, end]
+            assert candidates.logits[-1] == pytest.approx(-700.0 + (step - 1))
+            assert candidates.logits[:3].tolist() == [0.0, -1.0, -2.0]  # only the end is pushed
+        correction.accept(5)
