@@ -1,7 +1,6 @@
 """CARD in the benchmark: fixed strengths (`card`), the fit's chosen ones (`card-auto`) and the ablations.
 
-`card@strength=S,top_k=K,bias=B` decodes with those strengths (defaults: the bundle's; `length=0` drops the
-user's length habit from the token bias, to measure it), `card-auto` with what
+`card@strength=S,top_k=K,bias=B` decodes with those strengths (defaults: the bundle's), `card-auto` with what
 `localpers fit` chose on the user's own recent items (what `localpers rewrite --method card` does),
 `card-global` puts the vector on the global adapter (the paper's "w/o LoRA"), and `card-factored-u` /
 `card-full-u` refuse a bundle whose head has the other kind of U. The fit itself (vector, token bias,
@@ -10,7 +9,6 @@ choice) is the runner's, cached per user (`localpers.bench.fits`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 from localpers.bench.methods import MethodSpec, ParamValue, UserProfile
@@ -27,7 +25,7 @@ class CardMethod(HistoryPromptMethod):
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
-    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float, "length": int}
+    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float}
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
@@ -39,7 +37,6 @@ class CardMethod(HistoryPromptMethod):
             "reg": float(DEFAULT_REGULARISATION),
             "prior": float(DEFAULT_PRIOR_WEIGHT),
             "bias": float(DEFAULT_BIAS_STRENGTH),
-            "length": 1,
         }
 
     def check(self, personalizer: Personalizer) -> None:
@@ -64,9 +61,6 @@ class CardMethod(HistoryPromptMethod):
         strength = spec.get("strength")
         top_k = spec.get("top_k")
         bias_strength = spec.get("bias")
-        bias = profile.bias
-        if bias is not None and spec.get("length") == 0:
-            bias = dataclasses.replace(bias, length=None)
         return personalizer.rewrite(
             text,
             method=self.adapter_method,
@@ -75,7 +69,7 @@ class CardMethod(HistoryPromptMethod):
             strength=None if strength is None else float(strength),
             top_k=None if top_k is None else int(top_k),
             history=prepared,
-            bias=bias,
+            bias=profile.bias,
             bias_strength=None if bias_strength is None else float(bias_strength),
             reference=reference,
         )
@@ -87,7 +81,7 @@ class CardChosenMethod(CardMethod):
     description = (
         "CARD with the strengths `localpers fit` chose on the user's own recent items (what rewrite does)"
     )
-    params = {"top_k": int, "reg": float, "prior": float, "length": int}
+    params = {"top_k": int, "reg": float, "prior": float}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         values = super().defaults(personalizer)

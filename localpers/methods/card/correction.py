@@ -7,7 +7,7 @@ token bias (`localpers.methods.card.token_bias`), the user's habitual tokens for
 habits as they are); when the user has closing habits, a share of the ending probability of the
 end-of-output tokens (`end_tokens`) among the candidates moves to them (`TokenBias.apply_closing`). Every
 other token leaves the chain, so however strong the correction, the next token is one the cluster model ranked in its
-top k or one the user habitually writes there (or, past the user's usual length, an end-of-output token). Without a token bias a llama.cpp `top_k(k)` sampler placed
+top k or one the user habitually writes there. Without a token bias a llama.cpp `top_k(k)` sampler placed
 right before this one makes the cut; with one, this sampler cuts itself (it must see the habitual tokens'
 logits). It only does head maths on the candidates it is given: no model evaluation, no token choice.
 """
@@ -106,9 +106,6 @@ class CardCorrection:
         if self.bias is not None:
             extra = self.bias.apply(before, ids, self.position, self.bias_strength, self.emitted)
             delta = delta + extra.astype(np.float32)
-            push = self.bias.length_push(self.position)
-            if push:  # past the user's usual length: the end comes closer with every token
-                delta[np.isin(ids, self.end_tokens)] += np.float32(push)
         candidates.logits[:] = before + delta
         if self.bias is not None and self.bias.closing:
             candidates.logits[:] = self._with_habits(candidates.logits, ids)
@@ -128,8 +125,6 @@ class CardCorrection:
         assert self.bias is not None
         best = candidates.best_positions(self.top_k)
         habits = self.bias.habitual_tokens(self.position, self.emitted)  # sorted ids
-        if self.bias.length_push(self.position) and len(self.end_tokens):
-            habits = np.union1d(habits, self.end_tokens)  # the length habit pushes them: they must be seen
         ids = candidates.ids
         if len(habits) and habits[-1] < candidates.size and np.array_equal(ids[habits], habits):
             positions = habits  # the usual case: the candidates are still in vocabulary order

@@ -26,11 +26,6 @@ count ratio from ~20 greedy y- caps near log(20) while a kicker the model gives 
   with the habit), a share of the ending probability moves to the habit: the output ends with it, then
   ends. A count ratio cannot say *where* to put a closing "?"; pushed anywhere it lands mid-headline.
 
-A length habit is calibrated too: `length`, the user's usual output length in tokens (the 75th percentile
-of their outputs', from at least `MIN_HABIT_COUNT` outputs). From that position on, every end-of-output token
-gets `LENGTH_SLOPE` nats more per token beyond it (and joins the candidates), so an output the counted bias
-keeps going ends near the user's own length instead of at twice it; before it nothing changes.
-
 A casing habit (sentence case, Title Case) is not a token bias: it travels with it as `recasing` and is
 applied to the finished words (`localpers.methods.card.recasing`), so it leaves the model's words alone.
 
@@ -58,9 +53,6 @@ MIN_HABIT_COUNT = 3  # outputs that must show an opening or closing habit (one-o
 MIN_HABIT_RATE = 0.25  # ... and this share of the user's outputs
 MAX_OPENING_BIAS = 12.0
 MAX_CLOSING_SHARE = 0.95  # of the model's end-of-output probability moved to closing habits
-LENGTH_QUANTILE = 0.75  # of the user's output lengths: where the length habit starts pushing the end
-LENGTH_SLOPE = 1.0  # nats added to the end-of-output tokens per token beyond that length
-MAX_LENGTH = 4096
 
 
 @dataclass
@@ -76,13 +68,6 @@ class TokenBias:
     opening: dict[int, float] = field(default_factory=dict)
     closing: dict[int, float] = field(default_factory=dict)
     recasing: Recasing | None = None  # a casing habit, applied to the finished words (not a token bias)
-    length: int | None = None  # the user's usual output length in tokens (the length habit); None: no habit
-
-    def length_push(self, step: int) -> float:
-        """Nats added to the end-of-output tokens at `step` (0 = the first token): 0 before the usual length."""
-        if self.length is None or step < self.length:
-            return 0.0
-        return LENGTH_SLOPE * (step - self.length + 1)
 
     def for_step(self, step: int) -> dict[int, float]:
         """The counted bias table for the `step`-th generated token (0 = the first)."""
@@ -149,8 +134,7 @@ class TokenBias:
         logits[is_end] += math.log(1.0 - total * scale)
 
     def __len__(self) -> int:
-        tables = len(self.first) + len(self.rest) + len(self.opening) + len(self.closing)
-        return tables + (self.length is not None)
+        return len(self.first) + len(self.rest) + len(self.opening) + len(self.closing)
 
     def to_json(self) -> dict[str, Any]:
         """{"first": [[token, bias], ...], "rest": [...], ..., "case": number}, rounded to 3 decimals."""
@@ -160,8 +144,6 @@ class TokenBias:
         }
         if self.recasing is not None:
             tables["recasing"] = self.recasing.to_json()
-        if self.length is not None:
-            tables["length"] = self.length
         return tables
 
     @classmethod
@@ -198,12 +180,7 @@ class TokenBias:
             recasing = None if recasing is None else Recasing.from_json(recasing)
         except ValueError as exc:
             raise ValueError(f"token bias field 'recasing': {exc}") from None
-        length = data.get("length")  # absent in fits before the length habit: no habit
-        if length is not None and (
-            not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= MAX_LENGTH
-        ):
-            raise ValueError(f"token bias field 'length' must be a whole number of tokens in 1..{MAX_LENGTH}")
-        return cls(**tables, recasing=recasing, length=length)
+        return cls(**tables, recasing=recasing)
 
 
 def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
@@ -217,8 +194,6 @@ def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
     ]
     if bias.recasing is not None:
         lines.append(bias.recasing.describe())
-    if bias.length is not None:
-        lines.append(f"ends by about {bias.length} tokens (the end is pushed after that)")
     return lines
 
 
@@ -314,13 +289,4 @@ def fit_token_bias(
     # A calibrated habit replaces its counted push: pushed anywhere, a closing "?" lands mid-output.
     first = {t: b for t, b in first.items() if not (b > 0 and t in opening)}
     rest = {t: b for t, b in rest.items() if not (b > 0 and t in closing)}
-    return TokenBias(first, rest, opening, closing, length=_usual_length(positives))
-
-
-def _usual_length(positives: Sequence[Sequence[int]]) -> int | None:
-    """The `LENGTH_QUANTILE` of the user's output lengths in tokens; None from fewer than `MIN_HABIT_COUNT`."""
-    lengths = sorted(len(tokens) for tokens in positives if tokens)
-    if len(lengths) < MIN_HABIT_COUNT:
-        return None
-    usual = int(math.ceil(float(np.quantile(lengths, LENGTH_QUANTILE))))
-    return min(max(usual, 1), MAX_LENGTH)
+    return TokenBias(first, rest, opening, closing)
