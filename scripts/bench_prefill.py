@@ -2,9 +2,10 @@
 
 The fit's y- pass (`localpers.engine.batch`) prefills one conditioned prompt per history item into a batched
 sequence; a rewrite prefills into sequence 0 (`Engine.prefill`). This times both over the same prompts (the
-user's conditioned prompts as the fit builds them: a user of `--data`, with the demo bundle's cluster adapter),
+first user of `--data`, prompts built as the fit builds them, the default bundle's first cluster adapter),
 alternating, to tell whether the fit's prefill is slower than it has to be. It prints ms per prompt token.
-Usage: python scripts/bench_prefill.py [--data ../shared/data/news-headlines/test.jsonl] [--prompts 10] [--rounds 2]
+Usage: python scripts/bench_prefill.py [--data ../shared/data/news-headlines/test.jsonl] [--prompts 10] \
+    [--rounds 2] [--json]
 """
 
 from __future__ import annotations

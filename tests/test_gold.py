@@ -17,9 +17,9 @@ from localpers.tasks import get_task
 ARTICLE = "Generate a headline for the following article: The bakery opened a second shop downtown."
 REFERENCE = "BAKERY DOUBLES UP!!!"
 # batch-vs-single decoding differs by up to ~0.1 nats per likely token on the AMD development CPUs
-# (docs/PERFORMANCE.md); on unlikely tokens (log p ~ -10, synthetic adapter) it was measured at 0.2, i.e. ~2% of
-# the value. On an AMX Xeon (AVX-512 kernels, CPU_REPACK, one thread) this very prompt showed 0.207 at a token of
-# log p -1.08 (fourteenth session); 0.25 is 1.2x that largest gap seen on any CPU.
+# (docs/PERFORMANCE.md); on unlikely tokens (log p ~ -10, synthetic adapter) it was measured at 0.2, i.e.
+# ~2% of the value. On an AMX Xeon (AVX-512 kernels, CPU_REPACK, one thread) this very prompt showed 0.207
+# at a token of log p -1.08 (fourteenth session); 0.25 is 1.2x that largest gap seen on any CPU.
 BATCH_NOISE = 0.25
 BATCH_NOISE_RELATIVE = 0.03
 

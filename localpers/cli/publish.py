@@ -61,7 +61,7 @@ def publish_command(
         typer.Option(
             min=0,
             max=20,
-            help="Of those, show the closest N with their content (task prompt + output) instead of the output alone.",
+            help="Of those, show the closest N with their content (task prompt + output) as well.",
         ),
     ] = 0,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,

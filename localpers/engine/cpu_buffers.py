@@ -29,7 +29,10 @@ SETTINGS = ("auto", "repack", "plain", "all")
 REPACK = "CPU_REPACK"
 # Extra buffer types that `auto` never uses, with why. Names are ggml's `ggml_backend_buft_name`.
 KNOWN_BROKEN: dict[str, str] = {
-    "AMX": "ggml's AMX mat-mul crashed in llama_decode on a user's Xeon (llama.cpp issue 20824); LOCALPERS_CPU_BUFFERS=all opts in",
+    "AMX": (
+        "ggml's AMX mat-mul crashed in llama_decode on a user's Xeon (llama.cpp issue 20824);"
+        " LOCALPERS_CPU_BUFFERS=all opts in"
+    ),
 }
 
 
