@@ -112,3 +112,67 @@ def test_features_only_passes_skip_the_logits_and_leave_the_cache_as_a_full_pass
     np.testing.assert_array_equal(results[0][1], results[1][1])
     # a later ordinary decode computes its logits again
     assert np.isfinite(engine.prefill(prompt).logits).all()
+
+
+BLOCK = "Headlines this author wrote before:\n- BIG WIN FOR CITY PARK!!!\n- MAYOR SAYS YES TO BUSES!!!"
+SHARING = [
+    BLOCK
+    + "\n- STORM CUTS POWER, WOW!!!\n\nGenerate a headline for the following article: The zoo welcomed two"
+    " baby pandas.\nHeadline:",
+    BLOCK
+    + "\n- MUSEUM OPEN LATE, YES!!!\n\nGenerate a headline for the following article: Bus fares will drop"
+    " by half for students.\nHeadline:",
+]
+
+
+def test_prompts_that_share_a_block_evaluate_it_once_and_score_as_if_alone(
+    personalizer: Personalizer,  # noqa: F811
+) -> None:
+    engine = personalizer.engine
+    engine.set_adapter("global")
+    continuation = engine.tokenize(" PANDAS AND BUSES!!!", add_bos=False)
+    shared = len(engine.tokenize(BLOCK))
+    prompts = [engine.tokenize(p) for p in SHARING]
+    assert all(p[:shared] == prompts[0][:shared] for p in prompts)
+
+    def job(prompt: list[int]) -> PromptJob:
+        return PromptJob(prompt, True, lambda text: [continuation], shared=shared)
+
+    together = run_jobs(engine, [job(p) for p in prompts], max_tokens=10, stop=["\n"], logprob_rows=3)
+    # the second prompt alone evaluates the block into its own sequence: the same split into batches
+    (alone,) = run_jobs(engine, [job(prompts[1])], max_tokens=10, stop=["\n"], logprob_rows=3)
+    assert together[1].text == alone.text
+    # the prompt's own row: the block's keys and values by reference are the ones it would have computed
+    shared_row, alone_row = together[1].scored[0].features[0], alone.scored[0].features[0]
+    assert np.abs(shared_row - alone_row).max() <= 1e-3 * np.abs(alone_row).max()
+    # later rows were evaluated beside the other sequence's continuation: batch noise only
+    scale = np.abs(alone.scored[0].features).max()
+    assert (
+        np.abs(together[1].scored[0].features - alone.scored[0].features).max() <= FEATURE_TOLERANCE * scale
+    )
+    np.testing.assert_allclose(
+        together[1].scored[0].logprobs, alone.scored[0].logprobs, atol=LOGPROB_TOLERANCE
+    )
+    # and both agree with the engine's own scorer within batch noise
+    (reference,) = engine.score(prompts[1], [continuation], logprob_rows=3)
+    np.testing.assert_allclose(together[1].scored[0].logprobs, reference.logprobs, atol=LOGPROB_TOLERANCE)
+
+
+def test_scoring_the_generated_text_reuses_the_generation_pass(personalizer: Personalizer) -> None:  # noqa: F811
+    engine = personalizer.engine
+    engine.set_adapter("global")
+    prompt = engine.tokenize(PROMPTS[2])
+    generated: list[list[int]] = []
+
+    def own_text(text: str) -> list[list[int]]:
+        generated.append(engine.tokenize(" " + text, add_bos=False))
+        return [generated[-1]]
+
+    (outcome,) = run_jobs(engine, [PromptJob(prompt, True, own_text)], max_tokens=12, stop=["\n"])
+    (scored,) = outcome.scored
+    assert outcome.text and scored.tokens == generated[0] and len(scored.logprobs) == 1
+    (reference,) = engine.score(prompt, generated, logprob_rows=1)
+    assert scored.features.shape == reference.features.shape
+    scale = np.abs(reference.features).max()
+    assert np.abs(scored.features - reference.features).max() <= FEATURE_TOLERANCE * scale
+    np.testing.assert_allclose(scored.logprobs, reference.logprobs, atol=LOGPROB_TOLERANCE)

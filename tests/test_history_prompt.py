@@ -21,6 +21,7 @@ from localpers.users.history_prompt import (
     conditioned_prompt,
     prompt_for_user,
     select_examples,
+    shared_prefix,
     shared_prefix_for_user,
 )
 from localpers.users.store import UserStore
@@ -244,3 +245,19 @@ def test_dense_retrieval_ranks_by_meaning_and_serves_the_same_prompts() -> None:
     index = HistoryIndex(HEADLINE, list(POOL), retrieval="minilm")
     query = INSTRUCTION + "Cyclists get protected paths downtown after the city vote."
     assert index.examples_for(query, 1) == ["Bike Lanes Win: Council Says Yes"]
+
+
+def test_recent_examples_can_end_before_the_pool_does_and_the_shared_prefix_follows() -> None:
+    query = INSTRUCTION + "Late trains and bike lanes for the city."
+    chosen = PromptFormat(examples=2, recent=1)
+    # recent_end=2: the recent example is the pool's second item, the closest comes from all three
+    prompt = conditioned_prompt(HEADLINE, query, POOL, chosen, recent_end=2)
+    shown = [line[2:] for line in prompt.splitlines() if line.startswith("- ")]
+    assert shown[0] == POOL[1][1] and len(shown) == 2 and shown[1] != POOL[1][1]
+    prefix = shared_prefix(HEADLINE, POOL, chosen, recent_end=2)
+    assert prefix == "Headlines this author wrote before:\n- " + POOL[1][1] and prompt.startswith(prefix)
+    # the default is the pool's end, as before
+    assert conditioned_prompt(HEADLINE, query, POOL, chosen) == conditioned_prompt(
+        HEADLINE, query, POOL, chosen, recent_end=len(POOL)
+    )
+    assert shared_prefix(HEADLINE, POOL, chosen, recent_end=0) == ""

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
+from localpers.methods.card.pairs import FIT_BLOCK_GROUP
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore
@@ -271,6 +272,18 @@ def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
             shown = [line[2:] for line in prompt.splitlines() if line.startswith("- ")]
             earlier = {item.output for item in history[:index]}
             assert set(shown) <= earlier and prompt.endswith(plain[index])  # never its own or a later output
+        # From the first full group on, a group of FIT_BLOCK_GROUP items shows one block: the outputs before it
+        longer = items(SHOUTY)
+        blocks = loaded.pairs.training_prompts_and_blocks(longer)
+        group = FIT_BLOCK_GROUP
+        for index, (prompt, block) in enumerate(blocks):
+            assert prompt.startswith(block)
+            if index >= group:
+                assert block == blocks[index - index % group][1]  # the same block in the whole group
+                last_shown = block.splitlines()[-1][2:]
+                assert last_shown == longer[index - index % group - 1].output  # the item before the group
+            elif index:
+                assert block.splitlines()[-1][2:] == longer[index - 1].output  # the item just before
         user = UserStore().create("conditioned")
         user.save_history(history)
         report = loaded.fit_user(user)

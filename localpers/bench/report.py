@@ -168,8 +168,9 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
             "## Gold likelihood (teacher-forced log-probability of the author's own headline)",
             "",
             "Mean per-token natural-log probability of ` <reference>\\n` under each method's final next-token "
-            "distribution, computed by the same decode loop and correction hook that generate (CARD's correction "
-            "moves its top k; tokens outside the top k keep the adapter's logits, for every method alike). "
+            "distribution, computed by the same sampler chain and correction hook that generate, the reference's "
+            "tokens evaluated in one batch (CARD's correction moves its top k; tokens outside the top k keep the "
+            "adapter's logits, for every method alike). "
             "Higher is better; Δ is paired over queries.",
             "",
             *table,

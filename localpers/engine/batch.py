@@ -8,7 +8,10 @@ llama_decode it becomes one matrix-matrix pass, which costs a few single steps i
 Each prompt of a group gets its own sequence (1..batch_sequences) of the engine's KV cache (sequence 0,
 the engine's ordinary single-sequence work, is not touched): the prompt is evaluated once, generation
 continues it, and each continuation to score is evaluated after the prompt with the generated tokens
-dropped. Greedy means the argmax of the logits, with `generate`'s stop rules (end-of-generation token,
+dropped. Prompts that open with the same block of tokens (a job's `shared`: a user's recent outputs) get it
+evaluated once per group, as a batch of its own, and the other sequences share its cache cells; a
+continuation that is exactly the generated text reuses the generation's own features instead of being
+evaluated again. Greedy means the argmax of the logits, with `generate`'s stop rules (end-of-generation token,
 stop strings, `max_tokens`). Batched and single evaluation differ by float noise (docs/PERFORMANCE.md), so
 a greedy token may rarely differ from `generate`'s. This module decides nothing about what to generate
 or score; callers (`localpers.methods.card.pairs`) do.
@@ -33,6 +36,9 @@ class PromptJob:
     prompt: list[int]
     generate: bool
     continuations: Callable[[str], list[list[int]]]  # generated text (stripped) -> token lists to score
+    # The first `shared` tokens are a block other jobs' prompts may start with too: it is evaluated as a batch
+    # of its own, once per group, and the other sequences get its keys and values by reference.
+    shared: int = 0
 
 
 @dataclass
@@ -77,27 +83,42 @@ def _run_group(
     started = time.perf_counter()
     first_logits: list[np.ndarray] = []
     first_features: list[np.ndarray | None] = []
+    blocks: dict[tuple[int, ...], int] = {}  # a shared block -> the sequence that holds it
     try:
         for job, sequence in zip(jobs, sequences, strict=True):
             engine.forget_sequence(sequence)
-            for offset in range(0, len(job.prompt), 256):
-                chunk = job.prompt[offset : offset + 256]
-                logits, features = engine.eval_sequences(
-                    chunk, range(offset, offset + len(chunk)), [sequence] * len(chunk), all_outputs=False
-                )
+            shared = job.shared if 0 < job.shared < len(job.prompt) else 0
+            block = tuple(job.prompt[:shared])
+            if shared and block in blocks:
+                engine.share_sequence(blocks[block], sequence, shared)
+            elif shared:
+                _evaluate(engine, job.prompt, 0, shared, sequence)
+                blocks[block] = sequence
+            logits, features = _evaluate(engine, job.prompt, shared, len(job.prompt), sequence)
             first_logits.append(np.array(logits[-1], dtype=np.float32))
             first_features.append(None if features is None else features[-1].copy())
-        texts = _greedy(engine, jobs, sequences, first_logits, max_tokens, stop)
+        texts, walked = _greedy(engine, jobs, sequences, first_logits, max_tokens, stop)
         generated_at = time.perf_counter()
         outcomes = [PromptOutcome(text, []) for text in texts]
         wanted = [job.continuations(text) for job, text in zip(jobs, texts, strict=True)]
+        # A continuation that is the generated text's own tokens was evaluated by the generation already: its
+        # features are reused (when only the first row's log-probability is asked, which the prompt's logits give).
+        reused = [
+            [
+                _reusable(
+                    continuation, walked[index], first_logits[index], first_features[index], logprob_rows
+                )
+                for continuation in continuations
+            ]
+            for index, continuations in enumerate(wanted)
+        ]
         for round_index in range(max((len(w) for w in wanted), default=0)):
             tokens: list[int] = []
             positions: list[int] = []
             owners: list[tuple[int, int]] = []  # (job index, number of rows)
             batch_sequences: list[int] = []
             for index, (job, sequence) in enumerate(zip(jobs, sequences, strict=True)):
-                if round_index >= len(wanted[index]):
+                if round_index >= len(wanted[index]) or reused[index][round_index] is not None:
                     continue
                 engine.forget_sequence(sequence, len(job.prompt))
                 body = wanted[index][round_index][:-1]
@@ -113,6 +134,10 @@ def _run_group(
                 if tokens
                 else (None, None)
             )
+            for index, continuations in enumerate(wanted):
+                ready = reused[index][round_index] if round_index < len(continuations) else None
+                if ready is not None:
+                    outcomes[index].scored.append(ready)
             row = 0
             for index, count in owners:
                 continuation = wanted[index][round_index]
@@ -145,6 +170,18 @@ def _run_group(
             engine.forget_sequence(sequence)
 
 
+def _evaluate(
+    engine: Engine, prompt: list[int], start: int, end: int, sequence: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Evaluate `prompt[start:end]` into `sequence`; the last token's logits and features."""
+    for offset in range(start, end, 256):
+        chunk = prompt[offset : min(offset + 256, end)]
+        logits, features = engine.eval_sequences(
+            chunk, range(offset, offset + len(chunk)), [sequence] * len(chunk), all_outputs=False
+        )
+    return logits, features
+
+
 def _first_rows(pieces: list[np.ndarray], rows: int) -> np.ndarray:
     """The first `rows` rows of the pieces stacked, without copying the rest."""
     taken: list[np.ndarray] = []
@@ -163,10 +200,15 @@ def _greedy(
     first_logits: list[np.ndarray],
     max_tokens: int,
     stop: Sequence[str],
-) -> list[str]:
-    """Each generating job's greedy text (stripped), all live sequences advancing one token per decode."""
+) -> tuple[list[str], list[tuple[list[int], list[np.ndarray]]]]:
+    """Each generating job's greedy text (stripped), all live sequences advancing one token per decode.
+
+    Also, per job, the generated tokens and the tap features of those that were evaluated (row t: after
+    evaluating token t), which is what scoring those tokens as a continuation would compute again.
+    """
     texts = [""] * len(jobs)
     generated: dict[int, list[int]] = {i: [] for i, job in enumerate(jobs) if job.generate}
+    walked_features: dict[int, list[np.ndarray]] = {i: [] for i in generated}
     scanners = {i: _StopScanner(stop) for i in generated}
     logits_of = {i: first_logits[i] for i in generated}
     live = sorted(generated)
@@ -189,11 +231,44 @@ def _greedy(
         live = still
         if not live:
             break
-        logits, _ = engine.eval_sequences(
+        logits, features = engine.eval_sequences(
             [generated[i][-1] for i in live],
             [len(jobs[i].prompt) + len(generated[i]) - 1 for i in live],
             [sequences[i] for i in live],
             all_outputs=True,
         )
         logits_of = {i: logits[row] for row, i in enumerate(live)}
-    return [text.strip() for text in texts]
+        if features is not None:
+            for row, i in enumerate(live):
+                walked_features[i].append(features[row])
+    walked = [(generated.get(i, []), walked_features.get(i, [])) for i in range(len(jobs))]
+    return [text.strip() for text in texts], walked
+
+
+def _reusable(
+    continuation: list[int],
+    walked: tuple[list[int], list[np.ndarray]],
+    first_logits: np.ndarray,
+    first_features: np.ndarray | None,
+    logprob_rows: int,
+) -> ScoredContinuation | None:
+    """The scored continuation from the generation's own pass, when it walked exactly these tokens; else None.
+
+    Row t's features are those before choosing token t: the prompt's last row, then the generation's rows of
+    tokens 0..n-2. Only the first row's log-probability can be given (from the prompt's logits; the generation
+    kept no later ones), so this applies only when no more is asked.
+    """
+    tokens, features = walked
+    if logprob_rows > 1 or first_features is None or not continuation:
+        return None
+    if tokens[: len(continuation)] != continuation or len(features) < len(continuation) - 1:
+        return None
+    rows = [first_features[None]]
+    if len(continuation) > 1:
+        rows.append(np.stack(features[: len(continuation) - 1]))
+    return ScoredContinuation(
+        tokens=list(continuation),
+        logprobs=_log_softmax_at(first_logits[None, :], np.asarray(continuation[:1])),
+        features=np.concatenate(rows, axis=0),
+        logits=None,
+    )

@@ -8,7 +8,8 @@ headline that starts with a newline is not an empty headline). This module does 
 
 `generate(..., forced=tokens)` runs the same method sampler teacher-forced: instead of choosing, it feeds
 the given tokens and records each one's log-probability under the method's logits (the gold likelihood of
-the benchmark). The method changes only the candidates it is given (CARD: the cluster model's top k; CoPe:
+the benchmark). Since every input is known, the forced tokens are evaluated in one batch and the chain then
+runs over each position's logits and features in order (batch-vs-single float noise only). The method changes only the candidates it is given (CARD: the cluster model's top k; CoPe:
 its plausibility set); every other token keeps its unchanged logit, so the correction moves the top k and
 every method is scored over the whole vocabulary.
 """
@@ -206,11 +207,18 @@ def _score_forced(
             for method in methods
         ]
         started = time.perf_counter()
-        step = engine.prefill(prompt_tokens, shared=shared)
+        first = engine.prefill(prompt_tokens, shared=shared)
         prompt_seconds = time.perf_counter() - started
+        # Teacher-forced, every position's input is known: one batched pass gives all the rows a token-by-token
+        # loop would (up to llama.cpp's batch-vs-single float noise) at a few times the speed.
+        row_logits, row_features = [first.logits], [first.features]
+        if len(forced) > 1:
+            later_logits, later_features = engine.eval(list(forced[:-1]), all_positions=True)
+            row_logits += list(later_logits)
+            row_features += [None] * len(later_logits) if later_features is None else list(later_features)
         logprobs: list[list[float]] = [[] for _ in methods]
-        for index, token in enumerate(forced):
-            logits = step.logits.astype(np.float64)
+        for token, step_logits, step_features in zip(forced, row_logits, row_features, strict=True):
+            logits = step_logits.astype(np.float64)
             top = float(logits.max())
             weights = np.exp(logits - top)
             total = float(weights.sum())
@@ -218,7 +226,7 @@ def _score_forced(
                 if chain is None:
                     column.append(float(logits[token] - top - np.log(total)))
                     continue
-                ids, changed = chain.transform(step.logits, step.features)
+                ids, changed = chain.transform(step_logits, step_features)
                 finite = np.isfinite(changed)
                 ids, changed = ids[finite], changed[finite].astype(np.float64)
                 new_top = max(top, float(changed.max())) if len(changed) else top
@@ -228,6 +236,4 @@ def _score_forced(
                 value = float(changed[hit[0]]) if len(hit) else float(logits[token])
                 column.append(value - normaliser)
                 chain.accept(int(token))
-            if index + 1 < len(forced):
-                step = engine.step(int(token))
     return logprobs, prompt_seconds

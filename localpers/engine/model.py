@@ -439,6 +439,17 @@ class Engine(Vocabulary):
             raise ValueError(f"sequence {sequence} is not a batched sequence")
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), sequence, start, -1)
 
+    def share_sequence(self, source: int, target: int, length: int) -> None:
+        """Give batched sequence `target` the cache entries of `source`'s positions 0..length-1 (no copy).
+
+        The KV cache is unified, so the cells simply belong to both sequences: what `target` evaluates next
+        attends to exactly the keys and values `source` computed.
+        """
+        for sequence in (source, target):
+            if not 0 < sequence <= self.batch_sequences:
+                raise ValueError(f"sequence {sequence} is not a batched sequence")
+        llama_cpp.llama_memory_seq_cp(llama_cpp.llama_get_memory(self._ctx), source, target, 0, length)
+
     # ----------------------------------------------------------------- internals
     def _decode(self, tokens: Sequence[int], *, all_positions: bool, want_last: bool) -> int:
         batch = self._batch

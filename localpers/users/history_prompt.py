@@ -148,29 +148,39 @@ def conditioned_prompt(
     pool: Sequence[tuple[str, str]],
     prompt_format: PromptFormat,
     index: HistorySearch | None = None,
+    *,
+    recent_end: int | None = None,
 ) -> str:
     """The history-conditioned prompt for `text` from `pool` ((input, output) pairs, oldest first).
 
     The one composition the publisher's training prompts, the fit's pairs and `rewrite` all use: the format's
     recent outputs, then the retrieved ones, the last `described` retrieved items as demonstrations.
+    `recent_end` takes the recent outputs from the items before that position instead of the pool's end (the
+    fit shows several items the same, slightly older, block; `localpers.methods.card.pairs`).
     """
-    latest, retrieved = _choose(task, text, pool, prompt_format.examples, index, prompt_format.recent)
+    latest, retrieved = _choose(
+        task, text, pool, prompt_format.examples, index, prompt_format.recent, recent_end
+    )
     described = min(prompt_format.described, len(retrieved))
     listed = latest + retrieved[: len(retrieved) - described]
     shown = retrieved[len(retrieved) - described :] if described else []
     return build_prompt(task, text, [pool[i][1] for i in listed], [pool[i] for i in shown])
 
 
-def shared_prefix(task: Task, pool: Sequence[tuple[str, str]], prompt_format: PromptFormat) -> str:
+def shared_prefix(
+    task: Task, pool: Sequence[tuple[str, str]], prompt_format: PromptFormat, recent_end: int | None = None
+) -> str:
     """The text every `build_prompt` of this pool and format starts with: the header and the recent examples.
 
     Empty when the format shows no recent examples or the pool is empty. The final newline is left out: the
     tokenizer may join it with what follows (a blank line), and a shared prefix must tokenize the same alone.
+    `recent_end` is `conditioned_prompt`'s.
     """
-    recent = min(prompt_format.recent, prompt_format.examples, len(pool))
+    end = len(pool) if recent_end is None else min(recent_end, len(pool))
+    recent = min(prompt_format.recent, prompt_format.examples, end)
     if recent <= 0:
         return ""
-    latest = [output for _, output in pool[len(pool) - recent :]]
+    latest = [output for _, output in pool[end - recent : end]]
     return _examples_block(task, latest)[:-1]
 
 
@@ -213,12 +223,17 @@ def _choose(
     count: int,
     index: HistorySearch | None,
     recent: int,
+    recent_end: int | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last)."""
+    """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last).
+
+    The recent examples are the last `recent` items before `recent_end` (default: the whole pool).
+    """
     if not pool or count <= 0:
         return [], []
-    recent = min(recent, count, len(pool))
-    latest = list(range(len(pool) - recent, len(pool)))
+    end = len(pool) if recent_end is None else max(0, min(recent_end, len(pool)))
+    recent = min(recent, count, end)
+    latest = list(range(end - recent, end))
     index = index or Bm25Index([_document(task, i, o) for i, o in pool])
     best = [i for i in index.top(content_of(task, text), count) if i not in latest][: count - recent]
     return latest, list(reversed(best))

@@ -1,7 +1,8 @@
 """CARD's preference pairs on the device: y- (the cluster model's own output) and the pair features.
 
 For each history item, y+ is the user's output and y- the cluster model's greedy output for the same prompt
-(conditioned on the items before it, as the publisher trained the head). y- are deterministic for (bundle,
+(conditioned on the items before it, as the publisher trained the head; groups of items share one block of
+recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each block once). y- are deterministic for (bundle,
 cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
 `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
 refit. It also yields the cluster model's log-probability of each y+'s first token (the opening habits'
@@ -24,12 +25,18 @@ from localpers.engine import Engine
 from localpers.engine.batch import PromptJob, fits, run_jobs
 from localpers.engine.generation import generate
 from localpers.methods.card.head import CardHead
+from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import PromptFormat, conditioned_prompt
+from localpers.users.history_prompt import PromptFormat, conditioned_prompt, shared_prefix
 from localpers.users.store import User
 
 NEGATIVES_FILE = "negatives.json"
+# The fit's items show their recent outputs in blocks: the items of each group of this many (from the group
+# starting at this index on) all show the block of the GROUP items before the group, so each block is
+# evaluated once and shared by the group's batched sequences, as the device's own prompts share one block
+# from rewrite to rewrite. Items before the first full group show all the items before them.
+FIT_BLOCK_GROUP = 4
 # Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
 PAIR_MEMO_SIZE = 4096
 
@@ -86,21 +93,29 @@ class PairBuilder:
         return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
 
     def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
-        """The prompt of each item as the publisher trained the head: conditioned on the items before it.
+        """The prompt of each item as the publisher trained the head: conditioned on the items before it."""
+        return [prompt for prompt, _ in self.training_prompts_and_blocks(items)]
+
+    def training_prompts_and_blocks(self, items: Sequence[HistoryItem]) -> list[tuple[str, str]]:
+        """Each item's prompt and the shared block of recent outputs it starts with ("" when none).
 
         With a history-conditioned bundle, item i shows the user's outputs among items 0..i-1 (what the user had
-        written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them (the most
-        recent and the closest); the first item, and every item on a plain bundle, gets the plain task prompt.
+        written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them: a block of
+        recent outputs (`FIT_BLOCK_GROUP`: up to 3 items older than the most recent ones) and the closest; the
+        first item, and every item on a plain bundle, gets the plain task prompt.
         """
         chosen = self.prompt_format
         prompts = []
         for index, item in enumerate(items):
             task = get_task(item.task)
             if chosen is None:
-                prompts.append(task.prompt_for(item.input))
+                prompts.append((task.prompt_for(item.input), ""))
                 continue
             pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
-            prompts.append(conditioned_prompt(task, item.input, pool, chosen))
+            block_end = len(pool) - index % FIT_BLOCK_GROUP if index >= FIT_BLOCK_GROUP else len(pool)
+            block_end = max(0, block_end)
+            prompt = conditioned_prompt(task, item.input, pool, chosen, recent_end=block_end)
+            prompts.append((prompt, shared_prefix(task, pool, chosen, recent_end=block_end)))
         return prompts
 
     def negatives_and_differences(
@@ -120,8 +135,10 @@ class PairBuilder:
         negatives: list[str] = []
         rows: list[np.ndarray] = []
         first_logprobs: list[float | None] = []
-        prompts = self.training_prompts(items)
-        generated = self._batched_pass(items, prompts, known, cluster, seconds)
+        prompts_and_blocks = self.training_prompts_and_blocks(items)
+        prompts = [prompt for prompt, _ in prompts_and_blocks]
+        blocks = [block for _, block in prompts_and_blocks]
+        generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds)
         for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
             key = _negative_key(item, prompt)
             if key not in known:
@@ -158,6 +175,7 @@ class PairBuilder:
         self,
         items: Sequence[HistoryItem],
         prompts: Sequence[str],
+        blocks: Sequence[str],
         known: dict[str, str],
         cluster: int,
         seconds: dict[str, float],
@@ -173,7 +191,7 @@ class PairBuilder:
         task = get_task(tasks.pop())
         jobs: list[PromptJob] = []
         owners: list[tuple[HistoryItem, str, str]] = []
-        for item, prompt in zip(items, prompts, strict=True):
+        for item, prompt, block in zip(items, prompts, blocks, strict=True):
             key = _negative_key(item, prompt)
             cached = known.get(key)
             if cached is not None and (
@@ -192,7 +210,10 @@ class PairBuilder:
                     return []
                 return [plus, self.engine.tokenize(" " + negative, add_bos=False)]
 
-            job = PromptJob(self.engine.tokenize(prompt), cached is None, continuations)
+            tokens = self.engine.tokenize(prompt)
+            # a tokenizer may join the block's last token with what follows: share only what both agree on
+            shared = common_prefix_length(self.engine.tokenize(block), tokens) if block else 0
+            job = PromptJob(tokens, cached is None, continuations, shared=shared)
             if fits(job, task.default_max_tokens, max(len(positive), task.default_max_tokens + 8)):
                 jobs.append(job)
                 owners.append((item, prompt, key))
