@@ -284,6 +284,10 @@ def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
                 assert last_shown == longer[index - index % group - 1].output  # the item before the group
             elif index:
                 assert block.splitlines()[-1][2:] == longer[index - 1].output  # the item just before
+        # a history limit's window that starts one item later keeps the groups (and the cached y-) in place
+        shifted = loaded.pairs.training_prompts_and_blocks(longer[1:], history_offset=1)
+        for index in range(2 * group, len(longer)):
+            assert shifted[index - 1][1] == blocks[index][1]
         user = UserStore().create("conditioned")
         user.save_history(history)
         report = loaded.fit_user(user)

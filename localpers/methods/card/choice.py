@@ -42,7 +42,13 @@ class Scorer(Protocol):
     def head_config(self) -> Any: ...
 
     def fit_items(
-        self, user: User, items: Sequence[HistoryItem], *, regularisation: float, prior_weight: float
+        self,
+        user: User,
+        items: Sequence[HistoryItem],
+        *,
+        regularisation: float,
+        prior_weight: float,
+        history_offset: int = 0,
     ) -> Any: ...
 
     def score_reference_variants(
@@ -105,13 +111,19 @@ def choose_correction(
     regularisation: float,
     prior_weight: float,
     progress: Callable[[str, int, int], None] | None = None,
+    history_offset: int = 0,
 ) -> Choice | None:
-    """The best candidate on the user's recent items, or None when the history is too short to choose."""
+    """The best candidate on the user's recent items, or None when the history is too short to choose.
+
+    `history_offset` is `fit_items`'s: how many of the user's items come before `items`.
+    """
     if len(items) < MIN_ITEMS_TO_CHOOSE:
         return None
     started = time.perf_counter()
     earlier, recent = split_recent(items)
-    outcome = personalizer.fit_items(user, earlier, regularisation=regularisation, prior_weight=prior_weight)
+    outcome = personalizer.fit_items(
+        user, earlier, regularisation=regularisation, prior_weight=prior_weight, history_offset=history_offset
+    )
     if outcome.report.mode != "vector":
         return None
     default_strength = float(personalizer.head_config.default_strength)

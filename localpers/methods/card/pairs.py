@@ -32,10 +32,12 @@ from localpers.users.history_prompt import PromptFormat, conditioned_prompt, sha
 from localpers.users.store import User
 
 NEGATIVES_FILE = "negatives.json"
-# The fit's items show their recent outputs in blocks: the items of each group of this many (from the group
-# starting at this index on) all show the block of the GROUP items before the group, so each block is
-# evaluated once and shared by the group's batched sequences, as the device's own prompts share one block
-# from rewrite to rewrite. Items before the first full group show all the items before them.
+# The fit's items show their recent outputs in blocks: the items of each group of this many (groups counted
+# from the user's first item) all show the block of items before the group, so each block is evaluated once
+# and shared by the group's batched sequences, as the device's own prompts share one block from rewrite to
+# rewrite. Counting from the first item keeps every old item's prompt (and cached y-) when items are added.
+# Items in the first group, or in a group that starts before a history limit's window, show the items just
+# before them.
 FIT_BLOCK_GROUP = 4
 # Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
 PAIR_MEMO_SIZE = 4096
@@ -92,12 +94,16 @@ class PairBuilder:
                 progress("features", done + 1, len(items))
         return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
 
-    def training_prompts(self, items: Sequence[HistoryItem]) -> list[str]:
+    def training_prompts(self, items: Sequence[HistoryItem], history_offset: int = 0) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it."""
-        return [prompt for prompt, _ in self.training_prompts_and_blocks(items)]
+        return [prompt for prompt, _ in self.training_prompts_and_blocks(items, history_offset)]
 
-    def training_prompts_and_blocks(self, items: Sequence[HistoryItem]) -> list[tuple[str, str]]:
+    def training_prompts_and_blocks(
+        self, items: Sequence[HistoryItem], history_offset: int = 0
+    ) -> list[tuple[str, str]]:
         """Each item's prompt and the shared block of recent outputs it starts with ("" when none).
+
+        `history_offset` is how many of the user's items come before `items` (the groups count from the first).
 
         With a history-conditioned bundle, item i shows the user's outputs among items 0..i-1 (what the user had
         written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them: a block of
@@ -112,14 +118,20 @@ class PairBuilder:
                 prompts.append((task.prompt_for(item.input), ""))
                 continue
             pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
-            block_end = len(pool) - index % FIT_BLOCK_GROUP if index >= FIT_BLOCK_GROUP else len(pool)
-            block_end = max(0, block_end)
+            group_start = index - (history_offset + index) % FIT_BLOCK_GROUP
+            since_group = sum(1 for later in items[max(0, group_start) : index] if later.task == item.task)
+            block_end = len(pool) - since_group if group_start > 0 else len(pool)
             prompt = conditioned_prompt(task, item.input, pool, chosen, recent_end=block_end)
             prompts.append((prompt, shared_prefix(task, pool, chosen, recent_end=block_end)))
         return prompts
 
     def negatives_and_differences(
-        self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
+        self,
+        user: User,
+        items: Sequence[HistoryItem],
+        cluster: int,
+        progress: Progress | None,
+        history_offset: int = 0,
     ) -> tuple[list[str], np.ndarray, list[float | None], dict[str, float]]:
         """y- per item (cached), `g(y+) - g(y-)` of the distinct pairs, and y+'s first-token log-probability.
 
@@ -135,7 +147,7 @@ class PairBuilder:
         negatives: list[str] = []
         rows: list[np.ndarray] = []
         first_logprobs: list[float | None] = []
-        prompts_and_blocks = self.training_prompts_and_blocks(items)
+        prompts_and_blocks = self.training_prompts_and_blocks(items, history_offset)
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
         generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds)

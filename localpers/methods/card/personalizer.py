@@ -419,9 +419,9 @@ class Personalizer:
         With `choose` and enough history, the correction's strengths are then chosen on the user's own most
         recent items (`localpers.methods.card.choice`) and stored with the fit; `rewrite` applies them.
         """
-        items = user.history()
-        if history_limit is not None:
-            items = items[-history_limit:]
+        history = user.history()
+        items = history[-history_limit:] if history_limit is not None else history
+        offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
         if not items:
             report = self._report("cold-start", None, [], 0, 0, 0, None, {})
             user.save_fit(
@@ -429,7 +429,12 @@ class Personalizer:
             )
             return report
         outcome = self.fit_items(
-            user, items, progress=progress, regularisation=regularisation, prior_weight=prior_weight
+            user,
+            items,
+            progress=progress,
+            regularisation=regularisation,
+            prior_weight=prior_weight,
+            history_offset=offset,
         )
         state: dict[str, Any] = {
             "cluster": outcome.cluster,
@@ -440,7 +445,13 @@ class Personalizer:
             state["token_bias"] = outcome.bias.to_json()
         if choose and outcome.report.mode == "vector":
             choice = choose_correction(
-                self, user, items, regularisation=regularisation, prior_weight=prior_weight, progress=progress
+                self,
+                user,
+                items,
+                regularisation=regularisation,
+                prior_weight=prior_weight,
+                progress=progress,
+                history_offset=offset,
             )
             if choice is not None:
                 state["choice"] = choice.to_json()
@@ -459,15 +470,19 @@ class Personalizer:
         progress: Progress | None = None,
         regularisation: float = DEFAULT_REGULARISATION,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        history_offset: int = 0,
     ) -> FitOutcome:
-        """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder)."""
+        """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder).
+
+        `history_offset`: how many of the user's items come before `items` (a history limit's window).
+        """
         seconds: dict[str, float] = {}
         started = time.perf_counter()
         cluster, similarities = self.assign_cluster([item.output for item in items])
         seconds["cluster"] = time.perf_counter() - started
 
         negatives, differences, first_logprobs, pair_seconds = self.pairs.negatives_and_differences(
-            user, items, cluster, progress
+            user, items, cluster, progress, history_offset
         )
         seconds.update(pair_seconds)
         distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
