@@ -3,8 +3,9 @@
 Each author of --data (shared-data format, the first --authors lines) becomes a fresh user in a temporary
 home holding their --items most recent history items, and is fitted once per repeat with nothing cached (no
 y-, no pair features): the cost of `localpers fit` on a new user, without the model load. Prints each fit's
-seconds and stages, and the median. To compare two versions of the code, run it under each in turn
-(`PYTHONPATH=<other checkout> python scripts/bench_fit.py ...`), alternating, on a quiet machine.
+seconds and stages, the tokens every `llama_decode` evaluated (by batch size), and the median. To compare
+two versions of the code, run it under each in turn (`PYTHONPATH=<other checkout> python
+scripts/bench_fit.py ...`), alternating, on a quiet machine.
 
 Usage: python scripts/bench_fit.py --data ../shared/data/news-headlines/test.jsonl [--authors 3] [--items 20]
        [--repeats 1] [--bundle DIR] [--json]
@@ -20,18 +21,50 @@ import tempfile
 import time
 from pathlib import Path
 
+import llama_cpp
+
+from localpers.bench.data import load_bench_users
 from localpers.methods.card.personalizer import Personalizer
-from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore
 
 
-def author_histories(data: Path, authors: int, items: int) -> list[list[HistoryItem]]:
-    histories = []
-    for line in data.read_text(encoding="utf-8").splitlines()[:authors]:
-        user = json.loads(line)
-        history = [HistoryItem.create("headline", item["input"], item["output"]) for item in user["history"]]
-        histories.append(history[-items:])
-    return histories
+class DecodeCounter:
+    """Counts what every `llama_decode` evaluates (tokens and seconds, by batch size) while it is installed."""
+
+    KINDS = ("batches of more than 8 tokens", "batches of 2-8 tokens", "single tokens")
+
+    def __init__(self) -> None:
+        self.calls = dict.fromkeys(self.KINDS, 0)
+        self.tokens = dict.fromkeys(self.KINDS, 0)
+        self.seconds = dict.fromkeys(self.KINDS, 0.0)
+        self._original = llama_cpp.llama_decode
+
+    def __enter__(self) -> DecodeCounter:
+        def counted(ctx: object, batch: object) -> int:
+            started = time.perf_counter()
+            result = self._original(ctx, batch)
+            n = int(batch.n_tokens)
+            kind = self.KINDS[0] if n > 8 else self.KINDS[1] if n > 1 else self.KINDS[2]
+            self.calls[kind] += 1
+            self.tokens[kind] += n
+            self.seconds[kind] += time.perf_counter() - started
+            return result
+
+        llama_cpp.llama_decode = counted  # the engine calls it through the module, so this sees every call
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        llama_cpp.llama_decode = self._original
+
+    def to_json(self) -> dict[str, dict[str, float]]:
+        return {
+            kind: {
+                "calls": self.calls[kind],
+                "tokens": self.tokens[kind],
+                "seconds": round(self.seconds[kind], 3),
+            }
+            for kind in self.KINDS
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    histories = author_histories(args.data, args.authors, args.items)
+    histories = [user.history[-args.items :] for user in load_bench_users(args.data, max_users=args.authors)]
     fits = []
     with tempfile.TemporaryDirectory() as home:
         store = UserStore(Path(home))
@@ -54,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             for author, history in enumerate(histories):
                 user = store.create(f"a{author}r{repeat}")
                 user.save_history(history)
-                started = time.perf_counter()
-                report = personalizer.fit_user(user)
-                seconds = time.perf_counter() - started
+                with DecodeCounter() as decodes:
+                    started = time.perf_counter()
+                    report = personalizer.fit_user(user)
+                    seconds = time.perf_counter() - started
                 choice = json.loads((user.dir / "state.json").read_text()).get("choice") or {}
                 fits.append(
                     {
@@ -65,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         "seconds": round(seconds, 3),
                         "stages": report.seconds,
                         "choice": choice.get("label"),
+                        "decodes": decodes.to_json(),
                     }
                 )
             personalizer.close()
@@ -74,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for fit in fits:
             print(f"author {fit['author']}: {fit['seconds']:.2f} s  {fit['stages']}  choice {fit['choice']}")
+            for kind, counted in fit["decodes"].items():
+                print(
+                    f"    {kind}: {counted['tokens']} tokens in {counted['calls']} calls, {counted['seconds']} s"
+                )
         print(f"median {result['median_seconds']:.2f} s over {len(fits)} fits")
     return 0
 

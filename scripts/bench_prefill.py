@@ -2,8 +2,8 @@
 
 The fit's y- pass (`localpers.engine.batch`) prefills one conditioned prompt per history item into a batched
 sequence; a rewrite prefills into sequence 0 (`Engine.prefill`). This times both over the same prompts (the
-first user of `--data`, prompts built as the fit builds them, the default bundle's first cluster adapter),
-alternating, to tell whether the fit's prefill is slower than it has to be. It prints ms per prompt token.
+first user of `--data`, each item's prompt showing the items just before it, the default bundle's first
+cluster adapter), alternating, to tell whether the fit's prefill is slower than it has to be. It prints ms per prompt token.
 Usage: python scripts/bench_prefill.py [--data ../shared/data/news-headlines/test.jsonl] [--prompts 10] \
     [--rounds 2] [--json]
 """
@@ -40,7 +40,8 @@ def main() -> None:
         history = json.loads(handle.readline())["history"]
     pairs = [(row["input"], row["output"]) for row in history]
     task = get_task("headline")
-    # as the fit builds them: each item's examples are the items before it (the first item has none)
+    # as the fit built them until the fifteenth session: each item's examples are the items just before it (the
+    # fit now shares one block per group of items, `localpers.methods.card.pairs.FIT_BLOCK_GROUP`); the first has none
     prompts = [
         engine.tokenize(conditioned_prompt(task, pairs[index][0], pairs[:index], prompt_format))
         for index in range(1, min(args.prompts, len(pairs) - 1) + 1)

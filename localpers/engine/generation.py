@@ -9,9 +9,10 @@ headline that starts with a newline is not an empty headline). This module does 
 `generate(..., forced=tokens)` runs the same method sampler teacher-forced: instead of choosing, it feeds
 the given tokens and records each one's log-probability under the method's logits (the gold likelihood of
 the benchmark). Since every input is known, the forced tokens are evaluated in one batch and the chain then
-runs over each position's logits and features in order (batch-vs-single float noise only). The method changes only the candidates it is given (CARD: the cluster model's top k; CoPe:
-its plausibility set); every other token keeps its unchanged logit, so the correction moves the top k and
-every method is scored over the whole vocabulary.
+runs over each position's logits and features in order (batch-vs-single float noise only). The method
+changes only the candidates it is given (CARD: the cluster model's top k; CoPe: its plausibility set); every
+other token keeps its unchanged logit, so the correction moves the top k and every method is scored over the
+whole vocabulary.
 """
 
 from __future__ import annotations
