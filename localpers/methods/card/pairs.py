@@ -6,7 +6,7 @@ recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each block once
 cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
 `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
 refit. It also yields the cluster model's log-probability of each y+'s first token (the opening habits'
-calibration). It fits nothing and decides nothing: `Personalizer.fit_items` turns its output into a vector and
+calibration). It fits nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and
 a token bias.
 """
 

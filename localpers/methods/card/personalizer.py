@@ -1,13 +1,12 @@
-"""Device-side CARD: cluster assignment, preference pairs, user-vector fit, personalized rewriting.
+"""Device-side CARD: one object that owns the engine and the bundle, and rewrites for users.
 
 A `Personalizer` holds one backbone engine with every adapter of the bundle loaded, the shared head
 and the cluster centroids. Users are only `(cluster, vector)` pairs to it, so switching users never
-reloads anything. It reads user text from the store and writes the fit back into the user's own
-folder (through `localpers.users.store`); it opens no network connection. The preference pairs (y-, their
-cache, pair features) are built by `localpers.methods.card.pairs`, the per-user choice of strengths by
-`choice`, the correction itself by `correction`; what stays here is the one object that owns the engine and
-the bundle, and the fit and rewrite paths that need both (kept together: each is one sequence of steps on the
-same engine state).
+reloads anything. It assigns clusters, builds prompts, rewrites (CARD corrects the top-k logits inside
+llama.cpp's sampler chain) and scores references teacher-forced through the same correction. The fit of a
+user (pairs, lambda, token bias, the per-user choice, written atomically to the user's folder) lives in
+`localpers.methods.card.user_fit`, which works on this object; `fit_user`/`fit_items` here only call it. The
+preference pairs are built by `pairs`, the correction itself by `correction`. It opens no network connection.
 
 Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (cluster adapter +
 reward-guided top-k correction with the user's vector), `card-global` (the correction on the global
@@ -18,9 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -32,18 +29,19 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import GenerationResult, generate, score_forced
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
-from localpers.methods.card.choice import choose_correction
+from localpers.methods.card import user_fit
 from localpers.methods.card.correction import (
     CardCorrection,
     CorrectionRecord,
     CorrectionVariant,
     build_correction,
 )
-from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.pairs import PairBuilder, Progress
-from localpers.methods.card.recasing import RecasingStream, fit_recasing
-from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
+from localpers.methods.card.recasing import RecasingStream
+from localpers.methods.card.token_bias import TokenBias
+from localpers.methods.card.user_fit import FitOutcome
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
@@ -51,7 +49,6 @@ from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import (
     HistoryIndex,
     PromptFormat,
-    content_of,
     prompt_for_user,
     shared_prefix_for_user,
 )
@@ -60,18 +57,7 @@ from localpers.users.store import User
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
 # Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
-MIN_PAIRS_FOR_VECTOR = 3
 BATCH_SEQUENCES = 8  # prompts the fit's pair pass runs side by side (`localpers.engine.batch`)
-
-
-@dataclass
-class FitOutcome:
-    """A fit before it is stored: the report, the cluster, lambda and the token bias (None without pairs)."""
-
-    report: FitReport
-    cluster: int
-    vector: np.ndarray
-    bias: TokenBias | None
 
 
 class Personalizer:
@@ -401,7 +387,7 @@ class Personalizer:
             )
         return described
 
-    # ------------------------------------------------------------------ fitting
+    # ------------------------------------------------------------------ fitting (localpers.methods.card.user_fit)
     def fit_user(
         self,
         user: User,
@@ -412,55 +398,16 @@ class Personalizer:
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         choose: bool = True,
     ) -> FitReport:
-        """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder.
-
-        lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
-        MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
-        With `choose` and enough history, the correction's strengths are then chosen on the user's own most
-        recent items (`localpers.methods.card.choice`) and stored with the fit; `rewrite` applies them.
-        """
-        history = user.history()
-        items = history[-history_limit:] if history_limit is not None else history
-        offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
-        if not items:
-            report = self._report("cold-start", None, [], 0, 0, 0, None, {})
-            user.save_fit(
-                None, {"cluster": None, "bundle_sha256": self.bundle_sha256, "fit": report.to_json()}
-            )
-            return report
-        outcome = self.fit_items(
+        """Fit `user` and store the result in its folder (`user_fit.fit_user`)."""
+        return user_fit.fit_user(
+            self,
             user,
-            items,
             progress=progress,
             regularisation=regularisation,
+            history_limit=history_limit,
             prior_weight=prior_weight,
-            history_offset=offset,
+            choose=choose,
         )
-        state: dict[str, Any] = {
-            "cluster": outcome.cluster,
-            "bundle_sha256": self.bundle_sha256,
-            "fit": outcome.report.to_json(),
-        }
-        if outcome.bias is not None:
-            state["token_bias"] = outcome.bias.to_json()
-        if choose and outcome.report.mode == "vector":
-            choice = choose_correction(
-                self,
-                user,
-                items,
-                regularisation=regularisation,
-                prior_weight=prior_weight,
-                progress=progress,
-                history_offset=offset,
-            )
-            if choice is not None:
-                state["choice"] = choice.to_json()
-                outcome.report.seconds["choice"] = round(choice.seconds, 3)
-                state["fit"] = outcome.report.to_json()
-        user.save_fit(
-            outcome.vector, state, {"bundle_sha256": self.bundle_sha256, "mode": outcome.report.mode}
-        )
-        return outcome.report
 
     def fit_items(
         self,
@@ -472,109 +419,15 @@ class Personalizer:
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         history_offset: int = 0,
     ) -> FitOutcome:
-        """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder).
-
-        `history_offset`: how many of the user's items come before `items` (a history limit's window).
-        """
-        seconds: dict[str, float] = {}
-        started = time.perf_counter()
-        cluster, similarities = self.assign_cluster([item.output for item in items])
-        seconds["cluster"] = time.perf_counter() - started
-
-        negatives, differences, first_logprobs, pair_seconds = self.pairs.negatives_and_differences(
-            user, items, cluster, progress, history_offset
-        )
-        seconds.update(pair_seconds)
-        distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
-        skipped = len(items) - len(distinct)
-
-        if len(distinct) < MIN_PAIRS_FOR_VECTOR:
-            report = self._report(
-                "too-few-pairs", cluster, similarities, len(items), len(distinct), skipped, None, seconds
-            )
-            return FitOutcome(report, cluster, prior_weight * self.head.default_vector(cluster), None)
-
-        started = time.perf_counter()
-        default = self.head.default_vector(cluster)
-        fit = fit_with_heldout(
-            differences, prior_weight * default, regularisation=regularisation, reference=default
-        )
-        bias = self.token_bias(items, negatives, first_logprobs)
-        seconds["fit"] = time.perf_counter() - started
-        report = self._report(
-            "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
-        )
-        report.habits = describe_habits(
-            bias, lambda token: self.engine.token_bytes(token).decode("utf-8", errors="replace")
-        )
-        return FitOutcome(report, cluster, fit.vector, bias)
-
-    def token_bias(
-        self,
-        items: Sequence[HistoryItem],
-        negatives: Sequence[str],
-        first_logprobs: Sequence[float | None] | None = None,
-    ) -> TokenBias:
-        """The user's token bias: their outputs against the cluster model's for the same prompts.
-
-        `first_logprobs[i]`: the cluster model's log-probability of item i's first output token (None where
-        the pair was not scored); they calibrate the opening habits. Closing habits are punctuation only.
-        """
-        positives = [self.engine.tokenize(" " + item.output, add_bos=False) for item in items]
-        generated = [
-            self.engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative
-        ]
-        endings = {tokens[-1] for tokens in positives if tokens}
-        punctuation = {t for t in endings if _is_punctuation(self.engine.token_bytes(t))}
-        bias = fit_token_bias(
-            positives,
-            generated,
-            first_logprobs=first_logprobs,
-            closing_allowed=punctuation,
-        )
-        recasing = fit_recasing(
-            [item.output for item in items],
-            [content_of(get_task(item.task), item.input) for item in items],
-            [negative for negative in negatives if negative],
-        )
-        if recasing is not None:
-            # Applied to the finished words, the habit leaves the model's choice of words alone; moving
-            # probability between spellings while decoding (`case`) drifted it (docs/RESULTS.md 0d).
-            bias.recasing = recasing
-        return bias
-
-    def _report(
-        self,
-        mode: str,
-        cluster: int | None,
-        similarities: list[float],
-        n_items: int,
-        n_pairs: int,
-        skipped: int,
-        fit: Any,
-        seconds: dict[str, float],
-    ) -> FitReport:
-        return FitReport(
-            mode=mode,
-            cluster=cluster,
-            cluster_similarities=similarities,
-            n_items=n_items,
-            n_pairs=n_pairs,
-            n_identical_skipped=skipped,
-            train_accuracy=None if fit is None else round(fit.train_accuracy, 4),
-            heldout_accuracy=None
-            if fit is None or fit.heldout_accuracy is None
-            else round(fit.heldout_accuracy, 4),
-            heldout_accuracy_default=(
-                None
-                if fit is None or fit.heldout_accuracy_default is None
-                else round(fit.heldout_accuracy_default, 4)
-            ),
-            n_heldout=0 if fit is None else fit.n_heldout,
-            regularisation=None if fit is None else fit.regularisation,
-            vector_norm=None if fit is None else round(float(np.linalg.norm(fit.vector)), 4),
-            seconds={k: round(v, 3) for k, v in seconds.items()},
-            bundle_sha256=self.bundle_sha256,
+        """The fit of `items`, stored nowhere (`user_fit.fit_items`; the per-user choice calls it)."""
+        return user_fit.fit_items(
+            self,
+            user,
+            items,
+            progress=progress,
+            regularisation=regularisation,
+            prior_weight=prior_weight,
+            history_offset=history_offset,
         )
 
 
@@ -584,9 +437,3 @@ def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
         return messages[0][1]
     turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
     return "\n\n".join([*turns, "Assistant:"])
-
-
-def _is_punctuation(piece: bytes) -> bool:
-    """A token of punctuation only ("?", "!", "?\""), the kind a closing habit may be."""
-    text = piece.decode("utf-8", errors="ignore").strip()
-    return bool(text) and not any(c.isalnum() for c in text)

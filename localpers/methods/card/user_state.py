@@ -1,6 +1,6 @@
 """What CARD reads back from a user's stored fit: cluster, vector, state and token bias.
 
-The fit itself (`Personalizer.fit_user`) writes these through `localpers.users.store`; this module only
+The fit itself (`user_fit.fit_user`) writes these through `localpers.users.store`; this module only
 reads them, for `rewrite`, the TUI, the API and the benchmark alike.
 """
 

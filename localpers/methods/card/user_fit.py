@@ -1,0 +1,246 @@
+"""The device's fit of one user: cluster, preference pairs, lambda, token bias, and the per-user choice.
+
+`fit_user` runs the whole fit on a user's history (or its most recent `history_limit` items) and stores the
+result atomically in the user's own folder through `localpers.users.store`; `fit_items` fits given items and
+stores nothing (the per-user choice fits the earlier items this way). The work is done elsewhere and only
+sequenced here: the pairs (y-, their cache, pair features) by `localpers.methods.card.pairs`, lambda by
+`fitting`, the habits by `token_bias` and `recasing`, the choice of strengths by `choice`. This module does
+not generate or rewrite; it needs the engine, the head and the pair builder of CARD's `Personalizer`, which
+calls it (a protocol, not an import, so that `personalizer` -> `user_fit` runs one way).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from localpers.methods.card.choice import Scorer, choose_correction
+from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
+from localpers.methods.card.recasing import fit_recasing
+from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
+from localpers.methods.reports import FitReport
+from localpers.tasks import get_task
+from localpers.users.history_prompt import content_of
+
+if TYPE_CHECKING:
+    from localpers.engine import Engine
+    from localpers.methods.card.head import CardHead
+    from localpers.methods.card.pairs import PairBuilder, Progress
+    from localpers.users.history import HistoryItem
+    from localpers.users.store import User
+
+MIN_PAIRS_FOR_VECTOR = 3
+
+
+class FitHost(Scorer, Protocol):
+    """What the fit needs of CARD's `Personalizer`: its engine, head, pair builder and cluster assignment."""
+
+    engine: Engine
+    head: CardHead
+    pairs: PairBuilder
+    bundle_sha256: str
+
+    def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]: ...
+
+
+@dataclass
+class FitOutcome:
+    """A fit before it is stored: the report, the cluster, lambda and the token bias (None without pairs)."""
+
+    report: FitReport
+    cluster: int
+    vector: np.ndarray
+    bias: TokenBias | None
+
+
+def fit_user(
+    host: FitHost,
+    user: User,
+    *,
+    progress: Progress | None = None,
+    regularisation: float = DEFAULT_REGULARISATION,
+    history_limit: int | None = None,
+    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    choose: bool = True,
+) -> FitReport:
+    """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder.
+
+    lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
+    MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
+    With `choose` and enough history, the correction's strengths are then chosen on the user's own most
+    recent items (`localpers.methods.card.choice`) and stored with the fit; `rewrite` applies them.
+    """
+    history = user.history()
+    items = history[-history_limit:] if history_limit is not None else history
+    offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
+    if not items:
+        report = fit_report(host.bundle_sha256, "cold-start", None, [], 0, 0, 0, None, {})
+        user.save_fit(None, {"cluster": None, "bundle_sha256": host.bundle_sha256, "fit": report.to_json()})
+        return report
+    outcome = fit_items(
+        host,
+        user,
+        items,
+        progress=progress,
+        regularisation=regularisation,
+        prior_weight=prior_weight,
+        history_offset=offset,
+    )
+    state: dict[str, Any] = {
+        "cluster": outcome.cluster,
+        "bundle_sha256": host.bundle_sha256,
+        "fit": outcome.report.to_json(),
+    }
+    if outcome.bias is not None:
+        state["token_bias"] = outcome.bias.to_json()
+    if choose and outcome.report.mode == "vector":
+        choice = choose_correction(
+            host,
+            user,
+            items,
+            regularisation=regularisation,
+            prior_weight=prior_weight,
+            progress=progress,
+            history_offset=offset,
+        )
+        if choice is not None:
+            state["choice"] = choice.to_json()
+            outcome.report.seconds["choice"] = round(choice.seconds, 3)
+            state["fit"] = outcome.report.to_json()
+    user.save_fit(outcome.vector, state, {"bundle_sha256": host.bundle_sha256, "mode": outcome.report.mode})
+    return outcome.report
+
+
+def fit_items(
+    host: FitHost,
+    user: User,
+    items: Sequence[HistoryItem],
+    *,
+    progress: Progress | None = None,
+    regularisation: float = DEFAULT_REGULARISATION,
+    prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    history_offset: int = 0,
+) -> FitOutcome:
+    """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder).
+
+    `history_offset`: how many of the user's items come before `items` (a history limit's window).
+    """
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    cluster, similarities = host.assign_cluster([item.output for item in items])
+    seconds["cluster"] = time.perf_counter() - started
+
+    negatives, differences, first_logprobs, pair_seconds = host.pairs.negatives_and_differences(
+        user, items, cluster, progress, history_offset
+    )
+    seconds.update(pair_seconds)
+    distinct = [(i, n) for i, n in zip(items, negatives, strict=True) if n and n != i.output]
+    skipped = len(items) - len(distinct)
+
+    if len(distinct) < MIN_PAIRS_FOR_VECTOR:
+        report = fit_report(
+            host.bundle_sha256,
+            "too-few-pairs",
+            cluster,
+            similarities,
+            len(items),
+            len(distinct),
+            skipped,
+            None,
+            seconds,
+        )
+        return FitOutcome(report, cluster, prior_weight * host.head.default_vector(cluster), None)
+
+    started = time.perf_counter()
+    default = host.head.default_vector(cluster)
+    fit = fit_with_heldout(
+        differences, prior_weight * default, regularisation=regularisation, reference=default
+    )
+    bias = token_bias(host.engine, items, negatives, first_logprobs)
+    seconds["fit"] = time.perf_counter() - started
+    report = fit_report(
+        host.bundle_sha256, "vector", cluster, similarities, len(items), len(distinct), skipped, fit, seconds
+    )
+    report.habits = describe_habits(
+        bias, lambda token: host.engine.token_bytes(token).decode("utf-8", errors="replace")
+    )
+    return FitOutcome(report, cluster, fit.vector, bias)
+
+
+def token_bias(
+    engine: Engine,
+    items: Sequence[HistoryItem],
+    negatives: Sequence[str],
+    first_logprobs: Sequence[float | None] | None = None,
+) -> TokenBias:
+    """The user's token bias: their outputs against the cluster model's for the same prompts.
+
+    `first_logprobs[i]`: the cluster model's log-probability of item i's first output token (None where
+    the pair was not scored); they calibrate the opening habits. Closing habits are punctuation only.
+    """
+    positives = [engine.tokenize(" " + item.output, add_bos=False) for item in items]
+    generated = [engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative]
+    endings = {tokens[-1] for tokens in positives if tokens}
+    punctuation = {t for t in endings if _is_punctuation(engine.token_bytes(t))}
+    bias = fit_token_bias(
+        positives,
+        generated,
+        first_logprobs=first_logprobs,
+        closing_allowed=punctuation,
+    )
+    recasing = fit_recasing(
+        [item.output for item in items],
+        [content_of(get_task(item.task), item.input) for item in items],
+        [negative for negative in negatives if negative],
+    )
+    if recasing is not None:
+        # Applied to the finished words, the habit leaves the model's choice of words alone; moving
+        # probability between spellings while decoding (`case`) drifted it (docs/RESULTS.md 0d).
+        bias.recasing = recasing
+    return bias
+
+
+def fit_report(
+    bundle_sha256: str,
+    mode: str,
+    cluster: int | None,
+    similarities: list[float],
+    n_items: int,
+    n_pairs: int,
+    skipped: int,
+    fit: Any,
+    seconds: dict[str, float],
+) -> FitReport:
+    """The fit's report; `fit` is `fitting.fit_with_heldout`'s result, None when no vector was fitted."""
+    return FitReport(
+        mode=mode,
+        cluster=cluster,
+        cluster_similarities=similarities,
+        n_items=n_items,
+        n_pairs=n_pairs,
+        n_identical_skipped=skipped,
+        train_accuracy=None if fit is None else round(fit.train_accuracy, 4),
+        heldout_accuracy=None
+        if fit is None or fit.heldout_accuracy is None
+        else round(fit.heldout_accuracy, 4),
+        heldout_accuracy_default=(
+            None
+            if fit is None or fit.heldout_accuracy_default is None
+            else round(fit.heldout_accuracy_default, 4)
+        ),
+        n_heldout=0 if fit is None else fit.n_heldout,
+        regularisation=None if fit is None else fit.regularisation,
+        vector_norm=None if fit is None else round(float(np.linalg.norm(fit.vector)), 4),
+        seconds={k: round(v, 3) for k, v in seconds.items()},
+        bundle_sha256=bundle_sha256,
+    )
+
+
+def _is_punctuation(piece: bytes) -> bool:
+    """A token of punctuation only ("?", "!", "?\""), the kind a closing habit may be."""
+    text = piece.decode("utf-8", errors="ignore").strip()
+    return bool(text) and not any(c.isalnum() for c in text)
