@@ -26,11 +26,17 @@ CALM_OUTPUTS = [
 
 
 def make_bundle(
-    directory: Path, backbone: Backbone, *, d: int = 16, seed: int = 0, prompt: dict | None = None
+    directory: Path,
+    backbone: Backbone,
+    *,
+    d: int = 16,
+    seed: int = 0,
+    prompt: dict | None = None,
+    base: str = "cluster",
 ) -> Path:
     """Write a verified-format bundle with k=2 clusters into `directory` and return it.
 
-    `prompt` is the manifest's history-prompt entry (None: a plain-prompt bundle).
+    `prompt` is the manifest's history-prompt entry (None: a plain-prompt bundle); `base` the adapter CARD corrects.
     """
     from localpers.engine.encoder import user_embedding
 
@@ -44,7 +50,7 @@ def make_bundle(
         adapters[name] = f"adapters/{name}.gguf"
     centroids = np.stack([user_embedding(SHOUTY_OUTPUTS), user_embedding(CALM_OUTPUTS)]).astype(np.float32)
     save_file({"centroids": centroids}, str(directory / "centroids.safetensors"))
-    config = HeadConfig(d=d, alpha=1.0, top_k=10)
+    config = HeadConfig(d=d, alpha=1.0, top_k=10, base=base)
     head = CardHead(
         config,
         rng.normal(0.0, 1.0 / np.sqrt(4 * 640), size=(d, 4 * 640)),

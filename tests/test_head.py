@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from localpers.errors import LocalpersError
 from localpers.methods.card.head import CardHead, HeadConfig, normalise_features, top_k_indices
 
 
@@ -69,3 +71,12 @@ def test_strength_zero_keeps_the_cluster_ranking() -> None:
     logits = np.array([5.0, 1.0, 4.0, 0.0, -1.0, 2.0], dtype=np.float32)
     corrected, _, delta = head.correct(logits, np.ones((2, 3)), np.array([3.0, 3.0]), strength=0.0)
     assert np.all(delta == 0) and int(np.argmax(corrected)) == 0
+
+
+def test_head_base_is_read_from_the_manifest_and_checked() -> None:
+    entry = HeadConfig(d=8).to_manifest()
+    assert "base" not in entry and HeadConfig.from_manifest(entry).base == "cluster"  # older bundles
+    entry = HeadConfig(d=8, base="global").to_manifest()
+    assert entry["base"] == "global" and HeadConfig.from_manifest(entry).base == "global"
+    with pytest.raises(LocalpersError, match="head.base"):
+        HeadConfig.from_manifest({**entry, "base": "user"})

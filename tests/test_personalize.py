@@ -300,3 +300,38 @@ def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
         )  # conditioned: id and prompt hash
     finally:
         loaded.close()
+
+
+def test_a_global_base_bundle_corrects_the_global_adapter_and_takes_y_minus_from_it(
+    backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`head.base: global`: CARD decodes on the global adapter, and its fit (y-, features, choice) runs on it."""
+    from localpers.users.history_prompt import PromptFormat
+
+    prompt = PromptFormat(examples=2).to_manifest()
+    bundle = make_bundle(tmp_path / "g", backbone, prompt=prompt, base="global")
+    loaded = Personalizer(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone)
+    try:
+        assert loaded.head_config.base == "global"
+        assert loaded.adapter_for("card", 0) == loaded.adapter_for("card", 1) == "global"
+        assert loaded.adapter_for("cluster", 1) == "cluster-1"  # the cluster baseline keeps its adapter
+        user = UserStore().create("global-base")
+        user.save_history(items(SHOUTY))
+        used: list[str] = []
+        switch = loaded.engine.set_adapter
+        monkeypatch.setattr(loaded.engine, "set_adapter", lambda name: (used.append(name), switch(name))[1])
+        report = loaded.fit_user(user)  # y-, pair features and the per-user choice
+        assert report.mode == "vector" and user.state().get("choice") is not None
+        assert set(used) == {"global"}  # no cluster adapter is ever switched to
+        used.clear()
+        result = loaded.rewrite(ARTICLE, method="card", cluster=report.cluster, max_tokens=4)
+        assert result.adapter == "global" and used == ["global"]
+    finally:
+        loaded.close()
+    # the same bundle published for the cluster base corrects the user's cluster adapter, as before
+    clustered = make_bundle(tmp_path / "c", backbone, prompt=prompt)
+    loaded = Personalizer(open_bundle(clustered, backbone_sha256=backbone.sha256), backbone)
+    try:
+        assert loaded.head_config.base == "cluster" and loaded.adapter_for("card", 1) == "cluster-1"
+    finally:
+        loaded.close()

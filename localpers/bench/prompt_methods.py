@@ -109,16 +109,20 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     name = "global-history"
     device_method = "global-history"
     scores_gold = True
-    description = "global adapter with the user's closest past outputs in the prompt (history-conditioned)"
+    description = (
+        "global adapter with the user's past outputs in the prompt (history-conditioned), as the device"
+    )
     uses_history = True
-    # `described=N`: the closest N examples shown with their content (the bundle's value by default)
-    params = {"examples": int, "described": int}
+    # `described=N`: the closest N examples shown with their content (the bundle's value by default); `recent=N`:
+    # N of the examples are the user's most recent outputs (the device's value by default; 0 = all retrieved, the
+    # training format, which this method used before the seventeenth session)
+    params = {"examples": int, "described": int, "recent": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
-            return {"examples": 5, "described": 0}
-        return {"examples": chosen.examples, "described": chosen.described}
+            return {"examples": 5, "described": 0, "recent": 0}
+        return {"examples": chosen.examples, "described": chosen.described, "recent": chosen.recent}
 
     def generate(
         self,
@@ -131,7 +135,9 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     ) -> RewriteResult:
         # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
         base = personalizer.prompt_format or PromptFormat()
-        chosen = format_variant(PromptFormat(examples=base.examples, described=base.described), spec)
+        chosen = format_variant(
+            PromptFormat(examples=base.examples, described=base.described, recent=base.recent), spec
+        )
         return personalizer.rewrite(
             text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
         )

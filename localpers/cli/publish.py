@@ -39,6 +39,12 @@ def publish_command(
     cluster_init: Annotated[
         str, typer.Option(help="Cluster adapters start from 'global' or 'fresh'.")
     ] = "global",
+    card_base: Annotated[
+        str,
+        typer.Option(
+            help="The adapter CARD corrects: 'cluster', 'global', or 'auto' (global when --history-examples > 0)."
+        ),
+    ] = "auto",
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
     lora_alpha: Annotated[float, typer.Option(min=0.0, help="LoRA alpha.")] = 32.0,
     dropout: Annotated[float, typer.Option(min=0.0, max=0.9, help="LoRA dropout.")] = 0.05,
@@ -177,6 +183,7 @@ def publish_command(
         cluster_epochs=cluster_epochs,
         max_steps=max_steps,
         cluster_init=cluster_init,
+        card_base=card_base,
         precision=precision,
         history_examples=history_examples,
         described_examples=described_examples,

@@ -35,10 +35,12 @@ class Listed:
 
 _METHODS: tuple[Listed, ...] = (
     Listed(CardMethod, "CARD", compared=True, tuned=True),
-    Listed(ClusterMethod, "cluster adapter", compared=True),
+    # CARD's base adapter uncorrected, where the bundle's `head.base` is global (the demo bundle's): shown beside
+    # CARD so its correction's effect is visible
+    Listed(GlobalHistoryMethod, "adapter with your history", compared=True),
+    Listed(ClusterMethod, "cluster adapter"),
     Listed(GlobalMethod, "global", compared=True),
     Listed(CardGlobalMethod, "CARD on the global adapter", tuned=True),
-    Listed(GlobalHistoryMethod, "global adapter with history"),
     Listed(CopeMethod, "CoPe"),
     Listed(ExactMethod, "EXACT"),
 )

@@ -1,6 +1,6 @@
 """Stage `features`: teacher-forced layer features of every pair's `y+` and `y-` through llama.cpp.
 
-With the user's cluster adapter active, `Engine.score(prompt, [tok(" " + y+), tok(" " + y-)])` gives,
+With the adapter CARD corrects for the user active (`pairs.base_adapter`), `Engine.score(prompt, [tok(" " + y+), tok(" " + y-)])` gives,
 for every continuation token, the tapped layers' hidden states that preceded it. They are stored
 RMS-normalised per layer and concatenated (`localpers.methods.card.head.normalise_features`), in float16, with the
 token ids and the sequence boundaries, one `.npz` per user (resumable per user). Users go in shards of
@@ -17,7 +17,7 @@ import numpy as np
 
 from localpers.methods.card.head import normalise_features
 from localpers.publish.executor import Task, shards
-from localpers.publish.pairs import cluster_engine, load_pairs, release_engines, shard_resources
+from localpers.publish.pairs import base_adapter, cluster_engine, load_pairs, release_engines, shard_resources
 from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import ContextSpec, PublishContext, task_context
 
@@ -36,7 +36,7 @@ def features_shard(spec: ContextSpec, records: list[dict[str, Any]]) -> dict[str
             continue
         corpus_user = context.corpus.users[record["user"]]
         prompts = user_prompts(context, corpus_user)
-        engine.set_adapter(f"cluster-{record['cluster']}")
+        engine.set_adapter(base_adapter(context, record["cluster"]))
         features, tokens, lengths = [], [], []
         for pair in record["pairs"]:
             prompt = engine.tokenize(prompts[pair["item"]], add_bos=True)

@@ -31,6 +31,7 @@ from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.publish.executor import GIB, Resources, Task
 from localpers.publish.head_data import PairData, author_negative_pairs, holdout_mask, load_pair_data
+from localpers.publish.options import card_base
 from localpers.publish.runner import ContextSpec, PublishContext, task_context, write_json_atomic
 
 HEAD_FILE = "head.safetensors"
@@ -129,6 +130,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         alpha=1.0,
         top_k=options.head_top_k,
         length_normalised=options.length_normalised,
+        base=card_base(options),
     )
     features = torch.from_numpy(data.features.astype(np.float32))
     rows = torch.from_numpy(unique_rows)[torch.from_numpy(inverse)]

@@ -61,6 +61,10 @@ class PublishOptions:
     threads: int = 2  # torch
     engine_threads: int = 2  # llama.cpp (1 can be faster on a CPU other jobs are using)
     # d. pairs
+    # The adapter CARD's correction sits on, whose greedy outputs are the pairs' y-: "cluster", "global", or "auto"
+    # (global for history-conditioned adapters, where it beat the cluster adapters on held-out train authors,
+    # docs/RESULTS.md 0l; cluster for plain ones, as in the CARD paper). Recorded as the manifest's `head.base`.
+    card_base: str = "auto"
     pairs_per_user: int | None = 30
     max_new_tokens: int = 32
     # f. head
@@ -111,7 +115,15 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "seed",
     ),
     "export": (),
-    "pairs": ("pairs_per_user", "max_new_tokens", "task", "history_examples", "described_examples", "seed"),
+    "pairs": (
+        "pairs_per_user",
+        "max_new_tokens",
+        "task",
+        "history_examples",
+        "described_examples",
+        "card_base",
+        "seed",
+    ),
     "features": (),
     "head": (
         "head_d",
@@ -141,3 +153,10 @@ def stage_fields(options: PublishOptions, stage: str) -> dict[str, Any]:
         for name in STAGE_FIELDS[stage]
         if name not in KEY_ONLY_IF_CHANGED or values[name] != KEY_ONLY_IF_CHANGED[name]
     }
+
+
+def card_base(options: PublishOptions) -> str:
+    """The adapter CARD corrects in the bundle `options` publish: `card_base`, with "auto" resolved."""
+    if options.card_base != "auto":
+        return options.card_base
+    return "global" if options.history_examples > 0 else "cluster"

@@ -1,12 +1,12 @@
 """Stage `pairs`: preference pairs through llama.cpp, the engine the device uses.
 
 For each training user and up to `pairs_per_user` of their training items (a seeded sample; never the
-validation items): `y+` = the user's own output, `y-` = the greedy output of the user's cluster
-adapter on the same prompt, with the task's stop rule and `max_new_tokens`. Pairs with `y- == y+`
+validation items): `y+` = the user's own output, `y-` = the greedy output of the adapter CARD will
+correct for that user (`--card-base`: the user's cluster adapter, or the global one) on the same prompt, with the task's stop rule and `max_new_tokens`. Pairs with `y- == y+`
 (or an empty `y-`) are skipped. Authors are cut into shards of `shard_users` (grouped by cluster: fewer
 adapter switches), one task each; a task writes one JSON file per user as soon as that user is done, so
 an interrupted or retried task picks up at the next user. Each process keeps one llama.cpp engine with
-every cluster adapter loaded (`cluster_engine`, shared with `features`). This stage does not compute
+every adapter loaded (`cluster_engine`, shared with `features`). This stage does not compute
 features.
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from localpers.publish.clusters import load_assignment
 from localpers.publish.executor import GIB, Resources, Task, shards
+from localpers.publish.options import card_base
 from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
 
@@ -46,7 +47,7 @@ def shard_resources(context: PublishContext) -> Resources:
 
 
 def cluster_engine(context: PublishContext, *, taps: bool) -> Any:
-    """This process's llama.cpp engine with every exported cluster adapter loaded as `cluster-<c>`."""
+    """This process's llama.cpp engine with every exported adapter loaded (`global`, `cluster-<c>`)."""
     from localpers.engine import Engine
 
     key = (str(context.backbone_path), context.options.engine_threads, taps, context.keys.get("export"))
@@ -57,11 +58,17 @@ def cluster_engine(context: PublishContext, *, taps: bool) -> Any:
         kwargs: dict[str, Any] = {} if taps else {"tap_layers": None}
         engine = Engine(context.backbone_path, n_ctx=1024, n_threads=context.options.engine_threads, **kwargs)
         adapters = context.stage_dir("export")
+        engine.load_adapter(adapters / "global.gguf", "global")
         for c in range(context.summary("clusters")["k"]):
             engine.load_adapter(adapters / f"cluster-{c}.gguf", f"cluster-{c}")
         atexit.register(engine.close)  # before interpreter teardown, while llama_cpp is importable
         _engines[key] = engine
     return _engines[key]
+
+
+def base_adapter(context: PublishContext, cluster: int) -> str:
+    """The adapter whose outputs are a user's y- (and whose states the head is trained on): `--card-base`."""
+    return "global" if card_base(context.options) == "global" else f"cluster-{cluster}"
 
 
 def release_engines() -> None:
@@ -87,7 +94,7 @@ def pairs_shard(spec: ContextSpec, rows: list[tuple[int, int, list[int]]]) -> di
             continue
         user = context.corpus.users[index]
         prompts = user_prompts(context, user)
-        engine.set_adapter(f"cluster-{cluster}")
+        engine.set_adapter(base_adapter(context, cluster))
         pairs = []
         for item_index in items:
             item = user.history[item_index]

@@ -53,6 +53,8 @@ def publish(
     """Run (or resume) the publisher; returns `{"stages": summaries, "seconds": ..., "out": ...}`."""
     if options.cluster_init not in ("global", "fresh"):
         raise LocalpersError(f"--cluster-init must be 'global' or 'fresh', not {options.cluster_init!r}")
+    if options.card_base not in ("auto", "cluster", "global"):
+        raise LocalpersError(f"--card-base must be auto, cluster or global, not {options.card_base!r}")
     if options.precision not in ("auto", "bf16", "fp32"):
         raise LocalpersError(f"--precision must be auto, bf16 or fp32, not {options.precision!r}")
     if options.head_u not in ("factored", "full"):

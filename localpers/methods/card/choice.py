@@ -1,6 +1,7 @@
 """`localpers fit` chooses, per user, how strongly CARD corrects their cluster adapter.
 
-The candidates are the conditioned cluster adapter alone, and the same adapter with the user's vector
+The candidates are the conditioned base adapter alone (the user's cluster adapter, or the global adapter where
+the bundle's `head.base` says so), and the same adapter with the user's vector
 (at the bundle's strength) and/or their token bias (its counted tables at strength 0.1, 1 or 2; its calibrated
 opening and closing habits apply as fitted whenever the bias is on; a casing habit recases every CARD output,
 whatever is chosen). They are compared on the user's own
@@ -154,15 +155,16 @@ def choose_correction(
     scores = {label: total / len(recent) for label, total in totals.items()}
     best = max(scores, key=lambda label: (scores[label], -_position(label)))
     _, vector_scale, bias_strength = CANDIDATES[_position(best)]
+    adapter = "the global adapter" if personalizer.head_config.base == "global" else "your cluster adapter"
     if best == "adapter":
         reason = (
-            f"on your {len(recent)} most recent items nothing beat your cluster adapter alone "
+            f"on your {len(recent)} most recent items nothing beat {adapter} alone "
             f"(log p/token {scores['adapter']:.3f}), so rewrites use it without a correction"
         )
     else:
         reason = (
             f"on your {len(recent)} most recent items (held out from this comparison's fit) '{best}' gave "
-            f"log p/token {scores[best]:.3f} against {scores['adapter']:.3f} for the cluster adapter alone"
+            f"log p/token {scores[best]:.3f} against {scores['adapter']:.3f} for {adapter} alone"
         )
     return Choice(
         label=best,

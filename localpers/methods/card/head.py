@@ -24,6 +24,7 @@ from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 
 RMS_EPS = 1e-6
+BASES = ("cluster", "global")  # the adapters CARD's correction can sit on (`HeadConfig.base`)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class HeadConfig:
     length_normalised: bool = False
     layer_norm: str = "rms"
     strength: float | None = None  # default decoding strength; None = alpha (the training scale)
+    # The adapter the correction sits on: "cluster" (the user's cluster adapter, CARD as published) or "global"
+    # (the conditioned global adapter, which beat the cluster adapters on held-out train authors: RESULTS 0l, 0m).
+    # Bundles without the field were published for "cluster".
+    base: str = "cluster"
 
     @property
     def default_strength(self) -> float:
@@ -46,7 +51,7 @@ class HeadConfig:
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> HeadConfig:
         try:
-            return cls(
+            config = cls(
                 d=int(entry["d"]),
                 layers=tuple(int(x) for x in entry["layers"]),
                 u=str(entry.get("u", "factored")),
@@ -55,11 +60,18 @@ class HeadConfig:
                 length_normalised=bool(entry.get("length_normalised", False)),
                 layer_norm=str(entry.get("layer_norm", "rms")),
                 strength=None if entry.get("strength") is None else float(entry["strength"]),
+                base=str(entry.get("base", "cluster")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LocalpersError(
                 f"bundle manifest field 'head' is malformed ({exc}); re-pull the bundle"
             ) from exc
+        if config.base not in BASES:
+            raise LocalpersError(
+                f"bundle manifest field 'head.base' is {config.base!r}, not one of {', '.join(BASES)};"
+                " re-pull the bundle or upgrade localpers"
+            )
+        return config
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -71,6 +83,7 @@ class HeadConfig:
             "length_normalised": self.length_normalised,
             "layer_norm": self.layer_norm,
             **({} if self.strength is None else {"strength": self.strength}),
+            **({} if self.base == "cluster" else {"base": self.base}),
         }
 
 

@@ -1,6 +1,8 @@
-"""CARD's preference pairs on the device: y- (the cluster model's own output) and the pair features.
+"""CARD's preference pairs on the device: y- (the base model's own output) and the pair features.
 
-For each history item, y+ is the user's output and y- the cluster model's greedy output for the same prompt
+For each history item, y+ is the user's output and y- the base model's greedy output for the same prompt
+(the base model: the adapter CARD corrects for this user, `Personalizer.card_adapter`: the cluster adapter, or
+the global one where the bundle says so; "cluster model" below means that model)
 (conditioned on the items before it, as the publisher trained the head; groups of items share one block of
 recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each block once). y- are deterministic for (bundle,
 cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
@@ -55,8 +57,11 @@ class PairBuilder:
         bundle_sha256: str,
         head: CardHead,
         prompt_format: PromptFormat | None,
+        base_adapter: Callable[[int | None], str] | None = None,
     ) -> None:
+        """`base_adapter(cluster)` names the adapter y- and the features come from (default: the cluster's)."""
         self.engine = engine
+        self._base_adapter = base_adapter
         self.bundle = bundle
         self.bundle_sha256 = bundle_sha256
         self.head = head
@@ -64,13 +69,15 @@ class PairBuilder:
         self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
 
     def _adapter(self, cluster: int | None) -> str:
+        if self._base_adapter is not None:
+            return self._base_adapter(cluster)
         return "global" if cluster is None else self.bundle.cluster_adapter_name(cluster)
 
     def negatives(
         self, items: Sequence[HistoryItem], cluster: int, progress: Progress | None = None
     ) -> list[str]:
         """y- for each item: the cluster model's own greedy output for the same input."""
-        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        self.engine.set_adapter(self._adapter(cluster))
         outputs = []
         for done, item in enumerate(items):
             outputs.append(self._generate_negative(item))
@@ -142,7 +149,7 @@ class PairBuilder:
         A conditioned prompt depends on the items before it, so its y- is cached under the prompt's hash too.
         """
         known = self._read_negatives(user, cluster)
-        self.engine.set_adapter(self.bundle.cluster_adapter_name(cluster))
+        self.engine.set_adapter(self._adapter(cluster))
         seconds = {"negatives": 0.0, "features": 0.0}
         negatives: list[str] = []
         rows: list[np.ndarray] = []
@@ -285,7 +292,7 @@ class PairBuilder:
         return [known[item.id] for item in items]
 
     def _negatives_key(self, cluster: int) -> str:
-        return f"{self.bundle_sha256}:{cluster}"
+        return f"{self.bundle_sha256}:{self._adapter(cluster)}"
 
     def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
         """The user's cached y- (item id -> text) for this bundle and cluster; empty when absent or unreadable."""

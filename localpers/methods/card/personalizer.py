@@ -8,9 +8,10 @@ user (pairs, lambda, token bias, the per-user choice, written atomically to the 
 `localpers.methods.card.user_fit`, which works on this object; `fit_user`/`fit_items` here only call it. The
 preference pairs are built by `pairs`, the correction itself by `correction`. It opens no network connection.
 
-Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (cluster adapter +
-reward-guided top-k correction with the user's vector), `card-global` (the correction on the global
-adapter, the paper's "w/o LoRA" ablation).
+Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (the bundle's base adapter +
+reward-guided top-k correction with the user's vector; the base is the user's cluster adapter, or the global
+adapter where the manifest's `head.base` says so), `card-global` (the correction on the global adapter, the
+paper's "w/o LoRA" ablation), `global-history` (the global adapter with the user's history in the prompt).
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ class Personalizer:
         )
         self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
         self._centroids: np.ndarray | None = None
-        self.pairs = PairBuilder(self.engine, bundle, self.bundle_sha256, self.head, self.prompt_format)
+        self.pairs = PairBuilder(
+            self.engine, bundle, self.bundle_sha256, self.head, self.prompt_format, self.card_adapter
+        )
         # Where an output ends: the model's end token and the one-line tasks' newline (closing habits apply there).
         self.end_tokens = sorted({self.engine.eos_token, *self.engine.tokenize("\n", add_bos=False)})
 
@@ -127,9 +130,18 @@ class Personalizer:
         return int(np.argmax(similarities)), [round(float(s), 4) for s in similarities]
 
     def adapter_for(self, method: str, cluster: int | None) -> str:
+        """The adapter `method` decodes on for a user of `cluster` (the global one for a user without one)."""
         if method not in METHODS:
             raise LocalpersError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        if method == "card":
+            return self.card_adapter(cluster)
         if method in ("global", "card-global", "global-history") or cluster is None:
+            return "global"
+        return self.bundle.cluster_adapter_name(cluster)
+
+    def card_adapter(self, cluster: int | None) -> str:
+        """The adapter CARD corrects (its y- come from it too): the bundle's `head.base` for this user."""
+        if self.head_config.base == "global" or cluster is None:
             return "global"
         return self.bundle.cluster_adapter_name(cluster)
 

@@ -16,7 +16,7 @@ from localpers.tui.userdata import Profile
 
 MODE_LABELS = {
     "vector": "own vector (fitted on your pairs)",
-    "too-few-pairs": "no own vector yet (too few pairs): cluster adapter alone",
+    "too-few-pairs": "no own vector yet (too few pairs): the adapter alone",
     "cold-start": "cold start (no history): global adapter",
 }
 
