@@ -26,8 +26,8 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
     assert payload["fit"]["n_pairs"] >= 10
     assert len(payload["rows"]) == 2
     for row in payload["rows"]:
-        assert all(row[method].strip() for method in ("global", "cluster", "card"))
-    assert set(payload["style_hits"]) == {"global", "cluster", "card"}
+        assert all(row[method].strip() for method in ("global", "global-history", "card"))
+    assert set(payload["style_hits"]) == {"global", "global-history", "card"}
     assert all(0 <= hits <= 2 for hits in payload["style_hits"].values())
     again = runner.invoke(app, ["demo", "--json", "--articles", "1", "--model", str(backbone.path)])
     assert again.exit_code == 0, again.output

@@ -21,12 +21,15 @@ FAKE_SHA = "f" * 64
 
 
 def fake_text(request: RewriteRequest) -> str:
-    """global: 'Plain: first words'; cluster: 'Cluster 0: ...'; card: upper case tagged with α, k, vector."""
+    """global: 'Plain: first words'; cluster: 'Cluster 0: ...'; global-history: 'History: ...'; card: upper case
+    tagged with α, k, vector."""
     words = request.text.split()[:5]
     if request.method == "global":
         return "Plain: " + " ".join(words)
     if request.method == "cluster":
         return f"Cluster {request.cluster}: " + " ".join(words).lower()
+    if request.method == "global-history":
+        return "History: " + " ".join(words).lower()
     weight = 0 if request.vector is None else int(request.vector[0])
     return " ".join(words).upper() + f" ! a{request.strength:.2f} k{request.top_k} v{weight}"
 

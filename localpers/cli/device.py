@@ -239,7 +239,7 @@ def demo_command(
 
 
 def _column_title(method: str) -> str:
-    """`global (non-personalized)`, `cluster adapter`, `CARD (personalized)`: the demo table's headers."""
+    """`global (non-personalized)`, `adapter with your history`, `CARD (personalized)`: the demo table's headers."""
     label = listed(method).label
     if method == BASELINE_METHOD:
         return f"{label} (non-personalized)"

@@ -74,7 +74,10 @@ class AdapterMethod(Method):
 
 class CardMethod(AdapterMethod):
     name = "card"
-    summary = "cluster adapter + a top-k logit correction from your vector and token bias (fitted here)"
+    summary = (
+        "the bundle's base adapter (global, or your cluster's) with your history in the prompt + a top-k logit"
+        " correction from your vector and token bias (fitted here)"
+    )
     fits = True
     uses_choice = True
 
