@@ -11,9 +11,10 @@ from localpers.engine.generation import generate
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.store import UserStore
 
-# Batched and single evaluation differ by float noise: up to ~0.15 nats on likely tokens on this CPU
-# (docs/PERFORMANCE.md); features are compared relative to their scale.
-LOGPROB_TOLERANCE = 0.3
+# Batched and single evaluation differ by float noise: up to ~0.15 nats on likely tokens on the AVX2 CPU
+# (docs/PERFORMANCE.md), 0.306 nats at one unlikely token (log p -3.8) on the seventeenth session's AVX-512 CPU, where
+# llama.cpp's kernels round differently; features are compared relative to their scale.
+LOGPROB_TOLERANCE = 0.4
 FEATURE_TOLERANCE = 0.05
 
 PROMPTS = [

@@ -183,7 +183,7 @@ def test_fit_and_rewrite_open_no_socket(
     demo = runner.invoke(app, ["demo", "--json", "--articles", "1", *common])
     assert demo.exit_code == 0, demo.output
     row = json.loads(demo.stdout)["rows"][0]
-    assert set(row) == {"article", "global", "cluster", "card"}
+    assert set(row) == {"article", "global", "global-history", "card"}
 
 
 def _network_namespace_available() -> bool:
