@@ -123,9 +123,8 @@ async def test_strength_top_k_and_method_controls(service: FakeService) -> None:
         assert sum(r.method == "global" for r in service.rewrites) == global_runs  # baseline from cache
 
         app.main.controls.method_select.focus()
-        await pilot.press(
-            "enter", "down", "enter"
-        )  # card -> the global adapter with history (CARD uncorrected)
+        # card -> the global adapter with history (CARD uncorrected)
+        await pilot.press("enter", "down", "enter")
         await wait_idle(pilot)
         assert app.main.controls.method == "global-history"
         assert app.main.personal_panel.text == f"History: {' '.join(DRAFT.split()[:5]).lower()}"

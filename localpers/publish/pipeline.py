@@ -15,6 +15,7 @@ from threadpoolctl import threadpool_limits
 
 from localpers.engine.backbone import resolve_backbone
 from localpers.errors import LocalpersError
+from localpers.methods.card.head import BASES
 from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft_stage
 from localpers.publish.corpus import load_corpus
 from localpers.publish.executor import EXECUTORS, Executor, SequentialExecutor
@@ -53,8 +54,8 @@ def publish(
     """Run (or resume) the publisher; returns `{"stages": summaries, "seconds": ..., "out": ...}`."""
     if options.cluster_init not in ("global", "fresh"):
         raise LocalpersError(f"--cluster-init must be 'global' or 'fresh', not {options.cluster_init!r}")
-    if options.card_base not in ("auto", "cluster", "global"):
-        raise LocalpersError(f"--card-base must be auto, cluster or global, not {options.card_base!r}")
+    if options.card_base not in ("auto", *BASES):
+        raise LocalpersError(f"--card-base must be auto, {' or '.join(BASES)}, not {options.card_base!r}")
     if options.precision not in ("auto", "bf16", "fp32"):
         raise LocalpersError(f"--precision must be auto, bf16 or fp32, not {options.precision!r}")
     if options.head_u not in ("factored", "full"):

@@ -1,13 +1,12 @@
 """CARD's preference pairs on the device: y- (the base model's own output) and the pair features.
 
-For each history item, y+ is the user's output and y- the base model's greedy output for the same prompt
-(the base model: the adapter CARD corrects for this user, `Personalizer.card_adapter`: the cluster adapter, or
-the global one where the bundle says so; "cluster model" below means that model)
-(conditioned on the items before it, as the publisher trained the head; groups of items share one block of
+The base model is the adapter CARD corrects for the user (`Personalizer.card_adapter`: their cluster adapter, or
+the global one where the bundle's `head.base` says so). For each history item, y+ is the user's output and y- the
+base model's greedy output for the same prompt (conditioned on the items before it, as the publisher trained the head; groups of items share one block of
 recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each block once). y- are deterministic for (bundle,
 cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
 `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
-refit. It also yields the cluster model's log-probability of each y+'s first token (the opening habits'
+refit. It also yields the base model's log-probability of each y+'s first token (the opening habits'
 calibration). It fits nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and
 a token bias.
 """
@@ -57,9 +56,9 @@ class PairBuilder:
         bundle_sha256: str,
         head: CardHead,
         prompt_format: PromptFormat | None,
-        base_adapter: Callable[[int | None], str] | None = None,
+        base_adapter: Callable[[int | None], str],
     ) -> None:
-        """`base_adapter(cluster)` names the adapter y- and the features come from (default: the cluster's)."""
+        """`base_adapter(cluster)` names the adapter y- and the features come from (the base model)."""
         self.engine = engine
         self._base_adapter = base_adapter
         self.bundle = bundle
@@ -69,14 +68,12 @@ class PairBuilder:
         self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
 
     def _adapter(self, cluster: int | None) -> str:
-        if self._base_adapter is not None:
-            return self._base_adapter(cluster)
-        return "global" if cluster is None else self.bundle.cluster_adapter_name(cluster)
+        return self._base_adapter(cluster)
 
     def negatives(
         self, items: Sequence[HistoryItem], cluster: int, progress: Progress | None = None
     ) -> list[str]:
-        """y- for each item: the cluster model's own greedy output for the same input."""
+        """y- for each item: the base model's own greedy output for the same input."""
         self.engine.set_adapter(self._adapter(cluster))
         outputs = []
         for done, item in enumerate(items):
@@ -92,7 +89,7 @@ class PairBuilder:
         cluster: int | None,
         progress: Progress | None = None,
     ) -> np.ndarray:
-        """`g(y+) - g(y-)` per pair, teacher-forced through the cluster model; `(n, D)`."""
+        """`g(y+) - g(y-)` per pair, teacher-forced through the base model; `(n, D)`."""
         self.engine.set_adapter(self._adapter(cluster))
         rows = []
         for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
@@ -142,7 +139,7 @@ class PairBuilder:
     ) -> tuple[list[str], np.ndarray, list[float | None], dict[str, float]]:
         """y- per item (cached), `g(y+) - g(y-)` of the distinct pairs, and y+'s first-token log-probability.
 
-        The log-probability is the cluster model's, from the pair's scoring (None where y- equals y+).
+        The log-probability is the base model's, from the pair's scoring (None where y- equals y+).
 
         Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
         generation just evaluated (the engine remembers its last prompt), so each article is run once.
@@ -267,7 +264,7 @@ class PairBuilder:
     def _pair_difference(
         self, item: HistoryItem, negative: str, prompt_text: str | None = None
     ) -> tuple[np.ndarray, float]:
-        """`g(y+) - g(y-)` and the cluster model's log-probability of y+'s first token."""
+        """`g(y+) - g(y-)` and the base model's log-probability of y+'s first token."""
         prompt = self.engine.tokenize(
             get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
         )
