@@ -134,7 +134,9 @@ def record(args: argparse.Namespace) -> None:
             for method in methods:
                 if method == "cope":
                     assert decoder is not None and state is not None
-                    result = rewrite_cope(decoder, state, text)
+                    result = rewrite_cope(
+                        decoder, state, text, history=history, prompt_format=personalizer.prompt_format
+                    )
                 elif method == "exact":
                     assert index is not None
                     result, _ = rewrite_exact(personalizer, index, text)

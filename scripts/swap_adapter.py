@@ -1,13 +1,16 @@
-"""Copy a bundle with adapter files (and optionally its centroids) replaced, for benchmarking trained adapters.
+"""Copy a bundle with adapter files (and optionally its centroids or head) replaced, for benchmarking.
 
 For experiments only: the copy is unsigned, its manifest's hashes and sizes are updated for the replaced files,
 and its training figures still describe the original. Centroids must be given with cluster adapters trained on a
-different clustering, so that the device assigns users to the clusters the adapters were trained on.
+different clustering, so that the device assigns users to the clusters the adapters were trained on. `--head`
+takes a publisher run's finished `head` stage directory: its head file, and its configuration (alpha, base, ...)
+for the manifest's `head` entry.
 
     python scripts/swap_adapter.py models/demo-bundle /tmp/bundle-b global /tmp/heldout/.work/export/cluster-0.gguf
     python scripts/swap_adapter.py models/demo-bundle /tmp/bundle-c --swap global=A/global.gguf \
         --swap cluster-0=C/cluster-0.gguf --swap cluster-1=C/cluster-1.gguf --swap cluster-2=C/cluster-2.gguf \
         --centroids C/.work/clusters/centroids.safetensors
+    python scripts/swap_adapter.py models/demo-bundle /tmp/bundle-h --head /tmp/rehead/.work/head
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def main() -> None:
         "--swap", action="append", default=[], metavar="NAME=GGUF", help="more adapters to replace"
     )
     parser.add_argument("--centroids", type=Path, help="a centroids.safetensors to replace the bundle's")
+    parser.add_argument(
+        "--head", type=Path, help="a publisher run's finished head stage directory (WORK/head)"
+    )
     args = parser.parse_args()
     swaps = [(args.adapter, args.gguf)] if args.adapter else []
     if args.adapter and args.gguf is None:
@@ -45,8 +51,14 @@ def main() -> None:
         if not path:
             raise SystemExit(f"--swap {item!r}: expected NAME=GGUF")
         swaps.append((name, Path(path)))
-    if not swaps and args.centroids is None:
-        raise SystemExit("nothing to replace: give an adapter and its GGUF, --swap or --centroids")
+    if not swaps and args.centroids is None and args.head is None:
+        raise SystemExit("nothing to replace: give an adapter and its GGUF, --swap, --centroids or --head")
+    head_config = None
+    if args.head is not None:
+        done = args.head / "done.json"
+        if not done.is_file():
+            raise SystemExit(f"{done}: no such file (run the publisher's head stage to the end first)")
+        head_config = json.loads(done.read_text())["summary"]["config"]
     if args.target.resolve() == args.bundle.resolve():
         raise SystemExit("the target must differ from the bundle (it is replaced)")
     manifest = json.loads((args.bundle / "manifest.json").read_text())
@@ -63,6 +75,10 @@ def main() -> None:
         _replace(args.target, manifest, manifest["adapters"][name], path)
     if args.centroids is not None:
         _replace(args.target, manifest, manifest["clusters"]["centroids"], args.centroids)
+    if head_config is not None:
+        file = manifest["head"]["file"]
+        manifest["head"] = {"file": file, **head_config}
+        _replace(args.target, manifest, file, args.head / file)
     (args.target / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {args.target}")
 

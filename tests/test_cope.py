@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,19 @@ from localpers.engine.backbone import Backbone
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.cope import CopeDecoder, fit_cope, load_state, stored_bytes
+from localpers.methods.cope import (
+    CopeDecoder,
+    CopeState,
+    fit_cope,
+    load_state,
+    stored_bytes,
+    training_prompts,
+)
 from localpers.methods.cope_train import SftConfig
 from localpers.methods.lora_files import LoraFile, read_lora_gguf, write_stacked_lora
+from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import UserStore
 
 PROMPT = "Generate a headline for the following article: The city opened a new bike lane along the river.\nHeadline:"
@@ -148,3 +158,75 @@ def test_device_sft_fits_stores_and_decodes(backbone: Backbone, tmp_path: Path) 
         assert [p.name for p in user.dir.glob("cope-*.gguf")] == [second.adapter_file]
     finally:
         personalizer.close()
+
+
+def _items(pairs: list[tuple[str, str]]) -> list[HistoryItem]:
+    return [
+        HistoryItem.create("headline", f"Generate a headline for the following article: {a}", h)
+        for a, h in pairs
+    ]
+
+
+def test_conditioned_training_prompts_show_only_earlier_outputs() -> None:
+    items = _items(
+        [("Pandas at the zoo.", "PANDAS!!!"), ("Bus fares drop.", "FARES!!!"), ("Storm hits.", "STORM!!!")]
+    )
+    plain = training_prompts(items, None)
+    assert plain == [get_task("headline").prompt_for(item.input) for item in items]
+    prompts = training_prompts(items, PromptFormat(examples=2, recent=1))
+    assert prompts[0] == plain[0]  # nothing written before the first item: the plain prompt
+    assert "PANDAS!!!" in prompts[1] and "FARES!!!" not in prompts[1]
+    assert "PANDAS!!!" in prompts[2] and "FARES!!!" in prompts[2] and "STORM!!!" not in prompts[2]
+    assert all(prompt.endswith(plain[i]) for i, prompt in enumerate(prompts))
+
+
+def test_a_fit_stored_before_conditioned_prompts_decodes_with_the_plain_prompt() -> None:
+    stored = {
+        "bundle_sha256": "0" * 64,
+        "cluster": 0,
+        "base_adapter": "cluster-0",
+        "adapter_file": "cope-0000000000000000.gguf",
+        "adapter_sha256": "0" * 64,
+        "rank": 8,
+        "alpha": 16.0,
+        "n_items": 3,
+        "steps": 3,
+        "train_tokens": 30,
+        "final_loss": 1.0,
+        "precision": "fp32",
+    }
+    assert CopeState(**stored).conditioned is False
+
+
+@pytest.mark.slow
+def test_device_sft_on_a_conditioned_bundle_trains_and_decodes_on_the_bases_prompt(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    """A history-conditioned bundle with the global base: CoPe stacks on the global adapter, says it is conditioned."""
+    bundle = make_bundle(
+        tmp_path / "bundle", backbone, prompt=PromptFormat(examples=2).to_manifest(), base="global"
+    )
+    user = UserStore().create("conditioned-coper")
+    user.save_history(
+        _items(
+            [
+                ("Pandas at the zoo.", "PANDAS!!!"),
+                ("Bus fares drop.", "FARES!!!"),
+                ("Storm hits.", "STORM!!!"),
+            ]
+        )
+    )
+    personalizer = Personalizer(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone)
+    try:
+        state = fit_cope(personalizer, user, config=SftConfig(rank=2, alpha=4.0, max_steps=2, batch_size=2))
+    finally:
+        personalizer.close()
+    assert state.conditioned is True and state.base_adapter == "global"
+    assert load_state(user).conditioned is True
+    result = CliRunner().invoke(
+        app,
+        ["rewrite", "A new bridge opened.", "--method", "cope", "--user", user.name, "--bundle", str(bundle)]
+        + ["--no-stream", "--json", "--max-tokens", "6"],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["adapter"] == "global+user"

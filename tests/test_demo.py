@@ -29,9 +29,29 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
         assert all(row[method].strip() for method in ("global", "global-history", "card"))
     assert set(payload["style_hits"]) == {"global", "global-history", "card"}
     assert all(0 <= hits <= 2 for hits in payload["style_hits"].values())
-    again = runner.invoke(app, ["demo", "--json", "--articles", "1", "--model", str(backbone.path)])
+    again = runner.invoke(app, ["demo", "--articles", "1", "--rows", "1", "--model", str(backbone.path)])
     assert again.exit_code == 0, again.output
-    assert json.loads(again.stdout)["fitted_now"] is False
+    assert "1 of the 1 articles" in again.output and "headlines of 1 invented articles" in again.output
+
+
+def test_demo_refuses_more_articles_than_ship_in_one_line() -> None:
+    from localpers.device.demo import demo_articles
+
+    shipped = len(demo_articles())
+    result = CliRunner().invoke(app, ["demo", "--articles", str(shipped + 1)])
+    assert result.exit_code == 1
+    assert f"{shipped} demo articles ship with localpers" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_demo_articles_are_distinct_and_not_in_the_history() -> None:
+    from localpers.device.demo import demo_articles
+    from localpers.users.history import demo_history_path, parse_history_file
+
+    articles = demo_articles()
+    history_inputs = {item.input for item in parse_history_file(demo_history_path())}
+    assert len(articles) >= 12 and len(set(articles)) == len(articles)
+    assert not history_inputs & set(articles)
 
 
 def test_the_demo_style_detector_matches_the_demo_history_and_not_plain_headlines() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
+from localpers.bench.prompt_methods import history_index
 from localpers.methods.card.personalizer import Personalizer, RewriteResult
 from localpers.methods.cope import (
     DEFAULT_ALPHA,
@@ -30,6 +31,7 @@ from localpers.methods.cope import (
 )
 from localpers.methods.cope_train import SftConfig
 from localpers.methods.exact import DEFAULT_K, ExactIndex, index_exact, index_path, load_index, rewrite_exact
+from localpers.users.history_prompt import HistoryIndex
 from localpers.users.store import User, UserStore
 
 
@@ -62,14 +64,13 @@ def _state_user(method: str, profile: UserProfile) -> User:
 class _CopePrepared:
     state: CopeState
     decoder: CopeDecoder
+    history: HistoryIndex | None
 
 
 class CopeBenchMethod(Method):
     name = "cope"
     device_method = "cope"
-    description = (
-        "per-user LoRA trained on the device + contrastive decoding against the cluster model (CoPe)"
-    )
+    description = "per-user LoRA trained on the device + contrastive decoding against its base model (CoPe; the bundle's head.base)"
     needs = "cluster"
     uses_history = True
     params = {"alpha": float, "tau": float, "rank": int}
@@ -94,7 +95,7 @@ class CopeBenchMethod(Method):
         )
         self._bytes[profile.name] = stored_bytes(user)
         self._open = CopeDecoder.for_user(personalizer, user, state)
-        return _CopePrepared(state, self._open)
+        return _CopePrepared(state, self._open, history_index(profile) if state.conditioned else None)
 
     def generate(
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec
@@ -109,6 +110,8 @@ class CopeBenchMethod(Method):
             text,
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             tau=DEFAULT_TAU if tau is None else float(tau),
+            history=prepared.history,
+            prompt_format=personalizer.prompt_format,
         )
 
     def stored_bytes(self, profile: UserProfile) -> int:

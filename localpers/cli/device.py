@@ -28,12 +28,13 @@ from localpers.cli.sampling import (
 )
 from localpers.device.demo import (
     DEMO_USER,
-    carries_demo_style,
     compare_on_demo,
     demo_articles,
     demo_methods,
     ensure_demo_user,
+    style_hits,
 )
+from localpers.errors import LocalpersError
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.method import fit_summary as card_fit_summary
 from localpers.methods.card.personalizer import Personalizer
@@ -201,12 +202,26 @@ def rewrite_command(
 
 
 def demo_command(
-    articles: Annotated[int, typer.Option(min=1, max=4, help="How many demo articles to show.")] = 3,
+    articles: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="How many of the shipped demo articles to rewrite and count (default: all)."
+        ),
+    ] = None,
+    rows_shown: Annotated[
+        int, typer.Option("--rows", min=0, help="How many of them to show in the table.")
+    ] = 3,
     bundle: BundleOption = None,
     model: ModelOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit the shipped demo user (first run) and compare global, cluster and personalized headlines."""
+    """Fit the shipped demo user (first run), compare its headlines with the baselines' and count its style."""
+    available = demo_articles()
+    if articles is not None and articles > len(available):
+        raise LocalpersError(
+            f"--articles: {len(available)} demo articles ship with localpers, not {articles}"
+        )
+    chosen = available[: articles or len(available)]
     personalizer = Personalizer.open(model=model, bundle=bundle)
     store = UserStore()
     if not as_json:
@@ -215,9 +230,9 @@ def demo_command(
         )
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         demo, fitted_now = ensure_demo_user(personalizer, store, progress)
+        rows = compare_on_demo(personalizer, demo, chosen, progress)
     report = demo.state()["fit"]
-    rows = compare_on_demo(personalizer, demo, demo_articles()[:articles])
-    hits = {m: sum(carries_demo_style(row[m]) for row in rows) for m in demo_methods()}
+    hits = style_hits(rows)
     if as_json:
         payload = {
             "user": DEMO_USER,
@@ -230,11 +245,12 @@ def demo_command(
         return
     if fitted_now:
         typer.echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
-    _print_comparison(rows)
+    if rows_shown:
+        _print_comparison(rows[:rows_shown], len(rows))
     counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
     typer.echo(
-        "the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have "
-        f"one): {counts}"
+        f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have one) "
+        f"in the headlines of {len(rows)} invented articles: {counts}"
     )
 
 
@@ -246,11 +262,12 @@ def _column_title(method: str) -> str:
     return f"{label} (personalized)" if method == DEFAULT_METHOD else label
 
 
-def _print_comparison(rows: list[dict[str, Any]]) -> None:
+def _print_comparison(rows: list[dict[str, Any]], counted: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Demo user (a punny optimist): one article per row", show_lines=True)
+    title = f"Demo user (a punny optimist): {len(rows)} of the {counted} articles, one per row"
+    table = Table(title=title, show_lines=True)
     table.add_column("article", ratio=3)
     for method in demo_methods():
         table.add_column(_column_title(method), ratio=2, style="bold" if method == DEFAULT_METHOD else None)

@@ -2,14 +2,15 @@
 
 Used by `localpers demo`, the TUI's first run and scripts; it writes only the demo user's own folder.
 `compare_on_demo` rewrites the shipped articles with the registry's compared methods (baseline first),
-each through its `Method.rewrite`, exactly as `localpers rewrite --method NAME --user demo` would.
+each through its `Method.rewrite`, exactly as `localpers rewrite --method NAME --user demo` would;
+`style_hits` counts the headlines that carry the demo user's markers (`carries_demo_style`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from localpers.methods.base import RewriteOptions
@@ -49,16 +50,31 @@ def demo_methods() -> tuple[str, ...]:
     return tuple(reversed(compared_methods()))
 
 
-def compare_on_demo(personalizer: Personalizer, demo: User, articles: Sequence[str]) -> list[dict[str, str]]:
-    """One row per article: `article` (its body, after any "Headline:"-style label) and each method's text."""
+def compare_on_demo(
+    personalizer: Personalizer,
+    demo: User,
+    articles: Sequence[str],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[dict[str, str]]:
+    """One row per article: `article` (its body, after any "Headline:"-style label) and each method's text.
+
+    `progress(stage, done, total)` is called after each article, as the fit's progress callback is.
+    """
     rows = []
-    for article in articles:
+    for done, article in enumerate(articles, start=1):
         outputs = {
             name: get_method(name).rewrite(personalizer, demo, article, RewriteOptions())["text"]
             for name in demo_methods()
         }
         rows.append({"article": article.split(":", 1)[-1].strip(), **outputs})
+        if progress is not None:
+            progress("demo articles", done, len(articles))
     return rows
+
+
+def style_hits(rows: Sequence[dict[str, str]]) -> dict[str, int]:
+    """How many of each compared method's headlines in `rows` carry the demo user's markers."""
+    return {method: sum(carries_demo_style(row[method]) for row in rows) for method in demo_methods()}
 
 
 def carries_demo_style(text: str) -> bool:

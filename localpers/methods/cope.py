@@ -1,8 +1,11 @@
 """CoPe on the device: a per-user LoRA fitted from the history, and contrastive decoding against its base.
 
-Fit (`fit_cope`): assign the user's cluster, train a LoRA on the history with the cluster adapter
-(or the global one) merged into the backbone (`localpers.methods.cope_train`), and store it in the
-user's folder: the adapter goes to a new content-addressed file `cope-<sha16>.gguf`, then
+Fit (`fit_cope`): assign the user's cluster, train a LoRA on the history with the adapter CARD corrects
+(the bundle's `head.base`: the user's cluster adapter or the global one) merged into the backbone (`localpers.methods.cope_train`), and store it in the
+user's folder. With a history-conditioned bundle the LoRA is trained and decoded on the prompt CARD's base
+adapter sees (`prompt_for_user`: the user's recent and closest earlier outputs in front of the task; each
+training item shows only the items written before it), and `cope.json` says so (`conditioned`); a fit
+stored before that field existed decodes with the plain prompt it was trained on. The adapter goes to a new content-addressed file `cope-<sha16>.gguf`, then
 `cope.json` (the commit point) is replaced to name it, then stale adapters are removed, so an
 interrupted fit leaves the previous one usable.
 
@@ -43,6 +46,7 @@ from localpers.methods.cope_train import SftConfig, train_user_lora
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import HistoryIndex, PromptFormat, conditioned_prompt, prompt_for_user
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = "cope.json"
@@ -73,6 +77,7 @@ class CopeState:
     precision: str
     seconds: dict[str, float] = field(default_factory=dict)
     version: int = STATE_VERSION
+    conditioned: bool = False  # trained on the bundle's history-conditioned prompt (absent in older fits)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,11 +127,29 @@ def stored_bytes(user: User) -> int:
     return sum(p.stat().st_size for p in files if p.is_file())
 
 
-def training_examples(engine: Engine, items: Sequence[HistoryItem], max_seq_len: int) -> list[Example]:
-    """BOS + the task prompt, then `" " + output + "\\n"`: what the device prefills and then generates."""
+def training_prompts(items: Sequence[HistoryItem], prompt_format: PromptFormat | None) -> list[str]:
+    """Each item's prompt: plain, or conditioned on the user's items before it (what the device had then)."""
+    prompts = []
+    for index, item in enumerate(items):
+        task = get_task(item.task)
+        if prompt_format is None:
+            prompts.append(task.prompt_for(item.input))
+            continue
+        earlier = [(e.input, e.output) for e in items[:index] if e.task == item.task]
+        prompts.append(conditioned_prompt(task, item.input, earlier, prompt_format))
+    return prompts
+
+
+def training_examples(
+    engine: Engine,
+    items: Sequence[HistoryItem],
+    max_seq_len: int,
+    prompt_format: PromptFormat | None = None,
+) -> list[Example]:
+    """BOS + the item's prompt (`training_prompts`), then `" " + output + "\\n"`: what the device prefills and generates."""
     examples = []
-    for item in items:
-        prompt = engine.tokenize(get_task(item.task).prompt_for(item.input), add_bos=True)
+    for item, text in zip(items, training_prompts(items, prompt_format), strict=True):
+        prompt = engine.tokenize(text, add_bos=True)
         target = engine.tokenize(" " + item.output.strip() + "\n", add_bos=False)[: max_seq_len // 2]
         room = max_seq_len - len(target)
         if len(prompt) > room:  # keep BOS and the end of the prompt, where the answer cue is
@@ -140,27 +163,32 @@ def fit_cope(
     user: User,
     *,
     config: SftConfig | None = None,
-    base: str = "cluster",
+    base: str | None = None,
     history_limit: int | None = None,
     cluster: int | None = None,
     progress: Progress | None = None,
 ) -> CopeState:
     """Train the user's LoRA on their history and store it (atomically) in their folder.
 
+    `base` ("cluster" or "global") overrides the bundle's choice of base adapter (`Personalizer.card_adapter`);
     `cluster` skips the cluster assignment when the caller already knows it.
     """
     config = config or SftConfig()
-    if base not in ("cluster", "global"):
+    if base not in (None, "cluster", "global"):
         raise LocalpersError(f"CoPe base must be 'cluster' or 'global', not {base!r}")
     items = history_for(user, history_limit, "CoPe")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     if cluster is None:
         cluster, _ = personalizer.assign_cluster([item.output for item in items])
-    base_adapter = personalizer.adapter_for("cluster", cluster) if base == "cluster" else "global"
+    if base is None:
+        base_adapter = personalizer.card_adapter(cluster)
+    else:
+        base_adapter = personalizer.adapter_for("cluster", cluster) if base == "cluster" else "global"
     seconds["cluster"] = time.perf_counter() - started
 
-    examples = training_examples(personalizer.engine, items, config.max_seq_len)
+    prompt_format = personalizer.prompt_format
+    examples = training_examples(personalizer.engine, items, config.max_seq_len, prompt_format)
     base_lora = read_lora_gguf(personalizer.bundle.adapter_path(base_adapter))
     result = train_user_lora(personalizer.backbone.path, examples, base_lora, config, progress)
     seconds.update(result.seconds)
@@ -192,6 +220,7 @@ def fit_cope(
         train_tokens=result.tokens,
         final_loss=result.losses[-1] if result.losses else None,
         precision=result.precision,
+        conditioned=prompt_format is not None,
     )
     seconds["export"] = time.perf_counter() - started
     state.seconds = {k: round(v, 3) for k, v in seconds.items()}
@@ -353,12 +382,19 @@ def rewrite_cope(
     max_tokens: int | None = None,
     on_text: Callable[[str], None] | None = None,
     sampling: SamplerSettings | None = None,
+    history: HistoryIndex | None = None,
+    prompt_format: PromptFormat | None = None,
 ) -> RewriteResult:
-    """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha)."""
+    """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha).
+
+    A fit trained on conditioned prompts (`state.conditioned`) decodes on `prompt_for_user(..., prompt_format,
+    history)`, the bundle's format and the user's history index, as CARD's base adapter does; others on the plain
+    task prompt.
+    """
     chosen = get_task(task)
     started = time.perf_counter()
     result, _ = decoder.generate(
-        chosen.prompt_for(text),
+        prompt_for_user(chosen.name, text, prompt_format if state.conditioned else None, history),
         max_tokens=max_tokens or chosen.default_max_tokens,
         stop=chosen.stop_strings,
         tau=tau,

@@ -20,6 +20,7 @@ from localpers.methods.cope import (
     stored_bytes,
 )
 from localpers.methods.reports import RewriteResult
+from localpers.tasks import get_task
 from localpers.users.store import User
 
 
@@ -27,7 +28,9 @@ class CopeUserDecoder(UserDecoder):
     """The user model and its base model for one user's CoPe fit (two llama.cpp contexts)."""
 
     def __init__(self, personalizer: Personalizer, user: User) -> None:
+        self.user = user
         self.user_name = user.name
+        self.prompt_format = personalizer.prompt_format
         self.state: CopeState = load_state(user)
         self.decoder = CopeDecoder.for_user(personalizer, user, self.state)
 
@@ -41,6 +44,8 @@ class CopeUserDecoder(UserDecoder):
             max_tokens=options.max_tokens,
             on_text=options.on_text,
             sampling=options.sampling,
+            history=self.user.history_index(get_task(options.task)) if self.state.conditioned else None,
+            prompt_format=self.prompt_format,
         )
 
     def serves(self, user: User) -> bool:

@@ -78,7 +78,16 @@ def measure(bundle: str, data: Path, user_id: str, n_items: int, n_queries: int)
             plain = generate(decoder.user, prompt, max_tokens=task.default_max_tokens, stop=task.stop_strings)
             rows["user_plain"].append((len(plain.tokens), plain.decode_seconds))
             for name, result in (
-                ("cope", rewrite_cope(decoder, state, query)),
+                (
+                    "cope",
+                    rewrite_cope(
+                        decoder,
+                        state,
+                        query,
+                        history=user.history_index(task),
+                        prompt_format=personalizer.prompt_format,
+                    ),
+                ),
                 ("cluster", personalizer.rewrite(query, method="cluster", cluster=state.cluster)),
                 ("card", personalizer.rewrite(query, method="card", cluster=state.cluster)),  # default vector
                 ("exact", rewrite_exact(personalizer, index, query)[0]),
