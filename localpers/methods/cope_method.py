@@ -74,6 +74,7 @@ class CopeMethod(Method):
         report = {"user": user.name, "method": "cope", **state.to_json(), "stored_bytes": stored_bytes(user)}
         head = (
             f"user {user.name}: CoPe LoRA (rank {report['rank']}) on {report['base_adapter']},"
+            f" {'your history in the prompt' if state.conditioned else 'plain prompt'},"
             f" {report['n_items']} items, {report['steps']} steps, final loss {report['final_loss']}"
         )
         return Fitted(report, head + "\n" + storage_line(report))
