@@ -24,9 +24,8 @@ from localpers.methods.cope import (
     fit_cope,
     load_state,
     stored_bytes,
-    training_prompts,
 )
-from localpers.methods.cope_train import SftConfig
+from localpers.methods.cope_train import SftConfig, training_prompts
 from localpers.methods.lora_files import LoraFile, read_lora_gguf, write_stacked_lora
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem

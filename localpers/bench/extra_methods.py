@@ -64,13 +64,16 @@ def _state_user(method: str, profile: UserProfile) -> User:
 class _CopePrepared:
     state: CopeState
     decoder: CopeDecoder
-    history: HistoryIndex | None
+    history: HistoryIndex  # used only by a fit trained on conditioned prompts (rewrite_cope decides)
 
 
 class CopeBenchMethod(Method):
     name = "cope"
     device_method = "cope"
-    description = "per-user LoRA trained on the device + contrastive decoding against its base model (CoPe; the bundle's head.base)"
+    description = (
+        "per-user LoRA trained on the device + contrastive decoding against its base model"
+        " (CoPe; the bundle's head.base)"
+    )
     needs = "cluster"
     uses_history = True
     params = {"alpha": float, "tau": float, "rank": int}
@@ -95,7 +98,7 @@ class CopeBenchMethod(Method):
         )
         self._bytes[profile.name] = stored_bytes(user)
         self._open = CopeDecoder.for_user(personalizer, user, state)
-        return _CopePrepared(state, self._open, history_index(profile) if state.conditioned else None)
+        return _CopePrepared(state, self._open, history_index(profile))
 
     def generate(
         self, personalizer: Personalizer, profile: UserProfile, prepared: Any, text: str, spec: MethodSpec

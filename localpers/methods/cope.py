@@ -1,13 +1,14 @@
 """CoPe on the device: a per-user LoRA fitted from the history, and contrastive decoding against its base.
 
-Fit (`fit_cope`): assign the user's cluster, train a LoRA on the history with the adapter CARD corrects
-(the bundle's `head.base`: the user's cluster adapter or the global one) merged into the backbone (`localpers.methods.cope_train`), and store it in the
-user's folder. With a history-conditioned bundle the LoRA is trained and decoded on the prompt CARD's base
-adapter sees (`prompt_for_user`: the user's recent and closest earlier outputs in front of the task; each
-training item shows only the items written before it), and `cope.json` says so (`conditioned`); a fit
-stored before that field existed decodes with the plain prompt it was trained on. The adapter goes to a new content-addressed file `cope-<sha16>.gguf`, then
-`cope.json` (the commit point) is replaced to name it, then stale adapters are removed, so an
-interrupted fit leaves the previous one usable.
+Fit (`fit_cope`): assign the user's cluster, train a LoRA on the history with the adapter CARD
+corrects (the bundle's `head.base`: the user's cluster adapter or the global one) merged into the
+backbone (`localpers.methods.cope_train`), and store it in the user's folder. With a
+history-conditioned bundle the LoRA is trained and decoded on the prompt CARD's base adapter sees
+(`prompt_for_user`: the user's recent and closest earlier outputs in front of the task; a training
+item shows only the items written before it), and `cope.json` says so (`conditioned`); a fit stored
+before that field existed decodes with the plain prompt it was trained on. The adapter goes to a new
+content-addressed file `cope-<sha16>.gguf`, then `cope.json` (the commit point) is replaced to name
+it, then stale adapters are removed, so an interrupted fit leaves the previous one usable.
 
 Decode (`CopeDecoder`): two llama.cpp contexts, one for the user model (backbone + base adapter +
 user LoRA, stacked into one adapter file, see `lora_files`) and one for the base model (backbone +
@@ -39,14 +40,12 @@ import numpy as np
 from localpers.engine import Engine
 from localpers.engine.decoding import Candidates, SamplerSettings
 from localpers.engine.generation import generate
-from localpers.engine.torch_model import Example
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer, RewriteResult
-from localpers.methods.cope_train import SftConfig, train_user_lora
+from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.tasks import get_task
-from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import HistoryIndex, PromptFormat, conditioned_prompt, prompt_for_user
+from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = "cope.json"
@@ -125,37 +124,6 @@ def stored_bytes(user: User) -> int:
     """Bytes CoPe keeps for the user: its state file and its adapter."""
     files = [user.dir / STATE_FILE, *user.dir.glob(f"{ADAPTER_PREFIX}*.gguf")]
     return sum(p.stat().st_size for p in files if p.is_file())
-
-
-def training_prompts(items: Sequence[HistoryItem], prompt_format: PromptFormat | None) -> list[str]:
-    """Each item's prompt: plain, or conditioned on the user's items before it (what the device had then)."""
-    prompts = []
-    for index, item in enumerate(items):
-        task = get_task(item.task)
-        if prompt_format is None:
-            prompts.append(task.prompt_for(item.input))
-            continue
-        earlier = [(e.input, e.output) for e in items[:index] if e.task == item.task]
-        prompts.append(conditioned_prompt(task, item.input, earlier, prompt_format))
-    return prompts
-
-
-def training_examples(
-    engine: Engine,
-    items: Sequence[HistoryItem],
-    max_seq_len: int,
-    prompt_format: PromptFormat | None = None,
-) -> list[Example]:
-    """BOS + the item's prompt (`training_prompts`), then `" " + output + "\\n"`: what the device prefills and generates."""
-    examples = []
-    for item, text in zip(items, training_prompts(items, prompt_format), strict=True):
-        prompt = engine.tokenize(text, add_bos=True)
-        target = engine.tokenize(" " + item.output.strip() + "\n", add_bos=False)[: max_seq_len // 2]
-        room = max_seq_len - len(target)
-        if len(prompt) > room:  # keep BOS and the end of the prompt, where the answer cue is
-            prompt = prompt[:1] + prompt[len(prompt) - room + 1 :]
-        examples.append(Example(tuple(prompt), tuple(target)))
-    return examples
 
 
 def fit_cope(

@@ -1,7 +1,9 @@
 """CoPe's per-user LoRA: supervised fine-tuning on the user's history, on the device, with torch + peft.
 
-The base model is the GGUF backbone (dequantised to fp32 by `transformers`) with the user's cluster
-(or the global) adapter merged into its weights; a fresh LoRA on top of it is trained with
+What it trains on (`training_examples`): each history item's prompt, plain or history-conditioned on
+the items before it, tokenised by the device's engine, followed by the user's output.
+The base model is the GGUF backbone (dequantised to fp32 by `transformers`) with the base adapter
+(`fit_cope` picks it: the bundle's `head.base`) merged into its weights; a fresh LoRA on top of it is trained with
 cross-entropy on the output tokens only (the LM head is applied at target positions only: the
 262,144-token vocabulary would otherwise dominate the cost). The trained LoRA is returned as GGUF
 tensors (`{blk.N.attn_q.weight: (A, B)}`) for `localpers.engine.adapters.write_lora_gguf`.
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from localpers.engine import Engine
 from localpers.engine.torch_model import (
     Example,
     fresh_lora_state,
@@ -36,6 +39,9 @@ from localpers.engine.torch_model import (
 )
 from localpers.errors import LocalpersError
 from localpers.methods.lora_files import LoraFile, Tensors
+from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import PromptFormat, conditioned_prompt
 
 # GGUF block weight -> (transformers submodule, peft target name)
 GGUF_TO_TORCH = {
@@ -242,3 +248,37 @@ def gguf_tensors(state: dict[str, Any]) -> Tensors:
         name = f"blk.{layer}.{_TORCH_TO_GGUF[projection]}.weight"
         pairs.setdefault(name, {})[which] = tensor.detach().float().numpy()
     return {name: (ab["A"], ab["B"]) for name, ab in pairs.items()}
+
+
+def training_prompts(items: Sequence[HistoryItem], prompt_format: PromptFormat | None) -> list[str]:
+    """Each item's prompt: plain, or conditioned on the user's items before it (what the device had then)."""
+    prompts = []
+    for index, item in enumerate(items):
+        task = get_task(item.task)
+        if prompt_format is None:
+            prompts.append(task.prompt_for(item.input))
+            continue
+        earlier = [(e.input, e.output) for e in items[:index] if e.task == item.task]
+        prompts.append(conditioned_prompt(task, item.input, earlier, prompt_format))
+    return prompts
+
+
+def training_examples(
+    engine: Engine,
+    items: Sequence[HistoryItem],
+    max_seq_len: int,
+    prompt_format: PromptFormat | None = None,
+) -> list[Example]:
+    """BOS + the item's prompt (`training_prompts`), then `" " + output + "\\n"`.
+
+    That is what the device prefills and then generates; a prompt too long for `max_seq_len` loses its start.
+    """
+    examples = []
+    for item, text in zip(items, training_prompts(items, prompt_format), strict=True):
+        prompt = engine.tokenize(text, add_bos=True)
+        target = engine.tokenize(" " + item.output.strip() + "\n", add_bos=False)[: max_seq_len // 2]
+        room = max_seq_len - len(target)
+        if len(prompt) > room:  # keep BOS and the end of the prompt, where the answer cue is
+            prompt = prompt[:1] + prompt[len(prompt) - room + 1 :]
+        examples.append(Example(tuple(prompt), tuple(target)))
+    return examples

@@ -3,8 +3,8 @@
 For each training user and up to `pairs_per_user` of their training items (a seeded sample; never the
 validation items): `y+` = the user's own output, `y-` = the greedy output of the adapter CARD will
 correct for that user (`--card-base`: the user's cluster adapter, or the global one) on the same prompt, with
-the task's stop rule and `max_new_tokens`. Pairs with `y- == y+` (or an empty `y-`) are skipped. Authors are cut into shards of `shard_users` (grouped by cluster: fewer
-adapter switches), one task each; a task writes one JSON file per user as soon as that user is done, so
+the task's stop rule and `max_new_tokens`. Pairs with `y- == y+` (or an empty `y-`) are skipped. Authors are
+cut into shards of `shard_users` (grouped by cluster: fewer adapter switches), one task each; a task writes one JSON file per user as soon as that user is done, so
 an interrupted or retried task picks up at the next user. Each process keeps one llama.cpp engine with
 every adapter loaded (`cluster_engine`, shared with `features`). This stage does not compute
 features.

@@ -2,8 +2,9 @@
 
 The base model is the adapter CARD corrects for the user (`Personalizer.card_adapter`: their cluster adapter, or
 the global one where the bundle's `head.base` says so). For each history item, y+ is the user's output and y- the
-base model's greedy output for the same prompt (conditioned on the items before it, as the publisher trained the head; groups of items share one block of
-recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each block once). y- are deterministic for (bundle,
+base model's greedy output for the same prompt (conditioned on the items before it, as the publisher trained the
+head; groups of items share one block of recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each
+block once). y- are deterministic for (bundle,
 cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
 `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
 refit. It also yields the base model's log-probability of each y+'s first token (the opening habits'
