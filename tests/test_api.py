@@ -254,6 +254,26 @@ def test_grammar_and_sampling_options_reach_the_sampler_chain(client: openai.Ope
     assert response.choices[0].finish_reason == "stop"
 
 
+def test_candidates_return_the_rewrites_consensus_and_refuse_sampling(
+    client: openai.OpenAI, personalizer: Personalizer, store: UserStore
+) -> None:
+    response = client.completions.create(
+        model="localpers/alice",
+        prompt=ARTICLE,
+        max_tokens=12,
+        extra_body={"task": "headline", "candidates": 4},
+    )
+    expected = alice_card(personalizer, store, max_tokens=12, candidates=4)
+    assert response.choices[0].text.strip() == expected
+    with pytest.raises(openai.BadRequestError, match="greedy decoding") as raised:
+        client.completions.create(
+            model="localpers/alice", prompt=ARTICLE, temperature=0.5, extra_body={"candidates": 4}
+        )
+    assert raised.value.body["param"] == "candidates"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="between 1 and"):
+        client.completions.create(model="localpers/alice", prompt=ARTICLE, extra_body={"candidates": 99})
+
+
 def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, server: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError, match="temperature") as raised:
         client.completions.create(model="localpers", prompt=ARTICLE, temperature=5.0)

@@ -124,6 +124,12 @@ class ApiBackend:
 
     def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
         chosen = get_method(job.method)
+        if job.candidates > 1 and (chosen.own_decoder or not job.sampling.greedy):
+            raise ApiError(
+                400,
+                f"`candidates` needs greedy decoding (temperature 0) and an adapter method, not {chosen.name!r}",
+                param="candidates",
+            )
         profile = self._profile(user, chosen)
         method = profile.method
         personal = {
@@ -147,6 +153,7 @@ class ApiBackend:
                 on_text=on_text,
                 prompt=self.personalizer.chat_prompt_tokens(job.messages),
                 stop=job.stop,
+                candidates=job.candidates,
             )
         text = chat_transcript(job.messages) if use_chat_prompt else job.text
         task = job.task or "free"
@@ -169,6 +176,7 @@ class ApiBackend:
             on_text=on_text,
             history=user.history_index(get_task(task)) if user is not None else None,
             stop=job.stop,
+            candidates=job.candidates,
         )
 
     def _own_decoder(

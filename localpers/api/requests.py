@@ -16,6 +16,7 @@ from typing import Any
 
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
+from localpers.methods.card.personalizer import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, method_names
 from localpers.tasks import TASKS
 
@@ -64,6 +65,7 @@ class GenerationJob:
     max_tokens: int | None
     stop: tuple[str, ...]
     sampling: SamplerSettings
+    candidates: int  # > 1: outputs decoded side by side, the consensus one returned (greedy adapter methods)
     stream: bool
     include_usage: bool
 
@@ -175,6 +177,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         "max_tokens": _integer(body, limit_name, 1, MAX_TOKENS_LIMIT),
         "stop": tuple(s for s in stops if s),
         "sampling": _sampling(body),
+        "candidates": _integer(body, "candidates", 1, MAX_CANDIDATES) or 1,
         "stream": stream,
         "include_usage": bool(options.get("include_usage", False)),
     }

@@ -25,7 +25,8 @@ class CardMethod(HistoryPromptMethod):
     description = "cluster adapter + the user's vector correcting the top-k logits (CARD)"
     needs = "vector"
     uses_history = True
-    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float}
+    # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`)
+    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float, "candidates": int}
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
@@ -72,6 +73,7 @@ class CardMethod(HistoryPromptMethod):
             bias=profile.bias,
             bias_strength=None if bias_strength is None else float(bias_strength),
             reference=reference,
+            candidates=int(spec.get("candidates") or 1),
         )
 
 
@@ -81,7 +83,7 @@ class CardChosenMethod(CardMethod):
     description = (
         "CARD with the strengths `localpers fit` chose on the user's own recent items (what rewrite does)"
     )
-    params = {"top_k": int, "reg": float, "prior": float}
+    params = {"top_k": int, "reg": float, "prior": float, "candidates": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         values = super().defaults(personalizer)

@@ -115,9 +115,11 @@ class Method(ABC):
         """The output for one query; with `reference` (methods with `scores_gold`), also its gold likelihood."""
 
     @staticmethod
-    def global_rewrite(personalizer: Personalizer, text: str, reference: str | None = None) -> RewriteResult:
+    def global_rewrite(
+        personalizer: Personalizer, text: str, reference: str | None = None, candidates: int = 1
+    ) -> RewriteResult:
         """The global adapter's output: the baseline, and what a user without history gets (as `rewrite` does)."""
-        return personalizer.rewrite(text, method="global", reference=reference)
+        return personalizer.rewrite(text, method="global", reference=reference, candidates=candidates)
 
     def stored_bytes(self, profile: UserProfile) -> int:
         """Bytes the device keeps per user for this method, the user's own history not counted."""

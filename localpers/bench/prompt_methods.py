@@ -23,6 +23,9 @@ class GlobalMethod(Method):
     device_method = "global"
     scores_gold = True
     description = "global adapter, no personalization (the baseline)"
+    # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`); like
+    # every parameter without a default, naming it makes another method of the run (an old run's cache stays valid)
+    params = {"candidates": int}
 
     def generate(
         self,
@@ -33,7 +36,7 @@ class GlobalMethod(Method):
         spec: MethodSpec,
         reference: str | None = None,
     ) -> RewriteResult:
-        return self.global_rewrite(personalizer, text, reference)
+        return self.global_rewrite(personalizer, text, reference, int(spec.get("candidates") or 1))
 
 
 class RagMethod(Method):
@@ -116,13 +119,18 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     # `described=N`: the closest N examples shown with their content (the bundle's value by default); `recent=N`:
     # N of the examples are the user's most recent outputs (the device's value by default; 0 = all retrieved, the
     # training format, which this method used before the seventeenth session)
-    params = {"examples": int, "described": int, "recent": int}
+    # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`)
+    params = {"examples": int, "described": int, "recent": int, "candidates": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
             return {"examples": 5, "described": 0, "recent": 0}
-        return {"examples": chosen.examples, "described": chosen.described, "recent": chosen.recent}
+        return {
+            "examples": chosen.examples,
+            "described": chosen.described,
+            "recent": chosen.recent,
+        }
 
     def generate(
         self,
@@ -139,7 +147,12 @@ class GlobalHistoryMethod(HistoryPromptMethod):
             PromptFormat(examples=base.examples, described=base.described, recent=base.recent), spec
         )
         return personalizer.rewrite(
-            text, method="global-history", history=prepared, prompt_format=chosen, reference=reference
+            text,
+            method="global-history",
+            history=prepared,
+            prompt_format=chosen,
+            reference=reference,
+            candidates=int(spec.get("candidates") or 1),
         )
 
 

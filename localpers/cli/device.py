@@ -37,7 +37,7 @@ from localpers.device.demo import (
 from localpers.errors import LocalpersError
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.method import fit_summary as card_fit_summary
-from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.personalizer import MAX_CANDIDATES, Personalizer
 from localpers.methods.registry import (
     BASELINE_METHOD,
     DEFAULT_METHOD,
@@ -137,6 +137,15 @@ def rewrite_command(
         int | None, typer.Option(min=1, max=2048, help="Token limit (default: the task's).")
     ] = None,
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they come.")] = True,
+    candidates: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_CANDIDATES,
+            help="Decode N outputs side by side (the greedy one and samples) and keep the one the others agree"
+            " with most; slower (docs/PERFORMANCE.md). Greedy decoding, adapter methods only.",
+        ),
+    ] = 1,
     temperature: TemperatureOption = 0.0,
     sample_top_k: Annotated[
         int,
@@ -171,6 +180,12 @@ def rewrite_command(
         grammar=grammar,
     )
     chosen = get_method(method)
+    if candidates > 1 and (not sampling.greedy or chosen.own_decoder):
+        raise LocalpersError(
+            "--candidates needs greedy decoding (--temperature 0) and an adapter method "
+            f"(not {chosen.name}); drop --candidates or change the other option",
+            exit_code=2,
+        )
     store = UserStore()
     target = store.resolve(user) if (user or store.active_name() or chosen.needs_user) else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
@@ -189,6 +204,7 @@ def rewrite_command(
             top_k=top_k,
             max_tokens=max_tokens,
             sampling=sampling,
+            candidates=candidates,
             on_text=stream_piece if (stream and not as_json) else None,
             note=(lambda _: None) if as_json else (lambda text: typer.echo(f"note: {text}", err=True)),
         ),

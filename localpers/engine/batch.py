@@ -28,6 +28,10 @@ import numpy as np
 from localpers.engine.generation import _StopScanner
 from localpers.engine.model import SEQUENCE_CELLS, Engine, ScoredContinuation, _log_softmax_at
 
+# Prompts evaluated side by side (the fit's group size, timed and checked with it; an engine may hold more
+# sequences for other work, such as a rewrite's candidates).
+GROUP_SIZE = 8
+
 
 @dataclass
 class PromptJob:
@@ -61,8 +65,8 @@ def run_jobs(
     logprob_rows: int = 1,
     timings: dict[str, float] | None = None,
 ) -> list[PromptOutcome]:
-    """Generate and score every job, `engine.batch_sequences` prompts at a time (see `fits` first)."""
-    size = engine.batch_sequences
+    """Generate and score every job, up to `GROUP_SIZE` prompts at a time (see `fits` first)."""
+    size = min(engine.batch_sequences, GROUP_SIZE)
     if size < 1:
         raise ValueError("the engine has no batched sequences (Engine(..., batch_sequences=N))")
     outcomes: list[PromptOutcome] = []

@@ -411,7 +411,7 @@ class Engine(Vocabulary):
             raise ValueError(f"eval_sequences takes 1 to {self._batch_capacity} tokens")
         batch = self._batch
         for i, (token, position, sequence) in enumerate(zip(tokens, positions, sequences, strict=True)):
-            if not 0 < sequence <= self.batch_sequences or position >= SEQUENCE_CELLS:
+            if not 0 < sequence <= self.batch_sequences or position >= self.n_ctx + SEQUENCE_CELLS:
                 raise LocalpersError(f"batched sequence {sequence} position {position} is out of range")
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
             batch.seq_id[i][0] = sequence
@@ -449,6 +449,18 @@ class Engine(Vocabulary):
             if not 0 < sequence <= self.batch_sequences:
                 raise ValueError(f"sequence {sequence} is not a batched sequence")
         llama_cpp.llama_memory_seq_cp(llama_cpp.llama_get_memory(self._ctx), source, target, 0, length)
+
+    def branch_sequence(self, target: int, length: int) -> None:
+        """Give batched sequence `target` sequence 0's cache entries of positions 0..length-1 (no copy).
+
+        `target` then continues the prompt sequence 0 holds (`localpers.engine.candidates`); sequence 0 is
+        left as it was.
+        """
+        if not 0 < target <= self.batch_sequences:
+            raise ValueError(f"sequence {target} is not a batched sequence")
+        if length > self.n_past:
+            raise ValueError(f"sequence 0 holds {self.n_past} positions, not {length}")
+        llama_cpp.llama_memory_seq_cp(llama_cpp.llama_get_memory(self._ctx), 0, target, 0, length)
 
     # ----------------------------------------------------------------- internals
     def _decode(self, tokens: Sequence[int], *, all_positions: bool, want_last: bool) -> int:

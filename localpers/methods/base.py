@@ -47,6 +47,9 @@ class RewriteOptions:
     top_k: int | None = None
     max_tokens: int | None = None
     sampling: SamplerSettings | None = None
+    candidates: int = (
+        1  # > 1: outputs decoded side by side, the consensus one kept (adapter methods, greedy only)
+    )
     on_text: Callable[[str], None] | None = None
     note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
 

@@ -68,6 +68,7 @@ class AdapterMethod(Method):
             history=user.history_index(get_task(options.task)) if user is not None else None,
             bias=bias,
             bias_strength=chosen_bias,
+            candidates=options.candidates,
         )
         return {"user": user.name if user else None, **result.to_json()}
 

@@ -26,6 +26,7 @@ from threadpoolctl import threadpool_limits
 from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
+from localpers.engine.candidates import generate_candidates
 from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import GenerationResult, generate, score_forced
 from localpers.engine.token_embeddings import TokenEmbeddings
@@ -43,6 +44,7 @@ from localpers.methods.card.pairs import PairBuilder, Progress
 from localpers.methods.card.recasing import RecasingStream
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_fit import FitOutcome
+from localpers.methods.consensus import choose_consensus
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
@@ -58,7 +60,13 @@ from localpers.users.store import User
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
 # Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
-BATCH_SEQUENCES = 8  # prompts the fit's pair pass runs side by side (`localpers.engine.batch`)
+# Batched sequences of the engine: the fit's pair pass uses 8 side by side (`localpers.engine.batch`), a
+# rewrite's candidates up to all of them (`localpers.engine.candidates`).
+BATCH_SEQUENCES = 16
+MAX_CANDIDATES = BATCH_SEQUENCES  # a rewrite's candidates (`rewrite(candidates=N)`) are decoded in one batch
+# How a rewrite's extra candidates are drawn (`candidates` > 1); the top-k cut only spares the sampler
+# sorting the whole vocabulary: top-p 0.95 keeps fewer tokens than that at almost every step.
+CANDIDATE_SAMPLING = SamplerSettings(temperature=0.7, top_k=64, top_p=0.95)
 
 
 class Personalizer:
@@ -168,6 +176,7 @@ class Personalizer:
         bias: TokenBias | None = None,
         bias_strength: float | None = None,
         reference: str | None = None,
+        candidates: int = 1,
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
 
@@ -182,8 +191,13 @@ class Personalizer:
         `sampling` sets llama.cpp's sampler chain (default: greedy); CARD's correction is one sampler in it.
         `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
         replaces the task's template and its stop rule; `text` is then not used.
+        `candidates` > 1 (greedy `sampling` only): that many outputs are decoded side by side, the greedy one
+        and samples with `CANDIDATE_SAMPLING` (the method's correction in each), and the one that agrees most
+        with the others is returned (`localpers.methods.consensus`); it is streamed once chosen.
         """
         chosen_task = get_task(task)
+        if not 1 <= candidates <= MAX_CANDIDATES:
+            raise LocalpersError(f"candidates must be 1..{MAX_CANDIDATES}, got {candidates}", exit_code=2)
         adapter = self.adapter_for(method, cluster)
         correction, strength_used, k_used = self.correction_sampler(
             method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
@@ -201,16 +215,30 @@ class Personalizer:
         started = time.perf_counter()
         # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
         with threadpool_limits(limits=1, user_api="blas"):
-            result = generate(
-                self.engine,
-                prompt,
-                max_tokens=max_tokens or chosen_task.default_max_tokens,
-                sampling=sampling,
-                stop=stop,
-                method=correction,
-                on_text=stream or on_text,
-                shared=shared,
-            )
+            if candidates > 1 and (sampling is None or sampling.greedy):
+                result, correction = self._consensus(
+                    prompt,
+                    candidates,
+                    max_tokens or chosen_task.default_max_tokens,
+                    stop,
+                    shared,
+                    lambda: self.correction_sampler(
+                        method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
+                    )[0],
+                )
+                if stream or on_text:
+                    (stream or on_text)(result.text)
+            else:
+                result = generate(
+                    self.engine,
+                    prompt,
+                    max_tokens=max_tokens or chosen_task.default_max_tokens,
+                    sampling=sampling,
+                    stop=stop,
+                    method=correction,
+                    on_text=stream or on_text,
+                    shared=shared,
+                )
         if stream is not None:
             stream.close()
         output = result.text if recasing is None else recasing.apply(result.text, text)
@@ -239,6 +267,35 @@ class Personalizer:
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
+
+    def _consensus(
+        self,
+        prompt: list[int],
+        count: int,
+        max_tokens: int,
+        stop: Sequence[str],
+        shared: int,
+        method: Callable[[], CardCorrection | None],
+    ) -> tuple[GenerationResult, CardCorrection | None]:
+        """The candidate the others agree with most, and the correction that decoded it (its steps, for Why)."""
+        made: list[CardCorrection | None] = []
+
+        def fresh() -> CardCorrection | None:
+            made.append(method())
+            return made[-1]
+
+        results = generate_candidates(
+            self.engine,
+            prompt,
+            count=count,
+            sampling=CANDIDATE_SAMPLING,
+            method=fresh,
+            max_tokens=max_tokens,
+            stop=stop,
+            shared=shared,
+        )
+        chosen = choose_consensus([r.text.strip() for r in results]).index
+        return results[chosen], made[chosen]
 
     def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """`(role, content)` messages as a prompt: the backbone's chat template when it has one, else a transcript.
