@@ -17,6 +17,9 @@ The user must exist and be fitted (`localpers fit`), e.g. the demo user:
     LOCALPERS_HOME=/tmp/h localpers fit --user demo
     LOCALPERS_HOME=/tmp/h python scripts/bench_rewrite.py --user demo --articles 12 --repeats 3 --json
 
+A method given as NAME@N rewrites with N candidates and keeps their consensus (`localpers rewrite --candidates N`),
+e.g. `--methods global card card@16`.
+
 Articles are the demo user's `articles.jsonl`, or with --data the queries of a file in the shared data's format
 (each author's `queries`, in file order).
 """
@@ -44,6 +47,12 @@ def read_articles(path: Path | None, limit: int) -> list[str]:
     return [query.input for user in load_bench_users(path) for query in user.queries][:limit]
 
 
+def run_one(personalizer: Personalizer, user: object, entry: str, text: str) -> dict:
+    """One rewrite by `entry` ("card", or "card@16" for 16 candidates) as `localpers rewrite` does it."""
+    name, _, count = entry.partition("@")
+    return get_method(name).rewrite(personalizer, user, text, RewriteOptions(candidates=int(count or 1)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--user", default="demo")
@@ -51,7 +60,9 @@ def main() -> None:
     parser.add_argument("--articles", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--methods", nargs="+", default=None, help="default: the compared methods")
+    parser.add_argument(
+        "--methods", nargs="+", default=None, help="default: the compared methods; NAME@N for N candidates"
+    )
     parser.add_argument("--warm", action="store_true", help="after a rewrite of another article (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -66,7 +77,7 @@ def main() -> None:
     prompt_ms: dict[str, list[float]] = {name: [] for name in methods}
     decode_ms: dict[str, list[float]] = {name: [] for name in methods}
     for name in methods:  # warm-up: adapters loaded, history index read once
-        get_method(name).rewrite(personalizer, user, articles[0], RewriteOptions())
+        run_one(personalizer, user, name, articles[0])
     for _ in range(args.repeats):
         for position, text in enumerate(articles):
             for name in methods:
@@ -76,9 +87,9 @@ def main() -> None:
                 personalizer.engine.prefix_snapshots.clear()
                 if args.warm:
                     other = articles[position - 1] if len(articles) > 1 else text + " More."
-                    get_method(name).rewrite(personalizer, user, other, RewriteOptions())
+                    run_one(personalizer, user, name, other)
                 started = time.perf_counter()
-                payload = get_method(name).rewrite(personalizer, user, text, RewriteOptions())
+                payload = run_one(personalizer, user, name, text)
                 walls[name].append((time.perf_counter() - started) * 1000)
                 prompt_tokens[name].append(int(payload.get("prompt_tokens", 0)))
                 output_tokens[name].append(int(payload.get("tokens", 0)))

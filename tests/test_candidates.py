@@ -11,9 +11,9 @@ from localpers.cli import app
 from localpers.engine.candidates import generate_candidates
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import CANDIDATE_SAMPLING, MAX_CANDIDATES, Personalizer
+from localpers.methods.card.personalizer import CANDIDATE_SAMPLING, Personalizer
 from localpers.methods.card.user_state import user_profile
-from localpers.methods.consensus import choose_consensus, unigram_f1, unigrams
+from localpers.methods.consensus import MAX_CANDIDATES, choose_consensus, unigram_f1, unigrams
 from localpers.users.store import UserStore
 
 PROMPTS = [
@@ -130,4 +130,11 @@ def test_cli_refuses_candidates_with_sampling_in_one_line() -> None:
     )
     assert result.exit_code == 2
     assert result.output.startswith("error:") and "--candidates needs greedy decoding" in result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_tui_refuses_candidates_with_sampling_in_one_line() -> None:
+    result = CliRunner().invoke(app, ["tui", "--candidates", "4", "--temperature", "0.7"])
+    assert result.exit_code == 2
+    assert "--candidates needs greedy decoding" in result.output
     assert result.output.strip().count("\n") == 0

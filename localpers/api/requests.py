@@ -16,7 +16,7 @@ from typing import Any
 
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import MAX_CANDIDATES
+from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, method_names
 from localpers.tasks import TASKS
 

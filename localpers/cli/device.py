@@ -37,7 +37,8 @@ from localpers.device.demo import (
 from localpers.errors import LocalpersError
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.method import fit_summary as card_fit_summary
-from localpers.methods.card.personalizer import MAX_CANDIDATES, Personalizer
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import (
     BASELINE_METHOD,
     DEFAULT_METHOD,

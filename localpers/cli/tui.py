@@ -22,6 +22,7 @@ from localpers.cli.sampling import (
     sampler_settings,
 )
 from localpers.errors import LocalpersError
+from localpers.methods.consensus import MAX_CANDIDATES
 
 
 def tui_command(
@@ -49,6 +50,15 @@ def tui_command(
     repetition_penalty: RepetitionPenaltyOption = 1.0,
     seed: SeedOption = None,
     grammar: GrammarOption = None,
+    candidates: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_CANDIDATES,
+            help="Decode N outputs side by side and keep the one the others agree with most (slower; greedy"
+            " decoding only), as `localpers rewrite --candidates`.",
+        ),
+    ] = 1,
 ) -> None:
     """Write a draft and watch your personalized rewrite stream beside the plain one; see why; teach it."""
     from localpers.bundle.format import open_bundle
@@ -64,6 +74,8 @@ def tui_command(
         seed=seed,
         grammar=grammar,
     )
+    if candidates > 1 and not sampling.greedy:
+        raise LocalpersError("--candidates needs greedy decoding (--temperature 0)", exit_code=2)
     backbone = resolve_backbone(model)
     verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
     store = UserStore()
@@ -77,7 +89,9 @@ def tui_command(
     from localpers.methods.card.personalizer import Personalizer
     from localpers.tui import EngineService, run_app
 
-    service = EngineService(lambda: Personalizer(verified, backbone), store, sampling=sampling)
+    service = EngineService(
+        lambda: Personalizer(verified, backbone), store, sampling=sampling, candidates=candidates
+    )
     run_app(service, user=user, text=text)
 
 

@@ -15,6 +15,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The most candidates one rewrite decodes (the engine's batched sequences, `Personalizer`); every front end's limit.
+MAX_CANDIDATES = 16
+
 
 @dataclass(frozen=True)
 class ConsensusChoice:

@@ -92,9 +92,11 @@ class EngineService:
         store: UserStore | None = None,
         *,
         sampling: SamplerSettings | None = None,
+        candidates: int = 1,
     ) -> None:
         self.store = store or UserStore()
         self.sampling = sampling  # llama.cpp sampler settings for every rewrite (None: greedy)
+        self.candidates = candidates  # > 1: every rewrite keeps the consensus of that many candidates
         self._opener = opener
         self._personalizer: Personalizer | None = None
         self._info: EngineInfo | None = None
@@ -135,6 +137,7 @@ class EngineService:
             record_steps=request.record_steps,
             history=request.history,
             sampling=self.sampling,
+            candidates=self.candidates,
             bias=request.bias,
             bias_strength=request.bias_strength,
         )

@@ -44,7 +44,7 @@ from localpers.methods.card.pairs import PairBuilder, Progress
 from localpers.methods.card.recasing import RecasingStream
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_fit import FitOutcome
-from localpers.methods.consensus import choose_consensus
+from localpers.methods.consensus import MAX_CANDIDATES, choose_consensus
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
@@ -62,8 +62,7 @@ METHODS = ("card", "cluster", "global", "card-global", "global-history")
 HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 # Batched sequences of the engine: the fit's pair pass uses 8 side by side (`localpers.engine.batch`), a
 # rewrite's candidates up to all of them (`localpers.engine.candidates`).
-BATCH_SEQUENCES = 16
-MAX_CANDIDATES = BATCH_SEQUENCES  # a rewrite's candidates (`rewrite(candidates=N)`) are decoded in one batch
+BATCH_SEQUENCES = MAX_CANDIDATES
 # How a rewrite's extra candidates are drawn (`candidates` > 1); the top-k cut only spares the sampler
 # sorting the whole vocabulary: top-p 0.95 keeps fewer tokens than that at almost every step.
 CANDIDATE_SAMPLING = SamplerSettings(temperature=0.7, top_k=64, top_p=0.95)
