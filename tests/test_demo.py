@@ -32,6 +32,13 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
     again = runner.invoke(app, ["demo", "--articles", "1", "--rows", "1", "--model", str(backbone.path)])
     assert again.exit_code == 0, again.output
     assert "1 of the 1 articles" in again.output and "headlines of 1 invented articles" in again.output
+    chosen = runner.invoke(
+        app, ["demo", "--json", "--articles", "1", "--candidates", "4", "--model", str(backbone.path)]
+    )
+    assert chosen.exit_code == 0, chosen.output
+    consensus = json.loads(chosen.stdout)
+    assert consensus["candidates"] == 4 and consensus["fitted_now"] is False
+    assert all(consensus["rows"][0][method].strip() for method in ("global", "global-history", "card"))
 
 
 def test_demo_refuses_more_articles_than_ship_in_one_line() -> None:

@@ -228,6 +228,14 @@ def demo_command(
     rows_shown: Annotated[
         int, typer.Option("--rows", min=0, help="How many of them to show in the table.")
     ] = 3,
+    candidates: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_CANDIDATES,
+            help="Every method keeps the consensus of N candidates, as `rewrite --candidates N` (slower).",
+        ),
+    ] = 1,
     bundle: BundleOption = None,
     model: ModelOption = None,
     as_json: JsonOption = False,
@@ -247,7 +255,7 @@ def demo_command(
         )
     with fit_progress(not as_json and sys.stderr.isatty()) as progress:
         demo, fitted_now = ensure_demo_user(personalizer, store, progress)
-        rows = compare_on_demo(personalizer, demo, chosen, progress)
+        rows = compare_on_demo(personalizer, demo, chosen, progress, candidates)
     report = demo.state()["fit"]
     hits = style_hits(rows)
     if as_json:
@@ -257,6 +265,7 @@ def demo_command(
             "fit": report,
             "rows": rows,
             "style_hits": hits,
+            "candidates": candidates,
         }
         typer.echo(json.dumps(payload, ensure_ascii=False))
         return
@@ -267,7 +276,9 @@ def demo_command(
     counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
     typer.echo(
         f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have one) "
-        f"in the headlines of {len(rows)} invented articles: {counts}"
+        f"in the headlines of {len(rows)} invented articles"
+        + (f", each the consensus of {candidates} candidates" if candidates > 1 else "")
+        + f": {counts}"
     )
 
 

@@ -55,15 +55,19 @@ def compare_on_demo(
     demo: User,
     articles: Sequence[str],
     progress: Callable[[str, int, int], None] | None = None,
+    candidates: int = 1,
 ) -> list[dict[str, str]]:
     """One row per article: `article` (its body, after any "Headline:"-style label) and each method's text.
 
     `progress(stage, done, total)` is called after each article, as the fit's progress callback is.
+    `candidates` > 1: every method keeps the consensus of that many candidates (`localpers rewrite --candidates`).
     """
     rows = []
     for done, article in enumerate(articles, start=1):
         outputs = {
-            name: get_method(name).rewrite(personalizer, demo, article, RewriteOptions())["text"]
+            name: get_method(name).rewrite(
+                personalizer, demo, article, RewriteOptions(candidates=candidates)
+            )["text"]
             for name in demo_methods()
         }
         rows.append({"article": article.split(":", 1)[-1].strip(), **outputs})
