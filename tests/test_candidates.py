@@ -65,23 +65,17 @@ def test_candidates_start_with_the_greedy_output_and_reproduce_with_a_seed(
     for prompt in PROMPTS:
         tokens = engine.tokenize(prompt)
         single = generate(engine, tokens, max_tokens=16, stop=["\n"]).text.strip()
-        first = generate_candidates(
-            engine,
-            tokens,
-            count=6,
-            sampling=CANDIDATE_SAMPLING,
-            method=lambda: None,
-            max_tokens=16,
-            stop=["\n"],
-        )
-        again = generate_candidates(
-            engine,
-            tokens,
-            count=6,
-            sampling=CANDIDATE_SAMPLING,
-            method=lambda: None,
-            max_tokens=16,
-            stop=["\n"],
+        first, again = (
+            generate_candidates(
+                engine,
+                tokens,
+                count=6,
+                sampling=CANDIDATE_SAMPLING,
+                method=lambda: None,
+                max_tokens=16,
+                stop=["\n"],
+            )
+            for _ in range(2)
         )
         assert [r.text for r in first] == [r.text for r in again]  # same seed, same candidates
         assert all(
@@ -121,6 +115,8 @@ def test_a_rewrite_with_candidates_returns_the_consensus_of_what_it_decoded(
     for bad in (0, MAX_CANDIDATES + 1):
         with pytest.raises(LocalpersError, match="candidates must be"):
             personalizer.rewrite(text, method="global", candidates=bad)
+    with pytest.raises(LocalpersError, match="greedy decoding"):
+        personalizer.rewrite(text, method="global", candidates=4, sampling=CANDIDATE_SAMPLING)
 
 
 def test_cli_refuses_candidates_with_sampling_in_one_line() -> None:

@@ -197,6 +197,10 @@ class Personalizer:
         chosen_task = get_task(task)
         if not 1 <= candidates <= MAX_CANDIDATES:
             raise LocalpersError(f"candidates must be 1..{MAX_CANDIDATES}, got {candidates}", exit_code=2)
+        if candidates > 1 and sampling is not None and not sampling.greedy:
+            raise LocalpersError(
+                "candidates need greedy decoding (temperature 0): they draw their own samples", exit_code=2
+            )
         adapter = self.adapter_for(method, cluster)
         correction, strength_used, k_used = self.correction_sampler(
             method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
@@ -214,7 +218,7 @@ class Personalizer:
         started = time.perf_counter()
         # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
         with threadpool_limits(limits=1, user_api="blas"):
-            if candidates > 1 and (sampling is None or sampling.greedy):
+            if candidates > 1:
                 result, correction = self._consensus(
                     prompt,
                     candidates,
