@@ -11,7 +11,8 @@ from localpers.cli import app
 from localpers.engine.candidates import generate_candidates
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import CANDIDATE_SAMPLING, Personalizer
+from localpers.methods.card.decoding_runs import CANDIDATE_SAMPLING
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import user_profile
 from localpers.methods.consensus import MAX_CANDIDATES, choose_consensus, unigram_f1, unigrams
 from localpers.users.store import UserStore

@@ -10,7 +10,7 @@ import pytest
 from tui_helpers import async_test, visible_lines
 
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import CandidateShift, RewriteResult, RewriteStep
+from localpers.methods.reports import CandidateShift, RewriteResult, RewriteStep
 from localpers.tui.runs import ResultCache, plan_runs, request_key
 from localpers.tui.service import RewriteRequest
 from localpers.tui.teaching import fit_summary

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from localpers.methods.card.personalizer import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.methods.registry import compared_methods
+from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.tui.service import EngineInfo, Progress, RewriteRequest, TextSink
 from localpers.users.store import User, UserStore
 

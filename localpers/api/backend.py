@@ -26,9 +26,11 @@ from localpers.errors import LocalpersError
 from localpers.methods.base import Method, RewriteOptions, UserDecoder
 from localpers.methods.card.choice import stored_choice
 from localpers.methods.card.method import profile_for_rewrite
-from localpers.methods.card.personalizer import Personalizer, RewriteResult, chat_transcript
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.prompting import chat_transcript
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import BASELINE_METHOD, get_method
+from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
 from localpers.users.store import User, UserStore
 

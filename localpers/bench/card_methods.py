@@ -16,7 +16,8 @@ from localpers.bench.prompt_methods import HistoryPromptMethod
 from localpers.errors import LocalpersError
 from localpers.methods.card.correction import DEFAULT_BIAS_STRENGTH
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.reports import RewriteResult
 
 
 class CardMethod(HistoryPromptMethod):

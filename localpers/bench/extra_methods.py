@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
 from localpers.bench.prompt_methods import history_index
-from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import (
     DEFAULT_ALPHA,
     DEFAULT_TAU,
@@ -31,6 +31,7 @@ from localpers.methods.cope import (
 )
 from localpers.methods.cope_train import SftConfig
 from localpers.methods.exact import DEFAULT_K, ExactIndex, index_exact, index_path, load_index, rewrite_exact
+from localpers.methods.reports import RewriteResult
 from localpers.users.history_prompt import HistoryIndex
 from localpers.users.store import User, UserStore
 

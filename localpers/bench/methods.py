@@ -19,8 +19,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
+from localpers.methods.reports import RewriteResult
 from localpers.users.history import HistoryItem
 
 Needs = Literal["none", "cluster", "vector"]

@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
-from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import HistoryIndex, PromptFormat

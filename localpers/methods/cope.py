@@ -41,9 +41,10 @@ from localpers.engine import Engine
 from localpers.engine.decoding import Candidates, SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
+from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
 from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
 from localpers.users.store import User, atomic_write_text, history_for

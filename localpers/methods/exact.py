@@ -31,9 +31,10 @@ import numpy as np
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
-from localpers.methods.card.personalizer import Personalizer, RewriteResult
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_index import REFIT, ExactIndex, IndexEntry, index_path
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
+from localpers.methods.reports import RewriteResult
 from localpers.methods.scoring import PrefixScorer
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem

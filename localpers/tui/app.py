@@ -30,7 +30,7 @@ from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import RewriteResult
+from localpers.methods.reports import RewriteResult
 from localpers.tui import engine_jobs
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.messages import (

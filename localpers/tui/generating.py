@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from textual.timer import Timer
 
-from localpers.methods.card.personalizer import RewriteResult
 from localpers.methods.registry import BASELINE_METHOD
+from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
 from localpers.tui import engine_jobs
 from localpers.tui.messages import GenerationDone, GenerationFailed, GenerationPiece, GenerationStarted

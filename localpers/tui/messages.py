@@ -14,7 +14,7 @@ from textual.message import Message
 from localpers.tui.service import EngineInfo, RewriteRequest
 
 if TYPE_CHECKING:
-    from localpers.methods.card.personalizer import FitReport, RewriteResult
+    from localpers.methods.reports import FitReport, RewriteResult
 
 Targets = tuple[str, ...]  # output panels a run feeds: "baseline", "personal" or both
 

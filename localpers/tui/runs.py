@@ -16,8 +16,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localpers.methods.card.personalizer import RewriteResult
 from localpers.methods.registry import BASELINE_METHOD, listed
+from localpers.methods.reports import RewriteResult
 from localpers.tui.service import RewriteRequest
 from localpers.tui.userdata import Profile
 from localpers.users.history_prompt import HistoryIndex

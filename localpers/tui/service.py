@@ -23,7 +23,8 @@ from localpers.users.history_prompt import HistoryIndex
 from localpers.users.store import User, UserStore
 
 if TYPE_CHECKING:
-    from localpers.methods.card.personalizer import FitReport, Personalizer, RewriteResult
+    from localpers.methods.card.personalizer import Personalizer
+    from localpers.methods.reports import FitReport, RewriteResult
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total), called from the worker thread
 TextSink = Callable[[str], None]  # receives streamed text pieces, called from the worker thread

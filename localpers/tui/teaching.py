@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from textual.timer import Timer
 
 from localpers.errors import LocalpersError
-from localpers.methods.card.personalizer import RewriteResult
+from localpers.methods.reports import RewriteResult
 from localpers.tui import engine_jobs
 from localpers.tui.messages import FitDone, FitProgressed
 from localpers.tui.screens.confirm import ConfirmScreen

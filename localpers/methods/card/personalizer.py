@@ -6,7 +6,9 @@ reloads anything. It assigns clusters, builds prompts, rewrites (CARD corrects t
 llama.cpp's sampler chain) and scores references teacher-forced through the same correction. The fit of a
 user (pairs, lambda, token bias, the per-user choice, written atomically to the user's folder) lives in
 `localpers.methods.card.user_fit`, which works on this object; `fit_user`/`fit_items` here only call it. The
-preference pairs are built by `pairs`, the correction itself by `correction`. It opens no network connection.
+preference pairs are built by `pairs`, the correction itself by `correction`, prompts' tokens by `prompting`,
+and consensus decoding, teacher-forced scoring and the Why view's steps by `decoding_runs`. It opens no network
+connection.
 
 Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (the bundle's base adapter +
 reward-guided top-k correction with the user's vector; the base is the user's cluster adapter, or the global
@@ -26,35 +28,23 @@ from threadpoolctl import threadpool_limits
 from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
-from localpers.engine.candidates import generate_candidates
 from localpers.engine.decoding import SamplerSettings
-from localpers.engine.generation import GenerationResult, generate, score_forced
+from localpers.engine.generation import GenerationResult, generate
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
-from localpers.methods.card import user_fit
-from localpers.methods.card.correction import (
-    CardCorrection,
-    CorrectionRecord,
-    CorrectionVariant,
-    build_correction,
-)
+from localpers.methods.card import decoding_runs, prompting, user_fit
+from localpers.methods.card.correction import CardCorrection, CorrectionVariant, build_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.pairs import PairBuilder, Progress
 from localpers.methods.card.recasing import RecasingStream
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_fit import FitOutcome
-from localpers.methods.consensus import MAX_CANDIDATES, choose_consensus
-from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
-from localpers.methods.scoring import common_prefix_length
+from localpers.methods.consensus import MAX_CANDIDATES
+from localpers.methods.reports import FitReport, RewriteResult
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import (
-    HistoryIndex,
-    PromptFormat,
-    prompt_for_user,
-    shared_prefix_for_user,
-)
+from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
 from localpers.users.store import User
 
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
@@ -63,9 +53,6 @@ HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 # Batched sequences of the engine: the fit's pair pass uses 8 side by side (`localpers.engine.batch`), a
 # rewrite's candidates up to all of them (`localpers.engine.candidates`).
 BATCH_SEQUENCES = MAX_CANDIDATES
-# How a rewrite's extra candidates are drawn (`candidates` > 1); the top-k cut only spares the sampler
-# sorting the whole vocabulary: top-p 0.95 keeps fewer tokens than that at almost every step.
-CANDIDATE_SAMPLING = SamplerSettings(temperature=0.7, top_k=64, top_p=0.95)
 
 
 class Personalizer:
@@ -191,8 +178,8 @@ class Personalizer:
         `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
         replaces the task's template and its stop rule; `text` is then not used.
         `candidates` > 1 (greedy `sampling` only): that many outputs are decoded side by side, the greedy one
-        and samples with `CANDIDATE_SAMPLING` (the method's correction in each), and the one that agrees most
-        with the others is returned (`localpers.methods.consensus`); it is streamed once chosen.
+        and samples with `decoding_runs.CANDIDATE_SAMPLING` (the method's correction in each), and the one
+        that agrees most with the others is returned (`localpers.methods.consensus`); it is streamed once chosen.
         """
         chosen_task = get_task(task)
         if not 1 <= candidates <= MAX_CANDIDATES:
@@ -219,7 +206,8 @@ class Personalizer:
         # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
         with threadpool_limits(limits=1, user_api="blas"):
             if candidates > 1:
-                result, correction = self._consensus(
+                result, correction = decoding_runs.decode_consensus(
+                    self.engine,
                     prompt,
                     candidates,
                     max_tokens or chosen_task.default_max_tokens,
@@ -246,12 +234,17 @@ class Personalizer:
             stream.close()
         output = result.text if recasing is None else recasing.apply(result.text, text)
         total_ms = 1000 * (time.perf_counter() - started)
+        steps = (
+            decoding_runs.describe_steps(self.engine, result, correction.steps)
+            if correction is not None and record_steps
+            else []
+        )
         gold: GenerationResult | None = None
         if reference is not None:
             scoring, _, _ = self.correction_sampler(
                 method, cluster, vector, strength, top_k, bias, bias_strength
             )
-            gold = self._score(prompt, reference, scoring, shared)
+            gold = decoding_runs.score_reference_run(self.engine, prompt, reference, scoring, shared)
         return RewriteResult(
             text=output.strip() if chosen_task.one_line else output,
             method=method,
@@ -264,54 +257,16 @@ class Personalizer:
             prompt_ms=round(1000 * result.prompt_seconds, 2),
             ms_per_token=round(result.ms_per_token, 3),
             total_ms=round(total_ms, 2),
-            steps=self._describe_steps(result, correction.steps) if correction and record_steps else [],
+            steps=steps,
             stop_reason=result.stop_reason,
             prompt_tokens=result.prompt_tokens,
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
 
-    def _consensus(
-        self,
-        prompt: list[int],
-        count: int,
-        max_tokens: int,
-        stop: Sequence[str],
-        shared: int,
-        method: Callable[[], CardCorrection | None],
-    ) -> tuple[GenerationResult, CardCorrection | None]:
-        """The candidate the others agree with most, and the correction that decoded it (its steps, for Why)."""
-        made: list[CardCorrection | None] = []
-
-        def fresh() -> CardCorrection | None:
-            made.append(method())
-            return made[-1]
-
-        results = generate_candidates(
-            self.engine,
-            prompt,
-            count=count,
-            sampling=CANDIDATE_SAMPLING,
-            method=fresh,
-            max_tokens=max_tokens,
-            stop=stop,
-            shared=shared,
-        )
-        chosen = choose_consensus([r.text.strip() for r in results]).index
-        return results[chosen], made[chosen]
-
     def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """`(role, content)` messages as a prompt: the backbone's chat template when it has one, else a transcript.
-
-        The transcript (for base models) is the lone user message itself, or `Role: content` paragraphs ending
-        with `Assistant:`; its text is tokenized as plain text, so no message can smuggle in control tokens.
-        """
-        if self.engine.has_chat_template:
-            tokens = self.engine.tokenize(self.engine.chat_prompt(messages), add_bos=False, special=True)
-            if not tokens or tokens[0] != self.engine.bos_token:
-                tokens.insert(0, self.engine.bos_token)
-            return tokens
-        return self.engine.tokenize(chat_transcript(messages))
+        """`(role, content)` messages as a prompt (`prompting.chat_prompt_tokens`)."""
+        return prompting.chat_prompt_tokens(self.engine, messages)
 
     def correction_sampler(
         self,
@@ -393,22 +348,7 @@ class Personalizer:
             for v in variants
         ]
         prompt, shared = self.prompt_tokens(chosen_task.name, text, method, history)
-        forced = self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False)
-        with threadpool_limits(limits=1, user_api="blas"):
-            scores = score_forced(self.engine, prompt, forced, corrections, shared)
-        return [float(np.mean(column)) for column in scores]
-
-    def _score(
-        self, prompt: list[int], reference: str, correction: CardCorrection | None, shared: int
-    ) -> GenerationResult:
-        with threadpool_limits(limits=1, user_api="blas"):
-            return generate(
-                self.engine,
-                prompt,
-                method=correction,
-                forced=self.engine.tokenize(" " + reference.strip() + "\n", add_bos=False),
-                shared=shared,
-            )
+        return decoding_runs.score_references(self.engine, prompt, shared, reference, corrections)
 
     def prompt_for(
         self,
@@ -419,8 +359,7 @@ class Personalizer:
         prompt_format: PromptFormat | None = None,
     ) -> str:
         """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
-        chosen = prompt_format or self.prompt_format
-        return prompt_for_user(task, text, chosen if method in HISTORY_METHODS else None, history)
+        return prompt_for_user(task, text, self.format_for(method, prompt_format), history)
 
     def prompt_tokens(
         self,
@@ -435,29 +374,12 @@ class Personalizer:
 
         The shared tokens (the user's recent examples) stay in the engine's cache from one rewrite to the next.
         """
-        chosen = prompt_format or self.prompt_format
-        chosen = chosen if method in HISTORY_METHODS else None
-        tokens = self.engine.tokenize(prompt_prefix + prompt_for_user(task, text, chosen, history))
-        prefix = shared_prefix_for_user(task, chosen, history)
-        if not prefix:
-            return tokens, 0
-        # a tokenizer may join the prefix's last token with what follows; only the tokens both agree on are shared
-        return tokens, common_prefix_length(self.engine.tokenize(prompt_prefix + prefix), tokens)
+        chosen = self.format_for(method, prompt_format)
+        return prompting.prompt_tokens(self.engine, task, text, chosen, history, prompt_prefix)
 
-    def _describe_steps(self, result: GenerationResult, steps: list[CorrectionRecord]) -> list[RewriteStep]:
-        described = []
-        for token, record in zip(result.tokens, steps, strict=False):
-            candidates, before, delta = record.candidates, record.before, record.delta
-            shifts = [
-                CandidateShift(int(t), self.engine.detokenize([int(t)]), float(b), float(b + d))
-                for t, b, d in zip(candidates, before, delta, strict=True)
-            ]
-            shifts.sort(key=lambda s: -s.after)
-            match = [s.after - s.before for s in shifts if s.token == token]
-            described.append(
-                RewriteStep(int(token), self.engine.detokenize([token]), match[0] if match else 0.0, shifts)
-            )
-        return described
+    def format_for(self, method: str, prompt_format: PromptFormat | None = None) -> PromptFormat | None:
+        """The history format `method`'s prompts use (`prompt_format` or the bundle's), None for a plain prompt."""
+        return (prompt_format or self.prompt_format) if method in HISTORY_METHODS else None
 
     # ------------------------------------------------------------------ fitting (localpers.methods.card.user_fit)
     def fit_user(
@@ -501,11 +423,3 @@ class Personalizer:
             prior_weight=prior_weight,
             history_offset=history_offset,
         )
-
-
-def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
-    """A chat as plain text for a backbone without a chat template (see `Personalizer.chat_prompt_tokens`)."""
-    if len(messages) == 1 and messages[0][0] == "user":
-        return messages[0][1]
-    turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
-    return "\n\n".join([*turns, "Assistant:"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from localpers.methods.card.personalizer import RewriteStep
+from localpers.methods.reports import RewriteStep
 from localpers.tui.text import shorten
 from localpers.tui.widgets.token_strip import visible_piece
 

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from localpers.methods.card.personalizer import RewriteStep
+from localpers.methods.reports import RewriteStep
 
 NEUTRAL = (48, 48, 56)
 PUSHED_UP = (24, 150, 72)

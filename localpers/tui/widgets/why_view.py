@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from localpers.methods.card.personalizer import RewriteResult
+from localpers.methods.reports import RewriteResult
 from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visible_piece
 

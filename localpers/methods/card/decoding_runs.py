@@ -1,0 +1,104 @@
+"""The personalizer's decode runs beyond a plain greedy rewrite: consensus, teacher-forced scoring, the Why view.
+
+`decode_consensus` decodes several candidates side by side (`localpers.engine.candidates`), each with a fresh
+correction sampler, and keeps the one the others agree with most (`localpers.methods.consensus`).
+`score_references` and `score_reference_run` score a given output teacher-forced through the corrections a
+rewrite would decode with (the benchmark's gold likelihood, the per-user choice). `describe_steps` turns a
+correction's records into the per-step candidate shifts the Why view shows. These functions take an engine
+whose adapter is already set; which adapter, prompt and correction a method uses is the personalizer's call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from localpers.engine import Engine
+from localpers.engine.candidates import generate_candidates
+from localpers.engine.decoding import SamplerSettings
+from localpers.engine.generation import GenerationResult, generate, score_forced
+from localpers.methods.card.correction import CardCorrection, CorrectionRecord
+from localpers.methods.consensus import choose_consensus
+from localpers.methods.reports import CandidateShift, RewriteStep
+
+# How a rewrite's extra candidates are drawn (`candidates` > 1); the top-k cut only spares the sampler
+# sorting the whole vocabulary: top-p 0.95 keeps fewer tokens than that at almost every step.
+CANDIDATE_SAMPLING = SamplerSettings(temperature=0.7, top_k=64, top_p=0.95)
+
+
+def decode_consensus(
+    engine: Engine,
+    prompt: list[int],
+    count: int,
+    max_tokens: int,
+    stop: Sequence[str],
+    shared: int,
+    new_correction: Callable[[], CardCorrection | None],
+) -> tuple[GenerationResult, CardCorrection | None]:
+    """The candidate the others agree with most, and the correction that decoded it (its steps, for Why)."""
+    made: list[CardCorrection | None] = []
+
+    def fresh() -> CardCorrection | None:
+        made.append(new_correction())
+        return made[-1]
+
+    results = generate_candidates(
+        engine,
+        prompt,
+        count=count,
+        sampling=CANDIDATE_SAMPLING,
+        method=fresh,
+        max_tokens=max_tokens,
+        stop=stop,
+        shared=shared,
+    )
+    chosen = choose_consensus([r.text.strip() for r in results]).index
+    return results[chosen], made[chosen]
+
+
+def reference_tokens(engine: Engine, reference: str) -> list[int]:
+    """`reference` as the tokens a one-line rewrite would emit for it (leading space, closing newline)."""
+    return engine.tokenize(" " + reference.strip() + "\n", add_bos=False)
+
+
+def score_references(
+    engine: Engine,
+    prompt: list[int],
+    shared: int,
+    reference: str,
+    corrections: Sequence[CardCorrection | None],
+) -> list[float]:
+    """Mean per-token log-probability of `reference` under each correction; the model runs once for all."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        scores = score_forced(engine, prompt, reference_tokens(engine, reference), corrections, shared)
+    return [float(np.mean(column)) for column in scores]
+
+
+def score_reference_run(
+    engine: Engine, prompt: list[int], reference: str, correction: CardCorrection | None, shared: int
+) -> GenerationResult:
+    """`reference` forced through the decode loop `rewrite` uses, one step at a time (the gold likelihood)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return generate(
+            engine, prompt, method=correction, forced=reference_tokens(engine, reference), shared=shared
+        )
+
+
+def describe_steps(
+    engine: Engine, result: GenerationResult, steps: Sequence[CorrectionRecord]
+) -> list[RewriteStep]:
+    """Each emitted token with the correction's candidates before and after it, best first (the Why view)."""
+    described = []
+    for token, record in zip(result.tokens, steps, strict=False):
+        shifts = [
+            CandidateShift(int(t), engine.detokenize([int(t)]), float(b), float(b + d))
+            for t, b, d in zip(record.candidates, record.before, record.delta, strict=True)
+        ]
+        shifts.sort(key=lambda s: -s.after)
+        match = [s.after - s.before for s in shifts if s.token == token]
+        described.append(
+            RewriteStep(int(token), engine.detokenize([token]), match[0] if match else 0.0, shifts)
+        )
+    return described

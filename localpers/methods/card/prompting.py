@@ -1,0 +1,55 @@
+"""Prompts as the personalizer's engine sees them: a task's prompt with the user's history, or a chat.
+
+`prompt_tokens` tokenizes a task's prompt (history-conditioned when given a format) and says how many of its
+tokens every prompt of that user shares, so the engine can keep them cached between rewrites.
+`chat_prompt_tokens` turns `(role, content)` messages into a prompt through the backbone's chat template, or a
+plain transcript for a base model. Which method sees which format is the personalizer's decision, not this
+module's; it builds no sampler and decodes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from localpers.engine import Engine
+from localpers.methods.scoring import common_prefix_length
+from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user, shared_prefix_for_user
+
+
+def prompt_tokens(
+    engine: Engine,
+    task: str,
+    text: str,
+    prompt_format: PromptFormat | None,
+    history: HistoryIndex | None,
+    prompt_prefix: str = "",
+) -> tuple[list[int], int]:
+    """`prompt_prefix` + the task's prompt as tokens, and how many of them the user's prompts share."""
+    tokens = engine.tokenize(prompt_prefix + prompt_for_user(task, text, prompt_format, history))
+    prefix = shared_prefix_for_user(task, prompt_format, history)
+    if not prefix:
+        return tokens, 0
+    # a tokenizer may join the prefix's last token with what follows; only the tokens both agree on are shared
+    return tokens, common_prefix_length(engine.tokenize(prompt_prefix + prefix), tokens)
+
+
+def chat_prompt_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> list[int]:
+    """`(role, content)` messages as a prompt: the backbone's chat template when it has one, else a transcript.
+
+    The transcript (for base models) is the lone user message itself, or `Role: content` paragraphs ending
+    with `Assistant:`; its text is tokenized as plain text, so no message can smuggle in control tokens.
+    """
+    if engine.has_chat_template:
+        tokens = engine.tokenize(engine.chat_prompt(messages), add_bos=False, special=True)
+        if not tokens or tokens[0] != engine.bos_token:
+            tokens.insert(0, engine.bos_token)
+        return tokens
+    return engine.tokenize(chat_transcript(messages))
+
+
+def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
+    """A chat as plain text for a backbone without a chat template (see `chat_prompt_tokens`)."""
+    if len(messages) == 1 and messages[0][0] == "user":
+        return messages[0][1]
+    turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
+    return "\n\n".join([*turns, "Assistant:"])
