@@ -2,9 +2,9 @@
 
 The candidates are the conditioned base adapter alone (the user's cluster adapter, or the global adapter where
 the bundle's `head.base` says so), and the same adapter with the user's vector
-(at the bundle's strength) and/or their token bias (its counted tables at strength 1 or 2, or left out;
-its calibrated opening and closing habits apply as fitted whenever the bias is on; a casing habit recases every
-CARD output, whatever is chosen). They are compared on the user's own
+(at the bundle's strength) and/or their token bias (its counted tables at strength 0.1, 1 or 2; its calibrated
+opening and closing habits apply as fitted whenever the bias is on; a casing habit recases every CARD output,
+whatever is chosen). They are compared on the user's own
 most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
 the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean log-probability
 per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model runs once per
@@ -29,7 +29,6 @@ from localpers.users.history_prompt import HistoryIndex
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from localpers.methods.card.token_bias import TokenBias
     from localpers.users.history import HistoryItem
     from localpers.users.store import User
 
@@ -60,34 +59,18 @@ class Scorer(Protocol):
 
 MIN_ITEMS_TO_CHOOSE = 8
 MIN_RECENT, MAX_RECENT, RECENT_FRACTION = 3, 10, 0.2
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One correction the choice compares: vector strength as a multiple of the bundle's, token-bias strength."""
-
-    label: str
-    vector_scale: float
-    bias_strength: float
-    counted: bool = True  # False: the token bias's calibrated habits only (`TokenBias.habits_only`)
-
-    def bias(self, bias: TokenBias | None) -> TokenBias | None:
-        """The user's token bias as this candidate applies it."""
-        return bias.habits_only() if bias is not None and not self.counted else bias
-
-
-CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("adapter", 0.0, 0.0),
-    Candidate("vector", 1.0, 0.0),
-    Candidate("bias", 0.0, 1.0),
-    Candidate("vector+bias", 1.0, 1.0),
-    Candidate("bias x2", 0.0, 2.0),
-    Candidate("vector+bias x2", 1.0, 2.0),
-    # the calibrated habits without the counted tables: on the dev-split probes the counted tables cost ROUGE
-    # (they push the user's past words) while the habits alone carried the style (docs/RESULTS.md, 0c); at
-    # strength 0.1 (the candidates before these) they still moved words and cost ROUGE-1 (RESULTS 0p)
-    Candidate("habits", 0.0, 1.0, counted=False),
-    Candidate("vector+habits", 1.0, 1.0, counted=False),
+# (label, vector strength as a multiple of the bundle's, token-bias strength)
+CANDIDATES: tuple[tuple[str, float, float], ...] = (
+    ("adapter", 0.0, 0.0),
+    ("vector", 1.0, 0.0),
+    ("bias", 0.0, 1.0),
+    ("vector+bias", 1.0, 1.0),
+    ("bias x2", 0.0, 2.0),
+    ("vector+bias x2", 1.0, 2.0),
+    # the calibrated habits with the counted tables nearly off: on the dev-split probes the counted tables cost
+    # ROUGE (they push the user's past words), while the habits alone carried the style (docs/RESULTS.md, 0c)
+    ("bias x0.1", 0.0, 0.1),
+    ("vector+bias x0.1", 1.0, 0.1),
 )
 
 
@@ -102,7 +85,6 @@ class Choice:
     n_items: int
     reason: str
     seconds: float = 0.0
-    counted: bool = True  # False: the token bias's habits only, its counted tables left out
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -110,7 +92,6 @@ class Choice:
             "label": self.label,
             "vector_strength": round(self.vector_strength, 6),
             "bias_strength": self.bias_strength,
-            "counted": self.counted,
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "n_items": self.n_items,
             "reason": self.reason,
@@ -148,20 +129,15 @@ def choose_correction(
         return None
     default_strength = float(personalizer.head_config.default_strength)
     index_by_task: dict[str, HistoryIndex] = {}
-    totals = {candidate.label: 0.0 for candidate in CANDIDATES}
+    totals = {label: 0.0 for label, _, _ in CANDIDATES}
     for done, item in enumerate(recent):
         task = get_task(item.task)
         if task.name not in index_by_task:
             pool = [(e.input, e.output) for e in earlier if e.task == task.name]
             index_by_task[task.name] = HistoryIndex(task, pool)
         variants = [
-            CorrectionVariant(
-                outcome.vector,
-                candidate.vector_scale * default_strength,
-                candidate.bias(outcome.bias),
-                candidate.bias_strength,
-            )
-            for candidate in CANDIDATES
+            CorrectionVariant(outcome.vector, vector_scale * default_strength, outcome.bias, bias_strength)
+            for _, vector_scale, bias_strength in CANDIDATES
         ]
         scores = personalizer.score_reference_variants(
             item.input,
@@ -172,13 +148,13 @@ def choose_correction(
             cluster=outcome.cluster,
             history=index_by_task[task.name],
         )
-        for candidate, score in zip(CANDIDATES, scores, strict=True):
-            totals[candidate.label] += score
+        for (label, _, _), score in zip(CANDIDATES, scores, strict=True):
+            totals[label] += score
         if progress:
             progress("choice", done + 1, len(recent))
     scores = {label: total / len(recent) for label, total in totals.items()}
     best = max(scores, key=lambda label: (scores[label], -_position(label)))
-    chosen = CANDIDATES[_position(best)]
+    _, vector_scale, bias_strength = CANDIDATES[_position(best)]
     adapter = "the global adapter" if personalizer.head_config.base == "global" else "your cluster adapter"
     if best == "adapter":
         reason = (
@@ -192,9 +168,8 @@ def choose_correction(
         )
     return Choice(
         label=best,
-        vector_strength=chosen.vector_scale * default_strength,
-        bias_strength=chosen.bias_strength,
-        counted=chosen.counted,
+        vector_strength=vector_scale * default_strength,
+        bias_strength=bias_strength,
         scores=scores,
         n_items=len(recent),
         reason=reason,
@@ -203,7 +178,7 @@ def choose_correction(
 
 
 def _position(label: str) -> int:
-    return [candidate.label for candidate in CANDIDATES].index(label)
+    return [candidate[0] for candidate in CANDIDATES].index(label)
 
 
 def stored_choice(state: dict[str, Any]) -> tuple[float | None, float | None, str | None]:
@@ -215,11 +190,3 @@ def stored_choice(state: dict[str, Any]) -> tuple[float | None, float | None, st
         return float(entry["vector_strength"]), float(entry["bias_strength"]), str(entry["label"])
     except (KeyError, TypeError, ValueError):
         return None, None, None
-
-
-def chosen_bias(state: dict[str, Any], bias: TokenBias | None) -> TokenBias | None:
-    """The user's token bias as their stored choice applies it (habits only when it left the counts out)."""
-    entry = state.get("choice")
-    if isinstance(entry, dict) and entry.get("counted") is False and bias is not None:
-        return bias.habits_only()
-    return bias
