@@ -10,8 +10,16 @@ from typer.testing import CliRunner
 
 from localpers.cli import app
 from localpers.methods.card import choice as choice_module
-from localpers.methods.card.choice import CANDIDATES, MIN_ITEMS_TO_CHOOSE, split_recent, stored_choice
+from localpers.methods.card.choice import (
+    CANDIDATES,
+    MIN_ITEMS_TO_CHOOSE,
+    candidates_for,
+    chosen_bias,
+    split_recent,
+    stored_choice,
+)
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.token_bias import TokenBias
 from localpers.users.store import UserStore
 
 
@@ -29,14 +37,16 @@ def test_fit_stores_a_choice_made_on_held_out_recent_items(personalizer: Persona
     report = personalizer.fit_user(user)
     state = user.state()
     chosen = state["choice"]
-    assert set(chosen["scores"]) == {label for label, _, _ in CANDIDATES}
+    assert len(chosen["scores"]) == 8 and set(chosen["scores"]) <= {
+        candidate.label for candidate in CANDIDATES
+    }
     assert chosen["label"] == max(chosen["scores"], key=lambda k: chosen["scores"][k])
     assert chosen["n_items"] == 3 and "most recent items" in chosen["reason"]
     assert report.seconds["choice"] > 0
     strength, bias_strength, label = stored_choice(state)
-    expected = dict((name, (v, b)) for name, v, b in CANDIDATES)[label]
-    assert bias_strength == expected[1]
-    assert strength == pytest.approx(expected[0] * personalizer.head_config.default_strength)
+    expected = {candidate.label: candidate for candidate in CANDIDATES}[label]
+    assert bias_strength == expected.bias_strength and chosen["counted"] is expected.counted
+    assert strength == pytest.approx(expected.vector_scale * personalizer.head_config.default_strength)
     assert len(user.state_path.read_bytes()) < 10_000
 
 
@@ -71,6 +81,44 @@ def test_ties_and_losses_go_to_the_adapter_alone(
     )
 
 
+def test_habits_candidates_score_the_bias_without_its_counted_tables(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    user = UserStore().create("habitual")
+    user.save_history(items(SHOUTY))
+    seen: list[list] = []
+
+    def habits_win(text, reference, variants, **kwargs):
+        seen.append(list(variants))
+        return [
+            -2.0 if v.bias is not None and not v.bias.first and not v.bias.rest else -2.5 for v in variants
+        ]
+
+    outcome = personalizer.fit_items(user, items(SHOUTY)[:-3], regularisation=1.0, prior_weight=0.0)
+    monkeypatch.setattr(personalizer, "fit_items", lambda *a, **k: outcome)
+    outcome.bias.opening = {7: 1.5}  # a habit to keep (SHOUTY's fitted bias may have none)
+    outcome.bias.first = outcome.bias.first or {8: 1.0}  # and a counted table to leave out
+    monkeypatch.setattr(personalizer, "score_reference_variants", habits_win)
+    won = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    assert won is not None and won.label == "habits" and not won.counted and won.bias_strength == 1.0
+    labels = [candidate.label for candidate in candidates_for(outcome.bias)]
+    assert "bias x0.1" not in labels and "habits" in labels  # a user with a habit: habits, not x0.1
+    assert "habits" not in [c.label for c in candidates_for(TokenBias(first={8: 1.0}))]
+    habits = seen[0][labels.index("habits")].bias
+    assert habits.opening == {7: 1.5} and not habits.first and not habits.rest
+    assert seen[0][labels.index("bias")].bias.first  # the counted candidates keep their tables
+    state = {"choice": won.to_json()}
+    assert state["choice"]["counted"] is False
+    assert chosen_bias(state, outcome.bias).first == {} and chosen_bias(state, outcome.bias).opening == {
+        7: 1.5
+    }
+    assert chosen_bias({"choice": {"label": "bias", "counted": True}}, outcome.bias) is outcome.bias
+    assert chosen_bias({}, outcome.bias) is outcome.bias  # fits made before this candidate existed
+
+
 def test_cli_fit_says_what_it_chose_and_rewrite_applies_it(bundle_dir, backbone) -> None:  # noqa: F811
     runner = CliRunner()
     store = UserStore()
@@ -79,7 +127,7 @@ def test_cli_fit_says_what_it_chose_and_rewrite_applies_it(bundle_dir, backbone)
     result = runner.invoke(app, ["fit", *common, "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
-    assert payload["choice"]["label"] in {label for label, _, _ in CANDIDATES}
+    assert payload["choice"]["label"] in {candidate.label for candidate in CANDIDATES}
     result = runner.invoke(app, ["fit", *common])
     assert result.exit_code == 0 and "chose " in result.output
     result = runner.invoke(

@@ -106,6 +106,20 @@ VOCAB = {
 }
 
 
+def test_habits_only_keeps_the_calibrated_habits_and_casing_and_drops_the_counts() -> None:
+    casing = Recasing("lower", frozenset(), False)
+    bias = TokenBias(first={5: 1.0}, rest={6: -0.8}, opening={7: 2.0}, closing={8: 0.4}, recasing=casing)
+    habits = bias.habits_only()
+    assert (habits.first, habits.rest) == ({}, {})
+    assert habits.opening == {7: 2.0} and habits.closing == {8: 0.4} and habits.recasing is casing
+    habits.opening[9] = 1.0
+    assert 9 not in bias.opening  # a copy: the stored bias is left as it is
+    logits = np.zeros(3, dtype=np.float32)
+    assert list(habits.apply(logits, np.array([5, 7, 6]), 0, 1.0)) == [0.0, 2.0, 0.0]
+    assert list(bias.apply(logits, np.array([5, 7, 6]), 0, 1.0)) == [1.0, 2.0, 0.0]
+    assert len(TokenBias(first={5: 1.0}).habits_only()) == 0  # nothing left: the correction drops it
+
+
 def test_habits_are_described_in_words() -> None:
     bias = TokenBias(opening={2: 9.12}, closing={9: 0.9}, recasing=Recasing("lower"))
     assert describe_habits(bias, VOCAB.__getitem__) == [

@@ -24,7 +24,7 @@ import numpy as np
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
 from localpers.errors import LocalpersError
 from localpers.methods.base import Method, RewriteOptions, UserDecoder
-from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.prompting import chat_transcript
@@ -111,6 +111,8 @@ class ApiBackend:
         if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
             return Profile(BASELINE_METHOD)
         vector_strength, bias_strength, _ = stored_choice(state) if method.uses_choice else (None, None, None)
+        if method.uses_choice:
+            bias = chosen_bias(state, bias)
         return Profile(method.name, cluster, vector, bias, vector_strength, bias_strength)
 
     # ------------------------------------------------------------------ generation

@@ -9,6 +9,7 @@ choice) is the runner's, cached per user (`localpers.bench.fits`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from localpers.bench.methods import MethodSpec, ParamValue, UserProfile
@@ -101,9 +102,10 @@ class CardChosenMethod(CardMethod):
         spec: MethodSpec,
         reference: str | None = None,
     ) -> RewriteResult:
-        from localpers.methods.card.choice import stored_choice
+        from localpers.methods.card.choice import chosen_bias, stored_choice
 
         vector_strength, bias_strength, _ = stored_choice({"choice": profile.choice})
+        profile = replace(profile, bias=chosen_bias({"choice": profile.choice}, profile.bias))
         chosen = MethodSpec(
             spec.base,
             tuple(

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from localpers.errors import LocalpersError
-from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias
 from localpers.users.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
@@ -80,7 +80,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         fit=fit,
         fitted_at=state.get("updated_at") if fit else None,
         bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
-        bias=bias,
+        bias=chosen_bias(state, bias),
         bias_strength=stored_choice(state)[1],
     )
 

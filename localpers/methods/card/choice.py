@@ -1,11 +1,11 @@
 """`localpers fit` chooses, per user, how strongly CARD corrects their cluster adapter.
 
 The candidates are the conditioned base adapter alone (the user's cluster adapter, or the global adapter where
-the bundle's `head.base` says so), and the same adapter with the user's vector
-(at the bundle's strength) and/or their token bias (its counted tables at strength 0.1, 1 or 2; its calibrated
-opening and closing habits apply as fitted whenever the bias is on; a casing habit recases every CARD output,
-whatever is chosen). They are compared on the user's own
-most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
+the bundle's `head.base` says so), and the same adapter with the user's vector (at the bundle's strength) and/or
+their token bias: its counted tables at strength 1 or 2, and either at 0.1 (users without an opening or closing
+habit) or left out (users with one, `candidates_for`). Its calibrated opening and closing habits apply as fitted
+whenever the bias is on; a casing habit recases every CARD output, whatever is chosen. They are compared on the
+user's own most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
 the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean log-probability
 per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model runs once per
 item for all candidates). Likelihood rather than ROUGE because a handful of items is all a user has, and
@@ -29,6 +29,7 @@ from localpers.users.history_prompt import HistoryIndex
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from localpers.methods.card.token_bias import TokenBias
     from localpers.users.history import HistoryItem
     from localpers.users.store import User
 
@@ -59,19 +60,50 @@ class Scorer(Protocol):
 
 MIN_ITEMS_TO_CHOOSE = 8
 MIN_RECENT, MAX_RECENT, RECENT_FRACTION = 3, 10, 0.2
-# (label, vector strength as a multiple of the bundle's, token-bias strength)
-CANDIDATES: tuple[tuple[str, float, float], ...] = (
-    ("adapter", 0.0, 0.0),
-    ("vector", 1.0, 0.0),
-    ("bias", 0.0, 1.0),
-    ("vector+bias", 1.0, 1.0),
-    ("bias x2", 0.0, 2.0),
-    ("vector+bias x2", 1.0, 2.0),
-    # the calibrated habits with the counted tables nearly off: on the dev-split probes the counted tables cost
-    # ROUGE (they push the user's past words), while the habits alone carried the style (docs/RESULTS.md, 0c)
-    ("bias x0.1", 0.0, 0.1),
-    ("vector+bias x0.1", 1.0, 0.1),
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One correction the choice compares: vector strength as a multiple of the bundle's, token-bias strength."""
+
+    label: str
+    vector_scale: float
+    bias_strength: float
+    counted: bool = True  # False: the token bias's calibrated habits only (`TokenBias.habits_only`)
+
+    def bias(self, bias: TokenBias | None) -> TokenBias | None:
+        """The user's token bias as this candidate applies it."""
+        return bias.habits_only() if bias is not None and not self.counted else bias
+
+
+BASE_CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("adapter", 0.0, 0.0),
+    Candidate("vector", 1.0, 0.0),
+    Candidate("bias", 0.0, 1.0),
+    Candidate("vector+bias", 1.0, 1.0),
+    Candidate("bias x2", 0.0, 2.0),
+    Candidate("vector+bias x2", 1.0, 2.0),
 )
+# For users without an opening or closing habit: the counted tables nearly off. On the dev-split probes the
+# counted tables at 1 cost ROUGE (they push the user's past words) while the habits carried the style
+# (docs/RESULTS.md, 0c); on real authors, who seldom have such habits, x0.1 is often chosen (RESULTS 0p).
+LIGHT_BIAS_CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("bias x0.1", 0.0, 0.1),
+    Candidate("vector+bias x0.1", 1.0, 0.1),
+)
+# For users with one: the habits without the counted tables, which at x0.1 still moved the adapter's words
+# on the dev-split probes (RESULTS 0p).
+HABITS_CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("habits", 0.0, 1.0, counted=False),
+    Candidate("vector+habits", 1.0, 1.0, counted=False),
+)
+CANDIDATES = BASE_CANDIDATES + LIGHT_BIAS_CANDIDATES + HABITS_CANDIDATES  # every label a choice can carry
+
+
+def candidates_for(bias: TokenBias | None) -> tuple[Candidate, ...]:
+    """The candidates compared for a user with this token bias (the habits-only ones where it has habits)."""
+    has_habits = bias is not None and bool(bias.opening or bias.closing)
+    return BASE_CANDIDATES + (HABITS_CANDIDATES if has_habits else LIGHT_BIAS_CANDIDATES)
 
 
 @dataclass
@@ -85,6 +117,7 @@ class Choice:
     n_items: int
     reason: str
     seconds: float = 0.0
+    counted: bool = True  # False: the token bias's habits only, its counted tables left out
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +125,7 @@ class Choice:
             "label": self.label,
             "vector_strength": round(self.vector_strength, 6),
             "bias_strength": self.bias_strength,
+            "counted": self.counted,
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "n_items": self.n_items,
             "reason": self.reason,
@@ -129,15 +163,21 @@ def choose_correction(
         return None
     default_strength = float(personalizer.head_config.default_strength)
     index_by_task: dict[str, HistoryIndex] = {}
-    totals = {label: 0.0 for label, _, _ in CANDIDATES}
+    offered = candidates_for(outcome.bias)
+    totals = {candidate.label: 0.0 for candidate in offered}
     for done, item in enumerate(recent):
         task = get_task(item.task)
         if task.name not in index_by_task:
             pool = [(e.input, e.output) for e in earlier if e.task == task.name]
             index_by_task[task.name] = HistoryIndex(task, pool)
         variants = [
-            CorrectionVariant(outcome.vector, vector_scale * default_strength, outcome.bias, bias_strength)
-            for _, vector_scale, bias_strength in CANDIDATES
+            CorrectionVariant(
+                outcome.vector,
+                candidate.vector_scale * default_strength,
+                candidate.bias(outcome.bias),
+                candidate.bias_strength,
+            )
+            for candidate in offered
         ]
         scores = personalizer.score_reference_variants(
             item.input,
@@ -148,13 +188,14 @@ def choose_correction(
             cluster=outcome.cluster,
             history=index_by_task[task.name],
         )
-        for (label, _, _), score in zip(CANDIDATES, scores, strict=True):
-            totals[label] += score
+        for candidate, score in zip(offered, scores, strict=True):
+            totals[candidate.label] += score
         if progress:
             progress("choice", done + 1, len(recent))
     scores = {label: total / len(recent) for label, total in totals.items()}
-    best = max(scores, key=lambda label: (scores[label], -_position(label)))
-    _, vector_scale, bias_strength = CANDIDATES[_position(best)]
+    labels = [candidate.label for candidate in offered]
+    best = max(scores, key=lambda label: (scores[label], -labels.index(label)))
+    chosen = offered[labels.index(best)]
     adapter = "the global adapter" if personalizer.head_config.base == "global" else "your cluster adapter"
     if best == "adapter":
         reason = (
@@ -168,17 +209,14 @@ def choose_correction(
         )
     return Choice(
         label=best,
-        vector_strength=vector_scale * default_strength,
-        bias_strength=bias_strength,
+        vector_strength=chosen.vector_scale * default_strength,
+        bias_strength=chosen.bias_strength,
+        counted=chosen.counted,
         scores=scores,
         n_items=len(recent),
         reason=reason,
         seconds=time.perf_counter() - started,
     )
-
-
-def _position(label: str) -> int:
-    return [candidate[0] for candidate in CANDIDATES].index(label)
 
 
 def stored_choice(state: dict[str, Any]) -> tuple[float | None, float | None, str | None]:
@@ -190,3 +228,11 @@ def stored_choice(state: dict[str, Any]) -> tuple[float | None, float | None, st
         return float(entry["vector_strength"]), float(entry["bias_strength"]), str(entry["label"])
     except (KeyError, TypeError, ValueError):
         return None, None, None
+
+
+def chosen_bias(state: dict[str, Any], bias: TokenBias | None) -> TokenBias | None:
+    """The user's token bias as their stored choice applies it (habits only when it left the counts out)."""
+    entry = state.get("choice")
+    if isinstance(entry, dict) and entry.get("counted") is False and bias is not None:
+        return bias.habits_only()
+    return bias

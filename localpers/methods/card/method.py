@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from localpers.errors import LocalpersError
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions
-from localpers.methods.card.choice import stored_choice
+from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
@@ -49,7 +49,11 @@ class AdapterMethod(Method):
     ) -> dict[str, Any]:
         method = self.name
         cluster, vector, bias, state = profile_for_rewrite(user, method, personalizer)
-        chosen_strength, chosen_bias, _ = stored_choice(state) if self.uses_choice else (None, None, None)
+        chosen_strength, chosen_bias_strength, _ = (
+            stored_choice(state) if self.uses_choice else (None, None, None)
+        )
+        if self.uses_choice:
+            bias = chosen_bias(state, bias)
         strength = chosen_strength if options.strength is None else options.strength
         if method != "global" and cluster is None:
             options.note("this user has no history yet; using the global adapter")
@@ -67,7 +71,7 @@ class AdapterMethod(Method):
             on_text=options.on_text,
             history=user.history_index(get_task(options.task)) if user is not None else None,
             bias=bias,
-            bias_strength=chosen_bias,
+            bias_strength=chosen_bias_strength,
             candidates=options.candidates,
         )
         return {"user": user.name if user else None, **result.to_json()}

@@ -133,6 +133,14 @@ class TokenBias:
                 logits[index] = np.logaddexp(float(logits[index]), log_ending + math.log(share * scale))
         logits[is_end] += math.log(1.0 - total * scale)
 
+    def habits_only(self) -> TokenBias:
+        """This bias without its counted tables: the calibrated opening and closing habits and the casing habit.
+
+        The counted tables push the user's frequent words everywhere and move the model's word choice; the
+        habits act only where they belong (the first token, the end, the case of finished words).
+        """
+        return TokenBias(opening=dict(self.opening), closing=dict(self.closing), recasing=self.recasing)
+
     def __len__(self) -> int:
         return len(self.first) + len(self.rest) + len(self.opening) + len(self.closing)
 
