@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-LIGHT = ("bias x0.1", "vector+bias x0.1")
-HABITS = ("habits", "vector+habits")
+from localpers.methods.card.choice import HABITS_CANDIDATES, LIGHT_BIAS_CANDIDATES
+
+LIGHT = tuple(candidate.label for candidate in LIGHT_BIAS_CANDIDATES)
+HABITS = tuple(candidate.label for candidate in HABITS_CANDIDATES)
 
 
 def load(spec: str) -> dict[str, dict]:

@@ -5,10 +5,10 @@ the bundle's `head.base` says so), and the same adapter with the user's vector (
 their token bias: its counted tables at strength 1 or 2, and either at 0.1 (users without an opening or closing
 habit) or left out (users with one, `candidates_for`). Its calibrated opening and closing habits apply as fitted
 whenever the bias is on; a casing habit recases every CARD output, whatever is chosen. They are compared on the
-user's own most recent history items, which the fit for the comparison does not see: the vector and bias are fitted on
-the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean log-probability
-per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model runs once per
-item for all candidates). Likelihood rather than ROUGE because a handful of items is all a user has, and
+user's own most recent history items, which the fit for the comparison does not see: the vector and bias are
+fitted on the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean
+log-probability per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model
+runs once per item for all candidates). Likelihood rather than ROUGE because a handful of items is all a user has, and
 likelihood is far less noisy on a handful.
 
 A candidate replaces the adapter alone only if it beats it on these items; otherwise the user gets the adapter
@@ -164,6 +164,7 @@ def choose_correction(
     default_strength = float(personalizer.head_config.default_strength)
     index_by_task: dict[str, HistoryIndex] = {}
     offered = candidates_for(outcome.bias)
+    biases = [candidate.bias(outcome.bias) for candidate in offered]  # once, not per item
     totals = {candidate.label: 0.0 for candidate in offered}
     for done, item in enumerate(recent):
         task = get_task(item.task)
@@ -172,12 +173,9 @@ def choose_correction(
             index_by_task[task.name] = HistoryIndex(task, pool)
         variants = [
             CorrectionVariant(
-                outcome.vector,
-                candidate.vector_scale * default_strength,
-                candidate.bias(outcome.bias),
-                candidate.bias_strength,
+                outcome.vector, candidate.vector_scale * default_strength, bias, candidate.bias_strength
             )
-            for candidate in offered
+            for candidate, bias in zip(offered, biases, strict=True)
         ]
         scores = personalizer.score_reference_variants(
             item.input,
