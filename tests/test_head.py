@@ -12,8 +12,11 @@ from localpers.methods.card.head import CardHead, HeadConfig, normalise_features
 class TableEmbeddings:
     def __init__(self, table: np.ndarray) -> None:
         self.table = table
+        self.n_vocab = len(table)
+        self.calls = 0
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
+        self.calls += 1
         return self.table[np.asarray(ids)]
 
 
@@ -46,6 +49,20 @@ def test_sequence_feature_is_the_sum_of_u_times_z() -> None:
     tokens = [1, 4, 2]
     expected = sum(head.u_rows([t])[0] * head.project(features[i]) for i, t in enumerate(tokens))
     np.testing.assert_allclose(head.sequence_feature(tokens, features), expected, rtol=1e-5)
+
+
+def test_u_rows_are_remembered_and_equal_to_e_q(monkeypatch: pytest.MonkeyPatch) -> None:
+    import localpers.methods.card.head as head_module
+
+    monkeypatch.setattr(head_module, "U_CACHE_ROWS", 4)  # small, so the cache fills and starts again
+    head = small_head(vocab=6)
+    table = head.embeddings.table
+    expected = table @ head.Q
+    for ids in ([1, 3, 1], [3, 1], [0, 2, 5], [4, 5, 0, 4], [0, 1, 2, 3, 4, 5], [2]):
+        np.testing.assert_allclose(head.u_rows(np.array(ids)), expected[ids], rtol=1e-6, atol=1e-6)
+    calls = head.embeddings.calls
+    head.u_rows(np.array([2]))
+    assert head.embeddings.calls == calls  # a remembered row is not read again
 
 
 def test_reward_is_linear_in_the_user_vector() -> None:

@@ -90,19 +90,14 @@ class CardCorrection:
     def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
         if features is None:
             raise LocalpersError("the engine returned no layer features; CARD needs the layer taps")
-        habitual = np.zeros(0, dtype=np.int64)
-        if self.bias is not None:
-            habitual = self._cut_with_habits(candidates)
+        n_best = self._cut_with_habits(candidates) if self.bias is not None else candidates.size
         ids = candidates.ids
         before = candidates.logits.astype(np.float32)  # a copy: the view is about to change
-        if self.strength == 0.0:  # the token bias alone (the fit's choice often is): no head to evaluate
-            delta = np.zeros(len(ids), dtype=np.float32)
-        else:
-            delta = np.asarray(
-                self.head.correction(ids, features, self.vector, strength=self.strength), dtype=np.float32
-            )
-        if len(habitual):  # the user's habits beyond the top k are not corrected by the vector
-            delta[np.isin(ids, habitual)] = 0.0
+        delta = np.zeros(len(ids), dtype=np.float32)
+        # The token bias alone (the fit's choice often is) needs no head; the user's habits beyond the top k
+        # (after the first n_best) are not corrected by the vector.
+        if self.strength != 0.0:
+            delta[:n_best] = self.head.correction(ids[:n_best], features, self.vector, strength=self.strength)
         if self.bias is not None:
             extra = self.bias.apply(before, ids, self.position, self.bias_strength, self.emitted)
             delta = delta + extra.astype(np.float32)
@@ -120,8 +115,9 @@ class CardCorrection:
         self.bias.apply_closing(moved, ids, self.end_tokens, self.position, self.last)
         return moved
 
-    def _cut_with_habits(self, candidates: Candidates) -> np.ndarray:
-        """Keep the k best candidates plus this position's habitual tokens; returns the habitual ones added."""
+    def _cut_with_habits(self, candidates: Candidates) -> int:
+        """Keep the k best candidates, then this position's habitual tokens not among them; returns how many
+        of the kept ones are the k best (they come first)."""
         assert self.bias is not None
         best = candidates.best_positions(self.top_k)
         habits = self.bias.habitual_tokens(self.position, self.emitted)  # sorted ids
@@ -130,9 +126,12 @@ class CardCorrection:
             positions = habits  # the usual case: the candidates are still in vocabulary order
         else:
             positions = np.flatnonzero(np.isin(ids, habits))
-        extra = positions[~np.isin(positions, best)]
-        candidates.select(np.concatenate([best, extra]))
-        return candidates.ids[len(best) :].astype(np.int64)
+        mask = np.ones(len(positions), dtype=bool)
+        if len(positions):
+            in_best = set(best.tolist())
+            mask = np.fromiter((int(p) not in in_best for p in positions), dtype=bool, count=len(positions))
+        candidates.select(np.concatenate([best, positions[mask]]))
+        return len(best)
 
     def accept(self, token: int) -> None:
         """Count the step (the features of each step come from the taps, not from here)."""

@@ -24,6 +24,8 @@ from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 
 RMS_EPS = 1e-6
+# Token rows `E[v] Q` a factored head remembers (16 MB at D = 128); a headline writer's candidates stay far below.
+U_CACHE_ROWS = 32768
 BASES = ("cluster", "global")  # the adapters CARD's correction can sit on (`HeadConfig.base`)
 
 
@@ -128,6 +130,9 @@ class CardHead:
         self.default_vectors = np.asarray(default_vectors, dtype=np.float32)
         self.Q = None if factor_q is None else np.ascontiguousarray(factor_q, dtype=np.float32)
         self.embeddings = embeddings
+        self._row_slots: np.ndarray | None = None  # token id -> row of _row_cache, -1 = not computed yet
+        self._row_cache: np.ndarray | None = None
+        self._rows_filled = 0
         self._full_rows: dict[int, int] = {}
         self.U_rows = None if u_rows is None else np.asarray(u_rows, dtype=np.float32)
         self.U_ids = None if u_ids is None else np.asarray(u_ids, dtype=np.int64)
@@ -193,8 +198,7 @@ class CardHead:
         """`U[v]` for each token id, `(n, D)`; untrained rows of a full U are zero."""
         ids = np.asarray(token_ids, dtype=np.int64)
         if self.config.u == "factored":
-            assert self.embeddings is not None and self.Q is not None
-            return self.embeddings.rows(ids) @ self.Q
+            return self._factored_rows(ids)
         assert self.U_rows is not None
         out = np.zeros((len(ids), self.d), dtype=np.float32)
         for i, token in enumerate(ids):
@@ -202,6 +206,32 @@ class CardHead:
             if row is not None:
                 out[i] = self.U_rows[row]
         return out
+
+    def _factored_rows(self, ids: np.ndarray) -> np.ndarray:
+        """`E[v] Q`, remembered per token id: decoding asks for the same few thousand tokens again and again,
+        and dequantising their embedding rows was most of the correction's time per step."""
+        assert self.embeddings is not None and self.Q is not None
+        if self._row_slots is None:
+            self._row_slots = np.full(self.embeddings.n_vocab, -1, dtype=np.int32)
+            self._row_cache = np.empty((U_CACHE_ROWS, self.d), dtype=np.float32)  # pages touched as filled
+        assert self._row_cache is not None
+        slots = self._row_slots[ids]
+        missing = slots < 0
+        if not missing.any():
+            return self._row_cache[slots]
+        new = np.unique(ids[missing])
+        if self._rows_filled + len(new) > U_CACHE_ROWS:  # full: start again rather than track recency
+            self._row_slots.fill(-1)
+            self._rows_filled = 0
+            new = np.unique(ids)
+            if len(new) > U_CACHE_ROWS:  # more than the cache holds: computed, not remembered
+                return self.embeddings.rows(ids) @ self.Q
+        rows = self.embeddings.rows(new) @ self.Q
+        placed = np.arange(self._rows_filled, self._rows_filled + len(new), dtype=np.int32)
+        self._row_cache[placed] = rows
+        self._row_slots[new] = placed
+        self._rows_filled += len(new)
+        return self._row_cache[self._row_slots[ids]]
 
     def sequence_feature(self, tokens: list[int] | np.ndarray, features: np.ndarray) -> np.ndarray:
         """`g(y) = alpha * sum_t U[y_t] * z_t` (over T when length-normalised); `(D,)`."""
