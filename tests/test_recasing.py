@@ -84,6 +84,15 @@ def test_no_habit_when_the_user_writes_like_the_model_or_shows_too_little() -> N
     assert fit_recasing(NAMED[:2], INPUTS[:2], TITLE[:2]) is None  # under 20 cased words
 
 
+def test_a_constant_habit_is_found_when_the_model_drifts_most_of_the_way_towards_it() -> None:
+    styled = [sentence_case(t) for t in TITLE] * 4
+    # the model's y- for the user's sentence-case prompts: 3 of 4 outputs already in sentence case
+    drifted = [sentence_case(t) for t in TITLE] * 3 + TITLE
+    habit = fit_recasing(styled, INPUTS * 4, drifted)
+    assert habit is not None and habit.mode == "lower"  # 1.0 against ~0.75: short of the 0.3 margin
+    assert fit_recasing(styled, INPUTS * 4, styled) is None  # the model already keeps it
+
+
 def test_first_words_acronyms_numbers_and_spacing_are_untouched() -> None:
     habit = Recasing("lower")
     assert habit.apply("  Watch: NFL Star's 2 \u201cBig\u201d Wins\n", "") == (

@@ -12,7 +12,8 @@ Fitted from the user's outputs against the cluster model's outputs for the same 
   case and the model's share is at least `MARGIN` below the user's; an *upper* habit (Title Case) the other way.
   The margin is against the model's y- for the user's own conditioned prompts, which drift towards the
   examples' case as the history grows (0.4-0.6 lower case at 20-100 sentence-case examples on the dev split);
-  a fixed ceiling on the model's share missed those users;
+  a fixed ceiling on the model's share missed those users. A near-constant habit (`STRONG_HABIT_RATE`) needs
+  only `STRONG_MARGIN`: a model that drifts to 0.7 of the user's case still misses it in most outputs;
 - `exceptions`: words the user writes mostly in the other case (a sentence-case writer's "Trump", a Title
   Case writer's "of"), kept as the user writes them;
 - `names_from_input` (lower habit only): whether the user keeps words that their input text capitalises
@@ -32,6 +33,8 @@ from typing import Any
 
 HABIT_RATE = 0.7  # share of the user's cased later words in the habit's case
 MARGIN = 0.3  # ... and the model's share of them is at least this much lower
+STRONG_HABIT_RATE = 0.95  # a habit this constant ...
+STRONG_MARGIN = 0.1  # ... needs the model to fall short of it by this much only
 MIN_CASED_WORDS = 20  # cased later words the user's outputs must show before a habit is believed
 MIN_NAME_EVIDENCE = 3  # capitalised input words the user repeats, before `names_from_input` is decided
 MAX_EXCEPTIONS = 200
@@ -143,6 +146,14 @@ def _lower_share(outputs: Iterable[str]) -> tuple[float, int]:
     return (sum(c == "lower" for c in cases) / len(cases) if cases else 0.0), len(cases)
 
 
+def _habit(user_share: float, model_share: float) -> bool:
+    """Whether a user who writes `user_share` of their later words in one case, where the model writes
+    `model_share`, has a habit the model does not already keep."""
+    if user_share >= STRONG_HABIT_RATE:
+        return model_share <= user_share - STRONG_MARGIN
+    return user_share >= HABIT_RATE and model_share <= user_share - MARGIN
+
+
 def fit_recasing(
     outputs: Sequence[str], inputs: Sequence[str], model_outputs: Sequence[str]
 ) -> Recasing | None:
@@ -154,9 +165,9 @@ def fit_recasing(
     model_lower, model_words = _lower_share(model_outputs)
     if user_words < MIN_CASED_WORDS or not model_words:
         return None
-    if user_lower >= HABIT_RATE and model_lower <= user_lower - MARGIN:
+    if _habit(user_lower, model_lower):
         mode = "lower"
-    elif 1.0 - user_lower >= HABIT_RATE and model_lower >= user_lower + MARGIN:
+    elif _habit(1.0 - user_lower, 1.0 - model_lower):
         mode = "upper"
     else:
         return None
