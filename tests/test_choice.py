@@ -15,12 +15,10 @@ from localpers.methods.card.choice import (
     MIN_ITEMS_TO_CHOOSE,
     candidates_for,
     chosen_bias,
-    reference_for,
     split_recent,
     stored_choice,
 )
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.recasing import Recasing
 from localpers.methods.card.token_bias import TokenBias
 from localpers.users.store import UserStore
 
@@ -138,10 +136,3 @@ def test_cli_fit_says_what_it_chose_and_rewrite_applies_it(bundle_dir, backbone)
     assert result.exit_code == 0, result.output
     strength, _, _ = stored_choice(store.get("cli-chooser").state())
     assert json.loads(result.output)["strength"] == pytest.approx(strength)
-
-
-def test_with_a_casing_habit_the_candidates_are_scored_on_the_words_in_the_models_case() -> None:
-    assert reference_for(None, "Fed raises rates again") == "Fed raises rates again"
-    assert reference_for(TokenBias(), "Fed raises rates again") == "Fed raises rates again"
-    habit = TokenBias(recasing=Recasing("lower"))
-    assert reference_for(habit, "Fed raises rates again") == "Fed Raises Rates Again"

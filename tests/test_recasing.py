@@ -12,8 +12,6 @@ from localpers.methods.card.recasing import (
     input_names,
 )
 from localpers.methods.card.token_bias import TokenBias, describe_habits
-from localpers.methods.card.user_fit import token_bias
-from localpers.users.history import HistoryItem
 
 TITLE = [
     "Trump Says He Will Veto The Bill",
@@ -93,38 +91,6 @@ def test_a_constant_habit_is_found_when_the_model_drifts_most_of_the_way_towards
     habit = fit_recasing(styled, INPUTS * 4, drifted)
     assert habit is not None and habit.mode == "lower"  # 1.0 against ~0.75: short of the 0.3 margin
     assert fit_recasing(styled, INPUTS * 4, styled) is None  # the model already keeps it
-
-
-def test_in_model_case_undoes_a_lower_habit_and_leaves_an_upper_one() -> None:
-    habit = Recasing("lower")
-    for title in TITLE:
-        assert habit.in_model_case(sentence_case(title)) == title
-    assert (
-        habit.in_model_case("Why 'low-skilled' people (mostly) stay")
-        == "Why 'Low-skilled' People (Mostly) Stay"
-    )
-    assert Recasing("upper").in_model_case("Why the senate voted") == "Why the senate voted"
-
-
-def test_a_casing_habit_leaves_the_counted_tables_to_the_words() -> None:
-    class WordEngine:  # one token per word
-        def __init__(self) -> None:
-            self.ids: dict[str, int] = {}
-
-        def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-            return [self.ids.setdefault(word, len(self.ids)) for word in text.split()]
-
-        def token_bytes(self, token: int) -> bytes:
-            return next(word for word, i in self.ids.items() if i == token).encode()
-
-    styled = [sentence_case(t) for t in TITLE] * 4
-    items = [
-        HistoryItem.create("headline", source, output)
-        for source, output in zip(INPUTS * 4, styled, strict=True)
-    ]
-    bias = token_bias(WordEngine(), items, TITLE * 4)  # the model writes the same words in Title Case
-    assert bias.recasing is not None and bias.recasing.mode == "lower"
-    assert not bias.first and not bias.rest  # only the case differed: nothing for the tables to push
 
 
 def test_first_words_acronyms_numbers_and_spacing_are_untouched() -> None:

@@ -4,8 +4,7 @@ The candidates are the conditioned base adapter alone (the user's cluster adapte
 the bundle's `head.base` says so), and the same adapter with the user's vector (at the bundle's strength) and/or
 their token bias: its counted tables at strength 1 or 2, and either at 0.1 (users without an opening or closing
 habit) or left out (users with one, `candidates_for`). Its calibrated opening and closing habits apply as fitted
-whenever the bias is on; a casing habit recases every CARD output, whatever is chosen (so the items they are
-scored on are written in the model's case: `reference_for`). They are compared on the
+whenever the bias is on; a casing habit recases every CARD output, whatever is chosen. They are compared on the
 user's own most recent history items, which the fit for the comparison does not see: the vector and bias are
 fitted on the earlier items only, and each candidate scores the real recent outputs teacher-forced (mean
 log-probability per token, `Personalizer.score_reference_variants`, the same correction that decodes; the model
@@ -133,14 +132,6 @@ class Choice:
         }
 
 
-def reference_for(bias: TokenBias | None, output: str) -> str:
-    """The recent item the candidates are scored on: with a casing habit, in the model's case, since the
-    habit recases every output whatever is chosen and only the words are the candidates' to win."""
-    if bias is None or bias.recasing is None:
-        return output
-    return bias.recasing.in_model_case(output)
-
-
 def split_recent(items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], list[HistoryItem]]:
     """(earlier, recent): the most recent 20% of the items (3 to 10) are held out for the choice."""
     count = min(MAX_RECENT, max(MIN_RECENT, round(RECENT_FRACTION * len(items))))
@@ -188,7 +179,7 @@ def choose_correction(
         ]
         scores = personalizer.score_reference_variants(
             item.input,
-            reference_for(outcome.bias, item.output),
+            item.output,
             variants,
             task=task.name,
             method="card",

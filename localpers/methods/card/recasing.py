@@ -112,26 +112,6 @@ class Recasing:
 
         return _WORD.sub(recase, text)
 
-    def in_model_case(self, text: str) -> str:
-        """`text` (the user's) with a lower habit undone: every later lower-case word capitalised, as the
-        Title Case adapters write. What the user's words are, apart from their case, for the fit's counted
-        tables and its choice: the casing itself is this habit's to apply. An upper habit leaves `text`
-        as it is (which of its words a sentence-case model would keep capitalised is not known here)."""
-        if self.mode != "lower":
-            return text
-        index = -1
-
-        def capitalise(match: re.Match[str]) -> str:
-            nonlocal index
-            index += 1
-            word = match.group(0)
-            if index == 0 or _case_of(word) != "lower":
-                return word
-            start = len(word) - len(word.lstrip(_EDGE_PUNCTUATION))
-            return word[:start] + word[start].upper() + word[start + 1 :]
-
-        return _WORD.sub(capitalise, text)
-
     def describe(self) -> str:
         if self.mode == "lower":
             kept = " except names" if self.names_from_input or self.exceptions else ""

@@ -182,16 +182,7 @@ def token_bias(
     `first_logprobs[i]`: the cluster model's log-probability of item i's first output token (None where
     the pair was not scored); they calibrate the opening habits. Closing habits are punctuation only.
     """
-    recasing = fit_recasing(
-        [item.output for item in items],
-        [content_of(get_task(item.task), item.input) for item in items],
-        [negative for negative in negatives if negative],
-    )
-    # With a casing habit the counted tables compare the user's words in the model's case: applied to the
-    # finished words, the habit leaves the model's choice of words alone, where counted lower-case spellings
-    # would push tokens whose continuations differ (docs/RESULTS.md 0d, 0q).
-    outputs = [item.output if recasing is None else recasing.in_model_case(item.output) for item in items]
-    positives = [engine.tokenize(" " + output, add_bos=False) for output in outputs]
+    positives = [engine.tokenize(" " + item.output, add_bos=False) for item in items]
     generated = [engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative]
     endings = {tokens[-1] for tokens in positives if tokens}
     punctuation = {t for t in endings if _is_punctuation(engine.token_bytes(t))}
@@ -201,7 +192,15 @@ def token_bias(
         first_logprobs=first_logprobs,
         closing_allowed=punctuation,
     )
-    bias.recasing = recasing
+    recasing = fit_recasing(
+        [item.output for item in items],
+        [content_of(get_task(item.task), item.input) for item in items],
+        [negative for negative in negatives if negative],
+    )
+    if recasing is not None:
+        # Applied to the finished words, the habit leaves the model's choice of words alone; moving
+        # probability between spellings while decoding (`case`) drifted it (docs/RESULTS.md 0d).
+        bias.recasing = recasing
     return bias
 
 
