@@ -126,11 +126,7 @@ class CardCorrection:
             positions = habits  # the usual case: the candidates are still in vocabulary order
         else:
             positions = np.flatnonzero(np.isin(ids, habits))
-        mask = np.ones(len(positions), dtype=bool)
-        if len(positions):
-            in_best = set(best.tolist())
-            mask = np.fromiter((int(p) not in in_best for p in positions), dtype=bool, count=len(positions))
-        candidates.select(np.concatenate([best, positions[mask]]))
+        candidates.select(np.concatenate([best, positions[~np.isin(positions, best)]]))
         return len(best)
 
     def accept(self, token: int) -> None:
