@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_bench import USERS, data_file, personalizer  # noqa: F401 - shared fixtures
 from typer.testing import CliRunner
 
 from localpers.bench.data import load_bench_users
-from localpers.bench.probes import ProbeConfig, hit_rate, probe_method_names, run_probes
+from localpers.bench.probes import ProbeConfig, hit_rate, paired_reference, probe_method_names, run_probes
 from localpers.bench.styles import STYLES, get_style, restyle_users, sentence_case
 from localpers.cli import app
 from localpers.errors import LocalpersError
@@ -78,6 +79,26 @@ def test_probe_method_names_and_hit_rate() -> None:
     assert rate["rate"] == 0.75 and rate["ci"][0] <= 0.75 <= rate["ci"][2]
 
 
+def test_paired_reference_is_the_adapter_alone_at_the_same_history_size() -> None:
+    from types import SimpleNamespace
+
+    names = {
+        "global": ("global", "n/a"),
+        "global-history@history=5": ("global-history", 5),
+        "global-history@history=20": ("global-history", 20),
+        "card-auto@history=20": ("card-auto", 20),
+        "card-auto@history=10": ("card-auto", 10),
+    }
+    specs = [SimpleNamespace(name=name, base=base) for name, (base, _) in names.items()]
+    run = SimpleNamespace(specs=specs, params={name: {"history": h} for name, (_, h) in names.items()})
+    by_name = {spec.name: spec for spec in specs}
+    reference = paired_reference(by_name["card-auto@history=20"], run)
+    assert reference.name == "global-history@history=20"
+    assert paired_reference(by_name["card-auto@history=10"], run).name == "global"  # no adapter alone at 10
+    assert paired_reference(by_name["global-history@history=5"], run).name == "global"
+    assert paired_reference(by_name["global"], run) is None
+
+
 def test_probes_run_end_to_end(data_file: Path, personalizer, tmp_path: Path) -> None:  # noqa: F811
     config = ProbeConfig(
         data=data_file,
@@ -112,8 +133,20 @@ def test_probes_run_end_to_end(data_file: Path, personalizer, tmp_path: Path) ->
             assert row["hit"]["n"] == len(flags)
             if flags:
                 assert row["hit"]["rate"] == pytest.approx(sum(flags) / len(flags), abs=1e-4)
+            # no conditioned adapter in this run: each method is paired with global, global with nothing
+            if name == "global":
+                assert row["rouge1_vs"] is None
+            else:
+                scores = {o["method"]: {} for o in outputs}
+                for o in outputs:
+                    scores[o["method"]][(o["user"], o["query_id"])] = o["rouge1"]
+                expected = np.mean([scores[name][key] - scores["global"][key] for key in scores[name]])
+                low, mean, high = row["rouge1_vs"]["delta"]
+                assert row["rouge1_vs"]["method"] == "global"
+                assert mean == pytest.approx(expected, abs=1e-4) and low <= mean <= high
     assert json.loads((config.out / "probes.json").read_text()) == probes
     assert "## kicker (prefix)" in (config.out / "probes.md").read_text()
+    assert "vs global |" in (config.out / "probes.md").read_text()
     assert (config.out / "probes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # resumable: a second run is served from each style's cache and gives the same figures
     assert run_probes(config, personalizer=personalizer) == probes

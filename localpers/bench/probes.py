@@ -6,7 +6,9 @@ generates for the first few queries of each author. The hit rate is the share of
 style (the detector's None, "does not apply", is left out of the count), and ROUGE-1 is taken against the
 restyled gold so that a method cannot score by emitting the marker alone. The global adapter (sees no
 history) is the floor and the few-shot prompt (`rag`: the global adapter with the closest history items as
-completed examples) the reference.
+completed examples) the reference. Each method's ROUGE-1 is also given as a paired difference to the adapter
+it corrects, so that "learns the style without losing the words" is a measured statement: to the
+conditioned adapter alone (`global-history`) at the same history size where that was run, else to `global`.
 
 Each style is one ordinary benchmark run in `<out>/<style>/` (its cache makes the probes resumable); this
 module only drives those runs and aggregates them into probes.json, probes.md and probes.png.
@@ -22,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from localpers.atomic import atomic_write_text
-from localpers.bench.metrics import mean_interval
+from localpers.bench.metrics import mean_interval, paired_bootstrap
+from localpers.bench.results import query_scores
 from localpers.bench.runner import BenchConfig, Progress
 from localpers.bench.styles import STYLES, get_style
 
@@ -30,6 +33,8 @@ DEFAULT_PROBE_METHODS = ("rag", "cluster")
 DEFAULT_HISTORY_SIZES: tuple[int | None, ...] = (5, 10, 20, None)
 DEFAULT_QUERIES_PER_USER = 3
 DIGITS = 4
+ADAPTER_ALONE = "global-history"  # the paired reference of a probe's ROUGE-1, where it was run
+FLOOR = "global"
 
 
 @dataclass
@@ -84,14 +89,39 @@ def hit_rate(flags: list[bool | None], *, n_resamples: int, seed: int) -> dict[s
     return {"rate": round(interval.mean, DIGITS), "ci": interval.as_list(DIGITS), "n": len(applicable)}
 
 
+def paired_reference(spec: Any, run: Any) -> Any | None:
+    """The method `spec`'s ROUGE-1 is paired with: the adapter alone at its history size, else global."""
+    history = run.params[spec.name].get("history", "n/a")
+    for other in run.specs:
+        if (
+            other.base == ADAPTER_ALONE
+            and other.name != spec.name
+            and run.params[other.name].get("history", "n/a") == history
+        ):
+            return other
+    return next((other for other in run.specs if other.base == FLOOR and other.name != spec.name), None)
+
+
+def _paired_rouge1(spec: Any, reference: Any, run: Any, *, n_resamples: int, seed: int) -> dict[str, Any]:
+    keys, scores = query_scores(run.records[spec.name], "rouge1")
+    reference_keys, reference_scores = query_scores(run.records[reference.name], "rouge1")
+    if keys != reference_keys:
+        raise ValueError(
+            f"{spec.name} and {reference.name} were scored on different queries; cannot pair them"
+        )
+    interval = paired_bootstrap(scores, reference_scores, n_resamples=n_resamples, seed=seed)
+    return {"method": reference.name, "label": _label(reference), "delta": interval.as_list(DIGITS)}
+
+
 def summarise_style(style_name: str, run: Any, *, n_resamples: int, seed: int) -> dict[str, Any]:
-    """One style's rows: per method hit rate, ROUGE-1 against the restyled gold, history size."""
+    """One style's rows: per method hit rate, ROUGE-1 against the restyled gold (also paired), history size."""
     style = get_style(style_name)
     gold_flags = [style.detect(query.reference) for user in run.users for query in user.queries]
     rows: dict[str, Any] = {}
     for spec in run.specs:
         queries = [q for record in run.records[spec.name] for q in record["queries"]]
         r1 = np.array([q["rouge1"] for q in queries], dtype=np.float64)
+        reference = paired_reference(spec, run)
         rows[spec.name] = {
             "base": spec.base,
             "label": _label(spec),
@@ -99,6 +129,9 @@ def summarise_style(style_name: str, run: Any, *, n_resamples: int, seed: int) -
             "hit": hit_rate([q.get("style_hit") for q in queries], n_resamples=n_resamples, seed=seed),
             "rouge1": round(float(r1.mean()), DIGITS),
             "rouge1_ci": mean_interval(r1, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
+            "rouge1_vs": None
+            if reference is None
+            else _paired_rouge1(spec, reference, run, n_resamples=n_resamples, seed=seed),
             "n": len(queries),
         }
     return {
@@ -191,6 +224,14 @@ def _percent(hit: dict[str, Any]) -> str:
     return f"{100 * hit['rate']:.0f}% [{100 * low:.0f}, {100 * high:.0f}] (n={hit['n']})"
 
 
+def _paired_cell(paired: dict[str, Any] | None) -> str:
+    if not paired:
+        return "–"
+    low, mean, high = paired["delta"]
+    star = " *" if low > 0 or high < 0 else ""
+    return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]{star} vs {paired['label']}"
+
+
 def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
     """probes.md: one table per style (hit rate with interval, ROUGE-1 against the restyled gold)."""
     config = probes["config"]
@@ -202,7 +243,9 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
         f"Command: `{config['command']}`" if config.get("command") else "",
         "",
         "Hit rate: share of outputs carrying the style (95% bootstrap interval over queries; n = outputs the "
-        "detector applies to). R-1 is against the restyled gold.",
+        "detector applies to). R-1 is against the restyled gold; ΔR-1 is paired over the same queries, to the "
+        "conditioned adapter alone at the same history size where it was run, else to global (* = the 95% "
+        "interval excludes 0).",
         "",
     ]
     for style in probes["styles"]:
@@ -211,14 +254,15 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
             "",
             f"Restyled gold carries it: {_percent(style['gold_hit'])}",
             "",
-            "| method | history | hit rate | R-1 [95% CI] |",
-            "|---|---:|---|---|",
+            "| method | history | hit rate | R-1 [95% CI] | ΔR-1 [95% CI] |",
+            "|---|---:|---|---|---|",
         ]
         for row in style["methods"].values():
             low, mean, high = row["rouge1_ci"]
             history = "all" if row["history"] is None else row["history"]
             lines.append(
-                f"| {row.get('label', row['base'])} | {history} | {_percent(row['hit'])} | {mean:.4f} [{low:.4f}, {high:.4f}] |"
+                f"| {row.get('label', row['base'])} | {history} | {_percent(row['hit'])} | "
+                f"{mean:.4f} [{low:.4f}, {high:.4f}] | {_paired_cell(row.get('rouge1_vs'))} |"
             )
         lines.append("")
     if image:
