@@ -6,8 +6,8 @@ import pytest
 
 from localpers.bench.styles import sentence_case
 from localpers.methods.card.recasing import (
+    FinishingStream,
     Recasing,
-    RecasingStream,
     fit_recasing,
     input_names,
 )
@@ -104,7 +104,7 @@ def test_first_words_acronyms_numbers_and_spacing_are_untouched() -> None:
 def test_streamed_text_is_recased_word_by_word_and_adds_up_to_the_whole() -> None:
     habit = Recasing("lower")
     sent: list[str] = []
-    stream = RecasingStream(habit, "", sent.append)
+    stream = FinishingStream(habit.apply, "", sent.append)
     pieces = [" Trump", " Sa", "ys", " He", " Will", " Veto", " The", " Bill"]
     for piece in pieces:
         stream(piece)

@@ -37,7 +37,7 @@ from localpers.methods.card.correction import CardCorrection, CorrectionVariant,
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.methods.card.head import CardHead, HeadConfig
 from localpers.methods.card.pairs import PairBuilder, Progress
-from localpers.methods.card.recasing import RecasingStream
+from localpers.methods.card.recasing import FinishingStream
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_fit import FitOutcome
 from localpers.methods.consensus import MAX_CANDIDATES
@@ -199,8 +199,8 @@ class Personalizer:
             )
             stop = (*chosen_task.stop_strings, *stop)
 
-        recasing = bias.recasing if correction is not None and bias is not None else None
-        stream = RecasingStream(recasing, text, on_text) if recasing and on_text else None
+        habits = bias if correction is not None and bias is not None and bias.has_text_habits else None
+        stream = FinishingStream(habits.finish, text, on_text) if habits is not None and on_text else None
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
         # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
@@ -232,7 +232,7 @@ class Personalizer:
                 )
         if stream is not None:
             stream.close()
-        output = result.text if recasing is None else recasing.apply(result.text, text)
+        output = result.text if habits is None else habits.finish(result.text, text)
         total_ms = 1000 * (time.perf_counter() - started)
         steps = (
             decoding_runs.describe_steps(self.engine, result, correction.steps)

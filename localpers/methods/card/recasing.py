@@ -195,11 +195,12 @@ def fit_recasing(
     return Recasing(mode, frozenset(exceptions), names_from_input)
 
 
-class RecasingStream:
-    """Passes streamed text on to `sink` recased, holding back the word still being written."""
+class FinishingStream:
+    """Passes streamed text on to `sink` finished word by word (`finish(text, source)`: recased, respelled),
+    holding back the word still being written."""
 
-    def __init__(self, recasing: Recasing, source: str, sink: Callable[[str], None]) -> None:
-        self._recasing = recasing
+    def __init__(self, finish: Callable[[str, str], str], source: str, sink: Callable[[str], None]) -> None:
+        self._finish = finish
         self._source = source
         self._sink = sink
         self._text = ""
@@ -209,11 +210,11 @@ class RecasingStream:
         self._text += piece
         end = max(self._text.rfind(" "), self._text.rfind("\n"))
         if end >= 0:
-            self._send(self._recasing.apply(self._text[: end + 1], self._source))
+            self._send(self._finish(self._text[: end + 1], self._source))
 
     def close(self) -> None:
         """Send what is still held back (the last word)."""
-        self._send(self._recasing.apply(self._text, self._source))
+        self._send(self._finish(self._text, self._source))
 
     def _send(self, recased: str) -> None:
         if len(recased) > self._sent:

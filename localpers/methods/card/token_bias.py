@@ -27,7 +27,8 @@ count ratio from ~20 greedy y- caps near log(20) while a kicker the model gives 
   ends. A count ratio cannot say *where* to put a closing "?"; pushed anywhere it lands mid-headline.
 
 A casing habit (sentence case, Title Case) is not a token bias: it travels with it as `recasing` and is
-applied to the finished words (`localpers.methods.card.recasing`), so it leaves the model's words alone.
+applied to the finished words (`localpers.methods.card.recasing`), so it leaves the model's words alone. So
+does a spelling habit ("&" for "and": `respelling`, `localpers.methods.card.respelling`); `finish` applies both.
 
 This captures habits a headline shows in its tokens (a fixed kicker, "&" for "and", a closing "?") that neither the shared adapters nor a 128-dimensional vector pick up from ~20 items.
 It knows nothing of models or files: token ids in, numbers out.
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from localpers.methods.card.recasing import Recasing
+from localpers.methods.card.respelling import Respelling
 
 MIN_BIAS = 0.5
 MAX_ENTRIES = 200
@@ -68,6 +70,20 @@ class TokenBias:
     opening: dict[int, float] = field(default_factory=dict)
     closing: dict[int, float] = field(default_factory=dict)
     recasing: Recasing | None = None  # a casing habit, applied to the finished words (not a token bias)
+    respelling: Respelling | None = None  # spelling habits ("&" for "and"), applied to the finished words
+
+    @property
+    def has_text_habits(self) -> bool:
+        """Whether `finish` changes anything: a casing or a spelling habit."""
+        return self.recasing is not None or self.respelling is not None
+
+    def finish(self, text: str, source: str = "") -> str:
+        """`text` (an output, or a streamed prefix of it) in the user's spelling and case; `source` is the input."""
+        if self.respelling is not None:
+            text = self.respelling.apply(text)
+        if self.recasing is not None:
+            text = self.recasing.apply(text, source)
+        return text
 
     def for_step(self, step: int) -> dict[int, float]:
         """The counted bias table for the `step`-th generated token (0 = the first)."""
@@ -139,7 +155,12 @@ class TokenBias:
         The counted tables push the user's frequent words everywhere and move the model's word choice; the
         habits act only where they belong (the first token, the end, the case of finished words).
         """
-        return TokenBias(opening=dict(self.opening), closing=dict(self.closing), recasing=self.recasing)
+        return TokenBias(
+            opening=dict(self.opening),
+            closing=dict(self.closing),
+            recasing=self.recasing,
+            respelling=self.respelling,
+        )
 
     def __len__(self) -> int:
         return len(self.first) + len(self.rest) + len(self.opening) + len(self.closing)
@@ -152,6 +173,8 @@ class TokenBias:
         }
         if self.recasing is not None:
             tables["recasing"] = self.recasing.to_json()
+        if self.respelling is not None:
+            tables["respelling"] = self.respelling.to_json()
         return tables
 
     @classmethod
@@ -188,7 +211,12 @@ class TokenBias:
             recasing = None if recasing is None else Recasing.from_json(recasing)
         except ValueError as exc:
             raise ValueError(f"token bias field 'recasing': {exc}") from None
-        return cls(**tables, recasing=recasing)
+        respelling = data.get("respelling")
+        try:
+            respelling = None if respelling is None else Respelling.from_json(respelling)
+        except ValueError as exc:
+            raise ValueError(f"token bias field 'respelling': {exc}") from None
+        return cls(**tables, recasing=recasing, respelling=respelling)
 
 
 def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
@@ -202,6 +230,8 @@ def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
     ]
     if bias.recasing is not None:
         lines.append(bias.recasing.describe())
+    if bias.respelling is not None:
+        lines.append(bias.respelling.describe())
     return lines
 
 

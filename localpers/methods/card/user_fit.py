@@ -4,7 +4,7 @@
 result atomically in the user's own folder through `localpers.users.store`; `fit_items` fits given items and
 stores nothing (the per-user choice fits the earlier items this way). The work is done elsewhere and only
 sequenced here: the pairs (y-, their cache, pair features) by `localpers.methods.card.pairs`, lambda by
-`fitting`, the habits by `token_bias` and `recasing`, the choice of strengths by `choice`. This module does
+`fitting`, the habits by `token_bias`, `recasing` and `respelling`, the choice of strengths by `choice`. This module does
 not generate or rewrite; it needs the engine, the head and the pair builder of CARD's `Personalizer`, which
 calls it (a protocol, not an import, so that `personalizer` -> `user_fit` runs one way).
 """
@@ -21,6 +21,7 @@ import numpy as np
 from localpers.methods.card.choice import Scorer, choose_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.recasing import fit_recasing
+from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import FitReport
 from localpers.tasks import get_task
@@ -201,6 +202,9 @@ def token_bias(
         # Applied to the finished words, the habit leaves the model's choice of words alone; moving
         # probability between spellings while decoding (`case`) drifted it (docs/RESULTS.md 0d).
         bias.recasing = recasing
+    bias.respelling = fit_respelling(
+        [item.output for item in items], [negative for negative in negatives if negative]
+    )
     return bias
 
 
