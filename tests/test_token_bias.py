@@ -11,6 +11,7 @@ from test_personalize import ARTICLE, SHOUTY, bundle_dir, items, personalizer  #
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.recasing import Recasing
+from localpers.methods.card.respelling import Respelling
 from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, describe_habits, fit_token_bias
 from localpers.methods.card.user_state import stored_token_bias
 from localpers.users.store import UserStore
@@ -172,6 +173,15 @@ def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Pe
     first_candidates = {c.token for c in biased.steps[0].candidates}
     assert set(bias.habitual_tokens(0).tolist()) <= first_candidates  # the user's habits join the top k
     assert len(first_candidates) >= personalizer.head_config.top_k
+
+
+def test_the_fit_finds_a_spelling_habit_and_keeps_it_with_the_bias(personalizer: Personalizer) -> None:  # noqa: F811
+    user = UserStore().create("ampersand")
+    user.save_history(items([(text, output.replace(", ", " & ", 1)) for text, output in SHOUTY]))
+    personalizer.fit_user(user)
+    bias = stored_token_bias(user)
+    assert bias is not None and bias.respelling == Respelling({"and": "&"})
+    assert bias.finish("Rain And Wind") == "Rain & Wind"
 
 
 def test_a_damaged_bias_in_the_state_is_a_one_line_error(tmp_path) -> None:
