@@ -40,12 +40,12 @@ MIN_NAME_EVIDENCE = 3  # capitalised input words the user repeats, before `names
 MAX_EXCEPTIONS = 200
 MODES = ("lower", "upper")
 _WORD = re.compile(r"\S+")
-_EDGE_PUNCTUATION = "'\"‘’“”()[]{}.,;:!?…-–—*"
+EDGE_PUNCTUATION = "'\"‘’“”()[]{}.,;:!?…-–—*"
 _SENTENCE_ENDS = (".", "!", "?", ":", ";")
 
 
 def _core(word: str) -> str:
-    return word.strip(_EDGE_PUNCTUATION)
+    return word.strip(EDGE_PUNCTUATION)
 
 
 def _is_acronym(core: str) -> bool:
@@ -94,7 +94,7 @@ class Recasing:
         if key in self.exceptions:
             return word
         if self.mode == "upper":
-            start = len(word) - len(word.lstrip(_EDGE_PUNCTUATION))
+            start = len(word) - len(word.lstrip(EDGE_PUNCTUATION))
             return word[:start] + word[start].upper() + word[start + 1 :]
         if self.names_from_input and key in names:
             return word

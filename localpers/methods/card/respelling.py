@@ -11,9 +11,10 @@ Fitted from the user's outputs against the cluster model's outputs for the same 
 each family of `FAMILIES`, a habit when the user wrote the family at least `MIN_USES` times, at least
 `HABIT_RATE` of them in one form, and the model's own most frequent form (the family's first, common one if
 it wrote none) is another. One use is enough: 20 headlines hold the family about twice, and a wrong "&" for
-"and" costs little, while two uses found the habit in only 71% of the dev split's probe outputs. Only the families listed are known; a spelling outside them is the token bias's business. Words
-are whitespace-separated and compared without their edge punctuation, which is kept. This module knows
-nothing of models or tokens: text in, text out.
+"and" costs little, while two uses found the habit in only 71% of the dev split's probe outputs. Only the
+families listed are known; a spelling outside them is the token bias's business. Words are
+whitespace-separated and compared without their edge punctuation, which is kept. This module knows nothing
+of models or tokens: text in, text out.
 """
 
 from __future__ import annotations
@@ -24,23 +25,23 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localpers.methods.card.recasing import EDGE_PUNCTUATION
+
 # Each family: the forms (lower case, edge punctuation stripped) one word is written in.
 FAMILIES: dict[str, tuple[str, ...]] = {
     "and": ("and", "&"),
     "versus": ("versus", "vs"),
 }
-MIN_USES = (
-    1  # times the user's outputs show the family before a habit is believed (chosen on the dev split, 0r)
-)
+# Times the user's outputs show the family before a habit is believed (chosen on the dev split, RESULTS 0r).
+MIN_USES = 1
 HABIT_RATE = 0.7  # share of those uses in the habit's form
 _WORD = re.compile(r"\S+")
-_EDGE_PUNCTUATION = "'\"‘’“”()[]{}.,;:!?…-–—*"
 _FAMILY_OF = {form: family for family, forms in FAMILIES.items() for form in forms}
 
 
 def _split(word: str) -> tuple[str, str, str]:
     """(leading punctuation, core, trailing punctuation) of a whitespace-separated word."""
-    core = word.strip(_EDGE_PUNCTUATION)
+    core = word.strip(EDGE_PUNCTUATION)
     if not core:
         return word, "", ""
     start = word.index(core)
