@@ -13,7 +13,8 @@ each family of `FAMILIES`, a habit when the user wrote the family at least `MIN_
 it wrote none) is another. One use is enough: 20 headlines hold the family about twice, and a wrong "&" for
 "and" costs little, while two uses found the habit in only 71% of the dev split's probe outputs. Only the
 families listed are known; a spelling outside them is the token bias's business. Words are
-whitespace-separated and compared without their edge punctuation, which is kept. This module knows nothing
+whitespace-separated and compared without their edge punctuation, which is kept from the replaced word (so
+"Versus," becomes "vs," whether or not the user writes "vs."). This module knows nothing
 of models or tokens: text in, text out.
 """
 
@@ -85,11 +86,8 @@ class Respelling:
             return word  # already the user's form (its case is recasing's business)
         return lead + spelling + trail
 
-    def apply(self, text: str, source: str = "") -> str:
-        """`text` with every word of a known family in the user's spelling; spacing untouched.
-
-        `source` (the input) is unused; it is taken so that casing and spelling habits apply alike.
-        """
+    def apply(self, text: str) -> str:
+        """`text` with every word of a known family in the user's spelling; spacing untouched."""
         return _WORD.sub(lambda match: self.word(match.group(0)), text)
 
     def describe(self) -> str:

@@ -4,9 +4,9 @@
 result atomically in the user's own folder through `localpers.users.store`; `fit_items` fits given items and
 stores nothing (the per-user choice fits the earlier items this way). The work is done elsewhere and only
 sequenced here: the pairs (y-, their cache, pair features) by `localpers.methods.card.pairs`, lambda by
-`fitting`, the habits by `token_bias`, `recasing` and `respelling`, the choice of strengths by `choice`. This module does
-not generate or rewrite; it needs the engine, the head and the pair builder of CARD's `Personalizer`, which
-calls it (a protocol, not an import, so that `personalizer` -> `user_fit` runs one way).
+`fitting`, the habits by `token_bias`, `recasing` and `respelling`, the choice of strengths by `choice`. This
+module does not generate or rewrite; it needs the engine, the head and the pair builder of CARD's
+`Personalizer`, which calls it (a protocol, not an import, so that `personalizer` -> `user_fit` runs one way).
 """
 
 from __future__ import annotations
