@@ -1,0 +1,212 @@
+"""Dev-split study of three decode-time changes to the conditioned global adapter (RESULTS 0s).
+
+Each variant decodes greedily on the device's prompt (the bundle's format: the user's recent and closest
+headlines, `prompting.prompt_tokens`) with the global adapter, like the bench's `global-history`, and changes
+only how the next token is picked among the adapter's top k (20) candidates:
+
+- `contrast=A`: log p_cond + A * (log p_cond - log p_plain), with p_plain the same adapter on the plain prompt
+  (no history), evaluated in a second llama.cpp context. Amplifies what the history adds (context-aware
+  decoding); A = 0 is the adapter alone.
+- `minlen-user=F` / `minlen-all=F`: end-of-output tokens are banned until the output has F times the median
+  token length of the user's history headlines (`minlen-user`) or of all users' (`minlen-all`, the non-personal control).
+- `copy=B`: +B nats for the first token of every article word that is not a stop word, in any of its casings
+  (headlines copy some of the article's words, and copied words hit the author's headline twice as often).
+
+It writes `OUT/cache/<variant>/<user>.json` as `localpers bench` does (query ids, texts, ROUGE-1), so
+`scripts/compare_runs.py RUN:global-history OUT:<variant>` compares it with a bench run of the same queries.
+It resumes: a user whose file exists is skipped. Timings it records are not a cost measurement (the contrast
+uses two contexts where the product would batch). Nothing here is used by the product.
+
+    python scripts/decode_variants.py --bundle ../bundle-a --out ../bench-runs/dev24-decode \
+        --variants contrast=0.25 contrast=0.5 contrast=1 minlen-user=0.8 minlen-user=1 minlen-all=0.8 \
+        minlen-all=1 copy=0.5 copy=1 copy=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localpers.bench.data import BenchUser, load_bench_users
+from localpers.bench.metrics import rouge
+from localpers.engine import Engine
+from localpers.methods.card import prompting
+from localpers.methods.card.personalizer import Personalizer
+from localpers.tasks import get_task
+from localpers.users.history_prompt import HistoryIndex
+
+TOP_K = 20
+STOP_WORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "the a an to of in on for and or is are was were be with at by from as it its that this his her he she they "
+        "we you i our their who what when how why not but",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One decode-time change: `kind` is contrast, minlen-user, minlen-all or copy, with its number."""
+
+    name: str
+    kind: str
+    value: float
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        kind, _, number = spec.partition("=")
+        if kind not in ("contrast", "minlen-user", "minlen-all", "copy"):
+            raise SystemExit(
+                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F or copy=B"
+            )
+        try:
+            value = float(number)
+        except ValueError:
+            raise SystemExit(f"{spec!r}: the value after = must be a number") from None
+        return cls(spec, kind, value)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    top = x.max()
+    return x - top - np.log(np.exp(x - top).sum())
+
+
+class Decoder:
+    """The conditioned adapter's greedy decoding with one variant's pick among its top k."""
+
+    def __init__(self, personalizer: Personalizer, plain: Engine | None) -> None:
+        self.personalizer = personalizer
+        self.engine = personalizer.engine
+        self.plain = plain
+        self.task = get_task("headline")
+        self.ends = set(personalizer.end_tokens)
+
+    def token_count(self, text: str) -> int:
+        return len(self.engine.tokenize(" " + text, add_bos=False))
+
+    def copy_tokens(self, article: str) -> np.ndarray:
+        ids: set[int] = set()
+        for word in re.findall(r"[A-Za-z0-9][A-Za-z0-9'’-]*", article):
+            if word.lower() in STOP_WORDS:
+                continue
+            for form in {word, word.lower(), word[:1].upper() + word[1:]}:
+                for lead in (" ", ""):
+                    tokens = self.engine.tokenize(lead + form, add_bos=False)
+                    if tokens:
+                        ids.add(tokens[0])
+        return np.array(sorted(ids), dtype=np.int64)
+
+    def decode(
+        self,
+        variant: Variant,
+        cond: list[int],
+        shared: int,
+        plain: list[int],
+        min_tokens: int,
+        copied: np.ndarray,
+    ) -> tuple[str, int]:
+        step = self.engine.prefill(cond, shared=shared)
+        plain_step = self.plain.prefill(plain) if variant.kind == "contrast" and self.plain else None
+        tokens: list[int] = []
+        for _ in range(self.task.default_max_tokens):
+            scores = log_softmax(step.logits)
+            top = np.argpartition(-scores, TOP_K)[:TOP_K]
+            picked = scores[top]
+            if plain_step is not None:
+                picked = picked + variant.value * (picked - log_softmax(plain_step.logits)[top])
+            elif variant.kind == "copy":
+                picked = picked + variant.value * np.isin(top, copied)
+            elif variant.kind.startswith("minlen") and len(tokens) < min_tokens:
+                picked = np.where(np.isin(top, list(self.ends)), -np.inf, picked)
+            token = int(top[np.argmax(picked)])
+            if token in self.ends or self.engine.is_end_of_generation(token):
+                break
+            tokens.append(token)
+            if "\n" in self.engine.detokenize(tokens):
+                break
+            step = self.engine.step(token)
+            if plain_step is not None:
+                plain_step = self.plain.step(token)
+        return self.engine.detokenize(tokens).split("\n")[0].strip(), len(tokens)
+
+
+def run_user(
+    decoder: Decoder, user: BenchUser, variants: list[Variant], population_median: float, out: Path
+) -> None:
+    task = decoder.task
+    index = HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name], "bm25")
+    user_median = float(np.median([decoder.token_count(i.output) for i in user.history]))
+    records = {v.name: [] for v in variants}
+    for query in user.queries:
+        engine = decoder.engine
+        cond, shared = prompting.prompt_tokens(
+            engine, task.name, query.input, decoder.personalizer.prompt_format, index
+        )
+        plain, _ = prompting.prompt_tokens(engine, task.name, query.input, None, None)
+        copied = decoder.copy_tokens(query.input)
+        for variant in variants:
+            median = user_median if variant.kind == "minlen-user" else population_median
+            min_tokens = int(round(variant.value * median)) if variant.kind.startswith("minlen") else 0
+            started = time.perf_counter()
+            text, n_tokens = decoder.decode(variant, cond, shared, plain, min_tokens, copied)
+            seconds = time.perf_counter() - started
+            records[variant.name].append(
+                {
+                    "query_id": query.id,
+                    "text": text,
+                    "rouge1": round(rouge(text, query.reference).rouge1, 6),
+                    "tokens": n_tokens,
+                    "ms_per_token": round(1000 * seconds / max(1, n_tokens), 3),
+                    "prompt_ms": 0.0,
+                }
+            )
+    for variant in variants:
+        folder = out / "cache" / variant.name
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"method": variant.name, "user": user.store_name, "queries": records[variant.name]}
+        temporary = folder / f".{user.store_name}.json.tmp"
+        temporary.write_text(json.dumps(record, indent=1))
+        temporary.replace(folder / f"{user.store_name}.json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/news-headlines/train.jsonl")
+    parser.add_argument("--bundle", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", nargs="+", required=True)
+    parser.add_argument("--max-queries", type=int, default=5)
+    parser.add_argument("--max-users", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    variants = [Variant.parse(spec) for spec in args.variants]
+    users = load_bench_users(
+        args.data, dev_split=True, max_queries=args.max_queries, max_users=args.max_users
+    )
+    personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
+    personalizer.engine.set_adapter("global")
+    plain = None
+    if any(v.kind == "contrast" for v in variants):
+        plain = Engine(personalizer.backbone.path, tap_layers=None, n_threads=args.threads)
+        plain.load_adapter(personalizer.bundle.adapter_path("global"), "global")
+        plain.set_adapter("global")
+    decoder = Decoder(personalizer, plain)
+    population_median = float(np.median([decoder.token_count(i.output) for u in users for i in u.history]))
+    started = time.perf_counter()
+    for number, user in enumerate(users, start=1):
+        done = all((args.out / "cache" / v.name / f"{user.store_name}.json").exists() for v in variants)
+        if not done:
+            run_user(decoder, user, variants, population_median, args.out)
+        print(f"{number}/{len(users)} {user.user_id} {time.perf_counter() - started:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
