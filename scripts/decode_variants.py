@@ -8,7 +8,8 @@ only how the next token is picked among the adapter's top k (20) candidates:
   (no history), evaluated in a second llama.cpp context. Amplifies what the history adds (context-aware
   decoding); A = 0 is the adapter alone.
 - `minlen-user=F` / `minlen-all=F`: end-of-output tokens are banned until the output has F times the median
-  token length of the user's history headlines (`minlen-user`) or of all users' (`minlen-all`, the non-personal control).
+  token length of the user's history headlines (`minlen-user`) or of all users' (`minlen-all`, the
+  non-personal control).
 - `copy=B`: +B nats for the first token of every article word that is not a stop word, in any of its casings
   (headlines copy some of the article's words, and copied words hit the author's headline twice as often).
 
