@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import log_softmax
 
+from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser, load_bench_users
 from localpers.bench.metrics import rouge
 from localpers.engine import Engine
@@ -74,12 +76,6 @@ class Variant:
         return cls(spec, kind, value)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    top = x.max()
-    return x - top - np.log(np.exp(x - top).sum())
-
-
 class Decoder:
     """The conditioned adapter's greedy decoding with one variant's pick among its top k."""
 
@@ -118,11 +114,13 @@ class Decoder:
         plain_step = self.plain.prefill(plain) if variant.kind == "contrast" and self.plain else None
         tokens: list[int] = []
         for _ in range(self.task.default_max_tokens):
-            scores = log_softmax(step.logits)
+            scores = log_softmax(np.asarray(step.logits, dtype=np.float64))
             top = np.argpartition(-scores, TOP_K)[:TOP_K]
             picked = scores[top]
             if plain_step is not None:
-                picked = picked + variant.value * (picked - log_softmax(plain_step.logits)[top])
+                picked = picked + variant.value * (
+                    picked - log_softmax(np.asarray(plain_step.logits, dtype=np.float64))[top]
+                )
             elif variant.kind == "copy":
                 picked = picked + variant.value * np.isin(top, copied)
             elif variant.kind.startswith("minlen") and len(tokens) < min_tokens:
@@ -173,9 +171,7 @@ def run_user(
         folder = out / "cache" / variant.name
         folder.mkdir(parents=True, exist_ok=True)
         record = {"method": variant.name, "user": user.store_name, "queries": records[variant.name]}
-        temporary = folder / f".{user.store_name}.json.tmp"
-        temporary.write_text(json.dumps(record, indent=1))
-        temporary.replace(folder / f"{user.store_name}.json")
+        atomic_write_text(folder / f"{user.store_name}.json", json.dumps(record, indent=1))
 
 
 def main() -> None:
