@@ -1,4 +1,4 @@
-"""Dev-split study of three decode-time changes to the conditioned global adapter (RESULTS 0s).
+"""Dev-split study of decode-time changes to the conditioned global adapter (RESULTS 0s, 0t).
 
 Each variant decodes greedily on the device's prompt (the bundle's format: the user's recent and closest
 headlines, `prompting.prompt_tokens`) with the global adapter, like the bench's `global-history`, and changes
@@ -12,11 +12,14 @@ only how the next token is picked among the adapter's top k (20) candidates:
   non-personal control).
 - `copy=B`: +B nats for the first token of every article word that is not a stop word, in any of its casings
   (headlines copy some of the article's words, and copied words hit the author's headline twice as often).
+- `views=W`: (1 - W) log p_cond + W log p_closest, with p_closest the same adapter on a second view of the same
+  user's history (the 5 BM25-closest headlines, none of the recent ones), in a second context: an ensemble of
+  two history prompts. W = 0 is the adapter alone.
 
 It writes `OUT/cache/<variant>/<user>.json` as `localpers bench` does (query ids, texts, ROUGE-1), so
 `scripts/compare_runs.py RUN:global-history OUT:<variant>` compares it with a bench run of the same queries.
-It resumes: a user whose file exists is skipped. Timings it records are not a cost measurement (the contrast
-uses two contexts where the product would batch). Nothing here is used by the product.
+It resumes: a user whose file exists is skipped. Timings it records are not a cost measurement (contrast and
+views use two contexts where the product would batch). Nothing here is used by the product.
 
     python scripts/decode_variants.py --bundle ../bundle-a --out ../bench-runs/dev24-decode \
         --variants contrast=0.25 contrast=0.5 contrast=1 minlen-user=0.8 minlen-user=1 minlen-all=0.8 \
@@ -26,6 +29,7 @@ uses two contexts where the product would batch). Nothing here is used by the pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import time
@@ -54,9 +58,13 @@ STOP_WORDS = frozenset(
 )
 
 
+# The variants that score each step in a second context too: on the plain prompt, or on a second history view.
+SECOND_CONTEXT = ("contrast", "views")
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One decode-time change: `kind` is contrast, minlen-user, minlen-all or copy, with its number."""
+    """One decode-time change: `kind` is contrast, minlen-user, minlen-all, copy or views, with its number."""
 
     name: str
     kind: str
@@ -65,9 +73,9 @@ class Variant:
     @classmethod
     def parse(cls, spec: str) -> Variant:
         kind, _, number = spec.partition("=")
-        if kind not in ("contrast", "minlen-user", "minlen-all", "copy"):
+        if kind not in SECOND_CONTEXT + ("minlen-user", "minlen-all", "copy"):
             raise SystemExit(
-                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F or copy=B"
+                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B or views=W"
             )
         try:
             value = float(number)
@@ -79,10 +87,10 @@ class Variant:
 class Decoder:
     """The conditioned adapter's greedy decoding with one variant's pick among its top k."""
 
-    def __init__(self, personalizer: Personalizer, plain: Engine | None) -> None:
+    def __init__(self, personalizer: Personalizer, second: Engine | None) -> None:
         self.personalizer = personalizer
         self.engine = personalizer.engine
-        self.plain = plain
+        self.second = second
         self.task = get_task("headline")
         self.ends = set(personalizer.end_tokens)
 
@@ -106,21 +114,23 @@ class Decoder:
         variant: Variant,
         cond: list[int],
         shared: int,
-        plain: list[int],
+        second: list[int],
         min_tokens: int,
         copied: np.ndarray,
     ) -> tuple[str, int]:
         step = self.engine.prefill(cond, shared=shared)
-        plain_step = self.plain.prefill(plain) if variant.kind == "contrast" and self.plain else None
+        second_step = self.second.prefill(second) if variant.kind in SECOND_CONTEXT and self.second else None
         tokens: list[int] = []
         for _ in range(self.task.default_max_tokens):
             scores = log_softmax(np.asarray(step.logits, dtype=np.float64))
             top = np.argpartition(-scores, TOP_K)[:TOP_K]
             picked = scores[top]
-            if plain_step is not None:
-                picked = picked + variant.value * (
-                    picked - log_softmax(np.asarray(plain_step.logits, dtype=np.float64))[top]
-                )
+            if second_step is not None:
+                other = log_softmax(np.asarray(second_step.logits, dtype=np.float64))[top]
+                if variant.kind == "contrast":
+                    picked = picked + variant.value * (picked - other)
+                else:
+                    picked = (1 - variant.value) * picked + variant.value * other
             elif variant.kind == "copy":
                 picked = picked + variant.value * np.isin(top, copied)
             elif variant.kind.startswith("minlen") and len(tokens) < min_tokens:
@@ -132,8 +142,8 @@ class Decoder:
             if "\n" in self.engine.detokenize(tokens):
                 break
             step = self.engine.step(token)
-            if plain_step is not None:
-                plain_step = self.plain.step(token)
+            if second_step is not None:
+                second_step = self.second.step(token)
         return self.engine.detokenize(tokens).split("\n")[0].strip(), len(tokens)
 
 
@@ -144,18 +154,21 @@ def run_user(
     index = HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name], "bm25")
     user_median = float(np.median([decoder.token_count(i.output) for i in user.history]))
     records = {v.name: [] for v in variants}
+    closest_format = dataclasses.replace(decoder.personalizer.prompt_format, recent=0)
     for query in user.queries:
         engine = decoder.engine
         cond, shared = prompting.prompt_tokens(
             engine, task.name, query.input, decoder.personalizer.prompt_format, index
         )
         plain, _ = prompting.prompt_tokens(engine, task.name, query.input, None, None)
+        closest, _ = prompting.prompt_tokens(engine, task.name, query.input, closest_format, index)
         copied = decoder.copy_tokens(query.input)
         for variant in variants:
             median = user_median if variant.kind == "minlen-user" else population_median
             min_tokens = int(round(variant.value * median)) if variant.kind.startswith("minlen") else 0
             started = time.perf_counter()
-            text, n_tokens = decoder.decode(variant, cond, shared, plain, min_tokens, copied)
+            second = closest if variant.kind == "views" else plain
+            text, n_tokens = decoder.decode(variant, cond, shared, second, min_tokens, copied)
             seconds = time.perf_counter() - started
             records[variant.name].append(
                 {
@@ -190,12 +203,12 @@ def main() -> None:
     )
     personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
     personalizer.engine.set_adapter("global")
-    plain = None
-    if any(v.kind == "contrast" for v in variants):
-        plain = Engine(personalizer.backbone.path, tap_layers=None, n_threads=args.threads)
-        plain.load_adapter(personalizer.bundle.adapter_path("global"), "global")
-        plain.set_adapter("global")
-    decoder = Decoder(personalizer, plain)
+    second = None
+    if any(v.kind in SECOND_CONTEXT for v in variants):
+        second = Engine(personalizer.backbone.path, tap_layers=None, n_threads=args.threads)
+        second.load_adapter(personalizer.bundle.adapter_path("global"), "global")
+        second.set_adapter("global")
+    decoder = Decoder(personalizer, second)
     population_median = float(np.median([decoder.token_count(i.output) for u in users for i in u.history]))
     started = time.perf_counter()
     for number, user in enumerate(users, start=1):
