@@ -161,7 +161,9 @@ def run_user(
             engine, task.name, query.input, decoder.personalizer.prompt_format, index
         )
         plain, _ = prompting.prompt_tokens(engine, task.name, query.input, None, None)
-        closest, _ = prompting.prompt_tokens(engine, task.name, query.input, closest_format, index)
+        closest: list[int] = []
+        if any(v.kind == "views" for v in variants):
+            closest, _ = prompting.prompt_tokens(engine, task.name, query.input, closest_format, index)
         copied = decoder.copy_tokens(query.input)
         for variant in variants:
             median = user_median if variant.kind == "minlen-user" else population_median
