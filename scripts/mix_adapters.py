@@ -17,24 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.engine.adapters import write_lora_gguf
+from localpers.engine.adapters import backbone_architecture, write_lora_gguf
 
 
-def read_lora(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float, str]:
-    """`({weight: (A, B)}, alpha, architecture)` of a GGUF LoRA adapter."""
+def read_lora(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float]:
+    """`({weight: (A, B)}, alpha)` of a GGUF LoRA adapter."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     alpha_field = reader.fields["adapter.lora.alpha"]
     alpha = float(alpha_field.parts[alpha_field.data[0]][0])
-    arch_field = reader.fields["general.architecture"]
-    architecture = bytes(arch_field.parts[arch_field.data[0]]).decode()
     halves: dict[str, dict[str, np.ndarray]] = {}
     for tensor in reader.tensors:
         weight, _, which = tensor.name.rpartition(".")
         halves.setdefault(weight, {})[which] = np.array(tensor.data, dtype=np.float32)
     pairs = {weight: (ab["lora_a"], ab["lora_b"]) for weight, ab in halves.items()}
-    return pairs, alpha, architecture
+    return pairs, alpha
 
 
 def mix(
@@ -66,14 +64,14 @@ def main() -> None:
     if len(weights) != len(args.adapters):
         raise SystemExit(f"{len(args.adapters)} adapters but {len(weights)} weights")
     read = [read_lora(path) for path in args.adapters]
-    alphas = {alpha for _, alpha, _ in read}
+    alphas = {alpha for _, alpha in read}
     if len(alphas) != 1:
         raise SystemExit(f"alphas differ ({sorted(alphas)}); mix adapters trained with one alpha")
     write_lora_gguf(
         args.out,
-        mix([pairs for pairs, _, _ in read], weights),
+        mix([pairs for pairs, _ in read], weights),
         alpha=len(read) * alphas.pop(),
-        architecture=read[0][2],
+        architecture=backbone_architecture(args.adapters[0]),
         name="localpers-mix",
     )
     terms = " + ".join(f"{w} x {path.name}" for w, path in zip(weights, args.adapters, strict=True))
