@@ -1,0 +1,136 @@
+"""Experiment: training targets chosen among the adapter's own candidates (self-distillation, issue 20).
+
+`generate` decodes, for every query of a bench JSONL (`user_id`, `history`, `queries`), the conditioned global
+adapter's 16 candidates exactly as `localpers rewrite --candidates 16` does (greedy + 15 samples side by side),
+and saves all of them with the author's headline. `corpus` writes a training corpus: the source corpus with
+each generated query's output replaced by one candidate, chosen by a rule:
+
+- `consensus`: the candidate the others agree with most (what `--candidates` returns; minimum Bayes risk);
+- `oracle`: the candidate closest to the author's own headline (ROUGE-1), i.e. the best headline the adapter
+  itself can reach for that author.
+
+It also writes the replaced items (user id, tab, new output; `OUT` with suffix `.items`), which `scripts/train_weighted.py --only-items` trains on.
+Nothing here changes the product.
+
+    python scripts/self_targets.py generate ../mbrd/cands.jsonl --data ../mbrd/queries.jsonl --bundle ../bundle-a
+    python scripts/self_targets.py corpus ../mbrd/cands.jsonl ../train-heldout.jsonl ../mbrd/oracle.jsonl \
+        --rule oracle
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from localpers.bench.data import load_bench_users
+from localpers.bench.methods import UserProfile
+from localpers.bench.prompt_methods import history_index
+from localpers.methods.card import decoding_runs
+from localpers.methods.consensus import unigram_f1, unigrams
+
+
+def generate(args: argparse.Namespace) -> None:
+    from localpers.methods.card.personalizer import Personalizer
+
+    seen: list[list[str]] = []
+    original = decoding_runs.choose_consensus
+
+    def recording_choice(texts: list[str]) -> object:
+        seen.append(list(texts))
+        return original(texts)
+
+    decoding_runs.choose_consensus = recording_choice
+    users = load_bench_users(args.data)
+    personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
+    done = set()
+    if args.out.exists():
+        done = {(row["user"], row["query_id"]) for row in map(json.loads, args.out.open())}
+    total = sum(len(user.queries) for user in users)
+    with args.out.open("a") as sink:
+        for user in users:
+            index = history_index(UserProfile(name=user.store_name, items=user.history))
+            for query in user.queries:
+                if (user.user_id, query.id) in done:
+                    continue
+                seen.clear()
+                result = personalizer.rewrite(
+                    query.input, method=args.method, history=index, candidates=args.candidates
+                )
+                texts = seen[0]
+                row = {
+                    "user": user.user_id,
+                    "query_id": query.id,
+                    "reference": query.reference,
+                    "chosen": result.text,
+                    "candidates": texts,
+                }
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
+                done.add((user.user_id, query.id))
+                print(f"{len(done)}/{total} {user.user_id} {query.id}", file=sys.stderr, flush=True)
+
+
+def choose(rule: str, texts: list[str], reference: str) -> int:
+    counts = [unigrams(text) for text in texts]
+    if rule == "oracle":
+        gold = unigrams(reference)
+        return int(np.argmax([unigram_f1(c, gold) for c in counts]))
+    agreement = [
+        np.mean([unigram_f1(counts[i], counts[j]) for j in range(len(texts)) if j != i])
+        for i in range(len(texts))
+    ]
+    return int(np.argmax(agreement))
+
+
+def corpus(args: argparse.Namespace) -> None:
+    chosen: dict[tuple[str, str], str] = {}
+    gains = []
+    for row in map(json.loads, args.candidates.open()):
+        texts = [t for t in row["candidates"] if t.strip()] or [row["chosen"]]
+        pick = texts[choose(args.rule, texts, row["reference"])].strip()
+        chosen[(row["user"], row["query_id"])] = pick
+        gold = unigrams(row["reference"])
+        gains.append(unigram_f1(unigrams(pick), gold) - unigram_f1(unigrams(texts[0]), gold))
+    replaced: list[str] = []
+    with args.out.open("w") as sink:
+        for line in args.source.open():
+            record = json.loads(line)
+            for item in record["history"]:
+                key = (record["user_id"], item["id"])
+                if key in chosen:
+                    item["output"] = chosen[key]
+                    replaced.append(f"{record['user_id']}\t{item['output']}")
+            sink.write(json.dumps(record) + "\n")
+    args.out.with_suffix(".items").write_text("\n".join(replaced) + "\n")
+    print(
+        f"{len(replaced)} items replaced ({args.rule}); chosen vs greedy R-1 against the author's headline "
+        f"{np.mean(gains):+.4f}",
+        file=sys.stderr,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate")
+    gen.add_argument("out", type=Path)
+    gen.add_argument("--data", type=Path, required=True)
+    gen.add_argument("--bundle", type=Path, required=True)
+    gen.add_argument("--method", default="global-history")
+    gen.add_argument("--candidates", type=int, default=16)
+    gen.add_argument("--threads", type=int, default=2)
+    build = commands.add_parser("corpus")
+    build.add_argument("candidates", type=Path)
+    build.add_argument("source", type=Path)
+    build.add_argument("out", type=Path)
+    build.add_argument("--rule", choices=("consensus", "oracle"), required=True)
+    args = parser.parse_args()
+    (generate if args.command == "generate" else corpus)(args)
+
+
+if __name__ == "__main__":
+    main()
