@@ -1,5 +1,6 @@
 """Experiment: training targets chosen among the adapter's own candidates (self-distillation, issue 20).
 
+`queries` turns a training corpus into a bench JSONL (each author's last min(16, n/3) items as queries).
 `generate` decodes, for every query of a bench JSONL (`user_id`, `history`, `queries`), the conditioned global
 adapter's 16 candidates exactly as `localpers rewrite --candidates 16` does (greedy + 15 samples side by side),
 and saves all of them with the author's headline. `corpus` writes a training corpus: the source corpus with
@@ -12,6 +13,7 @@ each generated query's output replaced by one candidate, chosen by a rule:
 It also writes the replaced items (user id, tab, new output; `OUT` with suffix `.items`), which `scripts/train_weighted.py --only-items` trains on.
 Nothing here changes the product.
 
+    python scripts/self_targets.py queries ../train-heldout.jsonl ../mbrd/queries.jsonl
     python scripts/self_targets.py generate ../mbrd/cands.jsonl --data ../mbrd/queries.jsonl --bundle ../bundle-a
     python scripts/self_targets.py corpus ../mbrd/cands.jsonl ../train-heldout.jsonl ../mbrd/oracle.jsonl \
         --rule oracle
@@ -31,6 +33,24 @@ from localpers.bench.methods import UserProfile
 from localpers.bench.prompt_methods import history_index
 from localpers.methods.card import decoding_runs
 from localpers.methods.consensus import unigram_f1, unigrams
+
+
+def queries(args: argparse.Namespace) -> None:
+    """A bench JSONL from a training corpus: each author's last min(N, n/3) items as queries, the rest as history."""
+    count = 0
+    with args.out.open("w") as sink:
+        for line in args.source.open():
+            record = json.loads(line)
+            items = record["history"]
+            n = min(args.per_author, len(items) // 3)
+            if n < 1:
+                continue
+            sink.write(
+                json.dumps({"user_id": record["user_id"], "history": items[:-n], "queries": items[-n:]})
+                + "\n"
+            )
+            count += n
+    print(f"{count} queries", file=sys.stderr)
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -116,6 +136,10 @@ def corpus(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("queries")
+    make.add_argument("source", type=Path)
+    make.add_argument("out", type=Path)
+    make.add_argument("--per-author", type=int, default=16)
     gen = commands.add_parser("generate")
     gen.add_argument("out", type=Path)
     gen.add_argument("--data", type=Path, required=True)
@@ -129,7 +153,7 @@ def main() -> None:
     build.add_argument("out", type=Path)
     build.add_argument("--rule", choices=("consensus", "oracle"), required=True)
     args = parser.parse_args()
-    (generate if args.command == "generate" else corpus)(args)
+    {"queries": queries, "generate": generate, "corpus": corpus}[args.command](args)
 
 
 if __name__ == "__main__":
