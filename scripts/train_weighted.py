@@ -4,7 +4,8 @@ A different training signal for the history-conditioned adapters (issue 20): in 
 training item, the target tokens that occur in the prompt's example headlines but not in the article (and are
 not among the corpus's most frequent target tokens) get weight `--weight` in the cross-entropy; every other
 token keeps weight 1 (the loss is the weighted mean). The intent is an adapter that leans harder on the user's
-own wording. Plain-prompt items are unchanged.
+own wording. Plain-prompt items are unchanged. `--only-items FILE` (lines: user id, tab, output) trains on
+those items alone, as `scripts/self_targets.py corpus` lists them (the adapter trained on its own candidates).
 
 This script patches the publisher's tokenisation and training pass for its own process only; it does not
 change the product. Everything after `--` is passed to `localpers publish` as is, e.g.
