@@ -22,16 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from localpers.bench.data import load_bench_users
+from localpers.bench.data import BenchQuery, BenchUser, load_bench_users
 from localpers.bench.methods import UserProfile
 from localpers.bench.metrics import paired_bootstrap
 from localpers.bench.prompt_methods import history_index
 from localpers.engine.decoding import SamplerSettings
 from localpers.methods.consensus import unigram_f1, unigrams
+from localpers.users.history_prompt import HistoryIndex
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "news-headlines" / "train.jsonl"
 HISTORY_WEIGHTS = (0.25, 0.5, 1.0, 2.0)
@@ -42,33 +44,43 @@ def generate(args: argparse.Namespace) -> None:
 
     users = load_bench_users(args.data, max_queries=5, dev_split=True)[args.skip : args.skip + args.users]
     personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
-    done = set()
-    if args.out.exists():
-        done = {(row["user"], row["query_id"]) for row in map(json.loads, args.out.open())}
     with args.out.open("a") as sink:
-        for user in users:
-            index = history_index(UserProfile(name=user.store_name, items=user.history))
-            for query in user.queries:
-                if (user.user_id, query.id) in done:
-                    continue
-                texts = [personalizer.rewrite(query.input, method="global-history", history=index).text]
-                for sample in range(args.samples):
-                    sampling = SamplerSettings(temperature=args.temperature, top_p=0.95, seed=1000 + sample)
-                    texts.append(
-                        personalizer.rewrite(
-                            query.input, method="global-history", history=index, sampling=sampling
-                        ).text
-                    )
-                row = {
-                    "user": user.user_id,
-                    "query_id": query.id,
-                    "reference": query.reference,
-                    "history": [item.output for item in user.history],
-                    "candidates": [{"text": text} for text in texts],
-                }
-                sink.write(json.dumps(row) + "\n")
-                sink.flush()
-                print(user.user_id, query.id, file=sys.stderr, flush=True)
+        for user, index, query in pending_queries(args.out, users):
+            texts = [personalizer.rewrite(query.input, method="global-history", history=index).text]
+            for sample in range(args.samples):
+                sampling = SamplerSettings(temperature=args.temperature, top_p=0.95, seed=1000 + sample)
+                texts.append(
+                    personalizer.rewrite(
+                        query.input, method="global-history", history=index, sampling=sampling
+                    ).text
+                )
+            row = {
+                "user": user.user_id,
+                "query_id": query.id,
+                "reference": query.reference,
+                "history": [item.output for item in user.history],
+                "candidates": [{"text": text} for text in texts],
+            }
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            print(user.user_id, query.id, file=sys.stderr, flush=True)
+
+
+def pending_queries(
+    out: Path, users: list[BenchUser]
+) -> Iterator[tuple[BenchUser, HistoryIndex, BenchQuery]]:
+    """(user, their history index, query) for each query not yet in `out` (JSONL rows with user and query_id).
+
+    What lets a generation script resume where its file stops.
+    """
+    done = set()
+    if out.exists():
+        done = {(row["user"], row["query_id"]) for row in map(json.loads, out.open())}
+    for user in users:
+        index = history_index(UserProfile(name=user.store_name, items=user.history))
+        for query in user.queries:
+            if (user.user_id, query.id) not in done:
+                yield user, index, query
 
 
 def rule_choices(texts: list[str], reference: str, history: list[str]) -> tuple[list[float], dict[str, int]]:

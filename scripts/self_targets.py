@@ -27,10 +27,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from consensus_offline import pending_queries
 
 from localpers.bench.data import load_bench_users
-from localpers.bench.methods import UserProfile
-from localpers.bench.prompt_methods import history_index
 from localpers.methods.card import decoding_runs
 from localpers.methods.consensus import unigram_f1, unigrams
 
@@ -66,32 +65,24 @@ def generate(args: argparse.Namespace) -> None:
     decoding_runs.choose_consensus = recording_choice
     users = load_bench_users(args.data)
     personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
-    done = set()
-    if args.out.exists():
-        done = {(row["user"], row["query_id"]) for row in map(json.loads, args.out.open())}
     total = sum(len(user.queries) for user in users)
     with args.out.open("a") as sink:
-        for user in users:
-            index = history_index(UserProfile(name=user.store_name, items=user.history))
-            for query in user.queries:
-                if (user.user_id, query.id) in done:
-                    continue
-                seen.clear()
-                result = personalizer.rewrite(
-                    query.input, method=args.method, history=index, candidates=args.candidates
-                )
-                texts = seen[0]
-                row = {
-                    "user": user.user_id,
-                    "query_id": query.id,
-                    "reference": query.reference,
-                    "chosen": result.text,
-                    "candidates": texts,
-                }
-                sink.write(json.dumps(row) + "\n")
-                sink.flush()
-                done.add((user.user_id, query.id))
-                print(f"{len(done)}/{total} {user.user_id} {query.id}", file=sys.stderr, flush=True)
+        for user, index, query in pending_queries(args.out, users):
+            seen.clear()
+            result = personalizer.rewrite(
+                query.input, method=args.method, history=index, candidates=args.candidates
+            )
+            texts = seen[0]
+            row = {
+                "user": user.user_id,
+                "query_id": query.id,
+                "reference": query.reference,
+                "chosen": result.text,
+                "candidates": texts,
+            }
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            print(f"{user.user_id} {query.id} ({total} queries in the file)", file=sys.stderr, flush=True)
 
 
 def choose(rule: str, texts: list[str], reference: str) -> int:
