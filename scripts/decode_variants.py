@@ -15,6 +15,11 @@ only how the next token is picked among the adapter's top k (20) candidates:
 - `views=W`: (1 - W) log p_cond + W log p_closest, with p_closest the same adapter on a second view of the same
   user's history (the 5 BM25-closest headlines, none of the recent ones), in a second context: an ensemble of
   two history prompts. W = 0 is the adapter alone.
+- `hcopy=B`: +B nats for the first token of every word of the prompt's example headlines (the user's recent and
+  closest ones) that is not a stop word and not in the article: `copy` for the history's words.
+- `oracle=N` (a ceiling, chosen with the answer): plain greedy decoding, but the prompt's closest example is the
+  earlier headline (not one of the recent ones) with the highest ROUGE-1 against the author's real headline,
+  among the N BM25-closest (N = 0: the whole history). It bounds what a better retriever could give.
 
 It writes `OUT/cache/<variant>/<user>.json` as `localpers bench` does (query ids, texts, ROUGE-1), so
 `scripts/compare_runs.py RUN:global-history OUT:<variant>` compares it with a bench run of the same queries.
@@ -40,13 +45,14 @@ import numpy as np
 from scipy.special import log_softmax
 
 from localpers.atomic import atomic_write_text
-from localpers.bench.data import BenchUser, load_bench_users
+from localpers.bench.data import BenchQuery, BenchUser, load_bench_users
 from localpers.bench.metrics import rouge
 from localpers.engine import Engine
 from localpers.methods.card import prompting
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_prompt import HistoryIndex, content_of
+from localpers.users.retrieval import Bm25Index
 
 TOP_K = 20
 STOP_WORDS = frozenset(
@@ -57,6 +63,8 @@ STOP_WORDS = frozenset(
     )
 )
 
+
+WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")
 
 # The variants that score each step in a second context too: on the plain prompt, or on a second history view.
 SECOND_CONTEXT = ("contrast", "views")
@@ -73,9 +81,9 @@ class Variant:
     @classmethod
     def parse(cls, spec: str) -> Variant:
         kind, _, number = spec.partition("=")
-        if kind not in SECOND_CONTEXT + ("minlen-user", "minlen-all", "copy"):
+        if kind not in SECOND_CONTEXT + ("minlen-user", "minlen-all", "copy", "hcopy", "oracle"):
             raise SystemExit(
-                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B or views=W"
+                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B, hcopy=B, views=W or oracle=N"
             )
         try:
             value = float(number)
@@ -97,10 +105,12 @@ class Decoder:
     def token_count(self, text: str) -> int:
         return len(self.engine.tokenize(" " + text, add_bos=False))
 
-    def copy_tokens(self, article: str) -> np.ndarray:
+    def copy_tokens(self, article: str, skip: str = "") -> np.ndarray:
+        """First tokens of `article`'s words, in their casings, but stop words and words of `skip`."""
         ids: set[int] = set()
-        for word in re.findall(r"[A-Za-z0-9][A-Za-z0-9'’-]*", article):
-            if word.lower() in STOP_WORDS:
+        skipped = {word.lower() for word in WORD.findall(skip)}
+        for word in WORD.findall(article):
+            if word.lower() in STOP_WORDS or word.lower() in skipped:
                 continue
             for form in {word, word.lower(), word[:1].upper() + word[1:]}:
                 for lead in (" ", ""):
@@ -116,7 +126,7 @@ class Decoder:
         shared: int,
         second: list[int],
         min_tokens: int,
-        copied: np.ndarray,
+        copied: dict[str, np.ndarray],
     ) -> tuple[str, int]:
         step = self.engine.prefill(cond, shared=shared)
         second_step = self.second.prefill(second) if variant.kind in SECOND_CONTEXT and self.second else None
@@ -131,8 +141,8 @@ class Decoder:
                     picked = picked + variant.value * (picked - other)
                 else:
                     picked = (1 - variant.value) * picked + variant.value * other
-            elif variant.kind == "copy":
-                picked = picked + variant.value * np.isin(top, copied)
+            elif variant.kind in ("copy", "hcopy"):
+                picked = picked + variant.value * np.isin(top, copied[variant.kind])
             elif variant.kind.startswith("minlen") and len(tokens) < min_tokens:
                 picked = np.where(np.isin(top, list(self.ends)), -np.inf, picked)
             token = int(top[np.argmax(picked)])
@@ -145,6 +155,32 @@ class Decoder:
             if second_step is not None:
                 second_step = self.second.step(token)
         return self.engine.detokenize(tokens).split("\n")[0].strip(), len(tokens)
+
+
+class OracleSearch:
+    """A search whose best hit is a fixed item (the oracle's choice), then BM25's order."""
+
+    def __init__(self, bm25: Bm25Index, first: int) -> None:
+        self.bm25, self.first = bm25, first
+
+    def top(self, query: str, k: int) -> list[int]:
+        rest = [i for i in self.bm25.top(query, k + 1) if i != self.first]
+        return [self.first, *rest][:k]
+
+
+def oracle_index(index: HistoryIndex, query: BenchQuery, recent: int, among: int) -> HistoryIndex:
+    """`index` with its closest example replaced by the earlier headline nearest the author's real one."""
+    task, pool = index.task, index.pool
+    bm25 = index._index
+    candidates = [
+        i for i in bm25.top(content_of(task, query.input), among or len(pool)) if i < len(pool) - recent
+    ]
+    if not candidates:
+        return index
+    best = max(candidates, key=lambda i: (rouge(pool[i][1], query.reference).rouge1, -candidates.index(i)))
+    chosen = HistoryIndex(task, [])
+    chosen.pool, chosen._index = pool, OracleSearch(bm25, best)
+    return chosen
 
 
 def run_user(
@@ -164,13 +200,28 @@ def run_user(
         closest: list[int] = []
         if any(v.kind == "views" for v in variants):
             closest, _ = prompting.prompt_tokens(engine, task.name, query.input, closest_format, index)
-        copied = decoder.copy_tokens(query.input)
+        shown = index.examples_for(
+            query.input,
+            decoder.personalizer.prompt_format.examples,
+            decoder.personalizer.prompt_format.recent,
+        )
+        copied = {
+            "copy": decoder.copy_tokens(query.input),
+            "hcopy": decoder.copy_tokens(" ".join(shown), skip=query.input),
+        }
         for variant in variants:
+            prompt, prompt_shared = cond, shared
+            if variant.kind == "oracle":
+                recent = decoder.personalizer.prompt_format.recent
+                oracle = oracle_index(index, query, recent, int(variant.value))
+                prompt, prompt_shared = prompting.prompt_tokens(
+                    engine, task.name, query.input, decoder.personalizer.prompt_format, oracle
+                )
             median = user_median if variant.kind == "minlen-user" else population_median
             min_tokens = int(round(variant.value * median)) if variant.kind.startswith("minlen") else 0
             started = time.perf_counter()
             second = closest if variant.kind == "views" else plain
-            text, n_tokens = decoder.decode(variant, cond, shared, second, min_tokens, copied)
+            text, n_tokens = decoder.decode(variant, prompt, prompt_shared, second, min_tokens, copied)
             seconds = time.perf_counter() - started
             records[variant.name].append(
                 {
