@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.special import log_softmax
+from train_oracle_prompts import FirstThenBm25
 
 from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchQuery, BenchUser, load_bench_users
@@ -52,7 +53,6 @@ from localpers.methods.card import prompting
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
 from localpers.users.history_prompt import HistoryIndex, content_of
-from localpers.users.retrieval import Bm25Index
 
 TOP_K = 20
 STOP_WORDS = frozenset(
@@ -157,17 +157,6 @@ class Decoder:
         return self.engine.detokenize(tokens).split("\n")[0].strip(), len(tokens)
 
 
-class OracleSearch:
-    """A search whose best hit is a fixed item (the oracle's choice), then BM25's order."""
-
-    def __init__(self, bm25: Bm25Index, first: int) -> None:
-        self.bm25, self.first = bm25, first
-
-    def top(self, query: str, k: int) -> list[int]:
-        rest = [i for i in self.bm25.top(query, k + 1) if i != self.first]
-        return [self.first, *rest][:k]
-
-
 def oracle_index(index: HistoryIndex, query: BenchQuery, recent: int, among: int) -> HistoryIndex:
     """`index` with its closest example replaced by the earlier headline nearest the author's real one."""
     task, pool = index.task, index.pool
@@ -179,7 +168,7 @@ def oracle_index(index: HistoryIndex, query: BenchQuery, recent: int, among: int
         return index
     best = max(candidates, key=lambda i: (rouge(pool[i][1], query.reference).rouge1, -candidates.index(i)))
     chosen = HistoryIndex(task, [])
-    chosen.pool, chosen._index = pool, OracleSearch(bm25, best)
+    chosen.pool, chosen._index = pool, FirstThenBm25(bm25, best)
     return chosen
 
 
