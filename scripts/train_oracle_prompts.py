@@ -26,7 +26,7 @@ from typing import Any
 from localpers.methods.consensus import unigram_f1, unigrams
 from localpers.publish import prompts, sft
 from localpers.tasks import get_task
-from localpers.users.history_prompt import PromptFormat, conditioned_prompt, content_of
+from localpers.users.history_prompt import HistoryIndex, PromptFormat, conditioned_prompt, content_of
 from localpers.users.retrieval import Bm25Index
 
 
@@ -61,7 +61,7 @@ def oracle_prompts(context: Any, user: Any, share: float, stats: dict[str, int])
             continue
         target = unigrams(item.output)
         best = max(range(len(pool)), key=lambda i: (unigram_f1(unigrams(pool[i][1]), target), -i))
-        bm25 = Bm25Index([content_of(task, i) + " " + o for i, o in pool])
+        bm25 = HistoryIndex(task, pool)._index  # the device's BM25 documents, built the device's way
         index = FirstThenBm25(bm25, best)
         result.append(conditioned_prompt(task, item.input, pool, prompt_format, index))
         stats["changed"] += 1
