@@ -20,6 +20,10 @@ only how the next token is picked among the adapter's top k (20) candidates:
 - `oracle=N` (a ceiling, chosen with the answer): plain greedy decoding, but the prompt's closest example is the
   earlier headline (not one of the recent ones) with the highest ROUGE-1 against the author's real headline,
   among the N BM25-closest (N = 0: the whole history). It bounds what a better retriever could give.
+- `beam=B`: beam search with B beams over the adapter's top k, in B batched llama.cpp sequences, kept by the sum
+  of log-probabilities; of the finished outputs it writes the best by that sum (`beam=B`) and by the sum
+  divided by the token count (`beam=B`+`-mean`) and by its square root (`beam=B`+`-sqrt`). `beam=1` is greedy.
+  `pbeam=B` is the same on the plain prompt (no history): the global adapter's beam search, the control.
 
 It writes `OUT/cache/<variant>/<user>.json` as `localpers bench` does (query ids, texts, ROUGE-1), so
 `scripts/compare_runs.py RUN:global-history OUT:<variant>` compares it with a bench run of the same queries.
@@ -81,9 +85,18 @@ class Variant:
     @classmethod
     def parse(cls, spec: str) -> Variant:
         kind, _, number = spec.partition("=")
-        if kind not in SECOND_CONTEXT + ("minlen-user", "minlen-all", "copy", "hcopy", "oracle"):
+        if kind not in SECOND_CONTEXT + (
+            "minlen-user",
+            "minlen-all",
+            "copy",
+            "hcopy",
+            "oracle",
+            "beam",
+            "pbeam",
+        ):
             raise SystemExit(
-                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B, hcopy=B, views=W or oracle=N"
+                f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B, hcopy=B, views=W, "
+                "oracle=N, beam=B or pbeam=B"
             )
         try:
             value = float(number)
@@ -118,6 +131,82 @@ class Decoder:
                     if tokens:
                         ids.add(tokens[0])
         return np.array(sorted(ids), dtype=np.int64)
+
+    def ends_output(self, tokens: list[int]) -> bool:
+        token = tokens[-1]
+        return (
+            token in self.ends
+            or self.engine.is_end_of_generation(token)
+            or "\n" in self.engine.detokenize(tokens)
+        )
+
+    def beam(self, width: int, cond: list[int], shared: int) -> dict[str, tuple[str, int]]:
+        """Beam search of `width` beams; the best finished output under three length rules."""
+        engine = self.engine
+        if 2 * width > engine.batch_sequences:
+            raise SystemExit(f"beam={width} needs {2 * width} batched sequences")
+        step = engine.prefill(cond, shared=shared)
+        start = len(cond)
+        max_tokens = self.task.default_max_tokens
+        finished: list[tuple[float, list[int]]] = []
+        # A beam: (sum of log-probabilities, tokens, its sequence, the logits after its last token).
+        beams = [(0.0, [], 0, np.asarray(step.logits, dtype=np.float64))]
+        pools = [list(range(1, width + 1)), list(range(width + 1, 2 * width + 1))]
+        turn = 0
+        while beams:
+            expansions: list[tuple[float, list[int], int]] = []
+            for score, tokens, sequence, logits in beams:
+                scores = log_softmax(logits)
+                top = np.argpartition(-scores, TOP_K)[:TOP_K]
+                for token in top[np.argsort(-scores[top])][:width]:
+                    expansions.append((score + float(scores[token]), tokens + [int(token)], sequence))
+            expansions.sort(key=lambda e: -e[0])
+            kept: list[tuple[float, list[int], int]] = []
+            for expansion in expansions:
+                if len(kept) == width:
+                    break
+                total, tokens, _ = expansion
+                if self.ends_output(tokens):
+                    finished.append((total, tokens[:-1]))
+                elif len(tokens) >= max_tokens:
+                    finished.append((total, tokens))
+                else:
+                    kept.append(expansion)
+            if len(finished) >= width or not kept:
+                break
+            targets = pools[turn]
+            turn = 1 - turn
+            for target, (_, tokens, parent) in zip(targets, kept, strict=False):
+                engine.forget_sequence(target)
+                if parent == 0:
+                    engine.branch_sequence(target, start)
+                else:
+                    engine.share_sequence(parent, target, start + len(tokens) - 1)
+            for sequence in pools[turn]:
+                engine.forget_sequence(sequence)
+            logits, _ = engine.eval_sequences(
+                [tokens[-1] for _, tokens, _ in kept],
+                [start + len(tokens) - 1 for _, tokens, _ in kept],
+                targets[: len(kept)],
+                all_outputs=True,
+            )
+            beams = [
+                (total, tokens, target, np.asarray(logits[row], dtype=np.float64))
+                for row, ((total, tokens, _), target) in enumerate(zip(kept, targets, strict=False))
+            ]
+        for pool in pools:
+            for sequence in pool:
+                engine.forget_sequence(sequence)
+        rules = {
+            "": lambda total, n: total,
+            "-mean": lambda total, n: total / max(1, n),
+            "-sqrt": lambda total, n: total / max(1.0, n) ** 0.5,
+        }
+        outputs = {}
+        for suffix, rule in rules.items():
+            total, tokens = max(finished, key=lambda f: rule(f[0], len(f[1])))
+            outputs[suffix] = (engine.detokenize(tokens).split("\n")[0].strip(), len(tokens))
+        return outputs
 
     def decode(
         self,
@@ -157,6 +246,15 @@ class Decoder:
         return self.engine.detokenize(tokens).split("\n")[0].strip(), len(tokens)
 
 
+def output_names(variants: list[Variant]) -> list[str]:
+    """What a run writes: one output per variant, three per beam variant (its length rules)."""
+    names = []
+    for variant in variants:
+        suffixes = ("", "-mean", "-sqrt") if variant.kind in ("beam", "pbeam") else ("",)
+        names += [variant.name + suffix for suffix in suffixes]
+    return names
+
+
 def oracle_index(index: HistoryIndex, query: BenchQuery, recent: int, among: int) -> HistoryIndex:
     """`index` with its closest example replaced by the earlier headline nearest the author's real one."""
     task, pool = index.task, index.pool
@@ -178,7 +276,7 @@ def run_user(
     task = decoder.task
     index = HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name], "bm25")
     user_median = float(np.median([decoder.token_count(i.output) for i in user.history]))
-    records = {v.name: [] for v in variants}
+    records = {name: [] for name in output_names(variants)}
     closest_format = dataclasses.replace(decoder.personalizer.prompt_format, recent=0)
     for query in user.queries:
         engine = decoder.engine
@@ -200,6 +298,25 @@ def run_user(
         }
         for variant in variants:
             prompt, prompt_shared = cond, shared
+            if variant.kind in ("beam", "pbeam"):
+                started = time.perf_counter()
+                if variant.kind == "beam":
+                    outputs = decoder.beam(int(variant.value), cond, shared)
+                else:
+                    outputs = decoder.beam(int(variant.value), plain, 0)
+                seconds = time.perf_counter() - started
+                for suffix, (text, n_tokens) in outputs.items():
+                    records[variant.name + suffix].append(
+                        {
+                            "query_id": query.id,
+                            "text": text,
+                            "rouge1": round(rouge(text, query.reference).rouge1, 6),
+                            "tokens": n_tokens,
+                            "ms_per_token": round(1000 * seconds / max(1, n_tokens), 3),
+                            "prompt_ms": 0.0,
+                        }
+                    )
+                continue
             if variant.kind == "oracle":
                 recent = decoder.personalizer.prompt_format.recent
                 oracle = oracle_index(index, query, recent, int(variant.value))
@@ -222,10 +339,10 @@ def run_user(
                     "prompt_ms": 0.0,
                 }
             )
-    for variant in variants:
-        folder = out / "cache" / variant.name
+    for name in output_names(variants):
+        folder = out / "cache" / name
         folder.mkdir(parents=True, exist_ok=True)
-        record = {"method": variant.name, "user": user.store_name, "queries": records[variant.name]}
+        record = {"method": name, "user": user.store_name, "queries": records[name]}
         atomic_write_text(folder / f"{user.store_name}.json", json.dumps(record, indent=1))
 
 
@@ -254,7 +371,10 @@ def main() -> None:
     population_median = float(np.median([decoder.token_count(i.output) for u in users for i in u.history]))
     started = time.perf_counter()
     for number, user in enumerate(users, start=1):
-        done = all((args.out / "cache" / v.name / f"{user.store_name}.json").exists() for v in variants)
+        done = all(
+            (args.out / "cache" / name / f"{user.store_name}.json").exists()
+            for name in output_names(variants)
+        )
         if not done:
             run_user(decoder, user, variants, population_median, args.out)
         print(f"{number}/{len(users)} {user.user_id} {time.perf_counter() - started:.0f}s", flush=True)
