@@ -1,4 +1,4 @@
-"""Dev-split study of decode-time changes to the conditioned global adapter (RESULTS 0s, 0t, 0v).
+"""Dev-split study of decode-time changes to the conditioned global adapter (RESULTS 0s, 0t, 0v, 0w).
 
 Each variant decodes greedily on the device's prompt (the bundle's format: the user's recent and closest
 headlines, `prompting.prompt_tokens`) with the global adapter, like the bench's `global-history`, and changes
