@@ -255,6 +255,18 @@ def output_names(variants: list[Variant]) -> list[str]:
     return names
 
 
+def query_record(query: BenchQuery, text: str, n_tokens: int, seconds: float) -> dict:
+    """One output as `localpers bench` caches it (timings are this script's, not a cost measurement)."""
+    return {
+        "query_id": query.id,
+        "text": text,
+        "rouge1": round(rouge(text, query.reference).rouge1, 6),
+        "tokens": n_tokens,
+        "ms_per_token": round(1000 * seconds / max(1, n_tokens), 3),
+        "prompt_ms": 0.0,
+    }
+
+
 def oracle_index(index: HistoryIndex, query: BenchQuery, recent: int, among: int) -> HistoryIndex:
     """`index` with its closest example replaced by the earlier headline nearest the author's real one."""
     task, pool = index.task, index.pool
@@ -306,16 +318,7 @@ def run_user(
                     outputs = decoder.beam(int(variant.value), plain, 0)
                 seconds = time.perf_counter() - started
                 for suffix, (text, n_tokens) in outputs.items():
-                    records[variant.name + suffix].append(
-                        {
-                            "query_id": query.id,
-                            "text": text,
-                            "rouge1": round(rouge(text, query.reference).rouge1, 6),
-                            "tokens": n_tokens,
-                            "ms_per_token": round(1000 * seconds / max(1, n_tokens), 3),
-                            "prompt_ms": 0.0,
-                        }
-                    )
+                    records[variant.name + suffix].append(query_record(query, text, n_tokens, seconds))
                 continue
             if variant.kind == "oracle":
                 recent = decoder.personalizer.prompt_format.recent
@@ -329,16 +332,7 @@ def run_user(
             second = closest if variant.kind == "views" else plain
             text, n_tokens = decoder.decode(variant, prompt, prompt_shared, second, min_tokens, copied)
             seconds = time.perf_counter() - started
-            records[variant.name].append(
-                {
-                    "query_id": query.id,
-                    "text": text,
-                    "rouge1": round(rouge(text, query.reference).rouge1, 6),
-                    "tokens": n_tokens,
-                    "ms_per_token": round(1000 * seconds / max(1, n_tokens), 3),
-                    "prompt_ms": 0.0,
-                }
-            )
+            records[variant.name].append(query_record(query, text, n_tokens, seconds))
     for name in output_names(variants):
         folder = out / "cache" / name
         folder.mkdir(parents=True, exist_ok=True)
