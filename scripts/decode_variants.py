@@ -1,8 +1,9 @@
 """Dev-split study of decode-time changes to the conditioned global adapter (RESULTS 0s, 0t, 0v, 0w).
 
-Each variant decodes greedily on the device's prompt (the bundle's format: the user's recent and closest
-headlines, `prompting.prompt_tokens`) with the global adapter, like the bench's `global-history`, and changes
-only how the next token is picked among the adapter's top k (20) candidates:
+Each variant but `beam` and `pbeam` decodes greedily on the device's prompt (the bundle's format: the user's
+recent and closest headlines, `prompting.prompt_tokens`) with the global adapter, like the bench's
+`global-history`, and changes only how the next token is picked among the adapter's top k (20) candidates (or,
+for `oracle`, which example the prompt shows); `beam` and `pbeam` search instead of picking greedily:
 
 - `contrast=A`: log p_cond + A * (log p_cond - log p_plain), with p_plain the same adapter on the plain prompt
   (no history), evaluated in a second llama.cpp context. Amplifies what the history adds (context-aware
@@ -133,6 +134,7 @@ class Decoder:
         return np.array(sorted(ids), dtype=np.int64)
 
     def ends_output(self, tokens: list[int]) -> bool:
+        """Whether the last token ends the output (greedy decoding's stop rules: end token or a newline)."""
         token = tokens[-1]
         return (
             token in self.ends
