@@ -21,6 +21,10 @@ for `oracle`, which example the prompt shows); `beam` and `pbeam` search instead
 - `oracle=N` (a ceiling, chosen with the answer): plain greedy decoding, but the prompt's closest example is the
   earlier headline (not one of the recent ones) with the highest ROUGE-1 against the author's real headline,
   among the N BM25-closest (N = 0: the whole history). It bounds what a better retriever could give.
+- `recent=N`: plain greedy decoding, but N of the prompt's examples are the user's most recent headlines and the
+  rest the BM25-closest (the device shows 4 and 1; `recent=0` is the 5 closest, `recent=5` the 5 most recent).
+  With a per-user choice among them (`scripts/prompt_choice.py`) it measures whether users differ in which
+  examples serve them.
 - `beam=B`: beam search with B beams over the adapter's top k, in B batched llama.cpp sequences, kept by the sum
   of log-probabilities; of the finished outputs it writes the best by that sum (`beam=B`) and by the sum
   divided by the token count (`beam=B`+`-mean`) and by its square root (`beam=B`+`-sqrt`). `beam=1` is greedy.
@@ -77,7 +81,7 @@ SECOND_CONTEXT = ("contrast", "views")
 
 @dataclass(frozen=True)
 class Variant:
-    """One decode-time change: `kind` is contrast, minlen-user, minlen-all, copy or views, with its number."""
+    """One decode-time change: `kind` is one of the module docstring's variants, with its number."""
 
     name: str
     kind: str
@@ -94,10 +98,11 @@ class Variant:
             "oracle",
             "beam",
             "pbeam",
+            "recent",
         ):
             raise SystemExit(
                 f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B, hcopy=B, views=W, "
-                "oracle=N, beam=B or pbeam=B"
+                "oracle=N, beam=B, pbeam=B or recent=N"
             )
         try:
             value = float(number)
@@ -327,6 +332,13 @@ def run_user(
                 oracle = oracle_index(index, query, recent, int(variant.value))
                 prompt, prompt_shared = prompting.prompt_tokens(
                     engine, task.name, query.input, decoder.personalizer.prompt_format, oracle
+                )
+            if variant.kind == "recent":
+                shown_format = dataclasses.replace(
+                    decoder.personalizer.prompt_format, recent=int(variant.value)
+                )
+                prompt, prompt_shared = prompting.prompt_tokens(
+                    engine, task.name, query.input, shown_format, index
                 )
             median = user_median if variant.kind == "minlen-user" else population_median
             min_tokens = int(round(variant.value * median)) if variant.kind.startswith("minlen") else 0
