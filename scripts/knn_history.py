@@ -147,13 +147,13 @@ def likelihood_pass(study: Study, users: list[BenchUser], args: argparse.Namespa
             rows["knn_top_is_gold"] = float(
                 np.mean(
                     [
-                        max(knn_log_probs(s, t, 0.05).items(), key=lambda kv: kv[1])[0] == token
-                        for (s, t), token in zip(neighbourhoods, gold, strict=True)
+                        max(knn_log_probs(sims, voted, 0.05).items(), key=lambda kv: kv[1])[0] == token
+                        for (sims, voted), token in zip(neighbourhoods, gold, strict=True)
                     ]
                 )
             )
             rows["gold_among_neighbours"] = float(
-                np.mean([token in t for (_, t), token in zip(neighbourhoods, gold, strict=True)])
+                np.mean([token in voted for (_, voted), token in zip(neighbourhoods, gold, strict=True)])
             )
             for lam, t in grid:
                 total = 0.0
