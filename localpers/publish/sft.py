@@ -2,7 +2,9 @@
 
 Loss: cross-entropy on the output tokens only, with the LM head applied at target positions only
 (`torch_model.target_token_losses`). Optimiser: AdamW, linear warm-up then cosine decay. Precision:
-with `--precision auto` a few steps are timed in fp32 and under bf16 autocast and the faster is kept.
+with `--precision auto` a few steps are timed in fp32 and under bf16 autocast and the faster is kept
+(fp32 without timing on a CPU without bf16 instructions); an explicit `bf16` on such a CPU is kept with a
+warning in the log, since torch then emulates it several times slower.
 Cluster adapters start from the trained global adapter (`--cluster-init global`) or from scratch.
 Each adapter checkpoints every `checkpoint_every` steps to `<adapter>/checkpoint.pt` (LoRA weights,
 optimiser, scheduler, step, losses) so an interrupted run resumes where it stopped, and its final
@@ -78,9 +80,16 @@ def cpu_has_bf16() -> bool:
 def measure_precision(context: PublishContext, model: Any, examples: list[Example]) -> dict[str, Any]:
     """Tokens/s of a few forward+backward passes in fp32 and bf16 (gradients discarded)."""
     options = context.options
+    device = torch_model.model_device(model).type
+    if options.precision == "bf16" and device == "cpu" and not cpu_has_bf16():
+        # Asked for explicitly, so kept; without these instructions torch emulates bf16, several times slower.
+        context.log(
+            "warning: --precision bf16 on a CPU without avx512_bf16/amx_bf16 trains several times slower "
+            "than fp32 here; --precision auto measures and picks"
+        )
+        return {"chosen": "bf16", "measured": {}, "warning": "no avx512_bf16/amx_bf16"}
     if options.precision != "auto":
         return {"chosen": options.precision, "measured": {}}
-    device = torch_model.model_device(model).type
     if device == "cpu" and not cpu_has_bf16():
         return {"chosen": "fp32", "measured": {}, "reason": "no avx512_bf16/amx_bf16"}
     batches = [
