@@ -76,6 +76,16 @@ def training_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (avx512_bf16 or amx_bf16); without them torch emulates bf16, slowly."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = handle.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def model_device(model: Any) -> Any:
     return next(model.parameters()).device
 

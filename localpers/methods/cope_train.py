@@ -30,6 +30,7 @@ import numpy as np
 from localpers.engine import Engine
 from localpers.engine.torch_model import (
     Example,
+    cpu_has_bf16,
     fresh_lora_state,
     load_lora_state,
     lora_state,
@@ -155,15 +156,6 @@ def merged(model: Any, adapter: LoraFile | None) -> Iterator[None]:
                 linear.weight -= delta
 
 
-def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def train_user_lora(
     backbone: Path,
     examples: Sequence[Example],
@@ -185,7 +177,7 @@ def train_user_lora(
         torch.set_num_threads(config.threads)
     precision = config.precision
     if precision == "auto":
-        precision = "bf16" if _cpu_has_bf16() else "fp32"
+        precision = "bf16" if cpu_has_bf16() else "fp32"
     steps = max(1, math.ceil(config.epochs * len(examples) / config.batch_size))
     if config.max_steps:
         steps = min(steps, config.max_steps)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from localpers.engine import torch_model
-from localpers.engine.torch_model import Example
+from localpers.engine.torch_model import Example, cpu_has_bf16
 from localpers.publish.clusters import load_assignment
 from localpers.publish.prompts import user_prompts
 from localpers.publish.runner import PublishContext
@@ -66,15 +66,6 @@ def autocast(precision: str, device: str = "cpu") -> Any:
     if precision == "bf16":
         return torch.autocast(device, dtype=torch.bfloat16)
     return torch.autocast(device, enabled=False)
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
-    except OSError:
-        return False
 
 
 def measure_precision(context: PublishContext, model: Any, examples: list[Example]) -> dict[str, Any]:
