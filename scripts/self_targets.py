@@ -10,18 +10,24 @@ each generated query's output replaced by one candidate, chosen by a rule:
 - `oracle`: the candidate closest to the author's own headline (ROUGE-1), i.e. the best headline the adapter
   itself can reach for that author.
 
-It also writes the replaced items (user id, tab, new output; `OUT` with suffix `.items`), which `scripts/train_weighted.py --only-items` trains on.
+With `--gold-share S`, a stable share S of the items (hashed by user and id) keeps the author's own headline
+instead (self-targets mixed with gold, so the adapter is not pulled off the authors' distribution). It also
+writes the listed items (user id, tab, output; `OUT` with suffix `.items`), which
+`scripts/train_weighted.py --only-items` trains on.
 Nothing here changes the product.
 
     python scripts/self_targets.py queries ../train-heldout.jsonl ../mbrd/queries.jsonl
     python scripts/self_targets.py generate ../mbrd/cands.jsonl --data ../mbrd/queries.jsonl --bundle ../bundle-a
     python scripts/self_targets.py corpus ../mbrd/cands.jsonl ../train-heldout.jsonl ../mbrd/oracle.jsonl \
         --rule oracle
+    python scripts/self_targets.py corpus ../mbrd/cands.jsonl ../train-heldout.jsonl ../mbrd/cons-g50.jsonl \
+        --rule consensus --gold-share 0.5
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -97,10 +103,21 @@ def choose(rule: str, texts: list[str], reference: str) -> int:
     return int(np.argmax(agreement))
 
 
+def keeps_gold(user: str, query_id: str, share: float) -> bool:
+    """Whether this item keeps the author's own headline: a stable hash of (user, id) below `share`."""
+    digest = hashlib.sha256(f"{user}\t{query_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
 def corpus(args: argparse.Namespace) -> None:
     chosen: dict[tuple[str, str], str] = {}
     gains = []
+    kept_gold = 0
     for row in map(json.loads, args.candidates.open()):
+        if keeps_gold(row["user"], row["query_id"], args.gold_share):
+            chosen[(row["user"], row["query_id"])] = row["reference"].strip()
+            kept_gold += 1
+            continue
         texts = [t for t in row["candidates"] if t.strip()] or [row["chosen"]]
         pick = texts[choose(args.rule, texts, row["reference"])].strip()
         chosen[(row["user"], row["query_id"])] = pick
@@ -118,8 +135,8 @@ def corpus(args: argparse.Namespace) -> None:
             sink.write(json.dumps(record) + "\n")
     args.out.with_suffix(".items").write_text("\n".join(replaced) + "\n")
     print(
-        f"{len(replaced)} items replaced ({args.rule}); chosen vs greedy R-1 against the author's headline "
-        f"{np.mean(gains):+.4f}",
+        f"{len(replaced)} items listed, {kept_gold} of them with the author's own headline; {args.rule} "
+        f"candidate vs greedy R-1 against the author's headline {np.mean(gains):+.4f}",
         file=sys.stderr,
     )
 
@@ -143,6 +160,12 @@ def main() -> None:
     build.add_argument("source", type=Path)
     build.add_argument("out", type=Path)
     build.add_argument("--rule", choices=("consensus", "oracle"), required=True)
+    build.add_argument(
+        "--gold-share",
+        type=float,
+        default=0.0,
+        help="share of the items (hashed by user and id) that keep the author's own headline",
+    )
     args = parser.parse_args()
     {"queries": queries, "generate": generate, "corpus": corpus}[args.command](args)
 
