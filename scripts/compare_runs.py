@@ -3,7 +3,8 @@
 Each argument is RUN_DIR:METHOD (a bench --out folder and a method name in its cache). The first is the
 reference. For each other one it prints mean ROUGE-1, the ratio and difference to the reference with a paired
 bootstrap 95% interval over queries and one over authors (resampling authors, each with all their queries),
-how many authors improved, and the mean prompt and decode cost.
+how many authors improved, the mean prompt and decode cost, and (where both runs scored it) the paired
+difference in gold likelihood: each query's mean per-token log-probability of the author's headline.
 Usage: python scripts/compare_runs.py ../bench-runs/demo:global ../bench-runs/hist:global-history [--json]
 """
 
@@ -14,6 +15,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from localpers.bench.metrics import paired_bootstrap
 
 
 def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -54,6 +57,18 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
     def cost(table: dict, key: str) -> float:
         return round(float(np.mean([table[u][q][key] for u, q in rows])), 2)
 
+    gold: dict[str, object] = {}
+    if all(table[u][q].get("gold_logprob") is not None for table in (reference, other) for u, q in rows):
+        difference = paired_bootstrap(
+            [other[u][q]["gold_logprob"] for u, q in rows],
+            [reference[u][q]["gold_logprob"] for u, q in rows],
+            n_resamples=resamples,
+            seed=seed,
+        )
+        gold = {
+            "gold_diff": round(difference.mean, 4),
+            "gold_diff_query_ci": [round(difference.low, 4), round(difference.high, 4)],
+        }
     return {
         "queries": len(rows),
         "authors": len(users),
@@ -68,6 +83,7 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
         "authors_improved": f"{improved}/{len(users)}" + (f" ({same} unchanged)" if same else ""),
         "ms_per_token": [cost(reference, "ms_per_token"), cost(other, "ms_per_token")],
         "prompt_ms": [cost(reference, "prompt_ms"), cost(other, "prompt_ms")],
+        **gold,
     }
 
 
@@ -90,6 +106,11 @@ def main() -> None:
             f"query CI {row['ratio_query_ci']} author CI {row['ratio_author_ci']}; "
             f"diff {row['diff']:+} {row['diff_query_ci']}; authors improved {row['authors_improved']}; "
             f"ms/token {row['ms_per_token']}, prompt ms {row['prompt_ms']}"
+            + (
+                f"; gold nats/token {row['gold_diff']:+} {row['gold_diff_query_ci']}"
+                if "gold_diff" in row
+                else ""
+            )
         )
 
 

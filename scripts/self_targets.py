@@ -134,9 +134,10 @@ def corpus(args: argparse.Namespace) -> None:
                     replaced.append(f"{record['user_id']}\t{item['output']}")
             sink.write(json.dumps(record) + "\n")
     args.out.with_suffix(".items").write_text("\n".join(replaced) + "\n")
+    gain = f"; {args.rule} candidate vs greedy R-1 against the author's headline {np.mean(gains):+.4f}"
     print(
-        f"{len(replaced)} items listed, {kept_gold} of them with the author's own headline; {args.rule} "
-        f"candidate vs greedy R-1 against the author's headline {np.mean(gains):+.4f}",
+        f"{len(replaced)} items listed, {kept_gold} of them with the author's own headline"
+        + (gain if gains else ""),
         file=sys.stderr,
     )
 
@@ -167,6 +168,8 @@ def main() -> None:
         help="share of the items (hashed by user and id) that keep the author's own headline",
     )
     args = parser.parse_args()
+    if args.command == "corpus" and not 0.0 <= args.gold_share <= 1.0:
+        parser.error(f"--gold-share must be between 0 and 1, not {args.gold_share}")
     {"queries": queries, "generate": generate, "corpus": corpus}[args.command](args)
 
 

@@ -1,0 +1,54 @@
+"""`scripts/compare_runs.py` on two small hand-made bench caches: ROUGE and gold-likelihood differences."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent.parent / "scripts" / "compare_runs.py"
+
+
+def write_run(run: Path, method: str, rouge: list[float], gold: list[float | None]) -> None:
+    folder = run / "cache" / method
+    folder.mkdir(parents=True)
+    for user in ("u0", "u1"):
+        queries = [
+            {
+                "query_id": f"q{i}",
+                "rouge1": rouge[i],
+                "ms_per_token": 10.0,
+                "prompt_ms": 100.0,
+                "gold_logprob": gold[i],
+            }
+            for i in range(len(rouge))
+        ]
+        (folder / f"{user}.json").write_text(json.dumps({"user": user, "queries": queries}))
+
+
+def compare(reference: str, other: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), reference, other, "--json", "--resamples", "200"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout)["compared"][other]
+
+
+def test_gold_difference_is_paired_per_query(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", "m", [0.1, 0.3], [-3.0, -2.0])
+    write_run(tmp_path / "b", "m", [0.2, 0.3], [-2.5, -2.1])
+    row = compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
+    assert row["diff"] == 0.05
+    assert row["gold_diff"] == 0.2
+    low, high = row["gold_diff_query_ci"]
+    assert -0.1 <= low <= 0.2 <= high <= 0.5
+
+
+def test_gold_difference_is_left_out_when_a_run_has_none(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", "m", [0.1, 0.3], [None, None])
+    write_run(tmp_path / "b", "m", [0.2, 0.3], [-2.5, -2.1])
+    row = compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
+    assert "gold_diff" not in row
