@@ -8,9 +8,10 @@ headline) and the bench JSONL they came from (for each user's history and each q
   `localpers rewrite` decodes (resumable: rows already in OUT are skipped). Their difference is how much the
   user's examples raise the candidate (a pointwise mutual information with the history).
 - `evaluate` scores each selection rule against the author's headline: greedy, consensus (what the product
-  returns), the oracle (the closest candidate, a ceiling), consensus plus one feature at a weight, and learned
-  rerankers (ridge and gradient boosting on all features, cross-validated by author so that no author's
-  choice is learned from that author's own queries).
+  returns; also among the greedy candidate and its first 3, 7 or 11 samples only), the oracle (the closest
+  candidate, a ceiling), consensus plus one feature at a weight, and learned rerankers (ridge and gradient
+  boosting on all features, cross-validated by author so that no author's choice is learned from that
+  author's own queries).
 
 Nothing here changes the product.
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from localpers.bench.data import load_bench_users
-from localpers.methods.consensus import unigram_f1, unigrams
+from localpers.methods.consensus import choose_consensus, unigram_f1, unigrams
 
 ARTICLE_MARK = "Generate a headline for the following article:"
 
@@ -164,6 +165,16 @@ def evaluate(args: argparse.Namespace) -> None:
     print(f"greedy     {picked(lambda t: 0):.4f}")
     print(f"consensus  {consensus:.4f}")
     print(f"oracle     {float(np.mean([g.max() for g in gold])):.4f}")
+    for first in (4, 8, 12):  # consensus among the greedy candidate and the first samples only
+        value = float(
+            np.mean(
+                [
+                    g[choose_consensus(r["candidates"][:first]).index]
+                    for (r, _, _), g in zip(rows, gold, strict=True)
+                ]
+            )
+        )
+        print(f"consensus of the first {first:>2} {value:.4f}")
     for column in columns:
         # how well the feature orders one query's candidates by their ROUGE-1 against the author's headline
         rho = [

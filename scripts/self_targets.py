@@ -18,6 +18,8 @@ Nothing here changes the product.
 
     python scripts/self_targets.py queries ../train-heldout.jsonl ../mbrd/queries.jsonl
     python scripts/self_targets.py generate ../mbrd/cands.jsonl --data ../mbrd/queries.jsonl --bundle ../bundle-a
+    python scripts/self_targets.py generate ../rr/cands-t05.jsonl --data ../mbrd/queries.jsonl --bundle ../bundle-a \
+        --temperature 0.5
     python scripts/self_targets.py corpus ../mbrd/cands.jsonl ../train-heldout.jsonl ../mbrd/oracle.jsonl \
         --rule oracle
     python scripts/self_targets.py corpus ../mbrd/cands.jsonl ../train-heldout.jsonl ../mbrd/cons-g50.jsonl \
@@ -27,6 +29,7 @@ Nothing here changes the product.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -69,6 +72,11 @@ def generate(args: argparse.Namespace) -> None:
         return original(texts)
 
     decoding_runs.choose_consensus = recording_choice
+    # the samples' temperature instead of the product's (decoding_runs.candidate_sampling)
+    if args.temperature is not None:
+        for name in ("CANDIDATE_SAMPLING", "FEW_CANDIDATE_SAMPLING"):
+            settings = dataclasses.replace(getattr(decoding_runs, name), temperature=args.temperature)
+            setattr(decoding_runs, name, settings)
     users = load_bench_users(args.data)
     personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
     total = sum(len(user.queries) for user in users)
@@ -156,6 +164,9 @@ def main() -> None:
     gen.add_argument("--method", default="global-history")
     gen.add_argument("--candidates", type=int, default=16)
     gen.add_argument("--threads", type=int, default=2)
+    gen.add_argument(
+        "--temperature", type=float, default=None, help="the samples' temperature (default: the product's)"
+    )
     build = commands.add_parser("corpus")
     build.add_argument("candidates", type=Path)
     build.add_argument("source", type=Path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 from typer.testing import CliRunner
@@ -11,6 +13,7 @@ from localpers.cli import app
 from localpers.engine.candidates import generate_candidates
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
+from localpers.methods.card import decoding_runs
 from localpers.methods.card.decoding_runs import CANDIDATE_SAMPLING
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import user_profile
@@ -135,3 +138,19 @@ def test_tui_refuses_candidates_with_sampling_in_one_line() -> None:
     assert result.exit_code == 2
     assert "--candidates needs greedy decoding" in result.output
     assert result.output.strip().count("\n") == 0
+
+
+def test_few_candidates_are_sampled_cooler_than_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: dict[int, float] = {}
+
+    def fake_candidates(engine, prompt, *, count, sampling, method, **_):  # noqa: ANN001, ANN003, ANN202
+        drawn[count] = sampling.temperature
+        assert (sampling.top_k, sampling.top_p) == (CANDIDATE_SAMPLING.top_k, CANDIDATE_SAMPLING.top_p)
+        return [SimpleNamespace(text=f"words {i % 2}", correction=method()) for i in range(count)]
+
+    monkeypatch.setattr(decoding_runs, "generate_candidates", fake_candidates)
+    for count in (3, 4, 8, 9, 16):
+        result, _ = decoding_runs.decode_consensus(None, [1], count, 8, (), 0, lambda: None)
+        assert result.text == "words 0"
+    # RESULTS 0zb: up to 8 candidates agree best at 0.5, more at 0.7
+    assert drawn == {3: 0.5, 4: 0.5, 8: 0.5, 9: 0.7, 16: 0.7}
