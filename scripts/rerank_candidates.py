@@ -13,6 +13,9 @@ headline) and the bench JSONL they came from (for each user's history and each q
   boosting on all features, cross-validated by author so that no author's choice is learned from that
   author's own queries).
 
+- `compare` pairs two candidate files of the same items (e.g. samples at two temperatures): the consensus of
+  the greedy candidate and its first 3, 7, 11 or 15 samples in each, against the first file's greedy one.
+
 Nothing here changes the product.
 
     python scripts/rerank_candidates.py score ../mbrd/cands.jsonl --data ../mbrd/queries.jsonl \
@@ -208,6 +211,33 @@ def evaluate(args: argparse.Namespace) -> None:
         print(f"{name:<10} {got.mean():.4f} (cross-validated by author)")
 
 
+def compare(args: argparse.Namespace) -> None:
+    """Consensus of the first n candidates in two candidate files of the same items, paired per item."""
+    from localpers.bench.metrics import paired_bootstrap
+
+    reference = {(r["user"], r["query_id"]): r for r in map(json.loads, args.reference.open())}
+    other = list(map(json.loads, args.other.open()))
+    base = [reference[(r["user"], r["query_id"])] for r in other]
+
+    def scores(rows: list[dict], first: int) -> list[float]:
+        chosen = [r["candidates"][choose_consensus(r["candidates"][:first]).index] for r in rows]
+        return [unigram_f1(unigrams(c), unigrams(r["reference"])) for c, r in zip(chosen, rows, strict=True)]
+
+    def shown(interval: object) -> str:
+        return f"{interval.mean:+.4f} [{interval.low:+.4f}, {interval.high:+.4f}]"
+
+    greedy = scores(base, 1)
+    same = sum(a["candidates"][0] == b["candidates"][0] for a, b in zip(base, other, strict=True))
+    print(f"{len(other)} items, the greedy candidate identical in {same}; greedy R-1 {np.mean(greedy):.4f}")
+    for first in (4, 8, 12, 16):
+        mine, theirs = scores(base, first), scores(other, first)
+        print(
+            f"{first:>2} candidates: {args.reference.name} {np.mean(mine):.4f} "
+            f"{shown(paired_bootstrap(mine, greedy))} vs greedy; {args.other.name} {np.mean(theirs):.4f} "
+            f"{shown(paired_bootstrap(theirs, greedy))} vs greedy, {shown(paired_bootstrap(theirs, mine))} vs the first file"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -222,8 +252,13 @@ def main() -> None:
     evaluation.add_argument("candidates", type=Path)
     evaluation.add_argument("--data", type=Path, required=True)
     evaluation.add_argument("--scores", type=Path, default=None)
+    pairing = commands.add_parser("compare")
+    pairing.add_argument(
+        "reference", type=Path, help="candidates of one sampling (its greedy is the baseline)"
+    )
+    pairing.add_argument("other", type=Path, help="candidates of the same items, another sampling")
     args = parser.parse_args()
-    {"score": score, "evaluate": evaluate}[args.command](args)
+    {"score": score, "evaluate": evaluate, "compare": compare}[args.command](args)
 
 
 if __name__ == "__main__":
