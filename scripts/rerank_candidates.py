@@ -110,23 +110,19 @@ def candidate_features(row: dict, query: object, history: list[str], scores: dic
 
 
 def score(args: argparse.Namespace) -> None:
-    from localpers.bench.methods import UserProfile
-    from localpers.bench.prompt_methods import history_index
+    from consensus_offline import pending_queries
+
     from localpers.methods.card.personalizer import Personalizer
 
-    done = set()
-    if args.out.exists():
-        done = {(r["user"], r["query_id"]) for r in map(json.loads, args.out.open())}
-    users = {user.user_id: user for user in load_bench_users(args.data)}
+    wanted = {
+        (r["user"], r["query_id"]): r for r in list(map(json.loads, args.candidates.open()))[: args.limit]
+    }
     personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
-    rows = list(map(json.loads, args.candidates.open()))[: args.limit]
     with args.out.open("a") as sink:
-        for number, row in enumerate(rows, 1):
-            if (row["user"], row["query_id"]) in done:
+        for user, index, query in pending_queries(args.out, load_bench_users(args.data)):
+            row = wanted.get((user.user_id, query.id))
+            if row is None:
                 continue
-            user = users[row["user"]]
-            index = history_index(UserProfile(name=user.store_name, items=user.history))
-            query = next(q for q in user.queries if q.id == row["query_id"])
             result = {"user": row["user"], "query_id": row["query_id"]}
             for name, method in (("history", "global-history"), ("plain", "global")):
                 result[name] = [
@@ -135,7 +131,7 @@ def score(args: argparse.Namespace) -> None:
                 ]
             sink.write(json.dumps(result) + "\n")
             sink.flush()
-            print(f"{number}/{len(rows)} {row['user']} {row['query_id']}", file=sys.stderr, flush=True)
+            print(f"{row['user']} {row['query_id']} ({len(wanted)} rows wanted)", file=sys.stderr, flush=True)
 
 
 def evaluate(args: argparse.Namespace) -> None:

@@ -178,8 +178,9 @@ class Personalizer:
         `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
         replaces the task's template and its stop rule; `text` is then not used.
         `candidates` > 1 (greedy `sampling` only): that many outputs are decoded side by side, the greedy one
-        and samples drawn as `decoding_runs.candidate_sampling` says (the method's correction in each), and the one
-        that agrees most with the others is returned (`localpers.methods.consensus`); it is streamed once chosen.
+        and samples drawn as `decoding_runs.candidate_sampling` says (the method's correction in each), and
+        the one that agrees most with the others is returned (`localpers.methods.consensus`); it is streamed
+        once chosen.
         """
         chosen_task = get_task(task)
         if not 1 <= candidates <= MAX_CANDIDATES:
