@@ -37,6 +37,9 @@ class DecodeCounter:
         self.calls = dict.fromkeys(self.KINDS, 0)
         self.tokens = dict.fromkeys(self.KINDS, 0)
         self.seconds = dict.fromkeys(self.KINDS, 0.0)
+        self.outputs = dict.fromkeys(
+            self.KINDS, 0
+        )  # rows marked as outputs (logits, or features at every row)
         self._original = llama_cpp.llama_decode
 
     def __enter__(self) -> DecodeCounter:
@@ -47,6 +50,7 @@ class DecodeCounter:
             kind = self.KINDS[0] if n > 8 else self.KINDS[1] if n > 1 else self.KINDS[2]
             self.calls[kind] += 1
             self.tokens[kind] += n
+            self.outputs[kind] += sum(1 for i in range(n) if batch.logits[i])
             self.seconds[kind] += time.perf_counter() - started
             return result
 
@@ -61,6 +65,7 @@ class DecodeCounter:
             kind: {
                 "calls": self.calls[kind],
                 "tokens": self.tokens[kind],
+                "outputs": self.outputs[kind],
                 "seconds": round(self.seconds[kind], 3),
             }
             for kind in self.KINDS
@@ -111,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"author {fit['author']}: {fit['seconds']:.2f} s  {fit['stages']}  choice {fit['choice']}")
             for kind, counted in fit["decodes"].items():
                 print(
-                    f"    {kind}: {counted['tokens']} tokens in {counted['calls']} calls, {counted['seconds']} s"
+                    f"    {kind}: {counted['tokens']} tokens ({counted['outputs']} output rows) in {counted['calls']}"
+                    f" calls, {counted['seconds']} s"
                 )
         print(f"median {result['median_seconds']:.2f} s over {len(fits)} fits")
     return 0
