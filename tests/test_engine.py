@@ -97,6 +97,25 @@ def test_adapter_switch_changes_logits_and_switching_back_restores_them(
     engine.set_adapter(None)
 
 
+def test_adapter_scale_moves_the_logits_from_the_backbone_in_proportion(
+    engine: Engine, adapter_file: Path
+) -> None:
+    """`set_adapter(name, scale)` applies the update times `scale` (scripts/adapter_scale.py relies on it)."""
+    tokens = engine.tokenize(PROMPT)
+    name = engine.load_adapter(adapter_file, "random") if "random" not in engine.adapters else "random"
+    engine.set_adapter(None)
+    base = engine.prefill(tokens).logits
+    distances = {}
+    for scale in (0.0, 0.5, 1.0, 2.0):
+        engine.set_adapter(name, scale)
+        # a new scale is a new model: the cache is cleared
+        assert engine.active_scale == scale and engine.n_past == 0
+        distances[scale] = float(np.abs(engine.prefill(tokens).logits - base).mean())
+    assert distances[0.0] < 1e-3  # scale 0 is the backbone, up to the added zeros' rounding
+    assert distances[0.0] < distances[0.5] < distances[1.0] < distances[2.0]
+    engine.set_adapter(None)
+
+
 def test_adapter_switch_clears_the_kv_cache(engine: Engine, adapter_file: Path) -> None:
     name = engine.load_adapter(adapter_file, "random") if "random" not in engine.adapters else "random"
     engine.prefill(engine.tokenize(PROMPT))
