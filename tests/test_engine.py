@@ -97,10 +97,10 @@ def test_adapter_switch_changes_logits_and_switching_back_restores_them(
     engine.set_adapter(None)
 
 
-def test_adapter_scale_moves_the_logits_from_the_backbone_in_proportion(
+def test_adapter_scale_moves_the_logits_further_from_the_backbone_as_it_grows(
     engine: Engine, adapter_file: Path
 ) -> None:
-    """`set_adapter(name, scale)` applies the update times `scale` (scripts/adapter_scale.py relies on it)."""
+    """`set_adapter(name, scale)` applies the update at `scale`: 0 is the backbone (scripts/adapter_scale.py)."""
     tokens = engine.tokenize(PROMPT)
     name = engine.load_adapter(adapter_file, "random") if "random" not in engine.adapters else "random"
     engine.set_adapter(None)
