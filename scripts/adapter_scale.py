@@ -17,6 +17,7 @@ import argparse
 import json
 
 import numpy as np
+from scipy.special import log_softmax
 
 from localpers.bench.data import load_bench_users
 from localpers.methods.card.personalizer import Personalizer
@@ -25,12 +26,6 @@ from localpers.users.history_prompt import HistoryIndex
 
 SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 PROMPTS = ("history", "plain")
-
-
-def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
-    rows = logits.astype(np.float64)
-    peak = rows.max(axis=1, keepdims=True)
-    return rows - (peak + np.log(np.exp(rows - peak).sum(axis=1, keepdims=True)))
 
 
 def summarise(
@@ -83,7 +78,7 @@ def main() -> None:
                 engine.set_adapter("global", scale)
                 for name, prompt in prompts.items():
                     scored = engine.score(prompt, [gold], keep_logits=True)[0]
-                    logprobs = log_softmax_rows(scored.logits)
+                    logprobs = log_softmax(scored.logits.astype(np.float64), axis=1)
                     likelihood[(scale, name)].append(float(logprobs[rows, targets].mean()))
                     agreement[(scale, name)].append(float((logprobs.argmax(axis=1) == targets).mean()))
     summary = summarise(likelihood, agreement)

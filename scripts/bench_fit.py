@@ -37,9 +37,8 @@ class DecodeCounter:
         self.calls = dict.fromkeys(self.KINDS, 0)
         self.tokens = dict.fromkeys(self.KINDS, 0)
         self.seconds = dict.fromkeys(self.KINDS, 0.0)
-        self.outputs = dict.fromkeys(
-            self.KINDS, 0
-        )  # rows marked as outputs (logits, or features at every row)
+        # rows marked as outputs (logits, or features at every row)
+        self.outputs = dict.fromkeys(self.KINDS, 0)
         self._original = llama_cpp.llama_decode
 
     def __enter__(self) -> DecodeCounter:
