@@ -1,4 +1,4 @@
-"""Dev-split study of decode-time changes to the conditioned global adapter (RESULTS 0s, 0t, 0v, 0w).
+"""Dev-split study of decode-time changes to the conditioned global adapter (RESULTS 0s, 0t, 0v, 0w, 0ze).
 
 Each variant but `beam` and `pbeam` decodes greedily on the device's prompt (the bundle's format: the user's
 recent and closest headlines, `prompting.prompt_tokens`) with the global adapter, like the bench's
@@ -18,6 +18,9 @@ for `oracle`, which example the prompt shows); `beam` and `pbeam` search instead
   two history prompts. W = 0 is the adapter alone.
 - `hcopy=B`: +B nats for the first token of every word of the prompt's example headlines (the user's recent and
   closest ones) that is not a stop word and not in the article: `copy` for the history's words.
+- `wrepeat=B`: -B nats for a word token the output already holds (a token of 3 or more letters, not a stop word,
+  the same word in any casing, with or without its leading space): a repetition penalty on words only, where
+  llama.cpp's presence penalty also hits digits and quotes.
 - `oracle=N` (a ceiling, chosen with the answer): plain greedy decoding, but the prompt's closest example is the
   earlier headline (not one of the recent ones) with the highest ROUGE-1 against the author's real headline,
   among the N BM25-closest (N = 0: the whole history). It bounds what a better retriever could give.
@@ -99,10 +102,11 @@ class Variant:
             "beam",
             "pbeam",
             "recent",
+            "wrepeat",
         ):
             raise SystemExit(
                 f"unknown variant {spec!r}: use contrast=A, minlen-user=F, minlen-all=F, copy=B, hcopy=B, views=W, "
-                "oracle=N, beam=B, pbeam=B or recent=N"
+                "oracle=N, beam=B, pbeam=B, recent=N or wrepeat=B"
             )
         try:
             value = float(number)
@@ -120,6 +124,15 @@ class Decoder:
         self.second = second
         self.task = get_task("headline")
         self.ends = set(personalizer.end_tokens)
+        self._words: dict[int, str] = {}
+
+    def word_of(self, token: int) -> str:
+        """The lower-case word a token spells ("" unless 3+ letters and not a stop word), cached per token."""
+        if token not in self._words:
+            piece = self.engine.detokenize([token]).strip().lower()
+            keep = len(piece) >= 3 and piece.isalpha() and piece not in STOP_WORDS
+            self._words[token] = piece if keep else ""
+        return self._words[token]
 
     def token_count(self, text: str) -> int:
         return len(self.engine.tokenize(" " + text, add_bos=False))
@@ -239,6 +252,9 @@ class Decoder:
                     picked = (1 - variant.value) * picked + variant.value * other
             elif variant.kind in ("copy", "hcopy"):
                 picked = picked + variant.value * np.isin(top, copied[variant.kind])
+            elif variant.kind == "wrepeat" and tokens:
+                seen = {self.word_of(t) for t in tokens} - {""}
+                picked = picked - variant.value * np.array([self.word_of(int(t)) in seen for t in top])
             elif variant.kind.startswith("minlen") and len(tokens) < min_tokens:
                 picked = np.where(np.isin(top, list(self.ends)), -np.inf, picked)
             token = int(top[np.argmax(picked)])

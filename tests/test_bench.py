@@ -456,6 +456,32 @@ def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() 
     assert sent["prompt_format"] == PromptFormat(examples=3)
 
 
+def test_penalty_parameters_reach_the_sampler_chain_settings() -> None:
+    """`global@presence=1`, `global-history@frequency=1`: llama.cpp's penalties, greedy; none named, plain greedy."""
+    from localpers.bench.methods import MethodSpec, UserProfile
+    from localpers.bench.registry import get_method
+    from localpers.engine.decoding import SamplerSettings
+
+    class Recorder:
+        prompt_format = None
+
+        def rewrite(self, text: str, **kwargs: object) -> dict[str, object]:
+            return kwargs
+
+    profile = UserProfile("u", ())
+    sent = get_method("global").generate(Recorder(), profile, None, "t", parse_method("global"))  # type: ignore[arg-type]
+    assert sent["sampling"] is None
+    sent = get_method("global").generate(Recorder(), profile, None, "t", parse_method("global@presence=1"))  # type: ignore[arg-type]
+    assert sent["sampling"] == SamplerSettings(presence_penalty=1.0)
+    spec = parse_method("global-history@frequency=1,dry=0.8")
+    assert spec == MethodSpec("global-history", (("dry", 0.8), ("frequency", 1)))
+    sent = get_method("global-history").generate(Recorder(), profile, None, "t", spec)  # type: ignore[arg-type]
+    assert sent["sampling"] == SamplerSettings(frequency_penalty=1.0, dry_multiplier=0.8)
+    assert sent["sampling"].greedy
+    with pytest.raises(LocalpersError, match="presence_penalty must be in"):
+        get_method("global").generate(Recorder(), profile, None, "t", parse_method("global@presence=3"))  # type: ignore[arg-type]
+
+
 def test_dev_split_takes_each_train_authors_most_recent_30_percent_as_queries(tmp_path: Path) -> None:
     def item(i: int) -> dict[str, str]:
         return {"id": f"n{i}", "input": f"Article number {i} about the town.", "output": f"Headline {i}"}

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from localpers.engine.decoding import SamplerSettings
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.reports import RewriteResult
@@ -27,6 +28,9 @@ from localpers.users.history import HistoryItem
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
 HISTORY_PARAM = "history"
+# llama.cpp's penalty samplers as method parameters (`global-history@presence=0.5`): presence and frequency
+# penalties in nats, DRY's multiplier; each is off (0) unless named
+PENALTY_PARAMS: dict[str, type] = {"presence": float, "frequency": float, "dry": float}
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,16 @@ class MethodSpec:
     def history_limit(self) -> int | None:
         value = self.get(HISTORY_PARAM)
         return None if value is None else int(value)
+
+
+def penalty_sampling(spec: MethodSpec) -> SamplerSettings | None:
+    """Greedy decoding with the penalties `spec` names (`PENALTY_PARAMS`), or None (plain greedy) when it names none."""
+    presence, frequency, dry = (float(spec.get(name) or 0.0) for name in PENALTY_PARAMS)
+    if not (presence or frequency or dry):
+        return None
+    return SamplerSettings(
+        presence_penalty=presence, frequency_penalty=frequency, dry_multiplier=dry
+    ).validated()
 
 
 def _format_value(value: ParamValue) -> str:
@@ -117,10 +131,16 @@ class Method(ABC):
 
     @staticmethod
     def global_rewrite(
-        personalizer: Personalizer, text: str, reference: str | None = None, candidates: int = 1
+        personalizer: Personalizer,
+        text: str,
+        reference: str | None = None,
+        candidates: int = 1,
+        sampling: SamplerSettings | None = None,
     ) -> RewriteResult:
         """The global adapter's output: the baseline, and what a user without history gets (as `rewrite` does)."""
-        return personalizer.rewrite(text, method="global", reference=reference, candidates=candidates)
+        return personalizer.rewrite(
+            text, method="global", reference=reference, candidates=candidates, sampling=sampling
+        )
 
     def stored_bytes(self, profile: UserProfile) -> int:
         """Bytes the device keeps per user for this method, the user's own history not counted."""

@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
+from localpers.bench.methods import (
+    PENALTY_PARAMS,
+    Method,
+    MethodSpec,
+    ParamValue,
+    UserProfile,
+    penalty_sampling,
+)
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
@@ -26,7 +33,7 @@ class GlobalMethod(Method):
     description = "global adapter, no personalization (the baseline)"
     # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`); like
     # every parameter without a default, naming it makes another method of the run (an old run's cache stays valid)
-    params = {"candidates": int}
+    params = {"candidates": int, **PENALTY_PARAMS}
 
     def generate(
         self,
@@ -37,7 +44,9 @@ class GlobalMethod(Method):
         spec: MethodSpec,
         reference: str | None = None,
     ) -> RewriteResult:
-        return self.global_rewrite(personalizer, text, reference, int(spec.get("candidates") or 1))
+        return self.global_rewrite(
+            personalizer, text, reference, int(spec.get("candidates") or 1), penalty_sampling(spec)
+        )
 
 
 class RagMethod(Method):
@@ -121,7 +130,7 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     # N of the examples are the user's most recent outputs (the device's value by default; 0 = all retrieved, the
     # training format, which this method used before the seventeenth session)
     # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`)
-    params = {"examples": int, "described": int, "recent": int, "candidates": int}
+    params = {"examples": int, "described": int, "recent": int, "candidates": int, **PENALTY_PARAMS}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
@@ -154,6 +163,7 @@ class GlobalHistoryMethod(HistoryPromptMethod):
             prompt_format=chosen,
             reference=reference,
             candidates=int(spec.get("candidates") or 1),
+            sampling=penalty_sampling(spec),
         )
 
 
