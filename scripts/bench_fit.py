@@ -8,7 +8,10 @@ two versions of the code, run it under each in turn (`PYTHONPATH=<other checkout
 scripts/bench_fit.py ...`), alternating, on a quiet machine.
 
 Usage: python scripts/bench_fit.py --data ../shared/data/news-headlines/test.jsonl [--authors 3] [--items 20]
-       [--repeats 1] [--bundle DIR] [--json]
+       [--repeats 1] [--bundle DIR] [--flash-attn auto|on|off] [--json]
+
+`--flash-attn` overrides llama.cpp's flash-attention setting for this run (the engine leaves it at auto;
+PERFORMANCE.md, thirty-third session).
 """
 
 from __future__ import annotations
@@ -71,6 +74,21 @@ class DecodeCounter:
         }
 
 
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama.cpp's llama_flash_attn_type values
+
+
+def force_flash_attn(setting: str) -> None:
+    """Make every context this process creates use `setting` (the engine reads llama.cpp's defaults first)."""
+    original = llama_cpp.llama_context_default_params
+
+    def with_setting() -> object:
+        params = original()
+        params.flash_attn_type = FLASH_ATTN[setting]
+        return params
+
+    llama_cpp.llama_context_default_params = with_setting
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="shared-data JSONL (one author per line)")
@@ -78,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=20, help="most recent history items per author")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--bundle", default=None, help="bundle directory (default: pulled, else demo bundle)")
+    parser.add_argument("--flash-attn", choices=sorted(FLASH_ATTN), default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.flash_attn is not None:
+        force_flash_attn(args.flash_attn)
 
     histories = [user.history[-args.items :] for user in load_bench_users(args.data, max_users=args.authors)]
     fits = []

@@ -478,6 +478,10 @@ def test_penalty_parameters_reach_the_sampler_chain_settings() -> None:
     sent = get_method("global-history").generate(Recorder(), profile, None, "t", spec)  # type: ignore[arg-type]
     assert sent["sampling"] == SamplerSettings(frequency_penalty=1.0, dry_multiplier=0.8)
     assert sent["sampling"].greedy
+    sent = get_method("global").generate(
+        Recorder(), profile, None, "t", parse_method("global@repeated_words=3")
+    )  # type: ignore[arg-type]
+    assert sent["sampling"] == SamplerSettings(repeated_word_penalty=3.0)
     with pytest.raises(LocalpersError, match="presence_penalty must be in"):
         get_method("global").generate(Recorder(), profile, None, "t", parse_method("global@presence=3"))  # type: ignore[arg-type]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -202,6 +203,37 @@ def test_rewrite_runs_in_a_namespace_without_network(bundle_dir: Path, backbone:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["text"]
+
+
+def test_rewrite_puts_the_repeated_word_rule_in_every_candidates_chain(
+    bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.engine.repeated_words import STOP_WORDS
+    from localpers.engine.sampler_chain import SamplerChain
+
+    built: list[list[str]] = []
+    original = SamplerChain.__init__
+
+    def recording(self: SamplerChain, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        built.append(list(self.names))
+
+    monkeypatch.setattr(SamplerChain, "__init__", recording)
+    runner = CliRunner()
+    common = ["--method", "global", "--json", "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    for extra, chains in (([], 1), (["--candidates", "4"], 4)):
+        built.clear()
+        result = runner.invoke(app, ["rewrite", ARTICLE, "--repeated-word-penalty", "100", *extra, *common])
+        assert result.exit_code == 0, result.output
+        assert len(built) == chains and all("repeated-words" in names for names in built), built
+        words = re.findall(r"[a-z]+", json.loads(result.stdout)["text"].lower())
+        content = [w for w in words if len(w) >= 3 and w not in STOP_WORDS]
+        assert content and len(content) == len(set(content)), words
+    built.clear()
+    assert runner.invoke(app, ["rewrite", ARTICLE, *common]).exit_code == 0
+    assert built and not any("repeated-words" in names for names in built)  # off unless asked for
+    refused = runner.invoke(app, ["rewrite", ARTICLE, "--repeated-word-penalty", "-1", *common])
+    assert refused.exit_code == 2
 
 
 def test_rewrite_refuses_an_unfitted_user(bundle_dir: Path, backbone: Backbone) -> None:

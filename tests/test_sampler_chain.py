@@ -78,6 +78,57 @@ def test_repetition_penalty_applies_to_tokens_the_chain_accepted(engine: Engine)
         assert [chain.sample(logits).token for _ in range(2)] == [40, 41]
 
 
+def test_repeated_word_rule_lowers_words_already_written_but_spares_digits_and_stop_words(
+    engine: Engine,
+) -> None:
+    """llama.cpp's penalties lower any token written before; the word rule only words of 3+ letters."""
+
+    def token(text: str) -> int:
+        ids = engine.tokenize(text, add_bos=False)
+        assert len(ids) == 1, f"{text!r} is {len(ids)} tokens in this vocabulary"
+        return ids[0]
+
+    word, word_again, other = token(" Campaign"), token("Campaign"), token(" Deal")
+    digit, stop, other_digit = token("0"), token(" The"), token("1")
+    settings = SamplerSettings(repeated_word_penalty=3.0)
+    with engine.sampler_chain(settings) as chain:
+        assert chain.names == ["top-k(20)", "repeated-words", "greedy"]
+        assert chain.sample(logits_with(engine, {word: 2.0, other: 1.0})).token == word
+        # the same word in another casing and without its leading space loses 3 nats; another word does not
+        assert chain.sample(logits_with(engine, {word_again: 2.0, other: 1.0})).token == other
+        assert chain.sample(logits_with(engine, {digit: 2.0, other_digit: 1.0})).token == digit
+        assert (
+            chain.sample(logits_with(engine, {digit: 2.0, other_digit: 1.0})).token == digit
+        )  # digits spared
+        assert chain.sample(logits_with(engine, {stop: 2.0, other: 1.5})).token == stop
+        assert chain.sample(logits_with(engine, {stop: 2.0, other: 1.5})).token == stop  # stop words spared
+        ids, changed = chain.transform(logits_with(engine, {word: 2.0, other: 1.5}))
+        finite = np.isfinite(changed)
+        assert dict(zip(ids[finite].tolist(), changed[finite].tolist(), strict=True)) == {
+            word: -1.0,
+            other: -1.5,
+        }
+    with engine.sampler_chain(
+        SamplerSettings(presence_penalty=1.5)
+    ) as chain:  # the token penalty hits digits
+        assert [
+            chain.sample(logits_with(engine, {digit: 2.0, other_digit: 1.0})).token for _ in range(2)
+        ] == [
+            digit,
+            other_digit,
+        ]
+    with engine.sampler_chain(SamplerSettings(repeated_word_penalty=3.0, top_k=40)) as chain:
+        assert chain.names == ["top-k(40)", "repeated-words", "top-k", "greedy"]
+
+
+def test_repeated_word_rule_follows_a_method_and_needs_no_cut_of_its_own(engine: Engine) -> None:
+    method = BanFirstCandidate(candidate_limit=5)
+    with engine.sampler_chain(SamplerSettings(repeated_word_penalty=1.0), method) as chain:
+        assert chain.names == ["top-k(5)", "ban-first", "repeated-words", "greedy"]
+        chain.sample(np.arange(engine.n_vocab, dtype=np.float32) / engine.n_vocab)
+    assert len(method.accepted) == 1  # the method is still told of every token
+
+
 def test_logit_bias_can_ban_the_best_token(engine: Engine) -> None:
     logits = logits_with(engine, {50: 3.0, 51: 2.0})
     assert draws(engine, SamplerSettings(logit_bias=((50, -np.inf),)), logits, 1) == [51]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from localpers.bench.methods import MethodSpec, ParamValue, UserProfile
+from localpers.bench.methods import PENALTY_PARAMS, MethodSpec, ParamValue, UserProfile, penalty_sampling
 from localpers.bench.prompt_methods import HistoryPromptMethod
 from localpers.errors import LocalpersError
 from localpers.methods.card.correction import DEFAULT_BIAS_STRENGTH
@@ -28,7 +28,15 @@ class CardMethod(HistoryPromptMethod):
     needs = "vector"
     uses_history = True
     # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`)
-    params = {"strength": float, "top_k": int, "reg": float, "prior": float, "bias": float, "candidates": int}
+    params = {
+        "strength": float,
+        "top_k": int,
+        "reg": float,
+        "prior": float,
+        "bias": float,
+        "candidates": int,
+        **PENALTY_PARAMS,
+    }
     adapter_method = "card"
     head_type: ClassVar[str | None] = None  # set by the full/factored-U variants
 
@@ -59,8 +67,9 @@ class CardMethod(HistoryPromptMethod):
         spec: MethodSpec,
         reference: str | None = None,
     ) -> RewriteResult:
+        sampling = penalty_sampling(spec)
         if profile.cluster is None and self.adapter_method == "card":
-            return self.global_rewrite(personalizer, text, reference)  # cold start
+            return self.global_rewrite(personalizer, text, reference, sampling=sampling)  # cold start
         strength = spec.get("strength")
         top_k = spec.get("top_k")
         bias_strength = spec.get("bias")
@@ -76,6 +85,7 @@ class CardMethod(HistoryPromptMethod):
             bias_strength=None if bias_strength is None else float(bias_strength),
             reference=reference,
             candidates=int(spec.get("candidates") or 1),
+            sampling=sampling,
         )
 
 
@@ -85,7 +95,7 @@ class CardChosenMethod(CardMethod):
     description = (
         "CARD with the strengths `localpers fit` chose on the user's own recent items (what rewrite does)"
     )
-    params = {"top_k": int, "reg": float, "prior": float, "candidates": int}
+    params = {"top_k": int, "reg": float, "prior": float, "candidates": int, **PENALTY_PARAMS}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         values = super().defaults(personalizer)

@@ -28,9 +28,15 @@ from localpers.users.history import HistoryItem
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
 HISTORY_PARAM = "history"
-# llama.cpp's penalty samplers as method parameters (`global-history@presence=0.5`): presence and frequency
-# penalties in nats, DRY's multiplier; each is off (0) unless named
-PENALTY_PARAMS: dict[str, type] = {"presence": float, "frequency": float, "dry": float}
+# repetition penalties as method parameters (`global-history@presence=0.5`): llama.cpp's presence and frequency
+# penalties in nats and DRY's multiplier, and the word-only rule's nats (`repeated_words`, RESULTS 0ze); each is
+# off (0) unless named
+PENALTY_PARAMS: dict[str, type] = {
+    "presence": float,
+    "frequency": float,
+    "dry": float,
+    "repeated_words": float,
+}
 
 
 @dataclass(frozen=True)
@@ -58,11 +64,14 @@ class MethodSpec:
 
 def penalty_sampling(spec: MethodSpec) -> SamplerSettings | None:
     """Greedy decoding with the penalties `spec` names (`PENALTY_PARAMS`), or None (plain greedy) when it names none."""
-    presence, frequency, dry = (float(spec.get(name) or 0.0) for name in PENALTY_PARAMS)
-    if not (presence or frequency or dry):
+    presence, frequency, dry, words = (float(spec.get(name) or 0.0) for name in PENALTY_PARAMS)
+    if not (presence or frequency or dry or words):
         return None
     return SamplerSettings(
-        presence_penalty=presence, frequency_penalty=frequency, dry_multiplier=dry
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        dry_multiplier=dry,
+        repeated_word_penalty=words,
     ).validated()
 
 

@@ -20,6 +20,7 @@ from localpers.cli.sampling import (
     GrammarOption,
     MinPOption,
     PresencePenaltyOption,
+    RepeatedWordPenaltyOption,
     RepetitionPenaltyOption,
     SeedOption,
     TemperatureOption,
@@ -159,6 +160,7 @@ def rewrite_command(
     repetition_penalty: RepetitionPenaltyOption = 1.0,
     presence_penalty: PresencePenaltyOption = 0.0,
     frequency_penalty: FrequencyPenaltyOption = 0.0,
+    repeated_word_penalty: RepeatedWordPenaltyOption = 0.0,
     seed: SeedOption = None,
     grammar: GrammarOption = None,
     bundle: BundleOption = None,
@@ -179,6 +181,7 @@ def rewrite_command(
         frequency_penalty=frequency_penalty,
         seed=seed,
         grammar=grammar,
+        repeated_word_penalty=repeated_word_penalty,
     )
     chosen = get_method(method)
     if candidates > 1 and (not sampling.greedy or chosen.own_decoder):

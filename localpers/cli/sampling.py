@@ -49,6 +49,16 @@ FrequencyPenaltyOption = Annotated[
         min=-2.0, max=2.0, help="Lowers tokens by how often they were generated.", rich_help_panel=PANEL
     ),
 ]
+RepeatedWordPenaltyOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        max=100.0,
+        help="Nats off a word the output already holds (words only: digits and quotes are spared; "
+        "3 brings repeats down to the authors' rate, RESULTS 0ze). 0 = off.",
+        rich_help_panel=PANEL,
+    ),
+]
 SeedOption = Annotated[
     int | None, typer.Option(min=0, help="Seed of the random draw.", rich_help_panel=PANEL)
 ]
@@ -84,6 +94,7 @@ def sampler_settings(
     frequency_penalty: float = 0.0,
     seed: int | None = None,
     grammar: Path | None = None,
+    repeated_word_penalty: float = 0.0,
 ) -> SamplerSettings:
     """The command-line options as llama.cpp sampler settings (validated)."""
     return SamplerSettings(
@@ -96,4 +107,5 @@ def sampler_settings(
         frequency_penalty=frequency_penalty,
         seed=seed,
         grammar=read_grammar(grammar),
+        repeated_word_penalty=repeated_word_penalty,
     ).validated()

@@ -50,7 +50,9 @@ def generate_candidates(
     first = engine.prefill(tokens, shared=shared)
     prompt_seconds = time.perf_counter() - started
     sequences = list(range(1, count + 1))
-    settings = [GREEDY] + [replace(sampling, seed=(seed + index) % 0xFFFFFFFE) for index in range(1, count)]
+    # the greedy candidate keeps the word-only repetition rule of the others (`repeated_words`), if any
+    greedy = replace(GREEDY, repeated_word_penalty=sampling.repeated_word_penalty)
+    settings = [greedy] + [replace(sampling, seed=(seed + index) % 0xFFFFFFFE) for index in range(1, count)]
     generated: list[list[int]] = [[] for _ in sequences]
     logits_seen: list[list[float]] = [[] for _ in sequences]
     texts = [""] * count

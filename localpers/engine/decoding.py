@@ -1,13 +1,15 @@
 """What a decoding step should do, as plain data: the settings of llama.cpp's sampler chain and a method's sampler.
 
 `SamplerSettings` names llama.cpp's built-in samplers (temperature, top-k, top-p, min-p, typical, the
-repeat/frequency/presence penalties, DRY, logit bias, a GBNF grammar, the seed of the final draw); the
-defaults are greedy decoding, as in the CARD paper. `MethodSampler` is the interface of a personalization
-method's own sampler (CARD's top-k correction, CoPe's contrast): it sees the chain's current `Candidates`
-and may change their logits or drop some. `localpers.engine` turns both into one llama.cpp sampler chain:
+repeat/frequency/presence penalties, DRY, logit bias, a GBNF grammar, the seed of the final draw) and the
+project's word-only repetition rule (`localpers.engine.repeated_words`); the defaults are greedy decoding, as in
+the CARD paper. `MethodSampler` is the interface of a personalization method's own sampler (CARD's top-k correction, CoPe's contrast): it sees the chain's current `Candidates` and may change their logits or drop some. `localpers.engine` turns both into one llama.cpp sampler chain:
 
-    grammar -> logit bias -> penalties -> DRY -> [top-k(method's k) -> method] -> top-k -> typical
-            -> top-p -> min-p -> temperature -> seeded draw (or greedy when temperature == 0)
+    grammar -> logit bias -> penalties -> DRY -> [top-k(method's k) -> method] -> [repeated words]
+            -> top-k -> typical -> top-p -> min-p -> temperature -> seeded draw (or greedy when temperature == 0)
+
+(the repeated-words rule, when on, sits behind a top-k cut of its own when no method makes one: the settings'
+top-k, or 20).
 
 This module imports no llama.cpp and decodes nothing (`Candidates.best_positions` uses the compiled `_taps`
 helper when it is built, numpy otherwise).
@@ -49,6 +51,7 @@ class SamplerSettings:
     grammar: str | None = None  # GBNF text; output must match its `root` rule
     seed: int | None = None  # None = a fresh random seed per generation
     dry_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    repeated_word_penalty: float = 0.0  # nats off a word the output already holds (`repeated_words`); 0 = off
 
     @property
     def greedy(self) -> bool:
@@ -81,6 +84,12 @@ class SamplerSettings:
             ("presence_penalty", self.presence_penalty, -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
             ("penalty_last_n", self.penalty_last_n, self.penalty_last_n >= 0, ">= 0"),
             ("dry_multiplier", self.dry_multiplier, self.dry_multiplier >= 0.0, ">= 0"),
+            (
+                "repeated_word_penalty",
+                self.repeated_word_penalty,
+                0.0 <= self.repeated_word_penalty <= 100.0,
+                "in [0, 100]",
+            ),
             ("seed", self.seed, self.seed is None or 0 <= self.seed < RANDOM_SEED, "in [0, 2^32 - 1)"),
         )
         for name, value, ok, expected in checks:

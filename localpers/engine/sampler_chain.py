@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from localpers.engine.backend import recorded_llama_log
 from localpers.engine.decoding import RANDOM_SEED, Candidates, MethodSampler, SamplerSettings
+from localpers.engine.repeated_words import CANDIDATES, RepeatedWordRule
 from localpers.errors import LocalpersError
 
 # Mirror of `llama_token_data`: {int32 id; float logit; float p}.
@@ -111,6 +113,7 @@ class SamplerChain:
         method: MethodSampler | None = None,
         *,
         final_pick: bool = True,
+        token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
         settings.validated()
         self.final_pick = final_pick
@@ -118,9 +121,10 @@ class SamplerChain:
         params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(params)
         self._link: _MethodLink | None = None
+        self._word_link: _MethodLink | None = None
         self.names: list[str] = []
         try:
-            self._build(vocab, n_vocab, settings, method)
+            self._build(vocab, n_vocab, settings, method, token_bytes)
         except BaseException:
             self.close()
             raise
@@ -137,7 +141,12 @@ class SamplerChain:
         self.names.append(name)
 
     def _build(
-        self, vocab: object, n_vocab: int, settings: SamplerSettings, method: MethodSampler | None
+        self,
+        vocab: object,
+        n_vocab: int,
+        settings: SamplerSettings,
+        method: MethodSampler | None,
+        token_bytes: Callable[[int], bytes] | None,
     ) -> None:
         if settings.grammar is not None:
             with recorded_llama_log() as log:
@@ -195,6 +204,15 @@ class SamplerChain:
                 )
             self._link = _MethodLink(method)
             self._add(self._link.pointer, method.name)
+        if settings.repeated_word_penalty > 0.0:
+            if token_bytes is None:
+                raise LocalpersError("the repeated-words rule needs the vocabulary's token text")
+            if method is None or not method.candidate_limit:
+                # the rule judges a short list; greedy picks the same from it, sampling draws from it
+                cut = settings.top_k or CANDIDATES
+                self._add(llama_cpp.llama_sampler_init_top_k(cut), f"top-k({cut})")
+            self._word_link = _MethodLink(RepeatedWordRule(settings.repeated_word_penalty, token_bytes))
+            self._add(self._word_link.pointer, RepeatedWordRule.name)
         if settings.top_k > 0:
             self._add(llama_cpp.llama_sampler_init_top_k(settings.top_k), "top-k")
         if settings.typical_p < 1.0:
@@ -274,10 +292,10 @@ class SamplerChain:
             llama_cpp.llama_sampler_reset(self._chain)
 
     def _raise_link_error(self) -> None:
-        link = self._link
-        if link is not None and link.error is not None:
-            error, link.error = link.error, None
-            raise error
+        for link in (self._link, self._word_link):
+            if link is not None and link.error is not None:
+                error, link.error = link.error, None
+                raise error
 
     def close(self) -> None:
         """Free the chain and every sampler in it. Safe to call twice."""

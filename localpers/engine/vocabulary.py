@@ -86,7 +86,9 @@ class Vocabulary:
         self, settings: SamplerSettings, method: MethodSampler | None = None, *, final_pick: bool = True
     ) -> SamplerChain:
         """A llama.cpp sampler chain over this model's vocabulary (close it, or use it as a context manager)."""
-        return SamplerChain(self._vocab, self.n_vocab, settings, method, final_pick=final_pick)
+        return SamplerChain(
+            self._vocab, self.n_vocab, settings, method, final_pick=final_pick, token_bytes=self.token_bytes
+        )
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes one token stands for (special tokens render as empty)."""

@@ -48,8 +48,13 @@ def decode_consensus(
     stop: Sequence[str],
     shared: int,
     new_correction: Callable[[], CardCorrection | None],
+    repeated_word_penalty: float = 0.0,
 ) -> tuple[GenerationResult, CardCorrection | None]:
-    """The candidate the others agree with most, and the correction that decoded it (its steps, for Why)."""
+    """The candidate the others agree with most, and the correction that decoded it (its steps, for Why).
+
+    `repeated_word_penalty` puts the word-only repetition rule (`localpers.engine.repeated_words`) in every
+    candidate's chain.
+    """
     made: list[CardCorrection | None] = []
 
     def fresh() -> CardCorrection | None:
@@ -60,7 +65,7 @@ def decode_consensus(
         engine,
         prompt,
         count=count,
-        sampling=candidate_sampling(count),
+        sampling=dataclasses.replace(candidate_sampling(count), repeated_word_penalty=repeated_word_penalty),
         method=fresh,
         max_tokens=max_tokens,
         stop=stop,

@@ -217,6 +217,7 @@ class Personalizer:
                     lambda: self.correction_sampler(
                         method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
                     )[0],
+                    repeated_word_penalty=sampling.repeated_word_penalty if sampling else 0.0,
                 )
                 if stream or on_text:
                     (stream or on_text)(result.text)
