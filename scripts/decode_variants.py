@@ -61,19 +61,13 @@ from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchQuery, BenchUser, load_bench_users
 from localpers.bench.metrics import rouge
 from localpers.engine import Engine
+from localpers.engine.repeated_words import STOP_WORDS
 from localpers.methods.card import prompting
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
 from localpers.users.history_prompt import HistoryIndex, content_of
 
 TOP_K = 20
-STOP_WORDS = frozenset(
-    re.findall(
-        r"\w+",
-        "the a an to of in on for and or is are was were be with at by from as it its that this his her he she they "
-        "we you i our their who what when how why not but",
-    )
-)
 
 
 WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")

@@ -18,12 +18,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-# the stop words of `scripts/decode_variants.py`, whose `wrepeat` rule this counts
-STOP_TEXT = (
-    "the a an to of in on for and or is are was were be with at by from as it its that this his her he she they "
-    "we you i our their who what when how why not but"
-)
-STOP_WORDS = frozenset(re.findall(r"\w+", STOP_TEXT))
+from localpers.engine.repeated_words import STOP_WORDS
+
 WORD = re.compile(r"[a-z]+")
 NUMBER = re.compile(r"\d+")
 

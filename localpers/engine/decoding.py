@@ -3,7 +3,9 @@
 `SamplerSettings` names llama.cpp's built-in samplers (temperature, top-k, top-p, min-p, typical, the
 repeat/frequency/presence penalties, DRY, logit bias, a GBNF grammar, the seed of the final draw) and the
 project's word-only repetition rule (`localpers.engine.repeated_words`); the defaults are greedy decoding, as in
-the CARD paper. `MethodSampler` is the interface of a personalization method's own sampler (CARD's top-k correction, CoPe's contrast): it sees the chain's current `Candidates` and may change their logits or drop some. `localpers.engine` turns both into one llama.cpp sampler chain:
+the CARD paper. `MethodSampler` is the interface of a personalization method's own sampler (CARD's top-k
+correction, CoPe's contrast): it sees the chain's current `Candidates` and may change their logits or drop some.
+`localpers.engine` turns both into one llama.cpp sampler chain:
 
     grammar -> logit bias -> penalties -> DRY -> [top-k(method's k) -> method] -> [repeated words]
             -> top-k -> typical -> top-p -> min-p -> temperature -> seeded draw (or greedy when temperature == 0)

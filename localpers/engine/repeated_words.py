@@ -8,8 +8,8 @@ its leading space) loses `penalty` nats. It sees the chain's top candidates only
 method, the settings' top-k or else `CANDIDATES`, so sampled decoding with the rule draws from that many), and
 costs a few dictionary lookups a step.
 
-What it does not do: look at words split over several tokens (each token is judged alone), at the prompt, or at
-anything but greedy and sampled generation; teacher-forced scoring (`generation._score_forced`) runs without it.
+What it does not do: judge a word split over several tokens (each token is judged alone) or look at the prompt;
+teacher-forced scoring (`generation._score_forced`: the gold likelihood, the fit's choice) runs without it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from localpers.engine.decoding import Candidates
 
 CANDIDATES = 20  # the top-k cut in front of the rule when no method makes one (CARD's own k)
 MIN_LETTERS = 3
+# function words a headline may repeat ("The ... The", "Is ... Is"); shared with scripts/decode_variants.py and
+# scripts/repeat_stats.py, which measured the rule
 STOP_WORDS = frozenset(
     re.findall(
         r"\w+",
