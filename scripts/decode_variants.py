@@ -61,7 +61,7 @@ from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchQuery, BenchUser, load_bench_users
 from localpers.bench.metrics import rouge
 from localpers.engine import Engine
-from localpers.engine.repeated_words import STOP_WORDS
+from localpers.engine.repeated_words import STOP_WORDS, RepeatedWordRule
 from localpers.methods.card import prompting
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
@@ -118,15 +118,8 @@ class Decoder:
         self.second = second
         self.task = get_task("headline")
         self.ends = set(personalizer.end_tokens)
-        self._words: dict[int, str] = {}
-
-    def word_of(self, token: int) -> str:
-        """The lower-case word a token spells ("" unless 3+ letters and not a stop word), cached per token."""
-        if token not in self._words:
-            piece = self.engine.detokenize([token]).strip().lower()
-            keep = len(piece) >= 3 and piece.isalpha() and piece not in STOP_WORDS
-            self._words[token] = piece if keep else ""
-        return self._words[token]
+        # the product's rule only for its word table: `wrepeat` applies the penalty itself, on this script's top k
+        self.word_of = RepeatedWordRule(0.0, self.engine.token_bytes).word_of
 
     def token_count(self, text: str) -> int:
         return len(self.engine.tokenize(" " + text, add_bos=False))

@@ -38,12 +38,10 @@ class RepeatedWordRule:
     """A `MethodSampler`: candidates spelling a word the output already holds lose `penalty` nats."""
 
     name = "repeated-words"
+    candidate_limit = None  # the sampler chain puts it behind the method's cut, or a cut of its own
 
-    def __init__(
-        self, penalty: float, token_bytes: Callable[[int], bytes], candidate_limit: int | None = None
-    ) -> None:
+    def __init__(self, penalty: float, token_bytes: Callable[[int], bytes]) -> None:
         self.penalty = float(penalty)
-        self.candidate_limit = candidate_limit
         self._token_bytes = token_bytes
         self._words: dict[int, str] = {}
         self.seen: set[str] = set()
