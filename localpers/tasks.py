@@ -2,7 +2,10 @@
 
 A task turns the user's text into the backbone prompt and says when generation stops. The
 `headline` template matches the shared news-headlines data, whose `input` field already holds the
-full instruction; `prompt_for` leaves such inputs unchanged. This module knows nothing of models.
+full instruction; `prompt_for` leaves such inputs unchanged. A task also sets the default strength of the
+word-only repetition rule (`localpers.engine.repeated_words`): on for the one-line tasks, where the model
+repeats a word about seven times as often as the authors do (docs/RESULTS.md 0ze), off where repeating a
+word is normal prose. This module knows nothing of models.
 """
 
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ class Task:
     one_line: bool
     default_max_tokens: int
     description: str
+    repeated_word_penalty: float = 0.0  # nats, the word rule's default for this task (0 = off)
 
     def prompt_for(self, text: str) -> str:
         """The prompt for `text`; an input that already starts with this task's instruction is kept."""
@@ -34,6 +38,9 @@ class Task:
 
 
 _HEADLINE_INSTRUCTION = "Generate a headline for the following article:"
+# chosen on the train authors' dev split: it brings the adapter's repeated-word rate (18.6%) to the authors'
+# (2.8%) and keeps numbers intact (docs/RESULTS.md 0ze)
+HEADLINE_WORD_PENALTY = 3.0
 
 TASKS: dict[str, Task] = {
     task.name: task
@@ -45,6 +52,7 @@ TASKS: dict[str, Task] = {
             one_line=True,
             default_max_tokens=32,
             description="a news headline for an article (the shared data's task)",
+            repeated_word_penalty=HEADLINE_WORD_PENALTY,
         ),
         Task(
             name="title",
@@ -53,6 +61,7 @@ TASKS: dict[str, Task] = {
             one_line=True,
             default_max_tokens=24,
             description="a short title for any text",
+            repeated_word_penalty=HEADLINE_WORD_PENALTY,
         ),
         Task(
             name="paraphrase",

@@ -457,7 +457,8 @@ def test_global_history_always_builds_a_history_prompt_even_on_a_plain_bundle() 
 
 
 def test_penalty_parameters_reach_the_sampler_chain_settings() -> None:
-    """`global@presence=1`, `global-history@frequency=1`: llama.cpp's penalties, greedy; none named, plain greedy."""
+    """`global@presence=1`, `global-history@frequency=1`: llama.cpp's penalties, greedy; none named, None (greedy
+    with the task's word rule, which `rewrite` fills in); `@repeated_words=0` turns the rule off explicitly."""
     from localpers.bench.methods import MethodSpec, UserProfile
     from localpers.bench.registry import get_method
     from localpers.engine.decoding import SamplerSettings
@@ -482,8 +483,33 @@ def test_penalty_parameters_reach_the_sampler_chain_settings() -> None:
         Recorder(), profile, None, "t", parse_method("global@repeated_words=3")
     )  # type: ignore[arg-type]
     assert sent["sampling"] == SamplerSettings(repeated_word_penalty=3.0)
+    sent = get_method("global").generate(
+        Recorder(), profile, None, "t", parse_method("global@repeated_words=0")
+    )  # type: ignore[arg-type]
+    assert sent["sampling"] == SamplerSettings(repeated_word_penalty=0.0)  # off, not the task's default
     with pytest.raises(LocalpersError, match="presence_penalty must be in"):
         get_method("global").generate(Recorder(), profile, None, "t", parse_method("global@presence=3"))  # type: ignore[arg-type]
+
+
+def test_the_word_rule_at_the_headline_default_is_the_plain_method_name() -> None:
+    """`card-auto@repeated_words=3` is `card-auto` (the task's default, dropped from the name); 0 stays named."""
+    from localpers.bench.method_names import canonical_spec
+    from localpers.tasks import get_task
+
+    class Head:
+        default_strength, top_k = 1.0, 50
+
+    class Plain:
+        head_config = Head()
+        prompt_format = None
+
+    default = get_task("headline").repeated_word_penalty
+    assert default > 0
+    for base in ("global", "global-history", "card-auto"):
+        named = canonical_spec(parse_method(f"{base}@repeated_words={default:g}"), Plain(), None)  # type: ignore[arg-type]
+        assert named.get("repeated_words") is None, named
+        off = canonical_spec(parse_method(f"{base}@repeated_words=0"), Plain(), None)  # type: ignore[arg-type]
+        assert off.get("repeated_words") == 0.0, off
 
 
 def test_dev_split_takes_each_train_authors_most_recent_30_percent_as_queries(tmp_path: Path) -> None:

@@ -229,9 +229,14 @@ def test_rewrite_puts_the_repeated_word_rule_in_every_candidates_chain(
         words = re.findall(r"[a-z]+", json.loads(result.stdout)["text"].lower())
         content = [w for w in words if len(w) >= 3 and w not in STOP_WORDS]
         assert content and len(content) == len(set(content)), words
-    built.clear()
-    assert runner.invoke(app, ["rewrite", ARTICLE, *common]).exit_code == 0
-    assert built and not any("repeated-words" in names for names in built)  # off unless asked for
+    for extra, expected in (
+        ([], True),
+        (["--repeated-word-penalty", "0"], False),
+        (["--task", "paraphrase"], False),
+    ):
+        built.clear()  # the headline task's default is on; 0 turns it off; paraphrase has it off
+        assert runner.invoke(app, ["rewrite", ARTICLE, *extra, *common]).exit_code == 0
+        assert built and all(("repeated-words" in names) == expected for names in built), (extra, built)
     refused = runner.invoke(app, ["rewrite", ARTICLE, "--repeated-word-penalty", "-1", *common])
     assert refused.exit_code == 2
 

@@ -28,3 +28,20 @@ def test_every_task_has_a_template_with_the_text() -> None:
 def test_unknown_task() -> None:
     with pytest.raises(LocalpersError, match="choose one of"):
         get_task("limerick")
+
+
+def test_one_line_tasks_turn_the_word_rule_on_and_an_explicit_setting_wins() -> None:
+    from localpers.engine.decoding import GREEDY, SamplerSettings
+
+    assert {name: task.repeated_word_penalty > 0 for name, task in TASKS.items()} == {
+        "headline": True,
+        "title": True,
+        "paraphrase": False,
+        "free": False,
+    }
+    assert (
+        GREEDY.repeated_word_penalty is None and GREEDY.word_penalty == 0.0
+    )  # unset: the engine reads it as off
+    assert GREEDY.for_task(3.0).word_penalty == 3.0
+    assert SamplerSettings(repeated_word_penalty=0.0).for_task(3.0).word_penalty == 0.0
+    assert SamplerSettings(repeated_word_penalty=1.5).for_task(3.0).word_penalty == 1.5

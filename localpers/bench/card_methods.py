@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from localpers.bench.methods import PENALTY_PARAMS, MethodSpec, ParamValue, UserProfile, penalty_sampling
+from localpers.bench.methods import (
+    PENALTY_DEFAULTS,
+    PENALTY_PARAMS,
+    MethodSpec,
+    ParamValue,
+    UserProfile,
+    penalty_sampling,
+)
 from localpers.bench.prompt_methods import HistoryPromptMethod
 from localpers.errors import LocalpersError
 from localpers.methods.card.correction import DEFAULT_BIAS_STRENGTH
@@ -48,6 +55,7 @@ class CardMethod(HistoryPromptMethod):
             "reg": float(DEFAULT_REGULARISATION),
             "prior": float(DEFAULT_PRIOR_WEIGHT),
             "bias": float(DEFAULT_BIAS_STRENGTH),
+            **PENALTY_DEFAULTS,
         }
 
     def check(self, personalizer: Personalizer) -> None:

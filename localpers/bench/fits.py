@@ -25,7 +25,9 @@ from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.users.store import User, UserStore
 
-BENCH_VERSION = 5  # bump when a change invalidates cached results (4: calibrated habits; 5: recent examples in the prompt)
+# bump when a change invalidates cached results (4: calibrated habits; 5: recent examples in the prompt; 6: the
+# headline task's word rule on by default)
+BENCH_VERSION = 6
 
 
 def sha256_text(value: Any) -> str:

@@ -23,20 +23,22 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.reports import RewriteResult
+from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 
 Needs = Literal["none", "cluster", "vector"]
 ParamValue = int | float | None
 HISTORY_PARAM = "history"
 # repetition penalties as method parameters (`global-history@presence=0.5`): llama.cpp's presence and frequency
-# penalties in nats and DRY's multiplier, and the word-only rule's nats (`repeated_words`, RESULTS 0ze); each is
-# off (0) unless named
+# penalties in nats and DRY's multiplier (off unless named), and the word-only rule's nats (`repeated_words`,
+# RESULTS 0ze; the headline task's default unless named, `@repeated_words=0` turns it off)
 PENALTY_PARAMS: dict[str, type] = {
     "presence": float,
     "frequency": float,
     "dry": float,
     "repeated_words": float,
 }
+PENALTY_DEFAULTS: dict[str, ParamValue] = {"repeated_words": get_task("headline").repeated_word_penalty}
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,17 @@ class MethodSpec:
 
 
 def penalty_sampling(spec: MethodSpec) -> SamplerSettings | None:
-    """Greedy decoding with the penalties `spec` names (`PENALTY_PARAMS`), or None (plain greedy) when it names none."""
-    presence, frequency, dry, words = (float(spec.get(name) or 0.0) for name in PENALTY_PARAMS)
-    if not (presence or frequency or dry or words):
+    """Greedy decoding with the penalties `spec` names (`PENALTY_PARAMS`), or None (greedy with the task's word
+    rule, as `rewrite` decodes) when it names none."""
+    presence, frequency, dry = (float(spec.get(name) or 0.0) for name in ("presence", "frequency", "dry"))
+    words = spec.get("repeated_words")
+    if not (presence or frequency or dry) and words is None:
         return None
     return SamplerSettings(
         presence_penalty=presence,
         frequency_penalty=frequency,
         dry_multiplier=dry,
-        repeated_word_penalty=words,
+        repeated_word_penalty=None if words is None else float(words),
     ).validated()
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from localpers.bench.methods import (
+    PENALTY_DEFAULTS,
     PENALTY_PARAMS,
     Method,
     MethodSpec,
@@ -34,6 +35,9 @@ class GlobalMethod(Method):
     # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`); like
     # every parameter without a default, naming it makes another method of the run (an old run's cache stays valid)
     params = {"candidates": int, **PENALTY_PARAMS}
+
+    def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
+        return dict(PENALTY_DEFAULTS)
 
     def generate(
         self,
@@ -135,11 +139,12 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
-            return {"examples": 5, "described": 0, "recent": 0}
+            return {"examples": 5, "described": 0, "recent": 0, **PENALTY_DEFAULTS}
         return {
             "examples": chosen.examples,
             "described": chosen.described,
             "recent": chosen.recent,
+            **PENALTY_DEFAULTS,
         }
 
     def generate(

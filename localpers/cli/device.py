@@ -160,7 +160,7 @@ def rewrite_command(
     repetition_penalty: RepetitionPenaltyOption = 1.0,
     presence_penalty: PresencePenaltyOption = 0.0,
     frequency_penalty: FrequencyPenaltyOption = 0.0,
-    repeated_word_penalty: RepeatedWordPenaltyOption = 0.0,
+    repeated_word_penalty: RepeatedWordPenaltyOption = None,
     seed: SeedOption = None,
     grammar: GrammarOption = None,
     bundle: BundleOption = None,

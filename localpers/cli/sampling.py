@@ -50,12 +50,13 @@ FrequencyPenaltyOption = Annotated[
     ),
 ]
 RepeatedWordPenaltyOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         min=0.0,
         max=100.0,
-        help="Nats off a word the output already holds (words only: digits and quotes are spared; "
-        "3 brings repeats down to the authors' rate, RESULTS 0ze). 0 = off.",
+        help="Nats off a word the output already holds (words only: digits and quotes are spared). "
+        "Default: the task's, 3 for headline and title (it brings repeats down to the authors' rate, "
+        "RESULTS 0ze), off for paraphrase and free. 0 = off.",
         rich_help_panel=PANEL,
     ),
 ]
@@ -94,7 +95,7 @@ def sampler_settings(
     frequency_penalty: float = 0.0,
     seed: int | None = None,
     grammar: Path | None = None,
-    repeated_word_penalty: float = 0.0,
+    repeated_word_penalty: float | None = None,
 ) -> SamplerSettings:
     """The command-line options as llama.cpp sampler settings (validated)."""
     return SamplerSettings(

@@ -3,7 +3,8 @@
 `SamplerSettings` names llama.cpp's built-in samplers (temperature, top-k, top-p, min-p, typical, the
 repeat/frequency/presence penalties, DRY, logit bias, a GBNF grammar, the seed of the final draw) and the
 project's word-only repetition rule (`localpers.engine.repeated_words`); the defaults are greedy decoding, as in
-the CARD paper. `MethodSampler` is the interface of a personalization method's own sampler (CARD's top-k
+the CARD paper, with the word rule left to the task (None: a writing task's default fills it in through
+`for_task`; the engine reads an unset rule as off). `MethodSampler` is the interface of a personalization method's own sampler (CARD's top-k
 correction, CoPe's contrast): it sees the chain's current `Candidates` and may change their logits or drop some.
 `localpers.engine` turns both into one llama.cpp sampler chain:
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,11 +54,24 @@ class SamplerSettings:
     grammar: str | None = None  # GBNF text; output must match its `root` rule
     seed: int | None = None  # None = a fresh random seed per generation
     dry_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
-    repeated_word_penalty: float = 0.0  # nats off a word the output already holds (`repeated_words`); 0 = off
+    # nats off a word the output already holds (`repeated_words`); 0 = off, None = the task's default (`for_task`)
+    repeated_word_penalty: float | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def word_penalty(self) -> float:
+        """The word rule's nats as the engine applies them (an unset rule is off)."""
+        return self.repeated_word_penalty or 0.0
+
+    def for_task(self, word_penalty: float) -> SamplerSettings:
+        """These settings with a task's default word rule (`localpers.tasks.Task.repeated_word_penalty`) where
+        they leave it unset; an explicit value, 0 included, is kept."""
+        if self.repeated_word_penalty is not None:
+            return self
+        return replace(self, repeated_word_penalty=word_penalty)
 
     @property
     def penalties(self) -> bool:
@@ -89,7 +103,7 @@ class SamplerSettings:
             (
                 "repeated_word_penalty",
                 self.repeated_word_penalty,
-                0.0 <= self.repeated_word_penalty <= 100.0,
+                self.repeated_word_penalty is None or 0.0 <= self.repeated_word_penalty <= 100.0,
                 "in [0, 100]",
             ),
             ("seed", self.seed, self.seed is None or 0 <= self.seed < RANDOM_SEED, "in [0, 2^32 - 1)"),

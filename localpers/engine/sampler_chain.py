@@ -204,14 +204,14 @@ class SamplerChain:
                 )
             self._link = _MethodLink(method)
             self._add(self._link.pointer, method.name)
-        if settings.repeated_word_penalty > 0.0:
+        if settings.word_penalty > 0.0:
             if token_bytes is None:
                 raise LocalpersError("the repeated-words rule needs the vocabulary's token text")
             if method is None or not method.candidate_limit:
                 # the rule judges a short list; greedy picks the same from it, sampling draws from it
                 cut = settings.top_k or CANDIDATES
                 self._add(llama_cpp.llama_sampler_init_top_k(cut), f"top-k({cut})")
-            self._word_link = _MethodLink(RepeatedWordRule(settings.repeated_word_penalty, token_bytes))
+            self._word_link = _MethodLink(RepeatedWordRule(settings.word_penalty, token_bytes))
             self._add(self._word_link.pointer, RepeatedWordRule.name)
         if settings.top_k > 0:
             self._add(llama_cpp.llama_sampler_init_top_k(settings.top_k), "top-k")

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from localpers.engine import Engine
-from localpers.engine.decoding import Candidates, SamplerSettings
+from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
@@ -358,7 +358,7 @@ def rewrite_cope(
 
     A fit trained on conditioned prompts (`state.conditioned`) decodes on `prompt_for_user(..., prompt_format,
     history)`, the bundle's format and the user's history index, as CARD's base adapter does; others on the plain
-    task prompt.
+    task prompt. The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
     """
     chosen = get_task(task)
     started = time.perf_counter()
@@ -369,7 +369,7 @@ def rewrite_cope(
         tau=tau,
         alpha=alpha,
         on_text=on_text,
-        sampling=sampling,
+        sampling=(sampling or GREEDY).for_task(chosen.repeated_word_penalty),
     )
     return RewriteResult(
         text=result.text.strip() if chosen.one_line else result.text,

@@ -28,7 +28,7 @@ from threadpoolctl import threadpool_limits
 from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
-from localpers.engine.decoding import SamplerSettings
+from localpers.engine.decoding import GREEDY, SamplerSettings
 from localpers.engine.generation import GenerationResult, generate
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
@@ -174,7 +174,9 @@ class Personalizer:
         `history` (the user's examples) conditions the prompt when the bundle's adapters were trained with
         history prompts and the method is a personalized one; `global` always gets the plain prompt.
         `prompt_format` overrides the bundle's (the "same prompt, adapters not trained on it" ablation).
-        `sampling` sets llama.cpp's sampler chain (default: greedy); CARD's correction is one sampler in it.
+        `sampling` sets llama.cpp's sampler chain (default: greedy); CARD's correction is one sampler in it. The
+        task's word-only repetition rule applies unless `sampling` sets `repeated_word_penalty` (0 = off) or
+        `prompt` is given.
         `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
         replaces the task's template and its stop rule; `text` is then not used.
         `candidates` > 1 (greedy `sampling` only): that many outputs are decoded side by side, the greedy one
@@ -189,6 +191,9 @@ class Personalizer:
             raise LocalpersError(
                 "candidates need greedy decoding (temperature 0): they draw their own samples", exit_code=2
             )
+        # the task's word rule unless `sampling` sets one; a ready prompt (a chat) is no task's, so it is off
+        # there. Teacher-forced scoring (`reference`) never uses it.
+        sampling = (sampling or GREEDY).for_task(chosen_task.repeated_word_penalty if prompt is None else 0.0)
         adapter = self.adapter_for(method, cluster)
         correction, strength_used, k_used = self.correction_sampler(
             method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
@@ -217,7 +222,7 @@ class Personalizer:
                     lambda: self.correction_sampler(
                         method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
                     )[0],
-                    repeated_word_penalty=sampling.repeated_word_penalty if sampling else 0.0,
+                    repeated_word_penalty=sampling.word_penalty,
                 )
                 if stream or on_text:
                     (stream or on_text)(result.text)
