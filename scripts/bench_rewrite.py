@@ -18,7 +18,8 @@ The user must exist and be fitted (`localpers fit`), e.g. the demo user:
     LOCALPERS_HOME=/tmp/h python scripts/bench_rewrite.py --user demo --articles 12 --repeats 3 --json
 
 A method given as NAME@N rewrites with N candidates and keeps their consensus (`localpers rewrite --candidates N`),
-e.g. `--methods global card card@16`.
+e.g. `--methods global card card@16`; NAME:B sets the word-only repetition rule to B nats (`rewrite
+--repeated-word-penalty B`; `global:0` is the global adapter without it).
 
 Articles are the demo user's `articles.jsonl`, or with --data the queries of a file in the shared data's format
 (each author's `queries`, in file order).
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from localpers.bench.data import load_bench_users
 from localpers.device.demo import demo_articles
+from localpers.engine.decoding import SamplerSettings
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.registry import BASELINE_METHOD, compared_methods, get_method
@@ -48,9 +50,13 @@ def read_articles(path: Path | None, limit: int) -> list[str]:
 
 
 def run_one(personalizer: Personalizer, user: object, entry: str, text: str) -> dict:
-    """One rewrite by `entry` ("card", or "card@16" for 16 candidates) as `localpers rewrite` does it."""
+    """One rewrite by `entry` as `localpers rewrite` does it: "card", "card@16" for 16 candidates, "card:0" with
+    the word-only repetition rule at 0 nats (off) instead of the task's default."""
+    entry, _, words = entry.partition(":")
     name, _, count = entry.partition("@")
-    return get_method(name).rewrite(personalizer, user, text, RewriteOptions(candidates=int(count or 1)))
+    sampling = None if not words else SamplerSettings(repeated_word_penalty=float(words)).validated()
+    options = RewriteOptions(candidates=int(count or 1), sampling=sampling)
+    return get_method(name).rewrite(personalizer, user, text, options)
 
 
 def main() -> None:
@@ -61,7 +67,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
-        "--methods", nargs="+", default=None, help="default: the compared methods; NAME@N for N candidates"
+        "--methods",
+        nargs="+",
+        default=None,
+        help="default: the compared methods; NAME@N for N candidates, NAME:B for the word rule at B nats",
     )
     parser.add_argument("--warm", action="store_true", help="after a rewrite of another article (see above)")
     parser.add_argument("--json", action="store_true")

@@ -326,3 +326,15 @@ def test_api_command_refuses_a_public_bind_in_one_line(
     assert result.exit_code == 2
     assert result.output.strip().startswith("error: listening on 0.0.0.0 needs an API key")
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_word_rule_is_the_tasks_unless_a_request_sets_it() -> None:
+    from localpers.api.requests import parse_completion
+
+    base = {"model": "localpers", "prompt": ARTICLE, "task": "headline"}
+    assert (
+        parse_completion(base).sampling.repeated_word_penalty is None
+    )  # the task's default, filled in later
+    assert parse_completion({**base, "repeated_word_penalty": 0}).sampling.repeated_word_penalty == 0.0
+    with pytest.raises(Exception, match="repeated_word_penalty"):
+        parse_completion({**base, "repeated_word_penalty": -1})

@@ -209,6 +209,12 @@ def _sampling(body: dict[str, Any]) -> SamplerSettings:
             logit_bias=tuple(pairs),
             seed=seed,
             grammar=_string(body, "grammar"),
+            # None: the task's default (on for headline and title); 0 turns the rule off
+            repeated_word_penalty=(
+                None
+                if body.get("repeated_word_penalty") is None
+                else _number(body, "repeated_word_penalty", 0.0, 0.0, 100.0)
+            ),
         ).validated()
     except LocalpersError as exc:
         raise _bad(str(exc)) from None
