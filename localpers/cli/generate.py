@@ -20,6 +20,7 @@ from localpers.cli.sampling import (
     GrammarOption,
     MinPOption,
     PresencePenaltyOption,
+    RepeatedWordPenaltyOption,
     RepetitionPenaltyOption,
     SeedOption,
     TemperatureOption,
@@ -112,6 +113,7 @@ def generate(
     repetition_penalty: RepetitionPenaltyOption = 1.0,
     presence_penalty: PresencePenaltyOption = 0.0,
     frequency_penalty: FrequencyPenaltyOption = 0.0,
+    repeated_word_penalty: RepeatedWordPenaltyOption = None,
     seed: SeedOption = None,
     grammar: GrammarOption = None,
     adapter: Annotated[
@@ -138,7 +140,8 @@ def generate(
         frequency_penalty=frequency_penalty,
         seed=seed,
         grammar=grammar,
-    )
+        repeated_word_penalty=repeated_word_penalty,
+    ).for_task(chosen_task.repeated_word_penalty)
     backbone = resolve_backbone(model)
     engine = Engine(backbone.path, tap_layers=None)
     if adapter:

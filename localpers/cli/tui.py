@@ -15,6 +15,7 @@ from localpers.cli.sampling import (
     PANEL,
     GrammarOption,
     MinPOption,
+    RepeatedWordPenaltyOption,
     RepetitionPenaltyOption,
     SeedOption,
     TemperatureOption,
@@ -48,6 +49,7 @@ def tui_command(
     top_p: TopPOption = 1.0,
     min_p: MinPOption = 0.0,
     repetition_penalty: RepetitionPenaltyOption = 1.0,
+    repeated_word_penalty: RepeatedWordPenaltyOption = None,
     seed: SeedOption = None,
     grammar: GrammarOption = None,
     candidates: Annotated[
@@ -73,6 +75,7 @@ def tui_command(
         repetition_penalty=repetition_penalty,
         seed=seed,
         grammar=grammar,
+        repeated_word_penalty=repeated_word_penalty,
     )
     if candidates > 1 and not sampling.greedy:
         raise LocalpersError("--candidates needs greedy decoding (--temperature 0)", exit_code=2)

@@ -4,8 +4,9 @@
 repeat/frequency/presence penalties, DRY, logit bias, a GBNF grammar, the seed of the final draw) and the
 project's word-only repetition rule (`localpers.engine.repeated_words`); the defaults are greedy decoding, as in
 the CARD paper, with the word rule left to the task (None: a writing task's default fills it in through
-`for_task`; the engine reads an unset rule as off). `MethodSampler` is the interface of a personalization method's own sampler (CARD's top-k
-correction, CoPe's contrast): it sees the chain's current `Candidates` and may change their logits or drop some.
+`for_task`; the engine reads an unset rule as off). `MethodSampler` is the interface of a personalization
+method's own sampler (CARD's top-k correction, CoPe's contrast): it sees the chain's current `Candidates` and may
+change their logits or drop some.
 `localpers.engine` turns both into one llama.cpp sampler chain:
 
     grammar -> logit bias -> penalties -> DRY -> [top-k(method's k) -> method] -> [repeated words]
