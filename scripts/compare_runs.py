@@ -5,6 +5,11 @@ reference. For each other one it prints mean ROUGE-1, the ratio and difference t
 bootstrap 95% interval over queries and one over authors (resampling authors, each with all their queries),
 how many authors improved, the mean prompt and decode cost, and (where both runs scored it) the paired
 difference in gold likelihood: each query's mean per-token log-probability of the author's headline.
+
+With --split-half it also asks whether a per-author choice between the two could pay: each author's better of
+the two chosen with the answers on all their queries (a ceiling, inflated by noise), and chosen on half of their
+queries (alternate ones) and scored on the other half, both ways, against the reference (paired interval). If
+authors had a stable preference, the split-half figure would keep much of the ceiling's gain.
 Usage: python scripts/compare_runs.py ../bench-runs/demo:global ../bench-runs/hist:global-history [--json]
 """
 
@@ -87,15 +92,51 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
     }
 
 
+def split_half(reference: dict, other: dict, resamples: int, seed: int) -> dict[str, object]:
+    """A per-author choice between `reference` and `other`: its ceiling, and chosen on half, scored on the rest."""
+    ceiling: list[float] = []
+    held_out: list[float] = []
+    chose_other = 0
+    for user in sorted(set(reference) & set(other)):
+        ids = sorted(set(reference[user]) & set(other[user]))
+        base = np.array([reference[user][q]["rouge1"] for q in ids])
+        new = np.array([other[user][q]["rouge1"] for q in ids])
+        better = new.mean() > base.mean()
+        chose_other += bool(better)
+        ceiling += list((new if better else base) - base)
+        for half in (0, 1):
+            chosen_on = np.arange(len(ids)) % 2 == half
+            if chosen_on.all():
+                continue
+            pick = new[chosen_on].mean() > base[chosen_on].mean()
+            held_out += list((new if pick else base)[~chosen_on] - base[~chosen_on])
+    difference = paired_bootstrap(held_out, [0.0] * len(held_out), n_resamples=resamples, seed=seed)
+    return {
+        "ceiling_diff": round(float(np.mean(ceiling)), 4),
+        "ceiling_authors_choosing_other": chose_other,
+        "split_half_diff": round(difference.mean, 4),
+        "split_half_ci": [round(difference.low, 4), round(difference.high, 4)],
+        "split_half_queries": len(held_out),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="RUN_DIR:METHOD, the reference first")
     parser.add_argument("--resamples", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--split-half", action="store_true", help="also a per-author choice's gain (see above)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     reference = load(args.runs[0])
-    report = {spec: compare(reference, load(spec), args.resamples, args.seed) for spec in args.runs[1:]}
+    report = {}
+    for spec in args.runs[1:]:
+        other = load(spec)
+        report[spec] = compare(reference, other, args.resamples, args.seed)
+        if args.split_half:
+            report[spec]["per_author_choice"] = split_half(reference, other, args.resamples, args.seed)
     if args.json:
         print(json.dumps({"reference": args.runs[0], "compared": report}, indent=2))
         return
@@ -112,6 +153,13 @@ def main() -> None:
                 else ""
             )
         )
+        if "per_author_choice" in row:
+            choice = row["per_author_choice"]
+            print(
+                f"  per-author choice: ceiling {choice['ceiling_diff']:+} ({choice['ceiling_authors_choosing_other']}"
+                f" authors take it); chosen on half, scored on the other: {choice['split_half_diff']:+} "
+                f"{choice['split_half_ci']} over {choice['split_half_queries']} queries"
+            )
 
 
 if __name__ == "__main__":

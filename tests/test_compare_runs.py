@@ -52,3 +52,35 @@ def test_gold_difference_is_left_out_when_a_run_has_none(tmp_path: Path) -> None
     write_run(tmp_path / "b", "m", [0.2, 0.3], [-2.5, -2.1])
     row = compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
     assert "gold_diff" not in row
+
+
+def test_split_half_choice_keeps_a_stable_preference_and_not_a_noisy_one(tmp_path: Path) -> None:
+    """u0 is better with b on every query (the choice keeps it); u1 is better with b on one half and worse on the
+    other (chosen on either half, it loses on the rest)."""
+    for run, rows in (
+        ("a", {"u0": [0.1] * 4, "u1": [0.2] * 4}),
+        ("b", {"u0": [0.3] * 4, "u1": [0.4, 0.0, 0.4, 0.0]}),
+    ):
+        folder = tmp_path / run / "cache" / "m"
+        folder.mkdir(parents=True)
+        for user, rouge in rows.items():
+            queries = [
+                {"query_id": f"q{i}", "rouge1": r, "ms_per_token": 1.0, "prompt_ms": 1.0}
+                for i, r in enumerate(rouge)
+            ]
+            (folder / f"{user}.json").write_text(json.dumps({"user": user, "queries": queries}))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m", "--split-half", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    choice = json.loads(result.stdout)["compared"][f"{tmp_path / 'b'}:m"]["per_author_choice"]
+    assert (
+        choice["ceiling_authors_choosing_other"] == 1
+    )  # u1's mean is 0.2 either way: a tie keeps the reference
+    assert choice["ceiling_diff"] == 0.1  # u0's +0.2 on 4 of 8 queries
+    # u0: +0.2 on all 4 held-out queries; u1: b chosen on q0/q2 (0.4) loses 0.2 on q1/q3 (0.0), a chosen on q1/q3
+    # changes nothing on q0/q2: (0.8 - 0.4) / 8, half the ceiling
+    assert choice["split_half_diff"] == 0.05
+    assert choice["split_half_queries"] == 8
