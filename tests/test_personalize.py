@@ -235,8 +235,12 @@ def test_rewrite_puts_the_repeated_word_rule_in_every_candidates_chain(
         (["--task", "paraphrase"], False),
     ):
         built.clear()  # the headline task's default is on; 0 turns it off; paraphrase has it off
-        assert runner.invoke(app, ["rewrite", ARTICLE, *extra, *common]).exit_code == 0
+        result = runner.invoke(app, ["rewrite", ARTICLE, *extra, *common])
+        assert result.exit_code == 0, result.output
         assert built and all(("repeated-words" in names) == expected for names in built), (extra, built)
+        assert (
+            json.loads(result.stdout)["repeated_word_penalty"] > 0
+        ) == expected  # --json says what decoded
     refused = runner.invoke(app, ["rewrite", ARTICLE, "--repeated-word-penalty", "-1", *common])
     assert refused.exit_code == 2
 

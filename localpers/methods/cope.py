@@ -361,6 +361,7 @@ def rewrite_cope(
     task prompt. The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
     """
     chosen = get_task(task)
+    sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
     started = time.perf_counter()
     result, _ = decoder.generate(
         prompt_for_user(chosen.name, text, prompt_format if state.conditioned else None, history),
@@ -369,7 +370,7 @@ def rewrite_cope(
         tau=tau,
         alpha=alpha,
         on_text=on_text,
-        sampling=(sampling or GREEDY).for_task(chosen.repeated_word_penalty),
+        sampling=sampling,
     )
     return RewriteResult(
         text=result.text.strip() if chosen.one_line else result.text,
@@ -385,4 +386,5 @@ def rewrite_cope(
         total_ms=round(1000 * (time.perf_counter() - started), 2),
         stop_reason=result.stop_reason,
         prompt_tokens=result.prompt_tokens,
+        repeated_word_penalty=sampling.word_penalty,
     )

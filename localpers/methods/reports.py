@@ -46,6 +46,9 @@ class RewriteResult:
     steps: list[RewriteStep] = field(default_factory=list)
     stop_reason: str = "length"  # "eos", "stop" or "length"
     prompt_tokens: int = 0
+    repeated_word_penalty: float = (
+        0.0  # the word rule's nats this rewrite decoded with (the task's default or set)
+    )
     # Teacher-forced score of a reference output under the same corrected distribution (bench only).
     gold_logprob: float | None = None  # mean natural-log probability per reference token
     gold_tokens: int | None = None

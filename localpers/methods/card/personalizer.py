@@ -267,6 +267,7 @@ class Personalizer:
             steps=steps,
             stop_reason=result.stop_reason,
             prompt_tokens=result.prompt_tokens,
+            repeated_word_penalty=sampling.word_penalty,
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
