@@ -115,27 +115,32 @@ def shared_lora_model(
     """One peft LoRA model per (backbone, LoRA shape, device) and process; weights are swapped per adapter."""
     key = ("lora", str(path), rank, alpha, dropout, targets, device)
     if key not in _cache:
-        from peft import LoraConfig, get_peft_model
-
-        unknown = [t for t in targets if t not in PEFT_MODULES]
-        if unknown:
-            raise LocalpersError(f"unknown LoRA target(s) {unknown}; choose from {', '.join(PEFT_MODULES)}")
         # peft wraps the model in place, so drop any earlier wrapping of the same backbone first.
         for old in [k for k in _cache if k[0] == "lora" and k[1] == str(path)]:
             _cache.pop(old).unload()
             _fresh_states.pop(old, None)
-        config = LoraConfig(
-            r=rank,
-            lora_alpha=alpha,
-            lora_dropout=dropout,
-            target_modules=[PEFT_MODULES[t] for t in targets],
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(load_backbone(path, device), config)
+        model = wrap_lora(load_backbone(path, device), rank, alpha, dropout, targets)
         _cache[key] = model
         _fresh_states[key] = lora_state(model)
     return _cache[key]
+
+
+def wrap_lora(backbone: Any, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> Any:
+    """`backbone` (a transformers causal LM, wrapped in place) with fresh LoRA weights on `targets`."""
+    from peft import LoraConfig, get_peft_model
+
+    unknown = [t for t in targets if t not in PEFT_MODULES]
+    if unknown:
+        raise LocalpersError(f"unknown LoRA target(s) {unknown}; choose from {', '.join(PEFT_MODULES)}")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=[PEFT_MODULES[t] for t in targets],
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(backbone, config)
 
 
 def lora_state(model: Any) -> dict[str, Any]:
