@@ -1,6 +1,7 @@
 """The personalizer's decode runs beyond a plain greedy rewrite: consensus, teacher-forced scoring, the Why view.
 
-`decode_consensus` decodes several candidates side by side (`localpers.engine.candidates`: the greedy one and
+`decode_rewrite` is a rewrite's decode (one candidate, or consensus), `check_candidates` refuses what it cannot
+do. `decode_consensus` decodes several candidates side by side (`localpers.engine.candidates`: the greedy one and
 samples drawn as `candidate_sampling` says for their number), each with a fresh correction sampler, and keeps
 the one the others agree with most (`localpers.methods.consensus`).
 `score_references` and `score_reference_run` score a given output teacher-forced through the corrections a
@@ -21,8 +22,9 @@ from localpers.engine import Engine
 from localpers.engine.candidates import generate_candidates
 from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import GenerationResult, generate, score_forced
+from localpers.errors import LocalpersError
 from localpers.methods.card.correction import CardCorrection, CorrectionRecord
-from localpers.methods.consensus import choose_consensus
+from localpers.methods.consensus import MAX_CANDIDATES, choose_consensus
 from localpers.methods.reports import CandidateShift, RewriteStep
 
 # How a rewrite's extra candidates are drawn (`candidates` > 1); the top-k cut only spares the sampler
@@ -38,6 +40,64 @@ FEW_CANDIDATE_SAMPLING = dataclasses.replace(CANDIDATE_SAMPLING, temperature=0.5
 def candidate_sampling(count: int) -> SamplerSettings:
     """How the samples of a `count`-candidate rewrite are drawn."""
     return FEW_CANDIDATE_SAMPLING if count <= FEW_CANDIDATES else CANDIDATE_SAMPLING
+
+
+def check_candidates(candidates: int, sampling: SamplerSettings | None) -> None:
+    """Refuse a candidate count out of range, or candidates with non-greedy `sampling` (they draw their own)."""
+    if not 1 <= candidates <= MAX_CANDIDATES:
+        raise LocalpersError(f"candidates must be 1..{MAX_CANDIDATES}, got {candidates}", exit_code=2)
+    if candidates > 1 and sampling is not None and not sampling.greedy:
+        raise LocalpersError(
+            "candidates need greedy decoding (temperature 0): they draw their own samples", exit_code=2
+        )
+
+
+def decode_rewrite(
+    engine: Engine,
+    prompt: list[int],
+    *,
+    max_tokens: int,
+    stop: Sequence[str],
+    shared: int,
+    sampling: SamplerSettings,
+    correction: CardCorrection | None,
+    new_correction: Callable[[], CardCorrection | None],
+    candidates: int = 1,
+    on_text: Callable[[str], None] | None = None,
+) -> tuple[GenerationResult, CardCorrection | None]:
+    """One rewrite's decode, and the correction that decoded it (its steps, for Why).
+
+    One candidate: `generate` with `sampling` and `correction` in the chain, streamed to `on_text`. More:
+    `decode_consensus`, each candidate with a fresh `new_correction()` and `sampling`'s word rule, the chosen
+    text given to `on_text` once chosen.
+    """
+    # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
+    with threadpool_limits(limits=1, user_api="blas"):
+        if candidates > 1:
+            result, correction = decode_consensus(
+                engine,
+                prompt,
+                candidates,
+                max_tokens,
+                stop,
+                shared,
+                new_correction,
+                repeated_word_penalty=sampling.word_penalty,
+            )
+            if on_text:
+                on_text(result.text)
+            return result, correction
+        result = generate(
+            engine,
+            prompt,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            method=correction,
+            on_text=on_text,
+            shared=shared,
+        )
+    return result, correction
 
 
 def decode_consensus(

@@ -2,13 +2,13 @@
 
 A `Personalizer` holds one backbone engine with every adapter of the bundle loaded, the shared head
 and the cluster centroids. Users are only `(cluster, vector)` pairs to it, so switching users never
-reloads anything. It assigns clusters, builds prompts, rewrites (CARD corrects the top-k logits inside
-llama.cpp's sampler chain) and scores references teacher-forced through the same correction. The fit of a
-user (pairs, lambda, token bias, the per-user choice, written atomically to the user's folder) lives in
+reloads anything. It assigns clusters (`cluster_assignment`), builds prompts, rewrites (CARD corrects the top-k
+logits inside llama.cpp's sampler chain) and scores references teacher-forced through the same correction. The fit
+of a user (pairs, lambda, token bias, the per-user choice, written atomically to the user's folder) lives in
 `localpers.methods.card.user_fit`, which works on this object; `fit_user`/`fit_items` here only call it. The
 preference pairs are built by `pairs`, the correction itself by `correction`, prompts' tokens by `prompting`,
-and consensus decoding, teacher-forced scoring and the Why view's steps by `decoding_runs`. It opens no network
-connection.
+and the decode itself (one candidate or consensus), teacher-forced scoring and the Why view's steps by
+`decoding_runs`. It opens no network connection.
 
 Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (the bundle's base adapter +
 reward-guided top-k correction with the user's vector; the base is the user's cluster adapter, or the global
@@ -23,16 +23,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
 from localpers.engine.decoding import GREEDY, SamplerSettings
-from localpers.engine.generation import GenerationResult, generate
+from localpers.engine.generation import GenerationResult
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 from localpers.methods.card import decoding_runs, prompting, user_fit
+from localpers.methods.card.cluster_assignment import nearest_centroid, read_centroids
 from localpers.methods.card.correction import CardCorrection, CorrectionVariant, build_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.methods.card.head import CardHead, HeadConfig
@@ -106,22 +106,12 @@ class Personalizer:
     @property
     def centroids(self) -> np.ndarray:
         if self._centroids is None:
-            from safetensors.numpy import load_file
-
-            try:
-                self._centroids = load_file(str(self.bundle.centroids_path))["centroids"].astype(np.float32)
-            except Exception as exc:  # safetensors raises several types for a bad file
-                raise LocalpersError(
-                    f"{self.bundle.centroids_path}: unreadable centroids ({exc}); re-pull"
-                ) from exc
+            self._centroids = read_centroids(self.bundle.centroids_path)
         return self._centroids
 
     def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]:
         """Nearest centroid (cosine) to the user's mean output embedding, and all similarities."""
-        from localpers.engine.encoder import user_embedding
-
-        similarities = self.centroids @ user_embedding(list(outputs))
-        return int(np.argmax(similarities)), [round(float(s), 4) for s in similarities]
+        return nearest_centroid(self.centroids, outputs)
 
     def adapter_for(self, method: str, cluster: int | None) -> str:
         """The adapter `method` decodes on for a user of `cluster` (the global one for a user without one)."""
@@ -185,12 +175,7 @@ class Personalizer:
         once chosen.
         """
         chosen_task = get_task(task)
-        if not 1 <= candidates <= MAX_CANDIDATES:
-            raise LocalpersError(f"candidates must be 1..{MAX_CANDIDATES}, got {candidates}", exit_code=2)
-        if candidates > 1 and sampling is not None and not sampling.greedy:
-            raise LocalpersError(
-                "candidates need greedy decoding (temperature 0): they draw their own samples", exit_code=2
-            )
+        decoding_runs.check_candidates(candidates, sampling)
         # the task's word rule unless `sampling` sets one; a ready prompt (a chat) is no task's, so it is off
         # there. Teacher-forced scoring (`reference`) never uses it.
         sampling = (sampling or GREEDY).for_task(chosen_task.repeated_word_penalty if prompt is None else 0.0)
@@ -209,34 +194,20 @@ class Personalizer:
         stream = FinishingStream(habits.finish, text, on_text) if habits is not None and on_text else None
         self.engine.set_adapter(adapter)
         started = time.perf_counter()
-        # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
-        with threadpool_limits(limits=1, user_api="blas"):
-            if candidates > 1:
-                result, correction = decoding_runs.decode_consensus(
-                    self.engine,
-                    prompt,
-                    candidates,
-                    max_tokens or chosen_task.default_max_tokens,
-                    stop,
-                    shared,
-                    lambda: self.correction_sampler(
-                        method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
-                    )[0],
-                    repeated_word_penalty=sampling.word_penalty,
-                )
-                if stream or on_text:
-                    (stream or on_text)(result.text)
-            else:
-                result = generate(
-                    self.engine,
-                    prompt,
-                    max_tokens=max_tokens or chosen_task.default_max_tokens,
-                    sampling=sampling,
-                    stop=stop,
-                    method=correction,
-                    on_text=stream or on_text,
-                    shared=shared,
-                )
+        result, correction = decoding_runs.decode_rewrite(
+            self.engine,
+            prompt,
+            max_tokens=max_tokens or chosen_task.default_max_tokens,
+            stop=stop,
+            shared=shared,
+            sampling=sampling,
+            correction=correction,
+            new_correction=lambda: self.correction_sampler(
+                method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
+            )[0],
+            candidates=candidates,
+            on_text=stream or on_text,
+        )
         if stream is not None:
             stream.close()
         output = result.text if habits is None else habits.finish(result.text, text)
