@@ -1,4 +1,4 @@
-"""The personalizer's decode runs beyond a plain greedy rewrite: consensus, teacher-forced scoring, the Why view.
+"""The personalizer's decode runs: a rewrite (one candidate or consensus), teacher-forced scoring, the Why view.
 
 `decode_rewrite` is a rewrite's decode (one candidate, or consensus), `check_candidates` refuses what it cannot
 do. `decode_consensus` decodes several candidates side by side (`localpers.engine.candidates`: the greedy one and
