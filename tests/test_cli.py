@@ -35,6 +35,14 @@ def test_doctor_json_reports_backbone_and_extras(backbone: Backbone) -> None:
     assert report["llama_cpp_python"] == "0.3.36"
     assert set(report["extras"]) >= {"publish", "torch", "gguf"}
     assert Path(report["dirs"]["data"]).is_dir()
+    if report["extras"]["publish"]:  # where `publish` would train: this machine's GPU, else its CPU
+        from localpers.engine.torch_model import cpu_has_bf16, training_device
+
+        expected = {"device": "cpu", "bf16": cpu_has_bf16()} if training_device() == "cpu" else None
+        assert report["training"]["device"] == training_device()
+        assert expected is None or report["training"] == expected
+    else:
+        assert report["training"] is None
 
 
 def test_generate_streams_text(backbone: Backbone) -> None:

@@ -1,6 +1,7 @@
 """The `localpers doctor` and `localpers generate` commands: the backbone alone, no bundle and no user.
 
-`doctor` reports the backbone, llama.cpp build, threads, data directories and installed extras;
+`doctor` reports the backbone, llama.cpp build, threads, data directories, installed extras and, with the publisher's
+extra, where `localpers publish` would train;
 `generate` runs the backbone (optionally with one of its sampler settings) on a prompt.
 """
 
@@ -32,7 +33,7 @@ from localpers.errors import LocalpersError
 
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
-    """Show the backbone, llama.cpp build, threads, data directories and installed extras."""
+    """Show the backbone, llama.cpp build, threads, data directories, installed extras and the training device."""
     import os
 
     from localpers import paths
@@ -80,6 +81,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
             **extras,
         },
     }
+    report["training"] = _training_device() if report["extras"]["publish"] else None
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -98,6 +100,23 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         typer.echo(f"{name + ' dir':<14}{where}")
     installed = ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in report["extras"].items())
     typer.echo(f"extras        {installed}")
+    training = report["training"]
+    if training is not None and training["device"] == "cuda":
+        typer.echo(f"training      cuda: {training['name']} (publish's SFT and export run on it)")
+    elif training is not None:
+        precision = "bf16 or fp32, whichever is faster" if training["bf16"] else "fp32 (no bf16 instructions)"
+        typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
+
+
+def _training_device() -> dict[str, object]:
+    """Where `localpers publish` would train its adapters (`torch_model.training_device`), for the report."""
+    from localpers.engine.torch_model import cpu_has_bf16, training_device
+
+    if training_device() == "cuda":
+        import torch
+
+        return {"device": "cuda", "name": torch.cuda.get_device_name()}
+    return {"device": "cpu", "bf16": cpu_has_bf16()}
 
 
 def generate(
