@@ -41,19 +41,16 @@ def write_shapes(data: Path, out: Path, examples: int, model: str | None, seed: 
     """Token counts of `examples` real conditioned training examples of `data`, and the backbone's config."""
     from localpers.engine.backbone import resolve_backbone
     from localpers.publish.corpus import load_corpus
-    from localpers.publish.prompts import earlier_items
-    from localpers.tasks import get_task
-    from localpers.users.history_prompt import PromptFormat, conditioned_prompt
+    from localpers.publish.prompts import user_prompts
 
     backbone = resolve_backbone(model).path
-    options = PublishOptions(corpus=data, out=out.parent)
-    task = get_task(options.task)
-    prompt_format = PromptFormat(examples=5)  # the demo bundle's format (its manifest's `prompt`)
+    # the demo bundle's prompt format (its manifest's `prompt`: 5 examples, none described)
+    options = PublishOptions(corpus=data, out=out.parent, history_examples=5)
+    context = _ScriptContext(options)
     rows: list[tuple[str, str, int]] = []
     for user in load_corpus(data).users:
-        for index, item in enumerate(user.history):
-            prompt = conditioned_prompt(task, item.input, earlier_items(user, index), prompt_format)
-            rows.append((prompt, item.output, 0))
+        prompts = user_prompts(context, user)  # type: ignore[arg-type]  # the publisher's own training prompts
+        rows += [(prompt, item.output, 0) for prompt, item in zip(prompts, user.history, strict=True)]
     random.Random(seed).shuffle(rows)
     tokenised = torch_model.tokenise_examples(backbone, rows[:examples], options.max_seq_len)
     config = torch_model.load_backbone(backbone).config.to_dict()
@@ -84,8 +81,8 @@ def random_model(config: dict[str, Any], device: str) -> Any:
 
 
 @dataclass
-class _TimingContext:
-    """What `train_adapter` reads of a publisher context: options, a log line, a progress bar (none here)."""
+class _ScriptContext:
+    """What `user_prompts` and `train_adapter` read of a publisher context: options, a log line, a progress bar."""
 
     options: PublishOptions
 
@@ -140,7 +137,7 @@ def time_training(args: argparse.Namespace) -> list[dict[str, Any]]:
             options = PublishOptions(
                 corpus=args.shapes, out=Path(scratch), batch_size=batch_size, checkpoint_every=10**9
             )
-            context = _TimingContext(options)
+            context = _ScriptContext(options)
             for precision in args.precision:
                 for name, steps in (("warmup", args.warmup), ("timed", args.steps)):
                     directory = Path(scratch) / f"{precision}-{batch_size}-{name}"
