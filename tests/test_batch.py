@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 
-from localpers.engine.batch import PromptJob, run_jobs
+from localpers.engine.batch import GROUP_SIZE, PromptJob, run_jobs
 from localpers.engine.generation import generate
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.store import UserStore
@@ -67,6 +67,31 @@ def test_jobs_without_generation_only_score_and_sequences_are_left_empty(persona
     assert np.array_equal(engine.prefill(engine.tokenize(PROMPTS[0])).logits, before)
     with pytest.raises(ValueError):
         engine.forget_sequence(0)
+
+
+def test_a_round_of_continuations_longer_than_one_decode_is_scored_in_parts(
+    personalizer: Personalizer,  # noqa: F811
+) -> None:
+    engine = personalizer.engine
+    engine.set_adapter("global")
+    size = min(engine.batch_sequences, GROUP_SIZE)
+    words = " ".join(["council budget vote delayed again"] * 40)
+    continuation = engine.tokenize(" " + words, add_bos=False)
+    # every job's continuation is long enough that the round's total is beyond one llama_decode
+    length = engine.batch_capacity // (size - 1) + 2
+    continuation = continuation[:length]
+    assert size * (len(continuation) - 1) > engine.batch_capacity
+    prompts = [PROMPTS[index % 2] for index in range(size)]
+    jobs = [PromptJob(engine.tokenize(p), False, lambda text: [continuation]) for p in prompts]
+    outcomes = run_jobs(engine, jobs, max_tokens=8, logprob_rows=2)
+    assert len(outcomes) == size
+    for prompt, outcome in zip(prompts[:2], outcomes[-2:], strict=True):
+        (scored,) = outcome.scored
+        (reference,) = engine.score(engine.tokenize(prompt), [continuation], logprob_rows=2)
+        assert np.allclose(scored.logprobs, reference.logprobs, atol=LOGPROB_TOLERANCE)
+        scale = np.abs(reference.features).max()
+        assert scored.features.shape == reference.features.shape
+        assert np.abs(scored.features - reference.features).max() <= FEATURE_TOLERANCE * scale
 
 
 def test_a_fit_through_the_batched_pair_pass_caches_every_negative(

@@ -117,52 +117,27 @@ def _run_group(
             for index, continuations in enumerate(wanted)
         ]
         for round_index in range(max((len(w) for w in wanted), default=0)):
-            tokens: list[int] = []
-            positions: list[int] = []
-            owners: list[tuple[int, int]] = []  # (job index, number of rows)
-            batch_sequences: list[int] = []
-            for index, (job, sequence) in enumerate(zip(jobs, sequences, strict=True)):
-                if round_index >= len(wanted[index]) or reused[index][round_index] is not None:
-                    continue
-                engine.forget_sequence(sequence, len(job.prompt))
-                body = wanted[index][round_index][:-1]
-                tokens += body
-                positions += range(len(job.prompt), len(job.prompt) + len(body))
-                batch_sequences += [sequence] * len(body)
-                owners.append((index, len(body)))
-            # the logits of the continuations' own rows are needed only beyond the first (the prompt's) row
-            rows_logits, rows_features = (
-                engine.eval_sequences(
-                    tokens, positions, batch_sequences, all_outputs=True, logits=logprob_rows > 1
-                )
-                if tokens
-                else (None, None)
-            )
             for index, continuations in enumerate(wanted):
                 ready = reused[index][round_index] if round_index < len(continuations) else None
                 if ready is not None:
                     outcomes[index].scored.append(ready)
-            row = 0
-            for index, count in owners:
-                continuation = wanted[index][round_index]
-                logits = [first_logits[index][None, :]]
-                features = [] if first_features[index] is None else [first_features[index][None]]
-                if count:
-                    if rows_logits is not None:
-                        logits.append(rows_logits[row : row + count])
-                    if rows_features is not None:
-                        features.append(rows_features[row : row + count])
-                row += count
-                rows = min(logprob_rows, len(continuation))
-                # a copy of the rows needed (the rest is a view into llama.cpp's buffer)
-                head = _first_rows(logits, rows)
-                outcomes[index].scored.append(
-                    ScoredContinuation(
-                        tokens=list(continuation),
-                        logprobs=_log_softmax_at(head[:rows], np.asarray(continuation[:rows])),
-                        features=np.concatenate(features, axis=0) if features else None,
-                        logits=None,
-                    )
+            owners = [
+                index
+                for index in range(len(jobs))
+                if round_index < len(wanted[index]) and reused[index][round_index] is None
+            ]
+            for part in _within_capacity(owners, wanted, round_index, engine.batch_capacity):
+                _score_round(
+                    engine,
+                    jobs,
+                    sequences,
+                    part,
+                    wanted,
+                    round_index,
+                    first_logits,
+                    first_features,
+                    logprob_rows,
+                    outcomes,
                 )
         if timings is not None:
             generating = any(job.generate for job in jobs)
@@ -184,6 +159,77 @@ def _evaluate(
             chunk, range(offset, offset + len(chunk)), [sequence] * len(chunk), all_outputs=False
         )
     return logits, features
+
+
+def _within_capacity(
+    owners: list[int], wanted: list[list[list[int]]], round_index: int, capacity: int
+) -> list[list[int]]:
+    """The jobs of one scoring round in consecutive parts whose continuations fit one llama_decode each."""
+    parts: list[list[int]] = [[]]
+    used = 0
+    for index in owners:
+        size = len(wanted[index][round_index]) - 1
+        if parts[-1] and used + size > capacity:
+            parts.append([])
+            used = 0
+        parts[-1].append(index)
+        used += size
+    return [part for part in parts if part]
+
+
+def _score_round(
+    engine: Engine,
+    jobs: Sequence[PromptJob],
+    sequences: list[int],
+    part: list[int],
+    wanted: list[list[list[int]]],
+    round_index: int,
+    first_logits: list[np.ndarray],
+    first_features: list[np.ndarray | None],
+    logprob_rows: int,
+    outcomes: list[PromptOutcome],
+) -> None:
+    """Score one continuation of each job in `part` after its prompt, in one llama_decode (the generated
+    tokens are dropped first); appends a `ScoredContinuation` to each job's outcome."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    batch_sequences: list[int] = []
+    for index in part:
+        prompt_length = len(jobs[index].prompt)
+        engine.forget_sequence(sequences[index], prompt_length)
+        body = wanted[index][round_index][:-1]
+        tokens += body
+        positions += range(prompt_length, prompt_length + len(body))
+        batch_sequences += [sequences[index]] * len(body)
+    # the logits of the continuations' own rows are needed only beyond the first (the prompt's) row
+    rows_logits, rows_features = (
+        engine.eval_sequences(tokens, positions, batch_sequences, all_outputs=True, logits=logprob_rows > 1)
+        if tokens
+        else (None, None)
+    )
+    row = 0
+    for index in part:
+        continuation = wanted[index][round_index]
+        count = len(continuation) - 1
+        logits = [first_logits[index][None, :]]
+        features = [] if first_features[index] is None else [first_features[index][None]]
+        if count:
+            if rows_logits is not None:
+                logits.append(rows_logits[row : row + count])
+            if rows_features is not None:
+                features.append(rows_features[row : row + count])
+        row += count
+        rows = min(logprob_rows, len(continuation))
+        # a copy of the rows needed (the rest is a view into llama.cpp's buffer, valid until the next decode)
+        head = _first_rows(logits, rows)
+        outcomes[index].scored.append(
+            ScoredContinuation(
+                tokens=list(continuation),
+                logprobs=_log_softmax_at(head[:rows], np.asarray(continuation[:rows])),
+                features=np.concatenate(features, axis=0) if features else None,
+                logits=None,
+            )
+        )
 
 
 def _first_rows(pieces: list[np.ndarray], rows: int) -> np.ndarray:

@@ -142,7 +142,7 @@ class Engine(Vocabulary):
             )
         self._batch = llama_cpp.llama_batch_init(ctx_params.n_batch, 0, 1)
         self.prefix_snapshots = PrefixSnapshots(self._ctx)
-        self._batch_capacity = int(ctx_params.n_batch)
+        self.batch_capacity = int(ctx_params.n_batch)  # tokens one llama_decode (eval_sequences) takes
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._adapter_paths: dict[str, Path] = {}
         self.active_adapter: str | None = None
@@ -292,8 +292,8 @@ class Engine(Vocabulary):
             )
         logit_rows: list[np.ndarray] = []
         feature_rows: list[np.ndarray] = []
-        for start in range(0, len(tokens), self._batch_capacity):
-            chunk = tokens[start : start + self._batch_capacity]
+        for start in range(0, len(tokens), self.batch_capacity):
+            chunk = tokens[start : start + self.batch_capacity]
             is_last_chunk = start + len(chunk) == len(tokens)
             n_out = self._decode(chunk, all_positions=all_positions, want_last=is_last_chunk)
             if n_out:
@@ -407,8 +407,8 @@ class Engine(Vocabulary):
         `logits=False` (features only) skips the vocabulary projection when the deepest tap is the model's
         last layer, about half of a multi-token pass on Gemma 3's 262k vocabulary, and returns None for them.
         """
-        if not 0 < len(tokens) <= self._batch_capacity:
-            raise ValueError(f"eval_sequences takes 1 to {self._batch_capacity} tokens")
+        if not 0 < len(tokens) <= self.batch_capacity:
+            raise ValueError(f"eval_sequences takes 1 to {self.batch_capacity} tokens")
         batch = self._batch
         for i, (token, position, sequence) in enumerate(zip(tokens, positions, sequences, strict=True)):
             if not 0 < sequence <= self.batch_sequences or position >= self.n_ctx + SEQUENCE_CELLS:
