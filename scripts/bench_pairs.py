@@ -1,4 +1,4 @@
-"""Time CARD's pair pass one prompt at a time against 8 prompts side by side, in one process, interleaved.
+"""Time CARD's pair pass one prompt at a time against batched groups (`engine.batch`), in one process, interleaved.
 
 For each chosen dev-split author (train.jsonl, `--dev-split` protocol) it runs
 `PairBuilder.negatives_and_differences` on the author's N most recent history items with empty caches, alternating

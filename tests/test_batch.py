@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
@@ -202,3 +207,34 @@ def test_scoring_the_generated_text_reuses_the_generation_pass(personalizer: Per
     scale = np.abs(reference.features).max()
     assert np.abs(scored.features - reference.features).max() <= FEATURE_TOLERANCE * scale
     np.testing.assert_allclose(scored.logprobs, reference.logprobs, atol=LOGPROB_TOLERANCE)
+
+
+def test_the_step_cost_benchmark_times_each_row_count(backbone) -> None:
+    script = Path(__file__).parent.parent / "scripts" / "bench_batch_rows.py"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            str(backbone.path),
+            "--rows",
+            "1",
+            "3",
+            "--prompt-tokens",
+            "8",
+            "--repeats",
+            "2",
+            "--threads",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    costs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(costs) == {"1", "3"}
+    for rows, cost in costs.items():
+        assert cost["ms_per_step"] > 0
+        assert cost["ms_per_row"] == pytest.approx(cost["ms_per_step"] / int(rows))
