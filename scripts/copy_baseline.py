@@ -2,7 +2,8 @@
 
 For every query of a bench file (the test file, or train authors with `--dev-split`), it scores against the
 author's real headline, with ROUGE-1 F1 as the bench does: the author's earlier headline that BM25 finds closest
-to the new article (over each earlier item's article and headline, as the device's history index searches), the
+to the new article (the device's own retrieval, `localpers.users.history_prompt.select_examples`, over each
+earlier item's article and headline), the
 most recent earlier headline, and the best of the last 20 (an oracle: chosen with the answer). It also prints how
 many closest headlines reach a given R-1 and the mean R-1 of the closest by fifths of BM25 score. It decodes
 nothing and needs no bundle.
@@ -19,6 +20,9 @@ import numpy as np
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import rouge
+from localpers.tasks import get_task
+from localpers.users.history import DEFAULT_TASK
+from localpers.users.history_prompt import content_of, history_document, select_examples
 from localpers.users.retrieval import Bm25Index
 
 ORACLE_WINDOW = 20
@@ -32,19 +36,20 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    task = get_task(DEFAULT_TASK)
     closest, recent, oracle, bm25 = [], [], [], []
     for user in load_bench_users(args.data, dev_split=args.dev_split):
         history = list(user.history)
-        index = Bm25Index([f"{item.input} {item.output}" for item in history])
+        pool = [(item.input, item.output) for item in history]
+        index = Bm25Index([history_document(task, text, output) for text, output in pool])
         for query in user.queries:
-            scores = index.scores(query.input)
-            best = int(np.argmax(scores))
-            closest.append(rouge(history[best].output, query.reference).rouge1)
+            (copied,) = select_examples(task, query.input, pool, 1, index)
+            closest.append(rouge(copied, query.reference).rouge1)
             recent.append(rouge(history[-1].output, query.reference).rouge1)
             oracle.append(
                 max(rouge(item.output, query.reference).rouge1 for item in history[-ORACLE_WINDOW:])
             )
-            bm25.append(float(scores[best]))
+            bm25.append(float(index.scores(content_of(task, query.input)).max()))
     closest_r1 = np.asarray(closest)
     print(
         f"{len(closest)} queries: R-1 of the closest earlier headline {closest_r1.mean():.4f}, the most recent "

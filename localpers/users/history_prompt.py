@@ -193,7 +193,8 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _document(task: Task, input_text: str, output: str) -> str:
+def history_document(task: Task, input_text: str, output: str) -> str:
+    """What the history index searches for one item: its input without the task's instruction, then its output."""
     return content_of(task, input_text) + " " + output
 
 
@@ -234,7 +235,7 @@ def _choose(
     end = len(pool) if recent_end is None else max(0, min(recent_end, len(pool)))
     recent = min(recent, count, end)
     latest = list(range(end - recent, end))
-    index = index or Bm25Index([_document(task, i, o) for i, o in pool])
+    index = index or Bm25Index([history_document(task, i, o) for i, o in pool])
     best = [i for i in index.top(content_of(task, text), count) if i not in latest][: count - recent]
     return latest, list(reversed(best))
 
@@ -249,7 +250,7 @@ class HistoryIndex:
     def __init__(self, task: Task, pool: list[tuple[str, str]], retrieval: str = "bm25") -> None:
         self.task = task
         self.pool = pool
-        self._index = make_index([_document(task, i, o) for i, o in pool], retrieval) if pool else None
+        self._index = make_index([history_document(task, i, o) for i, o in pool], retrieval) if pool else None
 
     def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
         return select_examples(self.task, text, self.pool, count, self._index, recent=recent)
