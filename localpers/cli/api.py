@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from localpers.cli.common import BundleOption, ModelOption
+
 
 def api_command(
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
@@ -26,14 +28,8 @@ def api_command(
     threads: Annotated[
         int | None, typer.Option(min=1, help="llama.cpp threads (default: all cores).")
     ] = None,
-    bundle: Annotated[
-        str | None,
-        typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
-    ] = None,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions and /v1/models for any OpenAI client, on this machine."""
     from localpers.api.app import create_app

@@ -83,4 +83,9 @@ ModelOption = Annotated[
         "--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded Gemma 3 270M)."
     ),
 ]
+BundleOption = Annotated[
+    str | None,
+    typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
+]
+UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]

@@ -14,14 +14,15 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption
 from localpers.cli.sampling import (
-    PANEL,
     FrequencyPenaltyOption,
     GrammarOption,
     MinPOption,
     PresencePenaltyOption,
     RepeatedWordPenaltyOption,
     RepetitionPenaltyOption,
+    SampleTopKOption,
     SeedOption,
     TemperatureOption,
     TopPOption,
@@ -50,17 +51,6 @@ from localpers.methods.registry import (
 )
 from localpers.methods.reports import FitReport
 from localpers.users.store import UserStore
-
-UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
-BundleOption = Annotated[
-    str | None,
-    typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
-]
-ModelOption = Annotated[
-    str | None,
-    typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
 @contextmanager
@@ -149,12 +139,7 @@ def rewrite_command(
         ),
     ] = 1,
     temperature: TemperatureOption = 0.0,
-    sample_top_k: Annotated[
-        int,
-        typer.Option(
-            "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
-        ),
-    ] = 0,
+    sample_top_k: SampleTopKOption = 0,
     top_p: TopPOption = 1.0,
     min_p: MinPOption = 0.0,
     repetition_penalty: RepetitionPenaltyOption = 1.0,

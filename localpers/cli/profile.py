@@ -11,13 +11,12 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli.common import UserOption
 from localpers.users.store import UserStore
 
 
 def profile_command(
-    user: Annotated[
-        str | None, typer.Option("--user", "-u", help="User name (default: the active user).")
-    ] = None,
+    user: UserOption = None,
     text: Annotated[
         str | None,
         typer.Option("--text", help="Also show the attributes EXACT retrieves for this text (- = stdin)."),

@@ -23,6 +23,12 @@ TemperatureOption = Annotated[
 TopKOption = Annotated[
     int, typer.Option(min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL)
 ]
+SampleTopKOption = Annotated[
+    int,
+    typer.Option(
+        "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
+    ),
+]
 TopPOption = Annotated[
     float,
     typer.Option(

@@ -11,12 +11,13 @@ from typing import Annotated
 
 import typer
 
+from localpers.cli.common import BundleOption, ModelOption, UserOption
 from localpers.cli.sampling import (
-    PANEL,
     GrammarOption,
     MinPOption,
     RepeatedWordPenaltyOption,
     RepetitionPenaltyOption,
+    SampleTopKOption,
     SeedOption,
     TemperatureOption,
     TopPOption,
@@ -27,25 +28,12 @@ from localpers.methods.consensus import MAX_CANDIDATES
 
 
 def tui_command(
-    user: Annotated[
-        str | None, typer.Option("--user", "-u", help="User to open (default: the active user).")
-    ] = None,
+    user: UserOption = None,
     text: Annotated[str, typer.Option("--text", help="Start with this draft.")] = "",
-    bundle: Annotated[
-        str | None,
-        typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path (default: embedded)."),
-    ] = None,
+    bundle: BundleOption = None,
+    model: ModelOption = None,
     temperature: TemperatureOption = 0.0,
-    sample_top_k: Annotated[
-        int,
-        typer.Option(
-            "--sample-top-k", min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL
-        ),
-    ] = 0,
+    sample_top_k: SampleTopKOption = 0,
     top_p: TopPOption = 1.0,
     min_p: MinPOption = 0.0,
     repetition_penalty: RepetitionPenaltyOption = 1.0,
