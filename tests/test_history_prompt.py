@@ -223,6 +223,41 @@ def test_publisher_trains_with_the_described_format_it_writes_into_the_manifest(
     )
 
 
+def test_publisher_can_train_with_the_devices_recent_examples(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from localpers.publish.corpus import Corpus
+    from localpers.publish.options import PublishOptions, stage_fields
+    from localpers.publish.prompts import prompt_format, user_prompts
+    from localpers.publish.runner import PublishContext
+
+    extra = (INSTRUCTION + "The council approved a budget for bike lanes.", "Budget Day")
+    items = [*POOL, extra, (INSTRUCTION + "Bike lanes open on Main Street.", "Lanes Open")]
+    user = CorpusUser("u1", tuple(CorpusItem(i, o) for i, o in items), line=1)
+    corpus = Corpus(tmp_path / "c.jsonl", (user,))
+
+    def context_for(recent: int) -> PublishContext:
+        options = PublishOptions(
+            corpus=tmp_path / "c.jsonl", out=tmp_path, history_examples=2, recent_examples=recent
+        )
+        return PublishContext(options, corpus, tmp_path / "m.gguf", "0" * 64, Console())
+
+    closest, device_way = context_for(0), context_for(1)
+    assert prompt_format(device_way) == PromptFormat(examples=2, recent=1)
+    text = items[-1][0]
+    # The device's way: the most recent earlier output first, then the closest one.
+    assert user_prompts(device_way, user)[-1] == conditioned_prompt(
+        HEADLINE, text, items[:-1], PromptFormat(examples=2, recent=1)
+    )
+    assert user_prompts(device_way, user)[-1].split("\n")[1:3] == ["- Budget Day", "- " + POOL[0][1]]
+    assert user_prompts(closest, user)[-1] == conditioned_prompt(HEADLINE, text, items[:-1], PromptFormat(2))
+    assert user_prompts(closest, user)[-1] != user_prompts(device_way, user)[-1]
+    # Bundles published before the option keep their stage caches; using it re-runs training and pairs.
+    assert "recent_examples" not in stage_fields(closest.options, "sft")
+    assert stage_fields(device_way.options, "sft")["recent_examples"] == 1
+    assert stage_fields(device_way.options, "pairs")["recent_examples"] == 1
+
+
 def test_shared_corpus_dates_parse(tmp_path: Path) -> None:
     from localpers.publish.corpus import load_corpus
 

@@ -70,6 +70,14 @@ def publish_command(
             help="Of those, show the closest N with their content (task prompt + output) as well.",
         ),
     ] = 0,
+    recent_examples: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=20,
+            help="Of those, take N from the author's most recent earlier outputs instead of the closest ones.",
+        ),
+    ] = 0,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,
     pairs_per_user: Annotated[int | None, typer.Option(min=1, help="Cap on preference pairs per user.")] = 30,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
@@ -187,6 +195,7 @@ def publish_command(
         precision=precision,
         history_examples=history_examples,
         described_examples=described_examples,
+        recent_examples=recent_examples,
         checkpoint_every=checkpoint_every,
         threads=threads,
         engine_threads=engine_threads,

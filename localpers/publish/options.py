@@ -56,6 +56,9 @@ class PublishOptions:
     described_examples: int = (
         0  # of those, the closest this many shown with their content (history_prompt.py)
     )
+    recent_examples: int = (
+        0  # of those, this many are the author's most recent earlier outputs (the device's way)
+    )
     precision: str = "auto"  # "auto" (measure), "bf16" or "fp32"
     checkpoint_every: int = 25
     threads: int = 2  # torch
@@ -111,6 +114,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "max_seq_len",
         "history_examples",
         "described_examples",
+        "recent_examples",
         "precision",
         "seed",
     ),
@@ -121,6 +125,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "task",
         "history_examples",
         "described_examples",
+        "recent_examples",
         "card_base",
         "seed",
     ),
@@ -143,7 +148,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 # Fields added after bundles were published: left out of the key at their default, so old caches stay valid.
-KEY_ONLY_IF_CHANGED: dict[str, Any] = {"minibatch_above": 2000}
+KEY_ONLY_IF_CHANGED: dict[str, Any] = {"minibatch_above": 2000, "recent_examples": 0}
 
 
 def stage_fields(options: PublishOptions, stage: str) -> dict[str, Any]:

@@ -20,7 +20,11 @@ def prompt_format(context: PublishContext) -> PromptFormat | None:
     count = context.options.history_examples
     if count <= 0:
         return None
-    return PromptFormat(examples=count, described=min(context.options.described_examples, count))
+    return PromptFormat(
+        examples=count,
+        described=min(context.options.described_examples, count),
+        recent=min(context.options.recent_examples, count),
+    )
 
 
 def earlier_items(user: CorpusUser, index: int) -> list[tuple[str, str]]:
