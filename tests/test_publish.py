@@ -286,6 +286,24 @@ def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
     assert not (out / ".work").exists()
 
 
+def test_cli_refuses_more_recent_or_described_examples_than_history_examples(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(corpus)
+    out = tmp_path / "b"
+    for flags, name in (
+        (["--recent-examples", "4"], "--recent-examples 4 is more than --history-examples 0"),
+        (["--history-examples", "3", "--described-examples", "5"], "--described-examples 5 is more than"),
+    ):
+        result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
+        assert result.exit_code == 1
+        assert name in result.output
+        assert not (out / ".work").exists()
+
+
 def test_author_negative_pairs_stay_in_cluster_and_eligible_set() -> None:
     from localpers.publish.head_data import PairData, author_negative_pairs
 
