@@ -4,8 +4,13 @@ For a bench run that decoded `global` (plain prompt) and `global-history` (the d
 same queries, each query's gain (history R-1 minus plain R-1) is grouped by fifths of a signal the device has
 before it decodes: the BM25 score of the user's closest earlier item (`closest`), that score over the mean score
 of the user's items (`relative`), and the number of history items (`history`). A signal whose low or high fifths
-lose reliably, across adapters, would let the device fall back to the plain prompt for those texts. Decodes
-nothing; reads the run's outputs and the data file it was run on.
+lose reliably, across adapters, would let the device fall back to the plain prompt for those texts.
+
+Then one signal known only after the history prompt's output is decoded: its resemblance to the examples the
+prompt showed (the highest ROUGE-1 between the output and any of them; the device's 4 most recent + 1 closest),
+by fifths, and what a fallback to the plain prompt's output below a resemblance threshold would change (the
+device would then decode the plain prompt as well, for those texts). Decodes nothing; reads the run's outputs
+and the data file it was run on.
 
 Usage: python scripts/prompt_gate_offline.py ../bench-runs/RUN [RUN ...] --data ../shared/data/news-headlines/train.jsonl
        [--dev-split] [--max-queries 10]
@@ -20,19 +25,26 @@ from pathlib import Path
 import numpy as np
 
 from localpers.bench.data import load_bench_users
+from localpers.bench.metrics import rouge
 from localpers.tasks import get_task
-from localpers.users.history_prompt import content_of, history_document
+from localpers.users.history_prompt import content_of, history_document, select_examples
 from localpers.users.retrieval import Bm25Index
 
 SIGNALS = ("closest", "relative", "history")
+SHOWN, RECENT = 5, 4  # the device's prompt: 4 most recent outputs + the 1 closest
+THRESHOLDS = (0.1, 0.15, 0.2, 0.25, 0.3)
+
+
+Key = tuple[str, str]  # (user, query id)
 
 
 def query_signals(
     data: Path, dev_split: bool, max_queries: int | None
-) -> dict[tuple[str, str], dict[str, float]]:
-    """(user, query id) -> each signal's value, computed from the history the bench gave that user."""
+) -> tuple[dict[Key, dict[str, float]], dict[Key, list[str]]]:
+    """Each query's signals, computed from the history the bench gave that user, and the examples shown."""
     task = get_task("headline")
-    signals: dict[tuple[str, str], dict[str, float]] = {}
+    signals: dict[Key, dict[str, float]] = {}
+    shown: dict[Key, list[str]] = {}
     for user in load_bench_users(data, dev_split=dev_split, max_queries=max_queries):
         pool = [(item.input, item.output) for item in user.history if item.task == task.name]
         if not pool:
@@ -46,20 +58,23 @@ def query_signals(
                 "relative": closest / (float(scores.mean()) + 1e-9),
                 "history": float(len(pool)),
             }
-    return signals
+            shown[(user.user_id, query.id)] = select_examples(
+                task, query.input, pool, SHOWN, index, recent=RECENT
+            )
+    return signals, shown
 
 
-def gains(run: Path) -> dict[tuple[str, str], float]:
-    """(user, query id) -> global-history's R-1 minus global's, for the queries both methods decoded."""
-    rouge: dict[tuple[str, str, str], float] = {}
+def paired_outputs(run: Path) -> dict[Key, tuple[dict, dict]]:
+    """(user, query id) -> the global and global-history output rows, for the queries both methods decoded."""
+    rows: dict[tuple[str, str, str], dict] = {}
     with (run / "outputs.jsonl").open(encoding="utf-8") as lines:
         for line in lines:
             row = json.loads(line)
-            rouge[(row["user"], row["query_id"], row["method"])] = float(row["rouge1"])
+            rows[(row["user"], row["query_id"], row["method"])] = row
     return {
-        (user, query): rouge[(user, query, "global-history")] - value
-        for (user, query, method), value in rouge.items()
-        if method == "global" and (user, query, "global-history") in rouge
+        (user, query): (row, rows[(user, query, "global-history")])
+        for (user, query, method), row in rows.items()
+        if method == "global" and (user, query, "global-history") in rows
     }
 
 
@@ -76,11 +91,13 @@ def main() -> None:
     parser.add_argument("--dev-split", action="store_true")
     parser.add_argument("--max-queries", type=int, default=None)
     args = parser.parse_args()
-    signals = query_signals(args.data, args.dev_split, args.max_queries)
+    signals, shown = query_signals(args.data, args.dev_split, args.max_queries)
     for run in args.runs:
-        per_query = gains(run)
-        keys = [key for key in per_query if key in signals]
-        deltas = np.array([per_query[key] for key in keys])
+        pairs = paired_outputs(run)
+        keys = [key for key in pairs if key in signals]
+        plain = np.array([float(pairs[key][0]["rouge1"]) for key in keys])
+        history = np.array([float(pairs[key][1]["rouge1"]) for key in keys])
+        deltas = history - plain
         oracle = float(np.maximum(deltas, 0.0).mean())
         print(
             f"{run}: {len(keys)} queries, history - plain R-1 {deltas.mean():+.4f} (per-query oracle {oracle:+.4f})"
@@ -89,6 +106,20 @@ def main() -> None:
             values = np.array([signals[key][name] for key in keys])
             fifths = ", ".join(f"{delta:+.4f}" for delta in by_fifths(values, deltas))
             print(f"  {name:>8} by fifths (low to high): {fifths}")
+        resemblance = np.array(
+            [
+                max((rouge(pairs[key][1]["text"], example).rouge1 for example in shown[key]), default=0.0)
+                for key in keys
+            ]
+        )
+        fifths = ", ".join(f"{delta:+.4f}" for delta in by_fifths(resemblance, deltas))
+        print(f"  after decoding, resemblance to the shown examples by fifths: {fifths}")
+        for threshold in THRESHOLDS:
+            fallback = resemblance < threshold
+            change = float(np.where(fallback, plain, history).mean() - history.mean())
+            print(
+                f"    plain output below {threshold}: {change:+.4f} R-1, {fallback.mean():.0%} of texts decoded twice"
+            )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,21 @@ def test_history_gain_is_grouped_by_the_closest_items_score(tmp_path: Path) -> N
     gains = [0.5, 0.0, 0.0, 0.0, -0.1]
     rows = []
     for i, gain in enumerate(gains):
-        rows.append({"user": "u1", "query_id": f"q{i}", "method": "global", "rouge1": 0.2})
-        rows.append({"user": "u1", "query_id": f"q{i}", "method": "global-history", "rouge1": 0.2 + gain})
-    rows.append({"user": "u1", "query_id": "q0", "method": "card-auto", "rouge1": 0.9})  # ignored
+        # Only the last history output repeats one of the shown examples (h1's headline).
+        text = "Tram Budget" if i == 4 else "Something Else Entirely"
+        rows.append({"user": "u1", "query_id": f"q{i}", "method": "global", "rouge1": 0.2, "text": "Plain"})
+        rows.append(
+            {
+                "user": "u1",
+                "query_id": f"q{i}",
+                "method": "global-history",
+                "rouge1": 0.2 + gain,
+                "text": text,
+            }
+        )
+    rows.append(
+        {"user": "u1", "query_id": "q0", "method": "card-auto", "rouge1": 0.9, "text": "x"}
+    )  # ignored
     (run / "outputs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(run), "--data", str(data)],
@@ -53,3 +65,5 @@ def test_history_gain_is_grouped_by_the_closest_items_score(tmp_path: Path) -> N
     assert lines[0].endswith("5 queries, history - plain R-1 +0.0800 (per-query oracle +0.1000)")
     closest = next(line for line in lines if line.strip().startswith("closest"))
     assert closest.endswith("+0.5000, +0.0000, +0.0000, +0.0000, -0.1000")
+    # Falling back to the plain output where the history output resembles no example: the first four texts.
+    assert "    plain output below 0.1: -0.1000 R-1, 80% of texts decoded twice" in lines
