@@ -27,11 +27,19 @@ import numpy as np
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import rouge
 from localpers.tasks import get_task
-from localpers.users.history_prompt import content_of, history_document, select_examples
+from localpers.users.history_prompt import (
+    CLOSEST_PER_TEXT,
+    PromptFormat,
+    content_of,
+    history_document,
+    select_examples,
+)
 from localpers.users.retrieval import Bm25Index
 
 SIGNALS = ("closest", "relative", "history")
-SHOWN, RECENT = 5, 4  # the device's prompt: 4 most recent outputs + the 1 closest
+# The device's prompt with the demo bundle's format: all but CLOSEST_PER_TEXT of the examples are the most recent.
+SHOWN = PromptFormat().examples
+RECENT = SHOWN - CLOSEST_PER_TEXT
 THRESHOLDS = (0.1, 0.15, 0.2, 0.25, 0.3)
 
 
