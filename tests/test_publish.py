@@ -304,6 +304,20 @@ def test_cli_refuses_more_recent_or_described_examples_than_history_examples(tmp
         assert not (out / ".work").exists()
 
 
+def test_publish_options_refuse_more_recent_or_described_examples_than_history_examples(
+    tmp_path: Path,
+) -> None:
+    from localpers.errors import LocalpersError
+    from localpers.publish.options import PublishOptions
+
+    PublishOptions(corpus=tmp_path / "c.jsonl", out=tmp_path, history_examples=5, recent_examples=4)
+    for field in ("recent_examples", "described_examples"):
+        with pytest.raises(
+            LocalpersError, match=f"--{field.replace('_', '-')} 6 is more than --history-examples 5"
+        ):
+            PublishOptions(corpus=tmp_path / "c.jsonl", out=tmp_path, history_examples=5, **{field: 6})
+
+
 def test_author_negative_pairs_stay_in_cluster_and_eligible_set() -> None:
     from localpers.publish.head_data import PairData, author_negative_pairs
 

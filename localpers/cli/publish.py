@@ -170,12 +170,6 @@ def publish_command(
         )
     if (repo is None) != (keys is None):
         raise LocalpersError("--repo and --keys go together: the repository to sign into and its keys")
-    for name, count in (("--described-examples", described_examples), ("--recent-examples", recent_examples)):
-        if count > history_examples:
-            raise LocalpersError(
-                f"{name} {count} is more than --history-examples {history_examples}: they count examples of"
-                " the history-conditioned prompt; raise --history-examples or lower it"
-            )
     from localpers.publish.pipeline import publish
 
     options = PublishOptions(

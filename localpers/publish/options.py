@@ -1,7 +1,8 @@
 """Every knob of `localpers publish`, in one frozen dataclass with the defaults used for the demo bundle.
 
 Each stage names the fields it depends on (`stage_fields`), so changing an option re-runs only the
-stages it affects (and the ones after them). This module holds no logic beyond that bookkeeping.
+stages it affects (and the ones after them). This module holds no logic beyond that bookkeeping and refusing
+options that contradict each other.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.engine.adapters import DEFAULT_TARGETS
+from localpers.errors import LocalpersError
 
 STAGES: tuple[str, ...] = ("clusters", "sft", "export", "pairs", "features", "head", "bundle")
 
@@ -85,6 +87,17 @@ class PublishOptions:
     data_source: str = "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows"
     data_licence: str = "CC BY 4.0"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for flag, count in (
+            ("--described-examples", self.described_examples),
+            ("--recent-examples", self.recent_examples),
+        ):
+            if count > self.history_examples:
+                raise LocalpersError(
+                    f"{flag} {count} is more than --history-examples {self.history_examples}: they count examples"
+                    " of the history-conditioned prompt; raise --history-examples or lower it"
+                )
 
     @property
     def work_dir(self) -> Path:

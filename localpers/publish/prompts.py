@@ -17,13 +17,13 @@ from localpers.users.history_prompt import PromptFormat, conditioned_prompt
 
 def prompt_format(context: PublishContext) -> PromptFormat | None:
     """The bundle's prompt format, or None for plain prompts."""
-    count = context.options.history_examples
-    if count <= 0:
+    options = context.options  # it refuses more described or recent examples than history examples
+    if options.history_examples <= 0:
         return None
     return PromptFormat(
-        examples=count,
-        described=min(context.options.described_examples, count),
-        recent=min(context.options.recent_examples, count),
+        examples=options.history_examples,
+        described=options.described_examples,
+        recent=options.recent_examples,
     )
 
 

@@ -64,7 +64,8 @@ class PromptFormat:
     # item's content followed by the user's output, instead of the output alone.
     described: int = 0
     # Of the examples, this many are the user's most recent outputs (shown first) instead of retrieved ones. Not in
-    # the manifest: the publisher trains with 0; the device reads `examples - CLOSEST_PER_TEXT` (`from_manifest`).
+    # the manifest: the publisher trains with `--recent-examples` (default 0); the device always reads
+    # `examples - CLOSEST_PER_TEXT` (`from_manifest`), whatever the bundle was trained with.
     recent: int = 0
 
     @property
