@@ -1,7 +1,7 @@
 """Offline: the consensus among several bench runs' outputs for the same queries (RESULTS 0zi).
 
-Each `RUN:METHOD` names one output per query (a `localpers bench` run directory's `outputs.jsonl`, rows of that
-method). Per query the candidates are those outputs in the order given; the device's consensus rule
+Each `RUN:METHOD` names one output per query (a `localpers bench` run directory and a method in its cache, read
+as `scripts/compare_runs.py` reads them). Per query the candidates are those outputs in the order given; the device's consensus rule
 (`localpers.methods.consensus.choose_consensus`: highest mean ROUGE-1 against the others, the first on ties)
 picks one, and its ROUGE-1 against the author's headline is the one the bench already recorded for that row. It
 prints the consensus's R-1, each member's, the mean member's and the per-query oracle's, and the consensus's
@@ -18,33 +18,11 @@ in one batch (llama.cpp applies a LoRA adapter to a whole context, not to one se
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+
+from compare_runs import load
 
 from localpers.bench.metrics import paired_bootstrap
 from localpers.methods.consensus import choose_consensus
-
-
-def read_outputs(spec: str) -> dict[tuple[str, str], tuple[str, float]]:
-    """`{(user, query_id): (text, rouge1)}` of one method in one run, from `RUN:METHOD`."""
-    run, _, method = spec.rpartition(":")
-    if not run or not method:
-        raise SystemExit(f"{spec}: expected RUN_DIRECTORY:METHOD")
-    path = Path(run) / "outputs.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{path}: no such file; name a `localpers bench` run directory")
-    rows = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            try:
-                row = json.loads(line)
-                if row.get("method") == method:
-                    rows[(row["user"], row["query_id"])] = (row["text"], float(row["rouge1"]))
-            except (ValueError, KeyError, TypeError) as error:
-                raise SystemExit(f"{path}, line {number}: not a bench output row ({error})") from None
-    if not rows:
-        raise SystemExit(f"{path}: no rows of method {method!r}")
-    return rows
 
 
 def main() -> None:
@@ -53,7 +31,14 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.runs) < 3:
         raise SystemExit("the consensus needs at least three candidates per query; name three or more runs")
-    members = [read_outputs(spec) for spec in args.runs]
+    members = [
+        {
+            (user, query_id): (row["text"], float(row["rouge1"]))
+            for user, rows in load(spec).items()
+            for query_id, row in rows.items()
+        }
+        for spec in args.runs
+    ]
     keys = sorted(set.intersection(*(set(member) for member in members)))
     if not keys:
         raise SystemExit("the runs share no query")

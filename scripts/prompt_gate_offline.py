@@ -9,8 +9,8 @@ lose reliably, across adapters, would let the device fall back to the plain prom
 Then one signal known only after the history prompt's output is decoded: its resemblance to the examples the
 prompt showed (the highest ROUGE-1 between the output and any of them; the device's 4 most recent + 1 closest),
 by fifths, and what a fallback to the plain prompt's output below a resemblance threshold would change (the
-device would then decode the plain prompt as well, for those texts). Decodes nothing; reads the run's outputs
-and the data file it was run on.
+device would then decode the plain prompt as well, for those texts). Decodes nothing; reads the run's cache (as
+`scripts/compare_runs.py` does) and the data file it was run on.
 
 Usage: python scripts/prompt_gate_offline.py ../bench-runs/RUN [RUN ...] --data ../shared/data/news-headlines/train.jsonl
        [--dev-split] [--max-queries 10]
@@ -19,10 +19,10 @@ Usage: python scripts/prompt_gate_offline.py ../bench-runs/RUN [RUN ...] --data 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
+from compare_runs import load
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import rouge
@@ -74,15 +74,12 @@ def query_signals(
 
 def paired_outputs(run: Path) -> dict[Key, tuple[dict, dict]]:
     """(user, query id) -> the global and global-history output rows, for the queries both methods decoded."""
-    rows: dict[tuple[str, str, str], dict] = {}
-    with (run / "outputs.jsonl").open(encoding="utf-8") as lines:
-        for line in lines:
-            row = json.loads(line)
-            rows[(row["user"], row["query_id"], row["method"])] = row
+    plain, history = load(f"{run}:global"), load(f"{run}:global-history")
     return {
-        (user, query): (row, rows[(user, query, "global-history")])
-        for (user, query, method), row in rows.items()
-        if method == "global" and (user, query, "global-history") in rows
+        (user, query): (row, history[user][query])
+        for user, rows in plain.items()
+        for query, row in rows.items()
+        if query in history.get(user, {})
     }
 
 

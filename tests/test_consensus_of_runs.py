@@ -11,11 +11,13 @@ SCRIPT = Path(__file__).parent.parent / "scripts" / "consensus_of_runs.py"
 
 
 def _run(directory: Path, rows: list[tuple[str, str, str, float]]) -> Path:
-    directory.mkdir()
-    with (directory / "outputs.jsonl").open("w") as sink:
-        for query, method, text, rouge1 in rows:
-            row = {"user": "u1", "query_id": query, "method": method, "text": text, "rouge1": rouge1}
-            sink.write(json.dumps(row) + "\n")
+    """A bench run's cache (`cache/<method>/<user>.json`, as `localpers bench` writes it) for user u1."""
+    by_method: dict[str, list[dict]] = {}
+    for query, method, text, rouge1 in rows:
+        by_method.setdefault(method, []).append({"query_id": query, "text": text, "rouge1": rouge1})
+    for method, queries in by_method.items():
+        (directory / "cache" / method).mkdir(parents=True)
+        (directory / "cache" / method / "u1.json").write_text(json.dumps({"user": "u1", "queries": queries}))
     return directory
 
 

@@ -54,7 +54,14 @@ def test_history_gain_is_grouped_by_the_closest_items_score(tmp_path: Path) -> N
     rows.append(
         {"user": "u1", "query_id": "q0", "method": "card-auto", "rouge1": 0.9, "text": "x"}
     )  # ignored
-    (run / "outputs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for method in (
+        "global",
+        "global-history",
+        "card-auto",
+    ):  # the bench's cache, as `localpers bench` writes it
+        queries = [row for row in rows if row["method"] == method]
+        (run / "cache" / method).mkdir(parents=True)
+        (run / "cache" / method / "u1.json").write_text(json.dumps({"user": "u1", "queries": queries}))
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(run), "--data", str(data)],
         capture_output=True,
