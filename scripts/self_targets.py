@@ -93,6 +93,7 @@ def generate(args: argparse.Namespace) -> None:
                 "reference": query.reference,
                 "chosen": result.text,
                 "candidates": texts,
+                "prompt": personalizer.prompt_for("headline", query.input, args.method, index),
             }
             sink.write(json.dumps(row) + "\n")
             sink.flush()
