@@ -3,7 +3,8 @@
 `queries` turns a training corpus into a bench JSONL (each author's last min(16, n/3) items as queries).
 `generate` decodes, for every query of a bench JSONL (`user_id`, `history`, `queries`), the conditioned global
 adapter's 16 candidates exactly as `localpers rewrite --candidates 16` does (greedy + 15 samples side by side),
-and saves all of them with the author's headline. `corpus` writes a training corpus: the source corpus with
+and saves all of them with the author's headline and the prompt the device built
+(what `scripts/train_preference.py` trains on). `corpus` writes a training corpus: the source corpus with
 each generated query's output replaced by one candidate, chosen by a rule:
 
 - `consensus`: the candidate the others agree with most (what `--candidates` returns; minimum Bayes risk);

@@ -52,8 +52,14 @@ def read_pairs(path: Path, rejected_rule: str, max_overlap: float) -> list[Pair]
     out: there is little to prefer.
     """
     pairs = []
-    for line in path.open():
+    for number, line in enumerate(path.open(), start=1):
         row = json.loads(line)
+        missing = [field for field in ("prompt", "reference", "candidates") if field not in row]
+        if missing:
+            raise SystemExit(
+                f"{path}, line {number}: no {', '.join(missing)}; write the file with this version of "
+                "`scripts/self_targets.py generate`, which records the device's prompt"
+            )
         gold = row["reference"].strip()
         texts = [t.strip() for t in row["candidates"] if t.strip()]
         if not texts or not gold:

@@ -54,6 +54,17 @@ def test_pairs_take_the_greedy_or_worst_candidate_and_skip_near_copies(tmp_path:
     ]
 
 
+def test_a_candidates_file_without_prompts_is_refused_with_its_line(tmp_path: Path) -> None:
+    script = _script()
+    rows = [
+        {"prompt": "P1", "reference": "A B", "candidates": ["C D"]},
+        {"reference": "A B", "candidates": ["C D"]},  # written before `generate` recorded prompts
+    ]
+    path = _write_rows(tmp_path / "old.jsonl", rows)
+    with pytest.raises(SystemExit, match=r"old\.jsonl, line 2: no prompt"):
+        script.read_pairs(path, "greedy", 0.8)
+
+
 def test_preference_loss_is_log_2_at_the_reference_and_falls_as_the_margin_grows() -> None:
     torch = pytest.importorskip("torch")
     script = _script()
