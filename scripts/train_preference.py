@@ -14,7 +14,8 @@ should gain log-probability over the adapter's own greedy headline (y-), relativ
 Input: `scripts/self_targets.py generate`'s candidates file (its rows carry the device's prompt, the author's
 headline and the candidates, greedy first), made from training authors' items only. Starts from a trained
 adapter's `lora.pt` (peft state), writes `lora.pt` and a GGUF adapter into `--out`, for
-`scripts/swap_adapter.py`. Nothing here changes the product.
+`scripts/swap_adapter.py`. `--rejected worst` takes as y- the candidate farthest from the author's headline (unigram
+F1) instead of the greedy one. Nothing here changes the product.
 
     python scripts/train_preference.py ../dpo/cands.jsonl --init ../heldout-a/.work/sft/global/lora.pt \
         --out ../dpo/beta01 --beta 0.1 --epochs 1
