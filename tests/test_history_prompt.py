@@ -296,3 +296,43 @@ def test_recent_examples_can_end_before_the_pool_does_and_the_shared_prefix_foll
         HEADLINE, query, POOL, chosen, recent_end=len(POOL)
     )
     assert shared_prefix(HEADLINE, POOL, chosen, recent_end=0) == ""
+
+
+def test_publisher_can_draw_training_examples_from_all_the_authors_other_items(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from localpers.errors import LocalpersError
+    from localpers.publish.corpus import Corpus
+    from localpers.publish.options import PublishOptions, stage_fields
+    from localpers.publish.prompts import other_items, user_prompts
+    from localpers.publish.runner import PublishContext
+
+    dates = ("2020-01-10", "2020-01-01", "2020-01-05", "2020-02-01")
+    items = [*POOL, (INSTRUCTION + "Bike lanes open on Main Street.", "Lanes Open")]
+    user = CorpusUser(
+        "u1", tuple(CorpusItem(i, o, date=d) for (i, o), d in zip(items, dates, strict=True)), line=1
+    )
+    # Item 2 (Jan 5): Jan 1 and Jan 10 are 4 and 5 days away, Feb 1 is 27: the nearest comes last.
+    assert [o for _, o in other_items(user, 2)] == [items[3][1], items[0][1], items[1][1]]
+    # Undated items: places apart in file order, ties keep file order.
+    undated = CorpusUser("u2", tuple(CorpusItem(i, o) for i, o in items), line=2)
+    assert [o for _, o in other_items(undated, 1)] == [items[3][1], items[0][1], items[2][1]]
+
+    options = PublishOptions(corpus=tmp_path / "c.jsonl", out=tmp_path, history_examples=2, recent_examples=1)
+    others = PublishOptions(**{**options.__dict__, "example_pool": "others"})
+    context = PublishContext(
+        others, Corpus(tmp_path / "c.jsonl", (user,)), tmp_path / "m.gguf", "0" * 64, Console()
+    )
+    earliest = 1  # Jan 1: no earlier item, so the device's way gives it the plain prompt
+    assert user_prompts(context, user)[earliest] == HEADLINE.prompt_for(items[earliest][0])
+    with_others = user_prompts(context, user, "others")[earliest]
+    assert with_others == conditioned_prompt(
+        HEADLINE, items[earliest][0], other_items(user, earliest), PromptFormat(examples=2, recent=1)
+    )
+    assert with_others.split("\n")[1] == "- " + items[2][1]  # Jan 5, the nearest in time, as the recent one
+    # Bundles published before the option keep their stage caches; the pairs stay the device's way.
+    assert "example_pool" not in stage_fields(options, "sft")
+    assert stage_fields(others, "sft")["example_pool"] == "others"
+    assert "example_pool" not in stage_fields(others, "pairs")
+    with pytest.raises(LocalpersError, match="--example-pool 'later'"):
+        PublishOptions(corpus=tmp_path / "c.jsonl", out=tmp_path, example_pool="later")

@@ -78,6 +78,13 @@ def publish_command(
             help="Of those, take N from the author's most recent earlier outputs instead of the closest ones.",
         ),
     ] = 0,
+    example_pool: Annotated[
+        str,
+        typer.Option(
+            help="Where training prompts' examples come from: the author's 'earlier' items (what a device has)"
+            " or all 'others' (nearest in time as the recent ones).",
+        ),
+    ] = "earlier",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,
     pairs_per_user: Annotated[int | None, typer.Option(min=1, help="Cap on preference pairs per user.")] = 30,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
@@ -196,6 +203,7 @@ def publish_command(
         history_examples=history_examples,
         described_examples=described_examples,
         recent_examples=recent_examples,
+        example_pool=example_pool,
         checkpoint_every=checkpoint_every,
         threads=threads,
         engine_threads=engine_threads,

@@ -61,6 +61,7 @@ class PublishOptions:
     recent_examples: int = (
         0  # of those, this many are the author's most recent earlier outputs (the device's way)
     )
+    example_pool: str = "earlier"  # sft prompts' examples: "earlier" items (the device's way) or all "others"
     precision: str = "auto"  # "auto" (measure), "bf16" or "fp32"
     checkpoint_every: int = 25
     threads: int = 2  # torch
@@ -89,6 +90,8 @@ class PublishOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.example_pool not in ("earlier", "others"):
+            raise LocalpersError(f"--example-pool {self.example_pool!r}: use 'earlier' or 'others'")
         for flag, count in (
             ("--described-examples", self.described_examples),
             ("--recent-examples", self.recent_examples),
@@ -128,6 +131,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
         "history_examples",
         "described_examples",
         "recent_examples",
+        "example_pool",
         "precision",
         "seed",
     ),
@@ -161,7 +165,11 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 # Fields added after bundles were published: left out of the key at their default, so old caches stay valid.
-KEY_ONLY_IF_CHANGED: dict[str, Any] = {"minibatch_above": 2000, "recent_examples": 0}
+KEY_ONLY_IF_CHANGED: dict[str, Any] = {
+    "minibatch_above": 2000,
+    "recent_examples": 0,
+    "example_pool": "earlier",
+}
 
 
 def stage_fields(options: PublishOptions, stage: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def split_examples(context: PublishContext) -> tuple[list[Example], list[Example
         held_out = set(entry["val"])
         clusters.append(int(entry["cluster"]))
         for item_index, (item, prompt) in enumerate(
-            zip(user.history, user_prompts(context, user), strict=True)
+            zip(user.history, user_prompts(context, user, context.options.example_pool), strict=True)
         ):
             rows.append((prompt, item.output, index))
             is_val.append(item_index in held_out)
