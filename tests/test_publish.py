@@ -286,7 +286,7 @@ def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
     assert not (out / ".work").exists()
 
 
-def test_cli_refuses_more_recent_or_described_examples_than_history_examples(tmp_path: Path) -> None:
+def test_cli_refuses_bad_history_prompt_options_before_any_work(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from localpers.cli import app
@@ -297,6 +297,7 @@ def test_cli_refuses_more_recent_or_described_examples_than_history_examples(tmp
     for flags, name in (
         (["--recent-examples", "4"], "--recent-examples 4 is more than --history-examples 0"),
         (["--history-examples", "3", "--described-examples", "5"], "--described-examples 5 is more than"),
+        (["--example-pool", "later"], "--example-pool 'later': use 'earlier' or 'others'"),
     ):
         result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
         assert result.exit_code == 1

@@ -9,6 +9,8 @@ adapters serve users with no history. Stages sft, pairs and features all take th
 `--example-pool others` (sft only) draws a training prompt's examples from all of the author's other items
 instead, nearest in time last, so that "recent" examples are the items written closest to it: every item but
 an author's only one gets a full prompt. Pairs and features always use earlier items, as the device does.
+Validation items' outputs may then appear among training prompts' examples, so the validation loss of such a
+run does not compare with an earlier-items run's.
 """
 
 from __future__ import annotations
