@@ -127,6 +127,20 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     assert "skipped line 3: same text as line 1" in result.stderr
     assert "imported 1 item into" in result.stdout
 
+    archive = tmp_path / "archive.jsonl"
+    archive.write_text("".join(f'{{"input": "article {k}", "output": "Headline {k}"}}\n' for k in range(503)))
+    assert_one_line_error(run("history", "import", str(archive), code=2), "--keep-latest 500")
+    # the user has 1 item: the latest 500 would make 501, the latest 499 fit
+    assert_one_line_error(
+        run("history", "import", str(archive), "--keep-latest", "500", code=2), "user 'ann' would have 501"
+    )
+    kept = run("history", "import", str(archive), "--keep-latest", "499")
+    assert "left out the file's 4 items before its latest 499" in kept.stderr
+    listed = run_json("history", "list")["items"]
+    assert (
+        len(listed) == 500 and listed[1]["output"] == "Headline 4" and listed[-1]["output"] == "Headline 502"
+    )
+
 
 def test_history_import_per_user_file_needs_user_id(tmp_path: Path) -> None:
     run("user", "create", "ann")

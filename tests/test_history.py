@@ -152,6 +152,27 @@ def test_item_limit(tmp_path: Path) -> None:
         parse_history_file(write_lines(tmp_path / "big.jsonl", lines))
 
 
+def test_keep_latest_takes_a_long_files_last_unique_items_and_still_validates_every_line(
+    tmp_path: Path,
+) -> None:
+    lines = [{"input": f"article {k}", "output": f"Headline {k}"} for k in range(MAX_HISTORY_ITEMS + 100)]
+    lines.insert(3, lines[-1])  # a duplicate counts once, where it first appears
+    path = write_lines(tmp_path / "archive.jsonl", lines)
+    with pytest.raises(LocalpersError, match="or import its latest with --keep-latest 500"):
+        parse_history(path)
+    parsed = parse_history(path, keep_latest=MAX_HISTORY_ITEMS)
+    assert len(parsed.items) == MAX_HISTORY_ITEMS and parsed.older_left_out == 100
+    outputs = [item.output for item in parsed.items]
+    assert outputs[0] == "Headline 99" and outputs[-1] == f"Headline {MAX_HISTORY_ITEMS + 98}"
+    assert f"Headline {MAX_HISTORY_ITEMS + 99}" not in outputs  # first seen on line 4, among the oldest
+    short = parse_history(write_lines(tmp_path / "short.jsonl", lines[:5]), keep_latest=10)
+    assert len(short.items) == 5 and short.older_left_out == 0
+    with pytest.raises(LocalpersError, match="archive.jsonl line 602: missing field 'output'"):
+        parse_history(write_lines(tmp_path / "archive.jsonl", [*lines, {"input": "x"}]), keep_latest=5)
+    with pytest.raises(LocalpersError, match="--keep-latest 0: choose 1 to 500"):
+        parse_history(path, keep_latest=0)
+
+
 def test_ids_are_stable_and_distinguish_fields() -> None:
     first = HistoryItem.create("headline", "x  y", "Z")
     assert first.id == HistoryItem.create("headline", "x y", " Z").id

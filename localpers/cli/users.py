@@ -21,6 +21,7 @@ from localpers.tasks import TASKS
 from localpers.untrusted import one_line
 from localpers.users.history import (
     DEFAULT_TASK,
+    MAX_HISTORY_ITEMS,
     HistoryItem,
     check_history_size,
     merge_history,
@@ -245,11 +246,20 @@ def history_import(
     task: Annotated[
         str, typer.Option("--task", "-t", help="Task of items that do not name one.")
     ] = DEFAULT_TASK,
+    keep_latest: Annotated[
+        int | None,
+        typer.Option(
+            "--keep-latest",
+            min=1,
+            max=MAX_HISTORY_ITEMS,
+            help="Import only the file's N latest items (its last lines; older ones are left out).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Add the items of a JSONL file to a user's history; duplicates are reported and skipped."""
     target = UserStore().resolve(user)
-    parsed = parse_history(file, user_id=user_id, default_task=task)
+    parsed = parse_history(file, user_id=user_id, default_task=task, keep_latest=keep_latest)
     merged, already = merge_history(target.history(), parsed.items)
     check_history_size(len(merged), what=f"user {target.name!r} would have")
     added = len(parsed.items) - len(already)
@@ -261,6 +271,7 @@ def history_import(
                 "added": added,
                 "duplicates_in_file": [asdict(d) for d in parsed.duplicates],
                 "already_in_history": [item.id for item in already],
+                "older_left_out": parsed.older_left_out,
                 "total": len(merged),
             }
         )
@@ -269,6 +280,10 @@ def history_import(
         typer.echo(f"skipped {duplicate.where}: same text as {duplicate.first_seen}", err=True)
     for item in already:
         typer.echo(f"skipped {one_line(str(item.source))}: already in the history as {item.id}", err=True)
+    if parsed.older_left_out:
+        typer.echo(
+            f"left out the file's {_items(parsed.older_left_out)} before its latest {keep_latest}", err=True
+        )
     skipped = len(parsed.duplicates) + len(already)
     typer.echo(
         f"imported {_items(added)} into user {target.name!r}"

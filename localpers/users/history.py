@@ -8,7 +8,8 @@ hash of those three fields, so the same text always gets the same id. `parse_his
     {"user_id": "u003", "history": [{"input", "output", ...}, ...], ...}   the shared-data user format
 
 Errors name the file and line ("history.jsonl line 7: missing field 'output'"). Blank lines are
-skipped, duplicates are reported and skipped, and a file may hold at most `MAX_HISTORY_ITEMS` items.
+skipped, duplicates are reported and skipped, and a file may hold at most `MAX_HISTORY_ITEMS` items (or
+`keep_latest` takes its last ones).
 This module neither stores nor fits anything: `localpers.users.store` keeps the items per user.
 """
 
@@ -101,6 +102,7 @@ class ParsedHistory:
 
     items: list[HistoryItem] = field(default_factory=list)
     duplicates: list[Duplicate] = field(default_factory=list)
+    older_left_out: int = 0  # unique items before the `keep_latest` last ones, not returned
 
 
 def parse_history_file(
@@ -111,10 +113,20 @@ def parse_history_file(
 
 
 def parse_history(
-    path: Path | str, *, user_id: str | None = None, default_task: str = DEFAULT_TASK
+    path: Path | str,
+    *,
+    user_id: str | None = None,
+    default_task: str = DEFAULT_TASK,
+    keep_latest: int | None = None,
 ) -> ParsedHistory:
-    """Like `parse_history_file`, also returning the duplicates that were skipped."""
+    """Like `parse_history_file`, also returning the duplicates that were skipped.
+
+    `keep_latest` keeps only the file's last that many unique items (a file lists the oldest first, as a history
+    does), so a longer archive can be imported without editing it; every line is still validated.
+    """
     path = Path(path)
+    if keep_latest is not None and not 1 <= keep_latest <= MAX_HISTORY_ITEMS:
+        raise InputError(f"--keep-latest {keep_latest}: choose 1 to {MAX_HISTORY_ITEMS}")
     if default_task not in TASKS:
         raise InputError(f"unknown task {default_task!r}; choose one of: {', '.join(TASKS)}")
     records = list(_read_json_lines(path))
@@ -147,16 +159,24 @@ def parse_history(
             continue
         first_seen[item.id] = where
         parsed.items.append(item)
-    check_history_size(len(parsed.items), what=f"{path} has")
+    if keep_latest is not None and len(parsed.items) > keep_latest:
+        parsed.older_left_out = len(parsed.items) - keep_latest
+        parsed.items = parsed.items[-keep_latest:]
+    check_history_size(
+        len(parsed.items),
+        what=f"{path} has",
+        hint=f"or import its latest with --keep-latest {MAX_HISTORY_ITEMS}",
+    )
     return parsed
 
 
-def check_history_size(count: int, *, what: str) -> None:
+def check_history_size(count: int, *, what: str, hint: str = "") -> None:
     """Refuse more than MAX_HISTORY_ITEMS items; `what` starts the message, e.g. "user 'ann' would have"."""
     if count > MAX_HISTORY_ITEMS:
         raise InputError(
             f"{what} {count} history items, more than the limit of {MAX_HISTORY_ITEMS}; "
             f"keep your {MAX_HISTORY_ITEMS} most representative items (recent ones are a good choice)"
+            + (f", {hint}" if hint else "")
         )
 
 
