@@ -92,6 +92,54 @@ def test_refit_reuses_cached_negatives(personalizer: Personalizer) -> None:
     assert (user.dir / "negatives.json").is_file()
 
 
+def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later fit (another process: nothing in memory) reads the pair features back and scores new pairs only."""
+    import localpers.methods.card.pairs as pairs_module
+
+    scored: list[int] = []
+    batched = pairs_module.run_jobs
+    one_pair = pairs_module.PairBuilder._pair_difference
+
+    def counting_run_jobs(engine, jobs, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        scored.append(len(jobs))
+        return batched(engine, jobs, **kwargs)
+
+    def counting_pair_difference(self, *args):  # noqa: ANN001, ANN002, ANN202
+        scored.append(1)
+        return one_pair(self, *args)
+
+    monkeypatch.setattr(pairs_module, "run_jobs", counting_run_jobs)
+    monkeypatch.setattr(pairs_module.PairBuilder, "_pair_difference", counting_pair_difference)
+    user = UserStore().create("features")
+    user.save_history(items(SHOUTY[:5]))
+    personalizer.fit_user(user)
+    vector = user.vector()
+    assert (user.dir / pairs_module.FEATURES_FILE).is_file() and sum(scored) > 0
+
+    scored.clear()
+    personalizer.pairs._pair_memo.clear()
+    personalizer.fit_user(user)
+    assert sum(scored) == 0  # every pair's features came from the file
+    np.testing.assert_allclose(user.vector(), vector, rtol=1e-5, atol=1e-6)
+
+    user.save_history(items(SHOUTY[:6]))
+    personalizer.pairs._pair_memo.clear()
+    personalizer.fit_user(user)
+    assert sum(scored) == 1  # only the new item's pair (its y- generated and scored in one job)
+
+    scored.clear()
+    (user.dir / pairs_module.FEATURES_FILE).write_bytes(b"damaged")
+    personalizer.pairs._pair_memo.clear()
+    personalizer.fit_user(user)  # a damaged cache is rebuilt, not an error
+    assert sum(scored) > 0
+    personalizer.pairs._pair_memo.clear()
+    scored.clear()
+    personalizer.fit_user(user)
+    assert sum(scored) == 0
+
+
 def test_cold_start_and_too_few_pairs(personalizer: Personalizer) -> None:
     store = UserStore()
     empty = store.create("empty")

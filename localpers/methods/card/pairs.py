@@ -7,9 +7,10 @@ head; groups of items share one block of recent outputs, `FIT_BLOCK_GROUP`, so t
 block once). y- are deterministic for (bundle,
 cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
 `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
-refit. It also yields the base model's log-probability of each y+'s first token (the opening habits'
-calibration). It fits nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and
-a token bias.
+refit and cached beside them (`pair_features.safetensors`), so a refit after new items scores only the new
+pairs: evaluating the prompts, not generating y-, is most of a fit's time. It also yields the base model's
+log-probability of each y+'s first token (the opening habits' calibration). It fits nothing and decides
+nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save as save_safetensors
 
-from localpers.atomic import atomic_write_text
+from localpers.atomic import atomic_write_bytes, atomic_write_text
 from localpers.bundle.format import Bundle
 from localpers.engine import Engine
 from localpers.engine.batch import PromptJob, fits, run_jobs
@@ -43,6 +46,9 @@ NEGATIVES_FILE = "negatives.json"
 FIT_BLOCK_GROUP = 4
 # Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
 PAIR_MEMO_SIZE = 4096
+FEATURES_FILE = "pair_features.safetensors"
+# Pairs kept in the features file: a full history's twice over (the choice's refits add pairs of other prompts).
+FEATURES_FILE_PAIRS = 1024
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -155,6 +161,12 @@ class PairBuilder:
         prompts_and_blocks = self.training_prompts_and_blocks(items, history_offset)
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
+        stored = self._read_features(user, cluster)
+        for item, prompt in zip(items, prompts, strict=True):
+            negative = known.get(_negative_key(item, prompt))
+            found = stored.get(_pair_hash(cluster, prompt, item.output, negative)) if negative else None
+            if found is not None:
+                self._remember((cluster, prompt, item.output, negative), found)
         generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds)
         for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
             key = _negative_key(item, prompt)
@@ -180,6 +192,15 @@ class PairBuilder:
                 progress("pairs", done + 1, len(items))
         if generated:
             self._write_negatives(user, cluster, known)
+        used = {
+            _pair_hash(cluster, prompt, item.output, negative): self._pair_memo[memo_key]
+            for item, prompt, negative in zip(items, prompts, negatives, strict=True)
+            if (memo_key := (cluster, prompt, item.output, negative)) in self._pair_memo
+        }
+        if not set(used) <= set(stored):
+            self._write_features(
+                user, cluster, {**used, **{k: v for k, v in stored.items() if k not in used}}
+            )
         differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
         return negatives, differences, first_logprobs, seconds
 
@@ -301,10 +322,52 @@ class PairBuilder:
         known = cache.get(self._negatives_key(cluster), {}) if isinstance(cache, dict) else {}
         return dict(known) if isinstance(known, dict) else {}
 
+    def _read_features(self, user: User, cluster: int) -> dict[str, tuple[np.ndarray, float]]:
+        """The user's cached pair features (pair hash -> (difference, first log-prob)) for this bundle and base.
+
+        A cache: anything unreadable, of another bundle or base adapter, or of another shape reads as empty.
+        """
+        path = user.dir / FEATURES_FILE
+        if not path.is_file():
+            return {}
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                metadata = handle.metadata() or {}
+                differences = handle.get_tensor("differences")
+                logprobs = handle.get_tensor("first_logprobs")
+            hashes = json.loads(metadata.get("pairs", "null"))
+        except Exception:  # noqa: BLE001 - a damaged cache is rebuilt, never an error
+            return {}
+        if (
+            metadata.get("key") != self._negatives_key(cluster)
+            or not isinstance(hashes, list)
+            or differences.shape != (len(hashes), self.head.d)
+            or logprobs.shape != (len(hashes),)
+        ):
+            return {}
+        return {
+            str(digest): (differences[row].astype(np.float32), float(logprobs[row]))
+            for row, digest in enumerate(hashes)
+        }
+
+    def _write_features(self, user: User, cluster: int, pairs: dict[str, tuple[np.ndarray, float]]) -> None:
+        """Store up to `FEATURES_FILE_PAIRS` pairs, the first ones of `pairs` kept (this fit's come first)."""
+        kept = list(pairs.items())[:FEATURES_FILE_PAIRS]
+        tensors = {
+            "differences": np.asarray([d for _, (d, _) in kept], dtype=np.float32).reshape(-1, self.head.d),
+            "first_logprobs": np.asarray([p for _, (_, p) in kept], dtype=np.float32),
+        }
+        metadata = {"key": self._negatives_key(cluster), "pairs": json.dumps([digest for digest, _ in kept])}
+        atomic_write_bytes(user.dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))
+
     def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
         atomic_write_text(
             user.dir / NEGATIVES_FILE, json.dumps({self._negatives_key(cluster): known}, ensure_ascii=False)
         )
+
+
+def _pair_hash(cluster: int, prompt: str, output: str, negative: str) -> str:
+    return hashlib.sha256(json.dumps([cluster, prompt, output, negative]).encode("utf-8")).hexdigest()[:24]
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:
