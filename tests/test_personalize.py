@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,11 +103,11 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
     batched = pairs_module.run_jobs
     one_pair = pairs_module.PairBuilder._pair_difference
 
-    def counting_run_jobs(engine, jobs, **kwargs):  # noqa: ANN001, ANN003, ANN202
+    def counting_run_jobs(engine: Any, jobs: Any, **kwargs: Any) -> Any:
         scored.append(len(jobs))
         return batched(engine, jobs, **kwargs)
 
-    def counting_pair_difference(self, *args):  # noqa: ANN001, ANN002, ANN202
+    def counting_pair_difference(self: Any, *args: Any) -> Any:
         scored.append(1)
         return one_pair(self, *args)
 

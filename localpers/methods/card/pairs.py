@@ -336,7 +336,7 @@ class PairBuilder:
                 differences = handle.get_tensor("differences")
                 logprobs = handle.get_tensor("first_logprobs")
             hashes = json.loads(metadata.get("pairs", "null"))
-        except Exception:  # noqa: BLE001 - a damaged cache is rebuilt, never an error
+        except Exception:  # a damaged cache of any kind is rebuilt, never an error
             return {}
         if (
             metadata.get("key") != self._negatives_key(cluster)
