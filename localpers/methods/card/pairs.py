@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import save as save_safetensors
 
 from localpers.atomic import atomic_write_bytes, atomic_write_text
 from localpers.bundle.format import Bundle
@@ -327,6 +325,8 @@ class PairBuilder:
 
         A cache: anything unreadable, of another bundle or base adapter, or of another shape reads as empty.
         """
+        from safetensors import safe_open
+
         path = user.dir / FEATURES_FILE
         if not path.is_file():
             return {}
@@ -352,6 +352,8 @@ class PairBuilder:
 
     def _write_features(self, user: User, cluster: int, pairs: dict[str, tuple[np.ndarray, float]]) -> None:
         """Store up to `FEATURES_FILE_PAIRS` pairs, the first ones of `pairs` kept (this fit's come first)."""
+        from safetensors.numpy import save as save_safetensors
+
         kept = list(pairs.items())[:FEATURES_FILE_PAIRS]
         tensors = {
             "differences": np.asarray([d for _, (d, _) in kept], dtype=np.float32).reshape(-1, self.head.d),
