@@ -5,12 +5,22 @@ A task turns the user's text into the backbone prompt and says when generation s
 full instruction; `prompt_for` leaves such inputs unchanged. A task also sets the default strength of the
 word-only repetition rule (`localpers.engine.repeated_words`): on for the one-line tasks, where the model
 repeats a word about seven times as often as the authors do (docs/RESULTS.md 0ze), off where repeating a
-word is normal prose. This module knows nothing of models.
+word is normal prose.
+
+Every prompt must fit the backbone's context (1,024 tokens, the user's examples and the output included), so a
+task bounds the text it carries. A one-line task writes from the start of a text, as a headline is written
+from an article's lede: `prompt_for` keeps the first `max_input_chars` and marks the cut with " ...". A task
+that rewrites the whole text cannot drop any of it: `check_text` refuses a longer text with a one-line error,
+and the history refuses such items on import. Outputs are bounded likewise (`check_output`). The limits are
+characters, not tokens, because this module knows nothing of models: at ~4 characters a token (English) a
+prompt stays well inside the context; text that tokenizes much more densely is still refused by the engine.
 """
 
 from dataclasses import dataclass
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
+
+CUT_MARK = " ..."
 
 
 @dataclass(frozen=True)
@@ -24,13 +34,56 @@ class Task:
     default_max_tokens: int
     description: str
     repeated_word_penalty: float = 0.0  # nats, the word rule's default for this task (0 = off)
+    max_input_chars: int = 1000  # of the text without the instruction; see the module docstring
+    max_output_chars: int = 1000
+    cuts_long_input: bool = False  # True: a longer text is cut to its start; False: it is refused
 
-    def prompt_for(self, text: str) -> str:
-        """The prompt for `text`; an input that already starts with this task's instruction is kept."""
+    def content(self, text: str) -> str:
+        """`text` without this task's instruction, which the shared data puts in front of every input."""
         stripped = text.strip()
         if self.instruction and stripped.startswith(self.instruction):
             stripped = stripped[len(self.instruction) :].strip()
-        return self.template.format(text=stripped)
+        return stripped
+
+    def prompt_for(self, text: str) -> str:
+        """The prompt for `text` (its instruction, if it has one, not repeated), cut to `max_input_chars`."""
+        return self.template.format(text=cut_text(self.content(text), self.max_input_chars))
+
+    def check_text(self, text: str, what: str = "the text", *, room: int = 0) -> None:
+        """Refuse a text this task would have to cut (a one-line task cuts it instead, and accepts it).
+
+        `room`: characters the method adds to the text (EXACT's attribute line), taken from the limit.
+        """
+        length = len(self.content(text))
+        limit = self.max_input_chars - room
+        if not self.cuts_long_input and length > limit:
+            raise InputError(
+                f"{what} has {length:,} characters; the {self.name} task takes at most "
+                f"{limit:,}: split it and rewrite the parts one at a time"
+            )
+
+    def cut_note(self, text: str) -> str | None:
+        """What to tell the user when `prompt_for` will cut `text` (None when it carries it whole)."""
+        length = len(self.content(text))
+        if length <= self.max_input_chars:
+            return None
+        return (
+            f"the text has {length:,} characters; the {self.name} task reads its first "
+            f"{self.max_input_chars:,} (an article's start)"
+        )
+
+    def scored_output(self, output: str) -> str:
+        """An example output as the fit scores it after its prompt: cut to `max_output_chars` (stored items
+        from before the import check, benchmark data)."""
+        return cut_text(output.strip(), self.max_output_chars)
+
+    def check_output(self, output: str, what: str = "the output") -> None:
+        """Refuse an example output longer than this task writes (often 'input' and 'output' swapped)."""
+        if len(output.strip()) > self.max_output_chars:
+            raise InputError(
+                f"{what} has {len(output.strip()):,} characters; a {self.name} output has at most "
+                f"{self.max_output_chars:,} (are 'input' and 'output' swapped?)"
+            )
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -41,6 +94,9 @@ _HEADLINE_INSTRUCTION = "Generate a headline for the following article:"
 # chosen on the train authors' dev split: it brings the adapter's repeated-word rate (18.6%) to the authors'
 # (2.8%) and keeps numbers intact (docs/RESULTS.md 0ze)
 HEADLINE_WORD_PENALTY = 3.0
+# An article's first ~250 words (the shared data's inputs have at most 267 characters, its headlines 118)
+ONE_LINE_INPUT_CHARS = 1500
+ONE_LINE_OUTPUT_CHARS = 300
 
 TASKS: dict[str, Task] = {
     task.name: task
@@ -53,6 +109,9 @@ TASKS: dict[str, Task] = {
             default_max_tokens=32,
             description="a news headline for an article (the shared data's task)",
             repeated_word_penalty=HEADLINE_WORD_PENALTY,
+            max_input_chars=ONE_LINE_INPUT_CHARS,
+            max_output_chars=ONE_LINE_OUTPUT_CHARS,
+            cuts_long_input=True,
         ),
         Task(
             name="title",
@@ -62,6 +121,9 @@ TASKS: dict[str, Task] = {
             default_max_tokens=24,
             description="a short title for any text",
             repeated_word_penalty=HEADLINE_WORD_PENALTY,
+            max_input_chars=ONE_LINE_INPUT_CHARS,
+            max_output_chars=ONE_LINE_OUTPUT_CHARS,
+            cuts_long_input=True,
         ),
         Task(
             name="paraphrase",
@@ -81,6 +143,17 @@ TASKS: dict[str, Task] = {
         ),
     )
 }
+
+
+def cut_text(text: str, limit: int) -> str:
+    """`text` if it has at most `limit` characters, else its start, ended at a space where one is near, + CUT_MARK."""
+    if len(text) <= limit:
+        return text
+    start = text[: limit - len(CUT_MARK)]
+    space = start.rfind(" ")
+    if space >= len(start) * 4 // 5:
+        start = start[:space]
+    return start.rstrip() + CUT_MARK
 
 
 def get_task(name: str) -> Task:

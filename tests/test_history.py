@@ -213,3 +213,27 @@ def test_shared_test_file_parses_per_user() -> None:
     items = parse_history_file(SHARED_TEST, user_id=first["user_id"])
     assert 0 < len(items) <= len(first["history"])
     assert items[0].output == normalize_text(first["history"][0]["output"])
+
+
+def test_import_refuses_what_the_tasks_prompts_cannot_carry_and_stored_items_still_read(
+    tmp_path: Path,
+) -> None:
+    long_output = {"input": "An article.", "output": "word " * 100}
+    with pytest.raises(
+        LocalpersError, match=r"h.jsonl line 2: field 'output' has 499 characters; a headline"
+    ):
+        parse_history_file(write_lines(tmp_path / "h.jsonl", [{"input": "a", "output": "b"}, long_output]))
+    long_passage = {"task": "paraphrase", "input": "word " * 300, "output": "A shorter passage."}
+    with pytest.raises(
+        LocalpersError, match=r"line 1: field 'input' has 1,499 characters; the paraphrase task"
+    ):
+        parse_history_file(write_lines(tmp_path / "p.jsonl", [long_passage]))
+    # a headline's article may be long: its prompts read the article's start
+    article = {"input": "The lede. " + "More of the article. " * 300, "output": "A Headline"}
+    assert len(parse_history_file(write_lines(tmp_path / "a.jsonl", [article]))) == 1
+    # items stored before the check are read as they are (the fit cuts them); only new items are refused
+    stored = tmp_path / "history.jsonl"
+    stored.write_text(serialize_history([HistoryItem.create("headline", "a", "word " * 100)]))
+    assert len(read_stored_history(stored)) == 1
+    with pytest.raises(ValueError, match="field 'output' has"):
+        HistoryItem.create("headline", "a", "word " * 100, strict=True)

@@ -336,3 +336,17 @@ def test_publisher_can_draw_training_examples_from_all_the_authors_other_items(t
     assert "example_pool" not in stage_fields(others, "pairs")
     with pytest.raises(LocalpersError, match="--example-pool 'later'"):
         PublishOptions(corpus=tmp_path / "c.jsonl", out=tmp_path, example_pool="later")
+
+
+def test_a_conditioned_prompt_stays_bounded_whatever_the_history_holds() -> None:
+    from localpers.tasks import cut_text
+    from localpers.users.history_prompt import DEMONSTRATION_CHARS, EXAMPLE_CHARS
+
+    huge = "y" * 20_000  # one "word": nothing to cut at but the limit
+    pool = [(huge, huge)] * 3 + [("An article about rain.", "Rain Headline")] * 2
+    prompt = conditioned_prompt(HEADLINE, huge, pool, PromptFormat(examples=5, described=1, recent=4))
+    budget = 5 * EXAMPLE_CHARS + DEMONSTRATION_CHARS + HEADLINE.max_input_chars + 2 * EXAMPLE_CHARS + 400
+    assert len(prompt) < budget
+    assert cut_text(huge, EXAMPLE_CHARS) in prompt  # a listed example, cut and marked
+    # ordinary examples are shown whole: the shared data's longest headline is 118 characters
+    assert "- Rain Headline\n" in prompt

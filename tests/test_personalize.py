@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
+from localpers.errors import LocalpersError
 from localpers.methods.card.pairs import FIT_BLOCK_GROUP
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.history import HistoryItem
@@ -425,3 +426,41 @@ def test_a_global_base_bundle_corrects_the_global_adapter_and_takes_y_minus_from
         assert loaded.head_config.base == "cluster" and loaded.adapter_for("card", 1) == "cluster-1"
     finally:
         loaded.close()
+
+
+def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    """One long article used to stop the whole fit ("text too long: ... exceed the context of 1024")."""
+    from localpers.tasks import get_task
+    from localpers.users.history_prompt import PromptFormat
+
+    bundle = make_bundle(
+        tmp_path / "c", backbone, prompt=PromptFormat(examples=2).to_manifest(), base="global"
+    )
+    loaded = Personalizer(open_bundle(bundle, backbone_sha256=backbone.sha256), backbone)
+    long_article = "The storm knocked out power across the region, officials said. " * 200  # ~3,000 tokens
+    try:
+        user = UserStore().create("long-articles")
+        history = items(SHOUTY[:6])
+        history.insert(
+            3, HistoryItem.create("headline", long_article, "STORM CUTS POWER, WOW!!!", strict=True)
+        )
+        user.save_history(history)
+        report = loaded.fit_user(user)
+        assert report.n_pairs >= 5
+        index = user.history_index(get_task("headline"))
+        result = loaded.rewrite(
+            long_article, method="card", cluster=report.cluster, history=index, max_tokens=4
+        )
+        assert result.tokens > 0 and result.prompt_tokens < loaded.engine.n_ctx // 2
+        with pytest.raises(LocalpersError, match="the paraphrase task takes at most"):
+            loaded.rewrite(long_article, task="paraphrase", method="global", max_tokens=4)
+    finally:
+        loaded.close()
+    command = ["rewrite", long_article, "--user", "long-articles", "--bundle", str(bundle)]
+    command += ["--model", str(backbone.path), "--max-tokens", "4"]
+    payload = json.loads(CliRunner().invoke(app, [*command, "--json"]).stdout)
+    assert payload["text_chars_read"] == get_task("headline").max_input_chars
+    shown = CliRunner().invoke(app, command)
+    assert shown.exit_code == 0 and "note: the text has 12,599 characters" in shown.stderr

@@ -45,3 +45,46 @@ def test_one_line_tasks_turn_the_word_rule_on_and_an_explicit_setting_wins() -> 
     assert GREEDY.for_task(3.0).word_penalty == 3.0
     assert SamplerSettings(repeated_word_penalty=0.0).for_task(3.0).word_penalty == 0.0
     assert SamplerSettings(repeated_word_penalty=1.5).for_task(3.0).word_penalty == 1.5
+
+
+def test_a_one_line_task_writes_from_the_start_of_a_long_text_and_says_so() -> None:
+    task = get_task("headline")
+    lede = "The council voted to expand bike lanes downtown."
+    article = task.instruction + " " + lede + " " + "More details followed in a long report. " * 200
+    prompt = task.prompt_for(article)
+    content = prompt[len(task.instruction) + 1 : -len("\nHeadline:")]
+    assert content.startswith(lede) and content.endswith(" ...")
+    assert len(content) <= task.max_input_chars
+    kept = content[: -len(" ...")]
+    assert task.content(article)[len(kept)] == " "  # cut where a word ends, not inside one
+    assert task.cut_note(article) is not None and f"{task.max_input_chars:,}" in task.cut_note(article)
+    task.check_text(article)  # cut, not refused
+    short = task.instruction + " " + lede
+    assert task.prompt_for(short) == task.template.format(text=lede) and task.cut_note(short) is None
+    one_long_word = "x" * 5000  # no space to end at: cut at the limit
+    assert len(task.prompt_for(one_long_word)) <= task.max_input_chars + len(task.template)
+
+
+def test_a_task_that_rewrites_the_whole_text_refuses_a_longer_one() -> None:
+    from localpers.errors import InputError
+
+    task = get_task("paraphrase")
+    assert not task.cuts_long_input
+    task.check_text("word " * (task.max_input_chars // 5))
+    with pytest.raises(
+        InputError, match=r"has 1,499 characters; the paraphrase task takes at most 1,000: split"
+    ):
+        task.check_text("word " * 300)
+    with pytest.raises(InputError, match="at most 950"):  # room for what a method adds (EXACT's line)
+        task.check_text("w" * 960, room=50)
+
+
+def test_outputs_are_bounded_for_import_and_for_scoring() -> None:
+    from localpers.errors import InputError
+
+    task = get_task("headline")
+    task.check_output("A Headline Of Ordinary Length")
+    with pytest.raises(InputError, match="a headline output has at most 300.*swapped"):
+        task.check_output("word " * 100)
+    assert task.scored_output(" Short one ") == "Short one"
+    assert len(task.scored_output("word " * 100)) <= task.max_output_chars

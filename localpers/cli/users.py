@@ -309,7 +309,7 @@ def history_add(
     """Add one example to a user's history (adding the same text again changes nothing)."""
     target = UserStore().resolve(user)
     try:
-        item = HistoryItem.create(task, input, output, source="cli")
+        item = HistoryItem.create(task, input, output, source="cli", strict=True)
     except ValueError as exc:
         raise LocalpersError(f"cannot add this item: {exc}") from None
     merged, already = merge_history(target.history(), [item])

@@ -36,7 +36,7 @@ from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_typ
 from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.vocabulary import Vocabulary
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 GGUF_MAGIC = b"GGUF"
 SEQUENCE_CELLS = 320  # KV positions of one batched sequence (a conditioned prompt + its continuation)
@@ -287,8 +287,9 @@ class Engine(Vocabulary):
         if not tokens:
             raise ValueError("eval needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
-            raise LocalpersError(
-                f"text too long: {self.n_past + len(tokens)} tokens exceed the context of {self.n_ctx}"
+            raise InputError(
+                f"text too long: {self.n_past + len(tokens)} tokens exceed the model's context of {self.n_ctx};"
+                " shorten the text (or the history items it is shown with)"
             )
         logit_rows: list[np.ndarray] = []
         feature_rows: list[np.ndarray] = []

@@ -54,6 +54,18 @@ class RewriteOptions:
     note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
 
 
+def note_cut_text(text: str, options: RewriteOptions) -> dict[str, Any]:
+    """Tell the user (`options.note`) when the task reads only the start of `text`; the `--json` field saying so."""
+    from localpers.tasks import get_task
+
+    task = get_task(options.task)
+    note = task.cut_note(text)
+    if note is None:
+        return {}
+    options.note(note)
+    return {"text_chars_read": task.max_input_chars}
+
+
 class UserDecoder(ABC):
     """A method's decoder opened for one user's current fit; `localpers api` keeps it open between requests."""
 

@@ -361,6 +361,7 @@ def rewrite_cope(
     task prompt. The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
     """
     chosen = get_task(task)
+    chosen.check_text(text)
     sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
     started = time.perf_counter()
     result, _ = decoder.generate(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import (
     DEFAULT_ALPHA,
@@ -83,12 +83,13 @@ class CopeMethod(Method):
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
         assert user is not None  # needs_user
+        cut = note_cut_text(text, options)
         decoder = self.open_decoder(personalizer, user)
         try:
             result = decoder.rewrite(text, options)
         finally:
             decoder.close()
-        return {"user": user.name, **result.to_json()}
+        return {"user": user.name, **result.to_json(), **cut}
 
     def open_decoder(self, personalizer: Personalizer, user: User) -> CopeUserDecoder:
         return CopeUserDecoder(personalizer, user)

@@ -36,7 +36,7 @@ from localpers.methods.exact_index import REFIT, ExactIndex, IndexEntry, index_p
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.reports import RewriteResult
 from localpers.methods.scoring import PrefixScorer
-from localpers.tasks import get_task
+from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
 from localpers.users.store import User, history_for
 
@@ -96,18 +96,21 @@ def greedy_select(
 # --------------------------------------------------------------------------------------- prompts and scoring
 
 
-def attributed_input(text: str, attributes: Sequence[str]) -> str:
-    """The input with EXACT's attribute line after it (unchanged when there are no attributes)."""
-    return f"{text.rstrip()}\n{attribute_line(attributes)}" if attributes else text
+def attributed_input(task: str, text: str, attributes: Sequence[str]) -> str:
+    """The input with EXACT's attribute line after it (unchanged when there are no attributes).
+
+    The input is cut first where the task cuts long inputs (`Task.prompt_for`), so the line always survives.
+    """
+    if not attributes:
+        return text
+    chosen = get_task(task)
+    line = attribute_line(attributes)
+    return f"{cut_text(chosen.content(text), chosen.max_input_chars - len(line) - 1)}\n{line}"
 
 
 def input_body(task: str, text: str) -> str:
     """The input without the task's instruction: what the index embeds (the instruction is the same for all)."""
-    chosen = get_task(task)
-    stripped = text.strip()
-    if chosen.instruction and stripped.startswith(chosen.instruction):
-        stripped = stripped[len(chosen.instruction) :].strip()
-    return stripped
+    return get_task(task).content(text)
 
 
 class PairMargins:
@@ -117,11 +120,13 @@ class PairMargins:
         engine = scorer.engine
         self.scorer = scorer
         self.item = item
-        self.positive = engine.tokenize(" " + item.output, add_bos=False)
+        self.positive = engine.tokenize(" " + get_task(item.task).scored_output(item.output), add_bos=False)
         self.negative = engine.tokenize(" " + negative, add_bos=False)
 
     def __call__(self, attributes: tuple[str, ...]) -> float:
-        prompt = get_task(self.item.task).prompt_for(attributed_input(self.item.input, attributes))
+        prompt = get_task(self.item.task).prompt_for(
+            attributed_input(self.item.task, self.item.input, attributes)
+        )
         plus, minus = self.scorer.score(self.scorer.engine.tokenize(prompt), [self.positive, self.negative])
         return plus - minus
 
@@ -309,9 +314,11 @@ def rewrite_exact(
     started = time.perf_counter()
     retrieval = retrieve(index, text, task)
     retrieval_ms = 1000 * (time.perf_counter() - started)
+    if retrieval.attributes:
+        get_task(task).check_text(text, room=len(attribute_line(retrieval.attributes)) + 1)
     cluster = index.meta.get("cluster")
     result = personalizer.rewrite(
-        attributed_input(text, retrieval.attributes),
+        attributed_input(task, text, retrieval.attributes),
         task=task,
         method="cluster",
         cluster=cluster,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope_method import storage_line
 from localpers.methods.exact import (
@@ -76,8 +76,9 @@ class ExactMethod(Method):
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
         assert user is not None  # needs_user
+        cut = note_cut_text(text, options)
         result, retrieval = self.open_decoder(personalizer, user).rewrite_with_attributes(text, options)
-        return {"user": user.name, **result.to_json(), "attributes": retrieval.to_json()}
+        return {"user": user.name, **result.to_json(), "attributes": retrieval.to_json(), **cut}
 
     def open_decoder(self, personalizer: Personalizer, user: User) -> ExactUserDecoder:
         return ExactUserDecoder(personalizer, user)

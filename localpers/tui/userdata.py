@@ -88,7 +88,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
 def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[HistoryItem, bool]:
     """Add `(input_text, output)` to the history; (the item, False when the same text was already there)."""
     try:
-        item = HistoryItem.create(task, input_text, output, source=TUI_SOURCE)
+        item = HistoryItem.create(task, input_text, output, source=TUI_SOURCE, strict=True)
     except ValueError as exc:
         raise LocalpersError(f"cannot add this example: {exc}") from None
     merged, already = merge_history(user.history(), [item])

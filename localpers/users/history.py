@@ -53,8 +53,14 @@ class HistoryItem:
     source: str | None = None
 
     @classmethod
-    def create(cls, task: str, input: str, output: str, source: str | None = None) -> HistoryItem:
-        """An item with normalised text and its stable id; raises ValueError on empty text or unknown task."""
+    def create(
+        cls, task: str, input: str, output: str, source: str | None = None, *, strict: bool = False
+    ) -> HistoryItem:
+        """An item with normalised text and its stable id; raises ValueError on empty text or unknown task.
+
+        `strict` (a new item: import, `history add`, the TUI's accept) also refuses what the task's prompts
+        cannot carry whole (`Task.check_text`, `Task.check_output`); items already stored are read as they are.
+        """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
         clean_input = normalize_text(input)
@@ -63,6 +69,12 @@ class HistoryItem:
             raise ValueError("field 'input' is empty")
         if not clean_output:
             raise ValueError("field 'output' is empty")
+        if strict:
+            try:
+                TASKS[task].check_text(clean_input, "field 'input'")
+                TASKS[task].check_output(clean_output, "field 'output'")
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
         return cls(item_id(task, clean_input, clean_output), task, clean_input, clean_output, source)
 
     def to_json(self) -> dict[str, Any]:
@@ -153,7 +165,7 @@ def parse_history(
     parsed = ParsedHistory()
     first_seen: dict[str, str] = {}
     for where, record, source in candidates:
-        item = _item_from_record(path, where, record, default_task, source)
+        item = _item_from_record(path, where, record, default_task, source, strict=True)
         if item.id in first_seen:
             parsed.duplicates.append(Duplicate(where, item.id, first_seen[item.id]))
             continue
@@ -330,8 +342,9 @@ def _item_from_record(
     source: str | None,
     *,
     hint: str | None = None,
+    strict: bool = False,
 ) -> HistoryItem:
-    """Validate one record into an item; every error names the file and the line."""
+    """Validate one record into an item (`strict`: `HistoryItem.create`'s); every error names the file and line."""
     prefix = f"{path} {where}"
     suffix = f"; {hint}" if hint else ""
     if not isinstance(record, dict):
@@ -345,6 +358,6 @@ def _item_from_record(
     if not isinstance(task, str):
         raise InputError(f"{prefix}: field 'task' must be a string{suffix}")
     try:
-        return HistoryItem.create(task, record["input"], record["output"], source)
+        return HistoryItem.create(task, record["input"], record["output"], source, strict=strict)
     except ValueError as exc:
         raise InputError(f"{prefix}: {exc}{suffix}") from None

@@ -39,7 +39,7 @@ from typing import Any
 
 from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
-from localpers.tasks import Task, get_task
+from localpers.tasks import Task, cut_text, get_task
 from localpers.users.retrieval import Bm25Index, HistorySearch, make_index
 
 FORMAT_NAME = "history-examples"
@@ -48,6 +48,11 @@ FORMAT_NAME = "history-examples"
 SUPPORTED_VERSIONS = (1, 2)
 # A demonstration's content is cut to this many words (descriptions in the shared data run 10-60).
 DEMONSTRATION_WORDS = 60
+# What keeps a conditioned prompt inside the context whatever the history holds (the shared data's headlines have
+# at most 118 characters and its descriptions 267, so neither cut changes a prompt of theirs): a listed example
+# is cut to EXAMPLE_CHARS, a demonstration's content (60 words of one long word each) to DEMONSTRATION_CHARS.
+EXAMPLE_CHARS = 200
+DEMONSTRATION_CHARS = 600
 INDEX_FILE = "history_index.json"
 # Examples retrieved per text on the device; the others are the user's most recent outputs (`recent`).
 CLOSEST_PER_TEXT = 1
@@ -117,10 +122,7 @@ def _whole(value: Any) -> bool:
 
 def content_of(task: Task, text: str) -> str:
     """The user's text without the task instruction the shared data puts in front of it."""
-    stripped = text.strip()
-    if task.instruction and stripped.startswith(task.instruction):
-        stripped = stripped[len(task.instruction) :].strip()
-    return stripped
+    return task.content(text)
 
 
 def build_prompt(
@@ -140,7 +142,7 @@ def build_prompt(
 def _demonstration(task: Task, input_text: str, output: str) -> str:
     words = content_of(task, input_text).split()
     content = " ".join(words[:DEMONSTRATION_WORDS]) + (" ..." if len(words) > DEMONSTRATION_WORDS else "")
-    return task.prompt_for(content) + " " + _one_line(output) + "\n"
+    return task.prompt_for(cut_text(content, DEMONSTRATION_CHARS)) + " " + _one_line(output) + "\n"
 
 
 def conditioned_prompt(
@@ -191,7 +193,8 @@ def _examples_block(task: Task, examples: Sequence[str]) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """An example as the prompt lists it: on one line, cut to EXAMPLE_CHARS (longer ones are rare)."""
+    return cut_text(" ".join(text.split()), EXAMPLE_CHARS)
 
 
 def history_document(task: Task, input_text: str, output: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from localpers.errors import LocalpersError
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions
+from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, note_cut_text
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
@@ -58,6 +58,7 @@ class AdapterMethod(Method):
         if method != "global" and cluster is None:
             options.note("this user has no history yet; using the global adapter")
             method = "global"
+        cut = note_cut_text(text, options)
         result = personalizer.rewrite(
             text,
             task=options.task,
@@ -74,7 +75,7 @@ class AdapterMethod(Method):
             bias_strength=chosen_bias_strength,
             candidates=options.candidates,
         )
-        return {"user": user.name if user else None, **result.to_json()}
+        return {"user": user.name if user else None, **result.to_json(), **cut}
 
 
 class CardMethod(AdapterMethod):

@@ -236,7 +236,7 @@ class PairBuilder:
                 or (cluster, prompt, item.output, cached) in self._pair_memo
             ):
                 continue
-            positive = self.engine.tokenize(" " + item.output, add_bos=False)
+            positive = self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
 
             def continuations(
                 text: str, output: str = item.output, fixed: str | None = cached, plus: list[int] = positive
@@ -285,10 +285,9 @@ class PairBuilder:
         self, item: HistoryItem, negative: str, prompt_text: str | None = None
     ) -> tuple[np.ndarray, float]:
         """`g(y+) - g(y-)` and the base model's log-probability of y+'s first token."""
-        prompt = self.engine.tokenize(
-            get_task(item.task).prompt_for(item.input) if prompt_text is None else prompt_text
-        )
-        positive_tokens = self.engine.tokenize(" " + item.output, add_bos=False)
+        task = get_task(item.task)
+        prompt = self.engine.tokenize(task.prompt_for(item.input) if prompt_text is None else prompt_text)
+        positive_tokens = self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
         negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
         plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens], logprob_rows=1)
         difference = self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(

@@ -168,7 +168,8 @@ class Personalizer:
         task's word-only repetition rule applies unless `sampling` sets `repeated_word_penalty` (0 = off) or
         `prompt` is given.
         `stop` adds stop strings to the task's. `prompt` (token ids, e.g. a chat from `chat_prompt_tokens`)
-        replaces the task's template and its stop rule; `text` is then not used.
+        replaces the task's template and its stop rule; `text` is then not used. A `text` longer than the task
+        carries is cut to its start (headline, title) or refused (`Task.check_text`).
         `candidates` > 1 (greedy `sampling` only): that many outputs are decoded side by side, the greedy one
         and samples drawn as `decoding_runs.candidate_sampling` says (the method's correction in each), and
         the one that agrees most with the others is returned (`localpers.methods.consensus`); it is streamed
@@ -185,6 +186,7 @@ class Personalizer:
         )
         shared = 0
         if prompt is None:
+            chosen_task.check_text(text)
             prompt, shared = self.prompt_tokens(
                 chosen_task.name, text, method, history, prompt_format, prompt_prefix
             )
