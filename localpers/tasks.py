@@ -3,14 +3,15 @@
 A task turns the user's text into the backbone prompt and says when generation stops. The
 `headline` template matches the shared news-headlines data, whose `input` field already holds the
 full instruction; `prompt_for` leaves such inputs unchanged. A task also sets the default strength of the
-word-only repetition rule (`localpers.engine.repeated_words`): on for the one-line tasks, where the model
+word-only repetition rule (`localpers.engine.repeated_words`): on for headline and title, where the model
 repeats a word about seven times as often as the authors do (docs/RESULTS.md 0ze), off where repeating a
-word is normal prose.
+word is normal prose. Every task but `free` ends its output at the first newline; `paraphrase` joins its text
+into one paragraph for that.
 
 Every prompt must fit the backbone's context (1,024 tokens, the user's examples and the output included), so a
-task bounds the text it carries. A one-line task writes from the start of a text, as a headline is written
+task bounds the text it carries. Headline and title write from the start of a text, as a headline is written
 from an article's lede: `prompt_for` keeps the first `max_input_chars` and marks the cut with " ...". A task
-that rewrites the whole text cannot drop any of it: `check_text` refuses a longer text with a one-line error,
+that rewrites the whole text (paraphrase, free) cannot drop any of it: `check_text` refuses a longer text with a one-line error,
 and the history refuses such items on import. Outputs are bounded likewise (`check_output`). The limits are
 characters, not tokens, because this module knows nothing of models: at ~4 characters a token (English) a
 prompt stays well inside the context; text that tokenizes much more densely is still refused by the engine.
@@ -37,6 +38,9 @@ class Task:
     max_input_chars: int = 1000  # of the text without the instruction; see the module docstring
     max_output_chars: int = 1000
     cuts_long_input: bool = False  # True: a longer text is cut to its start; False: it is refused
+    joins_lines: bool = (
+        False  # the text's lines are joined into one paragraph (a one-line rewrite of all of it)
+    )
 
     def content(self, text: str) -> str:
         """`text` without this task's instruction, which the shared data puts in front of every input."""
@@ -47,10 +51,11 @@ class Task:
 
     def prompt_for(self, text: str) -> str:
         """The prompt for `text` (its instruction, if it has one, not repeated), cut to `max_input_chars`."""
-        return self.template.format(text=cut_text(self.content(text), self.max_input_chars))
+        content = " ".join(self.content(text).split()) if self.joins_lines else self.content(text)
+        return self.template.format(text=cut_text(content, self.max_input_chars))
 
     def check_text(self, text: str, what: str = "the text", *, room: int = 0) -> None:
-        """Refuse a text this task would have to cut (a one-line task cuts it instead, and accepts it).
+        """Refuse a text this task would have to cut (headline and title cut it instead, and accept it).
 
         `room`: characters the method adds to the text (EXACT's attribute line), taken from the limit.
         """
@@ -129,7 +134,10 @@ TASKS: dict[str, Task] = {
             name="paraphrase",
             instruction="Rewrite the following text in your own words:",
             template="Rewrite the following text in your own words: {text}\nRewrite:",
-            one_line=False,
+            # one paragraph in, one out: without the newline stop the backbone repeats its rewrite (or the
+            # user's examples) line after line until max_tokens
+            one_line=True,
+            joins_lines=True,
             default_max_tokens=96,
             description="the same content, rewritten",
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from localpers import __version__
@@ -149,3 +150,16 @@ def test_bad_grammar_is_a_one_line_error_with_exit_code_2(backbone: Backbone, tm
     )
     missing = runner.invoke(app, ["generate", "hi", "--grammar", str(tmp_path / "none.gbnf")])
     assert missing.exit_code == 2 and missing.output.startswith("error: cannot read grammar file")
+
+
+def test_streamed_one_line_output_starts_at_its_first_word(capsys: pytest.CaptureFixture[str]) -> None:
+    from localpers.cli.common import stdout_stream
+
+    write = stdout_stream(strip_leading=True)
+    for piece in [" ", " New", " Bridge", " Opens"]:
+        write(piece)
+    assert capsys.readouterr().out == "New Bridge Opens"
+    keep = stdout_stream(strip_leading=False)  # a free continuation's leading space is part of it
+    for piece in [" there", " was"]:
+        keep(piece)
+    assert capsys.readouterr().out == " there was"

@@ -22,7 +22,16 @@ def test_every_task_has_a_template_with_the_text() -> None:
     for task in TASKS.values():
         assert "some words" in task.prompt_for("some words")
     assert get_task("free").prompt_for("abc") == "abc"
-    assert get_task("paraphrase").stop_strings == ()
+    assert get_task("free").stop_strings == ()
+
+
+def test_a_paraphrase_is_one_paragraph_in_and_one_line_out() -> None:
+    # without the newline stop the backbone repeated its rewrite line after line until max_tokens
+    task = get_task("paraphrase")
+    assert task.stop_strings == ("\n",)
+    assert task.prompt_for("First line.\n\nSecond   line.") == task.template.format(
+        text="First line. Second line."
+    )
 
 
 def test_unknown_task() -> None:

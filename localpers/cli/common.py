@@ -89,3 +89,24 @@ BundleOption = Annotated[
 ]
 UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+def stdout_stream(*, strip_leading: bool) -> Callable[[str], None]:
+    """A sink that writes streamed text to stdout as it comes.
+
+    `strip_leading` (one-line tasks) drops the white space the output starts with: the first token of a
+    headline is " Word", which `--json` and the TUI strip too.
+    """
+    started = not strip_leading
+
+    def write(piece: str) -> None:
+        nonlocal started
+        if not started:
+            piece = piece.lstrip()
+            if not piece:
+                return
+            started = True
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    return write

@@ -153,9 +153,11 @@ def rewrite_command(
     as_json: JsonOption = False,
 ) -> None:
     """Write TEXT's headline/title/paraphrase the way the user writes (CARD by default)."""
-    from localpers.cli.common import read_text_argument
+    from localpers.cli.common import read_text_argument, stdout_stream
+    from localpers.tasks import get_task
 
     source = read_text_argument(text)
+    one_line = get_task(task).one_line  # an unknown task is refused before the model loads
     sampling = sampler_settings(
         temperature=temperature,
         top_k=sample_top_k,
@@ -179,10 +181,6 @@ def rewrite_command(
     target = store.resolve(user) if (user or store.active_name() or chosen.needs_user) else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
 
-    def stream_piece(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-
     payload = chosen.rewrite(
         personalizer,
         target,
@@ -194,7 +192,7 @@ def rewrite_command(
             max_tokens=max_tokens,
             sampling=sampling,
             candidates=candidates,
-            on_text=stream_piece if (stream and not as_json) else None,
+            on_text=stdout_stream(strip_leading=one_line) if (stream and not as_json) else None,
             note=(lambda _: None) if as_json else (lambda text: typer.echo(f"note: {text}", err=True)),
         ),
     )

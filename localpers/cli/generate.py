@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from localpers import __version__
-from localpers.cli.common import JsonOption, ModelOption, one_line_errors, read_text_argument
+from localpers.cli.common import JsonOption, ModelOption, one_line_errors, read_text_argument, stdout_stream
 from localpers.cli.sampling import (
     FrequencyPenaltyOption,
     GrammarOption,
@@ -166,17 +166,13 @@ def generate(
     if adapter:
         engine.set_adapter(engine.load_adapter(adapter))
 
-    def stream(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-
     result = run_generation(
         engine,
         chosen_task.prompt_for(source_text),
         max_tokens=max_tokens or chosen_task.default_max_tokens,
         sampling=sampling,
         stop=chosen_task.stop_strings,
-        on_text=None if as_json else stream,
+        on_text=None if as_json else stdout_stream(strip_leading=chosen_task.one_line),
     )
     if as_json:
         payload = {
