@@ -182,6 +182,7 @@ def test_fit_summary() -> None:
     assert fit_summary({"mode": "too-few-pairs", "cluster": 1, "n_pairs": 2}) == (
         "cluster 1, no own vector yet (only 2 usable pairs)"
     )
+    assert fit_summary({"mode": "too-few-pairs", "cluster": 1, "n_pairs": 1}).endswith("(only 1 usable pair)")
     assert fit_summary({"mode": "vector", "cluster": 0, "n_pairs": 9, "heldout_accuracy": 0.75}) == (
         "cluster 0, own vector from 9 pairs (held-out pair accuracy 0.75)"
     )

@@ -211,7 +211,8 @@ def fit_summary(report: dict[str, object]) -> str:
         return "no history yet, so outputs use the global adapter"
     line = f"cluster {report.get('cluster')}, "
     if mode == "too-few-pairs":
-        return line + f"no own vector yet (only {report.get('n_pairs')} usable pairs)"
+        pairs = report.get("n_pairs")
+        return line + f"no own vector yet (only {pairs} usable pair{'' if pairs == 1 else 's'})"
     line += f"own vector from {report.get('n_pairs')} pairs"
     heldout = report.get("heldout_accuracy")
     if isinstance(heldout, float):

@@ -110,7 +110,7 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
     lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
     if report.mode == "too-few-pairs":
         lines.append(
-            f"only {report.n_pairs} usable pairs: no personal vector yet, rewrites use the adapter without a "
+            f"only {report.n_pairs} usable pair{'' if report.n_pairs == 1 else 's'}: no personal vector yet, rewrites use the adapter without a "
             "correction; add history and refit"
         )
     else:
