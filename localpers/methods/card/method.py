@@ -109,9 +109,10 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
     lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
     if report.mode == "too-few-pairs":
+        pairs = f"{report.n_pairs} usable pair{'' if report.n_pairs == 1 else 's'}"
         lines.append(
-            f"only {report.n_pairs} usable pair{'' if report.n_pairs == 1 else 's'}: no personal vector yet, rewrites use the adapter without a "
-            "correction; add history and refit"
+            f"only {pairs}: no personal vector yet, rewrites use the adapter without a correction; add history"
+            " and refit"
         )
     else:
         heldout = (
