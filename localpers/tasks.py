@@ -67,15 +67,9 @@ class Task:
                 f"{limit:,}: split it and rewrite the parts one at a time"
             )
 
-    def cut_note(self, text: str) -> str | None:
-        """What to tell the user when `prompt_for` will cut `text` (None when it carries it whole)."""
-        length = len(self.content(text))
-        if length <= self.max_input_chars:
-            return None
-        return (
-            f"the text has {length:,} characters; the {self.name} task reads its first "
-            f"{self.max_input_chars:,} (an article's start)"
-        )
+    def is_cut(self, text: str) -> bool:
+        """Whether `prompt_for` carries only the start of `text`."""
+        return len(self.content(text)) > self.max_input_chars
 
     def scored_output(self, output: str) -> str:
         """An example output as the fit scores it after its prompt: cut to `max_output_chars` (stored items

@@ -454,6 +454,13 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
             long_article, method="card", cluster=report.cluster, history=index, max_tokens=4
         )
         assert result.tokens > 0 and result.prompt_tokens < loaded.engine.n_ctx // 2
+        assert result.text_chars_read == get_task("headline").max_input_chars
+        # emoji take several tokens each: 1,500 of them would fill the context, so fewer are read
+        dense = loaded.rewrite(
+            "\U0001f389\u2728" * 1000, method="card", cluster=report.cluster, history=index
+        )
+        assert dense.text_chars_read is not None and dense.text_chars_read < 1000
+        assert dense.prompt_tokens <= loaded.engine.n_ctx - get_task("headline").default_max_tokens
         with pytest.raises(LocalpersError, match="the paraphrase task takes at most"):
             loaded.rewrite(long_article, task="paraphrase", method="global", max_tokens=4)
     finally:
@@ -463,4 +470,7 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
     payload = json.loads(CliRunner().invoke(app, [*command, "--json"]).stdout)
     assert payload["text_chars_read"] == get_task("headline").max_input_chars
     shown = CliRunner().invoke(app, command)
-    assert shown.exit_code == 0 and "note: the text has 12,599 characters" in shown.stderr
+    assert (
+        shown.exit_code == 0
+        and "note: the text has 12,599 characters; the headline task read its first 1,500" in shown.stderr
+    )

@@ -66,10 +66,10 @@ def test_a_one_line_task_writes_from_the_start_of_a_long_text_and_says_so() -> N
     assert len(content) <= task.max_input_chars
     kept = content[: -len(" ...")]
     assert task.content(article)[len(kept)] == " "  # cut where a word ends, not inside one
-    assert task.cut_note(article) is not None and f"{task.max_input_chars:,}" in task.cut_note(article)
+    assert task.is_cut(article)
     task.check_text(article)  # cut, not refused
     short = task.instruction + " " + lede
-    assert task.prompt_for(short) == task.template.format(text=lede) and task.cut_note(short) is None
+    assert task.prompt_for(short) == task.template.format(text=lede) and not task.is_cut(short)
     one_long_word = "x" * 5000  # no space to end at: cut at the limit
     assert len(task.prompt_for(one_long_word)) <= task.max_input_chars + len(task.template)
 

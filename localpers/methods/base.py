@@ -54,16 +54,16 @@ class RewriteOptions:
     note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
 
 
-def note_cut_text(text: str, options: RewriteOptions) -> dict[str, Any]:
-    """Tell the user (`options.note`) when the task reads only the start of `text`; the `--json` field saying so."""
-    from localpers.tasks import get_task
+def note_cut_text(text: str, result: RewriteResult, options: RewriteOptions) -> None:
+    """Tell the user (`options.note`) when the prompt carried only the start of `text` (`text_chars_read`)."""
+    if result.text_chars_read is not None:
+        from localpers.tasks import get_task
 
-    task = get_task(options.task)
-    note = task.cut_note(text)
-    if note is None:
-        return {}
-    options.note(note)
-    return {"text_chars_read": task.max_input_chars}
+        length = len(get_task(result.task).content(text))
+        options.note(
+            f"the text has {length:,} characters; the {result.task} task read its first "
+            f"{result.text_chars_read:,} (an article's start)"
+        )
 
 
 class UserDecoder(ABC):

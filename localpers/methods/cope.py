@@ -388,4 +388,5 @@ def rewrite_cope(
         stop_reason=result.stop_reason,
         prompt_tokens=result.prompt_tokens,
         repeated_word_penalty=sampling.word_penalty,
+        text_chars_read=chosen.max_input_chars if chosen.is_cut(text) else None,
     )

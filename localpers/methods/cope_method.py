@@ -83,13 +83,13 @@ class CopeMethod(Method):
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
         assert user is not None  # needs_user
-        cut = note_cut_text(text, options)
         decoder = self.open_decoder(personalizer, user)
         try:
             result = decoder.rewrite(text, options)
         finally:
             decoder.close()
-        return {"user": user.name, **result.to_json(), **cut}
+        note_cut_text(text, result, options)
+        return {"user": user.name, **result.to_json()}
 
     def open_decoder(self, personalizer: Personalizer, user: User) -> CopeUserDecoder:
         return CopeUserDecoder(personalizer, user)

@@ -327,6 +327,9 @@ def rewrite_exact(
         sampling=sampling,
     )
     # Retrieval (one encoder call) is part of EXACT's prompt cost.
+    if retrieval.attributes and get_task(task).is_cut(text):  # attributed_input cut it, the line kept
+        line = attribute_line(retrieval.attributes)
+        result = replace(result, text_chars_read=get_task(task).max_input_chars - len(line) - 1)
     result = replace(
         result,
         method="exact",

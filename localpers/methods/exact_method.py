@@ -76,9 +76,9 @@ class ExactMethod(Method):
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
         assert user is not None  # needs_user
-        cut = note_cut_text(text, options)
         result, retrieval = self.open_decoder(personalizer, user).rewrite_with_attributes(text, options)
-        return {"user": user.name, **result.to_json(), "attributes": retrieval.to_json(), **cut}
+        note_cut_text(text, result, options)
+        return {"user": user.name, **result.to_json(), "attributes": retrieval.to_json()}
 
     def open_decoder(self, personalizer: Personalizer, user: User) -> ExactUserDecoder:
         return ExactUserDecoder(personalizer, user)

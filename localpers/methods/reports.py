@@ -52,6 +52,8 @@ class RewriteResult:
     # Teacher-forced score of a reference output under the same corrected distribution (bench only).
     gold_logprob: float | None = None  # mean natural-log probability per reference token
     gold_tokens: int | None = None
+    # How many characters of a long text the prompt carried (headline, title: an article's start); None: all.
+    text_chars_read: int | None = None
 
     def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
         payload = asdict(self)
@@ -60,6 +62,8 @@ class RewriteResult:
         if self.gold_tokens is None:
             payload.pop("gold_logprob")
             payload.pop("gold_tokens")
+        if self.text_chars_read is None:
+            payload.pop("text_chars_read")
         return payload
 
 

@@ -58,7 +58,6 @@ class AdapterMethod(Method):
         if method != "global" and cluster is None:
             options.note("this user has no history yet; using the global adapter")
             method = "global"
-        cut = note_cut_text(text, options)
         result = personalizer.rewrite(
             text,
             task=options.task,
@@ -75,7 +74,8 @@ class AdapterMethod(Method):
             bias_strength=chosen_bias_strength,
             candidates=options.candidates,
         )
-        return {"user": user.name if user else None, **result.to_json(), **cut}
+        note_cut_text(text, result, options)
+        return {"user": user.name if user else None, **result.to_json()}
 
 
 class CardMethod(AdapterMethod):

@@ -184,10 +184,10 @@ class Personalizer:
         correction, strength_used, k_used = self.correction_sampler(
             method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
         )
-        shared = 0
+        shared, chars_read = 0, None
         if prompt is None:
             chosen_task.check_text(text)
-            prompt, shared = self.prompt_tokens(
+            prompt, shared, chars_read = self.prompt_tokens(
                 chosen_task.name, text, method, history, prompt_format, prompt_prefix
             )
             stop = (*chosen_task.stop_strings, *stop)
@@ -241,6 +241,7 @@ class Personalizer:
             stop_reason=result.stop_reason,
             prompt_tokens=result.prompt_tokens,
             repeated_word_penalty=sampling.word_penalty,
+            text_chars_read=chars_read,
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
         )
@@ -328,7 +329,7 @@ class Personalizer:
             self.correction_sampler(method, cluster, v.vector, v.strength, top_k, v.bias, v.bias_strength)[0]
             for v in variants
         ]
-        prompt, shared = self.prompt_tokens(chosen_task.name, text, method, history)
+        prompt, shared, _ = self.prompt_tokens(chosen_task.name, text, method, history)
         return decoding_runs.score_references(self.engine, prompt, shared, reference, corrections)
 
     def prompt_for(
@@ -350,8 +351,9 @@ class Personalizer:
         history: HistoryIndex | None,
         prompt_format: PromptFormat | None = None,
         prompt_prefix: str = "",
-    ) -> tuple[list[int], int]:
-        """`prompt_prefix` + `prompt_for`'s prompt as tokens, and how many of them the user's prompts share.
+    ) -> tuple[list[int], int, int | None]:
+        """`prompt_prefix` + `prompt_for`'s prompt as tokens, how many of them the user's prompts share, and how
+        many characters of a long text it carries (`prompting.prompt_tokens`; None: all of it).
 
         The shared tokens (the user's recent examples) stay in the engine's cache from one rewrite to the next.
         """

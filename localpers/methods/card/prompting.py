@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 from localpers.engine import Engine
 from localpers.methods.scoring import common_prefix_length
+from localpers.tasks import cut_text, get_task
 from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user, shared_prefix_for_user
+
+# How often a too-dense text is cut shorter before the engine is left to refuse it, and the least read of it.
+CUT_ATTEMPTS = 4
+MIN_CHARS_READ = 100
 
 
 def prompt_tokens(
@@ -23,14 +28,37 @@ def prompt_tokens(
     prompt_format: PromptFormat | None,
     history: HistoryIndex | None,
     prompt_prefix: str = "",
-) -> tuple[list[int], int]:
-    """`prompt_prefix` + the task's prompt as tokens, and how many of them the user's prompts share."""
-    tokens = engine.tokenize(prompt_prefix + prompt_for_user(task, text, prompt_format, history))
+) -> tuple[list[int], int, int | None]:
+    """`prompt_prefix` + the task's prompt as tokens, how many of them the user's prompts share, and how many
+    characters of the text the prompt carries (None: all of it).
+
+    A task that writes from a text's start (headline, title) reads at most its `max_input_chars`, and fewer where
+    the text tokenizes so densely that the prompt would leave no room for the output in the context (emoji,
+    some scripts); a text the task must carry whole is left to the engine, which refuses it.
+    """
+    chosen = get_task(task)
+    content = chosen.content(text)
+    read = min(len(content), chosen.max_input_chars) if chosen.cuts_long_input else len(content)
+
+    def tokens_reading(count: int) -> list[int]:
+        shown = text if count >= len(content) else cut_text(content, count)
+        return engine.tokenize(prompt_prefix + prompt_for_user(task, shown, prompt_format, history))
+
+    tokens = tokens_reading(read)
+    budget = engine.n_ctx - chosen.default_max_tokens
+    for _ in range(CUT_ATTEMPTS):
+        if len(tokens) <= budget or not chosen.cuts_long_input or read <= MIN_CHARS_READ:
+            break
+        content_tokens = len(engine.tokenize(cut_text(content, read), add_bos=False))
+        room = budget - (len(tokens) - content_tokens)  # what the content may take beside the examples
+        read = max(MIN_CHARS_READ, int(read * max(room, 0) / content_tokens * 0.95))
+        tokens = tokens_reading(read)
+    chars_read = read if read < len(content) else None
     prefix = shared_prefix_for_user(task, prompt_format, history)
     if not prefix:
-        return tokens, 0
+        return tokens, 0, chars_read
     # a tokenizer may join the prefix's last token with what follows; only the tokens both agree on are shared
-    return tokens, common_prefix_length(engine.tokenize(prompt_prefix + prefix), tokens)
+    return tokens, common_prefix_length(engine.tokenize(prompt_prefix + prefix), tokens), chars_read
 
 
 def chat_prompt_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> list[int]:
