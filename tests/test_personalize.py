@@ -432,6 +432,7 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
     backbone: Backbone, tmp_path: Path
 ) -> None:
     """One long article used to stop the whole fit ("text too long: ... exceed the context of 1024")."""
+    from localpers.methods.card.method import fit_summary
     from localpers.tasks import get_task
     from localpers.users.history_prompt import PromptFormat
 
@@ -446,9 +447,13 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
         history.insert(
             3, HistoryItem.create("headline", long_article, "STORM CUTS POWER, WOW!!!", strict=True)
         )
+        # emoji take several tokens each: even cut to 1,500 characters this one cannot fit, so it is left out
+        emoji = HistoryItem.create("headline", "\U0001f389\u2728 " * 700, "PARTY TIME, YES!!!", strict=True)
+        history.insert(5, emoji)
         user.save_history(history)
         report = loaded.fit_user(user)
-        assert report.n_pairs >= 5
+        assert report.n_pairs >= 5 and report.n_too_long == 1
+        assert "1 history item(s) left out: too long" in fit_summary("long-articles", report)
         index = user.history_index(get_task("headline"))
         result = loaded.rewrite(
             long_article, method="card", cluster=report.cluster, history=index, max_tokens=4

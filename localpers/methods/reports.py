@@ -86,6 +86,7 @@ class FitReport:
     seconds: dict[str, float]
     bundle_sha256: str
     habits: list[str] = field(default_factory=list)  # the surface habits the fit found, in words
+    n_too_long: int = 0  # history items left out: their pairs would not fit the model's context
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

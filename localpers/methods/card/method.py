@@ -105,6 +105,11 @@ class CardMethod(AdapterMethod):
 
 def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = None) -> str:
     """CARD's fit in a few lines: cluster, pairs, held-out accuracy, the chosen strengths, timings."""
+    if report.mode == "cold-start" and report.n_too_long:
+        return (
+            f"{user}: all {report.n_too_long} history items are too long for the model's context once tokenized"
+            " (emoji or dense scripts), so rewrites use the global adapter; shorten them and refit"
+        )
     if report.mode == "cold-start":
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
     lines = [f"user {user}: cluster {report.cluster} (similarities {report.cluster_similarities})"]
@@ -122,6 +127,11 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
             else "too few pairs for a held-out split"
         )
         lines.append(f"{report.n_pairs} pairs, training pair accuracy {report.train_accuracy:.2f}, {heldout}")
+    if report.n_too_long:
+        lines.append(
+            f"{report.n_too_long} history item(s) left out: too long for the model's context once tokenized"
+            " (emoji or dense scripts); shorten them to fit them too"
+        )
     if report.habits:
         lines.append("habits found in your outputs: " + "; ".join(report.habits))
     if report.mode == "vector":

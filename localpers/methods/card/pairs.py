@@ -29,9 +29,15 @@ from localpers.engine.batch import PromptJob, fits, run_jobs
 from localpers.engine.generation import generate
 from localpers.methods.card.head import CardHead
 from localpers.methods.scoring import common_prefix_length
-from localpers.tasks import get_task
+from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import PromptFormat, conditioned_prompt, shared_prefix
+from localpers.users.history_prompt import (
+    DEMONSTRATION_CHARS,
+    EXAMPLE_CHARS,
+    PromptFormat,
+    conditioned_prompt,
+    shared_prefix,
+)
 from localpers.users.store import User
 
 NEGATIVES_FILE = "negatives.json"
@@ -102,6 +108,36 @@ class PairBuilder:
             if progress:
                 progress("features", done + 1, len(items))
         return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
+
+    def items_within_context(self, items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], int]:
+        """The items whose pairs fit the engine's context, and how many were left out.
+
+        The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes far more
+        densely (emoji, rare scripts) could still overflow and stop the whole fit, so such an item is left out.
+        Counted for each item: its prompt (its own text, plus room for the most examples and demonstrations
+        the format shows, each as long as the longest the history could show) and the longer of its output
+        and the y- the fit generates.
+        """
+        chosen = self.prompt_format
+        room = 0
+        if chosen is not None and items:
+            longest_example = max(
+                len(self.engine.tokenize(" " + cut_text(item.output, EXAMPLE_CHARS), add_bos=False))
+                for item in items
+            )
+            longest_demonstration = max(
+                len(self.engine.tokenize(cut_text(item.input, DEMONSTRATION_CHARS), add_bos=False))
+                for item in items
+            )
+            room = chosen.examples * (longest_example + 2) + chosen.described * longest_demonstration + 16
+        kept = []
+        for item in items:
+            task = get_task(item.task)
+            prompt = len(self.engine.tokenize(task.prompt_for(item.input)))
+            output = len(self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
+            if prompt + room + max(output, task.default_max_tokens) <= self.engine.n_ctx:
+                kept.append(item)
+        return kept, len(items) - len(kept)
 
     def training_prompts(self, items: Sequence[HistoryItem], history_offset: int = 0) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it."""

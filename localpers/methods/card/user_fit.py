@@ -78,8 +78,10 @@ def fit_user(
     history = user.history()
     items = history[-history_limit:] if history_limit is not None else history
     offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
+    items, too_long = host.pairs.items_within_context(items)
     if not items:
         report = fit_report(host.bundle_sha256, "cold-start", None, [], 0, 0, 0, None, {})
+        report.n_too_long = too_long
         user.save_fit(None, {"cluster": None, "bundle_sha256": host.bundle_sha256, "fit": report.to_json()})
         return report
     outcome = fit_items(
@@ -91,6 +93,7 @@ def fit_user(
         prior_weight=prior_weight,
         history_offset=offset,
     )
+    outcome.report.n_too_long = too_long
     state: dict[str, Any] = {
         "cluster": outcome.cluster,
         "bundle_sha256": host.bundle_sha256,
