@@ -10,11 +10,13 @@ into one paragraph for that.
 
 Every prompt must fit the backbone's context (1,024 tokens, the user's examples and the output included), so a
 task bounds the text it carries. Headline and title write from the start of a text, as a headline is written
-from an article's lede: `prompt_for` keeps the first `max_input_chars` and marks the cut with " ...". A task
-that rewrites the whole text (paraphrase, free) cannot drop any of it: `check_text` refuses a longer text with a one-line error,
-and the history refuses such items on import. Outputs are bounded likewise (`check_output`). The limits are
-characters, not tokens, because this module knows nothing of models: at ~4 characters a token (English) a
-prompt stays well inside the context; text that tokenizes much more densely is still refused by the engine.
+from an article's lede: `prompt_for` keeps the first `max_input_chars` and marks the cut with " ...". A
+task that rewrites the whole text (paraphrase, free) cannot drop any of it: `check_text` refuses a longer text
+with a one-line error, and the history refuses such items on import. Outputs are bounded likewise
+(`check_output`). The limits are characters, not tokens, because this module knows nothing of models: at
+~4 characters a token (English) a prompt stays well inside the context. Text that tokenizes far more densely
+is handled where the tokens are known: a rewrite reads less of it (`localpers.methods.card.prompting`), the
+fit leaves such an item out (`PairBuilder.items_within_context`).
 """
 
 from dataclasses import dataclass
@@ -38,9 +40,8 @@ class Task:
     max_input_chars: int = 1000  # of the text without the instruction; see the module docstring
     max_output_chars: int = 1000
     cuts_long_input: bool = False  # True: a longer text is cut to its start; False: it is refused
-    joins_lines: bool = (
-        False  # the text's lines are joined into one paragraph (a one-line rewrite of all of it)
-    )
+    # the text's lines are joined into one paragraph (a one-line rewrite of all of it)
+    joins_lines: bool = False
 
     def content(self, text: str) -> str:
         """`text` without this task's instruction, which the shared data puts in front of every input."""
@@ -148,7 +149,7 @@ TASKS: dict[str, Task] = {
 
 
 def cut_text(text: str, limit: int) -> str:
-    """`text` if it has at most `limit` characters, else its start, ended at a space where one is near, + CUT_MARK."""
+    """`text` if it has at most `limit` characters, else its start (ended at a nearby space) + CUT_MARK."""
     if len(text) <= limit:
         return text
     start = text[: limit - len(CUT_MARK)]

@@ -288,8 +288,8 @@ class Engine(Vocabulary):
             raise ValueError("eval needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise InputError(
-                f"text too long: {self.n_past + len(tokens)} tokens exceed the model's context of {self.n_ctx};"
-                " shorten the text (or the history items it is shown with)"
+                f"text too long: {self.n_past + len(tokens)} tokens exceed the model's context of"
+                f" {self.n_ctx}; shorten the text (or the history items it is shown with)"
             )
         logit_rows: list[np.ndarray] = []
         feature_rows: list[np.ndarray] = []

@@ -58,8 +58,9 @@ class HistoryItem:
     ) -> HistoryItem:
         """An item with normalised text and its stable id; raises ValueError on empty text or unknown task.
 
-        `strict` (a new item: import, `history add`, the TUI's accept) also refuses what the task's prompts
-        cannot carry whole (`Task.check_text`, `Task.check_output`); items already stored are read as they are.
+        `strict` (a new item: import, `history add`, the TUI's accept) also refuses what the task's
+        prompts cannot carry whole (`Task.check_text`, `Task.check_output`); stored items are read as
+        they are.
         """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
@@ -344,7 +345,7 @@ def _item_from_record(
     hint: str | None = None,
     strict: bool = False,
 ) -> HistoryItem:
-    """Validate one record into an item (`strict`: `HistoryItem.create`'s); every error names the file and line."""
+    """One record as an item (`strict`: `HistoryItem.create`'s); every error names the file and the line."""
     prefix = f"{path} {where}"
     suffix = f"; {hint}" if hint else ""
     if not isinstance(record, dict):

@@ -48,9 +48,10 @@ FORMAT_NAME = "history-examples"
 SUPPORTED_VERSIONS = (1, 2)
 # A demonstration's content is cut to this many words (descriptions in the shared data run 10-60).
 DEMONSTRATION_WORDS = 60
-# What keeps a conditioned prompt inside the context whatever the history holds (the shared data's headlines have
-# at most 118 characters and its descriptions 267, so neither cut changes a prompt of theirs): a listed example
-# is cut to EXAMPLE_CHARS, a demonstration's content (60 words of one long word each) to DEMONSTRATION_CHARS.
+# What keeps a conditioned prompt inside the context whatever the history holds (the shared data's
+# headlines have at most 118 characters and its descriptions 267, so neither cut changes a prompt of
+# theirs): a listed example is cut to EXAMPLE_CHARS, a demonstration's content (60 words of one long
+# word each) to DEMONSTRATION_CHARS.
 EXAMPLE_CHARS = 200
 DEMONSTRATION_CHARS = 600
 INDEX_FILE = "history_index.json"

@@ -107,8 +107,8 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
     """CARD's fit in a few lines: cluster, pairs, held-out accuracy, the chosen strengths, timings."""
     if report.mode == "cold-start" and report.n_too_long:
         return (
-            f"{user}: all {report.n_too_long} history items are too long for the model's context once tokenized"
-            " (emoji or dense scripts), so rewrites use the global adapter; shorten them and refit"
+            f"{user}: all {report.n_too_long} history items are too long for the model's context once"
+            " tokenized (emoji or dense scripts), so rewrites use the global adapter; shorten them and refit"
         )
     if report.mode == "cold-start":
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
@@ -116,8 +116,8 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
     if report.mode == "too-few-pairs":
         pairs = f"{report.n_pairs} usable pair{'' if report.n_pairs == 1 else 's'}"
         lines.append(
-            f"only {pairs}: no personal vector yet, rewrites use the adapter without a correction; add history"
-            " and refit"
+            f"only {pairs}: no personal vector yet, rewrites use the adapter without a correction;"
+            " add history and refit"
         )
     else:
         heldout = (

@@ -112,8 +112,9 @@ class PairBuilder:
     def items_within_context(self, items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], int]:
         """The items whose pairs fit the engine's context, and how many were left out.
 
-        The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes far more
-        densely (emoji, rare scripts) could still overflow and stop the whole fit, so such an item is left out.
+        The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes
+        far more densely (emoji, rare scripts) could still overflow and stop the whole fit, so such an
+        item is left out.
         Counted for each item: its prompt (its own text, plus room for the most examples and demonstrations
         the format shows, each as long as the longest the history could show) and the longer of its output
         and the y- the fit generates.

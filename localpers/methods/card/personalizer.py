@@ -352,8 +352,8 @@ class Personalizer:
         prompt_format: PromptFormat | None = None,
         prompt_prefix: str = "",
     ) -> tuple[list[int], int, int | None]:
-        """`prompt_prefix` + `prompt_for`'s prompt as tokens, how many of them the user's prompts share, and how
-        many characters of a long text it carries (`prompting.prompt_tokens`; None: all of it).
+        """`prompt_prefix` + `prompt_for`'s prompt as tokens, how many of them the user's prompts share,
+        and how many characters of a long text it carries (`prompting.prompt_tokens`; None: all of it).
 
         The shared tokens (the user's recent examples) stay in the engine's cache from one rewrite to the next.
         """

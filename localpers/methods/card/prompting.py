@@ -32,9 +32,9 @@ def prompt_tokens(
     """`prompt_prefix` + the task's prompt as tokens, how many of them the user's prompts share, and how many
     characters of the text the prompt carries (None: all of it).
 
-    A task that writes from a text's start (headline, title) reads at most its `max_input_chars`, and fewer where
-    the text tokenizes so densely that the prompt would leave no room for the output in the context (emoji,
-    some scripts); a text the task must carry whole is left to the engine, which refuses it.
+    A task that writes from a text's start (headline, title) reads at most its `max_input_chars`, and fewer
+    where the text tokenizes so densely that the prompt would leave no room for the output in the context
+    (emoji, some scripts); a text the task must carry whole is left to the engine, which refuses it.
     """
     chosen = get_task(task)
     content = chosen.content(text)
