@@ -22,7 +22,7 @@ from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import rouge
 from localpers.tasks import get_task
 from localpers.users.history import DEFAULT_TASK
-from localpers.users.history_prompt import content_of, history_document, select_examples
+from localpers.users.history_prompt import history_document, select_examples
 from localpers.users.retrieval import Bm25Index
 
 ORACLE_WINDOW = 20
@@ -49,7 +49,7 @@ def main() -> None:
             oracle.append(
                 max(rouge(item.output, query.reference).rouge1 for item in history[-ORACLE_WINDOW:])
             )
-            bm25.append(float(index.scores(content_of(task, query.input)).max()))
+            bm25.append(float(index.scores(task.content(query.input)).max()))
     closest_r1 = np.asarray(closest)
     print(
         f"{len(closest)} queries: R-1 of the closest earlier headline {closest_r1.mean():.4f}, the most recent "

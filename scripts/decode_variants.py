@@ -65,7 +65,7 @@ from localpers.engine.repeated_words import STOP_WORDS, RepeatedWordRule
 from localpers.methods.card import prompting
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, content_of
+from localpers.users.history_prompt import HistoryIndex
 
 TOP_K = 20
 
@@ -282,7 +282,7 @@ def oracle_index(index: HistoryIndex, query: BenchQuery, recent: int, among: int
     task, pool = index.task, index.pool
     bm25 = index._index
     candidates = [
-        i for i in bm25.top(content_of(task, query.input), among or len(pool)) if i < len(pool) - recent
+        i for i in bm25.top(task.content(query.input), among or len(pool)) if i < len(pool) - recent
     ]
     if not candidates:
         return index

@@ -30,7 +30,6 @@ from localpers.tasks import get_task
 from localpers.users.history_prompt import (
     CLOSEST_PER_TEXT,
     PromptFormat,
-    content_of,
     history_document,
     select_examples,
 )
@@ -59,7 +58,7 @@ def query_signals(
             continue
         index = Bm25Index([history_document(task, text, output) for text, output in pool])
         for query in user.queries:
-            scores = index.scores(content_of(task, query.input))
+            scores = index.scores(task.content(query.input))
             closest = float(scores.max())
             signals[(user.user_id, query.id)] = {
                 "closest": closest,

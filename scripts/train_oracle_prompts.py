@@ -26,7 +26,7 @@ from typing import Any
 from localpers.methods.consensus import unigram_f1, unigrams
 from localpers.publish import prompts, sft
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat, conditioned_prompt, content_of
+from localpers.users.history_prompt import HistoryIndex, PromptFormat, conditioned_prompt
 from localpers.users.retrieval import Bm25Index
 
 
@@ -65,7 +65,7 @@ def oracle_prompts(context: Any, user: Any, share: float, stats: dict[str, int])
         index = FirstThenBm25(bm25, best)
         result.append(conditioned_prompt(task, item.input, pool, prompt_format, index))
         stats["changed"] += 1
-        stats["same"] += bm25.top(content_of(task, item.input), 1) == [best]
+        stats["same"] += bm25.top(task.content(item.input), 1) == [best]
     return result
 
 

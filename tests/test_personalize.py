@@ -99,6 +99,7 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
 ) -> None:
     """A later fit (another process: nothing in memory) reads the pair features back and scores new pairs only."""
     import localpers.methods.card.pairs as pairs_module
+    from localpers.methods.card.pair_cache import FEATURES_FILE
 
     scored: list[int] = []
     batched = pairs_module.run_jobs
@@ -118,7 +119,7 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
     user.save_history(items(SHOUTY[:5]))
     personalizer.fit_user(user)
     vector = user.vector()
-    assert (user.dir / pairs_module.FEATURES_FILE).is_file() and sum(scored) > 0
+    assert (user.dir / FEATURES_FILE).is_file() and sum(scored) > 0
 
     scored.clear()
     personalizer.pairs._pair_memo.clear()
@@ -132,7 +133,7 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
     assert sum(scored) == 1  # only the new item's pair (its y- generated and scored in one job)
 
     scored.clear()
-    (user.dir / pairs_module.FEATURES_FILE).write_bytes(b"damaged")
+    (user.dir / FEATURES_FILE).write_bytes(b"damaged")
     personalizer.pairs._pair_memo.clear()
     personalizer.fit_user(user)  # a damaged cache is rebuilt, not an error
     assert sum(scored) > 0

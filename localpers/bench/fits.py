@@ -20,7 +20,7 @@ from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser
 from localpers.bench.methods import Method, UserProfile
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.methods.card.pairs import NEGATIVES_FILE
+from localpers.methods.card.pair_cache import NEGATIVES_FILE
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.users.store import User, UserStore

@@ -346,15 +346,7 @@ def history_list(user: UserOption = None, as_json: JsonOption = False) -> None:
     for item in items:
         # Items are cleaned of control characters when read; one_line also keeps each on its row.
         typer.echo(f"{item.id}  {item.task:<9} {one_line(item.output)}")
-        typer.echo(f"{'':12}  {'':<9} <- {one_line(_shorten(_without_instruction(item), 100))}")
-
-
-def _without_instruction(item: HistoryItem) -> str:
-    """The input minus its task's instruction (the shared data repeats it on every item)."""
-    instruction = TASKS[item.task].instruction
-    if instruction and item.input.startswith(instruction):
-        return item.input[len(instruction) :].strip()
-    return item.input
+        typer.echo(f"{'':12}  {'':<9} <- {one_line(_shorten(TASKS[item.task].content(item.input), 100))}")
 
 
 def _shorten(text: str, limit: int) -> str:

@@ -108,11 +108,6 @@ def attributed_input(task: str, text: str, attributes: Sequence[str]) -> str:
     return f"{cut_text(chosen.content(text), chosen.max_input_chars - len(line) - 1)}\n{line}"
 
 
-def input_body(task: str, text: str) -> str:
-    """The input without the task's instruction: what the index embeds (the instruction is the same for all)."""
-    return get_task(task).content(text)
-
-
 class PairMargins:
     """F(A) for one (x, y+, y-) on the engine's active adapter, through a shared `PrefixScorer`."""
 
@@ -145,7 +140,7 @@ def keep_for_index(
         if selection.gain < 0:
             filtered += 1
             continue
-        key = input_body(item.task, item.input)
+        key = get_task(item.task).content(item.input)  # what the index embeds
         if key in best:
             duplicates += 1
             if best[key][1].margin >= selection.margin:
@@ -286,7 +281,7 @@ def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
     """The attribute set of the indexed input nearest to `text` (none when the index is empty)."""
     from localpers.engine.encoder import embed_texts
 
-    found = index.nearest(embed_texts([input_body(task, text)])[0])
+    found = index.nearest(embed_texts([get_task(task).content(text)])[0])
     if found is None:
         return Retrieval([], None, None, None)
     entry, similarity = found

@@ -121,11 +121,6 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def content_of(task: Task, text: str) -> str:
-    """The user's text without the task instruction the shared data puts in front of it."""
-    return task.content(text)
-
-
 def build_prompt(
     task: Task, text: str, examples: Sequence[str], demonstrations: Sequence[tuple[str, str]] = ()
 ) -> str:
@@ -141,7 +136,7 @@ def build_prompt(
 
 
 def _demonstration(task: Task, input_text: str, output: str) -> str:
-    words = content_of(task, input_text).split()
+    words = task.content(input_text).split()
     content = " ".join(words[:DEMONSTRATION_WORDS]) + (" ..." if len(words) > DEMONSTRATION_WORDS else "")
     return task.prompt_for(cut_text(content, DEMONSTRATION_CHARS)) + " " + _one_line(output) + "\n"
 
@@ -200,7 +195,7 @@ def _one_line(text: str) -> str:
 
 def history_document(task: Task, input_text: str, output: str) -> str:
     """What the history index searches for one item: its input without the task's instruction, then its output."""
-    return content_of(task, input_text) + " " + output
+    return task.content(input_text) + " " + output
 
 
 def select_examples(
@@ -241,7 +236,7 @@ def _choose(
     recent = min(recent, count, end)
     latest = list(range(end - recent, end))
     index = index or Bm25Index([history_document(task, i, o) for i, o in pool])
-    best = [i for i in index.top(content_of(task, text), count) if i not in latest][: count - recent]
+    best = [i for i in index.top(task.content(text), count) if i not in latest][: count - recent]
     return latest, list(reversed(best))
 
 

@@ -5,10 +5,10 @@ the global one where the bundle's `head.base` says so). For each history item, y
 base model's greedy output for the same prompt (conditioned on the items before it, as the publisher trained the
 head; groups of items share one block of recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each
 block once). y- are deterministic for (bundle,
-cluster, prompt), so they are cached in the user's folder (`negatives.json`); the pair features
-`g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for the per-user choice's
-refit and cached beside them (`pair_features.safetensors`), so a refit after new items scores only the new
-pairs: evaluating the prompts, not generating y-, is most of a fit's time. It also yields the base model's
+cluster, prompt), so they are cached in the user's folder; the pair features `g(y+) - g(y-)` (the head's
+sequence features, teacher-forced) are kept in memory for the per-user choice's refit and cached beside them
+(both files: `pair_cache`), so a refit after new items scores only the new pairs: evaluating the prompts, not
+generating y-, is most of a fit's time. `items_within_context` leaves out an item too long for the context. It also yields the base model's
 log-probability of each y+'s first token (the opening habits' calibration). It fits nothing and decides
 nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
 """
@@ -16,17 +16,16 @@ nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localpers.atomic import atomic_write_bytes, atomic_write_text
 from localpers.bundle.format import Bundle
 from localpers.engine import Engine
 from localpers.engine.batch import PromptJob, fits, run_jobs
 from localpers.engine.generation import generate
+from localpers.methods.card import pair_cache
 from localpers.methods.card.head import CardHead
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import cut_text, get_task
@@ -40,7 +39,6 @@ from localpers.users.history_prompt import (
 )
 from localpers.users.store import User
 
-NEGATIVES_FILE = "negatives.json"
 # The fit's items show their recent outputs in blocks: the items of each group of this many (groups counted
 # from the user's first item) all show the block of items before the group, so each block is evaluated once
 # and shared by the group's batched sequences, as the device's own prompts share one block from rewrite to
@@ -50,9 +48,6 @@ NEGATIVES_FILE = "negatives.json"
 FIT_BLOCK_GROUP = 4
 # Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
 PAIR_MEMO_SIZE = 4096
-FEATURES_FILE = "pair_features.safetensors"
-# Pairs kept in the features file: a full history's twice over (the choice's refits add pairs of other prompts).
-FEATURES_FILE_PAIRS = 1024
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -119,18 +114,7 @@ class PairBuilder:
         the format shows, each as long as the longest the history could show) and the longer of its output
         and the y- the fit generates.
         """
-        chosen = self.prompt_format
-        room = 0
-        if chosen is not None and items:
-            longest_example = max(
-                len(self.engine.tokenize(" " + cut_text(item.output, EXAMPLE_CHARS), add_bos=False))
-                for item in items
-            )
-            longest_demonstration = max(
-                len(self.engine.tokenize(cut_text(item.input, DEMONSTRATION_CHARS), add_bos=False))
-                for item in items
-            )
-            room = chosen.examples * (longest_example + 2) + chosen.described * longest_demonstration + 16
+        room = self._examples_room(items)
         kept = []
         for item in items:
             task = get_task(item.task)
@@ -139,6 +123,30 @@ class PairBuilder:
             if prompt + room + max(output, task.default_max_tokens) <= self.engine.n_ctx:
                 kept.append(item)
         return kept, len(items) - len(kept)
+
+    def _examples_room(self, items: Sequence[HistoryItem]) -> int:
+        """Tokens a conditioned prompt may spend on examples: each as long as the longest of `items`."""
+        if self.prompt_format is None or not items:
+            return 0
+
+        def tokens(text: str) -> int:
+            return len(self.engine.tokenize(text, add_bos=False))
+
+        example = 2 + max(tokens(" " + cut_text(item.output, EXAMPLE_CHARS)) for item in items)  # "- ...\n"
+        article = max(
+            tokens(
+                (task := get_task(item.task)).prompt_for(
+                    cut_text(task.content(item.input), DEMONSTRATION_CHARS)
+                )
+            )
+            for item in items
+        )
+        header = 16
+        return (
+            self.prompt_format.examples * example
+            + self.prompt_format.described * (article + example)
+            + header
+        )
 
     def training_prompts(self, items: Sequence[HistoryItem], history_offset: int = 0) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it."""
@@ -199,7 +207,9 @@ class PairBuilder:
         stored = self._read_features(user, cluster)
         for item, prompt in zip(items, prompts, strict=True):
             negative = known.get(_negative_key(item, prompt))
-            found = stored.get(_pair_hash(cluster, prompt, item.output, negative)) if negative else None
+            found = (
+                stored.get(pair_cache.pair_hash(cluster, prompt, item.output, negative)) if negative else None
+            )
             if found is not None:
                 self._remember((cluster, prompt, item.output, negative), found)
         generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds)
@@ -228,7 +238,7 @@ class PairBuilder:
         if generated:
             self._write_negatives(user, cluster, known)
         used = {
-            _pair_hash(cluster, prompt, item.output, negative): self._pair_memo[memo_key]
+            pair_cache.pair_hash(cluster, prompt, item.output, negative): self._pair_memo[memo_key]
             for item, prompt, negative in zip(items, prompts, negatives, strict=True)
             if (memo_key := (cluster, prompt, item.output, negative)) in self._pair_memo
         }
@@ -348,64 +358,17 @@ class PairBuilder:
         return f"{self.bundle_sha256}:{self._adapter(cluster)}"
 
     def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
-        """The user's cached y- (item id -> text) for this bundle and cluster; empty when absent or unreadable."""
-        try:
-            cache = json.loads((user.dir / NEGATIVES_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        known = cache.get(self._negatives_key(cluster), {}) if isinstance(cache, dict) else {}
-        return dict(known) if isinstance(known, dict) else {}
-
-    def _read_features(self, user: User, cluster: int) -> dict[str, tuple[np.ndarray, float]]:
-        """The user's cached pair features (pair hash -> (difference, first log-prob)) for this bundle and base.
-
-        A cache: anything unreadable, of another bundle or base adapter, or of another shape reads as empty.
-        """
-        from safetensors import safe_open
-
-        path = user.dir / FEATURES_FILE
-        if not path.is_file():
-            return {}
-        try:
-            with safe_open(str(path), framework="numpy") as handle:
-                metadata = handle.metadata() or {}
-                differences = handle.get_tensor("differences")
-                logprobs = handle.get_tensor("first_logprobs")
-            hashes = json.loads(metadata.get("pairs", "null"))
-        except Exception:  # a damaged cache of any kind is rebuilt, never an error
-            return {}
-        if (
-            metadata.get("key") != self._negatives_key(cluster)
-            or not isinstance(hashes, list)
-            or differences.shape != (len(hashes), self.head.d)
-            or logprobs.shape != (len(hashes),)
-        ):
-            return {}
-        return {
-            str(digest): (differences[row].astype(np.float32), float(logprobs[row]))
-            for row, digest in enumerate(hashes)
-        }
-
-    def _write_features(self, user: User, cluster: int, pairs: dict[str, tuple[np.ndarray, float]]) -> None:
-        """Store up to `FEATURES_FILE_PAIRS` pairs, the first ones of `pairs` kept (this fit's come first)."""
-        from safetensors.numpy import save as save_safetensors
-
-        kept = list(pairs.items())[:FEATURES_FILE_PAIRS]
-        tensors = {
-            "differences": np.asarray([d for _, (d, _) in kept], dtype=np.float32).reshape(-1, self.head.d),
-            "first_logprobs": np.asarray([p for _, (_, p) in kept], dtype=np.float32),
-        }
-        metadata = {"key": self._negatives_key(cluster), "pairs": json.dumps([digest for digest, _ in kept])}
-        atomic_write_bytes(user.dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))
+        return pair_cache.read_negatives(user.dir, self._negatives_key(cluster))
 
     def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
-        atomic_write_text(
-            user.dir / NEGATIVES_FILE, json.dumps({self._negatives_key(cluster): known}, ensure_ascii=False)
-        )
+        pair_cache.write_negatives(user.dir, self._negatives_key(cluster), known)
 
+    def _read_features(self, user: User, cluster: int) -> pair_cache.PairFeatures:
+        return pair_cache.read_features(user.dir, self._negatives_key(cluster), self.head.d)
 
-def _pair_hash(cluster: int, prompt: str, output: str, negative: str) -> str:
-    return hashlib.sha256(json.dumps([cluster, prompt, output, negative]).encode("utf-8")).hexdigest()[:24]
+    def _write_features(self, user: User, cluster: int, pairs: pair_cache.PairFeatures) -> None:
+        """This fit's pairs come first in `pairs`, so they are the ones a full cache keeps."""
+        pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:

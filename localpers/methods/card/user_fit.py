@@ -25,7 +25,6 @@ from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import FitReport
 from localpers.tasks import get_task
-from localpers.users.history_prompt import content_of
 
 if TYPE_CHECKING:
     from localpers.engine import Engine
@@ -198,7 +197,7 @@ def token_bias(
     )
     recasing = fit_recasing(
         [item.output for item in items],
-        [content_of(get_task(item.task), item.input) for item in items],
+        [get_task(item.task).content(item.input) for item in items],
         [negative for negative in negatives if negative],
     )
     if recasing is not None:

@@ -20,14 +20,6 @@ from localpers.tui.text import one_line, shorten
 from localpers.users.history import HistoryItem
 
 
-def without_instruction(item: HistoryItem) -> str:
-    """The input minus its task's instruction, which stored items often repeat."""
-    instruction = TASKS[item.task].instruction
-    if instruction and item.input.startswith(instruction):
-        return item.input[len(instruction) :].strip()
-    return item.input
-
-
 class HistoryTable(DataTable[str]):
     """The table of items; its row keys are item ids."""
 
@@ -93,7 +85,7 @@ class HistoryPanel(Vertical):
                 item.id,
                 item.task,
                 shorten(one_line(item.output), 60),
-                shorten(one_line(without_instruction(item)), 70),
+                shorten(one_line(TASKS[item.task].content(item.input)), 70),  # without the instruction
                 key=item.id,
             )
         count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"

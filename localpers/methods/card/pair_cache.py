@@ -1,0 +1,86 @@
+"""The fit's caches in a user's folder: the y- it generated and the pair features it scored.
+
+Both are keyed by what makes them valid (the bundle and the adapter y- came from), written atomically and
+read tolerantly: a missing, damaged or stale cache reads as empty and is rebuilt by the next fit, never an
+error. `negatives.json` maps an item (and, for a conditioned prompt, the prompt's hash) to its y-;
+`pair_features.safetensors` maps a pair's hash to `g(y+) - g(y-)` and y+'s first-token log-probability.
+Neither is exported with the user. This module computes nothing: `pairs.PairBuilder` fills and reads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from localpers.atomic import atomic_write_bytes, atomic_write_text
+
+NEGATIVES_FILE = "negatives.json"
+FEATURES_FILE = "pair_features.safetensors"
+# Pairs kept in the features file: a full history's twice over (the choice's refits add pairs of other prompts).
+FEATURES_FILE_PAIRS = 1024
+
+PairFeatures = dict[str, tuple[np.ndarray, float]]  # pair hash -> (difference, first log-prob)
+
+
+def pair_hash(cluster: int, prompt: str, output: str, negative: str) -> str:
+    """The features cache's key of one pair."""
+    return hashlib.sha256(json.dumps([cluster, prompt, output, negative]).encode("utf-8")).hexdigest()[:24]
+
+
+def read_negatives(user_dir: Path, key: str) -> dict[str, str]:
+    """The cached y- (item key -> text) stored under `key`; empty when absent or unreadable."""
+    try:
+        cache = json.loads((user_dir / NEGATIVES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    known = cache.get(key, {}) if isinstance(cache, dict) else {}
+    return dict(known) if isinstance(known, dict) else {}
+
+
+def write_negatives(user_dir: Path, key: str, known: dict[str, str]) -> None:
+    """Replace the y- cache with `known` under `key` (another bundle's or adapter's are dropped)."""
+    atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: known}, ensure_ascii=False))
+
+
+def read_features(user_dir: Path, key: str, dimension: int) -> PairFeatures:
+    """The cached pair features stored under `key` with `dimension`-long differences; empty otherwise."""
+    from safetensors import safe_open
+
+    path = user_dir / FEATURES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+            differences = handle.get_tensor("differences")
+            logprobs = handle.get_tensor("first_logprobs")
+        hashes = json.loads(metadata.get("pairs", "null"))
+    except Exception:  # a damaged cache of any kind is rebuilt, never an error
+        return {}
+    if (
+        metadata.get("key") != key
+        or not isinstance(hashes, list)
+        or differences.shape != (len(hashes), dimension)
+        or logprobs.shape != (len(hashes),)
+    ):
+        return {}
+    return {
+        str(digest): (differences[row].astype(np.float32), float(logprobs[row]))
+        for row, digest in enumerate(hashes)
+    }
+
+
+def write_features(user_dir: Path, key: str, dimension: int, pairs: PairFeatures) -> None:
+    """Store up to `FEATURES_FILE_PAIRS` pairs under `key`, the first ones of `pairs` kept."""
+    from safetensors.numpy import save as save_safetensors
+
+    kept = list(pairs.items())[:FEATURES_FILE_PAIRS]
+    tensors = {
+        "differences": np.asarray([d for _, (d, _) in kept], dtype=np.float32).reshape(-1, dimension),
+        "first_logprobs": np.asarray([p for _, (_, p) in kept], dtype=np.float32),
+    }
+    metadata = {"key": key, "pairs": json.dumps([digest for digest, _ in kept])}
+    atomic_write_bytes(user_dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))
