@@ -42,11 +42,12 @@ from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.card.prompting import prompt_tokens
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
+from localpers.users.history_prompt import HistoryIndex, PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = "cope.json"
@@ -312,7 +313,7 @@ class CopeDecoder:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         *,
         max_tokens: int,
         stop: Sequence[str] = (),
@@ -322,8 +323,9 @@ class CopeDecoder:
         record: bool = False,
         sampling: SamplerSettings | None = None,
     ) -> tuple[Any, ContrastiveSampler]:
-        """Contrastive decoding (greedy unless `sampling` says otherwise); returns the result and the sampler."""
-        tokens = self.user.tokenize(prompt)
+        """Contrastive decoding (greedy unless `sampling` says otherwise) of a prompt (text or tokens);
+        returns the result and the sampler."""
+        tokens = self.user.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         started = time.perf_counter()
         contrast = ContrastiveSampler(self.base, tokens, tau=tau, alpha=alpha, record=record)
         base_prompt_seconds = time.perf_counter() - started
@@ -358,14 +360,18 @@ def rewrite_cope(
 
     A fit trained on conditioned prompts (`state.conditioned`) decodes on `prompt_for_user(..., prompt_format,
     history)`, the bundle's format and the user's history index, as CARD's base adapter does; others on the plain
-    task prompt. The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
+    task prompt. Both are tokenized as CARD's are (`prompting.prompt_tokens`: a headline of very dense text reads
+    less of it). The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
     """
     chosen = get_task(task)
     chosen.check_text(text)
     sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
     started = time.perf_counter()
+    prompt, _, chars_read = prompt_tokens(
+        decoder.user, chosen.name, text, prompt_format if state.conditioned else None, history
+    )
     result, _ = decoder.generate(
-        prompt_for_user(chosen.name, text, prompt_format if state.conditioned else None, history),
+        prompt,
         max_tokens=max_tokens or chosen.default_max_tokens,
         stop=chosen.stop_strings,
         tau=tau,
@@ -388,5 +394,5 @@ def rewrite_cope(
         stop_reason=result.stop_reason,
         prompt_tokens=result.prompt_tokens,
         repeated_word_penalty=sampling.word_penalty,
-        text_chars_read=chosen.max_input_chars if chosen.is_cut(text) else None,
+        text_chars_read=chars_read,
     )
