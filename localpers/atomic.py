@@ -24,7 +24,8 @@ TEMP_SUFFIX = ".partial"
 _TEMP_NAME = re.compile(r"\..+\.(\d{1,10})\.[^.]+" + re.escape(TEMP_SUFFIX))
 
 
-def _process_is_running(pid: int) -> bool:
+def process_is_running(pid: int) -> bool:
+    """Whether a process with this id runs (ours or another user's)."""
     if pid <= 0:
         return False
     try:
@@ -45,7 +46,7 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
         return removed
     for candidate in candidates:
         match = _TEMP_NAME.fullmatch(candidate.name)
-        if match and not _process_is_running(int(match[1])):
+        if match and not process_is_running(int(match[1])):
             with contextlib.suppress(OSError):
                 candidate.unlink()
                 removed.append(candidate)

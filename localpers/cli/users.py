@@ -260,10 +260,11 @@ def history_import(
     """Add the items of a JSONL file to a user's history; duplicates are reported and skipped."""
     target = UserStore().resolve(user)
     parsed = parse_history(file, user_id=user_id, default_task=task, keep_latest=keep_latest)
-    merged, already = merge_history(target.history(), parsed.items)
-    check_history_size(len(merged), what=f"user {target.name!r} would have")
+    with target.locked():
+        merged, already = merge_history(target.history(), parsed.items)
+        check_history_size(len(merged), what=f"user {target.name!r} would have")
+        target.save_history(merged)
     added = len(parsed.items) - len(already)
-    target.save_history(merged)
     if as_json:
         _print_json(
             {
@@ -312,10 +313,11 @@ def history_add(
         item = HistoryItem.create(task, input, output, source="cli", strict=True)
     except ValueError as exc:
         raise LocalpersError(f"cannot add this item: {exc}") from None
-    merged, already = merge_history(target.history(), [item])
-    if not already:
-        check_history_size(len(merged), what=f"user {target.name!r} would have")
-        target.save_history(merged)
+    with target.locked():
+        merged, already = merge_history(target.history(), [item])
+        if not already:
+            check_history_size(len(merged), what=f"user {target.name!r} would have")
+            target.save_history(merged)
     if as_json:
         _print_json(
             {"user": target.name, "added": not already, "item": _item_json(item), "total": len(merged)}
@@ -368,17 +370,18 @@ def history_remove(
 ) -> None:
     """Remove one item from a user's history."""
     target = UserStore().resolve(user)
-    items = target.history()
     wanted = item_id.strip().lower()
-    matches = [item for item in items if item.id.startswith(wanted)] if len(wanted) >= 4 else []
-    if not matches:
-        raise LocalpersError(
-            f"no history item {item_id!r} in user {target.name!r} (use at least 4 characters of an id "
-            "from `localpers history list`)"
-        )
-    if len(matches) > 1:
-        raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
-    remaining = [item for item in items if item.id != matches[0].id]
-    target.save_history(remaining)
+    with target.locked():
+        items = target.history()
+        matches = [item for item in items if item.id.startswith(wanted)] if len(wanted) >= 4 else []
+        if not matches:
+            raise LocalpersError(
+                f"no history item {item_id!r} in user {target.name!r} (use at least 4 characters of an id "
+                "from `localpers history list`)"
+            )
+        if len(matches) > 1:
+            raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
+        remaining = [item for item in items if item.id != matches[0].id]
+        target.save_history(remaining)
     typer.echo(f"removed {matches[0].id} from user {target.name!r}; {_items(len(remaining))} left")
     typer.echo(REFIT_HINT)

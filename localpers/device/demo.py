@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from localpers.errors import LocalpersError
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.registry import compared_methods, get_method
@@ -26,9 +27,15 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
     """The demo user, created from the shipped history and fitted when missing or stale."""
     from localpers.users.history import demo_history_path, parse_history_file
 
-    demo = store.get(DEMO_USER) if DEMO_USER in store.list() else store.create(DEMO_USER)
-    if not demo.history():
-        demo.save_history(parse_history_file(demo_history_path()))
+    try:
+        demo = store.get(DEMO_USER) if DEMO_USER in store.list() else store.create(DEMO_USER)
+    except LocalpersError:
+        if DEMO_USER not in store.list():
+            raise
+        demo = store.get(DEMO_USER)  # another `localpers demo` created it a moment ago
+    with demo.locked():
+        if not demo.history():
+            demo.save_history(parse_history_file(demo_history_path()))
     state = demo.state()
     fitted_now = False
     if not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:

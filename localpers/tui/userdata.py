@@ -91,21 +91,23 @@ def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[
         item = HistoryItem.create(task, input_text, output, source=TUI_SOURCE, strict=True)
     except ValueError as exc:
         raise LocalpersError(f"cannot add this example: {exc}") from None
-    merged, already = merge_history(user.history(), [item])
-    if already:
-        return item, False
-    check_history_size(len(merged), what=f"user {user.name!r} would have")
-    user.save_history(merged)
+    with user.locked():
+        merged, already = merge_history(user.history(), [item])
+        if already:
+            return item, False
+        check_history_size(len(merged), what=f"user {user.name!r} would have")
+        user.save_history(merged)
     return item, True
 
 
 def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
     """Remove the item with id `wanted_id` from the history and return it."""
-    items = user.history()
-    matches = [item for item in items if item.id == wanted_id]
-    if not matches:
-        raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
-    user.save_history([item for item in items if item.id != wanted_id])
+    with user.locked():
+        items = user.history()
+        matches = [item for item in items if item.id == wanted_id]
+        if not matches:
+            raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
+        user.save_history([item for item in items if item.id != wanted_id])
     return matches[0]
 
 
@@ -175,11 +177,12 @@ def reject_output(
         top_k=top_k,
         rejected_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    existing = read_rejected(user)
-    if any(row.id == record.id for row in existing):
-        return record, False
-    lines = [json.dumps(row.to_json(), ensure_ascii=False) for row in [*existing, record]]
-    atomic_write_text(rejected_path(user), "\n".join(lines) + "\n")
+    with user.locked():
+        existing = read_rejected(user)
+        if any(row.id == record.id for row in existing):
+            return record, False
+        lines = [json.dumps(row.to_json(), ensure_ascii=False) for row in [*existing, record]]
+        atomic_write_text(rejected_path(user), "\n".join(lines) + "\n")
     return record, True
 
 
@@ -200,8 +203,9 @@ def import_history_file(store: UserStore, user_name: str, path: Path | str) -> I
     parsed = parse_history(Path(path).expanduser())
     created = user_name not in store.list()
     user = store.create(user_name) if created else store.get(user_name)
-    merged, already = merge_history(user.history(), parsed.items)
-    check_history_size(len(merged), what=f"user {user_name!r} would have")
-    user.save_history(merged)
+    with user.locked():
+        merged, already = merge_history(user.history(), parsed.items)
+        check_history_size(len(merged), what=f"user {user_name!r} would have")
+        user.save_history(merged)
     skipped = len(parsed.duplicates) + len(already)
     return ImportSummary(user_name, len(parsed.items) - len(already), skipped, len(merged), created)

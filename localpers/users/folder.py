@@ -36,6 +36,7 @@ from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, one_line, parse_json
 from localpers.users.history import HistoryItem, check_history_size, read_stored_history, serialize_history
 from localpers.users.history_prompt import HistoryIndex
+from localpers.users.lock import user_lock
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -114,6 +115,10 @@ class User:
     def state_path(self) -> Path:
         return self.dir / "state.json"
 
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Hold this user's write lock: wrap each read-modify-write of its files (`localpers.users.lock`)."""
+        return user_lock(self.dir, who=f"user {self.name!r}")
+
     def history(self) -> list[HistoryItem]:
         """The stored history items, in order; empty if none were imported."""
         return read_stored_history(self.history_path)
@@ -122,8 +127,9 @@ class User:
         """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read)."""
         check_history_size(len(items), what=f"user {self.name!r} would have")
         text = serialize_history(items)
-        atomic_write_text(self.history_path, text)
-        HistoryIndex.write(self.dir, text, items)
+        with self.locked():
+            atomic_write_text(self.history_path, text)
+            HistoryIndex.write(self.dir, text, items)
 
     def history_index(self, task: Task) -> HistoryIndex:
         """The user's examples for `task` with their BM25 index, for history-conditioned prompts."""
@@ -140,12 +146,13 @@ class User:
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Write `state`, keeping the vector link and creation time of the current state unless given."""
-        try:
-            current = self.state()
-        except LocalpersError:
-            current = {}  # a damaged state.json is what this call repairs
-        kept = {k: current[k] for k in (*_VECTOR_KEYS, "created_at") if k in current and k not in state}
-        self._write_state({**state, **kept})
+        with self.locked():
+            try:
+                current = self.state()
+            except LocalpersError:
+                current = {}  # a damaged state.json is what this call repairs
+            kept = {k: current[k] for k in (*_VECTOR_KEYS, "created_at") if k in current and k not in state}
+            self._write_state({**state, **kept})
 
     def _write_state(self, state: dict[str, Any]) -> None:
         try:
@@ -222,7 +229,8 @@ class User:
 
     def save_vector(self, vector: np.ndarray, meta: dict[str, str] | None = None) -> None:
         """Replace the vector only, keeping the rest of the state (see `save_fit`)."""
-        self.save_fit(vector, self.state(), meta)
+        with self.locked():
+            self.save_fit(vector, self.state(), meta)
 
     def save_fit(
         self, vector: np.ndarray | None, state: dict[str, Any], meta: dict[str, str] | None = None
@@ -233,19 +241,21 @@ class User:
         sha256) replaces the old one, so an interruption at any point leaves a consistent pair.
         """
         new_state = {k: v for k, v in state.items() if k not in _VECTOR_KEYS}
-        new_state.setdefault("created_at", self._created_at())
         keep: str | None = None
-        if vector is not None:
-            data = _vector_bytes(vector, meta)
-            sha = hashlib.sha256(data).hexdigest()
-            keep = f"vector-{sha[:16]}.safetensors"
-            atomic_write_bytes(self.dir / keep, data)
-            new_state.update(vector_file=keep, vector_sha256=sha, vector_dim=int(np.asarray(vector).size))
-        self._write_state(new_state)
-        for stale in self.dir.glob("vector-*.safetensors"):
-            if stale.name != keep:
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
+        data = None if vector is None else _vector_bytes(vector, meta)
+        with self.locked():
+            new_state.setdefault("created_at", self._created_at())
+            if vector is not None and data is not None:
+                sha = hashlib.sha256(data).hexdigest()
+                keep = f"vector-{sha[:16]}.safetensors"
+                atomic_write_bytes(self.dir / keep, data)
+                new_state.update(vector_file=keep, vector_sha256=sha, vector_dim=int(np.asarray(vector).size))
+            self._write_state(new_state)
+            # under the lock: another fit's new vector is never taken for a stale one before its state names it
+            for stale in self.dir.glob("vector-*.safetensors"):
+                if stale.name != keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()
 
     def _created_at(self) -> str:
         try:

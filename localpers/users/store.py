@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 
 from localpers import paths
-from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory, process_is_running
 from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 from localpers.users import folder
@@ -120,7 +120,8 @@ class UserStore:
         """Remove the user's folder (history, vector, state) and the active pointer if it names them."""
         user = self.get(name)
         doomed = self._staging_dir("deleting", create=False)
-        os.rename(user.dir, doomed)  # the user disappears in one step; the files go next
+        with user.locked():  # waits for a change in progress; those waiting after it are refused
+            os.rename(user.dir, doomed)  # the user disappears in one step; the files go next
         try:
             pointer = read_json_object(self.active_path, "")
         except LocalpersError:
@@ -200,7 +201,7 @@ class UserStore:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
         self.users_dir.mkdir(parents=True, exist_ok=True)
         self._sweep()
-        path = self.users_dir / f".{purpose}-{secrets.token_hex(6)}"
+        path = self.users_dir / f".{purpose}-{os.getpid()}-{secrets.token_hex(6)}"
         if create:
             path.mkdir(mode=0o700)
         return path
@@ -214,10 +215,15 @@ class UserStore:
         fsync_directory(self.users_dir)
 
     def _sweep(self) -> None:
-        """Remove folders left by an interrupted create, import or delete."""
+        """Remove folders left by an interrupted create, import or delete (not those of one still running)."""
         for leftover in self.users_dir.glob(".*-*"):
-            if leftover.is_dir() and leftover.name.split("-")[0] in (".creating", ".importing", ".deleting"):
-                shutil.rmtree(leftover, ignore_errors=True)
+            purpose, _, rest = leftover.name.partition("-")
+            if not leftover.is_dir() or purpose not in (".creating", ".importing", ".deleting"):
+                continue
+            pid = rest.split("-")[0]
+            if pid.isdigit() and process_is_running(int(pid)):
+                continue
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def _activate_if_none(self, name: str) -> None:
         try:

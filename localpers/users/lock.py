@@ -1,0 +1,137 @@
+"""One writer at a time per user folder: an advisory lock around each read-modify-write of a user's files.
+
+Every file write is atomic (`localpers.atomic`), but a change such as "add this item to the history" reads
+the history, adds to it and writes it back. Two such changes at once (the TUI accepting a headline while
+`localpers history import` runs, or a script adding items in parallel) would each write the history they
+read, and the last rename would drop the other's items. `user_lock(folder)` serialises them: it holds an
+exclusive `flock` on `<folder>/.lock` (POSIX; other processes wait) and a per-folder re-entrant thread lock
+(other threads of this process wait; the same thread may nest, so a locked change can call a method that
+locks again). A waiter gives up with a one-line error after `wait_seconds`.
+
+When the folder is renamed away while a caller waits (the user was deleted, which takes the same lock), the
+caller gets a one-line error instead of writing into a folder that is about to be removed. Readers do not
+lock: they see the old file or the new one. This module knows nothing of what is in the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from localpers.errors import LocalpersError
+
+LOCK_FILE = ".lock"
+DEFAULT_WAIT_SECONDS = 60.0
+_POLL_SECONDS = 0.05
+
+_registry_guard = threading.Lock()
+_thread_locks: dict[str, threading.RLock] = {}
+# Per folder, while its thread lock is held: how deep the holder has nested, and the locked file's descriptor.
+_depth: dict[str, int] = {}
+_descriptors: dict[str, int | None] = {}
+
+
+def _forget_held_locks() -> None:
+    """In a forked child: the parent's holds are not the child's (the child must take the lock itself)."""
+    global _registry_guard
+    _registry_guard = threading.Lock()
+    _thread_locks.clear()
+    _depth.clear()
+    # The child's copies of the locked descriptors would keep the parent's lock alive after the parent
+    # releases it (a flock lasts while any copy is open); closing them leaves the parent's lock held.
+    for descriptor in _descriptors.values():
+        if descriptor is not None:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+    _descriptors.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_locks)
+
+
+def _thread_lock(key: str) -> threading.RLock:
+    with _registry_guard:
+        return _thread_locks.setdefault(key, threading.RLock())
+
+
+@contextlib.contextmanager
+def user_lock(folder: Path, *, who: str, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> Iterator[None]:
+    """Hold `folder`'s write lock for the block; `who` names the user in errors (e.g. "user 'ann'")."""
+    key = os.path.abspath(folder)
+    guard = _thread_lock(key)
+    if not guard.acquire(timeout=wait_seconds):
+        raise _busy(folder, who)
+    try:
+        if _depth.get(key, 0) == 0:
+            _descriptors[key] = _lock_file(Path(key), who, wait_seconds)
+        _depth[key] = _depth.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            _depth[key] -= 1
+            if _depth[key] == 0:
+                _release(_descriptors.pop(key))
+                del _depth[key]
+    finally:
+        guard.release()
+
+
+def _lock_file(folder: Path, who: str, wait_seconds: float) -> int | None:
+    """The descriptor of `folder`'s lock file, exclusively locked; None where fcntl does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the thread lock alone
+        return None
+    path = folder / LOCK_FILE
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _gone(who) from None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot open the user's lock file ({exc.strerror})") from None
+    deadline = time.monotonic() + wait_seconds
+    try:
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise _busy(folder, who) from None
+                time.sleep(_POLL_SECONDS)
+        if not _same_file(descriptor, path):
+            raise _gone(who)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _same_file(descriptor: int, path: Path) -> bool:
+    """Whether `path` still names the file we locked (a deleted user's folder was renamed away)."""
+    try:
+        on_disk = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(descriptor)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+def _release(descriptor: int | None) -> None:
+    if descriptor is not None:
+        os.close(descriptor)  # closing the only descriptor of the open file releases its flock
+
+
+def _busy(folder: Path, who: str) -> LocalpersError:
+    return LocalpersError(
+        f"{who} is busy: another localpers command is changing it ({folder / LOCK_FILE} is locked); "
+        "try again when it has finished"
+    )
+
+
+def _gone(who: str) -> LocalpersError:
+    return LocalpersError(f"{who} no longer exists (deleted while this command ran); nothing was written")
