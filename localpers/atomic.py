@@ -5,7 +5,7 @@ target and fsyncs the folder so the rename survives a crash. It refuses to repla
 regular file (renaming over a device node such as /dev/null, a FIFO or a socket would destroy it).
 Temp files carry the writer's process id, and each write removes the temp files of writers that no
 longer run (a killed import leaves no `.partial` behind for long). It does not lock: two writers
-race and the last rename wins.
+race and the last rename wins (a user's read-modify-writes hold `localpers.users.lock` for that).
 """
 
 from __future__ import annotations
