@@ -73,20 +73,34 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     refuse_non_regular(path)
     remove_stale_temp_files(path.parent)
-    fd, temp_name = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX
-    )
+    try:
+        fd, temp_name = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX
+        )
+    except OSError as exc:
+        raise _not_written(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
             os.unlink(temp_name)
+        if isinstance(exc, OSError):
+            raise _not_written(path, exc) from None
         raise
     fsync_directory(path.parent)
+
+
+def _not_written(path: Path, exc: OSError) -> LocalpersError:
+    """A full disk or a read-only folder: one line, and the promise that the old file is intact."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return LocalpersError(
+        f"cannot write {path} ({reason}); it was left as it was: free some disk space or fix the folder's"
+        " permissions, then run the command again"
+    )
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -434,3 +434,53 @@ def test_write_manifest_still_skips_temp_files(tmp_path: Path) -> None:
     assert (
         ".head.safetensors.123.abc.partial" not in json.loads((bundle / MANIFEST_NAME).read_text())["files"]
     )
+
+
+# -- a full disk or a read-only folder: one line, the previous file intact -----------------------------
+
+
+def _disk_full(*args: object, **kwargs: object) -> None:
+    raise OSError(28, "No space left on device")
+
+
+def test_a_full_disk_leaves_the_history_as_it_was_and_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ann = UserStore().create("ann")
+    history = tmp_path / "h.jsonl"
+    history.write_text('{"input": "first article", "output": "First"}\n')
+    assert runner.invoke(app, ["history", "import", str(history)]).exit_code == 0
+    before = ann.history_path.read_bytes()
+    history.write_text('{"input": "second article", "output": "Second"}\n')
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    result = runner.invoke(app, ["history", "import", str(history)])
+    assert result.exit_code == 1
+    line = one_line_error(result, "No space left on device")
+    assert f"cannot write {ann.history_path}" in line and "it was left as it was" in line
+    assert ann.history_path.read_bytes() == before
+    assert [p.name for p in ann.dir.glob("*.partial")] == []
+
+
+def test_creating_a_user_on_a_full_disk_names_the_users_folder_not_a_staging_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    result = runner.invoke(app, ["user", "create", "bob"])
+    line = one_line_error(result, "No space left on device")
+    assert "/users/bob/state.json" in line and ".creating" not in line
+    assert UserStore().list() == []
+
+
+def test_an_os_error_outside_the_atomic_writer_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from localpers.cli.common import one_line_errors
+
+    @one_line_errors
+    def command() -> None:
+        raise PermissionError(13, "Permission denied", "/srv/bench/report.md")
+
+    with pytest.raises(typer.Exit) as exited:
+        command()
+    assert exited.value.exit_code == 1
+    assert capsys.readouterr().err == "error: Permission denied (/srv/bench/report.md)\n"

@@ -43,6 +43,12 @@ def one_line_errors(func: F) -> F:
         except KeyboardInterrupt:
             typer.echo("interrupted; nothing was changed", err=True)
             raise typer.Exit(130) from None
+        except BrokenPipeError:
+            raise
+        except OSError as exc:  # the file system said no (disk full, permissions) somewhere not wrapped
+            where = f" ({exc.filename})" if exc.filename else ""
+            typer.echo(f"error: {one_line(exc.strerror or str(exc))}{where}", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 

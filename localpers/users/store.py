@@ -79,7 +79,10 @@ class UserStore:
             raise LocalpersError(f"user {name!r} already exists; pick another name or delete it first")
         staging = self._staging_dir("creating")
         try:
-            User(name, staging)._write_state({"created_at": folder.now()})
+            try:
+                User(name, staging)._write_state({"created_at": folder.now()})
+            except LocalpersError as exc:  # name the user's folder, not the hidden staging one
+                raise LocalpersError(str(exc).replace(str(staging), str(self._user(name).dir))) from None
             self._commit_staging(staging, name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
