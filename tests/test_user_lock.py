@@ -37,17 +37,24 @@ def test_concurrent_processes_keep_every_accepted_item(tmp_path: Path) -> None:
     )
 
 
-def _hold_lock(folder: str, held: "multiprocessing.synchronize.Event", seconds: float) -> None:
+def _hold_lock(
+    folder: str,
+    held: "multiprocessing.synchronize.Event",
+    leaving: "multiprocessing.sharedctypes.Synchronized",
+    seconds: float,
+) -> None:
     with user_lock(Path(folder), who="user 'ann'"):
         held.set()
         time.sleep(seconds)
+        leaving.value = 1  # the last thing done under the lock
 
 
 def test_a_second_process_waits_then_gives_up_with_one_line(tmp_path: Path) -> None:
     ann = UserStore(root=tmp_path).create("ann")
     context = multiprocessing.get_context("fork")
     held = context.Event()
-    holder = context.Process(target=_hold_lock, args=(str(ann.dir), held, 3.0))
+    leaving = context.Value("i", 0)
+    holder = context.Process(target=_hold_lock, args=(str(ann.dir), held, leaving, 3.0))
     holder.start()
     try:
         assert held.wait(20)
@@ -60,7 +67,7 @@ def test_a_second_process_waits_then_gives_up_with_one_line(tmp_path: Path) -> N
             pass
         assert time.monotonic() - started < 2.5
         with user_lock(ann.dir, who="user 'ann'", wait_seconds=20):  # waits for the holder, then gets it
-            assert not holder.is_alive()
+            assert leaving.value == 1
     finally:
         holder.join(20)
 

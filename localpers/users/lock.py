@@ -61,7 +61,7 @@ def _thread_lock(key: str) -> threading.RLock:
 @contextlib.contextmanager
 def user_lock(folder: Path, *, who: str, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> Iterator[None]:
     """Hold `folder`'s write lock for the block; `who` names the user in errors (e.g. "user 'ann'")."""
-    key = os.path.abspath(folder)
+    key = os.path.realpath(folder)  # one key however the folder is reached (a symlinked data dir)
     guard = _thread_lock(key)
     if not guard.acquire(timeout=wait_seconds):
         raise _busy(folder, who)
