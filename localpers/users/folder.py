@@ -245,7 +245,7 @@ class User:
         data = None if vector is None else _vector_bytes(vector, meta)
         with self.locked():
             new_state.setdefault("created_at", self._created_at())
-            if vector is not None and data is not None:
+            if data is not None:
                 sha = hashlib.sha256(data).hexdigest()
                 keep = f"vector-{sha[:16]}.safetensors"
                 atomic_write_bytes(self.dir / keep, data)
