@@ -272,6 +272,34 @@ def test_cli_reports_a_bad_corpus_line(tmp_path: Path) -> None:
     assert not (tmp_path / "b" / "manifest.json").exists()
 
 
+def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+    from localpers.publish.bundle_stage import check_output_directory
+
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(corpus)
+    home = tmp_path / "home"
+    (home / "plots").mkdir(parents=True)
+    (home / "plots" / "holiday.png").write_bytes(b"a user's own plot")
+    result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(home)])
+    assert result.exit_code == 1
+    assert f"--out {home} already holds files a publish did not write (plots)" in result.output
+    assert (home / "plots" / "holiday.png").read_bytes() == b"a user's own plot" and not (
+        home / ".work"
+    ).exists()
+    a_file = tmp_path / "c.jsonl"
+    result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(a_file)])
+    assert result.exit_code == 1 and "exists and is not a directory" in result.output
+    for made in ("empty", "bundle", "interrupted"):
+        (tmp_path / made).mkdir()
+    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    (tmp_path / "interrupted" / ".work").mkdir()
+    for fine in ("new", "empty", "bundle", "interrupted"):
+        check_output_directory(tmp_path / fine)  # a rerun into its own directory, or a fresh one
+
+
 def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

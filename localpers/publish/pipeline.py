@@ -64,6 +64,7 @@ def publish(
         raise LocalpersError("--k must be at least 1")
     if options.shard_users < 1:
         raise LocalpersError("--shard-users must be at least 1")
+    bundle_stage.check_output_directory(options.out)
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
     backbone = resolve_backbone(options.model)
     executor = make_executor(
