@@ -300,6 +300,31 @@ def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) ->
         check_output_directory(tmp_path / fine)  # a rerun into its own directory, or a fresh one
 
 
+def test_cli_refuses_a_work_directory_a_publish_did_not_write(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+    from localpers.publish.runner import LOG_NAME, check_work_directory
+
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(corpus)
+    projects = tmp_path / "projects"
+    (projects / "export").mkdir(parents=True)  # a stage's name: its folder would be replaced
+    (projects / "export" / "slides.pdf").write_bytes(b"the user's own file")
+    result = CliRunner().invoke(
+        app, ["publish", str(corpus), "--out", str(tmp_path / "b"), "--work", str(projects)]
+    )
+    assert result.exit_code == 1
+    assert f"--work {projects} already holds files a publish did not write (export)" in result.output
+    assert (projects / "export" / "slides.pdf").read_bytes() == b"the user's own file"
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / LOG_NAME).write_text("earlier run\n")
+    (ours / "export").mkdir()
+    check_work_directory(ours)  # an earlier publish's cache: a rerun resumes there
+    check_work_directory(tmp_path / "new")
+
+
 def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -20,7 +20,7 @@ from localpers.publish import bundle_stage, clusters, export, features, head_tra
 from localpers.publish.corpus import load_corpus
 from localpers.publish.executor import EXECUTORS, Executor, SequentialExecutor
 from localpers.publish.options import PublishOptions
-from localpers.publish.runner import PublishContext, run_stages
+from localpers.publish.runner import LOG_NAME, PublishContext, check_work_directory, run_stages
 
 
 def make_executor(
@@ -65,6 +65,7 @@ def publish(
     if options.shard_users < 1:
         raise LocalpersError("--shard-users must be at least 1")
     bundle_stage.check_output_directory(options.out)
+    check_work_directory(options.work_dir)
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
     backbone = resolve_backbone(options.model)
     executor = make_executor(
@@ -94,7 +95,7 @@ def _publish(
         backbone_path=Path(backbone.path),
         backbone_sha256=backbone.sha256,
         console=console or Console(stderr=True),
-        log_file=options.work_dir / "publish.log",
+        log_file=options.work_dir / LOG_NAME,
         executor=executor,
     )
     context.log(f"publish {corpus.path} ({len(corpus.users)} users, {corpus.n_items} items) -> {options.out}")

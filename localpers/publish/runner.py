@@ -43,6 +43,29 @@ from localpers.publish.options import STAGES, PublishOptions, stage_fields
 
 DONE_MARKER = "done.json"
 KEY_FILE = "key.txt"
+LOG_NAME = "publish.log"  # in the work directory; every publish writes it first, so it marks one of ours
+
+
+def check_work_directory(work: Path) -> None:
+    """Refuse a stage cache a publish did not write: a stage whose inputs changed has its folder removed.
+
+    A new or empty directory is fine, and so is one holding `publish.log` (an earlier publish's cache, which
+    a rerun resumes). Anything else (say `--work ~` with a folder named `export`) is refused before work.
+    """
+    if not work.exists():
+        return
+    if not work.is_dir():
+        raise LocalpersError(f"--work {work} exists and is not a directory; give a new or empty directory")
+    try:
+        entries = sorted(entry.name for entry in work.iterdir())
+    except OSError as exc:
+        raise LocalpersError(f"--work {work}: cannot list it ({exc.strerror})") from None
+    if entries and LOG_NAME not in entries:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise LocalpersError(
+            f"--work {work} already holds files a publish did not write ({shown}); its stage folders are"
+            " replaced when their inputs change: give a new or empty directory"
+        )
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -171,7 +194,7 @@ def task_context(spec: ContextSpec) -> PublishContext:
         backbone_sha256=spec.backbone_sha256,
         console=Console(stderr=True),
         keys=dict(spec.keys),
-        log_file=spec.options.work_dir / "publish.log",
+        log_file=spec.options.work_dir / LOG_NAME,
     )
 
 
