@@ -291,6 +291,26 @@ def test_cli_bench_json_and_one_line_errors(
     assert missing.exit_code != 0 and "no such file" in missing.output
 
 
+def test_bench_refuses_an_out_directory_it_did_not_write(data_file: Path, tmp_path: Path) -> None:
+    from localpers.bench.runner import check_output_directory
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "report.md").write_text("the user's own report\n")
+    result = CliRunner().invoke(
+        app, ["bench", "--data", str(data_file), "--out", str(project), "-m", "global"]
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"--out {project} already holds files a benchmark did not write (report.md)" in result.output
+    assert (project / "report.md").read_text() == "the user's own report\n"
+    earlier = tmp_path / "earlier"
+    (earlier / "cache").mkdir(parents=True)
+    probes = tmp_path / "probes"
+    (probes / "bold" / "cache").mkdir(parents=True)
+    for fine in (tmp_path / "new", earlier, probes):
+        check_output_directory(fine)  # a fresh directory, or a run's or probes' own, which reruns resume
+
+
 def test_parse_and_canonical_method_names() -> None:
     assert parse_method("card@top_k=50,strength=0.5") == MethodSpec(
         "card", (("strength", 0.5), ("top_k", 50))

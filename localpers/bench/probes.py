@@ -26,7 +26,7 @@ import numpy as np
 from localpers.atomic import atomic_write_text
 from localpers.bench.metrics import mean_interval, paired_bootstrap
 from localpers.bench.results import query_scores
-from localpers.bench.runner import BenchConfig, Progress
+from localpers.bench.runner import BenchConfig, Progress, check_output_directory
 from localpers.bench.styles import STYLES, get_style
 
 DEFAULT_PROBE_METHODS = ("rag", "cluster")
@@ -152,6 +152,7 @@ def run_probes(
 
     for name in config.styles:
         get_style(name)  # refuse an unknown style before loading anything
+    check_output_directory(config.out)
     names = probe_method_names(config.methods, config.history_sizes)
     owned = personalizer is None
     if personalizer is None:

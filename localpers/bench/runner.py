@@ -104,6 +104,32 @@ class ResultCache:
         atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=1) + "\n")
 
 
+def check_output_directory(out: Path) -> None:
+    """Refuse an --out a benchmark did not write: a run replaces its report.md, results.json and plots.
+
+    A new or empty directory is fine, and so is an earlier run's (it has `cache/`) or probes' (`probes.json`,
+    or a style's run folder with `cache/`), which a rerun resumes. Checked before the model loads.
+    """
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise LocalpersError(f"--out {out} exists and is not a directory; give a new or empty directory")
+    try:
+        entries = sorted(out.iterdir())
+    except OSError as exc:
+        raise LocalpersError(f"--out {out}: cannot list it ({exc.strerror})") from None
+    names = {entry.name for entry in entries}
+    if not entries or "cache" in names or "probes.json" in names:
+        return
+    if any(entry.is_dir() and (entry / "cache").is_dir() for entry in entries):
+        return
+    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise LocalpersError(
+        f"--out {out} already holds files a benchmark did not write ({shown}); a run replaces its report.md,"
+        " results.json, outputs.jsonl and plots: give a new or empty directory"
+    )
+
+
 def run_bench(
     config: BenchConfig, *, personalizer: Personalizer | None = None, progress: Progress | None = None
 ) -> BenchRun:
@@ -117,6 +143,7 @@ def run_bench(
     style = get_style(config.style) if config.style else None
     if style is not None:
         users = restyle_users(users, style)
+    check_output_directory(config.out)
     owned = personalizer is None
     if personalizer is None:
         personalizer = Personalizer.open(model=config.model, bundle=config.bundle, n_threads=config.threads)
