@@ -1,13 +1,17 @@
 """Where localpers keeps its files: platformdirs locations, overridable with `LOCALPERS_HOME`.
 
 `LOCALPERS_HOME` puts every directory under one root (tests and portable installs use it).
-This module only computes paths and creates directories; it never writes files.
+This module only computes paths and creates directories; it never writes files. `check_own_directory`
+guards the output folders that commands replace files in (`publish --out`, `bench --out`).
 """
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import platformdirs
+
+from localpers.errors import LocalpersError
 
 APP_NAME = "localpers"
 
@@ -39,3 +43,31 @@ def config_dir() -> Path:
     path = root / "config" if root else Path(platformdirs.user_config_dir(APP_NAME))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def check_own_directory(
+    directory: Path, *, option: str, writer: str, replaces: str, is_ours: Callable[[list[Path]], bool]
+) -> None:
+    """Refuse `directory` unless it is new, empty, or `is_ours(its entries)`: a command replaces files there.
+
+    `option` and `writer` name the flag and the command ("--out", "a publish"); `replaces` says what would
+    be lost ("a bundle replaces its adapters and plots"). A one-line error lists what is there.
+    """
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise LocalpersError(
+            f"{option} {directory} exists and is not a directory; give a new or empty directory"
+        )
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        raise LocalpersError(f"{option} {directory}: cannot list it ({exc.strerror})") from None
+    if not entries or is_ours(entries):
+        return
+    names = [entry.name for entry in entries]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise LocalpersError(
+        f"{option} {directory} already holds files {writer} did not write ({shown}); {replaces}:"
+        " give a new or empty directory"
+    )

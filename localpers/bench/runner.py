@@ -34,6 +34,7 @@ from localpers.bench.registry import get_method
 from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
+from localpers.paths import check_own_directory
 from localpers.users.history import serialize_history
 
 Progress = Callable[[str, int, int, str], None]  # (method, users done, users total, what is happening)
@@ -110,23 +111,17 @@ def check_output_directory(out: Path) -> None:
     A new or empty directory is fine, and so is an earlier run's (it has `cache/`) or probes' (`probes.json`,
     or a style's run folder with `cache/`), which a rerun resumes. Checked before the model loads.
     """
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise LocalpersError(f"--out {out} exists and is not a directory; give a new or empty directory")
-    try:
-        entries = sorted(out.iterdir())
-    except OSError as exc:
-        raise LocalpersError(f"--out {out}: cannot list it ({exc.strerror})") from None
-    names = {entry.name for entry in entries}
-    if not entries or "cache" in names or "probes.json" in names:
-        return
-    if any(entry.is_dir() and (entry / "cache").is_dir() for entry in entries):
-        return
-    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    raise LocalpersError(
-        f"--out {out} already holds files a benchmark did not write ({shown}); a run replaces its report.md,"
-        " results.json, outputs.jsonl and plots: give a new or empty directory"
+
+    def is_ours(entries: list[Path]) -> bool:
+        names = {entry.name for entry in entries}
+        return "cache" in names or "probes.json" in names or any((e / "cache").is_dir() for e in entries)
+
+    check_own_directory(
+        out,
+        option="--out",
+        writer="a benchmark",
+        replaces="a run replaces its report.md, results.json, outputs.jsonl and plots",
+        is_ours=is_ours,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from localpers.bundle.format import MANIFEST_NAME, write_manifest
 from localpers.engine.backbone import DEFAULT_BACKBONE_NAME
 from localpers.engine.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
-from localpers.errors import LocalpersError
+from localpers.paths import check_own_directory
 from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
 from localpers.publish.head_training import HEAD_FILE
@@ -33,20 +33,12 @@ def check_output_directory(out: Path) -> None:
     A new or empty directory is fine, and so is one holding a bundle (`manifest.json`) or an interrupted
     publish's stage cache (`.work`), which a rerun resumes. Checked before any stage runs.
     """
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise LocalpersError(f"--out {out} exists and is not a directory; give a new or empty directory")
-    try:
-        entries = sorted(entry.name for entry in out.iterdir())
-    except OSError as exc:
-        raise LocalpersError(f"--out {out}: cannot list it ({exc.strerror})") from None
-    if not entries or MANIFEST_NAME in entries or WORK_ENTRY in entries:
-        return
-    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
-    raise LocalpersError(
-        f"--out {out} already holds files a publish did not write ({shown}); a bundle replaces its"
-        f" {', '.join(BUNDLE_ENTRIES)}: give a new or empty directory"
+    check_own_directory(
+        out,
+        option="--out",
+        writer="a publish",
+        replaces=f"a bundle replaces its {', '.join(BUNDLE_ENTRIES)}",
+        is_ours=lambda entries: any(entry.name in (MANIFEST_NAME, WORK_ENTRY) for entry in entries),
     )
 
 

@@ -37,6 +37,7 @@ from rich.progress import (
 from threadpoolctl import threadpool_limits
 
 from localpers.errors import LocalpersError
+from localpers.paths import check_own_directory
 from localpers.publish.corpus import Corpus, load_corpus
 from localpers.publish.executor import Executor, SequentialExecutor
 from localpers.publish.options import STAGES, PublishOptions, stage_fields
@@ -52,20 +53,13 @@ def check_work_directory(work: Path) -> None:
     A new or empty directory is fine, and so is one holding `publish.log` (an earlier publish's cache, which
     a rerun resumes). Anything else (say `--work ~` with a folder named `export`) is refused before work.
     """
-    if not work.exists():
-        return
-    if not work.is_dir():
-        raise LocalpersError(f"--work {work} exists and is not a directory; give a new or empty directory")
-    try:
-        entries = sorted(entry.name for entry in work.iterdir())
-    except OSError as exc:
-        raise LocalpersError(f"--work {work}: cannot list it ({exc.strerror})") from None
-    if entries and LOG_NAME not in entries:
-        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
-        raise LocalpersError(
-            f"--work {work} already holds files a publish did not write ({shown}); its stage folders are"
-            " replaced when their inputs change: give a new or empty directory"
-        )
+    check_own_directory(
+        work,
+        option="--work",
+        writer="a publish",
+        replaces="its stage folders are replaced when their inputs change",
+        is_ours=lambda entries: any(entry.name == LOG_NAME for entry in entries),
+    )
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
