@@ -17,7 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from localpers.errors import LocalpersError
+from localpers.errors import LocalpersError, StorageError
 
 TEMP_SUFFIX = ".partial"
 # .<target name>.<pid>.<random>.partial
@@ -94,10 +94,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
-def _not_written(path: Path, exc: OSError) -> LocalpersError:
+def _not_written(path: Path, exc: OSError) -> StorageError:
     """A full disk or a read-only folder: one line, and the promise that the old file is intact."""
     reason = exc.strerror or str(exc) or type(exc).__name__
-    return LocalpersError(
+    return StorageError(
         f"cannot write {path} ({reason}); it was left as it was: free some disk space or fix the folder's"
         " permissions, then run the command again"
     )

@@ -3,8 +3,9 @@
 Raise `LocalpersError` with a message that names the file, line or field at fault and says what to do
 (exit code 1: a state or usage problem, such as a missing user). Raise `InputError` when the content of
 something that came from outside is bad (a history file, a user archive, a bundle manifest, signed
-metadata): exit code 2, like a command-line usage error. Neither formats, logs nor exits;
-`localpers.cli.main` does that.
+metadata): exit code 2, like a command-line usage error. `StorageError` is a file that could not be
+written (full disk, read-only folder): a one-line error that is still an `OSError` for code that catches
+those. None of them formats, logs or exits; `localpers.cli.main` does that.
 """
 
 BAD_INPUT_EXIT_CODE = 2
@@ -25,3 +26,7 @@ class InputError(LocalpersError):
     """Bad content in a file, archive, download or request from outside: exit code 2."""
 
     exit_code = BAD_INPUT_EXIT_CODE
+
+
+class StorageError(LocalpersError, OSError):
+    """A file could not be written (disk full, permissions): one line for the CLI, an OSError to callers."""

@@ -129,7 +129,7 @@ def test_interrupted_fit_keeps_the_previous_pair(monkeypatch: pytest.MonkeyPatch
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", crashing_replace)
-    with pytest.raises(LocalpersError, match="simulated crash"):  # a one-line error, the old pair kept
+    with pytest.raises(OSError, match="simulated crash"):
         ann.save_fit(np.full(8, 9.0, np.float32), {"cluster": 2, "report": {"run": "new"}})
     monkeypatch.setattr(os, "replace", real_replace)
 

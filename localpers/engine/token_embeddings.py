@@ -97,5 +97,5 @@ def _save_location(sha256: str, location: dict[str, int]) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(target, json.dumps(location))
-    except (OSError, LocalpersError):  # the atomic writer reports a full or read-only disk as LocalpersError
+    except OSError:
         pass  # a read-only cache only costs the slow path next time
