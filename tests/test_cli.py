@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,27 @@ def test_every_command_has_help() -> None:
         result = runner.invoke(app, [*command, "--help"])
         assert result.exit_code == 0, command
         assert "Usage" in result.stdout
+
+
+def test_starting_the_cli_loads_no_heavy_library() -> None:
+    """Every command pays for what the CLI imports at start: scipy alone added ~0.3 s to `--help`."""
+    heavy = (
+        "scipy",
+        "sklearn",
+        "torch",
+        "transformers",
+        "sentence_transformers",
+        "textual",
+        "tuf",
+        "safetensors",
+    )
+    code = (
+        "import sys, localpers.cli.main\n"
+        f"loaded = [name for name in {heavy!r} if name in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_doctor_json_reports_backbone_and_extras(backbone: Backbone) -> None:

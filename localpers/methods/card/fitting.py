@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 
 DEFAULT_REGULARISATION = 1.0
 DEFAULT_PRIOR_WEIGHT = 0.0  # lambda_0 = w * cluster default; 0 = shrink towards zero (see the docstring)
@@ -48,6 +47,8 @@ def pair_accuracy(differences: np.ndarray, vector: np.ndarray) -> float:
 
 def fit_vector(differences: np.ndarray, prior: np.ndarray, regularisation: float) -> np.ndarray:
     """The lambda minimising the regularised Bradley-Terry loss (convex; L-BFGS converges globally)."""
+    from scipy.optimize import minimize  # here, not at the top: scipy adds ~0.3 s to every command's start
+
     d = np.asarray(differences, dtype=np.float64)
     lambda_0 = np.asarray(prior, dtype=np.float64)
 
