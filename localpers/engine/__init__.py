@@ -7,8 +7,12 @@
 - `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`: the backbone GGUF, its weight layouts, its
   token embeddings, LoRA adapter files.
 - `encoder`, `minilm`: the numpy sentence encoder. `torch_model`: the backbone in torch, for training only.
+- `openmp`: loads llama.cpp with a wait policy for its threads that survives a busy machine; imported first.
 """
 
+from localpers.engine import openmp  # noqa: F401  (loads llama_cpp under a wait policy; first)
+
+# isort: split
 from localpers.engine.backend import init_backend
 from localpers.engine.ggml_buffers import cpu_extra_buffer_types
 from localpers.engine.ggml_buffers import only_extra_buffer_types as _only_extra_buffer_types

@@ -1,0 +1,45 @@
+"""Loading llama.cpp with a wait policy for its threads that survives a busy machine.
+
+llama-cpp-python builds llama.cpp with OpenMP (libgomp), whose threads meet at a barrier after every operation
+of the graph, hundreds of times per token. libgomp's default lets a waiting thread spin up to 300,000 times
+before it sleeps: fastest on an idle machine, but when another program holds a core, the thread being waited
+for is not running and every barrier spins away a time slice. Two localpers commands at once on 2 cores
+decoded at ~1,290 ms per token instead of ~13 (docs/PERFORMANCE.md, forty-fourth session). Spinning 300 times
+and then sleeping cost ~8% per token on an idle machine and held ~30 ms per token beside another decoding
+process or two busy loops; sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost ~75% on an idle machine.
+
+libgomp reads its environment once, when it is loaded, and `import llama_cpp` loads it. So this module
+imports llama_cpp itself with GOMP_SPINCOUNT set, then takes the variable out again, so that torch's own
+OpenMP and the programs localpers starts see the environment the user gave. A user's OMP_WAIT_POLICY or
+GOMP_SPINCOUNT wins. `localpers.engine` imports this module before anything else, and every module that
+imports llama_cpp lives in that package. It does not choose the number of threads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+DEFAULT_SPIN_COUNT = "300"  # chosen with scripts/bench_wait_policy.py
+
+
+def choose_wait_policy(environ: MutableMapping[str, str]) -> list[str]:
+    """Set GOMP_SPINCOUNT unless the user chose how OpenMP threads wait; returns the names it set."""
+    if any(environ.get(name) for name in POLICY_VARIABLES):
+        return []
+    environ["GOMP_SPINCOUNT"] = DEFAULT_SPIN_COUNT
+    return ["GOMP_SPINCOUNT"]
+
+
+def load_llama_cpp() -> None:
+    """Import llama_cpp (and with it libgomp) under the wait policy, leaving the environment as it was."""
+    added = choose_wait_policy(os.environ)
+    try:
+        import llama_cpp  # noqa: F401  (libgomp reads the policy now, once)
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+load_llama_cpp()

@@ -1,0 +1,64 @@
+"""OpenMP's wait policy: llama.cpp's threads spin briefly at a barrier, then sleep, unless the user chose.
+
+Checked in fresh interpreters against what libgomp itself read when it loaded (`omp_display_env`), since
+setting the variable after llama.cpp is loaded would change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from localpers.engine.openmp import DEFAULT_SPIN_COUNT, choose_wait_policy
+
+PROBE = (
+    "import ctypes, os, sys, localpers.engine.vocabulary\n"  # any engine module: the package runs first
+    "print('environment:', os.environ.get('GOMP_SPINCOUNT'))\n"
+    "maps = open('/proc/self/maps').read()\n"
+    "if 'libgomp' not in maps:\n"
+    "    print('no libgomp'); sys.exit(0)\n"
+    "ctypes.CDLL('libgomp.so.1').omp_display_env(1)\n"
+)
+
+
+def _libgomp_settings(**variables: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(variables)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    if "no libgomp" in result.stdout:
+        pytest.skip("this llama.cpp build does not use OpenMP")
+    return result.stdout + result.stderr
+
+
+def test_waiting_threads_spin_briefly_by_default_and_the_environment_is_left_as_it_was() -> None:
+    settings = _libgomp_settings()
+    assert f"GOMP_SPINCOUNT = '{DEFAULT_SPIN_COUNT}'" in settings, settings
+    assert "environment: None" in settings  # torch's OpenMP and child processes see the user's environment
+
+
+def test_the_users_own_policy_wins() -> None:
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in _libgomp_settings(OMP_WAIT_POLICY="ACTIVE")
+    assert "GOMP_SPINCOUNT = '0'" in _libgomp_settings(OMP_WAIT_POLICY="PASSIVE")
+    assert "GOMP_SPINCOUNT = '10000'" in _libgomp_settings(GOMP_SPINCOUNT="10000")
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ({}, {"GOMP_SPINCOUNT": DEFAULT_SPIN_COUNT}),
+        ({"OMP_WAIT_POLICY": "active"}, {"OMP_WAIT_POLICY": "active"}),
+        ({"GOMP_SPINCOUNT": "1000"}, {"GOMP_SPINCOUNT": "1000"}),
+        ({"OMP_WAIT_POLICY": ""}, {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": DEFAULT_SPIN_COUNT}),
+    ],
+)
+def test_choose_wait_policy_keeps_a_choice_and_fills_none(
+    before: dict[str, str], after: dict[str, str]
+) -> None:
+    environ = dict(before)
+    choose_wait_policy(environ)
+    assert environ == after
