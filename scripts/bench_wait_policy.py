@@ -7,7 +7,7 @@ of the cores the thread llama.cpp waits for is not running, and the waiting one 
 every barrier. This times greedy decoding (ms/token) and a prompt's prefill (ms/prompt token) in one fresh
 process per policy and measurement, beside nothing, 1 or 2 busy-looping processes, or another llama.cpp
 process decoding under the same policy (two localpers commands at once), the policies alternating within
-each round; it prints medians. `localpers.engine.openmp` sets the product's policy; this script sets
+each round; it prints medians. `localpers.engine.threads` sets the product's policy; this script sets
 the environment of each child explicitly, so every row is the policy it names.
 
 Usage: python scripts/bench_wait_policy.py [--beside nothing busy busy2 localpers] [--rounds 3] [--tokens 24]

@@ -26,7 +26,7 @@ def api_command(
         bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (needs --api-key).")
     ] = False,
     threads: Annotated[
-        int | None, typer.Option(min=1, help="llama.cpp threads (default: all cores).")
+        int | None, typer.Option(min=1, help="llama.cpp threads (default: LOCALPERS_THREADS, else all CPUs).")
     ] = None,
     bundle: BundleOption = None,
     model: ModelOption = None,

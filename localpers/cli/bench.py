@@ -105,7 +105,7 @@ def bench_command(
         int | None,
         typer.Option(
             min=1,
-            help="llama.cpp threads (default: all cores; 1 is much faster on a CPU shared with other work).",
+            help="llama.cpp threads (default: LOCALPERS_THREADS, else all CPUs; 1 is faster on a CPU shared with other work).",
         ),
     ] = None,
     probes: Annotated[

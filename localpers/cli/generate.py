@@ -34,7 +34,6 @@ from localpers.errors import LocalpersError
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     """Show the backbone, llama.cpp build, threads, data directories, installed extras and the training device."""
-    import os
 
     from localpers import paths
     from localpers.engine import Engine, llama_cpp_version, llama_system_info
@@ -49,7 +48,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         encoder = f"missing: {exc}"
     # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
     with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
-        choice, weights = engine.buffer_choice, engine.weight_buffers
+        choice, weights, threads = engine.buffer_choice, engine.weight_buffers, engine.n_threads
     extras = {
         name: importlib.util.find_spec(name) is not None
         for name in ("torch", "transformers", "peft", "gguf", "matplotlib", "pytest")
@@ -59,7 +58,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "backbone": {"path": str(backbone.path), "sha256": backbone.sha256, "source": backbone.source},
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
-        "threads": os.cpu_count(),
+        "threads": threads,
         "encoder": encoder,
         "cpu_buffers": {
             "setting": choice.setting,

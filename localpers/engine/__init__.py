@@ -7,10 +7,11 @@
 - `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`: the backbone GGUF, its weight layouts, its
   token embeddings, LoRA adapter files.
 - `encoder`, `minilm`: the numpy sentence encoder. `torch_model`: the backbone in torch, for training only.
-- `openmp`: loads llama.cpp with a wait policy for its threads that survives a busy machine; imported first.
+- `threads`: how many threads llama.cpp runs, and a wait policy for them that survives a busy machine (it loads
+  llama.cpp, so it is imported first).
 """
 
-from localpers.engine import openmp  # noqa: F401  (loads llama_cpp under a wait policy; first)
+from localpers.engine import threads  # noqa: F401  (loads llama_cpp under a wait policy; first)
 
 # isort: split
 from localpers.engine.backend import init_backend

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from localpers.engine.backend import init_backend, recorded_llama_log
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
 from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
+from localpers.engine.threads import default_threads
 from localpers.engine.vocabulary import Vocabulary
 from localpers.errors import InputError, LocalpersError
 
@@ -105,7 +105,7 @@ class Engine(Vocabulary):
         self.n_embd: int = int(llama_cpp.llama_model_n_embd(self._model))
         self.n_layer: int = int(llama_cpp.llama_model_n_layer(self._model))
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.n_threads = n_threads or default_threads()
         self.tap_layers: tuple[int, ...] = tuple(
             sorted({layer % self.n_layer for layer in tap_layers}) if tap_layers else ()
         )

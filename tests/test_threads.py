@@ -1,18 +1,25 @@
-"""OpenMP's wait policy: llama.cpp's threads spin briefly at a barrier, then sleep, unless the user chose.
+"""llama.cpp's threads: how many (LOCALPERS_THREADS), and OpenMP's wait policy (spin briefly, then sleep).
 
-Checked in fresh interpreters against what libgomp itself read when it loaded (`omp_display_env`), since
+The policy is checked in fresh interpreters against what libgomp itself read when it loaded (`omp_display_env`), since
 setting the variable after llama.cpp is loaded would change nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
-from localpers.engine.openmp import DEFAULT_SPIN_COUNT, choose_wait_policy
+from localpers.cli import app
+from localpers.engine.backbone import Backbone
+from localpers.engine.threads import DEFAULT_SPIN_COUNT, choose_wait_policy, default_threads
+from localpers.errors import LocalpersError
+
+runner = CliRunner()
 
 PROBE = (
     "import ctypes, os, sys, localpers.engine.vocabulary\n"  # any engine module: the package runs first
@@ -62,3 +69,30 @@ def test_choose_wait_policy_keeps_a_choice_and_fills_none(
     environ = dict(before)
     choose_wait_policy(environ)
     assert environ == after
+
+
+@pytest.mark.parametrize("value", ["3", " 3 "])
+def test_localpers_threads_sets_the_default(value: str) -> None:
+    assert default_threads({"LOCALPERS_THREADS": value}) == 3
+
+
+def test_without_localpers_threads_every_cpu_this_process_may_use() -> None:
+    assert default_threads({}) == len(os.sched_getaffinity(0))
+    assert default_threads({"LOCALPERS_THREADS": ""}) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5", "513", "٣"])
+def test_a_bad_localpers_threads_is_a_one_line_error_naming_it(value: str) -> None:
+    with pytest.raises(LocalpersError, match=r"^LOCALPERS_THREADS=.* a whole number from 1 to 512"):
+        default_threads({"LOCALPERS_THREADS": value})
+
+
+def test_doctor_and_the_engine_use_localpers_threads(backbone: Backbone) -> None:
+    result = runner.invoke(
+        app, ["doctor", "--json", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "1"}
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["threads"] == 1
+    result = runner.invoke(app, ["doctor", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"})
+    assert result.exit_code == 1
+    assert "LOCALPERS_THREADS='lots'" in result.output and "Traceback" not in result.output

@@ -1,4 +1,7 @@
-"""Loading llama.cpp with a wait policy for its threads that survives a busy machine.
+"""How many threads llama.cpp runs, and how they wait for each other: a policy that survives a busy machine.
+
+`default_threads()` is LOCALPERS_THREADS when set (a command's `--threads` wins over both), else the CPUs this
+process may run on.
 
 llama-cpp-python builds llama.cpp with OpenMP (libgomp), whose threads meet at a barrier after every operation
 of the graph, hundreds of times per token. libgomp's default lets a waiting thread spin up to 300,000 times
@@ -12,16 +15,36 @@ libgomp reads its environment once, when it is loaded, and `import llama_cpp` lo
 imports llama_cpp itself with GOMP_SPINCOUNT set, then takes the variable out again, so that torch's own
 OpenMP and the programs localpers starts see the environment the user gave. A user's OMP_WAIT_POLICY or
 GOMP_SPINCOUNT wins. `localpers.engine` imports this module before anything else, and every module that
-imports llama_cpp lives in that package. It does not choose the number of threads.
+imports llama_cpp lives in that package.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+import re
+from collections.abc import Mapping, MutableMapping
 
+from localpers.errors import LocalpersError
+
+THREADS_VARIABLE = "LOCALPERS_THREADS"
+MAX_THREADS = 512  # ggml's own limit (GGML_MAX_N_THREADS)
 POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 DEFAULT_SPIN_COUNT = "300"  # chosen with scripts/bench_wait_policy.py
+
+
+def default_threads(environ: Mapping[str, str] = os.environ) -> int:
+    """LOCALPERS_THREADS if set, else the number of CPUs this process may run on (its affinity)."""
+    value = environ.get(THREADS_VARIABLE, "").strip()
+    if value:
+        if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= MAX_THREADS:
+            raise LocalpersError(
+                f"{THREADS_VARIABLE}={value[:40]!r} is not a number of threads: give a whole number from 1 to"
+                f" {MAX_THREADS}, or unset it to use every CPU"
+            )
+        return int(value)
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def choose_wait_policy(environ: MutableMapping[str, str]) -> list[str]:
