@@ -48,12 +48,16 @@ BUSY_LOOP = [sys.executable, "-c", "while True:\n    pass\n"]
 NEIGHBOURS = ("nothing", "busy", "busy2", "localpers")
 
 
-def measure(tokens: int, threads: int) -> dict[str, float]:
-    """In this process: ms per decoded token and ms per prefilled prompt token, with the product's engine."""
+def load_engine(threads: int):  # noqa: ANN201 (the engine type stays a lazy import)
+    """The product's engine with its layer taps on, as CARD runs it."""
     from localpers.engine import Engine
     from localpers.engine.backbone import resolve_backbone
 
-    engine = Engine(resolve_backbone(None).path, n_threads=threads)  # layer taps on, as CARD runs it
+    return Engine(resolve_backbone(None).path, n_threads=threads)
+
+
+def measure(engine, tokens: int) -> dict[str, float]:  # noqa: ANN001
+    """ms per decoded token and ms per prefilled prompt token on `engine`."""
     prompt = engine.tokenize(PROMPT * 3)
     engine.prefill(prompt[:8])  # warm-up
     started = time.perf_counter()
@@ -95,15 +99,22 @@ def main() -> None:
     parser.add_argument("--spins", type=int, nargs="+", default=list(DEFAULT_SPINS), help="0 = passive")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=24)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="default: the product's (LOCALPERS_THREADS, else all CPUs)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.threads is None:
+        from localpers.engine.threads import default_threads
+
+        args.threads = default_threads()
     if args.child:
+        engine = load_engine(args.threads)  # once: a neighbour keeps decoding, not loading
         while args.forever:
-            measure(args.tokens, args.threads)
-        print(json.dumps(measure(args.tokens, args.threads)))
+            measure(engine, args.tokens)
+        print(json.dumps(measure(engine, args.tokens)))
         return
 
     chosen = policies(args.spins)

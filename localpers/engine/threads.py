@@ -7,7 +7,7 @@ llama-cpp-python builds llama.cpp with OpenMP (libgomp), whose threads meet at a
 of the graph, hundreds of times per token. libgomp's default lets a waiting thread spin up to 300,000 times
 before it sleeps: fastest on an idle machine, but when another program holds a core, the thread being waited
 for is not running and every barrier spins away a time slice. Two localpers commands at once on 2 cores
-decoded at ~2,200 ms per token instead of ~14 (docs/PERFORMANCE.md, forty-fourth session). Spinning 300 times
+decoded at ~1,600 ms per token instead of ~14 (docs/PERFORMANCE.md, forty-fourth session). Spinning 300 times
 and then sleeping cost ~6% per token on an idle machine and held under 30 ms per token beside another decoding
 process or two busy loops; sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost ~75% on an idle machine.
 
