@@ -2,8 +2,8 @@
 
 Each argument is RUN_DIR:METHOD (a bench --out folder and a method name in its cache). The first is the
 reference. For each other one it prints mean ROUGE-1, the ratio and difference to the reference with a paired
-bootstrap 95% interval over queries and one over authors (resampling authors, each with all their queries),
-how many authors improved, the mean prompt and decode cost, and (where both runs scored it) the paired
+bootstrap 95% interval over queries and one over authors (`localpers.bench.authors`: resampling authors, each
+with all their queries), how many authors improved, the mean prompt and decode cost, and (where both runs scored it) the paired
 difference in gold likelihood: each query's mean per-token log-probability of the author's headline.
 
 With --split-half it also asks whether a per-author choice between the two could pay: each author's better of
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.bench.metrics import paired_bootstrap
+from localpers.bench.authors import compare_authors
+from localpers.bench.metrics import Interval, paired_bootstrap
 
 
 def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -42,22 +43,18 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
     rows = [(u, q) for u in users for q in sorted(set(reference[u]) & set(other[u]))]
     base = np.array([reference[u][q]["rouge1"] for u, q in rows])
     new = np.array([other[u][q]["rouge1"] for u, q in rows])
-    author = np.array([users.index(u) for u, _ in rows])
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(rows), size=(resamples, len(rows)))
     query_ratio = new[picks].mean(1) / base[picks].mean(1)
     query_diff = (new - base)[picks].mean(1)
-    by_author = [np.flatnonzero(author == i) for i in range(len(users))]
-    author_ratio, author_diff = [], []
-    for _ in range(resamples):
-        chosen = np.concatenate([by_author[i] for i in rng.integers(0, len(users), size=len(users))])
-        author_ratio.append(new[chosen].mean() / base[chosen].mean())
-        author_diff.append((new - base)[chosen].mean())
-    improved = sum(new[by_author[i]].mean() > base[by_author[i]].mean() for i in range(len(users)))
-    same = sum(new[by_author[i]].mean() == base[by_author[i]].mean() for i in range(len(users)))
+    # the author draws continue the same stream, so the figures printed before this call existed reproduce
+    authors = compare_authors(new, base, [u for u, _ in rows], n_resamples=resamples, rng=rng)
 
     def interval(values: list[float] | np.ndarray) -> list[float]:
         return [round(float(v), 4) for v in np.percentile(values, [2.5, 97.5])]
+
+    def bounds(estimate: Interval) -> list[float]:
+        return [round(estimate.low, 4), round(estimate.high, 4)]
 
     def cost(table: dict, key: str) -> float:
         return round(float(np.mean([table[u][q][key] for u, q in rows])), 2)
@@ -81,11 +78,11 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
         "rouge1": round(float(new.mean()), 4),
         "ratio": round(float(new.mean() / base.mean()), 4),
         "ratio_query_ci": interval(query_ratio),
-        "ratio_author_ci": interval(author_ratio),
+        "ratio_author_ci": bounds(authors.ratio),
         "diff": round(float((new - base).mean()), 4),
         "diff_query_ci": interval(query_diff),
-        "diff_author_ci": interval(author_diff),
-        "authors_improved": f"{improved}/{len(users)}" + (f" ({same} unchanged)" if same else ""),
+        "diff_author_ci": bounds(authors.difference),
+        "authors_improved": authors.improved_text(),
         "ms_per_token": [cost(reference, "ms_per_token"), cost(other, "ms_per_token")],
         "prompt_ms": [cost(reference, "prompt_ms"), cost(other, "prompt_ms")],
         **gold,

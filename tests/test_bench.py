@@ -7,6 +7,7 @@ results.json shape the issue fixes, resumes from its cache, and refuses bad inpu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -152,6 +153,27 @@ def test_results_json_has_the_issue_shape(first_run) -> None:
         )
 
 
+def test_author_level_figures_agree_with_the_per_user_means(first_run) -> None:
+    _, written, _ = first_run
+    results = written.results
+    users = results["users"]
+    assert set(results["authors_vs_global"]) == set(results["methods"]) - {"global"}
+    for name, row in results["authors_vs_global"].items():
+        means = [(u["rouge1"][name], u["rouge1"]["global"]) for u in users.values()]
+        assert row["authors"] == 2
+        assert row["improved"] == sum(m > g for m, g in means), name
+        assert row["unchanged"] == sum(m == g for m, g in means), name
+        assert row["improved"] + row["unchanged"] + row["worse"] == 2
+        low, ratio, high = row["rouge1_ratio"]
+        assert low <= high
+        if not math.isnan(ratio):
+            assert ratio == pytest.approx(results["deltas_vs_global"][name]["rouge1_ratio"][1], abs=1e-4)
+        assert row["rouge1"][1] == pytest.approx(results["deltas_vs_global"][name]["rouge1"][1], abs=1e-4)
+    for user_id, record in zip(users, written.run.records["card"], strict=True):
+        scores = [q["rouge1"] for q in record["queries"]]
+        assert users[user_id]["rouge1"]["card"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+
+
 def test_costs_per_method_are_measured(first_run) -> None:
     _, written, _ = first_run
     rows = written.results["methods"]
@@ -184,7 +206,8 @@ def test_outputs_report_and_plots_are_written(first_run) -> None:
     for reference in ("BAKERY DOUBLES UP", "a snowy monday"):
         assert reference not in report  # numbers only
     names = {path.name for path in written.plots}
-    assert names == {"bars.png", "gold.png", "low_resource.png", "alpha_sweep.png"}
+    assert names == {"bars.png", "authors.png", "gold.png", "low_resource.png", "alpha_sweep.png"}
+    assert "## Per author" in report and "| Method | authors improved |" in report
     for path in written.plots:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a progress report per method, ending with every user done

@@ -1,4 +1,4 @@
-"""PNG figures of a results.json: bars with intervals, the low-resource curve, parameter sweeps.
+"""PNG figures of a results.json: bars with intervals, per-author gains, the low-resource curve, sweeps.
 
 Each function takes the results object, writes one PNG (matplotlib, Agg backend, no display) and
 returns its path, or None when the run holds no methods for that figure (e.g. no `@history=` runs
@@ -183,11 +183,49 @@ def plot_gold(results: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, (left, right), path)
 
 
+def plot_authors(results: dict[str, Any], path: Path) -> Path | None:
+    """Each main method's ROUGE-1 gain over global per author (mean over the author's queries), authors in
+    the order of the first method's gain; the legend says how many authors each method improves."""
+    users = results.get("users") or {}
+    names = [n for n in main_methods(results) if n != "global"]
+    gains = {
+        name: {
+            user: row["rouge1"][name] - row["rouge1"]["global"]
+            for user, row in users.items()
+            if name in row.get("rouge1", {}) and "global" in row.get("rouge1", {})
+        }
+        for name in names
+    }
+    gains = {name: table for name, table in gains.items() if table}
+    if not gains:
+        return None
+    plt = _pyplot()
+    first = next(iter(gains.values()))
+    authors = sorted(first, key=lambda user: first[user])
+    fig, axis = plt.subplots(figsize=(max(6.0, 0.35 * len(authors) + 2), 4))
+    width = 0.8 / len(gains)
+    for offset, (name, table) in enumerate(gains.items()):
+        positions = [i + (offset - (len(gains) - 1) / 2) * width for i in range(len(authors))]
+        counted = (results.get("authors_vs_global") or {}).get(name)
+        label = f"{name} ({counted['improved']}/{counted['authors']} improved)" if counted else name
+        axis.bar(positions, [table.get(user, 0.0) for user in authors], width, label=label)
+    axis.axhline(0.0, color="black", linewidth=0.8)
+    axis.set_xticks(range(len(authors)), authors, rotation=60, ha="right", fontsize=7)
+    axis.set_ylabel("ROUGE-1 minus global's (author's mean)")
+    axis.set_title("Per-author ROUGE-1 gain over global")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
     """Every figure the results support, as PNGs in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     written = [
         plot_bars(results, directory / "bars.png"),
+        plot_authors(results, directory / "authors.png"),
         plot_gold(results, directory / "gold.png"),
         plot_low_resource(results, directory / "low_resource.png"),
         plot_sweep(results, "strength", directory / "alpha_sweep.png", label="strength α"),

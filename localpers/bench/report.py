@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from localpers.bench.authors import improved_text
 from localpers.bench.plots import history_curves, sweep_points
 
 
@@ -39,6 +40,23 @@ def main_table(results: dict[str, Any]) -> list[str]:
             f"| {_interval(delta.get('rougeL'))} | {_num(row['ms_per_token'], 2)} "
             f"| {_num(row['fit_s_per_user'], 2)}{' †' if row.get('fit_shared_negatives') else ''} "
             f"| {row['bytes_per_user']} |"
+        )
+    return lines
+
+
+def author_table(results: dict[str, Any]) -> list[str]:
+    """Per method: authors improved over global, and the ratio and difference with intervals over authors."""
+    rows = results.get("authors_vs_global") or {}
+    if not rows:
+        return []
+    lines = [
+        "| Method | authors improved | R-1 / global [95% CI over authors] | ΔR-1 vs global [95% CI over authors] |",
+        "|---|---:|---|---|",
+    ]
+    for name, row in rows.items():
+        lines.append(
+            f"| {name} | {improved_text(row['improved'], row['authors'], row['unchanged'])} "
+            f"| {_interval(row['rouge1_ratio'], 3, signed=False, null=1.0)} | {_interval(row['rouge1'])} |"
         )
     return lines
 
@@ -161,6 +179,20 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
     ]
     if "bars.png" in images:
         out += ["", f"![ROUGE-1 per method]({image_prefix}bars.png)"]
+    table = author_table(results)
+    if table:
+        out += [
+            "",
+            "## Per author",
+            "",
+            "Gains concentrate in a few authors, so the intervals here resample authors (each drawn author brings "
+            "all of their queries) instead of queries. An author is improved when the method's mean ROUGE-1 over "
+            "their queries is above global's.",
+            "",
+            *table,
+        ]
+        if "authors.png" in images:
+            out += ["", f"![ROUGE-1 gain over global per author]({image_prefix}authors.png)"]
     table = gold_table(results)
     if table:
         out += [

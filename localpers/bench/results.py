@@ -4,11 +4,14 @@ results.json keeps exactly the shape the issue fixes, plus extra fields:
 
     {"methods": {"<name>": {"rouge1", "rougeL", "n", "ms_per_token", "fit_s_per_user", "bytes_per_user", ...}},
      "deltas_vs_global": {"<name>": {"rouge1": [low, mean, high], "rougeL": [...], "rouge1_ratio": [...]}},
-     "deltas_vs": {"rag": {...}, "cluster": {...}}, "config": {...}, "users": {...}}
+     "deltas_vs": {"rag": {...}, "cluster": {...}}, "config": {...},
+     "authors_vs_global": {"<name>": {"authors", "improved", "unchanged", "worse", "rouge1_ratio", "rouge1"}},
+     "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean}, ...}}}
 
 Deltas pair the two methods' scores on the same (user, query); intervals are paired bootstrap 95%
-percentile intervals over queries. outputs.jsonl holds every generation (it contains no reference
-text, but generated headlines for a private test set: keep it out of the repository).
+percentile intervals over queries, and in `authors_vs_global` over authors (`localpers.bench.authors`).
+outputs.jsonl holds every generation (it contains no reference text, but generated headlines for a private
+test set: keep it out of the repository).
 This module neither generates nor plots.
 """
 
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from localpers.atomic import atomic_write_text
+from localpers.bench.authors import AuthorComparison, compare_authors
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
 from localpers.bench.registry import BASELINE
 from localpers.bench.runner import BenchRun
@@ -100,6 +104,22 @@ def deltas(
     return out
 
 
+def authors_vs(
+    candidate: list[dict[str, Any]], baseline: list[dict[str, Any]], *, n_resamples: int, seed: int
+) -> AuthorComparison:
+    """ROUGE-1 of `candidate` against `baseline` author by author, with intervals over resampled authors."""
+    keys_a, a = query_scores(candidate, "rouge1")
+    keys_b, b = query_scores(baseline, "rouge1")
+    if keys_a != keys_b:
+        raise ValueError("methods were scored on different (user, query) pairs; cannot pair them")
+    labels = [_author(record) for record in candidate for _ in record["queries"]]
+    return compare_authors(a, b, labels, n_resamples=n_resamples, seed=seed)
+
+
+def _author(record: dict[str, Any]) -> str:
+    return str(record.get("user_id", record["user"]))
+
+
 def build_results(run: BenchRun) -> dict[str, Any]:
     """The results.json object of a run."""
     n, seed = run.config.n_resamples, run.config.seed
@@ -129,6 +149,11 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             for other in OTHER_BASELINES
             if other in run.records
         },
+        "authors_vs_global": {
+            spec.name: authors_vs(run.records[spec.name], baseline, n_resamples=n, seed=seed).as_dict(DIGITS)
+            for spec in run.specs
+            if spec.name != BASELINE
+        },
         "config": {
             "command": run.config.command,
             "methods": [spec.name for spec in run.specs],
@@ -148,14 +173,23 @@ def build_results(run: BenchRun) -> dict[str, Any]:
 
 
 def _user_table(run: BenchRun) -> dict[str, Any]:
-    """Per user: history size and the CARD fit diagnostics (no text)."""
+    """Per user: history size, each method's mean ROUGE-1 over the user's queries and the CARD fit
+    diagnostics (no text)."""
     fitted = next(
         (name for name in ("card", *run.records) if name in run.records and run.records[name][0].get("fit")),
         None,
     )
     table: dict[str, Any] = {}
     for index, user in enumerate(run.users):
-        row: dict[str, Any] = {"history_items": len(user.history), "queries": len(user.queries)}
+        row: dict[str, Any] = {
+            "history_items": len(user.history),
+            "queries": len(user.queries),
+            "rouge1": {
+                spec.name: round(float(np.mean(scores)), DIGITS)
+                for spec in run.specs
+                if (scores := [q["rouge1"] for q in run.records[spec.name][index]["queries"]])
+            },
+        }
         if fitted is not None:
             record = run.records[fitted][index]
             row.update({"cluster": record["cluster"], "fit_method": fitted, **(record["fit"] or {})})

@@ -270,16 +270,28 @@ def _print_summary(results: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{results['config']['n_users']} users, {results['config']['n_queries']} queries")
-    for column in ("method", "R-1", "R-L", "ΔR-1 vs global [95% CI]", "ms/token", "fit s/user", "bytes/user"):
+    columns = (
+        "method",
+        "R-1",
+        "R-L",
+        "ΔR-1 vs global [95% CI]",
+        "authors up",
+        "ms/token",
+        "fit s/user",
+        "bytes/user",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right")
     for name, row in results["methods"].items():
         delta = results["deltas_vs_global"].get(name, {}).get("rouge1")
         shown = f"{delta[1]:+.4f} [{delta[0]:+.4f}, {delta[2]:+.4f}]" if delta else "–"
+        authors = (results.get("authors_vs_global") or {}).get(name)
         table.add_row(
             name,
             f"{row['rouge1']:.4f}",
             f"{row['rougeL']:.4f}",
             shown,
+            f"{authors['improved']}/{authors['authors']}" if authors else "–",
             f"{row['ms_per_token']:.2f}",
             f"{row['fit_s_per_user']:.2f}",
             str(row["bytes_per_user"]),
