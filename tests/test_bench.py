@@ -192,6 +192,11 @@ def test_costs_per_method_are_measured(first_run) -> None:
     assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "too-few-pairs" for r in truncated)
     assert all(r["history_items"] == 2 for r in truncated)
     assert rows["card@history=2"]["fit_shared_negatives"] and not rows["card"]["fit_shared_negatives"]
+    for name, row in rows.items():
+        queries = [q for record in written.run.records[name] for q in record["queries"]]
+        waited = [q["prompt_ms"] + q["tokens"] * q["ms_per_token"] for q in queries]
+        assert row["rewrite_ms"] == pytest.approx(sum(waited) / len(waited), abs=0.01), name
+        assert row["rewrite_ms"] > row["prompt_ms"] > 0, name
 
 
 def test_outputs_report_and_plots_are_written(first_run) -> None:
@@ -208,6 +213,7 @@ def test_outputs_report_and_plots_are_written(first_run) -> None:
     names = {path.name for path in written.plots}
     assert names == {"bars.png", "authors.png", "gold.png", "low_resource.png", "alpha_sweep.png"}
     assert "## Per author" in report and "| Method | authors improved |" in report
+    assert "## Cost against global" in report and "| global | " in report.split("## Cost against global")[1]
     for path in written.plots:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a progress report per method, ending with every user done

@@ -61,6 +61,32 @@ def author_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cost_table(results: dict[str, Any]) -> list[str]:
+    """Per method: decode and whole-rewrite time, each also as a ratio to global's, fit time and stored bytes."""
+    rows = results["methods"]
+    base = rows.get("global")
+    if base is None or "rewrite_ms" not in base:
+        return []
+
+    def ratio(row: dict[str, Any], key: str) -> str:
+        return f"{row[key] / base[key]:.2f}x" if base[key] else "–"
+
+    lines = [
+        "| Method | decode ms/token | / global | prompt ms | tokens per output | whole rewrite ms | / global "
+        "| fit s/user | bytes/user |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        if "rewrite_ms" not in row:
+            continue
+        lines.append(
+            f"| {name} | {_num(row['ms_per_token'], 2)} | {ratio(row, 'ms_per_token')} | {_num(row['prompt_ms'], 1)} "
+            f"| {_num(row['tokens_per_output'], 1)} | {_num(row['rewrite_ms'], 1)} | {ratio(row, 'rewrite_ms')} "
+            f"| {_num(row['fit_s_per_user'], 2)} | {row['bytes_per_user']} |"
+        )
+    return lines
+
+
 def comparison_tables(results: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for baseline, table in results.get("deltas_vs", {}).items():
@@ -204,6 +230,19 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
             "tokens evaluated in one batch (CARD's correction moves its top k; tokens outside the top k keep the "
             "adapter's logits, for every method alike). "
             "Higher is better; Δ is paired over queries.",
+            "",
+            *table,
+        ]
+    table = cost_table(results)
+    if table:
+        out += [
+            "",
+            "## Cost against global",
+            "",
+            "Means over the queries of this run. A whole rewrite is the prompt's evaluation (the user's shared "
+            "examples stay cached between one user's queries, as on the device) plus every generated token. The "
+            "methods ran one after another, so a machine whose speed drifts moves these ratios: "
+            "`scripts/bench_rewrite.py` interleaves methods for a cost comparison.",
             "",
             *table,
         ]

@@ -60,6 +60,10 @@ def method_summary(records: list[dict[str, Any]], *, n_resamples: int, seed: int
         "rouge1_ci": mean_interval(r1, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
         "rougeL_ci": mean_interval(rl, n_resamples=n_resamples, seed=seed).as_list(DIGITS),
         "prompt_ms": round(float(np.mean([q["prompt_ms"] for q in queries])), 2),
+        # a whole rewrite as the user waits for it: the prompt's evaluation, then every generated token
+        "rewrite_ms": round(
+            float(np.mean([q["prompt_ms"] + q["tokens"] * q["ms_per_token"] for q in queries])), 2
+        ),
         "tokens_per_output": round(tokens / len(queries), 2),
         **_gold_summary(queries, n_resamples=n_resamples, seed=seed),
     }
