@@ -3,8 +3,9 @@
 Each argument is RUN_DIR:METHOD (a bench --out folder and a method name in its cache). The first is the
 reference. For each other one it prints mean ROUGE-1, the ratio and difference to the reference with a paired
 bootstrap 95% interval over queries and one over authors (`localpers.bench.authors`: resampling authors, each
-with all their queries), how many authors improved, the mean prompt and decode cost, and (where both runs scored it) the paired
-difference in gold likelihood: each query's mean per-token log-probability of the author's headline.
+with all their queries), how many authors improved, the mean prompt and decode cost, and (where both runs
+scored it) the paired difference in gold likelihood: each query's mean per-token log-probability of the
+author's headline.
 
 With --split-half it also asks whether a per-author choice between the two could pay: each author's better of
 the two chosen with the answers on all their queries (a ceiling, inflated by noise), and chosen on half of their
