@@ -91,10 +91,10 @@ def _difference_panel(axis: Any, results: dict[str, Any], names: list[str], metr
     axis.set_title("Paired difference to global, 95% interval")
 
 
-def _save(fig: Any, axes: tuple[Any, ...], path: Path) -> Path:
+def _save(fig: Any, axes: tuple[Any, ...], path: Path, rotation: int = 20) -> Path:
     plt = _pyplot()
     for axis in axes:
-        axis.tick_params(axis="x", rotation=20)
+        axis.tick_params(axis="x", rotation=rotation)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -210,14 +210,11 @@ def plot_authors(results: dict[str, Any], path: Path) -> Path | None:
         label = f"{name} ({counted['improved']}/{counted['authors']} improved)" if counted else name
         axis.bar(positions, [table.get(user, 0.0) for user in authors], width, label=label)
     axis.axhline(0.0, color="black", linewidth=0.8)
-    axis.set_xticks(range(len(authors)), authors, rotation=60, ha="right", fontsize=7)
+    axis.set_xticks(range(len(authors)), authors, ha="right", fontsize=7)
     axis.set_ylabel("ROUGE-1 minus global's (author's mean)")
     axis.set_title("Per-author ROUGE-1 gain over global")
     axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, (axis,), path, rotation=60)
 
 
 def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
