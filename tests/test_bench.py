@@ -320,6 +320,31 @@ def test_cli_bench_json_and_one_line_errors(
     assert missing.exit_code != 0 and "no such file" in missing.output
 
 
+def test_cli_bench_without_methods_runs_the_product_and_judges_its_targets(
+    first_run, data_file: Path, tmp_path: Path, personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    config, written, _ = first_run
+    out = tmp_path / "product"
+    shutil.copytree(config.out, out)  # global's records are reused from the cache
+    monkeypatch.setattr(Personalizer, "open", staticmethod(lambda **_: _Borrowed(personalizer)))
+    bundle = str(written.results["config"]["bundle"])
+    args = ["bench", "--data", str(data_file), "--out", str(out), "--bundle", bundle, "--bootstrap", "500"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["methods"] == ["global", "global-history", "card-auto"]
+    targets = results["targets"]
+    assert targets["method"] == "card-auto" and len(targets["checks"]) == 7
+    assert {check["met"] for check in targets["checks"]} <= {True, False, None}
+    assert targets["checks"][6]["met"] is None  # fitted on whole histories, not on 20 items
+    assert f"targets  card-auto against global: {targets['summary']}" in result.output
+    report = (out / "report.md").read_text()
+    assert "## Targets: `card-auto` (the default) against global" in report
+    assert report.count("| target | measured | |") == 1
+
+
 def test_bench_refuses_an_out_directory_it_did_not_write(data_file: Path, tmp_path: Path) -> None:
     from localpers.bench.runner import check_output_directory
 

@@ -5,7 +5,7 @@ methods also take `strength`, `top_k`, `reg` (the L2 weight of the vector fit), 
 lambda towards prior x the cluster's default vector; 0 by default) and `bias` (the strength of the user's
 token bias; 0 = vector only). `parse_method` checks the name and its parameters against the registry;
 `canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>` and
-`card` share one cache. Presets (`main`, `low-resource`, `alpha-sweep`, `topk-sweep`, `related`) expand
+`card` share one cache. Presets (`product`, the default; `main`, `low-resource`, `alpha-sweep`, `topk-sweep`, `related`) expand
 to several names.
 """
 
@@ -116,7 +116,11 @@ def _strength_sweep(personalizer: Personalizer) -> list[str]:
     return [f"card@strength={m * default:g}" for m in STRENGTH_MULTIPLIERS]
 
 
+DEFAULT_PRESET = "product"  # what `localpers bench` runs without --methods
 PRESETS: dict[str, Callable[[Personalizer], list[str]]] = {
+    # what the device does: the baseline, the adapter with the user's history alone, the default (`rewrite`)
+    "product": lambda p: ["global", "global-history", "card-auto"],
+    # the CARD paper's comparison
     "main": lambda p: ["global", "rag", "cluster", "card"],
     "low-resource": lambda p: (
         [f"{base}@history={h}" for h in LOW_RESOURCE_HISTORY for base in ("cluster", "card")]

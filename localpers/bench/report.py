@@ -1,4 +1,4 @@
-"""report.md from a results.json object: a Table-1-style table, comparisons, curves and per-user fits.
+"""report.md from a results.json object: a Table-1-style table, targets, comparisons, curves and per-user fits.
 
 `render_report(results, image_prefix="")` returns Markdown; images are linked as
 `<image_prefix><name>.png` for the figures listed in `images`. Numbers only: no generated or
@@ -41,6 +41,17 @@ def main_table(results: dict[str, Any]) -> list[str]:
             f"| {_num(row['fit_s_per_user'], 2)}{' †' if row.get('fit_shared_negatives') else ''} "
             f"| {row['bytes_per_user']} |"
         )
+    return lines
+
+
+def targets_table(results: dict[str, Any]) -> list[str]:
+    """The product's targets for the default method: what each asks, what this run measured, met or not."""
+    targets = results.get("targets")
+    if not targets:
+        return []
+    status = {True: "**met**", False: "**not met**", None: "not judged"}
+    lines = ["| target | measured | |", "|---|---|---|"]
+    lines += [f"| {c['target']} | {c['measured']} | {status[c['met']]} |" for c in targets["checks"]]
     return lines
 
 
@@ -205,6 +216,18 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
     ]
     if "bars.png" in images:
         out += ["", f"![ROUGE-1 per method]({image_prefix}bars.png)"]
+    table = targets_table(results)
+    if table:
+        out += [
+            "",
+            f"## Targets: `{results['targets']['method']}` (the default) against global",
+            "",
+            f"{results['targets']['summary']}. The product's targets (issue 20), each read off this run's figures "
+            'below. The cost ratios come from methods run one after another (see "Cost against global"); the '
+            "style probes are a separate run (`localpers bench --probes`).",
+            "",
+            *table,
+        ]
     table = author_table(results)
     if table:
         out += [

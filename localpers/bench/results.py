@@ -6,10 +6,12 @@ results.json keeps exactly the shape the issue fixes, plus extra fields:
      "deltas_vs_global": {"<name>": {"rouge1": [low, mean, high], "rougeL": [...], "rouge1_ratio": [...]}},
      "deltas_vs": {"rag": {...}, "cluster": {...}}, "config": {...},
      "authors_vs_global": {"<name>": {"authors", "improved", "unchanged", "worse", "rouge1_ratio", "rouge1"}},
-     "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean}, ...}}}
+     "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean}, ...}},
+     "targets": {"method": "card-auto", "summary", "checks": [{"target", "measured", "met"}]}}
 
 Deltas pair the two methods' scores on the same (user, query); intervals are paired bootstrap 95%
 percentile intervals over queries, and in `authors_vs_global` over authors (`localpers.bench.authors`).
+`targets` (when the run has the default method) judges the product's targets (`localpers.bench.targets`).
 outputs.jsonl holds every generation (it contains no reference text, but generated headlines for a private
 test set: keep it out of the repository).
 This module neither generates nor plots.
@@ -28,6 +30,7 @@ from localpers.bench.authors import AuthorComparison, compare_authors
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
 from localpers.bench.registry import BASELINE
 from localpers.bench.runner import BenchRun
+from localpers.bench.targets import DEFAULT_METHOD, check_targets, targets_summary
 
 OTHER_BASELINES = ("rag", "cluster")
 DIGITS = 5
@@ -173,6 +176,13 @@ def build_results(run: BenchRun) -> dict[str, Any]:
         },
         "users": _user_table(run),
     }
+    checks = check_targets(results)
+    if checks:
+        results["targets"] = {
+            "method": DEFAULT_METHOD,
+            "summary": targets_summary(checks),
+            "checks": [check.as_dict() for check in checks],
+        }
     return results
 
 

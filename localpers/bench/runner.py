@@ -27,7 +27,12 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser, load_bench_users
 from localpers.bench.fits import BENCH_VERSION, FitStore, sha256_text
-from localpers.bench.method_names import check_method_names, effective_params, expand_methods
+from localpers.bench.method_names import (
+    DEFAULT_PRESET,
+    check_method_names,
+    effective_params,
+    expand_methods,
+)
 from localpers.bench.methods import Method, MethodSpec
 from localpers.bench.metrics import rouge
 from localpers.bench.registry import get_method
@@ -47,7 +52,7 @@ class BenchConfig:
 
     data: Path
     out: Path
-    methods: list[str] = field(default_factory=lambda: ["main"])
+    methods: list[str] = field(default_factory=lambda: [DEFAULT_PRESET])
     max_users: int | None = None
     max_queries: int | None = None
     history_limit: int | None = None

@@ -23,7 +23,8 @@ from localpers.errors import LocalpersError
 METHODS_HELP = (
     "Methods or presets, repeatable or comma-separated: global, rag, global-history, cluster, card, card-auto, "
     "card-global, card-factored-u, card-full-u, cope, exact; parameters as card@strength=0.5,top_k=50, rag@k=2, "
-    "card@history=5; presets main (default), low-resource, alpha-sweep, topk-sweep, related (cope, exact). "
+    "card@history=5; presets product (default: global, global-history, card-auto, what the device does), main "
+    "(the paper's table: global, rag, cluster, card), low-resource, alpha-sweep, topk-sweep, related (cope, exact). "
     "global is always included."
 )
 
@@ -134,6 +135,7 @@ def bench_command(
     Resumable: finished (method, user) pairs are cached under --out and reused by the next run.
     """
     from localpers.bench import BenchConfig, run_and_write
+    from localpers.bench.method_names import DEFAULT_PRESET
 
     if not data.is_file():
         raise LocalpersError(f"{data}: no such file; pass the users' JSONL with --data")
@@ -160,7 +162,7 @@ def bench_command(
     config = BenchConfig(
         data=data,
         out=out,
-        methods=methods or ["main"],
+        methods=methods or [DEFAULT_PRESET],
         max_users=max_users,
         max_queries=max_queries,
         history_limit=history_limit,
@@ -297,6 +299,9 @@ def _print_summary(results: dict[str, Any]) -> None:
             str(row["bytes_per_user"]),
         )
     Console().print(table)
+    targets = results.get("targets")
+    if targets:
+        typer.echo(f"targets  {targets['method']} against global: {targets['summary']}")
 
 
 def register(app: typer.Typer) -> None:
