@@ -219,6 +219,10 @@ def test_outputs_report_and_plots_are_written(first_run) -> None:
     # a progress report per method, ending with every user done
     finished = {(m, d, t) for m, d, t, _ in progress_calls if d == t}
     assert {(name, 2, 2) for name in written.results["methods"]} <= finished
+    # user by user, every method in turn: each method finishes the first user before any starts the second
+    user_done = [(m, d) for m, d, _, detail in progress_calls if not detail and d > 0]
+    methods = list(written.results["methods"])
+    assert user_done == [(m, 1) for m in methods] + [(m, 2) for m in methods]
 
 
 def test_strength_zero_equals_cluster_and_rag_prompt_holds_examples(

@@ -223,8 +223,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
             f"## Targets: `{results['targets']['method']}` (the default) against global",
             "",
             f"{results['targets']['summary']}. The product's targets (issue 20), each read off this run's figures "
-            'below. The cost ratios come from methods run one after another (see "Cost against global"); the '
-            "style probes are a separate run (`localpers bench --probes`).",
+            'below (the costs from "Cost against global"); the style probes are a separate run '
+            "(`localpers bench --probes`).",
             "",
             *table,
         ]
@@ -264,8 +264,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
             "",
             "Means over the queries of this run. A whole rewrite is the prompt's evaluation (the user's shared "
             "examples stay cached between one user's queries, as on the device) plus every generated token. The "
-            "methods ran one after another, so a machine whose speed drifts moves these ratios: "
-            "`scripts/bench_rewrite.py` interleaves methods for a cost comparison.",
+            "methods ran user by user, each in turn, so a machine whose speed drifts over the run moves them "
+            "alike; `scripts/bench_rewrite.py` interleaves them rewrite by rewrite for a finer comparison.",
             "",
             *table,
         ]

@@ -9,7 +9,8 @@ Layout under the output directory:
 
 A (method, user) cache file is reused only when its fingerprint (bundle, backbone, method and its
 parameters, the history item ids and the queries) matches, so an interrupted run resumes where it
-stopped and a changed bundle or data file recomputes. Fits are shared between methods through the
+stopped and a changed bundle or data file recomputes. Users are taken one at a time, every method in turn,
+so the methods' timings share the machine's drift. Fits are shared between methods through the
 benchmark's user store (`fits.FitStore`). This module does not aggregate or plot (see `results`, `report`, `plots`).
 """
 
@@ -170,60 +171,75 @@ def run_bench(
             "style": config.style,
         }
         params = {s.name: effective_params(s, personalizer, config.history_limit) for s in specs}
-        records: dict[str, list[dict[str, Any]]] = {}
-        for spec in specs:
-            records[spec.name] = _run_method(
-                spec, params[spec.name], users, personalizer, fits, cache, progress, style
-            )
+        records: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in specs}
+        if progress:
+            for spec in specs:
+                progress(spec.name, 0, len(users), "")
+        # User by user, every method in turn: a machine whose speed drifts during the run then moves every
+        # method's timings alike, so the cost ratios compare like with like (run one method after another,
+        # the first method's ms/token once came out 17% above the others' on an idle machine).
+        for done, user in enumerate(users):
+            for spec in specs:
+                records[spec.name].append(
+                    _run_user(
+                        spec,
+                        params[spec.name],
+                        user,
+                        (done, len(users)),
+                        personalizer,
+                        fits,
+                        cache,
+                        progress,
+                        style,
+                    )
+                )
         return BenchRun(config, users, specs, params, records, context)
     finally:
         if owned:
             personalizer.close()
 
 
-def _run_method(
+def _run_user(
     spec: MethodSpec,
     params: dict[str, Any],
-    users: list[BenchUser],
+    user: BenchUser,
+    position: tuple[int, int],
     personalizer: Personalizer,
     fits: FitStore,
     cache: ResultCache,
     progress: Progress | None,
     style: Style | None = None,
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
+    """One method on one user: its cached record when the fingerprint matches, else evaluated and cached."""
     method = get_method(spec.base)
     limit = params.get("history")
-    records = []
+    done, total = position
+    items = user.history_up_to(limit) if method.uses_history else ()
+    fingerprint = sha256_text(
+        [
+            BENCH_VERSION,
+            personalizer.bundle_sha256,
+            personalizer.backbone.sha256,
+            spec.name,
+            params,
+            [item.id for item in items],
+            [[q.id, q.input, q.reference] for q in user.queries],
+            *([style.name] if style else []),
+        ]
+    )
+    record = cache.load(spec.name, user.store_name, fingerprint)
+    if record is None:
+
+        def on_stage(detail: str) -> None:
+            if progress:
+                progress(spec.name, done, total, f"{user.user_id}: {detail}")
+
+        record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage, style)
+        record["fingerprint"] = fingerprint
+        cache.save(record)
     if progress:
-        progress(spec.name, 0, len(users), "")
-    for done, user in enumerate(users):
-        items = user.history_up_to(limit) if method.uses_history else ()
-        fingerprint = sha256_text(
-            [
-                BENCH_VERSION,
-                personalizer.bundle_sha256,
-                personalizer.backbone.sha256,
-                spec.name,
-                params,
-                [item.id for item in items],
-                [[q.id, q.input, q.reference] for q in user.queries],
-                *([style.name] if style else []),
-            ]
-        )
-        record = cache.load(spec.name, user.store_name, fingerprint)
-        if record is None:
-
-            def on_stage(detail: str, user: BenchUser = user, done: int = done) -> None:
-                if progress:
-                    progress(spec.name, done, len(users), f"{user.user_id}: {detail}")
-
-            record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage, style)
-            record["fingerprint"] = fingerprint
-            cache.save(record)
-        records.append(record)
-        if progress:
-            progress(spec.name, done + 1, len(users), "")
-    return records
+        progress(spec.name, done + 1, total, "")
+    return record
 
 
 def _evaluate_user(

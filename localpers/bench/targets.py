@@ -11,8 +11,8 @@ Each target compares the default personalized method (`card-auto`: what `localpe
 
 A target the run cannot judge (the method or a figure missing, or the fit run on other than 20 items) says
 why instead of met or not met. The style probes are a separate run (`localpers bench --probes`). The cost
-figures come from methods run one after another, so a machine whose speed drifts moves them;
-`scripts/bench_rewrite.py` interleaves methods for a cost comparison.
+figures come from methods run user by user, each in turn (`localpers.bench.runner`);
+`scripts/bench_rewrite.py` interleaves them rewrite by rewrite for a finer cost comparison.
 
 This module reads figures results.json already holds and compares them with thresholds; it computes no
 statistic of its own and runs nothing.

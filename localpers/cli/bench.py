@@ -27,6 +27,7 @@ METHODS_HELP = (
     "(the paper's table: global, rag, cluster, card), low-resource, alpha-sweep, topk-sweep, related (cope, exact). "
     "global is always included."
 )
+SUMMARY_WIDTH_WITHOUT_TERMINAL = 130  # columns of the printed summary in a log or a pipe
 
 
 def _log_progress(method: str, done: int, total: int, detail: str) -> None:
@@ -298,7 +299,10 @@ def _print_summary(results: dict[str, Any]) -> None:
             f"{row['fit_s_per_user']:.2f}",
             str(row["bytes_per_user"]),
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: rich's 80 columns would wrap every interval
+        console = Console(width=SUMMARY_WIDTH_WITHOUT_TERMINAL)
+    console.print(table)
     targets = results.get("targets")
     if targets:
         typer.echo(f"targets  {targets['method']} against global: {targets['summary']}")
