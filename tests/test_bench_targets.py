@@ -1,4 +1,4 @@
-"""The product's targets judged on results.json objects (`localpers.bench.targets`), and their report section."""
+"""The product's targets judged on results.json objects (`localpers.bench.targets`), and the report table."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ methods also take `strength`, `top_k`, `reg` (the L2 weight of the vector fit), 
 lambda towards prior x the cluster's default vector; 0 by default) and `bias` (the strength of the user's
 token bias; 0 = vector only). `parse_method` checks the name and its parameters against the registry;
 `canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>` and
-`card` share one cache. Presets (`product`, the default; `main`, `low-resource`, `alpha-sweep`, `topk-sweep`, `related`) expand
-to several names.
+`card` share one cache. Presets (`product`, the default; `main`, `low-resource`, `alpha-sweep`,
+`topk-sweep`, `related`) expand to several names.
 """
 
 from __future__ import annotations

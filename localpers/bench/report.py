@@ -1,4 +1,4 @@
-"""report.md from a results.json object: a Table-1-style table, targets, comparisons, curves and per-user fits.
+"""report.md from a results.json object: a Table-1-style table, targets, comparisons, curves, per-user fits.
 
 `render_report(results, image_prefix="")` returns Markdown; images are linked as
 `<image_prefix><name>.png` for the figures listed in `images`. Numbers only: no generated or
@@ -222,8 +222,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
             "",
             f"## Targets: `{results['targets']['method']}` (the default) against global",
             "",
-            f"{results['targets']['summary']}. The product's targets (issue 20), each read off this run's figures "
-            'below (the costs from "Cost against global"); the style probes are a separate run '
+            f"{results['targets']['summary']}. The product's targets (issue 20), each read off this run's "
+            'figures below (the costs from "Cost against global"); the style probes are a separate run '
             "(`localpers bench --probes`).",
             "",
             *table,

@@ -38,16 +38,12 @@ FIT_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class TargetCheck:
-    """One target: a short name, what it asks, what the run measured, and whether it is met (None: not judged)."""
+    """One target: a short name, what it asks, what the run measured, whether it is met (None: not judged)."""
 
     name: str
     target: str
     measured: str
     met: bool | None
-
-    @property
-    def status(self) -> str:
-        return {True: "met", False: "not met", None: "not judged"}[self.met]
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "target": self.target, "measured": self.measured, "met": self.met}
@@ -141,7 +137,8 @@ def _fit_check(row: dict[str, Any], config: dict[str, Any]) -> TargetCheck:
         return TargetCheck(
             name,
             target,
-            f"{seconds:.2f} s/user on {on}; judged with --history-limit {FIT_ITEMS} (or scripts/bench_fit.py)",
+            f"{seconds:.2f} s/user on {on}; judged with --history-limit {FIT_ITEMS} "
+            "(or scripts/bench_fit.py)",
             None,
         )
     if row.get("fit_shared_negatives"):

@@ -23,9 +23,9 @@ from localpers.errors import LocalpersError
 METHODS_HELP = (
     "Methods or presets, repeatable or comma-separated: global, rag, global-history, cluster, card, card-auto, "
     "card-global, card-factored-u, card-full-u, cope, exact; parameters as card@strength=0.5,top_k=50, rag@k=2, "
-    "card@history=5; presets product (default: global, global-history, card-auto, what the device does), main "
-    "(the paper's table: global, rag, cluster, card), low-resource, alpha-sweep, topk-sweep, related (cope, exact). "
-    "global is always included."
+    "card@history=5; presets product (default: global, global-history, card-auto, what the device does), "
+    "main (the paper's table: global, rag, cluster, card), low-resource, alpha-sweep, topk-sweep, related "
+    "(cope, exact). global is always included."
 )
 SUMMARY_WIDTH_WITHOUT_TERMINAL = 130  # columns of the printed summary in a log or a pipe
 
