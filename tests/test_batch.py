@@ -75,8 +75,8 @@ def test_jobs_without_generation_only_score_and_sequences_are_left_empty(persona
 
 
 def test_a_fit_does_not_depend_on_the_rewrites_before_it(backbone) -> None:
-    # Rewrites leave cells of llama.cpp's KV cache in use; the fit's batched jobs once rounded differently
-    # beside them, so a refit after rewrites (the TUI's, the benchmark's) learned another vector than a fit
+    # Rewrites leave cells of llama.cpp's KV cache in use; the fit's batched jobs once came out different by
+    # float noise beside them, so a refit after rewrites (the TUI's, the benchmark's) learned another vector than a fit
     # in a fresh process (a test author's norm 1.97 against 2.08). Each group of jobs now starts from an
     # empty cache. Seen with the demo bundle on a real author, not with the synthetic test bundle.
     from conftest import SHARED_DATA

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localpers.bench.methods import HISTORY_PARAM, Method, MethodSpec, ParamValue
-from localpers.bench.registry import BASELINE, get_method
+from localpers.bench.registry import BASELINE, get_method, product_methods
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 
@@ -118,8 +118,8 @@ def _strength_sweep(personalizer: Personalizer) -> list[str]:
 
 DEFAULT_PRESET = "product"  # what `localpers bench` runs without --methods
 PRESETS: dict[str, Callable[[Personalizer], list[str]]] = {
-    # what the device does: the baseline, the adapter with the user's history alone, the default (`rewrite`)
-    "product": lambda p: ["global", "global-history", "card-auto"],
+    # what the device compares side by side: global, the adapter with the user's history alone, the default
+    "product": lambda p: product_methods(),
     # the CARD paper's comparison
     "main": lambda p: ["global", "rag", "cluster", "card"],
     "low-resource": lambda p: (

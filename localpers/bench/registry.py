@@ -20,7 +20,7 @@ from localpers.bench.extra_methods import CopeBenchMethod, ExactBenchMethod
 from localpers.bench.methods import Method
 from localpers.bench.prompt_methods import ClusterMethod, GlobalHistoryMethod, GlobalMethod, RagMethod
 from localpers.errors import LocalpersError
-from localpers.methods.registry import BASELINE_METHOD, method_names
+from localpers.methods.registry import BASELINE_METHOD, DEFAULT_METHOD, compared_methods, method_names
 
 _METHODS: tuple[type[Method], ...] = (
     GlobalMethod,
@@ -58,3 +58,12 @@ def unmeasured_device_methods() -> list[str]:
 
 BASELINE: str = bench_method_for(BASELINE_METHOD) or GlobalMethod.name
 """The device's non-personalized reference as the benchmark names it; every run includes it, every delta is to it."""
+
+DEFAULT: str = bench_method_for(DEFAULT_METHOD) or CardChosenMethod.name
+"""What `rewrite` does after `fit`, as the benchmark names it: the method the product's targets are judged on."""
+
+
+def product_methods() -> list[str]:
+    """The methods the front ends compare side by side, as the benchmark names them, the baseline first."""
+    names = [bench_method_for(name) for name in reversed(compared_methods())]
+    return [name for name in names if name is not None]

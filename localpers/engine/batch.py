@@ -5,10 +5,10 @@ user's output and y- scored after the same prompt. One at a time, each generated
 pass over the whole model; with one token of each of up to `Engine.batch_sequences` prompts in one
 llama_decode it becomes one matrix-matrix pass: 8 rows cost ~3.6 single steps, 16 ~6.6 (AVX2, PERFORMANCE).
 
-Each group starts from an empty KV cache (`Engine.reset`): with other cells in use, such as sequence 0's
-cached prompt from an earlier rewrite, llama.cpp's attention spans more cells and rounds differently, so a
-fit's y- and pair features depended on what the engine had done before it (docs/RESULTS.md, section 0zl);
-from an empty cache they depend on the jobs alone. The next rewrite evaluates its prompt again, or restores
+Each group starts from an empty KV cache (`Engine.reset`): with the cells earlier rewrites left in it, the
+same jobs came out different by float noise, so a fit's y- and pair features depended on what the engine had
+done before it (docs/RESULTS.md, section 0zl; which llama.cpp path rounds differently was not isolated: a
+prompt merely held in sequence 0 did not reproduce it); from an empty cache they depend on the jobs alone. The next rewrite evaluates its prompt again, or restores
 it from the engine's prefix snapshots. Each prompt of a group gets its own sequence
 (1..batch_sequences) of the engine's KV cache: the prompt is evaluated once, generation
 continues it, and each continuation to score is evaluated after the prompt with the generated tokens
