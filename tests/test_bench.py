@@ -174,6 +174,31 @@ def test_author_level_figures_agree_with_the_per_user_means(first_run) -> None:
         assert users[user_id]["rouge1"]["card"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
 
 
+def test_gain_is_split_by_how_close_the_history_came(first_run) -> None:
+    config, written, _ = first_run
+    entry = written.results["by_sibling"]
+    # loud's q1 ("BAKERY DOUBLES UP") shares 1 of 3 words with "BAKERY WINS BIG" (R-1 0.33); the other
+    # three queries' best earlier headline stays below 0.3
+    assert [(b["name"], b["queries"], b["authors"]) for b in entry["bins"]] == [
+        ("< 0.3", 3, 2),
+        ("0.3-0.5", 1, 1),
+        (">= 0.5", 0, 0),
+    ]
+    assert set(entry["methods"]) == set(written.results["methods"]) - {"global"}
+    card = {cell["bin"]: cell for cell in entry["methods"]["card"]["bins"]}
+    loud_q1 = next(q for q in written.run.records["card"][0]["queries"] if q["query_id"] == "q1")
+    assert card["0.3-0.5"]["n"] == 1 and card["0.3-0.5"]["rouge1"] == pytest.approx(
+        loud_q1["rouge1"], abs=1e-5
+    )
+    assert card[">= 0.5"]["n"] == 0
+    assert entry["methods"]["card"]["top_share_for_target"] is None  # no query in the top bin
+    report = (config.out / "report.md").read_text()
+    assert "## Where the gain comes from" in report
+    assert "| card | 0.3-0.5 | 1 |" in report
+    assert "![ROUGE-1 gain over global by sibling score](siblings.png)" in report
+    assert (config.out / "siblings.png").stat().st_size > 0
+
+
 def test_costs_per_method_are_measured(first_run) -> None:
     _, written, _ = first_run
     rows = written.results["methods"]
@@ -211,7 +236,14 @@ def test_outputs_report_and_plots_are_written(first_run) -> None:
     for reference in ("BAKERY DOUBLES UP", "a snowy monday"):
         assert reference not in report  # numbers only
     names = {path.name for path in written.plots}
-    assert names == {"bars.png", "authors.png", "gold.png", "low_resource.png", "alpha_sweep.png"}
+    assert names == {
+        "bars.png",
+        "authors.png",
+        "siblings.png",
+        "gold.png",
+        "low_resource.png",
+        "alpha_sweep.png",
+    }
     assert "## Per author" in report and "| Method | authors improved |" in report
     assert "## Cost against global" in report and "| global | " in report.split("## Cost against global")[1]
     for path in written.plots:

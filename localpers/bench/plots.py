@@ -1,4 +1,5 @@
-"""PNG figures of a results.json: bars with intervals, per-author gains, the low-resource curve, sweeps.
+"""PNG figures of a results.json: bars with intervals, per-author gains, gains by sibling score, the
+low-resource curve, sweeps.
 
 Each function takes the results object, writes one PNG (matplotlib, Agg backend, no display) and
 returns its path, or None when the run holds no methods for that figure (e.g. no `@history=` runs
@@ -217,12 +218,47 @@ def plot_authors(results: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, (axis,), path, rotation=60)
 
 
+def plot_siblings(results: dict[str, Any], path: Path) -> Path | None:
+    """Each main method's paired ROUGE-1 difference to global per sibling-score bin, with its 95% interval;
+    each bin's label says how many queries it holds."""
+    entry = results.get("by_sibling") or {}
+    names = [n for n in main_methods(results) if n in entry.get("methods", {})]
+    bins = [b for b in entry.get("bins", []) if b["queries"]]
+    if not names or not bins:
+        return None
+    plt = _pyplot()
+    fig, axis = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(names)
+    for offset, name in enumerate(names):
+        cells = {cell["bin"]: cell for cell in entry["methods"][name]["bins"] if cell["n"]}
+        shown = [(i, cells[b["name"]]) for i, b in enumerate(bins) if b["name"] in cells]
+        positions = [i + (offset - (len(names) - 1) / 2) * width for i, _ in shown]
+        deltas = [cell["delta"] for _, cell in shown]
+        axis.bar(
+            positions,
+            [d[1] for d in deltas],
+            width,
+            yerr=[[d[1] - d[0] for d in deltas], [d[2] - d[1] for d in deltas]],
+            capsize=3,
+            label=name,
+        )
+    axis.axhline(0.0, color="black", linewidth=0.8)
+    labels = [f"{b['name']}\n{b['queries']} queries, {b['authors']} authors" for b in bins]
+    axis.set_xticks(range(len(bins)), labels, fontsize=8)
+    axis.set_xlabel("best R-1 of an earlier headline of the author against the answer (sibling score)")
+    axis.set_ylabel("ROUGE-1 minus global's")
+    axis.set_title("Where the gain comes from (paired 95% interval)")
+    axis.legend(fontsize=8)
+    return _save(fig, (axis,), path, rotation=0)
+
+
 def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
     """Every figure the results support, as PNGs in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     written = [
         plot_bars(results, directory / "bars.png"),
         plot_authors(results, directory / "authors.png"),
+        plot_siblings(results, directory / "siblings.png"),
         plot_gold(results, directory / "gold.png"),
         plot_low_resource(results, directory / "low_resource.png"),
         plot_sweep(results, "strength", directory / "alpha_sweep.png", label="strength α"),

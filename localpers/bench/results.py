@@ -7,11 +7,15 @@ results.json keeps exactly the shape the issue fixes, plus extra fields:
      "deltas_vs": {"rag": {...}, "cluster": {...}}, "config": {...},
      "authors_vs_global": {"<name>": {"authors", "improved", "unchanged", "worse", "rouge1_ratio", "rouge1"}},
      "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean}, ...}},
-     "targets": {"method": "card-auto", "summary", "checks": [{"target", "measured", "met"}]}}
+     "targets": {"method": "card-auto", "summary", "checks": [{"target", "measured", "met"}]},
+     "by_sibling": {"edges", "bins": [{"name", "queries", "authors"}], "methods": {"<name>": {"bins": [...],
+                    "top_share_for_target"}}, "target", "history_limit"}}
 
 Deltas pair the two methods' scores on the same (user, query); intervals are paired bootstrap 95%
 percentile intervals over queries, and in `authors_vs_global` over authors (`localpers.bench.authors`).
-`targets` (when the run has the default method) judges the product's targets (`localpers.bench.targets`).
+`targets` (when the run has the default method) judges the product's targets (`localpers.bench.targets`);
+`by_sibling` splits each method's gain by how close the author's history came to the answer
+(`localpers.bench.siblings`).
 outputs.jsonl holds every generation (it contains no reference text, but generated headlines for a private
 test set: keep it out of the repository).
 This module neither generates nor plots.
@@ -30,7 +34,8 @@ from localpers.bench.authors import AuthorComparison, compare_authors
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
 from localpers.bench.registry import BASELINE
 from localpers.bench.runner import BenchRun
-from localpers.bench.targets import DEFAULT_METHOD, check_targets, targets_summary
+from localpers.bench.siblings import gain_by_sibling
+from localpers.bench.targets import DEFAULT_METHOD, ROUGE_RATIO, check_targets, targets_summary
 
 OTHER_BASELINES = ("rag", "cluster")
 DIGITS = 5
@@ -175,6 +180,15 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             **run.context,
         },
         "users": _user_table(run),
+        "by_sibling": gain_by_sibling(
+            run.users,
+            run.records,
+            BASELINE,
+            history_limit=run.config.history_limit,
+            target=ROUGE_RATIO,
+            n_resamples=n,
+            seed=seed,
+        ),
     }
     checks = check_targets(results)
     if checks:
