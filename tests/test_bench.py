@@ -376,6 +376,8 @@ def test_cli_bench_without_methods_runs_the_product_and_judges_its_targets(
     assert {check["met"] for check in targets["checks"]} <= {True, False, None}
     assert targets["checks"][6]["met"] is None  # fitted on whole histories, not on 20 items
     assert f"targets  card-auto against global: {targets['summary']}" in result.output
+    # loud's q1 is the one query with a sibling (0.3-0.5); none reaches 0.5
+    assert "siblings 0.0% of the queries have a sibling >= 0.5; card-auto / global: " in result.output
     report = (out / "report.md").read_text()
     assert "## Targets: `card-auto` (the default) against global" in report
     assert report.count("| target | measured | |") == 1

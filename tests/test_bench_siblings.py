@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from localpers.bench.data import BenchQuery, BenchUser
-from localpers.bench.siblings import bin_index, bin_names, gain_by_sibling, share_needed, sibling_score
+from localpers.bench.siblings import (
+    bin_index,
+    bin_names,
+    gain_by_sibling,
+    share_needed,
+    sibling_score,
+    sibling_summary,
+)
 from localpers.users.history import HistoryItem
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "gain_by_sibling.py"
@@ -78,6 +85,10 @@ def test_each_bin_keeps_its_own_figures() -> None:
         users, {"global": records(0.2, 0.2)}, "global", history_limit=1, target=1.25, n_resamples=10, seed=0
     )
     assert [b["queries"] for b in cut["bins"]] == [2, 0, 0]
+    assert sibling_summary(entry, "card-auto") == (
+        "50.0% of the queries have a sibling >= 0.5; card-auto / global: 0.500x at < 0.3, 4.000x at >= 0.5"
+    )
+    assert sibling_summary(entry, "card") is None
 
 
 def test_script_reads_a_run_folder(tmp_path: Path) -> None:

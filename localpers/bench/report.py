@@ -193,7 +193,7 @@ def sibling_lines(results: dict[str, Any]) -> list[str]:
             ratio = "–" if cell["ratio"] is None else f"{cell['ratio']:.3f}"
             lines.append(
                 f"| {method} | {cell['bin']} | {cell['n']} | {cell['baseline_rouge1']:.4f} | {cell['rouge1']:.4f} "
-                f"| {ratio} | {_interval([cell['delta'][0], cell['delta'][1], cell['delta'][2]])} |"
+                f"| {ratio} | {_interval(cell['delta'])} |"
             )
     needed = [
         f"`{method}` {row['top_share_for_target']:.1%}"
@@ -201,12 +201,13 @@ def sibling_lines(results: dict[str, Any]) -> list[str]:
         if row["top_share_for_target"] is not None
     ]
     if needed:
-        top = entry["bins"][-1]["name"]
+        top = entry["bins"][-1]
+        share = top["queries"] / max(1, sum(b["queries"] for b in entry["bins"]))
         lines += [
             "",
-            f"Share of queries with a sibling score {top} at which each method would reach {entry['target']}x "
-            f"global overall, every bin's means held and the other bins in proportion: {', '.join(needed)} "
-            f"(this run: {entry['bins'][-1]['queries'] / max(1, sum(b['queries'] for b in entry['bins'])):.1%}).",
+            f"Share of queries with a sibling score {top['name']} at which each method would reach "
+            f"{entry['target']}x global overall, every bin's means held and the other bins in proportion: "
+            f"{', '.join(needed)} (this run: {share:.1%}).",
         ]
     return lines
 

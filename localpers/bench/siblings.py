@@ -72,6 +72,19 @@ def share_needed(
     return float(share) if 0.0 <= share <= 1.0 else None
 
 
+def sibling_summary(entry: dict[str, Any], method: str) -> str | None:
+    """One line for the printed summary: the top bin's share and `method`'s ratio in the lowest and top bins."""
+    row = entry.get("methods", {}).get(method)
+    if row is None:
+        return None
+    bins = entry["bins"]
+    total = sum(b["queries"] for b in bins)
+    cells = [cell for cell in row["bins"] if cell["n"] and cell.get("ratio") is not None]
+    ratios = ", ".join(f"{cell['ratio']:.3f}x at {cell['bin']}" for cell in cells)
+    share = bins[-1]["queries"] / total if total else 0.0
+    return f"{share:.1%} of the queries have a sibling {bins[-1]['name']}; {method} / global: {ratios}"
+
+
 def _scores(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], float]:
     return {(str(r["user_id"]), q["query_id"]): float(q["rouge1"]) for r in records for q in r["queries"]}
 

@@ -272,6 +272,8 @@ def _print_summary(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from localpers.bench.siblings import sibling_summary
+
     table = Table(title=f"{results['config']['n_users']} users, {results['config']['n_queries']} queries")
     columns = (
         "method",
@@ -306,6 +308,9 @@ def _print_summary(results: dict[str, Any]) -> None:
     targets = results.get("targets")
     if targets:
         typer.echo(f"targets  {targets['method']} against global: {targets['summary']}")
+        siblings = sibling_summary(results.get("by_sibling") or {}, targets["method"])
+        if siblings:
+            typer.echo(f"siblings {siblings} (report.md: where the gain comes from)")
 
 
 def register(app: typer.Typer) -> None:
