@@ -73,7 +73,7 @@ def share_needed(
 
 
 def sibling_summary(entry: dict[str, Any], method: str) -> str | None:
-    """One line for the printed summary: the top bin's share and `method`'s ratio in the lowest and top bins."""
+    """One line for the printed summary: the top bin's share and `method`'s ratio in each bin with queries."""
     row = entry.get("methods", {}).get(method)
     if row is None:
         return None
