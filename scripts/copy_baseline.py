@@ -20,6 +20,7 @@ import numpy as np
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import rouge
+from localpers.bench.siblings import sibling_score
 from localpers.tasks import get_task
 from localpers.users.history import DEFAULT_TASK
 from localpers.users.history_prompt import history_document, select_examples
@@ -46,9 +47,7 @@ def main() -> None:
             (copied,) = select_examples(task, query.input, pool, 1, index)
             closest.append(rouge(copied, query.reference).rouge1)
             recent.append(rouge(history[-1].output, query.reference).rouge1)
-            oracle.append(
-                max(rouge(item.output, query.reference).rouge1 for item in history[-ORACLE_WINDOW:])
-            )
+            oracle.append(sibling_score([item.output for item in history[-ORACLE_WINDOW:]], query.reference))
             bm25.append(float(index.scores(task.content(query.input)).max()))
     closest_r1 = np.asarray(closest)
     print(

@@ -176,6 +176,7 @@ def sibling_lines(results: dict[str, Any]) -> list[str]:
     entry = results.get("by_sibling")
     if not entry or not entry["methods"]:
         return []
+    baseline = entry.get("baseline", "global")
     counts = "; ".join(
         f"{b['name']}: {b['queries']} queries ({b['authors']} author{'s' if b['authors'] != 1 else ''})"
         for b in entry["bins"]
@@ -183,7 +184,7 @@ def sibling_lines(results: dict[str, Any]) -> list[str]:
     lines = [
         f"Queries by their sibling score: {counts}.",
         "",
-        "| Method | sibling score | queries | global R-1 | R-1 | / global | Δ R-1 [95% CI] |",
+        f"| Method | sibling score | queries | {baseline} R-1 | R-1 | / {baseline} | Δ R-1 [95% CI] |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
     for method, row in entry["methods"].items():
@@ -206,7 +207,7 @@ def sibling_lines(results: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"Share of queries with a sibling score {top['name']} at which each method would reach "
-            f"{entry['target']}x global overall, every bin's means held and the other bins in proportion: "
+            f"{entry['target']}x {baseline} overall, every bin's means held and the other bins in proportion: "
             f"{', '.join(needed)} (this run: {share:.1%}).",
         ]
     return lines

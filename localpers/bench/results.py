@@ -8,7 +8,7 @@ results.json keeps exactly the shape the issue fixes, plus extra fields:
      "authors_vs_global": {"<name>": {"authors", "improved", "unchanged", "worse", "rouge1_ratio", "rouge1"}},
      "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean}, ...}},
      "targets": {"method": "card-auto", "summary", "checks": [{"target", "measured", "met"}]},
-     "by_sibling": {"edges", "bins": [{"name", "queries", "authors"}], "methods": {"<name>": {"bins": [...],
+     "by_sibling": {"baseline", "edges", "bins": [{"name", "queries", "authors"}], "methods": {"<name>": {"bins": [...],
                     "top_share_for_target"}}, "target", "history_limit"}}
 
 Deltas pair the two methods' scores on the same (user, query); intervals are paired bootstrap 95%

@@ -82,7 +82,8 @@ def sibling_summary(entry: dict[str, Any], method: str) -> str | None:
     cells = [cell for cell in row["bins"] if cell["n"] and cell.get("ratio") is not None]
     ratios = ", ".join(f"{cell['ratio']:.3f}x at {cell['bin']}" for cell in cells)
     share = bins[-1]["queries"] / total if total else 0.0
-    return f"{share:.1%} of the queries have a sibling {bins[-1]['name']}; {method} / global: {ratios}"
+    baseline = entry.get("baseline", "global")
+    return f"{share:.1%} of the queries have a sibling {bins[-1]['name']}; {method} / {baseline}: {ratios}"
 
 
 def _scores(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], float]:
@@ -106,6 +107,7 @@ def gain_by_sibling(
     counts = np.bincount(list(bins.values()), minlength=len(names)) if bins else np.zeros(len(names))
     shares = counts / max(1, counts.sum())
     entry: dict[str, Any] = {
+        "baseline": baseline,
         "edges": list(edges),
         "history_limit": history_limit,
         "bins": [

@@ -8,9 +8,10 @@ llama_decode it becomes one matrix-matrix pass: 8 rows cost ~3.6 single steps, 1
 Each group starts from an empty KV cache (`Engine.reset`): with the cells earlier rewrites left in it, the
 same jobs came out different by float noise, so a fit's y- and pair features depended on what the engine had
 done before it (docs/RESULTS.md, section 0zl; which llama.cpp path rounds differently was not isolated: a
-prompt merely held in sequence 0 did not reproduce it); from an empty cache they depend on the jobs alone. The next rewrite evaluates its prompt again, or restores
-it from the engine's prefix snapshots. Each prompt of a group gets its own sequence
-(1..batch_sequences) of the engine's KV cache: the prompt is evaluated once, generation
+prompt merely held in sequence 0 did not reproduce it); from an empty cache they depend on the jobs alone.
+The next rewrite evaluates its prompt again, or restores it from the engine's prefix snapshots. Each prompt
+of a group gets its own sequence (1..batch_sequences) of the engine's KV cache: the prompt is evaluated
+once, generation
 continues it, and each continuation to score is evaluated after the prompt with the generated tokens
 dropped. Prompts that open with the same block of tokens (a job's `shared`: a user's recent outputs) get it
 evaluated once per group, as a batch of its own, and the other sequences share its cache cells; a
