@@ -89,8 +89,8 @@ def test_every_prompt_of_a_user_starts_with_the_shared_prefix_of_recent_examples
 
 def test_prompt_format_round_trips_and_refuses_bad_entries() -> None:
     chosen = PromptFormat(examples=5)
-    # the device shows the user's recent outputs first and retrieves the closest one
-    assert PromptFormat.from_manifest(chosen.to_manifest()) == PromptFormat(examples=5, recent=4)
+    # the device shows the user's recent outputs first and retrieves the closest one (or a series' members)
+    assert PromptFormat.from_manifest(chosen.to_manifest()) == PromptFormat(examples=5, recent=4, series=3)
     assert PromptFormat.from_manifest(PromptFormat(examples=1).to_manifest()).recent == 0
     assert PromptFormat.from_manifest(PromptFormat(examples=2).to_manifest()).recent == 1
     assert PromptFormat.from_manifest(None) is None
@@ -128,7 +128,7 @@ def test_described_examples_are_the_closest_shown_as_completed_task_prompts() ->
 def test_described_format_keeps_the_shared_prefix_and_describes_only_retrieved_examples() -> None:
     index = HistoryIndex(HEADLINE, list(POOL))
     device = PromptFormat.from_manifest(PromptFormat(examples=3, described=1).to_manifest())
-    assert device == PromptFormat(examples=3, described=1, recent=2)
+    assert device == PromptFormat(examples=3, described=1, recent=2, series=3)
     prefix = shared_prefix_for_user("headline", device, index)
     for text in ("New bike lanes.", "Sourdough bread prize.", "Trains at night."):
         prompt = prompt_for_user("headline", INSTRUCTION + text, device, index)

@@ -316,7 +316,7 @@ def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
     loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
     try:
         # The device shows the most recent outputs first and retrieves `CLOSEST_PER_TEXT` (1) per text.
-        assert loaded.prompt_format == PromptFormat(examples=2, recent=1)
+        assert loaded.prompt_format == PromptFormat(examples=2, recent=1, series=3)
         user = UserStore().create("shouty")
         user.save_history(items(SHOUTY))
         index = user.history_index(get_task("headline"))

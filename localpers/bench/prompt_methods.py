@@ -101,15 +101,23 @@ def history_index(profile: UserProfile, task: str = "headline", retrieval: str =
     return HistoryIndex(get_task(task), pool, retrieval)
 
 
-FORMAT_PARAMS = ("examples", "recent", "described")
+FORMAT_PARAMS = ("examples", "recent", "described", "series")
 
 
 def format_variant(base: PromptFormat, spec: MethodSpec) -> PromptFormat:
-    """`base` with the spec's `examples`, `recent` and `described` where given (counts capped at `examples`)."""
+    """`base` with the spec's `examples`, `recent`, `described` and `series` where given (counts capped at
+    `examples`; `series=0` shows no series)."""
     examples = int(spec.get("examples") or base.examples)
     recent = base.recent if spec.get("recent") is None else int(spec.get("recent") or 0)
     described = base.described if spec.get("described") is None else int(spec.get("described") or 0)
-    return replace(base, examples=examples, recent=min(recent, examples), described=min(described, examples))
+    series = base.series if spec.get("series") is None else int(spec.get("series") or 0)
+    return replace(
+        base,
+        examples=examples,
+        recent=min(recent, examples),
+        described=min(described, examples),
+        series=series,
+    )
 
 
 class HistoryPromptMethod(Method):
@@ -133,17 +141,26 @@ class GlobalHistoryMethod(HistoryPromptMethod):
     # `described=N`: the closest N examples shown with their content (the bundle's value by default); `recent=N`:
     # N of the examples are the user's most recent outputs (the device's value by default; 0 = all retrieved, the
     # training format, which this method used before the seventeenth session)
-    # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`)
-    params = {"examples": int, "described": int, "recent": int, "candidates": int, **PENALTY_PARAMS}
+    # `candidates=N`: N outputs decoded side by side and the consensus one kept (`Personalizer.rewrite`);
+    # `series=N`: a series of N or more outputs shown by its members (the device's value by default; 0 = never)
+    params = {
+        "examples": int,
+        "described": int,
+        "recent": int,
+        "series": int,
+        "candidates": int,
+        **PENALTY_PARAMS,
+    }
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
-            return {"examples": 5, "described": 0, "recent": 0, **PENALTY_DEFAULTS}
+            return {"examples": 5, "described": 0, "recent": 0, "series": 0, **PENALTY_DEFAULTS}
         return {
             "examples": chosen.examples,
             "described": chosen.described,
             "recent": chosen.recent,
+            "series": chosen.series,
             **PENALTY_DEFAULTS,
         }
 
@@ -159,7 +176,10 @@ class GlobalHistoryMethod(HistoryPromptMethod):
         # Always an explicit format: on a plain bundle this is the "same prompt, adapter not trained on it" ablation.
         base = personalizer.prompt_format or PromptFormat()
         chosen = format_variant(
-            PromptFormat(examples=base.examples, described=base.described, recent=base.recent), spec
+            PromptFormat(
+                examples=base.examples, described=base.described, recent=base.recent, series=base.series
+            ),
+            spec,
         )
         return personalizer.rewrite(
             text,
@@ -181,17 +201,18 @@ class ClusterMethod(HistoryPromptMethod):
     uses_history = True
     # `examples=K,recent=N`: K examples in the prompt, N of them the user's most recent outputs instead of retrieved
     # ones (the device's default: the bundle's K, N = K less `CLOSEST_PER_TEXT`); others for choosing on the dev split
-    params = {"examples": int, "recent": int, "dense": int, "described": int}
+    params = {"examples": int, "recent": int, "dense": int, "described": int, "series": int}
 
     def defaults(self, personalizer: Personalizer) -> dict[str, ParamValue]:
         chosen = personalizer.prompt_format
         if chosen is None:
-            return {"examples": 0, "recent": 0, "dense": 0, "described": 0}
+            return {"examples": 0, "recent": 0, "dense": 0, "described": 0, "series": 0}
         return {
             "examples": chosen.examples,
             "recent": chosen.recent,
             "dense": 0,
             "described": chosen.described,
+            "series": chosen.series,
         }
 
     def generate(

@@ -40,7 +40,11 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
 from localpers.tasks import Task, cut_text, get_task
-from localpers.users.retrieval import Bm25Index, HistorySearch, make_index
+from localpers.users.retrieval import Bm25Index, HistorySearch, best_positions, make_index
+from localpers.users.series import MIN_SIZE as SERIES_MIN_SIZE
+from localpers.users.series import SEARCH_DEPTH as SERIES_SEARCH_DEPTH
+from localpers.users.series import SHOWN as SERIES_SHOWN
+from localpers.users.series import find_series, word_set
 
 FORMAT_NAME = "history-examples"
 # Version 2 adds `described` (demonstrations). A bundle without demonstrations still says version 1, so a device
@@ -73,6 +77,10 @@ class PromptFormat:
     # the manifest: the publisher trains with `--recent-examples` (default 0); the device always reads
     # `examples - CLOSEST_PER_TEXT` (`from_manifest`), whatever the bundle was trained with.
     recent: int = 0
+    # When one of the outputs closest to the text belongs to a series of at least this many (`localpers.users.series`),
+    # the retrieved examples are that series' most recent members instead; 0 = never. Not in the manifest either: the
+    # device always reads `series.MIN_SIZE`, the publisher trains with 0.
+    series: int = 0
 
     @property
     def version(self) -> int:
@@ -114,7 +122,9 @@ class PromptFormat:
                 f"{where}: field 'prompt.described' must be a whole number from 0 to prompt.examples"
             )
         closest = max(CLOSEST_PER_TEXT, described)
-        return cls(examples=examples, described=described, recent=max(0, examples - closest))
+        return cls(
+            examples=examples, described=described, recent=max(0, examples - closest), series=SERIES_MIN_SIZE
+        )
 
 
 def _whole(value: Any) -> bool:
@@ -149,16 +159,26 @@ def conditioned_prompt(
     index: HistorySearch | None = None,
     *,
     recent_end: int | None = None,
+    word_sets: Sequence[frozenset[str]] | None = None,
 ) -> str:
     """The history-conditioned prompt for `text` from `pool` ((input, output) pairs, oldest first).
 
     The one composition the publisher's training prompts, the fit's pairs and `rewrite` all use: the format's
-    recent outputs, then the retrieved ones, the last `described` retrieved items as demonstrations.
-    `recent_end` takes the recent outputs from the items before that position instead of the pool's end (the
-    fit shows several items the same, slightly older, block; `localpers.methods.card.pairs`).
+    recent outputs, then the retrieved ones (or a series' members, see `PromptFormat.series`), the last
+    `described` retrieved items as demonstrations. `recent_end` takes the recent outputs from the items before
+    that position instead of the pool's end (the fit shows several items the same, slightly older, block;
+    `localpers.methods.card.pairs`). `word_sets` may carry `series.word_set` of every output of `pool`.
     """
     latest, retrieved = _choose(
-        task, text, pool, prompt_format.examples, index, prompt_format.recent, recent_end
+        task,
+        text,
+        pool,
+        prompt_format.examples,
+        index,
+        prompt_format.recent,
+        recent_end,
+        series_size=prompt_format.series,
+        word_sets=word_sets,
     )
     described = min(prompt_format.described, len(retrieved))
     listed = latest + retrieved[: len(retrieved) - described]
@@ -225,10 +245,15 @@ def _choose(
     index: HistorySearch | None,
     recent: int,
     recent_end: int | None = None,
+    *,
+    series_size: int = 0,
+    word_sets: Sequence[frozenset[str]] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last).
 
-    The recent examples are the last `recent` items before `recent_end` (default: the whole pool).
+    The recent examples are the last `recent` items before `recent_end` (default: the whole pool). With
+    `series_size`, a series among the `series.SEARCH_DEPTH` closest items (sharing a word with the text) replaces the retrieved ones by its
+    `series.SHOWN` most recent members that the recent examples do not already show (oldest first).
     """
     if not pool or count <= 0:
         return [], []
@@ -236,7 +261,16 @@ def _choose(
     recent = min(recent, count, end)
     latest = list(range(end - recent, end))
     index = index or Bm25Index([history_document(task, i, o) for i, o in pool])
-    best = [i for i in index.top(task.content(text), count) if i not in latest][: count - recent]
+    scores = index.scores(task.content(text))
+    ranked = best_positions(scores, max(count, SERIES_SEARCH_DEPTH if series_size else 0))
+    if series_size:
+        outputs = [output for _, output in pool]
+        related = [i for i in ranked[:SERIES_SEARCH_DEPTH] if scores[i] > 0]  # not merely the history's end
+        members = find_series(outputs, related, min_size=series_size, word_sets=word_sets)
+        shown = [i for i in members if i not in latest][-SERIES_SHOWN:]
+        if shown:
+            return latest, shown
+    best = [i for i in ranked if i not in latest][: count - recent]
     return latest, list(reversed(best))
 
 
@@ -251,12 +285,17 @@ class HistoryIndex:
         self.task = task
         self.pool = pool
         self._index = make_index([history_document(task, i, o) for i, o in pool], retrieval) if pool else None
+        self._word_sets: list[frozenset[str]] | None = None
 
     def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
         return select_examples(self.task, text, self.pool, count, self._index, recent=recent)
 
     def prompt_for(self, text: str, prompt_format: PromptFormat) -> str:
-        return conditioned_prompt(self.task, text, self.pool, prompt_format, self._index)
+        if prompt_format.series and self._word_sets is None:
+            self._word_sets = [word_set(output) for _, output in self.pool]
+        return conditioned_prompt(
+            self.task, text, self.pool, prompt_format, self._index, word_sets=self._word_sets
+        )
 
     @staticmethod
     def write(user_dir: Path, history_text: str, items: Sequence[Any]) -> None:

@@ -1,0 +1,102 @@
+"""Series in a user's history (a formula the user repeats) and how a conditioned prompt shows one."""
+
+from __future__ import annotations
+
+from localpers.tasks import get_task
+from localpers.users.history_prompt import (
+    HistoryIndex,
+    PromptFormat,
+    build_prompt,
+    conditioned_prompt,
+    prompt_for_user,
+    shared_prefix,
+)
+from localpers.users.series import MIN_SIZE, find_series, overlap, word_set
+
+HEADLINE = get_task("headline")
+INSTRUCTION = "Generate a headline for the following article: "
+
+
+def _item(article: str, headline: str) -> tuple[str, str]:
+    return (INSTRUCTION + article, headline)
+
+
+# Three instances of a weekly formula, then five unrelated items (the most recent).
+SERIES = [
+    _item(
+        "My cat sits on the laptop every morning.", "21 Of The Funniest Tweets About Cats And Dogs (May 1-7)"
+    ),
+    _item(
+        "The dog ate the homework, a tweet said.", "24 Of The Funniest Tweets About Cats And Dogs (May 8-14)"
+    ),
+    _item(
+        "A cat judged my cooking on the internet.",
+        "19 Of The Funniest Tweets About Cats And Dogs (May 15-21)",
+    ),
+]
+OTHERS = [
+    _item("The council approved new bike lanes.", "Bike Lanes Win: Council Says Yes"),
+    _item("A bakery won a national bread prize.", "Rise And Shine: Sourdough Takes Gold"),
+    _item("Rail service adds late trains on weekends.", "Night Owls Rejoice: Later Trains"),
+    _item("The museum stays open late on Fridays.", "Museum Nights Are Back"),
+    _item("A storm closed the coastal road.", "Storm Shuts Coast Road"),
+]
+POOL = SERIES + OTHERS
+CAT_QUERY = INSTRUCTION + "My cat knocked the cup off the table and looked at me."
+DEVICE = PromptFormat(examples=5, recent=4, series=MIN_SIZE)
+
+
+def test_word_overlap_and_the_first_series_among_the_closest() -> None:
+    assert word_set("Top 5 top") == frozenset({"top", "5"})
+    assert overlap(word_set("a b c d"), word_set("a b c e")) == 0.75
+    assert overlap(frozenset(), word_set("a")) == 0.0
+    outputs = ["Top 5 Films (May)", "Top 5 Films (June)", "Rain Due", "Top 5 Films (July)"]
+    assert find_series(outputs, [1, 2]) == [0, 1, 3]
+    assert find_series(outputs, [2, 1]) == [0, 1, 3]  # "Rain Due" has no series; the next closest does
+    assert find_series(outputs, [2]) == []
+    assert find_series(outputs, [1], min_size=4) == []
+    sets = [word_set(output) for output in outputs]
+    assert find_series(outputs, [3], word_sets=sets) == find_series(outputs, [3])
+
+
+def test_a_series_among_the_closest_is_shown_by_its_members_after_the_recent_outputs() -> None:
+    recent = [headline for _, headline in OTHERS[-4:]]
+    members = [headline for _, headline in SERIES]
+    assert conditioned_prompt(HEADLINE, CAT_QUERY, POOL, DEVICE) == build_prompt(
+        HEADLINE, CAT_QUERY, recent + members
+    )
+    # without the rule (the publisher's training format) one closest output is retrieved, as before
+    plain = conditioned_prompt(HEADLINE, CAT_QUERY, POOL, PromptFormat(examples=5, recent=4))
+    assert plain.count("Funniest Tweets") == 1
+    # a text near no series gets the usual closest output
+    bread = INSTRUCTION + "Bakery bread wins prize again."
+    assert conditioned_prompt(HEADLINE, bread, POOL, DEVICE) == conditioned_prompt(
+        HEADLINE, bread, POOL, PromptFormat(examples=5, recent=4)
+    )
+
+
+def test_the_series_keeps_the_shared_prefix_and_never_repeats_a_recent_output() -> None:
+    prompt = conditioned_prompt(HEADLINE, CAT_QUERY, POOL, DEVICE)
+    assert prompt.startswith(shared_prefix(HEADLINE, POOL, DEVICE) + "\n")
+    # the series is the most recent history: its members are already shown, so the closest other output is retrieved
+    recent_series = OTHERS[:1] + SERIES + OTHERS[1:2]
+    shown = conditioned_prompt(HEADLINE, CAT_QUERY, recent_series, DEVICE)
+    assert shown.count("Funniest Tweets") == 3
+    assert shown == conditioned_prompt(HEADLINE, CAT_QUERY, recent_series, PromptFormat(examples=5, recent=4))
+    # only the most recent members not in the recent block, oldest first
+    long_series = [
+        _item(f"Cat tweet number {n}.", f"{n} Of The Funniest Tweets About Cats And Dogs (Week {n})")
+        for n in range(10, 16)
+    ]
+    prompt = conditioned_prompt(HEADLINE, CAT_QUERY, long_series + OTHERS, DEVICE)
+    listed = [line for line in prompt.splitlines() if "Funniest" in line]
+    assert listed == [f"- {n} Of The Funniest Tweets About Cats And Dogs (Week {n})" for n in (13, 14, 15)]
+
+
+def test_the_devices_index_shows_the_same_series_as_the_composition() -> None:
+    index = HistoryIndex(HEADLINE, list(POOL))
+    for text in (CAT_QUERY, INSTRUCTION + "Bakery bread wins prize again."):
+        assert prompt_for_user("headline", text, DEVICE, index) == conditioned_prompt(
+            HEADLINE, text, POOL, DEVICE
+        )
+    assert PromptFormat().series == 0  # the publisher trains without it
