@@ -13,7 +13,10 @@ items most similar to the new text (BM25 over each item's content + output, quer
 similar last, so the closest one sits next to the task. On the device all but the `CLOSEST_PER_TEXT` closest
 are the user's most recent outputs instead (`recent`): that block is the same for every text the user
 rewrites, so the engine keeps its keys and values and evaluates only the rest of the prompt (measured on
-the train authors' dev split: no loss against all-similar, docs/RESULTS.md section 0f). Only items of the same task count; no such item gives the plain task prompt, so a user
+the train authors' dev split: no loss against all-similar, docs/RESULTS.md section 0f). When one of the outputs
+closest to the text belongs to a series the user repeats (`localpers.users.series`), the device shows that
+series' latest members in place of the closest one (`PromptFormat.series`, section 0zn). Only items of the same
+task count; no such item gives the plain task prompt, so a user
 with no history gets exactly what a plain adapter was trained on. The publisher builds its training
 prompts with the same functions (each item's pool = the author's earlier items), and the device builds
 rewrite prompts through `prompt_for_user`: one code path, so the two cannot drift apart.
