@@ -28,7 +28,7 @@ WITHOUT = PromptFormat(examples=5, recent=4)
 
 
 def series_queries(path: Path, dev_split: bool) -> tuple[set[tuple[str, str]], int]:
-    """{(user, query id)} where the rule changes the device's prompt, and the number of queries in all."""
+    """{(user store name, query id)} where the rule changes the device's prompt, and the number of queries."""
     task = get_task("headline")
     changed: set[tuple[str, str]] = set()
     total = 0
@@ -37,7 +37,7 @@ def series_queries(path: Path, dev_split: bool) -> tuple[set[tuple[str, str]], i
         for query in user.queries:
             total += 1
             if index.pool and index.prompt_for(query.input, DEVICE) != index.prompt_for(query.input, WITHOUT):
-                changed.add((user.user_id, query.id))
+                changed.add((user.store_name, query.id))  # as bench runs name users
     return changed, total
 
 
