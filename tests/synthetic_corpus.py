@@ -1,4 +1,4 @@
-"""A tiny synthetic two-style corpus for publisher tests (text written here, no shared data)."""
+"""A tiny synthetic two-style corpus for publisher tests, and bench-file items (text written here, no shared data)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,12 @@ def write_corpus(path: Path, n_users: int = 6) -> Path:
         lines.append(json.dumps({"user_id": f"synthetic-{user}", "history": history}))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def bench_item(number: int, article: str, headline: str) -> dict[str, str]:
+    """One history or query item of a bench file (`localpers bench --data`), as the shared data writes it."""
+    return {
+        "id": f"n{number}",
+        "input": f"Generate a headline for the following article: {article}",
+        "output": headline,
+    }

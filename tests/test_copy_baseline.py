@@ -7,15 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from synthetic_corpus import bench_item as item
+
 SCRIPT = Path(__file__).parent.parent / "scripts" / "copy_baseline.py"
-
-
-def item(number: int, article: str, headline: str) -> dict[str, str]:
-    return {
-        "id": f"n{number}",
-        "input": f"Generate a headline for the following article: {article}",
-        "output": headline,
-    }
 
 
 def test_scores_the_closest_earlier_headline_not_the_most_recent(tmp_path: Path) -> None:

@@ -7,15 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from synthetic_corpus import bench_item as item
+
 SCRIPT = Path(__file__).parent.parent / "scripts" / "series_queries.py"
-
-
-def item(number: int, article: str, headline: str) -> dict[str, str]:
-    return {
-        "id": f"n{number}",
-        "input": f"Generate a headline for the following article: {article}",
-        "output": headline,
-    }
 
 
 def run(folder: Path, method: str, texts: dict[str, tuple[str, float]]) -> str:
