@@ -16,8 +16,8 @@ rewrites, so the engine keeps its keys and values and evaluates only the rest of
 the train authors' dev split: no loss against all-similar, docs/RESULTS.md section 0f). When one of the outputs
 closest to the text belongs to a series the user repeats (`localpers.users.series`), the device shows that
 series' latest members in place of the closest one (`PromptFormat.series`, section 0zn). Only items of the same
-task count; no such item gives the plain task prompt, so a user
-with no history gets exactly what a plain adapter was trained on. The publisher builds its training
+task count; no such item gives the plain task prompt, so a user with no history gets exactly what a plain
+adapter was trained on. The publisher builds its training
 prompts with the same functions (each item's pool = the author's earlier items), and the device builds
 rewrite prompts through `prompt_for_user`: one code path, so the two cannot drift apart.
 
@@ -80,9 +80,9 @@ class PromptFormat:
     # the manifest: the publisher trains with `--recent-examples` (default 0); the device always reads
     # `examples - CLOSEST_PER_TEXT` (`from_manifest`), whatever the bundle was trained with.
     recent: int = 0
-    # When one of the outputs closest to the text belongs to a series of at least this many (`localpers.users.series`),
-    # the retrieved examples are that series' most recent members instead; 0 = never. Not in the manifest either: the
-    # device always reads `series.MIN_SIZE`, the publisher trains with 0.
+    # When one of the outputs closest to the text belongs to a series of at least this many outputs
+    # (`localpers.users.series`), the retrieved examples are that series' most recent members instead; 0 = never.
+    # Not in the manifest either: the device always reads `series.MIN_SIZE`, the publisher trains with 0.
     series: int = 0
 
     @property
@@ -255,8 +255,9 @@ def _choose(
     """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last).
 
     The recent examples are the last `recent` items before `recent_end` (default: the whole pool). With
-    `series_size`, a series among the `series.SEARCH_DEPTH` closest items (sharing a word with the text) replaces the retrieved ones by its
-    `series.SHOWN` most recent members that the recent examples do not already show (oldest first).
+    `series_size`, a series among the `series.SEARCH_DEPTH` closest items that share a word with the text
+    replaces the retrieved ones by its `series.SHOWN` most recent members that the recent examples do not
+    already show (oldest first).
     """
     if not pool or count <= 0:
         return [], []
