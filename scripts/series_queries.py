@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.bench.data import load_bench_users
+from localpers.bench.data import BenchUser, load_bench_users
 from localpers.tasks import get_task
 from localpers.users.history_prompt import HistoryIndex, PromptFormat
 from localpers.users.series import MIN_SIZE
@@ -27,13 +27,18 @@ DEVICE = PromptFormat(examples=5, recent=4, series=MIN_SIZE)
 WITHOUT = PromptFormat(examples=5, recent=4)
 
 
+def headline_index(user: BenchUser) -> HistoryIndex:
+    """The user's headline history as the device indexes it."""
+    task = get_task("headline")
+    return HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name])
+
+
 def series_queries(path: Path, dev_split: bool) -> tuple[set[tuple[str, str]], int]:
     """{(user store name, query id)} where the rule changes the device's prompt, and the number of queries."""
-    task = get_task("headline")
     changed: set[tuple[str, str]] = set()
     total = 0
     for user in load_bench_users(path, dev_split=dev_split):
-        index = HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name])
+        index = headline_index(user)
         for query in user.queries:
             total += 1
             if index.pool and index.prompt_for(query.input, DEVICE) != index.prompt_for(query.input, WITHOUT):

@@ -17,17 +17,16 @@ module constants of `localpers.users.history_prompt` for each variant: a study, 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
+from series_queries import headline_index, outputs
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import paired_bootstrap, rouge
 from localpers.methods.card.personalizer import Personalizer
-from localpers.tasks import get_task
 from localpers.users import history_prompt
-from localpers.users.history_prompt import HistoryIndex, PromptFormat
+from localpers.users.history_prompt import PromptFormat
 
 WITHOUT = PromptFormat(examples=5, recent=4)
 
@@ -37,17 +36,6 @@ def set_variant(min_size: int, shown: int, depth: int) -> PromptFormat:
     history_prompt.SERIES_SHOWN = shown
     history_prompt.SERIES_SEARCH_DEPTH = depth
     return PromptFormat(examples=5, recent=4, series=min_size)
-
-
-def baseline_outputs(run: Path) -> dict[tuple[str, str], float]:
-    """{(user, query id): ROUGE-1} of the run's `global-history` (the device's prompt without the rule)."""
-    found = {}
-    with (run / "outputs.jsonl").open(encoding="utf-8") as reader:
-        for line in reader:
-            record = json.loads(line) if line.strip() else None
-            if record and record["method"] == "global-history":
-                found[(record["user"], record["query_id"])] = float(record["rouge1"])
-    return found
 
 
 def main() -> None:
@@ -60,16 +48,15 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["3,3,10"])
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    task = get_task("headline")
     users = load_bench_users(args.data, dev_split=True)
-    before = baseline_outputs(args.run)
+    before = {key: score for key, (score, _) in outputs(f"{args.run}:global-history").items()}
     personalizer = Personalizer.open(bundle=args.bundle, n_threads=args.threads)
     for spec in args.variants:
         min_size, shown, depth = (int(part) for part in spec.split(","))
         with_rule = set_variant(min_size, shown, depth)
         pairs, authors, after = [], set(), dict(before)
         for user in users:
-            index = HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name])
+            index = headline_index(user)
             if not index.pool:
                 continue
             for query in user.queries:

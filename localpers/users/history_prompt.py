@@ -17,9 +17,9 @@ the train authors' dev split: no loss against all-similar, docs/RESULTS.md secti
 closest to the text belongs to a series the user repeats (`localpers.users.series`), the device shows that
 series' latest members in place of the closest one (`PromptFormat.series`, section 0zn). Only items of the same
 task count; no such item gives the plain task prompt, so a user with no history gets exactly what a plain
-adapter was trained on. The publisher builds its training
-prompts with the same functions (each item's pool = the author's earlier items), and the device builds
-rewrite prompts through `prompt_for_user`: one code path, so the two cannot drift apart.
+adapter was trained on. The publisher builds its training prompts with the same functions (each item's
+pool = the author's earlier items), and the device builds rewrite prompts through `prompt_for_user`: one
+code path, so the two cannot drift apart.
 
 A version-2 format may also describe its `described` closest examples: each is shown after the list as a
 completed task prompt (the item's content, cut to `DEMONSTRATION_WORDS` words, and the user's output), one
