@@ -232,6 +232,10 @@ def test_fit_and_rewrite_open_no_socket(
     assert rewritten.exit_code == 0, rewritten.output
     payload = json.loads(rewritten.stdout)
     assert payload["method"] == "card" and payload["user"] == "net" and payload["text"]
+    listed = runner.invoke(app, ["rewrite", ARTICLE, "--examples", "--no-stream", *common])
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.strip() == payload["text"]  # the list goes to standard error
+    assert "the prompt showed" in listed.stderr
     demo = runner.invoke(app, ["demo", "--json", "--articles", "1", *common])
     assert demo.exit_code == 0, demo.output
     row = json.loads(demo.stdout)["rows"][0]
@@ -332,6 +336,17 @@ def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
         )
         result = loaded.rewrite(ARTICLE, method="cluster", cluster=0, history=index, max_tokens=4)
         assert result.tokens > 0
+        assert result.examples == [] and "examples" not in result.to_json()  # only when asked for
+        shown = loaded.rewrite(
+            ARTICLE, method="cluster", cluster=0, history=index, max_tokens=4, show_examples=True
+        ).examples
+        assert [example.why for example in shown] == ["recent", "closest"]
+        assert all(f"- {example.output}\n" in prompt for example in shown)
+        assert shown[0].output == SHOUTY[-1][1]  # the most recent output
+        plain_shown = loaded.rewrite(
+            ARTICLE, method="global", history=index, max_tokens=4, show_examples=True
+        )
+        assert plain_shown.examples == []  # the plain prompt shows none
     finally:
         loaded.close()
     # A plain bundle (the demo bundle until it is retrained) keeps plain prompts whatever the history.

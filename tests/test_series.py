@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from localpers.tasks import get_task
+from localpers.users.history import item_id
 from localpers.users.history_prompt import (
     HistoryIndex,
     PromptFormat,
@@ -10,8 +11,10 @@ from localpers.users.history_prompt import (
     conditioned_prompt,
     prompt_for_user,
     shared_prefix,
+    shown_examples,
+    shown_for_user,
 )
-from localpers.users.series import MIN_SIZE, find_series, overlap, word_set
+from localpers.users.series import MIN_SIZE, about_series, find_series, overlap, subject_words, word_set
 
 HEADLINE = get_task("headline")
 INSTRUCTION = "Generate a headline for the following article: "
@@ -100,3 +103,44 @@ def test_the_devices_index_shows_the_same_series_as_the_composition() -> None:
             HEADLINE, text, POOL, DEVICE
         )
     assert PromptFormat().series == 0  # the publisher trains without it
+
+
+def test_a_series_is_shown_for_a_text_about_it_or_when_it_is_most_of_the_history() -> None:
+    assert subject_words("The Dogs of the city, a glass") == frozenset({"dog", "city", "glass"})
+    documents = ["My cat sits on the laptop. 21 Of The Funniest Tweets About Cats"]
+    assert about_series("A cat on a roof", documents, history_size=10)  # "cat" and "cats" agree
+    assert not about_series("On the way to the market", documents, history_size=10)  # function words only
+    assert about_series("On the way to the market", documents * 5, history_size=10)  # half the history
+    # BM25 finds the series "close" to a text sharing only "the" with it; it is not shown there
+    market = INSTRUCTION + "On the way to the market."
+    plain = PromptFormat(examples=5, recent=4)
+    assert conditioned_prompt(HEADLINE, market, POOL, DEVICE) == conditioned_prompt(
+        HEADLINE, market, POOL, plain
+    )
+    # but an author whose history is mostly the series gets it for any text
+    long_series = [
+        _item(f"Cat tweet number {n}.", f"{n} Of The Funniest Tweets About Cats And Dogs (Week {n})")
+        for n in range(10, 16)
+    ]
+    mostly = long_series + OTHERS
+    assert conditioned_prompt(HEADLINE, market, mostly, DEVICE).count("Funniest") == 3
+
+
+def test_shown_examples_are_the_prompts_examples_with_why() -> None:
+    shown = shown_examples(HEADLINE, CAT_QUERY, POOL, DEVICE)
+    assert [example.why for example in shown] == ["recent"] * 4 + ["series"] * 3
+    assert build_prompt(HEADLINE, CAT_QUERY, [e.output for e in shown]) == conditioned_prompt(
+        HEADLINE, CAT_QUERY, POOL, DEVICE
+    )
+    by_output = {headline: article for article, headline in POOL}
+    assert [e.id for e in shown] == [item_id("headline", by_output[e.output], e.output) for e in shown]
+    bread = INSTRUCTION + "Bakery bread wins prize again."
+    assert [e.why for e in shown_examples(HEADLINE, bread, POOL, DEVICE)] == ["recent"] * 4 + ["closest"]
+    demo_format = PromptFormat(examples=3, recent=1, described=1)
+    demo = shown_examples(HEADLINE, bread, POOL, demo_format)
+    assert [(e.why, e.described) for e in demo] == [("recent", False), ("closest", False), ("closest", True)]
+    assert demo[-1].to_json()["described"] is True and "described" not in demo[0].to_json()
+    index = HistoryIndex(HEADLINE, list(POOL))
+    assert shown_for_user("headline", CAT_QUERY, DEVICE, index) == shown
+    assert shown_for_user("headline", CAT_QUERY, None, index) == []  # a plain prompt shows nothing
+    assert shown_for_user("headline", CAT_QUERY, DEVICE, None) == []

@@ -192,6 +192,10 @@ async def test_why_view_selects_tokens_and_shows_candidates(service: FakeService
         chosen_row = [str(cell) for cell in table.get_row_at(0)]
         assert chosen_row[0] == "▶" and steps[2].piece.strip() in chosen_row[1]
         assert "1 choice changed" in str(app.main.why.summary.render())
+        examples = str(app.main.why.examples.render())  # the history the prompt showed, latest last
+        assert app.main.why.examples.display and "Your history shown to the model (2)" in examples
+        latest = app.user.history()[-1].output  # the active user's
+        assert examples.rstrip().endswith(latest)
 
 
 @async_test

@@ -25,7 +25,7 @@ from localpers.tui.userdata import (
 )
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import NEUTRAL, choice_changed, correction_color, visible_piece
-from localpers.tui.widgets.why_view import summarize
+from localpers.tui.widgets.why_view import shown_text, summarize
 from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore
 
@@ -223,3 +223,18 @@ def test_history_items_in_a_store_stay_valid_after_tui_writes() -> None:
     user = UserStore().create("ann")
     accept_output(user, "title", "Some text", "A Title")
     assert user.history()[0] == HistoryItem.create("title", "Some text", "A Title", source="tui")
+
+
+def test_the_why_views_history_lines_say_why_and_keep_user_text_literal() -> None:
+    from localpers.users.history_prompt import ShownExample
+
+    text = shown_text(
+        [
+            ShownExample("a1", "Plain [bold]not markup[/]", "recent"),
+            ShownExample("b2", "Week 3 Picks", "series", described=True),
+        ]
+    )
+    lines = text.plain.splitlines()
+    assert lines[0] == "Your history shown to the model (2):"
+    assert "one of your latest" in lines[1] and lines[1].endswith("Plain [bold]not markup[/]")
+    assert "a series you repeat, with its text" in lines[2] and lines[2].endswith("Week 3 Picks")

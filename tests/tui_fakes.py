@@ -15,6 +15,7 @@ import numpy as np
 from localpers.methods.registry import compared_methods
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.tui.service import EngineInfo, Progress, RewriteRequest, TextSink
+from localpers.users.history_prompt import ShownExample
 from localpers.users.store import User, UserStore
 
 FAKE_SHA = "f" * 64
@@ -72,6 +73,8 @@ class FakeService:
                     time.sleep(self.piece_delay)
                 on_text(piece)
             steps = fake_steps(pieces) if request.record_steps else []
+            pool = request.history.pool if request.history is not None else []
+            shown = [ShownExample(f"id{n}", output, "recent") for n, (_, output) in enumerate(pool[-2:])]
             return RewriteResult(
                 text=text,
                 method=request.method,
@@ -85,6 +88,7 @@ class FakeService:
                 ms_per_token=10.0,
                 total_ms=10.0 * len(pieces),
                 steps=steps,
+                examples=shown,
             )
         finally:
             self._leave()

@@ -148,6 +148,14 @@ def rewrite_command(
     repeated_word_penalty: RepeatedWordPenaltyOption = None,
     seed: SeedOption = None,
     grammar: GrammarOption = None,
+    show_examples: Annotated[
+        bool,
+        typer.Option(
+            "--examples",
+            help="Then list, on standard error, the history items the prompt showed and why"
+            " (--json always carries them).",
+        ),
+    ] = False,
     bundle: BundleOption = None,
     model: ModelOption = None,
     as_json: JsonOption = False,
@@ -202,6 +210,19 @@ def rewrite_command(
         sys.stdout.write("\n")
     else:
         typer.echo(payload["text"])
+    if show_examples and not as_json:
+        typer.echo(shown_examples_text(payload.get("examples", [])), err=True)
+
+
+def shown_examples_text(examples: list[dict[str, Any]]) -> str:
+    """`rewrite --examples`: one line per history item the prompt showed, e.g. `  recent   3f2a...  Text`."""
+    if not examples:
+        return "the prompt showed no history items (no history for this task, or a method without them)"
+    lines = [
+        f"the prompt showed {len(examples)} of your history items (remove one: `localpers history remove ID`):"
+    ]
+    lines += [f"  {example['why']:<8} {example['id']}  {example['output']}" for example in examples]
+    return "\n".join(lines)
 
 
 def demo_command(

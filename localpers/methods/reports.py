@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from localpers.users.history_prompt import ShownExample
+
 
 @dataclass
 class CandidateShift:
@@ -54,11 +56,16 @@ class RewriteResult:
     gold_tokens: int | None = None
     # How many characters of a long text the prompt carried (headline, title: an article's start); None: all.
     text_chars_read: int | None = None
+    # The user's history items the prompt showed, each with why (asked for by `rewrite` and the TUI).
+    examples: list[ShownExample] = field(default_factory=list)
 
     def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
         payload = asdict(self)
         if not with_steps:
             payload.pop("steps")
+        payload["examples"] = [example.to_json() for example in self.examples]
+        if not self.examples:
+            payload.pop("examples")
         if self.gold_tokens is None:
             payload.pop("gold_logprob")
             payload.pop("gold_tokens")

@@ -141,6 +141,7 @@ class EngineService:
             candidates=self.candidates,
             bias=request.bias,
             bias_strength=request.bias_strength,
+            show_examples=request.history is not None,
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:

@@ -43,11 +43,12 @@ from typing import Any
 from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
 from localpers.tasks import Task, cut_text, get_task
+from localpers.users.history import item_id
 from localpers.users.retrieval import Bm25Index, HistorySearch, best_positions, make_index
 from localpers.users.series import MIN_SIZE as SERIES_MIN_SIZE
 from localpers.users.series import SEARCH_DEPTH as SERIES_SEARCH_DEPTH
 from localpers.users.series import SHOWN as SERIES_SHOWN
-from localpers.users.series import find_series, word_set
+from localpers.users.series import about_series, find_series, word_set
 
 FORMAT_NAME = "history-examples"
 # Version 2 adds `described` (demonstrations). A bundle without demonstrations still says version 1, so a device
@@ -172,7 +173,87 @@ def conditioned_prompt(
     that position instead of the pool's end (the fit shows several items the same, slightly older, block;
     `localpers.methods.card.pairs`). `word_sets` may carry `series.word_set` of every output of `pool`.
     """
-    latest, retrieved = _choose(
+    chosen = _compose(task, text, pool, prompt_format, index, recent_end, word_sets)
+    return build_prompt(
+        task, text, [pool[i][1] for i in chosen.listed], [pool[i] for i in chosen.demonstrated]
+    )
+
+
+def shown_examples(
+    task: Task,
+    text: str,
+    pool: Sequence[tuple[str, str]],
+    prompt_format: PromptFormat,
+    index: HistorySearch | None = None,
+    *,
+    word_sets: Sequence[frozenset[str]] | None = None,
+) -> list[ShownExample]:
+    """The history items `conditioned_prompt` shows for `text`, in the prompt's order, each with why.
+
+    The same composition as the prompt (`_compose`), so what a user is told was shown is what was shown.
+    """
+    chosen = _compose(task, text, pool, prompt_format, index, None, word_sets)
+    retrieved_why = "series" if chosen.series else "closest"
+    return [
+        ShownExample(
+            item_id(task.name, pool[i][0], pool[i][1]),
+            pool[i][1],
+            "recent" if i in chosen.recent else retrieved_why,
+            described=i in chosen.demonstrated,
+        )
+        for i in chosen.listed + chosen.demonstrated
+    ]
+
+
+@dataclass(frozen=True)
+class ShownExample:
+    """One of the user's history items a conditioned prompt shows: its id, its output and why it is there.
+
+    `why` is "recent" (one of the user's latest outputs, the block every prompt shares), "closest" (retrieved
+    for this text) or "series" (a latest member of a series the user repeats, `localpers.users.series`);
+    `described` says it is shown with its input, as a demonstration.
+    """
+
+    id: str
+    output: str
+    why: str
+    described: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"id": self.id, "output": self.output, "why": self.why}
+        if self.described:
+            payload["described"] = True
+        return payload
+
+
+@dataclass(frozen=True)
+class _Composition:
+    """Positions in the pool of the prompt's recent and retrieved examples; `series`: the latter are a series."""
+
+    recent: list[int]
+    retrieved: list[int]
+    series: bool
+    described: int
+
+    @property
+    def listed(self) -> list[int]:
+        return self.recent + self.retrieved[: len(self.retrieved) - self.described]
+
+    @property
+    def demonstrated(self) -> list[int]:
+        return self.retrieved[len(self.retrieved) - self.described :] if self.described else []
+
+
+def _compose(
+    task: Task,
+    text: str,
+    pool: Sequence[tuple[str, str]],
+    prompt_format: PromptFormat,
+    index: HistorySearch | None,
+    recent_end: int | None,
+    word_sets: Sequence[frozenset[str]] | None,
+) -> _Composition:
+    latest, retrieved, series = _choose(
         task,
         text,
         pool,
@@ -183,10 +264,7 @@ def conditioned_prompt(
         series_size=prompt_format.series,
         word_sets=word_sets,
     )
-    described = min(prompt_format.described, len(retrieved))
-    listed = latest + retrieved[: len(retrieved) - described]
-    shown = retrieved[len(retrieved) - described :] if described else []
-    return build_prompt(task, text, [pool[i][1] for i in listed], [pool[i] for i in shown])
+    return _Composition(latest, retrieved, series, min(prompt_format.described, len(retrieved)))
 
 
 def shared_prefix(
@@ -236,7 +314,7 @@ def select_examples(
     are the most similar among the others. `index` may be a prebuilt BM25 index over exactly `pool`'s documents;
     ties keep pool order.
     """
-    latest, retrieved = _choose(task, text, pool, count, index, recent)
+    latest, retrieved, _ = _choose(task, text, pool, count, index, recent)
     return [pool[i][1] for i in latest + retrieved]
 
 
@@ -251,16 +329,17 @@ def _choose(
     *,
     series_size: int = 0,
     word_sets: Sequence[frozenset[str]] | None = None,
-) -> tuple[list[int], list[int]]:
-    """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last).
+) -> tuple[list[int], list[int], bool]:
+    """Positions in `pool` of the recent examples (oldest first) and the retrieved ones (most similar last), and
+    whether the latter are a series' members.
 
     The recent examples are the last `recent` items before `recent_end` (default: the whole pool). With
     `series_size`, a series among the `series.SEARCH_DEPTH` closest items that share a word with the text
     replaces the retrieved ones by its `series.SHOWN` most recent members that the recent examples do not
-    already show (oldest first).
+    already show (oldest first), where the text is about it (`series.about_series`).
     """
     if not pool or count <= 0:
-        return [], []
+        return [], [], False
     end = len(pool) if recent_end is None else max(0, min(recent_end, len(pool)))
     recent = min(recent, count, end)
     latest = list(range(end - recent, end))
@@ -272,10 +351,11 @@ def _choose(
         related = [i for i in ranked[:SERIES_SEARCH_DEPTH] if scores[i] > 0]  # not merely the history's end
         members = find_series(outputs, related, min_size=series_size, word_sets=word_sets)
         shown = [i for i in members if i not in latest][-SERIES_SHOWN:]
-        if shown:
-            return latest, shown
+        documents = [history_document(task, *pool[i]) for i in members] if shown else []
+        if shown and about_series(task.content(text), documents, len(pool)):
+            return latest, shown, True
     best = [i for i in ranked if i not in latest][: count - recent]
-    return latest, list(reversed(best))
+    return latest, list(reversed(best)), False
 
 
 class HistoryIndex:
@@ -295,11 +375,30 @@ class HistoryIndex:
         return select_examples(self.task, text, self.pool, count, self._index, recent=recent)
 
     def prompt_for(self, text: str, prompt_format: PromptFormat) -> str:
+        return conditioned_prompt(
+            self.task,
+            text,
+            self.pool,
+            prompt_format,
+            self._index,
+            word_sets=self._series_words(prompt_format),
+        )
+
+    def shown_for(self, text: str, prompt_format: PromptFormat) -> list[ShownExample]:
+        """The items `prompt_for(text, prompt_format)` shows, each with why (`shown_examples`)."""
+        return shown_examples(
+            self.task,
+            text,
+            self.pool,
+            prompt_format,
+            self._index,
+            word_sets=self._series_words(prompt_format),
+        )
+
+    def _series_words(self, prompt_format: PromptFormat) -> list[frozenset[str]] | None:
         if prompt_format.series and self._word_sets is None:
             self._word_sets = [word_set(output) for _, output in self.pool]
-        return conditioned_prompt(
-            self.task, text, self.pool, prompt_format, self._index, word_sets=self._word_sets
-        )
+        return self._word_sets
 
     @staticmethod
     def write(user_dir: Path, history_text: str, items: Sequence[Any]) -> None:
@@ -354,6 +453,15 @@ def prompt_for_user(
     if prompt_format is None or index is None:
         return task.prompt_for(text)
     return index.prompt_for(text, prompt_format)
+
+
+def shown_for_user(
+    task_name: str, text: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
+) -> list[ShownExample]:
+    """The history items `prompt_for_user`'s prompt for `text` shows (none for a plain prompt)."""
+    if prompt_format is None or index is None:
+        return []
+    return index.shown_for(text, prompt_format)
 
 
 def shared_prefix_for_user(

@@ -5,7 +5,10 @@ their sets of lowercased words) reaches `SIMILARITY`: a weekly roundup ("N Of Th
 Cats And Dogs This Week (dates)"), an awards night's "The Complete Winners List". When one of the outputs
 most similar to a new text belongs to a series of at least `MIN_SIZE`, the prompt shows that series' most
 recent members, so the model sees the formula repeated instead of once: on the train authors' dev split the
-conditioned adapter then follows a formula it ignored when shown one instance (docs/RESULTS.md, 0zn).
+conditioned adapter then follows a formula it ignored when shown one instance (docs/RESULTS.md, 0zn). A series
+is shown only for a text about its subject (`about_series`: the text shares a word other than a function word
+with one of its items) or when it holds half the history or more: BM25 finds a series "close" to any text that
+shares a mere "the" with it, and a small history with a large series then got the formula for every text (0zo).
 
     find_series(["Top 5 Films (May)", "Top 5 Films (June)", "Rain Due", "Top 5 Films (July)"], [1, 2]) -> [0, 1, 3]
 
@@ -29,6 +32,41 @@ MIN_SIZE = 3
 # text are looked at for a series (both chosen on the dev split, 0zn).
 SHOWN = 3
 SEARCH_DEPTH = 10
+# English function words: a text that shares only these with a series' items is not about the series' subject.
+_FUNCTION_WORDS = """
+    a about after again against all also am an and any are as at be because been before being between
+    both but by can could did do does doing down during each either every few for from further had has
+    have having he her here hers herself him himself his how i if in into is it its itself just let me
+    more most much my myself no nor not now of off on once one only or other our ours out over own same
+    she should so some such than that the their theirs them themselves then there these they this those
+    through to too under until up upon us very was we were what when where which while who whom whose
+    why will with would yet you your yours"""
+FUNCTION_WORDS = frozenset(_FUNCTION_WORDS.split())
+
+
+def subject_words(text: str) -> frozenset[str]:
+    """`text`'s lowercased words less function words and single characters, a plural's final s dropped.
+
+    subject_words("The Dogs of the city") -> {"dog", "city"}
+    """
+    return frozenset(_singular(word) for word in words(text) if len(word) > 1 and word not in FUNCTION_WORDS)
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def about_series(text: str, member_documents: Sequence[str], history_size: int) -> bool:
+    """Whether a series whose items read `member_documents` (input and output) applies to `text`.
+
+    It does when `text` shares a subject word with one of them, or when the series is at least half of a
+    history of `history_size` items (an author who mostly writes the series: on the dev split such an
+    author's every new text was an instance, with no word in common but "the").
+    """
+    if 2 * len(member_documents) >= history_size:
+        return True
+    wanted = subject_words(text)
+    return any(wanted & subject_words(document) for document in member_documents)
 
 
 def word_set(text: str) -> frozenset[str]:

@@ -73,6 +73,7 @@ class AdapterMethod(Method):
             bias=bias,
             bias_strength=chosen_bias_strength,
             candidates=options.candidates,
+            show_examples=True,
         )
         note_cut_text(text, result, options)
         return {"user": user.name if user else None, **result.to_json()}

@@ -42,9 +42,15 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_fit import FitOutcome
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.reports import FitReport, RewriteResult
-from localpers.tasks import get_task
+from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user
+from localpers.users.history_prompt import (
+    HistoryIndex,
+    PromptFormat,
+    ShownExample,
+    prompt_for_user,
+    shown_for_user,
+)
 from localpers.users.store import User
 
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
@@ -153,6 +159,7 @@ class Personalizer:
         bias_strength: float | None = None,
         reference: str | None = None,
         candidates: int = 1,
+        show_examples: bool = False,
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
 
@@ -174,6 +181,7 @@ class Personalizer:
         and samples drawn as `decoding_runs.candidate_sampling` says (the method's correction in each), and
         the one that agrees most with the others is returned (`localpers.methods.consensus`); it is streamed
         once chosen.
+        With `show_examples`, the result lists the history items the prompt showed (`history_prompt.ShownExample`).
         """
         chosen_task = get_task(task)
         decoding_runs.check_candidates(candidates, sampling)
@@ -184,7 +192,7 @@ class Personalizer:
         correction, strength_used, k_used = self.correction_sampler(
             method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
         )
-        shared, chars_read = 0, None
+        shared, chars_read, from_text = 0, None, prompt is None
         if prompt is None:
             chosen_task.check_text(text)
             prompt, shared, chars_read = self.prompt_tokens(
@@ -244,6 +252,9 @@ class Personalizer:
             text_chars_read=chars_read,
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
+            examples=self.examples_shown(chosen_task.name, text, method, history, prompt_format, chars_read)
+            if show_examples and from_text
+            else [],
         )
 
     def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
@@ -342,6 +353,20 @@ class Personalizer:
     ) -> str:
         """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
         return prompt_for_user(task, text, self.format_for(method, prompt_format), history)
+
+    def examples_shown(
+        self,
+        task: str,
+        text: str,
+        method: str,
+        history: HistoryIndex | None,
+        prompt_format: PromptFormat | None = None,
+        chars_read: int | None = None,
+    ) -> list[ShownExample]:
+        """The history items `prompt_for`'s prompt shows, each with why; `chars_read` is `prompt_tokens`' cut."""
+        chosen_task = get_task(task)
+        shown = text if chars_read is None else cut_text(chosen_task.content(text), chars_read)
+        return shown_for_user(task, shown, self.format_for(method, prompt_format), history)
 
     def prompt_tokens(
         self,

@@ -1,11 +1,13 @@
-"""`WhyView`: why the personalized output reads the way it does (CARD's per-token corrections).
+"""`WhyView`: why the personalized output reads the way it does (your history shown, CARD's corrections).
 
-It shows a one-line summary, the `TokenStrip` and, for the selected token, the `CandidateTable`. It only
-has something to explain for the `card` method; for the others it says so.
+It lists the history items the prompt showed the model and why each (`history_prompt.ShownExample`), then a
+one-line summary, the `TokenStrip` and, for the selected token, the `CandidateTable`. The corrections exist
+only for the `card` method; for the others it says so.
 """
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
@@ -13,6 +15,7 @@ from textual.widgets import Static
 from localpers.methods.reports import RewriteResult
 from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visible_piece
+from localpers.users.history_prompt import ShownExample
 
 EMPTY_HINT = (
     "The Why view explains CARD outputs: choose method card, write a draft, and select tokens with ←/→."
@@ -31,12 +34,32 @@ def summarize(result: RewriteResult) -> str:
     return line
 
 
+WHY_SHOWN = {
+    "recent": "one of your latest",
+    "closest": "closest to this text",
+    "series": "a series you repeat",
+}
+
+
+def shown_text(examples: list[ShownExample]) -> Text:
+    """The history items a prompt showed, one line each with why (user text is never read as markup)."""
+    text = Text(f"Your history shown to the model ({len(examples)}):", style="bold")
+    for example in examples:
+        why = WHY_SHOWN.get(example.why, example.why) + (", with its text" if example.described else "")
+        text.append(f"\n  {why:<22} ", style="dim")
+        text.append(example.output)
+    return text
+
+
 class WhyView(Vertical):
     """Summary, coloured tokens and the candidate table of the selected token."""
 
     DEFAULT_CSS = """
     WhyView {
         height: auto;
+    }
+    WhyView #why-examples {
+        padding: 0 1 1 1;
     }
     WhyView #why-summary {
         color: $text-muted;
@@ -53,6 +76,9 @@ class WhyView(Vertical):
         self.result: RewriteResult | None = None
 
     def compose(self) -> ComposeResult:
+        examples = Static(id="why-examples")
+        examples.display = False
+        yield examples
         yield Static(EMPTY_HINT, id="why-summary")
         yield TokenStrip()
         yield Static(
@@ -74,9 +100,16 @@ class WhyView(Vertical):
     def summary(self) -> Static:
         return self.query_one("#why-summary", Static)
 
+    @property
+    def examples(self) -> Static:
+        return self.query_one("#why-examples", Static)
+
     def show(self, result: RewriteResult | None) -> None:
-        """Explain `result` (None or a non-CARD result clears the view)."""
+        """Explain `result`: the history it was shown, and CARD's corrections (None clears the view)."""
         self.result = result
+        shown = result.examples if result is not None else []
+        self.examples.display = bool(shown)
+        self.examples.update(shown_text(shown) if shown else "")
         if result is None or not result.steps:
             self.summary.update(EMPTY_HINT)
             self.strip.steps = []
