@@ -1,0 +1,54 @@
+"""`scripts/splice_runs.py`: a whole run with some authors replaced by a smaller run's, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent.parent / "scripts" / "splice_runs.py"
+
+
+def make_run(folder: Path, method: str, scores: dict[str, float]) -> Path:
+    (folder / "cache" / method).mkdir(parents=True)
+    with (folder / "outputs.jsonl").open("w") as writer:
+        for user, score in scores.items():
+            query = {"query_id": "q1", "rouge1": score}
+            (folder / "cache" / method / f"{user}.json").write_text(
+                json.dumps({"user": user, "queries": [query]})
+            )
+            record = {
+                "user": user,
+                "query_id": "q1",
+                "method": method,
+                "text": f"{user} {score}",
+                "rouge1": score,
+            }
+            writer.write(json.dumps(record) + "\n")
+    return folder
+
+
+def splice(*folders: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, folders)], capture_output=True, text=True)
+
+
+def test_replaces_the_parts_authors_and_keeps_the_rest(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "base", "m", {"u1": 0.1, "u2": 0.2, "u3": 0.3})
+    part = make_run(tmp_path / "part", "m", {"u2": 0.9})
+    done = splice(base, part, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    cache = tmp_path / "out" / "cache" / "m"
+    scores = {p.stem: json.loads(p.read_text())["queries"][0]["rouge1"] for p in cache.glob("*.json")}
+    assert scores == {"u1": 0.1, "u2": 0.9, "u3": 0.3}
+    lines = [json.loads(line) for line in (tmp_path / "out" / "outputs.jsonl").read_text().splitlines()]
+    assert sorted((r["user"], r["rouge1"]) for r in lines) == [("u1", 0.1), ("u2", 0.9), ("u3", 0.3)]
+
+
+def test_refuses_new_authors_missing_methods_and_a_used_folder(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "base", "m", {"u1": 0.1})
+    stranger = make_run(tmp_path / "stranger", "m", {"u9": 0.5})
+    assert "lacks" in splice(base, stranger, tmp_path / "o1").stderr
+    other = make_run(tmp_path / "other", "n", {"u1": 0.5})
+    assert "did not run n" in splice(base, other, tmp_path / "o2").stderr
+    assert "not empty" in splice(base, base, base).stderr
