@@ -228,4 +228,8 @@ def test_device_sft_on_a_conditioned_bundle_trains_and_decodes_on_the_bases_prom
         + ["--no-stream", "--json", "--max-tokens", "6"],
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["adapter"] == "global+user"
+    payload = json.loads(result.stdout)
+    assert payload["adapter"] == "global+user"
+    # the conditioned prompt's history items, listed as CARD's are: the latest output, then the closest one
+    assert [example["why"] for example in payload["examples"]] == ["recent", "closest"]
+    assert payload["examples"][0]["output"] == "STORM!!!"

@@ -42,7 +42,7 @@ from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.prompting import prompt_tokens
+from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
@@ -355,6 +355,7 @@ def rewrite_cope(
     sampling: SamplerSettings | None = None,
     history: HistoryIndex | None = None,
     prompt_format: PromptFormat | None = None,
+    show_examples: bool = False,
 ) -> RewriteResult:
     """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha).
 
@@ -362,14 +363,14 @@ def rewrite_cope(
     history)`, the bundle's format and the user's history index, as CARD's base adapter does; others on the plain
     task prompt. Both are tokenized as CARD's are (`prompting.prompt_tokens`: a headline of very dense text reads
     less of it). The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
+    With `show_examples`, the result lists the history items the prompt showed, as `Personalizer.rewrite`'s does.
     """
     chosen = get_task(task)
     chosen.check_text(text)
     sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
     started = time.perf_counter()
-    prompt, _, chars_read = prompt_tokens(
-        decoder.user, chosen.name, text, prompt_format if state.conditioned else None, history
-    )
+    used_format = prompt_format if state.conditioned else None
+    prompt, _, chars_read = prompt_tokens(decoder.user, chosen.name, text, used_format, history)
     result, _ = decoder.generate(
         prompt,
         max_tokens=max_tokens or chosen.default_max_tokens,
@@ -395,4 +396,7 @@ def rewrite_cope(
         prompt_tokens=result.prompt_tokens,
         repeated_word_penalty=sampling.word_penalty,
         text_chars_read=chars_read,
+        examples=shown_in_prompt(chosen.name, text, used_format, history, chars_read)
+        if show_examples
+        else [],
     )

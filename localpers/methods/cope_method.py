@@ -46,6 +46,7 @@ class CopeUserDecoder(UserDecoder):
             sampling=options.sampling,
             history=self.user.history_index(get_task(options.task)) if self.state.conditioned else None,
             prompt_format=self.prompt_format,
+            show_examples=True,
         )
 
     def serves(self, user: User) -> bool:

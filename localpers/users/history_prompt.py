@@ -24,7 +24,8 @@ code path, so the two cannot drift apart.
 A version-2 format may also describe its `described` closest examples: each is shown after the list as a
 completed task prompt (the item's content, cut to `DEMONSTRATION_WORDS` words, and the user's output), one
 blank line apart (measured no better on our data, docs/RESULTS.md section 0i; kept for other backbones).
-`conditioned_prompt` is the one composition of recent, retrieved and described examples.
+`conditioned_prompt` is the one composition of recent, retrieved and described examples; `shown_examples` says
+which items that composition shows and why (`rewrite --examples`, the TUI's Why view), so the two cannot disagree.
 
 `PromptFormat` is what a bundle's manifest records (`"prompt": {...}`); a bundle without it uses plain
 prompts. `HistoryIndex` is a user's retrieval index, derived from the history and cached next to it.

@@ -42,14 +42,13 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_fit import FitOutcome
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.reports import FitReport, RewriteResult
-from localpers.tasks import cut_text, get_task
+from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import (
     HistoryIndex,
     PromptFormat,
     ShownExample,
     prompt_for_user,
-    shown_for_user,
 )
 from localpers.users.store import User
 
@@ -364,9 +363,9 @@ class Personalizer:
         chars_read: int | None = None,
     ) -> list[ShownExample]:
         """The history items `prompt_for`'s prompt shows, each with why; `chars_read` is `prompt_tokens`' cut."""
-        chosen_task = get_task(task)
-        shown = text if chars_read is None else cut_text(chosen_task.content(text), chars_read)
-        return shown_for_user(task, shown, self.format_for(method, prompt_format), history)
+        return prompting.shown_in_prompt(
+            task, text, self.format_for(method, prompt_format), history, chars_read
+        )
 
     def prompt_tokens(
         self,

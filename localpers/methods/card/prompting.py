@@ -1,7 +1,8 @@
 """Prompts as the personalizer's engine sees them: a task's prompt with the user's history, or a chat.
 
 `prompt_tokens` tokenizes a task's prompt (history-conditioned when given a format) and says how many of its
-tokens every prompt of that user shares, so the engine can keep them cached between rewrites.
+tokens every prompt of that user shares, so the engine can keep them cached between rewrites; `shown_in_prompt`
+lists the history items that prompt showed (for `rewrite --examples` and the Why view).
 `chat_prompt_tokens` turns `(role, content)` messages into a prompt through the backbone's chat template, or a
 plain transcript for a base model. Which method sees which format is the personalizer's decision, not this
 module's; it builds no sampler and decodes nothing.
@@ -14,7 +15,14 @@ from collections.abc import Sequence
 from localpers.engine import Engine
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import cut_text, get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat, prompt_for_user, shared_prefix_for_user
+from localpers.users.history_prompt import (
+    HistoryIndex,
+    PromptFormat,
+    ShownExample,
+    prompt_for_user,
+    shared_prefix_for_user,
+    shown_for_user,
+)
 
 # How often a too-dense text is cut shorter before the engine is left to refuse it, and the least read of it.
 CUT_ATTEMPTS = 4
@@ -59,6 +67,18 @@ def prompt_tokens(
         return tokens, 0, chars_read
     # a tokenizer may join the prefix's last token with what follows; only the tokens both agree on are shared
     return tokens, common_prefix_length(engine.tokenize(prompt_prefix + prefix), tokens), chars_read
+
+
+def shown_in_prompt(
+    task: str,
+    text: str,
+    prompt_format: PromptFormat | None,
+    history: HistoryIndex | None,
+    chars_read: int | None = None,
+) -> list[ShownExample]:
+    """The history items `prompt_tokens`' prompt showed, each with why; `chars_read` is the cut it returned."""
+    shown = text if chars_read is None else cut_text(get_task(task).content(text), chars_read)
+    return shown_for_user(task, shown, prompt_format, history)
 
 
 def chat_prompt_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> list[int]:
