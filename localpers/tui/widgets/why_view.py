@@ -18,7 +18,8 @@ from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visibl
 from localpers.users.history_prompt import ShownExample
 
 EMPTY_HINT = (
-    "The Why view explains CARD outputs: choose method card, write a draft, and select tokens with ←/→."
+    "CARD's token-by-token corrections show here for method card: choose it, write a draft, and select tokens"
+    " with ←/→."
 )
 
 
