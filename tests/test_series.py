@@ -14,7 +14,15 @@ from localpers.users.history_prompt import (
     shown_examples,
     shown_for_user,
 )
-from localpers.users.series import MIN_SIZE, about_series, find_series, overlap, subject_words, word_set
+from localpers.users.series import (
+    MIN_SIZE,
+    about_series,
+    distinct_series,
+    find_series,
+    overlap,
+    subject_words,
+    word_set,
+)
 
 HEADLINE = get_task("headline")
 INSTRUCTION = "Generate a headline for the following article: "
@@ -144,3 +152,19 @@ def test_shown_examples_are_the_prompts_examples_with_why() -> None:
     assert shown_for_user("headline", CAT_QUERY, DEVICE, index) == shown
     assert shown_for_user("headline", CAT_QUERY, None, index) == []  # a plain prompt shows nothing
     assert shown_for_user("headline", CAT_QUERY, DEVICE, None) == []
+
+
+def test_distinct_series_lists_each_formula_once_the_latest_continued_first() -> None:
+    outputs = [
+        "Top 5 Films (May)",
+        "Rain Due",
+        "Top 5 Films (June)",
+        "Week In Cats: 3 Naps",
+        "Week In Cats: 4 Naps",
+        "Top 5 Films (July)",
+        "Week In Cats: 5 Naps",
+        "Bridge Opens",
+    ]
+    assert distinct_series(outputs) == [[3, 4, 6], [0, 2, 5]]
+    assert distinct_series(outputs, min_size=4) == []
+    assert distinct_series([]) == []

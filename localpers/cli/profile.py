@@ -1,4 +1,4 @@
-"""`localpers profile`: the user's interpretable style profile (EXACT's attribute frequencies, CARD's cluster).
+"""`localpers profile`: the user's interpretable style profile (CARD's fit, the series they repeat, EXACT's attributes).
 
 Reads the user's folder only; nothing here opens a network connection.
 """
@@ -24,7 +24,7 @@ def profile_command(
     task: Annotated[str, typer.Option("--task", "-t", help="Task of --text.")] = "headline",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
-    """Show the user's style profile: EXACT attribute frequencies, attributes for a text, CARD's cluster."""
+    """Show the user's style profile: CARD's fit and habits, the series you repeat, EXACT's attributes."""
     from localpers.cli.common import read_text_argument
     from localpers.methods.profile import user_style_profile
 
@@ -49,6 +49,20 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         console.print(
             f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"
         )
+        if card.get("choice"):
+            choice = card["choice"]
+            console.print(f"  correction: {choice['label']}: {choice['reason']}", markup=False)
+        if card.get("habits"):
+            console.print("  habits: " + "; ".join(card["habits"]), markup=False)
+    series = profile.get("series") or []
+    if series:
+        console.print("Series you repeat (shown to the model in full for a text about one):")
+        for found in series:
+            console.print(
+                f"  {found['size']} alike ({found['task']}), the latest: {found['latest']}", markup=False
+            )
+    else:
+        console.print("Series you repeat: none (3 or more alike outputs make one)")
     exact = profile["exact"]
     if exact is None:
         console.print("EXACT: no index (run `localpers fit --method exact`)")

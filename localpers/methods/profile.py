@@ -1,8 +1,10 @@
-"""A user's interpretable style profile: EXACT's attribute frequencies next to CARD's cluster.
+"""A user's interpretable style profile: EXACT's attribute frequencies, CARD's fit, the series they repeat.
 
 `user_style_profile(user, text=None)` reads what the fits stored in the user's folder (the EXACT index,
-CARD's state.json) and, given a text, retrieves the attributes EXACT would use for it (one sentence-
-encoder call). It loads no language model and writes nothing.
+CARD's state.json: cluster, chosen correction, habits found), finds the series the history holds (the
+formulas the device's prompt shows in full for a text about them, `localpers.users.series`) and, given a text,
+retrieves the attributes EXACT would use for it (one sentence-encoder call). It loads no language model and
+writes nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from localpers.errors import LocalpersError
 from localpers.methods.exact import index_path, load_index, retrieve
+from localpers.users.series import distinct_series
 from localpers.users.store import User
 
 
@@ -26,14 +29,41 @@ def card_summary(user: User) -> dict[str, Any] | None:
         "cluster_similarities": fit.get("cluster_similarities"),
         "n_pairs": fit.get("n_pairs"),
         "heldout_accuracy": fit.get("heldout_accuracy"),
+        "habits": fit.get("habits") or [],
+        "choice": _choice_summary(state.get("choice")),
     }
+
+
+def _choice_summary(choice: Any) -> dict[str, Any] | None:
+    if not isinstance(choice, dict) or "label" not in choice:
+        return None
+    return {"label": choice["label"], "reason": choice.get("reason", "")}
+
+
+def series_summary(user: User) -> list[dict[str, Any]]:
+    """The series in the user's history, per task, the most recently continued first: size, latest, ids."""
+    items = user.history()
+    found = []
+    for task in sorted({item.task for item in items}):
+        of_task = [item for item in items if item.task == task]
+        for members in distinct_series([item.output for item in of_task]):
+            found.append(
+                {
+                    "task": task,
+                    "size": len(members),
+                    "latest": of_task[members[-1]].output,
+                    "ids": [of_task[i].id for i in members],
+                }
+            )
+    return found
 
 
 def user_style_profile(user: User, text: str | None = None, task: str = "headline") -> dict[str, Any]:
     """Attribute frequencies (EXACT), the attributes for `text`, and CARD's cluster, as one JSON-ready dict."""
     card = card_summary(user)
+    series = series_summary(user)
     if not index_path(user).is_file():
-        if card is None:
+        if card is None and not series:
             raise LocalpersError(
                 f"user {user.name!r} has no profile yet: run `localpers fit --method exact --user {user.name}`"
                 " (and `localpers fit` for CARD's cluster)"
@@ -53,4 +83,4 @@ def user_style_profile(user: User, text: str | None = None, task: str = "headlin
         }
         if text is not None:
             exact["retrieved"] = retrieve(index, text, task).to_json()
-    return {"user": user.name, "exact": exact, "card": card}
+    return {"user": user.name, "exact": exact, "card": card, "series": series}

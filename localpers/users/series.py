@@ -103,3 +103,24 @@ def find_series(
         if len(members) >= min_size:
             return members
     return []
+
+
+def distinct_series(
+    outputs: Sequence[str], *, min_size: int = MIN_SIZE, similarity: float = SIMILARITY
+) -> list[list[int]]:
+    """Every series the history holds, once each: positions in `outputs`, the most recently continued first.
+
+    Each is the series around its latest member not already counted in a later one (`find_series`), so an
+    output can appear in two series only when it is alike to both formulas.
+    """
+    sets = [word_set(output) for output in outputs]
+    counted: set[int] = set()
+    found: list[list[int]] = []
+    for position in reversed(range(len(outputs))):
+        if position in counted:
+            continue
+        members = find_series(outputs, [position], min_size=min_size, similarity=similarity, word_sets=sets)
+        if members:
+            found.append(members)
+            counted.update(members)
+    return found

@@ -1,0 +1,55 @@
+"""`localpers profile`: CARD's fit, the habits it found, and the series a user repeats, without EXACT's index."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
+
+SERIES = [(f"Cat tweets of week {n}.", f"{n} Funniest Cat Tweets This Week") for n in range(10, 14)]
+OTHERS = [
+    ("The council approved bike lanes.", "Bike Lanes Win"),
+    ("A storm closed the road.", "Storm Shuts Road"),
+]
+
+
+def make_user(name: str) -> None:
+    items = [HistoryItem.create("headline", i, o) for i, o in SERIES[:2] + OTHERS + SERIES[2:]]
+    UserStore().create(name).save_history(items)
+
+
+def test_profile_lists_the_series_before_any_fit() -> None:
+    make_user("seriesy")
+    shown = CliRunner().invoke(app, ["profile", "--user", "seriesy", "--json"])
+    assert shown.exit_code == 0, shown.output
+    profile = json.loads(shown.stdout)
+    assert profile["card"] is None and profile["exact"] is None
+    (series,) = profile["series"]
+    assert series["size"] == 4 and series["task"] == "headline"
+    assert series["latest"] == "13 Funniest Cat Tweets This Week"
+    history = UserStore().get("seriesy").history()
+    assert series["ids"] == [item.id for item in history if "Cat Tweets" in item.output]
+    text = CliRunner().invoke(app, ["profile", "--user", "seriesy"])
+    assert text.exit_code == 0 and "4 alike (headline), the latest: 13 Funniest Cat Tweets" in text.stdout
+
+
+def test_profile_shows_the_fits_choice_and_habits() -> None:
+    make_user("fitted")
+    user = UserStore().get("fitted")
+    state = user.state()
+    state["cluster"] = 1
+    state["fit"] = {"mode": "vector", "cluster_similarities": [0.1, 0.3], "habits": ["opens with 'Cat'"]}
+    state["choice"] = {"label": "vector", "reason": "it beat [the adapter] alone"}
+    user.save_state(state)
+    shown = CliRunner().invoke(app, ["profile", "--user", "fitted"])
+    assert shown.exit_code == 0, shown.output
+    assert "correction: vector: it beat [the adapter] alone" in shown.stdout  # reasons are not markup
+    assert "habits: opens with 'Cat'" in shown.stdout
+    profile = json.loads(CliRunner().invoke(app, ["profile", "--user", "fitted", "--json"]).stdout)
+    assert profile["card"]["choice"]["label"] == "vector" and profile["card"]["habits"] == [
+        "opens with 'Cat'"
+    ]
