@@ -19,6 +19,7 @@ from localpers.users.series import (
     about_series,
     distinct_series,
     find_series,
+    history_series,
     overlap,
     subject_words,
     word_set,
@@ -168,3 +169,14 @@ def test_distinct_series_lists_each_formula_once_the_latest_continued_first() ->
     assert distinct_series(outputs) == [[3, 4, 6], [0, 2, 5]]
     assert distinct_series(outputs, min_size=4) == []
     assert distinct_series([]) == []
+
+
+def test_history_series_groups_by_task_with_item_ids() -> None:
+    from localpers.users.history import HistoryItem
+
+    items = [HistoryItem.create("headline", f"cat {n}", f"Week {n} In Cats: Naps") for n in (1, 2, 3)]
+    items += [HistoryItem.create("title", f"cat {n}", f"Week {n} In Cats: Naps") for n in (1, 2)]
+    (found,) = history_series(items)
+    assert (found.task, found.size, found.latest) == ("headline", 3, "Week 3 In Cats: Naps")
+    assert found.ids == tuple(item.id for item in items[:3])
+    assert found.to_json() == {"task": "headline", "size": 3, "latest": found.latest, "ids": list(found.ids)}

@@ -106,6 +106,36 @@ def test_profile_says_when_a_fit_is_due() -> None:
     assert load_profile(user, "sha").needs_fit  # history changed
 
 
+def test_profile_panel_shows_the_choice_habits_and_series() -> None:
+    from rich.console import Console
+
+    from localpers.tui.widgets.profile_panel import profile_table
+
+    user = UserStore().create("ann")
+    for week in (1, 2, 3):
+        accept_output(user, "headline", f"cats of week {week}", f"Week {week} In Cats: Naps")
+    accept_output(user, "headline", "a storm", "Storm [Shuts] Road")
+    report = {"mode": "vector", "n_items": 4, "habits": ["opens with 'Week'"], "n_pairs": 4}
+    state = {
+        "cluster": 0,
+        "bundle_sha256": "sha",
+        "fit": report,
+        "choice": {"label": "vector", "reason": "r"},
+    }
+    user.save_fit(np.ones(4, np.float32), state)
+    profile = load_profile(user, "sha")
+    assert profile.choice == "vector" and profile.series == ((3, "Week 3 In Cats: Naps"),)
+    console = Console(width=120, record=True)
+    console.print(profile_table(profile))
+    rows = {
+        line.split(maxsplit=1)[0]: line.split(maxsplit=1)[1].strip()
+        for line in console.export_text().splitlines()
+    }
+    assert rows["correction"] == "vector (chosen on your recent items)"
+    assert rows["habits"] == "opens with 'Week'"
+    assert rows["series"] == "3 alike, the latest: Week 3 In Cats: Naps"
+
+
 def test_damaged_state_becomes_a_problem_not_a_crash() -> None:
     user = UserStore().create("ann")
     user.state_path.write_text("{broken")

@@ -13,7 +13,7 @@ from typing import Any
 
 from localpers.errors import LocalpersError
 from localpers.methods.exact import index_path, load_index, retrieve
-from localpers.users.series import distinct_series
+from localpers.users.series import history_series
 from localpers.users.store import User
 
 
@@ -40,28 +40,10 @@ def _choice_summary(choice: Any) -> dict[str, Any] | None:
     return {"label": choice["label"], "reason": choice.get("reason", "")}
 
 
-def series_summary(user: User) -> list[dict[str, Any]]:
-    """The series in the user's history, per task, the most recently continued first: size, latest, ids."""
-    items = user.history()
-    found = []
-    for task in sorted({item.task for item in items}):
-        of_task = [item for item in items if item.task == task]
-        for members in distinct_series([item.output for item in of_task]):
-            found.append(
-                {
-                    "task": task,
-                    "size": len(members),
-                    "latest": of_task[members[-1]].output,
-                    "ids": [of_task[i].id for i in members],
-                }
-            )
-    return found
-
-
 def user_style_profile(user: User, text: str | None = None, task: str = "headline") -> dict[str, Any]:
     """Attribute frequencies (EXACT), the attributes for `text`, and CARD's cluster, as one JSON-ready dict."""
     card = card_summary(user)
-    series = series_summary(user)
+    series = [found.to_json() for found in history_series(user.history())]
     if not index_path(user).is_file():
         if card is None and not series:
             raise LocalpersError(

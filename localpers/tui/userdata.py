@@ -22,6 +22,7 @@ from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias
 from localpers.users.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
+from localpers.users.series import history_series
 from localpers.users.store import User, UserStore, atomic_write_text
 
 REJECTED_FILE = "negatives_user.jsonl"
@@ -44,6 +45,8 @@ class Profile:
     problem: str | None = None  # a damaged file, shown instead of the fit
     bias: TokenBias | None = field(default=None, compare=False)
     bias_strength: float | None = None  # what `fit` chose on the user's recent items (None: the default)
+    choice: str | None = None  # the label of the correction `fit` chose (None: no choice made)
+    series: tuple[tuple[int, str], ...] = ()  # (size, latest output) of each series the history holds
 
     @property
     def needs_fit(self) -> bool:
@@ -60,7 +63,8 @@ class Profile:
 
 def load_profile(user: User, bundle_sha256: str | None) -> Profile:
     """The user's profile; a damaged state or vector becomes `problem`, so the app can offer a refit."""
-    n_history = len(user.history())
+    history = user.history()
+    n_history = len(history)
     n_rejected = len(read_rejected(user))
     try:
         state = user.state()
@@ -82,6 +86,8 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
         bias=chosen_bias(state, bias),
         bias_strength=stored_choice(state)[1],
+        choice=(state.get("choice") or {}).get("label") if isinstance(state.get("choice"), dict) else None,
+        series=tuple((found.size, found.latest) for found in history_series(history)),
     )
 
 

@@ -19,6 +19,8 @@ model and reads no file.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from localpers.users.retrieval import words
 
@@ -123,4 +125,32 @@ def distinct_series(
         if members:
             found.append(members)
             counted.update(members)
+    return found
+
+
+@dataclass(frozen=True)
+class HistorySeries:
+    """One series in a user's history: its task, its members' item ids (history order) and its latest output."""
+
+    task: str
+    ids: tuple[str, ...]
+    latest: str
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": self.task, "size": self.size, "latest": self.latest, "ids": list(self.ids)}
+
+
+def history_series(items: Sequence[Any]) -> list[HistorySeries]:
+    """`distinct_series` of each task's outputs in `items` (HistoryItem-like: id, task, output), by task."""
+    found = []
+    for task in sorted({item.task for item in items}):
+        of_task = [item for item in items if item.task == task]
+        for members in distinct_series([item.output for item in of_task]):
+            found.append(
+                HistorySeries(task, tuple(of_task[i].id for i in members), of_task[members[-1]].output)
+            )
     return found

@@ -1,4 +1,4 @@
-"""`ProfilePanel`: the current user's cluster, fit report and what is kept on disk, as a small table.
+"""`ProfilePanel`: the current user's cluster, fit report, habits and series, as a small table.
 
 It renders a `Profile` (see `localpers.tui.userdata`) and says whether a refit is due; it reads no files.
 """
@@ -67,12 +67,18 @@ def profile_table(profile: Profile) -> Table:
                 f"(cluster default {_accuracy(fit.get('heldout_accuracy_default'))})",
             )
             table.add_row("vector norm", f"{fit.get('vector_norm')}")
+            if profile.choice:
+                table.add_row("correction", f"{profile.choice} (chosen on your recent items)")
+        if fit.get("habits"):
+            table.add_row("habits", Text("; ".join(fit["habits"])))
         seconds = fit.get("seconds") or {}
         if seconds:
             parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
             table.add_row("fit time", f"{sum(seconds.values()):.1f} s ({parts})")
         if profile.fitted_at:
             table.add_row("fitted at", profile.fitted_at)
+    for size, latest in profile.series:
+        table.add_row("series", Text(f"{size} alike, the latest: {latest}"))
     return table
 
 
