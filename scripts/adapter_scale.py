@@ -22,7 +22,7 @@ from scipy.special import log_softmax
 from localpers.bench.data import load_bench_users
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 PROMPTS = ("history", "plain")

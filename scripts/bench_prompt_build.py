@@ -18,7 +18,8 @@ from pathlib import Path
 import localpers.users.history_prompt as history_prompt
 from localpers.bench.data import load_bench_users
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat
+from localpers.users.history_index import HistoryIndex
+from localpers.users.history_prompt import PromptFormat
 from localpers.users.series import MIN_SIZE, about_series
 
 DEVICE_PLAIN = PromptFormat(examples=5, recent=4)

@@ -33,7 +33,7 @@ from localpers.bench.metrics import paired_bootstrap
 from localpers.bench.prompt_methods import history_index
 from localpers.engine.decoding import SamplerSettings
 from localpers.methods.consensus import unigram_f1, unigrams
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "news-headlines" / "train.jsonl"
 HISTORY_WEIGHTS = (0.25, 0.5, 1.0, 2.0)

@@ -21,7 +21,7 @@ import numpy as np
 from localpers.bench.data import load_bench_users
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 STRENGTHS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
 TAU = 0.1

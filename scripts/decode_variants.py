@@ -65,7 +65,7 @@ from localpers.engine.repeated_words import STOP_WORDS, RepeatedWordRule
 from localpers.methods.card import prompting
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 TOP_K = 20
 

@@ -44,7 +44,7 @@ from localpers.methods.card import prompting
 from localpers.methods.card.decoding_runs import reference_tokens
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 TOP_K = 20
 DATASTORE_ITEMS = 60  # the most recent history items keyed (a device would key each item once, on import)

@@ -37,7 +37,7 @@ from localpers.methods.card.choice import split_recent
 from localpers.methods.card.decoding_runs import reference_tokens
 from localpers.methods.card.personalizer import Personalizer
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ import numpy as np
 
 from localpers.bench.data import BenchUser, load_bench_users
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat
+from localpers.users.history_index import HistoryIndex
+from localpers.users.history_prompt import PromptFormat
 from localpers.users.series import MIN_SIZE
 
 DEVICE = PromptFormat(examples=5, recent=4, series=MIN_SIZE)

@@ -26,7 +26,8 @@ from typing import Any
 from localpers.methods.consensus import unigram_f1, unigrams
 from localpers.publish import prompts, sft
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat, conditioned_prompt
+from localpers.users.history_index import HistoryIndex
+from localpers.users.history_prompt import PromptFormat, conditioned_prompt
 from localpers.users.retrieval import Bm25Index
 
 

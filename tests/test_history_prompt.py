@@ -13,16 +13,13 @@ from localpers.publish.corpus import HistoryItem as CorpusItem
 from localpers.publish.prompts import earlier_items
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
+from localpers.users.history_index import INDEX_FILE, HistoryIndex, prompt_for_user, shared_prefix_for_user
 from localpers.users.history_prompt import (
-    INDEX_FILE,
-    HistoryIndex,
     PromptFormat,
     build_prompt,
     conditioned_prompt,
-    prompt_for_user,
     select_examples,
     shared_prefix,
-    shared_prefix_for_user,
 )
 from localpers.users.store import UserStore
 

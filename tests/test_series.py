@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from localpers.tasks import get_task
 from localpers.users.history import item_id
+from localpers.users.history_index import HistoryIndex, prompt_for_user, shown_for_user
 from localpers.users.history_prompt import (
-    HistoryIndex,
     PromptFormat,
     build_prompt,
     conditioned_prompt,
-    prompt_for_user,
     shared_prefix,
     shown_examples,
-    shown_for_user,
 )
 from localpers.users.series import (
     MIN_SIZE,

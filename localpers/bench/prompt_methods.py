@@ -24,7 +24,8 @@ from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import HistoryIndex, PromptFormat
+from localpers.users.history_index import HistoryIndex
+from localpers.users.history_prompt import PromptFormat
 
 
 class GlobalMethod(Method):

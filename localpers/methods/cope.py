@@ -47,7 +47,8 @@ from localpers.methods.cope_train import SftConfig, train_user_lora, training_ex
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex, PromptFormat
+from localpers.users.history_index import HistoryIndex
+from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = "cope.json"

@@ -20,7 +20,7 @@ from localpers.methods.registry import BASELINE_METHOD, listed
 from localpers.methods.reports import RewriteResult
 from localpers.tui.service import RewriteRequest
 from localpers.tui.userdata import Profile
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 CACHE_SIZE = 64
 

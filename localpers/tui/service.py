@@ -19,7 +19,7 @@ import numpy as np
 from localpers.engine.decoding import SamplerSettings
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import compared_methods
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
 if TYPE_CHECKING:

@@ -4,7 +4,9 @@
 - `folder`: one user's folder (history, fitted state, vector, per-method files), every write atomic.
 - `archive`: `localpers user export|import` archives of one user's folder.
 - `history`: history items and the JSONL formats they are imported from.
-- `history_prompt`: the user's own earlier outputs shown in front of a task prompt.
+- `history_prompt`: the user's own earlier outputs shown in front of a task prompt (the composition).
+- `history_index`: a user's examples per task with their BM25 index, cached; the prompt entry points.
+- `series`: formulas a user repeats, and when a prompt shows one.
 - `retrieval`: BM25 over a user's history.
 
 This package runs no model and knows no method: methods read users through it.

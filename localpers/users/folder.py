@@ -35,7 +35,7 @@ from localpers.errors import InputError, LocalpersError
 from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, one_line, parse_json
 from localpers.users.history import HistoryItem, check_history_size, read_stored_history, serialize_history
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 from localpers.users.lock import user_lock
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")

@@ -18,7 +18,7 @@ closest to the text belongs to a series the user repeats (`localpers.users.serie
 series' latest members in place of the closest one (`PromptFormat.series`, section 0zn). Only items of the same
 task count; no such item gives the plain task prompt, so a user with no history gets exactly what a plain
 adapter was trained on. The publisher builds its training prompts with the same functions (each item's
-pool = the author's earlier items), and the device builds rewrite prompts through `prompt_for_user`: one
+pool = the author's earlier items), and the device builds rewrite prompts through `history_index.prompt_for_user`: one
 code path, so the two cannot drift apart.
 
 A version-2 format may also describe its `described` closest examples: each is shown after the list as a
@@ -28,28 +28,24 @@ blank line apart (measured no better on our data, docs/RESULTS.md section 0i; ke
 which items that composition shows and why (`rewrite --examples`, the TUI's Why view), so the two cannot disagree.
 
 `PromptFormat` is what a bundle's manifest records (`"prompt": {...}`); a bundle without it uses plain
-prompts. `HistoryIndex` is a user's retrieval index, derived from the history and cached next to it.
-This module loads no model and opens no connection.
+prompts. A user's retrieval index, derived from the history and cached next to it, is
+`localpers.users.history_index.HistoryIndex`. This module loads no model and opens no connection.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
-from localpers.tasks import Task, cut_text, get_task
+from localpers.tasks import Task, cut_text
 from localpers.users.history import item_id
-from localpers.users.retrieval import Bm25Index, HistorySearch, best_positions, make_index
+from localpers.users.retrieval import Bm25Index, HistorySearch, best_positions
 from localpers.users.series import MIN_SIZE as SERIES_MIN_SIZE
 from localpers.users.series import SEARCH_DEPTH as SERIES_SEARCH_DEPTH
 from localpers.users.series import SHOWN as SERIES_SHOWN
-from localpers.users.series import about_series, find_series, word_set
+from localpers.users.series import about_series, find_series
 
 FORMAT_NAME = "history-examples"
 # Version 2 adds `described` (demonstrations). A bundle without demonstrations still says version 1, so a device
@@ -63,7 +59,6 @@ DEMONSTRATION_WORDS = 60
 # word each) to DEMONSTRATION_CHARS.
 EXAMPLE_CHARS = 200
 DEMONSTRATION_CHARS = 600
-INDEX_FILE = "history_index.json"
 # Examples retrieved per text on the device; the others are the user's most recent outputs (`recent`).
 CLOSEST_PER_TEXT = 1
 _HEADERS = {"headline": "Headlines", "title": "Titles"}
@@ -357,118 +352,3 @@ def _choose(
             return latest, shown, True
     best = [i for i in ranked if i not in latest][: count - recent]
     return latest, list(reversed(best)), False
-
-
-class HistoryIndex:
-    """A user's history examples for one task, with their BM25 index; cached as `history_index.json`.
-
-    The cache holds only what the history already holds (texts of the user's own items) and a hash of
-    the history file, so a stale cache (history changed behind it) is noticed and rebuilt.
-    """
-
-    def __init__(self, task: Task, pool: list[tuple[str, str]], retrieval: str = "bm25") -> None:
-        self.task = task
-        self.pool = pool
-        self._index = make_index([history_document(task, i, o) for i, o in pool], retrieval) if pool else None
-        self._word_sets: list[frozenset[str]] | None = None
-
-    def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
-        return select_examples(self.task, text, self.pool, count, self._index, recent=recent)
-
-    def prompt_for(self, text: str, prompt_format: PromptFormat) -> str:
-        return conditioned_prompt(
-            self.task,
-            text,
-            self.pool,
-            prompt_format,
-            self._index,
-            word_sets=self._series_words(prompt_format),
-        )
-
-    def shown_for(self, text: str, prompt_format: PromptFormat) -> list[ShownExample]:
-        """The items `prompt_for(text, prompt_format)` shows, each with why (`shown_examples`)."""
-        return shown_examples(
-            self.task,
-            text,
-            self.pool,
-            prompt_format,
-            self._index,
-            word_sets=self._series_words(prompt_format),
-        )
-
-    def _series_words(self, prompt_format: PromptFormat) -> list[frozenset[str]] | None:
-        if prompt_format.series and self._word_sets is None:
-            self._word_sets = [word_set(output) for _, output in self.pool]
-        return self._word_sets
-
-    @staticmethod
-    def write(user_dir: Path, history_text: str, items: Sequence[Any]) -> None:
-        """Write the cache for `items` (HistoryItem-like: task, input, output) atomically."""
-        by_task: dict[str, list[list[str]]] = {}
-        for item in items:
-            by_task.setdefault(item.task, []).append([item.input, item.output])
-        payload = {"version": 1, "history_sha256": _sha256(history_text), "tasks": by_task}
-        atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
-
-    @classmethod
-    def load(
-        cls, user_dir: Path, history_text: str, read_items: Callable[[], Sequence[Any]], task: Task
-    ) -> HistoryIndex:
-        """The index for `task`, from the cache when it matches `history_text`, else rebuilt (and rewritten).
-
-        `read_items` parses the history; it is called only when the cache is missing or stale.
-        """
-        cached = _read_cache(user_dir / INDEX_FILE)
-        if cached is None or cached.get("history_sha256") != _sha256(history_text):
-            items = read_items()
-            cls.write(user_dir, history_text, items)
-            pool = [(item.input, item.output) for item in items if item.task == task.name]
-        else:
-            pool = [(pair[0], pair[1]) for pair in cached["tasks"].get(task.name, [])]
-        return cls(task, pool)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _read_cache(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None  # a missing or damaged cache is rebuilt from the history
-    tasks = data.get("tasks") if isinstance(data, dict) else None
-    if not isinstance(tasks, dict) or not all(
-        isinstance(rows, list) and all(isinstance(r, list) and len(r) == 2 for r in rows)
-        for rows in tasks.values()
-    ):
-        return None
-    return data
-
-
-def prompt_for_user(
-    task_name: str, text: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
-) -> str:
-    """The one way every entry point builds a rewrite prompt: conditioned when the bundle and history allow."""
-    task = get_task(task_name)
-    if prompt_format is None or index is None:
-        return task.prompt_for(text)
-    return index.prompt_for(text, prompt_format)
-
-
-def shown_for_user(
-    task_name: str, text: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
-) -> list[ShownExample]:
-    """The history items `prompt_for_user`'s prompt for `text` shows (none for a plain prompt)."""
-    if prompt_format is None or index is None:
-        return []
-    return index.shown_for(text, prompt_format)
-
-
-def shared_prefix_for_user(
-    task_name: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
-) -> str:
-    """What every `prompt_for_user` of this user, task and format starts with ("" when nothing is shared)."""
-    if prompt_format is None or index is None:
-        return ""
-    return shared_prefix(get_task(task_name), index.pool, prompt_format)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from localpers.methods.card.correction import CorrectionVariant
 from localpers.tasks import get_task
-from localpers.users.history_prompt import HistoryIndex
+from localpers.users.history_index import HistoryIndex
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -44,12 +44,8 @@ from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.reports import FitReport, RewriteResult
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import (
-    HistoryIndex,
-    PromptFormat,
-    ShownExample,
-    prompt_for_user,
-)
+from localpers.users.history_index import HistoryIndex, prompt_for_user
+from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User
 
 METHODS = ("card", "cluster", "global", "card-global", "global-history")
@@ -251,7 +247,9 @@ class Personalizer:
             text_chars_read=chars_read,
             gold_logprob=None if gold is None else round(float(np.mean(gold.token_logprobs)), 5),
             gold_tokens=None if gold is None else len(gold.token_logprobs),
-            examples=self.examples_shown(chosen_task.name, text, method, history, prompt_format, chars_read)
+            examples=prompting.shown_in_prompt(
+                chosen_task.name, text, self.format_for(method, prompt_format), history, chars_read
+            )
             if show_examples and from_text
             else [],
         )
@@ -352,20 +350,6 @@ class Personalizer:
     ) -> str:
         """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
         return prompt_for_user(task, text, self.format_for(method, prompt_format), history)
-
-    def examples_shown(
-        self,
-        task: str,
-        text: str,
-        method: str,
-        history: HistoryIndex | None,
-        prompt_format: PromptFormat | None = None,
-        chars_read: int | None = None,
-    ) -> list[ShownExample]:
-        """The history items `prompt_for`'s prompt shows, each with why; `chars_read` is `prompt_tokens`' cut."""
-        return prompting.shown_in_prompt(
-            task, text, self.format_for(method, prompt_format), history, chars_read
-        )
 
     def prompt_tokens(
         self,

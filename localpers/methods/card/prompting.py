@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from localpers.engine import Engine
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import cut_text, get_task
-from localpers.users.history_prompt import (
+from localpers.users.history_index import (
     HistoryIndex,
-    PromptFormat,
-    ShownExample,
     prompt_for_user,
     shared_prefix_for_user,
     shown_for_user,
 )
+from localpers.users.history_prompt import PromptFormat, ShownExample
 
 # How often a too-dense text is cut shorter before the engine is left to refuse it, and the least read of it.
 CUT_ATTEMPTS = 4
