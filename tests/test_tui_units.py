@@ -120,7 +120,7 @@ def test_profile_panel_shows_the_choice_habits_and_series() -> None:
         "cluster": 0,
         "bundle_sha256": "sha",
         "fit": report,
-        "choice": {"label": "vector", "reason": "r"},
+        "choice": {"label": "vector", "reason": "r", "vector_strength": 0.1, "bias_strength": 0.0},
     }
     user.save_fit(np.ones(4, np.float32), state)
     profile = load_profile(user, "sha")

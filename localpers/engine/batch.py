@@ -12,8 +12,8 @@ prompt merely held in sequence 0 did not reproduce it); from an empty cache they
 The next rewrite evaluates its prompt again, or restores it from the engine's prefix snapshots. Each prompt
 of a group gets its own sequence (1..batch_sequences) of the engine's KV cache: the prompt is evaluated
 once, generation continues it, and each continuation to score is evaluated after the prompt with the
-generated tokens dropped. Prompts that open with the same block of tokens (a job's `shared`: a user's recent outputs) get it
-evaluated once per group, as a batch of its own, and the other sequences share its cache cells; a
+generated tokens dropped. Prompts that open with the same block of tokens (a job's `shared`: a user's recent
+outputs) get it evaluated once per group, as a batch of its own, and the other sequences share its cache cells; a
 continuation that is exactly the generated text reuses the generation's own features instead of being
 evaluated again. Greedy means the argmax of the logits, with `generate`'s stop rules (end-of-generation token,
 stop strings, `max_tokens`). Batched and single evaluation differ by float noise (docs/PERFORMANCE.md), so

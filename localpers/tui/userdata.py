@@ -86,7 +86,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
         bias=chosen_bias(state, bias),
         bias_strength=stored_choice(state)[1],
-        choice=(state.get("choice") or {}).get("label") if isinstance(state.get("choice"), dict) else None,
+        choice=stored_choice(state)[2],
         series=tuple((found.size, found.latest) for found in history_series(history)),
     )
 
