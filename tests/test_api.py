@@ -31,6 +31,7 @@ from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import stored_token_bias
+from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore
 
 ARTICLE = (
@@ -85,6 +86,17 @@ def store(personalizer: Personalizer, tmp_path_factory: pytest.TempPathFactory) 
             "token_bias": {"first": [[habit, 10.0]], "rest": []},
             "choice": {"vector_strength": 0.5, "bias_strength": 20.0, "label": "vector 0.5 + bias 20"},
         },
+    )
+    dan = users.create("dan")  # fitted before it had history, then given some
+    dan.save_fit(
+        None, {"cluster": None, "bundle_sha256": personalizer.bundle_sha256, "fit": {"mode": "cold-start"}}
+    )
+    dan.save_history(
+        [
+            HistoryItem.create(
+                "headline", "The town hall will install solar panels.", "Solar Roof For Town Hall"
+            )
+        ]
     )
     return users
 
@@ -151,6 +163,7 @@ def test_models_lists_the_active_user_alias_and_every_user(client: openai.OpenAI
         "localpers/alice",
         "localpers/bob",
         "localpers/carol",
+        "localpers/dan",
     }
     assert client.models.retrieve("localpers/bob").id == "localpers/bob"
 
@@ -203,6 +216,14 @@ def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
     assert by_model.choices[0].text == by_field.choices[0].text
     with pytest.raises(openai.ConflictError, match="not fitted"):  # bob has no fit for CARD
         client.completions.create(model="localpers/bob", prompt=ARTICLE, max_tokens=8)
+    with pytest.raises(openai.ConflictError, match="fitted before its history"):  # no quiet fallback here
+        client.completions.create(
+            model="localpers/dan", prompt=ARTICLE, max_tokens=8, extra_body={"task": "headline"}
+        )
+    needs_no_fit = client.completions.create(
+        model="localpers/bob", prompt=ARTICLE, max_tokens=8, extra_body={"method": "global-history"}
+    )
+    assert needs_no_fit.choices[0].text
     with pytest.raises(openai.NotFoundError, match="no local user"):
         client.completions.create(model="localpers", user="nobody", prompt=ARTICLE, max_tokens=8)
     with pytest.raises(openai.NotFoundError, match="does not exist"):

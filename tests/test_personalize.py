@@ -300,14 +300,45 @@ def test_rewrite_puts_the_repeated_word_rule_in_every_candidates_chain(
     assert refused.exit_code == 2
 
 
-def test_rewrite_refuses_an_unfitted_user(bundle_dir: Path, backbone: Backbone) -> None:
+def test_an_unfitted_user_without_history_gets_the_global_adapter_and_is_told(
+    bundle_dir: Path, backbone: Backbone
+) -> None:
     runner = CliRunner()
     runner.invoke(app, ["user", "create", "fresh"])
-    result = runner.invoke(
-        app, ["rewrite", ARTICLE, "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    common = ["--bundle", str(bundle_dir), "--model", str(backbone.path), "--max-tokens", "4"]
+    result = runner.invoke(app, ["rewrite", ARTICLE, *common])
+    assert result.exit_code == 0, result.output
+    assert "note: user 'fresh' is not fitted and has no history" in result.stderr
+    payload = json.loads(runner.invoke(app, ["rewrite", ARTICLE, *common, "--json"]).stdout)
+    assert payload["method"] == "global" and "is not fitted" in payload["notes"][0]
+    # A method that needs the fit's cluster is refused with the command that makes one.
+    refused = runner.invoke(app, ["rewrite", ARTICLE, *common, "--method", "cluster"])
+    assert refused.exit_code == 1 and "localpers fit --user fresh" in refused.output
+
+
+def test_before_a_fit_rewrite_shows_the_users_history_without_the_correction(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    """The history prompt needs no fit: a user who imported history, or was fitted before having any, gets it."""
+    from localpers.users.history_prompt import PromptFormat
+
+    conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    runner = CliRunner()
+    common = ["--bundle", str(conditioned), "--model", str(backbone.path), "--max-tokens", "4", "--json"]
+    runner.invoke(app, ["user", "create", "shouty"])
+    assert (
+        runner.invoke(app, ["fit", "--bundle", str(conditioned), "--model", str(backbone.path)]).exit_code
+        == 0
     )
-    assert result.exit_code == 1
-    assert "localpers fit" in result.output
+    UserStore().get("shouty").save_history(items(SHOUTY))  # imported after a fit made with no history
+    for expected in ("was fitted before its history held anything", "is not fitted"):
+        payload = json.loads(runner.invoke(app, ["rewrite", ARTICLE, *common]).stdout)
+        assert payload["method"] == "global-history" and payload["adapter"] == "global"
+        assert len(payload["examples"]) == 2  # what the prompt showed: the user's own items
+        assert expected in payload["notes"][0] and "localpers fit --user shouty" in payload["notes"][0]
+        UserStore().get("shouty").state_path.unlink(missing_ok=True)  # the second round: never fitted
+    plain = runner.invoke(app, ["rewrite", ARTICLE, *common[:-1], "--method", "global-history"])
+    assert plain.exit_code == 0 and "note:" not in plain.stderr  # this method needs no fit
 
 
 def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(

@@ -53,3 +53,12 @@ def test_profile_shows_the_fits_choice_and_habits() -> None:
     assert profile["card"]["choice"]["label"] == "vector" and profile["card"]["habits"] == [
         "opens with 'Cat'"
     ]
+
+
+def test_profile_of_a_cold_start_fit_says_to_refit_once_there_is_history() -> None:
+    user = UserStore().create("early")
+    user.save_state({"cluster": None, "fit": {"mode": "cold-start", "cluster_similarities": []}})
+    shown = CliRunner().invoke(app, ["profile", "--user", "early"])
+    assert shown.exit_code == 0, shown.output
+    assert "cold start" in shown.stdout and "localpers fit" in shown.stdout
+    assert "cluster None" not in shown.stdout

@@ -369,6 +369,23 @@ async def test_cold_start_user_falls_back_to_the_global_adapter() -> None:
 
 
 @async_test
+async def test_before_a_fit_the_personal_panel_shows_the_users_history_without_the_correction() -> None:
+    store = UserStore()
+    store.create("new").save_history(examples("new", 3))
+    service = FakeService(store)
+    service.fail_fit = "the fit failed"  # the user stays unfitted
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        assert service.fits == ["new"]
+        title = app.main.personal_panel.border_title
+        assert "adapter with your history" in title and "no fit yet" in title
+        personal = [r for r in service.rewrites if r.method == "global-history"]
+        assert personal and personal[-1].history is not None and len(personal[-1].history.pool) == 3
+        assert app.main.personal_panel.text == fake_text(personal[-1]) != app.main.baseline_panel.text
+
+
+@async_test
 async def test_first_run_demo_user() -> None:
     service = FakeService(UserStore())
     app = make_app(service)

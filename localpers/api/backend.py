@@ -29,9 +29,10 @@ from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.prompting import chat_transcript
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.registry import BASELINE_METHOD, get_method
+from localpers.methods.registry import get_method
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
+from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
 TextSink = Callable[[str], None]
@@ -90,11 +91,13 @@ class ApiBackend:
         active = self.store.active_name()
         return self.store.get(active) if active else None
 
-    def _profile(self, user: User | None, method: Method) -> Profile:
+    def _profile(self, user: User | None, method: Method, history: HistoryIndex | None) -> Profile:
         """What `method` needs of `user`; an unfitted or stale user is refused for CARD's methods.
 
-        The fit is read by `profile_for_rewrite`, as `localpers rewrite` reads it; for methods that use the
-        fit's choice (`card`), its strengths apply, with the user's token bias.
+        The fit is read by `profile_for_rewrite`, as `localpers rewrite` reads it but strictly: a client
+        that asks for CARD gets it or an error, never a quiet fallback (a user fitted with no history and
+        still without any gets the global adapter, as everywhere). For methods that use the fit's choice
+        (`card`), its strengths apply, with the user's token bias.
         """
         if not method.needs_user or method.own_decoder:
             return Profile(method.name)
@@ -105,15 +108,13 @@ class ApiBackend:
                 param="user",
             )
         try:  # the same reading of the user's fit as `localpers rewrite`
-            cluster, vector, bias, state = profile_for_rewrite(user, method.name, self.personalizer)
+            found = profile_for_rewrite(user, method.name, self.personalizer, history, strict=True)
         except LocalpersError as exc:
             raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
-        if cluster is None:  # fitted without history: the global adapter, as `localpers rewrite` does
-            return Profile(BASELINE_METHOD)
-        vector_strength, bias_strength, _ = stored_choice(state) if method.uses_choice else (None, None, None)
-        if method.uses_choice:
-            bias = chosen_bias(state, bias)
-        return Profile(method.name, cluster, vector, bias, vector_strength, bias_strength)
+        uses_choice = method.uses_choice and found.method == method.name
+        vector_strength, bias_strength, _ = stored_choice(found.state) if uses_choice else (None, None, None)
+        bias = chosen_bias(found.state, found.bias) if uses_choice else found.bias
+        return Profile(found.method, found.cluster, found.vector, bias, vector_strength, bias_strength)
 
     # ------------------------------------------------------------------ generation
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
@@ -134,7 +135,9 @@ class ApiBackend:
                 f"`candidates` needs greedy decoding (temperature 0) and an adapter method, not {chosen.name!r}",
                 param="candidates",
             )
-        profile = self._profile(user, chosen)
+        task = job.task or "free"
+        history = user.history_index(get_task(task)) if user is not None else None
+        profile = self._profile(user, chosen, history)
         method = profile.method
         personal = {
             "cluster": profile.cluster,
@@ -160,7 +163,6 @@ class ApiBackend:
                 candidates=job.candidates,
             )
         text = chat_transcript(job.messages) if use_chat_prompt else job.text
-        task = job.task or "free"
         assert text is not None
         if chosen.own_decoder:
             if user is None:
@@ -178,7 +180,7 @@ class ApiBackend:
             max_tokens=job.max_tokens,
             sampling=job.sampling,
             on_text=on_text,
-            history=user.history_index(get_task(task)) if user is not None else None,
+            history=history,
             stop=job.stop,
             candidates=job.candidates,
         )

@@ -93,6 +93,7 @@ def pull(
     as_json: JsonOption = False,
 ) -> None:
     """Update from a signed repository (TUF), verify every file and the backbone hash, then install atomically."""
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -114,6 +115,7 @@ def pull(
         TimeRemainingColumn(),
         transient=True,
         disable=as_json,
+        console=Console(stderr=True),  # stdout carries only the result
     ) as progress:
         task = progress.add_task("pulling", total=None)
 

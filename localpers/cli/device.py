@@ -188,7 +188,7 @@ def rewrite_command(
     store = UserStore()
     target = store.resolve(user) if (user or store.active_name() or chosen.needs_user) else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
-
+    notes: list[str] = []  # the method's remarks (a fallback, a cut text): on stderr, or in --json's "notes"
     payload = chosen.rewrite(
         personalizer,
         target,
@@ -201,11 +201,11 @@ def rewrite_command(
             sampling=sampling,
             candidates=candidates,
             on_text=stdout_stream(strip_leading=one_line) if (stream and not as_json) else None,
-            note=(lambda _: None) if as_json else (lambda text: typer.echo(f"note: {text}", err=True)),
+            note=notes.append if as_json else (lambda text: typer.echo(f"note: {text}", err=True)),
         ),
     )
     if as_json:
-        typer.echo(json.dumps(payload, ensure_ascii=False))
+        typer.echo(json.dumps({**payload, "notes": notes} if notes else payload, ensure_ascii=False))
     elif stream:
         sys.stdout.write("\n")
     else:

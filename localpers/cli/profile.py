@@ -45,6 +45,10 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     card = profile["card"]
     if card is None:
         console.print("CARD: not fitted (run `localpers fit`)")
+    elif card["cluster"] is None:
+        console.print(
+            "CARD: fitted with no history (cold start); run `localpers fit` again once you have some"
+        )
     else:
         console.print(
             f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"

@@ -8,7 +8,7 @@ They read the cluster and vector that `localpers fit` (CARD) stored.
 
 from __future__ import annotations
 
-from localpers.methods.card.method import AdapterMethod
+from localpers.methods.card.method import HISTORY_ONLY_METHOD, AdapterMethod
 
 
 class GlobalMethod(AdapterMethod):
@@ -28,5 +28,5 @@ class CardGlobalMethod(AdapterMethod):
 
 
 class GlobalHistoryMethod(AdapterMethod):
-    name = "global-history"
+    name = HISTORY_ONLY_METHOD
     summary = "the global adapter with your own earlier outputs in the prompt"

@@ -49,6 +49,7 @@ LISTED: dict[str, Listed] = {entry.method.name: entry for entry in _METHODS}
 
 DEFAULT_METHOD = CardMethod.name  # what `rewrite`, `fit`, the API and the TUI use unless told otherwise
 BASELINE_METHOD = GlobalMethod.name  # the non-personalized reference every comparison shows
+UNFITTED_METHOD = GlobalHistoryMethod.name  # what CARD decodes before a fit: the user's history in the prompt
 
 
 def method_names(*, fitted: bool | None = None) -> tuple[str, ...]:

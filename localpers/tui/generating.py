@@ -74,15 +74,12 @@ class GenerationMixin:
             return
         task = main.controls.task
         controls, profile = main.controls, self.profile
-        personalizes = self.user is not None and profile is not None and profile.can_personalize
         personal, title = personal_request(
             text,
             task,
             controls.method,
             profile,
-            history=self.user.history_index(get_task(task))
-            if self.user is not None and personalizes
-            else None,
+            history=self.user.history_index(get_task(task)) if self.user is not None else None,
             strength=controls.strength.value,
             top_k=int(controls.top_k.value),
         )

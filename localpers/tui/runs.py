@@ -16,7 +16,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localpers.methods.registry import BASELINE_METHOD, listed
+from localpers.methods.registry import BASELINE_METHOD, DEFAULT_METHOD, UNFITTED_METHOD, listed
 from localpers.methods.reports import RewriteResult
 from localpers.tui.service import RewriteRequest
 from localpers.tui.userdata import Profile
@@ -114,17 +114,27 @@ def personal_request(
 ) -> tuple[RewriteRequest, str]:
     """The personalized panel's request for `method` and the panel title saying what it is.
 
-    Without a user, or before their first fit, it is the baseline's request; `strength` and `top_k` (the
-    steppers) apply only to a tuned method.
+    Without a user it is the baseline's request. Before the user's first fit (or a fit made before they had
+    any history) CARD and the adapter with the user's history both get `UNFITTED_METHOD`, the user's history
+    in the prompt without a correction, as `localpers rewrite` does; with no history either, the baseline's.
+    `strength` and `top_k` (the steppers) apply only to a tuned method.
     """
     if method == BASELINE_METHOD:
         return RewriteRequest(text, task, BASELINE_METHOD), "Personalized · global (not personalized)"
-    if profile is None or not profile.can_personalize:
-        why = "no user" if profile is None else "no fitted profile yet"
+    if profile is None:
+        return RewriteRequest(text, task, BASELINE_METHOD), "Personalized · no user: global adapter"
+    shows_history = history is not None and bool(history.pool)
+    if not profile.can_personalize:
+        if shows_history and method in (DEFAULT_METHOD, UNFITTED_METHOD):
+            label = f"Personalized · {listed(UNFITTED_METHOD).label}"
+            if method != UNFITTED_METHOD:
+                label += " · no fit yet: ctrl+f adds CARD's correction"
+            return RewriteRequest(text, task, UNFITTED_METHOD, history=history), label
+        why = "no history yet" if not shows_history else "no fitted profile yet"
         return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
     if not listed(method).tuned:
         request = RewriteRequest(text, task, method, cluster=profile.cluster, history=history)
-        return request, f"Personalized · cluster {profile.cluster} adapter"
+        return request, f"Personalized · {listed(method).label}"
     request = RewriteRequest(
         text,
         task,

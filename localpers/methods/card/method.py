@@ -8,6 +8,7 @@ fall back to the global adapter for a user without history, decode. CARD's corre
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from localpers.errors import LocalpersError
@@ -18,24 +19,72 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
 from localpers.tasks import get_task
+from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User
+
+HISTORY_ONLY_METHOD = (
+    "global-history"  # the global adapter with the user's history in the prompt: needs no fit
+)
+
+
+@dataclass(frozen=True)
+class RewriteProfile:
+    """What one rewrite decodes with for a user: the method used (a fallback's, when `note` says why) and the fit."""
+
+    method: str
+    cluster: int | None = None
+    vector: Any = None
+    bias: TokenBias | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
 
 
 def profile_for_rewrite(
-    target: User | None, method: str, personalizer: Personalizer
-) -> tuple[int | None, Any, TokenBias | None, dict[str, Any]]:
-    """The user's cluster, vector, token bias and state, refusing stale or missing fits for personalized methods."""
+    target: User | None,
+    method: str,
+    personalizer: Personalizer,
+    history: HistoryIndex | None,
+    *,
+    strict: bool = False,
+) -> RewriteProfile:
+    """The user's fit for `method`, or the fallback a user without a usable fit gets.
+
+    `global` needs no user, and `global-history` (the global adapter with the user's history in the prompt)
+    needs no fit. The other methods need a fit for this bundle that assigned a cluster. Without one
+    (never fitted, fitted to another bundle, or fitted before the history held anything) `card` still
+    shows the user's history in the prompt, on the global adapter without a correction, and says so in
+    `note`; `strict` (the API) refuses instead. A user with no history for the task (`history`, the
+    user's index for it) gets the plain global adapter.
+    """
     if target is None or method == "global":
-        return None, None, None, {}
+        return RewriteProfile("global")
+    if method == HISTORY_ONLY_METHOD:
+        return RewriteProfile(method)
     cluster, vector, state = user_profile(target)
+    has_items = history is not None and bool(history.pool)
+    refit = f"`localpers fit --user {target.name}`"
     if not state.get("fit"):
-        raise LocalpersError(f"user {target.name!r} is not fitted: run `localpers fit --user {target.name}`")
-    if state.get("bundle_sha256") != personalizer.bundle_sha256:
-        raise LocalpersError(
-            f"user {target.name!r} is not fitted to this bundle (fitted with another): "
-            f"run `localpers fit --user {target.name}` again"
+        unusable = f"user {target.name!r} is not fitted"
+    elif state.get("bundle_sha256") != personalizer.bundle_sha256:
+        unusable = f"user {target.name!r} is not fitted to this bundle (fitted with another)"
+    elif cluster is None and has_items:
+        unusable = f"user {target.name!r} was fitted before its history held anything"
+    elif cluster is None:
+        return RewriteProfile(
+            "global", state=state, note="this user has no history yet; using the global adapter"
         )
-    return cluster, vector, stored_token_bias(target, state), state
+    else:
+        return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state)
+    if strict or method != "card":
+        raise LocalpersError(f"{unusable}: run {refit}")
+    if not has_items:
+        return RewriteProfile(
+            "global", note=f"{unusable} and has no history for this task; using the global adapter"
+        )
+    if personalizer.prompt_format is None:  # a bundle trained on plain prompts shows no history
+        return RewriteProfile("global", note=f"{unusable}; using the global adapter until {refit}")
+    note = f"{unusable}: your history is in the prompt, without CARD's correction; {refit} adds it"
+    return RewriteProfile(HISTORY_ONLY_METHOD, note=note)
 
 
 class AdapterMethod(Method):
@@ -47,29 +96,27 @@ class AdapterMethod(Method):
     def rewrite(
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
-        method = self.name
-        cluster, vector, bias, state = profile_for_rewrite(user, method, personalizer)
-        chosen_strength, chosen_bias_strength, _ = (
-            stored_choice(state) if self.uses_choice else (None, None, None)
-        )
-        if self.uses_choice:
-            bias = chosen_bias(state, bias)
+        history = user.history_index(get_task(options.task)) if user is not None else None
+        profile = profile_for_rewrite(user, self.name, personalizer, history)
+        if profile.note:
+            options.note(profile.note)
+        state = profile.state
+        uses_choice = self.uses_choice and profile.method == self.name
+        chosen_strength, chosen_bias_strength, _ = stored_choice(state) if uses_choice else (None, None, None)
+        bias = chosen_bias(state, profile.bias) if uses_choice else profile.bias
         strength = chosen_strength if options.strength is None else options.strength
-        if method != "global" and cluster is None:
-            options.note("this user has no history yet; using the global adapter")
-            method = "global"
         result = personalizer.rewrite(
             text,
             task=options.task,
-            method=method,
-            cluster=cluster,
-            vector=vector,
+            method=profile.method,
+            cluster=profile.cluster,
+            vector=profile.vector,
             strength=strength,
             top_k=options.top_k,
             max_tokens=options.max_tokens,
             sampling=options.sampling,
             on_text=options.on_text,
-            history=user.history_index(get_task(options.task)) if user is not None else None,
+            history=history,
             bias=bias,
             bias_strength=chosen_bias_strength,
             candidates=options.candidates,
