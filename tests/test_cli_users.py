@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localpers.cli import app
-from localpers.users.history import demo_history_path
+from localpers.users.history import HistoryItem, demo_history_path
 from localpers.users.store import UserStore
 
 runner = CliRunner()
@@ -187,3 +187,15 @@ def test_damaged_vector_gives_one_line_error_in_show() -> None:
     user.vector_path().write_bytes(b"garbage")
     result = run("user", "show", code=1)
     assert_one_line_error(result, "run `localpers fit` again")
+
+
+def test_show_says_whether_the_fit_saw_the_history_as_it_is_now() -> None:
+    run("user", "create", "ann")
+    assert "fitted      no (no history yet)" in run("user", "show").stdout
+    user = UserStore().get("ann")
+    user.save_history([HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(3)])
+    assert "until `localpers fit`" in run("user", "show").stdout
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 2}})
+    assert "on 2 items; the history holds 3 now" in run("user", "show").stdout
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 3}})
+    assert "on the 3 items the history holds" in run("user", "show").stdout

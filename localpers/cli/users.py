@@ -42,7 +42,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object 
 UserOption = Annotated[
     str | None, typer.Option("--user", "-u", help="The user to act on (default: the active user).")
 ]
-REFIT_HINT = "run `localpers fit` to update the user's vector"
+REFIT_HINT = "rewrites use the history now; run `localpers fit` to refit CARD's correction (the vector and habits) to it"
 
 
 def _one_line_errors(func: F) -> F:
@@ -150,11 +150,24 @@ def user_show(
         typer.echo("vector      none (run `localpers fit`)")
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
+    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), len(history))}")
     shown = {"cluster", "vector_file", "vector_sha256", "vector_dim"}
     for key, value in state.items():
         if key not in shown:
             typer.echo(f"{key:<11} {json.dumps(value, ensure_ascii=False)}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
+
+
+def _fit_freshness(fit: Any, n_history: int) -> str:
+    """Whether the stored fit saw the history as it is now (item counts; `--history-limit` fits fewer)."""
+    if not isinstance(fit, dict) and n_history == 0:
+        return "no (no history yet)"
+    if not isinstance(fit, dict):
+        return "no (rewrites show your history without CARD's correction until `localpers fit`)"
+    fitted_on = fit.get("n_items")
+    if fitted_on == n_history:
+        return f"on the {_items(n_history)} the history holds"
+    return f"on {_items(int(fitted_on or 0))}; the history holds {n_history} now (`localpers fit` refits)"
 
 
 @user_app.command("delete")
