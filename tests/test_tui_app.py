@@ -379,7 +379,7 @@ async def test_before_a_fit_the_personal_panel_shows_the_users_history_without_t
         await wait_idle(pilot)
         assert service.fits == ["new"]
         title = app.main.personal_panel.border_title
-        assert "adapter with your history" in title and "no fit yet" in title
+        assert "adapter with your history" in title and "not fitted" in title and len(title) < 56
         personal = [r for r in service.rewrites if r.method == "global-history"]
         assert personal and personal[-1].history is not None and len(personal[-1].history.pool) == 3
         assert app.main.personal_panel.text == fake_text(personal[-1]) != app.main.baseline_panel.text

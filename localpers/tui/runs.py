@@ -128,7 +128,7 @@ def personal_request(
         if shows_history and method in (DEFAULT_METHOD, UNFITTED_METHOD):
             label = f"Personalized · {listed(UNFITTED_METHOD).label}"
             if method != UNFITTED_METHOD:
-                label += " · no fit yet: ctrl+f adds CARD's correction"
+                label += " · not fitted"  # the profile panel says ctrl+f fits
             return RewriteRequest(text, task, UNFITTED_METHOD, history=history), label
         why = "no history yet" if not shows_history else "no fitted profile yet"
         return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
