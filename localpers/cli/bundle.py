@@ -114,7 +114,7 @@ def pull(
         TransferSpeedColumn(),
         TimeRemainingColumn(),
         transient=True,
-        disable=as_json,
+        disable=as_json or not sys.stderr.isatty(),  # a bar only where someone watches (rich adds a newline)
         console=Console(stderr=True),  # stdout carries only the result
     ) as progress:
         task = progress.add_task("pulling", total=None)
