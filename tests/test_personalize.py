@@ -319,7 +319,7 @@ def test_an_unfitted_user_without_history_gets_the_global_adapter_and_is_told(
 def test_before_a_fit_rewrite_shows_the_users_history_without_the_correction(
     backbone: Backbone, tmp_path: Path
 ) -> None:
-    """The history prompt needs no fit: a user who imported history, or was fitted before having any, gets it."""
+    """The history prompt needs no fit: a user who imported history, or was fitted before having any, sees it."""
     from localpers.users.history_prompt import PromptFormat
 
     conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())

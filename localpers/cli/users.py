@@ -42,7 +42,10 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object 
 UserOption = Annotated[
     str | None, typer.Option("--user", "-u", help="The user to act on (default: the active user).")
 ]
-REFIT_HINT = "rewrites use the history now; run `localpers fit` to refit CARD's correction (the vector and habits) to it"
+REFIT_HINT = (
+    "rewrites use the history now; run `localpers fit` to refit CARD's correction"
+    " (the vector and habits) to it"
+)
 
 
 def _one_line_errors(func: F) -> F:

@@ -1,8 +1,9 @@
 """CARD as a registry method: `fit` learns cluster, vector, token bias and strengths; `rewrite` applies them.
 
 The rewrite path of every method that runs on the `Personalizer`'s adapters (CARD and the baselines in
-`localpers.methods.baselines`) lives in `AdapterMethod`: read the user's stored fit, refuse a stale one,
-fall back to the global adapter for a user without history, decode. CARD's correction itself is built in
+`localpers.methods.baselines`) lives in `AdapterMethod`: read the user's stored fit (`profile_for_rewrite`:
+without a usable one CARD shows the user's history on the global adapter, uncorrected, and says so; a user
+without history gets the plain global adapter), decode. CARD's correction itself is built in
 `localpers.methods.card.correction`.
 """
 
@@ -22,14 +23,13 @@ from localpers.tasks import get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User
 
-HISTORY_ONLY_METHOD = (
-    "global-history"  # the global adapter with the user's history in the prompt: needs no fit
-)
+# The global adapter with the user's history in the prompt: needs no fit, so it is what CARD falls back to.
+HISTORY_ONLY_METHOD = "global-history"
 
 
 @dataclass(frozen=True)
 class RewriteProfile:
-    """What one rewrite decodes with for a user: the method used (a fallback's, when `note` says why) and the fit."""
+    """What one rewrite decodes with: the method used (a fallback's, when `note` says why) and the user's fit."""
 
     method: str
     cluster: int | None = None
