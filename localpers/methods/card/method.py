@@ -76,7 +76,7 @@ def profile_for_rewrite(
     else:
         return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state)
     if strict or method != "card":
-        raise LocalpersError(f"{unusable}: run {refit}")
+        raise LocalpersError(f"{unusable}: run {refit} (method {HISTORY_ONLY_METHOD} needs no fit)")
     if not has_items:
         return RewriteProfile(
             "global", note=f"{unusable} and has no history for this task; using the global adapter"
