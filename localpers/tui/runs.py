@@ -16,7 +16,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localpers.methods.registry import BASELINE_METHOD, DEFAULT_METHOD, UNFITTED_METHOD, listed
+from localpers.methods.card.method import unfitted_method
+from localpers.methods.registry import BASELINE_METHOD, UNFITTED_METHOD, listed
 from localpers.methods.reports import RewriteResult
 from localpers.tui.service import RewriteRequest
 from localpers.tui.userdata import Profile
@@ -125,11 +126,12 @@ def personal_request(
         return RewriteRequest(text, task, BASELINE_METHOD), "Personalized · no user: global adapter"
     shows_history = history is not None and bool(history.pool)
     if not profile.can_personalize:
-        if shows_history and method in (DEFAULT_METHOD, UNFITTED_METHOD):
-            label = f"Personalized · {listed(UNFITTED_METHOD).label}"
-            if method != UNFITTED_METHOD:
+        fallback = unfitted_method(method, shows_history)
+        if fallback == UNFITTED_METHOD and shows_history:
+            label = f"Personalized · {listed(fallback).label}"
+            if method != fallback:
                 label += " · not fitted"  # the profile panel says ctrl+f fits
-            return RewriteRequest(text, task, UNFITTED_METHOD, history=history), label
+            return RewriteRequest(text, task, fallback, history=history), label
         why = "no history yet" if not shows_history else "no fitted profile yet"
         return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
     if not listed(method).tuned:

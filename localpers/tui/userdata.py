@@ -74,6 +74,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         return Profile(user.name, n_history, n_rejected, problem=str(exc))
     cluster = state.get("cluster")
     fit = state.get("fit") if isinstance(state.get("fit"), dict) else None
+    _, bias_strength, choice = stored_choice(state)
     return Profile(
         user=user.name,
         n_history=n_history,
@@ -85,8 +86,8 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         fitted_at=state.get("updated_at") if fit else None,
         bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
         bias=chosen_bias(state, bias),
-        bias_strength=stored_choice(state)[1],
-        choice=stored_choice(state)[2],
+        bias_strength=bias_strength,
+        choice=choice,
         series=tuple((found.size, found.latest) for found in history_series(history)),
     )
 

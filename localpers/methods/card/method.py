@@ -39,6 +39,20 @@ class RewriteProfile:
     note: str | None = None
 
 
+def unfitted_method(method: str, shows_history: bool) -> str | None:
+    """What a user without a usable fit gets for `method`; None where the method needs the fit.
+
+    `global` and `global-history` need none; CARD shows the user's history (`shows_history`: the user has
+    items for the task and the bundle's adapters were trained to read them) without its correction, or is
+    the plain global adapter. `localpers rewrite`, the TUI and the API (which refuses CARD instead) share it.
+    """
+    if method in ("global", HISTORY_ONLY_METHOD):
+        return method
+    if method != "card":
+        return None
+    return HISTORY_ONLY_METHOD if shows_history else "global"
+
+
 def profile_for_rewrite(
     target: User | None,
     method: str,
@@ -75,16 +89,20 @@ def profile_for_rewrite(
         )
     else:
         return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state)
-    if strict or method != "card":
+    fallback = (
+        None if strict else unfitted_method(method, has_items and personalizer.prompt_format is not None)
+    )
+    if fallback is None:
         raise LocalpersError(f"{unusable}: run {refit} (method {HISTORY_ONLY_METHOD} needs no fit)")
+    if fallback == HISTORY_ONLY_METHOD:
+        note = f"{unusable}: your history is in the prompt, without CARD's correction; {refit} adds it"
+        return RewriteProfile(fallback, note=note)
     if not has_items:
         return RewriteProfile(
-            "global", note=f"{unusable} and has no history for this task; using the global adapter"
+            fallback, note=f"{unusable} and has no history for this task; using the global adapter"
         )
-    if personalizer.prompt_format is None:  # a bundle trained on plain prompts shows no history
-        return RewriteProfile("global", note=f"{unusable}; using the global adapter until {refit}")
-    note = f"{unusable}: your history is in the prompt, without CARD's correction; {refit} adds it"
-    return RewriteProfile(HISTORY_ONLY_METHOD, note=note)
+    # a bundle trained on plain prompts shows no history
+    return RewriteProfile(fallback, note=f"{unusable}; using the global adapter until {refit}")
 
 
 class AdapterMethod(Method):
