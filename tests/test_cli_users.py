@@ -199,3 +199,38 @@ def test_show_says_whether_the_fit_saw_the_history_as_it_is_now() -> None:
     assert "on 2 items; the history holds 3 now" in run("user", "show").stdout
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 3}})
     assert "on the 3 items the history holds" in run("user", "show").stdout
+
+
+def test_show_summarises_the_fit_instead_of_printing_its_tables() -> None:
+    run("user", "create", "ann")
+    state = {
+        "cluster": 1,
+        "bundle_sha256": "ab" * 32,
+        "fit": {
+            "mode": "vector",
+            "n_items": 0,
+            "n_pairs": 12,
+            "heldout_accuracy": 0.75,
+            "n_heldout": 4,
+            "heldout_accuracy_default": 0.5,
+            "habits": ["opens with 'Opinion' (+9.1 nats over the model)"],
+            "seconds": {"negatives": 2.5, "choice": 1.0},
+        },
+        "choice": {"label": "bias x0.1", "reason": "it scored best", "scores": {"adapter": -3.1}},
+        "token_bias": {"first": [[562, 0.693], [756, -0.693]], "rest": [[500, -0.694]] * 300, "opening": []},
+        "extra_key": list(range(200)),
+    }
+    UserStore().get("ann").save_fit(np.ones(4, np.float32), state)
+    shown = run("user", "show").stdout
+    assert (
+        "fit         vector; 12 pairs, held-out pair accuracy 0.75 on 4 (cluster default 0.50); 3.5 s"
+        in shown
+    )
+    assert "correction  bias x0.1: it scored best" in shown
+    assert "habits      opens with 'Opinion' (+9.1 nats over the model)" in shown
+    assert "token bias  2 first-word, 300 later-word tokens" in shown
+    assert f"bundle      sha256 {'ab' * 8} " in shown
+    assert "[562" not in shown and "-3.1" not in shown  # no token ids, no candidate scores
+    extra = next(line for line in shown.splitlines() if line.startswith("extra_key"))
+    assert len(extra) < 120 and extra.endswith("…")
+    assert run_json("user", "show")["state"]["token_bias"]["rest"][0] == [500, -0.694]  # --json keeps it all

@@ -154,11 +154,89 @@ def user_show(
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
     typer.echo(f"fitted      {_fit_freshness(state.get('fit'), len(history))}")
-    shown = {"cluster", "vector_file", "vector_sha256", "vector_dim"}
-    for key, value in state.items():
-        if key not in shown:
-            typer.echo(f"{key:<11} {json.dumps(value, ensure_ascii=False)}")
+    for label, text in _state_summary(state):
+        typer.echo(f"{label:<11} {text}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
+
+
+# state.json keys that the lines above show, or that only the files' bookkeeping needs.
+_SHOWN_STATE_KEYS = frozenset({"cluster", "vector_file", "vector_sha256", "vector_dim"})
+_SUMMARISED_STATE_KEYS = frozenset(
+    {"fit", "choice", "token_bias", "bundle_sha256", "created_at", "updated_at"}
+)
+_LONGEST_OTHER_VALUE = 100
+
+
+def _state_summary(state: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) lines that say what a stored fit holds; `--json` keeps every number.
+
+    The token bias's tables and every candidate's score are summarised, not printed: hundreds of token ids
+    tell a person nothing (`localpers profile` shows the habits and series in words).
+    """
+    lines: list[tuple[str, str]] = []
+    fit = state.get("fit")
+    if isinstance(fit, dict):
+        lines.append(("fit", _fit_line(fit)))
+    choice = state.get("choice")
+    if isinstance(choice, dict) and isinstance(choice.get("label"), str):
+        reason = choice.get("reason")
+        lines.append(
+            ("correction", f"{choice['label']}" + (f": {reason}" if isinstance(reason, str) else ""))
+        )
+    habits = fit.get("habits") if isinstance(fit, dict) else None
+    if isinstance(habits, list) and habits:
+        lines.append(("habits", "; ".join(str(habit) for habit in habits)))
+    bias = state.get("token_bias")
+    if isinstance(bias, dict):
+        lines.append(("token bias", _token_bias_line(bias)))
+    if isinstance(state.get("bundle_sha256"), str):
+        lines.append(("bundle", f"sha256 {state['bundle_sha256'][:16]} (the bundle the fit was made with)"))
+    for key in ("created_at", "updated_at"):
+        if isinstance(state.get(key), str):
+            lines.append((key.replace("_at", ""), state[key]))
+    for key, value in state.items():
+        if key not in _SHOWN_STATE_KEYS | _SUMMARISED_STATE_KEYS:
+            text = json.dumps(value, ensure_ascii=False)
+            if len(text) > _LONGEST_OTHER_VALUE:
+                text = text[: _LONGEST_OTHER_VALUE - 1] + "…"
+            lines.append((key, text))
+    return lines
+
+
+def _fit_line(fit: dict[str, Any]) -> str:
+    """e.g. "vector; 37 pairs, held-out pair accuracy 0.78 on 9 (cluster default 0.89); 14.3 s"."""
+    parts = [str(fit.get("mode", "unknown mode"))]
+    if isinstance(fit.get("n_pairs"), int):
+        pairs = f"{fit['n_pairs']} pair{'' if fit['n_pairs'] == 1 else 's'}"
+        accuracy, n_heldout = fit.get("heldout_accuracy"), fit.get("n_heldout")
+        if isinstance(accuracy, int | float) and isinstance(n_heldout, int) and n_heldout:
+            pairs += f", held-out pair accuracy {accuracy:.2f} on {n_heldout}"
+            default = fit.get("heldout_accuracy_default")
+            if isinstance(default, int | float):
+                pairs += f" (cluster default {default:.2f})"
+        parts.append(pairs)
+    seconds = fit.get("seconds")
+    if isinstance(seconds, dict):
+        total = sum(value for value in seconds.values() if isinstance(value, int | float))
+        parts.append(f"{total:.1f} s")
+    return "; ".join(parts)
+
+
+def _token_bias_line(bias: dict[str, Any]) -> str:
+    """How many tokens each of the bias's tables moves, and its spelling and casing habits."""
+    counts = [
+        f"{len(bias[name])} {label}"
+        for name, label in (
+            ("first", "first-word"),
+            ("rest", "later-word"),
+            ("opening", "opening"),
+            ("closing", "closing"),
+        )
+        if isinstance(bias.get(name), list) and bias[name]
+    ]
+    extras = [name for name in ("recasing", "respelling") if bias.get(name)]
+    text = ", ".join(counts) + " tokens" if counts else "no tokens"
+    return text + (f"; {' and '.join(extras)}" if extras else "")
 
 
 def _fit_freshness(fit: Any, n_history: int) -> str:
