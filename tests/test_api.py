@@ -228,6 +228,10 @@ def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
         client.completions.create(model="localpers", user="nobody", prompt=ARTICLE, max_tokens=8)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4o", prompt=ARTICLE, max_tokens=8)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):  # `user` does not excuse a wrong model
+        client.completions.create(model="card", user="bob", prompt=ARTICLE, max_tokens=8)
+    with pytest.raises(openai.BadRequestError, match="name different users"):
+        client.completions.create(model="localpers/alice", user="bob", prompt=ARTICLE, max_tokens=8)
 
 
 def test_chat_streaming_sends_the_same_text_as_a_plain_answer(client: openai.OpenAI) -> None:

@@ -126,7 +126,10 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required: `localpers` or `localpers/<user>`", "model")
-    user = _string(body, "user") or user_from_model(model)
+    model_user = user_from_model(model)  # the model name is checked even when `user` names the user
+    user = _string(body, "user") or model_user
+    if model_user is not None and user != model_user:
+        raise _bad(f"`user` {user!r} and model {model!r} name different users; give one of them", "user")
     if body.get("n") not in (None, 1):
         raise _bad("only `n` = 1 is supported", "n")
     for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
