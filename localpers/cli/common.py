@@ -7,6 +7,7 @@ circle: `localpers.cli.main` imports the command modules, and each of them regis
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -95,6 +96,16 @@ BundleOption = Annotated[
 ]
 UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+def print_json(payload: Any) -> None:
+    """`payload` as indented JSON on stdout (what `--json` prints), non-ASCII text kept as it is."""
+    typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+def items_phrase(count: int) -> str:
+    """ "1 item", "3 items"."""
+    return f"{count} item{'' if count == 1 else 's'}"
 
 
 def stdout_stream(*, strip_leading: bool) -> Callable[[str], None]:

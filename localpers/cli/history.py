@@ -1,0 +1,195 @@
+"""The `localpers history ...` commands: import, add, list and remove a user's writing examples.
+
+Commands stay thin: `localpers.users.history` parses and merges items, `localpers.users.store` finds the user
+and writes atomically under its lock. Nothing here fits a vector or builds a prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
+from localpers.errors import LocalpersError
+from localpers.tasks import TASKS
+from localpers.untrusted import one_line
+from localpers.users.history import (
+    DEFAULT_TASK,
+    MAX_HISTORY_ITEMS,
+    HistoryItem,
+    check_history_size,
+    merge_history,
+    parse_history,
+)
+from localpers.users.store import UserStore
+
+history_app = typer.Typer(
+    help="Manage a user's writing history (the examples rewrites show and `localpers fit` learns from).",
+    no_args_is_help=True,
+)
+
+UserOption = Annotated[
+    str | None, typer.Option("--user", "-u", help="The user to act on (default: the active user).")
+]
+REFIT_HINT = (
+    "rewrites use the history now; run `localpers fit` to refit CARD's correction"
+    " (the vector and habits) to it"
+)
+
+
+def _item_json(item: HistoryItem) -> dict[str, Any]:
+    return item.to_json()
+
+
+@history_app.command("import")
+@one_line_errors
+def history_import(
+    file: Annotated[
+        Path, typer.Argument(help="JSONL: {input, output}, {task, input, output} or per-user lines.")
+    ],
+    user: UserOption = None,
+    user_id: Annotated[
+        str | None, typer.Option("--user-id", help="Which user_id to take from a per-user file.")
+    ] = None,
+    task: Annotated[
+        str, typer.Option("--task", "-t", help="Task of items that do not name one.")
+    ] = DEFAULT_TASK,
+    keep_latest: Annotated[
+        int | None,
+        typer.Option(
+            "--keep-latest",
+            min=1,
+            max=MAX_HISTORY_ITEMS,
+            help="Import only the file's N latest items (its last lines; older ones are left out).",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Add the items of a JSONL file to a user's history; duplicates are reported and skipped."""
+    target = UserStore().resolve(user)
+    parsed = parse_history(file, user_id=user_id, default_task=task, keep_latest=keep_latest)
+    with target.locked():
+        merged, already = merge_history(target.history(), parsed.items)
+        check_history_size(len(merged), what=f"user {target.name!r} would have")
+        target.save_history(merged)
+    added = len(parsed.items) - len(already)
+    if as_json:
+        print_json(
+            {
+                "user": target.name,
+                "added": added,
+                "duplicates_in_file": [asdict(d) for d in parsed.duplicates],
+                "already_in_history": [item.id for item in already],
+                "older_left_out": parsed.older_left_out,
+                "total": len(merged),
+            }
+        )
+        return
+    for duplicate in parsed.duplicates:
+        typer.echo(f"skipped {duplicate.where}: same text as {duplicate.first_seen}", err=True)
+    for item in already:
+        typer.echo(f"skipped {one_line(str(item.source))}: already in the history as {item.id}", err=True)
+    if parsed.older_left_out:
+        typer.echo(
+            f"left out the file's {items_phrase(parsed.older_left_out)} before its latest {keep_latest}",
+            err=True,
+        )
+    skipped = len(parsed.duplicates) + len(already)
+    typer.echo(
+        f"imported {items_phrase(added)} into user {target.name!r}"
+        f"{f' ({skipped} duplicates skipped)' if skipped else ''}; it now has {items_phrase(len(merged))}"
+    )
+    if added:
+        typer.echo(REFIT_HINT)
+
+
+@history_app.command("add")
+@one_line_errors
+def history_add(
+    input: Annotated[
+        str, typer.Option("--input", "-i", help="What the text was written for (e.g. the article).")
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="What the user wrote (e.g. their headline).")],
+    task: Annotated[
+        str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
+    ] = DEFAULT_TASK,
+    user: UserOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Add one example to a user's history (adding the same text again changes nothing)."""
+    target = UserStore().resolve(user)
+    try:
+        item = HistoryItem.create(task, input, output, source="cli", strict=True)
+    except ValueError as exc:
+        raise LocalpersError(f"cannot add this item: {exc}") from None
+    with target.locked():
+        merged, already = merge_history(target.history(), [item])
+        if not already:
+            check_history_size(len(merged), what=f"user {target.name!r} would have")
+            target.save_history(merged)
+    if as_json:
+        print_json(
+            {"user": target.name, "added": not already, "item": _item_json(item), "total": len(merged)}
+        )
+        return
+    if already:
+        typer.echo(f"already in the history of {target.name!r} as {item.id}; nothing added", err=True)
+        return
+    typer.echo(f"added {item.id} to user {target.name!r}; it now has {items_phrase(len(merged))}")
+    typer.echo(REFIT_HINT)
+
+
+@history_app.command("list")
+@one_line_errors
+def history_list(user: UserOption = None, as_json: JsonOption = False) -> None:
+    """List a user's history items: id, task and the user's text."""
+    target = UserStore().resolve(user)
+    items = target.history()
+    if as_json:
+        print_json({"user": target.name, "items": [_item_json(item) for item in items]})
+        return
+    if not items:
+        typer.echo(
+            f"user {target.name!r} has no history yet; add some with `localpers history import FILE`",
+            err=True,
+        )
+        return
+    for item in items:
+        # Items are cleaned of control characters when read; one_line also keeps each on its row.
+        typer.echo(f"{item.id}  {item.task:<9} {one_line(item.output)}")
+        typer.echo(f"{'':12}  {'':<9} <- {one_line(_shorten(TASKS[item.task].content(item.input), 100))}")
+
+
+def _shorten(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+@history_app.command("remove")
+@one_line_errors
+def history_remove(
+    item_id: Annotated[
+        str, typer.Argument(metavar="ID", help="An item id from `history list` (a unique prefix works).")
+    ],
+    user: UserOption = None,
+) -> None:
+    """Remove one item from a user's history."""
+    target = UserStore().resolve(user)
+    wanted = item_id.strip().lower()
+    with target.locked():
+        items = target.history()
+        matches = [item for item in items if item.id.startswith(wanted)] if len(wanted) >= 4 else []
+        if not matches:
+            raise LocalpersError(
+                f"no history item {item_id!r} in user {target.name!r} (use at least 4 characters of an id "
+                "from `localpers history list`)"
+            )
+        if len(matches) > 1:
+            raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
+        remaining = [item for item in items if item.id != matches[0].id]
+        target.save_history(remaining)
+    typer.echo(f"removed {matches[0].id} from user {target.name!r}; {items_phrase(len(remaining))} left")
+    typer.echo(REFIT_HINT)
