@@ -234,3 +234,16 @@ def test_show_summarises_the_fit_instead_of_printing_its_tables() -> None:
     extra = next(line for line in shown.splitlines() if line.startswith("extra_key"))
     assert len(extra) < 120 and extra.endswith("…")
     assert run_json("user", "show")["state"]["token_bias"]["rest"][0] == [500, -0.694]  # --json keeps it all
+
+
+def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
+    run("user", "create", "ann")
+    folder = UserStore().get("ann").dir
+    assert "\ncope " not in run("user", "show").stdout
+    (folder / "cope.json").write_text(json.dumps({"rank": 8, "n_items": 20}), encoding="utf-8")
+    (folder / "exact-index.safetensors").write_bytes(b"x")
+    shown = run("user", "show").stdout
+    assert "cope        LoRA rank 8 fitted on 20 items" in shown
+    assert "exact       attribute index stored" in shown
+    (folder / "cope.json").write_text("{not json", encoding="utf-8")
+    assert "cope        cope.json is damaged; run `localpers fit --method cope`" in run("user", "show").stdout

@@ -76,7 +76,7 @@ def user_show(
     name: Annotated[str | None, typer.Argument(help="A user (default: the active one).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show a user's history size, cluster, fitted vector and fit report."""
+    """Show a user's history size, cluster, fitted vector and fit report, and its CoPe and EXACT fits."""
     store = UserStore()
     user = store.resolve(name)
     state = user.state()
@@ -112,7 +112,7 @@ def user_show(
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
     typer.echo(f"fitted      {_fit_freshness(state.get('fit'), len(history))}")
-    for label, text in _state_summary(state):
+    for label, text in [*_state_summary(state), *_other_fits(user.dir)]:
         typer.echo(f"{label:<11} {text}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
 
@@ -158,6 +158,26 @@ def _state_summary(state: dict[str, Any]) -> list[tuple[str, str]]:
             if len(text) > _LONGEST_OTHER_VALUE:
                 text = text[: _LONGEST_OTHER_VALUE - 1] + "…"
             lines.append((key, text))
+    return lines
+
+
+def _other_fits(folder: Path) -> list[tuple[str, str]]:
+    """CoPe's and EXACT's fits, which live in files of their own, named without loading them."""
+    from localpers.methods.cope import STATE_FILE as COPE_STATE_FILE  # the methods load only for `show`
+    from localpers.methods.exact_index import INDEX_FILE as EXACT_INDEX_FILE
+
+    lines: list[tuple[str, str]] = []
+    cope_state = folder / COPE_STATE_FILE
+    if cope_state.is_file():
+        try:
+            cope = json.loads(cope_state.read_text(encoding="utf-8"))
+            lines.append(
+                ("cope", f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}")
+            )
+        except (OSError, ValueError, TypeError, KeyError):
+            lines.append(("cope", f"{cope_state.name} is damaged; run `localpers fit --method cope`"))
+    if (folder / EXACT_INDEX_FILE).is_file():
+        lines.append(("exact", "attribute index stored (`localpers profile` shows it)"))
     return lines
 
 
