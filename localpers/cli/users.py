@@ -97,6 +97,7 @@ def user_show(
             "metadata": user.vector_metadata(),
         },
         "state": state,
+        "other_fits": dict(_other_fits(user.dir)),
         "disk_bytes": user.disk_bytes(),
     }
     if as_json:
@@ -112,7 +113,7 @@ def user_show(
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
     typer.echo(f"fitted      {_fit_freshness(state.get('fit'), len(history))}")
-    for label, text in [*_state_summary(state), *_other_fits(user.dir)]:
+    for label, text in [*_state_summary(state), *report["other_fits"].items()]:
         typer.echo(f"{label:<11} {text}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
 
