@@ -62,3 +62,19 @@ def test_profile_of_a_cold_start_fit_says_to_refit_once_there_is_history() -> No
     assert shown.exit_code == 0, shown.output
     assert "cold start" in shown.stdout and "localpers fit" in shown.stdout
     assert "cluster None" not in shown.stdout
+
+
+def test_a_long_reason_wraps_under_its_own_indent(monkeypatch) -> None:
+    make_user("wordy")
+    user = UserStore().get("wordy")
+    state = user.state()
+    state["cluster"] = 1
+    state["fit"] = {"mode": "vector", "cluster_similarities": [0.1, 0.3]}
+    state["choice"] = {"label": "vector", "reason": " ".join(["because"] * 40)}
+    user.save_state(state)
+    monkeypatch.setenv("COLUMNS", "60")
+    shown = CliRunner().invoke(app, ["profile", "--user", "wordy"])
+    lines = shown.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  correction: vector: because"))
+    wrapped = lines[start : start + 5]
+    assert all(line.startswith("  ") and len(line) <= 60 and line == line.rstrip() for line in wrapped)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from typing import Annotated, Any
 
 import typer
@@ -55,15 +56,15 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         )
         if card.get("choice"):
             choice = card["choice"]
-            console.print(f"  correction: {choice['label']}: {choice['reason']}", markup=False)
+            _print_indented(console, f"correction: {choice['label']}: {choice['reason']}")
         if card.get("habits"):
-            console.print("  habits: " + "; ".join(card["habits"]), markup=False)
+            _print_indented(console, "habits: " + "; ".join(card["habits"]))
     series = profile.get("series") or []
     if series:
         console.print("Series you repeat (shown to the model in full for a text about one):")
         for found in series:
-            console.print(
-                f"  {found['size']} alike ({found['task']}), the latest: {found['latest']}", markup=False
+            _print_indented(
+                console, f"{found['size']} alike ({found['task']}), the latest: {found['latest']}"
             )
     else:
         console.print("Series you repeat: none (3 or more alike outputs make one)")
@@ -88,6 +89,12 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         else:
             console.print("for this text: no attributes (the index is empty)")
     sys.stdout.flush()
+
+
+def _print_indented(console: Any, line: str) -> None:
+    """`line` two columns in, its wrapped rest too (not from column 0); the user's own text is never markup."""
+    wrapped = textwrap.fill(line, width=max(console.width, 40), initial_indent="  ", subsequent_indent="  ")
+    console.print(wrapped, markup=False, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
