@@ -6,7 +6,6 @@ work is in `localpers.bench`. The benchmark keeps its own user store under `--ou
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli.common import print_json
 from localpers.errors import LocalpersError
 
 # Written out so `--help` loads no model code; tests/test_bench.py checks it names every method and preset of
@@ -178,7 +178,7 @@ def bench_command(
     with method_progress(not as_json, sys.stderr.isatty()) as progress:
         written = run_and_write(config, progress=progress)
     if as_json:
-        typer.echo(json.dumps(written.results, indent=2, ensure_ascii=False))
+        print_json(written.results)
         return
     _print_summary(written.results)
     typer.echo(f"report   {written.report_path}")
@@ -259,7 +259,7 @@ def _run_probes(
     with method_progress(not as_json, sys.stderr.isatty()) as progress:
         result = run_probes(config, progress=progress)
     if as_json:
-        typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+        print_json(result)
         return
     for style in result["styles"]:
         rates = ", ".join(f"{name} {_rate(row['hit']['rate'])}" for name, row in style["methods"].items())

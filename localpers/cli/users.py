@@ -15,6 +15,7 @@ import typer
 
 from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
+from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE
 from localpers.users.store import UserStore
 
 user_app = typer.Typer(
@@ -164,9 +165,6 @@ def _state_summary(state: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _other_fits(folder: Path) -> list[tuple[str, str]]:
     """CoPe's and EXACT's fits, which live in files of their own, named without loading them."""
-    from localpers.methods.cope import STATE_FILE as COPE_STATE_FILE  # the methods load only for `show`
-    from localpers.methods.exact_index import INDEX_FILE as EXACT_INDEX_FILE
-
     lines: list[tuple[str, str]] = []
     cope_state = folder / COPE_STATE_FILE
     if cope_state.is_file():

@@ -46,12 +46,13 @@ from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
+from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
 
-STATE_FILE = "cope.json"
+STATE_FILE = COPE_STATE_FILE
 ADAPTER_PREFIX = "cope-"
 STATE_VERSION = 1
 DEFAULT_TAU = 0.1

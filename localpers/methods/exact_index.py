@@ -20,9 +20,10 @@ import numpy as np
 from localpers.atomic import atomic_write_bytes
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES
+from localpers.methods.stored_files import EXACT_INDEX_FILE
 from localpers.users.store import User
 
-INDEX_FILE = "exact-index.safetensors"
+INDEX_FILE = EXACT_INDEX_FILE
 INDEX_VERSION = 1
 REFIT = "run `localpers fit --method exact`"
 
