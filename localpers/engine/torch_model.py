@@ -1,8 +1,9 @@
 """The backbone in torch for LoRA training: loaded once per process, wrapped once with peft.
 
-`transformers` dequantises the GGUF backbone to fp32 (~40 s), so `shared_lora_model` keeps one peft
+`transformers` dequantises the GGUF backbone to fp32 (~20-30 s), so `shared_lora_model` keeps one peft
 model per process and the stages swap LoRA weights in and out of it (`load_lora_state`,
-`fresh_lora_state`) instead of reloading. `target_token_losses` runs the transformer body, gathers the
+`fresh_lora_state`) instead of reloading. Reading the model's config from the GGUF walks its whole
+262k-token vocabulary (~11 s), so the config is kept in the cache directory by the backbone's sha256. `target_token_losses` runs the transformer body, gathers the
 hidden states at the positions that predict target tokens and applies the tied LM head only there:
 with a 262,144-token vocabulary, full-sequence logits would dominate the cost.
 Examples are tokenised with llama.cpp's tokenizer (the one the device generates with).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import warnings
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
+from localpers.paths import cache_dir
 
 PEFT_MODULES = {
     "attn_q": "q_proj",
@@ -36,6 +40,10 @@ PEFT_MODULES = {
 }
 
 PAD_MULTIPLE = 16
+
+# transformers' GGUF loader draws a tqdm bar beside the CLI's own progress; tqdm reads this once, when it is
+# first imported (torch imports it), so it is set here, before any function of this module imports torch.
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 _cache: dict[tuple[Any, ...], Any] = {}
 _fresh_states: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -100,13 +108,42 @@ def load_backbone(path: Path, device: str = "cpu") -> Any:
 
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+                str(path.parent),
+                gguf_file=path.name,
+                config=backbone_config(path),
+                dtype=torch.float32,
+                local_files_only=True,
             )
         except (OSError, ValueError, RuntimeError) as exc:
             raise LocalpersError(f"transformers could not load {path} for training: {exc}") from exc
         model.requires_grad_(False)
         _cache[key] = model.to(device) if device != "cpu" else model
     return _cache[key]
+
+
+def backbone_config(path: Path) -> Any:
+    """The transformers config of a GGUF backbone: from the cache when this backbone's was read before.
+
+    The cached copy is keyed by the file's sha256 and the transformers version that wrote it; a missing,
+    damaged or older one is read from the GGUF again and rewritten (a read-only cache only costs time).
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    from localpers.engine.backbone import cached_sha256
+
+    cache_file = cache_dir() / "backbones" / f"{cached_sha256(path)[:32]}.transformers-config.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        saved = json.loads(cache_file.read_text())
+        if saved["transformers"] == transformers.__version__:
+            return AutoConfig.for_model(**saved["config"])
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    with contextlib.suppress(OSError):
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            cache_file, json.dumps({"transformers": transformers.__version__, "config": config.to_dict()})
+        )
+    return config
 
 
 def shared_lora_model(
