@@ -3,9 +3,10 @@
 `transformers` dequantises the GGUF backbone to fp32 (~20-30 s), so `shared_lora_model` keeps one peft
 model per process and the stages swap LoRA weights in and out of it (`load_lora_state`,
 `fresh_lora_state`) instead of reloading. Reading the model's config from the GGUF walks its whole
-262k-token vocabulary (~11 s), so the config is kept in the cache directory by the backbone's sha256. `target_token_losses` runs the transformer body, gathers the
-hidden states at the positions that predict target tokens and applies the tied LM head only there:
-with a 262,144-token vocabulary, full-sequence logits would dominate the cost.
+262k-token vocabulary (~11 s), so the config is kept in the cache directory by the backbone's sha256.
+`target_token_losses` runs the transformer body, gathers the hidden states at the positions that predict
+target tokens and applies the tied LM head only there: with a 262,144-token vocabulary, full-sequence
+logits would dominate the cost.
 Examples are tokenised with llama.cpp's tokenizer (the one the device generates with).
 The publisher passes `device=training_device()` (CUDA when torch sees a GPU); batches are built on the
 CPU and moved to the model's device in `target_logits`; `lora_state` always returns CPU tensors.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_text
+from localpers.engine.backbone import cached_sha256
 from localpers.errors import LocalpersError
 from localpers.paths import cache_dir
 
@@ -129,8 +131,6 @@ def backbone_config(path: Path) -> Any:
     """
     import transformers
     from transformers import AutoConfig
-
-    from localpers.engine.backbone import cached_sha256
 
     cache_file = cache_dir() / "backbones" / f"{cached_sha256(path)[:32]}.transformers-config.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
