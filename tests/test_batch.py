@@ -272,3 +272,21 @@ def test_the_step_cost_benchmark_times_each_row_count(backbone) -> None:
     for rows, cost in costs.items():
         assert cost["ms_per_step"] > 0
         assert cost["ms_per_row"] == pytest.approx(cost["ms_per_step"] / int(rows))
+
+
+def test_the_batched_pair_pass_reports_progress_after_each_group(
+    personalizer: Personalizer,  # noqa: F811
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("localpers.engine.batch.GROUP_SIZE", 3)
+    user = UserStore(tmp_path).create("progress")
+    user.save_history(items(SHOUTY))
+    seen: list[tuple[str, int, int]] = []
+    personalizer.pairs.negatives_and_differences(
+        user, items(SHOUTY), 0, lambda stage, done, total: seen.append((stage, done, total))
+    )
+    counts = [done for _, done, _ in seen]
+    assert {stage for stage, _, _ in seen} == {"pairs"} and {total for _, _, total in seen} == {len(SHOUTY)}
+    assert counts == sorted(set(counts)) and counts[-1] == len(SHOUTY)  # increasing, never repeated
+    assert counts[:2] == [3, 6]  # one report per group of 3 prompts, before the whole pass is over

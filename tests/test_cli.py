@@ -186,3 +186,26 @@ def test_streamed_one_line_output_starts_at_its_first_word(capsys: pytest.Captur
     for piece in [" there", " was"]:
         keep(piece)
     assert capsys.readouterr().out == " there was"
+
+
+def test_fit_progress_without_a_terminal_logs_stage_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localpers.cli import device
+
+    clock = iter([100.0, 103.0, 108.0, 114.0, 116.0, 117.0, 120.0])
+    monkeypatch.setattr(device.time, "monotonic", lambda: next(clock))
+    with device.fit_progress(True, interactive=False) as update:  # the logger starts its clock at 100
+        update("pairs", 16, 40)  # 103: too soon for a line
+        update("pairs", 32, 40)  # 108: still under 10 s
+        update("pairs", 35, 40)  # 114: 14 s since the stage began, a line
+        update("pairs", 40, 40)  # 116: the stage's end, timed from the start
+        update("choice", 1, 2)  # 117
+        update("choice", 2, 2)  # 120: timed from the previous stage's end
+    assert capsys.readouterr().err.splitlines() == [
+        "fit: pairs (y- + features) 35/40",
+        "fit: pairs (y- + features) 40/40 (16.0 s)",
+        "fit: choice 2/2 (4.0 s)",
+    ]
+    with device.fit_progress(False, interactive=False) as update:
+        assert update is None

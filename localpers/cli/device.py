@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -52,20 +53,30 @@ from localpers.methods.registry import (
 from localpers.methods.reports import FitReport
 from localpers.users.store import UserStore
 
+FIT_STAGE_LABELS = {
+    "negatives": "model's own outputs (y-)",
+    "features": "pair features",
+    "pairs": "pairs (y- + features)",
+}
+LOG_EVERY_SECONDS = 10.0  # without a terminal, a long stage logs a line this often
+
 
 @contextmanager
-def fit_progress(enabled: bool) -> Iterator[Any]:
-    """A rich progress bar fed by the Personalizer's (stage, done, total) callback."""
+def fit_progress(enabled: bool, interactive: bool = True, command: str = "fit") -> Iterator[Any]:
+    """A rich progress bar fed by the Personalizer's (stage, done, total) callback.
+
+    Without a terminal (nohup, CI logs, pipes) it logs `<command>: <stage> <done>/<total>` lines on standard
+    error instead: when a stage ends, and every LOG_EVERY_SECONDS while it runs (an EXACT fit takes minutes).
+    Disabled, it reports nothing.
+    """
     if not enabled:
         yield None
         return
+    if not interactive:
+        yield _stage_logger(command)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    labels = {
-        "negatives": "model's own outputs (y-)",
-        "features": "pair features",
-        "pairs": "pairs (y- + features)",
-    }
     with Progress(
         TextColumn("{task.description:<26}"),
         BarColumn(),
@@ -77,10 +88,31 @@ def fit_progress(enabled: bool) -> Iterator[Any]:
 
         def update(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
-                tasks[stage] = progress.add_task(labels.get(stage, stage), total=total)
+                tasks[stage] = progress.add_task(FIT_STAGE_LABELS.get(stage, stage), total=total)
             progress.update(tasks[stage], completed=done)
 
         yield update
+
+
+def _stage_logger(command: str) -> Any:
+    # a stage's first report comes after its first unit of work: it is timed from the previous stage's end
+    previous_end = time.monotonic()
+    started: dict[str, float] = {}
+    logged: dict[str, float] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        nonlocal previous_end
+        now = time.monotonic()
+        started.setdefault(stage, previous_end)
+        if done < total and now - logged.get(stage, started[stage]) < LOG_EVERY_SECONDS:
+            return
+        logged[stage] = now
+        if done >= total:
+            previous_end = now
+        seconds = f" ({now - started[stage]:.1f} s)" if done >= total else ""
+        typer.echo(f"{command}: {FIT_STAGE_LABELS.get(stage, stage)} {done}/{total}{seconds}", err=True)
+
+    return update
 
 
 def fit_command(
@@ -104,7 +136,7 @@ def fit_command(
     chosen = get_method(method, for_fit=True)
     target = UserStore().resolve(user)
     personalizer = Personalizer.open(model=model, bundle=bundle)
-    with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+    with fit_progress(not as_json, sys.stderr.isatty()) as progress:
         fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
     typer.echo(json.dumps(fitted.report) if as_json else fitted.summary)
 
@@ -260,7 +292,7 @@ def demo_command(
         typer.echo(
             f"bundle {personalizer.bundle.directory} (k={personalizer.bundle.k}); backbone {personalizer.backbone.path.name}"
         )
-    with fit_progress(not as_json and sys.stderr.isatty()) as progress:
+    with fit_progress(not as_json, sys.stderr.isatty(), command="demo") as progress:
         demo, fitted_now = ensure_demo_user(personalizer, store, progress)
         rows = compare_on_demo(personalizer, demo, chosen, progress, candidates)
     report = demo.state()["fit"]

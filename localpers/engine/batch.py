@@ -69,14 +69,20 @@ def run_jobs(
     stop: Sequence[str] = (),
     logprob_rows: int = 1,
     timings: dict[str, float] | None = None,
+    on_group: Callable[[int], None] | None = None,
 ) -> list[PromptOutcome]:
-    """Generate and score every job, up to `GROUP_SIZE` prompts at a time (see `fits` first)."""
+    """Generate and score every job, up to `GROUP_SIZE` prompts at a time (see `fits` first).
+
+    `on_group` is told how many jobs are done after each group (for a progress bar).
+    """
     size = min(engine.batch_sequences, GROUP_SIZE)
     if size < 1:
         raise ValueError("the engine has no batched sequences (Engine(..., batch_sequences=N))")
     outcomes: list[PromptOutcome] = []
     for start in range(0, len(jobs), size):
         outcomes += _run_group(engine, jobs[start : start + size], max_tokens, stop, logprob_rows, timings)
+        if on_group:
+            on_group(len(outcomes))
     return outcomes
 
 

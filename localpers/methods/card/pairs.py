@@ -205,6 +205,14 @@ class PairBuilder:
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
         stored = self._read_features(user, cluster)
+        reported = 0
+
+        def report(done: int) -> None:  # the batched pass and the loop after it count the same items
+            nonlocal reported
+            if progress and done > reported:
+                reported = done
+                progress("pairs", done, len(items))
+
         for item, prompt in zip(items, prompts, strict=True):
             negative = known.get(_negative_key(item, prompt))
             found = (
@@ -212,7 +220,7 @@ class PairBuilder:
             )
             if found is not None:
                 self._remember((cluster, prompt, item.output, negative), found)
-        generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds)
+        generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds, report)
         for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
             key = _negative_key(item, prompt)
             if key not in known:
@@ -233,8 +241,7 @@ class PairBuilder:
                 seconds["features"] += time.perf_counter() - started
             else:
                 first_logprobs.append(None)
-            if progress:
-                progress("pairs", done + 1, len(items))
+            report(done + 1)
         if generated:
             self._write_negatives(user, cluster, known)
         used = {
@@ -262,11 +269,13 @@ class PairBuilder:
         known: dict[str, str],
         cluster: int,
         seconds: dict[str, float],
+        report: Callable[[int], None],
     ) -> bool:
         """Generate the missing y- and score the unscored pairs several prompts at a time (`engine.batch`).
 
         Fills `known` and the pair memo, so the one-at-a-time loop after it finds them done; what does not fit
         a batched sequence (or a mix of tasks) is left to that loop. Returns whether any y- was generated.
+        `report` is told how many items are done (those found cached, then each group's) as groups finish.
         """
         tasks = {item.task for item in items}
         if not self.engine.batch_sequences or len(tasks) != 1:
@@ -274,6 +283,7 @@ class PairBuilder:
         task = get_task(tasks.pop())
         jobs: list[PromptJob] = []
         owners: list[tuple[HistoryItem, str, str]] = []
+        left_to_the_loop = 0
         for item, prompt, block in zip(items, prompts, blocks, strict=True):
             key = _negative_key(item, prompt)
             cached = known.get(key)
@@ -300,10 +310,19 @@ class PairBuilder:
             if fits(job, task.default_max_tokens, max(len(positive), task.default_max_tokens + 8)):
                 jobs.append(job)
                 owners.append((item, prompt, key))
+            else:
+                left_to_the_loop += 1
         if not jobs:
             return False
+        ready = len(items) - len(jobs) - left_to_the_loop
+        report(ready)
         outcomes = run_jobs(
-            self.engine, jobs, max_tokens=task.default_max_tokens, stop=task.stop_strings, timings=seconds
+            self.engine,
+            jobs,
+            max_tokens=task.default_max_tokens,
+            stop=task.stop_strings,
+            timings=seconds,
+            on_group=lambda done: report(ready + done),
         )
         for (item, prompt, key), job, outcome in zip(owners, jobs, outcomes, strict=True):
             if job.generate:
