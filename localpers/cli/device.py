@@ -50,14 +50,9 @@ from localpers.methods.registry import (
     listed,
     method_names,
 )
-from localpers.methods.reports import FitReport
+from localpers.methods.reports import FIT_STAGE_LABELS, FitReport
 from localpers.users.store import UserStore
 
-FIT_STAGE_LABELS = {
-    "negatives": "model's own outputs (y-)",
-    "features": "pair features",
-    "pairs": "pairs (y- + features)",
-}
 LOG_EVERY_SECONDS = 10.0  # without a terminal, a long stage logs a line this often
 
 

@@ -171,8 +171,12 @@ def train_user_lora(
 
     seconds: dict[str, float] = {}
     started = time.perf_counter()
+    if progress:
+        progress("load", 0, 1)
     model = lora_model(backbone, config)
     seconds["load"] = time.perf_counter() - started
+    if progress:
+        progress("load", 1, 1)
     if config.threads:
         torch.set_num_threads(config.threads)
     precision = config.precision

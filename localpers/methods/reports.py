@@ -11,6 +11,18 @@ from typing import Any
 
 from localpers.users.history_prompt import ShownExample
 
+# What the front ends call the stages a fit reports through its progress callback (stage, done, total);
+# a stage not listed here is shown by its name.
+FIT_STAGE_LABELS = {
+    "negatives": "model's own outputs (y-)",
+    "features": "pair features",
+    "pairs": "pairs: y- and features",
+    "choice": "choosing the correction",
+    "load": "backbone into torch",
+    "train": "LoRA training steps",
+    "attributes": "attributes per pair",
+}
+
 
 @dataclass
 class CandidateShift:

@@ -10,11 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
-STAGE_LABELS = {
-    "negatives": "model's own outputs (y-)",
-    "features": "pair features",
-    "pairs": "pairs: y- and features",
-}
+from localpers.methods.reports import FIT_STAGE_LABELS
 
 
 class ProgressStatus(Horizontal):
@@ -72,7 +68,7 @@ class ProgressStatus(Horizontal):
         self.work_label = label
 
     def advance(self, stage: str, done: int, total: int) -> None:
-        self.label.update(f"{self.work_label}: {STAGE_LABELS.get(stage, stage)}")
+        self.label.update(f"{self.work_label}: {FIT_STAGE_LABELS.get(stage, stage)}")
         self.bar.update(total=max(total, 1), progress=done)
         self.count.update(f"{done}/{total}")
 
