@@ -203,9 +203,10 @@ def test_fit_progress_without_a_terminal_logs_stage_lines(
         update("choice", 1, 2)  # 117
         update("choice", 2, 2)  # 120: timed from the previous stage's end
     assert capsys.readouterr().err.splitlines() == [
-        "fit: pairs: y- and features 35/40",
+        "fit: pairs: y- and features 35/40, about 2 s left",  # 14 s for 35: 0.4 s each
         "fit: pairs: y- and features 40/40 (16.0 s)",
         "fit: choosing the correction 2/2 (4.0 s)",
     ]
     with device.fit_progress(False, interactive=False) as update:
         assert update is None
+    assert [device._duration(s) for s in (42, 420, 8280)] == ["42 s", "7 min", "2.3 h"]

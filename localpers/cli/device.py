@@ -70,13 +70,21 @@ def fit_progress(enabled: bool, interactive: bool = True, command: str = "fit") 
     if not interactive:
         yield _stage_logger(command)
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(
         TextColumn("{task.description:<26}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         transient=True,
     ) as progress:
         tasks: dict[str, Any] = {}
@@ -104,10 +112,23 @@ def _stage_logger(command: str) -> Any:
         logged[stage] = now
         if done >= total:
             previous_end = now
-        seconds = f" ({now - started[stage]:.1f} s)" if done >= total else ""
-        typer.echo(f"{command}: {FIT_STAGE_LABELS.get(stage, stage)} {done}/{total}{seconds}", err=True)
+        elapsed = now - started[stage]
+        if done >= total:
+            timing = f" ({elapsed:.1f} s)"
+        else:  # at the pace so far
+            timing = f", about {_duration(elapsed / done * (total - done))} left" if done > 0 else ""
+        typer.echo(f"{command}: {FIT_STAGE_LABELS.get(stage, stage)} {done}/{total}{timing}", err=True)
 
     return update
+
+
+def _duration(seconds: float) -> str:
+    """`42 s`, `7 min`, `2.3 h`."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def fit_command(
