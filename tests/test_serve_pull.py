@@ -321,14 +321,41 @@ def test_pull_over_loopback_installs_and_becomes_the_default(
 
 
 def test_pull_accepts_repository_url_and_directory(
-    served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
+    served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str, keys_dir: Path, tmp_path: Path
 ) -> None:
     _, url = served
     first = pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys_dir)  # a new bundle to pull
     second = pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA)  # trusted since the first pull
     assert second.previous == first.directory.resolve()
     assert installed_bundle_dir() == second.directory.resolve()
     assert installed_versions() == sorted([first.version, second.version])
+
+
+def test_pulling_the_installed_bundle_again_downloads_nothing_and_keeps_the_previous(
+    served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str, keys_dir: Path, tmp_path: Path
+) -> None:
+    _, url = served
+    first = pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys_dir)
+    source = str(repo_dir)  # the server lists only the files it started with
+    second = pull_bundle(source, backbone_sha256=BACKBONE_SHA)
+    downloads: list[str] = []
+    again = pull_bundle(source, backbone_sha256=BACKBONE_SHA, on_progress=lambda f, d, t: downloads.append(f))
+    assert again.unchanged and not second.unchanged
+    assert again.directory == installed_bundle_dir() == second.directory.resolve()
+    assert downloads == []
+    assert installed_versions() == sorted([first.version, second.version])  # the previous one is still there
+
+    # an installed copy that no longer verifies is replaced, not reported up to date
+    installed = installed_bundle_dir()
+    assert installed is not None
+    damaged = installed / "head.safetensors"
+    damaged.chmod(0o644)
+    damaged.write_bytes(b"x" + damaged.read_bytes()[1:])
+    repaired = pull_bundle(source, backbone_sha256=BACKBONE_SHA)
+    assert not repaired.unchanged and repaired.previous == installed
+    verify_bundle(repaired.directory, backbone_sha256=BACKBONE_SHA)
 
 
 def test_old_versions_are_pruned_keeping_the_previous(tmp_path: Path) -> None:

@@ -11,7 +11,10 @@ one atomic rename. Any failure or interruption removes the staging directory and
 installed bundle in place. This is the only module of localpers (with `localpers.bundle.signed` and
 `localpers.bundle.fetcher`, which it calls) that opens a network connection; it never loads what it downloads.
 
-It stays one module of some 420 lines because its parts are one install transaction: the sources, the
+A pull whose manifest is the installed bundle's, byte for byte, with the installed files still
+verifying, downloads nothing and says so (`PullResult.unchanged`).
+
+It stays one module of some 450 lines because its parts are one install transaction: the sources, the
 capped fetch of each file, the lock, the free-space check, staging and the atomic switch of `current`
 each rely on what the others guarantee, and read best in the order a pull runs them.
 """
@@ -70,6 +73,8 @@ class PullResult:
     bytes: int
     seconds: float
     previous: Path | None
+    # True when the installed bundle had this very manifest and still verified: nothing was downloaded
+    unchanged: bool = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,6 +301,24 @@ def _pull_backbone(
     return sha256
 
 
+def _installed_with(manifest_bytes: bytes, backbone_sha256: str | None) -> Path | None:
+    """The installed bundle if it has exactly this (signed, checked) manifest and its files still verify.
+
+    Pulling it again would download the same files into a copy of it, and prune the distinct bundle kept
+    before it; a damaged installed copy (a file edited or missing) is None, so the pull replaces it.
+    """
+    installed = installed_bundle_dir()
+    if installed is None:
+        return None
+    try:
+        if (installed / MANIFEST_NAME).read_bytes() != manifest_bytes:
+            return None
+        verify_bundle(installed, backbone_sha256=backbone_sha256)
+    except (OSError, LocalpersError):
+        return None
+    return installed
+
+
 def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
@@ -389,27 +412,41 @@ def pull_bundle(
                 done = 0  # progress from here on counts the bundle's files
             files: dict[str, dict] = manifest["files"]
             total = sum(entry["size"] for entry in files.values())
-            _check_free_space(root, total)
-            if isinstance(bundle_source, SignedSource):
-                for relative, entry in files.items():  # all refused before any download
-                    bundle_source.check_listed(relative, entry)
-            for relative, entry in files.items():
-                current[:] = [relative]
-                if on_progress:
-                    on_progress(relative, done, total)
+            unchanged = _installed_with(manifest_bytes, backbone_sha256)
+            if unchanged is None:
+                _check_free_space(root, total)
                 if isinstance(bundle_source, SignedSource):
-                    bundle_source.download(relative, entry, staging / relative)
-                else:
-                    _fetch_file(bundle_source, relative, entry, staging, advance)
-            current.clear()
-            (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
-            verify_bundle(staging, backbone_sha256=backbone_sha256)
-            versions.mkdir(exist_ok=True)
-            version = _new_version_name(versions, manifest_bytes)
-            os.replace(staging, versions / version)
+                    for relative, entry in files.items():  # all refused before any download
+                        bundle_source.check_listed(relative, entry)
+                for relative, entry in files.items():
+                    current[:] = [relative]
+                    if on_progress:
+                        on_progress(relative, done, total)
+                    if isinstance(bundle_source, SignedSource):
+                        bundle_source.download(relative, entry, staging / relative)
+                    else:
+                        _fetch_file(bundle_source, relative, entry, staging, advance)
+                current.clear()
+                (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
+                verify_bundle(staging, backbone_sha256=backbone_sha256)
+                versions.mkdir(exist_ok=True)
+                version = _new_version_name(versions, manifest_bytes)
+                os.replace(staging, versions / version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        if unchanged is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            return PullResult(
+                directory=unchanged,
+                version=unchanged.name,
+                source=bundle_source.description,
+                files=len(files),
+                bytes=total,
+                seconds=time.perf_counter() - started,
+                previous=None,
+                unchanged=True,
+            )
         previous = installed_bundle_dir()
         switch_current(root, version)
         _prune_versions(versions, keep={version} | ({previous.name} if previous else set()))

@@ -141,8 +141,15 @@ def pull(
             "bytes": result.bytes,
             "seconds": round(result.seconds, 3),
             "previous": str(result.previous) if result.previous else None,
+            "unchanged": result.unchanged,
         }
         typer.echo(json.dumps(payload))
+        return
+    if result.unchanged:
+        typer.echo(
+            f"bundle {result.version} is up to date ({result.source} publishes the same manifest; its"
+            f" {result.files} files verified here, nothing downloaded) -> {result.directory}"
+        )
         return
     typer.echo(
         f"installed bundle {result.version}: {result.files} files, {_megabytes(result.bytes)} verified"
