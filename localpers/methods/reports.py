@@ -21,6 +21,7 @@ FIT_STAGE_LABELS = {
     "load": "backbone into torch",
     "train": "LoRA training steps",
     "attributes": "attributes per pair",
+    "demo articles": "articles rewritten",
 }
 
 
