@@ -412,12 +412,12 @@ def pull_bundle(
                 done = 0  # progress from here on counts the bundle's files
             files: dict[str, dict] = manifest["files"]
             total = sum(entry["size"] for entry in files.values())
+            if isinstance(bundle_source, SignedSource):
+                for relative, entry in files.items():  # all refused before any download
+                    bundle_source.check_listed(relative, entry)
             unchanged = _installed_with(manifest_bytes, backbone_sha256)
             if unchanged is None:
                 _check_free_space(root, total)
-                if isinstance(bundle_source, SignedSource):
-                    for relative, entry in files.items():  # all refused before any download
-                        bundle_source.check_listed(relative, entry)
                 for relative, entry in files.items():
                     current[:] = [relative]
                     if on_progress:
