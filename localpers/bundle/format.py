@@ -231,6 +231,24 @@ CURRENT_FILE = "current.json"  # fallback pointer where symlinks cannot be made:
 VERSIONS_DIR = "versions"
 
 
+def installed_bundle_with(manifest_bytes: bytes, backbone_sha256: str | None) -> Path | None:
+    """The installed bundle if its manifest is exactly `manifest_bytes` and its files still verify, else None.
+
+    `localpers pull` asks this before downloading: the same bundle again would be a copy of it (and push out
+    the distinct bundle kept before it); a damaged installed copy (a file edited or missing) is None.
+    """
+    installed = installed_bundle_dir()
+    if installed is None:
+        return None
+    try:
+        if (installed / MANIFEST_NAME).read_bytes() != manifest_bytes:
+            return None
+        verify_bundle(installed, backbone_sha256=backbone_sha256)
+    except (OSError, LocalpersError):
+        return None
+    return installed
+
+
 def installed_bundle_dir(*, strict: bool = False) -> Path | None:
     """The directory of the pulled bundle `current` points to, or None when nothing was pulled.
 

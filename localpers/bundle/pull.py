@@ -14,7 +14,7 @@ installed bundle in place. This is the only module of localpers (with `localpers
 A pull whose manifest is the installed bundle's, byte for byte, with the installed files still
 verifying, downloads nothing and says so (`PullResult.unchanged`).
 
-It stays one module of some 450 lines because its parts are one install transaction: the sources, the
+It stays one module of some 440 lines because its parts are one install transaction: the sources, the
 capped fetch of each file, the lock, the free-space check, staging and the atomic switch of `current`
 each rely on what the others guarantee, and read best in the order a pull runs them.
 """
@@ -46,6 +46,7 @@ from localpers.bundle.format import (
     VERSIONS_DIR,
     bundles_root,
     installed_bundle_dir,
+    installed_bundle_with,
     parse_manifest,
     validate_manifest,
     verify_bundle,
@@ -301,24 +302,6 @@ def _pull_backbone(
     return sha256
 
 
-def _installed_with(manifest_bytes: bytes, backbone_sha256: str | None) -> Path | None:
-    """The installed bundle if it has exactly this (signed, checked) manifest and its files still verify.
-
-    Pulling it again would download the same files into a copy of it, and prune the distinct bundle kept
-    before it; a damaged installed copy (a file edited or missing) is None, so the pull replaces it.
-    """
-    installed = installed_bundle_dir()
-    if installed is None:
-        return None
-    try:
-        if (installed / MANIFEST_NAME).read_bytes() != manifest_bytes:
-            return None
-        verify_bundle(installed, backbone_sha256=backbone_sha256)
-    except (OSError, LocalpersError):
-        return None
-    return installed
-
-
 def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
@@ -415,7 +398,7 @@ def pull_bundle(
             if isinstance(bundle_source, SignedSource):
                 for relative, entry in files.items():  # all refused before any download
                     bundle_source.check_listed(relative, entry)
-            unchanged = _installed_with(manifest_bytes, backbone_sha256)
+            unchanged = installed_bundle_with(manifest_bytes, backbone_sha256)
             if unchanged is None:
                 _check_free_space(root, total)
                 for relative, entry in files.items():

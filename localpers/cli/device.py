@@ -110,10 +110,9 @@ def _stage_logger(command: str) -> Any:
         if done < total and now - logged.get(stage, started[stage]) < LOG_EVERY_SECONDS:
             return
         logged[stage] = now
-        if done >= total:
-            previous_end = now
         elapsed = now - started[stage]
         if done >= total:
+            previous_end = now
             timing = f" ({elapsed:.1f} s)"
         else:  # at the pace so far
             timing = f", about {_duration(elapsed / done * (total - done))} left" if done > 0 else ""
