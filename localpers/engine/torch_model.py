@@ -1,9 +1,11 @@
 """The backbone in torch for LoRA training: loaded once per process, wrapped once with peft.
 
-`transformers` dequantises the GGUF backbone to fp32 (~20-30 s), so `shared_lora_model` keeps one peft
-model per process and the stages swap LoRA weights in and out of it (`load_lora_state`,
-`fresh_lora_state`) instead of reloading. Reading the model's config from the GGUF walks its whole
-262k-token vocabulary (~11 s), so the config is kept in the cache directory by the backbone's sha256.
+The GGUF backbone is dequantised to fp32 (~5 s once its layout is cached, ~30 s the first time), so
+`shared_lora_model` keeps one peft model per process and the stages swap LoRA weights in and out of it
+(`load_lora_state`, `fresh_lora_state`) instead of reloading. Parsing the GGUF's header walks its whole
+262k-token vocabulary (~10 s each time), so the transformers config and the tensors' layout are kept in
+the cache directory by the backbone's sha256, and the tensors are read past transformers' GGUF loader
+where the architecture allows it (`_load_from_layout`).
 `target_token_losses` runs the transformer body, gathers the hidden states at the positions that predict
 target tokens and applies the tied LM head only there: with a 262,144-token vocabulary, full-sequence
 logits would dominate the cost.
@@ -28,6 +30,7 @@ from typing import Any
 
 from localpers.atomic import atomic_write_text
 from localpers.engine.backbone import cached_sha256
+from localpers.engine.gguf_layout import gguf_layout, map_tensor
 from localpers.errors import LocalpersError
 from localpers.paths import cache_dir
 
@@ -42,6 +45,10 @@ PEFT_MODULES = {
 }
 
 PAD_MULTIPLE = 16
+
+# transformers' per-architecture tensor fix-ups that look at nothing but the tensor (Gemma's norm offset,
+# or none); the others read config or other tensors, so their backbones go through transformers' loader.
+NAME_ONLY_PROCESSORS = frozenset({"TensorProcessor", "Gemma2TensorProcessor"})
 
 # transformers' GGUF loader draws a tqdm bar beside the CLI's own progress; tqdm reads this once, when it is
 # first imported (torch imports it), so it is set here, before any function of this module imports torch.
@@ -105,22 +112,72 @@ def load_backbone(path: Path, device: str = "cpu") -> Any:
     key = ("backbone", str(path), device)
     if key not in _cache:
         quiet_transformers()
-        import torch
-        from transformers import AutoModelForCausalLM
-
+        config = backbone_config(path)
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path.parent),
-                gguf_file=path.name,
-                config=backbone_config(path),
-                dtype=torch.float32,
-                local_files_only=True,
-            )
+            model = _load_from_layout(path, config) or _load_with_transformers(path, config)
         except (OSError, ValueError, RuntimeError) as exc:
             raise LocalpersError(f"transformers could not load {path} for training: {exc}") from exc
         model.requires_grad_(False)
         _cache[key] = model.to(device) if device != "cpu" else model
     return _cache[key]
+
+
+def _load_with_transformers(path: Path, config: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32, local_files_only=True
+    )
+
+
+def _load_from_layout(path: Path, config: Any) -> Any | None:
+    """The model built from the GGUF's tensors directly, or None where only transformers' loader applies.
+
+    transformers' GGUF loader parses the whole header again (~10 s for Gemma's vocabulary) before it
+    dequantises the tensors. This does its tensor loop (gguf's dequantisation, transformers' name map
+    and per-architecture fix-ups) over the cached layout instead, for architectures whose fix-ups depend
+    only on the tensor's name, and refuses (None) when any weight would be left unloaded. The result is
+    the same model: tests/test_torch_model.py compares weights, buffers and logits with the loader's.
+    """
+    import numpy as np
+    import torch
+    from gguf import dequantize
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from transformers.modeling_gguf_pytorch_utils import (
+            TENSOR_PROCESSORS,
+            TensorProcessor,
+            get_gguf_hf_weights_map,
+        )
+    except ImportError:
+        return None
+    layout = gguf_layout(path, cached_sha256(path))
+    processor_class = TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor)
+    if processor_class.__name__ not in NAME_ONLY_PROCESSORS:
+        return None
+    processor = processor_class(config=config.to_dict())
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    try:
+        names = get_gguf_hf_weights_map(skeleton, processor)
+    except (NotImplementedError, KeyError, AttributeError):
+        return None
+    state = {}
+    for location in layout.tensors:
+        weights = dequantize(map_tensor(path, location), location.type)
+        result = processor.process(
+            weights=weights, name=location.name, tensor_key_mapping=names, parsed_parameters={}
+        )
+        if result.name in names:
+            state[names[result.name]] = torch.from_numpy(np.array(result.weights, copy=True))
+    model, info = type(skeleton).from_pretrained(
+        None, config=config, state_dict=state, dtype=torch.float32, output_loading_info=True
+    )
+    if any(info.get(kind) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+        return None
+    return model
 
 
 def backbone_config(path: Path) -> Any:
