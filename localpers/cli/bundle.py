@@ -36,7 +36,9 @@ def _megabytes(size: int) -> str:
 
 
 def serve(
-    directory: Annotated[Path, typer.Argument(help="The bundle directory to serve (it is verified first).")],
+    directory: Annotated[
+        Path, typer.Argument(help="A signed repository, or a bundle directory (verified first).")
+    ],
     host: Annotated[
         str, typer.Option(help="Address to listen on; 127.0.0.1 keeps it on this machine.")
     ] = "127.0.0.1",

@@ -168,7 +168,8 @@ def rewrite_command(
     strength: Annotated[
         float | None,
         typer.Option(
-            min=0.0, help="CARD strength α (default: the bundle's); for cope, its contrastive α (0.3)."
+            min=0.0,
+            help="CARD strength α (default: what fit chose, else the bundle's); for cope, its contrastive α (0.3).",
         ),
     ] = None,
     top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,
