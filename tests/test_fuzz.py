@@ -1,7 +1,7 @@
 """Property-based tests (hypothesis) of every parser of outside input: zero tracebacks.
 
-History files, user archives, bundle manifests, TUF metadata, HTTP request lines to `serve` and CLI
-arguments get generated input, structured and random. The property is always the same: the input is
+History files, user archives, bundle manifests, TUF metadata, HTTP request lines to `serve`, GGUF
+headers (a backbone given with --model) and CLI arguments get generated input, structured and random. The property is always the same: the input is
 accepted, or refused with a `LocalpersError` (one line, naming the file or field; exit code 2 for bad
 content) and no partial state; never another exception. Profiles are in conftest.py: `ci` (default,
 fast) and `long` (HYPOTHESIS_PROFILE=long).
@@ -31,6 +31,7 @@ from localpers.bundle.pull import pull_bundle
 from localpers.bundle.serve import BundleServer, start_background_server
 from localpers.bundle.signed import root_fingerprint
 from localpers.cli import app
+from localpers.engine.gguf_layout import gguf_layout
 from localpers.errors import InputError, LocalpersError
 from localpers.users.history import parse_history
 from localpers.users.store import UserStore
@@ -385,3 +386,45 @@ def test_cli_arguments_never_end_in_a_traceback(
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert result.exit_code in (0, 1, 2)
+
+
+def _small_gguf(tmp_path: Path) -> bytes:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "seed.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])
+    writer.add_array("tokenizer.ggml.scores", [0.0, 1.0, 2.0])
+    writer.add_uint32("gemma3.block_count", 1)
+    writer.add_tensor("token_embd.weight", np.ones((3, 4), dtype=np.float32))
+    writer.add_tensor(
+        "blk.0.attn_q.weight", np.zeros((2, 68), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0
+    )
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    return path.read_bytes()
+
+
+@given(
+    edits=st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.integers(0, 255)), max_size=6),
+    cut=st.none() | st.integers(min_value=0, max_value=600),
+)
+def test_gguf_headers_read_or_fail_in_one_line(
+    tmp_path: Path, edits: list[tuple[int, int]], cut: int | None
+) -> None:
+    pytest.importorskip("gguf")
+    raw = bytearray(_small_gguf(tmp_path))
+    for position, value in edits:
+        if position < len(raw):
+            raw[position] = value
+    path = tmp_path / "edited.gguf"
+    path.write_bytes(bytes(raw[:cut] if cut is not None else raw))
+    try:
+        layout = gguf_layout(path)
+    except LocalpersError as exc:
+        assert "\n" not in str(exc) and str(path) in str(exc)
+        return
+    for tensor in layout.tensors:
+        assert tensor.offset + tensor.n_bytes <= path.stat().st_size

@@ -1,26 +1,54 @@
-"""Where each tensor of a GGUF file lies, remembered by the file's sha256 so later processes skip the header walk.
+"""Where each tensor of a GGUF file lies, read from its header in milliseconds.
 
 `gguf.GGUFReader` parses a header by building a numpy view for every metadata element; for Gemma's
-262,144-token vocabulary that is ~10 s on a 2-core CPU, while the tensors' own descriptions take
-milliseconds to use. `gguf_layout(path, sha256)` reads the layout once with `GGUFReader` (the library
-stays the only GGUF parser here) and keeps the architecture and each tensor's name, quantisation type,
-byte offset and shapes in the cache directory, keyed by the file's sha256 and the gguf version;
-`map_tensor` memory-maps one tensor's raw data as `GGUFReader` presents it. This module does not
-dequantise, name-map or validate tensor contents.
+262,144-token vocabulary that takes ~10 s on a 2-core CPU, although the tensors' own descriptions are
+all a caller here needs. `gguf_layout` reads the same header (GGUF versions 2 and 3, little-endian)
+but steps over metadata values without materialising them, keeping only the architecture and the
+alignment, then reads each tensor's name, shape, quantisation type and offset. The raw data's numpy
+dtype and shape follow gguf-py's own convention (quantised blocks as uint8 rows), so `map_tensor`
+presents a tensor exactly as `GGUFReader` would: `tests/test_gguf_layout.py` compares the two on the
+real backbone and on generated files. A malformed file is refused with a `LocalpersError` naming it.
+This module does not dequantise, name-map or validate tensor contents.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from importlib import metadata
+import math
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
-from localpers.paths import cache_dir
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+_STRING, _ARRAY = 8, 9
+_SCALAR_SIZES = {
+    0: 1,
+    1: 1,
+    2: 2,
+    3: 2,
+    4: 4,
+    5: 4,
+    6: 4,
+    7: 1,
+    10: 8,
+    11: 8,
+    12: 8,
+}  # GGUF value type -> bytes
+_UINT32 = 4
+_PLAIN_DTYPES = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "F64": "<f8",
+    "I8": "|i1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
+}
 
 
 @dataclass(frozen=True)
@@ -45,24 +73,16 @@ class GGUFLayout:
         return next((tensor for tensor in self.tensors if tensor.name == name), None)
 
 
-def gguf_layout(path: Path, sha256: str | None = None) -> GGUFLayout:
-    """The layout of the GGUF at `path`: from the cache when this file (`sha256`) was read before."""
-    cache_file = _cache_file(sha256) if sha256 else None
-    if cache_file is not None:
-        cached = _read_cached(cache_file)
-        if cached is not None:
-            return cached
-    layout = _read_layout(path)
-    if cache_file is not None:
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"gguf": _gguf_version(), "architecture": layout.architecture}
-            atomic_write_text(
-                cache_file, json.dumps({**payload, "tensors": [asdict(t) for t in layout.tensors]})
-            )
-        except OSError:
-            pass  # a read-only cache only costs the slow read next time
-    return layout
+def gguf_layout(path: Path) -> GGUFLayout:
+    """The architecture and tensor locations of the GGUF at `path`."""
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as exc:
+        raise LocalpersError(f"cannot read {path}: {exc}") from exc
+    try:
+        return _HeaderReader(memoryview(data)).layout()
+    except (struct.error, ValueError, KeyError, UnicodeDecodeError, RecursionError, OverflowError) as exc:
+        raise LocalpersError(f"{path} is not a GGUF file localpers can read ({exc})") from exc
 
 
 def map_tensor(path: Path, location: TensorLocation) -> np.ndarray:
@@ -79,59 +99,103 @@ def map_tensor(path: Path, location: TensorLocation) -> np.ndarray:
         raise LocalpersError(f"cannot map tensor {location.name} of {path}: {exc}") from exc
 
 
-def _read_layout(path: Path) -> GGUFLayout:
-    import gguf
+class _HeaderReader:
+    """One pass over a GGUF header held in `buffer`; `struct.error` or `ValueError` on anything malformed."""
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-        field = reader.fields["general.architecture"]
-        architecture = bytes(field.parts[field.data[0]]).decode("utf-8")
-    except (OSError, ValueError, KeyError, IndexError, UnicodeDecodeError) as exc:
-        raise LocalpersError(f"cannot read the tensor layout of {path}: {exc}") from exc
-    tensors = tuple(
-        TensorLocation(
-            name=tensor.name,
-            type=int(tensor.tensor_type),
-            offset=int(tensor.data_offset),
-            n_bytes=int(tensor.n_bytes),
-            shape=tuple(int(n) for n in tensor.shape),
-            data_dtype=tensor.data.dtype.str,
-            data_shape=tuple(int(n) for n in tensor.data.shape),
-        )
-        for tensor in reader.tensors
-    )
-    return GGUFLayout(architecture=architecture, tensors=tensors)
+    def __init__(self, buffer: memoryview) -> None:
+        self.buffer = buffer
+        self.offset = 0
 
-
-def _cache_file(sha256: str) -> Path:
-    return cache_dir() / "backbones" / f"{sha256[:32]}.layout.json"
-
-
-def _read_cached(cache_file: Path) -> GGUFLayout | None:
-    """The cached layout, or None when it is missing, damaged or written by another gguf version."""
-    try:
-        saved = json.loads(cache_file.read_text())
-        if saved["gguf"] != _gguf_version():
-            return None
+    def layout(self) -> GGUFLayout:
+        magic, version, n_tensors, n_values = self._unpack("<4sIQQ")
+        if magic != GGUF_MAGIC:
+            raise ValueError("no GGUF magic")
+        if version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"GGUF version {version} (little-endian 2 or 3 expected)")
+        architecture, alignment = "", DEFAULT_ALIGNMENT
+        for _ in range(n_values):
+            key = self._string()
+            (value_type,) = self._unpack("<I")
+            if key == "general.architecture" and value_type == _STRING:
+                architecture = self._string()
+                continue
+            if key == "general.alignment" and value_type == _UINT32:
+                (alignment,) = self._unpack("<I")
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise ValueError(f"alignment {alignment} is not a power of two")
+                continue
+            self._skip_value(value_type)
+        described = [self._tensor_description() for _ in range(n_tensors)]
+        data_start = -(-self.offset // alignment) * alignment
         tensors = tuple(
-            TensorLocation(
-                name=str(t["name"]),
-                type=int(t["type"]),
-                offset=int(t["offset"]),
-                n_bytes=int(t["n_bytes"]),
-                shape=tuple(int(n) for n in t["shape"]),
-                data_dtype=str(t["data_dtype"]),
-                data_shape=tuple(int(n) for n in t["data_shape"]),
-            )
-            for t in saved["tensors"]
+            _location(name, shape, kind, data_start + offset) for name, shape, kind, offset in described
         )
-        return GGUFLayout(architecture=str(saved["architecture"]), tensors=tensors)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        for tensor in tensors:
+            if tensor.offset + tensor.n_bytes > len(self.buffer):
+                raise ValueError(f"tensor {tensor.name} runs past the end of the file")
+        return GGUFLayout(architecture=architecture, tensors=tensors)
+
+    def _unpack(self, layout: str) -> tuple:
+        values = struct.unpack_from(layout, self.buffer, self.offset)
+        self.offset += struct.calcsize(layout)
+        return values
+
+    def _string(self) -> str:
+        (length,) = self._unpack("<Q")
+        end = self.offset + length
+        if end > len(self.buffer):
+            raise ValueError("a string runs past the end of the file")
+        text = bytes(self.buffer[self.offset : end]).decode("utf-8")
+        self.offset = end
+        return text
+
+    def _skip_value(self, value_type: int) -> None:
+        if value_type in _SCALAR_SIZES:
+            self.offset += _SCALAR_SIZES[value_type]
+        elif value_type == _STRING:
+            (length,) = self._unpack("<Q")
+            self.offset += length
+        elif value_type == _ARRAY:
+            item_type, count = self._unpack("<IQ")
+            if item_type in _SCALAR_SIZES:
+                self.offset += _SCALAR_SIZES[item_type] * count
+            else:
+                for _ in range(count):
+                    self._skip_value(item_type)
+                    if self.offset > len(self.buffer):
+                        break
+        else:
+            raise ValueError(f"unknown metadata value type {value_type}")
+        if self.offset > len(self.buffer):
+            raise ValueError("metadata runs past the end of the file")
+
+    def _tensor_description(self) -> tuple[str, tuple[int, ...], int, int]:
+        name = self._string()
+        (n_dims,) = self._unpack("<I")
+        if n_dims > 8:
+            raise ValueError(f"tensor {name} has {n_dims} dimensions")
+        shape = self._unpack(f"<{n_dims}Q")
+        kind, offset = self._unpack("<IQ")
+        return name, tuple(int(n) for n in shape), int(kind), int(offset)
 
 
-def _gguf_version() -> str:
-    try:
-        return metadata.version("gguf")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+def _location(name: str, shape: tuple[int, ...], kind: int, offset: int) -> TensorLocation:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    quantisation = GGMLQuantizationType(kind)
+    block_size, type_size = GGML_QUANT_SIZES[quantisation]
+    numpy_shape = tuple(reversed(shape))
+    plain = _PLAIN_DTYPES.get(quantisation.name)
+    if plain is None:  # quantised: gguf-py shows each row of blocks as bytes
+        if not shape or shape[0] % block_size:
+            raise ValueError(f"tensor {name}: {shape} does not hold whole {quantisation.name} blocks")
+        numpy_shape = (*numpy_shape[:-1], shape[0] // block_size * type_size)
+    return TensorLocation(
+        name=name,
+        type=kind,
+        offset=offset,
+        n_bytes=math.prod(shape) * type_size // block_size,
+        shape=shape,
+        data_dtype=plain or "|u1",
+        data_shape=numpy_shape,
+    )

@@ -21,15 +21,14 @@ EMBEDDING_TENSOR = "token_embd.weight"
 class TokenEmbeddings:
     """Memory-mapped `token_embd.weight` of a GGUF backbone; `rows(ids)` returns float32 `(n, n_embd)`.
 
-    Given the backbone's sha256, the tensor's place in the file comes from the cached layout
-    (`gguf_layout`), so only the first process pays for parsing the GGUF header.
+    The tensor's place in the file comes from the GGUF header (`gguf_layout`, milliseconds).
     """
 
-    def __init__(self, backbone: Path, sha256: str | None = None) -> None:
+    def __init__(self, backbone: Path) -> None:
         import gguf
 
         self._quants = gguf.quants
-        location = gguf_layout(Path(backbone), sha256).tensor(EMBEDDING_TENSOR)
+        location = gguf_layout(Path(backbone)).tensor(EMBEDDING_TENSOR)
         if location is None:
             raise LocalpersError(f"{backbone} has no {EMBEDDING_TENSOR} tensor; the factored head needs it")
         self._type = gguf.GGMLQuantizationType(location.type)

@@ -1,11 +1,11 @@
 """The backbone in torch for LoRA training: loaded once per process, wrapped once with peft.
 
-The GGUF backbone is dequantised to fp32 (~5 s once its layout is cached, ~30 s the first time), so
+The GGUF backbone is dequantised to fp32 (~5 s; ~15 s the first time, which reads the config), so
 `shared_lora_model` keeps one peft model per process and the stages swap LoRA weights in and out of it
-(`load_lora_state`, `fresh_lora_state`) instead of reloading. Parsing the GGUF's header walks its whole
-262k-token vocabulary (~10 s each time), so the transformers config and the tensors' layout are kept in
-the cache directory by the backbone's sha256, and the tensors are read past transformers' GGUF loader
-where the architecture allows it (`_load_from_layout`).
+(`load_lora_state`, `fresh_lora_state`) instead of reloading. transformers reads the config by parsing the
+GGUF's header, which walks its whole 262k-token vocabulary (~10 s), so the config is kept in the cache
+directory by the backbone's sha256; the tensors are read past transformers' GGUF loader, from the layout
+`gguf_layout` reads in milliseconds, where the architecture allows it (`_load_from_layout`).
 `target_token_losses` runs the transformer body, gathers the hidden states at the positions that predict
 target tokens and applies the tied LM head only there: with a 262,144-token vocabulary, full-sequence
 logits would dominate the cost.
@@ -136,7 +136,7 @@ def _load_from_layout(path: Path, config: Any) -> Any | None:
 
     transformers' GGUF loader parses the whole header again (~10 s for Gemma's vocabulary) before it
     dequantises the tensors. This does its tensor loop (gguf's dequantisation, transformers' name map
-    and per-architecture fix-ups) over the cached layout instead, for architectures whose fix-ups depend
+    and per-architecture fix-ups) over `gguf_layout`'s tensor locations instead, for architectures whose fix-ups depend
     only on the tensor's name, and refuses (None) when any weight would be left unloaded. The result is
     the same model: tests/test_torch_model.py compares weights, buffers and logits with the loader's.
     """
@@ -153,7 +153,7 @@ def _load_from_layout(path: Path, config: Any) -> Any | None:
         )
     except ImportError:
         return None
-    layout = gguf_layout(path, cached_sha256(path))
+    layout = gguf_layout(path)
     processor_class = TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor)
     if processor_class.__name__ not in NAME_ONLY_PROCESSORS:
         return None

@@ -81,9 +81,7 @@ class Personalizer:
         )
         for name in bundle.adapter_names:
             self.engine.load_adapter(bundle.adapter_path(name), name)
-        embeddings = (
-            TokenEmbeddings(backbone.path, backbone.sha256) if self.head_config.u == "factored" else None
-        )
+        embeddings = TokenEmbeddings(backbone.path) if self.head_config.u == "factored" else None
         self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
         self._centroids: np.ndarray | None = None
         self.pairs = PairBuilder(
