@@ -135,10 +135,11 @@ def _load_from_layout(path: Path, config: Any) -> Any | None:
     """The model built from the GGUF's tensors directly, or None where only transformers' loader applies.
 
     transformers' GGUF loader parses the whole header again (~10 s for Gemma's vocabulary) before it
-    dequantises the tensors. This does its tensor loop (gguf's dequantisation, transformers' name map
-    and per-architecture fix-ups) over `gguf_layout`'s tensor locations instead, for architectures whose fix-ups depend
-    only on the tensor's name, and refuses (None) when any weight would be left unloaded. The result is
-    the same model: tests/test_torch_model.py compares weights, buffers and logits with the loader's.
+    dequantises the tensors. This runs its tensor loop (gguf's dequantisation, transformers' name map and
+    per-architecture fix-ups) over `gguf_layout`'s tensor locations instead, for architectures whose
+    fix-ups depend only on the tensor's name; it gives up (None) on a header `gguf_layout` cannot read or
+    when any weight would be left unloaded. The result is the same model: tests/test_torch_model.py
+    compares weights, buffers and logits with the loader's.
     """
     import numpy as np
     import torch
@@ -153,7 +154,10 @@ def _load_from_layout(path: Path, config: Any) -> Any | None:
         )
     except ImportError:
         return None
-    layout = gguf_layout(path)
+    try:
+        layout = gguf_layout(path)
+    except LocalpersError:
+        return None  # transformers' own reader decides, and says what is wrong
     processor_class = TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor)
     if processor_class.__name__ not in NAME_ONLY_PROCESSORS:
         return None
