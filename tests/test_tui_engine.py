@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,7 @@ ARTICLE = "The town hall will install solar panels on its roof."
 
 @pytest.fixture(scope="module")
 def bundle_dir(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The synthetic bundle; the backbone's GGUF header is parsed once instead of once per adapter call
-    (parsing its 262k-token vocabulary is most of make_bundle's time)."""
-    import localpers.engine.adapters as adapters
-
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("linear_shapes", "backbone_architecture"):
-            patch.setattr(adapters, name, functools.lru_cache(maxsize=None)(getattr(adapters, name)))
-        return make_bundle(tmp_path_factory.mktemp("tui-bundle") / "bundle", backbone)
+    return make_bundle(tmp_path_factory.mktemp("tui-bundle") / "bundle", backbone)
 
 
 @pytest.mark.slow

@@ -8,13 +8,13 @@ This module does not train anything and does not load adapters (see `localpers.e
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
+from localpers.engine.gguf_layout import gguf_layout
 from localpers.errors import LocalpersError
 
 # The linear layers CARD adapts (DESIGN.md section 3): q, k, v, o, gate, up, down.
@@ -31,35 +31,22 @@ def _gguf():
     return gguf
 
 
-@functools.lru_cache(maxsize=4)
 def backbone_architecture(backbone: Path) -> str:
     """The `general.architecture` of a GGUF file (for example `gemma3`)."""
-    reader = _gguf().GGUFReader(str(backbone))
-    field = reader.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
+    return gguf_layout(Path(backbone)).architecture
 
 
 def linear_shapes(backbone: Path, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, tuple[int, int]]:
-    """`{gguf weight name: (in_features, out_features)}` for the targeted block weights of a backbone."""
+    """`{gguf weight name: (in_features, out_features)}` for the targeted 2-D block weights of a backbone."""
     wanted = tuple(targets)
-    return {
-        name: shape
-        for name, shape in _block_shapes(
-            str(Path(backbone).resolve()), Path(backbone).stat().st_mtime_ns
-        ).items()
-        if name.split(".")[2] in wanted
-    }
-
-
-@functools.lru_cache(maxsize=4)
-def _block_shapes(backbone: str, mtime_ns: int) -> dict[str, tuple[int, int]]:
-    """All 2-D block weight shapes, parsed once per file version (GGUF parsing takes seconds)."""
-    reader = _gguf().GGUFReader(backbone)
     shapes: dict[str, tuple[int, int]] = {}
-    for tensor in reader.tensors:
+    for tensor in gguf_layout(Path(backbone)).tensors:
         parts = tensor.name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and len(tensor.shape) == 2:
-            shapes[tensor.name] = (int(tensor.shape[0]), int(tensor.shape[1]))
+        block_weight = (
+            len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and len(tensor.shape) == 2
+        )
+        if block_weight and parts[2] in wanted:
+            shapes[tensor.name] = (tensor.shape[0], tensor.shape[1])
     return shapes
 
 
