@@ -1,8 +1,9 @@
-"""Write LoRA adapters as GGUF files that llama.cpp loads (needs the `gguf` package, extra [publish]).
+"""Write LoRA adapters as GGUF files that llama.cpp loads (with the `gguf` package, a base dependency).
 
 An adapter is a mapping from a backbone weight's GGUF name (`blk.3.attn_q.weight`) to the pair
 `(A, B)` with `A` of shape `(rank, in_features)` and `B` of shape `(out_features, rank)`, the
-layout peft uses; the update is `W + (alpha / rank) * B @ A`. Tensors are stored in f16.
+layout peft uses; the update is `W + (alpha / rank) * B @ A`. Tensors are stored in f16. The backbone's
+architecture and block weight shapes come from its header (`gguf_layout`).
 This module does not train anything and does not load adapters (see `localpers.engine`).
 """
 
@@ -26,7 +27,7 @@ def _gguf():
         import gguf
     except ImportError as exc:
         raise LocalpersError(
-            "writing adapters needs the publish extra: pip install 'localpers[publish]'"
+            "writing adapters needs the gguf package (a localpers dependency): pip install gguf"
         ) from exc
     return gguf
 
