@@ -120,3 +120,19 @@ def test_a_damaged_file_is_refused_in_one_line_naming_it(tmp_path: Path, damage,
     with pytest.raises(LocalpersError, match=why) as refused:
         gguf_layout(path)
     assert str(path) in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_value_type_table_is_ggufs() -> None:
+    from localpers.engine import gguf_layout as module
+
+    value_type = gguf.GGUFValueType
+    assert (module._UINT32, module._STRING, module._ARRAY) == (
+        value_type.UINT32,
+        value_type.STRING,
+        value_type.ARRAY,
+    )
+    scalars = gguf.GGUFReader.gguf_scalar_to_np
+    assert set(module._SCALAR_SIZES) == {int(kind) for kind in scalars}
+    assert all(
+        np.dtype(scalars[value_type(kind)]).itemsize == size for kind, size in module._SCALAR_SIZES.items()
+    )
