@@ -85,6 +85,9 @@ def test_written_files_of_every_plain_type_and_a_quantised_one_read_as_gguf_read
         "b.weight": np.arange(8, dtype=np.float16),
         "c.weight": np.arange(6, dtype=np.int8).reshape(2, 3),
         "d.weight": np.arange(4, dtype=np.int32),
+        "f.weight": np.arange(3, dtype=np.float64),
+        "g.weight": np.arange(5, dtype=np.int16),
+        "h.weight": np.arange(2, dtype=np.int64),
         "e.weight": np.zeros((2, 68), dtype=np.uint8),  # two rows of 64 Q8_0 weights
     }
     metadata = {
