@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.engine.gguf_layout import gguf_layout
+from localpers.engine.gguf_layout import gguf_layout, map_tensor
 from localpers.errors import LocalpersError
 
 EMBEDDING_TENSOR = "token_embd.weight"
@@ -34,20 +34,13 @@ class TokenEmbeddings:
         self._type = gguf.GGMLQuantizationType(location.type)
         self.n_embd = int(location.shape[0])
         self.n_vocab = int(location.shape[1])
-        try:
-            self._data = np.memmap(
-                backbone, dtype=np.uint8, mode="r", offset=location.offset,
-                shape=(self.n_vocab, location.n_bytes // self.n_vocab),
-            )  # fmt: skip
-        except (OSError, ValueError) as exc:
-            raise LocalpersError(f"cannot map token embeddings of {backbone}: {exc}") from exc
+        # row v holds token v's embedding (quantised: the bytes of its blocks)
+        self._data = map_tensor(Path(backbone), location)
 
     def rows(self, token_ids: np.ndarray | list[int]) -> np.ndarray:
         """Dequantised embedding rows for `token_ids`, float32 `(len(token_ids), n_embd)`."""
         ids = np.asarray(token_ids, dtype=np.int64)
         raw = np.asarray(self._data[ids])
-        if self._type == self._type.F32:
-            return raw.view(np.float32).reshape(len(ids), self.n_embd)
         return np.asarray(self._quants.dequantize(raw, self._type), dtype=np.float32).reshape(
             len(ids), self.n_embd
         )
