@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import SHARED_DATA
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
 from localpers.bench import BenchConfig, run_and_write
-from localpers.bench.data import load_bench_users, store_name
+from localpers.bench.data import load_bench_users, read_bench_file, store_name
 from localpers.bench.method_names import canonical_spec, expand_methods, parse_method, split_method_list
 from localpers.bench.methods import MethodSpec
 from localpers.bench.prompt_methods import few_shot_prefix
@@ -297,7 +299,7 @@ def test_second_run_reuses_the_cache(
 
     # An interrupted run leaves at most one (method, user) unfinished: only that one is redone,
     # and the user's stored fit is reused rather than refitted.
-    cache_file = config.out / "cache" / "card" / "quiet-user.json"
+    cache_file = config.out / "cache" / "card" / f"{store_name('Quiet User')}.json"
     assert cache_file.is_file()
     cache_file.write_text("{")  # half-written
     third = run_and_write(config, personalizer=personalizer)
@@ -499,9 +501,105 @@ def test_data_loading_errors_name_the_line(tmp_path: Path) -> None:
     path.write_text("{not json\n")
     with pytest.raises(LocalpersError, match="line 1: not valid JSON"):
         load_bench_users(path)
-    path.write_text(json.dumps(USERS[0]) + "\n" + json.dumps({**USERS[0], "user_id": "LOUD"}) + "\n")
+    path.write_text(json.dumps(USERS[0]) + "\n" + json.dumps(USERS[0]) + "\n")
     with pytest.raises(LocalpersError, match="collides with line 1"):
         load_bench_users(path)
+    path.write_text(json.dumps(USERS[0]) + "\n" + json.dumps({**USERS[0], "user_id": "LOUD"}) + "\n")
+    assert len(load_bench_users(path)) == 2  # ids alike once lowercased are still two users
+
+
+def test_a_file_from_elsewhere_is_read_as_the_protocol_says_and_every_repair_is_noted(tmp_path: Path) -> None:
+    """History oldest first, no query in its own history, no duplicates, users without queries left out,
+    queries dated before the history counted; a UTF-8 BOM is no error. Each repair is one note."""
+
+    def item(i: int, date: str) -> dict[str, str]:
+        return {
+            "id": f"n{i}",
+            "input": f"Article {i} about the harbour.",
+            "output": f"Headline {i}",
+            "date": date,
+        }
+
+    answer = item(9, "2021-05-01")
+    lines = [
+        {  # newest first, the answer in the history, one item twice
+            "user_id": "ann",
+            "history": [
+                item(3, "2021-03-01"),
+                answer,
+                item(2, "2021-02-01"),
+                item(1, "2021-01-01"),
+                item(1, "2021-01-01"),
+            ],
+            "queries": [answer],
+        },
+        {"user_id": "bob", "history": [item(5, "2021-01-01")], "queries": []},
+        {"user_id": "cat", "history": [item(6, "2021-06-01")], "queries": [item(7, "2021-04-01")]},
+    ]
+    path = tmp_path / "elsewhere.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(line) + "\n" for line in lines).encode())
+    read = read_bench_file(path)
+    ann, cat = read.users
+    assert [h.output for h in ann.history] == ["Headline 1", "Headline 2", "Headline 3"]
+    assert [u.user_id for u in read.users] == ["ann", "cat"] and (ann.line, cat.line) == (1, 3)
+    assert len(read.notes) == 5, read.notes
+    notes = "\n".join(read.notes)
+    for expected in (
+        "user ann was not oldest first: sorted",
+        "1 history item(s) equal to one of their author's queries left out",
+        "1 duplicate history item(s) dropped (user ann)",
+        "1 query(ies) dated before their author's latest history item (user cat)",
+        "1 user(s) without queries left out (user bob)",
+    ):
+        assert expected in notes
+
+
+def test_a_history_too_long_for_a_user_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    from localpers.bench.runner import _check_history_sizes, _unscorable_notes
+    from localpers.users.history import MAX_HISTORY_ITEMS
+
+    history = [{"input": f"Article {i}.", "output": f"Headline {i}"} for i in range(MAX_HISTORY_ITEMS + 1)]
+    query = {"id": "q1", "input": "A new article.", "output": "北京推出新交通政策"}
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"user_id": "ann", "history": history, "queries": [query]}) + "\n")
+    users = load_bench_users(path)
+    with pytest.raises(LocalpersError, match=r"line 1 \(user ann\): 501 history items.*--history-limit 500"):
+        _check_history_sizes(BenchConfig(data=path, out=tmp_path / "out"), users)
+    _check_history_sizes(BenchConfig(data=path, out=tmp_path / "out", history_limit=20), users)
+    assert _unscorable_notes(users) == [
+        "1 of 1 references have no word ROUGE can count (rouge-score keeps only a-z and 0-9), so every method "
+        "scores 0 on them (user ann)"
+    ]
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "test.jsonl").is_file(), reason="../shared data is absent")
+def test_the_shared_files_are_read_as_written() -> None:
+    assert read_bench_file(SHARED_DATA / "test.jsonl").notes == []
+    assert read_bench_file(SHARED_DATA / "train.jsonl", dev_split=True).notes == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"input": "Headline of a story", "output": "An article. " * 40},
+            r"query 1: field 'output' has 479 characters.*swapped",
+        ),
+        (
+            {"input": "Generate a headline for the following article:", "output": "A headline"},
+            r"query 1: field 'input' holds the instruction but no text",
+        ),
+    ],
+)
+def test_bench_data_refuses_swapped_fields_and_an_empty_article(
+    tmp_path: Path, entry: dict, message: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"user_id": "ann", "history": [], "queries": [entry]}) + "\n")
+    with pytest.raises(LocalpersError, match=message):
+        load_bench_users(path)
+    with pytest.raises(LocalpersError, match="is a directory"):
+        load_bench_users(tmp_path)
 
 
 def test_data_loading_limits_and_history_order(data_file: Path) -> None:
@@ -513,7 +611,13 @@ def test_data_loading_limits_and_history_order(data_file: Path) -> None:
     ]
     assert users[0].history_up_to(0) == ()
     assert isinstance(users[0].history[0], HistoryItem)
-    assert store_name("Quiet User") == "quiet-user" and store_name("!!!") == "user"
+    assert store_name("u003") == "u003"  # a name the store takes is kept as it is
+    assert re.fullmatch(r"quiet-user-[0-9a-f]{8}", store_name("Quiet User"))
+    assert re.fullmatch(r"user-[0-9a-f]{8}", store_name("!!!"))
+    distinct = ["李明", "王芳", "Zoë", "Zoé", "a" * 40 + "1", "a" * 40 + "2"]
+    names = [store_name(user_id) for user_id in distinct]
+    assert len(set(names)) == len(distinct)
+    assert all(re.fullmatch(r"[a-z0-9_-]{1,32}", name) for name in names)
 
 
 def test_cope_and_exact_run_in_the_bench_registry(
@@ -644,5 +748,5 @@ def test_dev_split_takes_each_train_authors_most_recent_30_percent_as_queries(tm
     ]  # at most 100 earlier
     assert [q.reference for q in mid.queries] == [f"Headline {i}" for i in range(14, 20)]
     assert len(mid.history) == 14
-    with pytest.raises(LocalpersError, match="'queries' must be a non-empty list"):
+    with pytest.raises(LocalpersError, match="no user has queries; .* add --dev-split"):
         load_bench_users(path)  # without the split a train file has no queries

@@ -119,6 +119,13 @@ def test_what_the_run_cannot_judge_is_not_judged() -> None:
     assert targets_summary(check_targets(no_gold)) == "6 met, 0 not met, 1 not judged"
 
 
+def test_a_ratio_to_a_global_scoring_zero_is_not_judged() -> None:
+    results = _results()
+    results["deltas_vs_global"]["card-auto"]["rouge1_ratio"] = None  # global's mean R-1 was 0
+    check = check_targets(results)[0]
+    assert check.met is None and check.measured == "undefined: global's mean ROUGE-1 is 0"
+
+
 def test_no_targets_without_the_default_method_or_the_baseline() -> None:
     results = _results()
     del results["methods"]["card-auto"]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap, rouge
+from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap, rouge, scorable
 from localpers.users.retrieval import Bm25Index, words
 
 
@@ -110,3 +110,27 @@ def test_bm25_ranks_the_matching_document_first() -> None:
 
 def test_words_splits_and_lowercases() -> None:
     assert words("Don't STOP-now 2024") == ["don", "t", "stop", "now", "2024"]
+
+
+def test_words_rouge_cannot_count_are_found() -> None:
+    assert scorable("Hello, world") and scorable("Élections 2024")
+    assert not scorable("北京推出新交通政策") and not scorable("— !")
+    assert rouge("北京推出新交通政策", "北京推出新交通政策").rouge1 == 0.0  # why a note is needed
+
+
+def test_an_undefined_ratio_is_none_not_nan() -> None:
+    ratio = paired_ratio_bootstrap([0.2, 0.1], [0.0, 0.0], n_resamples=100)
+    assert math.isnan(ratio.mean) and ratio.as_list() is None
+    assert paired_ratio_bootstrap([0.2, 0.1], [0.1, 0.1], n_resamples=100).as_list() is not None
+
+
+def test_results_json_never_holds_nan(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from localpers.bench.results import write_results
+
+    path = tmp_path / "results.json"
+    write_results({"a": [float("nan"), 1.0, {"b": float("inf")}], "c": (0.5, float("-inf"))}, path)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"a": [None, 1.0, {"b": None}], "c": [0.5, None]}

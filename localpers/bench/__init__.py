@@ -8,6 +8,7 @@ per-(method, user) cache), `results` (results.json, outputs.jsonl), `report` (re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,22 @@ class BenchOutputs:
 
 
 def run_and_write(
-    config: BenchConfig, *, personalizer: Any = None, progress: Progress | None = None
+    config: BenchConfig,
+    *,
+    personalizer: Any = None,
+    progress: Progress | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> BenchOutputs:
-    """Run (resuming from the cache), then write results.json, outputs.jsonl, report.md and the plots."""
+    """Run (resuming from the cache), then write results.json, outputs.jsonl, report.md and the plots.
+
+    `notify` gets each note on how the data file was read (`bench.data.BenchFile.notes`), before the run.
+    """
     from localpers.atomic import atomic_write_text
     from localpers.bench.plots import write_plots
     from localpers.bench.report import render_report
     from localpers.bench.results import build_results, write_outputs, write_results
 
-    run = run_bench(config, personalizer=personalizer, progress=progress)
+    run = run_bench(config, personalizer=personalizer, progress=progress, notify=notify)
     results = build_results(run)
     out = config.out
     write_results(results, out / "results.json")

@@ -4,23 +4,33 @@ Format, one user per line (see `../shared/data/news-headlines/README.md`):
 
     {"user_id": "u003", "history": [{"id", "input", "output", ...}, ...], "queries": [{"id", "input", "output", ...}]}
 
-History items become `HistoryItem`s (normalised text, duplicates dropped, file order kept, which the
-shared data guarantees is oldest first); queries keep their `id`, `input` and reference `output`.
-Every error names the file, the line and the field. This module only reads; it scores nothing.
+History items become `HistoryItem`s (normalised text); queries keep their `id`, `input` and reference
+`output`. The shared data holds each history oldest first and every query later than its author's history;
+a file from elsewhere may not, so `read_bench_file` repairs what would make a run wrong without a word and
+says so in `BenchFile.notes` (printed, and kept in results.json and report.md): a history whose items all carry
+ISO dates but are out of order is sorted by them (stably); a history item equal to one of its author's queries
+is left out of the history (a method must not be fitted on the answer); duplicate history items are dropped; a
+user without queries is left out (with `dev_split` that is an author too short to split). Queries dated before
+their author's latest history item are counted, not changed. Every error names the file, the line and the
+field. This module only reads; it scores nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from localpers.errors import LocalpersError
+from localpers.tasks import TASKS
 from localpers.users.history import DEFAULT_TASK, HistoryItem, normalize_text
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9_-]+")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+STORE_NAME_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -39,10 +49,11 @@ class BenchUser:
     user_id: str
     history: tuple[HistoryItem, ...]
     queries: tuple[BenchQuery, ...]
+    line: int = 0  # the user's line in the file (0 when not read from one)
 
     @property
     def store_name(self) -> str:
-        """A name the user store accepts, e.g. "U 003!" -> "u-003"."""
+        """A name the user store accepts, e.g. "u003" -> "u003", "U 003!" -> "u-003-ae3e57fd"."""
         return store_name(self.user_id)
 
     def history_up_to(self, limit: int | None) -> tuple[HistoryItem, ...]:
@@ -53,9 +64,74 @@ class BenchUser:
 
 
 def store_name(user_id: str) -> str:
-    """A valid, stable user-store name for any user id: lowercase, [a-z0-9_-], at most 32 characters."""
-    cleaned = _UNSAFE_NAME.sub("-", user_id.lower()).strip("-_") or "user"
-    return cleaned[:32]
+    """A valid, stable user-store name for any user id: lowercase, [a-z0-9_-], at most 32 characters.
+
+    An id that is such a name already is kept; any other gets what is left of it after cleaning, cut short,
+    and 8 hex digits of its sha256, so that distinct ids ("李明", "王芳"; two long ids alike in their first 32
+    characters) get distinct names.
+    """
+    cleaned = _UNSAFE_NAME.sub("-", user_id.lower()).strip("-_")
+    if cleaned == user_id and len(cleaned) <= STORE_NAME_CHARS:
+        return cleaned
+    digest = hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:8]
+    stem = cleaned[: STORE_NAME_CHARS - len(digest) - 1].strip("-_")
+    return f"{stem}-{digest}" if stem else f"user-{digest}"
+
+
+@dataclass
+class BenchFile:
+    """The users of a file, and one line for each way the run reads the file differently from how it is written."""
+
+    users: list[BenchUser]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Repairs:
+    """What reading one file changed or found, user ids per kind (turned into `BenchFile.notes`)."""
+
+    resorted: list[str] = field(default_factory=list)
+    leaked: dict[str, int] = field(default_factory=dict)  # history items equal to one of the user's queries
+    duplicates: dict[str, int] = field(default_factory=dict)
+    early_queries: dict[str, int] = field(default_factory=dict)
+    without_queries: list[str] = field(default_factory=list)
+
+    def notes(self, dev_split: bool) -> list[str]:
+        notes = []
+        if self.resorted:
+            notes.append(
+                f"the history of {_users(self.resorted)} was not oldest first: sorted by its items' dates"
+            )
+        if self.leaked:
+            notes.append(
+                f"{sum(self.leaked.values())} history item(s) equal to one of their author's queries left out "
+                f"of the history, so no method is fitted on the answer ({_users(list(self.leaked))})"
+            )
+        if self.duplicates:
+            notes.append(
+                f"{sum(self.duplicates.values())} duplicate history item(s) dropped ({_users(list(self.duplicates))})"
+            )
+        if self.early_queries:
+            notes.append(
+                f"{sum(self.early_queries.values())} query(ies) dated before their author's latest history item "
+                f"({_users(list(self.early_queries))}): the format expects queries after the history"
+            )
+        if self.without_queries:
+            why = (
+                "too short for the dev split (5 queries and 1 history item)"
+                if dev_split
+                else "without queries"
+            )
+            notes.append(
+                f"{len(self.without_queries)} user(s) {why} left out ({_users(self.without_queries)})"
+            )
+        return notes
+
+
+def _users(user_ids: list[str], shown: int = 5) -> str:
+    named = ", ".join(user_ids[:shown])
+    more = f" and {len(user_ids) - shown} more" if len(user_ids) > shown else ""
+    return f"user {named}{more}" if len(user_ids) == 1 else f"users {named}{more}"
 
 
 # The test file's protocol (../shared/data/news-headlines/README.md), applied to train authors by `dev_split`.
@@ -70,6 +146,20 @@ def load_bench_users(
     task: str = DEFAULT_TASK,
     dev_split: bool = False,
 ) -> list[BenchUser]:
+    """The users of `path` (`read_bench_file`'s, without its notes)."""
+    return read_bench_file(
+        path, max_users=max_users, max_queries=max_queries, task=task, dev_split=dev_split
+    ).users
+
+
+def read_bench_file(
+    path: Path | str,
+    *,
+    max_users: int | None = None,
+    max_queries: int | None = None,
+    task: str = DEFAULT_TASK,
+    dev_split: bool = False,
+) -> BenchFile:
     """The users of `path` in file order, each with at most `max_queries` queries (first ones).
 
     With `dev_split` (for train authors, whose file holds only histories), each author's history is split as
@@ -79,12 +169,15 @@ def load_bench_users(
     """
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except FileNotFoundError:
         raise LocalpersError(f"{path}: no such file; pass the test JSONL with --data") from None
+    except IsADirectoryError:
+        raise LocalpersError(f"{path}: is a directory; pass the users' JSONL file with --data") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise LocalpersError(f"{path}: cannot read ({exc})") from None
     users: list[BenchUser] = []
+    repairs = _Repairs()
     seen: dict[str, int] = {}
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -93,26 +186,38 @@ def load_bench_users(
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise LocalpersError(f"{path} line {line_number}: not valid JSON ({exc.msg})") from None
-        user = _user_from_record(path, line_number, record, task, max_queries, dev_split)
+        user = _user_from_record(path, line_number, record, task, max_queries, dev_split, repairs)
         if user is None:
             continue
         if user.store_name in seen:
             raise LocalpersError(
                 f"{path} line {line_number}: user_id {user.user_id!r} collides with line "
-                f"{seen[user.store_name]} (same name once made file-safe); give users distinct ids"
+                f"{seen[user.store_name]} (the same id, or the same name once made file-safe); give users "
+                "distinct ids"
             )
         seen[user.store_name] = line_number
         users.append(user)
         if max_users is not None and len(users) >= max_users:
             break
     if not users:
+        if repairs.without_queries and not dev_split:
+            raise LocalpersError(
+                f"{path}: no user has queries; for a file of histories only (like train.jsonl) add --dev-split"
+            )
         raise LocalpersError(f"{path} holds no users; expected JSONL lines with user_id, history, queries")
-    return users
+    return BenchFile(users, repairs.notes(dev_split))
 
 
 def _user_from_record(
-    path: Path, line_number: int, record: Any, task: str, max_queries: int | None, dev_split: bool = False
+    path: Path,
+    line_number: int,
+    record: Any,
+    task: str,
+    max_queries: int | None,
+    dev_split: bool = False,
+    repairs: _Repairs | None = None,
 ) -> BenchUser | None:
+    repairs = repairs if repairs is not None else _Repairs()
     where = f"{path} line {line_number}"
     if not isinstance(record, dict):
         raise LocalpersError(f"{where}: expected a JSON object with user_id, history and queries")
@@ -123,34 +228,65 @@ def _user_from_record(
     query_records = record.get("queries")
     if not isinstance(history_records, list):
         raise LocalpersError(f"{where} (user {user_id}): field 'history' must be a list")
+    if query_records is not None and not isinstance(query_records, list):
+        raise LocalpersError(f"{where} (user {user_id}): field 'queries' must be a list")
     if dev_split:
-        if query_records is not None and not isinstance(query_records, list):
-            raise LocalpersError(f"{where} (user {user_id}): field 'queries' must be a list")
-        history_records, query_records = _dev_split([*history_records, *(query_records or [])])
-        if not query_records:
-            return None
-    if not isinstance(query_records, list) or not query_records:
-        raise LocalpersError(f"{where} (user {user_id}): field 'queries' must be a non-empty list")
-
-    history: list[HistoryItem] = []
-    known: set[str] = set()
-    for index, entry in enumerate(history_records, start=1):
-        text = _fields(entry, f"{where} (user {user_id}) history item {index}")
-        item = HistoryItem.create(task, text["input"], text["output"], source=text["id"])
-        if item.id not in known:
-            known.add(item.id)
-            history.append(item)
+        merged, resorted = _oldest_first([*history_records, *(query_records or [])])
+        history_records, query_records = _dev_split(merged)
+    else:
+        history_records, resorted = _oldest_first(history_records)
+    if resorted:
+        repairs.resorted.append(user_id)
+    if not query_records:
+        repairs.without_queries.append(user_id)
+        return None
 
     queries: list[BenchQuery] = []
     query_ids: set[str] = set()
     for index, entry in enumerate(query_records[:max_queries] if max_queries else query_records, start=1):
-        text = _fields(entry, f"{where} (user {user_id}) query {index}")
+        text = _fields(entry, f"{where} (user {user_id}) query {index}", task)
         query_id = text["id"] or f"q{index}"
         if query_id in query_ids:
             raise LocalpersError(f"{where} (user {user_id}) query {index}: duplicate id {query_id!r}")
         query_ids.add(query_id)
         queries.append(BenchQuery(query_id, normalize_text(text["input"]), normalize_text(text["output"])))
-    return BenchUser(user_id, tuple(history), tuple(queries))
+    answers = {HistoryItem.create(task, query.input, query.reference).id for query in queries}
+
+    history: list[HistoryItem] = []
+    known: set[str] = set()
+    for index, entry in enumerate(history_records, start=1):
+        text = _fields(entry, f"{where} (user {user_id}) history item {index}", task)
+        item = HistoryItem.create(task, text["input"], text["output"], source=text["id"])
+        if item.id in answers:
+            repairs.leaked[user_id] = repairs.leaked.get(user_id, 0) + 1
+        elif item.id in known:
+            repairs.duplicates[user_id] = repairs.duplicates.get(user_id, 0) + 1
+        else:
+            known.add(item.id)
+            history.append(item)
+
+    latest = max((_date(entry) or "" for entry in history_records), default="")
+    early = sum(1 for entry in query_records if (date := _date(entry)) and latest and date < latest)
+    if early:
+        repairs.early_queries[user_id] = early
+    return BenchUser(user_id, tuple(history), tuple(queries), line_number)
+
+
+def _date(entry: Any) -> str | None:
+    """The ISO date (YYYY-MM-DD) an item's "date" field starts with, else None."""
+    value = entry.get("date") if isinstance(entry, dict) else None
+    if isinstance(value, str) and _ISO_DATE.match(value.strip()):
+        return value.strip()[:10]
+    return None
+
+
+def _oldest_first(records: list[Any]) -> tuple[list[Any], bool]:
+    """`records` sorted by date (stably) when every one is dated and they are out of order; whether it sorted."""
+    dates = [_date(entry) for entry in records]
+    if not dates or any(date is None for date in dates) or dates == sorted(dates):  # type: ignore[type-var]
+        return records, False
+    order = sorted(range(len(records)), key=lambda index: dates[index])  # type: ignore[arg-type,return-value]
+    return [records[index] for index in order], True
 
 
 def dev_query_count(n_items: int) -> int:
@@ -167,8 +303,9 @@ def _dev_split(records: list[Any]) -> tuple[list[Any], list[Any]]:
     return records[:-count][-DEV_MAX_HISTORY:], records[-count:]
 
 
-def _fields(entry: Any, where: str) -> dict[str, str]:
-    """`input`, `output` (non-empty strings) and `id` ("" when absent) of one item."""
+def _fields(entry: Any, where: str, task: str = DEFAULT_TASK) -> dict[str, str]:
+    """`input` (with an article after the task's instruction), `output` (non-empty, no longer than the task
+    writes) and `id` ("" when absent) of one item."""
     if not isinstance(entry, dict):
         raise LocalpersError(f"{where}: expected a JSON object with 'input' and 'output'")
     out: dict[str, str] = {}
@@ -177,6 +314,12 @@ def _fields(entry: Any, where: str) -> dict[str, str]:
         if not isinstance(value, str) or not normalize_text(value):
             raise LocalpersError(f"{where}: field {name!r} must be a non-empty string")
         out[name] = value
+    if not TASKS[task].content(normalize_text(out["input"])):
+        raise LocalpersError(f"{where}: field 'input' holds the instruction but no text after it")
+    try:
+        TASKS[task].check_output(normalize_text(out["output"]), "field 'output'")
+    except LocalpersError as exc:
+        raise LocalpersError(f"{where}: {exc}") from None
     item_id = entry.get("id", "")
     if not isinstance(item_id, str | int):
         raise LocalpersError(f"{where}: field 'id' must be a string")

@@ -35,8 +35,13 @@ class Interval:
     mean: float
     high: float
 
-    def as_list(self, digits: int = 5) -> list[float]:
-        return [round(self.low, digits), round(self.mean, digits), round(self.high, digits)]
+    def as_list(self, digits: int = 5) -> list[float] | None:
+        """[low, mean, high] rounded; None when the figure is undefined (a ratio to a mean of 0), so that
+        results.json holds null, which every JSON reader takes, instead of NaN."""
+        values = (self.low, self.mean, self.high)
+        if not all(np.isfinite(values)):
+            return None
+        return [round(value, digits) for value in values]
 
     def excludes_zero(self) -> bool:
         return self.low > 0 or self.high < 0
@@ -47,6 +52,22 @@ def _scorer():  # noqa: ANN202 - rouge_score has no type hints
     from rouge_score import rouge_scorer
 
     return rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():  # noqa: ANN202
+    from rouge_score import tokenizers
+
+    return tokenizers.DefaultTokenizer(use_stemmer=False)
+
+
+def scorable(text: str) -> bool:
+    """Whether ROUGE can count any word of `text`: rouge-score keeps only the letters a-z and digits 0-9
+    (after lowercasing), so a reference written in another script scores 0 against anything, itself included.
+
+    scorable("Hello, world") -> True;  scorable("北京推出新政策") -> False
+    """
+    return bool(_tokenizer().tokenize(text))
 
 
 def rouge(prediction: str, reference: str) -> Rouge:

@@ -24,6 +24,7 @@ This module neither generates nor plots.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -247,4 +248,17 @@ def write_outputs(run: BenchRun, path: Path) -> int:
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:
-    atomic_write_text(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    """results.json; a figure that is not a finite number (a ratio to a mean of 0) is written as null, so that
+    strict JSON readers take the file."""
+    atomic_write_text(path, json.dumps(finite_only(results), indent=2, ensure_ascii=False) + "\n")
+
+
+def finite_only(value: Any) -> Any:
+    """`value` with every NaN or infinite float, at any depth, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_only(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_only(item) for item in value]
+    return value

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_text
-from localpers.bench.data import BenchUser, load_bench_users
+from localpers.bench.data import BenchUser, read_bench_file
 from localpers.bench.fits import BENCH_VERSION, FitStore, sha256_text
 from localpers.bench.method_names import (
     DEFAULT_PRESET,
@@ -35,13 +35,13 @@ from localpers.bench.method_names import (
     expand_methods,
 )
 from localpers.bench.methods import Method, MethodSpec
-from localpers.bench.metrics import rouge
+from localpers.bench.metrics import rouge, scorable
 from localpers.bench.registry import get_method
 from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.paths import check_own_directory
-from localpers.users.history import serialize_history
+from localpers.users.history import MAX_HISTORY_ITEMS, serialize_history
 
 Progress = Callable[[str, int, int, str], None]  # (method, users done, users total, what is happening)
 _UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.=@,-]+")
@@ -132,15 +132,29 @@ def check_output_directory(out: Path) -> None:
 
 
 def run_bench(
-    config: BenchConfig, *, personalizer: Personalizer | None = None, progress: Progress | None = None
+    config: BenchConfig,
+    *,
+    personalizer: Personalizer | None = None,
+    progress: Progress | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> BenchRun:
-    """Evaluate every method on every user (from the cache where possible) and return the raw records."""
+    """Evaluate every method on every user (from the cache where possible) and return the raw records.
+
+    `notify` is told, before the model loads, each note on how the data file was read (also kept in
+    results.json's config as `data_notes`).
+    """
     from localpers.bench.extra_methods import MethodStateRoot
 
     check_method_names(config.methods)
-    users = load_bench_users(
+    data = read_bench_file(
         config.data, max_users=config.max_users, max_queries=config.max_queries, dev_split=config.dev_split
     )
+    users = data.users
+    _check_history_sizes(config, users)
+    notes = [*data.notes, *_unscorable_notes(users)]
+    for note in notes:
+        if notify:
+            notify(note)
     style = get_style(config.style) if config.style else None
     if style is not None:
         users = restyle_users(users, style)
@@ -169,6 +183,7 @@ def run_bench(
             "data": str(config.data),
             "data_sha256": _file_sha256(Path(config.data)),
             "style": config.style,
+            "data_notes": notes,
         }
         params = {s.name: effective_params(s, personalizer, config.history_limit) for s in specs}
         records: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in specs}
@@ -197,6 +212,33 @@ def run_bench(
     finally:
         if owned:
             personalizer.close()
+
+
+def _check_history_sizes(config: BenchConfig, users: list[BenchUser]) -> None:
+    """Refuse, before the model loads, a history longer than a user may have, unless --history-limit cuts it."""
+    if config.history_limit is not None and config.history_limit <= MAX_HISTORY_ITEMS:
+        return
+    for user in users:
+        if len(user.history) > MAX_HISTORY_ITEMS:
+            raise LocalpersError(
+                f"{config.data} line {user.line} (user {user.user_id}): {len(user.history)} history items, more "
+                f"than the {MAX_HISTORY_ITEMS} a user may have; add --history-limit {MAX_HISTORY_ITEMS} to fit on "
+                "each user's most recent ones"
+            )
+
+
+def _unscorable_notes(users: list[BenchUser]) -> list[str]:
+    """A note when some references hold no word ROUGE can count (every method scores 0 on them)."""
+    unscorable = [user.user_id for user in users for query in user.queries if not scorable(query.reference)]
+    if not unscorable:
+        return []
+    total = sum(len(user.queries) for user in users)
+    authors = sorted(set(unscorable))
+    return [
+        f"{len(unscorable)} of {total} references have no word ROUGE can count (rouge-score keeps only a-z and "
+        f"0-9), so every method scores 0 on them (user{'s' if len(authors) > 1 else ''} "
+        f"{', '.join(authors[:5])}{' ...' if len(authors) > 5 else ''})"
+    ]
 
 
 def _run_user(
@@ -270,7 +312,10 @@ def _evaluate_user(
     for index, query in enumerate(user.queries):
         on_stage(f"query {index + 1}/{len(user.queries)}")
         gold = {"reference": query.reference} if method.scores_gold else {}
-        result = method.generate(personalizer, profile, prepared, query.input, spec, **gold)
+        try:
+            result = method.generate(personalizer, profile, prepared, query.input, spec, **gold)
+        except LocalpersError as exc:
+            raise LocalpersError(f"user {user.user_id} query {query.id} ({spec.name}): {exc}") from None
         scores = rouge(result.text, query.reference)
         outputs.append(
             {

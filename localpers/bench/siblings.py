@@ -79,10 +79,13 @@ def sibling_summary(entry: dict[str, Any], method: str) -> str | None:
         return None
     bins = entry["bins"]
     total = sum(b["queries"] for b in bins)
-    cells = [cell for cell in row["bins"] if cell["n"] and cell.get("ratio") is not None]
-    ratios = ", ".join(f"{cell['ratio']:.3f}x at {cell['bin']}" for cell in cells)
-    share = bins[-1]["queries"] / total if total else 0.0
     baseline = entry.get("baseline", "global")
+    cells = [cell for cell in row["bins"] if cell["n"] and cell.get("ratio") is not None]
+    ratios = (
+        ", ".join(f"{cell['ratio']:.3f}x at {cell['bin']}" for cell in cells)
+        or f"undefined ({baseline} scored 0)"
+    )
+    share = bins[-1]["queries"] / total if total else 0.0
     return f"{share:.1%} of the queries have a sibling {bins[-1]['name']}; {method} / {baseline}: {ratios}"
 
 

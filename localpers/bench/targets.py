@@ -85,8 +85,10 @@ def _rouge_check(delta: dict[str, Any]) -> TargetCheck:
     name = f"ROUGE-1 >= {ROUGE_RATIO}x"
     target = f"ROUGE-1 >= {ROUGE_RATIO}x global's, query interval of the difference excluding 0"
     ratio, difference = delta.get("rouge1_ratio"), delta.get("rouge1")
-    if not ratio or not difference:
+    if not difference:
         return TargetCheck(name, target, "no paired scores", None)
+    if not ratio:
+        return TargetCheck(name, target, "undefined: global's mean ROUGE-1 is 0", None)
     low, mean, high = ratio
     measured = f"{mean:.3f}x [{low:.3f}, {high:.3f}]; difference {_interval(difference, 4, signed=True)}"
     return TargetCheck(name, target, measured, mean >= ROUGE_RATIO and difference[0] > 0)

@@ -138,6 +138,8 @@ def bench_command(
     from localpers.bench import BenchConfig, run_and_write
     from localpers.bench.method_names import DEFAULT_PRESET
 
+    if data.is_dir():
+        raise LocalpersError(f"{data}: is a directory; pass the users' JSONL file with --data")
     if not data.is_file():
         raise LocalpersError(f"{data}: no such file; pass the users' JSONL with --data")
     command = "localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
@@ -175,8 +177,16 @@ def bench_command(
         command=command,
         dev_split=dev_split,
     )
-    with method_progress(not as_json, sys.stderr.isatty()) as progress:
-        written = run_and_write(config, progress=progress)
+    try:
+        with method_progress(not as_json, sys.stderr.isatty()) as progress:
+            written = run_and_write(config, progress=progress, notify=_print_note)
+    except KeyboardInterrupt:
+        typer.echo(
+            f"interrupted; the users finished so far are kept in {out / 'cache'} and reused when the same "
+            "command runs again",
+            err=True,
+        )
+        raise typer.Exit(130) from None
     if as_json:
         print_json(written.results)
         return
@@ -186,6 +196,11 @@ def bench_command(
     typer.echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
     for plot in written.plots:
         typer.echo(f"plot     {plot}")
+
+
+def _print_note(note: str) -> None:
+    """A note on how the data file was read, on stderr before the run (and again in the summary)."""
+    typer.echo(f"note: {note}", err=True)
 
 
 def _rate(rate: float | None) -> str:
@@ -305,6 +320,8 @@ def _print_summary(results: dict[str, Any]) -> None:
     if not console.is_terminal:  # a log or a pipe: rich's 80 columns would wrap every interval
         console = Console(width=SUMMARY_WIDTH_WITHOUT_TERMINAL)
     console.print(table)
+    for note in results["config"].get("data_notes") or []:
+        typer.echo(f"note     {note}")
     targets = results.get("targets")
     if targets:
         typer.echo(f"targets  {targets['method']} against global: {targets['summary']}")
