@@ -69,6 +69,46 @@ def test_delete_removes_every_trace(localpers_home: Path) -> None:
         store.delete("ann")
 
 
+def test_a_command_started_before_a_delete_never_writes_into_the_user_made_anew(localpers_home: Path) -> None:
+    """A fit holds its User from before; the user is deleted and created again under the same name; the
+    fit's save is refused by name and the new user keeps nothing of the old one's."""
+    store = UserStore()
+    store.create("ann").save_history(items(3))
+    running = store.get("ann")  # what `localpers fit` holds while it computes
+    store.delete("ann")
+    fresh = store.create("ann")
+    with pytest.raises(
+        LocalpersError, match=r"^user 'ann' no longer exists \(deleted, or deleted and created anew"
+    ):
+        running.save_fit(np.ones(4, dtype=np.float32), {"cluster": 1})
+    with pytest.raises(LocalpersError, match="no longer exists"):
+        running.save_history(items(5))
+    assert fresh.history() == [] and fresh.vector() is None and "cluster" not in fresh.state()
+    fresh.save_fit(np.ones(4, dtype=np.float32), {"cluster": 1})  # the new user's own commands write
+    assert store.get("ann").state()["cluster"] == 1
+
+
+def test_a_folder_from_before_identity_tokens_gets_one() -> None:
+    store = UserStore()
+    store.create("ann")
+    token_file = store.users_dir / "ann" / ".identity"
+    token_file.unlink()  # as a folder made by an older localpers
+    first = store.get("ann")
+    assert first.identity is not None and token_file.read_text().strip() == first.identity
+    assert store.get("ann").identity == first.identity and first == store.get("ann")
+    first.save_state({"cluster": 0})
+
+
+def test_an_interrupted_delete_leaves_no_text_once_any_command_looks_up_a_user() -> None:
+    store = UserStore()
+    store.create("ann").save_history(items(3))
+    leftover = store.users_dir / ".deleting-999999999-abcdef"  # its process is gone
+    os.rename(store.users_dir / "ann", leftover)
+    with pytest.raises(LocalpersError, match="no user named 'ann'"):
+        store.get("ann")
+    assert not leftover.exists()
+
+
 def test_delete_keeps_another_users_active_pointer() -> None:
     store = UserStore()
     store.create("ann")

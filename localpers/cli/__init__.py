@@ -1,9 +1,22 @@
 """The `localpers` command line: one module per command group, assembled in `localpers.cli.main`.
 
-`localpers.cli:app` is the console entry point (pyproject's `[project.scripts]`); `python -m localpers.cli`
-runs the same app. Shared helpers live in `localpers.cli.common`, which imports no command module.
+The console script (pyproject's `[project.scripts]`) runs `localpers.cli.entry:main`, which imports
+`localpers.cli.main` and starts its `app`; `python -m localpers.cli` runs the same app. `app` is also an
+attribute of this package, loaded on first use, so that importing the package (as the console script does
+before anything else) costs nothing. Shared helpers live in `localpers.cli.common`, which imports no
+command module.
 """
 
-from localpers.cli.main import app, main
+from __future__ import annotations
 
-__all__ = ["app", "main"]
+from typing import Any
+
+__all__ = ["app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from localpers.cli.main import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

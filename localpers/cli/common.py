@@ -42,7 +42,11 @@ def one_line_errors(func: F) -> F:
             typer.echo(f"error: {one_line(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            typer.echo("interrupted; nothing was changed", err=True)
+            # Not "nothing was changed": a step may have been saved just before (an import's history, a
+            # fit's caches). Every save is atomic, so no file is ever half-written.
+            typer.echo(
+                "interrupted; no file was left half-written (each is as it was, or fully saved)", err=True
+            )
             raise typer.Exit(130) from None
         except BrokenPipeError:
             raise
@@ -55,14 +59,28 @@ def one_line_errors(func: F) -> F:
 
 
 def read_text_argument(text: str) -> str:
-    """`-` reads standard input; anything else is the text itself."""
+    """`-` reads standard input; anything else is the text itself. Either must be UTF-8."""
     if text == "-":
         data = sys.stdin.read()
         if not data.strip():
             raise LocalpersError("standard input was empty; pipe some text or pass it as an argument")
-        return data
+        return _checked_utf8(data, "standard input")
     if not text.strip():
         raise LocalpersError("the text is empty; pass some text or - to read standard input")
+    return _checked_utf8(text, "the text argument")
+
+
+def _checked_utf8(text: str, what: str) -> str:
+    """`text`, refused in one line if it came from bytes that are not UTF-8 (Python keeps those as lone
+    surrogates, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = len(text[: exc.start].encode("utf-8", errors="surrogateescape"))
+        raise LocalpersError(
+            f"{what} is not UTF-8 (byte {where} cannot be read as UTF-8); convert it first, e.g. with "
+            "iconv -f latin1 -t utf-8"
+        ) from None
     return text
 
 

@@ -223,6 +223,8 @@ def _fit_freshness(fit: Any, n_history: int) -> str:
     if not isinstance(fit, dict):
         return "no (rewrites show your history without CARD's correction until `localpers fit`)"
     fitted_on = fit.get("n_items")
+    if not isinstance(fitted_on, int) or isinstance(fitted_on, bool):
+        return "on an unknown number of items (state.json's fit.n_items is damaged; `localpers fit` refits)"
     if fitted_on == n_history:
         return f"on the {items_phrase(n_history)} the history holds"
     return (

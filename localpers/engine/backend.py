@@ -2,7 +2,10 @@
 
 The sink is silent unless LOCALPERS_LLAMA_LOG is set, and records text while asked to: recording is how the
 engine learns which buffer types the weights got (llama.cpp reports them only in its load log,
-`CPU_REPACK model buffer size = ... MiB`) and why a grammar was refused. Nothing else lives here.
+`CPU_REPACK model buffer size = ... MiB`) and why a grammar was refused. A Ctrl-C that lands while llama.cpp is
+inside the callback would be swallowed by ctypes ("Exception ignored on calling ctypes callback") and the
+command would carry on; the sink keeps it instead, and `raise_pending_interrupt` raises it once llama.cpp has
+returned. Nothing else lives here.
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ class _LogRecorder:
 
     def __init__(self) -> None:
         self.recording: list[str] | None = None
+        self.interrupted = False
 
     def __call__(self, level: int, text: bytes | None, user_data: ctypes.c_void_p) -> None:
-        piece = (text or b"").decode("utf-8", errors="replace")
-        if self.recording is not None:
-            self.recording.append(piece)
-        if os.environ.get("LOCALPERS_LLAMA_LOG"):
-            sys.stderr.write(piece)
+        try:
+            piece = (text or b"").decode("utf-8", errors="replace")
+            if self.recording is not None:
+                self.recording.append(piece)
+            if os.environ.get("LOCALPERS_LLAMA_LOG"):
+                sys.stderr.write(piece)
+        except KeyboardInterrupt:
+            self.interrupted = True  # ctypes would drop it: raised by raise_pending_interrupt instead
 
 
 _log_recorder = _LogRecorder()
@@ -43,11 +50,22 @@ def init_backend() -> None:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
+    raise_pending_interrupt()
+
+
+def raise_pending_interrupt() -> None:
+    """Raise the KeyboardInterrupt that arrived while llama.cpp was logging, if one did (once)."""
+    if _log_recorder.interrupted:
+        _log_recorder.interrupted = False
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def recorded_llama_log() -> Iterator[list[str]]:
-    """Collect what llama.cpp logs inside the block (as it arrives: pieces, not necessarily lines)."""
+    """Collect what llama.cpp logs inside the block (as it arrives: pieces, not necessarily lines).
+
+    A Ctrl-C pressed inside the block is raised when it ends.
+    """
     pieces: list[str] = []
     previous = _log_recorder.recording
     _log_recorder.recording = pieces
@@ -55,3 +73,4 @@ def recorded_llama_log() -> Iterator[list[str]]:
         yield pieces
     finally:
         _log_recorder.recording = previous
+    raise_pending_interrupt()

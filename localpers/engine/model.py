@@ -30,7 +30,7 @@ import llama_cpp
 import numpy as np
 
 from localpers.engine import cpu_buffers
-from localpers.engine.backend import init_backend, recorded_llama_log
+from localpers.engine.backend import init_backend, raise_pending_interrupt, recorded_llama_log
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
 from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
@@ -140,6 +140,7 @@ class Engine(Vocabulary):
             raise LocalpersError(
                 f"llama.cpp could not create a context for {self.model_path} (n_ctx={n_ctx})"
             )
+        raise_pending_interrupt()  # a Ctrl-C while llama.cpp logged the context's creation
         self._batch = llama_cpp.llama_batch_init(ctx_params.n_batch, 0, 1)
         self.prefix_snapshots = PrefixSnapshots(self._ctx)
         self.batch_capacity = int(ctx_params.n_batch)  # tokens one llama_decode (eval_sequences) takes
@@ -218,6 +219,7 @@ class Engine(Vocabulary):
         if name in self._adapters:
             raise LocalpersError(f"an adapter named {name!r} is already loaded")
         handle = llama_cpp.llama_adapter_lora_init(self._model, str(adapter_path).encode())
+        raise_pending_interrupt()
         if not handle:
             raise LocalpersError(
                 f"llama.cpp refused adapter {adapter_path}: not a LoRA for this backbone"

@@ -168,39 +168,39 @@ def fit_cope(
     started = time.perf_counter()
     from localpers.engine.adapters import write_lora_gguf
 
-    user.dir.mkdir(parents=True, exist_ok=True)
-    fresh = write_lora_gguf(
-        user.dir / f".{ADAPTER_PREFIX}new.gguf",
-        result.tensors,
-        alpha=config.alpha,
-        architecture=base_lora.architecture,
-        name=f"cope-{user.name}",
-    )
-    sha = _sha256(fresh)
-    final = user.dir / f"{ADAPTER_PREFIX}{sha[:16]}.gguf"
-    os.replace(fresh, final)
-    state = CopeState(
-        bundle_sha256=personalizer.bundle_sha256,
-        cluster=cluster,
-        base_adapter=base_adapter,
-        adapter_file=final.name,
-        adapter_sha256=sha,
-        rank=config.rank,
-        alpha=config.alpha,
-        n_items=len(items),
-        steps=result.steps,
-        train_tokens=result.tokens,
-        final_loss=result.losses[-1] if result.losses else None,
-        precision=result.precision,
-        conditioned=prompt_format is not None,
-    )
-    seconds["export"] = time.perf_counter() - started
-    state.seconds = {k: round(v, 3) for k, v in seconds.items()}
-    atomic_write_text(user.dir / STATE_FILE, json.dumps(state.to_json(), indent=2) + "\n")
-    for stale in user.dir.glob(f"{ADAPTER_PREFIX}*.gguf"):
-        if stale.name != final.name:
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
+    with user.locked():  # refuses a user deleted while it trained: the folder is never made anew
+        fresh = write_lora_gguf(
+            user.dir / f".{ADAPTER_PREFIX}new.gguf",
+            result.tensors,
+            alpha=config.alpha,
+            architecture=base_lora.architecture,
+            name=f"cope-{user.name}",
+        )
+        sha = _sha256(fresh)
+        final = user.dir / f"{ADAPTER_PREFIX}{sha[:16]}.gguf"
+        os.replace(fresh, final)
+        state = CopeState(
+            bundle_sha256=personalizer.bundle_sha256,
+            cluster=cluster,
+            base_adapter=base_adapter,
+            adapter_file=final.name,
+            adapter_sha256=sha,
+            rank=config.rank,
+            alpha=config.alpha,
+            n_items=len(items),
+            steps=result.steps,
+            train_tokens=result.tokens,
+            final_loss=result.losses[-1] if result.losses else None,
+            precision=result.precision,
+            conditioned=prompt_format is not None,
+        )
+        seconds["export"] = time.perf_counter() - started
+        state.seconds = {k: round(v, 3) for k, v in seconds.items()}
+        atomic_write_text(user.dir / STATE_FILE, json.dumps(state.to_json(), indent=2) + "\n")
+        for stale in user.dir.glob(f"{ADAPTER_PREFIX}*.gguf"):
+            if stale.name != final.name:
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
     return state
 
 

@@ -257,7 +257,8 @@ def index_exact(
         "library": list(library),
         "report": report.to_json(),
     }
-    ExactIndex(entries, embeddings, meta).save(index_path(user))
+    with user.locked():  # refuses a user deleted while the index was built
+        ExactIndex(entries, embeddings, meta).save(index_path(user))
     return report
 
 

@@ -6,6 +6,7 @@ Layout of `users/<name>/` (the folders are listed and made by `localpers.users.s
     vector-<sha256[:16]>.safetensors tensor "lambda" float32 (D,) plus string metadata
     state.json                       cluster, method, fit report, timestamps, and the
                                      file name and sha256 of the current vector
+    .lock, .identity                 the write lock and the folder's random token (`localpers.users.lock`)
 
 A fit is committed in two steps: the vector goes to a new content-addressed file, then state.json is
 replaced to name it. State is the commit point: an interruption before it leaves the previous state
@@ -23,7 +24,7 @@ import hashlib
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,12 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away") from None
+    except PermissionError as exc:
+        raise LocalpersError(
+            f"{path}: cannot read ({exc.strerror}); give your account read and write access to it"
+        ) from None
     except OSError as exc:
         raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
     try:
@@ -106,6 +113,9 @@ class User:
 
     name: str
     dir: Path
+    # The folder's `.identity` token when this object was made (`UserStore.get`); every locked write checks
+    # it, so a command started before the user was deleted and created anew never writes into the new one.
+    identity: str | None = field(default=None, compare=False)
 
     @property
     def history_path(self) -> Path:
@@ -117,7 +127,7 @@ class User:
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Hold this user's write lock: wrap each read-modify-write of its files (`localpers.users.lock`)."""
-        return user_lock(self.dir, who=f"user {self.name!r}")
+        return user_lock(self.dir, who=f"user {self.name!r}", identity=self.identity)
 
     def history(self) -> list[HistoryItem]:
         """The stored history items, in order; empty if none were imported."""
@@ -137,6 +147,9 @@ class User:
             text = self.history_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             text = ""
+        except (OSError, UnicodeDecodeError):
+            self.history()  # raises the history's own one-line error, naming the file and the fix
+            raise
         return HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
 
     def state(self) -> dict[str, Any]:
@@ -253,7 +266,7 @@ class User:
             self._write_state(new_state)
             # under the lock: another fit's new vector is never taken for a stale one before its state names it
             for stale in self.dir.glob("vector-*.safetensors"):
-                if stale.name != keep:
+                if stale.name != keep and not stale.is_dir():  # a folder of that name is not ours to remove
                     with contextlib.suppress(FileNotFoundError):
                         stale.unlink()
 

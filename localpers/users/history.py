@@ -269,6 +269,10 @@ def read_regular_file(path: Path, limit: int, *, what: str) -> bytes:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise InputError(f"{path} is not a regular file; pass a {what}")
             raw = handle.read(limit + 1)
+    except PermissionError as exc:
+        raise InputError(
+            f"{path}: cannot read ({exc.strerror}); give your account read access to it"
+        ) from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     if len(raw) > limit:

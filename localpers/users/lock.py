@@ -9,14 +9,19 @@ exclusive `flock` on `<folder>/.lock` (POSIX; other processes wait) and a per-fo
 locks again). A waiter gives up with a one-line error after `wait_seconds`.
 
 When the folder is renamed away while a caller waits (the user was deleted, which takes the same lock), the
-caller gets a one-line error instead of writing into a folder that is about to be removed. Readers do not
-lock: they see the old file or the new one. This module knows nothing of what is in the folder.
+caller gets a one-line error instead of writing into a folder that is about to be removed. A user deleted and
+created again under the same name while a long command (a fit) ran is a new folder at the same path: each
+folder holds a random `.identity` token, and a caller that read it when it started (`identity=`) is refused
+when the folder's token differs, instead of writing the old user's fit into the new one. Readers do not
+lock: they see the old file or the new one. This module knows nothing else of what is in the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +30,8 @@ from pathlib import Path
 from localpers.errors import LocalpersError
 
 LOCK_FILE = ".lock"
+IDENTITY_FILE = ".identity"
+_IDENTITY = re.compile(r"[0-9a-f]{32}")
 DEFAULT_WAIT_SECONDS = 60.0
 _POLL_SECONDS = 0.05
 
@@ -53,14 +60,33 @@ def _forget_held_locks() -> None:
 os.register_at_fork(after_in_child=_forget_held_locks)
 
 
+def read_identity(folder: Path) -> str | None:
+    """The folder's identity token; None when it has none (a folder made before tokens) or it is unreadable."""
+    try:
+        token = (folder / IDENTITY_FILE).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return token if _IDENTITY.fullmatch(token) else None
+
+
+def new_identity() -> str:
+    """A fresh identity token, for a folder about to be made (written by the caller, atomically)."""
+    return secrets.token_hex(16)
+
+
 def _thread_lock(key: str) -> threading.RLock:
     with _registry_guard:
         return _thread_locks.setdefault(key, threading.RLock())
 
 
 @contextlib.contextmanager
-def user_lock(folder: Path, *, who: str, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> Iterator[None]:
-    """Hold `folder`'s write lock for the block; `who` names the user in errors (e.g. "user 'ann'")."""
+def user_lock(
+    folder: Path, *, who: str, wait_seconds: float = DEFAULT_WAIT_SECONDS, identity: str | None = None
+) -> Iterator[None]:
+    """Hold `folder`'s write lock for the block; `who` names the user in errors (e.g. "user 'ann'").
+
+    With `identity`, the folder must still hold that token once locked (else: deleted while this ran).
+    """
     key = os.path.realpath(folder)  # one key however the folder is reached (a symlinked data dir)
     guard = _thread_lock(key)
     if not guard.acquire(timeout=wait_seconds):
@@ -68,6 +94,9 @@ def user_lock(folder: Path, *, who: str, wait_seconds: float = DEFAULT_WAIT_SECO
     try:
         if _depth.get(key, 0) == 0:
             _descriptors[key] = _lock_file(Path(key), who, wait_seconds)
+            if identity is not None and read_identity(Path(key)) != identity:
+                _release(_descriptors.pop(key))
+                raise _gone(who)
         _depth[key] = _depth.get(key, 0) + 1
         try:
             yield
@@ -92,7 +121,10 @@ def _lock_file(folder: Path, who: str, wait_seconds: float) -> int | None:
     except (FileNotFoundError, NotADirectoryError):
         raise _gone(who) from None
     except OSError as exc:
-        raise LocalpersError(f"{path}: cannot open the user's lock file ({exc.strerror})") from None
+        raise LocalpersError(
+            f"{path}: cannot open the user's lock file ({exc.strerror}); localpers needs to create and write it "
+            "there: move away whatever has its name, or give your account write access to the folder"
+        ) from None
     deadline = time.monotonic() + wait_seconds
     try:
         while True:
@@ -134,4 +166,6 @@ def _busy(folder: Path, who: str) -> LocalpersError:
 
 
 def _gone(who: str) -> LocalpersError:
-    return LocalpersError(f"{who} no longer exists (deleted while this command ran); nothing was written")
+    return LocalpersError(
+        f"{who} no longer exists (deleted, or deleted and created anew, while this command ran); nothing was written"
+    )

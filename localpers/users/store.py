@@ -32,6 +32,7 @@ from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
 from localpers.users.folder import NAME_PATTERN, User, history_for, read_json_object, validate_name
 from localpers.users.history import check_history_size
+from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity
 
 __all__ = [
     "NAME_PATTERN",
@@ -55,6 +56,18 @@ class UserStore:
     def _user(self, name: str) -> User:
         return User(name, self.users_dir / name)
 
+    def _identified(self, user: User) -> User:
+        """`user` with its folder's identity token; a folder made before tokens gets one now (under its lock;
+        a read-only folder stays without, and unchecked)."""
+        identity = read_identity(user.dir)
+        if identity is None:
+            with contextlib.suppress(LocalpersError, OSError), user.locked():
+                identity = read_identity(user.dir)
+                if identity is None:
+                    identity = new_identity()
+                    atomic_write_text(user.dir / IDENTITY_FILE, identity + "\n")
+        return User(user.name, user.dir, identity)
+
     def list(self) -> list[str]:
         """User names, sorted."""
         if not self.users_dir.is_dir():
@@ -64,13 +77,14 @@ class UserStore:
         )
 
     def get(self, name: str) -> User:
+        self._sweep()  # an interrupted delete's leftover goes at once, not at the next create
         user = self._user(validate_name(name))
         if not user.dir.is_dir():
             raise LocalpersError(
                 f"no user named {name!r}; `localpers user list` shows the users, "
                 f"`localpers user create {name}` makes one"
             )
-        return user
+        return self._identified(user)
 
     def create(self, name: str) -> User:
         """A new, empty user; it becomes the active user when none is active."""
@@ -81,6 +95,7 @@ class UserStore:
         try:
             try:
                 User(name, staging)._write_state({"created_at": folder.now()})
+                atomic_write_text(staging / IDENTITY_FILE, new_identity() + "\n")
             except LocalpersError as exc:  # name the user's folder, not the hidden staging one
                 raise LocalpersError(str(exc).replace(str(staging), str(self._user(name).dir))) from None
             self._commit_staging(staging, name)
@@ -187,6 +202,7 @@ class UserStore:
         try:
             for member, data in members.items():
                 (staging / member).write_bytes(data)
+            (staging / IDENTITY_FILE).write_text(new_identity() + "\n", encoding="ascii")
             candidate = User(target, staging)
             try:
                 candidate._load_vector()

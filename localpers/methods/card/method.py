@@ -87,6 +87,11 @@ def profile_for_rewrite(
         return RewriteProfile(
             "global", state=state, note="this user has no history yet; using the global adapter"
         )
+    elif cluster >= personalizer.bundle.k:
+        raise LocalpersError(
+            f"{target.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has "
+            f"{personalizer.bundle.k} clusters; run {refit}"
+        )
     else:
         return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state)
     fallback = (

@@ -380,14 +380,16 @@ class PairBuilder:
         return pair_cache.read_negatives(user.dir, self._negatives_key(cluster))
 
     def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
-        pair_cache.write_negatives(user.dir, self._negatives_key(cluster), known)
+        with user.locked():  # a user deleted meanwhile is refused by name, not by a missing folder
+            pair_cache.write_negatives(user.dir, self._negatives_key(cluster), known)
 
     def _read_features(self, user: User, cluster: int) -> pair_cache.PairFeatures:
         return pair_cache.read_features(user.dir, self._negatives_key(cluster), self.head.d)
 
     def _write_features(self, user: User, cluster: int, pairs: pair_cache.PairFeatures) -> None:
         """This fit's pairs come first in `pairs`, so they are the ones a full cache keeps."""
-        pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
+        with user.locked():
+            pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:

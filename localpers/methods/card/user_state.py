@@ -12,6 +12,7 @@ import numpy as np
 
 from localpers.errors import LocalpersError
 from localpers.methods.card.token_bias import TokenBias
+from localpers.untrusted import one_line
 from localpers.users.store import User
 
 REFIT = "run `localpers fit` again"
@@ -21,7 +22,12 @@ def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, A
     """`(cluster, vector, state)` of a stored user, as `rewrite` needs them."""
     state = user.state()
     cluster = state.get("cluster")
-    return (int(cluster) if cluster is not None else None), user.vector(), state
+    if cluster is not None and (not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 0):
+        raise LocalpersError(
+            f"{user.state_path} is damaged: field 'cluster' is {one_line(repr(cluster), 40)}, not a cluster "
+            f"number; {REFIT}"
+        )
+    return cluster, user.vector(), state
 
 
 def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenBias | None:
