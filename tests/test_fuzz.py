@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from test_serve_pull import BACKBONE_SHA, make_bundle, publish
 from typer.testing import CliRunner
 
+from localpers.bench.data import read_bench_file
 from localpers.bundle.format import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.serve import BundleServer, start_background_server
@@ -107,6 +108,55 @@ def test_history_files_parse_or_fail_in_one_line(tmp_path: Path, content: str) -
         return
     for item in parsed.items:
         assert item.input and item.output and "\x1b" not in item.output
+
+
+# -- benchmark data files (`localpers bench --data`) ---------------------------------------------------------
+
+
+def bench_lines() -> st.SearchStrategy[str]:
+    item = st.fixed_dictionaries(
+        {},
+        optional={
+            "id": st.text(max_size=4) | json_values,
+            "input": awkward_text | json_values,
+            "output": awkward_text | json_values,
+            "date": st.sampled_from(["2021-01-02", "2020-12-31T10:00", "yesterday", ""]) | json_values,
+        },
+    )
+    user = st.fixed_dictionaries(
+        {},
+        optional={
+            "user_id": st.text(max_size=6) | json_values,
+            "history": st.lists(item, max_size=4) | json_values,
+            "queries": st.lists(item, max_size=3) | json_values,
+        },
+    )
+    line = (
+        user.map(lambda d: json.dumps(d, ensure_ascii=False))
+        | json_values.map(json.dumps)
+        | awkward_text
+        | hostile_json
+    )
+    return st.lists(line, max_size=5).map("\n".join)
+
+
+@given(
+    content=bench_lines() | st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
+    dev_split=st.booleans(),
+)
+def test_bench_data_files_read_or_fail_in_one_line(tmp_path: Path, content: str, dev_split: bool) -> None:
+    path = tmp_path / "users.jsonl"
+    path.write_bytes(content.encode("utf-8", "surrogatepass"))
+    try:
+        read = read_bench_file(path, dev_split=dev_split)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert "users.jsonl" in str(exc)
+        return
+    assert read.users and all(user.queries for user in read.users)
+    assert all(user.store_name and len(user.store_name) <= 32 for user in read.users)
+    assert len({user.store_name for user in read.users}) == len(read.users)
+    assert all("\n" not in note for note in read.notes)
 
 
 @given(content=history_lines())

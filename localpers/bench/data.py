@@ -18,7 +18,6 @@ field. This module only reads; it scores nothing.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from localpers.errors import LocalpersError
 from localpers.tasks import TASKS
+from localpers.untrusted import JSONProblem, parse_json
 from localpers.users.history import DEFAULT_TASK, HistoryItem, normalize_text
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9_-]+")
@@ -183,9 +183,9 @@ def read_bench_file(
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LocalpersError(f"{path} line {line_number}: not valid JSON ({exc.msg})") from None
+            record = parse_json(line)
+        except JSONProblem as exc:
+            raise LocalpersError(f"{path} line {line_number}: not valid JSON ({exc})") from None
         user = _user_from_record(path, line_number, record, task, max_queries, dev_split, repairs)
         if user is None:
             continue
