@@ -99,6 +99,24 @@ def test_a_folder_from_before_identity_tokens_gets_one() -> None:
     first.save_state({"cluster": 0})
 
 
+def test_a_token_that_could_not_be_written_is_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder without a token that cannot get one (full disk, read-only) stays unchecked, not unwritable."""
+    from localpers.users import store as store_module
+
+    store = UserStore()
+    store.create("ann")
+    (store.users_dir / "ann" / ".identity").unlink()
+
+    def refuse(path: Path, text: str) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(store_module, "atomic_write_text", refuse)
+    ann = store.get("ann")
+    monkeypatch.undo()
+    assert ann.identity is None
+    ann.save_state({"cluster": 0})  # still writes
+
+
 def test_an_interrupted_delete_leaves_no_text_once_any_command_looks_up_a_user() -> None:
     store = UserStore()
     store.create("ann").save_history(items(3))

@@ -241,9 +241,10 @@ def _user_from_record(
         repairs.without_queries.append(user_id)
         return None
 
+    query_records = query_records[:max_queries] if max_queries else query_records
     queries: list[BenchQuery] = []
     query_ids: set[str] = set()
-    for index, entry in enumerate(query_records[:max_queries] if max_queries else query_records, start=1):
+    for index, entry in enumerate(query_records, start=1):
         text = _fields(entry, f"{where} (user {user_id}) query {index}", task)
         query_id = text["id"] or f"q{index}"
         if query_id in query_ids:

@@ -32,7 +32,7 @@ from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
 from localpers.users.folder import NAME_PATTERN, User, history_for, read_json_object, validate_name
 from localpers.users.history import check_history_size
-from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity
+from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 
 __all__ = [
     "NAME_PATTERN",
@@ -61,11 +61,14 @@ class UserStore:
         a read-only folder stays without, and unchecked)."""
         identity = read_identity(user.dir)
         if identity is None:
-            with contextlib.suppress(LocalpersError, OSError), user.locked():
+            # a lookup never waits long for this: a busy or read-only folder stays without a token this time
+            who = f"user {user.name!r}"
+            with contextlib.suppress(LocalpersError, OSError), user_lock(user.dir, who=who, wait_seconds=1.0):
                 identity = read_identity(user.dir)
                 if identity is None:
-                    identity = new_identity()
-                    atomic_write_text(user.dir / IDENTITY_FILE, identity + "\n")
+                    token = new_identity()
+                    atomic_write_text(user.dir / IDENTITY_FILE, token + "\n")
+                    identity = token
         return User(user.name, user.dir, identity)
 
     def list(self) -> list[str]:
