@@ -7,6 +7,7 @@ UTF-8, for a history file with a Latin-1 byte (on the rewrite path) and for wron
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from localpers import interrupts
 from localpers.cli import app
 from localpers.engine import backend
 from localpers.errors import LocalpersError
@@ -44,7 +46,28 @@ def test_a_ctrl_c_inside_the_llama_log_callback_is_kept_and_raised_after() -> No
 
 def test_recorded_llama_log_raises_a_ctrl_c_that_came_inside_it() -> None:
     with pytest.raises(KeyboardInterrupt), backend.recorded_llama_log():
-        backend._log_recorder.interrupted = True
+        interrupts.note()
+
+
+def test_the_sigint_handler_notes_a_ctrl_c_that_c_code_may_swallow(monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    monkeypatch.setattr(signal, "getsignal", lambda _: signal.default_int_handler)
+    installed = {}
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.setdefault(signum, handler))
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    interrupts.install()
+    handler = installed[signal.SIGINT]
+    # ctypes reports the exception it drops; a Ctrl-C's report stays off the terminal, others go through
+    sys.unraisablehook(types.SimpleNamespace(exc_type=KeyboardInterrupt))
+    sys.unraisablehook(other := types.SimpleNamespace(exc_type=ValueError))
+    assert reported == [other]
+    with contextlib.suppress(KeyboardInterrupt):  # ctypes drops it here
+        handler(signal.SIGINT, None)  # what Python runs inside a ctypes callback
+    with pytest.raises(KeyboardInterrupt):
+        backend.init_backend()  # the next return from llama.cpp raises it
+    interrupts.raise_pending()  # once
 
 
 def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
@@ -56,7 +79,16 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
         def __getattr__(self, name: str) -> object:
             raise KeyboardInterrupt
 
+    monkeypatch.setattr("localpers.interrupts.install", lambda: None)  # leave pytest's own SIGINT handler
     monkeypatch.setitem(sys.modules, "localpers.cli.main", Loading("localpers.cli.main"))
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+    def setting_up() -> None:  # a Ctrl-C while Typer builds the command, before any command runs
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "localpers.cli.main", types.SimpleNamespace(app=setting_up))
     with pytest.raises(SystemExit) as stopped:
         entry.main()
     assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"

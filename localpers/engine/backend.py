@@ -4,8 +4,8 @@ The sink is silent unless LOCALPERS_LLAMA_LOG is set, and records text while ask
 engine learns which buffer types the weights got (llama.cpp reports them only in its load log,
 `CPU_REPACK model buffer size = ... MiB`) and why a grammar was refused. A Ctrl-C that lands while llama.cpp is
 inside the callback would be swallowed by ctypes ("Exception ignored on calling ctypes callback") and the
-command would carry on; the sink keeps it instead, and `raise_pending_interrupt` raises it once llama.cpp has
-returned. Nothing else lives here.
+command would carry on; it is noted instead (`localpers.interrupts`), and `raise_pending_interrupt` raises it
+once llama.cpp has returned. Nothing else lives here.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from collections.abc import Iterator
 
 import llama_cpp
 
+from localpers import interrupts
+
 
 class _LogRecorder:
     """llama.cpp's log callback: writes to stderr only when asked, records pieces while recording."""
 
     def __init__(self) -> None:
         self.recording: list[str] | None = None
-        self.interrupted = False
 
     def __call__(self, level: int, text: bytes | None, user_data: ctypes.c_void_p) -> None:
         try:
@@ -34,7 +35,7 @@ class _LogRecorder:
             if os.environ.get("LOCALPERS_LLAMA_LOG"):
                 sys.stderr.write(piece)
         except KeyboardInterrupt:
-            self.interrupted = True  # ctypes would drop it: raised by raise_pending_interrupt instead
+            interrupts.note()  # ctypes would drop it: raised by raise_pending_interrupt instead
 
 
 _log_recorder = _LogRecorder()
@@ -54,10 +55,8 @@ def init_backend() -> None:
 
 
 def raise_pending_interrupt() -> None:
-    """Raise the KeyboardInterrupt that arrived while llama.cpp was logging, if one did (once)."""
-    if _log_recorder.interrupted:
-        _log_recorder.interrupted = False
-        raise KeyboardInterrupt
+    """Raise a Ctrl-C that C code swallowed (in llama.cpp's log callback, or llama-cpp-python's before it)."""
+    interrupts.raise_pending()
 
 
 @contextlib.contextmanager
