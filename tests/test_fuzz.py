@@ -70,6 +70,17 @@ def assert_one_line(exc: LocalpersError) -> None:
     assert text and "\n" not in text and "Traceback" not in text
 
 
+def jsonl_files(records: st.SearchStrategy[dict], max_lines: int) -> st.SearchStrategy[str]:
+    """Files of JSON lines: mostly `records`, mixed with other JSON, awkward text and hostile JSON."""
+    line = (
+        records.map(lambda d: json.dumps(d, ensure_ascii=False))
+        | json_values.map(json.dumps)
+        | awkward_text
+        | hostile_json
+    )
+    return st.lists(line, max_size=max_lines).map("\n".join)
+
+
 # -- history files --------------------------------------------------------------------------------------
 
 
@@ -87,13 +98,7 @@ def history_lines() -> st.SearchStrategy[str]:
             | json_values,
         },
     )
-    line = (
-        item.map(lambda d: json.dumps(d, ensure_ascii=False))
-        | json_values.map(json.dumps)
-        | awkward_text
-        | hostile_json
-    )
-    return st.lists(line, max_size=6).map("\n".join)
+    return jsonl_files(item, max_lines=6)
 
 
 @given(content=history_lines() | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
@@ -131,13 +136,7 @@ def bench_lines() -> st.SearchStrategy[str]:
             "queries": st.lists(item, max_size=3) | json_values,
         },
     )
-    line = (
-        user.map(lambda d: json.dumps(d, ensure_ascii=False))
-        | json_values.map(json.dumps)
-        | awkward_text
-        | hostile_json
-    )
-    return st.lists(line, max_size=5).map("\n".join)
+    return jsonl_files(user, max_lines=5)
 
 
 @given(
