@@ -555,7 +555,7 @@ def test_a_file_from_elsewhere_is_read_as_the_protocol_says_and_every_repair_is_
 
 
 def test_a_history_too_long_for_a_user_is_refused_before_the_model_loads(tmp_path: Path) -> None:
-    from localpers.bench.runner import _check_history_sizes, _unscorable_notes
+    from localpers.bench.runner import _check_history_sizes
     from localpers.users.history import MAX_HISTORY_ITEMS
 
     history = [{"input": f"Article {i}.", "output": f"Headline {i}"} for i in range(MAX_HISTORY_ITEMS + 1)]
@@ -566,7 +566,7 @@ def test_a_history_too_long_for_a_user_is_refused_before_the_model_loads(tmp_pat
     with pytest.raises(LocalpersError, match=r"line 1 \(user ann\): 501 history items.*--history-limit 500"):
         _check_history_sizes(BenchConfig(data=path, out=tmp_path / "out"), users)
     _check_history_sizes(BenchConfig(data=path, out=tmp_path / "out", history_limit=20), users)
-    assert _unscorable_notes(users) == [
+    assert read_bench_file(path).notes == [
         "1 of 1 references have no word ROUGE can count (rouge-score keeps only a-z and 0-9), so every method "
         "scores 0 on them (user ann)"
     ]

@@ -11,8 +11,9 @@ says so in `BenchFile.notes` (printed, and kept in results.json and report.md): 
 ISO dates but are out of order is sorted by them (stably); a history item equal to one of its author's queries
 is left out of the history (a method must not be fitted on the answer); duplicate history items are dropped; a
 user without queries is left out (with `dev_split` that is an author too short to split). Queries dated before
-their author's latest history item are counted, not changed. Every error names the file, the line and the
-field. This module only reads; it scores nothing.
+their author's latest history item are counted, not changed, and so are references with no word ROUGE can
+count (`metrics.scorable`). Every error names the file, the line and the field. This module only reads; it
+scores nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localpers.bench.metrics import scorable
 from localpers.errors import LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json
@@ -95,6 +97,8 @@ class _Repairs:
     duplicates: dict[str, int] = field(default_factory=dict)
     early_queries: dict[str, int] = field(default_factory=dict)
     without_queries: list[str] = field(default_factory=list)
+    unscorable: dict[str, int] = field(default_factory=dict)  # references ROUGE cannot count a word of
+    queries: int = 0  # read, in all
 
     def notes(self, dev_split: bool) -> list[str]:
         notes = []
@@ -116,6 +120,12 @@ class _Repairs:
                 f"{sum(self.early_queries.values())} query(ies) dated before their author's latest history item "
                 f"({_users(list(self.early_queries))}): the format expects queries after the history"
             )
+        if self.unscorable:
+            notes.append(
+                f"{sum(self.unscorable.values())} of {self.queries} references have no word ROUGE can count "
+                f"(rouge-score keeps only a-z and 0-9), so every method scores 0 on them "
+                f"({_users(list(self.unscorable))})"
+            )
         if self.without_queries:
             why = (
                 "too short for the dev split (5 queries and 1 history item)"
@@ -136,6 +146,14 @@ def _users(user_ids: list[str], shown: int = 5) -> str:
 
 # The test file's protocol (../shared/data/news-headlines/README.md), applied to train authors by `dev_split`.
 DEV_QUERY_FRACTION, DEV_MIN_QUERIES, DEV_MAX_QUERIES, DEV_MAX_HISTORY = 0.3, 5, 40, 100
+
+
+def check_data_path(path: Path) -> None:
+    """Refuse a --data path that is not a file, before anything else is done."""
+    if path.is_dir():
+        raise LocalpersError(f"{path}: is a directory; pass the users' JSONL file with --data")
+    if not path.is_file():
+        raise LocalpersError(f"{path}: no such file; pass the users' JSONL with --data")
 
 
 def load_bench_users(
@@ -168,12 +186,9 @@ def read_bench_file(
     Settings are chosen on this split, never on the test file's queries.
     """
     path = Path(path)
+    check_data_path(path)
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except FileNotFoundError:
-        raise LocalpersError(f"{path}: no such file; pass the test JSONL with --data") from None
-    except IsADirectoryError:
-        raise LocalpersError(f"{path}: is a directory; pass the users' JSONL file with --data") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise LocalpersError(f"{path}: cannot read ({exc})") from None
     users: list[BenchUser] = []
@@ -214,10 +229,9 @@ def _user_from_record(
     record: Any,
     task: str,
     max_queries: int | None,
-    dev_split: bool = False,
-    repairs: _Repairs | None = None,
+    dev_split: bool,
+    repairs: _Repairs,
 ) -> BenchUser | None:
-    repairs = repairs if repairs is not None else _Repairs()
     where = f"{path} line {line_number}"
     if not isinstance(record, dict):
         raise LocalpersError(f"{where}: expected a JSON object with user_id, history and queries")
@@ -252,6 +266,10 @@ def _user_from_record(
         query_ids.add(query_id)
         queries.append(BenchQuery(query_id, normalize_text(text["input"]), normalize_text(text["output"])))
     answers = {HistoryItem.create(task, query.input, query.reference).id for query in queries}
+    repairs.queries += len(queries)
+    unscorable = sum(1 for query in queries if not scorable(query.reference))
+    if unscorable:
+        repairs.unscorable[user_id] = unscorable
 
     history: list[HistoryItem] = []
     known: set[str] = set()

@@ -35,13 +35,13 @@ from localpers.bench.method_names import (
     expand_methods,
 )
 from localpers.bench.methods import Method, MethodSpec
-from localpers.bench.metrics import rouge, scorable
+from localpers.bench.metrics import rouge
 from localpers.bench.registry import get_method
 from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.paths import check_own_directory
-from localpers.users.history import MAX_HISTORY_ITEMS, serialize_history
+from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size, serialize_history
 
 Progress = Callable[[str, int, int, str], None]  # (method, users done, users total, what is happening)
 _UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.=@,-]+")
@@ -151,7 +151,7 @@ def run_bench(
     )
     users = data.users
     _check_history_sizes(config, users)
-    notes = [*data.notes, *_unscorable_notes(users)]
+    notes = data.notes
     for note in notes:
         if notify:
             notify(note)
@@ -219,26 +219,11 @@ def _check_history_sizes(config: BenchConfig, users: list[BenchUser]) -> None:
     if config.history_limit is not None and config.history_limit <= MAX_HISTORY_ITEMS:
         return
     for user in users:
-        if len(user.history) > MAX_HISTORY_ITEMS:
-            raise LocalpersError(
-                f"{config.data} line {user.line} (user {user.user_id}): {len(user.history)} history items, more "
-                f"than the {MAX_HISTORY_ITEMS} a user may have; add --history-limit {MAX_HISTORY_ITEMS} to fit on "
-                "each user's most recent ones"
-            )
-
-
-def _unscorable_notes(users: list[BenchUser]) -> list[str]:
-    """A note when some references hold no word ROUGE can count (every method scores 0 on them)."""
-    unscorable = [user.user_id for user in users for query in user.queries if not scorable(query.reference)]
-    if not unscorable:
-        return []
-    total = sum(len(user.queries) for user in users)
-    authors = sorted(set(unscorable))
-    return [
-        f"{len(unscorable)} of {total} references have no word ROUGE can count (rouge-score keeps only a-z and "
-        f"0-9), so every method scores 0 on them (user{'s' if len(authors) > 1 else ''} "
-        f"{', '.join(authors[:5])}{' ...' if len(authors) > 5 else ''})"
-    ]
+        check_history_size(
+            len(user.history),
+            what=f"{config.data} line {user.line} (user {user.user_id}):",
+            hint=f"or add --history-limit {MAX_HISTORY_ITEMS} to fit on each user's most recent ones",
+        )
 
 
 def _run_user(

@@ -136,12 +136,10 @@ def bench_command(
     Resumable: finished (method, user) pairs are cached under --out and reused by the next run.
     """
     from localpers.bench import BenchConfig, run_and_write
+    from localpers.bench.data import check_data_path
     from localpers.bench.method_names import DEFAULT_PRESET
 
-    if data.is_dir():
-        raise LocalpersError(f"{data}: is a directory; pass the users' JSONL file with --data")
-    if not data.is_file():
-        raise LocalpersError(f"{data}: no such file; pass the users' JSONL with --data")
+    check_data_path(data)
     command = "localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     if probes:
         _run_probes(
