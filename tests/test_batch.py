@@ -13,6 +13,7 @@ from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F4
 
 from localpers.engine.batch import GROUP_SIZE, PromptJob, run_jobs
 from localpers.engine.generation import generate
+from localpers.methods.card import pairs as pairs_module
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.store import UserStore
 
@@ -290,3 +291,64 @@ def test_the_batched_pair_pass_reports_progress_after_each_group(
     assert {stage for stage, _, _ in seen} == {"pairs"} and {total for _, _, total in seen} == {len(SHOUTY)}
     assert counts == sorted(set(counts)) and counts[-1] == len(SHOUTY)  # increasing, never repeated
     assert counts[:2] == [3, 6]  # one report per group of 3 prompts, before the whole pass is over
+
+
+def _cached_negatives(personalizer: Personalizer, user) -> dict[str, str]:  # noqa: F811
+    return personalizer.pairs._read_negatives(user, 0)
+
+
+def test_a_fit_stopped_after_a_group_keeps_its_work_and_the_next_one_goes_on_from_there(
+    personalizer: Personalizer,  # noqa: F811
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("localpers.engine.batch.GROUP_SIZE", 3)
+    user = UserStore(tmp_path).create("stopped")
+    user.save_history(items(SHOUTY))
+
+    def stop_after_the_first_group(stage: str, done: int, total: int) -> None:
+        if done >= 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, stop_after_the_first_group)
+    kept = _cached_negatives(personalizer, user)
+    assert len(kept) == 3  # the first group's y-, written before the interruption
+    features = personalizer.pairs._read_features(user, 0)
+    assert 0 < len(features) <= 3
+
+    generated: list[int] = []
+    original = pairs_module.run_jobs
+
+    def counting(engine, jobs, **options):  # noqa: ANN001, ANN003, ANN202
+        generated.append(sum(job.generate for job in jobs))
+        return original(engine, jobs, **options)
+
+    monkeypatch.setattr(pairs_module, "run_jobs", counting)
+    negatives, *_ = personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, None)
+    assert sum(generated) == len(SHOUTY) - 3  # only what the stopped fit had not done
+    assert {k: v for k, v in _cached_negatives(personalizer, user).items() if k in kept} == kept
+    assert len(_cached_negatives(personalizer, user)) == len(SHOUTY) and all(
+        isinstance(n, str) for n in negatives
+    )
+
+
+def test_the_one_at_a_time_loop_also_saves_as_it_goes(
+    personalizer: Personalizer,  # noqa: F811
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        personalizer.engine, "batch_sequences", 0
+    )  # no batched pass: every prompt in the loop
+    monkeypatch.setattr(pairs_module, "SAVE_EVERY", 2)  # a y- and its pair: after every item
+    user = UserStore(tmp_path).create("looped")
+    user.save_history(items(SHOUTY))
+
+    def stop_after_two(stage: str, done: int, total: int) -> None:
+        if done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, stop_after_two)
+    assert len(_cached_negatives(personalizer, user)) == 2

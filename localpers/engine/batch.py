@@ -61,6 +61,14 @@ def fits(job: PromptJob, max_tokens: int, longest_continuation: int) -> bool:
     return len(job.prompt) + max(max_tokens, longest_continuation) <= SEQUENCE_CELLS
 
 
+def group_size(engine: Engine) -> int:
+    """How many prompts `run_jobs` evaluates side by side on `engine` (its batched sequences, at most GROUP_SIZE)."""
+    size = min(engine.batch_sequences, GROUP_SIZE)
+    if size < 1:
+        raise ValueError("the engine has no batched sequences (Engine(..., batch_sequences=N))")
+    return size
+
+
 def run_jobs(
     engine: Engine,
     jobs: Sequence[PromptJob],
@@ -69,20 +77,15 @@ def run_jobs(
     stop: Sequence[str] = (),
     logprob_rows: int = 1,
     timings: dict[str, float] | None = None,
-    on_group: Callable[[int], None] | None = None,
 ) -> list[PromptOutcome]:
-    """Generate and score every job, up to `GROUP_SIZE` prompts at a time (see `fits` first).
+    """Generate and score every job, `group_size(engine)` prompts at a time (see `fits` first).
 
-    `on_group` is told how many jobs are done after each group (for a progress bar).
+    A caller that wants to report or save after each group passes one group's jobs at a time.
     """
-    size = min(engine.batch_sequences, GROUP_SIZE)
-    if size < 1:
-        raise ValueError("the engine has no batched sequences (Engine(..., batch_sequences=N))")
+    size = group_size(engine)
     outcomes: list[PromptOutcome] = []
     for start in range(0, len(jobs), size):
         outcomes += _run_group(engine, jobs[start : start + size], max_tokens, stop, logprob_rows, timings)
-        if on_group:
-            on_group(len(outcomes))
     return outcomes
 
 

@@ -8,7 +8,8 @@ block once). y- are deterministic for (bundle,
 cluster, prompt), so they are cached in the user's folder; the pair features `g(y+) - g(y-)` (the head's
 sequence features, teacher-forced) are kept in memory for the per-user choice's refit and cached beside them
 (both files: `pair_cache`), so a refit after new items scores only the new pairs: evaluating the prompts, not
-generating y-, is most of a fit's time. `items_within_context` leaves out an item too long for the context. It also yields the base model's
+generating y-, is most of a fit's time. Both are written after each group of prompts, so a fit stopped midway
+(Ctrl-C) keeps its finished groups and the next fit goes on from there. `items_within_context` leaves out an item too long for the context. It also yields the base model's
 log-probability of each y+'s first token (the opening habits' calibration). It fits nothing and decides
 nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
 """
@@ -23,7 +24,7 @@ import numpy as np
 
 from localpers.bundle.format import Bundle
 from localpers.engine import Engine
-from localpers.engine.batch import PromptJob, fits, run_jobs
+from localpers.engine.batch import PromptJob, fits, group_size, run_jobs
 from localpers.engine.generation import generate
 from localpers.methods.card import pair_cache
 from localpers.methods.card.head import CardHead
@@ -46,6 +47,9 @@ from localpers.users.store import User
 # Items in the first group, or in a group that starts before a history limit's window, show the items just
 # before them.
 FIT_BLOCK_GROUP = 4
+# The one-at-a-time loop (prompts the batched pass leaves to it) writes the caches after this many new y- or pairs,
+# as the batched pass does after each group.
+SAVE_EVERY = 16
 # Pair features kept in memory, so the choice's refit on a user's earlier items reuses the fit's (same prompts).
 PAIR_MEMO_SIZE = 4096
 
@@ -204,7 +208,7 @@ class PairBuilder:
         prompts_and_blocks = self.training_prompts_and_blocks(items, history_offset)
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
-        stored = self._read_features(user, cluster)
+        saved = _SavedPairs(len(known), self._read_features(user, cluster))
         reported = 0
 
         def report(done: int) -> None:  # the batched pass and the loop after it count the same items
@@ -213,20 +217,26 @@ class PairBuilder:
                 reported = done
                 progress("pairs", done, len(items))
 
+        def save() -> None:
+            self._save_pairs(user, cluster, items, prompts, known, saved)
+
         for item, prompt in zip(items, prompts, strict=True):
             negative = known.get(_negative_key(item, prompt))
             found = (
-                stored.get(pair_cache.pair_hash(cluster, prompt, item.output, negative)) if negative else None
+                saved.features.get(pair_cache.pair_hash(cluster, prompt, item.output, negative))
+                if negative
+                else None
             )
             if found is not None:
                 self._remember((cluster, prompt, item.output, negative), found)
-        generated = self._batched_pass(items, prompts, blocks, known, cluster, seconds, report)
+        self._batched_pass(items, prompts, blocks, known, cluster, seconds, report, save)
+        unsaved = 0
         for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
             key = _negative_key(item, prompt)
             if key not in known:
                 started = time.perf_counter()
                 known[key] = self._generate_negative(item, prompt)
-                generated = True
+                unsaved += 1
                 seconds["negatives"] += time.perf_counter() - started
             negative = known[key]
             negatives.append(negative)
@@ -235,26 +245,48 @@ class PairBuilder:
                 memo_key = (cluster, prompt, item.output, negative)
                 if memo_key not in self._pair_memo:
                     self._remember(memo_key, self._pair_difference(item, negative, prompt))
+                    unsaved += 1
                 difference, first_logprob = self._pair_memo[memo_key]
                 rows.append(difference)
                 first_logprobs.append(first_logprob)
                 seconds["features"] += time.perf_counter() - started
             else:
                 first_logprobs.append(None)
+            if unsaved >= SAVE_EVERY:
+                save()
+                unsaved = 0
             report(done + 1)
-        if generated:
-            self._write_negatives(user, cluster, known)
-        used = {
-            pair_cache.pair_hash(cluster, prompt, item.output, negative): self._pair_memo[memo_key]
-            for item, prompt, negative in zip(items, prompts, negatives, strict=True)
-            if (memo_key := (cluster, prompt, item.output, negative)) in self._pair_memo
-        }
-        if not set(used) <= set(stored):
-            self._write_features(
-                user, cluster, {**used, **{k: v for k, v in stored.items() if k not in used}}
-            )
+        save()
         differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
         return negatives, differences, first_logprobs, seconds
+
+    def _save_pairs(
+        self,
+        user: User,
+        cluster: int,
+        items: Sequence[HistoryItem],
+        prompts: Sequence[str],
+        known: dict[str, str],
+        saved: _SavedPairs,
+    ) -> None:
+        """Write the y- and pair features this fit has that the user's caches lack (none: nothing written).
+
+        Called after each group of prompts as well as at the end, so a fit stopped midway (Ctrl-C, a closed
+        laptop) keeps the work of its finished groups and the next fit starts from there.
+        """
+        if len(known) > saved.negatives:
+            self._write_negatives(user, cluster, known)
+            saved.negatives = len(known)
+        used = {}
+        for item, prompt in zip(items, prompts, strict=True):
+            negative = known.get(_negative_key(item, prompt))
+            memo_key = (cluster, prompt, item.output, negative or "")
+            if negative and memo_key in self._pair_memo:
+                used[pair_cache.pair_hash(cluster, prompt, item.output, negative)] = self._pair_memo[memo_key]
+        if not set(used) <= set(saved.features):
+            merged = {**used, **{k: v for k, v in saved.features.items() if k not in used}}
+            self._write_features(user, cluster, merged)
+            saved.features = merged
 
     def _remember(self, key: tuple[int, str, str, str], value: tuple[np.ndarray, float]) -> None:
         if len(self._pair_memo) >= PAIR_MEMO_SIZE:
@@ -270,16 +302,17 @@ class PairBuilder:
         cluster: int,
         seconds: dict[str, float],
         report: Callable[[int], None],
-    ) -> bool:
+        save: Callable[[], None],
+    ) -> None:
         """Generate the missing y- and score the unscored pairs several prompts at a time (`engine.batch`).
 
         Fills `known` and the pair memo, so the one-at-a-time loop after it finds them done; what does not fit
-        a batched sequence (or a mix of tasks) is left to that loop. Returns whether any y- was generated.
-        `report` is told how many items are done (those found cached, then each group's) as groups finish.
+        a batched sequence (or a mix of tasks) is left to that loop. After each group of prompts `save` writes
+        what it found, then `report` is told how many items are done (those found cached, then each group's).
         """
         tasks = {item.task for item in items}
         if not self.engine.batch_sequences or len(tasks) != 1:
-            return False
+            return
         task = get_task(tasks.pop())
         jobs: list[PromptJob] = []
         owners: list[tuple[HistoryItem, str, str]] = []
@@ -313,29 +346,34 @@ class PairBuilder:
             else:
                 left_to_the_loop += 1
         if not jobs:
-            return False
+            return
         ready = len(items) - len(jobs) - left_to_the_loop
         report(ready)
-        outcomes = run_jobs(
-            self.engine,
-            jobs,
-            max_tokens=task.default_max_tokens,
-            stop=task.stop_strings,
-            timings=seconds,
-            on_group=lambda done: report(ready + done),
-        )
-        for (item, prompt, key), job, outcome in zip(owners, jobs, outcomes, strict=True):
-            if job.generate:
-                known[key] = outcome.text
-            if outcome.scored:
-                plus, minus = outcome.scored
-                difference = self.head.sequence_feature(
-                    plus.tokens, plus.features
-                ) - self.head.sequence_feature(minus.tokens, minus.features)
-                self._remember(
-                    (cluster, prompt, item.output, known[key]), (difference, float(plus.logprobs[0]))
-                )
-        return any(job.generate for job in jobs)
+        size = group_size(self.engine)
+        for start in range(0, len(jobs), size):
+            group = jobs[start : start + size]
+            outcomes = run_jobs(
+                self.engine,
+                group,
+                max_tokens=task.default_max_tokens,
+                stop=task.stop_strings,
+                timings=seconds,
+            )
+            for (item, prompt, key), job, outcome in zip(
+                owners[start : start + size], group, outcomes, strict=True
+            ):
+                if job.generate:
+                    known[key] = outcome.text
+                if outcome.scored:
+                    plus, minus = outcome.scored
+                    difference = self.head.sequence_feature(
+                        plus.tokens, plus.features
+                    ) - self.head.sequence_feature(minus.tokens, minus.features)
+                    self._remember(
+                        (cluster, prompt, item.output, known[key]), (difference, float(plus.logprobs[0]))
+                    )
+            save()
+            report(ready + start + len(group))
 
     def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
         task = get_task(item.task)
@@ -397,3 +435,11 @@ def _negative_key(item: HistoryItem, prompt: str) -> str:
     if prompt == get_task(item.task).prompt_for(item.input):
         return item.id
     return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"
+
+
+class _SavedPairs:
+    """What the user's caches hold so far in this fit: how many y-, and the pair features by hash."""
+
+    def __init__(self, negatives: int, features: pair_cache.PairFeatures) -> None:
+        self.negatives = negatives
+        self.features = features
