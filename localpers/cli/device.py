@@ -150,9 +150,20 @@ def fit_command(
     """Fit the user from their history: CARD's cluster and vector, or CoPe/EXACT with --method (all on this machine)."""
     chosen = get_method(method, for_fit=True)
     target = UserStore().resolve(user)
-    personalizer = Personalizer.open(model=model, bundle=bundle)
-    with fit_progress(not as_json, sys.stderr.isatty()) as progress:
-        fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
+    with target.fitting():  # taken before the model loads: a second fit of the user is refused at once
+        personalizer = Personalizer.open(model=model, bundle=bundle)
+        try:
+            with fit_progress(not as_json, sys.stderr.isatty()) as progress:
+                fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
+        except KeyboardInterrupt:
+            if chosen.name != "card":
+                raise
+            typer.echo(
+                f"interrupted; user {target.name!r} keeps its previous fit, and the pairs scored so far are saved:"
+                " `localpers fit` goes on from there",
+                err=True,
+            )
+            raise typer.Exit(130) from None
     typer.echo(json.dumps(fitted.report) if as_json else fitted.summary)
 
 

@@ -19,6 +19,9 @@ from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.registry import compared_methods, get_method
 from localpers.users.store import User, UserStore
 
+# A first demo fit takes ~10-20 s on 2 cores; a second `localpers demo` started meanwhile waits this long for it.
+DEMO_FIT_WAIT_SECONDS = 600.0
+
 DEMO_USER = "demo"
 _DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
 
@@ -36,11 +39,13 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
     with demo.locked():
         if not demo.history():
             demo.save_history(parse_history_file(demo_history_path()))
-    state = demo.state()
     fitted_now = False
-    if not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:
-        personalizer.fit_user(demo, progress=progress)
-        fitted_now = True
+    # another `localpers demo` fitting the demo user is waited for: its fit is then this one's
+    with demo.fitting(wait_seconds=DEMO_FIT_WAIT_SECONDS):
+        state = demo.state()
+        if not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:
+            personalizer.fit_user(demo, progress=progress)
+            fitted_now = True
     return demo, fitted_now
 
 

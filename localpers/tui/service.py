@@ -145,7 +145,8 @@ class EngineService:
         )
 
     def fit(self, user: User, progress: Progress) -> FitReport:
-        return self.personalizer.fit_user(user, progress=progress)
+        with user.fitting():  # refused while another command fits this user
+            return self.personalizer.fit_user(user, progress=progress)
 
     def ensure_demo_user(self, progress: Progress) -> User:
         from localpers.device.demo import ensure_demo_user

@@ -7,6 +7,7 @@ Layout of `users/<name>/` (the folders are listed and made by `localpers.users.s
     state.json                       cluster, method, fit report, timestamps, and the
                                      file name and sha256 of the current vector
     .lock, .identity                 the write lock and the folder's random token (`localpers.users.lock`)
+    .fit.lock                        held while a fit of the user runs (`localpers.users.lock.fit_lock`)
 
 A fit is committed in two steps: the vector goes to a new content-addressed file, then state.json is
 replaced to name it. State is the commit point: an interruption before it leaves the previous state
@@ -37,7 +38,7 @@ from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, one_line, parse_json
 from localpers.users.history import HistoryItem, check_history_size, read_stored_history, serialize_history
 from localpers.users.history_index import HistoryIndex
-from localpers.users.lock import user_lock
+from localpers.users.lock import fit_lock, user_lock
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -128,6 +129,10 @@ class User:
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Hold this user's write lock: wrap each read-modify-write of its files (`localpers.users.lock`)."""
         return user_lock(self.dir, who=f"user {self.name!r}", identity=self.identity)
+
+    def fitting(self, wait_seconds: float = 0.0) -> contextlib.AbstractContextManager[None]:
+        """Hold this user's fit lock for a whole fit: a second fit of the user is refused (`lock.fit_lock`)."""
+        return fit_lock(self.dir, who=f"user {self.name!r}", wait_seconds=wait_seconds)
 
     def history(self) -> list[HistoryItem]:
         """The stored history items, in order; empty if none were imported."""

@@ -13,7 +13,9 @@ caller gets a one-line error instead of writing into a folder that is about to b
 created again under the same name while a long command (a fit) ran is a new folder at the same path: each
 folder holds a random `.identity` token, and a caller that read it when it started (`identity=`) is refused
 when the folder's token differs, instead of writing the old user's fit into the new one. Readers do not
-lock: they see the old file or the new one. This module knows nothing else of what is in the folder.
+lock: they see the old file or the new one. A fit, which runs for seconds to minutes, also holds the folder's
+`.fit.lock` from start to end (`fit_lock`), so a second fit of the same user is refused at once instead of doing
+the same work beside it. This module knows nothing else of what is in the folder.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from localpers.errors import LocalpersError
 
 LOCK_FILE = ".lock"
+FIT_LOCK_FILE = ".fit.lock"  # held for a whole fit (`fit_lock`), beside the write lock
 IDENTITY_FILE = ".identity"
 _IDENTITY = re.compile(r"[0-9a-f]{32}")
 DEFAULT_WAIT_SECONDS = 60.0
@@ -109,13 +112,35 @@ def user_lock(
         guard.release()
 
 
-def _lock_file(folder: Path, who: str, wait_seconds: float) -> int | None:
-    """The descriptor of `folder`'s lock file, exclusively locked; None where fcntl does not exist."""
+@contextlib.contextmanager
+def fit_lock(folder: Path, *, who: str, wait_seconds: float = 0.0) -> Iterator[None]:
+    """Hold `folder`'s fit lock for the block: one fit of a user at a time (by default a second is refused).
+
+    A fit takes seconds to minutes and saves through the write lock as it goes; two of one user would do the
+    same work twice and the last to finish would win. Not re-entrant: take it once, around the whole fit.
+    """
+    descriptor = _lock_file(folder, who, wait_seconds, name=FIT_LOCK_FILE, busy=_fitting)
+    try:
+        yield
+    finally:
+        _release(descriptor)
+
+
+def _lock_file(
+    folder: Path,
+    who: str,
+    wait_seconds: float,
+    *,
+    name: str = LOCK_FILE,
+    busy: Callable[[Path, str], LocalpersError] | None = None,
+) -> int | None:
+    """The descriptor of `folder`'s lock file `name`, exclusively locked; None where fcntl does not exist."""
     try:
         import fcntl
     except ImportError:  # Windows: the thread lock alone
         return None
-    path = folder / LOCK_FILE
+    busy = busy or _busy
+    path = folder / name
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except (FileNotFoundError, NotADirectoryError):
@@ -133,7 +158,7 @@ def _lock_file(folder: Path, who: str, wait_seconds: float) -> int | None:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise _busy(folder, who) from None
+                    raise busy(folder, who) from None
                 time.sleep(_POLL_SECONDS)
         if not _same_file(descriptor, path):
             raise _gone(who)
@@ -162,6 +187,13 @@ def _busy(folder: Path, who: str) -> LocalpersError:
     return LocalpersError(
         f"{who} is busy: another localpers command is changing it ({folder / LOCK_FILE} is locked); "
         "try again when it has finished"
+    )
+
+
+def _fitting(folder: Path, who: str) -> LocalpersError:
+    return LocalpersError(
+        f"{who} is being fitted by another localpers command ({folder / FIT_LOCK_FILE} is locked); "
+        "wait for that fit to finish, or stop it, then fit again"
     )
 
 

@@ -1,0 +1,79 @@
+"""One fit of a user at a time: a second is refused at once (CLI, TUI), `localpers demo` waits for the first.
+
+Two fits of one user used to both run, each doing the same minutes of work, the last to finish winning. The
+fit lock is not the write lock: the user's history can still be changed while a fit runs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.errors import LocalpersError
+from localpers.methods.card.method import CardMethod
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
+
+BUSY = r"^user 'ann' is being fitted by another localpers command"
+
+
+def _hold_fit_lock(root: str, held: multiprocessing.synchronize.Event, seconds: float) -> None:
+    with UserStore(root=Path(root)).get("ann").fitting():
+        held.set()
+        time.sleep(seconds)
+
+
+@pytest.fixture
+def fitting_elsewhere(localpers_home: Path):  # noqa: ANN201
+    """A user 'ann' whose fit lock another process holds for 3 s."""
+    store = UserStore()
+    store.create("ann")
+    context = multiprocessing.get_context("fork")
+    held = context.Event()
+    holder = context.Process(target=_hold_fit_lock, args=(str(store.root), held, 3.0))
+    holder.start()
+    assert held.wait(20)
+    yield
+    holder.join(20)
+
+
+def test_a_second_fit_is_refused_at_once_while_history_can_still_change(fitting_elsewhere: None) -> None:
+    ann = UserStore().get("ann")
+    started = time.monotonic()
+    with pytest.raises(LocalpersError, match=BUSY), ann.fitting():
+        pass
+    assert time.monotonic() - started < 1.0
+    with ann.locked():  # the write lock is another lock: imports and accepted outputs go on
+        ann.save_history([HistoryItem.create("headline", "an article", "A Headline")])
+    with ann.fitting(wait_seconds=20):  # waits for the other fit (as `localpers demo` does), then holds it
+        pass
+
+
+def test_the_fit_command_says_so_in_one_line_before_loading_the_model(fitting_elsewhere: None) -> None:
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["fit", "--user", "ann"])
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and "being fitted by another localpers command" in result.output
+    assert time.monotonic() - started < 2.0  # refused before the model is loaded
+
+
+def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
+    localpers_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ann = UserStore().create("ann")
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("localpers.cli.device.Personalizer.open", lambda **_: object())
+    monkeypatch.setattr(CardMethod, "fit", interrupted)
+    result = CliRunner().invoke(app, ["fit", "--user", "ann"])
+    assert result.exit_code == 130
+    assert "user 'ann' keeps its previous fit, and the pairs scored so far are saved" in result.output
+    with ann.fitting():  # released
+        pass
