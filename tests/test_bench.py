@@ -307,6 +307,27 @@ def test_second_run_reuses_the_cache(
     assert third.results["methods"]["card"]["rouge1"] == written.results["methods"]["card"]["rouge1"]
 
 
+def test_a_run_resumed_with_other_threads_says_its_timings_mix_them(
+    first_run, personalizer: Personalizer
+) -> None:
+    config, written, _ = first_run
+    assert not written.results["config"].get("run_notes")  # one run, one thread count
+    cache_file = config.out / "cache" / "card" / f"{store_name('Quiet User')}.json"
+    original = cache_file.read_text()
+    record = json.loads(original)
+    assert record["threads"] == personalizer.engine.n_threads
+    record["threads"] = personalizer.engine.n_threads + 1  # as if timed by a run with another --threads
+    cache_file.write_text(json.dumps(record))
+    try:
+        again = run_and_write(config, personalizer=personalizer)
+    finally:
+        cache_file.write_text(original)
+    (note,) = again.results["config"]["run_notes"]
+    assert note.startswith("timings mix llama.cpp thread counts (") and "1 with " in note
+    assert note in (config.out / "report.md").read_text()
+    assert again.results["methods"]["card"]["rouge1"] == written.results["methods"]["card"]["rouge1"]
+
+
 class _Borrowed:
     """The module's Personalizer lent to the CLI, which must not close it."""
 

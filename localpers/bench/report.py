@@ -248,6 +248,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
         out += ["", "Command:", "", f"    {config['command']}"]
     if config.get("data_notes"):
         out += ["", "How the data file was read:", "", *(f"- {note}" for note in config["data_notes"])]
+    if config.get("run_notes"):
+        out += ["", "How the run was made:", "", *(f"- {note}" for note in config["run_notes"])]
     out += [
         "",
         "ROUGE F1 with stemming, mean over all queries. Δ = paired difference to `global` on the same queries "

@@ -9,7 +9,8 @@ Layout under the output directory:
 
 A (method, user) cache file is reused only when its fingerprint (bundle, backbone, method and its
 parameters, the history item ids and the queries) matches, so an interrupted run resumes where it
-stopped and a changed bundle or data file recomputes. Users are taken one at a time, every method in turn,
+stopped and a changed bundle or data file recomputes (the llama.cpp threads are not in it: a record keeps the
+threads it was timed with, and a run that mixes them says so in a note). Users are taken one at a time, every method in turn,
 so the methods' timings share the machine's drift. Fits are shared between methods through the
 benchmark's user store (`fits.FitStore`). This module does not aggregate or plot (see `results`, `report`, `plots`).
 """
@@ -20,6 +21,7 @@ import hashlib
 import json
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,10 +210,34 @@ def run_bench(
                         style,
                     )
                 )
+        mixed = mixed_threads_note(records, personalizer.engine.n_threads)
+        if mixed:
+            context["run_notes"] = [mixed]
         return BenchRun(config, users, specs, params, records, context)
     finally:
         if owned:
             personalizer.close()
+
+
+def mixed_threads_note(records: dict[str, list[dict[str, Any]]], threads: int) -> str | None:
+    """A note when some cached (method, user) records were timed with other llama.cpp threads than `threads`.
+
+    A run resumed with another `--threads` reuses the finished (method, user) records, whose outputs and scores
+    do not depend on the threads, so its timings mix both.
+    """
+    counts = Counter(
+        record.get("threads") for method_records in records.values() for record in method_records
+    )
+    if set(counts) <= {threads}:
+        return None
+    parts = ", ".join(
+        f"{count} with {used} threads" if used is not None else f"{count} from a run that did not record them"
+        for used, count in sorted(counts.items(), key=lambda entry: (entry[0] is None, entry[0] or 0))
+    )
+    return (
+        f"timings mix llama.cpp thread counts ({parts} of the (method, user) results; this run has {threads}): "
+        "it reused an earlier run's finished results, so its costs mix both; for costs, run again into a new --out"
+    )
 
 
 def _check_history_sizes(config: BenchConfig, users: list[BenchUser]) -> None:
@@ -263,6 +289,9 @@ def _run_user(
 
         record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage, style)
         record["fingerprint"] = fingerprint
+        record["threads"] = (
+            personalizer.engine.n_threads
+        )  # not in the fingerprint: outputs do not depend on it
         cache.save(record)
     if progress:
         progress(spec.name, done + 1, total, "")

@@ -318,7 +318,7 @@ def _print_summary(results: dict[str, Any]) -> None:
     if not console.is_terminal:  # a log or a pipe: rich's 80 columns would wrap every interval
         console = Console(width=SUMMARY_WIDTH_WITHOUT_TERMINAL)
     console.print(table)
-    for note in results["config"].get("data_notes") or []:
+    for note in [*(results["config"].get("data_notes") or []), *(results["config"].get("run_notes") or [])]:
         typer.echo(f"note     {note}")
     targets = results.get("targets")
     if targets:
