@@ -154,3 +154,21 @@ def test_report_shows_the_targets_section() -> None:
     assert text.count("| **met** |") == 7
     del results["targets"]
     assert "## Targets" not in render_report(results)
+
+
+def test_a_one_query_run_judges_nothing_by_interval_and_stars_nothing() -> None:
+    from localpers.bench.results import deltas
+
+    def records(score: float) -> list[dict[str, Any]]:
+        query = {"query_id": "q1", "rouge1": score, "rougeL": score, "gold_logprob": -score}
+        return [{"user": "ann", "queries": [query]}]
+
+    one = deltas(records(0.5), records(0.2), n_resamples=100, seed=0)
+    assert one["rouge1"] is None and one["rouge1_ratio"] is None and one["gold_logprob"] is None
+    results = _results()
+    results["deltas_vs_global"]["card-auto"] = one
+    checks = check_targets(results)
+    assert checks[0].met is None and checks[0].measured == "no interval: fewer than 2 paired queries"
+    assert checks[2].met is None
+    main_table = render_report(results).split("\n\n")[3]
+    assert "| card-auto |" in main_table and "*" not in main_table

@@ -134,3 +134,11 @@ def test_results_json_never_holds_nan(tmp_path) -> None:  # noqa: ANN001
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"a": [None, 1.0, {"b": None}], "c": [0.5, None]}
+
+
+def test_one_pair_gives_no_interval_rather_than_a_significant_zero_width_one() -> None:
+    single = paired_bootstrap([0.5], [0.2], n_resamples=200)
+    assert single.mean == pytest.approx(0.3) and single.as_list() is None and not single.excludes_zero()
+    ratio = paired_ratio_bootstrap([0.5], [0.25], n_resamples=200)
+    assert ratio.mean == pytest.approx(2.0) and ratio.as_list() is None
+    assert paired_bootstrap([0.5, 0.6], [0.2, 0.3], n_resamples=200).as_list() is not None  # two are enough

@@ -10,6 +10,7 @@ state and knows nothing of models or files.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import numpy as np
 
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_CONFIDENCE = 0.95
+MIN_PAIRS_FOR_INTERVAL = 2  # paired intervals of fewer queries (or authors) are not defined
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,14 @@ def paired_bootstrap(
     """Mean of `candidate - baseline` (paired by position) with its bootstrap interval.
 
     paired_bootstrap([0.2, 0.4], [0.1, 0.3]) -> Interval(low=0.1, mean=0.1, high=0.1)
+
+    One pair gives no interval (NaN bounds; `as_list` is None): resampling it returns it every time, a
+    zero-width interval that would mark any difference as significant.
     """
     a, b = _paired_arrays(candidate, baseline)
     differences = a - b
+    if len(differences) < MIN_PAIRS_FOR_INTERVAL:
+        return Interval(math.nan, float(differences.mean()), math.nan)
     indices = _resample_indices(len(differences), n_resamples, seed)
     low, high = _bounds(differences[indices].mean(axis=1), confidence)
     return Interval(low, float(differences.mean()), high)
@@ -117,6 +124,8 @@ def paired_ratio_bootstrap(
     a, b = _paired_arrays(candidate, baseline)
     if b.mean() == 0:
         return Interval(float("nan"), float("nan"), float("nan"))
+    if len(a) < MIN_PAIRS_FOR_INTERVAL:  # as in `paired_bootstrap`
+        return Interval(math.nan, float(a.mean() / b.mean()), math.nan)
     indices = _resample_indices(len(a), n_resamples, seed)
     resampled_baseline = b[indices].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -230,7 +230,9 @@ def plot_siblings(results: dict[str, Any], path: Path) -> Path | None:
     fig, axis = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(names)
     for offset, name in enumerate(names):
-        cells = {cell["bin"]: cell for cell in entry["methods"][name]["bins"] if cell["n"]}
+        cells = {
+            cell["bin"]: cell for cell in entry["methods"][name]["bins"] if cell["n"] and cell.get("delta")
+        }
         shown = [(i, cells[b["name"]]) for i, b in enumerate(bins) if b["name"] in cells]
         positions = [i + (offset - (len(names) - 1) / 2) * width for i, _ in shown]
         deltas = [cell["delta"] for _, cell in shown]

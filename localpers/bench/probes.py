@@ -226,7 +226,7 @@ def _percent(hit: dict[str, Any]) -> str:
 
 
 def _paired_cell(paired: dict[str, Any] | None) -> str:
-    if not paired:
+    if not paired or not paired.get("delta"):  # none, or one probe item: no interval
         return "–"
     low, mean, high = paired["delta"]
     star = " *" if low > 0 or high < 0 else ""

@@ -146,7 +146,7 @@ def gain_by_sibling(
                     "rouge1": round(float(np.mean(a)), DIGITS),
                     "baseline_rouge1": round(float(np.mean(b)), DIGITS),
                     "ratio": round(float(np.mean(a) / np.mean(b)), DIGITS) if np.mean(b) > 0 else None,
-                    "delta": [round(delta.low, DIGITS), round(delta.mean, DIGITS), round(delta.high, DIGITS)],
+                    "delta": delta.as_list(DIGITS),  # None for a bin of one query
                 }
             )
         needed = share_needed(baseline_means, method_means, shares, target) if counts[-1] else None

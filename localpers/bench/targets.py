@@ -86,7 +86,7 @@ def _rouge_check(delta: dict[str, Any]) -> TargetCheck:
     target = f"ROUGE-1 >= {ROUGE_RATIO}x global's, query interval of the difference excluding 0"
     ratio, difference = delta.get("rouge1_ratio"), delta.get("rouge1")
     if not difference:
-        return TargetCheck(name, target, "no paired scores", None)
+        return TargetCheck(name, target, "no interval: fewer than 2 paired queries", None)
     if not ratio:
         return TargetCheck(name, target, "undefined: global's mean ROUGE-1 is 0", None)
     low, mean, high = ratio
@@ -113,7 +113,9 @@ def _gold_check(delta: dict[str, Any]) -> TargetCheck:
     target = "authors' own text more likely than under global (gold log p), interval excluding 0"
     gold = delta.get("gold_logprob")
     if not gold:
-        return TargetCheck(name, target, "gold likelihood not scored for both methods", None)
+        return TargetCheck(
+            name, target, "no interval: gold likelihood not scored for both methods, or one query", None
+        )
     return TargetCheck(name, target, f"{_interval(gold, 3, signed=True)} nats/token", gold[0] > 0)
 
 
