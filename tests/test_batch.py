@@ -297,6 +297,17 @@ def _cached_negatives(personalizer: Personalizer, user) -> dict[str, str]:  # no
     return personalizer.pairs._read_negatives(user, 0)
 
 
+def _pair_pass_stopped_after(personalizer: Personalizer, user, items_done: int) -> None:  # noqa: F811
+    """The pair pass over SHOUTY, stopped by a Ctrl-C once it reports `items_done` items done."""
+
+    def stop(stage: str, done: int, total: int) -> None:
+        if done >= items_done:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, stop)
+
+
 def test_a_fit_stopped_after_a_group_keeps_its_work_and_the_next_one_goes_on_from_there(
     personalizer: Personalizer,  # noqa: F811
     tmp_path,
@@ -305,13 +316,7 @@ def test_a_fit_stopped_after_a_group_keeps_its_work_and_the_next_one_goes_on_fro
     monkeypatch.setattr("localpers.engine.batch.GROUP_SIZE", 3)
     user = UserStore(tmp_path).create("stopped")
     user.save_history(items(SHOUTY))
-
-    def stop_after_the_first_group(stage: str, done: int, total: int) -> None:
-        if done >= 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, stop_after_the_first_group)
+    _pair_pass_stopped_after(personalizer, user, 3)
     kept = _cached_negatives(personalizer, user)
     assert len(kept) == 3  # the first group's y-, written before the interruption
     features = personalizer.pairs._read_features(user, 0)
@@ -338,17 +343,10 @@ def test_the_one_at_a_time_loop_also_saves_as_it_goes(
     tmp_path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(
-        personalizer.engine, "batch_sequences", 0
-    )  # no batched pass: every prompt in the loop
-    monkeypatch.setattr(pairs_module, "SAVE_EVERY", 2)  # a y- and its pair: after every item
+    # no batched pass: every prompt goes through the loop, which saves after a y- and its pair (every item)
+    monkeypatch.setattr(personalizer.engine, "batch_sequences", 0)
+    monkeypatch.setattr(pairs_module, "SAVE_EVERY", 2)
     user = UserStore(tmp_path).create("looped")
     user.save_history(items(SHOUTY))
-
-    def stop_after_two(stage: str, done: int, total: int) -> None:
-        if done >= 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, stop_after_two)
+    _pair_pass_stopped_after(personalizer, user, 2)
     assert len(_cached_negatives(personalizer, user)) == 2
