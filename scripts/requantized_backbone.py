@@ -1,0 +1,98 @@
+"""How far a backbone re-quantized with another vocabulary matrix type moves the global adapter's outputs.
+
+Writes a copy of the shipped backbone re-quantized by llama.cpp's own `llama_model_quantize` (same file type,
+`allow_requantize`, only `token_embd` - the tied input and output matrix - of another type), then runs the bundle's
+global adapter on both backbones over the last --items history items of the first --authors authors of --data:
+the greedy headline and the first token's distribution after the prompt. Prints how many headlines are identical,
+how often the first token's argmax agrees, the mean KL divergence of that distribution (shipped || other), and the
+seconds each backbone took. `--embedding q8_0` is the control: re-quantized the same way, nothing should move.
+Time the step cost with `scripts/bench_batch_rows.py --model <written file>` (docs/PERFORMANCE.md, fifty-fifth
+session). This script changes no file of the project and no setting; it measures a publisher's option.
+
+Usage: python scripts/requantized_backbone.py --data ../shared/data/news-headlines/train.jsonl
+       [--embedding iq4_nl|q4_0|q8_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2] [--bundle DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localpers.bundle.format import default_bundle_dir
+from localpers.engine import Engine
+from localpers.engine.backbone import resolve_backbone
+from localpers.engine.generation import generate
+from localpers.tasks import get_task
+
+TYPES = {
+    "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+}
+
+
+def requantize(source: Path, target: Path, embedding: str) -> None:
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.allow_requantize = True
+    params.token_embedding_type = params.output_tensor_type = TYPES[embedding]
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not write {target}")
+
+
+def run(model: Path, adapter: Path, prompts: list[str]) -> tuple[list[tuple[str, np.ndarray]], float]:
+    """Each prompt's greedy headline and first-token log-probabilities under the global adapter; seconds."""
+    task = get_task("headline")
+    engine = Engine(model)
+    try:
+        engine.set_adapter(engine.load_adapter(adapter, "global"))
+        started = time.perf_counter()
+        outputs = []
+        for prompt in prompts:
+            text = generate(engine, prompt, max_tokens=task.default_max_tokens, stop=task.stop_strings).text
+            logits = np.asarray(engine.prefill(engine.tokenize(prompt)).logits, dtype=np.float64)
+            logits -= logits.max()
+            outputs.append((text.strip(), logits - np.log(np.exp(logits).sum())))
+        return outputs, time.perf_counter() - started
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--embedding", choices=sorted(TYPES), default="iq4_nl")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/localpers-requantized.gguf"))
+    parser.add_argument("--authors", type=int, default=40)
+    parser.add_argument("--items", type=int, default=2)
+    parser.add_argument(
+        "--bundle", type=Path, default=None, help="bundle directory (default: the demo bundle)"
+    )
+    args = parser.parse_args()
+    shipped = resolve_backbone().path
+    requantize(shipped, args.out, args.embedding)
+    adapter = (args.bundle or default_bundle_dir()) / "adapters" / "global.gguf"
+    task = get_task("headline")
+    lines = args.data.read_text(encoding="utf-8").splitlines()[: args.authors]
+    histories = [json.loads(line)["history"] for line in lines if line.strip()]
+    prompts = [task.prompt_for(item["input"]) for history in histories for item in history[-args.items :]]
+    before, seconds_before = run(shipped, adapter, prompts)
+    after, seconds_after = run(args.out, adapter, prompts)
+    same = sum(a[0] == b[0] for a, b in zip(before, after, strict=True))
+    agree = sum(int(np.argmax(a[1]) == np.argmax(b[1])) for a, b in zip(before, after, strict=True))
+    kl = [float(np.sum(np.exp(a[1]) * (a[1] - b[1]))) for a, b in zip(before, after, strict=True)]
+    print(
+        f"token_embd {args.embedding}: {len(prompts)} prompts, identical greedy headlines {same}, first token's argmax"
+        f" agrees {agree}, mean KL {np.mean(kl):.4f} (max {np.max(kl):.4f}); {seconds_before:.1f} s shipped,"
+        f" {seconds_after:.1f} s re-quantized ({args.out})"
+    )
+
+
+if __name__ == "__main__":
+    main()
