@@ -118,9 +118,10 @@ def compare_authors(
         low, high = np.percentile(finite, [tail, 100 - tail])
         ratio = Interval(float(low), float(a.mean() / b.mean()), float(high))
     low, high = np.percentile((drawn_a - drawn_b) / drawn_n, [tail, 100 - tail])
-    if len(names) < MIN_PAIRS_FOR_INTERVAL:  # one author: every resample is that author, no interval
-        ratio = Interval(math.nan, ratio.mean, math.nan)
-        low = high = math.nan
+    if (
+        len(names) < MIN_PAIRS_FOR_INTERVAL
+    ):  # one author: every resample is that author, a zero-width interval
+        ratio, low, high = Interval(math.nan, ratio.mean, math.nan), math.nan, math.nan
     return AuthorComparison(
         authors=scores,
         improved=int((means_a > means_b).sum()),

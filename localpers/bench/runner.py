@@ -9,10 +9,11 @@ Layout under the output directory:
 
 A (method, user) cache file is reused only when its fingerprint (bundle, backbone, method and its
 parameters, the history item ids and the queries) matches, so an interrupted run resumes where it
-stopped and a changed bundle or data file recomputes (the llama.cpp threads are not in it: a record keeps the
-threads it was timed with, and a run that mixes them says so in a note). Users are taken one at a time, every method in turn,
-so the methods' timings share the machine's drift. Fits are shared between methods through the
-benchmark's user store (`fits.FitStore`). This module does not aggregate or plot (see `results`, `report`, `plots`).
+stopped and a changed bundle or data file recomputes (the llama.cpp threads are not in it: a record keeps
+the threads it was timed with, and a run that mixes them says so in a note). Users are taken one at a time,
+every method in turn, so the methods' timings share the machine's drift. Fits are shared between methods
+through the benchmark's user store (`fits.FitStore`). This module does not aggregate or plot (see `results`,
+`report`, `plots`).
 """
 
 from __future__ import annotations
@@ -289,9 +290,8 @@ def _run_user(
 
         record = _evaluate_user(spec, method, user, limit, personalizer, fits, on_stage, style)
         record["fingerprint"] = fingerprint
-        record["threads"] = (
-            personalizer.engine.n_threads
-        )  # not in the fingerprint: outputs do not depend on it
+        # The threads are not in the fingerprint (outputs do not depend on them); kept for `mixed_threads_note`.
+        record["threads"] = personalizer.engine.n_threads
         cache.save(record)
     if progress:
         progress(spec.name, done + 1, total, "")
