@@ -118,9 +118,8 @@ def compare_authors(
         low, high = np.percentile(finite, [tail, 100 - tail])
         ratio = Interval(float(low), float(a.mean() / b.mean()), float(high))
     low, high = np.percentile((drawn_a - drawn_b) / drawn_n, [tail, 100 - tail])
-    if (
-        len(names) < MIN_PAIRS_FOR_INTERVAL
-    ):  # one author: every resample is that author, a zero-width interval
+    # one author: every resample is that author, a zero-width interval that would look significant
+    if len(names) < MIN_PAIRS_FOR_INTERVAL:
         ratio, low, high = Interval(math.nan, ratio.mean, math.nan), math.nan, math.nan
     return AuthorComparison(
         authors=scores,
