@@ -94,6 +94,41 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
     assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
+def test_a_ctrl_c_while_click_parses_the_arguments_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import typer.core
+
+    from localpers.cli import entry
+
+    def parsing(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # Typer turns this into a silent exit 130
+
+    monkeypatch.setattr("localpers.interrupts.install", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["localpers", "user", "list"])
+    monkeypatch.setattr(typer.core.TyperGroup, "parse_args", parsing)
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_command_that_reported_its_own_ctrl_c_is_not_reported_twice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localpers.cli import entry, users
+
+    def listing(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("localpers.interrupts.install", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["localpers", "user", "list"])
+    monkeypatch.setattr(users, "UserStore", listing)
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130 and err.count("interrupted") == 1, err
+
+
 @pytest.mark.parametrize(
     "args", [["rewrite", "Caf\udce9 owners protest"], ["generate", "abc \udced\udca0\udc80"]]
 )
