@@ -21,7 +21,7 @@ from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
-from localpers.methods.card.pairs import FIT_BLOCK_GROUP
+from localpers.methods.card.fit_prompts import FIT_BLOCK_GROUP
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore

@@ -3,15 +3,15 @@
 The base model is the adapter CARD corrects for the user (`Personalizer.card_adapter`: their cluster adapter, or
 the global one where the bundle's `head.base` says so). For each history item, y+ is the user's output and y- the
 base model's greedy output for the same prompt (conditioned on the items before it, as the publisher trained the
-head; groups of items share one block of recent outputs, `FIT_BLOCK_GROUP`, so the batched pass evaluates each
-block once). y- are deterministic for (bundle,
-cluster, prompt), so they are cached in the user's folder; the pair features `g(y+) - g(y-)` (the head's
-sequence features, teacher-forced) are kept in memory for the per-user choice's refit and cached beside them
-(both files: `pair_cache`), so a refit after new items scores only the new pairs: evaluating the prompts, not
-generating y-, is most of a fit's time. Both are written after each group of prompts, so a fit stopped midway
-(Ctrl-C) keeps its finished groups and the next fit goes on from there. `items_within_context` leaves out an item too long for the context. It also yields the base model's
-log-probability of each y+'s first token (the opening habits' calibration). It fits nothing and decides
-nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
+head; `fit_prompts` builds the prompts, in groups that share one block of recent outputs, so the batched pass
+evaluates each block once). y- are deterministic for (bundle, cluster, prompt), so they are cached in the user's
+folder; the pair features `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for
+the per-user choice's refit and cached beside them (both files: `pair_cache`), so a refit after new items scores
+only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
+each group of prompts, so a fit stopped midway (Ctrl-C) keeps its finished groups and the next fit goes on from
+there. It also yields the base model's log-probability of each y+'s first token (the opening habits'
+calibration). It fits nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and a
+token bias.
 """
 
 from __future__ import annotations
@@ -26,27 +26,14 @@ from localpers.bundle.format import Bundle
 from localpers.engine import Engine
 from localpers.engine.batch import PromptJob, fits, group_size, run_jobs
 from localpers.engine.generation import generate
-from localpers.methods.card import pair_cache
+from localpers.methods.card import fit_prompts, pair_cache
 from localpers.methods.card.head import CardHead
 from localpers.methods.scoring import common_prefix_length
-from localpers.tasks import cut_text, get_task
+from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_prompt import (
-    DEMONSTRATION_CHARS,
-    EXAMPLE_CHARS,
-    PromptFormat,
-    conditioned_prompt,
-    shared_prefix,
-)
+from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User
 
-# The fit's items show their recent outputs in blocks: the items of each group of this many (groups counted
-# from the user's first item) all show the block of items before the group, so each block is evaluated once
-# and shared by the group's batched sequences, as the device's own prompts share one block from rewrite to
-# rewrite. Counting from the first item keeps every old item's prompt (and cached y-) when items are added.
-# Items in the first group, or in a group that starts before a history limit's window, show the items just
-# before them.
-FIT_BLOCK_GROUP = 4
 # The one-at-a-time loop (prompts the batched pass leaves to it) writes the caches after this many new y- or pairs,
 # as the batched pass does after each group.
 SAVE_EVERY = 16
@@ -109,48 +96,8 @@ class PairBuilder:
         return np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
 
     def items_within_context(self, items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], int]:
-        """The items whose pairs fit the engine's context, and how many were left out.
-
-        The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes
-        far more densely (emoji, rare scripts) could still overflow and stop the whole fit, so such an
-        item is left out.
-        Counted for each item: its prompt (its own text, plus room for the most examples and demonstrations
-        the format shows, each as long as the longest the history could show) and the longer of its output
-        and the y- the fit generates.
-        """
-        room = self._examples_room(items)
-        kept = []
-        for item in items:
-            task = get_task(item.task)
-            prompt = len(self.engine.tokenize(task.prompt_for(item.input)))
-            output = len(self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
-            if prompt + room + max(output, task.default_max_tokens) <= self.engine.n_ctx:
-                kept.append(item)
-        return kept, len(items) - len(kept)
-
-    def _examples_room(self, items: Sequence[HistoryItem]) -> int:
-        """Tokens a conditioned prompt may spend on examples: each as long as the longest of `items`."""
-        if self.prompt_format is None or not items:
-            return 0
-
-        def tokens(text: str) -> int:
-            return len(self.engine.tokenize(text, add_bos=False))
-
-        example = 2 + max(tokens(" " + cut_text(item.output, EXAMPLE_CHARS)) for item in items)  # "- ...\n"
-        article = max(
-            tokens(
-                (task := get_task(item.task)).prompt_for(
-                    cut_text(task.content(item.input), DEMONSTRATION_CHARS)
-                )
-            )
-            for item in items
-        )
-        header = 16
-        return (
-            self.prompt_format.examples * example
-            + self.prompt_format.described * (article + example)
-            + header
-        )
+        """The items whose pairs fit the engine's context, and how many were left out (`fit_prompts`)."""
+        return fit_prompts.items_within_context(self.engine, items, self.prompt_format)
 
     def training_prompts(self, items: Sequence[HistoryItem], history_offset: int = 0) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it."""
@@ -159,29 +106,8 @@ class PairBuilder:
     def training_prompts_and_blocks(
         self, items: Sequence[HistoryItem], history_offset: int = 0
     ) -> list[tuple[str, str]]:
-        """Each item's prompt and the shared block of recent outputs it starts with ("" when none).
-
-        `history_offset` is how many of the user's items come before `items` (the groups count from the first).
-
-        With a history-conditioned bundle, item i shows the user's outputs among items 0..i-1 (what the user had
-        written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them: a block of
-        recent outputs (`FIT_BLOCK_GROUP`: up to 3 items older than the most recent ones) and the closest; the
-        first item, and every item on a plain bundle, gets the plain task prompt.
-        """
-        chosen = self.prompt_format
-        prompts = []
-        for index, item in enumerate(items):
-            task = get_task(item.task)
-            if chosen is None:
-                prompts.append((task.prompt_for(item.input), ""))
-                continue
-            pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
-            group_start = index - (history_offset + index) % FIT_BLOCK_GROUP
-            since_group = sum(1 for later in items[max(0, group_start) : index] if later.task == item.task)
-            block_end = len(pool) - since_group if group_start > 0 else len(pool)
-            prompt = conditioned_prompt(task, item.input, pool, chosen, recent_end=block_end)
-            prompts.append((prompt, shared_prefix(task, pool, chosen, recent_end=block_end)))
-        return prompts
+        """Each item's prompt and the shared block of recent outputs it starts with (`fit_prompts`)."""
+        return fit_prompts.prompts_and_blocks(items, self.prompt_format, history_offset)
 
     def negatives_and_differences(
         self,

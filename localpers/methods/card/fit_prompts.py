@@ -1,0 +1,99 @@
+"""The prompts a CARD fit evaluates for a user's history items, and which items fit the engine's context.
+
+Each item is prompted as the publisher trained the head: conditioned on the user's outputs before it, chosen
+as `rewrite` chooses them (a block of recent outputs and the closest). Items are taken in groups of
+`FIT_BLOCK_GROUP` that share one block, so the batched pass evaluates each block once. This module only builds
+text and counts tokens; `pairs.PairBuilder` generates y- and scores pairs on these prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from localpers.engine import Engine
+from localpers.tasks import cut_text, get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_prompt import (
+    DEMONSTRATION_CHARS,
+    EXAMPLE_CHARS,
+    PromptFormat,
+    conditioned_prompt,
+    shared_prefix,
+)
+
+# The fit's items show their recent outputs in blocks: the items of each group of this many (groups counted
+# from the user's first item) all show the block of items before the group, so each block is evaluated once
+# and shared by the group's batched sequences, as the device's own prompts share one block from rewrite to
+# rewrite. Counting from the first item keeps every old item's prompt (and cached y-) when items are added.
+# Items in the first group, or in a group that starts before a history limit's window, show the items just
+# before them.
+FIT_BLOCK_GROUP = 4
+# Tokens of the conditioned prompt's header, counted once when sizing an item's prompt.
+HEADER_TOKENS = 16
+
+
+def prompts_and_blocks(
+    items: Sequence[HistoryItem], prompt_format: PromptFormat | None, history_offset: int = 0
+) -> list[tuple[str, str]]:
+    """Each item's prompt and the shared block of recent outputs it starts with ("" when none).
+
+    `history_offset` is how many of the user's items come before `items` (the groups count from the first).
+
+    With a history-conditioned bundle, item i shows the user's outputs among items 0..i-1 (what the user had
+    written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them: a block of
+    recent outputs (`FIT_BLOCK_GROUP`: up to 3 items older than the most recent ones) and the closest; the
+    first item, and every item on a plain bundle (`prompt_format` None), gets the plain task prompt.
+    """
+    prompts = []
+    for index, item in enumerate(items):
+        task = get_task(item.task)
+        if prompt_format is None:
+            prompts.append((task.prompt_for(item.input), ""))
+            continue
+        pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
+        group_start = index - (history_offset + index) % FIT_BLOCK_GROUP
+        since_group = sum(1 for later in items[max(0, group_start) : index] if later.task == item.task)
+        block_end = len(pool) - since_group if group_start > 0 else len(pool)
+        prompt = conditioned_prompt(task, item.input, pool, prompt_format, recent_end=block_end)
+        prompts.append((prompt, shared_prefix(task, pool, prompt_format, recent_end=block_end)))
+    return prompts
+
+
+def items_within_context(
+    engine: Engine, items: Sequence[HistoryItem], prompt_format: PromptFormat | None
+) -> tuple[list[HistoryItem], int]:
+    """The items whose pairs fit the engine's context, and how many were left out.
+
+    The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes far more
+    densely (emoji, rare scripts) could still overflow and stop the whole fit, so such an item is left out.
+    Counted for each item: its prompt (its own text, plus room for the most examples and demonstrations the
+    format shows, each as long as the longest the history could show) and the longer of its output and the
+    y- the fit generates.
+    """
+    room = _examples_room(engine, items, prompt_format)
+    kept = []
+    for item in items:
+        task = get_task(item.task)
+        prompt = len(engine.tokenize(task.prompt_for(item.input)))
+        output = len(engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
+        if prompt + room + max(output, task.default_max_tokens) <= engine.n_ctx:
+            kept.append(item)
+    return kept, len(items) - len(kept)
+
+
+def _examples_room(engine: Engine, items: Sequence[HistoryItem], prompt_format: PromptFormat | None) -> int:
+    """Tokens a conditioned prompt may spend on examples: each as long as the longest of `items`."""
+    if prompt_format is None or not items:
+        return 0
+
+    def tokens(text: str) -> int:
+        return len(engine.tokenize(text, add_bos=False))
+
+    example = 2 + max(tokens(" " + cut_text(item.output, EXAMPLE_CHARS)) for item in items)  # "- ...\n"
+    article = max(
+        tokens(
+            (task := get_task(item.task)).prompt_for(cut_text(task.content(item.input), DEMONSTRATION_CHARS))
+        )
+        for item in items
+    )
+    return prompt_format.examples * example + prompt_format.described * (article + example) + HEADER_TOKENS
