@@ -309,7 +309,9 @@ def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, 
         client.chat.completions.create(model="localpers", messages=[])
     status, body = raw_request(f"{server.base_url}/completions", b"{not json")
     assert status == 400
-    assert json.loads(body)["error"]["message"] == "the request body is not valid JSON"
+    assert json.loads(body)["error"]["message"] == (
+        "the request body is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"
+    )
     assert "Traceback" not in body
     status, body = raw_request(f"{server.base_url}/embeddings")
     assert status == 404 and "error" in json.loads(body)

@@ -477,3 +477,78 @@ def test_gguf_headers_read_or_fail_in_one_line(
         return
     for tensor in layout.tensors:
         assert tensor.offset + tensor.n_bytes <= path.stat().st_size
+
+
+# -- OpenAI-style request bodies to `localpers api` ----------------------------------------------------------
+
+API_FIELDS = [
+    "model", "prompt", "messages", "user", "n", "logprobs", "best_of", "response_format", "task", "method",
+    "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "strength", "logit_bias", "seed",
+    "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+    "grammar", "repeated_word_penalty", "candidates",
+]  # fmt: skip
+# Numbers JSON carries that Python's float cannot: integers past 1.8e308 (json.loads keeps them exact).
+huge_numbers = st.integers(min_value=10**308, max_value=10**400) | st.integers(
+    min_value=-(10**400), max_value=-(10**308)
+)
+api_values = (
+    json_values
+    | huge_numbers
+    | st.dictionaries(st.text(max_size=6) | huge_numbers.map(str), json_scalars | huge_numbers, max_size=3)
+    | st.sampled_from(["localpers", "localpers/ann", "headline", "card", "", " ", "text"])
+    | st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "tool"]), "content": json_values}),
+        max_size=3,
+    )
+)
+VALID_BODY = {
+    "model": "localpers",
+    "prompt": "A town opens a library.",
+    "messages": [{"role": "user", "content": "hi"}],
+}
+api_bodies = (
+    st.dictionaries(st.sampled_from(API_FIELDS) | st.text(max_size=8), api_values, max_size=6).map(
+        lambda fields: {**VALID_BODY, **fields}
+    )
+    | json_values
+)
+
+
+@given(body=api_bodies)
+def test_api_request_bodies_become_a_job_or_a_4xx(body: object) -> None:
+    from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion
+
+    for parse in (parse_completion, parse_chat):
+        try:
+            job = parse(body)
+        except ApiError as refused:
+            assert 400 <= refused.status < 500 and "\n" not in refused.message
+            assert refused.body()["error"]["message"] == refused.message
+            continue
+        assert isinstance(job, GenerationJob) and job.text and job.text.strip()
+
+
+@given(
+    raw=hostile_json.map(str.encode) | st.binary(max_size=200) | api_bodies.map(json.dumps).map(str.encode)
+)
+def test_api_request_bytes_that_are_not_a_request_get_a_json_400(raw: bytes) -> None:
+    from starlette.testclient import TestClient
+
+    from localpers.api.app import create_app
+
+    class NoBackend:  # every body here is refused before a backend is asked for anything
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the backend was asked for {name}")
+
+    from localpers.api.requests import ApiError, parse_completion
+
+    try:
+        parse_completion(json.loads(raw))
+    except (ValueError, RecursionError, ApiError):
+        pass  # refused here, so the app must refuse it too
+    else:
+        return  # a valid request: generating is test_api.py's business
+    with TestClient(create_app(NoBackend())) as client:  # type: ignore[arg-type]
+        response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+    assert "Traceback" not in response.text and "message" in response.json()["error"]

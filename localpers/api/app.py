@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from localpers.api.backend import ApiBackend, Served
 from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion
+from localpers.untrusted import JSONProblem, parse_json
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 _DONE = object()
@@ -120,9 +121,9 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
 
     async def read_json(request: Request) -> Any:
         try:
-            return json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
+            return parse_json(await request.body())
+        except JSONProblem as problem:
+            raise ApiError(400, f"the request body is not valid JSON: {problem}") from None
 
     async def models(request: Request) -> Response:
         data = [

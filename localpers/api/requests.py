@@ -78,9 +78,13 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         raise _bad(f"`{name}` must be a number", name)
-    if not low <= value <= high:
+    if not low <= value <= high:  # compared before float(): an integer past float's range is refused here
         raise _bad(f"`{name}` must be between {low} and {high}, got {value}", name)
     return float(value)
 
