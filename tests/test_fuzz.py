@@ -159,6 +159,26 @@ def test_bench_data_files_read_or_fail_in_one_line(tmp_path: Path, content: str,
     assert all("\n" not in note for note in read.notes)
 
 
+@given(
+    content=bench_lines() | hostile_json | st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
+    min_users=st.integers(1, 3),
+)
+def test_publish_corpus_files_load_or_fail_in_one_line(tmp_path: Path, content: str, min_users: int) -> None:
+    from localpers.publish.corpus import load_corpus
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(content.encode("utf-8", "surrogatepass"))
+    try:
+        corpus = load_corpus(path, min_users=min_users)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert "corpus.jsonl" in str(exc)
+        return
+    assert len(corpus.users) >= min_users and all(user.history for user in corpus.users)
+    assert len({user.user_id for user in corpus.users}) == len(corpus.users)
+    assert all(item.input.strip() and item.output.strip() for user in corpus.users for item in user.history)
+
+
 @given(content=history_lines())
 def test_history_import_is_all_or_nothing(tmp_path: Path, content: str) -> None:
     store = UserStore(tmp_path / f"data-{os.urandom(4).hex()}")

@@ -9,12 +9,12 @@ cluster or split anything.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from localpers.errors import LocalpersError
+from localpers.untrusted import JSONProblem, parse_json
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,9 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
                     continue
                 where = f"{corpus_path}:{number}"
                 try:
-                    record = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise LocalpersError(
-                        f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
+                    record = parse_json(raw)
+                except JSONProblem as problem:
+                    raise LocalpersError(f"{where}: not valid JSON ({problem})") from None
                 user = parse_user(record, where, number)
                 if user.user_id in first_line:
                     raise LocalpersError(
