@@ -1,7 +1,7 @@
 """Property-based tests (hypothesis) of every parser of outside input: zero tracebacks.
 
 History files, user archives, bundle manifests, TUF metadata, HTTP request lines to `serve`, OpenAI request
-bodies to `localpers api`, bench data files, GGUF headers (a backbone given with --model) and CLI arguments get
+bodies to `localpers api`, bench data files, publish corpus files, GGUF headers (a backbone given with --model) and CLI arguments get
 generated input, structured and random. The property is always the same: the input is accepted, or refused
 with a `LocalpersError` (one line, naming the file or field; exit code 2 for bad content; the API: a 4xx with a
 JSON error) and no partial state; never another exception. Profiles are in conftest.py: `ci` (default, fast)
