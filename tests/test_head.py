@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from localpers.errors import LocalpersError
+from localpers.methods.card.cluster_assignment import read_centroids
 from localpers.methods.card.head import CardHead, HeadConfig, normalise_features, top_k_indices
 
 
 class TableEmbeddings:
     def __init__(self, table: np.ndarray) -> None:
         self.table = table
-        self.n_vocab = len(table)
+        self.n_vocab, self.n_embd = table.shape
         self.calls = 0
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -97,3 +101,59 @@ def test_head_base_is_read_from_the_manifest_and_checked() -> None:
     assert entry["base"] == "global" and HeadConfig.from_manifest(entry).base == "global"
     with pytest.raises(LocalpersError, match="head.base"):
         HeadConfig.from_manifest({**entry, "base": "user"})
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"P": np.full((2, 6), np.nan, np.float32)}, r"tensor 'P' holds values that are not finite numbers"),
+        ({"P": np.zeros((2, 4), np.float32)}, r"tensor 'P' has shape \(2, 4\), D=2 needs \(2, 6\)"),
+        ({"Q": np.zeros((3, 5), np.float32)}, r"tensor 'Q' has shape \(3, 5\), D=2 needs \(3, 2\)"),
+        ({"default_vectors": np.zeros(2, np.float32)}, r"tensor 'default_vectors' has shape \(2,\)"),
+        ({"default_vectors": np.zeros((0, 2), np.float32)}, r"tensor 'default_vectors' has shape \(0, 2\)"),
+        ({"Q": np.full((3, 2), np.inf, np.float32)}, r"tensor 'Q' holds values that are not finite"),
+    ],
+)
+def test_a_head_file_that_cannot_serve_the_config_is_one_line_naming_it(
+    tmp_path: Path, change: dict[str, np.ndarray], message: str
+) -> None:
+    head = small_head()
+    path = head.save(tmp_path / "head.safetensors")
+    assert CardHead.load(path, head.config, head.embeddings).P.shape == (2, 6)  # the file as saved loads
+    tensors = {"P": head.P, "default_vectors": head.default_vectors, "Q": head.Q, **change}
+    save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, str(path))
+    with pytest.raises(LocalpersError, match=f"head.safetensors: {message}.*re-pull the bundle"):
+        CardHead.load(path, head.config, head.embeddings)
+
+
+def test_a_full_u_head_with_bad_token_ids_is_one_line(tmp_path: Path) -> None:
+    config = HeadConfig(d=2, layers=(0,), u="full")
+    path = tmp_path / "head.safetensors"
+    rows = np.ones((3, 2), np.float32)
+    good = {"P": np.ones((2, 4), np.float32), "default_vectors": np.zeros((2, 2), np.float32), "U_rows": rows}
+    save_file({**good, "U_ids": np.array([0, 5, 9])}, str(path))
+    assert CardHead.load(path, config, None).u_rows([5]).tolist() == [[1.0, 1.0]]
+    for ids, message in (([0, -5, 9], "negative token id"), ([0, 5], "one token id per row")):
+        save_file({**good, "U_ids": np.array(ids)}, str(path))
+        with pytest.raises(LocalpersError, match=f"'U_ids'.*{message}"):
+            CardHead.load(path, config, None)
+
+
+@pytest.mark.parametrize(
+    ("centroids", "message"),
+    [
+        (np.zeros((3, 7), np.float32), r"centroids have shape \(3, 7\), the bundle needs \(3, 384\)"),
+        (np.zeros((2, 384), np.float32), r"centroids have shape \(2, 384\), the bundle needs \(3, 384\)"),
+        (np.zeros(384, np.float32), r"centroids have shape \(384,\), the bundle needs \(3, 384\)"),
+        (np.full((3, 384), np.nan, np.float32), "centroids hold values that are not finite numbers"),
+    ],
+)
+def test_centroids_that_cannot_assign_a_cluster_are_one_line_naming_the_file(
+    tmp_path: Path, centroids: np.ndarray, message: str
+) -> None:
+    path = tmp_path / "centroids.safetensors"
+    save_file({"centroids": np.ones((3, 384), np.float32)}, str(path))
+    assert read_centroids(path, k=3).shape == (3, 384)
+    save_file({"centroids": centroids}, str(path))
+    with pytest.raises(LocalpersError, match=f"centroids.safetensors: {message}; re-pull"):
+        read_centroids(path, k=3)

@@ -15,14 +15,29 @@ import numpy as np
 from localpers.errors import LocalpersError
 
 
-def read_centroids(path: Path) -> np.ndarray:
-    """The bundle's cluster centroids, `(k, d)` float32, or a one-line error naming the file."""
+def read_centroids(path: Path, *, k: int | None = None) -> np.ndarray:
+    """The bundle's `k` cluster centroids, `(k, 384)` float32, or a one-line error naming the file."""
     from safetensors.numpy import load_file
 
+    from localpers.engine.encoder import ENCODER_DIM
+
     try:
-        return load_file(str(path))["centroids"].astype(np.float32)
+        centroids = load_file(str(path))["centroids"]
     except Exception as exc:  # safetensors raises several types for a bad file
         raise LocalpersError(f"{path}: unreadable centroids ({exc}); re-pull") from exc
+    expected = f"({'k' if k is None else k}, {ENCODER_DIM})"
+    if (
+        centroids.ndim != 2
+        or centroids.shape[1] != ENCODER_DIM
+        or (k is not None and centroids.shape[0] != k)
+        or not centroids.shape[0]
+    ):
+        raise LocalpersError(
+            f"{path}: centroids have shape {tuple(centroids.shape)}, the bundle needs {expected}; re-pull"
+        )
+    if not np.issubdtype(centroids.dtype, np.floating) or not np.isfinite(centroids).all():
+        raise LocalpersError(f"{path}: centroids hold values that are not finite numbers; re-pull")
+    return centroids.astype(np.float32)
 
 
 def nearest_centroid(centroids: np.ndarray, outputs: Sequence[str]) -> tuple[int, list[float]]:

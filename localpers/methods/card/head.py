@@ -111,6 +111,54 @@ def top_k_indices(logits: np.ndarray, k: int) -> np.ndarray:
     return candidates
 
 
+def _check_tensors(
+    tensors: dict[str, np.ndarray], config: HeadConfig, embeddings: TokenEmbeddings | None
+) -> None:
+    """Refuse a head file whose tensors cannot serve `config` (wrong shapes, NaN, negative token ids).
+
+    Shapes: P `(D, n_taps * n_embd)`, default_vectors `(n >= 1, D)`, Q `(n_embd, D)`, U_rows `(n, D)` with U_ids
+    `(n,)`; n_embd is the backbone's when its embeddings are at hand. A missing tensor is left to the caller.
+    """
+    d, taps = config.d, len(config.layers)
+    n_embd = None if embeddings is None else embeddings.n_embd
+    width = "n_taps * n_embd" if n_embd is None else str(taps * n_embd)
+    expected = {
+        "P": (d, None if n_embd is None else taps * n_embd),
+        "default_vectors": (None, d),
+        "Q": (n_embd, d),
+        "U_rows": (None, d),
+    }
+    for name, (rows, columns) in expected.items():
+        if name not in tensors:
+            continue
+        tensor = tensors[name]
+        shape_ok = (
+            tensor.ndim == 2
+            and tensor.shape[0] > 0
+            and (rows is None or tensor.shape[0] == rows)
+            and (columns is None or tensor.shape[1] == columns)
+            and (name != "P" or tensor.shape[1] % taps == 0)
+        )
+        if not shape_ok:
+            wanted = {"P": f"({d}, {width})", "Q": f"({n_embd or 'n_embd'}, {d})"}.get(name, f"(n, {d})")
+            raise LocalpersError(f"tensor {name!r} has shape {tuple(tensor.shape)}, D={d} needs {wanted}")
+        if not np.issubdtype(tensor.dtype, np.floating) or not np.isfinite(tensor).all():
+            raise LocalpersError(f"tensor {name!r} holds values that are not finite numbers")
+    if "U_ids" in tensors:
+        ids = tensors["U_ids"]
+        rows = tensors["U_rows"].shape[0] if "U_rows" in tensors else None
+        if (
+            ids.ndim != 1
+            or not np.issubdtype(ids.dtype, np.integer)
+            or (rows is not None and len(ids) != rows)
+        ):
+            raise LocalpersError(
+                f"tensor 'U_ids' has shape {tuple(ids.shape)}, one token id per row of U_rows"
+            )
+        if len(ids) and ids.min() < 0:
+            raise LocalpersError("tensor 'U_ids' holds a negative token id")
+
+
 class CardHead:
     """Shared head `(P, Q or sparse U)` plus per-cluster default vectors, as published in a bundle."""
 
@@ -158,6 +206,7 @@ class CardHead:
         except Exception as exc:  # safetensors raises several types for a bad file
             raise LocalpersError(f"{path}: not a readable head file ({exc}); re-pull the bundle") from exc
         try:
+            _check_tensors(tensors, config, embeddings)
             return cls(
                 config,
                 tensors["P"],
@@ -169,6 +218,8 @@ class CardHead:
             )
         except KeyError as exc:
             raise LocalpersError(f"{path}: missing tensor {exc}; re-pull the bundle") from exc
+        except LocalpersError as exc:
+            raise LocalpersError(f"{path}: {exc}; re-pull the bundle") from exc
 
     def save(self, path: Path) -> Path:
         from safetensors.numpy import save_file

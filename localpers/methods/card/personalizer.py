@@ -105,7 +105,7 @@ class Personalizer:
     @property
     def centroids(self) -> np.ndarray:
         if self._centroids is None:
-            self._centroids = read_centroids(self.bundle.centroids_path)
+            self._centroids = read_centroids(self.bundle.centroids_path, k=self.bundle.k)
         return self._centroids
 
     def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]:
