@@ -157,3 +157,40 @@ def test_centroids_that_cannot_assign_a_cluster_are_one_line_naming_the_file(
     save_file({"centroids": centroids}, str(path))
     with pytest.raises(LocalpersError, match=f"centroids.safetensors: {message}; re-pull"):
         read_centroids(path, k=3)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("d", 0, r"'head.d' is 0; it must be from 1 to 4096"),
+        ("d", 1e400, r"'head' is malformed"),
+        ("layers", [], r"'head.layers' is \[\]"),
+        (
+            "layers",
+            [15, 14],
+            r"'head.layers' is \[15, 14\]; it must list layer numbers >= 0 in increasing order",
+        ),
+        ("layers", [-1, 3], r"'head.layers' is \[-1, 3\]"),
+        ("layers", [3, 3], r"'head.layers' is \[3, 3\]"),
+        ("top_k", 10**9, r"'head.top_k' is 1000000000; it must be from 1 to 1000"),
+        ("top_k", 0, r"'head.top_k' is 0"),
+        ("alpha", 1e308, r"'head.alpha' is 1e\+308; it must be from 0 to 1000"),
+        ("alpha", float("nan"), r"'head.alpha' is nan"),
+        ("strength", -0.5, r"'head.strength' is -0.5"),
+    ],
+)
+def test_head_fields_no_head_can_serve_are_refused_in_one_line(
+    field: str, value: object, message: str
+) -> None:
+    entry = {**HeadConfig(d=8, layers=(14, 15, 16, 17), alpha=0.07).to_manifest(), field: value}
+    with pytest.raises(LocalpersError, match=f"bundle manifest field {message}.*re-pull the bundle"):
+        HeadConfig.from_manifest(entry)
+
+
+def test_a_head_tapping_layers_the_backbone_lacks_is_refused() -> None:
+    config = HeadConfig.from_manifest(HeadConfig(d=8, layers=(14, 15, 16, 40)).to_manifest())
+    config.check_backbone(41)
+    with pytest.raises(
+        LocalpersError, match=r"'head.layers' names layer 40, but the backbone has 18 \(0-17\)"
+    ):
+        config.check_backbone(18)

@@ -19,6 +19,7 @@ import typer
 from localpers.cli.common import one_line_errors
 from localpers.engine.adapters import DEFAULT_TARGETS
 from localpers.errors import LocalpersError
+from localpers.methods.card.head import MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
 
 
@@ -92,7 +93,7 @@ def publish_command(
     head_steps: Annotated[int, typer.Option(min=1, help="Full-batch steps of head training.")] = 300,
     head_lr: Annotated[float, typer.Option(min=0.0, help="Head learning rate.")] = 5e-3,
     head_weight_decay: Annotated[float, typer.Option(min=0.0, help="Head weight decay.")] = 1e-2,
-    head_top_k: Annotated[int, typer.Option(min=1, help="top-k the device corrects.")] = 20,
+    head_top_k: Annotated[int, typer.Option(min=1, max=MAX_TOP_K, help="top-k the device corrects.")] = 20,
     head_target_correction: Annotated[
         float,
         typer.Option(

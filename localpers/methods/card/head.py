@@ -13,6 +13,7 @@ head (publisher) and fitting lambda (device) live elsewhere.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ RMS_EPS = 1e-6
 # Token rows `E[v] Q` a factored head remembers (16 MB at D = 128); a headline writer's candidates stay far below.
 U_CACHE_ROWS = 32768
 BASES = ("cluster", "global")  # the adapters CARD's correction can sit on (`HeadConfig.base`)
+# What a manifest's head may ask for. CARD corrects the top 20 tokens; a k in the thousands would score most
+# of the vocabulary at every step. Calibrated scales are well under 1 (the demo bundle's alpha: 0.066).
+MAX_D, MAX_TOP_K, MAX_SCALE = 4096, 1000, 1000.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class HeadConfig:
                 strength=None if entry.get("strength") is None else float(entry["strength"]),
                 base=str(entry.get("base", "cluster")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise LocalpersError(
                 f"bundle manifest field 'head' is malformed ({exc}); re-pull the bundle"
             ) from exc
@@ -73,7 +77,47 @@ class HeadConfig:
                 f"bundle manifest field 'head.base' is {config.base!r}, not one of {', '.join(BASES)};"
                 " re-pull the bundle or upgrade localpers"
             )
+        problem = config._out_of_range()
+        if problem:
+            raise LocalpersError(f"bundle manifest field 'head.{problem}; re-pull the bundle")
         return config
+
+    def _out_of_range(self) -> str | None:
+        """What in this config no head can serve, as "<field>' is <value>; it must ...", or None."""
+        checks = (
+            ("d", self.d, 1 <= self.d <= MAX_D, f"be from 1 to {MAX_D}"),
+            (
+                "layers",
+                list(self.layers),
+                bool(self.layers) and list(self.layers) == sorted(set(self.layers)) and self.layers[0] >= 0,
+                "list layer numbers >= 0 in increasing order",
+            ),
+            ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"be from 1 to {MAX_TOP_K}"),
+            (
+                "alpha",
+                self.alpha,
+                math.isfinite(self.alpha) and 0 <= self.alpha <= MAX_SCALE,
+                "be from 0 to 1000",
+            ),
+            (
+                "strength",
+                self.strength,
+                self.strength is None or (math.isfinite(self.strength) and 0 <= self.strength <= MAX_SCALE),
+                "be from 0 to 1000",
+            ),
+        )
+        for field, value, ok, rule in checks:
+            if not ok:
+                return f"{field}' is {value}; it must {rule}"
+        return None
+
+    def check_backbone(self, n_layer: int) -> None:
+        """Refuse a head that taps layers the backbone does not have (the engine would wrap them round)."""
+        if self.layers[-1] >= n_layer:
+            raise LocalpersError(
+                f"bundle manifest field 'head.layers' names layer {self.layers[-1]}, but the backbone has"
+                f" {n_layer} (0-{n_layer - 1}); the bundle was published for another backbone: re-pull it"
+            )
 
     def to_manifest(self) -> dict[str, Any]:
         return {

@@ -79,6 +79,7 @@ class Personalizer:
             n_threads=n_threads,
             batch_sequences=BATCH_SEQUENCES,
         )
+        self.head_config.check_backbone(self.engine.n_layer)
         for name in bundle.adapter_names:
             self.engine.load_adapter(bundle.adapter_path(name), name)
         embeddings = TokenEmbeddings(backbone.path) if self.head_config.u == "factored" else None
