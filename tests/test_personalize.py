@@ -526,3 +526,17 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
         shown.exit_code == 0
         and "note: the text has 12,599 characters; the headline task read its first 1,500" in shown.stderr
     )
+
+
+def test_a_bundle_missing_a_cluster_adapter_is_refused_before_the_model_loads(
+    bundle_dir: Path, backbone: Backbone, tmp_path: Path
+) -> None:
+    from localpers.bundle.format import write_manifest
+
+    copy = shutil.copytree(bundle_dir, tmp_path / "bundle")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest.pop("files")
+    manifest["clusters"]["k"] = 3
+    write_manifest(copy, manifest)
+    with pytest.raises(LocalpersError, match=r"'clusters.k' is 3, but 'adapters' has no cluster-2; re-pull"):
+        Personalizer(open_bundle(copy, backbone_sha256=backbone.sha256), backbone)

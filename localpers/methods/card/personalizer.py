@@ -65,6 +65,13 @@ class Personalizer:
         manifest = bundle.manifest
         if "head" not in manifest:
             raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
+        missing = [bundle.cluster_adapter_name(c) for c in range(bundle.k)]
+        missing = [name for name in missing if name not in bundle.adapter_names]
+        if missing:
+            raise LocalpersError(
+                f"bundle {bundle.directory}: manifest field 'clusters.k' is {bundle.k}, but 'adapters' has no"
+                f" {', '.join(missing)}; re-pull the bundle"
+            )
         self.bundle = bundle
         self.backbone = backbone
         self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
