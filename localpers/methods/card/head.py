@@ -97,13 +97,13 @@ class HeadConfig:
                 "alpha",
                 self.alpha,
                 math.isfinite(self.alpha) and 0 <= self.alpha <= MAX_SCALE,
-                "be from 0 to 1000",
+                f"be from 0 to {MAX_SCALE:g}",
             ),
             (
                 "strength",
                 self.strength,
                 self.strength is None or (math.isfinite(self.strength) and 0 <= self.strength <= MAX_SCALE),
-                "be from 0 to 1000",
+                f"be from 0 to {MAX_SCALE:g}",
             ),
         )
         for field, value, ok, rule in checks:

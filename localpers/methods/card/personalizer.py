@@ -65,8 +65,8 @@ class Personalizer:
         manifest = bundle.manifest
         if "head" not in manifest:
             raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
-        missing = [bundle.cluster_adapter_name(c) for c in range(bundle.k)]
-        missing = [name for name in missing if name not in bundle.adapter_names]
+        cluster_adapters = [bundle.cluster_adapter_name(c) for c in range(bundle.k)]
+        missing = [name for name in cluster_adapters if name not in bundle.adapter_names]
         if missing:
             raise LocalpersError(
                 f"bundle {bundle.directory}: manifest field 'clusters.k' is {bundle.k}, but 'adapters' has no"
