@@ -281,3 +281,14 @@ def test_a_shared_prefix_comes_back_after_an_adapter_switch_with_the_same_number
     engine.set_adapter(None)
     np.testing.assert_array_equal(engine.prefill(prompt, shared=shared).logits, plain)
     engine.prefix_snapshots.clear()
+
+
+def test_a_folder_given_as_the_backbone_is_named_as_one(tmp_path: Path) -> None:
+    from localpers.engine.backbone import resolve_backbone
+
+    with pytest.raises(
+        LocalpersError, match=r"backbone .* \(from argument\) is not a file; give a GGUF file path"
+    ):
+        resolve_backbone(tmp_path)
+    with pytest.raises(LocalpersError, match=r"\(from argument\) does not exist; give a GGUF file path"):
+        resolve_backbone(tmp_path / "nope.gguf")
