@@ -61,6 +61,8 @@ def test_bad_lines_name_file_line_and_field(tmp_path: Path, second_line: str, ex
 def test_missing_file_and_too_few_users(tmp_path: Path) -> None:
     with pytest.raises(LocalpersError, match="does not exist"):
         load_corpus(tmp_path / "absent.jsonl")
+    with pytest.raises(LocalpersError, match=r"corpus file .* is a directory; give a JSONL file"):
+        load_corpus(tmp_path)
     path = write_lines(tmp_path / "c.jsonl", [json.dumps(GOOD_USER)])
     with pytest.raises(LocalpersError, match="1 user\\(s\\) found, at least 2 needed"):
         load_corpus(path, min_users=2)

@@ -94,9 +94,8 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
     """Read and validate a JSONL corpus; blank lines are skipped, user ids must be unique."""
     corpus_path = Path(path)
     if not corpus_path.is_file():
-        raise LocalpersError(
-            f"corpus file {corpus_path} does not exist; give a JSONL file, one user per line"
-        )
+        what = "is a directory" if corpus_path.is_dir() else "does not exist"
+        raise LocalpersError(f"corpus file {corpus_path} {what}; give a JSONL file, one user per line")
     users: list[CorpusUser] = []
     first_line: dict[str, int] = {}
     try:
