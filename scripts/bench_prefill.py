@@ -40,8 +40,9 @@ def main() -> None:
         history = json.loads(handle.readline())["history"]
     pairs = [(row["input"], row["output"]) for row in history]
     task = get_task("headline")
-    # as the fit built them until the fifteenth session: each item's examples are the items just before it (the
-    # fit now shares one block per group of items, `localpers.methods.card.fit_prompts.FIT_BLOCK_GROUP`); the first has none
+    # as the fit built them until the fifteenth session: each item's examples are the items just before it (the fit
+    # now shares one block per group of items, `localpers.methods.card.fit_prompts.FIT_BLOCK_GROUP`); the first
+    # has none
     prompts = [
         engine.tokenize(conditioned_prompt(task, pairs[index][0], pairs[:index], prompt_format))
         for index in range(1, min(args.prompts, len(pairs) - 1) + 1)

@@ -1,8 +1,8 @@
 """Property-based tests (hypothesis) of every parser of outside input: zero tracebacks.
 
 History files, user archives, bundle manifests, TUF metadata, HTTP request lines to `serve`, OpenAI request
-bodies to `localpers api`, bench data files, publish corpus files, GGUF headers (a backbone given with --model) and CLI arguments get
-generated input, structured and random. The property is always the same: the input is accepted, or refused
+bodies to `localpers api`, bench data files, publish corpus files, GGUF headers (a backbone given with --model)
+and CLI arguments get generated input, structured and random. The property is always the same: the input is accepted, or refused
 with a `LocalpersError` (one line, naming the file or field; exit code 2 for bad content; the API: a 4xx with a
 JSON error) and no partial state; never another exception. Profiles are in conftest.py: `ci` (default, fast)
 and `long` (HYPOTHESIS_PROFILE=long).
@@ -18,8 +18,9 @@ import shutil
 import socket
 import urllib.parse
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from hypothesis import given
@@ -39,6 +40,7 @@ from localpers.users.history import parse_history
 from localpers.users.store import UserStore
 
 runner = CliRunner()
+T = TypeVar("T")
 
 # JSON values, nested a few levels, with awkward scalars (odd floats, control text); hostile raw JSON
 # (integers past Python's 4300-digit limit, nesting far too deep) comes from `hostile_json`.
@@ -69,6 +71,17 @@ awkward_text = st.lists(
 def assert_one_line(exc: LocalpersError) -> None:
     text = str(exc)
     assert text and "\n" not in text and "Traceback" not in text
+
+
+def read_or_refused(path: Path, content: str, read: Callable[[Path], T]) -> T | None:
+    """`read(path)` of a file holding `content`; None when it was refused in one line naming the file."""
+    path.write_bytes(content.encode("utf-8", "surrogatepass"))
+    try:
+        return read(path)
+    except LocalpersError as exc:
+        assert_one_line(exc)
+        assert path.name in str(exc)
+        return None
 
 
 def jsonl_files(records: st.SearchStrategy[dict], max_lines: int) -> st.SearchStrategy[str]:
@@ -145,13 +158,10 @@ def bench_lines() -> st.SearchStrategy[str]:
     dev_split=st.booleans(),
 )
 def test_bench_data_files_read_or_fail_in_one_line(tmp_path: Path, content: str, dev_split: bool) -> None:
-    path = tmp_path / "users.jsonl"
-    path.write_bytes(content.encode("utf-8", "surrogatepass"))
-    try:
-        read = read_bench_file(path, dev_split=dev_split)
-    except LocalpersError as exc:
-        assert_one_line(exc)
-        assert "users.jsonl" in str(exc)
+    read = read_or_refused(
+        tmp_path / "users.jsonl", content, lambda path: read_bench_file(path, dev_split=dev_split)
+    )
+    if read is None:
         return
     assert read.users and all(user.queries for user in read.users)
     assert all(user.store_name and len(user.store_name) <= 32 for user in read.users)
@@ -166,13 +176,10 @@ def test_bench_data_files_read_or_fail_in_one_line(tmp_path: Path, content: str,
 def test_publish_corpus_files_load_or_fail_in_one_line(tmp_path: Path, content: str, min_users: int) -> None:
     from localpers.publish.corpus import load_corpus
 
-    path = tmp_path / "corpus.jsonl"
-    path.write_bytes(content.encode("utf-8", "surrogatepass"))
-    try:
-        corpus = load_corpus(path, min_users=min_users)
-    except LocalpersError as exc:
-        assert_one_line(exc)
-        assert "corpus.jsonl" in str(exc)
+    corpus = read_or_refused(
+        tmp_path / "corpus.jsonl", content, lambda path: load_corpus(path, min_users=min_users)
+    )
+    if corpus is None:
         return
     assert len(corpus.users) >= min_users and all(user.history for user in corpus.users)
     assert len({user.user_id for user in corpus.users}) == len(corpus.users)

@@ -94,39 +94,41 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
     assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
+def run_user_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+    """`localpers user list` through the console script: (exit code, standard error)."""
+    from localpers.cli import entry
+
+    monkeypatch.setattr("localpers.interrupts.install", lambda: None)  # leave pytest's own SIGINT handler
+    monkeypatch.setattr(sys, "argv", ["localpers", "user", "list"])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    return stopped.value.code, capsys.readouterr().err
+
+
 def test_a_ctrl_c_while_click_parses_the_arguments_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import typer.core
 
-    from localpers.cli import entry
-
     def parsing(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # Typer turns this into a silent exit 130
 
-    monkeypatch.setattr("localpers.interrupts.install", lambda: None)
-    monkeypatch.setattr(sys, "argv", ["localpers", "user", "list"])
     monkeypatch.setattr(typer.core.TyperGroup, "parse_args", parsing)
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
-    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    code, err = run_user_list(monkeypatch, capsys)
+    assert code == 130 and err == "interrupted\n"
 
 
 def test_a_command_that_reported_its_own_ctrl_c_is_not_reported_twice(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localpers.cli import entry, users
+    from localpers.cli import users
 
     def listing(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("localpers.interrupts.install", lambda: None)
-    monkeypatch.setattr(sys, "argv", ["localpers", "user", "list"])
     monkeypatch.setattr(users, "UserStore", listing)
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
-    err = capsys.readouterr().err
-    assert stopped.value.code == 130 and err.count("interrupted") == 1, err
+    code, err = run_user_list(monkeypatch, capsys)
+    assert code == 130 and err.count("interrupted") == 1, err
 
 
 @pytest.mark.parametrize(
