@@ -175,6 +175,16 @@ class Bundle:
             raise LocalpersError(f"cluster {cluster} is out of range: bundle {self.directory} has k={self.k}")
         return f"cluster-{cluster}"
 
+    def check_cluster_adapters(self) -> None:
+        """Refuse a bundle whose `adapters` lack one of its k clusters' (found before any user meets the gap)."""
+        wanted = [self.cluster_adapter_name(c) for c in range(self.k)]
+        missing = [name for name in wanted if name not in self.adapter_names]
+        if missing:
+            raise LocalpersError(
+                f"bundle {self.directory}: manifest field 'clusters.k' is {self.k}, but 'adapters' has no"
+                f" {', '.join(missing)}; re-pull the bundle"
+            )
+
     @property
     def head_path(self) -> Path:
         return self._file("head.file", (self.manifest.get("head") or {}).get("file"))

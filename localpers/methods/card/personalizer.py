@@ -65,13 +65,7 @@ class Personalizer:
         manifest = bundle.manifest
         if "head" not in manifest:
             raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
-        cluster_adapters = [bundle.cluster_adapter_name(c) for c in range(bundle.k)]
-        missing = [name for name in cluster_adapters if name not in bundle.adapter_names]
-        if missing:
-            raise LocalpersError(
-                f"bundle {bundle.directory}: manifest field 'clusters.k' is {bundle.k}, but 'adapters' has no"
-                f" {', '.join(missing)}; re-pull the bundle"
-            )
+        bundle.check_cluster_adapters()
         self.bundle = bundle
         self.backbone = backbone
         self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
