@@ -507,6 +507,42 @@ def test_gguf_headers_read_or_fail_in_one_line(
         assert tensor.offset + tensor.n_bytes <= path.stat().st_size
 
 
+def _small_lora(tmp_path: Path) -> bytes:
+    import numpy as np
+
+    from localpers.engine.adapters import write_lora_gguf
+
+    path = tmp_path / "seed-lora.gguf"
+    write_lora_gguf(path, {"blk.0.attn_q.weight": (np.ones((2, 64)), np.ones((2, 2)))}, alpha=4.0)
+    return path.read_bytes()
+
+
+@given(
+    edits=st.lists(st.tuples(st.integers(min_value=0, max_value=500), st.integers(0, 255)), max_size=6),
+    cut=st.none() | st.integers(min_value=0, max_value=700),
+)
+def test_lora_adapters_pass_or_are_refused_in_one_line(
+    tmp_path: Path, edits: list[tuple[int, int]], cut: int | None
+) -> None:
+    pytest.importorskip("gguf")
+    from localpers.engine.adapters import check_lora_adapter
+
+    backbone = tmp_path / "backbone.gguf"
+    backbone.write_bytes(_small_gguf(tmp_path))
+    raw = bytearray(_small_lora(tmp_path))
+    (tmp_path / "seed-lora.gguf").write_bytes(bytes(raw))
+    check_lora_adapter(tmp_path / "seed-lora.gguf", gguf_layout(backbone))  # the unedited file passes
+    for position, value in edits:
+        if position < len(raw):
+            raw[position] = value
+    path = tmp_path / "edited-lora.gguf"
+    path.write_bytes(bytes(raw[:cut] if cut is not None else raw))
+    try:
+        check_lora_adapter(path, gguf_layout(backbone))
+    except LocalpersError as exc:
+        assert "\n" not in str(exc) and str(path) in str(exc)
+
+
 # -- OpenAI-style request bodies to `localpers api` ----------------------------------------------------------
 
 API_FIELDS = [

@@ -139,3 +139,25 @@ def test_the_value_type_table_is_ggufs() -> None:
     assert all(
         np.dtype(scalars[value_type(kind)]).itemsize == size for kind, size in module._SCALAR_SIZES.items()
     )
+
+
+def test_single_metadata_values_are_the_ones_gguf_reads(tmp_path: Path) -> None:
+    path = tmp_path / "adapter.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_string("general.type", "adapter")
+    writer.add_float32("adapter.lora.alpha", 32.0)
+    writer.add_int32("x.signed", -5)
+    writer.add_uint64("x.big", 2**40)
+    writer.add_float64("x.double", 0.125)
+    writer.add_bool("x.flag", True)
+    writer.add_array("x.list", [1, 2, 3])
+    writer.add_tensor("a.weight", np.ones((2, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    values = gguf_layout(path).values
+    reader = gguf.GGUFReader(str(path))
+    expected = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    assert values == {key: value for key, value in expected.items() if not isinstance(value, list)}
+    assert values["general.type"] == "adapter" and values["x.signed"] == -5 and "x.list" not in values

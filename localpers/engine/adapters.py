@@ -3,7 +3,8 @@
 An adapter is a mapping from a backbone weight's GGUF name (`blk.3.attn_q.weight`) to the pair
 `(A, B)` with `A` of shape `(rank, in_features)` and `B` of shape `(out_features, rank)`, the
 layout peft uses; the update is `W + (alpha / rank) * B @ A`. Tensors are stored in f16. The backbone's
-architecture and block weight shapes come from its header (`gguf_layout`).
+architecture and block weight shapes come from its header (`gguf_layout`). `check_lora_adapter` refuses,
+from headers and data alone, an adapter file llama.cpp would refuse or that would turn its outputs into NaN.
 This module does not train anything and does not load adapters (see `localpers.engine`).
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.engine.gguf_layout import gguf_layout
+from localpers.engine.gguf_layout import GGUFLayout, gguf_layout, map_tensor
 from localpers.errors import LocalpersError
 
 # The linear layers CARD adapts (DESIGN.md section 3): q, k, v, o, gate, up, down.
@@ -104,3 +105,52 @@ def random_lora(
     return write_lora_gguf(
         path, tensors, alpha=2.0 * rank, architecture=backbone_architecture(backbone), name=f"random-{seed}"
     )
+
+
+def check_lora_adapter(path: Path, backbone: GGUFLayout) -> None:
+    """Refuse (one line naming `path`) a LoRA file that does not fit the backbone (its header: `gguf_layout`)
+    or holds non-finite numbers.
+
+    The checks are llama.cpp's own when it loads an adapter (GGUF type `adapter`/`lora`, the backbone's
+    architecture, an A and a B of matching rank for weights the backbone has, with its in/out sizes), so a
+    file that passes loads; plus what llama.cpp does not check: a finite alpha and finite F16/F32 weights.
+    """
+    path, base = Path(path), backbone
+    layout = gguf_layout(path)
+
+    def refuse(problem: str) -> LocalpersError:
+        return LocalpersError(f"{path}: {problem}")
+
+    kinds = (layout.values.get("general.type"), layout.values.get("adapter.type"))
+    if kinds != ("adapter", "lora"):
+        raise refuse(f"not a LoRA adapter (general.type, adapter.type = {kinds[0]!r}, {kinds[1]!r})")
+    if layout.architecture != base.architecture:
+        raise refuse(f"an adapter for {layout.architecture!r}, the backbone is {base.architecture!r}")
+    alpha = layout.values.get("adapter.lora.alpha", 0.0)
+    if not isinstance(alpha, int | float) or not np.isfinite(alpha):
+        raise refuse(f"adapter.lora.alpha is {alpha!r}, not a finite number")
+    pairs: dict[str, dict[str, object]] = {}
+    for tensor in layout.tensors:
+        weight, _, part = tensor.name.rpartition(".")
+        if part not in ("lora_a", "lora_b"):
+            raise refuse(f"tensor {tensor.name!r} is neither a LoRA A nor a B")
+        pairs.setdefault(weight, {})[part] = tensor
+    if not pairs:
+        raise refuse("holds no LoRA tensors")
+    for weight, pair in sorted(pairs.items()):
+        target = base.tensor(weight)
+        if target is None or len(target.shape) != 2:
+            raise refuse(f"adapts {weight!r}, which the backbone has no matrix of")
+        if len(pair) != 2:
+            raise refuse(f"{weight!r} has only its {next(iter(pair))}")
+        a, b = pair["lora_a"], pair["lora_b"]
+        ranks_agree = len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0]
+        if not ranks_agree or a.shape[0] != target.shape[0] or b.shape[1] != target.shape[1]:
+            raise refuse(
+                f"{weight!r} has A {a.shape} and B {b.shape}; the backbone's {target.shape} needs"
+                f" ({target.shape[0]}, r) and (r, {target.shape[1]})"
+            )
+        for tensor in (a, b):
+            data = map_tensor(path, tensor)
+            if data.dtype.kind == "f" and not np.isfinite(data).all():
+                raise refuse(f"tensor {tensor.name!r} holds values that are not finite numbers")

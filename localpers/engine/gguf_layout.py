@@ -3,8 +3,9 @@
 `gguf.GGUFReader` parses a header by building a numpy view for every metadata element; for Gemma's
 262,144-token vocabulary that takes ~10 s on a 2-core CPU, although the tensors' own descriptions are
 all a caller here needs. `gguf_layout` reads the same header (GGUF versions 2 and 3, little-endian)
-but steps over metadata values without materialising them, keeping only the architecture and the
-alignment, then reads each tensor's name, shape, quantisation type and offset. The raw data's numpy
+but steps over metadata arrays without materialising them, keeping the single values (strings and
+numbers: the architecture, the alignment, an adapter's type and alpha, a model's layer count), then reads each
+tensor's name, shape, quantisation type and offset. The raw data's numpy
 dtype and shape follow gguf-py's own convention (quantised blocks as uint8 rows), so `map_tensor`
 presents a tensor exactly as `GGUFReader` would: `tests/test_gguf_layout.py` compares the two on the
 real backbone and on generated files. A malformed file is refused with a `LocalpersError` naming it.
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,20 @@ DEFAULT_ALIGNMENT = 32
 # GGUF metadata value types (gguf.GGUFValueType, not imported: gguf costs 140 ms of every CLI start):
 # the fixed-size ones and their sizes (uint8, int8, uint16, int16, uint32, int32, float32, bool, uint64, int64,
 # float64), then string and array, which carry their own lengths.
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_SCALAR_FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_SCALAR_SIZES = {value_type: struct.calcsize(layout) for value_type, layout in _SCALAR_FORMATS.items()}
 _UINT32, _STRING, _ARRAY = 4, 8, 9
 # tensor types gguf-py shows as plain numpy arrays; every other (quantised) type as rows of bytes
 _PLAIN_DTYPES = {
@@ -59,6 +74,8 @@ class TensorLocation:
 class GGUFLayout:
     architecture: str
     tensors: tuple[TensorLocation, ...]
+    # the header's single-valued metadata (strings, numbers, booleans); arrays are skipped
+    values: Mapping[str, str | int | float | bool] = field(default_factory=dict)
 
     def tensor(self, name: str) -> TensorLocation | None:
         return next((tensor for tensor in self.tensors if tensor.name == name), None)
@@ -103,19 +120,22 @@ class _HeaderReader:
             raise ValueError("no GGUF magic")
         if version not in SUPPORTED_VERSIONS:
             raise ValueError(f"GGUF version {version} (little-endian 2 or 3 expected)")
-        architecture, alignment = "", DEFAULT_ALIGNMENT
+        values: dict[str, str | int | float | bool] = {}
+        alignment = DEFAULT_ALIGNMENT
         for _ in range(n_values):
             key = self._string()
             (value_type,) = self._unpack("<I")
-            if key == "general.architecture" and value_type == _STRING:
-                architecture = self._string()
-                continue
-            if key == "general.alignment" and value_type == _UINT32:
-                (alignment,) = self._unpack("<I")
+            if value_type == _STRING:
+                values[key] = self._string(errors="replace")
+            elif value_type in _SCALAR_FORMATS:
+                (values[key],) = self._unpack(_SCALAR_FORMATS[value_type])
+            else:
+                self._skip_value(value_type)
+            if key == "general.alignment" and value_type == _UINT32:  # llama.cpp reads it only as uint32
+                alignment = int(values[key])
                 if alignment == 0 or alignment & (alignment - 1):
                     raise ValueError(f"alignment {alignment} is not a power of two")
-                continue
-            self._skip_value(value_type)
+        architecture = values.get("general.architecture", "")
         described = [self._tensor_description() for _ in range(n_tensors)]
         data_start = -(-self.offset // alignment) * alignment
         tensors = tuple(
@@ -124,19 +144,21 @@ class _HeaderReader:
         for tensor in tensors:
             if tensor.offset + tensor.n_bytes > len(self.buffer):
                 raise ValueError(f"tensor {tensor.name} runs past the end of the file")
-        return GGUFLayout(architecture=architecture, tensors=tensors)
+        return GGUFLayout(
+            architecture=architecture if isinstance(architecture, str) else "", tensors=tensors, values=values
+        )
 
     def _unpack(self, layout: str) -> tuple:
         values = struct.unpack_from(layout, self.buffer, self.offset)
         self.offset += struct.calcsize(layout)
         return values
 
-    def _string(self) -> str:
+    def _string(self, errors: str = "strict") -> str:
         (length,) = self._unpack("<Q")
         end = self.offset + length
         if end > len(self.buffer):
             raise ValueError("a string runs past the end of the file")
-        text = bytes(self.buffer[self.offset : end]).decode("utf-8")
+        text = bytes(self.buffer[self.offset : end]).decode("utf-8", errors)
         self.offset = end
         return text
 
