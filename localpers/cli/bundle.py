@@ -133,6 +133,7 @@ def pull(
             unsigned=unsigned,
             with_backbone=with_backbone,
             confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
+            check_content=_content_check(model),
         )
     if as_json:
         payload = {
@@ -157,6 +158,20 @@ def pull(
         f"installed bundle {result.version}: {result.files} files, {_megabytes(result.bytes)} verified"
         f" in {result.seconds:.1f} s -> {result.directory}"
     )
+
+
+def _content_check(model: str | None) -> Any:
+    """What `pull` runs on a staged bundle: every file read as the device will read it, with its backbone."""
+
+    def check(bundle: Any, backbone_sha256: str) -> None:
+        from localpers.engine.backbone import pulled_backbone_path, resolve_backbone
+        from localpers.methods.card.bundle_content import check_bundle_content
+
+        pulled = pulled_backbone_path(backbone_sha256)
+        backbone = pulled if model is None and pulled.is_file() else resolve_backbone(model).path
+        check_bundle_content(bundle, backbone)
+
+    return check
 
 
 def _ask_to_trust(progress: Any) -> Any:
@@ -245,14 +260,16 @@ def verify(
 ) -> None:
     """Check a bundle against every rule in docs/BUNDLE.md; exit 1 naming the first file that fails."""
     from localpers.bundle.format import open_bundle
+    from localpers.methods.card.bundle_content import check_bundle_content
 
-    backbone_sha256 = None
+    backbone = None
     if not skip_backbone:
         from localpers.engine.backbone import resolve_backbone
 
-        backbone_sha256 = resolve_backbone(model).sha256
+        backbone = resolve_backbone(model)
     started = time.perf_counter()
-    bundle = open_bundle(directory, backbone_sha256=backbone_sha256)
+    bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
+    check_bundle_content(bundle, backbone.path if backbone else None)
     seconds = time.perf_counter() - started
     if as_json:
         payload = {
@@ -260,15 +277,20 @@ def verify(
             "directory": str(bundle.directory),
             "files": len(bundle.manifest["files"]),
             "bytes": bundle.total_size,
-            "backbone_checked": backbone_sha256 is not None,
+            "backbone_checked": backbone is not None,
+            "content_checked": True,
             "seconds": round(seconds, 3),
         }
         typer.echo(json.dumps(payload))
         return
-    checked = "backbone hash matches" if backbone_sha256 else "backbone not checked"
+    checked = (
+        "backbone hash matches, adapters fit it"
+        if backbone
+        else "backbone not checked (nor whether the adapters and head fit it)"
+    )
     typer.echo(
         f"ok: {bundle.directory}: {len(bundle.manifest['files'])} files, {_megabytes(bundle.total_size)}"
-        f" verified in {seconds:.2f} s; {checked}"
+        f" verified in {seconds:.2f} s; head, centroids and adapters readable; {checked}"
     )
 
 

@@ -155,16 +155,13 @@ def top_k_indices(logits: np.ndarray, k: int) -> np.ndarray:
     return candidates
 
 
-def _check_tensors(
-    tensors: dict[str, np.ndarray], config: HeadConfig, embeddings: TokenEmbeddings | None
-) -> None:
+def _check_tensors(tensors: dict[str, np.ndarray], config: HeadConfig, n_embd: int | None) -> None:
     """Refuse a head file whose tensors cannot serve `config` (wrong shapes, NaN, negative token ids).
 
     Shapes: P `(D, n_taps * n_embd)`, default_vectors `(n >= 1, D)`, Q `(n_embd, D)`, U_rows `(n, D)` with U_ids
-    `(n,)`; n_embd is the backbone's when its embeddings are at hand. A missing tensor is left to the caller.
+    `(n,)`; n_embd is the backbone's width when it is known. A missing tensor is left to the caller.
     """
     d, taps = config.d, len(config.layers)
-    n_embd = None if embeddings is None else embeddings.n_embd
     width = "n_taps * n_embd" if n_embd is None else str(taps * n_embd)
     expected = {
         "P": (d, None if n_embd is None else taps * n_embd),
@@ -201,6 +198,47 @@ def _check_tensors(
             )
         if len(ids) and ids.min() < 0:
             raise LocalpersError("tensor 'U_ids' holds a negative token id")
+
+
+def _read_head_file(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises several types for a bad file
+        raise LocalpersError(f"{path}: not a readable head file ({exc}); re-pull the bundle") from exc
+
+
+# The tensors each kind of head (`HeadConfig.u`) is built from.
+HEAD_TENSORS = {
+    "factored": ("P", "default_vectors", "Q"),
+    "full": ("P", "default_vectors", "U_ids", "U_rows"),
+}
+
+
+def check_head_file(path: Path, config: HeadConfig, *, n_embd: int | None, clusters: int | None) -> None:
+    """Refuse (one line naming `path`) a head file that cannot serve `config` on a backbone `n_embd` wide, with
+    a default vector for each of `clusters` clusters and the global one, without building the head: for
+    checking a bundle (`pull`, `bundle verify`) where no backbone is loaded."""
+    tensors = _read_head_file(path)
+    needed = HEAD_TENSORS.get(config.u)
+    if needed is None:
+        raise LocalpersError(
+            f"bundle manifest field 'head.u' is {config.u!r}, not one of {', '.join(HEAD_TENSORS)}"
+        )
+    missing = [name for name in needed if name not in tensors]
+    try:
+        if missing:
+            raise LocalpersError(f"missing tensor {missing[0]!r}")
+        _check_tensors(tensors, config, n_embd)
+        rows = tensors["default_vectors"].shape[0]
+        if clusters is not None and rows != clusters + 1:
+            raise LocalpersError(
+                f"tensor 'default_vectors' has {rows} rows; {clusters} clusters need {clusters + 1}"
+                " (one per cluster, then the global default)"
+            )
+    except LocalpersError as exc:
+        raise LocalpersError(f"{path}: {exc}; re-pull the bundle") from exc
 
 
 class CardHead:
@@ -243,14 +281,9 @@ class CardHead:
     # ------------------------------------------------------------------ I/O
     @classmethod
     def load(cls, path: Path, config: HeadConfig, embeddings: TokenEmbeddings | None) -> CardHead:
-        from safetensors.numpy import load_file
-
+        tensors = _read_head_file(path)
         try:
-            tensors = load_file(str(path))
-        except Exception as exc:  # safetensors raises several types for a bad file
-            raise LocalpersError(f"{path}: not a readable head file ({exc}); re-pull the bundle") from exc
-        try:
-            _check_tensors(tensors, config, embeddings)
+            _check_tensors(tensors, config, None if embeddings is None else embeddings.n_embd)
             return cls(
                 config,
                 tensors["P"],

@@ -1,0 +1,230 @@
+"""A bundle's content is read as the device reads it before `pull` installs it and by `bundle verify`.
+
+Each damaged bundle below has its manifest re-hashed, as anyone can do to a bundle nobody signed: the file
+checks pass, and before the content check these were installed and refused only at a user's first fit or
+rewrite (or, for some, not refused at all). Now `pull --unsigned` refuses them in one line naming the
+source's file, installs nothing and keeps the previous bundle; `bundle verify` exits 2 naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+from synthetic_bundle import make_bundle
+from typer.testing import CliRunner
+
+from localpers.bundle.format import MANIFEST_NAME, installed_bundle_dir, verify_bundle, write_manifest
+from localpers.cli import app
+from localpers.engine.adapters import check_lora_adapter, linear_shapes, write_lora_gguf
+from localpers.engine.backbone import Backbone
+from localpers.engine.gguf_layout import gguf_layout
+from localpers.errors import InputError, LocalpersError
+from localpers.methods.card.bundle_content import backbone_shape, check_bundle_content
+
+DEMO_BUNDLE = Path(__file__).resolve().parents[1] / "models" / "demo-bundle"
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, backbone: Backbone) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("template") / "bundle", backbone)
+
+
+@pytest.fixture
+def bundle(template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(template, tmp_path / "bundle"))
+
+
+def rehash(directory: Path) -> None:
+    """Re-list every file's size and sha256, as an editor of an unsigned bundle would."""
+    manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    write_manifest(directory, {key: value for key, value in manifest.items() if key != "files"})
+
+
+def edit_manifest(directory: Path, section: str, field: str, value: object) -> None:
+    manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    manifest[section][field] = value
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def edit_tensor(path: Path, name: str, change: Callable[[np.ndarray], np.ndarray]) -> None:
+    tensors = load_file(str(path))
+    tensors[name] = change(tensors[name])
+    save_file(tensors, str(path))
+
+
+def with_nan(array: np.ndarray) -> np.ndarray:
+    array = array.copy()
+    array.flat[0] = np.nan
+    return array
+
+
+def lora_for(backbone: Path, path: Path, *, transposed: bool = False, value: float = 0.01) -> None:
+    shapes = linear_shapes(backbone, ("attn_q",))
+    tensors = {
+        weight: (
+            np.full((2, n_out if transposed else n_in), value),
+            np.full((n_in if transposed else n_out, 2), 0.01),
+        )
+        for weight, (n_in, n_out) in shapes.items()
+    }
+    write_lora_gguf(path, tensors, alpha=4.0)
+
+
+# (what is damaged, how, the file or field the one-line refusal must name)
+DAMAGE: list[tuple[str, Callable[[Path, Path], None], str]] = [
+    ("head holds NaN", lambda b, _: edit_tensor(b / "head.safetensors", "P", with_nan), "head.safetensors"),
+    (
+        "head lacks the global default vector",
+        lambda b, _: edit_tensor(b / "head.safetensors", "default_vectors", lambda a: a[:2]),
+        "default_vectors",
+    ),
+    (
+        "head Q of another backbone's width",
+        lambda b, _: edit_tensor(b / "head.safetensors", "Q", lambda a: a[:100]),
+        "head.safetensors",
+    ),
+    (
+        "centroids of the wrong width",
+        lambda b, _: save_file(
+            {"centroids": np.ones((2, 100), np.float32)}, str(b / "centroids.safetensors")
+        ),
+        "centroids.safetensors",
+    ),
+    (
+        "adapter cut short",
+        lambda b, _: (b / "adapters/cluster-1.gguf").write_bytes(
+            (b / "adapters/cluster-1.gguf").read_bytes()[:300]
+        ),
+        "cluster-1.gguf",
+    ),
+    (
+        "adapter with A and B transposed",
+        lambda b, backbone: lora_for(backbone, b / "adapters/cluster-1.gguf", transposed=True),
+        "cluster-1.gguf",
+    ),
+    (
+        "adapter holding infinities",
+        lambda b, backbone: lora_for(backbone, b / "adapters/global.gguf", value=np.inf),
+        "global.gguf",
+    ),
+    (
+        "head taps layer 40 of 18",
+        lambda b, _: edit_manifest(b, "head", "layers", [14, 15, 16, 40]),
+        "head.layers",
+    ),
+    ("k above the adapters", lambda b, _: edit_manifest(b, "clusters", "k", 3), "cluster-2"),
+]
+
+
+def test_real_bundles_pass(bundle: Path, backbone: Backbone) -> None:
+    check_bundle_content(verify_bundle(bundle), backbone.path)
+    check_bundle_content(verify_bundle(DEMO_BUNDLE), backbone.path)
+    check_bundle_content(verify_bundle(DEMO_BUNDLE), None)
+    assert backbone_shape(gguf_layout(backbone.path)) == (18, 640)
+
+
+@pytest.mark.parametrize(("damage", "names"), [(d[1], d[2]) for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+def test_damaged_content_is_refused_by_verify_and_by_pull_keeping_the_previous_bundle(
+    bundle: Path, tmp_path: Path, backbone: Backbone, damage: Callable[[Path, Path], None], names: str
+) -> None:
+    runner = CliRunner()
+    good = Path(shutil.copytree(bundle, tmp_path / "good"))
+    installed = runner.invoke(app, ["pull", "--unsigned", str(good), "--model", str(backbone.path)])
+    assert installed.exit_code == 0, installed.stderr
+    previous = installed_bundle_dir()
+
+    damage(bundle, backbone.path)
+    rehash(bundle)
+    verify_bundle(bundle)  # the files match the manifest: only their content is wrong
+
+    verified = runner.invoke(app, ["bundle", "verify", str(bundle), "--model", str(backbone.path)])
+    assert verified.exit_code == 2 and verified.stdout == ""
+    assert (
+        verified.stderr.startswith("error: ")
+        and verified.stderr.count("\n") == 1
+        and names in verified.stderr
+    )
+
+    pulled = runner.invoke(app, ["pull", "--unsigned", str(bundle), "--model", str(backbone.path)])
+    assert pulled.exit_code == 2 and pulled.stderr.count("\n") == 1 and names in pulled.stderr
+    assert str(bundle) in pulled.stderr and ".staging-" not in pulled.stderr
+    assert "nothing was installed" in pulled.stderr
+    assert installed_bundle_dir() == previous
+    assert not [p for p in previous.parent.parent.iterdir() if p.name.startswith(".staging-")]
+
+
+@pytest.mark.parametrize(
+    ("values", "tensors", "refusal"),
+    [
+        ({"general.type": "model"}, None, "not a LoRA adapter"),
+        ({"general.architecture": "llama"}, None, "an adapter for 'llama'"),
+        ({"adapter.lora.alpha": float("nan")}, None, "adapter.lora.alpha"),
+        ({}, {"blk.0.attn_q.weight.lora_a": np.zeros((2, 640), np.float16)}, "has only its lora_a"),
+        ({}, {"blk.99.attn_q.weight.lora_a": np.zeros((2, 640), np.float16)}, "no matrix of"),
+        ({}, {"blk.0.attn_q.weight": np.zeros((2, 640), np.float16)}, "neither a LoRA A nor a B"),
+        ({}, {}, "holds no LoRA tensors"),
+    ],
+)
+def test_an_adapter_llama_cpp_would_refuse_is_refused_from_its_header(
+    tmp_path: Path, backbone: Backbone, values: dict, tensors: dict | None, refusal: str
+) -> None:
+    import gguf
+
+    path = tmp_path / "adapter.gguf"
+    writer = gguf.GGUFWriter(str(path), values.pop("general.architecture", "gemma3"))
+    writer.add_string("general.type", values.pop("general.type", "adapter"))
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", values.pop("adapter.lora.alpha", 4.0))
+    if tensors is None:
+        tensors = {
+            "blk.0.attn_q.weight.lora_a": np.zeros((2, 640), np.float16),
+            "blk.0.attn_q.weight.lora_b": np.zeros((1024, 2), np.float16),
+        }
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(LocalpersError, match=refusal) as refused:
+        check_lora_adapter(path, gguf_layout(backbone.path))
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_errors_are_input_errors_and_a_bad_backbone_is_not_blamed_on_the_bundle(
+    bundle: Path, tmp_path: Path
+) -> None:
+    edit_tensor(bundle / "head.safetensors", "P", with_nan)
+    rehash(bundle)
+    with pytest.raises(InputError):
+        check_bundle_content(verify_bundle(bundle), None)
+    not_gguf = tmp_path / "not.gguf"
+    not_gguf.write_bytes(b"nope")
+    with pytest.raises(LocalpersError) as refused:
+        check_bundle_content(verify_bundle(bundle), not_gguf)
+    assert not isinstance(refused.value, InputError) and str(not_gguf) in str(refused.value)
+
+
+def test_a_command_given_a_damaged_bundle_directory_refuses_it_before_loading_the_model(
+    bundle: Path, backbone: Backbone
+) -> None:
+    lora_for(
+        backbone.path, bundle / "adapters/global.gguf", value=np.inf
+    )  # llama.cpp loads it: random tokens
+    rehash(bundle)
+    runner = CliRunner()
+    assert runner.invoke(app, ["user", "create", "ann"]).exit_code == 0
+    text = "The city council voted on Tuesday to expand the bike lane network across downtown."
+    rewritten = runner.invoke(app, ["rewrite", "--bundle", str(bundle), "-m", "global", text])
+    assert rewritten.exit_code == 2 and rewritten.stdout == ""
+    assert (
+        rewritten.stderr.count("\n") == 1
+        and "global.gguf" in rewritten.stderr
+        and "not finite" in rewritten.stderr
+    )
