@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -160,7 +161,7 @@ def pull(
     )
 
 
-def _content_check(model: str | None) -> Any:
+def _content_check(model: str | None) -> Callable[[Any, str], None]:
     """What `pull` runs on a staged bundle: every file read as the device will read it, with its backbone."""
 
     def check(bundle: Any, backbone_sha256: str) -> None:
@@ -258,7 +259,8 @@ def verify(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Check a bundle against every rule in docs/BUNDLE.md; exit 1 naming the first file that fails."""
+    """Check a bundle against every rule in docs/BUNDLE.md, its files' content included; exit 2 naming the
+    first file or field that fails."""
     from localpers.bundle.format import open_bundle
     from localpers.methods.card.bundle_content import check_bundle_content
 

@@ -4,7 +4,8 @@ An adapter is a mapping from a backbone weight's GGUF name (`blk.3.attn_q.weight
 `(A, B)` with `A` of shape `(rank, in_features)` and `B` of shape `(out_features, rank)`, the
 layout peft uses; the update is `W + (alpha / rank) * B @ A`. Tensors are stored in f16. The backbone's
 architecture and block weight shapes come from its header (`gguf_layout`). `check_lora_adapter` refuses,
-from headers and data alone, an adapter file llama.cpp would refuse or that would turn its outputs into NaN.
+from headers and data alone, an adapter file llama.cpp would refuse or whose non-finite weights it would load
+(every output then random tokens).
 This module does not train anything and does not load adapters (see `localpers.engine`).
 """
 

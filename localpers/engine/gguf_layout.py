@@ -1,14 +1,14 @@
 """Where each tensor of a GGUF file lies, read from its header in milliseconds.
 
 `gguf.GGUFReader` parses a header by building a numpy view for every metadata element; for Gemma's
-262,144-token vocabulary that takes ~10 s on a 2-core CPU, although the tensors' own descriptions are
-all a caller here needs. `gguf_layout` reads the same header (GGUF versions 2 and 3, little-endian)
-but steps over metadata arrays without materialising them, keeping the single values (strings and
-numbers: the architecture, the alignment, an adapter's type and alpha, a model's layer count), then reads each
-tensor's name, shape, quantisation type and offset. The raw data's numpy
-dtype and shape follow gguf-py's own convention (quantised blocks as uint8 rows), so `map_tensor`
-presents a tensor exactly as `GGUFReader` would: `tests/test_gguf_layout.py` compares the two on the
-real backbone and on generated files. A malformed file is refused with a `LocalpersError` naming it.
+262,144-token vocabulary that takes ~10 s on a 2-core CPU, although the tensors' own descriptions are all a
+caller here needs. `gguf_layout` reads the same header (GGUF versions 2 and 3, little-endian) but steps over
+metadata arrays without materialising them, keeping the single values (strings and numbers: the architecture,
+the alignment, an adapter's type and alpha, a model's layer count), then reads each tensor's name, shape,
+quantisation type and offset. The raw data's numpy dtype and shape follow gguf-py's own convention (quantised
+blocks as uint8 rows), so `map_tensor` presents a tensor exactly as `GGUFReader` would:
+`tests/test_gguf_layout.py` compares the two on the real backbone and on generated files. A malformed file is
+refused with a `LocalpersError` naming it.
 This module does not dequantise, name-map or validate tensor contents.
 """
 
