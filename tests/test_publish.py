@@ -184,6 +184,32 @@ def test_from_stage_recomputes_only_that_stage_and_later(published: dict) -> Non
     assert (options.out / "manifest.json").exists()
 
 
+def test_a_bundle_devices_would_refuse_is_not_installed(published: dict) -> None:
+    """A head stage that left NaN in the head: the bundle stage refuses to install it, OUT keeps its bundle."""
+    from safetensors.numpy import load_file, save_file
+
+    from localpers.errors import LocalpersError
+    from localpers.publish.head_training import HEAD_FILE
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    head = options.work_dir / "head" / HEAD_FILE
+    manifest_before = (options.out / "manifest.json").read_bytes()
+    original = head.read_bytes()
+    tensors = load_file(str(head))
+    tensors["P"][0, 0] = np.nan
+    save_file(tensors, str(head))
+    try:
+        with pytest.raises(LocalpersError, match="devices would refuse") as refused:
+            publish(options, from_stage="bundle")
+    finally:
+        head.write_bytes(original)
+    message = str(refused.value)
+    assert "head.safetensors" in message and "not finite" in message and "--from-stage" in message
+    assert "re-pull" not in message and "\n" not in message
+    assert (options.out / "manifest.json").read_bytes() == manifest_before
+
+
 def test_interrupted_sft_resumes_from_its_checkpoint(published: dict) -> None:
     """Drop the last adapter's final weights and the stage marker, as a kill after a checkpoint would."""
     from localpers.publish.pipeline import publish

@@ -2,20 +2,25 @@
 
 Files are staged under `WORK/bundle/staging/`, hashed there by `localpers.bundle.format.write_manifest`, then
 moved into OUT: the old `manifest.json` is removed first and the new one moved in last, so a bundle
-interrupted half-way has no manifest and no device will take it. Nothing here trains or evaluates.
+interrupted half-way has no manifest and no device will take it. Before the move, the staged bundle is read as a
+device will read it (`localpers.methods.card.bundle_content`): a bundle devices would refuse (a head that training
+left with NaN, say) is not installed, and OUT keeps what it had. Nothing here trains or evaluates.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from localpers.bundle.format import MANIFEST_NAME, write_manifest
+from localpers.bundle.format import MANIFEST_NAME, verify_bundle, write_manifest
 from localpers.engine.backbone import DEFAULT_BACKBONE_NAME
 from localpers.engine.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
+from localpers.errors import LocalpersError
+from localpers.methods.card.bundle_content import check_bundle_content
 from localpers.paths import check_own_directory
 from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
@@ -123,6 +128,7 @@ def run(context: PublishContext, directory: Path, summaries: dict[str, dict[str,
     )
     manifest = build_manifest(context, summaries)
     write_manifest(staging, manifest)
+    check_as_devices_will(staging, context.backbone_path, context.options.out)
     install(staging, context.options.out)
     files = sorted(
         p.relative_to(context.options.out).as_posix()
@@ -131,6 +137,18 @@ def run(context: PublishContext, directory: Path, summaries: dict[str, dict[str,
     )
     total = sum((context.options.out / f).stat().st_size for f in files)
     return {"files": files, "bytes": total}
+
+
+def check_as_devices_will(staging: Path, backbone: Path, out: Path) -> None:
+    """Refuse to install a staged bundle that `pull` and `--bundle` would refuse on a device."""
+    try:
+        check_bundle_content(verify_bundle(staging), backbone)
+    except LocalpersError as exc:
+        problem = re.sub(r";\s*re-pull[^;]*$", "", str(exc))  # device advice; the publisher's is below
+        raise LocalpersError(
+            f"this publish built a bundle devices would refuse ({problem}); it was not installed in {out}:"
+            " rerun from the stage that wrote the file (`--from-stage`, for example `--from-stage head`)"
+        ) from exc
 
 
 def install(staging: Path, out: Path) -> None:
