@@ -228,3 +228,22 @@ def test_a_command_given_a_damaged_bundle_directory_refuses_it_before_loading_th
         and "global.gguf" in rewritten.stderr
         and "not finite" in rewritten.stderr
     )
+
+
+def test_doctor_reports_the_bundle_in_use_and_what_its_check_found(bundle: Path, backbone: Backbone) -> None:
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["pull", "--unsigned", str(bundle), "--model", str(backbone.path)]).exit_code == 0
+    )
+    healthy = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
+    assert healthy.exit_code == 0, healthy.stderr
+    report = json.loads(healthy.stdout)["bundle"]
+    assert (
+        report["ok"] and report["origin"] == "pulled" and report["directory"] == str(installed_bundle_dir())
+    )
+
+    edit_tensor(installed_bundle_dir() / "head.safetensors", "P", with_nan)  # damaged after install
+    damaged = runner.invoke(app, ["doctor", "--model", str(backbone.path)])
+    assert damaged.exit_code == 0  # doctor reports; it does not stop at the first problem
+    line = next(line for line in damaged.stdout.splitlines() if line.startswith("  content"))
+    assert "refused:" in line and "head.safetensors" in line

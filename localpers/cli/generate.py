@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -33,7 +33,8 @@ from localpers.errors import LocalpersError
 
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
-    """Show the backbone, llama.cpp build, threads, data directories, installed extras and the training device."""
+    """Show the backbone, the bundle in use (its content checked), llama.cpp build, threads, data directories,
+    installed extras and the training device."""
 
     from localpers import paths
     from localpers.engine import Engine, llama_cpp_version, llama_system_info
@@ -81,12 +82,16 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         },
     }
     report["training"] = _training_device() if report["extras"]["publish"] else None
+    report["bundle"] = _bundle_status(backbone)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"localpers {report['version']}")
     typer.echo(f"backbone      {backbone.path} ({backbone.source})")
     typer.echo(f"  sha256      {backbone.sha256}")
+    bundle = report["bundle"]
+    typer.echo(f"bundle        {bundle['directory']} ({bundle['origin']})")
+    typer.echo(f"  content     {bundle['content']}")
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(f"threads       {report['threads']}")
@@ -105,6 +110,22 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     elif training is not None:
         precision = "bf16 or fp32, whichever is faster" if training["bf16"] else "fp32 (no bf16 instructions)"
         typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
+
+
+def _bundle_status(backbone: Any) -> dict[str, Any]:
+    """The bundle commands would use, and whether its files and content pass what `pull` checks."""
+    from localpers.bundle.format import default_bundle_dir, installed_bundle_dir, open_bundle
+    from localpers.methods.card.bundle_content import check_bundle_content
+
+    status: dict[str, Any] = {"directory": "?", "origin": "?"}
+    try:
+        status["origin"] = "pulled" if installed_bundle_dir() is not None else "embedded demo"
+        status["directory"] = str(default_bundle_dir())
+        check_bundle_content(open_bundle(None, backbone_sha256=backbone.sha256), backbone.path)
+    except LocalpersError as exc:
+        return {**status, "ok": False, "content": f"refused: {exc}"}
+    fits = "ok: files verified; head, centroids and adapters fit this backbone"
+    return {**status, "ok": True, "content": fits}
 
 
 def _training_device() -> dict[str, object]:
