@@ -247,3 +247,27 @@ def test_doctor_reports_the_bundle_in_use_and_what_its_check_found(bundle: Path,
     assert damaged.exit_code == 0  # doctor reports; it does not stop at the first problem
     line = next(line for line in damaged.stdout.splitlines() if line.startswith("  content"))
     assert "refused:" in line and "head.safetensors" in line
+
+
+def test_repo_add_refuses_to_sign_a_bundle_devices_would_refuse(
+    bundle: Path, tmp_path: Path, backbone: Backbone
+) -> None:
+    runner = CliRunner()
+    keys, repo = tmp_path / "keys", tmp_path / "repo"
+    assert runner.invoke(app, ["repo", "keygen", str(keys)]).exit_code == 0
+    assert runner.invoke(app, ["repo", "init", str(repo), "--keys", str(keys)]).exit_code == 0
+    signed_before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
+
+    lora_for(backbone.path, bundle / "adapters/cluster-0.gguf", value=np.inf)
+    rehash(bundle)
+    refused = runner.invoke(app, ["repo", "add", str(repo), str(bundle), "--keys", str(keys)])
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1 and "cluster-0.gguf" in refused.stderr
+    assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == signed_before  # nothing signed
+
+    shutil.rmtree(bundle)
+    shutil.copytree(DEMO_BUNDLE, bundle)
+    edit_manifest(bundle, "backbone", "sha256", "0" * 64)  # a backbone this machine does not have
+    rehash(bundle)
+    added = runner.invoke(app, ["repo", "add", str(repo), str(bundle), "--keys", str(keys)])
+    assert added.exit_code == 0, added.stderr
+    assert "not checked against it" in added.stderr and added.stdout.startswith("published")

@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from localpers.cli.common import ModelOption
+
 repo_app = typer.Typer(
     help="Publish bundles as a signed (TUF) repository of static files: keys, sign, re-sign.",
     no_args_is_help=True,
@@ -55,21 +57,46 @@ def add(
     bundle: Annotated[Path, typer.Argument(help="The bundle directory to publish (verified first).")],
     keys: KeysOption,
     days: DaysOption = None,
+    model: ModelOption = None,
 ) -> None:
-    """Publish a bundle: copy its files as signed targets and sign new targets, snapshot and timestamp."""
+    """Publish a bundle: check it as devices will, copy its files as signed targets and sign new targets,
+    snapshot and timestamp."""
+    from localpers.bundle.format import verify_bundle
     from localpers.bundle.repository import add_bundle
+    from localpers.methods.card.bundle_content import check_bundle_content
 
+    verified = verify_bundle(bundle)
+    backbone = _backbone_with(verified.backbone_sha256, model)
+    check_bundle_content(verified, backbone)  # signing a bundle every device refuses helps no one
+    if backbone is None:
+        typer.echo(
+            f"note: the backbone {bundle} names is not here (give it with --model), so the adapters were not"
+            " checked against it; devices check them when they pull",
+            err=True,
+        )
     version = add_bundle(repo, bundle, keys, _expiry(days, "targets"))
     typer.echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
+
+
+def _backbone_with(sha256: str, model: str | None) -> Path | None:
+    """This machine's backbone file with this sha256 (the given or default one), or None."""
+    from localpers.engine.backbone import pulled_backbone_path, resolve_backbone
+    from localpers.errors import LocalpersError
+
+    try:
+        backbone = resolve_backbone(model)
+    except LocalpersError:
+        backbone = None
+    if backbone is not None and backbone.sha256 == sha256:
+        return backbone.path
+    pulled = pulled_backbone_path(sha256)
+    return pulled if pulled.is_file() else None
 
 
 def add_backbone(
     repo: RepoArgument,
     keys: KeysOption,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF (default: embedded)."),
-    ] = None,
+    model: ModelOption = None,
 ) -> None:
     """Publish the backbone GGUF as a signed target (`backbone/<sha256>.gguf`) for devices without PyPI."""
     from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
