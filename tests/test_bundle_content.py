@@ -271,3 +271,9 @@ def test_repo_add_refuses_to_sign_a_bundle_devices_would_refuse(
     added = runner.invoke(app, ["repo", "add", str(repo), str(bundle), "--keys", str(keys)])
     assert added.exit_code == 0, added.stderr
     assert "not checked against it" in added.stderr and added.stdout.startswith("published")
+    other = tmp_path / "other.gguf"  # another backbone (only its sha256 is read before the refusal)
+    other.write_bytes(b"GGUF" + bytes(64))
+    wrong = runner.invoke(
+        app, ["repo", "add", str(repo), str(bundle), "--keys", str(keys), "--model", str(other)]
+    )
+    assert wrong.exit_code == 2 and "the bundle names 000000000000" in wrong.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,6 +30,9 @@ from localpers.cli.sampling import (
     sampler_settings,
 )
 from localpers.errors import LocalpersError
+
+if TYPE_CHECKING:
+    from localpers.engine.backbone import Backbone
 
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
@@ -112,7 +115,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
 
 
-def _bundle_status(backbone: Any) -> dict[str, Any]:
+def _bundle_status(backbone: Backbone) -> dict[str, Any]:
     """The bundle commands would use, and whether its files and content pass what `pull` checks."""
     from localpers.bundle.format import default_bundle_dir, installed_bundle_dir, open_bundle
     from localpers.methods.card.bundle_content import check_bundle_content

@@ -79,16 +79,26 @@ def add(
 
 
 def _backbone_with(sha256: str, model: str | None) -> Path | None:
-    """This machine's backbone file with this sha256 (the given or default one), or None."""
+    """This machine's backbone file with this sha256: `model` (which must be it), else the default or a pulled
+    one, else None."""
     from localpers.engine.backbone import pulled_backbone_path, resolve_backbone
     from localpers.errors import LocalpersError
 
+    if model is not None:
+        given = resolve_backbone(model)
+        if given.sha256 != sha256:
+            raise LocalpersError(
+                f"--model {model} has sha256 {given.sha256[:12]}..., the bundle names {sha256[:12]}...;"
+                " give the backbone the bundle was published for",
+                exit_code=2,
+            )
+        return given.path
     try:
-        backbone = resolve_backbone(model)
+        default = resolve_backbone()
     except LocalpersError:
-        backbone = None
-    if backbone is not None and backbone.sha256 == sha256:
-        return backbone.path
+        default = None
+    if default is not None and default.sha256 == sha256:
+        return default.path
     pulled = pulled_backbone_path(sha256)
     return pulled if pulled.is_file() else None
 
