@@ -165,12 +165,10 @@ def _content_check(model: str | None) -> Callable[[Any, str], None]:
     """What `pull` runs on a staged bundle: every file read as the device will read it, with its backbone."""
 
     def check(bundle: Any, backbone_sha256: str) -> None:
-        from localpers.engine.backbone import pulled_backbone_path, resolve_backbone
+        from localpers.engine.backbone import backbone_with_sha256
         from localpers.methods.card.bundle_content import check_bundle_content
 
-        pulled = pulled_backbone_path(backbone_sha256)
-        backbone = pulled if model is None and pulled.is_file() else resolve_backbone(model).path
-        check_bundle_content(bundle, backbone)
+        check_bundle_content(bundle, backbone_with_sha256(backbone_sha256, model))
 
     return check
 

@@ -63,10 +63,11 @@ def add(
     snapshot and timestamp."""
     from localpers.bundle.format import verify_bundle
     from localpers.bundle.repository import add_bundle
+    from localpers.engine.backbone import backbone_with_sha256
     from localpers.methods.card.bundle_content import check_bundle_content
 
     verified = verify_bundle(bundle)
-    backbone = _backbone_with(verified.backbone_sha256, model)
+    backbone = backbone_with_sha256(verified.backbone_sha256, model)
     check_bundle_content(verified, backbone)  # signing a bundle every device refuses helps no one
     if backbone is None:
         typer.echo(
@@ -76,31 +77,6 @@ def add(
         )
     version = add_bundle(repo, bundle, keys, _expiry(days, "targets"))
     typer.echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
-
-
-def _backbone_with(sha256: str, model: str | None) -> Path | None:
-    """This machine's backbone file with this sha256: `model` (which must be it), else the default or a pulled
-    one, else None."""
-    from localpers.engine.backbone import pulled_backbone_path, resolve_backbone
-    from localpers.errors import LocalpersError
-
-    if model is not None:
-        given = resolve_backbone(model)
-        if given.sha256 != sha256:
-            raise LocalpersError(
-                f"--model {model} has sha256 {given.sha256[:12]}..., the bundle names {sha256[:12]}...;"
-                " give the backbone the bundle was published for",
-                exit_code=2,
-            )
-        return given.path
-    try:
-        default = resolve_backbone()
-    except LocalpersError:
-        default = None
-    if default is not None and default.sha256 == sha256:
-        return default.path
-    pulled = pulled_backbone_path(sha256)
-    return pulled if pulled.is_file() else None
 
 
 def add_backbone(

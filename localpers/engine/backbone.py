@@ -136,6 +136,28 @@ def pulled_backbone_path(sha256: str) -> Path:
     return cache_dir() / "backbones" / f"{PULLED_PREFIX}{sha256}.gguf"
 
 
+def backbone_with_sha256(sha256: str, model: str | Path | None = None) -> Path | None:
+    """This machine's backbone file with this sha256: `model` (which must be it: exit 2 if not), else the one
+    `resolve_backbone` picks if it matches, else one `pull --with-backbone` installed, else None."""
+    if model is not None:
+        given = resolve_backbone(model)
+        if given.sha256 != sha256:
+            raise LocalpersError(
+                f"backbone {model} has sha256 {given.sha256[:12]}..., the bundle names {sha256[:12]}...;"
+                " give the backbone the bundle was published for",
+                exit_code=2,
+            )
+        return given.path
+    try:
+        default = resolve_backbone()
+    except LocalpersError:
+        default = None
+    if default is not None and default.sha256 == sha256:
+        return default.path
+    pulled = pulled_backbone_path(sha256)
+    return pulled if pulled.is_file() else None
+
+
 def pulled_backbones() -> list[Path]:
     """Backbones installed by `pull --with-backbone`, newest first."""
     directory = cache_dir() / "backbones"
