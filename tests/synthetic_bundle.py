@@ -15,7 +15,8 @@ from safetensors.numpy import save_file
 from localpers.bundle.format import write_manifest
 from localpers.engine.adapters import random_lora
 from localpers.engine.backbone import Backbone
-from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.head import CardHead
+from localpers.methods.card.head_spec import HeadConfig
 
 SHOUTY_OUTPUTS = ["BIG WIN FOR CITY PARK!!!", "MAYOR SAYS YES TO BUSES!!!", "STORM HITS COAST, ALL SAFE!!!"]
 CALM_OUTPUTS = [

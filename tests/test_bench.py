@@ -26,7 +26,7 @@ from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
 from localpers.errors import LocalpersError
-from localpers.methods.card.head import HeadConfig
+from localpers.methods.card.head_spec import HeadConfig
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import PromptFormat

@@ -484,6 +484,16 @@ def _small_gguf(tmp_path: Path) -> bytes:
     return path.read_bytes()
 
 
+def _write_edited(raw: bytes, edits: list[tuple[int, int]], cut: int | None, path: Path) -> Path:
+    """`raw` with each (position, byte) edit applied inside it, cut to `cut` bytes, written to `path`."""
+    edited = bytearray(raw)
+    for position, value in edits:
+        if position < len(edited):
+            edited[position] = value
+    path.write_bytes(bytes(edited[:cut] if cut is not None else edited))
+    return path
+
+
 @given(
     edits=st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.integers(0, 255)), max_size=6),
     cut=st.none() | st.integers(min_value=0, max_value=600),
@@ -492,12 +502,7 @@ def test_gguf_headers_read_or_fail_in_one_line(
     tmp_path: Path, edits: list[tuple[int, int]], cut: int | None
 ) -> None:
     pytest.importorskip("gguf")
-    raw = bytearray(_small_gguf(tmp_path))
-    for position, value in edits:
-        if position < len(raw):
-            raw[position] = value
-    path = tmp_path / "edited.gguf"
-    path.write_bytes(bytes(raw[:cut] if cut is not None else raw))
+    path = _write_edited(_small_gguf(tmp_path), edits, cut, tmp_path / "edited.gguf")
     try:
         layout = gguf_layout(path)
     except LocalpersError as exc:
@@ -529,14 +534,9 @@ def test_lora_adapters_pass_or_are_refused_in_one_line(
 
     backbone = tmp_path / "backbone.gguf"
     backbone.write_bytes(_small_gguf(tmp_path))
-    raw = bytearray(_small_lora(tmp_path))
-    (tmp_path / "seed-lora.gguf").write_bytes(bytes(raw))
+    raw = _small_lora(tmp_path)  # written to seed-lora.gguf
     check_lora_adapter(tmp_path / "seed-lora.gguf", gguf_layout(backbone))  # the unedited file passes
-    for position, value in edits:
-        if position < len(raw):
-            raw[position] = value
-    path = tmp_path / "edited-lora.gguf"
-    path.write_bytes(bytes(raw[:cut] if cut is not None else raw))
+    path = _write_edited(raw, edits, cut, tmp_path / "edited-lora.gguf")
     try:
         check_lora_adapter(path, gguf_layout(backbone))
     except LocalpersError as exc:

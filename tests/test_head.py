@@ -10,7 +10,8 @@ from safetensors.numpy import save_file
 
 from localpers.errors import LocalpersError
 from localpers.methods.card.cluster_assignment import read_centroids
-from localpers.methods.card.head import CardHead, HeadConfig, normalise_features, top_k_indices
+from localpers.methods.card.head import CardHead, normalise_features, top_k_indices
+from localpers.methods.card.head_spec import HeadConfig
 
 
 class TableEmbeddings:

@@ -20,7 +20,8 @@ pytest.importorskip("gguf")
 from localpers.bundle.format import sha256_of_file  # noqa: E402
 from localpers.engine.backbone import resolve_backbone  # noqa: E402
 from localpers.engine.token_embeddings import TokenEmbeddings  # noqa: E402
-from localpers.methods.card.head import CardHead, HeadConfig, normalise_features  # noqa: E402
+from localpers.methods.card.head import CardHead, normalise_features  # noqa: E402
+from localpers.methods.card.head_spec import HeadConfig  # noqa: E402
 from localpers.publish.options import STAGES, PublishOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -19,7 +19,7 @@ import typer
 from localpers.cli.common import one_line_errors
 from localpers.engine.adapters import DEFAULT_TARGETS
 from localpers.errors import LocalpersError
-from localpers.methods.card.head import MAX_TOP_K
+from localpers.methods.card.head_spec import MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
 
 

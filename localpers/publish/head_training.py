@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from localpers.engine.token_embeddings import TokenEmbeddings
-from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.head import CardHead
+from localpers.methods.card.head_spec import HeadConfig
 from localpers.publish.executor import GIB, Resources, Task
 from localpers.publish.head_data import PairData, author_negative_pairs, holdout_mask, load_pair_data
 from localpers.publish.options import card_base

@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 
 from localpers.engine.backbone import resolve_backbone
 from localpers.errors import LocalpersError
-from localpers.methods.card.head import BASES
+from localpers.methods.card.head_spec import BASES
 from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft_stage
 from localpers.publish.corpus import load_corpus
 from localpers.publish.executor import EXECUTORS, Executor, SequentialExecutor

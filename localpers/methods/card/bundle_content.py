@@ -19,7 +19,7 @@ from localpers.engine.adapters import check_lora_adapter
 from localpers.engine.gguf_layout import GGUFLayout, gguf_layout
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.cluster_assignment import read_centroids
-from localpers.methods.card.head import HeadConfig, check_head_file
+from localpers.methods.card.head_spec import HeadConfig, check_head_file
 from localpers.users.history_prompt import PromptFormat
 
 

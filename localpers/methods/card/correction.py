@@ -22,7 +22,8 @@ import numpy as np
 from localpers.engine.decoding import Candidates
 from localpers.errors import LocalpersError
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
-from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.head import CardHead
+from localpers.methods.card.head_spec import HeadConfig
 from localpers.methods.card.token_bias import TokenBias
 
 # Strength of the token bias's counted tables when the fit chose none (its calibrated habits apply as fitted).

@@ -36,7 +36,8 @@ from localpers.methods.card.bundle_content import check_bundle_content
 from localpers.methods.card.cluster_assignment import nearest_centroid, read_centroids
 from localpers.methods.card.correction import CardCorrection, CorrectionVariant, build_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.methods.card.head import CardHead, HeadConfig
+from localpers.methods.card.head import CardHead
+from localpers.methods.card.head_spec import HeadConfig
 from localpers.methods.card.pairs import PairBuilder, Progress
 from localpers.methods.card.recasing import FinishingStream
 from localpers.methods.card.token_bias import TokenBias
