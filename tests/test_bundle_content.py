@@ -277,3 +277,63 @@ def test_repo_add_refuses_to_sign_a_bundle_devices_would_refuse(
         app, ["repo", "add", str(repo), str(bundle), "--keys", str(keys), "--model", str(other)]
     )
     assert wrong.exit_code == 2 and "the bundle names 000000000000" in wrong.stderr
+
+
+def test_a_bundle_an_older_pull_installed_unchecked_is_refused_at_its_first_use(
+    bundle: Path, backbone: Backbone
+) -> None:
+    from localpers.bundle.pull import pull_bundle
+
+    edit_tensor(bundle / "head.safetensors", "P", with_nan)
+    rehash(bundle)
+    pull_bundle(str(bundle), unsigned=True, backbone_sha256=backbone.sha256)  # no content check, as before
+    runner = CliRunner()
+    assert runner.invoke(app, ["user", "create", "ann"]).exit_code == 0
+    text = "The city council voted on Tuesday to expand the bike lane network across downtown."
+    for _ in range(2):  # a refusal leaves no stamp: refused again
+        rewritten = runner.invoke(app, ["rewrite", "-m", "global", "--model", str(backbone.path), text])
+        assert rewritten.exit_code == 2 and rewritten.stdout == ""
+        assert rewritten.stderr.count("\n") == 1 and "head.safetensors" in rewritten.stderr
+        assert "installed before localpers checked this" in rewritten.stderr
+
+
+def test_the_installed_bundle_is_read_once_per_manifest_backbone_and_revision(
+    bundle: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.bundle.format import bundles_root, open_bundle
+    from localpers.methods.card import bundle_content
+
+    reads: list[Path] = []
+    real_check = bundle_content.check_bundle_content
+    monkeypatch.setattr(
+        bundle_content, "check_bundle_content", lambda b, m: (reads.append(b.directory), real_check(b, m))
+    )
+
+    def use(path: Path | None = None) -> None:
+        opened = open_bundle(path, backbone_sha256=backbone.sha256)
+        bundle_content.check_bundle_before_use(opened, backbone.path, given=path is not None)
+
+    use()
+    assert reads == []  # nothing pulled: the embedded demo bundle is part of the package, not read
+    runner = CliRunner()
+    assert (
+        runner.invoke(app, ["pull", "--unsigned", str(bundle), "--model", str(backbone.path)]).exit_code == 0
+    )
+    assert len(reads) == 1 and reads[0].name.startswith(".staging-")  # pull's check, remembered
+    use()
+    use()
+    assert len(reads) == 1
+    (bundles_root() / bundle_content.CHECKED_STAMP).unlink()  # pulled by a localpers that kept no stamp
+    use()
+    use()
+    assert reads[1:] == [installed_bundle_dir()]
+    monkeypatch.setattr(bundle_content, "CHECK_REVISION", bundle_content.CHECK_REVISION + 1)
+    use()
+    use()
+    assert len(reads) == 3  # a stricter check reads the installed bundle again, once
+    (bundles_root() / bundle_content.CHECKED_STAMP).write_text("{not json")
+    use()
+    assert len(reads) == 4
+    use(bundle)
+    use(bundle)
+    assert reads[4:] == [bundle, bundle]  # a directory given on the command line: every time

@@ -162,13 +162,17 @@ def pull(
 
 
 def _content_check(model: str | None) -> Callable[[Any, str], None]:
-    """What `pull` runs on a staged bundle: every file read as the device will read it, with its backbone."""
+    """What `pull` runs on a staged bundle: every file read as the device will read it, with its backbone (then
+    remembered, so that the first command does not read the bundle again)."""
 
     def check(bundle: Any, backbone_sha256: str) -> None:
         from localpers.engine.backbone import backbone_with_sha256
-        from localpers.methods.card.bundle_content import check_bundle_content
+        from localpers.methods.card.bundle_content import check_bundle_content, remember_passed
 
-        check_bundle_content(bundle, backbone_with_sha256(backbone_sha256, model))
+        backbone = backbone_with_sha256(backbone_sha256, model)
+        check_bundle_content(bundle, backbone)
+        if backbone is not None:
+            remember_passed(bundle)
 
     return check
 

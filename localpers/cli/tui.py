@@ -69,10 +69,9 @@ def tui_command(
         raise LocalpersError("--candidates needs greedy decoding (--temperature 0)", exit_code=2)
     backbone = resolve_backbone(model)
     verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
-    if bundle is not None:  # a directory no one may have signed: its content is read as `pull` reads it
-        from localpers.methods.card.bundle_content import check_bundle_content
+    from localpers.methods.card.bundle_content import check_bundle_before_use
 
-        check_bundle_content(verified, backbone.path)
+    check_bundle_before_use(verified, backbone.path, given=bundle is not None)
     store = UserStore()
     if user is not None:
         store.get(user)

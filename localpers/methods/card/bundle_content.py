@@ -8,13 +8,27 @@ later: a manifest `prompt` or `head` entry out of range, a cluster without an ad
 fit the backbone or holds non-finite weights, head tensors of the wrong shape or not finite, centroids that are
 not `(k, 384)` finite numbers, tapped layers the backbone lacks. It reads headers and arrays only: it loads no
 model and runs nothing from the bundle.
+
+`check_bundle_before_use` is what commands call before they load a bundle: a directory given on the command line
+every time, the pulled bundle once (a stamp in the bundle cache remembers which manifest, backbone and revision of
+this check passed), the embedded demo bundle never (it is part of the installed package, like its code).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
-from localpers.bundle.format import MANIFEST_NAME, Bundle
+from localpers.atomic import atomic_write_bytes
+from localpers.bundle.format import (
+    CURRENT_LINK,
+    MANIFEST_NAME,
+    Bundle,
+    bundles_root,
+    installed_bundle_dir,
+    sha256_of_file,
+)
 from localpers.engine.adapters import check_lora_adapter
 from localpers.engine.gguf_layout import GGUFLayout, gguf_layout
 from localpers.errors import InputError, LocalpersError
@@ -51,6 +65,58 @@ def check_bundle_content(bundle: Bundle, backbone: Path | None) -> None:
         if str(bundle.directory) not in message:  # a manifest field's error: say which manifest
             message = f"{bundle.directory / MANIFEST_NAME}: {message}"
         raise InputError(message) from exc
+
+
+# Raise it whenever `check_bundle_content` starts refusing something an earlier localpers let through: bundles
+# pulled (and stamped) before are then read again once.
+CHECK_REVISION = 1
+CHECKED_STAMP = "content-checked.json"  # in bundles_root(): the installed bundle that last passed
+
+
+def check_bundle_before_use(bundle: Bundle, backbone: Path, *, given: bool) -> None:
+    """Refuse, before any model loads, a bundle a command is about to use whose content does not fit `backbone`.
+
+    `given`: the directory came from the command line (`--bundle DIR`), which no one may have signed: checked
+    every time. The installed (pulled) bundle is checked on its first use and again only when it, its backbone or
+    this check's revision changes: a bundle pulled by a localpers whose `pull` checked less is read once with
+    today's rules. The embedded demo bundle is not read (0.3 s a start spent on the package's own files).
+    """
+    if given:
+        check_bundle_content(bundle, backbone)
+        return
+    installed = installed_bundle_dir()
+    if installed is None or installed.resolve() != bundle.directory.resolve() or passed_before(bundle):
+        return
+    try:
+        check_bundle_content(bundle, backbone)
+    except InputError as exc:
+        raise InputError(
+            f"{exc}; it was installed before localpers checked this: `localpers pull` a bundle that passes, or"
+            f" delete {bundles_root() / CURRENT_LINK} to use the embedded demo bundle"
+        ) from exc
+    remember_passed(bundle)
+
+
+def _stamp(bundle: Bundle) -> dict[str, object]:
+    return {
+        "revision": CHECK_REVISION,
+        "manifest_sha256": sha256_of_file(bundle.directory / MANIFEST_NAME),
+        "backbone_sha256": bundle.backbone_sha256,
+    }
+
+
+def passed_before(bundle: Bundle) -> bool:
+    """Whether this bundle's manifest (hence its files) passed this revision of the check with its backbone."""
+    with contextlib.suppress(OSError, ValueError):
+        return bool(json.loads((bundles_root() / CHECKED_STAMP).read_bytes()) == _stamp(bundle))
+    return False
+
+
+def remember_passed(bundle: Bundle) -> None:
+    """Record that `bundle` passed `check_bundle_content` with its backbone (`pull` after its check, so that
+    the first use does not read it again). A cache that cannot be written only means the check runs again."""
+    with contextlib.suppress(LocalpersError):
+        atomic_write_bytes(bundles_root() / CHECKED_STAMP, json.dumps(_stamp(bundle)).encode())
 
 
 def _check(bundle: Bundle, layout: GGUFLayout | None) -> None:

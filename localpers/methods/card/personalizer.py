@@ -32,7 +32,7 @@ from localpers.engine.generation import GenerationResult
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 from localpers.methods.card import decoding_runs, prompting, user_fit
-from localpers.methods.card.bundle_content import check_bundle_content
+from localpers.methods.card.bundle_content import check_bundle_before_use
 from localpers.methods.card.cluster_assignment import nearest_centroid, read_centroids
 from localpers.methods.card.correction import CardCorrection, CorrectionVariant, build_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
@@ -99,11 +99,11 @@ class Personalizer:
         cls, *, model: str | None = None, bundle: str | Path | None = None, n_threads: int | None = None
     ) -> Personalizer:
         """Resolve the backbone and the (verified) bundle, then load both. A bundle directory given here (no
-        one may have signed it) has its content checked first, as `pull` checks what it installs."""
+        one may have signed it) has its content checked first, as `pull` checks what it installs; the pulled
+        bundle on its first use (`check_bundle_before_use`)."""
         backbone = resolve_backbone(model)
         verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
-        if bundle is not None:
-            check_bundle_content(verified, backbone.path)
+        check_bundle_before_use(verified, backbone.path, given=bundle is not None)
         return cls(verified, backbone, n_threads=n_threads)
 
     def close(self) -> None:
