@@ -73,6 +73,18 @@ def test_ties_and_losses_go_to_the_adapter_alone(
         personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
     )
     assert won.label == "bias x2" and won.bias_strength == 2.0 and won.vector_strength == 0.0
+    assert won.items_higher == 3 and won.reason.endswith("higher on 3 of the 3")
+    assert tied.items_higher == 0 and won.to_json()["items_higher"] == 3
+
+    def one_item_carries_it(text, reference, variants, **kwargs):  # +0.3 on one item, -0.01 on the others
+        gain = 0.3 if reference == items(SHOUTY)[-1].output else -0.01
+        return [-2.0 + (gain if v.bias_strength == 1.0 and v.strength == 0 else 0.0) for v in variants]
+
+    monkeypatch.setattr(personalizer, "score_reference_variants", one_item_carries_it)
+    carried = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    assert carried.label == "bias" and carried.items_higher == 1 and "higher on 1 of the 3" in carried.reason
     assert (
         choice_module.choose_correction(
             personalizer, user, items(SHOUTY[:5]), regularisation=1.0, prior_weight=0.0

@@ -119,6 +119,7 @@ class Choice:
     seconds: float = 0.0
     counted: bool = True  # False: the token bias's habits only, its counted tables left out
     detail: dict[str, Any] = field(default_factory=dict)
+    items_higher: int = 0  # of the n_items, those the chosen candidate scored above the adapter alone
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +129,7 @@ class Choice:
             "counted": self.counted,
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "n_items": self.n_items,
+            "items_higher": self.items_higher,
             "reason": self.reason,
         }
 
@@ -166,6 +168,9 @@ def choose_correction(
     offered = candidates_for(outcome.bias)
     biases = [candidate.bias(outcome.bias) for candidate in offered]  # once, not per item
     totals = {candidate.label: 0.0 for candidate in offered}
+    higher = {candidate.label: 0 for candidate in offered}  # items on which each beat the adapter alone
+    labels = [candidate.label for candidate in offered]
+    alone = labels.index("adapter")
     for done, item in enumerate(recent):
         task = get_task(item.task)
         if task.name not in index_by_task:
@@ -177,7 +182,7 @@ def choose_correction(
             )
             for candidate, bias in zip(offered, biases, strict=True)
         ]
-        scores = personalizer.score_reference_variants(
+        item_scores = personalizer.score_reference_variants(
             item.input,
             item.output,
             variants,
@@ -186,12 +191,12 @@ def choose_correction(
             cluster=outcome.cluster,
             history=index_by_task[task.name],
         )
-        for candidate, score in zip(offered, scores, strict=True):
+        for candidate, score in zip(offered, item_scores, strict=True):
             totals[candidate.label] += score
+            higher[candidate.label] += score > item_scores[alone]
         if progress:
             progress("choice", done + 1, len(recent))
     scores = {label: total / len(recent) for label, total in totals.items()}
-    labels = [candidate.label for candidate in offered]
     best = max(scores, key=lambda label: (scores[label], -labels.index(label)))
     chosen = offered[labels.index(best)]
     adapter = "the global adapter" if personalizer.head_config.base == "global" else "your cluster adapter"
@@ -203,7 +208,8 @@ def choose_correction(
     else:
         reason = (
             f"on your {len(recent)} most recent items (held out from this comparison's fit) '{best}' gave "
-            f"log p/token {scores[best]:.3f} against {scores['adapter']:.3f} for {adapter} alone"
+            f"log p/token {scores[best]:.3f} against {scores['adapter']:.3f} for {adapter} alone, higher on "
+            f"{higher[best]} of the {len(recent)}"
         )
     return Choice(
         label=best,
@@ -214,6 +220,7 @@ def choose_correction(
         n_items=len(recent),
         reason=reason,
         seconds=time.perf_counter() - started,
+        items_higher=higher[best],
     )
 
 
