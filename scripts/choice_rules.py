@@ -1,0 +1,142 @@
+"""Re-read one `localpers bench` run under stricter rules for the fit's per-user choice (offline, nothing decoded).
+
+The fit's choice (`localpers.methods.card.choice`) gives a user a correction when its mean log-probability on the
+user's recent items beats the adapter alone's by any amount. A user whose choice falls back to the adapter alone
+decodes exactly what `global-history` decodes (strength 0, no bias; recasing does not change ROUGE, which
+lowercases, nor the gold likelihood), so any stricter rule can be read from one run of both methods: for each user
+the rule keeps, card-auto's outputs; for the others, global-history's. Rules: a margin in nats/token over the adapter
+alone, and "majority" (the chosen correction scored above the adapter alone on more than half of the recent items:
+`items_higher`, stored since the fifty-eighth session). Prints, for each rule, how many users keep a correction,
+ROUGE-1 and gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
+over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
+Usage: python scripts/choice_rules.py ../bench-runs/dev58 [--margins 0,0.005,0.01,0.02] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from localpers.bench.authors import compare_authors
+from localpers.bench.metrics import paired_bootstrap
+
+Rule = Callable[[dict], bool]
+
+
+def method_scores(run: Path, method: str) -> dict[str, dict[str, dict]]:
+    """{user: {query_id: cached query record}} of one method in a bench run's cache."""
+    folder = run / "cache" / method
+    if not folder.is_dir():
+        raise SystemExit(
+            f"{folder} does not exist: run the bench with -m global-history,card-auto --out {run}"
+        )
+    table: dict[str, dict[str, dict]] = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        table[record["user"]] = {query["query_id"]: query for query in record["queries"]}
+    return table
+
+
+def choices(run: Path) -> dict[str, dict]:
+    """Each user's stored choice (`state.json`'s `choice`) from the run's whole-history fits."""
+    found = {}
+    for state in sorted((run / "users" / "history-all" / "users").glob("*/state.json")):
+        choice = json.loads(state.read_text()).get("choice")
+        if isinstance(choice, dict):
+            found[state.parent.name] = choice
+    if not found:
+        raise SystemExit(f"no stored choices under {run / 'users' / 'history-all'}")
+    return found
+
+
+def margin_of(choice: dict) -> float:
+    scores = choice["scores"]
+    return float(scores[choice["label"]] - scores["adapter"])
+
+
+def rules(margins: list[float], with_items: bool) -> dict[str, Rule]:
+    """The rules to read; the majority ones only where every choice stored `items_higher`."""
+    table: dict[str, Rule] = {"today (any lead)": lambda c: c["label"] != "adapter"}
+    for margin in margins:
+        if margin > 0:
+            table[f"margin {margin}"] = lambda c, m=margin: c["label"] != "adapter" and margin_of(c) >= m
+    if with_items:
+        table["majority"] = lambda c: c["label"] != "adapter" and 2 * c["items_higher"] > c["n_items"]
+        table["majority + margin 0.005"] = lambda c: table["majority"](c) and margin_of(c) >= 0.005
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--margins", default="0.005,0.01,0.02")
+    parser.add_argument("--resamples", type=int, default=10000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    plain = method_scores(args.run, "global-history")
+    corrected = method_scores(args.run, "card-auto")
+    chosen = choices(args.run)
+    users = sorted(set(plain) & set(corrected) & set(chosen))
+    rows = [(user, query) for user in users for query in sorted(set(plain[user]) & set(corrected[user]))]
+    mismatched = sum(
+        1
+        for user, query in rows
+        if chosen[user]["label"] == "adapter"
+        and abs(plain[user][query]["rouge1"] - corrected[user][query]["rouge1"]) > 1e-9
+    )
+    base_rouge = np.array([plain[u][q]["rouge1"] for u, q in rows])
+    base_gold = np.array([plain[u][q]["gold_logprob"] for u, q in rows])
+    report: dict[str, object] = {
+        "run": str(args.run),
+        "users": len(users),
+        "queries": len(rows),
+        "premise_mismatches": mismatched,
+        "global_history_rouge1": round(float(base_rouge.mean()), 4),
+        "rules": {},
+    }
+    today = None
+    with_items = all("items_higher" in chosen[user] for user in users)
+    for name, keep in rules([float(m) for m in args.margins.split(",") if m], with_items).items():
+        kept = {user for user in users if keep(chosen[user])}
+        source = [corrected if user in kept else plain for user, _ in rows]
+        rouge = np.array([table[u][q]["rouge1"] for table, (u, q) in zip(source, rows, strict=True)])
+        gold = np.array([table[u][q]["gold_logprob"] for table, (u, q) in zip(source, rows, strict=True)])
+        today = rouge if today is None else today
+        versus_plain = paired_bootstrap(rouge, base_rouge, n_resamples=args.resamples)
+        versus_today = paired_bootstrap(rouge, today, n_resamples=args.resamples)
+        gold_vs_plain = paired_bootstrap(gold, base_gold, n_resamples=args.resamples)
+        authors = compare_authors(rouge, base_rouge, [u for u, _ in rows], n_resamples=args.resamples)
+        report["rules"][name] = {
+            "users_corrected": len(kept),
+            "rouge1": round(float(rouge.mean()), 4),
+            "rouge1_vs_global_history": versus_plain.as_list(4),
+            "rouge1_vs_today": versus_today.as_list(4),
+            "authors_improved_vs_global_history": authors.improved_text(),
+            "gold_vs_global_history": gold_vs_plain.as_list(4),
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(
+        f"{report['run']}: {report['users']} users, {report['queries']} queries; global-history R-1 "
+        f"{report['global_history_rouge1']}; users who chose the adapter but differ from global-history: "
+        f"{mismatched} queries"
+    )
+    print(
+        "| rule | users corrected | R-1 | vs global-history | vs today | authors up | gold vs global-history |"
+    )
+    print("|---|---:|---:|---|---|---:|---|")
+    for name, row in report["rules"].items():
+        print(
+            f"| {name} | {row['users_corrected']}/{len(users)} | {row['rouge1']} | {row['rouge1_vs_global_history']}"
+            f" | {row['rouge1_vs_today']} | {row['authors_improved_vs_global_history']} |"
+            f" {row['gold_vs_global_history']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

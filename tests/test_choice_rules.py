@@ -1,0 +1,56 @@
+"""`scripts/choice_rules.py` on a hand-made bench run: each rule takes card-auto's scores only for the users it keeps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent.parent / "scripts" / "choice_rules.py"
+
+
+def write_method(run: Path, method: str, scores: dict[str, tuple[float, float]]) -> None:
+    """One query per user: {user: (rouge1, gold log p)}."""
+    folder = run / "cache" / method
+    folder.mkdir(parents=True)
+    for user, (rouge, gold) in scores.items():
+        query = {"query_id": "q0", "rouge1": rouge, "gold_logprob": gold}
+        (folder / f"{user}.json").write_text(json.dumps({"user": user, "queries": [query]}))
+
+
+def write_choice(run: Path, user: str, label: str, lead: float, higher: int, n: int = 4) -> None:
+    folder = run / "users" / "history-all" / "users" / user
+    folder.mkdir(parents=True)
+    choice = {
+        "label": label,
+        "scores": {"adapter": -3.0, label: -3.0 + lead},
+        "n_items": n,
+        "items_higher": higher,
+    }
+    (folder / "state.json").write_text(json.dumps({"choice": choice}))
+
+
+def test_rules_keep_card_auto_only_for_the_users_they_accept(tmp_path: Path) -> None:
+    plain = {"tiny": (0.2, -3.0), "broad": (0.2, -3.0), "none": (0.3, -2.0)}
+    corrected = {"tiny": (0.1, -3.5), "broad": (0.4, -2.5), "none": (0.3, -2.0)}
+    write_method(tmp_path, "global-history", plain)
+    write_method(tmp_path, "card-auto", corrected)
+    write_choice(tmp_path, "tiny", "vector", 0.0001, higher=1)  # a lead from one item of four
+    write_choice(tmp_path, "broad", "bias", 0.03, higher=4)
+    write_choice(tmp_path, "none", "adapter", 0.0, higher=0)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "--json", "--resamples", "200", "--margins", "0.01"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(result.stdout)
+    assert report["premise_mismatches"] == 0 and report["queries"] == 3
+    rules = report["rules"]
+    today, margin, majority = rules["today (any lead)"], rules["margin 0.01"], rules["majority"]
+    assert today["users_corrected"] == 2 and today["rouge1"] == round((0.1 + 0.4 + 0.3) / 3, 4)
+    for strict in (margin, majority):  # "tiny" falls back to the adapter alone: global-history's scores
+        assert strict["users_corrected"] == 1 and strict["rouge1"] == round((0.2 + 0.4 + 0.3) / 3, 4)
+        assert strict["gold_vs_global_history"][1] == round(0.5 / 3, 4)
+        assert strict["rouge1_vs_today"][1] == round(0.1 / 3, 4)
