@@ -20,25 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from compare_runs import load
 
 from localpers.bench.authors import compare_authors
 from localpers.bench.metrics import paired_bootstrap
 
 Rule = Callable[[dict], bool]
-
-
-def method_scores(run: Path, method: str) -> dict[str, dict[str, dict]]:
-    """{user: {query_id: cached query record}} of one method in a bench run's cache."""
-    folder = run / "cache" / method
-    if not folder.is_dir():
-        raise SystemExit(
-            f"{folder} does not exist: run the bench with -m global-history,card-auto --out {run}"
-        )
-    table: dict[str, dict[str, dict]] = {}
-    for path in sorted(folder.glob("*.json")):
-        record = json.loads(path.read_text())
-        table[record["user"]] = {query["query_id"]: query for query in record["queries"]}
-    return table
 
 
 def choices(run: Path) -> dict[str, dict]:
@@ -77,8 +64,8 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=10000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    plain = method_scores(args.run, "global-history")
-    corrected = method_scores(args.run, "card-auto")
+    plain = load(f"{args.run}:global-history")  # {user: {query_id: cached query record}}
+    corrected = load(f"{args.run}:card-auto")
     chosen = choices(args.run)
     users = sorted(set(plain) & set(corrected) & set(chosen))
     rows = [(user, query) for user in users for query in sorted(set(plain[user]) & set(corrected[user]))]
