@@ -8,7 +8,8 @@ replayed choice neither run decoded is counted as unknown and left out of both m
 
 The rule replayed here is the device's (`localpers.methods.card.choice.candidates_for`): a user whose token bias
 has an opening or closing habit (B's `habits` candidate scores differently from the adapter alone) is offered B's
-habits candidates instead of A's x0.1 ones; any other user keeps A's set.
+habits candidates instead of A's x0.1 ones; any other user keeps A's set. The best candidate wins by any lead,
+as the device chose until the fifty-ninth session (`choice.MIN_LEAD` since; RESULTS 0zr).
 Usage: python scripts/replay_choice.py ../bench-runs/dev-a:card-auto ../bench-runs/dev-a-habits:card-auto
 """
 

@@ -13,6 +13,7 @@ from localpers.methods.card import choice as choice_module
 from localpers.methods.card.choice import (
     CANDIDATES,
     MIN_ITEMS_TO_CHOOSE,
+    MIN_LEAD,
     candidates_for,
     chosen_bias,
     split_recent,
@@ -40,7 +41,9 @@ def test_fit_stores_a_choice_made_on_held_out_recent_items(personalizer: Persona
     assert len(chosen["scores"]) == 8 and set(chosen["scores"]) <= {
         candidate.label for candidate in CANDIDATES
     }
-    assert chosen["label"] == max(chosen["scores"], key=lambda k: chosen["scores"][k])
+    leader = max(chosen["scores"], key=lambda k: chosen["scores"][k])
+    lead = chosen["scores"][leader] - chosen["scores"]["adapter"]
+    assert chosen["label"] == (leader if lead >= MIN_LEAD else "adapter")
     assert chosen["n_items"] == 3 and "most recent items" in chosen["reason"]
     assert report.seconds["choice"] > 0
     strength, bias_strength, label = stored_choice(state)
@@ -85,6 +88,18 @@ def test_ties_and_losses_go_to_the_adapter_alone(
         personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
     )
     assert carried.label == "bias" and carried.items_higher == 1 and "higher on 1 of the 3" in carried.reason
+
+    def narrow_lead(text, reference, variants, **kwargs):  # 'vector' ahead by 0.005 on every item
+        return [-2.0 + (0.005 if v.strength > 0 and v.bias_strength == 0 else 0.0) for v in variants]
+
+    monkeypatch.setattr(personalizer, "score_reference_variants", narrow_lead)
+    narrow = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    assert narrow.label == "adapter" and narrow.vector_strength == narrow.bias_strength == 0.0
+    assert narrow.items_higher == 0 and narrow.scores["vector"] > narrow.scores["adapter"]
+    assert "'vector', beat your cluster adapter alone by only 0.0050" in narrow.reason
+    assert "higher on 3 of the 3" in narrow.reason and f"needs {MIN_LEAD}" in narrow.reason
     assert (
         choice_module.choose_correction(
             personalizer, user, items(SHOUTY[:5]), regularisation=1.0, prior_weight=0.0
