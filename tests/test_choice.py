@@ -45,6 +45,15 @@ def test_fit_stores_a_choice_made_on_held_out_recent_items(personalizer: Persona
     lead = chosen["scores"][leader] - chosen["scores"]["adapter"]
     assert chosen["label"] == (leader if lead >= MIN_LEAD else "adapter")
     assert chosen["n_items"] == 3 and "most recent items" in chosen["reason"]
+    for label, values in chosen["item_scores"].items():  # item by item, for rules read offline
+        assert len(values) == 3 and sum(values) / 3 == pytest.approx(chosen["scores"][label], abs=1e-3)
+    gaps = [
+        mine - alone
+        for mine, alone in zip(
+            chosen["item_scores"][chosen["label"]], chosen["item_scores"]["adapter"], strict=True
+        )
+    ]
+    assert sum(gap > 1e-3 for gap in gaps) <= chosen["items_higher"] <= sum(gap > -1e-3 for gap in gaps)
     assert report.seconds["choice"] > 0
     strength, bias_strength, label = stored_choice(state)
     expected = {candidate.label: candidate for candidate in CANDIDATES}[label]

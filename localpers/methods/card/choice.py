@@ -124,6 +124,9 @@ class Choice:
     counted: bool = True  # False: the token bias's habits only, its counted tables left out
     detail: dict[str, Any] = field(default_factory=dict)
     items_higher: int = 0  # of the n_items, those the chosen candidate scored above the adapter alone
+    item_scores: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # per candidate, item by item (oldest first)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -134,6 +137,7 @@ class Choice:
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "n_items": self.n_items,
             "items_higher": self.items_higher,
+            "item_scores": {k: [round(v, 4) for v in values] for k, values in self.item_scores.items()},
             "reason": self.reason,
         }
 
@@ -171,7 +175,7 @@ def choose_correction(
     index_by_task: dict[str, HistoryIndex] = {}
     offered = candidates_for(outcome.bias)
     biases = [candidate.bias(outcome.bias) for candidate in offered]  # once, not per item
-    totals = {candidate.label: 0.0 for candidate in offered}
+    per_item: dict[str, list[float]] = {candidate.label: [] for candidate in offered}
     higher = {candidate.label: 0 for candidate in offered}  # items on which each beat the adapter alone
     labels = [candidate.label for candidate in offered]
     alone = labels.index("adapter")
@@ -196,11 +200,11 @@ def choose_correction(
             history=index_by_task[task.name],
         )
         for candidate, score in zip(offered, item_scores, strict=True):
-            totals[candidate.label] += score
+            per_item[candidate.label].append(score)
             higher[candidate.label] += score > item_scores[alone]
         if progress:
             progress("choice", done + 1, len(recent))
-    scores = {label: total / len(recent) for label, total in totals.items()}
+    scores = {label: sum(values) / len(recent) for label, values in per_item.items()}
     leader = max(scores, key=lambda label: (scores[label], -labels.index(label)))
     lead = scores[leader] - scores["adapter"]
     best = leader if lead >= MIN_LEAD else "adapter"
@@ -233,6 +237,7 @@ def choose_correction(
         reason=reason,
         seconds=time.perf_counter() - started,
         items_higher=higher[best],
+        item_scores=per_item,
     )
 
 
