@@ -1,15 +1,19 @@
 """Re-read one `localpers bench` run under stricter rules for the fit's per-user choice (offline, nothing decoded).
 
 The fit's choice (`localpers.methods.card.choice`) gives a user a correction when its mean log-probability on the
-user's recent items beats the adapter alone's by any amount. A user whose choice falls back to the adapter alone
+user's recent items beats the adapter alone's by `MIN_LEAD` (any amount until the fifty-ninth session); read a run
+made with `MIN_LEAD = 0` to compare rules, since a run's own rule bounds what can be read from it. A user whose
+choice falls back to the adapter alone
 decodes exactly what `global-history` decodes (strength 0, no bias; recasing does not change ROUGE, which
 lowercases, nor the gold likelihood), so any stricter rule can be read from one run of both methods: for each user
 the rule keeps, card-auto's outputs; for the others, global-history's. Rules: a margin in nats/token over the adapter
 alone, and "majority" (the chosen correction scored above the adapter alone on more than half of the recent items:
-`items_higher`, stored since the fifty-eighth session). Prints, for each rule, how many users keep a correction,
+`items_higher`, stored since the fifty-eighth session) and "spread": the lead over its standard error across the
+recent items, t = mean / (sd / sqrt(n)) (`item_scores`, stored since the fifty-ninth session), a lead carried by
+one item having a small t. Prints, for each rule, how many users keep a correction,
 ROUGE-1 and gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
 over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
-Usage: python scripts/choice_rules.py ../bench-runs/dev58 [--margins 0,0.005,0.01,0.02] [--json]
+Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2] [--json]
 """
 
 from __future__ import annotations
@@ -45,15 +49,32 @@ def margin_of(choice: dict) -> float:
     return float(scores[choice["label"]] - scores["adapter"])
 
 
-def rules(margins: list[float], with_items: bool) -> dict[str, Rule]:
-    """The rules to read; the majority ones only where every choice stored `items_higher`."""
-    table: dict[str, Rule] = {"today (any lead)": lambda c: c["label"] != "adapter"}
+def t_of(choice: dict) -> float:
+    """The chosen correction's lead over the adapter alone in standard errors of its item-by-item differences."""
+    mine, alone = (np.asarray(choice["item_scores"][label]) for label in (choice["label"], "adapter"))
+    gaps = mine - alone
+    spread = gaps.std(ddof=1) / np.sqrt(len(gaps)) if len(gaps) > 1 else 0.0
+    return float("inf") if spread == 0 else float(gaps.mean() / spread)
+
+
+def rules(
+    margins: list[float], with_items: bool, t_values: list[float] = (), with_item_scores: bool = False
+) -> dict[str, Rule]:
+    """The rules to read; the majority ones only where every choice stored `items_higher`, the spread ones
+    only where every choice stored `item_scores`."""
+    table: dict[str, Rule] = {"any lead": lambda c: c["label"] != "adapter"}
     for margin in margins:
         if margin > 0:
             table[f"margin {margin}"] = lambda c, m=margin: c["label"] != "adapter" and margin_of(c) >= m
     if with_items:
         table["majority"] = lambda c: c["label"] != "adapter" and 2 * c["items_higher"] > c["n_items"]
         table["majority + margin 0.005"] = lambda c: table["majority"](c) and margin_of(c) >= 0.005
+    if with_item_scores:
+        for t_value in t_values:
+            table[f"t >= {t_value}"] = lambda c, t=t_value: c["label"] != "adapter" and t_of(c) >= t
+            table[f"t >= {t_value} + margin 0.005"] = lambda c, t=t_value: (
+                c["label"] != "adapter" and t_of(c) >= t and margin_of(c) >= 0.005
+            )
     return table
 
 
@@ -61,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
     parser.add_argument("--margins", default="0.005,0.01,0.02")
+    parser.add_argument("--t-values", default="1,2", help="spread rules: the lead in standard errors")
     parser.add_argument("--resamples", type=int, default=10000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -87,7 +109,10 @@ def main() -> None:
     }
     today = None
     with_items = all("items_higher" in chosen[user] for user in users)
-    for name, keep in rules([float(m) for m in args.margins.split(",") if m], with_items).items():
+    with_item_scores = all("item_scores" in chosen[user] for user in users)
+    margins = [float(m) for m in args.margins.split(",") if m]
+    t_values = [float(t) for t in args.t_values.split(",") if t]
+    for name, keep in rules(margins, with_items, t_values, with_item_scores).items():
         kept = {user for user in users if keep(chosen[user])}
         source = [corrected if user in kept else plain for user, _ in rows]
         rouge = np.array([table[u][q]["rouge1"] for table, (u, q) in zip(source, rows, strict=True)])
@@ -101,7 +126,7 @@ def main() -> None:
             "users_corrected": len(kept),
             "rouge1": round(float(rouge.mean()), 4),
             "rouge1_vs_global_history": versus_plain.as_list(4),
-            "rouge1_vs_today": versus_today.as_list(4),
+            "rouge1_vs_any_lead": versus_today.as_list(4),
             "authors_improved_vs_global_history": authors.improved_text(),
             "gold_vs_global_history": gold_vs_plain.as_list(4),
         }
@@ -114,13 +139,13 @@ def main() -> None:
         f"{mismatched} queries"
     )
     print(
-        "| rule | users corrected | R-1 | vs global-history | vs today | authors up | gold vs global-history |"
+        "| rule | users corrected | R-1 | vs global-history | vs any lead | authors up | gold vs global-history |"
     )
     print("|---|---:|---:|---|---|---:|---|")
     for name, row in report["rules"].items():
         print(
             f"| {name} | {row['users_corrected']}/{len(users)} | {row['rouge1']} | {row['rouge1_vs_global_history']}"
-            f" | {row['rouge1_vs_today']} | {row['authors_improved_vs_global_history']} |"
+            f" | {row['rouge1_vs_any_lead']} | {row['authors_improved_vs_global_history']} |"
             f" {row['gold_vs_global_history']} |"
         )
 

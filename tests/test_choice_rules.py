@@ -19,14 +19,17 @@ def write_method(run: Path, method: str, scores: dict[str, tuple[float, float]])
         (folder / f"{user}.json").write_text(json.dumps({"user": user, "queries": [query]}))
 
 
-def write_choice(run: Path, user: str, label: str, lead: float, higher: int, n: int = 4) -> None:
+def write_choice(run: Path, user: str, label: str, gaps: list[float]) -> None:
+    """A stored choice whose `label` scored `gaps` above the adapter alone, item by item."""
     folder = run / "users" / "history-all" / "users" / user
     folder.mkdir(parents=True)
+    lead = sum(gaps) / len(gaps)
     choice = {
         "label": label,
         "scores": {"adapter": -3.0, label: -3.0 + lead},
-        "n_items": n,
-        "items_higher": higher,
+        "n_items": len(gaps),
+        "items_higher": sum(gap > 0 for gap in gaps),
+        "item_scores": {"adapter": [-3.0] * len(gaps), label: [-3.0 + gap for gap in gaps]},
     }
     (folder / "state.json").write_text(json.dumps({"choice": choice}))
 
@@ -36,11 +39,22 @@ def test_rules_keep_card_auto_only_for_the_users_they_accept(tmp_path: Path) -> 
     corrected = {"tiny": (0.1, -3.5), "broad": (0.4, -2.5), "none": (0.3, -2.0)}
     write_method(tmp_path, "global-history", plain)
     write_method(tmp_path, "card-auto", corrected)
-    write_choice(tmp_path, "tiny", "vector", 0.0001, higher=1)  # a lead from one item of four
-    write_choice(tmp_path, "broad", "bias", 0.03, higher=4)
-    write_choice(tmp_path, "none", "adapter", 0.0, higher=0)
+    write_choice(tmp_path, "tiny", "vector", [0.0301, -0.01, -0.01, -0.01])  # a lead from one item of four
+    write_choice(tmp_path, "broad", "bias", [0.02, 0.04, 0.03, 0.03])
+    write_choice(tmp_path, "none", "adapter", [0.0] * 4)
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), "--json", "--resamples", "200", "--margins", "0.01"],
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(tmp_path),
+            "--json",
+            "--resamples",
+            "200",
+            "--margins",
+            "0.01",
+            "--t-values",
+            "2",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -48,9 +62,36 @@ def test_rules_keep_card_auto_only_for_the_users_they_accept(tmp_path: Path) -> 
     report = json.loads(result.stdout)
     assert report["premise_mismatches"] == 0 and report["queries"] == 3
     rules = report["rules"]
-    today, margin, majority = rules["today (any lead)"], rules["margin 0.01"], rules["majority"]
+    today, margin, majority = rules["any lead"], rules["margin 0.01"], rules["majority"]
     assert today["users_corrected"] == 2 and today["rouge1"] == round((0.1 + 0.4 + 0.3) / 3, 4)
-    for strict in (margin, majority):  # "tiny" falls back to the adapter alone: global-history's scores
+    for strict in (margin, majority, rules["t >= 2.0"]):  # "tiny" falls back to the adapter: global-history's
         assert strict["users_corrected"] == 1 and strict["rouge1"] == round((0.2 + 0.4 + 0.3) / 3, 4)
         assert strict["gold_vs_global_history"][1] == round(0.5 / 3, 4)
-        assert strict["rouge1_vs_today"][1] == round(0.1 / 3, 4)
+        assert strict["rouge1_vs_any_lead"][1] == round(0.1 / 3, 4)
+
+
+def test_the_spread_rule_drops_a_lead_one_item_carries(tmp_path: Path) -> None:
+    write_method(tmp_path, "global-history", {"lumpy": (0.2, -3.0), "steady": (0.2, -3.0)})
+    write_method(tmp_path, "card-auto", {"lumpy": (0.1, -3.0), "steady": (0.3, -3.0)})
+    write_choice(tmp_path, "lumpy", "vector", [0.09, -0.01, -0.01, 0.01])  # lead 0.02, t 0.84
+    write_choice(tmp_path, "steady", "bias", [0.02, 0.02, 0.03, 0.01])  # lead 0.02, t 4.9
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(tmp_path),
+            "--json",
+            "--resamples",
+            "200",
+            "--margins",
+            "0.01",
+            "--t-values",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rules = json.loads(result.stdout)["rules"]
+    assert rules["margin 0.01"]["users_corrected"] == 2
+    assert rules["t >= 2.0"]["users_corrected"] == 1 and rules["t >= 2.0"]["rouge1"] == 0.25
