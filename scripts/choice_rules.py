@@ -13,7 +13,8 @@ recent items, t = mean / (sd / sqrt(n)) (`item_scores`, stored since the fifty-n
 one item having a small t. Prints, for each rule, how many users keep a correction,
 ROUGE-1 and gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
 over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
-Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2] [--json]
+Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2]
+    [--versus 'margin 0.01'] [--json]
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("--margins", default="0.005,0.01,0.02")
     parser.add_argument("--t-values", default="1,2", help="spread rules: the lead in standard errors")
+    parser.add_argument("--versus", default="any lead", help="the rule every rule is also compared with")
     parser.add_argument("--resamples", type=int, default=10000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -107,7 +109,7 @@ def main() -> None:
         "global_history_rouge1": round(float(base_rouge.mean()), 4),
         "rules": {},
     }
-    today = None
+    decoded: dict[str, tuple[set[str], np.ndarray, np.ndarray]] = {}
     with_items = all("items_higher" in chosen[user] for user in users)
     with_item_scores = all("item_scores" in chosen[user] for user in users)
     margins = [float(m) for m in args.margins.split(",") if m]
@@ -117,16 +119,21 @@ def main() -> None:
         source = [corrected if user in kept else plain for user, _ in rows]
         rouge = np.array([table[u][q]["rouge1"] for table, (u, q) in zip(source, rows, strict=True)])
         gold = np.array([table[u][q]["gold_logprob"] for table, (u, q) in zip(source, rows, strict=True)])
-        today = rouge if today is None else today
+        decoded[name] = kept, rouge, gold
+    if args.versus not in decoded:
+        raise SystemExit(f"--versus {args.versus!r} is not one of the rules read: {', '.join(decoded)}")
+    report["versus"] = args.versus
+    reference = decoded[args.versus][1]
+    for name, (kept, rouge, gold) in decoded.items():
         versus_plain = paired_bootstrap(rouge, base_rouge, n_resamples=args.resamples)
-        versus_today = paired_bootstrap(rouge, today, n_resamples=args.resamples)
+        versus_reference = paired_bootstrap(rouge, reference, n_resamples=args.resamples)
         gold_vs_plain = paired_bootstrap(gold, base_gold, n_resamples=args.resamples)
         authors = compare_authors(rouge, base_rouge, [u for u, _ in rows], n_resamples=args.resamples)
         report["rules"][name] = {
             "users_corrected": len(kept),
             "rouge1": round(float(rouge.mean()), 4),
             "rouge1_vs_global_history": versus_plain.as_list(4),
-            "rouge1_vs_any_lead": versus_today.as_list(4),
+            "rouge1_vs_versus": versus_reference.as_list(4),
             "authors_improved_vs_global_history": authors.improved_text(),
             "gold_vs_global_history": gold_vs_plain.as_list(4),
         }
@@ -139,13 +146,14 @@ def main() -> None:
         f"{mismatched} queries"
     )
     print(
-        "| rule | users corrected | R-1 | vs global-history | vs any lead | authors up | gold vs global-history |"
+        f"| rule | users corrected | R-1 | vs global-history | vs {args.versus} | authors up |"
+        " gold vs global-history |"
     )
     print("|---|---:|---:|---|---|---:|---|")
     for name, row in report["rules"].items():
         print(
             f"| {name} | {row['users_corrected']}/{len(users)} | {row['rouge1']} | {row['rouge1_vs_global_history']}"
-            f" | {row['rouge1_vs_any_lead']} | {row['authors_improved_vs_global_history']} |"
+            f" | {row['rouge1_vs_versus']} | {row['authors_improved_vs_global_history']} |"
             f" {row['gold_vs_global_history']} |"
         )
 

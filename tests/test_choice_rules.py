@@ -67,7 +67,7 @@ def test_rules_keep_card_auto_only_for_the_users_they_accept(tmp_path: Path) -> 
     for strict in (margin, majority, rules["t >= 2.0"]):  # "tiny" falls back to the adapter: global-history's
         assert strict["users_corrected"] == 1 and strict["rouge1"] == round((0.2 + 0.4 + 0.3) / 3, 4)
         assert strict["gold_vs_global_history"][1] == round(0.5 / 3, 4)
-        assert strict["rouge1_vs_any_lead"][1] == round(0.1 / 3, 4)
+        assert strict["rouge1_vs_versus"][1] == round(0.1 / 3, 4)
 
 
 def test_the_spread_rule_drops_a_lead_one_item_carries(tmp_path: Path) -> None:
@@ -87,11 +87,16 @@ def test_the_spread_rule_drops_a_lead_one_item_carries(tmp_path: Path) -> None:
             "0.01",
             "--t-values",
             "2",
+            "--versus",
+            "margin 0.01",
         ],
         capture_output=True,
         text=True,
         check=True,
     )
-    rules = json.loads(result.stdout)["rules"]
+    report = json.loads(result.stdout)
+    rules = report["rules"]
+    assert report["versus"] == "margin 0.01" and rules["margin 0.01"]["rouge1_vs_versus"][1] == 0
+    assert rules["t >= 2.0"]["rouge1_vs_versus"][1] == 0.05  # lumpy's 0.1 back to global-history's 0.2
     assert rules["margin 0.01"]["users_corrected"] == 2
     assert rules["t >= 2.0"]["users_corrected"] == 1 and rules["t >= 2.0"]["rouge1"] == 0.25
