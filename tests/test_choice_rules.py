@@ -34,6 +34,15 @@ def write_choice(run: Path, user: str, label: str, gaps: list[float]) -> None:
     (folder / "state.json").write_text(json.dumps({"choice": choice}))
 
 
+def read_rules(run: Path, *options: str) -> dict:
+    """The script's JSON report on `run`, margin 0.01 and t >= 2 read."""
+    command = [sys.executable, str(SCRIPT), str(run), "--json", "--resamples", "200", "--margins", "0.01"]
+    result = subprocess.run(
+        [*command, "--t-values", "2", *options], capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stdout)
+
+
 def test_rules_keep_card_auto_only_for_the_users_they_accept(tmp_path: Path) -> None:
     plain = {"tiny": (0.2, -3.0), "broad": (0.2, -3.0), "none": (0.3, -2.0)}
     corrected = {"tiny": (0.1, -3.5), "broad": (0.4, -2.5), "none": (0.3, -2.0)}
@@ -42,24 +51,7 @@ def test_rules_keep_card_auto_only_for_the_users_they_accept(tmp_path: Path) -> 
     write_choice(tmp_path, "tiny", "vector", [0.0301, -0.01, -0.01, -0.01])  # a lead from one item of four
     write_choice(tmp_path, "broad", "bias", [0.02, 0.04, 0.03, 0.03])
     write_choice(tmp_path, "none", "adapter", [0.0] * 4)
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(tmp_path),
-            "--json",
-            "--resamples",
-            "200",
-            "--margins",
-            "0.01",
-            "--t-values",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    report = json.loads(result.stdout)
+    report = read_rules(tmp_path)
     assert report["premise_mismatches"] == 0 and report["queries"] == 3
     rules = report["rules"]
     today, margin, majority = rules["any lead"], rules["margin 0.01"], rules["majority"]
@@ -75,26 +67,7 @@ def test_the_spread_rule_drops_a_lead_one_item_carries(tmp_path: Path) -> None:
     write_method(tmp_path, "card-auto", {"lumpy": (0.1, -3.0), "steady": (0.3, -3.0)})
     write_choice(tmp_path, "lumpy", "vector", [0.09, -0.01, -0.01, 0.01])  # lead 0.02, t 0.84
     write_choice(tmp_path, "steady", "bias", [0.02, 0.02, 0.03, 0.01])  # lead 0.02, t 4.9
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(tmp_path),
-            "--json",
-            "--resamples",
-            "200",
-            "--margins",
-            "0.01",
-            "--t-values",
-            "2",
-            "--versus",
-            "margin 0.01",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    report = json.loads(result.stdout)
+    report = read_rules(tmp_path, "--versus", "margin 0.01")
     rules = report["rules"]
     assert report["versus"] == "margin 0.01" and rules["margin 0.01"]["rouge1_vs_versus"][1] == 0
     assert rules["t >= 2.0"]["rouge1_vs_versus"][1] == 0.05  # lumpy's 0.1 back to global-history's 0.2
