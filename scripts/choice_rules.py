@@ -3,15 +3,14 @@
 The fit's choice (`localpers.methods.card.choice`) gives a user a correction when its mean log-probability on the
 user's recent items beats the adapter alone's by `MIN_LEAD` (any amount until the fifty-ninth session); read a run
 made with `MIN_LEAD = 0` to compare rules, since a run's own rule bounds what can be read from it. A user whose
-choice falls back to the adapter alone
-decodes exactly what `global-history` decodes (strength 0, no bias; recasing does not change ROUGE, which
-lowercases, nor the gold likelihood), so any stricter rule can be read from one run of both methods: for each user
-the rule keeps, card-auto's outputs; for the others, global-history's. Rules: a margin in nats/token over the adapter
-alone, and "majority" (the chosen correction scored above the adapter alone on more than half of the recent items:
-`items_higher`, stored since the fifty-eighth session) and "spread": the lead over its standard error across the
-recent items, t = mean / (sd / sqrt(n)) (`item_scores`, stored since the fifty-ninth session), a lead carried by
-one item having a small t. Prints, for each rule, how many users keep a correction,
-ROUGE-1 and gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
+choice falls back to the adapter alone decodes exactly what `global-history` decodes (strength 0, no bias; recasing
+does not change ROUGE, which lowercases, nor the gold likelihood), so any stricter rule can be read from one run of
+both methods: for each user the rule keeps, card-auto's outputs; for the others, global-history's. Rules: a margin
+in nats/token over the adapter alone; "majority" (the chosen correction scored above the adapter alone on more than
+half of the recent items: `items_higher`, stored since the fifty-eighth session); and "spread", the lead over its
+standard error across the recent items, t = mean / (sd / sqrt(n)) (`item_scores`, stored since the fifty-ninth
+session), small for a lead one item carries. Prints, for each rule, how many users keep a correction, ROUGE-1 and
+gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
 over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
 Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2]
     [--versus 'margin 0.01'] [--json]
@@ -21,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +58,7 @@ def t_of(choice: dict) -> float:
 
 
 def rules(
-    margins: list[float], with_items: bool, t_values: list[float] = (), with_item_scores: bool = False
+    margins: Sequence[float], with_items: bool, t_values: Sequence[float] = (), with_item_scores: bool = False
 ) -> dict[str, Rule]:
     """The rules to read; the majority ones only where every choice stored `items_higher`, the spread ones
     only where every choice stored `item_scores`."""

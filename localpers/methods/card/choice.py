@@ -12,8 +12,8 @@ runs once per item for all candidates). Likelihood rather than ROUGE because a h
 likelihood is far less noisy on a handful.
 
 A candidate replaces the adapter alone only if it beats it on these items by at least MIN_LEAD nats/token;
-otherwise the user gets the adapter alone and is told so (a smaller lead, on 3-10 items, cost ROUGE-1 and the real
-headlines' likelihood on held-out queries: docs/RESULTS.md, 0zr). Users with fewer than MIN_ITEMS_TO_CHOOSE items get no choice (the bundle's defaults).
+otherwise the user gets the adapter alone and is told so. Users with fewer than MIN_ITEMS_TO_CHOOSE items get no
+choice (the bundle's defaults).
 This module decides; it stores nothing (the caller saves the choice with the fit).
 """
 
@@ -61,8 +61,9 @@ class Scorer(Protocol):
 
 MIN_ITEMS_TO_CHOOSE = 8
 MIN_RECENT, MAX_RECENT, RECENT_FRACTION = 3, 10, 0.2
-# Chosen on the train authors' dev split (docs/RESULTS.md, 0zr): with any lead, the corrections kept lowered R-1
-# (-0.0033) and the gold likelihood against the adapter alone; a lead of 0.01 took that back (+0.0041 R-1).
+# Chosen on the train authors' dev split, where any lead cost R-1 and the gold likelihood against the adapter alone
+# and 0.01 took +0.0041 R-1 back (docs/RESULTS.md, 0zr); level with any lead on the test authors and on a second
+# held-out adapter (0zs, 0zt), so it mainly spares users a correction chosen on a lead that small.
 MIN_LEAD = 0.01
 
 
@@ -124,9 +125,8 @@ class Choice:
     counted: bool = True  # False: the token bias's habits only, its counted tables left out
     detail: dict[str, Any] = field(default_factory=dict)
     items_higher: int = 0  # of the n_items, those the chosen candidate scored above the adapter alone
-    item_scores: dict[str, list[float]] = field(
-        default_factory=dict
-    )  # per candidate, item by item (oldest first)
+    # per candidate, its score on each of the n_items (oldest first), for rules read offline
+    item_scores: dict[str, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,9 +176,7 @@ def choose_correction(
     offered = candidates_for(outcome.bias)
     biases = [candidate.bias(outcome.bias) for candidate in offered]  # once, not per item
     per_item: dict[str, list[float]] = {candidate.label: [] for candidate in offered}
-    higher = {candidate.label: 0 for candidate in offered}  # items on which each beat the adapter alone
     labels = [candidate.label for candidate in offered]
-    alone = labels.index("adapter")
     for done, item in enumerate(recent):
         task = get_task(item.task)
         if task.name not in index_by_task:
@@ -201,10 +199,13 @@ def choose_correction(
         )
         for candidate, score in zip(offered, item_scores, strict=True):
             per_item[candidate.label].append(score)
-            higher[candidate.label] += score > item_scores[alone]
         if progress:
             progress("choice", done + 1, len(recent))
     scores = {label: sum(values) / len(recent) for label, values in per_item.items()}
+    higher = {  # items on which each candidate beat the adapter alone
+        label: sum(mine > alone for mine, alone in zip(values, per_item["adapter"], strict=True))
+        for label, values in per_item.items()
+    }
     leader = max(scores, key=lambda label: (scores[label], -labels.index(label)))
     lead = scores[leader] - scores["adapter"]
     best = leader if lead >= MIN_LEAD else "adapter"
