@@ -13,7 +13,7 @@ session), small for a lead one item carries. Prints, for each rule, how many use
 gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
 over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
 Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2]
-    [--versus 'margin 0.01'] [--json]
+    [--versus 'margin 0.01'] [--history 20 (a probe style's run: ../bench-runs/probes-dev60/kicker)] [--json]
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from localpers.bench.metrics import paired_bootstrap
 Rule = Callable[[dict], bool]
 
 
-def choices(run: Path) -> dict[str, dict]:
-    """Each user's stored choice (`state.json`'s `choice`) from the run's whole-history fits."""
+def choices(run: Path, history: str = "all") -> dict[str, dict]:
+    """Each user's stored choice (`state.json`'s `choice`) from the run's fits on `history` items ("all", or
+    the probes' 20)."""
     found = {}
-    for state in sorted((run / "users" / "history-all" / "users").glob("*/state.json")):
+    for state in sorted((run / "users" / f"history-{history}" / "users").glob("*/state.json")):
         choice = json.loads(state.read_text()).get("choice")
         if isinstance(choice, dict):
             found[state.parent.name] = choice
     if not found:
-        raise SystemExit(f"no stored choices under {run / 'users' / 'history-all'}")
+        raise SystemExit(f"no stored choices under {run / 'users' / f'history-{history}'}")
     return found
 
 
@@ -85,11 +86,15 @@ def main() -> None:
     parser.add_argument("--t-values", default="1,2", help="spread rules: the lead in standard errors")
     parser.add_argument("--versus", default="any lead", help="the rule every rule is also compared with")
     parser.add_argument("--resamples", type=int, default=10000)
+    parser.add_argument(
+        "--history", default="all", help="the fits' history size: all (a bench run) or 20 (a probe style's run)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    plain = load(f"{args.run}:global-history")  # {user: {query_id: cached query record}}
-    corrected = load(f"{args.run}:card-auto")
-    chosen = choices(args.run)
+    suffix = "" if args.history == "all" else f"@history={args.history}"
+    plain = load(f"{args.run}:global-history{suffix}")  # {user: {query_id: cached query record}}
+    corrected = load(f"{args.run}:card-auto{suffix}")
+    chosen = choices(args.run, args.history)
     users = sorted(set(plain) & set(corrected) & set(chosen))
     rows = [(user, query) for user in users for query in sorted(set(plain[user]) & set(corrected[user]))]
     mismatched = sum(

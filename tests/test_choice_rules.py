@@ -19,9 +19,9 @@ def write_method(run: Path, method: str, scores: dict[str, tuple[float, float]])
         (folder / f"{user}.json").write_text(json.dumps({"user": user, "queries": [query]}))
 
 
-def write_choice(run: Path, user: str, label: str, gaps: list[float]) -> None:
+def write_choice(run: Path, user: str, label: str, gaps: list[float], history: str = "all") -> None:
     """A stored choice whose `label` scored `gaps` above the adapter alone, item by item."""
-    folder = run / "users" / "history-all" / "users" / user
+    folder = run / "users" / f"history-{history}" / "users" / user
     folder.mkdir(parents=True)
     lead = sum(gaps) / len(gaps)
     choice = {
@@ -72,4 +72,14 @@ def test_the_spread_rule_drops_a_lead_one_item_carries(tmp_path: Path) -> None:
     assert report["versus"] == "margin 0.01" and rules["margin 0.01"]["rouge1_vs_versus"][1] == 0
     assert rules["t >= 2.0"]["rouge1_vs_versus"][1] == 0.05  # lumpy's 0.1 back to global-history's 0.2
     assert rules["margin 0.01"]["users_corrected"] == 2
+    assert rules["t >= 2.0"]["users_corrected"] == 1 and rules["t >= 2.0"]["rouge1"] == 0.25
+
+
+def test_a_probe_style_run_is_read_from_its_20_item_fits(tmp_path: Path) -> None:
+    write_method(tmp_path, "global-history@history=20", {"lumpy": (0.2, -3.0), "steady": (0.2, -3.0)})
+    write_method(tmp_path, "card-auto@history=20", {"lumpy": (0.1, -3.0), "steady": (0.3, -3.0)})
+    write_choice(tmp_path, "lumpy", "vector", [0.09, -0.01, -0.01, 0.01], history="20")
+    write_choice(tmp_path, "steady", "bias", [0.02, 0.02, 0.03, 0.01], history="20")
+    rules = read_rules(tmp_path, "--history", "20")["rules"]
+    assert rules["any lead"]["users_corrected"] == 2 and rules["any lead"]["rouge1"] == 0.2
     assert rules["t >= 2.0"]["users_corrected"] == 1 and rules["t >= 2.0"]["rouge1"] == 0.25
