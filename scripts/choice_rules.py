@@ -87,7 +87,9 @@ def main() -> None:
     parser.add_argument("--versus", default="any lead", help="the rule every rule is also compared with")
     parser.add_argument("--resamples", type=int, default=10000)
     parser.add_argument(
-        "--history", default="all", help="the fits' history size: all (a bench run) or 20 (a probe style's run)"
+        "--history",
+        default="all",
+        help="the fits' history size: all (a bench run) or 20 (a probe style's run)",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
