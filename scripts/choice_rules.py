@@ -62,7 +62,7 @@ def rules(
     margins: Sequence[float], with_items: bool, t_values: Sequence[float] = (), with_item_scores: bool = False
 ) -> dict[str, Rule]:
     """The rules to read; the majority ones only where every choice stored `items_higher`, the spread ones
-    only where every choice stored `item_scores`."""
+    (alone and with each margin) only where every choice stored `item_scores`."""
     table: dict[str, Rule] = {"any lead": lambda c: c["label"] != "adapter"}
     for margin in margins:
         if margin > 0:
@@ -73,9 +73,10 @@ def rules(
     if with_item_scores:
         for t_value in t_values:
             table[f"t >= {t_value}"] = lambda c, t=t_value: c["label"] != "adapter" and t_of(c) >= t
-            table[f"t >= {t_value} + margin 0.005"] = lambda c, t=t_value: (
-                c["label"] != "adapter" and t_of(c) >= t and margin_of(c) >= 0.005
-            )
+            for margin in (m for m in margins if m > 0):
+                table[f"t >= {t_value} + margin {margin}"] = lambda c, t=t_value, m=margin: (
+                    c["label"] != "adapter" and t_of(c) >= t and margin_of(c) >= m
+                )
     return table
 
 
