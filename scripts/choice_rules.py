@@ -13,7 +13,8 @@ session), small for a lead one item carries. Prints, for each rule, how many use
 gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
 over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
 Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2]
-    [--versus 'margin 0.01'] [--history 20 (a probe style's run: ../bench-runs/probes-dev60/kicker)] [--json]
+    [--large-leads 0.04] [--versus 'margin 0.01'] [--history 20 (a probe style's run: ../bench-runs/probes-dev60/kicker)]
+    [--json]
 """
 
 from __future__ import annotations
@@ -59,10 +60,15 @@ def t_of(choice: dict) -> float:
 
 
 def rules(
-    margins: Sequence[float], with_items: bool, t_values: Sequence[float] = (), with_item_scores: bool = False
+    margins: Sequence[float],
+    with_items: bool,
+    t_values: Sequence[float] = (),
+    with_item_scores: bool = False,
+    large_leads: Sequence[float] = (),
 ) -> dict[str, Rule]:
     """The rules to read; the majority ones only where every choice stored `items_higher`, the spread ones
-    (alone and with each margin) only where every choice stored `item_scores`."""
+    (alone, with each margin, and waived for a lead of at least each of `large_leads`: a habit's lead is large
+    but over 4 items seldom steady) only where every choice stored `item_scores`."""
     table: dict[str, Rule] = {"any lead": lambda c: c["label"] != "adapter"}
     for margin in margins:
         if margin > 0:
@@ -77,6 +83,14 @@ def rules(
                 table[f"t >= {t_value} + margin {margin}"] = lambda c, t=t_value, m=margin: (
                     c["label"] != "adapter" and t_of(c) >= t and margin_of(c) >= m
                 )
+                for large in large_leads:
+                    table[f"t >= {t_value} + margin {margin}, or lead >= {large}"] = (
+                        lambda c, t=t_value, m=margin, big=large: (
+                            c["label"] != "adapter"
+                            and margin_of(c) >= m
+                            and (t_of(c) >= t or margin_of(c) >= big)
+                        )
+                    )
     return table
 
 
@@ -87,6 +101,11 @@ def main() -> None:
     parser.add_argument("--t-values", default="1,2", help="spread rules: the lead in standard errors")
     parser.add_argument("--versus", default="any lead", help="the rule every rule is also compared with")
     parser.add_argument("--resamples", type=int, default=10000)
+    parser.add_argument(
+        "--large-leads",
+        default="",
+        help="spread rules with margins are also read waived for leads >= each of these",
+    )
     parser.add_argument(
         "--history",
         default="all",
@@ -121,7 +140,8 @@ def main() -> None:
     with_item_scores = all("item_scores" in chosen[user] for user in users)
     margins = [float(m) for m in args.margins.split(",") if m]
     t_values = [float(t) for t in args.t_values.split(",") if t]
-    for name, keep in rules(margins, with_items, t_values, with_item_scores).items():
+    large_leads = [float(lead) for lead in args.large_leads.split(",") if lead]
+    for name, keep in rules(margins, with_items, t_values, with_item_scores, large_leads).items():
         kept = {user for user in users if keep(chosen[user])}
         source = [corrected if user in kept else plain for user, _ in rows]
         rouge = np.array([table[u][q]["rouge1"] for table, (u, q) in zip(source, rows, strict=True)])

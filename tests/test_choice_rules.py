@@ -83,3 +83,14 @@ def test_a_probe_style_run_is_read_from_its_20_item_fits(tmp_path: Path) -> None
     rules = read_rules(tmp_path, "--history", "20")["rules"]
     assert rules["any lead"]["users_corrected"] == 2 and rules["any lead"]["rouge1"] == 0.2
     assert rules["t >= 2.0"]["users_corrected"] == 1 and rules["t >= 2.0"]["rouge1"] == 0.25
+
+
+def test_a_large_lead_is_kept_however_uneven(tmp_path: Path) -> None:
+    write_method(tmp_path, "global-history", {"habit": (0.2, -3.0), "lumpy": (0.2, -3.0)})
+    write_method(tmp_path, "card-auto", {"habit": (0.4, -2.0), "lumpy": (0.1, -3.0)})
+    write_choice(tmp_path, "habit", "habits", [0.55, 0.15, 0.21, -0.13])  # lead 0.195, t 1.4
+    write_choice(tmp_path, "lumpy", "vector", [0.09, -0.01, -0.01, 0.01])  # lead 0.02, t 0.84
+    rules = read_rules(tmp_path, "--large-leads", "0.04")["rules"]
+    assert rules["t >= 2.0 + margin 0.01"]["users_corrected"] == 0
+    waived = rules["t >= 2.0 + margin 0.01, or lead >= 0.04"]
+    assert waived["users_corrected"] == 1 and waived["rouge1"] == 0.3  # habit's 0.4, lumpy back to 0.2
