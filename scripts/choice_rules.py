@@ -9,12 +9,12 @@ both methods: for each user the rule keeps, card-auto's outputs; for the others,
 in nats/token over the adapter alone; "majority" (the chosen correction scored above the adapter alone on more than
 half of the recent items: `items_higher`, stored since the fifty-eighth session); and "spread", the lead over its
 standard error across the recent items, t = mean / (sd / sqrt(n)) (`item_scores`, stored since the fifty-ninth
-session), small for a lead one item carries. Prints, for each rule, how many users keep a correction, ROUGE-1 and
-gold likelihood against global-history (paired bootstrap over queries; authors improved and an interval
-over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
+session), small for a lead one item carries, alone, with a margin, or waived for a large lead (`--large-leads`).
+Prints, for each rule, how many users keep a correction, ROUGE-1 and gold likelihood against global-history
+(paired bootstrap over queries; authors improved and an interval over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
 Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2]
-    [--large-leads 0.04] [--versus 'margin 0.01'] [--history 20 (a probe style's run: ../bench-runs/probes-dev60/kicker)]
-    [--json]
+    [--large-leads 0.04] [--versus 'margin 0.01'] [--json]
+    [--history 20: a probe style's run, e.g. ../bench-runs/probes-dev60/kicker]
 """
 
 from __future__ import annotations
