@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
@@ -12,11 +13,15 @@ from localpers.cli import app
 from localpers.methods.card import choice as choice_module
 from localpers.methods.card.choice import (
     CANDIDATES,
+    LARGE_LEAD,
     MIN_ITEMS_TO_CHOOSE,
     MIN_LEAD,
+    MIN_STEADINESS,
     candidates_for,
     chosen_bias,
+    keeps_correction,
     split_recent,
+    steadiness,
     stored_choice,
 )
 from localpers.methods.card.personalizer import Personalizer
@@ -43,7 +48,8 @@ def test_fit_stores_a_choice_made_on_held_out_recent_items(personalizer: Persona
     }
     leader = max(chosen["scores"], key=lambda k: chosen["scores"][k])
     lead = chosen["scores"][leader] - chosen["scores"]["adapter"]
-    assert chosen["label"] == (leader if lead >= MIN_LEAD else "adapter")
+    steady = steadiness(chosen["item_scores"][leader], chosen["item_scores"]["adapter"])
+    assert chosen["label"] == (leader if keeps_correction(lead, steady) else "adapter")
     assert chosen["n_items"] == 3 and "most recent items" in chosen["reason"]
     for label, values in chosen["item_scores"].items():  # item by item, for rules read offline
         assert len(values) == 3 and sum(values) / 3 == pytest.approx(chosen["scores"][label], abs=1e-3)
@@ -60,6 +66,23 @@ def test_fit_stores_a_choice_made_on_held_out_recent_items(personalizer: Persona
     assert bias_strength == expected.bias_strength and chosen["counted"] is expected.counted
     assert strength == pytest.approx(expected.vector_scale * personalizer.head_config.default_strength)
     assert len(user.state_path.read_bytes()) < 10_000
+
+
+def test_steadiness_is_the_lead_in_standard_errors() -> None:
+    assert steadiness([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]) == pytest.approx(2.0 / (1.0 / 3**0.5))
+    assert steadiness([0.5, 0.5], [0.0, 0.0]) == float("inf")  # the same lead on every item
+    assert steadiness([0.0, 0.0], [0.0, 0.0]) == 0.0 and steadiness([-1.0, -1.0], [0.0, 0.0]) == 0.0
+    assert (
+        steadiness([0.09, -0.01, -0.01], [0.0] * 3)
+        < MIN_STEADINESS
+        < steadiness([0.05, 0.04, 0.01], [0.0] * 3)
+    )
+
+
+def test_a_small_lead_must_be_steady_a_large_one_need_not() -> None:
+    assert not keeps_correction(0.02, 0.7) and keeps_correction(0.02, MIN_STEADINESS)
+    assert keeps_correction(LARGE_LEAD, 0.5) and keeps_correction(0.2, -1.0)
+    assert not keeps_correction(MIN_LEAD / 2, math.inf)  # steady, but too small a lead
 
 
 def test_ties_and_losses_go_to_the_adapter_alone(
@@ -96,7 +119,31 @@ def test_ties_and_losses_go_to_the_adapter_alone(
     carried = choice_module.choose_correction(
         personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
     )
+    # a lead of 0.093 (>= LARGE_LEAD) that one item carries: kept, as a habit's large lead seldom is steady
     assert carried.label == "bias" and carried.items_higher == 1 and "higher on 1 of the 3" in carried.reason
+
+    def one_item_carries_a_small_lead(text, reference, variants, **kwargs):  # +0.09 on one item, -0.01 else
+        gain = 0.09 if reference == items(SHOUTY)[-1].output else -0.01
+        return [-2.0 + (gain if v.bias_strength == 1.0 and v.strength == 0 else 0.0) for v in variants]
+
+    monkeypatch.setattr(personalizer, "score_reference_variants", one_item_carries_a_small_lead)
+    uneven = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    # a lead of 0.023 that one item carries (0.7 standard errors): the adapter alone, and the reason says why
+    assert uneven.label == "adapter" and uneven.scores["bias"] - uneven.scores["adapter"] > MIN_LEAD
+    assert "'bias', beat your cluster adapter alone by 0.0233 log p/token but unevenly" in uneven.reason
+    assert "higher on 1 of the 3" in uneven.reason and "0.7 standard errors" in uneven.reason
+
+    def two_items_carry_it(text, reference, variants, **kwargs):  # +0.05, +0.04 and +0.01: steady enough
+        gain = {items(SHOUTY)[-1].output: 0.05, items(SHOUTY)[-2].output: 0.04}.get(reference, 0.01)
+        return [-2.0 + (gain if v.bias_strength == 1.0 and v.strength == 0 else 0.0) for v in variants]
+
+    monkeypatch.setattr(personalizer, "score_reference_variants", two_items_carry_it)
+    steady = choice_module.choose_correction(
+        personalizer, user, items(SHOUTY), regularisation=1.0, prior_weight=0.0
+    )
+    assert steady.label == "bias" and steady.items_higher == 3 and "higher on 3 of the 3" in steady.reason
 
     def narrow_lead(text, reference, variants, **kwargs):  # 'vector' ahead by 0.005 on every item
         return [-2.0 + (0.005 if v.strength > 0 and v.bias_strength == 0 else 0.0) for v in variants]

@@ -11,14 +11,18 @@ log-probability per token, `Personalizer.score_reference_variants`, the same cor
 runs once per item for all candidates). Likelihood rather than ROUGE because a handful of items is all a user has, and
 likelihood is far less noisy on a handful.
 
-A candidate replaces the adapter alone only if it beats it on these items by at least MIN_LEAD nats/token;
-otherwise the user gets the adapter alone and is told so. Users with fewer than MIN_ITEMS_TO_CHOOSE items get no
-choice (the bundle's defaults).
+A candidate replaces the adapter alone only if it beats it on these items by at least MIN_LEAD nats/token and
+steadily: its item-by-item lead at least MIN_STEADINESS standard errors above 0, so that one item cannot carry a
+small lead. A lead of LARGE_LEAD or more needs no steadiness (a habit's lead is large, but over a few items seldom
+steady). Otherwise the user gets the adapter alone and is told why. Users with fewer than MIN_ITEMS_TO_CHOOSE items
+get no choice (the bundle's defaults).
 This module decides; it stores nothing (the caller saves the choice with the fit).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,6 +69,11 @@ MIN_RECENT, MAX_RECENT, RECENT_FRACTION = 3, 10, 0.2
 # and 0.01 took +0.0041 R-1 back (docs/RESULTS.md, 0zr); level with any lead on the test authors and on a second
 # held-out adapter (0zs, 0zt), so it mainly spares users a correction chosen on a lead that small.
 MIN_LEAD = 0.01
+# The lead over its standard error across the recent items (a t statistic), waived from LARGE_LEAD on. Chosen on the
+# dev split, where the margin alone kept small leads that one or two items carried and cost the sentence-case
+# probe's R-1, while the question probe's leads (0.05-0.7) were large and unsteady (docs/RESULTS.md, 0zu, 0zv).
+MIN_STEADINESS = 1.5
+LARGE_LEAD = 0.04
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,24 @@ class Choice:
         }
 
 
+def steadiness(mine: Sequence[float], alone: Sequence[float]) -> float:
+    """The mean item-by-item lead of `mine` over `alone` in standard errors (t = mean / (sd / sqrt(n))).
+
+    Infinite for a lead that is the same on every item, and never above 0 for no lead.
+    """
+    gaps = [a - b for a, b in zip(mine, alone, strict=True)]
+    mean = sum(gaps) / len(gaps)
+    spread = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0
+    if spread == 0.0:
+        return math.inf if mean > 0 else 0.0
+    return mean / spread
+
+
+def keeps_correction(lead: float, steady: float) -> bool:
+    """Whether a correction this far ahead of the adapter alone (nats/token), this steadily, is kept."""
+    return lead >= MIN_LEAD and (steady >= MIN_STEADINESS or lead >= LARGE_LEAD)
+
+
 def split_recent(items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], list[HistoryItem]]:
     """(earlier, recent): the most recent 20% of the items (3 to 10) are held out for the choice."""
     count = min(MAX_RECENT, max(MIN_RECENT, round(RECENT_FRACTION * len(items))))
@@ -208,7 +235,8 @@ def choose_correction(
     }
     leader = max(scores, key=lambda label: (scores[label], -labels.index(label)))
     lead = scores[leader] - scores["adapter"]
-    best = leader if lead >= MIN_LEAD else "adapter"
+    steady = steadiness(per_item[leader], per_item["adapter"])
+    best = leader if keeps_correction(lead, steady) else "adapter"
     chosen = offered[labels.index(best)]
     adapter = "the global adapter" if personalizer.head_config.base == "global" else "your cluster adapter"
     if leader == "adapter":
@@ -216,11 +244,18 @@ def choose_correction(
             f"on your {len(recent)} most recent items nothing beat {adapter} alone "
             f"(log p/token {scores['adapter']:.3f}), so rewrites use it without a correction"
         )
-    elif best == "adapter":
+    elif best == "adapter" and lead < MIN_LEAD:
         reason = (
             f"on your {len(recent)} most recent items the best correction, '{leader}', beat {adapter} alone by "
             f"only {lead:.4f} log p/token (higher on {higher[leader]} of the {len(recent)}; a correction needs "
             f"{MIN_LEAD}), so rewrites use the adapter without a correction"
+        )
+    elif best == "adapter":
+        reason = (
+            f"on your {len(recent)} most recent items the best correction, '{leader}', beat {adapter} alone by "
+            f"{lead:.4f} log p/token but unevenly (higher on {higher[leader]} of the {len(recent)}; its lead is "
+            f"{steady:.1f} standard errors, a lead under {LARGE_LEAD} needs {MIN_STEADINESS}), so rewrites use "
+            "the adapter without a correction"
         )
     else:
         reason = (
