@@ -1,8 +1,9 @@
 """Re-read one `localpers bench` run under stricter rules for the fit's per-user choice (offline, nothing decoded).
 
 The fit's choice (`localpers.methods.card.choice`) gives a user a correction when its mean log-probability on the
-user's recent items beats the adapter alone's by `MIN_LEAD` (any amount until the fifty-ninth session); read a run
-made with `MIN_LEAD = 0` to compare rules, since a run's own rule bounds what can be read from it. A user whose
+user's recent items beats the adapter alone's by `MIN_LEAD` (any amount until the fifty-ninth session) and, for a
+lead under `LARGE_LEAD`, steadily (`MIN_STEADINESS`, since the sixty-first); read a run made with `MIN_LEAD = 0` and
+`MIN_STEADINESS = 0` to compare rules, since a run's own rule bounds what can be read from it. A user whose
 choice falls back to the adapter alone decodes exactly what `global-history` decodes (strength 0, no bias; recasing
 does not change ROUGE, which lowercases, nor the gold likelihood), so any stricter rule can be read from one run of
 both methods: for each user the rule keeps, card-auto's outputs; for the others, global-history's. Rules: a margin
