@@ -12,7 +12,8 @@ half of the recent items: `items_higher`, stored since the fifty-eighth session)
 standard error across the recent items, t = mean / (sd / sqrt(n)) (`item_scores`, stored since the fifty-ninth
 session), small for a lead one item carries, alone, with a margin, or waived for a large lead (`--large-leads`).
 Prints, for each rule, how many users keep a correction, ROUGE-1 and gold likelihood against global-history
-(paired bootstrap over queries; authors improved and an interval over authors for ROUGE-1), and checks the premise: users who chose the adapter have global-history's scores.
+(paired bootstrap over queries; authors improved and an interval over authors for ROUGE-1), and checks the premise:
+users who chose the adapter have global-history's scores.
 Usage: python scripts/choice_rules.py ../bench-runs/dev59 [--margins 0.005,0.01] [--t-values 1,2]
     [--large-leads 0.04] [--versus 'margin 0.01'] [--json]
     [--history 20: a probe style's run, e.g. ../bench-runs/probes-dev60/kicker]
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from compare_runs import load
 
 from localpers.bench.authors import compare_authors
 from localpers.bench.metrics import paired_bootstrap
+from localpers.methods.card.choice import keeps_correction, steadiness
 
 Rule = Callable[[dict], bool]
 
@@ -54,10 +57,7 @@ def margin_of(choice: dict) -> float:
 
 def t_of(choice: dict) -> float:
     """The chosen correction's lead over the adapter alone in standard errors of its item-by-item differences."""
-    mine, alone = (np.asarray(choice["item_scores"][label]) for label in (choice["label"], "adapter"))
-    gaps = mine - alone
-    spread = gaps.std(ddof=1) / np.sqrt(len(gaps)) if len(gaps) > 1 else 0.0
-    return float("inf") if spread == 0 else float(gaps.mean() / spread)
+    return steadiness(choice["item_scores"][choice["label"]], choice["item_scores"]["adapter"])
 
 
 def rules(
@@ -81,15 +81,14 @@ def rules(
         for t_value in t_values:
             table[f"t >= {t_value}"] = lambda c, t=t_value: c["label"] != "adapter" and t_of(c) >= t
             for margin in (m for m in margins if m > 0):
-                table[f"t >= {t_value} + margin {margin}"] = lambda c, t=t_value, m=margin: (
-                    c["label"] != "adapter" and t_of(c) >= t and margin_of(c) >= m
-                )
-                for large in large_leads:
-                    table[f"t >= {t_value} + margin {margin}, or lead >= {large}"] = (
+                for large in (math.inf, *large_leads):  # the device's rule, `keeps_correction`
+                    waiver = "" if large == math.inf else f", or lead >= {large}"
+                    table[f"t >= {t_value} + margin {margin}{waiver}"] = (
                         lambda c, t=t_value, m=margin, big=large: (
                             c["label"] != "adapter"
-                            and margin_of(c) >= m
-                            and (t_of(c) >= t or margin_of(c) >= big)
+                            and keeps_correction(
+                                margin_of(c), t_of(c), min_lead=m, min_steadiness=t, large_lead=big
+                            )
                         )
                     )
     return table

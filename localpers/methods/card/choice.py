@@ -164,9 +164,19 @@ def steadiness(mine: Sequence[float], alone: Sequence[float]) -> float:
     return mean / spread
 
 
-def keeps_correction(lead: float, steady: float) -> bool:
-    """Whether a correction this far ahead of the adapter alone (nats/token), this steadily, is kept."""
-    return lead >= MIN_LEAD and (steady >= MIN_STEADINESS or lead >= LARGE_LEAD)
+def keeps_correction(
+    lead: float,
+    steady: float,
+    *,
+    min_lead: float = MIN_LEAD,
+    min_steadiness: float = MIN_STEADINESS,
+    large_lead: float = LARGE_LEAD,
+) -> bool:
+    """Whether a correction this far ahead of the adapter alone (nats/token), this steadily, is kept.
+
+    The thresholds are the device's; `scripts/choice_rules.py` passes others to read other rules offline.
+    """
+    return lead >= min_lead and (steady >= min_steadiness or lead >= large_lead)
 
 
 def split_recent(items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], list[HistoryItem]]:
