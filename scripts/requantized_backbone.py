@@ -9,8 +9,12 @@ seconds each backbone took. `--embedding q8_0` is the control: re-quantized the 
 Time the step cost with `scripts/bench_batch_rows.py --model <written file>` (docs/PERFORMANCE.md, fifty-fifth
 session). This script changes no file of the project and no setting; it measures a publisher's option.
 
+`--body q4_0` re-quantizes the other matrices too (the shipped file's Q5_0 ones, which llama.cpp's CPU backend has
+no repacked x86 kernel for, become Q4_0, which it has; PERFORMANCE.md, sixty-fourth session).
+
 Usage: python scripts/requantized_backbone.py --data ../shared/data/news-headlines/train.jsonl
-       [--embedding iq4_nl|q4_0|q8_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2] [--bundle DIR]
+       [--embedding iq4_nl|q4_0|q8_0] [--body q4_k_m|q4_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2]
+       [--bundle DIR]
 """
 
 from __future__ import annotations
@@ -35,11 +39,17 @@ TYPES = {
     "q4_0": llama_cpp.GGML_TYPE_Q4_0,
     "q8_0": llama_cpp.GGML_TYPE_Q8_0,
 }
+# llama.cpp's file types for the other matrices: the shipped file's (Q4_K_M, whose 640-column matrices fall back to
+# Q5_0) or Q4_0 throughout.
+BODY_TYPES = {
+    "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+}
 
 
-def requantize(source: Path, target: Path, embedding: str) -> None:
+def requantize(source: Path, target: Path, embedding: str, body: str = "q4_k_m") -> None:
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = BODY_TYPES[body]
     params.allow_requantize = True
     params.token_embedding_type = params.output_tensor_type = TYPES[embedding]
     if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
@@ -68,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--embedding", choices=sorted(TYPES), default="iq4_nl")
+    parser.add_argument("--body", choices=sorted(BODY_TYPES), default="q4_k_m")
     parser.add_argument("--out", type=Path, default=Path("/tmp/localpers-requantized.gguf"))
     parser.add_argument("--authors", type=int, default=40)
     parser.add_argument("--items", type=int, default=2)
@@ -76,7 +87,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     shipped = resolve_backbone().path
-    requantize(shipped, args.out, args.embedding)
+    requantize(shipped, args.out, args.embedding, args.body)
     adapter = (args.bundle or default_bundle_dir()) / "adapters" / "global.gguf"
     task = get_task("headline")
     lines = args.data.read_text(encoding="utf-8").splitlines()[: args.authors]
@@ -88,7 +99,7 @@ def main() -> None:
     agree = sum(int(np.argmax(a[1]) == np.argmax(b[1])) for a, b in zip(before, after, strict=True))
     kl = [float(np.sum(np.exp(a[1]) * (a[1] - b[1]))) for a, b in zip(before, after, strict=True)]
     print(
-        f"token_embd {args.embedding}: {len(prompts)} prompts, identical greedy headlines {same}, first token's argmax"
+        f"token_embd {args.embedding}, body {args.body}: {len(prompts)} prompts, identical greedy headlines {same}, first token's argmax"
         f" agrees {agree}, mean KL {np.mean(kl):.4f} (max {np.max(kl):.4f}); {seconds_before:.1f} s shipped,"
         f" {seconds_after:.1f} s re-quantized ({args.out})"
     )
