@@ -3,9 +3,12 @@
 Writes a copy of the shipped backbone re-quantized by llama.cpp's own `llama_model_quantize` (same file type,
 `allow_requantize`, only `token_embd` - the tied input and output matrix - of another type), then runs the bundle's
 global adapter on both backbones over the last --items history items of the first --authors authors of --data:
-the greedy headline and the first token's distribution after the prompt. Prints how many headlines are identical,
-how often the first token's argmax agrees, the mean KL divergence of that distribution (shipped || other), and the
-seconds each backbone took. `--embedding q8_0` is the control: re-quantized the same way, nothing should move.
+the greedy headline and the first token's distribution after the prompt, and the authors' own headlines
+teacher-forced. Prints how many headlines are identical, how often the first token's argmax agrees, the mean KL
+divergence of that distribution (shipped || other), the seconds each backbone took, and the authors' headlines' mean
+log-probability per token on each (`--backbone-alone`: also without the adapter, which was trained on the shipped
+file: what the re-quantization costs the backbone itself). `--embedding q8_0` is the control: re-quantized the same
+way, nothing should move.
 Time the step cost with `scripts/bench_batch_rows.py --model <written file>` (docs/PERFORMANCE.md, fifty-fifth
 session). This script changes no file of the project and no setting; it measures a publisher's option.
 
@@ -14,7 +17,7 @@ no repacked x86 kernel for, become Q4_0, which it has; PERFORMANCE.md, sixty-fou
 
 Usage: python scripts/requantized_backbone.py --data ../shared/data/news-headlines/train.jsonl
        [--embedding iq4_nl|q4_0|q8_0] [--body q4_k_m|q4_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2]
-       [--bundle DIR]
+       [--bundle DIR] [--backbone-alone]
 """
 
 from __future__ import annotations
@@ -56,20 +59,29 @@ def requantize(source: Path, target: Path, embedding: str, body: str = "q4_k_m")
         raise SystemExit(f"llama.cpp could not write {target}")
 
 
-def run(model: Path, adapter: Path, prompts: list[str]) -> tuple[list[tuple[str, np.ndarray]], float]:
-    """Each prompt's greedy headline and first-token log-probabilities under the global adapter; seconds."""
+def run(
+    model: Path, adapter: Path | None, prompts: list[str], outputs: list[str]
+) -> tuple[list[tuple[str, np.ndarray]], float, float]:
+    """Each prompt's greedy headline and first-token log-probabilities under `adapter` (None: the backbone
+    alone); the seconds they took; the authors' own headlines' mean log-probability per token, teacher-forced."""
     task = get_task("headline")
     engine = Engine(model)
     try:
-        engine.set_adapter(engine.load_adapter(adapter, "global"))
+        if adapter is not None:
+            engine.set_adapter(engine.load_adapter(adapter, "global"))
         started = time.perf_counter()
-        outputs = []
+        results = []
         for prompt in prompts:
             text = generate(engine, prompt, max_tokens=task.default_max_tokens, stop=task.stop_strings).text
             logits = np.asarray(engine.prefill(engine.tokenize(prompt)).logits, dtype=np.float64)
             logits -= logits.max()
-            outputs.append((text.strip(), logits - np.log(np.exp(logits).sum())))
-        return outputs, time.perf_counter() - started
+            results.append((text.strip(), logits - np.log(np.exp(logits).sum())))
+        seconds = time.perf_counter() - started
+        gold = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            continuation = engine.tokenize(" " + task.scored_output(output), add_bos=False)
+            gold.extend(engine.score(engine.tokenize(prompt), [continuation])[0].logprobs)
+        return results, seconds, float(np.mean(gold))
     finally:
         engine.close()
 
@@ -79,6 +91,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--embedding", choices=sorted(TYPES), default="iq4_nl")
     parser.add_argument("--body", choices=sorted(BODY_TYPES), default="q4_k_m")
+    parser.add_argument(
+        "--backbone-alone",
+        action="store_true",
+        help="also score the headlines on both backbones without the adapter",
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/localpers-requantized.gguf"))
     parser.add_argument("--authors", type=int, default=40)
     parser.add_argument("--items", type=int, default=2)
@@ -92,17 +109,24 @@ def main() -> None:
     task = get_task("headline")
     lines = args.data.read_text(encoding="utf-8").splitlines()[: args.authors]
     histories = [json.loads(line)["history"] for line in lines if line.strip()]
-    prompts = [task.prompt_for(item["input"]) for history in histories for item in history[-args.items :]]
-    before, seconds_before = run(shipped, adapter, prompts)
-    after, seconds_after = run(args.out, adapter, prompts)
+    items = [item for history in histories for item in history[-args.items :]]
+    prompts = [task.prompt_for(item["input"]) for item in items]
+    outputs = [item["output"] for item in items]
+    before, seconds_before, gold_before = run(shipped, adapter, prompts, outputs)
+    after, seconds_after, gold_after = run(args.out, adapter, prompts, outputs)
     same = sum(a[0] == b[0] for a, b in zip(before, after, strict=True))
     agree = sum(int(np.argmax(a[1]) == np.argmax(b[1])) for a, b in zip(before, after, strict=True))
     kl = [float(np.sum(np.exp(a[1]) * (a[1] - b[1]))) for a, b in zip(before, after, strict=True)]
     print(
-        f"token_embd {args.embedding}, body {args.body}: {len(prompts)} prompts, identical greedy headlines {same}, first token's argmax"
-        f" agrees {agree}, mean KL {np.mean(kl):.4f} (max {np.max(kl):.4f}); {seconds_before:.1f} s shipped,"
-        f" {seconds_after:.1f} s re-quantized ({args.out})"
+        f"token_embd {args.embedding}, body {args.body}: {len(prompts)} prompts, identical greedy headlines {same},"
+        f" first token's argmax agrees {agree}, mean KL {np.mean(kl):.4f} (max {np.max(kl):.4f}); {seconds_before:.1f} s"
+        f" shipped, {seconds_after:.1f} s re-quantized ({args.out}); the authors' headlines, log p/token with the"
+        f" adapter: {gold_before:.4f} shipped, {gold_after:.4f} re-quantized"
     )
+    if args.backbone_alone:
+        bare_before = run(shipped, None, prompts, outputs)[2]
+        bare_after = run(args.out, None, prompts, outputs)[2]
+        print(f"the backbone alone: {bare_before:.4f} shipped, {bare_after:.4f} re-quantized")
 
 
 if __name__ == "__main__":
