@@ -60,10 +60,11 @@ def requantize(source: Path, target: Path, embedding: str, body: str = "q4_k_m")
 
 
 def run(
-    model: Path, adapter: Path | None, prompts: list[str], outputs: list[str]
+    model: Path, adapter: Path | None, prompts: list[str], outputs: list[str], *, greedy: bool = True
 ) -> tuple[list[tuple[str, np.ndarray]], float, float]:
     """Each prompt's greedy headline and first-token log-probabilities under `adapter` (None: the backbone
-    alone); the seconds they took; the authors' own headlines' mean log-probability per token, teacher-forced."""
+    alone; `greedy` False: none decoded); the seconds they took; the authors' own headlines' mean
+    log-probability per token, teacher-forced."""
     task = get_task("headline")
     engine = Engine(model)
     try:
@@ -71,7 +72,7 @@ def run(
             engine.set_adapter(engine.load_adapter(adapter, "global"))
         started = time.perf_counter()
         results = []
-        for prompt in prompts:
+        for prompt in prompts if greedy else ():
             text = generate(engine, prompt, max_tokens=task.default_max_tokens, stop=task.stop_strings).text
             logits = np.asarray(engine.prefill(engine.tokenize(prompt)).logits, dtype=np.float64)
             logits -= logits.max()
@@ -124,8 +125,8 @@ def main() -> None:
         f" adapter: {gold_before:.4f} shipped, {gold_after:.4f} re-quantized"
     )
     if args.backbone_alone:
-        bare_before = run(shipped, None, prompts, outputs)[2]
-        bare_after = run(args.out, None, prompts, outputs)[2]
+        bare_before = run(shipped, None, prompts, outputs, greedy=False)[2]
+        bare_after = run(args.out, None, prompts, outputs, greedy=False)[2]
         print(f"the backbone alone: {bare_before:.4f} shipped, {bare_after:.4f} re-quantized")
 
 
