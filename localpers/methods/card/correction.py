@@ -127,7 +127,9 @@ class CardCorrection:
             positions = habits  # the usual case: the candidates are still in vocabulary order
         else:
             positions = np.flatnonzero(np.isin(ids, habits))
-        candidates.select(np.concatenate([best, positions[~np.isin(positions, best)]]))
+        chosen = set(best.tolist())  # both are short: a set beats np.isin's 262k-entry lookup table
+        extra = [position for position in positions.tolist() if position not in chosen]
+        candidates.select(np.concatenate([best, np.asarray(extra, dtype=np.int64)]))
         return len(best)
 
     def accept(self, token: int) -> None:

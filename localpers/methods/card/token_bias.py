@@ -114,13 +114,13 @@ class TokenBias:
         opening = self.opening if step == 0 else {}
         if (not table and not opening) or strength == 0.0:
             return np.zeros(len(candidates), dtype=logits.dtype)
-        values = [table.get(int(t), 0.0) for t in candidates]
+        # Python ints: looking up a numpy scalar in a dict costs more than the lookup itself
+        tokens = np.asarray(candidates).tolist()
+        values = [table.get(t, 0.0) for t in tokens]
         if emitted:
-            values = [
-                min(v, 0.0) if int(t) in emitted else v for t, v in zip(candidates, values, strict=True)
-            ]
+            values = [min(v, 0.0) if t in emitted else v for t, v in zip(tokens, values, strict=True)]
         return np.array(
-            [strength * v + opening.get(int(t), 0.0) for t, v in zip(candidates, values, strict=True)],
+            [strength * v + opening.get(t, 0.0) for t, v in zip(tokens, values, strict=True)],
             dtype=logits.dtype,
         )
 
