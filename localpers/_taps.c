@@ -102,20 +102,33 @@ __attribute__((visibility("default"))) int32_t localpers_top_k_positions(const l
         return 0;
     }
     int32_t kept = 0;
-    for (int32_t i = 0; i < n; i++) {
+    int32_t i = 0;
+    for (; i < n && kept < k; i++) { /* fill the buffer */
         float logit = candidates[i].logit;
         if (logit != logit) { /* NaN */
             continue;
         }
-        if (kept == k && !(logit > candidates[out[k - 1]].logit)) {
-            continue;
-        }
-        int32_t slot = kept < k ? kept++ : k - 1;
+        int32_t slot = kept++;
         while (slot > 0 && logit > candidates[out[slot - 1]].logit) {
             out[slot] = out[slot - 1];
             slot--;
         }
         out[slot] = i;
+    }
+    /* The buffer is full: a candidate must beat the k-th best, kept in a register (a NaN never does). */
+    float floor = kept == k ? candidates[out[k - 1]].logit : 0.0f;
+    for (; i < n; i++) {
+        float logit = candidates[i].logit;
+        if (!(logit > floor)) {
+            continue;
+        }
+        int32_t slot = k - 1;
+        while (slot > 0 && logit > candidates[out[slot - 1]].logit) {
+            out[slot] = out[slot - 1];
+            slot--;
+        }
+        out[slot] = i;
+        floor = candidates[out[k - 1]].logit;
     }
     return kept;
 }

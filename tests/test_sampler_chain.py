@@ -336,3 +336,18 @@ def test_a_habit_is_pushed_only_until_the_output_holds_it() -> None:
     correction.apply(after, np.zeros(4, dtype=np.float32))
     assert after.ids.tolist() == [0, 1, 2], "an emitted habit no longer joins the candidates"
     assert after.logits.tolist() == [0.0, -2.0, -2.0], "an avoided token stays avoided after it was emitted"
+
+
+@pytest.mark.parametrize("size,k", [(10, 20), (64, 64), (65, 64), (300, 7)])
+def test_best_positions_with_few_candidates_nans_and_masked_tokens(size: int, k: int) -> None:
+    from localpers.engine.sampler_chain import TOKEN_DATA
+
+    rng = np.random.default_rng(size)
+    entries = np.zeros(size, dtype=TOKEN_DATA)
+    entries["id"] = np.arange(size)
+    entries["logit"] = rng.integers(-5, 5, size).astype(np.float32)
+    entries["logit"][rng.choice(size, size // 3, replace=False)] = -np.inf  # llama.cpp's masked tokens
+    entries["logit"][[0, size - 1]] = np.nan
+    valid = [i for i in range(size) if not np.isnan(entries["logit"][i])]
+    expected = sorted(valid, key=lambda i: (-entries["logit"][i], i))[:k]
+    assert Candidates(entries).best_positions(k).tolist() == expected
