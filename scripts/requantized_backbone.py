@@ -16,7 +16,7 @@ session). This script changes no file of the project and no setting; it measures
 no repacked x86 kernel for, become Q4_0, which it has; PERFORMANCE.md, sixty-fourth session).
 
 Usage: python scripts/requantized_backbone.py --data ../shared/data/news-headlines/train.jsonl
-       [--embedding iq4_nl|q4_0|q8_0] [--body q4_k_m|q4_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2]
+       [--embedding iq4_nl|q4_0|q8_0] [--body q4_k_m|q4_0|q8_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2]
        [--bundle DIR] [--backbone-alone]
 """
 
@@ -47,6 +47,7 @@ TYPES = {
 BODY_TYPES = {
     "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
     "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
 }
 
 
