@@ -13,11 +13,12 @@ Time the step cost with `scripts/bench_batch_rows.py --model <written file>` (do
 session). This script changes no file of the project and no setting; it measures a publisher's option.
 
 `--body q4_0` re-quantizes the other matrices too (the shipped file's Q5_0 ones, which llama.cpp's CPU backend has
-no repacked x86 kernel for, become Q4_0, which it has; PERFORMANCE.md, sixty-fourth session).
+no repacked x86 kernel for, become Q4_0, which it has; PERFORMANCE.md, sixty-fourth session); `--body q8_0` makes
+them Q8_0, which keeps their 5-bit values nearly exactly (sixty-fifth session).
 
 Usage: python scripts/requantized_backbone.py --data ../shared/data/news-headlines/train.jsonl
-       [--embedding iq4_nl|q4_0|q8_0] [--body q4_k_m|q4_0|q8_0] [--out /tmp/backbone.gguf] [--authors 40] [--items 2]
-       [--bundle DIR] [--backbone-alone]
+       [--embedding iq4_nl|q4_0|q8_0] [--body q4_k_m|q4_0|q8_0] [--out /tmp/backbone.gguf]
+       [--authors 40] [--items 2] [--bundle DIR] [--backbone-alone]
 """
 
 from __future__ import annotations
