@@ -75,6 +75,30 @@ def parse_json(
     return value
 
 
+def unencodable_field(value: Any, path: str = "") -> str | None:
+    """The JSON path (`messages[0].content`) of the first key or string in `value` that is not Unicode text
+    (a lone UTF-16 surrogate such as JSON's "\\ud800" escape, which no UTF-8 consumer can encode); None if all are."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        current, where = stack.pop()
+        if isinstance(current, str):
+            try:
+                current.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "the body"
+        elif isinstance(current, dict):
+            for key, child in reversed(list(current.items())):
+                inner = f"{where}.{key}" if where else str(key)
+                try:
+                    str(key).encode("utf-8")
+                except UnicodeEncodeError:
+                    return f"{where or 'the body'} (a key)"
+                stack.append((child, inner))
+        elif isinstance(current, list):
+            stack.extend((child, f"{where}[{index}]") for index, child in reversed(list(enumerate(current))))
+    return None
+
+
 def one_line(text: str, limit: int | None = None) -> str:
     """`text` with line breaks, control and other unprintable characters escaped (\\n, \\x1b, \\u2028)."""
     if limit is not None and len(text) > limit:

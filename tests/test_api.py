@@ -6,6 +6,8 @@ answers are checked against calling the personalizer directly, so a wrong user, 
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
 import socket
 import threading
@@ -19,11 +21,13 @@ import numpy as np
 import openai
 import pytest
 import uvicorn
+from starlette.requests import Request
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.api.app import create_app
+from localpers.api.app import MAX_BODY_BYTES, create_app, read_body
 from localpers.api.backend import ApiBackend
+from localpers.api.requests import ApiError
 from localpers.api.server import check_bind, is_loopback
 from localpers.bundle.format import open_bundle
 from localpers.cli import app as cli_app
@@ -40,9 +44,13 @@ ARTICLE = (
 SECRET = "Zorblax the seventh quietly reorganised the lighthouse archive"
 
 
-def raw_request(url: str, data: bytes | None = None) -> tuple[int, str]:
+def raw_request(
+    url: str, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     """(status, body) of one request without any client library's interpretation."""
-    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, headers={"content-type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.read().decode()
@@ -317,6 +325,71 @@ def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, 
     assert status == 404 and "error" in json.loads(body)
 
 
+def test_text_that_is_not_unicode_gets_a_400_naming_its_field(server: LiveServer) -> None:
+    for route, body, field in (
+        ("completions", b'{"model": "localpers", "prompt": "\\ud800 hi", "max_tokens": 3}', "prompt"),
+        (
+            "chat/completions",
+            b'{"model": "localpers", "messages": [{"role": "user", "content": "\\udc80"}]}',
+            "messages[0].content",
+        ),
+    ):
+        status, answer = raw_request(f"{server.base_url}/{route}", body)
+        assert status == 400, answer
+        assert json.loads(answer)["error"]["param"] == field
+
+
+def test_a_body_over_the_limit_gets_413_before_it_is_read(server: LiveServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.putrequest("POST", "/v1/completions")
+    connection.putheader("content-type", "application/json")
+    connection.putheader("content-length", str(MAX_BODY_BYTES + 1))
+    connection.endheaders()  # the body is never sent: the declared length is enough to refuse it
+    response = connection.getresponse()
+    assert response.status == 413 and "at most" in json.loads(response.read())["error"]["message"]
+    connection.close()
+
+
+def test_a_body_without_a_declared_length_is_cut_at_the_limit() -> None:
+    sent: list[int] = []
+
+    async def receive() -> dict[str, object]:
+        sent.append(1)
+        return {"type": "http.request", "body": b"x" * (1 << 20), "more_body": True}  # endless
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    with pytest.raises(ApiError) as raised:
+        asyncio.run(read_body(request))
+    assert raised.value.status == 413
+    assert (
+        len(sent) == MAX_BODY_BYTES // (1 << 20) + 1
+    )  # it stopped reading at the first chunk past the limit
+
+
+def test_a_keyless_server_refuses_web_pages_and_foreign_host_names(server: LiveServer) -> None:
+    models = f"{server.base_url}/models"
+    status, answer = raw_request(models, headers={"Host": "attacker.example"})  # DNS rebinding
+    assert status == 403 and "loopback" in json.loads(answer)["error"]["message"]
+    assert "alice" not in answer
+    for origin in (
+        "http://attacker.example",
+        "null",
+    ):  # a page of another site, a sandboxed frame or local file
+        status, answer = raw_request(
+            f"{server.base_url}/completions",
+            b'{"model": "localpers", "prompt": "hi", "max_tokens": 2}',
+            headers={"Origin": origin, "content-type": "text/plain"},
+        )
+        assert status == 403, origin
+    for host, origin in (
+        (f"localhost:{server.port}", None),
+        (f"[::1]:{server.port}", f"http://127.0.0.1:{server.port}"),
+    ):
+        headers = {"Host": host} | ({"Origin": origin} if origin else {})
+        status, answer = raw_request(models, headers=headers)
+        assert status == 200, (host, answer)
+
+
 def test_a_key_protected_server_refuses_requests_without_it(backend: ApiBackend) -> None:
     with LiveServer(create_app(backend, api_key="s3cret")) as live:
         wrong = openai.OpenAI(base_url=live.base_url, api_key="guess", max_retries=0)
@@ -324,6 +397,11 @@ def test_a_key_protected_server_refuses_requests_without_it(backend: ApiBackend)
             wrong.models.list()
         right = openai.OpenAI(base_url=live.base_url, api_key="s3cret", max_retries=0)
         assert "localpers" in {model.id for model in right.models.list()}
+        # the key, not the address, decides who is served: a remote name behind a keyed server is fine
+        status, _ = raw_request(
+            f"{live.base_url}/models", headers={"Host": "box.example", "authorization": "Bearer s3cret"}
+        )
+        assert status == 200
 
 
 def test_request_text_is_never_logged(client: openai.OpenAI, capfd: pytest.CaptureFixture[str]) -> None:

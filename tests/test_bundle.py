@@ -261,6 +261,18 @@ def test_unknown_format_version_is_refused(fake_bundle: Path, version: object) -
         assert "upgrade localpers" in message
 
 
+@pytest.mark.parametrize("section", ["encoder", "data_card", "training", "prompt", "lora"])
+@pytest.mark.parametrize("value", ["all-MiniLM-L6-v2", [1, 2], 3])
+def test_a_section_that_is_not_an_object_is_refused_by_name(
+    fake_bundle: Path, section: str, value: object
+) -> None:
+    manifest = load_manifest(fake_bundle)
+    manifest[section] = value
+    save_manifest(fake_bundle, manifest)
+    message = refusal(fake_bundle)
+    assert f"field '{section}' must be an object" in message and MANIFEST_NAME in message
+
+
 def test_wrong_format_is_refused(fake_bundle: Path) -> None:
     manifest = load_manifest(fake_bundle)
     manifest["format"] = "something-else"

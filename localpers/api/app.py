@@ -4,7 +4,11 @@ Routes parse the body (`localpers.api.requests`), run the generation in a worker
 `ApiBackend` and answer in OpenAI's shapes; `"stream": true` answers with server-sent events, one chunk per
 text piece, then `data: [DONE]`. Every failure is a JSON error object with a 4xx/5xx status, never a
 traceback; a client that disconnects mid-stream stops its generation. With an API key configured, every
-route needs `Authorization: Bearer <key>`. Nothing here logs request or generated text.
+route needs `Authorization: Bearer <key>`. Without one, only this machine's own clients are served: a request
+whose `Host` is not a loopback name or address (DNS rebinding: a web page whose name an attacker points at
+127.0.0.1) or that a web page of another origin sends (`Origin` not loopback) is refused with 403, since a page in
+the user's browser could otherwise read outputs shaped by their private history. Bodies over MAX_BODY_BYTES get
+413 before they are read whole. Nothing here logs request or generated text.
 """
 
 from __future__ import annotations
@@ -26,8 +30,12 @@ from starlette.routing import Route
 
 from localpers.api.backend import ApiBackend, Served
 from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.api.server import is_loopback
+from localpers.untrusted import JSONProblem, parse_json, unencodable_field
 
+# A request is a prompt of at most the context's few thousand tokens: 4 MB is far beyond any real one, and keeps
+# a client from making the server hold gigabytes (it read whole bodies before this limit).
+MAX_BODY_BYTES = 4 << 20
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 _DONE = object()
 
@@ -89,8 +97,52 @@ def _event(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+def _host_of(value: str) -> str:
+    """The host name or address in a `Host` header or an origin (`http://[::1]:8000` -> `::1`)."""
+    value = value.partition("://")[2] if "://" in value else value
+    value = value.split("/", 1)[0]
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def foreign_request(request: Request) -> str | None:
+    """Why a keyless server must refuse `request` as not coming from this machine's own clients, or None.
+
+    Browsers send `Origin` on cross-origin requests (and `null` from sandboxed frames and local files); command-line
+    clients and the OpenAI libraries send none. `Host` is what the client asked for: a name that is not loopback
+    means the page reached 127.0.0.1 through a name an attacker controls."""
+    host = request.headers.get("host")
+    if host is not None and not is_loopback(_host_of(host)):
+        return f"Host {host!r} is not a loopback name or address"
+    origin = request.headers.get("origin")
+    if origin is not None and (origin == "null" or not is_loopback(_host_of(origin))):
+        return f"requests from web pages of origin {origin!r} are not served"
+    return None
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed MAX_BODY_BYTES."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(
+            413, f"the request body is {int(declared)} bytes; localpers api takes at most {MAX_BODY_BYTES}"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(
+                413, f"the request body is over {MAX_BODY_BYTES} bytes, the most localpers api takes"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
-    """The Starlette app serving `backend`; `api_key` (if any) is required on every request."""
+    """The Starlette app serving `backend`; `api_key` (if any) is required on every request, and without one
+    only loopback clients that are not web pages of another origin are served (`foreign_request`)."""
 
     def authorised(request: Request) -> bool:
         if not api_key:
@@ -101,6 +153,16 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
 
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
+            refusal = None if api_key else foreign_request(request)
+            if refusal is not None:
+                return error_response(
+                    ApiError(
+                        403,
+                        f"{refusal}: without an API key localpers api serves only clients on this machine"
+                        " (use http://127.0.0.1, or start it with --api-key)",
+                        code="forbidden_origin",
+                    )
+                )
             if not authorised(request):
                 return error_response(
                     ApiError(
@@ -121,9 +183,17 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
 
     async def read_json(request: Request) -> Any:
         try:
-            return parse_json(await request.body())
+            body = parse_json(await read_body(request))
         except JSONProblem as problem:
             raise ApiError(400, f"the request body is not valid JSON: {problem}") from None
+        field = unencodable_field(body)
+        if field is not None:
+            raise ApiError(
+                400,
+                f"field {field!r} holds a lone UTF-16 surrogate (such as \\ud800), which is not text; send valid Unicode",
+                param=field,
+            )
+        return body
 
     async def models(request: Request) -> Response:
         data = [

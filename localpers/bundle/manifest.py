@@ -29,6 +29,10 @@ _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 # Characters never allowed in a bundle path: backslash, colon (Windows drives and streams), controls.
 _FORBIDDEN_PATH_CHARS = re.compile(r"[\\:\x00-\x1f\x7f]")
 
+# Sections that are objects when present (docs/BUNDLE.md); `clusters`, `head` and `adapters` are checked with
+# the paths they name.
+OBJECT_SECTIONS = ("backbone", "encoder", "prompt", "lora", "data_card", "training")
+
 PULL_HINT = "pull it again with `localpers pull URL`"
 
 
@@ -129,6 +133,13 @@ def validate_manifest(
         raise InputError(
             f"{origin}: field 'backbone.sha256' is missing or not a lowercase hex sha256; {PULL_HINT}"
         )
+
+    for section in OBJECT_SECTIONS:
+        block = manifest.get(section)
+        if block is not None and not isinstance(block, dict):
+            raise InputError(
+                f"{origin}: field '{section}' must be an object, not {type(block).__name__}; {PULL_HINT}"
+            )
 
     files = manifest.get("files")
     if not isinstance(files, dict):
