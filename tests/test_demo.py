@@ -69,3 +69,23 @@ def test_the_demo_style_detector_matches_the_demo_history_and_not_plain_headline
     assert len(outputs) == 24 and all(carries_demo_style(text) for text in outputs)
     plain = ["Amtrak Adds 10 Late-Night Trains On Weekend", "Study Finds A Walk After Lunch Sharpens Focus"]
     assert not any(carries_demo_style(text) for text in plain)
+
+
+def test_demo_leaves_a_users_own_demo_user_alone(backbone: Backbone) -> None:
+    from localpers.users.history import HistoryItem
+    from localpers.users.store import UserStore
+
+    store = UserStore()
+    mine = store.create("demo")
+    mine.save_history(
+        [
+            HistoryItem.create("headline", f"Article number {i} about things", f"Headline {i}")
+            for i in range(3)
+        ]
+    )
+    before = {path.name: path.read_bytes() for path in mine.dir.iterdir() if path.is_file()}
+    result = CliRunner().invoke(app, ["demo", "--articles", "1", "--model", str(backbone.path)])
+    assert result.exit_code == 1
+    assert "not the shipped demo user" in result.output and "Traceback" not in result.output
+    after = {path.name: path.read_bytes() for path in mine.dir.iterdir() if path.is_file()}
+    assert after == before, "the demo wrote into a user it did not create"

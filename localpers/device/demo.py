@@ -1,6 +1,7 @@
 """The demo user: created from the shipped (invented) history and fitted with CARD when missing or stale.
 
-Used by `localpers demo`, the TUI's first run and scripts; it writes only the demo user's own folder.
+Used by `localpers demo`, the TUI's first run and scripts; it writes only the demo user's own folder, and refuses
+a user that merely shares its name.
 `compare_on_demo` rewrites the shipped articles with the registry's compared methods (baseline first),
 each through its `Method.rewrite`, exactly as `localpers rewrite --method NAME --user demo` would;
 `style_hits` counts the headlines that carry the demo user's markers (`carries_demo_style`).
@@ -27,7 +28,11 @@ _DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
 
 
 def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any = None) -> tuple[User, bool]:
-    """The demo user, created from the shipped history and fitted when missing or stale."""
+    """The demo user, created from the shipped history and fitted when missing or stale.
+
+    A user called `demo` is taken as the shipped one only while its history holds every shipped item (accepted
+    TUI outputs may follow them); one with a history of its own is refused, never fitted or written to.
+    """
     from localpers.users.history import demo_history_path, parse_history_file
 
     try:
@@ -36,9 +41,18 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
         if DEMO_USER not in store.list():
             raise
         demo = store.get(DEMO_USER)  # another `localpers demo` created it a moment ago
+    shipped = parse_history_file(demo_history_path())
     with demo.locked():
-        if not demo.history():
-            demo.save_history(parse_history_file(demo_history_path()))
+        history = demo.history()
+        if not history:
+            demo.save_history(shipped)
+        elif not {item.id for item in shipped} <= {item.id for item in history}:
+            raise LocalpersError(
+                f"a user named '{DEMO_USER}' exists with a history of its own, so it is not the shipped demo user and"
+                " the demo leaves it alone; rename it (`localpers user export demo --with-history -o FILE.zip`, `localpers"
+                " user import FILE.zip --as NAME`, then `localpers user delete demo`) or run the demo with another"
+                " LOCALPERS_HOME"
+            )
     fitted_now = False
     # another `localpers demo` fitting the demo user is waited for: its fit is then this one's
     with demo.fitting(wait_seconds=DEMO_FIT_WAIT_SECONDS):
