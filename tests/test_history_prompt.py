@@ -55,6 +55,26 @@ def test_examples_are_the_most_similar_with_the_best_last() -> None:
     assert len(select_examples(HEADLINE, "bread", POOL, 10)) == 3
 
 
+def test_retrieval_reads_texts_only_as_far_as_a_prompt_carries_them() -> None:
+    limit = HEADLINE.max_input_chars
+    long_bread = (  # past what a headline prompt shows, words the text's start shares
+        INSTRUCTION
+        + "A bakery won a prize. "
+        + "dolor " * (limit // 6 + 10)
+        + "bike lanes council street " * 50,
+        "Bread!",
+    )
+    pool = [long_bread, POOL[0], POOL[2]]
+    # the text's tail is about bread; what a prompt shows of it is about bike lanes
+    text = (
+        INSTRUCTION
+        + "The council voted on bike lanes. "
+        + "ipsum " * (limit // 6)
+        + "bakery prize bread " * 50
+    )
+    assert select_examples(HEADLINE, text, pool, 1) == ["Bike Lanes Win: Council Says Yes"]
+
+
 def test_recent_examples_open_the_list_and_are_not_retrieved_twice() -> None:
     query = INSTRUCTION + "New bike lanes for the street, the council said."
     chosen = select_examples(HEADLINE, query, POOL, 2, recent=1)

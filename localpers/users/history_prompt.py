@@ -290,9 +290,16 @@ def _one_line(text: str) -> str:
     return cut_text(" ".join(text.split()), EXAMPLE_CHARS)
 
 
+def searched_text(task: Task, text: str) -> str:
+    """The part of a text retrieval reads: its content without the task's instruction, as far as a prompt carries
+    it (`max_input_chars`). A 10 MB history item once cost every fit ~10 s of BM25 scoring over words no prompt
+    shows; texts within the limit (every benchmark item) are read whole, as before."""
+    return cut_text(task.content(text), task.max_input_chars)
+
+
 def history_document(task: Task, input_text: str, output: str) -> str:
-    """What the history index searches for one item: its input without the task's instruction, then its output."""
-    return task.content(input_text) + " " + output
+    """What the history index searches for one item: its input (`searched_text`), then its output."""
+    return searched_text(task, input_text) + " " + output
 
 
 def select_examples(
@@ -340,7 +347,8 @@ def _choose(
     recent = min(recent, count, end)
     latest = list(range(end - recent, end))
     index = index or Bm25Index([history_document(task, i, o) for i, o in pool])
-    scores = index.scores(task.content(text))
+    query = searched_text(task, text)
+    scores = index.scores(query)
     ranked = best_positions(scores, max(count, SERIES_SEARCH_DEPTH if series_size else 0))
     if series_size:
         outputs = [output for _, output in pool]
@@ -348,7 +356,7 @@ def _choose(
         members = find_series(outputs, related, min_size=series_size, word_sets=word_sets)
         shown = [i for i in members if i not in latest][-SERIES_SHOWN:]
         documents = [history_document(task, *pool[i]) for i in members] if shown else []
-        if shown and about_series(task.content(text), documents, len(pool)):
+        if shown and about_series(query, documents, len(pool)):
             return latest, shown, True
     best = [i for i in ranked if i not in latest][: count - recent]
     return latest, list(reversed(best)), False
