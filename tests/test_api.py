@@ -408,6 +408,10 @@ def test_request_text_is_never_logged(client: openai.OpenAI, capfd: pytest.Captu
     client.completions.create(model="localpers", prompt=SECRET, max_tokens=4, extra_body={"method": "global"})
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="localpers", prompt=SECRET, top_p=7)
+    with pytest.raises(openai.BadRequestError):  # llama.cpp's grammar parser prints what it could not parse
+        client.completions.create(
+            model="localpers", prompt="hi", extra_body={"grammar": f'root ::= ("{SECRET}"'}
+        )
     captured = capfd.readouterr()
     assert "Zorblax" not in captured.out + captured.err
 

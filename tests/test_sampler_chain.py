@@ -217,10 +217,13 @@ def test_grammar_constrains_the_output(engine: Engine) -> None:
     assert result.stop_reason == "eos"  # the grammar ends, so only end-of-generation is allowed
 
 
-def test_invalid_grammar_is_a_one_line_error(engine: Engine) -> None:
+def test_invalid_grammar_is_a_one_line_error(engine: Engine, capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(LocalpersError, match="not valid GBNF") as raised:
-        engine.sampler_chain(SamplerSettings(grammar="root ::= (unclosed"))
+        engine.sampler_chain(SamplerSettings(grammar='root ::= ("Zorblax" unclosed'))
     assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
+    assert "expecting" in str(raised.value), "the parser's own reason"
+    captured = capfd.readouterr()
+    assert "Zorblax" not in captured.out + captured.err, "llama.cpp's parser printed the grammar to stderr"
 
 
 @pytest.mark.parametrize(

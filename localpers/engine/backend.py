@@ -2,7 +2,9 @@
 
 The sink is silent unless LOCALPERS_LLAMA_LOG is set, and records text while asked to: recording is how the
 engine learns which buffer types the weights got (llama.cpp reports them only in its load log,
-`CPU_REPACK model buffer size = ... MiB`) and why a grammar was refused. A Ctrl-C that lands while llama.cpp is
+`CPU_REPACK model buffer size = ... MiB`) and why a grammar was refused. Its grammar parser alone writes to the
+process's stderr directly, with the grammar's text; `captured_c_stderr` takes that in instead (a server must not
+log request text). A Ctrl-C that lands while llama.cpp is
 inside the callback would be swallowed by ctypes ("Exception ignored on calling ctypes callback") and the
 command would carry on; it is noted instead (`localpers.interrupts`), and `raise_pending_interrupt` raises it
 once llama.cpp has returned. Nothing else lives here.
@@ -14,6 +16,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import llama_cpp
@@ -73,3 +76,22 @@ def recorded_llama_log() -> Iterator[list[str]]:
     finally:
         _log_recorder.recording = previous
     raise_pending_interrupt()
+
+
+@contextlib.contextmanager
+def captured_c_stderr() -> Iterator[list[str]]:
+    """What C code writes to file descriptor 2 inside the block, kept from the terminal and handed over as one
+    string appended to the yielded list when the block ends. Anything another thread writes to stderr in that
+    window is taken in too, so the block must stay short (one llama.cpp call)."""
+    sys.stderr.flush()
+    captured: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.append(sink.read().decode("utf-8", errors="replace"))

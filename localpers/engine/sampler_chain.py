@@ -22,7 +22,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from localpers.engine.backend import recorded_llama_log
+from localpers.engine.backend import captured_c_stderr, recorded_llama_log
 from localpers.engine.decoding import RANDOM_SEED, Candidates, MethodSampler, SamplerSettings
 from localpers.engine.repeated_words import CANDIDATES, RepeatedWordRule
 from localpers.errors import LocalpersError
@@ -149,15 +149,19 @@ class SamplerChain:
         token_bytes: Callable[[int], bytes] | None,
     ) -> None:
         if settings.grammar is not None:
-            with recorded_llama_log() as log:
+            with recorded_llama_log() as log, captured_c_stderr() as dumped:
                 grammar = llama_cpp.llama_sampler_init_grammar(
                     vocab, settings.grammar.encode("utf-8"), b"root"
                 )
             if not grammar:
-                lines = [line.strip() for line in "".join(log).splitlines() if line.strip()]
+                # the parser's own line ("parse: error parsing grammar: expecting ')' at ...") says where
+                lines = [
+                    line.strip() for line in ("".join(dumped) + "".join(log)).splitlines() if line.strip()
+                ]
                 detail = next(
                     (line for line in lines if "error" in line.lower()), lines[0] if lines else "no detail"
                 )
+                detail = detail.split("error parsing grammar:", 1)[-1].strip()
                 raise LocalpersError(f"the grammar is not valid GBNF: {detail}", exit_code=2)
             self._add(grammar, "grammar")
         if settings.logit_bias:
