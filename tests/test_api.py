@@ -222,8 +222,9 @@ def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
         extra_body={"task": "headline", "method": "global"},
     )
     assert by_model.choices[0].text == by_field.choices[0].text
-    with pytest.raises(openai.ConflictError, match="not fitted"):  # bob has no fit for CARD
+    with pytest.raises(openai.ConflictError, match="not fitted") as raised:  # bob has no fit for CARD
         client.completions.create(model="localpers/bob", prompt=ARTICLE, max_tokens=8)
+    assert "history import" in str(raised.value), "a fit of no history fits nothing: say to add history first"
     with pytest.raises(openai.ConflictError, match="fitted before its history.*global-history needs no fit"):
         client.completions.create(
             model="localpers/dan", prompt=ARTICLE, max_tokens=8, extra_body={"task": "headline"}
@@ -311,8 +312,13 @@ def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, 
     with pytest.raises(openai.BadRequestError, match="temperature") as raised:
         client.completions.create(model="localpers", prompt=ARTICLE, temperature=5.0)
     assert raised.value.body["param"] == "temperature"  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError, match="not valid GBNF"):
+    with pytest.raises(openai.BadRequestError, match="not valid GBNF") as raised:
         client.completions.create(model="localpers", prompt=ARTICLE, extra_body={"grammar": "root ::= ("})
+    assert raised.value.body["param"] == "grammar"  # type: ignore[index]
+    for bias in ({"-1": 5}, {"999999999": 5}):  # not a token id; beyond the vocabulary (the engine's refusal)
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.completions.create(model="localpers", prompt=ARTICLE, max_tokens=2, logit_bias=bias)
+        assert raised.value.body["param"] == "logit_bias", bias  # type: ignore[index]
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model="localpers", messages=[])
     status, body = raw_request(f"{server.base_url}/completions", b"{not json")

@@ -124,7 +124,10 @@ class ApiBackend:
             try:
                 result = self._generate(job, user, on_text)
             except LocalpersError as exc:
-                raise ApiError(400 if exc.exit_code == 2 else 409, str(exc)) from None
+                message = str(exc)
+                raise ApiError(
+                    400 if exc.exit_code == 2 else 409, message, param=_field_named(message)
+                ) from None
             return Served(result, user.name if user else None, int(time.time()))
 
     def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
@@ -204,3 +207,12 @@ class ApiBackend:
             on_text=on_text,
         )
         return decoder.rewrite(text, options)
+
+
+# The engine's refusals of a request's own settings, by how their messages open: the field they are about.
+_ENGINE_REFUSALS = {"the grammar": "grammar", "logit bias": "logit_bias"}
+
+
+def _field_named(message: str) -> str | None:
+    """The request field an engine refusal is about (OpenAI's `param`), None when it is about none."""
+    return next((field for opening, field in _ENGINE_REFUSALS.items() if message.startswith(opening)), None)

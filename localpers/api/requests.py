@@ -200,6 +200,8 @@ def _sampling(body: dict[str, Any]) -> SamplerSettings:
             token_id = int(token)
         except (TypeError, ValueError):
             raise _bad(f"`logit_bias` key {token!r} is not a token id", "logit_bias") from None
+        if token_id < 0:
+            raise _bad(f"`logit_bias` key {token!r} is not a token id (ids start at 0)", "logit_bias")
         if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
             raise _bad("`logit_bias` values must be numbers between -100 and 100", "logit_bias")
         pairs.append((token_id, float(value) if value > -100 else float("-inf")))

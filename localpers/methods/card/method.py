@@ -97,6 +97,11 @@ def profile_for_rewrite(
     fallback = (
         None if strict else unfitted_method(method, has_items and personalizer.prompt_format is not None)
     )
+    if fallback is None and not has_items:  # a fit of no history fits nothing: the history comes first
+        raise LocalpersError(
+            f"{unusable} and has no history for this task: add some (`localpers history import FILE --user"
+            f" {target.name}`), then run {refit}; method global needs neither"
+        )
     if fallback is None:
         raise LocalpersError(f"{unusable}: run {refit} (method {HISTORY_ONLY_METHOD} needs no fit)")
     if fallback == HISTORY_ONLY_METHOD:
