@@ -210,3 +210,52 @@ def test_fit_progress_without_a_terminal_logs_stage_lines(
     with device.fit_progress(False, interactive=False) as update:
         assert update is None
     assert [device._duration(s) for s in (42, 420, 8280)] == ["42 s", "7 min", "2.3 h"]
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "message"),
+    [
+        (["rewrite", "x"], "--strength", "inf", "--strength must be a finite number from 0 to 100"),
+        (["rewrite", "x"], "--strength", "nan", "--strength must be a finite number from 0 to 100"),
+        (["rewrite", "x"], "--strength", "1e6", "--strength must be a finite number from 0 to 100"),
+        (["generate", "x"], "--temperature", "inf", "--temperature must be a finite number of 0 or more"),
+        (["rewrite", "x"], "--top-p", "nan", "--top-p must be a finite number above 0 and at most 1"),
+        (["tui"], "--min-p", "-inf", "--min-p must be a finite number from 0 to 0.99"),
+        (
+            ["generate", "x"],
+            "--presence-penalty",
+            "nan",
+            "--presence-penalty must be a finite number from -2",
+        ),
+        (["generate", "x"], "--repeated-word-penalty", "inf", "--repeated-word-penalty must be a finite"),
+        (["publish", "c.jsonl", "-o", "out"], "--lr", "inf", "--lr must be a finite number of 0 or more"),
+    ],
+)
+def test_float_options_refuse_numbers_that_are_not_finite(
+    command: list[str], option: str, value: str, message: str
+) -> None:
+    """`inf` passed Typer's min check (rewrite printed "strength": Infinity, not JSON) and `nan` was refused
+    as "greater than or equal to 0"."""
+    result = runner.invoke(app, [*command, option, value])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
+@pytest.mark.parametrize(("option", "value"), [("--repetition-penalty", "0"), ("--top-p", "0")])
+def test_the_help_shows_the_range_the_check_applies(option: str, value: str) -> None:
+    """--help showed [0.0<=x<=10.0] for --repetition-penalty, and 0 was refused at run time as repeat_penalty."""
+    refused = runner.invoke(app, ["generate", "x", option, value])
+    assert refused.exit_code == 2 and f"{option} must be a finite number above 0" in refused.output
+    shown = " ".join(runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert "Must be above 0 and at most" in shown and "0.0<=x<=10.0" not in shown
+
+
+def test_json_output_is_strict_json() -> None:
+    from localpers.cli.common import json_text
+
+    text = json_text({"a": float("inf"), "b": [float("nan"), 1.5], "c": "é"})
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(name)) == {
+        "a": None,
+        "b": [None, 1.5],
+        "c": "é",
+    }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -116,9 +117,26 @@ UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
-def print_json(payload: Any) -> None:
-    """`payload` as indented JSON on stdout (what `--json` prints), non-ASCII text kept as it is."""
-    typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+def _strict(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (containers copied)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
+def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """`payload` as strict JSON, non-ASCII text kept as it is: a NaN or infinity becomes null, never the bare
+    `NaN`/`Infinity` that json.dumps writes by default and strict JSON parsers refuse."""
+    return json.dumps(_strict(payload), indent=indent, ensure_ascii=False, allow_nan=False, default=default)
+
+
+def print_json(payload: Any, *, indent: int | None = 2) -> None:
+    """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`."""
+    typer.echo(json_text(payload, indent=indent))
 
 
 def items_phrase(count: int) -> str:
