@@ -109,14 +109,14 @@ def test_generate_reads_stdin(backbone: Backbone) -> None:
 
 def test_bad_model_path_is_one_line_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["generate", "hello", "--model", str(tmp_path / "missing.gguf")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0
     assert result.output.startswith("error:") and "missing.gguf" in result.output
 
 
 def test_unknown_task_is_one_line_error(backbone: Backbone) -> None:
     result = runner.invoke(app, ["generate", "hello", "--task", "poem", "--model", str(backbone.path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown task 'poem'" in result.output
 
 
@@ -259,3 +259,36 @@ def test_json_output_is_strict_json() -> None:
         "b": [None, 1.5],
         "c": "é",
     }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "-m", "bogus"],
+        ["rewrite", "x", "-m", "bogus"],
+        ["rewrite", "x", "-t", "poem"],
+        ["generate", "x", "-t", "poem"],
+    ],
+)
+def test_bad_names_and_text_arguments_exit_with_code_2(args: list[str]) -> None:
+    """The README's rule (exit 2 for a malformed argument); these exited 1 (text that is not UTF-8:
+    tests/test_interrupts_and_damage.py)."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.strip().count("\n") == 0
+
+
+def test_a_model_or_adapter_that_is_not_a_whole_gguf_file_exits_with_code_2(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    text_file, truncated = tmp_path / "notes.gguf", tmp_path / "cut.gguf"
+    text_file.write_text("hello\n")
+    truncated.write_bytes(backbone.path.read_bytes()[:100_000])
+    for option, path, fragment in [
+        ("--model", text_file, "is not a GGUF file"),
+        ("--model", truncated, "could not load"),
+        ("--adapter", text_file, "is not a GGUF file"),
+        ("--adapter", truncated, "refused adapter"),
+    ]:
+        result = runner.invoke(app, ["generate", "x", "--max-tokens", "1", option, str(path)])
+        assert result.exit_code == 2 and fragment in result.output, (option, path, result.output)

@@ -69,7 +69,7 @@ def test_user_lifecycle() -> None:
     )
     assert_one_line_error(run("user", "create", "ann", code=1), "already exists")
     assert_one_line_error(run("user", "use", "nobody", code=1), "no user named 'nobody'")
-    assert_one_line_error(run("user", "create", "Bad Name", code=1), "invalid user name")
+    assert_one_line_error(run("user", "create", "Bad Name", code=2), "invalid user name")
 
 
 def test_delete_asks_first() -> None:
@@ -160,7 +160,7 @@ def test_history_of_another_user_and_empty_add_is_refused() -> None:
     run("history", "add", "--user", "ann", "-i", "x", "-o", "Y")
     assert len(run_json("history", "list", "--user", "ann")["items"]) == 1
     assert run_json("history", "list")["items"] == []  # bob, the active user, is untouched
-    assert_one_line_error(run("history", "add", "-i", "x", "-o", "  ", code=1), "field 'output' is empty")
+    assert_one_line_error(run("history", "add", "-i", "x", "-o", "  ", code=2), "field 'output' is empty")
 
 
 def test_export_and_import_commands(tmp_path: Path) -> None:
@@ -248,3 +248,26 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
     assert set(run_json("user", "show")["other_fits"]) == {"cope", "exact"}
     (folder / "cope.json").write_text("{not json", encoding="utf-8")
     assert "cope        cope.json is damaged; run `localpers fit --method cope`" in run("user", "show").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["user", "create", "a b"], "invalid user name 'a b'"),
+        (["user", "create", "../x"], "invalid user name '../x'"),
+        (["user", "create", ""], "invalid user name ''"),
+        (["user", "create", "a" * 33], "invalid user name"),
+        (["user", "use", "A"], "invalid user name 'A'"),
+        (["history", "add", "-t", "poem", "-i", "x", "-o", "y"], "unknown task 'poem'"),
+    ],
+)
+def test_bad_arguments_exit_with_code_2(args: list[str], fragment: str) -> None:
+    """The README's rule: a malformed argument exits 2 (these exited 1, while `history import -t poem` exited 2)."""
+    run("user", "create", "ann")
+    assert_one_line_error(run(*args, code=2), fragment)
+
+
+def test_importing_a_user_under_a_bad_name_exits_with_code_2(tmp_path: Path) -> None:
+    run("user", "create", "ann")
+    archive = Path(run_json("user", "export", "-o", str(tmp_path))["archive"])
+    assert_one_line_error(run("user", "import", str(archive), "--as", "../evil", code=2), "invalid user name")

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 
 app = typer.Typer(
@@ -60,14 +60,15 @@ def one_line_errors(func: F) -> F:
 
 
 def read_text_argument(text: str) -> str:
-    """`-` reads standard input; anything else is the text itself. Either must be UTF-8."""
+    """`-` reads standard input; anything else is the text itself. Either must be UTF-8 and not empty (exit 2
+    if it is)."""
     if text == "-":
         data = sys.stdin.read()
         if not data.strip():
-            raise LocalpersError("standard input was empty; pipe some text or pass it as an argument")
+            raise InputError("standard input was empty; pipe some text or pass it as an argument")
         return _checked_utf8(data, "standard input")
     if not text.strip():
-        raise LocalpersError("the text is empty; pass some text or - to read standard input")
+        raise InputError("the text is empty; pass some text or - to read standard input")
     return _checked_utf8(text, "the text argument")
 
 
@@ -78,7 +79,7 @@ def _checked_utf8(text: str, what: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         where = len(text[: exc.start].encode("utf-8", errors="surrogateescape"))
-        raise LocalpersError(
+        raise InputError(
             f"{what} is not UTF-8 (byte {where} cannot be read as UTF-8); convert it first, e.g. with "
             "iconv -f latin1 -t utf-8"
         ) from None

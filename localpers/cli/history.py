@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
 from localpers.users.history import (
@@ -124,7 +124,7 @@ def history_add(
     try:
         item = HistoryItem.create(task, input, output, source="cli", strict=True)
     except ValueError as exc:
-        raise LocalpersError(f"cannot add this item: {exc}") from None
+        raise InputError(f"cannot add this item: {exc}") from None
     with target.locked():
         merged, already = merge_history(target.history(), [item])
         if not already:
