@@ -259,6 +259,8 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
         (["user", "create", "a" * 33], "invalid user name"),
         (["user", "use", "A"], "invalid user name 'A'"),
         (["history", "add", "-t", "poem", "-i", "x", "-o", "y"], "unknown task 'poem'"),
+        (["history", "add", "-i", "Article \udcff bytes", "-o", "Head"], "--input is not UTF-8 (byte 8"),
+        (["history", "add", "-i", "Article", "-o", "H\udce9ad"], "--output is not UTF-8 (byte 1"),
     ],
 )
 def test_bad_arguments_exit_with_code_2(args: list[str], fragment: str) -> None:
@@ -271,3 +273,15 @@ def test_importing_a_user_under_a_bad_name_exits_with_code_2(tmp_path: Path) -> 
     run("user", "create", "ann")
     archive = Path(run_json("user", "export", "-o", str(tmp_path))["archive"])
     assert_one_line_error(run("user", "import", str(archive), "--as", "../evil", code=2), "invalid user name")
+
+
+def test_a_lone_surrogate_escape_in_a_history_file_names_the_line_and_the_field(tmp_path: Path) -> None:
+    """It was the raw codec text: "'utf-8' codec can't encode character '\\ud800' ... surrogates not allowed"."""
+    run("user", "create", "ann")
+    file = tmp_path / "h.jsonl"
+    file.write_text(
+        '{"input": "An article.", "output": "Fine"}\n{"input": "Caf\\ud800 news", "output": "X"}\n'
+    )
+    result = run("history", "import", str(file), code=2)
+    assert_one_line_error(result, "line 2: field 'input' is not Unicode text (a lone surrogate \\ud800")
+    assert "save the text as UTF-8" in result.stderr and "codec" not in result.stderr

@@ -66,13 +66,13 @@ def read_text_argument(text: str) -> str:
         data = sys.stdin.read()
         if not data.strip():
             raise InputError("standard input was empty; pipe some text or pass it as an argument")
-        return _checked_utf8(data, "standard input")
+        return checked_utf8(data, "standard input")
     if not text.strip():
         raise InputError("the text is empty; pass some text or - to read standard input")
-    return _checked_utf8(text, "the text argument")
+    return checked_utf8(text, "the text argument")
 
 
-def _checked_utf8(text: str, what: str) -> str:
+def checked_utf8(text: str, what: str) -> str:
     """`text`, refused in one line if it came from bytes that are not UTF-8 (Python keeps those as lone
     surrogates, which no tokenizer can encode)."""
     try:

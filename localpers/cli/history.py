@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
+from localpers.cli.common import JsonOption, checked_utf8, items_phrase, one_line_errors, print_json
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
@@ -121,6 +121,8 @@ def history_add(
 ) -> None:
     """Add one example to a user's history (adding the same text again changes nothing)."""
     target = UserStore().resolve(user)
+    checked_utf8(input, "--input")
+    checked_utf8(output, "--output")
     try:
         item = HistoryItem.create(task, input, output, source="cli", strict=True)
     except ValueError as exc:
