@@ -285,3 +285,26 @@ def test_a_lone_surrogate_escape_in_a_history_file_names_the_line_and_the_field(
     result = run("history", "import", str(file), code=2)
     assert_one_line_error(result, "line 2: field 'input' is not Unicode text (a lone surrogate \\ud800")
     assert "save the text as UTF-8" in result.stderr and "codec" not in result.stderr
+
+
+def test_without_an_active_user_the_error_names_the_users_there_are(localpers_home: Path) -> None:
+    """It said "run `localpers user create NAME`" although users existed (the active one was deleted)."""
+    run("user", "create", "a")
+    run("user", "create", "b")
+    run("user", "delete", "b", "-y")
+    expected = "no active user; choose one with `localpers user use NAME` (users: a)"
+    assert_one_line_error(run("history", "list", code=1), expected)
+    (localpers_home / "data" / "active.json").write_text('{"user": "gone"}\n')
+    assert_one_line_error(run("user", "show", code=1), expected)
+
+
+def test_a_damaged_active_pointer_does_not_hide_the_users(localpers_home: Path) -> None:
+    run("user", "create", "a")
+    run("user", "create", "b")
+    (localpers_home / "data" / "active.json").write_text("{not json")
+    listed = run("user", "list")
+    assert listed.stdout.splitlines() == ["  a", "  b"]
+    assert listed.stderr.startswith("note: no user is marked active:") and "active.json" in listed.stderr
+    as_json = run_json("user", "list")
+    assert as_json["active"] is None and [u["name"] for u in as_json["users"]] == ["a", "b"]
+    assert "active.json is damaged" in as_json["note"]

@@ -16,6 +16,7 @@ import typer
 from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE
+from localpers.untrusted import one_line
 from localpers.users.store import UserStore
 
 user_app = typer.Typer(
@@ -52,15 +53,21 @@ def user_list(as_json: JsonOption = False) -> None:
     """List the users; the active one is marked with *."""
     store = UserStore()
     names = store.list()
-    active = store.active_name()
+    damaged = None
+    try:
+        active = store.active_name()
+    except LocalpersError as exc:  # a damaged active.json must not hide the users; say so beside them
+        active, damaged = None, str(exc)
     if as_json:
-        print_json({"users": [{"name": n, "active": n == active} for n in names], "active": active})
+        listing = {"users": [{"name": n, "active": n == active} for n in names], "active": active}
+        print_json({**listing, "note": damaged} if damaged else listing)
         return
     if not names:
         typer.echo("no users yet; create one with `localpers user create NAME`", err=True)
-        return
     for name in names:
         typer.echo(f"{'*' if name == active else ' '} {name}")
+    if damaged:
+        typer.echo(f"note: no user is marked active: {one_line(damaged)}", err=True)
 
 
 @user_app.command("use")
