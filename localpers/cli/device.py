@@ -245,10 +245,16 @@ def rewrite_command(
         repeated_word_penalty=repeated_word_penalty,
     )
     chosen = get_method(method)
-    if candidates > 1 and (not sampling.greedy or chosen.own_decoder):
+    if candidates > 1 and not sampling.greedy:
         raise LocalpersError(
-            "--candidates needs greedy decoding (--temperature 0) and an adapter method "
-            f"(not {chosen.name}); drop --candidates or change the other option",
+            f"--candidates needs greedy decoding, not --temperature {temperature:g}; drop --temperature"
+            " (or set it to 0), or drop --candidates",
+            exit_code=2,
+        )
+    if candidates > 1 and chosen.own_decoder:
+        raise LocalpersError(
+            f"--candidates needs a method that decodes on an adapter, not {chosen.name} (it runs its own"
+            " decoder); choose another --method or drop --candidates",
             exit_code=2,
         )
     store = UserStore()
