@@ -292,3 +292,13 @@ def test_a_model_or_adapter_that_is_not_a_whole_gguf_file_exits_with_code_2(
     ]:
         result = runner.invoke(app, ["generate", "x", "--max-tokens", "1", option, str(path)])
         assert result.exit_code == 2 and fragment in result.output, (option, path, result.output)
+
+
+def test_a_grammar_path_that_is_missing_or_a_folder_says_so(tmp_path: Path) -> None:
+    """It said "cannot read grammar file ...: FileNotFoundError"."""
+    for path, problem in [(tmp_path / "nothere.gbnf", "no such file"), (tmp_path, "it is a directory")]:
+        result = runner.invoke(app, ["generate", "hi", "--grammar", str(path)])
+        assert result.exit_code == 2
+        assert result.output.startswith(
+            f"error: cannot read grammar file {path}: {problem}; give a GBNF file"
+        )

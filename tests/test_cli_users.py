@@ -125,14 +125,17 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     dupes.write_text('{"input": "a", "output": "A"}\n\n{"input": "a", "output": "A"}\n')
     result = run("history", "import", str(dupes))
     assert "skipped line 3: same text as line 1" in result.stderr
-    assert "imported 1 item into" in result.stdout
+    assert "imported 1 item into user 'ann' (1 duplicate skipped);" in result.stdout  # was "1 duplicates"
 
     archive = tmp_path / "archive.jsonl"
     archive.write_text("".join(f'{{"input": "article {k}", "output": "Headline {k}"}}\n' for k in range(503)))
     assert_one_line_error(run("history", "import", str(archive), code=2), "--keep-latest 500")
     # the user has 1 item: the latest 500 would make 501, the latest 499 fit
-    assert_one_line_error(
-        run("history", "import", str(archive), "--keep-latest", "500", code=2), "user 'ann' would have 501"
+    too_many = run("history", "import", str(archive), "--keep-latest", "500", code=2)
+    assert_one_line_error(too_many, "user 'ann' would have 501")
+    assert (
+        "remove some with `localpers history remove ID`, or import the file's latest with `--keep-latest 499`"
+        in (too_many.stderr)
     )
     kept = run("history", "import", str(archive), "--keep-latest", "499")
     assert "left out the file's 4 items before its latest 499" in kept.stderr
@@ -140,6 +143,8 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     assert (
         len(listed) == 500 and listed[1]["output"] == "Headline 4" and listed[-1]["output"] == "Headline 502"
     )
+    one_more = run("history", "add", "-i", "x", "-o", "Y", code=2)
+    assert_one_line_error(one_more, "remove one first with `localpers history remove ID`")
 
 
 def test_history_import_per_user_file_needs_user_id(tmp_path: Path) -> None:
@@ -308,3 +313,37 @@ def test_a_damaged_active_pointer_does_not_hide_the_users(localpers_home: Path) 
     as_json = run_json("user", "list")
     assert as_json["active"] is None and [u["name"] for u in as_json["users"]] == ["a", "b"]
     assert "active.json is damaged" in as_json["note"]
+
+
+def test_text_of_control_characters_only_counts_as_empty() -> None:
+    result = runner.invoke(app, ["rewrite", "-"], input="\x00\x01\x1b\n")
+    assert result.exit_code == 2 and result.stderr.startswith("error: standard input was empty"), (
+        result.output
+    )
+    argument = runner.invoke(app, ["generate", "\x07\x00 "])
+    assert argument.exit_code == 2 and argument.stderr.startswith("error: the text is empty"), argument.output
+
+
+def test_localpers_home_that_is_a_file_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was "error: Not a directory (/tmp/x/data)"."""
+    home = tmp_path / "a-file"
+    home.write_text("")
+    monkeypatch.setenv("LOCALPERS_HOME", str(home))
+    result = run("user", "list", code=1)
+    assert_one_line_error(result, f"LOCALPERS_HOME={home} cannot hold localpers' folders (")
+    assert "point it at a folder you can write in, or unset it" in result.stderr
+
+
+def test_refit_hints_keep_the_user_inside_the_command(tmp_path: Path) -> None:
+    """ "run `localpers fit --method cope` --user demo" had the backtick before --user."""
+    from localpers.errors import LocalpersError
+    from localpers.methods.cope import load_state
+    from localpers.methods.exact_index import ExactIndex
+
+    user = UserStore().create("demo")
+    with pytest.raises(LocalpersError, match=r"run `localpers fit --method cope --user demo`$"):
+        load_state(user)
+    with pytest.raises(LocalpersError, match=r"run `localpers fit --method exact --user demo`$"):
+        ExactIndex.load(tmp_path / "none.safetensors", "demo")

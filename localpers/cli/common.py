@@ -60,16 +60,21 @@ def one_line_errors(func: F) -> F:
 
 
 def read_text_argument(text: str) -> str:
-    """`-` reads standard input; anything else is the text itself. Either must be UTF-8 and not empty (exit 2
-    if it is)."""
+    """`-` reads standard input; anything else is the text itself. Either must be UTF-8 and hold some printable
+    text, not only white space or control characters (exit 2 if not)."""
     if text == "-":
         data = sys.stdin.read()
-        if not data.strip():
+        if _blank(data):
             raise InputError("standard input was empty; pipe some text or pass it as an argument")
         return checked_utf8(data, "standard input")
-    if not text.strip():
+    if _blank(text):
         raise InputError("the text is empty; pass some text or - to read standard input")
     return checked_utf8(text, "the text argument")
+
+
+def _blank(text: str) -> bool:
+    """Whether `text` holds nothing but white space and control characters (NUL, ESC, ...): no words."""
+    return not any(ch.isprintable() and not ch.isspace() for ch in text)
 
 
 def checked_utf8(text: str, what: str) -> str:
@@ -140,9 +145,14 @@ def print_json(payload: Any, *, indent: int | None = 2) -> None:
     typer.echo(json_text(payload, indent=indent))
 
 
+def counted(count: int, noun: str) -> str:
+    """ "1 duplicate", "3 duplicates": `noun` takes an s unless there is exactly one."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def items_phrase(count: int) -> str:
     """ "1 item", "3 items"."""
-    return f"{count} item{'' if count == 1 else 's'}"
+    return counted(count, "item")
 
 
 def stdout_stream(*, strip_leading: bool) -> Callable[[str], None]:

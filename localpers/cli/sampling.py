@@ -114,10 +114,17 @@ def read_grammar(path: Path | None) -> str | None:
         return None
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LocalpersError(
-            f"cannot read grammar file {path}: {exc.__class__.__name__}", exit_code=2
-        ) from None
+    except FileNotFoundError:
+        problem = "no such file"
+    except IsADirectoryError:
+        problem = "it is a directory"
+    except UnicodeDecodeError:
+        problem = "not UTF-8 text"
+    except OSError as exc:
+        problem = exc.strerror or exc.__class__.__name__
+    raise LocalpersError(
+        f"cannot read grammar file {path}: {problem}; give a GBNF file (llama.cpp's format)", exit_code=2
+    )
 
 
 def sampler_settings(
