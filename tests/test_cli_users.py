@@ -206,6 +206,48 @@ def test_show_says_whether_the_fit_saw_the_history_as_it_is_now() -> None:
     assert "on the 3 items the history holds" in run("user", "show").stdout
 
 
+def test_show_compares_the_fitted_items_not_only_their_number() -> None:
+    """An item removed and another added kept the count, and show said the fit was on the history it holds."""
+    from localpers.users.history import history_digest
+
+    run("user", "create", "ann")
+    user = UserStore().get("ann")
+    items = [HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(3)]
+    user.save_history(items)
+    fit = {"mode": "vector", "n_items": 3, "history_sha256": history_digest(items)}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": fit})
+    assert "fitted      on the 3 items the history holds" in run("user", "show").stdout
+    user.save_history([*items[:2], HistoryItem.create("headline", "Article 9.", "Headline 9")])
+    shown = run("user", "show").stdout
+    assert (
+        "fitted      on 3 items, but the history has changed since (it holds 3 now; `localpers fit` refits)"
+        in shown
+    )
+    limited = {"mode": "vector", "n_items": 2, "history_sha256": history_digest(user.history())}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": limited})  # a fit with --history-limit 2
+    assert "on 2 of the 3 items the history holds (unchanged since the fit)" in run("user", "show").stdout
+
+
+def test_fit_records_the_digest_of_the_history_it_was_made_from() -> None:
+    from localpers.methods.card import user_fit
+    from localpers.users.history import history_digest
+
+    user = UserStore().create("ann")
+    items = [HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(2)]
+    user.save_history(items)
+
+    class NoPairsFit:  # every item too long: the cold-start path, which needs no model
+        bundle_sha256 = "b" * 64
+
+        class pairs:
+            @staticmethod
+            def items_within_context(given: list[HistoryItem]) -> tuple[list[HistoryItem], int]:
+                return [], len(given)
+
+    report = user_fit.fit_user(NoPairsFit(), user)  # type: ignore[arg-type]
+    assert report.history_sha256 == history_digest(items) == user.state()["fit"]["history_sha256"]
+
+
 def test_show_summarises_the_fit_instead_of_printing_its_tables() -> None:
     run("user", "create", "ann")
     state = {

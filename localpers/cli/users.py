@@ -17,6 +17,7 @@ from localpers.cli.common import JsonOption, items_phrase, one_line_errors, prin
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE
 from localpers.untrusted import one_line
+from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import UserStore
 
 user_app = typer.Typer(
@@ -120,7 +121,7 @@ def user_show(
         typer.echo("vector      none (run `localpers fit`)")
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
-    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), len(history))}")
+    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), history)}")
     for label, text in [*_state_summary(state), *report["other_fits"].items()]:
         typer.echo(f"{label:<11} {text}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
@@ -223,8 +224,10 @@ def _token_bias_line(bias: dict[str, Any]) -> str:
     return text + (f"; {' and '.join(extras)}" if extras else "")
 
 
-def _fit_freshness(fit: Any, n_history: int) -> str:
-    """Whether the stored fit saw the history as it is now (item counts; `--history-limit` fits fewer)."""
+def _fit_freshness(fit: Any, history: list[HistoryItem]) -> str:
+    """Whether the stored fit saw the history as it is now: the digest of its items' ids the fit recorded, or
+    (a fit made before it recorded one) the item counts. `--history-limit` fits fewer items than it holds."""
+    n_history = len(history)
     if not isinstance(fit, dict) and n_history == 0:
         return "no (no history yet)"
     if not isinstance(fit, dict):
@@ -232,6 +235,16 @@ def _fit_freshness(fit: Any, n_history: int) -> str:
     fitted_on = fit.get("n_items")
     if not isinstance(fitted_on, int) or isinstance(fitted_on, bool):
         return "on an unknown number of items (state.json's fit.n_items is damaged; `localpers fit` refits)"
+    digest = fit.get("history_sha256")
+    if isinstance(digest, str):
+        if digest != history_digest(history):
+            return (
+                f"on {items_phrase(fitted_on)}, but the history has changed since (it holds {n_history} now;"
+                " `localpers fit` refits)"
+            )
+        if fitted_on == n_history:
+            return f"on the {items_phrase(n_history)} the history holds"
+        return f"on {fitted_on} of the {items_phrase(n_history)} the history holds (unchanged since the fit)"
     if fitted_on == n_history:
         return f"on the {items_phrase(n_history)} the history holds"
     return (

@@ -84,6 +84,11 @@ class HistoryItem:
         return asdict(self)
 
 
+def history_digest(items: Iterable[HistoryItem]) -> str:
+    """A short sha256 of the items' ids in order: equal digests mean the same history (a fit records it)."""
+    return hashlib.sha256("\n".join(item.id for item in items).encode("ascii")).hexdigest()[:16]
+
+
 def _check_unicode(text: str, what: str) -> None:
     """A ValueError naming `what` if `text` holds a lone surrogate: JSON's "\\ud800" escape, or bytes that were
     not UTF-8 (Python keeps those as surrogates), which nothing can encode to store or tokenize."""
