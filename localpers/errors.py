@@ -1,9 +1,10 @@
 """The exception types the CLI turns into a one-line error and a non-zero exit code.
 
 Raise `LocalpersError` with a message that names the file, line or field at fault and says what to do
-(exit code 1: a state or usage problem, such as a missing user). Raise `InputError` when the content of
-something that came from outside is bad (a history file, a user archive, a bundle manifest, signed
-metadata): exit code 2, like a command-line usage error. `StorageError` is a file that could not be
+(exit code 1: a state problem, such as a missing user or a fit that is needed first). Raise `InputError`
+when something that came from outside is malformed: the content of a file (a history file, a user
+archive, a GGUF model, a bundle manifest, signed metadata) or a command-line argument (a user name, task
+or method name that cannot be, text that is not UTF-8): exit code 2, like a command-line usage error. `StorageError` is a file that could not be
 written (full disk, read-only folder): a one-line error that is still an `OSError` for code that catches
 those. None of them formats, logs or exits; `localpers.cli.main` does that.
 """
@@ -23,7 +24,7 @@ class LocalpersError(Exception):
 
 
 class InputError(LocalpersError):
-    """Bad content in a file, archive, download or request from outside: exit code 2."""
+    """A malformed file, archive, download, argument or request from outside: exit code 2."""
 
     exit_code = BAD_INPUT_EXIT_CODE
 

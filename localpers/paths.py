@@ -21,28 +21,40 @@ def _root_override() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def _made(path: Path, root: Path | None) -> Path:
+    """`path`, created if missing; a one-line error naming LOCALPERS_HOME when that is what points wrong."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+        if root is not None:
+            raise LocalpersError(
+                f"LOCALPERS_HOME={root} cannot hold localpers' folders ({problem}: {path}); point it at a"
+                " folder you can write in, or unset it"
+            ) from None
+        raise LocalpersError(f"cannot create {path} ({problem}); make it a folder you can write in") from None
+    return path
+
+
 def cache_dir() -> Path:
     """Rebuildable data: the assembled backbone GGUF, pulled bundles."""
     root = _root_override()
     path = root / "cache" if root else Path(platformdirs.user_cache_dir(APP_NAME))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(path, root)
 
 
 def data_dir() -> Path:
     """User state that must survive: users, histories, fitted vectors."""
     root = _root_override()
     path = root / "data" if root else Path(platformdirs.user_data_dir(APP_NAME))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(path, root)
 
 
 def config_dir() -> Path:
     """Settings such as the backbone path."""
     root = _root_override()
     path = root / "config" if root else Path(platformdirs.user_config_dir(APP_NAME))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(path, root)
 
 
 def check_own_directory(

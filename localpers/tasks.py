@@ -21,7 +21,7 @@ fit leaves such an item out (`fit_prompts.items_within_context`).
 
 from dataclasses import dataclass
 
-from localpers.errors import InputError, LocalpersError
+from localpers.errors import InputError
 
 CUT_MARK = " ..."
 
@@ -160,8 +160,8 @@ def cut_text(text: str, limit: int) -> str:
 
 
 def get_task(name: str) -> Task:
-    """The task called `name`, or a one-line error listing the known ones."""
+    """The task called `name`, or a one-line error (exit 2) listing the known ones."""
     try:
         return TASKS[name]
     except KeyError:
-        raise LocalpersError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}") from None
+        raise InputError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}") from None

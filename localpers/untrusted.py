@@ -63,7 +63,11 @@ def parse_json(
     except JSONProblem:
         raise
     except json.JSONDecodeError as exc:
-        raise JSONProblem(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        # Some of json's messages end in "at" ("Unterminated string starting at"): no second one
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise JSONProblem(
+            f"{exc.msg} {where}" if exc.msg.endswith(" at") else f"{exc.msg} at {where}"
+        ) from None
     except RecursionError:
         raise JSONProblem(f"nested deeper than {max_depth} levels") from None
     except ValueError as exc:

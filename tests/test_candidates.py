@@ -133,6 +133,23 @@ def test_cli_refuses_candidates_with_sampling_in_one_line() -> None:
     assert result.output.strip().count("\n") == 0
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            ["--method", "card", "--temperature", "0.5"],
+            "--candidates needs greedy decoding, not --temperature 0.5",
+        ),
+        (["--method", "cope"], "--candidates needs a method that decodes on an adapter, not cope"),
+    ],
+)
+def test_cli_names_only_the_condition_candidates_failed(options: list[str], expected: str) -> None:
+    """It named both conditions, "and an adapter method (not card)", although card works with --candidates."""
+    result = CliRunner().invoke(app, ["rewrite", "Some article text.", "--candidates", "2", *options])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {expected}"), result.output
+    assert "adapter" not in result.output if "--temperature" in options else "greedy" not in result.output
+
+
 def test_tui_refuses_candidates_with_sampling_in_one_line() -> None:
     result = CliRunner().invoke(app, ["tui", "--candidates", "4", "--temperature", "0.7"])
     assert result.exit_code == 2

@@ -109,14 +109,14 @@ def test_generate_reads_stdin(backbone: Backbone) -> None:
 
 def test_bad_model_path_is_one_line_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["generate", "hello", "--model", str(tmp_path / "missing.gguf")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0
     assert result.output.startswith("error:") and "missing.gguf" in result.output
 
 
 def test_unknown_task_is_one_line_error(backbone: Backbone) -> None:
     result = runner.invoke(app, ["generate", "hello", "--task", "poem", "--model", str(backbone.path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown task 'poem'" in result.output
 
 
@@ -210,3 +210,95 @@ def test_fit_progress_without_a_terminal_logs_stage_lines(
     with device.fit_progress(False, interactive=False) as update:
         assert update is None
     assert [device._duration(s) for s in (42, 420, 8280)] == ["42 s", "7 min", "2.3 h"]
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "message"),
+    [
+        (["rewrite", "x"], "--strength", "inf", "--strength must be a finite number from 0 to 100"),
+        (["rewrite", "x"], "--strength", "nan", "--strength must be a finite number from 0 to 100"),
+        (["rewrite", "x"], "--strength", "1e6", "--strength must be a finite number from 0 to 100"),
+        (["generate", "x"], "--temperature", "inf", "--temperature must be a finite number of 0 or more"),
+        (["rewrite", "x"], "--top-p", "nan", "--top-p must be a finite number above 0 and at most 1"),
+        (["tui"], "--min-p", "-inf", "--min-p must be a finite number from 0 to 0.99"),
+        (
+            ["generate", "x"],
+            "--presence-penalty",
+            "nan",
+            "--presence-penalty must be a finite number from -2",
+        ),
+        (["generate", "x"], "--repeated-word-penalty", "inf", "--repeated-word-penalty must be a finite"),
+        (["publish", "c.jsonl", "-o", "out"], "--lr", "inf", "--lr must be a finite number of 0 or more"),
+    ],
+)
+def test_float_options_refuse_numbers_that_are_not_finite(
+    command: list[str], option: str, value: str, message: str
+) -> None:
+    """`inf` passed Typer's min check (rewrite printed "strength": Infinity, not JSON) and `nan` was refused
+    as "greater than or equal to 0"."""
+    result = runner.invoke(app, [*command, option, value])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
+@pytest.mark.parametrize(("option", "value"), [("--repetition-penalty", "0"), ("--top-p", "0")])
+def test_the_help_shows_the_range_the_check_applies(option: str, value: str) -> None:
+    """--help showed [0.0<=x<=10.0] for --repetition-penalty, and 0 was refused at run time as repeat_penalty."""
+    refused = runner.invoke(app, ["generate", "x", option, value])
+    assert refused.exit_code == 2 and f"{option} must be a finite number above 0" in refused.output
+    shown = " ".join(runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert "Must be above 0 and at most" in shown and "0.0<=x<=10.0" not in shown
+
+
+def test_json_output_is_strict_json() -> None:
+    from localpers.cli.common import json_text
+
+    text = json_text({"a": float("inf"), "b": [float("nan"), 1.5], "c": "é"})
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(name)) == {
+        "a": None,
+        "b": [None, 1.5],
+        "c": "é",
+    }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "-m", "bogus"],
+        ["rewrite", "x", "-m", "bogus"],
+        ["rewrite", "x", "-t", "poem"],
+        ["generate", "x", "-t", "poem"],
+    ],
+)
+def test_bad_names_and_text_arguments_exit_with_code_2(args: list[str]) -> None:
+    """The README's rule (exit 2 for a malformed argument); these exited 1 (text that is not UTF-8:
+    tests/test_interrupts_and_damage.py)."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.strip().count("\n") == 0
+
+
+def test_a_model_or_adapter_that_is_not_a_whole_gguf_file_exits_with_code_2(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    text_file, truncated = tmp_path / "notes.gguf", tmp_path / "cut.gguf"
+    text_file.write_text("hello\n")
+    truncated.write_bytes(backbone.path.read_bytes()[:100_000])
+    for option, path, fragment in [
+        ("--model", text_file, "is not a GGUF file"),
+        ("--model", truncated, "could not load"),
+        ("--adapter", text_file, "is not a GGUF file"),
+        ("--adapter", truncated, "refused adapter"),
+    ]:
+        result = runner.invoke(app, ["generate", "x", "--max-tokens", "1", option, str(path)])
+        assert result.exit_code == 2 and fragment in result.output, (option, path, result.output)
+
+
+def test_a_grammar_path_that_is_missing_or_a_folder_says_so(tmp_path: Path) -> None:
+    """It said "cannot read grammar file ...: FileNotFoundError"."""
+    for path, problem in [(tmp_path / "nothere.gbnf", "no such file"), (tmp_path, "it is a directory")]:
+        result = runner.invoke(app, ["generate", "hi", "--grammar", str(path)])
+        assert result.exit_code == 2
+        assert result.output.startswith(
+            f"error: cannot read grammar file {path}: {problem}; give a GBNF file"
+        )

@@ -69,7 +69,7 @@ def test_user_lifecycle() -> None:
     )
     assert_one_line_error(run("user", "create", "ann", code=1), "already exists")
     assert_one_line_error(run("user", "use", "nobody", code=1), "no user named 'nobody'")
-    assert_one_line_error(run("user", "create", "Bad Name", code=1), "invalid user name")
+    assert_one_line_error(run("user", "create", "Bad Name", code=2), "invalid user name")
 
 
 def test_delete_asks_first() -> None:
@@ -125,14 +125,17 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     dupes.write_text('{"input": "a", "output": "A"}\n\n{"input": "a", "output": "A"}\n')
     result = run("history", "import", str(dupes))
     assert "skipped line 3: same text as line 1" in result.stderr
-    assert "imported 1 item into" in result.stdout
+    assert "imported 1 item into user 'ann' (1 duplicate skipped);" in result.stdout  # was "1 duplicates"
 
     archive = tmp_path / "archive.jsonl"
     archive.write_text("".join(f'{{"input": "article {k}", "output": "Headline {k}"}}\n' for k in range(503)))
     assert_one_line_error(run("history", "import", str(archive), code=2), "--keep-latest 500")
     # the user has 1 item: the latest 500 would make 501, the latest 499 fit
-    assert_one_line_error(
-        run("history", "import", str(archive), "--keep-latest", "500", code=2), "user 'ann' would have 501"
+    too_many = run("history", "import", str(archive), "--keep-latest", "500", code=2)
+    assert_one_line_error(too_many, "user 'ann' would have 501")
+    assert (
+        "remove some with `localpers history remove ID`, or import the file's latest with `--keep-latest 499`"
+        in (too_many.stderr)
     )
     kept = run("history", "import", str(archive), "--keep-latest", "499")
     assert "left out the file's 4 items before its latest 499" in kept.stderr
@@ -140,6 +143,8 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     assert (
         len(listed) == 500 and listed[1]["output"] == "Headline 4" and listed[-1]["output"] == "Headline 502"
     )
+    one_more = run("history", "add", "-i", "x", "-o", "Y", code=2)
+    assert_one_line_error(one_more, "remove one first with `localpers history remove ID`")
 
 
 def test_history_import_per_user_file_needs_user_id(tmp_path: Path) -> None:
@@ -160,7 +165,7 @@ def test_history_of_another_user_and_empty_add_is_refused() -> None:
     run("history", "add", "--user", "ann", "-i", "x", "-o", "Y")
     assert len(run_json("history", "list", "--user", "ann")["items"]) == 1
     assert run_json("history", "list")["items"] == []  # bob, the active user, is untouched
-    assert_one_line_error(run("history", "add", "-i", "x", "-o", "  ", code=1), "field 'output' is empty")
+    assert_one_line_error(run("history", "add", "-i", "x", "-o", "  ", code=2), "field 'output' is empty")
 
 
 def test_export_and_import_commands(tmp_path: Path) -> None:
@@ -199,6 +204,48 @@ def test_show_says_whether_the_fit_saw_the_history_as_it_is_now() -> None:
     assert "on 2 items; the history holds 3 now" in run("user", "show").stdout
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 3}})
     assert "on the 3 items the history holds" in run("user", "show").stdout
+
+
+def test_show_compares_the_fitted_items_not_only_their_number() -> None:
+    """An item removed and another added kept the count, and show said the fit was on the history it holds."""
+    from localpers.users.history import history_digest
+
+    run("user", "create", "ann")
+    user = UserStore().get("ann")
+    items = [HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(3)]
+    user.save_history(items)
+    fit = {"mode": "vector", "n_items": 3, "history_sha256": history_digest(items)}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": fit})
+    assert "fitted      on the 3 items the history holds" in run("user", "show").stdout
+    user.save_history([*items[:2], HistoryItem.create("headline", "Article 9.", "Headline 9")])
+    shown = run("user", "show").stdout
+    assert (
+        "fitted      on 3 items, but the history has changed since (it holds 3 now; `localpers fit` refits)"
+        in shown
+    )
+    limited = {"mode": "vector", "n_items": 2, "history_sha256": history_digest(user.history())}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": limited})  # a fit with --history-limit 2
+    assert "on 2 of the 3 items the history holds (unchanged since the fit)" in run("user", "show").stdout
+
+
+def test_fit_records_the_digest_of_the_history_it_was_made_from() -> None:
+    from localpers.methods.card import user_fit
+    from localpers.users.history import history_digest
+
+    user = UserStore().create("ann")
+    items = [HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(2)]
+    user.save_history(items)
+
+    class NoPairsFit:  # every item too long: the cold-start path, which needs no model
+        bundle_sha256 = "b" * 64
+
+        class pairs:
+            @staticmethod
+            def items_within_context(given: list[HistoryItem]) -> tuple[list[HistoryItem], int]:
+                return [], len(given)
+
+    report = user_fit.fit_user(NoPairsFit(), user)  # type: ignore[arg-type]
+    assert report.history_sha256 == history_digest(items) == user.state()["fit"]["history_sha256"]
 
 
 def test_show_summarises_the_fit_instead_of_printing_its_tables() -> None:
@@ -248,3 +295,97 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
     assert set(run_json("user", "show")["other_fits"]) == {"cope", "exact"}
     (folder / "cope.json").write_text("{not json", encoding="utf-8")
     assert "cope        cope.json is damaged; run `localpers fit --method cope`" in run("user", "show").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["user", "create", "a b"], "invalid user name 'a b'"),
+        (["user", "create", "../x"], "invalid user name '../x'"),
+        (["user", "create", ""], "invalid user name ''"),
+        (["user", "create", "a" * 33], "invalid user name"),
+        (["user", "use", "A"], "invalid user name 'A'"),
+        (["history", "add", "-t", "poem", "-i", "x", "-o", "y"], "unknown task 'poem'"),
+        (["history", "add", "-i", "Article \udcff bytes", "-o", "Head"], "--input is not UTF-8 (byte 8"),
+        (["history", "add", "-i", "Article", "-o", "H\udce9ad"], "--output is not UTF-8 (byte 1"),
+    ],
+)
+def test_bad_arguments_exit_with_code_2(args: list[str], fragment: str) -> None:
+    """The README's rule: a malformed argument exits 2 (these exited 1, while `history import -t poem` exited 2)."""
+    run("user", "create", "ann")
+    assert_one_line_error(run(*args, code=2), fragment)
+
+
+def test_importing_a_user_under_a_bad_name_exits_with_code_2(tmp_path: Path) -> None:
+    run("user", "create", "ann")
+    archive = Path(run_json("user", "export", "-o", str(tmp_path))["archive"])
+    assert_one_line_error(run("user", "import", str(archive), "--as", "../evil", code=2), "invalid user name")
+
+
+def test_a_lone_surrogate_escape_in_a_history_file_names_the_line_and_the_field(tmp_path: Path) -> None:
+    """It was the raw codec text: "'utf-8' codec can't encode character '\\ud800' ... surrogates not allowed"."""
+    run("user", "create", "ann")
+    file = tmp_path / "h.jsonl"
+    file.write_text(
+        '{"input": "An article.", "output": "Fine"}\n{"input": "Caf\\ud800 news", "output": "X"}\n'
+    )
+    result = run("history", "import", str(file), code=2)
+    assert_one_line_error(result, "line 2: field 'input' is not Unicode text (a lone surrogate \\ud800")
+    assert "save the text as UTF-8" in result.stderr and "codec" not in result.stderr
+
+
+def test_without_an_active_user_the_error_names_the_users_there_are(localpers_home: Path) -> None:
+    """It said "run `localpers user create NAME`" although users existed (the active one was deleted)."""
+    run("user", "create", "a")
+    run("user", "create", "b")
+    run("user", "delete", "b", "-y")
+    expected = "no active user; choose one with `localpers user use NAME` (users: a)"
+    assert_one_line_error(run("history", "list", code=1), expected)
+    (localpers_home / "data" / "active.json").write_text('{"user": "gone"}\n')
+    assert_one_line_error(run("user", "show", code=1), expected)
+
+
+def test_a_damaged_active_pointer_does_not_hide_the_users(localpers_home: Path) -> None:
+    run("user", "create", "a")
+    run("user", "create", "b")
+    (localpers_home / "data" / "active.json").write_text("{not json")
+    listed = run("user", "list")
+    assert listed.stdout.splitlines() == ["  a", "  b"]
+    assert listed.stderr.startswith("note: no user is marked active:") and "active.json" in listed.stderr
+    as_json = run_json("user", "list")
+    assert as_json["active"] is None and [u["name"] for u in as_json["users"]] == ["a", "b"]
+    assert "active.json is damaged" in as_json["note"]
+
+
+def test_text_of_control_characters_only_counts_as_empty() -> None:
+    result = runner.invoke(app, ["rewrite", "-"], input="\x00\x01\x1b\n")
+    assert result.exit_code == 2 and result.stderr.startswith("error: standard input was empty"), (
+        result.output
+    )
+    argument = runner.invoke(app, ["generate", "\x07\x00 "])
+    assert argument.exit_code == 2 and argument.stderr.startswith("error: the text is empty"), argument.output
+
+
+def test_localpers_home_that_is_a_file_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was "error: Not a directory (/tmp/x/data)"."""
+    home = tmp_path / "a-file"
+    home.write_text("")
+    monkeypatch.setenv("LOCALPERS_HOME", str(home))
+    result = run("user", "list", code=1)
+    assert_one_line_error(result, f"LOCALPERS_HOME={home} cannot hold localpers' folders (")
+    assert "point it at a folder you can write in, or unset it" in result.stderr
+
+
+def test_refit_hints_keep_the_user_inside_the_command(tmp_path: Path) -> None:
+    """ "run `localpers fit --method cope` --user demo" had the backtick before --user."""
+    from localpers.errors import LocalpersError
+    from localpers.methods.cope import load_state
+    from localpers.methods.exact_index import ExactIndex
+
+    user = UserStore().create("demo")
+    with pytest.raises(LocalpersError, match=r"run `localpers fit --method cope --user demo`$"):
+        load_state(user)
+    with pytest.raises(LocalpersError, match=r"run `localpers fit --method exact --user demo`$"):
+        ExactIndex.load(tmp_path / "none.safetensors", "demo")

@@ -237,3 +237,13 @@ def test_import_refuses_what_the_tasks_prompts_cannot_carry_and_stored_items_sti
     assert len(read_stored_history(stored)) == 1
     with pytest.raises(ValueError, match="field 'output' has"):
         HistoryItem.create("headline", "a", "word " * 100, strict=True)
+
+
+def test_a_json_error_ending_in_at_does_not_say_at_twice(tmp_path: Path) -> None:
+    """json's "Unterminated string starting at" came out as "starting at at line 1 column 11"."""
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"input": "a", "output": "A"}\n{"input": "unfinished\n')
+    with pytest.raises(LocalpersError) as raised:
+        parse_history_file(path)
+    assert "line 2: not valid JSON (Unterminated string starting at line 1 column 11)" in str(raised.value)
+    assert "at at" not in str(raised.value)

@@ -136,7 +136,7 @@ def test_a_command_that_reported_its_own_ctrl_c_is_not_reported_twice(
 )
 def test_text_that_is_not_utf8_is_refused_in_one_line(args: list[str]) -> None:
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # a malformed argument
     assert "is not UTF-8 (byte" in result.output and "Traceback" not in result.output
 
 

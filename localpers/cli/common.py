@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -15,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 
 app = typer.Typer(
@@ -59,25 +60,31 @@ def one_line_errors(func: F) -> F:
 
 
 def read_text_argument(text: str) -> str:
-    """`-` reads standard input; anything else is the text itself. Either must be UTF-8."""
+    """`-` reads standard input; anything else is the text itself. Either must be UTF-8 and hold some printable
+    text, not only white space or control characters (exit 2 if not)."""
     if text == "-":
         data = sys.stdin.read()
-        if not data.strip():
-            raise LocalpersError("standard input was empty; pipe some text or pass it as an argument")
-        return _checked_utf8(data, "standard input")
-    if not text.strip():
-        raise LocalpersError("the text is empty; pass some text or - to read standard input")
-    return _checked_utf8(text, "the text argument")
+        if _blank(data):
+            raise InputError("standard input was empty; pipe some text or pass it as an argument")
+        return checked_utf8(data, "standard input")
+    if _blank(text):
+        raise InputError("the text is empty; pass some text or - to read standard input")
+    return checked_utf8(text, "the text argument")
 
 
-def _checked_utf8(text: str, what: str) -> str:
+def _blank(text: str) -> bool:
+    """Whether `text` holds nothing but white space and control characters (NUL, ESC, ...): no words."""
+    return not any(ch.isprintable() and not ch.isspace() for ch in text)
+
+
+def checked_utf8(text: str, what: str) -> str:
     """`text`, refused in one line if it came from bytes that are not UTF-8 (Python keeps those as lone
     surrogates, which no tokenizer can encode)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         where = len(text[: exc.start].encode("utf-8", errors="surrogateescape"))
-        raise LocalpersError(
+        raise InputError(
             f"{what} is not UTF-8 (byte {where} cannot be read as UTF-8); convert it first, e.g. with "
             "iconv -f latin1 -t utf-8"
         ) from None
@@ -116,14 +123,36 @@ UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
-def print_json(payload: Any) -> None:
-    """`payload` as indented JSON on stdout (what `--json` prints), non-ASCII text kept as it is."""
-    typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+def _strict(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (containers copied)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
+def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """`payload` as strict JSON, non-ASCII text kept as it is: a NaN or infinity becomes null, never the bare
+    `NaN`/`Infinity` that json.dumps writes by default and strict JSON parsers refuse."""
+    return json.dumps(_strict(payload), indent=indent, ensure_ascii=False, allow_nan=False, default=default)
+
+
+def print_json(payload: Any, *, indent: int | None = 2) -> None:
+    """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`."""
+    typer.echo(json_text(payload, indent=indent))
+
+
+def counted(count: int, noun: str) -> str:
+    """ "1 duplicate", "3 duplicates": `noun` takes an s unless there is exactly one."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def items_phrase(count: int) -> str:
     """ "1 item", "3 items"."""
-    return f"{count} item{'' if count == 1 else 's'}"
+    return counted(count, "item")
 
 
 def stdout_stream(*, strip_leading: bool) -> Callable[[str], None]:

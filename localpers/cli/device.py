@@ -15,7 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption
+from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption, print_json
+from localpers.cli.numbers import float_option
 from localpers.cli.sampling import (
     FrequencyPenaltyOption,
     GrammarOption,
@@ -54,6 +55,7 @@ from localpers.methods.reports import FIT_STAGE_LABELS, FitReport
 from localpers.users.store import UserStore
 
 LOG_EVERY_SECONDS = 10.0  # without a terminal, a long stage logs a line this often
+MAX_STRENGTH = 100.0  # the range of the API's `strength` too
 
 
 @contextmanager
@@ -164,7 +166,10 @@ def fit_command(
                 err=True,
             )
             raise typer.Exit(130) from None
-    typer.echo(json.dumps(fitted.report) if as_json else fitted.summary)
+    if as_json:
+        print_json(fitted.report, indent=None)
+    else:
+        typer.echo(fitted.summary)
 
 
 def rewrite_command(
@@ -178,8 +183,10 @@ def rewrite_command(
     ] = DEFAULT_METHOD,
     strength: Annotated[
         float | None,
-        typer.Option(
-            min=0.0,
+        float_option(
+            "--strength",
+            low=0.0,
+            high=MAX_STRENGTH,
             help="CARD strength α (default: what fit chose, else the bundle's); for cope, its contrastive α (0.3).",
         ),
     ] = None,
@@ -238,10 +245,16 @@ def rewrite_command(
         repeated_word_penalty=repeated_word_penalty,
     )
     chosen = get_method(method)
-    if candidates > 1 and (not sampling.greedy or chosen.own_decoder):
+    if candidates > 1 and not sampling.greedy:
         raise LocalpersError(
-            "--candidates needs greedy decoding (--temperature 0) and an adapter method "
-            f"(not {chosen.name}); drop --candidates or change the other option",
+            f"--candidates needs greedy decoding, not --temperature {temperature:g}; drop --temperature"
+            " (or set it to 0), or drop --candidates",
+            exit_code=2,
+        )
+    if candidates > 1 and chosen.own_decoder:
+        raise LocalpersError(
+            f"--candidates needs a method that decodes on an adapter, not {chosen.name} (it runs its own"
+            " decoder); choose another --method or drop --candidates",
             exit_code=2,
         )
     store = UserStore()
@@ -264,7 +277,7 @@ def rewrite_command(
         ),
     )
     if as_json:
-        typer.echo(json.dumps({**payload, "notes": notes} if notes else payload, ensure_ascii=False))
+        print_json({**payload, "notes": notes} if notes else payload, indent=None)
     elif stream:
         sys.stdout.write("\n")
     else:

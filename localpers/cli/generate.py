@@ -8,14 +8,20 @@ extra, where `localpers publish` would train;
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from localpers import __version__
-from localpers.cli.common import JsonOption, ModelOption, one_line_errors, read_text_argument, stdout_stream
+from localpers.cli.common import (
+    JsonOption,
+    ModelOption,
+    one_line_errors,
+    print_json,
+    read_text_argument,
+    stdout_stream,
+)
 from localpers.cli.sampling import (
     FrequencyPenaltyOption,
     GrammarOption,
@@ -87,7 +93,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     report["training"] = _training_device() if report["extras"]["publish"] else None
     report["bundle"] = _bundle_status(backbone)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        print_json(report)
         return
     typer.echo(f"localpers {report['version']}")
     typer.echo(f"backbone      {backbone.path} ({backbone.source})")
@@ -209,7 +215,7 @@ def generate(
             "prompt_ms": round(1000 * result.prompt_seconds, 2),
             "ms_per_token": round(result.ms_per_token, 2),
         }
-        typer.echo(json.dumps(payload, ensure_ascii=False))
+        print_json(payload, indent=None)
     else:
         sys.stdout.write("\n")
 

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
-from localpers.errors import LocalpersError
+from localpers.cli.common import JsonOption, checked_utf8, counted, items_phrase, one_line_errors, print_json
+from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
 from localpers.users.history import (
@@ -73,7 +73,13 @@ def history_import(
     parsed = parse_history(file, user_id=user_id, default_task=task, keep_latest=keep_latest)
     with target.locked():
         merged, already = merge_history(target.history(), parsed.items)
-        check_history_size(len(merged), what=f"user {target.name!r} would have")
+        room = MAX_HISTORY_ITEMS - len(merged) + len(parsed.items) - len(already)
+        check_history_size(
+            len(merged),
+            what=f"user {target.name!r} would have",
+            hint="remove some with `localpers history remove ID`"
+            + (f", or import the file's latest with `--keep-latest {room}`" if room > 0 else ""),
+        )
         target.save_history(merged)
     added = len(parsed.items) - len(already)
     if as_json:
@@ -98,9 +104,10 @@ def history_import(
             err=True,
         )
     skipped = len(parsed.duplicates) + len(already)
+    skipped_note = f" ({counted(skipped, 'duplicate')} skipped)" if skipped else ""
     typer.echo(
-        f"imported {items_phrase(added)} into user {target.name!r}"
-        f"{f' ({skipped} duplicates skipped)' if skipped else ''}; it now has {items_phrase(len(merged))}"
+        f"imported {items_phrase(added)} into user {target.name!r}{skipped_note};"
+        f" it now has {items_phrase(len(merged))}"
     )
     if added:
         typer.echo(REFIT_HINT)
@@ -121,14 +128,20 @@ def history_add(
 ) -> None:
     """Add one example to a user's history (adding the same text again changes nothing)."""
     target = UserStore().resolve(user)
+    checked_utf8(input, "--input")
+    checked_utf8(output, "--output")
     try:
         item = HistoryItem.create(task, input, output, source="cli", strict=True)
     except ValueError as exc:
-        raise LocalpersError(f"cannot add this item: {exc}") from None
+        raise InputError(f"cannot add this item: {exc}") from None
     with target.locked():
         merged, already = merge_history(target.history(), [item])
         if not already:
-            check_history_size(len(merged), what=f"user {target.name!r} would have")
+            check_history_size(
+                len(merged),
+                what=f"user {target.name!r} would have",
+                hint="remove one first with `localpers history remove ID`",
+            )
             target.save_history(merged)
     if as_json:
         print_json(

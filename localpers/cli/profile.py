@@ -5,14 +5,13 @@ Reads the user's folder only; nothing here opens a network connection.
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import UserOption
+from localpers.cli.common import UserOption, print_json
 from localpers.users.store import UserStore
 
 
@@ -32,7 +31,7 @@ def profile_command(
     target = UserStore().resolve(user)
     profile = user_style_profile(target, read_text_argument(text) if text is not None else None, task)
     if as_json:
-        typer.echo(json.dumps(profile, ensure_ascii=False))
+        print_json(profile, indent=None)
         return
     _print_profile(profile, text is not None)
 

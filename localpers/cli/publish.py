@@ -10,13 +10,13 @@ them to an existing cluster, `--executor sequential` runs them one after another
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from localpers.cli.common import one_line_errors
+from localpers.cli.common import json_text, one_line_errors
+from localpers.cli.numbers import float_option
 from localpers.engine.adapters import DEFAULT_TARGETS
 from localpers.errors import LocalpersError
 from localpers.methods.card.head_spec import MAX_TOP_K
@@ -32,8 +32,12 @@ def publish_command(
     minibatch_above: Annotated[
         int, typer.Option(min=1, help="More users than this: MiniBatchKMeans and a sampled silhouette.")
     ] = 2000,
-    global_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of the global adapter.")] = 1.0,
-    cluster_epochs: Annotated[float, typer.Option(min=0.0, help="Epochs of each cluster adapter.")] = 1.0,
+    global_epochs: Annotated[
+        float, float_option("--global-epochs", low=0.0, help="Epochs of the global adapter.")
+    ] = 1.0,
+    cluster_epochs: Annotated[
+        float, float_option("--cluster-epochs", low=0.0, help="Epochs of each cluster adapter.")
+    ] = 1.0,
     max_steps: Annotated[
         int | None, typer.Option(min=1, help="Cap on the SFT steps of every adapter.")
     ] = None,
@@ -47,12 +51,12 @@ def publish_command(
         ),
     ] = "auto",
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
-    lora_alpha: Annotated[float, typer.Option(min=0.0, help="LoRA alpha.")] = 32.0,
-    dropout: Annotated[float, typer.Option(min=0.0, max=0.9, help="LoRA dropout.")] = 0.05,
+    lora_alpha: Annotated[float, float_option("--lora-alpha", low=0.0, help="LoRA alpha.")] = 32.0,
+    dropout: Annotated[float, float_option("--dropout", low=0.0, high=0.9, help="LoRA dropout.")] = 0.05,
     targets: Annotated[str, typer.Option(help="Comma-separated LoRA targets (GGUF names).")] = ",".join(
         DEFAULT_TARGETS
     ),
-    lr: Annotated[float, typer.Option(min=0.0, help="SFT learning rate.")] = 2e-4,
+    lr: Annotated[float, float_option("--lr", low=0.0, help="SFT learning rate.")] = 2e-4,
     batch_size: Annotated[int, typer.Option(min=1, help="SFT batch size.")] = 8,
     precision: Annotated[str, typer.Option(help="auto (measure), bf16 or fp32.")] = "auto",
     history_examples: Annotated[
@@ -91,13 +95,16 @@ def publish_command(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
     head_d: Annotated[int, typer.Option(min=1, help="Head dimension D.")] = 128,
     head_steps: Annotated[int, typer.Option(min=1, help="Full-batch steps of head training.")] = 300,
-    head_lr: Annotated[float, typer.Option(min=0.0, help="Head learning rate.")] = 5e-3,
-    head_weight_decay: Annotated[float, typer.Option(min=0.0, help="Head weight decay.")] = 1e-2,
+    head_lr: Annotated[float, float_option("--head-lr", low=0.0, help="Head learning rate.")] = 5e-3,
+    head_weight_decay: Annotated[
+        float, float_option("--head-weight-decay", low=0.0, help="Head weight decay.")
+    ] = 1e-2,
     head_top_k: Annotated[int, typer.Option(min=1, max=MAX_TOP_K, help="top-k the device corrects.")] = 20,
     head_target_correction: Annotated[
         float,
-        typer.Option(
-            min=0.0,
+        float_option(
+            "--head-target-correction",
+            low=0.0,
             help="Set head alpha so the mean |per-token correction| is this many logits (0 = alpha 1).",
         ),
     ] = 1.0,
@@ -122,7 +129,10 @@ def publish_command(
         ),
     ] = "factored",
     val_fraction: Annotated[
-        float, typer.Option(min=0.0, max=0.5, help="Held-out items per user for validation loss.")
+        float,
+        float_option(
+            "--val-fraction", low=0.0, high=0.5, help="Held-out items per user for validation loss."
+        ),
     ] = 0.1,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     threads: Annotated[int, typer.Option(min=1, help="CPU threads for torch and llama.cpp.")] = 2,
@@ -148,7 +158,11 @@ def publish_command(
     task_retries: Annotated[int, typer.Option(min=0, help="Times Ray re-runs a task whose worker died.")] = 3,
     gpus_per_task: Annotated[
         float | None,
-        typer.Option(min=0.0, help="GPUs per SFT/export task (default: 1 when the Ray cluster has GPUs)."),
+        float_option(
+            "--gpus-per-task",
+            low=0.0,
+            help="GPUs per SFT/export task (default: 1 when the Ray cluster has GPUs).",
+        ),
     ] = None,
     until: Annotated[str | None, typer.Option(help=f"Stop after this stage ({', '.join(STAGES)}).")] = None,
     from_stage: Annotated[str | None, typer.Option(help="Recompute this stage and all later ones.")] = None,
@@ -232,7 +246,7 @@ def publish_command(
 
         result["repository"] = {"path": str(repo), "targets_version": add_bundle(repo, out, keys)}
     if as_json:
-        typer.echo(json.dumps(result, indent=2, default=str))
+        typer.echo(json_text(result, indent=2, default=str))
         return
     typer.echo(f"bundle stages done: {', '.join(result['stages'])}")
     for stage, seconds in result["stage_seconds"].items():

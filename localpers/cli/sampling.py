@@ -1,8 +1,9 @@
 """The sampling options of `generate`, `rewrite` and `tui`, each mapped onto one of llama.cpp's samplers.
 
-The option types are shared so the three commands spell and check them alike; `sampler_settings` turns the
-values into a validated `SamplerSettings` (a bad value or an unreadable grammar file is a one-line error with
-exit code 2). Defaults are greedy decoding. This module decodes nothing.
+The option types are shared so the three commands spell and check them alike: a float option must be a finite
+number in the range its --help shows (`localpers.cli.numbers`); `sampler_settings` turns the values into a
+validated `SamplerSettings` (an unreadable grammar file is a one-line error with exit code 2). Defaults are
+greedy decoding. This module decodes nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from typing import Annotated
 
 import typer
 
+from localpers.cli.numbers import float_option
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 
 PANEL = "Sampling (llama.cpp's sampler chain)"
 
 TemperatureOption = Annotated[
-    float, typer.Option(min=0.0, help="0 = greedy (default); > 0 samples.", rich_help_panel=PANEL)
+    float,
+    float_option("--temperature", low=0.0, help="0 = greedy (default); > 0 samples.", rich_help_panel=PANEL),
 ]
 TopKOption = Annotated[
     int, typer.Option(min=0, help="Keep the k most likely tokens (0 = all).", rich_help_panel=PANEL)
@@ -31,35 +34,62 @@ SampleTopKOption = Annotated[
 ]
 TopPOption = Annotated[
     float,
-    typer.Option(
-        min=0.0, max=1.0, help="Nucleus: keep the smallest set with this mass.", rich_help_panel=PANEL
+    float_option(
+        "--top-p",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        help="Nucleus: keep the smallest set with this mass (1 = off).",
+        rich_help_panel=PANEL,
     ),
 ]
 MinPOption = Annotated[
     float,
-    typer.Option(
-        min=0.0, max=0.99, help="Drop tokens less likely than min-p x the best one.", rich_help_panel=PANEL
+    float_option(
+        "--min-p",
+        low=0.0,
+        high=0.99,
+        help="Drop tokens less likely than min-p x the best one.",
+        rich_help_panel=PANEL,
     ),
 ]
 RepetitionPenaltyOption = Annotated[
     float,
-    typer.Option(min=0.0, max=10.0, help="> 1 discourages tokens already generated.", rich_help_panel=PANEL),
+    float_option(
+        "--repetition-penalty",
+        low=0.0,
+        high=10.0,
+        low_open=True,
+        help="> 1 discourages tokens already generated (1 = off).",
+        rich_help_panel=PANEL,
+    ),
 ]
 PresencePenaltyOption = Annotated[
     float,
-    typer.Option(min=-2.0, max=2.0, help="Lowers every token already generated once.", rich_help_panel=PANEL),
+    float_option(
+        "--presence-penalty",
+        low=-2.0,
+        high=2.0,
+        help="Lowers every token already generated once.",
+        rich_help_panel=PANEL,
+    ),
 ]
 FrequencyPenaltyOption = Annotated[
     float,
-    typer.Option(
-        min=-2.0, max=2.0, help="Lowers tokens by how often they were generated.", rich_help_panel=PANEL
+    float_option(
+        "--frequency-penalty",
+        low=-2.0,
+        high=2.0,
+        help="Lowers tokens by how often they were generated.",
+        rich_help_panel=PANEL,
     ),
 ]
 RepeatedWordPenaltyOption = Annotated[
     float | None,
-    typer.Option(
-        min=0.0,
-        max=100.0,
+    float_option(
+        "--repeated-word-penalty",
+        low=0.0,
+        high=100.0,
         help="Nats off a word the output already holds (words only: digits and quotes are spared). "
         "Default: the task's, 3 for headline and title (it brings repeats down to the authors' rate, "
         "RESULTS 0ze), off for paraphrase and free. 0 = off.",
@@ -84,10 +114,17 @@ def read_grammar(path: Path | None) -> str | None:
         return None
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LocalpersError(
-            f"cannot read grammar file {path}: {exc.__class__.__name__}", exit_code=2
-        ) from None
+    except FileNotFoundError:
+        problem = "no such file"
+    except IsADirectoryError:
+        problem = "it is a directory"
+    except UnicodeDecodeError:
+        problem = "not UTF-8 text"
+    except OSError as exc:
+        problem = exc.strerror or exc.__class__.__name__
+    raise LocalpersError(
+        f"cannot read grammar file {path}: {problem}; give a GBNF file (llama.cpp's format)", exit_code=2
+    )
 
 
 def sampler_settings(

@@ -16,6 +16,8 @@ import typer
 from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE
+from localpers.untrusted import one_line
+from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import UserStore
 
 user_app = typer.Typer(
@@ -52,15 +54,21 @@ def user_list(as_json: JsonOption = False) -> None:
     """List the users; the active one is marked with *."""
     store = UserStore()
     names = store.list()
-    active = store.active_name()
+    damaged = None
+    try:
+        active = store.active_name()
+    except LocalpersError as exc:  # a damaged active.json must not hide the users; say so beside them
+        active, damaged = None, str(exc)
     if as_json:
-        print_json({"users": [{"name": n, "active": n == active} for n in names], "active": active})
+        listing = {"users": [{"name": n, "active": n == active} for n in names], "active": active}
+        print_json({**listing, "note": damaged} if damaged else listing)
         return
     if not names:
         typer.echo("no users yet; create one with `localpers user create NAME`", err=True)
-        return
     for name in names:
         typer.echo(f"{'*' if name == active else ' '} {name}")
+    if damaged:
+        typer.echo(f"note: no user is marked active: {one_line(damaged)}", err=True)
 
 
 @user_app.command("use")
@@ -113,7 +121,7 @@ def user_show(
         typer.echo("vector      none (run `localpers fit`)")
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
-    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), len(history))}")
+    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), history)}")
     for label, text in [*_state_summary(state), *report["other_fits"].items()]:
         typer.echo(f"{label:<11} {text}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
@@ -216,8 +224,10 @@ def _token_bias_line(bias: dict[str, Any]) -> str:
     return text + (f"; {' and '.join(extras)}" if extras else "")
 
 
-def _fit_freshness(fit: Any, n_history: int) -> str:
-    """Whether the stored fit saw the history as it is now (item counts; `--history-limit` fits fewer)."""
+def _fit_freshness(fit: Any, history: list[HistoryItem]) -> str:
+    """Whether the stored fit saw the history as it is now: the digest of its items' ids the fit recorded, or
+    (a fit made before it recorded one) the item counts. `--history-limit` fits fewer items than it holds."""
+    n_history = len(history)
     if not isinstance(fit, dict) and n_history == 0:
         return "no (no history yet)"
     if not isinstance(fit, dict):
@@ -225,6 +235,16 @@ def _fit_freshness(fit: Any, n_history: int) -> str:
     fitted_on = fit.get("n_items")
     if not isinstance(fitted_on, int) or isinstance(fitted_on, bool):
         return "on an unknown number of items (state.json's fit.n_items is damaged; `localpers fit` refits)"
+    digest = fit.get("history_sha256")
+    if isinstance(digest, str):
+        if digest != history_digest(history):
+            return (
+                f"on {items_phrase(fitted_on)}, but the history has changed since (it holds {n_history} now;"
+                " `localpers fit` refits)"
+            )
+        if fitted_on == n_history:
+            return f"on the {items_phrase(n_history)} the history holds"
+        return f"on {fitted_on} of the {items_phrase(n_history)} the history holds (unchanged since the fit)"
     if fitted_on == n_history:
         return f"on the {items_phrase(n_history)} the history holds"
     return (

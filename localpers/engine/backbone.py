@@ -118,7 +118,7 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
             path = Path(value).expanduser()
             if not path.is_file():
                 what = "is not a file" if path.exists() else "does not exist"
-                raise LocalpersError(f"backbone {path} (from {source}) {what}; give a GGUF file path")
+                raise InputError(f"backbone {path} (from {source}) {what}; give a GGUF file path")
             return Backbone(path=path, sha256=cached_sha256(path), source=source)
     try:
         path = default_backbone_path()

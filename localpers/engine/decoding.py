@@ -85,7 +85,7 @@ class SamplerSettings:
                 "temperature",
                 self.temperature,
                 math.isfinite(self.temperature) and self.temperature >= 0.0,
-                ">= 0",
+                "a finite number >= 0",
             ),
             ("top_k", self.top_k, self.top_k >= 0, ">= 0"),
             ("top_p", self.top_p, 0.0 < self.top_p <= 1.0, "in (0, 1]"),

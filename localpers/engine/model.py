@@ -51,15 +51,13 @@ def llama_system_info() -> str:
 
 
 def check_gguf_file(path: Path, what: str = "model") -> None:
-    """Refuse a missing, empty or non-GGUF file with a one-line error before llama.cpp sees it."""
+    """Refuse a missing, empty or non-GGUF file with a one-line error (exit 2) before llama.cpp sees it."""
     if not path.is_file():
-        raise LocalpersError(f"{what} file {path} does not exist")
+        raise InputError(f"{what} file {path} does not exist")
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != GGUF_MAGIC:
-        raise LocalpersError(
-            f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file"
-        )
+        raise InputError(f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file")
 
 
 @dataclass
@@ -99,7 +97,7 @@ class Engine(Vocabulary):
         self._model = None
         self.buffer_choice, self.weight_buffers = self._load_model()
         if not self._model:
-            raise LocalpersError(f"llama.cpp could not load {self.model_path}: corrupt or unsupported GGUF")
+            raise InputError(f"llama.cpp could not load {self.model_path}: corrupt or unsupported GGUF")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_embd: int = int(llama_cpp.llama_model_n_embd(self._model))
@@ -221,7 +219,7 @@ class Engine(Vocabulary):
         handle = llama_cpp.llama_adapter_lora_init(self._model, str(adapter_path).encode())
         raise_pending_interrupt()
         if not handle:
-            raise LocalpersError(
+            raise InputError(
                 f"llama.cpp refused adapter {adapter_path}: not a LoRA for this backbone"
                 f" ({self.model_path.name}) or a corrupt file"
             )

@@ -57,7 +57,12 @@ ADAPTER_PREFIX = "cope-"
 STATE_VERSION = 1
 DEFAULT_TAU = 0.1
 DEFAULT_ALPHA = 0.3
-_REFIT = "run `localpers fit --method cope`"
+
+
+def _refit(user_name: str | None = None) -> str:
+    """What to run to fit CoPe again, e.g. "run `localpers fit --method cope --user ann`"."""
+    return f"run `localpers fit --method cope{f' --user {user_name}' if user_name else ''}`"
+
 
 Progress = Callable[[str, int, int], None]
 
@@ -96,31 +101,27 @@ def load_state(user: User) -> CopeState:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_REFIT} --user {user.name}") from None
+        raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_refit(user.name)}") from None
     except (OSError, ValueError) as exc:
-        raise LocalpersError(f"{path} is damaged ({exc}); {_REFIT} --user {user.name}") from None
+        raise LocalpersError(f"{path} is damaged ({exc}); {_refit(user.name)}") from None
     try:
         state = CopeState(**raw)
     except TypeError:
-        raise LocalpersError(f"{path} is damaged (unexpected fields); {_REFIT} --user {user.name}") from None
+        raise LocalpersError(f"{path} is damaged (unexpected fields); {_refit(user.name)}") from None
     if state.version != STATE_VERSION:
-        raise LocalpersError(f"{path} has version {state.version}; {_REFIT} --user {user.name}")
+        raise LocalpersError(f"{path} has version {state.version}; {_refit(user.name)}")
     adapter = adapter_path(user, state)
     if not adapter.is_file():
-        raise LocalpersError(
-            f"{adapter} is missing although {STATE_FILE} names it; {_REFIT} --user {user.name}"
-        )
+        raise LocalpersError(f"{adapter} is missing although {STATE_FILE} names it; {_refit(user.name)}")
     if _sha256(adapter) != state.adapter_sha256:
-        raise LocalpersError(
-            f"{adapter} does not match its sha256 in {STATE_FILE}; {_REFIT} --user {user.name}"
-        )
+        raise LocalpersError(f"{adapter} does not match its sha256 in {STATE_FILE}; {_refit(user.name)}")
     return state
 
 
 def adapter_path(user: User, state: CopeState) -> Path:
     name = Path(state.adapter_file).name
     if name != state.adapter_file or not name.startswith(ADAPTER_PREFIX) or not name.endswith(".gguf"):
-        raise LocalpersError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_REFIT}")
+        raise LocalpersError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_refit()}")
     return user.dir / name
 
 
@@ -294,7 +295,7 @@ class CopeDecoder:
         state = state or load_state(user)
         if state.bundle_sha256 != personalizer.bundle_sha256:
             raise LocalpersError(
-                f"user {user.name!r}'s CoPe adapter was fitted with another bundle; {_REFIT} --user {user.name}"
+                f"user {user.name!r}'s CoPe adapter was fitted with another bundle; {_refit(user.name)}"
             )
         base_path = personalizer.bundle.adapter_path(state.base_adapter)
         fd, temp_name = tempfile.mkstemp(dir=user.dir, prefix=".cope-stacked-", suffix=".gguf")

@@ -32,7 +32,7 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.exact_index import REFIT, ExactIndex, IndexEntry, index_path
+from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path, refit_hint
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.reports import RewriteResult
 from localpers.methods.scoring import PrefixScorer
@@ -292,7 +292,7 @@ def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
 def check_bundle(index: ExactIndex, personalizer: Personalizer, user_name: str) -> None:
     if index.meta.get("bundle_sha256") != personalizer.bundle_sha256:
         raise LocalpersError(
-            f"user {user_name!r}'s EXACT index was built with another bundle; {REFIT} --user {user_name}"
+            f"user {user_name!r}'s EXACT index was built with another bundle; {refit_hint(user_name)}"
         )
 
 

@@ -25,7 +25,11 @@ from localpers.users.store import User
 
 INDEX_FILE = EXACT_INDEX_FILE
 INDEX_VERSION = 1
-REFIT = "run `localpers fit --method exact`"
+
+
+def refit_hint(user_name: str | None = None) -> str:
+    """What to run to build the EXACT index again, e.g. "run `localpers fit --method exact --user ann`"."""
+    return f"run `localpers fit --method exact{f' --user {user_name}' if user_name else ''}`"
 
 
 @dataclass
@@ -64,7 +68,7 @@ class ExactIndex:
     def load(cls, path: Path, user_name: str = "") -> ExactIndex:
         from safetensors import safe_open
 
-        fix = f"{REFIT}" + (f" --user {user_name}" if user_name else "")
+        fix = refit_hint(user_name)
         if not path.is_file():
             who = f"user {user_name!r}" if user_name else str(path.parent)
             raise LocalpersError(f"{who} has no EXACT index: {fix}")

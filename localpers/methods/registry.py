@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 from localpers.methods.base import Method
 from localpers.methods.baselines import CardGlobalMethod, ClusterMethod, GlobalHistoryMethod, GlobalMethod
 from localpers.methods.card.method import CardMethod
@@ -63,10 +63,11 @@ def compared_methods() -> tuple[str, ...]:
 
 
 def get_method(name: str, *, for_fit: bool = False) -> Method:
-    """The method called `name`; a one-line error naming the choices for an unknown (or unfittable) one."""
+    """The method called `name`; a one-line error (exit 2) naming the choices for an unknown (or unfittable)
+    one."""
     choices = method_names(fitted=True if for_fit else None)
     if name not in choices:
-        raise LocalpersError(f"unknown method {name!r}; choose one of: {', '.join(choices)}")
+        raise InputError(f"unknown method {name!r}; choose one of: {', '.join(choices)}")
     return METHODS[name]
 
 

@@ -107,6 +107,8 @@ class FitReport:
     bundle_sha256: str
     habits: list[str] = field(default_factory=list)  # the surface habits the fit found, in words
     n_too_long: int = 0  # history items left out: their pairs would not fit the model's context
+    # `history_digest` of the whole stored history the fit was made from (None in fits made before it was kept)
+    history_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -158,9 +158,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
             if self.user is None:  # first run: back to the choice
                 self.push_screen(WelcomeScreen(), self._after_welcome)
             return
+        skipped = f", {_counted(summary.skipped, 'duplicate')} skipped" if summary.skipped else ""
         self.notify(
-            f"Imported {summary.added} items into {summary.user!r} ({summary.total} in all"
-            f"{f', {summary.skipped} duplicates skipped' if summary.skipped else ''}); fitting…"
+            f"Imported {_counted(summary.added, 'item')} into {summary.user!r} ({summary.total} in all{skipped});"
+            " fitting…"
         )
         if self.user is None or self.user.name != summary.user:
             self.store.use(summary.user)
@@ -325,6 +326,11 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
                 self.service.close()
             finally:
                 self.engine_lock.release()
+
+
+def _counted(count: int, noun: str) -> str:
+    """ "1 item", "3 items"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def first_demo_article() -> str | None:

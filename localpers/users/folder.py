@@ -77,9 +77,9 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
 
 
 def validate_name(name: str) -> str:
-    """`name` if it is a valid user name, else a one-line error saying what is allowed."""
+    """`name` if it is a valid user name, else a one-line error (exit 2) saying what is allowed."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise LocalpersError(
+        raise InputError(
             f"invalid user name {name!r}: use 1-32 lowercase letters, digits, '-' or '_', "
             "starting with a letter or digit"
         )

@@ -64,6 +64,8 @@ class HistoryItem:
         """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+        _check_unicode(input, "field 'input'")
+        _check_unicode(output, "field 'output'")
         clean_input = normalize_text(input)
         clean_output = normalize_text(output)
         if not clean_input:
@@ -80,6 +82,24 @@ class HistoryItem:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def history_digest(items: Iterable[HistoryItem]) -> str:
+    """A short sha256 of the items' ids in order: equal digests mean the same history (a fit records it)."""
+    return hashlib.sha256("\n".join(item.id for item in items).encode("ascii")).hexdigest()[:16]
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """A ValueError naming `what` if `text` holds a lone surrogate: JSON's "\\ud800" escape, or bytes that were
+    not UTF-8 (Python keeps those as surrogates), which nothing can encode to store or tokenize."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not Unicode text (a lone surrogate \\u{ord(text[exc.start]):04x} at character"
+            f" {exc.start}); save the text as UTF-8 (e.g. iconv -f latin1 -t utf-8) and write characters,"
+            " not half of a \\u escape pair"
+        ) from None
 
 
 def item_id(task: str, input: str, output: str) -> str:

@@ -34,6 +34,8 @@ from localpers.users.folder import NAME_PATTERN, User, history_for, read_json_ob
 from localpers.users.history import check_history_size
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 
+_NAMES_SHOWN = 8  # users named in the "no active user" error
+
 __all__ = [
     "NAME_PATTERN",
     "User",
@@ -134,7 +136,14 @@ class UserStore:
             return self.get(name)
         active = self.active_name()
         if active is None:
-            raise LocalpersError("no active user: run `localpers user create NAME`")
+            names = self.list()
+            if not names:
+                raise LocalpersError("no active user: run `localpers user create NAME`")
+            # e.g. the active user was deleted: say which users there are rather than to create one
+            shown = ", ".join(names[:_NAMES_SHOWN]) + (", ..." if len(names) > _NAMES_SHOWN else "")
+            raise LocalpersError(
+                f"no active user; choose one with `localpers user use NAME` (users: {shown})"
+            )
         return self.get(active)
 
     def delete(self, name: str) -> None:

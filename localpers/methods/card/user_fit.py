@@ -25,6 +25,7 @@ from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import FitReport
 from localpers.tasks import get_task
+from localpers.users.history import history_digest
 
 if TYPE_CHECKING:
     from localpers.engine import Engine
@@ -81,6 +82,7 @@ def fit_user(
     if not items:
         report = fit_report(host.bundle_sha256, "cold-start", None, [], 0, 0, 0, None, {})
         report.n_too_long = too_long
+        report.history_sha256 = history_digest(history)
         user.save_fit(None, {"cluster": None, "bundle_sha256": host.bundle_sha256, "fit": report.to_json()})
         return report
     outcome = fit_items(
@@ -93,6 +95,7 @@ def fit_user(
         history_offset=offset,
     )
     outcome.report.n_too_long = too_long
+    outcome.report.history_sha256 = history_digest(history)
     state: dict[str, Any] = {
         "cluster": outcome.cluster,
         "bundle_sha256": host.bundle_sha256,
