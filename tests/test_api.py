@@ -304,6 +304,7 @@ def test_candidates_return_the_rewrites_consensus_and_refuse_sampling(
             model="localpers/alice", prompt=ARTICLE, temperature=0.5, extra_body={"candidates": 4}
         )
     assert raised.value.body["param"] == "candidates"  # type: ignore[index]
+    assert "adapter" not in str(raised.value), "card decodes on an adapter: only the temperature is at fault"
     with pytest.raises(openai.BadRequestError, match="between 1 and"):
         client.completions.create(model="localpers/alice", prompt=ARTICLE, extra_body={"candidates": 99})
 

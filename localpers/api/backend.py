@@ -132,10 +132,17 @@ class ApiBackend:
 
     def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
         chosen = get_method(job.method)
-        if job.candidates > 1 and (chosen.own_decoder or not job.sampling.greedy):
+        if job.candidates > 1 and not job.sampling.greedy:
             raise ApiError(
                 400,
-                f"`candidates` needs greedy decoding (temperature 0) and an adapter method, not {chosen.name!r}",
+                "`candidates` needs greedy decoding: drop `temperature` or set it to 0",
+                param="candidates",
+            )
+        if job.candidates > 1 and chosen.own_decoder:
+            raise ApiError(
+                400,
+                f"`candidates` needs a method that decodes on an adapter, not {chosen.name!r} (it runs its own"
+                " decoder)",
                 param="candidates",
             )
         task = job.task or "free"
