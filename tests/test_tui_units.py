@@ -106,6 +106,21 @@ def test_profile_says_when_a_fit_is_due() -> None:
     assert load_profile(user, "sha").needs_fit  # history changed
 
 
+def test_a_fit_is_due_when_the_history_changed_but_not_its_size() -> None:
+    from localpers.tui.widgets.profile_panel import status_line
+    from localpers.users.history import history_digest
+
+    user = UserStore().create("ann")
+    accept_output(user, "headline", "a", "A")
+    report = {"mode": "vector", "n_items": 1, "history_sha256": history_digest(user.history())}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": "sha", "fit": report})
+    assert not load_profile(user, "sha").needs_fit
+    remove_history_item(user, user.history()[0].id)
+    accept_output(user, "headline", "b", "B")  # one item again, another one
+    profile = load_profile(user, "sha")
+    assert profile.needs_fit and "refit due" in status_line(profile).plain
+
+
 def test_profile_panel_shows_the_choice_habits_and_series() -> None:
     from rich.console import Console
 

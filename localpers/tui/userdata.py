@@ -21,7 +21,14 @@ from localpers.errors import LocalpersError
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias
-from localpers.users.history import HistoryItem, check_history_size, item_id, merge_history, parse_history
+from localpers.users.history import (
+    HistoryItem,
+    check_history_size,
+    history_digest,
+    item_id,
+    merge_history,
+    parse_history,
+)
 from localpers.users.series import history_series
 from localpers.users.store import User, UserStore, atomic_write_text
 
@@ -47,13 +54,25 @@ class Profile:
     bias_strength: float | None = None  # what `fit` chose on the user's recent items (None: the default)
     choice: str | None = None  # the label of the correction `fit` chose (None: no choice made)
     series: tuple[tuple[int, str], ...] = ()  # (size, latest output) of each series the history holds
+    history_sha256: str | None = None  # `history_digest` of the history now
+
+    @property
+    def history_changed(self) -> bool:
+        """Whether the history is not the one the fit saw: by the digest the fit recorded, or (a fit made
+        before it recorded one) by the number of items."""
+        if self.fit is None:
+            return False
+        recorded = self.fit.get("history_sha256")
+        if isinstance(recorded, str) and self.history_sha256 is not None:
+            return recorded != self.history_sha256
+        return self.fit.get("n_items") != self.n_history
 
     @property
     def needs_fit(self) -> bool:
-        """History exists but no fit for this bundle, or the history changed size since the fit."""
+        """History exists but no fit for this bundle, or the history changed since the fit."""
         if self.n_history == 0:
             return False
-        return self.fit is None or self.bundle_matches is False or self.fit.get("n_items") != self.n_history
+        return self.fit is None or self.bundle_matches is False or self.history_changed
 
     @property
     def can_personalize(self) -> bool:
@@ -89,6 +108,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         bias_strength=bias_strength,
         choice=choice,
         series=tuple((found.size, found.latest) for found in history_series(history)),
+        history_sha256=history_digest(history),
     )
 
 

@@ -37,7 +37,7 @@ def status_line(profile: Profile) -> Text:
         return Text("fitted (checking it against the bundle while the model loads)", style="dim")
     if not profile.bundle_matches:
         return Text("fitted with another bundle: refit due", style="yellow")
-    if profile.fit.get("n_items") != profile.n_history:
+    if profile.history_changed:
         return Text("history changed since the fit: refit due", style="yellow")
     return Text("up to date", style="green")
 
