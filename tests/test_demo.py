@@ -31,7 +31,7 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
     assert all(0 <= hits <= 2 for hits in payload["style_hits"].values())
     again = runner.invoke(app, ["demo", "--articles", "1", "--rows", "1", "--model", str(backbone.path)])
     assert again.exit_code == 0, again.output
-    assert "1 of the 1 articles" in again.output and "headlines of 1 invented articles" in again.output
+    assert "1 of the 1 articles" in again.output and "headlines of 1 invented article:" in again.output
     chosen = runner.invoke(
         app, ["demo", "--json", "--articles", "1", "--candidates", "4", "--model", str(backbone.path)]
     )

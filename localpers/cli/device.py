@@ -6,7 +6,6 @@ store. User text stays in the user's folder; nothing here opens a network connec
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption, print_json
+from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption, counted, print_json
 from localpers.cli.numbers import float_option
 from localpers.cli.sampling import (
     FrequencyPenaltyOption,
@@ -346,7 +345,7 @@ def demo_command(
             "style_hits": hits,
             "candidates": candidates,
         }
-        typer.echo(json.dumps(payload, ensure_ascii=False))
+        print_json(payload, indent=None)
         return
     if fitted_now:
         typer.echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
@@ -355,7 +354,7 @@ def demo_command(
     counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
     typer.echo(
         f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have one) "
-        f"in the headlines of {len(rows)} invented articles"
+        f"in the headlines of {counted(len(rows), 'invented article')}"
         + (f", each the consensus of {candidates} candidates" if candidates > 1 else "")
         + f": {counts}"
     )
