@@ -12,6 +12,7 @@ import hashlib
 import http.client
 import json
 import logging
+import re
 import socket
 import urllib.parse
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, add_file_target, generate_keys, init_repository
 from localpers.bundle.serve import BundleServer, ServedFile, parse_range, start_background_server
 from localpers.engine.backbone import Backbone
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 FAKE_BACKBONE_BYTES = b"GGUF fake backbone for bundle tests"
 BACKBONE_SHA = hashlib.sha256(FAKE_BACKBONE_BYTES).hexdigest()
@@ -159,8 +160,13 @@ def staging_leftovers() -> list[str]:
 
 
 def installed_versions() -> list[str]:
+    """The installed version directories; each has its pull's record beside it, and nothing else is there."""
     versions = bundles_root() / "versions"
-    return sorted(p.name for p in versions.iterdir()) if versions.exists() else []
+    if not versions.exists():
+        return []
+    names = sorted(p.name for p in versions.iterdir() if p.is_dir())
+    assert sorted(p.name for p in versions.iterdir() if not p.is_dir()) == [f"{n}.pulled.json" for n in names]
+    return names
 
 
 # -- serve -------------------------------------------------------------------------------------------
@@ -357,6 +363,43 @@ def test_pulling_the_installed_bundle_again_downloads_nothing_and_keeps_the_prev
     repaired = pull_bundle(source, backbone_sha256=BACKBONE_SHA)
     assert not repaired.unchanged and repaired.previous == installed
     verify_bundle(repaired.directory, backbone_sha256=BACKBONE_SHA)
+
+
+def test_an_installed_manifest_edited_on_disk_is_refused_until_pulled_again(
+    repo_dir: Path, fingerprint: str
+) -> None:
+    first = pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    assert open_bundle().directory == first.directory.resolve()
+    manifest = first.directory / MANIFEST_NAME
+    manifest.write_text(manifest.read_text().replace('"name": "fake"', '"name": "edited"'))
+    verify_bundle(first.directory)  # every listed file still matches: only the record catches the edit
+    refusal = f"the installed bundle's manifest.json ({manifest.resolve()}) changed since it was pulled"
+    with pytest.raises(
+        InputError, match=re.escape(f"{refusal}; run `localpers pull {repo_dir.resolve()}` again")
+    ):
+        open_bundle()
+    code, out, err = run_cli("bundle", "info")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "changed since it was pulled" in err
+    assert (
+        open_bundle(first.directory).manifest["backbone"]["name"] == "edited"
+    )  # a directory given: as before
+    second = pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA)
+    assert not second.unchanged and open_bundle().manifest["backbone"]["name"] == "fake"
+
+
+def test_a_version_installed_without_a_record_gets_one_from_the_next_pull(bundle_dir: Path) -> None:
+    first = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
+    record = first.directory.with_name(first.directory.name + ".pulled.json")
+    assert json.loads(record.read_text())["signed"] is False
+    record.unlink()  # as an older localpers left it
+    manifest = first.directory / MANIFEST_NAME
+    assert pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True).unchanged
+    assert record.is_file()
+    manifest.write_text(manifest.read_text().replace('"name": "fake"', '"name": "edited"'))
+    with pytest.raises(
+        InputError, match=re.escape(f"run `localpers pull {bundle_dir.resolve()} --unsigned` again")
+    ):
+        open_bundle()
 
 
 def test_old_versions_are_pruned_keeping_the_previous(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from localpers.bundle.manifest import (
     path_problem,
     validate_manifest,
 )
+from localpers.bundle.record import check_installed_manifest
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import cache_dir
 from localpers.untrusted import JSONProblem, parse_json
@@ -306,11 +307,15 @@ def default_bundle_dir() -> Path:
 
 
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
-    """Verify and return the bundle at `path` (default: `default_bundle_dir()`)."""
-    directory = Path(path).expanduser() if path is not None else default_bundle_dir()
+    """Verify and return the bundle at `path` (default: `default_bundle_dir()`; the pulled bundle's manifest
+    must still be the one `pull` recorded)."""
+    installed = installed_bundle_dir(strict=True) if path is None else None
+    directory = Path(path).expanduser() if path is not None else installed or embedded_bundle_dir()
     if not (directory / MANIFEST_NAME).is_file():
         where = f"at {directory}" if path is not None else f"installed (looked in {directory})"
         raise LocalpersError(
             f"no bundle {where}: run `localpers pull URL` with the address of a served bundle, or pass a bundle directory"
         )
+    if installed is not None:
+        check_installed_manifest(installed)
     return verify_bundle(directory, backbone_sha256=backbone_sha256)

@@ -54,6 +54,7 @@ from localpers.bundle.format import (
     verify_bundle,
     write_bytes_atomically,
 )
+from localpers.bundle.record import RECORD_SUFFIX, record_path, write_record
 from localpers.bundle.signed import SignedSource
 from localpers.errors import LocalpersError
 
@@ -350,11 +351,25 @@ def switch_current(root: Path, version: str) -> None:
     (root / CURRENT_FILE).unlink(missing_ok=True)
 
 
+def _record(
+    source: BundleSource | SignedSource, version_dir: Path, given: str, manifest_bytes: bytes
+) -> None:
+    """Record the manifest installed as `version_dir` (its signed target hash where signed) and the source."""
+    signed = isinstance(source, SignedSource)
+    sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
+    where = given if "://" in given else str(Path(given).expanduser().resolve())
+    write_record(version_dir, sha256, where, signed=signed)
+
+
 def _prune_versions(versions: Path, keep: set[str]) -> None:
-    """Delete installed versions except `keep` (the new one and the one it replaced)."""
+    """Delete installed versions except `keep` (the new one and the one it replaced), with their records."""
     for entry in versions.iterdir():
-        if entry.name not in keep:
+        if entry.name.removesuffix(RECORD_SUFFIX) in keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def pull_bundle(
@@ -437,12 +452,15 @@ def pull_bundle(
                     _check_staged(staged, bundle_source, check_content, manifest["backbone"]["sha256"])
                 versions.mkdir(exist_ok=True)
                 version = _new_version_name(versions, manifest_bytes)
+                _record(bundle_source, versions / version, source, manifest_bytes)
                 os.replace(staging, versions / version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         if unchanged is not None:
             shutil.rmtree(staging, ignore_errors=True)
+            if not record_path(unchanged).exists():  # installed by a localpers that kept no record
+                _record(bundle_source, unchanged, source, manifest_bytes)
             return PullResult(
                 directory=unchanged,
                 version=unchanged.name,

@@ -165,6 +165,7 @@ class SignedSource:
 
         self.base = repository_base(source)
         self.description = self.base
+        self.manifest_sha256 = ""  # the signed target hash of bundle/manifest.json, once read
         self.fetcher = Fetcher(timeout, on_bytes)
         self.fingerprint, store = choose_trusted_root(self.fetcher, self.base, trust, confirm)
         self._updater = Updater(
@@ -232,6 +233,7 @@ class SignedSource:
         from localpers.bundle.format import MANIFEST_NAME
 
         info = self._target(MANIFEST_NAME)
+        self.manifest_sha256 = str(info.hashes.get("sha256", ""))  # recorded by pull beside the install
         with tempfile.TemporaryDirectory() as scratch:
             target = Path(scratch) / MANIFEST_NAME
             with self._tuf_errors(self.where(MANIFEST_NAME)):
