@@ -69,8 +69,11 @@ def test_an_unknown_publisher_is_refused_until_its_fingerprint_is_given(repo: tu
     repo_dir, _, fingerprint = repo
     with pytest.raises(
         LocalpersError, match=f"publisher key {fingerprint}, which this device does not trust"
-    ):
+    ) as first_contact:
         pull(repo_dir)
+    # The server's key is shown to be compared with the publisher's, never offered as a command to paste.
+    assert "compare it with the fingerprint your publisher gave you another way" in str(first_contact.value)
+    assert f"--trust {fingerprint}" not in str(first_contact.value)
     with pytest.raises(LocalpersError, match="not " + "0" * 64):
         pull(repo_dir, trust="0" * 64)
     assert nothing_installed() and not trust_store(fingerprint).exists()
@@ -135,7 +138,7 @@ def test_tampered_metadata_is_refused(repo: tuple[Path, Path, str]) -> None:
     document = json.loads(timestamp.read_text())
     document["signed"]["expires"] = "2099-01-01T00:00:00Z"  # not re-signed
     timestamp.write_text(json.dumps(document))
-    with pytest.raises(InputError, match="signed metadata refused"):
+    with pytest.raises(InputError, match="metadata/timestamp.json: signed metadata refused"):
         pull(repo_dir, trust=fingerprint)
     assert nothing_installed()
 
@@ -177,9 +180,17 @@ def test_mix_and_match_of_metadata_versions_is_refused(tmp_path: Path, repo: tup
     newest = max(int(p.name.split(".")[0]) for p in metadata.glob("*.targets.json"))
     # Serve the older (validly signed) targets under the version the snapshot names.
     shutil.copyfile(metadata / f"{newest - 1}.targets.json", metadata / f"{newest}.targets.json")
-    with pytest.raises(InputError, match="does not match its signed length or hash"):
+    with pytest.raises(InputError, match=f"metadata/{newest}.targets.json: a file does not match its signed"):
         pull(repo_dir, trust=fingerprint)
     assert nothing_installed()
+
+
+def test_a_damaged_trusted_root_on_this_device_is_a_one_line_error(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    (trust_store(fingerprint) / "root.json").write_text("{not json")
+    with pytest.raises(InputError, match=f"{fingerprint}/root.json: signed metadata refused"):
+        pull(repo_dir)
 
 
 def test_key_rotation_is_followed_and_old_keys_lose_power(

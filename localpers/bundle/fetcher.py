@@ -55,12 +55,14 @@ class Fetcher:
     def __init__(self, timeout: float, on_bytes: Callable[[int], None] | None = None) -> None:
         self.timeout = timeout
         self.on_bytes = on_bytes
+        self.last_url = ""  # what python-tuf asked for last: the metadata file an error is about
         self._redirects = HttpOnlyRedirects
         self._is_loopback = is_loopback
 
     def chunks(self, url: str) -> Iterator[bytes]:
         from tuf.api.exceptions import DownloadHTTPError
 
+        self.last_url = url
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme == "file":
             yield from self._file_chunks(Path(urllib.parse.unquote(parsed.path)))
