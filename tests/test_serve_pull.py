@@ -640,8 +640,74 @@ def test_cli_errors_are_one_line_naming_the_file(
     other = tmp_path / "other-backbone.gguf"
     other.write_bytes(b"another model")
     code, _, err = run_cli("pull", str(make_bundle(tmp_path / "fresh")), "--model", str(other), "--unsigned")
-    assert code == 1 and "backbone" in err and err.count("\n") == 1
+    assert code == 2 and "backbone" in err and err.count("\n") == 1  # not a bundle for this device
     assert staging_leftovers() == []
+
+
+def _damage(bundle: Path, how: str) -> None:
+    if how == "flipped byte":
+        path = bundle / "adapters/global.gguf"
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif how == "truncated":
+        (bundle / "head.safetensors").write_bytes((bundle / "head.safetensors").read_bytes()[:100])
+    elif how == "deleted":
+        (bundle / "centroids.safetensors").unlink()
+    elif how == "no manifest":
+        (bundle / MANIFEST_NAME).unlink()
+
+
+@pytest.mark.parametrize("how", ["flipped byte", "truncated", "deleted", "no manifest", "other backbone"])
+def test_a_damaged_bundle_directory_exits_2_in_every_command_with_advice_for_a_directory(
+    how: str, tmp_path: Path, fake_backbone: Path
+) -> None:
+    """Found by an audit: `pull DIR --unsigned` exited 1 where `bundle verify DIR` exited 2, a directory without a
+    manifest and a backbone mismatch exited 1, and every refusal of a directory the user gave said to pull it again
+    with `localpers pull URL`."""
+    from localpers.bundle.repository import generate_keys, init_repository
+
+    bundle = make_bundle(tmp_path / "given")
+    _damage(bundle, how)
+    model = fake_backbone
+    if how == "other backbone":
+        model = tmp_path / "other-backbone.gguf"
+        model.write_bytes(b"another model")
+    generate_keys(tmp_path / "keys")
+    init_repository(tmp_path / "repo", tmp_path / "keys")
+    assert run_cli("user", "create", "ann")[0] == 0
+    commands = {
+        "verify": ["bundle", "verify", str(bundle), "--model", str(model)],
+        "rewrite": ["rewrite", "--bundle", str(bundle), "--model", str(model), "Some text to rewrite."],
+        "pull": ["pull", str(bundle), "--unsigned", "--model", str(model)],
+        "repo add": ["repo", "add", str(tmp_path / "repo"), str(bundle), "--keys", str(tmp_path / "keys")],
+    }
+    if how == "other backbone":
+        del commands["repo add"]  # a publisher's machine need not hold the backbone
+    for name, args in commands.items():
+        code, out, err = run_cli(*args)
+        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (name, err)
+        assert "localpers pull" not in err, (name, err)
+        if how == "other backbone":
+            assert "backbone" in err, (name, err)
+        elif how == "no manifest" and name == "pull":
+            assert "give a signed repository's directory (`localpers repo`) or a bundle directory" in err
+        else:
+            advice = "before signing it" if name == "repo add" else "copy the bundle directory again"
+            assert advice in err, (name, err)
+    assert installed_bundle_dir() is None and staging_leftovers() == []
+
+
+def test_malformed_arguments_exit_2_saying_what_is_wrong(bundle_dir: Path, fake_backbone: Path) -> None:
+    code, _, err = run_cli("serve", str(bundle_dir.parent / "nonexistent"))
+    assert code == 2 and "nonexistent: no such directory" in err and "manifest" not in err
+    for extra in ([], ["--unsigned"]):
+        code, _, err = run_cli(
+            "pull", str(bundle_dir), "--trust", "nothex", "--model", str(fake_backbone), *extra
+        )
+        assert code == 2 and "'nothex' is not a fingerprint: give the 64 hex digits" in err
+    code, _, err = run_cli("pull", str(bundle_dir.parent / "nonexistent"), "--model", str(fake_backbone))
+    assert code == 2 and "no such directory" in err
 
 
 def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bundle_dir: Path) -> None:

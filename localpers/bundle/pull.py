@@ -42,10 +42,13 @@ from localpers.bundle.format import (
     CHUNK_SIZE,
     CURRENT_FILE,
     CURRENT_LINK,
+    GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     VERSIONS_DIR,
     Bundle,
+    BundleProblem,
+    advising,
     bundles_root,
     installed_bundle_dir,
     installed_bundle_with,
@@ -55,8 +58,8 @@ from localpers.bundle.format import (
     write_bytes_atomically,
 )
 from localpers.bundle.record import RECORD_SUFFIX, record_path, write_record
-from localpers.bundle.signed import SignedSource
-from localpers.errors import LocalpersError
+from localpers.bundle.signed import SignedSource, checked_fingerprint
+from localpers.errors import InputError, LocalpersError
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -102,7 +105,7 @@ class DirectorySource:
         if directory.is_file() and directory.name == MANIFEST_NAME:
             directory = directory.parent
         if not (directory / MANIFEST_NAME).is_file():
-            raise LocalpersError(f"{directory}: no manifest.json there, so it is not a bundle directory")
+            raise BundleProblem(f"{directory}: no manifest.json there, so it is not a bundle directory")
         self.directory = directory
         self.root = directory.resolve()
         self.description = str(directory)
@@ -121,15 +124,15 @@ class DirectorySource:
             resolved = path.resolve()
             info = path.stat()
         except FileNotFoundError:
-            raise LocalpersError(
+            raise BundleProblem(
                 f"{path}: listed in the manifest but missing from the source bundle"
             ) from None
         except (OSError, RuntimeError) as exc:
             raise LocalpersError(f"{path}: cannot be read ({exc})") from None
         if not resolved.is_relative_to(self.root):
-            raise LocalpersError(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
+            raise BundleProblem(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
         if not stat.S_ISREG(info.st_mode):  # a FIFO or device would hang or never end
-            raise LocalpersError(f"{path}: is not a regular file; refusing it")
+            raise BundleProblem(f"{path}: is not a regular file; refusing it")
         with path.open("rb") as handle:
             yield handle
 
@@ -147,14 +150,17 @@ def open_source(
 
     Every URL is pulled as a signed repository: an unsigned bundle over the network is never trusted.
     """
+    if trust is not None:
+        trust = checked_fingerprint(trust)  # a malformed --trust is refused before anything is read
     if is_signed_repository(source):
         if unsigned:
             raise LocalpersError(f"{source}: --unsigned applies only to a local bundle directory")
         return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
     path = Path(source).expanduser()
     if not path.exists():
-        raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
-    directory = DirectorySource(path)
+        raise InputError(f"{source}: no such directory; give a repository directory or an http(s) URL")
+    with advising("give a signed repository's directory (`localpers repo`) or a bundle directory"):
+        directory = DirectorySource(path)
     if not unsigned:
         raise LocalpersError(
             f"{source}: an unsigned bundle directory; publish it into a signed repository with"
@@ -169,9 +175,7 @@ def _read_capped(stream: BinaryIO, limit: int, where: str) -> bytes:
     except (OSError, http.client.HTTPException) as exc:
         raise LocalpersError(f"{where}: reading failed ({exc}); try again") from None
     if len(data) >= limit:
-        raise LocalpersError(
-            f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle"
-        )
+        raise BundleProblem(f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle")
     return data
 
 
@@ -211,7 +215,7 @@ def _fetch_file(
                 break
             received += len(block)
             if received > expected_size:
-                raise LocalpersError(
+                raise BundleProblem(
                     f"{relative}: the source sends more than the {expected_size} bytes the manifest lists;"
                     f" refusing the bundle from {source.description}"
                 )
@@ -226,12 +230,12 @@ def _fetch_file(
         out.flush()
         os.fsync(out.fileno())
     if received != expected_size:
-        raise LocalpersError(
+        raise BundleProblem(
             f"{relative}: got {received} bytes from {where}, the manifest lists {expected_size};"
-            " the transfer was cut short or the file is not the published one"
+            " the file is cut short or not the one the manifest lists"
         )
     if digest.hexdigest() != entry["sha256"]:
-        raise LocalpersError(
+        raise BundleProblem(
             f"{relative}: sha256 of the downloaded file is {digest.hexdigest()}, the manifest says"
             f" {entry['sha256']}; the file at {where} is damaged or was tampered with"
         )
@@ -418,7 +422,10 @@ def pull_bundle(
     )
     root = bundles_root()
     versions = root / VERSIONS_DIR
-    with _pull_lock(root):
+    # A signed manifest's faults are the publisher's; a plain directory's, its copy's.
+    signed = isinstance(bundle_source, SignedSource)
+    advice = "the publisher must re-publish it (`localpers repo add`)" if signed else GIVEN_BUNDLE_ADVICE
+    with _pull_lock(root), advising(advice):
         _remove_stale_staging(root)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
         try:

@@ -36,11 +36,20 @@ def write_record(version_dir: Path, manifest_sha256: str, source: str, *, signed
     atomic_write_bytes(record_path(version_dir), json.dumps(document).encode())
 
 
-def _pull_command(record: dict) -> str:
-    source = record.get("source")
+def _pull_command(record: object) -> str:
+    source = record.get("source") if isinstance(record, dict) else None
     if not isinstance(source, str) or not source:
         return "localpers pull URL"
-    return f"localpers pull {one_line(source, 200)}" + ("" if record.get("signed", True) else " --unsigned")
+    signed = record.get("signed", True) if isinstance(record, dict) else True
+    return f"localpers pull {one_line(source, 200)}" + ("" if signed else " --unsigned")
+
+
+def pull_command(version_dir: Path) -> str:
+    """The command that pulls the installed bundle at `version_dir` again (`localpers pull URL` if unknown)."""
+    try:
+        return _pull_command(parse_json(record_path(version_dir).read_bytes()))
+    except (OSError, JSONProblem):
+        return "localpers pull URL"
 
 
 def check_installed_manifest(version_dir: Path) -> None:
