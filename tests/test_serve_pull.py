@@ -698,6 +698,19 @@ def test_a_damaged_bundle_directory_exits_2_in_every_command_with_advice_for_a_d
     assert installed_bundle_dir() is None and staging_leftovers() == []
 
 
+def test_verify_json_prints_its_verdict_on_stdout_when_refused(bundle_dir: Path, fake_backbone: Path) -> None:
+    _damage(bundle_dir, "truncated")
+    for args in (["verify", "--model", str(fake_backbone)], ["info"]):
+        code, out, err = run_cli("bundle", args[0], str(bundle_dir), *args[1:], "--json")
+        assert code == 2 and json.loads(out) == {
+            "ok": False,
+            "error": err.removeprefix("error: ").rstrip("\n"),
+        }
+        assert "head.safetensors" in err and err.count("\n") == 1
+    code, out, err = run_cli("bundle", "verify", str(bundle_dir.parent / "missing"), "--json")
+    assert code == 2 and json.loads(out)["ok"] is False and "no such directory" in json.loads(out)["error"]
+
+
 def test_malformed_arguments_exit_2_saying_what_is_wrong(bundle_dir: Path, fake_backbone: Path) -> None:
     code, _, err = run_cli("serve", str(bundle_dir.parent / "nonexistent"))
     assert code == 2 and "nonexistent: no such directory" in err and "manifest" not in err
