@@ -159,7 +159,8 @@ class Bundle:
     def _file(self, field: str, relative: object) -> Path:
         if not isinstance(relative, str):
             raise BundleProblem(
-                f"bundle {self.directory}: manifest field '{field}' is missing; the bundle is incomplete"
+                f"bundle {self.directory}: manifest field '{field}' is missing; the bundle is incomplete:"
+                " re-publish it"
             )
         return self.directory / relative
 
@@ -189,7 +190,7 @@ class Bundle:
         if missing:
             raise BundleProblem(
                 f"bundle {self.directory}: manifest field 'clusters.k' is {self.k}, but 'adapters' has no"
-                f" {', '.join(missing)}; the bundle is incomplete"
+                f" {', '.join(missing)}; re-pull the bundle"
             )
 
     @property
