@@ -129,9 +129,10 @@ def choose_trusted_root(
     if trust is None:
         # Never a ready-made --trust command: whoever runs the server chose this key.
         raise LocalpersError(
-            f"{base} is signed by publisher key {fingerprint}, which this device does not trust yet; the server"
-            " chose that key, so compare it with the fingerprint your publisher gave you another way (not from"
-            " this server) and only if they match, pull again with --trust and the fingerprint from your publisher"
+            f"{base} is signed by publisher key {fingerprint}, which this device does not trust yet; the repository"
+            " itself names that key, so compare it with the fingerprint your publisher gave you another way (not"
+            " from this repository) and only if they match, pull again with --trust and the fingerprint from your"
+            " publisher"
         )
     if trust.strip().lower() != fingerprint:
         raise LocalpersError(
