@@ -23,7 +23,7 @@ from localpers.bundle.format import (
     verify_bundle,
     write_manifest,
 )
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 BACKBONE_SHA = hashlib.sha256(b"fake backbone").hexdigest()
 FILE_SIZES = {
@@ -338,10 +338,19 @@ def test_write_manifest_refuses_unsafe_file_names(tmp_path: Path) -> None:
 def test_open_bundle_without_any_bundle_says_to_pull(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(bundle_module, "embedded_bundle_dir", lambda: tmp_path / "no-demo-bundle")
     assert default_bundle_dir() == tmp_path / "no-demo-bundle"
-    with pytest.raises(LocalpersError, match="no bundle.*localpers pull URL"):
+    with pytest.raises(
+        LocalpersError, match="no bundle installed.*`localpers pull URL` with the address of a signed"
+    ):
         open_bundle()
-    with pytest.raises(LocalpersError, match="no bundle at"):
+    # A directory the user gave: what is wrong with it (exit code 2), never advice to pull.
+    with pytest.raises(InputError, match="elsewhere: no such directory") as missing:
         open_bundle(tmp_path / "elsewhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        InputError, match="empty: no manifest.json there, so it is not a bundle directory"
+    ) as empty:
+        open_bundle(tmp_path / "empty")
+    assert "pull" not in str(missing.value) + str(empty.value)
 
 
 def test_embedded_bundle_dir_is_the_models_package() -> None:

@@ -111,6 +111,7 @@ def test_written_files_of_every_plain_type_and_a_quantised_one_read_as_gguf_read
         (lambda raw: b"GGML" + raw[4:], "no GGUF magic"),
         (lambda raw: raw[:4] + (9).to_bytes(4, "little") + raw[8:], "GGUF version 9"),
         (lambda raw: raw[:200], "past the end"),
+        (lambda raw: raw[:20], r"is truncated \(20 bytes\): not a complete GGUF file$"),
         (lambda raw: b"", "cannot read"),
     ],
 )

@@ -12,6 +12,7 @@ import hashlib
 import http.client
 import json
 import logging
+import re
 import socket
 import urllib.parse
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, add_file_target, generate_keys, init_repository
 from localpers.bundle.serve import BundleServer, ServedFile, parse_range, start_background_server
 from localpers.engine.backbone import Backbone
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 FAKE_BACKBONE_BYTES = b"GGUF fake backbone for bundle tests"
 BACKBONE_SHA = hashlib.sha256(FAKE_BACKBONE_BYTES).hexdigest()
@@ -159,8 +160,13 @@ def staging_leftovers() -> list[str]:
 
 
 def installed_versions() -> list[str]:
+    """The installed version directories; each has its pull's record beside it, and nothing else is there."""
     versions = bundles_root() / "versions"
-    return sorted(p.name for p in versions.iterdir()) if versions.exists() else []
+    if not versions.exists():
+        return []
+    names = sorted(p.name for p in versions.iterdir() if p.is_dir())
+    assert sorted(p.name for p in versions.iterdir() if not p.is_dir()) == [f"{n}.pulled.json" for n in names]
+    return names
 
 
 # -- serve -------------------------------------------------------------------------------------------
@@ -357,6 +363,43 @@ def test_pulling_the_installed_bundle_again_downloads_nothing_and_keeps_the_prev
     repaired = pull_bundle(source, backbone_sha256=BACKBONE_SHA)
     assert not repaired.unchanged and repaired.previous == installed
     verify_bundle(repaired.directory, backbone_sha256=BACKBONE_SHA)
+
+
+def test_an_installed_manifest_edited_on_disk_is_refused_until_pulled_again(
+    repo_dir: Path, fingerprint: str
+) -> None:
+    first = pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    assert open_bundle().directory == first.directory.resolve()
+    manifest = first.directory / MANIFEST_NAME
+    manifest.write_text(manifest.read_text().replace('"name": "fake"', '"name": "edited"'))
+    verify_bundle(first.directory)  # every listed file still matches: only the record catches the edit
+    refusal = f"the installed bundle's manifest.json ({manifest.resolve()}) changed since it was pulled"
+    with pytest.raises(
+        InputError, match=re.escape(f"{refusal}; run `localpers pull {repo_dir.resolve()}` again")
+    ):
+        open_bundle()
+    code, out, err = run_cli("bundle", "info")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "changed since it was pulled" in err
+    assert (
+        open_bundle(first.directory).manifest["backbone"]["name"] == "edited"
+    )  # a directory given: as before
+    second = pull_bundle(str(repo_dir), backbone_sha256=BACKBONE_SHA)
+    assert not second.unchanged and open_bundle().manifest["backbone"]["name"] == "fake"
+
+
+def test_a_version_installed_without_a_record_gets_one_from_the_next_pull(bundle_dir: Path) -> None:
+    first = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
+    record = first.directory.with_name(first.directory.name + ".pulled.json")
+    assert json.loads(record.read_text())["signed"] is False
+    record.unlink()  # as an older localpers left it
+    manifest = first.directory / MANIFEST_NAME
+    assert pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True).unchanged
+    assert record.is_file()
+    manifest.write_text(manifest.read_text().replace('"name": "fake"', '"name": "edited"'))
+    with pytest.raises(
+        InputError, match=re.escape(f"run `localpers pull {bundle_dir.resolve()} --unsigned` again")
+    ):
+        open_bundle()
 
 
 def test_old_versions_are_pruned_keeping_the_previous(tmp_path: Path) -> None:
@@ -597,8 +640,87 @@ def test_cli_errors_are_one_line_naming_the_file(
     other = tmp_path / "other-backbone.gguf"
     other.write_bytes(b"another model")
     code, _, err = run_cli("pull", str(make_bundle(tmp_path / "fresh")), "--model", str(other), "--unsigned")
-    assert code == 1 and "backbone" in err and err.count("\n") == 1
+    assert code == 2 and "backbone" in err and err.count("\n") == 1  # not a bundle for this device
     assert staging_leftovers() == []
+
+
+def _damage(bundle: Path, how: str) -> None:
+    if how == "flipped byte":
+        path = bundle / "adapters/global.gguf"
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif how == "truncated":
+        (bundle / "head.safetensors").write_bytes((bundle / "head.safetensors").read_bytes()[:100])
+    elif how == "deleted":
+        (bundle / "centroids.safetensors").unlink()
+    elif how == "no manifest":
+        (bundle / MANIFEST_NAME).unlink()
+
+
+@pytest.mark.parametrize("how", ["flipped byte", "truncated", "deleted", "no manifest", "other backbone"])
+def test_a_damaged_bundle_directory_exits_2_in_every_command_with_advice_for_a_directory(
+    how: str, tmp_path: Path, fake_backbone: Path
+) -> None:
+    """Found by an audit: `pull DIR --unsigned` exited 1 where `bundle verify DIR` exited 2, a directory without a
+    manifest and a backbone mismatch exited 1, and every refusal of a directory the user gave said to pull it again
+    with `localpers pull URL`."""
+    from localpers.bundle.repository import generate_keys, init_repository
+
+    bundle = make_bundle(tmp_path / "given")
+    _damage(bundle, how)
+    model = fake_backbone
+    if how == "other backbone":
+        model = tmp_path / "other-backbone.gguf"
+        model.write_bytes(b"another model")
+    generate_keys(tmp_path / "keys")
+    init_repository(tmp_path / "repo", tmp_path / "keys")
+    assert run_cli("user", "create", "ann")[0] == 0
+    commands = {
+        "verify": ["bundle", "verify", str(bundle), "--model", str(model)],
+        "rewrite": ["rewrite", "--bundle", str(bundle), "--model", str(model), "Some text to rewrite."],
+        "pull": ["pull", str(bundle), "--unsigned", "--model", str(model)],
+        "repo add": ["repo", "add", str(tmp_path / "repo"), str(bundle), "--keys", str(tmp_path / "keys")],
+    }
+    if how == "other backbone":
+        del commands["repo add"]  # a publisher's machine need not hold the backbone
+    for name, args in commands.items():
+        code, out, err = run_cli(*args)
+        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (name, err)
+        assert "localpers pull" not in err, (name, err)
+        if how == "other backbone":
+            assert "backbone" in err, (name, err)
+        elif how == "no manifest" and name == "pull":
+            assert "give a signed repository's directory (`localpers repo`) or a bundle directory" in err
+        else:
+            advice = "before signing it" if name == "repo add" else "copy the bundle directory again"
+            assert advice in err, (name, err)
+    assert installed_bundle_dir() is None and staging_leftovers() == []
+
+
+def test_verify_json_prints_its_verdict_on_stdout_when_refused(bundle_dir: Path, fake_backbone: Path) -> None:
+    _damage(bundle_dir, "truncated")
+    for args in (["verify", "--model", str(fake_backbone)], ["info"]):
+        code, out, err = run_cli("bundle", args[0], str(bundle_dir), *args[1:], "--json")
+        assert code == 2 and json.loads(out) == {
+            "ok": False,
+            "error": err.removeprefix("error: ").rstrip("\n"),
+        }
+        assert "head.safetensors" in err and err.count("\n") == 1
+    code, out, err = run_cli("bundle", "verify", str(bundle_dir.parent / "missing"), "--json")
+    assert code == 2 and json.loads(out)["ok"] is False and "no such directory" in json.loads(out)["error"]
+
+
+def test_malformed_arguments_exit_2_saying_what_is_wrong(bundle_dir: Path, fake_backbone: Path) -> None:
+    code, _, err = run_cli("serve", str(bundle_dir.parent / "nonexistent"))
+    assert code == 2 and "nonexistent: no such directory" in err and "manifest" not in err
+    for extra in ([], ["--unsigned"]):
+        code, _, err = run_cli(
+            "pull", str(bundle_dir), "--trust", "nothex", "--model", str(fake_backbone), *extra
+        )
+        assert code == 2 and "'nothex' is not a fingerprint: give the 64 hex digits" in err
+    code, _, err = run_cli("pull", str(bundle_dir.parent / "nonexistent"), "--model", str(fake_backbone))
+    assert code == 2 and "no such directory" in err
 
 
 def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bundle_dir: Path) -> None:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from synthetic_bundle import make_bundle as make_real_bundle
@@ -68,8 +69,11 @@ def test_an_unknown_publisher_is_refused_until_its_fingerprint_is_given(repo: tu
     repo_dir, _, fingerprint = repo
     with pytest.raises(
         LocalpersError, match=f"publisher key {fingerprint}, which this device does not trust"
-    ):
+    ) as first_contact:
         pull(repo_dir)
+    # The server's key is shown to be compared with the publisher's, never offered as a command to paste.
+    assert "compare it with the fingerprint your publisher gave you another way" in str(first_contact.value)
+    assert f"--trust {fingerprint}" not in str(first_contact.value)
     with pytest.raises(LocalpersError, match="not " + "0" * 64):
         pull(repo_dir, trust="0" * 64)
     assert nothing_installed() and not trust_store(fingerprint).exists()
@@ -134,7 +138,7 @@ def test_tampered_metadata_is_refused(repo: tuple[Path, Path, str]) -> None:
     document = json.loads(timestamp.read_text())
     document["signed"]["expires"] = "2099-01-01T00:00:00Z"  # not re-signed
     timestamp.write_text(json.dumps(document))
-    with pytest.raises(InputError, match="signed metadata refused"):
+    with pytest.raises(InputError, match="metadata/timestamp.json: signed metadata refused"):
         pull(repo_dir, trust=fingerprint)
     assert nothing_installed()
 
@@ -176,9 +180,17 @@ def test_mix_and_match_of_metadata_versions_is_refused(tmp_path: Path, repo: tup
     newest = max(int(p.name.split(".")[0]) for p in metadata.glob("*.targets.json"))
     # Serve the older (validly signed) targets under the version the snapshot names.
     shutil.copyfile(metadata / f"{newest - 1}.targets.json", metadata / f"{newest}.targets.json")
-    with pytest.raises(InputError, match="does not match its signed length or hash"):
+    with pytest.raises(InputError, match=f"metadata/{newest}.targets.json: a file does not match its signed"):
         pull(repo_dir, trust=fingerprint)
     assert nothing_installed()
+
+
+def test_a_damaged_trusted_root_on_this_device_is_a_one_line_error(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    (trust_store(fingerprint) / "root.json").write_text("{not json")
+    with pytest.raises(InputError, match=f"{fingerprint}/root.json: signed metadata refused"):
+        pull(repo_dir)
 
 
 def test_key_rotation_is_followed_and_old_keys_lose_power(
@@ -225,6 +237,67 @@ def test_a_repository_on_any_static_host_can_be_pulled(
     result = pull(static_host, trust=repo[2])
     assert result.files == len(FILES)  # type: ignore[attr-defined]
     assert (result.directory / MANIFEST_NAME).is_file()  # type: ignore[attr-defined]
+
+
+def cutting_host(directory: Path, cut: str, keep: int) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """`directory` served statically, except that files whose URL contains `cut` stop after `keep` bytes of
+    their announced length: the connection closes as when a server stops mid-download."""
+
+    class CutShort(http.server.SimpleHTTPRequestHandler):
+        def copyfile(self, source: Any, outputfile: Any) -> None:
+            if cut in self.path:
+                outputfile.write(source.read(keep))
+                self.close_connection = True
+                return
+            super().copyfile(source, outputfile)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(CutShort, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def test_a_download_cut_short_is_a_network_failure_not_tampering(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, _, fingerprint = repo
+    server, url = cutting_host(repo_dir, "global.gguf", 30_000)
+    try:
+        with pytest.raises(LocalpersError) as caught:
+            pull(url, trust=fingerprint)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert caught.value.exit_code == 1 and not isinstance(caught.value, InputError)
+    assert "the connection closed after 30000 bytes of 70000 bytes of " in str(caught.value)
+    assert "global.gguf; try again" in str(caught.value) and "tampered" not in str(caught.value)
+    assert nothing_installed()
+
+
+def test_a_backbone_download_cut_short_keeps_its_partial_for_the_next_pull(
+    repo_with_backbone: tuple[Path, str, bytes],
+) -> None:
+    import hashlib
+
+    from localpers.engine.backbone import pulled_backbone_path
+
+    repo_dir, fingerprint, data = repo_with_backbone
+    sha = hashlib.sha256(data).hexdigest()
+    server, url = cutting_host(repo_dir, "targets/backbone/", 1 << 20)
+    try:
+        with pytest.raises(
+            LocalpersError, match=r"closed after 1\.0 MB of 3\.1 MB .*pull again to resume"
+        ) as caught:
+            pull_bundle(url, with_backbone=True, trust=fingerprint)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert caught.value.exit_code == 1
+    partial = pulled_backbone_path(sha).with_name(pulled_backbone_path(sha).name + ".partial")
+    assert partial.read_bytes() == data[: 1 << 20] and nothing_installed()
+    pull_bundle(str(repo_dir), with_backbone=True)
+    assert pulled_backbone_path(sha).read_bytes() == data
 
 
 # -- the publisher's commands -------------------------------------------------------------------------

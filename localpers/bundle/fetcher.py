@@ -4,7 +4,8 @@
 hands python-tuf a `FetcherInterface` over itself (`as_tuf_fetcher`), so every byte of a signed pull comes
 through here. `repository_base` normalises the repository a user names and `is_signed_repository` tells a
 signed one from an unsigned bundle directory. It verifies nothing: signatures, lengths and hashes are
-python-tuf's, driven by `localpers.bundle.signed`.
+python-tuf's, driven by `localpers.bundle.signed`; it only tells a body cut short by a closed connection
+(fewer bytes than the server announced: a network failure, try again) from a whole file that is wrong.
 """
 
 from __future__ import annotations
@@ -32,18 +33,36 @@ def reason(exc: BaseException) -> str:
     return one_line(f"{type(exc).__name__}: {exc}", 200)
 
 
+def announced_length(response: Any) -> int | None:
+    """The Content-Length a response announced, or None (none, or not a number)."""
+    value = str(response.headers.get("Content-Length", "")).strip()
+    return int(value) if value.isdigit() else None
+
+
+def _amount(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
+
+
+def cut_short(url: str, received: int, expected: int, advice: str) -> str:
+    """The one-line message for a body that stopped early because the connection closed (a network failure,
+    not tampering: exit code 1)."""
+    return f"the connection closed after {_amount(received)} of {_amount(expected)} of {url}; {advice}"
+
+
 class Fetcher:
     """A python-tuf fetcher (subclass built lazily) over http(s) or a local directory, with progress."""
 
     def __init__(self, timeout: float, on_bytes: Callable[[int], None] | None = None) -> None:
         self.timeout = timeout
         self.on_bytes = on_bytes
+        self.last_url = ""  # what python-tuf asked for last: the metadata file an error is about
         self._redirects = HttpOnlyRedirects
         self._is_loopback = is_loopback
 
     def chunks(self, url: str) -> Iterator[bytes]:
         from tuf.api.exceptions import DownloadHTTPError
 
+        self.last_url = url
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme == "file":
             yield from self._file_chunks(Path(urllib.parse.unquote(parsed.path)))
@@ -69,6 +88,8 @@ class Fetcher:
         with response:
             if response.status != 200:
                 raise DownloadHTTPError(f"{url}: HTTP {response.status}", response.status)
+            announced = announced_length(response)
+            received = 0
             while True:
                 try:
                     block = response.read(CHUNK)
@@ -76,9 +97,14 @@ class Fetcher:
                     raise LocalpersError(f"{url}: download failed ({reason(exc)}); try again") from None
                 if not block:
                     break
+                received += len(block)
                 if self.on_bytes:
                     self.on_bytes(len(block))
                 yield block
+            # urllib ends a body quietly where the connection closed: python-tuf would then see a file
+            # shorter than signed and call it tampered, though only the network failed.
+            if announced is not None and received < announced:
+                raise LocalpersError(cut_short(url, received, announced, "try again"))
 
     def _file_chunks(self, path: Path) -> Iterator[bytes]:
         from tuf.api.exceptions import DownloadHTTPError
@@ -133,10 +159,16 @@ class Fetcher:
             )
             mode = "ab" if resumed else "wb"
             remaining = length - have if resumed else length
+            announced = announced_length(response)
             with partial.open(mode) as out:
-                self._copy_capped(response, out, remaining, url)
+                copied = self._copy_capped(response, out, remaining, url)
+        if announced is not None and copied < announced:  # the .partial stays for the next pull
+            start = have if resumed else 0
+            raise LocalpersError(cut_short(url, start + copied, length, "pull again to resume"))
 
-    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str) -> None:
+    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str) -> int:
+        """Copy `stream` to `out` until it ends; refuses more than `remaining` bytes. Returns the count."""
+        copied = 0
         while True:
             try:
                 block = stream.read(min(CHUNK, remaining + 1))
@@ -145,12 +177,13 @@ class Fetcher:
                     f"{url}: download failed ({reason(exc)}); pull again to resume"
                 ) from None
             if not block:
-                return
+                return copied
             if len(block) > remaining:
                 raise InputError(f"{url}: the server sends more than the signed length; refusing it")
             out.write(block)
             out.flush()
             remaining -= len(block)
+            copied += len(block)
             if self.on_bytes:
                 self.on_bytes(len(block))
 

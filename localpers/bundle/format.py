@@ -25,17 +25,21 @@ from localpers.bundle.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    PULL_HINT,
+    BundleProblem,
+    advising,
     parse_manifest,
     path_problem,
     validate_manifest,
 )
+from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import cache_dir
 from localpers.untrusted import JSONProblem, parse_json
 
 __all__ = [
     "FORMAT",
+    "BundleProblem",
+    "advising",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
@@ -49,6 +53,10 @@ __all__ = [
 ]
 
 PARTIAL_SUFFIX = ".partial"
+# What to do about a bundle directory the user gave (a copy, a publisher's output) that is refused.
+GIVEN_BUNDLE_ADVICE = "copy the bundle directory again from its publisher, or re-publish it"
+# ... and one a publisher is about to sign.
+PUBLISH_ADVICE = "build it again (`localpers publish`) or copy it again before signing it"
 CHUNK_SIZE = 1 << 20
 # --------------------------------------------------------------------------------------------------
 # Writing (publisher side)
@@ -106,23 +114,23 @@ def check_file(bundle_dir: Path, relative: str, entry: dict[str, Any]) -> None:
         resolved = path.resolve()
         info = path.stat()
     except FileNotFoundError:
-        raise InputError(f"{where}: listed in the manifest but missing; {PULL_HINT}") from None
+        raise BundleProblem(f"{where}: listed in the manifest but missing") from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
-        raise InputError(f"{where}: cannot be read ({exc}); {PULL_HINT}") from None
+        raise BundleProblem(f"{where}: cannot be read ({exc})") from None
     if not resolved.is_relative_to(root):
-        raise InputError(f"{where}: resolves outside the bundle (to {resolved}); refusing it")
+        raise BundleProblem(f"{where}: resolves outside the bundle (to {resolved}); refusing it")
     if not stat.S_ISREG(info.st_mode):
-        raise InputError(f"{where}: is not a regular file; {PULL_HINT}")
+        raise BundleProblem(f"{where}: is not a regular file")
     if info.st_size != entry["size"]:
-        raise InputError(
+        raise BundleProblem(
             f"{where}: size is {info.st_size} bytes, the manifest says {entry['size']};"
-            f" the file is damaged or was tampered with: {PULL_HINT}"
+            " the file is damaged or was tampered with"
         )
     digest = sha256_of_file(path)
     if digest != entry["sha256"]:
-        raise InputError(
+        raise BundleProblem(
             f"{where}: sha256 is {digest}, the manifest says {entry['sha256']};"
-            f" the file is damaged or was tampered with: {PULL_HINT}"
+            " the file is damaged or was tampered with"
         )
 
 
@@ -133,7 +141,7 @@ def read_manifest(bundle_dir: Path) -> dict[str, Any]:
         with path.open("rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        raise LocalpersError(
+        raise BundleProblem(
             f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
         ) from None
     except OSError as exc:
@@ -150,7 +158,7 @@ class Bundle:
 
     def _file(self, field: str, relative: object) -> Path:
         if not isinstance(relative, str):
-            raise LocalpersError(
+            raise BundleProblem(
                 f"bundle {self.directory}: manifest field '{field}' is missing; the bundle is incomplete:"
                 " re-publish it"
             )
@@ -180,7 +188,7 @@ class Bundle:
         wanted = [self.cluster_adapter_name(c) for c in range(self.k)]
         missing = [name for name in wanted if name not in self.adapter_names]
         if missing:
-            raise LocalpersError(
+            raise BundleProblem(
                 f"bundle {self.directory}: manifest field 'clusters.k' is {self.k}, but 'adapters' has no"
                 f" {', '.join(missing)}; re-pull the bundle"
             )
@@ -197,7 +205,7 @@ class Bundle:
     def k(self) -> int:
         value = (self.manifest.get("clusters") or {}).get("k")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LocalpersError(
+            raise BundleProblem(
                 f"bundle {self.directory}: manifest field 'clusters.k' is missing or not >= 1"
             )
         return value
@@ -306,11 +314,26 @@ def default_bundle_dir() -> Path:
 
 
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
-    """Verify and return the bundle at `path` (default: `default_bundle_dir()`)."""
-    directory = Path(path).expanduser() if path is not None else default_bundle_dir()
-    if not (directory / MANIFEST_NAME).is_file():
-        where = f"at {directory}" if path is not None else f"installed (looked in {directory})"
-        raise LocalpersError(
-            f"no bundle {where}: run `localpers pull URL` with the address of a served bundle, or pass a bundle directory"
-        )
-    return verify_bundle(directory, backbone_sha256=backbone_sha256)
+    """Verify and return the bundle at `path` (default: `default_bundle_dir()`; the pulled bundle's manifest
+    must still be the one `pull` recorded). A refusal says what to do for where the bundle came from."""
+    if path is not None:
+        directory = Path(path).expanduser()
+        if not directory.is_dir():
+            raise InputError(
+                f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"
+            )
+        with advising(GIVEN_BUNDLE_ADVICE):
+            return verify_bundle(directory, backbone_sha256=backbone_sha256)
+    installed = installed_bundle_dir(strict=True)
+    if installed is None:
+        directory = embedded_bundle_dir()
+        if not (directory / MANIFEST_NAME).is_file():
+            raise LocalpersError(
+                f"no bundle installed (looked in {directory}): run `localpers pull URL` with the address of a"
+                " signed repository (`localpers repo`), or give a bundle directory"
+            )
+        with advising("the demo bundle shipped with localpers is damaged: reinstall localpers"):
+            return verify_bundle(directory, backbone_sha256=backbone_sha256)
+    check_installed_manifest(installed)
+    with advising(f"pull it again with `{pull_command(installed)}`"):
+        return verify_bundle(installed, backbone_sha256=backbone_sha256)

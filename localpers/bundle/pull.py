@@ -42,10 +42,13 @@ from localpers.bundle.format import (
     CHUNK_SIZE,
     CURRENT_FILE,
     CURRENT_LINK,
+    GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     VERSIONS_DIR,
     Bundle,
+    BundleProblem,
+    advising,
     bundles_root,
     installed_bundle_dir,
     installed_bundle_with,
@@ -54,8 +57,9 @@ from localpers.bundle.format import (
     verify_bundle,
     write_bytes_atomically,
 )
-from localpers.bundle.signed import SignedSource
-from localpers.errors import LocalpersError
+from localpers.bundle.record import RECORD_SUFFIX, record_path, write_record
+from localpers.bundle.signed import SignedSource, checked_fingerprint
+from localpers.errors import InputError, LocalpersError
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -101,7 +105,7 @@ class DirectorySource:
         if directory.is_file() and directory.name == MANIFEST_NAME:
             directory = directory.parent
         if not (directory / MANIFEST_NAME).is_file():
-            raise LocalpersError(f"{directory}: no manifest.json there, so it is not a bundle directory")
+            raise BundleProblem(f"{directory}: no manifest.json there, so it is not a bundle directory")
         self.directory = directory
         self.root = directory.resolve()
         self.description = str(directory)
@@ -120,15 +124,15 @@ class DirectorySource:
             resolved = path.resolve()
             info = path.stat()
         except FileNotFoundError:
-            raise LocalpersError(
+            raise BundleProblem(
                 f"{path}: listed in the manifest but missing from the source bundle"
             ) from None
         except (OSError, RuntimeError) as exc:
             raise LocalpersError(f"{path}: cannot be read ({exc})") from None
         if not resolved.is_relative_to(self.root):
-            raise LocalpersError(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
+            raise BundleProblem(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
         if not stat.S_ISREG(info.st_mode):  # a FIFO or device would hang or never end
-            raise LocalpersError(f"{path}: is not a regular file; refusing it")
+            raise BundleProblem(f"{path}: is not a regular file; refusing it")
         with path.open("rb") as handle:
             yield handle
 
@@ -146,14 +150,17 @@ def open_source(
 
     Every URL is pulled as a signed repository: an unsigned bundle over the network is never trusted.
     """
+    if trust is not None:
+        trust = checked_fingerprint(trust)  # a malformed --trust is refused before anything is read
     if is_signed_repository(source):
         if unsigned:
             raise LocalpersError(f"{source}: --unsigned applies only to a local bundle directory")
         return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
     path = Path(source).expanduser()
     if not path.exists():
-        raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
-    directory = DirectorySource(path)
+        raise InputError(f"{source}: no such directory; give a repository directory or an http(s) URL")
+    with advising("give a signed repository's directory (`localpers repo`) or a bundle directory"):
+        directory = DirectorySource(path)
     if not unsigned:
         raise LocalpersError(
             f"{source}: an unsigned bundle directory; publish it into a signed repository with"
@@ -168,9 +175,7 @@ def _read_capped(stream: BinaryIO, limit: int, where: str) -> bytes:
     except (OSError, http.client.HTTPException) as exc:
         raise LocalpersError(f"{where}: reading failed ({exc}); try again") from None
     if len(data) >= limit:
-        raise LocalpersError(
-            f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle"
-        )
+        raise BundleProblem(f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle")
     return data
 
 
@@ -210,7 +215,7 @@ def _fetch_file(
                 break
             received += len(block)
             if received > expected_size:
-                raise LocalpersError(
+                raise BundleProblem(
                     f"{relative}: the source sends more than the {expected_size} bytes the manifest lists;"
                     f" refusing the bundle from {source.description}"
                 )
@@ -225,12 +230,12 @@ def _fetch_file(
         out.flush()
         os.fsync(out.fileno())
     if received != expected_size:
-        raise LocalpersError(
+        raise BundleProblem(
             f"{relative}: got {received} bytes from {where}, the manifest lists {expected_size};"
-            " the transfer was cut short or the file is not the published one"
+            " the file is cut short or not the one the manifest lists"
         )
     if digest.hexdigest() != entry["sha256"]:
-        raise LocalpersError(
+        raise BundleProblem(
             f"{relative}: sha256 of the downloaded file is {digest.hexdigest()}, the manifest says"
             f" {entry['sha256']}; the file at {where} is damaged or was tampered with"
         )
@@ -350,11 +355,25 @@ def switch_current(root: Path, version: str) -> None:
     (root / CURRENT_FILE).unlink(missing_ok=True)
 
 
+def _record(
+    source: BundleSource | SignedSource, version_dir: Path, given: str, manifest_bytes: bytes
+) -> None:
+    """Record the manifest installed as `version_dir` (its signed target hash where signed) and the source."""
+    signed = isinstance(source, SignedSource)
+    sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
+    where = given if "://" in given else str(Path(given).expanduser().resolve())
+    write_record(version_dir, sha256, where, signed=signed)
+
+
 def _prune_versions(versions: Path, keep: set[str]) -> None:
-    """Delete installed versions except `keep` (the new one and the one it replaced)."""
+    """Delete installed versions except `keep` (the new one and the one it replaced), with their records."""
     for entry in versions.iterdir():
-        if entry.name not in keep:
+        if entry.name.removesuffix(RECORD_SUFFIX) in keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def pull_bundle(
@@ -403,7 +422,10 @@ def pull_bundle(
     )
     root = bundles_root()
     versions = root / VERSIONS_DIR
-    with _pull_lock(root):
+    # A signed manifest's faults are the publisher's; a plain directory's, its copy's.
+    signed = isinstance(bundle_source, SignedSource)
+    advice = "the publisher must re-publish it (`localpers repo add`)" if signed else GIVEN_BUNDLE_ADVICE
+    with _pull_lock(root), advising(advice):
         _remove_stale_staging(root)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
         try:
@@ -437,12 +459,15 @@ def pull_bundle(
                     _check_staged(staged, bundle_source, check_content, manifest["backbone"]["sha256"])
                 versions.mkdir(exist_ok=True)
                 version = _new_version_name(versions, manifest_bytes)
+                _record(bundle_source, versions / version, source, manifest_bytes)
                 os.replace(staging, versions / version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         if unchanged is not None:
             shutil.rmtree(staging, ignore_errors=True)
+            if not record_path(unchanged).exists():  # installed by a localpers that kept no record
+                _record(bundle_source, unchanged, source, manifest_bytes)
             return PullResult(
                 directory=unchanged,
                 version=unchanged.name,

@@ -268,9 +268,10 @@ def add_bundle(
 ) -> int:
     """Publish the bundle at `bundle_dir` (verified first) as the repository's bundle targets, replacing
     the previous bundle's; signs new targets, snapshot and timestamp. Returns the new targets version."""
-    from localpers.bundle.format import MANIFEST_NAME, verify_bundle
+    from localpers.bundle.format import MANIFEST_NAME, PUBLISH_ADVICE, advising, verify_bundle
 
-    bundle = verify_bundle(Path(bundle_dir))
+    with advising(PUBLISH_ADVICE):
+        bundle = verify_bundle(Path(bundle_dir))
     repo = load_repository(Path(repo_dir))
     kept = {
         path: info for path, info in repo.targets.signed.targets.items() if not path.startswith(BUNDLE_PREFIX)

@@ -37,9 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from localpers import __version__
-from localpers.bundle.format import CHUNK_SIZE, MANIFEST_NAME, Bundle, verify_bundle
+from localpers.bundle.format import (
+    CHUNK_SIZE,
+    GIVEN_BUNDLE_ADVICE,
+    MANIFEST_NAME,
+    Bundle,
+    advising,
+    verify_bundle,
+)
 from localpers.bundle.repository import METADATA_DIR, TARGETS_DIR
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 
 logger = logging.getLogger("localpers.bundle.serve")
@@ -433,10 +440,15 @@ def make_server(
 ) -> BundleServer:
     """Bind a server (not yet serving) for a repository directory, or a bundle directory it verifies."""
     directory = Path(bundle_dir)
+    if not directory.is_dir():
+        raise InputError(
+            f"{directory}: no such directory; give a repository (`localpers repo init`) or a bundle directory"
+        )
     if (directory / METADATA_DIR / "1.root.json").is_file():
         bundle, files = None, repository_files(directory)
     else:
-        bundle, files = verify_bundle(directory), None
+        with advising(GIVEN_BUNDLE_ADVICE):
+            bundle, files = verify_bundle(directory), None
     try:
         return BundleServer(bundle, host, port, max_connections=max_connections, files=files)
     except OSError as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import importlib.resources
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -55,6 +56,17 @@ def root_fingerprint(root_bytes: bytes, origin: str) -> str:
     except Exception as exc:  # python-tuf raises several types for malformed metadata
         raise InputError(f"{origin}: not valid TUF root metadata ({reason(exc)})") from None
     return keyids[0]
+
+
+def checked_fingerprint(trust: str) -> str:
+    """`--trust`'s argument as a lowercase fingerprint; InputError unless it is 64 hex digits."""
+    fingerprint = trust.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", fingerprint):
+        raise InputError(
+            f"--trust {one_line(trust, 80)!r} is not a fingerprint: give the 64 hex digits your publisher's"
+            " `localpers repo fingerprint` printed"
+        )
+    return fingerprint
 
 
 def trust_store(fingerprint: str) -> Path:
@@ -115,9 +127,12 @@ def choose_trusted_root(
     if trust is None and confirm is not None and confirm(fingerprint):
         trust = fingerprint
     if trust is None:
+        # Never a ready-made --trust command: whoever runs the server chose this key.
         raise LocalpersError(
-            f"{base} is signed by publisher key {fingerprint}, which this device does not trust yet; if that"
-            f" is your publisher's fingerprint, pull again with --trust {fingerprint}"
+            f"{base} is signed by publisher key {fingerprint}, which this device does not trust yet; the repository"
+            " itself names that key, so compare it with the fingerprint your publisher gave you another way (not"
+            " from this repository) and only if they match, pull again with --trust and the fingerprint from your"
+            " publisher"
         )
     if trust.strip().lower() != fingerprint:
         raise LocalpersError(
@@ -165,17 +180,25 @@ class SignedSource:
 
         self.base = repository_base(source)
         self.description = self.base
+        self.manifest_sha256 = ""  # the signed target hash of bundle/manifest.json, once read
         self.fetcher = Fetcher(timeout, on_bytes)
         self.fingerprint, store = choose_trusted_root(self.fetcher, self.base, trust, confirm)
-        self._updater = Updater(
-            metadata_dir=str(store),
-            metadata_base_url=f"{self.base}{METADATA_DIR}/",
-            target_base_url=f"{self.base}{TARGETS_DIR}/",
-            fetcher=self.fetcher.as_tuf_fetcher(),
-            bootstrap=None,
-        )
+        with self._tuf_errors(str(store / "root.json")):  # the root this device trusts, damaged on disk
+            self._updater = Updater(
+                metadata_dir=str(store),
+                metadata_base_url=f"{self.base}{METADATA_DIR}/",
+                target_base_url=f"{self.base}{TARGETS_DIR}/",
+                fetcher=self.fetcher.as_tuf_fetcher(),
+                bootstrap=None,
+            )
         with self._tuf_errors(f"{self.base}{METADATA_DIR}/"):
             self._updater.refresh()
+
+    def _failed_file(self, where: str) -> str:
+        """`where`, or for the metadata folder the metadata file python-tuf fetched last (the one it refused:
+        it checks each file as it arrives). A trusted copy on this device is not named this way."""
+        last = self.fetcher.last_url
+        return last if where.endswith(f"/{METADATA_DIR}/") and last.startswith(where) else where
 
     @contextlib.contextmanager
     def _tuf_errors(self, where: str) -> Iterator[None]:
@@ -187,30 +210,33 @@ class SignedSource:
             raise
         except exceptions.ExpiredMetadataError as exc:
             raise InputError(
-                f"{where}: signed metadata has expired ({one_line(str(exc), 200)}); the repository is stale or"
-                " frozen by an attacker: ask the publisher to run `localpers repo refresh`"
+                f"{self._failed_file(where)}: signed metadata has expired ({one_line(str(exc), 200)}); the"
+                " repository is stale or frozen by an attacker: ask the publisher to run `localpers repo refresh`"
             ) from None
         except exceptions.BadVersionNumberError as exc:
             raise InputError(
-                f"{where}: metadata is older than what this device already trusts ({one_line(str(exc), 200)});"
-                " refusing a rollback"
+                f"{self._failed_file(where)}: metadata is older than what this device already trusts"
+                f" ({one_line(str(exc), 200)}); refusing a rollback"
             ) from None
         except exceptions.LengthOrHashMismatchError as exc:
             raise InputError(
-                f"{where}: a file does not match its signed length or hash ({one_line(str(exc), 200)});"
-                " it was tampered with or damaged"
+                f"{self._failed_file(where)}: a file does not match its signed length or hash"
+                f" ({one_line(str(exc), 200)}); it was tampered with or damaged"
             ) from None
         except exceptions.DownloadLengthMismatchError as exc:
             raise InputError(
-                f"{where}: the server sends more than the signed length ({one_line(str(exc), 200)})"
+                f"{self._failed_file(where)}: the server sends more than the signed length"
+                f" ({one_line(str(exc), 200)})"
             ) from None
         except exceptions.RepositoryError as exc:
-            raise InputError(f"{where}: signed metadata refused ({reason(exc)})") from None
+            raise InputError(f"{self._failed_file(where)}: signed metadata refused ({reason(exc)})") from None
         except exceptions.DownloadError as exc:
             cause = exc.__cause__ or exc
             if isinstance(cause, LocalpersError):  # raised by our fetcher, wrapped by python-tuf
                 raise cause from None
-            raise LocalpersError(f"{where}: download failed ({reason(cause)}); try again") from None
+            raise LocalpersError(
+                f"{self._failed_file(where)}: download failed ({reason(cause)}); try again"
+            ) from None
         except (OSError, http.client.HTTPException) as exc:
             raise LocalpersError(f"{where}: {reason(exc)}") from None
 
@@ -232,6 +258,7 @@ class SignedSource:
         from localpers.bundle.format import MANIFEST_NAME
 
         info = self._target(MANIFEST_NAME)
+        self.manifest_sha256 = str(info.hashes.get("sha256", ""))  # recorded by pull beside the install
         with tempfile.TemporaryDirectory() as scratch:
             target = Path(scratch) / MANIFEST_NAME
             with self._tuf_errors(self.where(MANIFEST_NAME)):

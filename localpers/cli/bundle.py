@@ -7,15 +7,19 @@ only parse options, show progress and print results; the work is in `localpers.b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from localpers.errors import LocalpersError
+from localpers.untrusted import one_line
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 ModelOption = Annotated[
@@ -225,12 +229,25 @@ def _origin_of(directory: Path | None) -> str:
     return "pulled" if installed_bundle_dir() is not None else "embedded demo"
 
 
+@contextlib.contextmanager
+def _verdict_on_stdout(as_json: bool) -> Iterator[None]:
+    """With --json, a refusal also goes to stdout as `{"ok": false, "error": ...}` for scripts (the one-line
+    error on stderr and the exit code stay)."""
+    try:
+        yield
+    except LocalpersError as exc:
+        if as_json:
+            typer.echo(json.dumps({"ok": False, "error": one_line(str(exc))}))
+        raise
+
+
 def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> None:
     """Show what a bundle contains (its files are verified; the backbone is not resolved)."""
     from localpers.bundle.format import open_bundle
 
-    bundle = open_bundle(directory)
-    report = _describe(bundle, _origin_of(directory))
+    with _verdict_on_stdout(as_json):
+        bundle = open_bundle(directory)
+    report = {"ok": True, **_describe(bundle, _origin_of(directory))}
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -267,13 +284,14 @@ def verify(
     from localpers.methods.card.bundle_content import check_bundle_content
 
     backbone = None
-    if not skip_backbone:
-        from localpers.engine.backbone import resolve_backbone
+    with _verdict_on_stdout(as_json):
+        if not skip_backbone:
+            from localpers.engine.backbone import resolve_backbone
 
-        backbone = resolve_backbone(model)
-    started = time.perf_counter()
-    bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
-    check_bundle_content(bundle, backbone.path if backbone else None)
+            backbone = resolve_backbone(model)
+        started = time.perf_counter()
+        bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
+        check_bundle_content(bundle, backbone.path if backbone else None)
     seconds = time.perf_counter() - started
     if as_json:
         payload = {

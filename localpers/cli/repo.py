@@ -61,12 +61,13 @@ def add(
 ) -> None:
     """Publish a bundle: check it as devices will, copy its files as signed targets and sign new targets,
     snapshot and timestamp."""
-    from localpers.bundle.format import verify_bundle
+    from localpers.bundle.format import PUBLISH_ADVICE, advising, verify_bundle
     from localpers.bundle.repository import add_bundle
     from localpers.engine.backbone import backbone_with_sha256
     from localpers.methods.card.bundle_content import check_bundle_content
 
-    verified = verify_bundle(bundle)
+    with advising(PUBLISH_ADVICE):
+        verified = verify_bundle(bundle)
     backbone = backbone_with_sha256(verified.backbone_sha256, model)
     check_bundle_content(verified, backbone)  # signing a bundle every device refuses helps no one
     if backbone is None:

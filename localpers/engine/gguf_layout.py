@@ -89,7 +89,9 @@ def gguf_layout(path: Path) -> GGUFLayout:
         raise LocalpersError(f"cannot read {path}: {exc}") from exc
     try:
         return _HeaderReader(memoryview(data)).layout()
-    except (struct.error, ValueError, KeyError, UnicodeDecodeError, RecursionError, OverflowError) as exc:
+    except struct.error as exc:  # only raised by a read past the end: Python's wording says nothing to a user
+        raise LocalpersError(f"{path} is truncated ({len(data)} bytes): not a complete GGUF file") from exc
+    except (ValueError, KeyError, UnicodeDecodeError, RecursionError, OverflowError) as exc:
         raise LocalpersError(f"{path} is not a GGUF file localpers can read ({exc})") from exc
 
 

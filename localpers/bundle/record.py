@@ -1,0 +1,84 @@
+"""What `pull` records beside each installed version, so that the installed bundle's manifest stays the pulled one.
+
+The per-file sha256 checks cover the files a manifest lists, not the manifest itself: an installed
+`manifest.json` edited on disk (new hashes, a changed `head.alpha`) would pass them. `pull` therefore writes
+`versions/<id>.pulled.json` (the signed manifest's sha256, the TUF target hash, and where it came from) before it
+renames the staged bundle into `versions/<id>`, and `check_installed_manifest` refuses the installed bundle when
+its manifest no longer has that hash. A version pulled by a localpers that wrote no record is not checked (the
+next pull that finds it up to date writes one). Bundles given as a directory have no record: they are checked
+against their own manifest only, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from localpers.atomic import atomic_write_bytes
+from localpers.bundle.manifest import MANIFEST_NAME
+from localpers.errors import InputError
+from localpers.untrusted import JSONProblem, one_line, parse_json
+
+RECORD_SUFFIX = ".pulled.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def record_path(version_dir: Path) -> Path:
+    """`versions/<id>.pulled.json` for the installed version `versions/<id>`."""
+    return version_dir.with_name(version_dir.name + RECORD_SUFFIX)
+
+
+def write_record(version_dir: Path, manifest_sha256: str, source: str, *, signed: bool) -> None:
+    """Record which manifest `pull` installed as `version_dir` (written before the directory is renamed in)."""
+    document = {"manifest_sha256": manifest_sha256, "source": source, "signed": signed}
+    atomic_write_bytes(record_path(version_dir), json.dumps(document).encode())
+
+
+def _pull_command(record: object) -> str:
+    source = record.get("source") if isinstance(record, dict) else None
+    if not isinstance(source, str) or not source:
+        return "localpers pull URL"
+    signed = record.get("signed", True) if isinstance(record, dict) else True
+    return f"localpers pull {one_line(source, 200)}" + ("" if signed else " --unsigned")
+
+
+def pull_command(version_dir: Path) -> str:
+    """The command that pulls the installed bundle at `version_dir` again (`localpers pull URL` if unknown)."""
+    try:
+        return _pull_command(parse_json(record_path(version_dir).read_bytes()))
+    except (OSError, JSONProblem):
+        return "localpers pull URL"
+
+
+def check_installed_manifest(version_dir: Path) -> None:
+    """Refuse the installed bundle at `version_dir` if its manifest.json is not the one `pull` recorded."""
+    path = record_path(version_dir)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return  # installed by a localpers that kept no record
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror}); run `localpers pull URL` again") from None
+    try:
+        record = parse_json(data)
+    except JSONProblem:
+        record = None
+    expected = record.get("manifest_sha256") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(expected, str) or not _SHA256.fullmatch(expected):
+        raise InputError(
+            f"{path}: the record of the installed bundle is damaged; run `localpers pull URL` again"
+        )
+    manifest = version_dir / MANIFEST_NAME
+    try:
+        actual = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise InputError(
+            f"{manifest}: cannot be read ({exc.strerror}); run `{_pull_command(record)}` again"
+        ) from None
+    if actual != expected:
+        raise InputError(
+            f"the installed bundle's manifest.json ({manifest}) changed since it was pulled; run"
+            f" `{_pull_command(record)}` again"
+        )
