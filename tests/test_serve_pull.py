@@ -721,6 +721,10 @@ def test_malformed_arguments_exit_2_saying_what_is_wrong(bundle_dir: Path, fake_
         assert code == 2 and "'nothex' is not a fingerprint: give the 64 hex digits" in err
     code, _, err = run_cli("pull", str(bundle_dir.parent / "nonexistent"), "--model", str(fake_backbone))
     assert code == 2 and "no such directory" in err
+    code, _, err = run_cli("pull", "ftp://example.org/bundle", "--model", str(fake_backbone))
+    assert code == 2 and "only http://, https:// or a local directory" in err
+    code, _, err = run_cli("pull", str(bundle_dir), "--timeout", "inf", "--model", str(fake_backbone))
+    assert code == 2 and "--timeout must be a finite number" in err
 
 
 def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bundle_dir: Path) -> None:

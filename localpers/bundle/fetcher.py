@@ -208,7 +208,7 @@ def repository_base(source: str) -> str:
         path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
         return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
     if "://" in source:
-        raise LocalpersError(f"{source}: only http://, https:// or a local directory can be pulled")
+        raise InputError(f"{source}: only http://, https:// or a local directory can be pulled")
     directory = Path(source).expanduser().resolve()
     if not directory.is_dir():
         raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")

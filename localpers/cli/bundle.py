@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli.numbers import float_option
 from localpers.errors import LocalpersError
 from localpers.untrusted import one_line
 
@@ -76,7 +77,9 @@ def pull(
         str, typer.Argument(help="http(s) URL or directory of a signed repository (`localpers repo`).")
     ],
     model: ModelOption = None,
-    timeout: Annotated[float, typer.Option(min=1.0, help="Network timeout in seconds.")] = 30.0,
+    timeout: Annotated[
+        float, float_option("--timeout", low=1.0, high=3600.0, help="Network timeout in seconds.")
+    ] = 30.0,
     trust: Annotated[
         str | None,
         typer.Option(
