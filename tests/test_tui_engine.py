@@ -82,7 +82,7 @@ def test_tui_command_refuses_a_missing_bundle_and_a_non_terminal(
     missing = runner.invoke(
         cli_app, ["tui", "--model", str(backbone.path), "--bundle", str(tmp_path / "none")]
     )
-    assert missing.exit_code == 1 and "no bundle at" in missing.output
+    assert missing.exit_code == 2 and "none: no such directory" in missing.output
     assert "Traceback" not in missing.output
     unknown = runner.invoke(
         cli_app, ["tui", "--model", str(backbone.path), "--bundle", str(bundle_dir), "--user", "ghost"]
