@@ -19,7 +19,14 @@ from safetensors.numpy import load_file, save_file
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.bundle.format import MANIFEST_NAME, installed_bundle_dir, verify_bundle, write_manifest
+from localpers.bundle.format import (
+    MANIFEST_NAME,
+    embedded_bundle_dir,
+    installed_bundle_dir,
+    repair_advice,
+    verify_bundle,
+    write_manifest,
+)
 from localpers.cli import app
 from localpers.engine.adapters import check_lora_adapter, linear_shapes, write_lora_gguf
 from localpers.engine.backbone import Backbone
@@ -150,11 +157,14 @@ def test_damaged_content_is_refused_by_verify_and_by_pull_keeping_the_previous_b
         and verified.stderr.count("\n") == 1
         and names in verified.stderr
     )
+    # A directory the user gave: copied again or re-published, never "re-pull" (it was never pulled).
+    assert "copy the bundle directory again" in verified.stderr
+    assert "re-pull" not in verified.stderr and "pull it again" not in verified.stderr
 
     pulled = runner.invoke(app, ["pull", "--unsigned", str(bundle), "--model", str(backbone.path)])
     assert pulled.exit_code == 2 and pulled.stderr.count("\n") == 1 and names in pulled.stderr
     assert str(bundle) in pulled.stderr and ".staging-" not in pulled.stderr
-    assert "nothing was installed" in pulled.stderr
+    assert "nothing was installed" in pulled.stderr and "copy the bundle directory again" in pulled.stderr
     assert installed_bundle_dir() == previous
     assert not [p for p in previous.parent.parent.iterdir() if p.name.startswith(".staging-")]
 
@@ -227,6 +237,7 @@ def test_a_command_given_a_damaged_bundle_directory_refuses_it_before_loading_th
         rewritten.stderr.count("\n") == 1
         and "global.gguf" in rewritten.stderr
         and "not finite" in rewritten.stderr
+        and "copy the bundle directory again" in rewritten.stderr
     )
 
 
@@ -247,6 +258,7 @@ def test_doctor_reports_the_bundle_in_use_and_what_its_check_found(bundle: Path,
     assert damaged.exit_code == 0  # doctor reports; it does not stop at the first problem
     line = next(line for line in damaged.stdout.splitlines() if line.startswith("  content"))
     assert "refused:" in line and "head.safetensors" in line
+    assert f"pull it again with `localpers pull {bundle} --unsigned`" in line  # where it was pulled from
 
 
 def test_repo_add_refuses_to_sign_a_bundle_devices_would_refuse(
@@ -262,6 +274,7 @@ def test_repo_add_refuses_to_sign_a_bundle_devices_would_refuse(
     rehash(bundle)
     refused = runner.invoke(app, ["repo", "add", str(repo), str(bundle), "--keys", str(keys)])
     assert refused.exit_code == 2 and refused.stderr.count("\n") == 1 and "cluster-0.gguf" in refused.stderr
+    assert "build it again (`localpers publish`)" in refused.stderr and "re-pull" not in refused.stderr
     assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == signed_before  # nothing signed
 
     shutil.rmtree(bundle)
@@ -337,3 +350,16 @@ def test_the_installed_bundle_is_read_once_per_manifest_backbone_and_revision(
     use(bundle)
     use(bundle)
     assert reads[4:] == [bundle, bundle]  # a directory given on the command line: every time
+
+
+def test_what_to_do_about_a_bad_bundle_depends_on_where_it_came_from(
+    bundle: Path, backbone: Backbone
+) -> None:
+    """The pulled bundle is pulled again from its recorded source, the demo bundle comes with a reinstall, and
+    a directory given on the command line is copied again or re-published (it was never pulled)."""
+    assert repair_advice(bundle).startswith("copy the bundle directory again")
+    assert "reinstall localpers" in repair_advice(embedded_bundle_dir())
+    pulled = CliRunner().invoke(app, ["pull", "--unsigned", str(bundle), "--model", str(backbone.path)])
+    assert pulled.exit_code == 0, pulled.stderr
+    assert repair_advice(installed_bundle_dir()) == f"pull it again with `localpers pull {bundle} --unsigned`"
+    assert repair_advice(bundle).startswith("copy the bundle directory again")  # the source is not the copy

@@ -123,7 +123,7 @@ def test_a_head_file_that_cannot_serve_the_config_is_one_line_naming_it(
     assert CardHead.load(path, head.config, head.embeddings).P.shape == (2, 6)  # the file as saved loads
     tensors = {"P": head.P, "default_vectors": head.default_vectors, "Q": head.Q, **change}
     save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, str(path))
-    with pytest.raises(LocalpersError, match=f"head.safetensors: {message}.*re-pull the bundle"):
+    with pytest.raises(LocalpersError, match=f"head.safetensors: {message}"):
         CardHead.load(path, head.config, head.embeddings)
 
 
@@ -156,7 +156,7 @@ def test_centroids_that_cannot_assign_a_cluster_are_one_line_naming_the_file(
     save_file({"centroids": np.ones((3, 384), np.float32)}, str(path))
     assert read_centroids(path, k=3).shape == (3, 384)
     save_file({"centroids": centroids}, str(path))
-    with pytest.raises(LocalpersError, match=f"centroids.safetensors: {message}; re-pull"):
+    with pytest.raises(LocalpersError, match=f"centroids.safetensors: {message}"):
         read_centroids(path, k=3)
 
 
@@ -184,7 +184,7 @@ def test_head_fields_no_head_can_serve_are_refused_in_one_line(
     field: str, value: object, message: str
 ) -> None:
     entry = {**HeadConfig(d=8, layers=(14, 15, 16, 17), alpha=0.07).to_manifest(), field: value}
-    with pytest.raises(LocalpersError, match=f"bundle manifest field {message}.*re-pull the bundle"):
+    with pytest.raises(LocalpersError, match=f"bundle manifest field {message}"):
         HeadConfig.from_manifest(entry)
 
 

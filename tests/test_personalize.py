@@ -538,5 +538,8 @@ def test_a_bundle_missing_a_cluster_adapter_is_refused_before_the_model_loads(
     manifest.pop("files")
     manifest["clusters"]["k"] = 3
     write_manifest(copy, manifest)
-    with pytest.raises(LocalpersError, match=r"'clusters.k' is 3, but 'adapters' has no cluster-2; re-pull"):
+    with pytest.raises(
+        LocalpersError, match=r"'clusters.k' is 3, but 'adapters' has no cluster-2; copy the"
+    ) as refused:
         Personalizer(open_bundle(copy, backbone_sha256=backbone.sha256), backbone)
+    assert refused.value.exit_code == 2  # a directory given, never pulled: copied again, not "re-pull"

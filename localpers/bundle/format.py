@@ -10,11 +10,13 @@ loads adapters, heads or centroids (it only hands out their verified paths).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from localpers.bundle.manifest import (
     validate_manifest,
 )
 from localpers.bundle.record import check_installed_manifest, pull_command
-from localpers.errors import InputError, LocalpersError
+from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.paths import cache_dir
 from localpers.untrusted import JSONProblem, parse_json
 
@@ -45,6 +47,8 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "Bundle",
     "open_bundle",
+    "reading_bundle",
+    "repair_advice",
     "parse_manifest",
     "path_problem",
     "validate_manifest",
@@ -159,8 +163,7 @@ class Bundle:
     def _file(self, field: str, relative: object) -> Path:
         if not isinstance(relative, str):
             raise BundleProblem(
-                f"bundle {self.directory}: manifest field '{field}' is missing; the bundle is incomplete:"
-                " re-publish it"
+                f"bundle {self.directory}: manifest field '{field}' is missing; the bundle is incomplete"
             )
         return self.directory / relative
 
@@ -190,7 +193,7 @@ class Bundle:
         if missing:
             raise BundleProblem(
                 f"bundle {self.directory}: manifest field 'clusters.k' is {self.k}, but 'adapters' has no"
-                f" {', '.join(missing)}; re-pull the bundle"
+                f" {', '.join(missing)}"
             )
 
     @property
@@ -313,6 +316,32 @@ def default_bundle_dir() -> Path:
     return installed_bundle_dir(strict=True) or embedded_bundle_dir()
 
 
+def repair_advice(directory: Path) -> str:
+    """What to do about a bad file in the bundle at `directory`, for where it came from: the pulled bundle is
+    pulled again (from its recorded source), the embedded demo bundle comes with a reinstall, any other
+    directory (`--bundle DIR`) is copied again or re-published."""
+    resolved = Path(directory).resolve()
+    installed = installed_bundle_dir()
+    if installed is not None and installed.resolve() == resolved:
+        return f"pull it again with `{pull_command(installed)}`"
+    if embedded_bundle_dir().resolve() == resolved:
+        return "the demo bundle shipped with localpers is damaged: reinstall localpers"
+    return GIVEN_BUNDLE_ADVICE
+
+
+@contextlib.contextmanager
+def reading_bundle(bundle: Bundle) -> Iterator[None]:
+    """Around code that reads `bundle`'s files (manifest entries, adapters, head, centroids): a refusal raised
+    inside leaves as one line with what to do for where the bundle came from (`repair_advice`), exit code 2.
+    A file that could not be written (`StorageError`) is not the bundle's fault and leaves unchanged."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except LocalpersError as exc:
+        raise InputError(f"{exc}; {repair_advice(bundle.directory)}") from None
+
+
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
     """Verify and return the bundle at `path` (default: `default_bundle_dir()`; the pulled bundle's manifest
     must still be the one `pull` recorded). A refusal says what to do for where the bundle came from."""
@@ -322,7 +351,7 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
             raise InputError(
                 f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"
             )
-        with advising(GIVEN_BUNDLE_ADVICE):
+        with advising(repair_advice(directory)):
             return verify_bundle(directory, backbone_sha256=backbone_sha256)
     installed = installed_bundle_dir(strict=True)
     if installed is None:
@@ -332,8 +361,8 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
                 f"no bundle installed (looked in {directory}): run `localpers pull URL` with the address of a"
                 " signed repository (`localpers repo`), or give a bundle directory"
             )
-        with advising("the demo bundle shipped with localpers is damaged: reinstall localpers"):
+        with advising(repair_advice(directory)):
             return verify_bundle(directory, backbone_sha256=backbone_sha256)
     check_installed_manifest(installed)
-    with advising(f"pull it again with `{pull_command(installed)}`"):
+    with advising(repair_advice(installed)):
         return verify_bundle(installed, backbone_sha256=backbone_sha256)

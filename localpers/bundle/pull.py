@@ -322,6 +322,8 @@ def _check_staged(
         staging = re.escape(str(staged.directory))
         message = re.sub(staging + r"/([^\s:;,]+)", lambda match: source.where(match.group(1)), str(exc))
         message = re.sub(staging, lambda _: source.description, message) + " (nothing was installed)"
+        if isinstance(exc, BundleProblem):  # the bundle's content: the pull adds what to do about it
+            raise BundleProblem(message) from exc
         raise LocalpersError(message, exit_code=exc.exit_code) from exc
 
 

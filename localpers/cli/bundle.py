@@ -283,7 +283,7 @@ def verify(
 ) -> None:
     """Check a bundle against every rule in docs/BUNDLE.md, its files' content included; exit 2 naming the
     first file or field that fails."""
-    from localpers.bundle.format import open_bundle
+    from localpers.bundle.format import advising, open_bundle, repair_advice
     from localpers.methods.card.bundle_content import check_bundle_content
 
     backbone = None
@@ -294,7 +294,8 @@ def verify(
             backbone = resolve_backbone(model)
         started = time.perf_counter()
         bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
-        check_bundle_content(bundle, backbone.path if backbone else None)
+        with advising(repair_advice(bundle.directory)):
+            check_bundle_content(bundle, backbone.path if backbone else None)
     seconds = time.perf_counter() - started
     if as_json:
         payload = {

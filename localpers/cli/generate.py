@@ -123,14 +123,22 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
 
 def _bundle_status(backbone: Backbone) -> dict[str, Any]:
     """The bundle commands would use, and whether its files and content pass what `pull` checks."""
-    from localpers.bundle.format import default_bundle_dir, installed_bundle_dir, open_bundle
+    from localpers.bundle.format import (
+        advising,
+        default_bundle_dir,
+        installed_bundle_dir,
+        open_bundle,
+        repair_advice,
+    )
     from localpers.methods.card.bundle_content import check_bundle_content
 
     status: dict[str, Any] = {"directory": "?", "origin": "?"}
     try:
         status["origin"] = "pulled" if installed_bundle_dir() is not None else "embedded demo"
         status["directory"] = str(default_bundle_dir())
-        check_bundle_content(open_bundle(None, backbone_sha256=backbone.sha256), backbone.path)
+        bundle = open_bundle(None, backbone_sha256=backbone.sha256)
+        with advising(repair_advice(bundle.directory)):
+            check_bundle_content(bundle, backbone.path)
     except LocalpersError as exc:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"

@@ -69,7 +69,8 @@ def add(
     with advising(PUBLISH_ADVICE):
         verified = verify_bundle(bundle)
     backbone = backbone_with_sha256(verified.backbone_sha256, model)
-    check_bundle_content(verified, backbone)  # signing a bundle every device refuses helps no one
+    with advising(PUBLISH_ADVICE):
+        check_bundle_content(verified, backbone)  # signing a bundle every device refuses helps no one
     if backbone is None:
         typer.echo(
             f"note: the backbone {bundle} names is not here (give it with --model), so the adapters were not"

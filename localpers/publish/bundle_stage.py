@@ -10,7 +10,6 @@ left with NaN, say) is not installed, and OUT keeps what it had. Nothing here tr
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,9 +143,8 @@ def check_as_devices_will(staging: Path, backbone: Path, out: Path) -> None:
     try:
         check_bundle_content(verify_bundle(staging), backbone)
     except LocalpersError as exc:
-        problem = re.sub(r";\s*re-pull[^;]*$", "", str(exc))  # device advice; the publisher's is below
         raise LocalpersError(
-            f"this publish built a bundle devices would refuse ({problem}); it was not installed in {out}:"
+            f"this publish built a bundle devices would refuse ({exc}); it was not installed in {out}:"
             " rerun from the stage that wrote the file (`--from-stage`, for example `--from-stage head`)"
         ) from exc
 

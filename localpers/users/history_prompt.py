@@ -103,14 +103,12 @@ class PromptFormat:
         if entry is None:
             return None
         if not isinstance(entry, dict) or entry.get("format") != FORMAT_NAME:
-            raise LocalpersError(
-                f"{where}: field 'prompt' is not a {FORMAT_NAME!r} entry; re-pull the bundle"
-            )
+            raise LocalpersError(f"{where}: field 'prompt' is not a {FORMAT_NAME!r} entry")
         version, examples = entry.get("version"), entry.get("examples")
         if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
             raise LocalpersError(
                 f"{where}: prompt format version {version!r} is not supported (this localpers reads versions"
-                f" {', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade localpers"
+                f" {', '.join(map(str, SUPPORTED_VERSIONS))}; a newer localpers may read it)"
             )
         if not _whole(examples) or not 1 <= examples <= 20:
             raise LocalpersError(f"{where}: field 'prompt.examples' must be a whole number from 1 to 20")

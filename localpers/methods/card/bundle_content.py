@@ -25,8 +25,11 @@ from localpers.bundle.format import (
     CURRENT_LINK,
     MANIFEST_NAME,
     Bundle,
+    BundleProblem,
+    advising,
     bundles_root,
     installed_bundle_dir,
+    repair_advice,
     sha256_of_file,
 )
 from localpers.engine.adapters import check_lora_adapter
@@ -53,8 +56,8 @@ def backbone_shape(layout: GGUFLayout) -> tuple[int, int]:
 
 def check_bundle_content(bundle: Bundle, backbone: Path | None) -> None:
     """Refuse a bundle whose content a device could not use with `backbone` (None: the checks that need no
-    backbone). Raises `InputError` (bad content from outside, exit code 2) with one line naming the file or
-    field."""
+    backbone). Raises `BundleProblem` (bad content from outside, exit code 2) with one line naming the file or
+    field; the caller, which knows where the bundle came from, adds what to do (`advising`)."""
     layout = (
         gguf_layout(backbone) if backbone is not None else None
     )  # a bad backbone is not the bundle's fault
@@ -64,7 +67,7 @@ def check_bundle_content(bundle: Bundle, backbone: Path | None) -> None:
         message = str(exc)
         if str(bundle.directory) not in message:  # a manifest field's error: say which manifest
             message = f"{bundle.directory / MANIFEST_NAME}: {message}"
-        raise InputError(message) from exc
+        raise BundleProblem(message) from exc
 
 
 # Raise it whenever `check_bundle_content` starts refusing something an earlier localpers let through: bundles
@@ -82,7 +85,8 @@ def check_bundle_before_use(bundle: Bundle, backbone: Path, *, given: bool) -> N
     today's rules. The embedded demo bundle is not read (0.3 s a start spent on the package's own files).
     """
     if given:
-        check_bundle_content(bundle, backbone)
+        with advising(repair_advice(bundle.directory)):
+            check_bundle_content(bundle, backbone)
         return
     installed = installed_bundle_dir()
     if installed is None or installed.resolve() != bundle.directory.resolve() or passed_before(bundle):

@@ -24,7 +24,7 @@ def read_centroids(path: Path, *, k: int | None = None) -> np.ndarray:
     try:
         centroids = load_file(str(path))["centroids"]
     except Exception as exc:  # safetensors raises several types for a bad file
-        raise LocalpersError(f"{path}: unreadable centroids ({exc}); re-pull") from exc
+        raise LocalpersError(f"{path}: unreadable centroids ({exc})") from exc
     expected = f"({'k' if k is None else k}, {ENCODER_DIM})"
     if (
         centroids.ndim != 2
@@ -33,10 +33,10 @@ def read_centroids(path: Path, *, k: int | None = None) -> np.ndarray:
         or not centroids.shape[0]
     ):
         raise LocalpersError(
-            f"{path}: centroids have shape {tuple(centroids.shape)}, the bundle needs {expected}; re-pull"
+            f"{path}: centroids have shape {tuple(centroids.shape)}, the bundle needs {expected}"
         )
     if not np.issubdtype(centroids.dtype, np.floating) or not np.isfinite(centroids).all():
-        raise LocalpersError(f"{path}: centroids hold values that are not finite numbers; re-pull")
+        raise LocalpersError(f"{path}: centroids hold values that are not finite numbers")
     return centroids.astype(np.float32)
 
 

@@ -103,9 +103,9 @@ class CardHead:
                 embeddings=embeddings,
             )
         except KeyError as exc:
-            raise LocalpersError(f"{path}: missing tensor {exc}; re-pull the bundle") from exc
+            raise LocalpersError(f"{path}: missing tensor {exc}") from exc
         except LocalpersError as exc:
-            raise LocalpersError(f"{path}: {exc}; re-pull the bundle") from exc
+            raise LocalpersError(f"{path}: {exc}") from exc
 
     def save(self, path: Path) -> Path:
         from safetensors.numpy import save_file

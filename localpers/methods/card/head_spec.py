@@ -60,17 +60,15 @@ class HeadConfig:
                 base=str(entry.get("base", "cluster")),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise LocalpersError(
-                f"bundle manifest field 'head' is malformed ({exc}); re-pull the bundle"
-            ) from exc
+            raise LocalpersError(f"bundle manifest field 'head' is malformed ({exc})") from exc
         if config.base not in BASES:
             raise LocalpersError(
-                f"bundle manifest field 'head.base' is {config.base!r}, not one of {', '.join(BASES)};"
-                " re-pull the bundle or upgrade localpers"
+                f"bundle manifest field 'head.base' is {config.base!r}, not one of {', '.join(BASES)} (a newer"
+                " localpers may read it)"
             )
         problem = config._out_of_range()
         if problem:
-            raise LocalpersError(f"bundle manifest field 'head.{problem}; re-pull the bundle")
+            raise LocalpersError(f"bundle manifest field 'head.{problem}")
         return config
 
     def _out_of_range(self) -> str | None:
@@ -107,7 +105,7 @@ class HeadConfig:
         if self.layers[-1] >= n_layer:
             raise LocalpersError(
                 f"bundle manifest field 'head.layers' names layer {self.layers[-1]}, but the backbone has"
-                f" {n_layer} (0-{n_layer - 1}); the bundle was published for another backbone: re-pull it"
+                f" {n_layer} (0-{n_layer - 1}); the bundle was published for another backbone"
             )
 
     def to_manifest(self) -> dict[str, Any]:
@@ -176,7 +174,7 @@ def read_head_file(path: Path) -> dict[str, np.ndarray]:
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises several types for a bad file
-        raise LocalpersError(f"{path}: not a readable head file ({exc}); re-pull the bundle") from exc
+        raise LocalpersError(f"{path}: not a readable head file ({exc})") from exc
 
 
 # The tensors each kind of head (`HeadConfig.u`) is built from.
@@ -208,4 +206,4 @@ def check_head_file(path: Path, config: HeadConfig, *, n_embd: int | None, clust
                 " (one per cluster, then the global default)"
             )
     except LocalpersError as exc:
-        raise LocalpersError(f"{path}: {exc}; re-pull the bundle") from exc
+        raise LocalpersError(f"{path}: {exc}") from exc

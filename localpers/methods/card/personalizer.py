@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.bundle.format import Bundle, open_bundle, sha256_of_file
+from localpers.bundle.format import Bundle, open_bundle, reading_bundle, sha256_of_file
 from localpers.engine import Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
 from localpers.engine.decoding import GREEDY, SamplerSettings
@@ -67,14 +67,15 @@ class Personalizer:
         manifest = bundle.manifest
         if "head" not in manifest:
             raise LocalpersError(f"bundle {bundle.directory} has no head; it cannot personalize")
-        bundle.check_cluster_adapters()
         self.bundle = bundle
         self.backbone = backbone
         self.bundle_sha256 = sha256_of_file(bundle.directory / "manifest.json")
-        self.head_config = HeadConfig.from_manifest(manifest["head"])
-        self.prompt_format = PromptFormat.from_manifest(
-            manifest.get("prompt"), where=str(bundle.directory / "manifest.json")
-        )
+        with reading_bundle(bundle):
+            bundle.check_cluster_adapters()
+            self.head_config = HeadConfig.from_manifest(manifest["head"])
+            self.prompt_format = PromptFormat.from_manifest(
+                manifest.get("prompt"), where=str(bundle.directory / "manifest.json")
+            )
         self.engine = Engine(
             backbone.path,
             n_ctx=n_ctx,
@@ -82,11 +83,12 @@ class Personalizer:
             n_threads=n_threads,
             batch_sequences=BATCH_SEQUENCES,
         )
-        self.head_config.check_backbone(self.engine.n_layer)
-        for name in bundle.adapter_names:
-            self.engine.load_adapter(bundle.adapter_path(name), name)
         embeddings = TokenEmbeddings(backbone.path) if self.head_config.u == "factored" else None
-        self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
+        with reading_bundle(bundle):
+            self.head_config.check_backbone(self.engine.n_layer)
+            for name in bundle.adapter_names:
+                self.engine.load_adapter(bundle.adapter_path(name), name)
+            self.head = CardHead.load(bundle.head_path, self.head_config, embeddings)
         self._centroids: np.ndarray | None = None
         self.pairs = PairBuilder(
             self.engine, bundle, self.bundle_sha256, self.head, self.prompt_format, self.card_adapter
@@ -113,7 +115,8 @@ class Personalizer:
     @property
     def centroids(self) -> np.ndarray:
         if self._centroids is None:
-            self._centroids = read_centroids(self.bundle.centroids_path, k=self.bundle.k)
+            with reading_bundle(self.bundle):
+                self._centroids = read_centroids(self.bundle.centroids_path, k=self.bundle.k)
         return self._centroids
 
     def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]:
