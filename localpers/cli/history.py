@@ -80,7 +80,8 @@ def history_import(
             hint="remove some with `localpers history remove ID`"
             + (f", or import the file's latest with `--keep-latest {room}`" if room > 0 else ""),
         )
-        target.save_history(merged)
+        if len(already) < len(parsed.items):  # nothing new: the stored history stays as it is, unwritten
+            target.save_history(merged)
     added = len(parsed.items) - len(already)
     if as_json:
         print_json(
@@ -200,9 +201,13 @@ def history_remove(
                 f"no history item {item_id!r} in user {target.name!r} (use at least 4 characters of an id "
                 "from `localpers history list`)"
             )
-        if len(matches) > 1:
-            raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
+        distinct = {item.id for item in matches}  # a history joined by hand can hold one item twice
+        if len(distinct) > 1:
+            raise LocalpersError(f"{item_id!r} matches {len(distinct)} items; give more characters of the id")
         remaining = [item for item in items if item.id != matches[0].id]
         target.save_history(remaining)
-    typer.echo(f"removed {matches[0].id} from user {target.name!r}; {items_phrase(len(remaining))} left")
+    copies = f" ({len(matches)} copies)" if len(matches) > 1 else ""
+    typer.echo(
+        f"removed {matches[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
+    )
     typer.echo(REFIT_HINT)

@@ -16,7 +16,7 @@ import typer
 from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE
-from localpers.untrusted import one_line
+from localpers.untrusted import one_line, parse_json
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import UserStore
 
@@ -177,11 +177,11 @@ def _other_fits(folder: Path) -> list[tuple[str, str]]:
     cope_state = folder / COPE_STATE_FILE
     if cope_state.is_file():
         try:
-            cope = json.loads(cope_state.read_text(encoding="utf-8"))
+            cope = parse_json(cope_state.read_bytes())
             lines.append(
                 ("cope", f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}")
             )
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem is a ValueError
             lines.append(("cope", f"{cope_state.name} is damaged; run `localpers fit --method cope`"))
     if (folder / EXACT_INDEX_FILE).is_file():
         lines.append(("exact", "attribute index stored (`localpers profile` shows it)"))

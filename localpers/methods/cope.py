@@ -48,6 +48,7 @@ from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
 from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import get_task
+from localpers.untrusted import JSONProblem, parse_json
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
@@ -99,15 +100,18 @@ def load_state(user: User) -> CopeState:
     """The user's CoPe fit, checked against its adapter file; a one-line error when missing or damaged."""
     path = user.dir / STATE_FILE
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = parse_json(path.read_bytes())
     except FileNotFoundError:
         raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_refit(user.name)}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, JSONProblem) as exc:
         raise LocalpersError(f"{path} is damaged ({exc}); {_refit(user.name)}") from None
     try:
         state = CopeState(**raw)
     except TypeError:
         raise LocalpersError(f"{path} is damaged (unexpected fields); {_refit(user.name)}") from None
+    wrong = _wrongly_typed(state)
+    if wrong:
+        raise LocalpersError(f"{path} is damaged (field {wrong!r}); {_refit(user.name)}")
     if state.version != STATE_VERSION:
         raise LocalpersError(f"{path} has version {state.version}; {_refit(user.name)}")
     adapter = adapter_path(user, state)
@@ -116,6 +120,25 @@ def load_state(user: User) -> CopeState:
     if _sha256(adapter) != state.adapter_sha256:
         raise LocalpersError(f"{adapter} does not match its sha256 in {STATE_FILE}; {_refit(user.name)}")
     return state
+
+
+def _wrongly_typed(state: CopeState) -> str | None:
+    """The first field of a `cope.json` that does not hold what a fit writes there, or None."""
+    whole = ("rank", "n_items", "steps", "train_tokens", "version")
+    for name in whole:
+        value = getattr(state, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return name
+    for name in ("bundle_sha256", "base_adapter", "adapter_file", "adapter_sha256", "precision"):
+        if not isinstance(getattr(state, name), str):
+            return name
+    if not isinstance(state.alpha, int | float) or isinstance(state.alpha, bool):
+        return "alpha"
+    if state.cluster is not None and (not isinstance(state.cluster, int) or isinstance(state.cluster, bool)):
+        return "cluster"
+    if not isinstance(state.seconds, dict):
+        return "seconds"
+    return None
 
 
 def adapter_path(user: User, state: CopeState) -> Path:

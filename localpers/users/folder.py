@@ -36,7 +36,13 @@ from localpers.atomic import atomic_write_bytes, atomic_write_text
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, one_line, parse_json
-from localpers.users.history import HistoryItem, check_history_size, read_stored_history, serialize_history
+from localpers.users.history import (
+    HistoryItem,
+    check_history_bytes,
+    check_history_size,
+    read_stored_history,
+    serialize_history,
+)
 from localpers.users.history_index import HistoryIndex
 from localpers.users.lock import fit_lock, user_lock
 
@@ -142,6 +148,7 @@ class User:
         """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read)."""
         check_history_size(len(items), what=f"user {self.name!r} would have")
         text = serialize_history(items)
+        check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
         with self.locked():
             atomic_write_text(self.history_path, text)
             HistoryIndex.write(self.dir, text, items)

@@ -21,7 +21,7 @@ import os
 import re
 import stat
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,9 @@ from localpers.untrusted import JSONProblem, parse_json
 
 MAX_HISTORY_ITEMS = 500
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
+# A history item's input as stored: far more than any prompt reads (tasks.py's max_input_chars), far less than
+# what would let 500 items outgrow MAX_HISTORY_FILE_BYTES's 64 MiB in ASCII.
+MAX_STORED_INPUT_CHARS = 100_000
 DEFAULT_TASK = "headline"
 ID_LENGTH = 12
 
@@ -73,6 +76,12 @@ class HistoryItem:
         if not clean_output:
             raise ValueError("field 'output' is empty")
         if strict:
+            if len(clean_input) > MAX_STORED_INPUT_CHARS:
+                raise ValueError(
+                    f"field 'input' has {len(clean_input):,} characters; a history item holds at most"
+                    f" {MAX_STORED_INPUT_CHARS:,} (a {task} prompt reads the first"
+                    f" {TASKS[task].max_input_chars:,}): keep the text's start"
+                )
             try:
                 TASKS[task].check_text(clean_input, "field 'input'")
                 TASKS[task].check_output(clean_output, "field 'output'")
@@ -181,7 +190,7 @@ def parse_history(
                 f"{path} holds plain items, not per-user lines; --user-id applies only to "
                 "files with 'user_id' and 'history' lines"
             )
-        candidates = [(f"line {n}", r, f"{path.name}:{n}") for n, r in records]
+        candidates = [(f"line {n}", r, f"{printable_name(path)}:{n}") for n, r in records]
 
     parsed = ParsedHistory()
     first_seen: dict[str, str] = {}
@@ -203,6 +212,12 @@ def parse_history(
     return parsed
 
 
+def printable_name(path: Path) -> str:
+    """`path`'s file name as text that can be stored: bytes of a name that are not UTF-8 (kept by Python as lone
+    surrogates, which no file can hold) become U+FFFD."""
+    return os.fsencode(path.name).decode("utf-8", "replace")
+
+
 def check_history_size(count: int, *, what: str, hint: str = "") -> None:
     """Refuse more than MAX_HISTORY_ITEMS items; `what` starts the message, e.g. "user 'ann' would have"."""
     if count > MAX_HISTORY_ITEMS:
@@ -211,6 +226,20 @@ def check_history_size(count: int, *, what: str, hint: str = "") -> None:
             f"keep your {MAX_HISTORY_ITEMS} most representative items (recent ones are a good choice)"
             + (f", {hint}" if hint else "")
         )
+
+
+def check_history_bytes(size: int, items: Sequence[HistoryItem], *, what: str) -> None:
+    """Refuse to store a history of `size` bytes that reading it back would refuse (MAX_HISTORY_FILE_BYTES):
+    the user would be locked out of every command, `history remove` included. Names the longest item."""
+    if size <= MAX_HISTORY_FILE_BYTES:
+        return
+    longest = max(items, key=lambda item: len(item.input))
+    raise InputError(
+        f"the history of {what} would be {size:,} bytes, more than the {MAX_HISTORY_FILE_BYTES:,} a history may"
+        f" hold; nothing was written: import shorter texts (the longest, item {longest.id}, has"
+        f" {len(longest.input):,} characters of input; a {longest.task} prompt reads at most"
+        f" {TASKS[longest.task].max_input_chars:,})"
+    )
 
 
 def merge_history(
@@ -315,6 +344,11 @@ def _read_json_lines(path: Path, hint: str = "fix that line") -> Iterable[tuple[
         try:
             record = parse_json(line)
         except JSONProblem as exc:
+            if line.strip() in ("[", "{"):  # the first line of a pretty-printed JSON document
+                hint = (
+                    "this file looks like one JSON document, but a history file is JSONL: one object per line"
+                    " (e.g. `jq -c '.[]' FILE > items.jsonl`)"
+                )
             raise InputError(f"{path} line {line_number}: not valid JSON ({exc}); {hint}") from None
         if not isinstance(record, dict):
             raise InputError(
@@ -355,7 +389,7 @@ def _user_items(
         where = f"line {line_number} (user {user_id}) history item {index}"
         original_id = entry.get("id") if isinstance(entry, dict) else None
         label = original_id if isinstance(original_id, str) and original_id else str(index)
-        candidates.append((where, entry, f"{path.name}:{user_id}/{label}"))
+        candidates.append((where, entry, f"{printable_name(path)}:{user_id}/{label}"))
     return candidates
 
 

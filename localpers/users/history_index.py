@@ -3,7 +3,8 @@ entry points every rewrite builds its prompt through.
 
 `HistoryIndex` holds one task's (input, output) pool and its retrieval index; `load` reads the cache
 (`history_index.json`, keyed by the history file's hash, so a stale one is rebuilt) and `write` renews it
-atomically when the history changes. `prompt_for_user`, `shown_for_user` and `shared_prefix_for_user` are how
+atomically when the history changes (a cache that cannot be written is dropped, never an error: the history
+is what counts). `prompt_for_user`, `shown_for_user` and `shared_prefix_for_user` are how
 `rewrite`, the TUI, the API and the fit ask for a prompt, the items it shows and the prefix all of a user's
 prompts share: conditioned when the bundle has a format and the user a history, plain otherwise. The composition
 itself is `localpers.users.history_prompt`'s. This module loads no model and opens no connection.
@@ -11,6 +12,7 @@ itself is `localpers.users.history_prompt`'s. This module loads no model and ope
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_text
+from localpers.errors import StorageError
 from localpers.tasks import Task, get_task
 from localpers.users.history_prompt import (
     PromptFormat,
@@ -71,7 +74,13 @@ class HistoryIndex:
         for item in items:
             by_task.setdefault(item.task, []).append([item.input, item.output])
         payload = {"version": 1, "history_sha256": _sha256(history_text), "tasks": by_task}
-        atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
+        try:
+            atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
+        except StorageError:
+            # A cache: a stale one is noticed (its history digest) and rebuilt on read, so a full disk here
+            # must not fail a command whose history was written. Drop the stale one if that is possible.
+            with contextlib.suppress(OSError):
+                (user_dir / INDEX_FILE).unlink()
 
     @classmethod
     def load(
@@ -102,7 +111,8 @@ def _read_cache(path: Path) -> dict[str, Any] | None:
         return None  # a missing or damaged cache is rebuilt from the history
     tasks = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(tasks, dict) or not all(
-        isinstance(rows, list) and all(isinstance(r, list) and len(r) == 2 for r in rows)
+        isinstance(rows, list)
+        and all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) for r in rows)
         for rows in tasks.values()
     ):
         return None

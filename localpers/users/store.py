@@ -22,11 +22,13 @@ import json
 import os
 import secrets
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 from localpers import paths
 from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory, process_is_running
-from localpers.errors import InputError, LocalpersError
+from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.untrusted import one_line
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
@@ -94,8 +96,7 @@ class UserStore:
     def create(self, name: str) -> User:
         """A new, empty user; it becomes the active user when none is active."""
         validate_name(name)
-        if self._user(name).dir.exists():
-            raise LocalpersError(f"user {name!r} already exists; pick another name or delete it first")
+        self._check_free(name, "pick another name or delete it first")
         staging = self._staging_dir("creating")
         try:
             try:
@@ -149,6 +150,11 @@ class UserStore:
     def delete(self, name: str) -> None:
         """Remove the user's folder (history, vector, state) and the active pointer if it names them."""
         user = self.get(name)
+        if user.dir.is_symlink():
+            raise LocalpersError(
+                f"user {name!r} is a link to {user.dir.resolve()}, not a folder localpers made; nothing was"
+                f" deleted: remove the link {user.dir} and, if you wish, what it points to yourself"
+            )
         doomed = self._staging_dir("deleting", create=False)
         with user.locked():  # waits for a change in progress; those waiting after it are refused
             os.rename(user.dir, doomed)  # the user disappears in one step; the files go next
@@ -159,7 +165,12 @@ class UserStore:
         if pointer is not None and pointer.get("user") == name:
             with contextlib.suppress(FileNotFoundError):
                 self.active_path.unlink()
-        shutil.rmtree(doomed)
+        failures = _remove_tree(doomed)
+        if failures:
+            raise StorageError(
+                f"user {name!r} is gone from localpers, but {len(failures)} of its files could not be deleted"
+                f" (first: {failures[0]}); delete {doomed} yourself"
+            )
         self._sweep()
 
     def export(
@@ -174,6 +185,11 @@ class UserStore:
         dest = Path(dest)
         if dest.is_dir():
             dest = dest / f"localpers-user-{name}.zip"
+        if dest.resolve().is_relative_to(self.users_dir.resolve()):
+            raise InputError(
+                f"{dest} is inside localpers' users folder {self.users_dir}, whose files it would replace or"
+                " mix with; choose a path outside it"
+            )
         if dest.exists() and not dest.is_file():
             raise LocalpersError(
                 f"{dest} exists and is not a regular file (a device, FIFO or socket); it is never replaced:"
@@ -208,8 +224,7 @@ class UserStore:
                     f"{archive}: manifest.json field 'name' is {shown}; import it with --as NAME"
                 )
         target = validate_name(name)
-        if self._user(target).dir.exists():
-            raise LocalpersError(f"user {target!r} already exists; import under another name with --as NAME")
+        self._check_free(target, "import under another name with --as NAME")
         staging = self._staging_dir("importing")
         try:
             for member, data in members.items():
@@ -228,13 +243,30 @@ class UserStore:
         self._activate_if_none(target)
         return self.get(target)
 
+    def _check_free(self, name: str, advice: str) -> None:
+        """Refuse a name whose folder is taken: by a user, or by something else (a file, a dangling link) that
+        no command lists, which must be moved away by hand."""
+        path = self._user(name).dir
+        if path.is_dir():
+            raise LocalpersError(f"user {name!r} already exists; {advice}")
+        if os.path.lexists(path):
+            raise LocalpersError(
+                f"{path} exists and is not a user's folder (a file or a dangling link); move it away, or {advice}"
+            )
+
     def _staging_dir(self, purpose: str, create: bool = True) -> Path:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
-        self.users_dir.mkdir(parents=True, exist_ok=True)
-        self._sweep()
-        path = self.users_dir / f".{purpose}-{os.getpid()}-{secrets.token_hex(6)}"
-        if create:
-            path.mkdir(mode=0o700)
+        try:
+            self.users_dir.mkdir(parents=True, exist_ok=True)
+            self._sweep()
+            path = self.users_dir / f".{purpose}-{os.getpid()}-{secrets.token_hex(6)}"
+            if create:
+                path.mkdir(mode=0o700)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write in {self.users_dir} ({exc.strerror}); fix the folder's permissions or free some"
+                " disk space"
+            ) from None
         return path
 
     def _commit_staging(self, staging: Path, name: str) -> None:
@@ -254,6 +286,10 @@ class UserStore:
             pid = rest.split("-")[0]
             if pid.isdigit() and process_is_running(int(pid)):
                 continue
+            if leftover.is_symlink():  # left by an older delete of a linked user: the link, never its target
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+                continue
             shutil.rmtree(leftover, ignore_errors=True)
 
     def _activate_if_none(self, name: str) -> None:
@@ -263,3 +299,20 @@ class UserStore:
             return  # leave a damaged pointer for `user use` to repair, rather than guess
         if active is None:
             self.use(name)
+
+
+def _remove_tree(path: Path) -> list[str]:
+    """Delete the folder `path` with all it holds; what could not be deleted, as "FULL PATH: reason" lines."""
+    failures: list[str] = []
+
+    def note(_function: Any, failed: str, error: Any) -> None:
+        reason = (
+            error[1] if isinstance(error, tuple) else error
+        )  # onerror passes exc_info, onexc the exception
+        failures.append(f"{failed}: {getattr(reason, 'strerror', None) or reason}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=note)
+    else:
+        shutil.rmtree(path, onerror=note)
+    return failures

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from localpers.atomic import atomic_write_bytes, atomic_write_text
+from localpers.untrusted import JSONProblem, parse_json
 
 NEGATIVES_FILE = "negatives.json"
 FEATURES_FILE = "pair_features.safetensors"
@@ -33,11 +34,13 @@ def pair_hash(cluster: int, prompt: str, output: str, negative: str) -> str:
 def read_negatives(user_dir: Path, key: str) -> dict[str, str]:
     """The cached y- (item key -> text) stored under `key`; empty when absent or unreadable."""
     try:
-        cache = json.loads((user_dir / NEGATIVES_FILE).read_text())
-    except (OSError, ValueError):
+        cache = parse_json((user_dir / NEGATIVES_FILE).read_bytes())
+    except (OSError, JSONProblem):
         return {}
     known = cache.get(key, {}) if isinstance(cache, dict) else {}
-    return dict(known) if isinstance(known, dict) else {}
+    if not isinstance(known, dict):
+        return {}
+    return {item: text for item, text in known.items() if isinstance(text, str)}
 
 
 def write_negatives(user_dir: Path, key: str, known: dict[str, str]) -> None:
