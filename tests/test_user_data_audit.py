@@ -249,3 +249,10 @@ def test_a_pretty_printed_json_file_is_told_that_history_is_jsonl(tmp_path: Path
     path.write_text(json.dumps([{"input": "a b", "output": "c d"}], indent=2))
     with pytest.raises(InputError, match=r"arr.json line 1: .* a history file is JSONL: one object per line"):
         parse_history(path)
+
+
+def test_a_history_line_with_a_key_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"input": "x y", "output": "A", "input": "z w"}\n')
+    with pytest.raises(InputError, match=r"dup.jsonl line 1: not valid JSON \(.*'input'.*\)"):
+        parse_history(path)

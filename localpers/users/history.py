@@ -28,7 +28,7 @@ from typing import Any
 
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
 
 MAX_HISTORY_ITEMS = 500
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
@@ -342,7 +342,7 @@ def _read_json_lines(path: Path, hint: str = "fix that line") -> Iterable[tuple[
         if not line.strip():
             continue
         try:
-            record = parse_json(line)
+            record = parse_json(line, object_pairs_hook=reject_duplicate_keys)  # which 'input' was meant?
         except JSONProblem as exc:
             if line.strip() in ("[", "{"):  # the first line of a pretty-printed JSON document
                 hint = (
