@@ -294,7 +294,7 @@ def test_cli_reports_a_bad_corpus_line(tmp_path: Path) -> None:
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"user_id": "a", "history": [{"input": "x", "output": "y"}]}\n{"user_id": "b"}\n')
     result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(tmp_path / "b"), "--k", "2"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a malformed file from outside
     assert "bad.jsonl:2: user 'b' has no 'history' field" in result.output
     assert not (tmp_path / "b" / "manifest.json").exists()
 
@@ -303,6 +303,7 @@ def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) ->
     from typer.testing import CliRunner
 
     from localpers.cli import app
+    from localpers.errors import LocalpersError
     from localpers.publish.bundle_stage import check_output_directory
 
     corpus = tmp_path / "c.jsonl"
@@ -321,10 +322,22 @@ def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) ->
     assert result.exit_code == 1 and "exists and is not a directory" in result.output
     for made in ("empty", "bundle", "interrupted"):
         (tmp_path / made).mkdir()
-    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    (tmp_path / "bundle" / "manifest.json").write_text('{"format": "localpers-bundle"}')
     (tmp_path / "interrupted" / ".work").mkdir()
+    (tmp_path / "interrupted" / ".work" / "publish.log").write_text("earlier run\n")
     for fine in ("new", "empty", "bundle", "interrupted"):
         check_output_directory(tmp_path / fine)  # a rerun into its own directory, or a fresh one
+    # A folder with a manifest.json of its own (a web app's) or an empty .work is not a publish's.
+    webapp = tmp_path / "webapp"
+    (webapp / "plots").mkdir(parents=True)
+    (webapp / "manifest.json").write_text('{"name": "My app", "start_url": "/"}')
+    (webapp / "plots" / "chart.png").write_bytes(b"mine")
+    result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(webapp)])
+    assert result.exit_code == 1 and "already holds files a publish did not write" in result.output
+    (tmp_path / "bare" / ".work").mkdir(parents=True)
+    (tmp_path / "bare" / "plots").mkdir()
+    with pytest.raises(LocalpersError, match="did not write"):
+        check_output_directory(tmp_path / "bare")
 
 
 def test_cli_refuses_a_work_directory_a_publish_did_not_write(tmp_path: Path) -> None:
@@ -361,7 +374,7 @@ def test_cli_refuses_an_unknown_head_u_before_any_work(tmp_path: Path) -> None:
     write_corpus(corpus)
     out = tmp_path / "b"
     result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(out), "--head-u", "sparse"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--head-u must be 'factored' or 'full', not 'sparse'" in result.output
     assert not (out / ".work").exists()
 
@@ -380,7 +393,7 @@ def test_cli_refuses_bad_history_prompt_options_before_any_work(tmp_path: Path) 
         (["--example-pool", "later"], "--example-pool 'later': use 'earlier' or 'others'"),
     ):
         result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
-        assert result.exit_code == 1
+        assert result.exit_code == 2
         assert name in result.output
         assert not (out / ".work").exists()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.resources
-import json
 import os
 import stat
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from localpers.bundle.manifest import (
 from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.paths import cache_dir
+from localpers.strict_json import strict_json_text
 from localpers.untrusted import JSONProblem, parse_json
 
 __all__ = [
@@ -101,7 +101,8 @@ def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> Path:
     manifest["files"] = files
     complete = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
     target = bundle_dir / MANIFEST_NAME
-    write_bytes_atomically(target, (json.dumps(complete, indent=2) + "\n").encode())
+    # Strict JSON: a loss nothing was measured on (no validation items) is null, not a bare NaN.
+    write_bytes_atomically(target, (strict_json_text(complete, indent=2, ensure_ascii=True) + "\n").encode())
     return target
 
 

@@ -7,8 +7,6 @@ circle: `localpers.cli.main` imports the command modules, and each of them regis
 from __future__ import annotations
 
 import functools
-import json
-import math
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -17,6 +15,7 @@ import typer
 
 from localpers import __version__
 from localpers.errors import InputError, LocalpersError
+from localpers.strict_json import strict_json_text
 from localpers.untrusted import one_line
 
 app = typer.Typer(
@@ -55,8 +54,29 @@ def one_line_errors(func: F) -> F:
             where = f" ({exc.filename})" if exc.filename else ""
             typer.echo(f"error: {one_line(exc.strerror or str(exc))}{where}", err=True)
             raise typer.Exit(1) from None
+        except ImportError as exc:
+            # A Ctrl-C that lands while a C extension initialises (sklearn's, on a stage's first K-means) comes
+            # back as "ImportError: initialization failed" caused by the KeyboardInterrupt: still a Ctrl-C.
+            if not _caused_by_ctrl_c(exc):
+                raise
+            typer.echo(
+                "interrupted; no file was left half-written (each is as it was, or fully saved)", err=True
+            )
+            raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _caused_by_ctrl_c(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among `exc`'s causes and contexts."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def read_text_argument(text: str) -> str:
@@ -123,21 +143,10 @@ UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
-def _strict(value: Any) -> Any:
-    """`value` with every NaN or infinite float replaced by None (containers copied)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(item) for item in value]
-    return value
-
-
 def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
-    """`payload` as strict JSON, non-ASCII text kept as it is: a NaN or infinity becomes null, never the bare
-    `NaN`/`Infinity` that json.dumps writes by default and strict JSON parsers refuse."""
-    return json.dumps(_strict(payload), indent=indent, ensure_ascii=False, allow_nan=False, default=default)
+    """`payload` as strict JSON, non-ASCII text kept as it is: a NaN or infinity becomes null
+    (`localpers.strict_json`)."""
+    return strict_json_text(payload, indent=indent, default=default)
 
 
 def print_json(payload: Any, *, indent: int | None = 2) -> None:

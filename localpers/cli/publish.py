@@ -18,7 +18,7 @@ import typer
 from localpers.cli.common import json_text, one_line_errors
 from localpers.cli.numbers import float_option
 from localpers.engine.adapters import DEFAULT_TARGETS
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.head_spec import MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
 
@@ -134,7 +134,7 @@ def publish_command(
             "--val-fraction", low=0.0, high=0.5, help="Held-out items per user for validation loss."
         ),
     ] = 0.1,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Random seed.")] = 0,
     threads: Annotated[int, typer.Option(min=1, help="CPU threads for torch and llama.cpp.")] = 2,
     engine_threads: Annotated[
         int, typer.Option(min=1, help="CPU threads for llama.cpp (pairs, features).")
@@ -191,7 +191,7 @@ def publish_command(
             f"publish needs the publish extra ({', '.join(missing)} missing): pip install 'localpers[publish]'"
         )
     if (repo is None) != (keys is None):
-        raise LocalpersError("--repo and --keys go together: the repository to sign into and its keys")
+        raise InputError("--repo and --keys go together: the repository to sign into and its keys")
     from localpers.publish.pipeline import publish
 
     options = PublishOptions(

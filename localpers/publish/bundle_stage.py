@@ -9,13 +9,15 @@ left with NaN, say) is not installed, and OUT keeps what it had. Nothing here tr
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from localpers.bundle.format import MANIFEST_NAME, verify_bundle, write_manifest
+from localpers.bundle.format import FORMAT, MANIFEST_NAME, verify_bundle, write_manifest
 from localpers.engine.backbone import DEFAULT_BACKBONE_NAME
 from localpers.engine.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
 from localpers.errors import LocalpersError
@@ -25,25 +27,42 @@ from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
 from localpers.publish.head_training import HEAD_FILE
 from localpers.publish.prompts import prompt_format
-from localpers.publish.runner import PublishContext
+from localpers.publish.runner import LOG_NAME, PublishContext
+from localpers.untrusted import JSONProblem, parse_json
 
 BUNDLE_ENTRIES = ("adapters", "plots", CENTROIDS_FILE, HEAD_FILE)
 WORK_ENTRY = ".work"  # the default stage cache (`PublishOptions.work_dir`)
+# Temporary folders of `install` inside OUT: the staged bundle copied from another filesystem, the old one aside.
+INSTALLING_PREFIX = ".installing-"
+REPLACED_PREFIX = ".replaced-"
 
 
 def check_output_directory(out: Path) -> None:
     """Refuse an OUT that a publish did not write: installing a bundle replaces its `adapters/` and `plots/`.
 
-    A new or empty directory is fine, and so is one holding a bundle (`manifest.json`) or an interrupted
-    publish's stage cache (`.work`), which a rerun resumes. Checked before any stage runs.
+    A new or empty directory is fine, and so is one holding a bundle (a localpers `manifest.json`) or an
+    interrupted publish's stage cache (`.work` with its log), which a rerun resumes. Checked before any stage
+    runs.
     """
     check_own_directory(
         out,
         option="--out",
         writer="a publish",
         replaces=f"a bundle replaces its {', '.join(BUNDLE_ENTRIES)}",
-        is_ours=lambda entries: any(entry.name in (MANIFEST_NAME, WORK_ENTRY) for entry in entries),
+        is_ours=lambda entries: any(_written_by_publish(entry) for entry in entries),
     )
+
+
+def _written_by_publish(entry: Path) -> bool:
+    """Whether `entry` of an OUT directory shows a publish wrote there: a localpers bundle manifest, a stage cache
+    with its log, or an install's temporary folder. A web app's own `manifest.json` is none of these."""
+    if entry.name == MANIFEST_NAME:
+        with contextlib.suppress(OSError, JSONProblem, AttributeError):
+            return parse_json(entry.read_bytes()[: 1 << 20]).get("format") == FORMAT
+        return False
+    if entry.name == WORK_ENTRY:
+        return (entry / LOG_NAME).is_file()
+    return entry.name.startswith((INSTALLING_PREFIX, REPLACED_PREFIX))
 
 
 def backbone_name(context: PublishContext) -> str:
@@ -150,14 +169,60 @@ def check_as_devices_will(staging: Path, backbone: Path, out: Path) -> None:
 
 
 def install(staging: Path, out: Path) -> None:
-    """Move the staged bundle into `out`: manifest removed first, bundle files replaced, manifest last."""
+    """Move the staged bundle into `out`: manifest removed first, bundle files replaced, manifest last.
+
+    The staged files are first copied beside `out` when they are on another filesystem (`--work` elsewhere),
+    since a rename cannot cross one; the old bundle's files are moved aside, not deleted, until the new
+    manifest is in place, and put back if the move fails half-way: OUT keeps one whole bundle or the other.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for entry in BUNDLE_ENTRIES:
-        target = out / entry
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-        os.replace(staging / entry, target)
-    os.replace(staging / MANIFEST_NAME, out / MANIFEST_NAME)
+    for leftover in out.glob(".*-*"):  # of an install killed before it could clean up
+        if leftover.name.startswith((INSTALLING_PREFIX, REPLACED_PREFIX)):
+            _remove(leftover)
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    source = staging
+    if not _same_filesystem(staging, out):
+        source = out / f"{INSTALLING_PREFIX}{tag}"
+        try:
+            shutil.copytree(staging, source)
+        except BaseException:
+            shutil.rmtree(source, ignore_errors=True)
+            raise
+    aside = out / f"{REPLACED_PREFIX}{tag}"
+    aside.mkdir()
+    moved: list[str] = []  # old entries now aside
+    placed: list[str] = []  # new entries now in OUT
+    try:
+        for entry in (MANIFEST_NAME, *BUNDLE_ENTRIES):
+            if os.path.lexists(out / entry):
+                os.replace(out / entry, aside / entry)
+                moved.append(entry)
+        for entry in BUNDLE_ENTRIES:
+            os.replace(source / entry, out / entry)
+            placed.append(entry)
+        os.replace(source / MANIFEST_NAME, out / MANIFEST_NAME)
+    except BaseException:
+        for entry in placed:  # the new files that made it in go, the old ones come back
+            _remove(out / entry)
+        for entry in moved:
+            with contextlib.suppress(OSError):
+                os.replace(aside / entry, out / entry)
+        with contextlib.suppress(OSError):
+            aside.rmdir()  # only when every old file is back
+        raise
+    finally:
+        if source is not staging:
+            shutil.rmtree(source, ignore_errors=True)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _same_filesystem(first: Path, second: Path) -> bool:
+    return os.stat(first).st_dev == os.stat(second).st_dev
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()

@@ -12,6 +12,7 @@ Outputs: `users.npz` (embeddings), `assignment.json`, `centroids.safetensors`.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,18 @@ def kmeans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Labels and L2-normalised centroids of K-means on unit vectors (MiniBatchKMeans for many users)."""
     from sklearn.cluster import KMeans, MiniBatchKMeans
+    from sklearn.exceptions import ConvergenceWarning
 
-    if len(embeddings) > minibatch_above:
-        batch = min(len(embeddings), 4096)
-        model = MiniBatchKMeans(n_clusters=k, n_init=3, batch_size=batch, random_state=seed)
-        labels = model.fit(embeddings).predict(embeddings).astype(int)
-    else:
-        labels = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings).labels_.astype(int)
+    with (
+        warnings.catch_warnings()
+    ):  # too few distinct points is refused below in one line, not a warning block
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if len(embeddings) > minibatch_above:
+            batch = min(len(embeddings), 4096)
+            model = MiniBatchKMeans(n_clusters=k, n_init=3, batch_size=batch, random_state=seed)
+            labels = model.fit(embeddings).predict(embeddings).astype(int)
+        else:
+            labels = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings).labels_.astype(int)
     if len(set(labels.tolist())) < k:
         raise LocalpersError(f"K-means left a cluster of the {k} empty; lower --k")
     centroids = np.stack([embeddings[labels == c].mean(axis=0) for c in range(k)])
@@ -62,9 +68,14 @@ def choose_k(
     from sklearn.metrics import silhouette_score
 
     low, high = k_range
-    high = min(high, len(embeddings) - 1)
+    # K-means cannot fill more clusters than there are distinct users' styles (authors whose outputs embed alike).
+    distinct = len(np.unique(embeddings.round(6), axis=0))
+    high = min(high, len(embeddings) - 1, distinct)
     if high < low:
-        raise LocalpersError(f"{len(embeddings)} users are too few to choose K in {k_range}; pass --k")
+        raise LocalpersError(
+            f"{len(embeddings)} users ({distinct} distinct by their outputs) are too few to choose K in {k_range};"
+            " pass --k"
+        )
     scores: dict[int, float] = {}
     for k in range(low, high + 1):
         labels, _ = kmeans(embeddings, k, seed, minibatch_above)

@@ -3,7 +3,7 @@
 Each line is `{"user_id": str, "history": [{"input": str, "output": str, ...}, ...], ...}`, the format of
 the shared news-headlines data. Extra fields (ids, dates, categories, `queries`) are ignored; `queries`
 are never read, so a corpus file holds only what may be trained on. Every problem is reported as a
-one-line `LocalpersError` naming the file, the line and the field. This module does not embed,
+one-line `InputError` (exit code 2) naming the file, the line and the field. This module does not embed,
 cluster or split anything.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 from localpers.untrusted import JSONProblem, parse_json
 
 
@@ -49,37 +49,44 @@ class Corpus:
 
 def _string_field(value: Any, where: str, field_name: str) -> str:
     if not isinstance(value, str):
-        raise LocalpersError(f"{where}: field {field_name!r} must be a string, got {type(value).__name__}")
+        raise InputError(f"{where}: field {field_name!r} must be a string, got {type(value).__name__}")
     if not value.strip():
-        raise LocalpersError(f"{where}: field {field_name!r} is empty; remove the item or fill it in")
+        raise InputError(f"{where}: field {field_name!r} is empty; remove the item or fill it in")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{where}: field {field_name!r} is not Unicode text (a lone surrogate \\u{ord(value[exc.start]):04x},"
+            " half of a \\u escape pair); fix the line"
+        ) from None
     return value
 
 
 def parse_user(record: Any, where: str, line: int) -> CorpusUser:
     """Validate one decoded JSON line; `where` is `file:line` for the error messages."""
     if not isinstance(record, dict):
-        raise LocalpersError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
+        raise InputError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
     if "user_id" not in record:
-        raise LocalpersError(f"{where}: missing field 'user_id'")
+        raise InputError(f"{where}: missing field 'user_id'")
     user_id = record["user_id"]
     if isinstance(user_id, int) and not isinstance(user_id, bool):
         user_id = str(user_id)
     user_id = _string_field(user_id, where, "user_id")
     history = record.get("history")
     if history is None:
-        raise LocalpersError(f"{where}: user {user_id!r} has no 'history' field")
+        raise InputError(f"{where}: user {user_id!r} has no 'history' field")
     if not isinstance(history, list):
-        raise LocalpersError(f"{where}: field 'history' must be a list, got {type(history).__name__}")
+        raise InputError(f"{where}: field 'history' must be a list, got {type(history).__name__}")
     if not history:
-        raise LocalpersError(f"{where}: user {user_id!r} has an empty history; drop the user or add items")
+        raise InputError(f"{where}: user {user_id!r} has an empty history; drop the user or add items")
     items = []
     for index, item in enumerate(history):
         item_where = f"{where}: history[{index}]"
         if not isinstance(item, dict):
-            raise LocalpersError(f"{item_where} must be an object with 'input' and 'output'")
+            raise InputError(f"{item_where} must be an object with 'input' and 'output'")
         for key in ("input", "output"):
             if key not in item:
-                raise LocalpersError(f"{item_where}: missing field {key!r}")
+                raise InputError(f"{item_where}: missing field {key!r}")
         items.append(
             HistoryItem(
                 input=_string_field(item["input"], item_where, "input"),
@@ -95,11 +102,11 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
     corpus_path = Path(path)
     if not corpus_path.is_file():
         what = "is a directory" if corpus_path.is_dir() else "does not exist"
-        raise LocalpersError(f"corpus file {corpus_path} {what}; give a JSONL file, one user per line")
+        raise InputError(f"corpus file {corpus_path} {what}; give a JSONL file, one user per line")
     users: list[CorpusUser] = []
     first_line: dict[str, int] = {}
     try:
-        with corpus_path.open(encoding="utf-8") as handle:
+        with corpus_path.open(encoding="utf-8-sig") as handle:  # a leading BOM is an editor's, not data
             for number, raw in enumerate(handle, start=1):
                 if not raw.strip():
                     continue
@@ -107,18 +114,17 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
                 try:
                     record = parse_json(raw)
                 except JSONProblem as problem:
-                    raise LocalpersError(f"{where}: not valid JSON ({problem})") from None
+                    raise InputError(f"{where}: not valid JSON ({problem})") from None
                 user = parse_user(record, where, number)
                 if user.user_id in first_line:
-                    raise LocalpersError(
+                    raise InputError(
                         f"{where}: user_id {user.user_id!r} already appears on line {first_line[user.user_id]}"
                     )
                 first_line[user.user_id] = number
                 users.append(user)
     except UnicodeDecodeError as exc:
-        raise LocalpersError(f"{corpus_path}: not UTF-8 text ({exc.reason}); re-encode the file") from None
+        raise InputError(f"{corpus_path}: not UTF-8 text ({exc.reason}); re-encode the file") from None
     if len(users) < min_users:
-        raise LocalpersError(
-            f"{corpus_path}: {len(users)} user(s) found, at least {min_users} needed; add users or lower --k"
-        )
+        fix = "add users" + (" or lower --k" if min_users > 2 else "")  # two users is the least any --k needs
+        raise InputError(f"{corpus_path}: {len(users)} user(s) found, at least {min_users} needed; {fix}")
     return Corpus(path=corpus_path, users=tuple(users))

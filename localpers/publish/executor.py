@@ -28,6 +28,11 @@ class Resources:
     memory: int = 1 * GIB
     gpus: float = 0.0
 
+    def __str__(self) -> str:
+        """e.g. "1 CPU, 4 GiB, no GPU" (what the progress log says a task asks for)."""
+        gpus = "no GPU" if not self.gpus else f"{self.gpus:g} GPU"
+        return f"{self.cpus:g} CPU, {self.memory / GIB:g} GiB, {gpus}"
+
 
 @dataclass(frozen=True)
 class Task:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.engine.adapters import DEFAULT_TARGETS
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 
 STAGES: tuple[str, ...] = ("clusters", "sft", "export", "pairs", "features", "head", "bundle")
 
@@ -91,13 +91,13 @@ class PublishOptions:
 
     def __post_init__(self) -> None:
         if self.example_pool not in ("earlier", "others"):
-            raise LocalpersError(f"--example-pool {self.example_pool!r}: use 'earlier' or 'others'")
+            raise InputError(f"--example-pool {self.example_pool!r}: use 'earlier' or 'others'")
         for flag, count in (
             ("--described-examples", self.described_examples),
             ("--recent-examples", self.recent_examples),
         ):
             if count > self.history_examples:
-                raise LocalpersError(
+                raise InputError(
                     f"{flag} {count} is more than --history-examples {self.history_examples}: they count examples"
                     " of the history-conditioned prompt; raise --history-examples or lower it"
                 )

@@ -14,12 +14,13 @@ from rich.console import Console
 from threadpoolctl import threadpool_limits
 
 from localpers.engine.backbone import resolve_backbone
-from localpers.errors import LocalpersError
+from localpers.engine.torch_model import PEFT_MODULES
+from localpers.errors import InputError
 from localpers.methods.card.head_spec import BASES
 from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft_stage
 from localpers.publish.corpus import load_corpus
 from localpers.publish.executor import EXECUTORS, Executor, SequentialExecutor
-from localpers.publish.options import PublishOptions
+from localpers.publish.options import STAGES, PublishOptions
 from localpers.publish.runner import LOG_NAME, PublishContext, check_work_directory, run_stages
 
 
@@ -32,12 +33,12 @@ def make_executor(
 ) -> Executor:
     """The executor `kind` names ('sequential' or 'ray'); Ray is imported only for 'ray'."""
     if kind not in EXECUTORS:
-        raise LocalpersError(f"--executor must be one of {', '.join(EXECUTORS)}, not {kind!r}")
+        raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, not {kind!r}")
     if address is not None and workers is not None:
-        raise LocalpersError("--workers sizes a local Ray; with --ray-address the cluster's own CPUs count")
+        raise InputError("--workers sizes a local Ray; with --ray-address the cluster's own CPUs count")
     if kind == "sequential":
         if address is not None:
-            raise LocalpersError("--ray-address needs --executor ray")
+            raise InputError("--ray-address needs --executor ray")
         return SequentialExecutor()
     from localpers.publish.ray_executor import RayExecutor  # imports ray itself only when made
 
@@ -51,19 +52,10 @@ def publish(
     from_stage: str | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the publisher; returns `{"stages": summaries, "seconds": ..., "out": ...}`."""
-    if options.cluster_init not in ("global", "fresh"):
-        raise LocalpersError(f"--cluster-init must be 'global' or 'fresh', not {options.cluster_init!r}")
-    if options.card_base not in ("auto", *BASES):
-        raise LocalpersError(f"--card-base must be auto, {' or '.join(BASES)}, not {options.card_base!r}")
-    if options.precision not in ("auto", "bf16", "fp32"):
-        raise LocalpersError(f"--precision must be auto, bf16 or fp32, not {options.precision!r}")
-    if options.head_u not in ("factored", "full"):
-        raise LocalpersError(f"--head-u must be 'factored' or 'full', not {options.head_u!r}")
-    if options.k is not None and options.k < 1:
-        raise LocalpersError("--k must be at least 1")
-    if options.shard_users < 1:
-        raise LocalpersError("--shard-users must be at least 1")
+    """Run (or resume) the publisher; returns `{"stages": summaries, "seconds": ..., "out": ...}`.
+
+    Every option is checked before anything is read, started or written (exit code 2 for a bad value)."""
+    check_options(options, until=until, from_stage=from_stage)
     bundle_stage.check_output_directory(options.out)
     check_work_directory(options.work_dir)
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
@@ -71,12 +63,43 @@ def publish(
     executor = make_executor(
         options.executor, address=options.ray_address, workers=options.workers, retries=options.task_retries
     )
-    limits = threadpool_limits(limits=options.threads)  # as in every task process (runner.task_context)
     try:
-        return _publish(options, corpus, backbone, executor, until, from_stage, console)
+        limits = threadpool_limits(limits=options.threads)  # as in every task process (runner.task_context)
+        try:
+            return _publish(options, corpus, backbone, executor, until, from_stage, console)
+        finally:
+            limits.restore_original_limits()
     finally:
         executor.close()
-        limits.restore_original_limits()
+
+
+def check_options(options: PublishOptions, *, until: str | None, from_stage: str | None) -> None:
+    """Refuse option values no stage can use, before any work: a typo found after the corpus is read, a Ray
+    started or a finished stage's cache discarded (a new `--targets` changes the sft key) costs minutes."""
+    if options.cluster_init not in ("global", "fresh"):
+        raise InputError(f"--cluster-init must be 'global' or 'fresh', not {options.cluster_init!r}")
+    if options.card_base not in ("auto", *BASES):
+        raise InputError(f"--card-base must be auto, {' or '.join(BASES)}, not {options.card_base!r}")
+    if options.precision not in ("auto", "bf16", "fp32"):
+        raise InputError(f"--precision must be auto, bf16 or fp32, not {options.precision!r}")
+    if options.head_u not in ("factored", "full"):
+        raise InputError(f"--head-u must be 'factored' or 'full', not {options.head_u!r}")
+    if options.k is not None and options.k < 1:
+        raise InputError("--k must be at least 1")
+    if options.shard_users < 1:
+        raise InputError("--shard-users must be at least 1")
+    unknown = [target for target in options.targets if target not in PEFT_MODULES]
+    if unknown or not options.targets:
+        problem = f"names unknown target(s) {', '.join(map(repr, unknown))}" if unknown else "is empty"
+        raise InputError(f"--targets {problem}; choose from {', '.join(PEFT_MODULES)}, comma-separated")
+    for flag, name in (("--until", until), ("--from-stage", from_stage)):
+        if name is not None and name not in STAGES:
+            raise InputError(f"{flag} {name!r} is not a stage; stages are: {', '.join(STAGES)}")
+    if until is not None and from_stage is not None and STAGES.index(from_stage) > STAGES.index(until):
+        raise InputError(
+            f"--from-stage {from_stage} comes after --until {until}: nothing would be recomputed; stages run in"
+            f" the order {', '.join(STAGES)}"
+        )
 
 
 def _publish(

@@ -12,6 +12,7 @@ This is the only module that imports `ray`, and it does so only when a Ray execu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -88,6 +89,11 @@ class RayExecutor:
                 )
             else:
                 ray.init(address=address, logging_level="ERROR", configure_logging=True)
+        except KeyboardInterrupt:
+            # A Ctrl-C during ray.init leaves a half-started local Ray (its agents outlived the command).
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            raise
         except (ConnectionError, TimeoutError, RuntimeError, ValueError, OSError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
