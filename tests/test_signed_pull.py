@@ -332,6 +332,127 @@ def test_init_refuses_an_existing_repository(repo: tuple[Path, Path, str]) -> No
         init_repository(repo[0], repo[1])
 
 
+# -- the publisher's keys: checked before anything is copied or written (audit findings 3, 11, 16) ----------
+
+
+def repository_files(repo_dir: Path) -> dict[str, bytes]:
+    """Every file under a repository's metadata/ and targets/ with its bytes: what a refused command must
+    leave as it was."""
+    return {
+        str(path.relative_to(repo_dir)): path.read_bytes()
+        for part in ("metadata", "targets")
+        for path in sorted((repo_dir / part).rglob("*"))
+        if path.is_file()
+    }
+
+
+def assert_one_line_refusal(result: Any, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_signing_with_another_repositorys_keys_is_refused_and_changes_nothing(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Once: `repo add`/`refresh` with another key set exit 0, signed with keys root does not trust, and every
+    device refused the repository from then on (timestamp signed by 0/1 keys)."""
+    from localpers.bundle.repository import add_file_target
+
+    repo_dir, _, fingerprint = repo
+    other = tmp_path / "other-keys"
+    generate_keys(other)
+    bundle = make_bundle(tmp_path / "newer", seed="newer")
+    before = repository_files(repo_dir)
+    untrusted = r"--keys .*other-keys: the targets key [0-9a-f]{12} is not one this repository's root trusts"
+    with pytest.raises(InputError, match=untrusted):
+        add_bundle(repo_dir, bundle, other)
+    with pytest.raises(InputError, match=untrusted):
+        add_file_target(repo_dir, "backbone/extra.gguf", bundle / MANIFEST_NAME, other)
+    with pytest.raises(InputError, match="the root key .* is not one this repository's root trusts"):
+        rotate_keys(repo_dir, other, other)
+    added = runner.invoke(app, ["repo", "add", str(repo_dir), str(bundle), "--keys", str(other)])
+    assert_one_line_refusal(added, "the targets key", "give this repository's keys directory")
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(other)])
+    assert_one_line_refusal(refreshed, "the timestamp key", "give this repository's keys directory")
+    everything = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(other), "--all"])
+    assert_one_line_refusal(everything, "the targets key")
+    assert repository_files(repo_dir) == before
+    pull(repo_dir, trust=fingerprint)  # devices still accept it
+
+
+def test_a_missing_key_is_refused_before_any_file_is_copied(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Once: `repo add` copied the bundle into targets/ (and signed targets) before it found no snapshot key."""
+    repo_dir, keys, _ = repo
+    partial = tmp_path / "partial-keys"
+    shutil.copytree(keys, partial)
+    (partial / "snapshot.key").unlink()
+    before = repository_files(repo_dir)
+    with pytest.raises(LocalpersError, match="snapshot.key: no snapshot key there"):
+        add_bundle(repo_dir, make_bundle(tmp_path / "newer", seed="newer"), partial)
+    assert repository_files(repo_dir) == before
+
+
+def test_a_keys_directory_inside_the_repository_is_refused(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Once: `repo init/add --keys REPO/keys` exit 0 and said "upload the repository files", root.key with them."""
+    new_repo = tmp_path / "new-repo"
+    generate_keys(new_repo / "keys")
+    created = runner.invoke(app, ["repo", "init", str(new_repo), "--keys", str(new_repo / "keys")])
+    assert_one_line_refusal(
+        created, "is inside the repository", "private keys must never be uploaded", "move"
+    )
+    assert [p.name for p in new_repo.iterdir()] == ["keys"]
+
+    repo_dir, keys, _ = repo
+    inside = repo_dir / "keys"
+    shutil.copytree(keys, inside)
+    linked = tmp_path / "link-to-inside"
+    linked.symlink_to(inside)  # resolved: still inside
+    bundle = make_bundle(tmp_path / "newer", seed="newer")
+    before = repository_files(repo_dir)
+    for given in (inside, linked, repo_dir):
+        for command in (
+            ["repo", "add", str(repo_dir), str(bundle), "--keys", str(given)],
+            ["repo", "refresh", str(repo_dir), "--keys", str(given)],
+            ["repo", "refresh", str(repo_dir), "--keys", str(given), "--all"],
+            ["repo", "add-backbone", str(repo_dir), "--keys", str(given)],
+        ):
+            assert_one_line_refusal(runner.invoke(app, command), "is inside the repository")
+    with pytest.raises(InputError, match="--keys .* is inside the repository"):
+        add_bundle(repo_dir, bundle, inside)
+    generate_keys(repo_dir / "new-keys")
+    rotated = runner.invoke(
+        app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(repo_dir / "new-keys")]
+    )
+    assert_one_line_refusal(rotated, "--new-keys", "is inside the repository")
+    assert repository_files(repo_dir) == before
+
+
+def test_keygen_into_a_file_and_keys_that_is_a_file_say_what_to_do(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Once: `File exists (...)` and `not a PEM private key ([Errno 20] Not a directory: ...)`."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    made = runner.invoke(app, ["repo", "keygen", str(afile)])
+    assert_one_line_refusal(made, "afile is a file, not a directory; give a new directory for the keys")
+    below = runner.invoke(app, ["repo", "keygen", str(afile / "keys")])
+    assert_one_line_refusal(below, "a part of this path is a file", "give a new directory")
+    assert afile.read_text() == "not a directory\n"
+    created = runner.invoke(app, ["repo", "init", str(tmp_path / "new-repo"), "--keys", str(afile)])
+    assert_one_line_refusal(created, "--keys", "is a file, not a keys directory", "localpers repo keygen DIR")
+    assert not (tmp_path / "new-repo").exists()
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo[0]), "--keys", str(afile)])
+    assert_one_line_refusal(refreshed, "is a file, not a keys directory")
+
+
 # -- the backbone as a signed target --------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +39,8 @@ TARGETS_DIR = "targets"
 KEY_SUFFIX = ".key"  # PEM private key, mode 0600
 PUBLIC_SUFFIX = ".pub.json"  # the public key as TUF key JSON
 DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
+PUBLISH_ROLES = ("targets", "snapshot", "timestamp")  # the keys that `repo add` and `refresh --all` sign with
+SHORT_KEYID = 12  # hex digits of a keyid shown in an error
 
 
 def _tuf() -> Any:
@@ -68,13 +71,23 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
     from securesystemslib.signer import CryptoSigner
 
     keys_dir = Path(keys_dir)
+    if keys_dir.exists() and not keys_dir.is_dir():
+        raise InputError(
+            f"{keys_dir} is a file, not a directory; give a new directory for the keys"
+            " (`localpers repo keygen DIR` creates it)"
+        )
     existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
     if existing:
         raise LocalpersError(
             f"{keys_dir} already holds keys ({', '.join(existing)}); use another directory, keys are never"
             " overwritten"
         )
-    keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileExistsError, NotADirectoryError):  # a parent is a file
+        raise InputError(
+            f"{keys_dir}: a part of this path is a file, not a directory; give a new directory for the keys"
+        ) from None
     keyids: dict[str, str] = {}
     for role in ROLES:
         signer = CryptoSigner.generate_ed25519()
@@ -90,12 +103,18 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
     return keyids
 
 
-def load_signer(keys_dir: Path, role: str) -> Any:
-    """The signer of `role` from its PEM file in `keys_dir`."""
+def load_signer(keys_dir: Path, role: str, option: str = "--keys") -> Any:
+    """The signer of `role` from its PEM file in `keys_dir` (given with the command-line `option`)."""
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner, SSlibKey
 
-    path = Path(keys_dir) / f"{role}{KEY_SUFFIX}"
+    keys_dir = Path(keys_dir)
+    if keys_dir.exists() and not keys_dir.is_dir():
+        raise InputError(
+            f"{option} {keys_dir} is a file, not a keys directory; give the directory"
+            " `localpers repo keygen DIR` created"
+        )
+    path = keys_dir / f"{role}{KEY_SUFFIX}"
     try:
         private_key = load_pem_private_key(path.read_bytes(), password=None)
     except FileNotFoundError:
@@ -165,12 +184,50 @@ def load_repository(directory: Path) -> Repository:
     return Repository(directory, loaded["root"], loaded["targets"], loaded["snapshot"], loaded["timestamp"])
 
 
-def _sign(metadata: Any, keys_dir: Path, role: str) -> None:
-    metadata.sign(load_signer(keys_dir, role))
+def check_keys_outside(repo_dir: Path, keys_dir: Path, option: str = "--keys") -> None:
+    """Refuse a keys directory that is the repository directory or inside it (compared resolved):
+    everything in a repository is uploaded to the web server, and private keys must never be."""
+    repo, keys = Path(repo_dir).resolve(), Path(keys_dir).resolve()
+    if keys == repo or repo in keys.parents:
+        raise InputError(
+            f"{option} {keys_dir} is inside the repository {repo_dir}: private keys must never be uploaded"
+            " with it; move the keys directory out of the repository and give its new place"
+        )
+
+
+def load_signers(
+    repo: Repository, keys_dir: Path, roles: Iterable[str], option: str = "--keys"
+) -> dict[str, Any]:
+    """The signers of `roles` from `keys_dir`, each checked against the keyids the repository's root
+    trusts for its role: called before anything is copied or written, so a wrong, missing or misplaced
+    key changes nothing (a signature by an untrusted key would make every device refuse the repository)."""
+    check_keys_outside(repo.directory, keys_dir, option)
+    signers: dict[str, Any] = {}
+    for role in roles:
+        signer = load_signer(keys_dir, role, option)
+        trusted = sorted(repo.root.signed.roles[role].keyids)
+        if signer.public_key.keyid not in trusted:
+            shown = ", ".join(keyid[:SHORT_KEYID] for keyid in trusted)
+            raise InputError(
+                f"{option} {keys_dir}: the {role} key {signer.public_key.keyid[:SHORT_KEYID]} is not one this"
+                f" repository's root trusts ({shown}); give this repository's keys directory"
+            )
+        signers[role] = signer
+    return signers
+
+
+def check_keys(repo_dir: Path, keys_dir: Path, roles: Iterable[str] = PUBLISH_ROLES) -> None:
+    """Check up front that `keys_dir` holds this repository's keys for `roles` (see `load_signers`)."""
+    check_keys_outside(repo_dir, keys_dir)
+    load_signers(load_repository(Path(repo_dir)), keys_dir, roles)
 
 
 def _publish_snapshot_and_timestamp(
-    repo: Repository, keys_dir: Path, expiry_days: dict[str, int] | None, *, new_targets: bytes | None
+    repo: Repository,
+    signers: dict[str, Any],
+    expiry_days: dict[str, int] | None,
+    *,
+    new_targets: bytes | None,
 ) -> None:
     """Write a new snapshot (if targets changed or it is re-signed) and always a new timestamp."""
     metadata = _tuf()
@@ -182,15 +239,15 @@ def _publish_snapshot_and_timestamp(
         )
     repo.snapshot.signed.version += 1
     repo.snapshot.signed.expires = _expiry("snapshot", expiry_days)
-    _sign(repo.snapshot, keys_dir, "snapshot")
+    repo.snapshot.sign(signers["snapshot"])
     snapshot_bytes = repo.snapshot.to_bytes()
     _write_public(repo.metadata_dir / f"{repo.snapshot.signed.version}.snapshot.json", snapshot_bytes)
     _write_public(repo.metadata_dir / "snapshot.json", snapshot_bytes)
-    _refresh_timestamp(repo, keys_dir, expiry_days, snapshot_bytes)
+    _refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
 
 
 def _refresh_timestamp(
-    repo: Repository, keys_dir: Path, expiry_days: dict[str, int] | None, snapshot_bytes: bytes
+    repo: Repository, signers: dict[str, Any], expiry_days: dict[str, int] | None, snapshot_bytes: bytes
 ) -> None:
     metadata = _tuf()
     repo.timestamp.signed.snapshot_meta = metadata.MetaFile(
@@ -200,7 +257,7 @@ def _refresh_timestamp(
     )
     repo.timestamp.signed.version += 1
     repo.timestamp.signed.expires = _expiry("timestamp", expiry_days)
-    _sign(repo.timestamp, keys_dir, "timestamp")
+    repo.timestamp.sign(signers["timestamp"])
     _write_metadata(repo.metadata_dir / "timestamp.json", repo.timestamp)
 
 
@@ -209,6 +266,7 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     root keyid (the fingerprint devices pin)."""
     metadata = _tuf()
     directory = Path(directory)
+    check_keys_outside(directory, keys_dir)
     if (directory / METADATA_DIR / "root.json").exists():
         raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
     signers = {role: load_signer(keys_dir, role) for role in ROLES}
@@ -234,7 +292,7 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     timestamp_md = metadata.Metadata(metadata.Timestamp(expires=_expiry("timestamp", expiry_days)))
     timestamp_md.signed.version = 0
     repo = Repository(directory, root_md, targets_md, snapshot_md, timestamp_md)
-    _publish_snapshot_and_timestamp(repo, keys_dir, expiry_days, new_targets=targets_bytes)
+    _publish_snapshot_and_timestamp(repo, signers, expiry_days, new_targets=targets_bytes)
     return signers["root"].public_key.keyid
 
 
@@ -270,9 +328,11 @@ def add_bundle(
     the previous bundle's; signs new targets, snapshot and timestamp. Returns the new targets version."""
     from localpers.bundle.format import MANIFEST_NAME, PUBLISH_ADVICE, advising, verify_bundle
 
+    check_keys_outside(repo_dir, keys_dir)
     with advising(PUBLISH_ADVICE):
         bundle = verify_bundle(Path(bundle_dir))
     repo = load_repository(Path(repo_dir))
+    signers = load_signers(repo, keys_dir, PUBLISH_ROLES)  # before the first file is copied
     kept = {
         path: info for path, info in repo.targets.signed.targets.items() if not path.startswith(BUNDLE_PREFIX)
     }
@@ -280,7 +340,7 @@ def add_bundle(
         kept[BUNDLE_PREFIX + relative] = _copy_target(
             repo, BUNDLE_PREFIX + relative, bundle.directory / relative
         )
-    return _publish_targets(repo, kept, keys_dir, expiry_days)
+    return _publish_targets(repo, kept, signers, expiry_days)
 
 
 def add_file_target(
@@ -288,22 +348,23 @@ def add_file_target(
 ) -> int:
     """Publish one more file (e.g. the backbone GGUF as `backbone/<name>.gguf`) next to the bundle."""
     repo = load_repository(Path(repo_dir))
+    signers = load_signers(repo, keys_dir, PUBLISH_ROLES)  # before the file is copied
     targets = dict(repo.targets.signed.targets)
     targets[target_path] = _copy_target(repo, target_path, Path(source))
-    return _publish_targets(repo, targets, keys_dir, expiry_days)
+    return _publish_targets(repo, targets, signers, expiry_days)
 
 
 def _publish_targets(
-    repo: Repository, targets: dict[str, Any], keys_dir: Path, expiry_days: dict[str, int] | None
+    repo: Repository, targets: dict[str, Any], signers: dict[str, Any], expiry_days: dict[str, int] | None
 ) -> int:
     repo.targets.signed.targets = targets
     repo.targets.signed.version += 1
     repo.targets.signed.expires = _expiry("targets", expiry_days)
-    _sign(repo.targets, keys_dir, "targets")
+    repo.targets.sign(signers["targets"])
     targets_bytes = repo.targets.to_bytes()
     _write_public(repo.metadata_dir / f"{repo.targets.signed.version}.targets.json", targets_bytes)
     _write_public(repo.metadata_dir / "targets.json", targets_bytes)
-    _publish_snapshot_and_timestamp(repo, keys_dir, expiry_days, new_targets=targets_bytes)
+    _publish_snapshot_and_timestamp(repo, signers, expiry_days, new_targets=targets_bytes)
     return int(repo.targets.signed.version)
 
 
@@ -316,11 +377,12 @@ def refresh(
     an expired timestamp (freeze protection). Returns role -> new version.
     """
     repo = load_repository(Path(repo_dir))
+    signers = load_signers(repo, keys_dir, PUBLISH_ROLES if everything else ("timestamp",))
     if everything:
-        _publish_targets(repo, dict(repo.targets.signed.targets), keys_dir, expiry_days)
+        _publish_targets(repo, dict(repo.targets.signed.targets), signers, expiry_days)
     else:
         snapshot_bytes = (repo.metadata_dir / "snapshot.json").read_bytes()
-        _refresh_timestamp(repo, keys_dir, expiry_days, snapshot_bytes)
+        _refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
     return {
         "targets": int(repo.targets.signed.version),
         "snapshot": int(repo.snapshot.signed.version),
@@ -338,8 +400,10 @@ def rotate_keys(
     re-signed with the new keys. Returns the new root version.
     """
     repo = load_repository(Path(repo_dir))
+    old_root = load_signers(repo, old_keys_dir, ("root",))["root"]  # the key devices trust now
+    check_keys_outside(repo.directory, new_keys_dir, "--new-keys")
+    new_signers = {role: load_signer(new_keys_dir, role, "--new-keys") for role in ROLES}
     root = repo.root.signed
-    new_signers = {role: load_signer(new_keys_dir, role) for role in ROLES}
     for role in ROLES:
         for keyid in list(root.roles[role].keyids):
             root.revoke_key(keyid, role)
@@ -347,10 +411,10 @@ def rotate_keys(
     root.version += 1
     root.expires = _expiry("root", expiry_days)
     repo.root.signatures.clear()
-    repo.root.sign(load_signer(old_keys_dir, "root"), append=True)
+    repo.root.sign(old_root, append=True)
     repo.root.sign(new_signers["root"], append=True)
     root_bytes = repo.root.to_bytes()
     _write_public(repo.metadata_dir / f"{root.version}.root.json", root_bytes)
     _write_public(repo.metadata_dir / "root.json", root_bytes)
-    _publish_targets(repo, dict(repo.targets.signed.targets), new_keys_dir, expiry_days)
+    _publish_targets(repo, dict(repo.targets.signed.targets), new_signers, expiry_days)
     return int(root.version)

