@@ -210,3 +210,20 @@ def test_a_ctrl_c_during_a_c_extensions_import_is_reported_as_an_interrupt() -> 
 
     with pytest.raises(ImportError):  # a real import error is not hidden
         broken()
+
+
+def test_a_repository_or_keys_that_cannot_sign_are_refused_before_training(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    out = tmp_path / "bundle"
+    runner = CliRunner()
+    keys, other, repo = tmp_path / "keys", tmp_path / "other", tmp_path / "repo"
+    assert runner.invoke(app, ["repo", "keygen", str(keys)]).exit_code == 0
+    assert runner.invoke(app, ["repo", "keygen", str(other)]).exit_code == 0
+    assert runner.invoke(app, ["repo", "init", str(repo), "--keys", str(keys)]).exit_code == 0
+    for flags, message in (
+        (["--repo", str(tmp_path / "missing"), "--keys", str(keys)], "missing"),
+        (["--repo", str(repo), "--keys", str(other)], "is not one this repository's root trusts"),
+    ):
+        result = runner.invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
+        assert result.exit_code != 0 and message in result.output, result.output
+        assert not out.exists()

@@ -192,6 +192,10 @@ def publish_command(
         )
     if (repo is None) != (keys is None):
         raise InputError("--repo and --keys go together: the repository to sign into and its keys")
+    if repo is not None and keys is not None:
+        from localpers.bundle.repository import check_keys
+
+        check_keys(repo, keys)  # a wrong repository or keys found now, not after an hour of training
     from localpers.publish.pipeline import publish
 
     options = PublishOptions(
