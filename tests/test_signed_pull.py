@@ -576,7 +576,7 @@ def test_publish_signs_into_a_repository_with_repo_and_keys(
 
     monkeypatch.setattr(pipeline, "publish", fake_publish)
     refused = runner.invoke(app, ["publish", str(corpus), "--out", str(out), "--repo", str(repo_dir)])
-    assert refused.exit_code == 1 and "--repo and --keys go together" in refused.stderr
+    assert refused.exit_code == 2 and "--repo and --keys go together" in refused.stderr
     assert not out.exists()
     done = runner.invoke(
         app, ["publish", str(corpus), "--out", str(out), "--repo", str(repo_dir), "--keys", str(keys)]
