@@ -33,8 +33,9 @@ from localpers.bundle.format import (
     verify_bundle,
     write_manifest,
 )
+from localpers.bundle.keys import generate_keys
 from localpers.bundle.pull import pull_bundle
-from localpers.bundle.repository import add_bundle, add_file_target, generate_keys, init_repository
+from localpers.bundle.repository import add_bundle, add_file_target, init_repository
 from localpers.bundle.serve import BundleServer, ServedFile, parse_range, start_background_server
 from localpers.engine.backbone import Backbone
 from localpers.errors import InputError, LocalpersError
@@ -665,7 +666,8 @@ def test_a_damaged_bundle_directory_exits_2_in_every_command_with_advice_for_a_d
     """Found by an audit: `pull DIR --unsigned` exited 1 where `bundle verify DIR` exited 2, a directory without a
     manifest and a backbone mismatch exited 1, and every refusal of a directory the user gave said to pull it again
     with `localpers pull URL`."""
-    from localpers.bundle.repository import generate_keys, init_repository
+    from localpers.bundle.keys import generate_keys
+    from localpers.bundle.repository import init_repository
 
     bundle = make_bundle(tmp_path / "given")
     _damage(bundle, how)

@@ -22,10 +22,10 @@ from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
 from typer.testing import CliRunner
 
 from localpers.bundle.format import MANIFEST_NAME, bundles_root, installed_bundle_dir
+from localpers.bundle.keys import generate_keys
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import (
     add_bundle,
-    generate_keys,
     init_repository,
     refresh,
     root_keyid,

@@ -12,14 +12,13 @@ A repository is a directory of plain static files that any web server can host:
 The bundle's files are TUF targets named `bundle/<path>` (`bundle/manifest.json` among them), with
 length and sha256, so a device downloads no more than the signed length of any file. Keys are ed25519
 (one per top-level role, threshold 1), kept by the publisher as PEM files in a keys directory that is
-never part of the repository. This module signs and writes files; it never opens a network connection
-and never installs anything (see `localpers.bundle.signed` for the device's side).
+never part of the repository (`localpers.bundle.keys`). This module signs and writes files; it never opens a
+network connection and never installs anything (see `localpers.bundle.signed` for the device's side).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from collections.abc import Iterable
@@ -29,18 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_bytes
+from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
 from localpers.errors import InputError, LocalpersError
 
-ROLES = ("root", "targets", "snapshot", "timestamp")
 BUNDLE_PREFIX = "bundle/"
 BACKBONE_PREFIX = "backbone/"  # backbone/<sha256>.gguf
 METADATA_DIR = "metadata"
 TARGETS_DIR = "targets"
-KEY_SUFFIX = ".key"  # PEM private key, mode 0600
-PUBLIC_SUFFIX = ".pub.json"  # the public key as TUF key JSON
 DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
 PUBLISH_ROLES = ("targets", "snapshot", "timestamp")  # the keys that `repo add` and `refresh --all` sign with
-SHORT_KEYID = 12  # hex digits of a keyid shown in an error
 
 
 def _tuf() -> Any:
@@ -55,76 +51,6 @@ def _tuf() -> Any:
 def _expiry(role: str, days: dict[str, int] | None) -> datetime:
     count = (days or {}).get(role, DEFAULT_EXPIRY_DAYS[role])
     return datetime.now(UTC).replace(microsecond=0) + timedelta(days=count)
-
-
-# --------------------------------------------------------------------------------------------------
-# Keys
-
-
-def fingerprint(keyid: str) -> str:
-    """How a key is shown to people: its TUF keyid (sha256 of the canonical public key), in full."""
-    return keyid
-
-
-def generate_keys(keys_dir: Path) -> dict[str, str]:
-    """One new ed25519 key per role in `keys_dir` (refuses to overwrite); returns role -> keyid."""
-    from securesystemslib.signer import CryptoSigner
-
-    keys_dir = Path(keys_dir)
-    if keys_dir.exists() and not keys_dir.is_dir():
-        raise InputError(
-            f"{keys_dir} is a file, not a directory; give a new directory for the keys"
-            " (`localpers repo keygen DIR` creates it)"
-        )
-    existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
-    if existing:
-        raise LocalpersError(
-            f"{keys_dir} already holds keys ({', '.join(existing)}); use another directory, keys are never"
-            " overwritten"
-        )
-    try:
-        keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except (FileExistsError, NotADirectoryError):  # a parent is a file
-        raise InputError(
-            f"{keys_dir}: a part of this path is a file, not a directory; give a new directory for the keys"
-        ) from None
-    keyids: dict[str, str] = {}
-    for role in ROLES:
-        signer = CryptoSigner.generate_ed25519()
-        private = keys_dir / f"{role}{KEY_SUFFIX}"
-        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(signer.private_bytes)
-        public = signer.public_key
-        (keys_dir / f"{role}{PUBLIC_SUFFIX}").write_text(
-            json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
-        )
-        keyids[role] = public.keyid
-    return keyids
-
-
-def load_signer(keys_dir: Path, role: str, option: str = "--keys") -> Any:
-    """The signer of `role` from its PEM file in `keys_dir` (given with the command-line `option`)."""
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-    from securesystemslib.signer import CryptoSigner, SSlibKey
-
-    keys_dir = Path(keys_dir)
-    if keys_dir.exists() and not keys_dir.is_dir():
-        raise InputError(
-            f"{option} {keys_dir} is a file, not a keys directory; give the directory"
-            " `localpers repo keygen DIR` created"
-        )
-    path = keys_dir / f"{role}{KEY_SUFFIX}"
-    try:
-        private_key = load_pem_private_key(path.read_bytes(), password=None)
-    except FileNotFoundError:
-        raise LocalpersError(
-            f"{path}: no {role} key there; create keys with `localpers repo keygen DIR`"
-        ) from None
-    except (OSError, ValueError, TypeError) as exc:
-        raise InputError(f"{path}: not a PEM private key ({exc})") from None
-    public = SSlibKey.from_crypto(private_key.public_key())
-    return CryptoSigner(private_key, public)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,42 +110,10 @@ def load_repository(directory: Path) -> Repository:
     return Repository(directory, loaded["root"], loaded["targets"], loaded["snapshot"], loaded["timestamp"])
 
 
-def check_keys_outside(repo_dir: Path, keys_dir: Path, option: str = "--keys") -> None:
-    """Refuse a keys directory that is the repository directory or inside it (compared resolved):
-    everything in a repository is uploaded to the web server, and private keys must never be."""
-    repo, keys = Path(repo_dir).resolve(), Path(keys_dir).resolve()
-    if keys == repo or repo in keys.parents:
-        raise InputError(
-            f"{option} {keys_dir} is inside the repository {repo_dir}: private keys must never be uploaded"
-            " with it; move the keys directory out of the repository and give its new place"
-        )
-
-
-def load_signers(
-    repo: Repository, keys_dir: Path, roles: Iterable[str], option: str = "--keys"
-) -> dict[str, Any]:
-    """The signers of `roles` from `keys_dir`, each checked against the keyids the repository's root
-    trusts for its role: called before anything is copied or written, so a wrong, missing or misplaced
-    key changes nothing (a signature by an untrusted key would make every device refuse the repository)."""
-    check_keys_outside(repo.directory, keys_dir, option)
-    signers: dict[str, Any] = {}
-    for role in roles:
-        signer = load_signer(keys_dir, role, option)
-        trusted = sorted(repo.root.signed.roles[role].keyids)
-        if signer.public_key.keyid not in trusted:
-            shown = ", ".join(keyid[:SHORT_KEYID] for keyid in trusted)
-            raise InputError(
-                f"{option} {keys_dir}: the {role} key {signer.public_key.keyid[:SHORT_KEYID]} is not one this"
-                f" repository's root trusts ({shown}); give this repository's keys directory"
-            )
-        signers[role] = signer
-    return signers
-
-
 def check_keys(repo_dir: Path, keys_dir: Path, roles: Iterable[str] = PUBLISH_ROLES) -> None:
     """Check up front that `keys_dir` holds this repository's keys for `roles` (see `load_signers`)."""
-    check_keys_outside(repo_dir, keys_dir)
-    load_signers(load_repository(Path(repo_dir)), keys_dir, roles)
+    repo = load_repository(Path(repo_dir))
+    load_signers(repo.directory, repo.root, keys_dir, roles)
 
 
 def _publish_snapshot_and_timestamp(
@@ -332,7 +226,9 @@ def add_bundle(
     with advising(PUBLISH_ADVICE):
         bundle = verify_bundle(Path(bundle_dir))
     repo = load_repository(Path(repo_dir))
-    signers = load_signers(repo, keys_dir, PUBLISH_ROLES)  # before the first file is copied
+    signers = load_signers(
+        repo.directory, repo.root, keys_dir, PUBLISH_ROLES
+    )  # before the first file is copied
     kept = {
         path: info for path, info in repo.targets.signed.targets.items() if not path.startswith(BUNDLE_PREFIX)
     }
@@ -348,7 +244,7 @@ def add_file_target(
 ) -> int:
     """Publish one more file (e.g. the backbone GGUF as `backbone/<name>.gguf`) next to the bundle."""
     repo = load_repository(Path(repo_dir))
-    signers = load_signers(repo, keys_dir, PUBLISH_ROLES)  # before the file is copied
+    signers = load_signers(repo.directory, repo.root, keys_dir, PUBLISH_ROLES)  # before the file is copied
     targets = dict(repo.targets.signed.targets)
     targets[target_path] = _copy_target(repo, target_path, Path(source))
     return _publish_targets(repo, targets, signers, expiry_days)
@@ -377,7 +273,9 @@ def refresh(
     an expired timestamp (freeze protection). Returns role -> new version.
     """
     repo = load_repository(Path(repo_dir))
-    signers = load_signers(repo, keys_dir, PUBLISH_ROLES if everything else ("timestamp",))
+    signers = load_signers(
+        repo.directory, repo.root, keys_dir, PUBLISH_ROLES if everything else ("timestamp",)
+    )
     if everything:
         _publish_targets(repo, dict(repo.targets.signed.targets), signers, expiry_days)
     else:
@@ -400,7 +298,9 @@ def rotate_keys(
     re-signed with the new keys. Returns the new root version.
     """
     repo = load_repository(Path(repo_dir))
-    old_root = load_signers(repo, old_keys_dir, ("root",))["root"]  # the key devices trust now
+    old_root = load_signers(repo.directory, repo.root, old_keys_dir, ("root",))[
+        "root"
+    ]  # the key devices trust now
     check_keys_outside(repo.directory, new_keys_dir, "--new-keys")
     new_signers = {role: load_signer(new_keys_dir, role, "--new-keys") for role in ROLES}
     root = repo.root.signed

@@ -37,7 +37,7 @@ def _expiry(days: int | None, *roles: str) -> dict[str, int] | None:
 
 def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four private keys.")]) -> None:
     """Create ed25519 keys for root, targets, snapshot and timestamp (PEM files, mode 0600)."""
-    from localpers.bundle.repository import generate_keys
+    from localpers.bundle.keys import generate_keys
 
     keyids = generate_keys(keys)
     typer.echo(f"created keys in {keys}; keep them off the web server, back up root.key offline")

@@ -36,6 +36,7 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
+from localpers.bundle.format import sha256_of_file
 from localpers.errors import LocalpersError
 from localpers.paths import check_own_directory
 from localpers.publish.corpus import Corpus, load_corpus
@@ -192,15 +193,6 @@ def task_context(spec: ContextSpec) -> PublishContext:
     )
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of the file at `path`, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def stage_key(options: PublishOptions, stage: str, upstream: dict[str, str]) -> str:
     payload = {"stage": stage, "fields": stage_fields(options, stage), "upstream": upstream}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -227,7 +219,7 @@ def run_stages(
     # Every stage's key chains from the inputs: a corpus edited in place or another backbone makes them all new
     # (the clusters key held only options, so an edited corpus found every stage cached and its old bundle kept).
     upstream: dict[str, str] = {
-        "corpus": file_sha256(Path(context.options.corpus)),
+        "corpus": sha256_of_file(Path(context.options.corpus)),
         "backbone": context.backbone_sha256,
     }
     for index, stage in enumerate(STAGES[: last + 1]):

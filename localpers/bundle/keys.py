@@ -1,0 +1,121 @@
+"""The publisher's signing keys for a signed repository: make them, load them, check them before signing.
+
+Keys are ed25519, one per top-level TUF role (threshold 1), kept as PEM files (`<role>.key`, mode 0600) with
+their public halves (`<role>.pub.json`) in a keys directory that is never part of the repository: a keys
+directory inside it is refused, since everything there is uploaded. `load_signers` checks each key against the
+keyids the repository's root trusts before anything is signed, so a wrong keys directory changes nothing. This
+module writes only key files; the repository's metadata is `localpers.bundle.repository`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from localpers.errors import InputError, LocalpersError
+
+ROLES = ("root", "targets", "snapshot", "timestamp")
+KEY_SUFFIX = ".key"  # PEM private key, mode 0600
+PUBLIC_SUFFIX = ".pub.json"  # the public key as TUF key JSON
+SHORT_KEYID = 12  # hex digits of a keyid shown in an error
+
+
+def fingerprint(keyid: str) -> str:
+    """How a key is shown to people: its TUF keyid (sha256 of the canonical public key), in full."""
+    return keyid
+
+
+def generate_keys(keys_dir: Path) -> dict[str, str]:
+    """One new ed25519 key per role in `keys_dir` (refuses to overwrite); returns role -> keyid."""
+    from securesystemslib.signer import CryptoSigner
+
+    keys_dir = Path(keys_dir)
+    if keys_dir.exists() and not keys_dir.is_dir():
+        raise InputError(
+            f"{keys_dir} is a file, not a directory; give a new directory for the keys"
+            " (`localpers repo keygen DIR` creates it)"
+        )
+    existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
+    if existing:
+        raise LocalpersError(
+            f"{keys_dir} already holds keys ({', '.join(existing)}); use another directory, keys are never"
+            " overwritten"
+        )
+    try:
+        keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileExistsError, NotADirectoryError):  # a parent is a file
+        raise InputError(
+            f"{keys_dir}: a part of this path is a file, not a directory; give a new directory for the keys"
+        ) from None
+    keyids: dict[str, str] = {}
+    for role in ROLES:
+        signer = CryptoSigner.generate_ed25519()
+        private = keys_dir / f"{role}{KEY_SUFFIX}"
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(signer.private_bytes)
+        public = signer.public_key
+        (keys_dir / f"{role}{PUBLIC_SUFFIX}").write_text(
+            json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
+        )
+        keyids[role] = public.keyid
+    return keyids
+
+
+def load_signer(keys_dir: Path, role: str, option: str = "--keys") -> Any:
+    """The signer of `role` from its PEM file in `keys_dir` (given with the command-line `option`)."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import CryptoSigner, SSlibKey
+
+    keys_dir = Path(keys_dir)
+    if keys_dir.exists() and not keys_dir.is_dir():
+        raise InputError(
+            f"{option} {keys_dir} is a file, not a keys directory; give the directory"
+            " `localpers repo keygen DIR` created"
+        )
+    path = keys_dir / f"{role}{KEY_SUFFIX}"
+    try:
+        private_key = load_pem_private_key(path.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise LocalpersError(
+            f"{path}: no {role} key there; create keys with `localpers repo keygen DIR`"
+        ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"{path}: not a PEM private key ({exc})") from None
+    public = SSlibKey.from_crypto(private_key.public_key())
+    return CryptoSigner(private_key, public)
+
+
+def check_keys_outside(repo_dir: Path, keys_dir: Path, option: str = "--keys") -> None:
+    """Refuse a keys directory that is the repository directory or inside it (compared resolved):
+    everything in a repository is uploaded to the web server, and private keys must never be."""
+    repo, keys = Path(repo_dir).resolve(), Path(keys_dir).resolve()
+    if keys == repo or repo in keys.parents:
+        raise InputError(
+            f"{option} {keys_dir} is inside the repository {repo_dir}: private keys must never be uploaded"
+            " with it; move the keys directory out of the repository and give its new place"
+        )
+
+
+def load_signers(
+    repo_dir: Path, root: Any, keys_dir: Path, roles: Iterable[str], option: str = "--keys"
+) -> dict[str, Any]:
+    """The signers of `roles` from `keys_dir`, each checked against the keyids the repository's `root`
+    metadata trusts for its role: called before anything is copied or written, so a wrong, missing or misplaced
+    key changes nothing (a signature by an untrusted key would make every device refuse the repository)."""
+    check_keys_outside(repo_dir, keys_dir, option)
+    signers: dict[str, Any] = {}
+    for role in roles:
+        signer = load_signer(keys_dir, role, option)
+        trusted = sorted(root.signed.roles[role].keyids)
+        if signer.public_key.keyid not in trusted:
+            shown = ", ".join(keyid[:SHORT_KEYID] for keyid in trusted)
+            raise InputError(
+                f"{option} {keys_dir}: the {role} key {signer.public_key.keyid[:SHORT_KEYID]} is not one this"
+                f" repository's root trusts ({shown}); give this repository's keys directory"
+            )
+        signers[role] = signer
+    return signers
