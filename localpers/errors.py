@@ -4,9 +4,12 @@ Raise `LocalpersError` with a message that names the file, line or field at faul
 (exit code 1: a state problem, such as a missing user or a fit that is needed first). Raise `InputError`
 when something that came from outside is malformed: the content of a file (a history file, a user
 archive, a GGUF model, a bundle manifest, signed metadata) or a command-line argument (a user name, task
-or method name that cannot be, text that is not UTF-8): exit code 2, like a command-line usage error. `StorageError` is a file that could not be
-written (full disk, read-only folder): a one-line error that is still an `OSError` for code that catches
-those. None of them formats, logs or exits; `localpers.cli.main` does that.
+or method name that cannot be, text that is not UTF-8): exit code 2, like a command-line usage error.
+The same holds for a file localpers keeps whose content is damaged (a user's vector, state.json or history
+that no longer parses or matches its checksum); one that is missing or cannot be opened is a state problem
+(exit code 1). `StorageError` is a file that could not be written (full disk, read-only folder): a one-line
+error that is still an `OSError` for code that catches those. None of them formats, logs or exits;
+`localpers.cli.main` does that.
 """
 
 BAD_INPUT_EXIT_CODE = 2

@@ -190,7 +190,7 @@ def test_damaged_vector_gives_one_line_error_in_show() -> None:
     user = UserStore().get("ann")
     user.save_fit(np.ones(4, np.float32), {"cluster": 1})
     user.vector_path().write_bytes(b"garbage")
-    result = run("user", "show", code=1)
+    result = run("user", "show", code=2)  # a damaged file exits 2 (tests/test_damage_exit_codes.py)
     assert_one_line_error(result, "run `localpers fit` again")
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from localpers.engine import Engine
 from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
@@ -103,22 +103,24 @@ def load_state(user: User) -> CopeState:
         raw = parse_json(path.read_bytes())
     except FileNotFoundError:
         raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_refit(user.name)}") from None
-    except (OSError, JSONProblem) as exc:
-        raise LocalpersError(f"{path} is damaged ({exc}); {_refit(user.name)}") from None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {_refit(user.name)}") from None
+    except JSONProblem as exc:
+        raise InputError(f"{path} is damaged ({exc}); {_refit(user.name)}") from None
     try:
         state = CopeState(**raw)
     except TypeError:
-        raise LocalpersError(f"{path} is damaged (unexpected fields); {_refit(user.name)}") from None
+        raise InputError(f"{path} is damaged (unexpected fields); {_refit(user.name)}") from None
     wrong = _wrongly_typed(state)
     if wrong:
-        raise LocalpersError(f"{path} is damaged (field {wrong!r}); {_refit(user.name)}")
+        raise InputError(f"{path} is damaged (field {wrong!r}); {_refit(user.name)}")
     if state.version != STATE_VERSION:
         raise LocalpersError(f"{path} has version {state.version}; {_refit(user.name)}")
     adapter = adapter_path(user, state)
     if not adapter.is_file():
         raise LocalpersError(f"{adapter} is missing although {STATE_FILE} names it; {_refit(user.name)}")
     if _sha256(adapter) != state.adapter_sha256:
-        raise LocalpersError(f"{adapter} does not match its sha256 in {STATE_FILE}; {_refit(user.name)}")
+        raise InputError(f"{adapter} does not match its sha256 in {STATE_FILE}; {_refit(user.name)}")
     return state
 
 
@@ -144,7 +146,7 @@ def _wrongly_typed(state: CopeState) -> str | None:
 def adapter_path(user: User, state: CopeState) -> Path:
     name = Path(state.adapter_file).name
     if name != state.adapter_file or not name.startswith(ADAPTER_PREFIX) or not name.endswith(".gguf"):
-        raise LocalpersError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_refit()}")
+        raise InputError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_refit()}")
     return user.dir / name
 
 

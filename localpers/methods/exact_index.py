@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from localpers.atomic import atomic_write_bytes
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.attributes import ATTRIBUTES
 from localpers.methods.stored_files import EXACT_INDEX_FILE
 from localpers.users.store import User
@@ -79,12 +79,14 @@ class ExactIndex:
             entries = [IndexEntry(**e) for e in payload["entries"]]
             meta = dict(payload["meta"])
             version = payload["version"]
+        except OSError as exc:
+            raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
         except Exception as exc:  # safetensors and json raise several types for a damaged file
-            raise LocalpersError(f"{path} is damaged ({type(exc).__name__}); {fix}") from None
+            raise InputError(f"{path} is damaged ({type(exc).__name__}); {fix}") from None
         if version != INDEX_VERSION:
             raise LocalpersError(f"{path} has version {version}; {fix}")
         if embeddings.ndim != 2 or len(embeddings) != len(entries):
-            raise LocalpersError(
+            raise InputError(
                 f"{path} is damaged ({len(entries)} entries, {embeddings.shape} embeddings); {fix}"
             )
         return cls(entries, embeddings.astype(np.float32), meta)

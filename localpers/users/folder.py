@@ -192,7 +192,7 @@ class User:
         if name is None:
             return None
         if not isinstance(name, str) or not VECTOR_FILE_PATTERN.fullmatch(name):
-            raise LocalpersError(f"{self.state_path} is damaged (bad 'vector_file'); remove it and {_REFIT}")
+            raise InputError(f"{self.state_path} is damaged (bad 'vector_file'); remove it and {_REFIT}")
         return self.dir / name
 
     def vector(self) -> np.ndarray | None:
@@ -221,19 +221,19 @@ class User:
         except OSError as exc:
             raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {_REFIT}") from None
         if hashlib.sha256(data).hexdigest() != state.get("vector_sha256"):
-            raise LocalpersError(
+            raise InputError(
                 f"{path} does not match the sha256 recorded in {self.state_path.name} "
                 f"(changed or damaged); {_REFIT}"
             )
         try:
             tensors = load(data)
         except Exception as exc:  # safetensors raises several types for malformed files
-            raise LocalpersError(f"{path} is not a readable safetensors file ({exc}); {_REFIT}") from None
+            raise InputError(f"{path} is not a readable safetensors file ({exc}); {_REFIT}") from None
         array = tensors.get(VECTOR_TENSOR)
         if array is None:
-            raise LocalpersError(f"{path} has no tensor {VECTOR_TENSOR!r}; {_REFIT}")
+            raise InputError(f"{path} has no tensor {VECTOR_TENSOR!r}; {_REFIT}")
         if array.dtype != np.float32 or array.ndim != 1 or array.size == 0:
-            raise LocalpersError(
+            raise InputError(
                 f"{path}: tensor {VECTOR_TENSOR!r} is {array.dtype} {tuple(array.shape)}, "
                 f"expected float32 (D,); {_REFIT}"
             )
@@ -249,7 +249,7 @@ class User:
                 f" {_REFIT}"
             )
         if not np.all(np.isfinite(array)):
-            raise LocalpersError(f"{path} holds non-finite values; {_REFIT}")
+            raise InputError(f"{path} holds non-finite values; {_REFIT}")
         return array, _safetensors_metadata(data)
 
     def save_vector(self, vector: np.ndarray, meta: dict[str, str] | None = None) -> None:

@@ -264,7 +264,7 @@ def read_stored_history(path: Path) -> list[HistoryItem]:
         return []
     hint = "fix or delete that line, or remove the file"
     items: list[HistoryItem] = []
-    for line_number, record in _read_json_lines(path, hint=hint):
+    for line_number, record in _read_json_lines(path, hint=hint, stored=True):
         where = f"line {line_number}"
         source = record.get("source")
         if source is not None and not isinstance(source, str):
@@ -294,44 +294,48 @@ def demo_history_path() -> Path:
     raise LocalpersError("the demo history is missing from this installation; reinstall localpers")
 
 
-def read_regular_file(path: Path, limit: int, *, what: str) -> bytes:
+def read_regular_file(path: Path, limit: int, *, what: str, stored: bool = False) -> bytes:
     """The bytes of `path`, refusing anything but a regular file of at most `limit` bytes.
 
     A FIFO, device or socket is refused without being opened for reading (reading one blocks or never
     ends); the file is opened with O_NONBLOCK so a FIFO swapped in after the check cannot block either.
+    Every refusal of a file passed in from outside exits 2 (a bad argument); for a file localpers
+    keeps (`stored`), one it cannot open or that is not a file exits 1 and only an oversized one 2.
     """
+    unusable: type[LocalpersError] = LocalpersError if stored else InputError
+    fix = "move it away" if stored else f"pass a {what}"
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        raise unusable(f"{path}: no such file") from None
     except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        raise unusable(f"{path}: cannot read ({exc.strerror})") from None
     if stat.S_ISDIR(info.st_mode):
-        raise InputError(f"{path} is a directory; pass a {what}")
+        raise unusable(f"{path} is a directory; {fix}")
     if not stat.S_ISREG(info.st_mode):
-        raise InputError(f"{path} is not a regular file (a FIFO, device or socket); pass a {what}")
+        raise unusable(f"{path} is not a regular file (a FIFO, device or socket); {fix}")
     if info.st_size > limit:
         raise InputError(f"{path} is {info.st_size} bytes, more than the {limit} a {what} may have")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise InputError(f"{path} is not a regular file; pass a {what}")
+                raise unusable(f"{path} is not a regular file; {fix}")
             raw = handle.read(limit + 1)
     except PermissionError as exc:
-        raise InputError(
-            f"{path}: cannot read ({exc.strerror}); give your account read access to it"
-        ) from None
+        raise unusable(f"{path}: cannot read ({exc.strerror}); give your account read access to it") from None
     except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        raise unusable(f"{path}: cannot read ({exc.strerror})") from None
     if len(raw) > limit:
         raise InputError(f"{path} is more than the {limit} bytes a {what} may have")
     return raw
 
 
-def _read_json_lines(path: Path, hint: str = "fix that line") -> Iterable[tuple[int, dict[str, Any]]]:
+def _read_json_lines(
+    path: Path, hint: str = "fix that line", *, stored: bool = False
+) -> Iterable[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; one-line errors for unreadable files and bad lines."""
-    raw = read_regular_file(path, MAX_HISTORY_FILE_BYTES, what="history file")
+    raw = read_regular_file(path, MAX_HISTORY_FILE_BYTES, what="history file", stored=stored)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

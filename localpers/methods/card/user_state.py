@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 from localpers.methods.card.token_bias import TokenBias
 from localpers.untrusted import one_line
 from localpers.users.store import User
@@ -23,7 +23,7 @@ def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, A
     state = user.state()
     cluster = state.get("cluster")
     if cluster is not None and (not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 0):
-        raise LocalpersError(
+        raise InputError(
             f"{user.state_path} is damaged: field 'cluster' is {one_line(repr(cluster), 40)}, not a cluster "
             f"number; {REFIT}"
         )
@@ -38,4 +38,4 @@ def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenB
     try:
         return TokenBias.from_json(entry)
     except ValueError as exc:
-        raise LocalpersError(f"{user.state_path}: field 'token_bias' is damaged ({exc}); {REFIT}") from None
+        raise InputError(f"{user.state_path}: field 'token_bias' is damaged ({exc}); {REFIT}") from None
