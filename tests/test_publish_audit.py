@@ -116,6 +116,8 @@ def test_option_typos_are_refused_before_any_work(tmp_path: Path) -> None:
         (["--from-stage", "sft", "--until", "clusters"], "--from-stage sft comes after --until clusters"),
         (["--precision", "fp16"], "--precision must be auto, bf16 or fp32"),
         (["--executor", "bogus"], "--executor must be one of"),
+        (["--executor", "sequential", "--gpus-per-task", "1"], "--gpus-per-task needs --executor ray"),
+        (["--executor", "sequential", "--workers", "2"], "--workers needs --executor ray"),
     ):
         result = runner.invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
         assert result.exit_code == 2, (flags, result.output)

@@ -193,3 +193,23 @@ def test_unreachable_ray_address_is_a_one_line_error(tmp_path: Path) -> None:
     assert "could not start or reach the Ray cluster at 127.0.0.1:9" in last
     assert "Traceback" not in result.stderr
     assert time.monotonic() - started < 50
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"gpus_per_task": 1.0}, "--gpus-per-task 1.0 but the Ray cluster has 0 GPU"),
+        ({"threads": 64}, "64 CPU"),
+    ],
+)
+def test_a_task_the_ray_cluster_cannot_run_is_refused_before_the_first_stage(
+    ray_session, tmp_path: Path, changes: dict[str, float], message: str
+) -> None:
+    from localpers.publish.options import PublishOptions
+    from localpers.publish.pipeline import publish
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", n_users=8)
+    options = PublishOptions(corpus=corpus, out=tmp_path / "out", k=2, executor="ray", **changes)
+    with pytest.raises(LocalpersError, match=message):
+        publish(options)
+    assert not (options.work_dir / "clusters").exists()  # found before, not after, the clusters stage

@@ -97,6 +97,11 @@ def embed_users(spec: ContextSpec, indices: list[int]) -> np.ndarray:
     return np.stack(rows).astype(np.float32)
 
 
+def task_resources(context: PublishContext) -> Resources:
+    """What one user-embedding task declares: a CPU and 1 GiB (MiniLM on a shard of users)."""
+    return Resources(cpus=1, memory=GIB)
+
+
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     options = context.options
     users = context.corpus.users
@@ -105,7 +110,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     tasks = [Task(embed_users, (spec, part), f"embed users {part[0]}-{part[-1]}") for part in parts]
     with context.progress("embedding users", len(users)) as advance:
         blocks = context.executor.map(
-            tasks, Resources(cpus=1, memory=GIB), on_done=lambda i, _: advance(len(parts[i]))
+            tasks, task_resources(context), on_done=lambda i, _: advance(len(parts[i]))
         )
     matrix = np.concatenate(blocks).astype(np.float32)
     silhouette: dict[int, float] = {}

@@ -70,6 +70,10 @@ class Executor(Protocol):
         """GPUs a GPU-capable task should declare: `requested`, or (None) 1 when the cluster has GPUs."""
         ...
 
+    def check_resources(self, resources: Resources) -> None:
+        """Refuse, in one line, a task no worker could ever run (before the run starts, not when it is due)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -95,6 +99,9 @@ class SequentialExecutor:
 
     def gpus_per_task(self, requested: float | None) -> float:
         return 0.0  # in-process tasks use a local GPU through torch when there is one; nothing to declare
+
+    def check_resources(self, resources: Resources) -> None:
+        return None  # tasks run in this process, one at a time, with what it has
 
     def close(self) -> None:
         return None

@@ -105,10 +105,14 @@ def head_task(spec: ContextSpec) -> dict[str, Any]:
     return run(context, context.stage_dir("head"))
 
 
+def task_resources(context: PublishContext) -> Resources:
+    """What the head task declares: `threads` CPUs and an SFT task's memory (this trainer uses no GPU)."""
+    return Resources(cpus=context.options.threads, memory=int(context.options.task_memory_gb * GIB))
+
+
 def run_as_task(context: PublishContext, directory: Path) -> dict[str, Any]:
-    """The `head` stage through the run's executor (CPU: this trainer does not use a GPU)."""
-    resources = Resources(cpus=context.options.threads, memory=int(context.options.task_memory_gb * GIB))
-    return context.executor.map([Task(head_task, (context.spec(),), "head")], resources)[0]
+    """The `head` stage through the run's executor."""
+    return context.executor.map([Task(head_task, (context.spec(),), "head")], task_resources(context))[0]
 
 
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:

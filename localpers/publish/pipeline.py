@@ -61,7 +61,10 @@ def publish(
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
     backbone = resolve_backbone(options.model)
     executor = make_executor(
-        options.executor, address=options.ray_address, workers=options.workers, retries=options.task_retries
+        options.executor,
+        address=options.ray_address,
+        workers=options.workers,
+        retries=options.task_retries,
     )
     try:
         limits = threadpool_limits(limits=options.threads)  # as in every task process (runner.task_context)
@@ -88,6 +91,13 @@ def check_options(options: PublishOptions, *, until: str | None, from_stage: str
         raise InputError("--k must be at least 1")
     if options.shard_users < 1:
         raise InputError("--shard-users must be at least 1")
+    if options.executor == "sequential":  # options only a Ray executor reads are refused, not ignored
+        for flag, value in (("--workers", options.workers), ("--gpus-per-task", options.gpus_per_task)):
+            if value is not None:
+                raise InputError(
+                    f"{flag} needs --executor ray (the sequential executor runs every task in this process,"
+                    " on a local GPU through torch when there is one)"
+                )
     unknown = [target for target in options.targets if target not in PEFT_MODULES]
     if unknown or not options.targets:
         problem = f"names unknown target(s) {', '.join(map(repr, unknown))}" if unknown else "is empty"
@@ -127,6 +137,7 @@ def _publish(
         f"executor: {info.kind}"
         + (f" at {info.address}, {info.workers:g} CPUs, {info.gpus:g} GPUs" if info.kind == "ray" else "")
     )
+    check_stage_resources(context)
     summaries: dict[str, dict[str, Any]] = {}
 
     def bundle(ctx: PublishContext, directory: Path) -> dict[str, Any]:
@@ -152,3 +163,16 @@ def _publish(
         "stage_seconds": {name: round(s, 1) for name, s in context.stage_seconds.items()},
         "executor": {"kind": info.kind, "address": info.address, "cpus": info.workers, "gpus": info.gpus},
     }
+
+
+def check_stage_resources(context: PublishContext) -> None:
+    """Every stage's task against the executor before the first stage runs: a Ray cluster without the GPUs
+    `--gpus-per-task` asks for, or without a node big enough for `--threads`, was found only when the stage
+    that needed it started, after the stages before it had run."""
+    for stage_resources in (
+        clusters.task_resources,
+        sft_stage.task_resources,
+        pairs.shard_resources,
+        head_training.task_resources,
+    ):
+        context.executor.check_resources(stage_resources(context))

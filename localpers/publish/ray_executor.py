@@ -110,7 +110,7 @@ class RayExecutor:
             return requested
         return 1.0 if self.info.gpus >= 1 else 0.0
 
-    def _check_fits(self, resources: Resources) -> None:
+    def check_resources(self, resources: Resources) -> None:
         """Refuse a task no node could ever run (Ray would wait for it forever)."""
         fits = False
         for node in self._ray.nodes():
@@ -142,7 +142,7 @@ class RayExecutor:
     ) -> list[Any]:
         if not tasks:
             return []
-        self._check_fits(resources)
+        self.check_resources(resources)
         ray = self._ray
         pending: dict[Any, int] = {}
         for index, task in enumerate(tasks):
