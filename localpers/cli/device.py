@@ -37,8 +37,8 @@ from localpers.device.demo import (
     ensure_demo_user,
     style_hits,
 )
-from localpers.errors import LocalpersError
-from localpers.methods.base import RewriteOptions
+from localpers.errors import InputError, LocalpersError
+from localpers.methods.base import Method, RewriteOptions
 from localpers.methods.card.method import fit_summary as card_fit_summary
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.consensus import MAX_CANDIDATES
@@ -244,6 +244,7 @@ def rewrite_command(
         repeated_word_penalty=repeated_word_penalty,
     )
     chosen = get_method(method)
+    check_method_options(chosen, strength=strength, top_k=top_k)
     if candidates > 1 and not sampling.greedy:
         raise LocalpersError(
             f"--candidates needs greedy decoding, not --temperature {temperature:g}; drop --temperature"
@@ -389,3 +390,17 @@ def register(app: typer.Typer) -> None:
     app.command("fit")(one_line_errors(fit_command))
     app.command("rewrite")(one_line_errors(rewrite_command))
     app.command("demo")(one_line_errors(demo_command))
+
+
+def check_method_options(chosen: Method, *, strength: float | None, top_k: int | None) -> None:
+    """Refuse `--strength` or `--top-k` for a method they mean nothing to (they were silently ignored)."""
+    for flag, value, applies in (
+        ("--strength", strength, "takes_strength"),
+        ("--top-k", top_k, "takes_top_k"),
+    ):
+        if value is not None and not getattr(chosen, applies):
+            takers = [name for name, method in METHODS.items() if getattr(method, applies)]
+            raise InputError(
+                f"{flag} applies to {', '.join(takers)}, not to {chosen.name} (it has no correction to"
+                f" set); drop {flag} or choose one of those methods"
+            )

@@ -27,7 +27,9 @@ def profile_command(
     """Show the user's style profile: CARD's fit and habits, the series you repeat, EXACT's attributes."""
     from localpers.cli.common import read_text_argument
     from localpers.methods.profile import user_style_profile
+    from localpers.tasks import get_task
 
+    get_task(task)  # an unknown task is refused (exit 2), with or without --text
     target = UserStore().resolve(user)
     profile = user_style_profile(target, read_text_argument(text) if text is not None else None, task)
     if as_json:

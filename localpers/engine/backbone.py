@@ -119,6 +119,7 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
             if not path.is_file():
                 what = "is not a file" if path.exists() else "does not exist"
                 raise InputError(f"backbone {path} (from {source}) {what}; give a GGUF file path")
+            _check_gguf_magic(path, source)  # else a bundle check would call it "another backbone"
             return Backbone(path=path, sha256=cached_sha256(path), source=source)
     try:
         path = default_backbone_path()
@@ -129,6 +130,18 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
             raise LocalpersError(f"{missing}, or `localpers pull URL --with-backbone`") from None
         return Backbone(path=pulled[0], sha256=cached_sha256(pulled[0]), source="pulled")
     return Backbone(path=path, sha256=cached_sha256(path), source="default")
+
+
+def _check_gguf_magic(path: Path, source: str) -> None:
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise LocalpersError(f"backbone {path} (from {source}): cannot read ({exc.strerror})") from None
+    if magic != b"GGUF":
+        raise InputError(
+            f"backbone {path} (from {source}) is not a GGUF file (bad magic {magic!r}); give a GGUF file path"
+        )
 
 
 def pulled_backbone_path(sha256: str) -> Path:

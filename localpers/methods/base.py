@@ -90,6 +90,8 @@ class Method(ABC):
     needs_user: ClassVar[bool] = True  # whether a rewrite needs a fitted user
     uses_choice: ClassVar[bool] = False  # whether the strengths the user's fit chose apply to a rewrite
     own_decoder: ClassVar[bool] = False  # decodes through `open_decoder`, not the Personalizer's adapters
+    takes_strength: ClassVar[bool] = False  # whether `RewriteOptions.strength` means anything to it
+    takes_top_k: ClassVar[bool] = False  # whether `RewriteOptions.top_k` (the correction's k) does
 
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None

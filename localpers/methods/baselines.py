@@ -25,6 +25,8 @@ class ClusterMethod(AdapterMethod):
 class CardGlobalMethod(AdapterMethod):
     name = "card-global"
     summary = "CARD's correction on the global adapter (the 'without cluster LoRA' ablation)"
+    takes_strength = True
+    takes_top_k = True
 
 
 class GlobalHistoryMethod(AdapterMethod):

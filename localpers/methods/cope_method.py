@@ -67,6 +67,7 @@ class CopeMethod(Method):
     name = "cope"
     summary = "a LoRA trained on your history here, decoded contrastively against its base adapter"
     own_decoder = True
+    takes_strength = True  # its contrastive α
 
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None

@@ -162,6 +162,8 @@ class CardMethod(AdapterMethod):
     )
     fits = True
     uses_choice = True
+    takes_strength = True
+    takes_top_k = True
 
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
