@@ -454,3 +454,14 @@ def test_the_word_rule_is_the_tasks_unless_a_request_sets_it() -> None:
     assert parse_completion({**base, "repeated_word_penalty": 0}).sampling.repeated_word_penalty == 0.0
     with pytest.raises(Exception, match="repeated_word_penalty"):
         parse_completion({**base, "repeated_word_penalty": -1})
+
+
+def test_a_strength_for_a_method_without_a_correction_is_refused() -> None:
+    from localpers.api.requests import parse_completion
+
+    base = {"model": "localpers", "prompt": ARTICLE, "strength": 5}
+    assert parse_completion({**base, "method": "card"}).strength == 5.0
+    for method in ("global", "cluster", "global-history", "exact"):
+        with pytest.raises(ApiError, match=f"not to method '{method}'") as raised:
+            parse_completion({**base, "method": method})
+        assert raised.value.param == "strength"
