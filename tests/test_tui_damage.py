@@ -288,3 +288,13 @@ async def test_a_refused_user_switch_puts_the_select_back(monkeypatch: pytest.Mo
         assert app.user is not None and app.user.name == "ann"
         assert app.main.controls.user_select.value == "ann"
         assert any("Read-only" in notice for notice in notices(app))
+
+
+# ---------------------------------------------------------------- 12. the quit key
+@async_test
+async def test_the_footer_shows_the_quit_key() -> None:
+    app = make_app(fitted_service(), text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        shown = {key: active.binding for key, active in app.screen.active_bindings.items()}
+        assert "ctrl+q" in shown and shown["ctrl+q"].show and shown["ctrl+q"].action == "quit"

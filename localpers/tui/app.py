@@ -81,6 +81,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         Binding("ctrl+n", "reject", "Reject"),
         Binding("ctrl+f", "refit", "Refit"),
         Binding("ctrl+o", "import_history", "Import"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),  # Textual's own ctrl+q is not in the footer
         # The tab and draft titles show these keys, which keeps the footer to one line.
         Binding("f1", "focus_draft", "Draft", show=False),
         Binding("f2", "show_tab('why-tab')", "Why", show=False),
