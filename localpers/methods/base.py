@@ -56,14 +56,22 @@ class RewriteOptions:
 
 def note_cut_text(text: str, result: RewriteResult, options: RewriteOptions) -> None:
     """Tell the user (`options.note`) when the prompt carried only the start of `text` (`text_chars_read`)."""
-    if result.text_chars_read is not None:
-        from localpers.tasks import get_task
+    note = cut_text_note(text, result)
+    if note is not None:
+        options.note(note)
 
-        length = len(get_task(result.task).content(text))
-        options.note(
-            f"the text has {length:,} characters; the {result.task} task read its first "
-            f"{result.text_chars_read:,} (an article's start)"
-        )
+
+def cut_text_note(text: str, result: RewriteResult) -> str | None:
+    """The note for a prompt that carried only the start of `text`; None when it carried all of it."""
+    if result.text_chars_read is None:
+        return None
+    from localpers.tasks import get_task
+
+    length = len(get_task(result.task).content(text))
+    return (
+        f"the text has {length:,} characters; the {result.task} task read its first "
+        f"{result.text_chars_read:,} (an article's start)"
+    )
 
 
 class UserDecoder(ABC):

@@ -9,8 +9,9 @@ calls, so calls never overlap whichever worker they come from. A newer generatio
 generation message tagged with its job id so pieces of a superseded job are dropped.
 
 Generation. Typing or changing a control re-generates after `debounce` seconds (ctrl+r at once, bypassing
-the cache). Results are cached by (text, task, method, cluster, vector, α, top-k), so moving α back and
-forth or switching methods does not regenerate the non-personalized output.
+the cache). Results are cached by what decides them (`runs.request_key`: text, task, method, the user and
+their history examples, cluster, vector, token bias, α, top-k), so moving α back and forth or switching
+methods does not regenerate the non-personalized output.
 
 The app's two halves of behaviour are its bases: `GenerationMixin` (`localpers.tui.generating`: the
 outputs for the draft; which request each panel gets is `localpers.tui.runs.personal_request`, which asks
@@ -50,6 +51,7 @@ from localpers.tui.userdata import (
     load_profile,
 )
 from localpers.tui.widgets.stepper import Stepper
+from localpers.users.history import HistoryItem
 from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
@@ -79,6 +81,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         Binding("ctrl+n", "reject", "Reject"),
         Binding("ctrl+f", "refit", "Refit"),
         Binding("ctrl+o", "import_history", "Import"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),  # Textual's own ctrl+q is not in the footer
         # The tab and draft titles show these keys, which keeps the footer to one line.
         Binding("f1", "focus_draft", "Draft", show=False),
         Binding("f2", "show_tab('why-tab')", "Why", show=False),
@@ -112,10 +115,12 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self.fit_running = False
         self.job_id = 0
         self._cache = ResultCache()
+        self._cut_noted_job = 0
         self._debounce_timer: Timer | None = None
         self._refit_timer: Timer | None = None
         self._refit_again = False
         self._fit_failed: set[str] = set()
+        self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
 
     # ------------------------------------------------------------------ start-up
     def get_default_screen(self) -> MainScreen:
@@ -131,17 +136,29 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self.main.personal_panel.clear(EMPTY_DRAFT_HINT)
         self.main.baseline_panel.clear(EMPTY_DRAFT_HINT)
         self._run_engine_job("load", engine_jobs.load_engine)
-        try:
-            names = self.store.list()
-            chosen = self.requested_user or self.store.active_name() or (names[0] if names else None)
-        except LocalpersError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            names, chosen = [], None
+        chosen = self._first_user()
         if chosen is None:
             self.push_screen(WelcomeScreen(), self._after_welcome)
         else:
             self.select_user(chosen)
         self.main.draft.focus()
+
+    def _first_user(self) -> str | None:
+        """The requested user, else the active one, else the first listed; a damaged active.json is
+        reported and treated as no active user."""
+        try:
+            names = self.store.list()
+        except LocalpersError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return self.requested_user
+        if self.requested_user is not None:
+            return self.requested_user
+        try:
+            active = self.store.active_name()
+        except LocalpersError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            active = None
+        return active or (names[0] if names else None)
 
     def _after_welcome(self, choice: str | None) -> None:
         if choice == "demo":
@@ -211,15 +228,33 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
             self.main.profile_panel.profile = None
             self.sub_title = "no user"
             return
+        items: list[HistoryItem] = []
         try:
             items = self.user.history()
             self.profile = load_profile(self.user, self.info.bundle_sha256 if self.info else None)
         except LocalpersError as exc:
             self.notify(str(exc), severity="error", timeout=10)
-            items, self.profile = [], Profile(self.user.name, 0, problem=str(exc))
+            self.profile = Profile(self.user.name, len(items), problem=str(exc))
+        if self.profile.rejected_problem is not None:
+            self.notify(self.profile.rejected_problem, severity="error", timeout=10)
         self.main.history_panel.show(self.user.name, items)
         self.main.profile_panel.profile = self.profile
         self.sub_title = self._header_line()
+        self._start_strength()
+
+    def _start_strength(self) -> None:
+        """Set α to the strength the user's fit chose (what `localpers rewrite` uses), else the bundle's
+        default; once per user and choice, so the user's own α stays until either changes."""
+        if self.info is None or self.profile is None:
+            return
+        source = (self.profile.user, self.profile.vector_strength)
+        if source == self._strength_source:
+            return
+        self._strength_source = source
+        chosen = self.profile.vector_strength
+        strength = self.main.controls.strength
+        with strength.prevent(Stepper.Changed):
+            strength.set_value(self.info.default_strength if chosen is None else chosen)
 
     def _header_line(self) -> str:
         profile = self.profile
@@ -281,11 +316,22 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
                     self.store.use(name)
                 except LocalpersError as exc:
                     self.notify(str(exc), severity="error")
+                    self._show_current_user()
                     return
                 self.select_user(name)
         elif select_id in ("task", "method"):
             self.main.controls.enable_tuning_for_method()
             self.schedule_generation()
+
+    def _show_current_user(self) -> None:
+        """Put the User select back on the user of this session (after a refused switch)."""
+        if self.user is None:
+            return
+        try:
+            names = self.store.list()
+        except LocalpersError:
+            names = [self.user.name]
+        self.main.controls.set_users(names, self.user.name)
 
     def on_stepper_changed(self, event: Stepper.Changed) -> None:
         self.schedule_generation()

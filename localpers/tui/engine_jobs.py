@@ -85,8 +85,9 @@ def generate(
             except Superseded:
                 return
             except Exception as exc:
+                # Only this run's panels fail: the other runs still run, so no panel stays "queued…".
                 post(GenerationFailed(job, run.targets, describe(exc)))
-                return
+                continue
             post(GenerationDone(job, run.targets, run.key, run.request, result))
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from textual.timer import Timer
 
+from localpers.errors import LocalpersError
+from localpers.methods.base import cut_text_note
 from localpers.methods.registry import BASELINE_METHOD
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
@@ -46,7 +48,8 @@ class GenerationMixin:
     job_id: int
     _cache: ResultCache
     _debounce_timer: Timer | None
-    # It also calls Textual's `set_timer`, `workers` and `is_running` and the app's `draft_text` and
+    _cut_noted_job: int  # the last job whose cut text was noted
+    # It also calls Textual's `set_timer`, `notify`, `workers` and `is_running` and the app's `draft_text` and
     # `_run_engine_job`.
 
     def schedule_generation(self) -> None:
@@ -74,18 +77,29 @@ class GenerationMixin:
             return
         task = main.controls.task
         controls, profile = main.controls, self.profile
-        personal, title = personal_request(
-            text,
-            task,
-            controls.method,
-            profile,
-            history=self.user.history_index(get_task(task)) if self.user is not None else None,
-            strength=controls.strength.value,
-            top_k=int(controls.top_k.value),
-        )
-        main.personal_panel.border_title = title
         baseline = RewriteRequest(text, task, BASELINE_METHOD)
-        cached, runs = plan_runs([("personal", personal), ("baseline", baseline)], self._cache, force=force)
+        requests = [("baseline", baseline)]
+        try:
+            history = self.user.history_index(get_task(task)) if self.user is not None else None
+        except LocalpersError as exc:
+            # A damaged history: the personal panel says so (refresh_user_views notified once) and the
+            # baseline still generates; the app keeps running.
+            main.personal_panel.border_title = "Personalized · the history cannot be read"
+            main.personal_panel.fail(str(exc))
+            self._set_personal(None, None)
+        else:
+            personal, title = personal_request(
+                text,
+                task,
+                controls.method,
+                profile,
+                history=history,
+                strength=controls.strength.value,
+                top_k=int(controls.top_k.value),
+            )
+            main.personal_panel.border_title = title
+            requests.insert(0, ("personal", personal))
+        cached, runs = plan_runs(requests, self._cache, force=force)
         for target, result in cached.items():
             main.panel(target).finish(result.text, result_status(result, cached=True))
             if target == "personal":
@@ -136,6 +150,14 @@ class GenerationMixin:
             self.main.panel(target).finish(message.result.text, result_status(message.result))
         if "personal" in message.targets:
             self._set_personal(message.result, message.request.text)
+        self._note_cut_text(message)
+
+    def _note_cut_text(self, message: GenerationDone) -> None:
+        """Say once per job, as `localpers rewrite` does, when the model read only the text's start."""
+        note = cut_text_note(message.request.text, message.result)
+        if note is not None and self._cut_noted_job != message.job:
+            self._cut_noted_job = message.job
+            self.notify(f"note: {note}", timeout=10)
 
     def on_generation_failed(self, message: GenerationFailed) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down

@@ -13,10 +13,12 @@ Nothing here touches the engine or the screen.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from localpers.methods.card.method import unfitted_method
+from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import BASELINE_METHOD, UNFITTED_METHOD, listed
 from localpers.methods.reports import RewriteResult
 from localpers.tui.service import RewriteRequest
@@ -38,22 +40,45 @@ class Run:
 
 
 def request_key(request: RewriteRequest) -> Key:
-    """What determines a (greedy) output: identical keys give identical text."""
+    """What determines a (greedy) output: identical keys give identical text.
+
+    Besides the text and knobs that is the user and what of theirs the prompt and correction use: the
+    history examples (a digest of the pool the prompt picks from, so a switch of user or a removed item
+    misses), the vector, the token bias and its strength.
+    """
     vector = None if request.vector is None else hashlib.sha1(request.vector.tobytes()).hexdigest()
     return (
         request.text,
         request.task,
         request.method,
+        request.user,
+        _history_digest(request.history),
         request.cluster,
         vector,
         request.strength,
         request.top_k,
+        _bias_digest(request.bias),
+        request.bias_strength,
     )
+
+
+def _history_digest(history: HistoryIndex | None) -> str | None:
+    if history is None:
+        return None
+    return hashlib.sha256(json.dumps(history.pool, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _bias_digest(bias: TokenBias | None) -> str | None:
+    if bias is None:
+        return None
+    return hashlib.sha256(json.dumps(bias.to_json(), sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def result_status(result: RewriteResult, *, cached: bool = False) -> str:
     """The subtitle of a finished output, e.g. '9 tokens · 11.2 ms/token'."""
     status = f"{result.tokens} tokens · {result.ms_per_token:.1f} ms/token"
+    if result.text_chars_read is not None:
+        status += f" · read the first {result.text_chars_read:,} characters"
     return status + (" · cached" if cached else "")
 
 
@@ -131,11 +156,13 @@ def personal_request(
             label = f"Personalized · {listed(fallback).label}"
             if method != fallback:
                 label += " · not fitted"  # the profile panel says ctrl+f fits
-            return RewriteRequest(text, task, fallback, history=history), label
+            return RewriteRequest(text, task, fallback, history=history, user=profile.user), label
         why = "no history yet" if not shows_history else "no fitted profile yet"
         return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"
     if not listed(method).tuned:
-        request = RewriteRequest(text, task, method, cluster=profile.cluster, history=history)
+        request = RewriteRequest(
+            text, task, method, cluster=profile.cluster, history=history, user=profile.user
+        )
         return request, f"Personalized · {listed(method).label}"
     request = RewriteRequest(
         text,
@@ -149,6 +176,8 @@ def personal_request(
         history=history,
         bias=profile.bias,
         bias_strength=profile.bias_strength,
+        user=profile.user,
     )
-    title = f"{listed(method).label} · cluster {profile.cluster} · α {strength:.2f} · top-{top_k}"
+    chosen = " (the fit's choice)" if strength == profile.vector_strength else ""
+    title = f"{listed(method).label} · cluster {profile.cluster} · α {strength:.2f}{chosen} · top-{top_k}"
     return request, f"Personalized · {title}"

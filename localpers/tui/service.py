@@ -56,6 +56,7 @@ class RewriteRequest:
     history: HistoryIndex | None = None  # the user's examples, for bundles trained with history prompts
     bias: TokenBias | None = None  # the user's token bias (part of CARD's correction)
     bias_strength: float | None = None
+    user: str | None = None  # whose history and correction these are (None: no user's)
 
 
 class WritingService(Protocol):

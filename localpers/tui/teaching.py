@@ -64,34 +64,41 @@ class TeachingMixin:
 
     def action_accept(self) -> None:
         result = self._finished_output()
-        if result is not None:
-            self.accept_text(result.text)
+        if result is None or self.personal_input is None:
+            return
+        problem = self.accept_text(result.task, self.personal_input, result.text)
+        if problem is not None:
+            self.notify(problem, severity="error", timeout=10)
 
     def action_edit_accept(self) -> None:
         result = self._finished_output()
-        if result is not None:
-            self.push_screen(EditAcceptScreen(result.text), self._after_edit)
-
-    def _after_edit(self, edited: str | None) -> None:
-        if edited is not None:
-            self.accept_text(edited)
-
-    def accept_text(self, accepted: str) -> None:
-        """Add (draft, accepted) to the user's history and refit in the background."""
-        if self.user is None or self.personal_result is None or self.personal_input is None:
+        if result is None or self.personal_input is None:
             return
+        task, input_text = result.task, self.personal_input
+
+        def accept(edited: str) -> str | None:
+            return self.accept_text(task, input_text, edited)
+
+        # The dialog accepts itself and stays open with the edit and the reason when that is refused.
+        self.push_screen(EditAcceptScreen(result.text, accept))
+
+    def accept_text(self, task: str, input_text: str, accepted: str) -> str | None:
+        """Add (input_text, accepted) to the user's history and refit in the background; the one-line
+        reason when it is refused (nothing written)."""
+        if self.user is None:
+            return "Choose or create a user first (ctrl+o imports a history file)."
         try:
-            item, added = accept_output(self.user, self.personal_result.task, self.personal_input, accepted)
+            item, added = accept_output(self.user, task, input_text, accepted)
         except LocalpersError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            return
+            return str(exc)
         if not added:
             self.notify(f"Already in {self.user.name}'s history as {item.id}; nothing added.")
-            return
+            return None
         self.refresh_user_views()
         count = self.profile.n_history if self.profile else 0
         self.notify(f"Added to {self.user.name}'s history ({count} examples); refitting in the background.")
         self.schedule_refit()
+        return None
 
     def action_reject(self) -> None:
         result = self._finished_output()

@@ -20,7 +20,8 @@ import numpy as np
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.card.user_state import stored_token_bias
+from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.untrusted import one_line
 from localpers.users.history import (
     HistoryItem,
     check_history_size,
@@ -52,9 +53,13 @@ class Profile:
     problem: str | None = None  # a damaged file, shown instead of the fit
     bias: TokenBias | None = field(default=None, compare=False)
     bias_strength: float | None = None  # what `fit` chose on the user's recent items (None: the default)
+    vector_strength: float | None = (
+        None  # α `fit` chose with it; `localpers rewrite` uses it (None: the default)
+    )
     choice: str | None = None  # the label of the correction `fit` chose (None: no choice made)
     series: tuple[tuple[int, str], ...] = ()  # (size, latest output) of each series the history holds
     history_sha256: str | None = None  # `history_digest` of the history now
+    rejected_problem: str | None = None  # a damaged rejected-outputs file (the history and fit still work)
 
     @property
     def history_changed(self) -> bool:
@@ -81,24 +86,28 @@ class Profile:
 
 
 def load_profile(user: User, bundle_sha256: str | None) -> Profile:
-    """The user's profile; a damaged state or vector becomes `problem`, so the app can offer a refit."""
+    """The user's profile; a damaged state or vector becomes `problem`, so the app can offer a refit.
+
+    A damaged rejected-outputs file becomes `rejected_problem` and leaves the history and fit in use.
+    """
     history = user.history()
     n_history = len(history)
-    n_rejected = len(read_rejected(user))
     try:
-        state = user.state()
-        vector = user.vector()
+        n_rejected, rejected_problem = len(read_rejected(user)), None
+    except LocalpersError as exc:
+        n_rejected, rejected_problem = 0, str(exc)
+    try:
+        cluster, vector, state = user_profile(user)  # the checks `localpers rewrite` makes
         bias = stored_token_bias(user, state)
     except LocalpersError as exc:
-        return Profile(user.name, n_history, n_rejected, problem=str(exc))
-    cluster = state.get("cluster")
+        return Profile(user.name, n_history, n_rejected, problem=str(exc), rejected_problem=rejected_problem)
     fit = state.get("fit") if isinstance(state.get("fit"), dict) else None
-    _, bias_strength, choice = stored_choice(state)
+    vector_strength, bias_strength, choice = stored_choice(state)
     return Profile(
         user=user.name,
         n_history=n_history,
         n_rejected=n_rejected,
-        cluster=int(cluster) if cluster is not None else None,
+        cluster=cluster,
         vector=vector,
         vector_sha256=state.get("vector_sha256"),
         fit=fit,
@@ -106,9 +115,11 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
         bias=chosen_bias(state, bias),
         bias_strength=bias_strength,
+        vector_strength=vector_strength,
         choice=choice,
         series=tuple((found.size, found.latest) for found in history_series(history)),
         history_sha256=history_digest(history),
+        rejected_problem=rejected_problem,
     )
 
 
@@ -160,21 +171,28 @@ def rejected_path(user: User) -> Path:
 
 
 def read_rejected(user: User) -> list[RejectedOutput]:
-    """The rejected outputs kept for `user` (none when the file is absent)."""
+    """The rejected outputs kept for `user` (none when the file is absent); a one-line error when damaged."""
     path = rejected_path(user)
-    if not path.exists():
-        return []
-    rows: list[RejectedOutput] = []
     fix = "fix or delete that line, or remove the file"
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return []
+    except IsADirectoryError:
+        raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away") from None
+    except OSError as exc:
+        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); check its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise LocalpersError(f"{path}: not UTF-8 text (byte {exc.start}); remove the file") from None
+    rows: list[RejectedOutput] = []
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            rows.append(RejectedOutput(**record))
-        except (json.JSONDecodeError, TypeError) as exc:
+            rows.append(RejectedOutput(**json.loads(line)))
+        except (ValueError, TypeError, RecursionError) as exc:
             raise LocalpersError(
-                f"{path} line {number}: not a rejected-output record ({exc}); {fix}"
+                f"{path} line {number}: not a rejected-output record ({one_line(str(exc), 80)}); {fix}"
             ) from None
     return rows
 
@@ -222,12 +240,21 @@ class ImportSummary:
     created: bool
 
 
+def expand_home(path: str) -> Path:
+    """`path` with a leading ~ or ~user expanded; as typed when there is no such home (then, as for the CLI,
+    whose shell leaves it so, it names no file)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return Path(path)
+
+
 def import_history_file(store: UserStore, user_name: str, path: Path | str) -> ImportSummary:
     """Parse `path` (any `localpers history import` format) into `user_name`'s history, creating the user.
 
     The file is validated before the user is created, so a bad file leaves no empty user behind.
     """
-    parsed = parse_history(Path(path).expanduser())
+    parsed = parse_history(expand_home(str(path)))
     created = user_name not in store.list()
     user = store.create(user_name) if created else store.get(user_name)
     with user.locked():

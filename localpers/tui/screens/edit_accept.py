@@ -1,10 +1,15 @@
 """`EditAcceptScreen`: edit the personalized output before accepting it into the history.
 
-ctrl+s dismisses with the edited text, escape with None. Accepting is the app's job.
+ctrl+s hands the edited text to the app's `accept` callback, which adds it to the history or returns why not;
+the dialog closes (with the accepted text) only once it was accepted, and shows the reason otherwise, keeping
+the edit. escape dismisses with None.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -40,9 +45,10 @@ class EditAcceptScreen(ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel"),
     ]
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, accept: Callable[[str], str | None]) -> None:
         super().__init__()
         self.initial_text = text
+        self.accept = accept  # adds the text to the history; the one-line reason when refused
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -59,8 +65,13 @@ class EditAcceptScreen(ModalScreen[str | None]):
         self.editor.move_cursor(self.editor.document.end)
 
     def action_accept(self) -> None:
+        error = self.query_one("#edit-error", Static)
         if not self.editor.text.strip():
-            self.query_one("#edit-error", Static).update("the text is empty; write something or cancel")
+            error.update("the text is empty; write something or cancel")
+            return
+        problem = self.accept(self.editor.text)
+        if problem is not None:
+            error.update(Text(problem))  # literal: the reason may quote the user's text
             return
         self.dismiss(self.editor.text)
 

@@ -64,8 +64,8 @@ class TokenStrip(Widget, can_focus=True):
     """
 
     BINDINGS = [
-        Binding("left", "move(-1)", "Previous token", show=True),
-        Binding("right", "move(1)", "Next token", show=True),
+        Binding("left", "move(-1)", "Previous", show=True),  # short, so 120 columns show every footer key
+        Binding("right", "move(1)", "Next", show=True),
         Binding("home", "jump(0)", "First", show=False),
         Binding("end", "jump(-1)", "Last", show=False),
     ]
