@@ -298,3 +298,15 @@ async def test_the_footer_shows_the_quit_key() -> None:
         await wait_idle(pilot)
         shown = {key: active.binding for key, active in app.screen.active_bindings.items()}
         assert "ctrl+q" in shown and shown["ctrl+q"].show and shown["ctrl+q"].action == "quit"
+
+
+def test_a_rejected_output_with_a_line_separator_in_its_text_reads_back() -> None:
+    from localpers.tui.userdata import read_rejected, reject_output
+
+    user = fitted_service().store.get("ann")
+    draft = "First paragraph.\u2028Second paragraph.\x85Third."
+    reject_output(
+        user, task="headline", input_text=draft, output="A Headline", method="card", strength=None, top_k=None
+    )
+    assert [row.input for row in read_rejected(user)] == [draft]
+    assert load_profile(user, "f" * 64).rejected_problem is None

@@ -185,7 +185,9 @@ def read_rejected(user: User) -> list[RejectedOutput]:
     except UnicodeDecodeError as exc:
         raise LocalpersError(f"{path}: not UTF-8 text (byte {exc.start}); remove the file") from None
     rows: list[RejectedOutput] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only: the file is written with ensure_ascii=False, and str.splitlines would also
+    # split inside a JSON string at U+2028 or \x85.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
