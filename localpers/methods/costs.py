@@ -34,7 +34,9 @@ def _timed(action: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
 
 
 def _load_user(data: Path, user_id: str) -> tuple[list[HistoryItem], list[str]]:
-    for line in data.read_text(encoding="utf-8").splitlines():
+    for line in data.read_text(encoding="utf-8").split("\n"):  # not splitlines: U+2028 may sit in a string
+        if not line.strip():
+            continue
         record = json.loads(line)
         if record.get("user_id") == user_id:
             items = [HistoryItem.create("headline", h["input"], h["output"]) for h in record["history"]]
