@@ -105,3 +105,46 @@ def test_a_data_path_that_is_no_file_exits_2(tmp_path: Path) -> None:
     for path, message in ((tmp_path / "nope.jsonl", "no such file"), (tmp_path, "is a directory")):
         result = _bench(path, tmp_path / "out")
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "bogus"], "unknown method 'bogus'"),
+        (["-m", "card@stength=1"], "has no parameter 'stength'"),
+        (["-m", "card@strength=inf"], "strength=inf is not a finite number"),
+        (["-m", "card@strength=1e400"], "strength=1e400 is not a finite number"),
+        (["-m", "card@strength=1,strength=2"], "strength is given twice"),
+        (["-m", "rag@history=all,k=2,history=3"], "history is given twice"),
+        (["--probes", "--probe-history", "0"], "--probe-history: '0' is not a positive count"),
+        (["--probes", "--styles", "bogus"], "unknown style 'bogus'"),
+        (["--probes", "--styles", ","], "--styles: name at least one style"),
+        (["--probes", "-m", "card@strength=inf"], "not a finite number"),
+        (["--probes", "--history-limit", "1"], "--history-limit does not apply with --probes"),
+        (["--styles", "kicker"], "--styles applies only with --probes"),
+        (["--probe-history", "5"], "--probe-history applies only with --probes"),
+        (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**32)], "--seed"),
+        (["--bootstrap", "100001"], "--bootstrap"),
+    ],
+)
+def test_a_bad_argument_exits_2_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    from localpers.methods.card.personalizer import Personalizer
+
+    def no_model(**_: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Personalizer, "open", staticmethod(no_model))
+    path = tmp_path / "users.jsonl"
+    path.write_text(json.dumps(_user()) + "\n")
+    result = _bench(path, tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_seed_and_bootstrap_ranges_are_in_the_help() -> None:
+    result = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert "0 to 2**32-1" in result.output and "100 to 100,000" in result.output
