@@ -283,11 +283,9 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
 
 def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
     """One panel per style: hit rate against history size, a line per method, the global adapter dashed."""
-    import matplotlib
+    from localpers.bench.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     styles = probes["styles"]
     if not styles:
         return None
@@ -326,6 +324,4 @@ def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
     axes[0][0].set_ylabel("hit rate")
     axes[0][-1].legend(loc="lower right", fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=110)

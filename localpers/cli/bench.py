@@ -196,11 +196,7 @@ def bench_command(
         with method_progress(not as_json, sys.stderr.isatty()) as progress:
             written = run_and_write(config, progress=progress, notify=_print_note)
     except KeyboardInterrupt:
-        typer.echo(
-            f"interrupted; the users finished so far are kept in {out / 'cache'} and reused when the same "
-            "command runs again",
-            err=True,
-        )
+        typer.echo(_interrupted(out), err=True)
         raise typer.Exit(130) from None
     if as_json:
         print_json(written.results)
@@ -227,6 +223,22 @@ def _check_probe_options(
         for option, value in (("--styles", styles), ("--probe-history", probe_history)):
             if value is not None:
                 raise InputError(f"{option} applies only with --probes; add --probes or leave {option} out")
+
+
+def _interrupted(out: Path) -> str:
+    """What a Ctrl-C left in `out`: the cache, and whether its top-level outputs are one run's set."""
+    from localpers.bench import RESULTS_NAME
+
+    kept = (
+        f"interrupted; the users finished so far are kept in {out / 'cache'} and reused when the same command "
+        "runs again; "
+    )
+    if (out / RESULTS_NAME).is_file():
+        return kept + (
+            f"{out / RESULTS_NAME} and the report, outputs and plots beside it are all from one run (this "
+            "one's if it had finished writing them, else the earlier one's)"
+        )
+    return kept + f"{out} holds no {RESULTS_NAME}, so any report, outputs or plots there are incomplete"
 
 
 def _print_note(note: str) -> None:
