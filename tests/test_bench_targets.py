@@ -126,6 +126,33 @@ def test_a_ratio_to_a_global_scoring_zero_is_not_judged() -> None:
     assert check.met is None and check.measured == "undefined: global's mean ROUGE-1 is 0"
 
 
+@pytest.mark.parametrize(
+    ("candidate", "baseline", "authors"),
+    [
+        ([0.3, 0.2], [0.1, 0.2], ["ann", "ann"]),  # one author: no interval over authors
+        ([0.3, 0.2], [0.0, 0.0], ["ann", "bob"]),  # global scores 0: no ratio
+    ],
+)
+def test_an_undefined_author_ratio_is_not_judged_and_the_report_renders(
+    candidate: list[float], baseline: list[float], authors: list[str]
+) -> None:
+    from localpers.bench.authors import compare_authors
+
+    results = _results()
+    compared = compare_authors(candidate, baseline, authors, n_resamples=100).as_dict()
+    assert compared["rouge1_ratio"] is None
+    results["authors_vs_global"]["card-auto"] = compared
+    checks = check_targets(results)
+    assert checks[1].met is None
+    assert checks[1].measured.endswith("undefined: one author, or global's mean ROUGE-1 is 0")
+    results["targets"] = {
+        "method": "card-auto",
+        "summary": targets_summary(checks),
+        "checks": [c.as_dict() for c in checks],
+    }
+    assert "2/3 of the authors improved" in render_report(results)
+
+
 def test_no_targets_without_the_default_method_or_the_baseline() -> None:
     results = _results()
     del results["methods"]["card-auto"]

@@ -150,6 +150,14 @@ def test_probes_run_end_to_end(data_file: Path, personalizer, tmp_path: Path) ->
     assert (config.out / "probes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # resumable: a second run is served from each style's cache and gives the same figures
     assert run_probes(config, personalizer=personalizer) == probes
+    # the data notes are told once, not once per style (a dropped duplicate leaves the cached runs valid)
+    twice = [{**user, "history": [*user["history"], user["history"][0]]} for user in USERS]
+    noted = tmp_path / "noted.jsonl"
+    noted.write_text("".join(json.dumps(user) + "\n" for user in twice))
+    notes: list[str] = []
+    config.data = noted
+    run_probes(config, personalizer=personalizer, notify=notes.append)
+    assert notes == ["2 duplicate history item(s) dropped (users loud, Quiet User)"]
 
 
 def test_cli_probes_refuses_bad_options_in_one_line(data_file: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -157,9 +165,9 @@ def test_cli_probes_refuses_bad_options_in_one_line(data_file: Path, tmp_path: P
     result = runner.invoke(
         app, ["bench", "--probes", "--data", str(data_file), "--out", str(tmp_path), "--styles", "bold"]
     )
-    assert result.exit_code == 1 and "unknown style 'bold'" in result.output
+    assert result.exit_code == 2 and "unknown style 'bold'" in result.output
     result = runner.invoke(
         app,
         ["bench", "--probes", "--data", str(data_file), "--out", str(tmp_path), "--probe-history", "5,0"],
     )
-    assert result.exit_code == 1 and "--probe-history" in result.output
+    assert result.exit_code == 2 and "--probe-history" in result.output

@@ -12,8 +12,9 @@ ISO dates but are out of order is sorted by them (stably); a history item equal 
 is left out of the history (a method must not be fitted on the answer); duplicate history items are dropped; a
 user without queries is left out (with `dev_split` that is an author too short to split). Queries dated before
 their author's latest history item are counted, not changed, and so are references with no word ROUGE can
-count (`metrics.scorable`). Every error names the file, the line and the field. This module only reads; it
-scores nothing.
+count (`metrics.scorable`). Every error is an `InputError` (exit 2) naming the file, the line and the field:
+a line that is not JSON or names a key twice, a field of the wrong type, text that is not Unicode (a lone
+surrogate escape). Lines end at "\n" only, as in a history import. This module only reads; it scores nothing.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from localpers.bench.metrics import scorable
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
 from localpers.users.history import DEFAULT_TASK, HistoryItem, normalize_text
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9_-]+")
@@ -151,9 +152,9 @@ DEV_QUERY_FRACTION, DEV_MIN_QUERIES, DEV_MAX_QUERIES, DEV_MAX_HISTORY = 0.3, 5, 
 def check_data_path(path: Path) -> None:
     """Refuse a --data path that is not a file, before anything else is done."""
     if path.is_dir():
-        raise LocalpersError(f"{path}: is a directory; pass the users' JSONL file with --data")
+        raise InputError(f"{path}: is a directory; pass the users' JSONL file with --data")
     if not path.is_file():
-        raise LocalpersError(f"{path}: no such file; pass the users' JSONL with --data")
+        raise InputError(f"{path}: no such file; pass the users' JSONL with --data")
 
 
 def load_bench_users(
@@ -188,9 +189,10 @@ def read_bench_file(
     path = Path(path)
     check_data_path(path)
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        # Lines end at "\n" only: str.splitlines would also split inside a JSON string at U+2028 or \x85.
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
-        raise LocalpersError(f"{path}: cannot read ({exc})") from None
+        raise InputError(f"{path}: cannot read ({exc})") from None
     users: list[BenchUser] = []
     repairs = _Repairs()
     seen: dict[str, int] = {}
@@ -198,14 +200,14 @@ def read_bench_file(
         if not line.strip():
             continue
         try:
-            record = parse_json(line)
+            record = parse_json(line, object_pairs_hook=reject_duplicate_keys)  # which 'user_id' was meant?
         except JSONProblem as exc:
-            raise LocalpersError(f"{path} line {line_number}: not valid JSON ({exc})") from None
+            raise InputError(f"{path} line {line_number}: not valid JSON ({exc})") from None
         user = _user_from_record(path, line_number, record, task, max_queries, dev_split, repairs)
         if user is None:
             continue
         if user.store_name in seen:
-            raise LocalpersError(
+            raise InputError(
                 f"{path} line {line_number}: user_id {user.user_id!r} collides with line "
                 f"{seen[user.store_name]} (the same id, or the same name once made file-safe); give users "
                 "distinct ids"
@@ -216,10 +218,10 @@ def read_bench_file(
             break
     if not users:
         if repairs.without_queries and not dev_split:
-            raise LocalpersError(
+            raise InputError(
                 f"{path}: no user has queries; for a file of histories only (like train.jsonl) add --dev-split"
             )
-        raise LocalpersError(f"{path} holds no users; expected JSONL lines with user_id, history, queries")
+        raise InputError(f"{path} holds no users; expected JSONL lines with user_id, history, queries")
     return BenchFile(users, repairs.notes(dev_split))
 
 
@@ -234,16 +236,17 @@ def _user_from_record(
 ) -> BenchUser | None:
     where = f"{path} line {line_number}"
     if not isinstance(record, dict):
-        raise LocalpersError(f"{where}: expected a JSON object with user_id, history and queries")
+        raise InputError(f"{where}: expected a JSON object with user_id, history and queries")
     user_id = record.get("user_id")
     if not isinstance(user_id, str) or not user_id.strip():
-        raise LocalpersError(f"{where}: field 'user_id' must be a non-empty string")
+        raise InputError(f"{where}: field 'user_id' must be a non-empty string")
+    _check_unicode(user_id, f"{where}: field 'user_id'")
     history_records = record.get("history", [])
     query_records = record.get("queries")
     if not isinstance(history_records, list):
-        raise LocalpersError(f"{where} (user {user_id}): field 'history' must be a list")
+        raise InputError(f"{where} (user {user_id}): field 'history' must be a list")
     if query_records is not None and not isinstance(query_records, list):
-        raise LocalpersError(f"{where} (user {user_id}): field 'queries' must be a list")
+        raise InputError(f"{where} (user {user_id}): field 'queries' must be a list")
     if dev_split:
         merged, resorted = _oldest_first([*history_records, *(query_records or [])])
         history_records, query_records = _dev_split(merged)
@@ -262,7 +265,7 @@ def _user_from_record(
         text = _fields(entry, f"{where} (user {user_id}) query {index}", task)
         query_id = text["id"] or f"q{index}"
         if query_id in query_ids:
-            raise LocalpersError(f"{where} (user {user_id}) query {index}: duplicate id {query_id!r}")
+            raise InputError(f"{where} (user {user_id}) query {index}: duplicate id {query_id!r}")
         query_ids.add(query_id)
         queries.append(BenchQuery(query_id, normalize_text(text["input"]), normalize_text(text["output"])))
     answers = {HistoryItem.create(task, query.input, query.reference).id for query in queries}
@@ -326,21 +329,34 @@ def _fields(entry: Any, where: str, task: str = DEFAULT_TASK) -> dict[str, str]:
     """`input` (with an article after the task's instruction), `output` (non-empty, no longer than the task
     writes) and `id` ("" when absent) of one item."""
     if not isinstance(entry, dict):
-        raise LocalpersError(f"{where}: expected a JSON object with 'input' and 'output'")
+        raise InputError(f"{where}: expected a JSON object with 'input' and 'output'")
     out: dict[str, str] = {}
     for name in ("input", "output"):
         value = entry.get(name)
         if not isinstance(value, str) or not normalize_text(value):
-            raise LocalpersError(f"{where}: field {name!r} must be a non-empty string")
+            raise InputError(f"{where}: field {name!r} must be a non-empty string")
+        _check_unicode(value, f"{where}: field {name!r}")
         out[name] = value
     if not TASKS[task].content(normalize_text(out["input"])):
-        raise LocalpersError(f"{where}: field 'input' holds the instruction but no text after it")
+        raise InputError(f"{where}: field 'input' holds the instruction but no text after it")
     try:
         TASKS[task].check_output(normalize_text(out["output"]), "field 'output'")
     except LocalpersError as exc:
-        raise LocalpersError(f"{where}: {exc}") from None
+        raise InputError(f"{where}: {exc}") from None
     item_id = entry.get("id", "")
     if not isinstance(item_id, str | int):
-        raise LocalpersError(f"{where}: field 'id' must be a string")
+        raise InputError(f"{where}: field 'id' must be a string")
     out["id"] = str(item_id)
+    _check_unicode(out["id"], f"{where}: field 'id'")
     return out
+
+
+def _check_unicode(value: str, what: str) -> None:
+    """Refuse a string holding a lone surrogate (JSON's "\\ud800"): nothing can store or print it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{what} is not Unicode text (a lone surrogate \\u{ord(value[exc.start]):04x} at character "
+            f"{exc.start}); write characters, not half of a \\u escape pair"
+        ) from None

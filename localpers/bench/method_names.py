@@ -3,21 +3,23 @@
 Every method that uses the history accepts `history=N|all` (fit on the N most recent items only); the CARD
 methods also take `strength`, `top_k`, `reg` (the L2 weight of the vector fit), `prior` (the fit shrinks
 lambda towards prior x the cluster's default vector; 0 by default) and `bias` (the strength of the user's
-token bias; 0 = vector only). `parse_method` checks the name and its parameters against the registry;
-`canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>` and
-`card` share one cache. Presets (`product`, the default; `main`, `low-resource`, `alpha-sweep`,
+token bias; 0 = vector only). `parse_method` checks the name and its parameters against the registry (an
+unknown one, a parameter given twice or a value out of range or not finite is an `InputError`: exit 2);
+`canonical_spec` drops parameters equal to the method's default, so `card@strength=<bundle alpha>` and `card`
+share one cache. Presets (`product`, the default; `main`, `low-resource`, `alpha-sweep`,
 `topk-sweep`, `related`) expand to several names.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
 
 from localpers.bench.methods import HISTORY_PARAM, Method, MethodSpec, ParamValue
 from localpers.bench.registry import BASELINE, get_method, product_methods
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 from localpers.methods.card.personalizer import Personalizer
 
 POSITIVE_PARAMS = frozenset({"reg"})
@@ -42,35 +44,38 @@ def parse_method(text: str) -> MethodSpec:
         for piece in param_text.split(","):
             match = _PARAM_PATTERN.fullmatch(piece.strip())
             if not match:
-                raise LocalpersError(
+                raise InputError(
                     f"method {text!r}: cannot read {piece!r}; write key=value, e.g. card@strength=0.5"
                 )
             key, raw = match.groups()
             if key not in allowed:
                 choices = ", ".join(allowed) or "none"
-                raise LocalpersError(
-                    f"method {text!r}: {base} has no parameter {key!r} (it takes: {choices})"
-                )
+                raise InputError(f"method {text!r}: {base} has no parameter {key!r} (it takes: {choices})")
+            if key in params:
+                raise InputError(f"method {text!r}: {key} is given twice; give each parameter once")
             params[key] = _parse_value(text, key, raw, allowed[key])
     return MethodSpec(base, tuple(sorted(params.items())))
 
 
 def _parse_value(text: str, key: str, raw: str, kind: type) -> ParamValue:
     """`raw` as `kind`; `history=all` is None. Counts (k, top_k) are >= 1, strength, history and recent >= 0,
-    the fit's regularisation `reg` > 0 (without it a separable set of pairs has no finite optimum)."""
+    the fit's regularisation `reg` > 0 (without it a separable set of pairs has no finite optimum); a float is
+    finite."""
     if key == HISTORY_PARAM and raw == "all":
         return None
     try:
         value = kind(raw)
     except ValueError:
-        raise LocalpersError(f"method {text!r}: {key}={raw} is not a valid {kind.__name__}") from None
+        raise InputError(f"method {text!r}: {key}={raw} is not a valid {kind.__name__}") from None
+    if isinstance(value, float) and math.isinf(value):  # "inf", or "1e400" read as inf; nan is refused below
+        raise InputError(f"method {text!r}: {key}={raw} is not a finite number")
     if key in POSITIVE_PARAMS:
         if not value > 0:  # also refuses nan
-            raise LocalpersError(f"method {text!r}: {key}={raw} must be greater than 0")
+            raise InputError(f"method {text!r}: {key}={raw} must be greater than 0")
         return value
     minimum = 0 if kind is float or key in (HISTORY_PARAM, "recent", "dense", "described") else 1
     if not value >= minimum:  # also refuses nan
-        raise LocalpersError(f"method {text!r}: {key}={raw} must be at least {minimum}")
+        raise InputError(f"method {text!r}: {key}={raw} must be at least {minimum}")
     return value
 
 

@@ -3,19 +3,33 @@ low-resource curve, sweeps.
 
 Each function takes the results object, writes one PNG (matplotlib, Agg backend, no display) and
 returns its path, or None when the run holds no methods for that figure (e.g. no `@history=` runs
-means no low-resource curve). This module reads nothing but the results object.
+means no low-resource curve). Each PNG is rendered in memory and written atomically (`save_figure`): a
+full disk leaves no empty or half-written file, and the error names the file. `PLOT_NAMES` lists every
+figure a run may make. This module reads nothing but the results object.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any
 
+from localpers.atomic import atomic_write_bytes
+
 HISTORY_ALL_LABEL = "all"
+PLOT_NAMES = (
+    "bars.png",
+    "authors.png",
+    "siblings.png",
+    "gold.png",
+    "low_resource.png",
+    "alpha_sweep.png",
+    "topk_sweep.png",
+)
 
 
-def _pyplot():  # noqa: ANN202 - matplotlib's module
+def pyplot():  # noqa: ANN202 - matplotlib's module
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,7 +75,7 @@ def plot_bars(results: dict[str, Any], path: Path) -> Path | None:
     names = main_methods(results)
     if not names:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     rows = results["methods"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     means = [rows[n]["rouge1"] for n in names]
@@ -92,21 +106,29 @@ def _difference_panel(axis: Any, results: dict[str, Any], names: list[str], metr
     axis.set_title("Paired difference to global, 95% interval")
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> Path:
+    """`fig` as a PNG at `path`, written atomically, and closed."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        pyplot().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
 def _save(fig: Any, axes: tuple[Any, ...], path: Path, rotation: int = 20) -> Path:
-    plt = _pyplot()
     for axis in axes:
         axis.tick_params(axis="x", rotation=rotation)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_low_resource(results: dict[str, Any], path: Path) -> Path | None:
     curves = history_curves(results)
     if not curves:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     rows = results["methods"]
     labels = sorted(
         {h for points in curves.values() for h, _ in points}, key=lambda h: math.inf if h is None else h
@@ -130,16 +152,14 @@ def plot_low_resource(results: dict[str, Any], path: Path) -> Path | None:
     axis.set_title("Low-resource curve (95% bootstrap interval of the mean)")
     axis.legend(loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_sweep(results: dict[str, Any], param: str, path: Path, *, label: str) -> Path | None:
     points = sweep_points(results, param)
     if not points:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     rows = results["methods"]
     xs = [x for x, _ in points]
     ys = [rows[name]["rouge1"] for _, name in points]
@@ -159,9 +179,7 @@ def plot_sweep(results: dict[str, Any], param: str, path: Path, *, label: str) -
     axis.set_title(f"CARD: ROUGE-1 against {label} (95% bootstrap interval)")
     axis.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_gold(results: dict[str, Any], path: Path) -> Path | None:
@@ -172,7 +190,7 @@ def plot_gold(results: dict[str, Any], path: Path) -> Path | None:
     ]
     if not names:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     means = [rows[n]["gold_logprob"] for n in names]
     lows = [rows[n]["gold_logprob"] - rows[n]["gold_logprob_ci"][0] for n in names]
@@ -200,7 +218,7 @@ def plot_authors(results: dict[str, Any], path: Path) -> Path | None:
     gains = {name: table for name, table in gains.items() if table}
     if not gains:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     first = next(iter(gains.values()))
     authors = sorted(first, key=lambda user: first[user])
     fig, axis = plt.subplots(figsize=(max(6.0, 0.35 * len(authors) + 2), 4))
@@ -226,7 +244,7 @@ def plot_siblings(results: dict[str, Any], path: Path) -> Path | None:
     bins = [b for b in entry.get("bins", []) if b["queries"]]
     if not names or not bins:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axis = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(names)
     for offset, name in enumerate(names):
@@ -257,13 +275,14 @@ def plot_siblings(results: dict[str, Any], path: Path) -> Path | None:
 def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
     """Every figure the results support, as PNGs in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
+    bars, authors, siblings, gold, low_resource, alpha_sweep, topk_sweep = (directory / n for n in PLOT_NAMES)
     written = [
-        plot_bars(results, directory / "bars.png"),
-        plot_authors(results, directory / "authors.png"),
-        plot_siblings(results, directory / "siblings.png"),
-        plot_gold(results, directory / "gold.png"),
-        plot_low_resource(results, directory / "low_resource.png"),
-        plot_sweep(results, "strength", directory / "alpha_sweep.png", label="strength α"),
-        plot_sweep(results, "top_k", directory / "topk_sweep.png", label="top-k"),
+        plot_bars(results, bars),
+        plot_authors(results, authors),
+        plot_siblings(results, siblings),
+        plot_gold(results, gold),
+        plot_low_resource(results, low_resource),
+        plot_sweep(results, "strength", alpha_sweep, label="strength α"),
+        plot_sweep(results, "top_k", topk_sweep, label="top-k"),
     ]
     return [path for path in written if path is not None]

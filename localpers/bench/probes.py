@@ -17,6 +17,7 @@ module only drives those runs and aggregates them into probes.json, probes.md an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,9 +145,17 @@ def summarise_style(style_name: str, run: Any, *, n_resamples: int, seed: int) -
 
 
 def run_probes(
-    config: ProbeConfig, *, personalizer: Any = None, progress: Progress | None = None
+    config: ProbeConfig,
+    *,
+    personalizer: Any = None,
+    progress: Progress | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every style (resuming from each run's cache) and write probes.json, probes.md and probes.png."""
+    """Run every style (resuming from each run's cache) and write probes.json, probes.md and probes.png.
+
+    `notify` gets each note on how the data file was read (`bench.data.BenchFile.notes`), once: every style
+    reads the same file.
+    """
     from localpers.bench import run_and_write
     from localpers.methods.card.personalizer import Personalizer
 
@@ -159,7 +168,7 @@ def run_probes(
         personalizer = Personalizer.open(model=config.model, bundle=config.bundle, n_threads=config.threads)
     try:
         styles = []
-        for name in config.styles:
+        for index, name in enumerate(config.styles):
             bench = BenchConfig(
                 data=config.data,
                 out=config.out / name,
@@ -179,6 +188,7 @@ def run_probes(
                 bench,
                 personalizer=personalizer,
                 progress=None if progress is None else _prefixed(progress, name),
+                notify=notify if index == 0 else None,
             )
             styles.append(
                 summarise_style(name, written.run, n_resamples=config.n_resamples, seed=config.seed)
@@ -273,11 +283,9 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
 
 def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
     """One panel per style: hit rate against history size, a line per method, the global adapter dashed."""
-    import matplotlib
+    from localpers.bench.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     styles = probes["styles"]
     if not styles:
         return None
@@ -316,6 +324,4 @@ def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
     axes[0][0].set_ylabel("hit rate")
     axes[0][-1].legend(loc="lower right", fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=110)

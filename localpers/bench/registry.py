@@ -19,7 +19,7 @@ from localpers.bench.card_methods import (
 from localpers.bench.extra_methods import CopeBenchMethod, ExactBenchMethod
 from localpers.bench.methods import Method
 from localpers.bench.prompt_methods import ClusterMethod, GlobalHistoryMethod, GlobalMethod, RagMethod
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 from localpers.methods.registry import BASELINE_METHOD, DEFAULT_METHOD, compared_methods, method_names
 
 _METHODS: tuple[type[Method], ...] = (
@@ -43,7 +43,7 @@ def get_method(name: str) -> Method:
     try:
         return REGISTRY[name]()
     except KeyError:
-        raise LocalpersError(f"unknown method {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+        raise InputError(f"unknown method {name!r}; choose one of: {', '.join(REGISTRY)}") from None
 
 
 def bench_method_for(device_method: str) -> str | None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from localpers.bench.data import BenchUser
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 from localpers.users.history import HistoryItem
 
 _AND = re.compile(r"\b[Aa]nd\b")
@@ -125,7 +125,7 @@ def get_style(name: str) -> Style:
     try:
         return STYLES[name]
     except KeyError:
-        raise LocalpersError(f"unknown style {name!r}; choose one of: {', '.join(STYLES)}") from None
+        raise InputError(f"unknown style {name!r}; choose one of: {', '.join(STYLES)}") from None
 
 
 def restyle_users(users: list[BenchUser], style: Style) -> list[BenchUser]:

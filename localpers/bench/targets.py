@@ -10,8 +10,8 @@ on the run's own queries:
     decode ms/token <= 1.10x global's; a whole rewrite (prompt included) <= 1.3x global's
     per-user state <= 10 KB besides the history; a fit on 20 history items <= 10 s
 
-A target the run cannot judge (the method or a figure missing, or the fit run on other than 20 items) says
-why instead of met or not met. The style probes are a separate run (`localpers bench --probes`). The cost
+A target the run cannot judge (the method or a figure missing, an undefined ratio: one author or a global
+scoring 0, or the fit run on other than 20 items) says why instead of met or not met. The style probes are a separate run (`localpers bench --probes`). The cost
 figures come from methods run user by user, each in turn (`localpers.bench.runner`);
 `scripts/bench_rewrite.py` interleaves them rewrite by rewrite for a finer cost comparison.
 
@@ -101,10 +101,16 @@ def _authors_check(authors: dict[str, Any] | None) -> TargetCheck:
         return TargetCheck(name, target, "no per-author scores", None)
     share = authors["improved"] / authors["authors"]
     unchanged = f", {authors['unchanged']} unchanged" if authors["unchanged"] else ""
-    measured = (
-        f"{authors['improved']}/{authors['authors']} ({100 * share:.0f}%{unchanged}); "
-        f"R-1 / global over authors {_interval(authors['rouge1_ratio'], 3)}"
-    )
+    counted = f"{authors['improved']}/{authors['authors']} ({100 * share:.0f}%{unchanged})"
+    ratio = authors.get("rouge1_ratio")
+    if not ratio:  # one author (no interval over authors), or global's mean ROUGE-1 is 0
+        return TargetCheck(
+            name,
+            target,
+            f"{counted}; R-1 / global over authors undefined: one author, or global's mean ROUGE-1 is 0",
+            None,
+        )
+    measured = f"{counted}; R-1 / global over authors {_interval(ratio, 3)}"
     return TargetCheck(name, target, measured, share >= AUTHORS_SHARE - 1e-12)
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli.common import print_json
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 
 # Written out so `--help` loads no model code; tests/test_bench.py checks it names every method and preset of
 # `localpers.bench.registry` / `method_names`.
@@ -28,6 +28,10 @@ METHODS_HELP = (
     "(cope, exact). global is always included."
 )
 SUMMARY_WIDTH_WITHOUT_TERMINAL = 130  # columns of the printed summary in a log or a pipe
+MAX_SEED = 2**32 - 1  # numpy's seeds are unsigned 32-bit words
+MIN_RESAMPLES, MAX_RESAMPLES = 100, 100_000  # an interval draws a resamples x queries index array at once
+DEFAULT_STYLES = "sentence-case,kicker,question,ampersand"
+DEFAULT_PROBE_HISTORY = "5,10,20,all"
 
 
 def _log_progress(method: str, done: int, total: int, detail: str) -> None:
@@ -94,8 +98,15 @@ def bench_command(
     history_limit: Annotated[
         int | None, typer.Option(min=0, help="Fit on the N most recent history items only (default: all).")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")] = 0,
-    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 10_000,
+    seed: Annotated[
+        int, typer.Option(min=0, max=MAX_SEED, help="Seed of the bootstrap resampling (0 to 2**32-1).")
+    ] = 0,
+    bootstrap: Annotated[
+        int,
+        typer.Option(
+            min=MIN_RESAMPLES, max=MAX_RESAMPLES, help="Bootstrap resamples (100 to 100,000; default 10,000)."
+        ),
+    ] = 10_000,
     bundle: Annotated[
         Path | None, typer.Option("--bundle", help="Bundle directory (default: the pulled or demo bundle).")
     ] = None,
@@ -119,14 +130,19 @@ def bench_command(
         ),
     ] = False,
     styles: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="With --probes: comma-separated styles (sentence-case, kicker, question, ampersand)."
+            help=f"With --probes: comma-separated styles (sentence-case, kicker, question, ampersand; default "
+            f"{DEFAULT_STYLES})."
         ),
-    ] = "sentence-case,kicker,question,ampersand",
+    ] = None,
     probe_history: Annotated[
-        str, typer.Option(help="With --probes: comma-separated history sizes, 'all' for the whole history.")
-    ] = "5,10,20,all",
+        str | None,
+        typer.Option(
+            help="With --probes: comma-separated history sizes, 'all' for the whole history (default "
+            f"{DEFAULT_PROBE_HISTORY}); it takes the place of --history-limit."
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
     ] = False,
@@ -141,13 +157,14 @@ def bench_command(
 
     check_data_path(data)
     command = "localpers bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    _check_probe_options(probes, styles, probe_history, history_limit)
     if probes:
         _run_probes(
             data,
             out,
             methods,
-            styles,
-            probe_history,
+            styles or DEFAULT_STYLES,
+            probe_history or DEFAULT_PROBE_HISTORY,
             max_users,
             max_queries,
             seed,
@@ -179,11 +196,7 @@ def bench_command(
         with method_progress(not as_json, sys.stderr.isatty()) as progress:
             written = run_and_write(config, progress=progress, notify=_print_note)
     except KeyboardInterrupt:
-        typer.echo(
-            f"interrupted; the users finished so far are kept in {out / 'cache'} and reused when the same "
-            "command runs again",
-            err=True,
-        )
+        typer.echo(_interrupted(out), err=True)
         raise typer.Exit(130) from None
     if as_json:
         print_json(written.results)
@@ -194,6 +207,38 @@ def bench_command(
     typer.echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
     for plot in written.plots:
         typer.echo(f"plot     {plot}")
+
+
+def _check_probe_options(
+    probes: bool, styles: str | None, probe_history: str | None, history_limit: int | None
+) -> None:
+    """Refuse an option the chosen mode would ignore: --styles/--probe-history without --probes, and
+    --history-limit with it (each probe fits on the --probe-history sizes)."""
+    if probes and history_limit is not None:
+        raise InputError(
+            "--history-limit does not apply with --probes: each probe fits on the most recent "
+            "--probe-history items; give the sizes there, e.g. --probe-history 5,20"
+        )
+    if not probes:
+        for option, value in (("--styles", styles), ("--probe-history", probe_history)):
+            if value is not None:
+                raise InputError(f"{option} applies only with --probes; add --probes or leave {option} out")
+
+
+def _interrupted(out: Path) -> str:
+    """What a Ctrl-C left in `out`: the cache, and whether its top-level outputs are one run's set."""
+    from localpers.bench import RESULTS_NAME
+
+    kept = (
+        f"interrupted; the users finished so far are kept in {out / 'cache'} and reused when the same command "
+        "runs again; "
+    )
+    if (out / RESULTS_NAME).is_file():
+        return kept + (
+            f"{out / RESULTS_NAME} and the report, outputs and plots beside it are all from one run (this "
+            "one's if it had finished writing them, else the earlier one's)"
+        )
+    return kept + f"{out} holds no {RESULTS_NAME}, so any report, outputs or plots there are incomplete"
 
 
 def _print_note(note: str) -> None:
@@ -214,9 +259,7 @@ def _parse_sizes(text: str) -> tuple[int | None, ...]:
         elif piece.isdigit() and int(piece) > 0:
             sizes.append(int(piece))
         else:
-            raise LocalpersError(
-                f"--probe-history: {piece!r} is not a positive count or 'all'; e.g. 5,10,20,all"
-            )
+            raise InputError(f"--probe-history: {piece!r} is not a positive count or 'all'; e.g. 5,10,20,all")
     return tuple(sizes)
 
 
@@ -252,7 +295,7 @@ def _run_probes(
     for name in style_names:
         get_style(name)
     if not style_names:
-        raise LocalpersError("--styles: name at least one style, e.g. --styles kicker")
+        raise InputError("--styles: name at least one style, e.g. --styles kicker")
     config = ProbeConfig(
         data=data,
         out=out,
@@ -270,7 +313,7 @@ def _run_probes(
         dev_split=dev_split,
     )
     with method_progress(not as_json, sys.stderr.isatty()) as progress:
-        result = run_probes(config, progress=progress)
+        result = run_probes(config, progress=progress, notify=_print_note)
     if as_json:
         print_json(result)
         return

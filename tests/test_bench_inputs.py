@@ -1,0 +1,150 @@
+"""`localpers bench` refuses malformed input files and arguments with one line and exit code 2, before any
+model is loaded; the data file is read as a history import reads its file (lines end at "\\n" only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers.bench.data import read_bench_file
+from localpers.cli import app
+
+PROMPT = "Generate a headline for the following article: "
+
+
+def _user(user_id: str = "a", history_input: str = "x", query_input: str = "z") -> dict:
+    return {
+        "user_id": user_id,
+        "history": [{"input": PROMPT + history_input, "output": "y"}],
+        "queries": [{"id": "q1", "input": PROMPT + query_input, "output": "w"}],
+    }
+
+
+def _bench(data: Path, out: Path, *extra: str) -> object:
+    return CliRunner().invoke(app, ["bench", "--data", str(data), "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize(
+    ("record", "where"),
+    [
+        (_user(history_input="x\ud800"), " (user a) history item 1: field 'input'"),
+        (_user(query_input="z\udfff"), " (user a) query 1: field 'input'"),
+        (
+            {**_user(), "history": [{"input": PROMPT + "x", "output": "y\ud800"}]},
+            " (user a) history item 1: field 'output'",
+        ),
+        (
+            {**_user(), "queries": [{"id": "q\ud800", "input": PROMPT + "z", "output": "w"}]},
+            " (user a) query 1: field 'id'",
+        ),
+        (_user("a\ud800"), ": field 'user_id'"),
+    ],
+)
+def test_a_lone_surrogate_is_one_line_naming_file_line_user_item_and_field(
+    tmp_path: Path, record: dict, where: str
+) -> None:
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text(
+        json.dumps(_user("first")) + "\n" + json.dumps(record) + "\n"
+    )  # json escapes it as \ud800
+    result = _bench(path, tmp_path / "out", "-m", "global")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert f"error: {path} line 2{where} is not Unicode text (a lone surrogate" in result.output
+
+
+def test_a_line_separator_inside_a_json_string_is_text_not_a_line_end(tmp_path: Path) -> None:
+    path = tmp_path / "u2028.jsonl"
+    users = [_user("a", history_input="x\u2028Second paragraph."), _user("b", history_input="x\x85NEL here.")]
+    path.write_text("".join(json.dumps(u, ensure_ascii=False) + "\n" for u in users), encoding="utf-8")
+    read = read_bench_file(path)
+    assert [(user.user_id, user.line) for user in read.users] == [("a", 1), ("b", 2)]
+
+
+def test_a_record_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "twice.jsonl"
+    path.write_text(json.dumps(_user("a"))[:-1] + ', "user_id": "b"}\n')
+    result = _bench(path, tmp_path / "out", "-m", "global")
+    assert result.exit_code == 2, result.output
+    assert f"error: {path} line 1: not valid JSON (duplicate key 'user_id')" in result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"{bad json\n", "line 1: not valid JSON"),
+        (b"[1, 2]\n", "line 1: expected a JSON object"),
+        (b"\xff\xfe not utf-8\n", "cannot read"),
+        (
+            json.dumps({**_user(), "user_id": 3}).encode() + b"\n",
+            "field 'user_id' must be a non-empty string",
+        ),
+        (json.dumps({**_user(), "history": {}}).encode() + b"\n", "field 'history' must be a list"),
+        ((json.dumps(_user()) + "\n" + json.dumps(_user())).encode() + b"\n", "collides with line 1"),
+        (
+            json.dumps({**_user(), "queries": [{"id": ["q"], "input": PROMPT + "z", "output": "w"}]}).encode()
+            + b"\n",
+            "field 'id' must be a string",
+        ),
+        (json.dumps({**_user(), "queries": []}).encode() + b"\n", "add --dev-split"),
+        (b"\n", "holds no users"),
+    ],
+)
+def test_a_malformed_data_file_exits_2(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    result = _bench(path, tmp_path / "out", "-m", "global")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_data_path_that_is_no_file_exits_2(tmp_path: Path) -> None:
+    for path, message in ((tmp_path / "nope.jsonl", "no such file"), (tmp_path, "is a directory")):
+        result = _bench(path, tmp_path / "out")
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "bogus"], "unknown method 'bogus'"),
+        (["-m", "card@stength=1"], "has no parameter 'stength'"),
+        (["-m", "card@strength=inf"], "strength=inf is not a finite number"),
+        (["-m", "card@strength=1e400"], "strength=1e400 is not a finite number"),
+        (["-m", "card@strength=1,strength=2"], "strength is given twice"),
+        (["-m", "rag@history=all,k=2,history=3"], "history is given twice"),
+        (["--probes", "--probe-history", "0"], "--probe-history: '0' is not a positive count"),
+        (["--probes", "--styles", "bogus"], "unknown style 'bogus'"),
+        (["--probes", "--styles", ","], "--styles: name at least one style"),
+        (["--probes", "-m", "card@strength=inf"], "not a finite number"),
+        (["--probes", "--history-limit", "1"], "--history-limit does not apply with --probes"),
+        (["--styles", "kicker"], "--styles applies only with --probes"),
+        (["--probe-history", "5"], "--probe-history applies only with --probes"),
+        (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**32)], "--seed"),
+        (["--bootstrap", "100001"], "--bootstrap"),
+    ],
+)
+def test_a_bad_argument_exits_2_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    from localpers.methods.card.personalizer import Personalizer
+
+    def no_model(**_: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Personalizer, "open", staticmethod(no_model))
+    path = tmp_path / "users.jsonl"
+    path.write_text(json.dumps(_user()) + "\n")
+    result = _bench(path, tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_seed_and_bootstrap_ranges_are_in_the_help() -> None:
+    result = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert "0 to 2**32-1" in result.output and "100 to 100,000" in result.output
