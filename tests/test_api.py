@@ -272,7 +272,7 @@ def test_completion_streaming_with_a_task(
         model="localpers/alice", prompt=ARTICLE, max_tokens=12, stream=True, extra_body={"task": "headline"}
     )
     text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
-    assert text.strip() == alice_card(personalizer, store, max_tokens=12)
+    assert text == alice_card(personalizer, store, max_tokens=12)  # no leading space the answer lacks
 
 
 def test_grammar_and_sampling_options_reach_the_sampler_chain(client: openai.OpenAI) -> None:
@@ -465,3 +465,24 @@ def test_a_strength_for_a_method_without_a_correction_is_refused() -> None:
         with pytest.raises(ApiError, match=f"not to method '{method}'") as raised:
             parse_completion({**base, "method": method})
         assert raised.value.param == "strength"
+
+
+def test_the_answer_says_what_rewrite_json_says_beside_the_text(server: LiveServer) -> None:
+    """Strength, CARD's k, the history items shown and the notes (a cut text) that `rewrite` prints."""
+    long_article = (
+        ARTICLE + " The council voted for it after a long debate." * 60
+    )  # well past 1,500 characters
+    body = {"model": "localpers/alice", "prompt": long_article, "max_tokens": 6, "task": "headline"}
+    status, text = raw_request(f"{server.base_url}/completions", json.dumps(body).encode())
+    assert status == 200, text
+    extension = json.loads(text)["localpers"]
+    assert extension["method"] == "card" and extension["strength"] is not None and extension["top_k"] >= 1
+    assert isinstance(extension["examples"], list)
+    assert any("task read its first 1,500" in note for note in extension["notes"]), extension
+    status, text = raw_request(
+        f"{server.base_url}/completions", json.dumps({**body, "stream": True, "method": "global"}).encode()
+    )
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    final = [event for event in events if event["choices"] and event["choices"][0]["finish_reason"]]
+    assert len(final) == 1 and final[0]["localpers"]["method"] == "global"
+    assert final[0]["localpers"]["strength"] is None and final[0]["localpers"]["notes"]

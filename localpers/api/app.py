@@ -70,7 +70,21 @@ def _completion_body(job: GenerationJob, served: Served, ident: str) -> dict[str
         "model": job.model,
         "choices": [choice],
         "usage": _usage(served),
-        "localpers": {"user": served.user, "method": served.result.method, "adapter": served.result.adapter},
+        "localpers": _extension(served),
+    }
+
+
+def _extension(served: Served) -> dict[str, Any]:
+    """What `localpers rewrite --json` says beside the text: who and how, the history items shown, notes."""
+    result = served.result
+    return {
+        "user": served.user,
+        "method": result.method,
+        "adapter": result.adapter,
+        "strength": result.strength,
+        "top_k": result.top_k,
+        "examples": [example.id for example in result.examples],
+        "notes": list(served.notes),
     }
 
 
@@ -91,6 +105,13 @@ def _chunk(
         "model": job.model,
         "choices": [choice],
     }
+
+
+def one_line_task(job: GenerationJob) -> bool:
+    """Whether the job's task writes one line (headline, title, paraphrase), whose text is stripped."""
+    from localpers.tasks import get_task
+
+    return job.task is not None and get_task(job.task).one_line
 
 
 def _event(payload: dict[str, Any] | str) -> str:
@@ -223,9 +244,17 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
         queue: asyncio.Queue[object] = asyncio.Queue()
         gone = False
 
+        started = not one_line_task(job)
+
         def on_text(piece: str) -> None:
+            nonlocal started
             if gone:
                 raise ClientGone()
+            if not started:  # the answer's text is stripped for a one-line task: the streamed pieces too
+                piece = piece.lstrip()
+                if not piece:
+                    return
+                started = True
             loop.call_soon_threadsafe(queue.put_nowait, piece)
 
         def work() -> None:
@@ -258,7 +287,9 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
                         yield _event(_chunk(job, ident, created, item, None))
                     elif isinstance(item, Served):
                         finish = FINISH_REASONS.get(item.result.stop_reason, "stop")
-                        yield _event(_chunk(job, ident, item.created, None, finish))
+                        yield _event(
+                            {**_chunk(job, ident, item.created, None, finish), "localpers": _extension(item)}
+                        )
                         if job.include_usage:
                             yield _event(
                                 {

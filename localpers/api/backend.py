@@ -23,7 +23,7 @@ import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
 from localpers.errors import LocalpersError
-from localpers.methods.base import Method, RewriteOptions, UserDecoder
+from localpers.methods.base import Method, RewriteOptions, UserDecoder, cut_text_note
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
@@ -45,6 +45,9 @@ class Served:
     result: RewriteResult
     user: str | None
     created: int
+    notes: tuple[
+        str, ...
+    ] = ()  # remarks `localpers rewrite` prints as `note:` lines (a cut text, a fallback)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,9 @@ class ApiBackend:
         active = self.store.active_name()
         return self.store.get(active) if active else None
 
-    def _profile(self, user: User | None, method: Method, history: HistoryIndex | None) -> Profile:
+    def _profile(
+        self, user: User | None, method: Method, history: HistoryIndex | None, notes: list[str]
+    ) -> Profile:
         """What `method` needs of `user`; an unfitted or stale user is refused for CARD's methods.
 
         The fit is read by `profile_for_rewrite`, as `localpers rewrite` reads it but strictly: a client
@@ -111,6 +116,8 @@ class ApiBackend:
             found = profile_for_rewrite(user, method.name, self.personalizer, history, strict=True)
         except LocalpersError as exc:
             raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
+        if found.note:
+            notes.append(found.note)
         uses_choice = method.uses_choice and found.method == method.name
         vector_strength, bias_strength, _ = stored_choice(found.state) if uses_choice else (None, None, None)
         bias = chosen_bias(found.state, found.bias) if uses_choice else found.bias
@@ -121,16 +128,19 @@ class ApiBackend:
         """Generate for `job` (blocking; call from a worker thread)."""
         with self._lock:
             user = self.resolve_user(job.user)
+            notes: list[str] = []
             try:
-                result = self._generate(job, user, on_text)
+                result = self._generate(job, user, on_text, notes)
             except LocalpersError as exc:
                 message = str(exc)
                 raise ApiError(
                     400 if exc.exit_code == 2 else 409, message, param=_field_named(message)
                 ) from None
-            return Served(result, user.name if user else None, int(time.time()))
+            return Served(result, user.name if user else None, int(time.time()), tuple(notes))
 
-    def _generate(self, job: GenerationJob, user: User | None, on_text: TextSink | None) -> RewriteResult:
+    def _generate(
+        self, job: GenerationJob, user: User | None, on_text: TextSink | None, notes: list[str]
+    ) -> RewriteResult:
         chosen = get_method(job.method)
         if job.candidates > 1 and not job.sampling.greedy:
             raise ApiError(
@@ -147,7 +157,7 @@ class ApiBackend:
             )
         task = job.task or "free"
         history = user.history_index(get_task(task)) if user is not None else None
-        profile = self._profile(user, chosen, history)
+        profile = self._profile(user, chosen, history, notes)
         method = profile.method
         personal = {
             "cluster": profile.cluster,
@@ -181,19 +191,24 @@ class ApiBackend:
                     f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
                     param="user",
                 )
-            return self._own_decoder(chosen, user, text, task, job, on_text)
-        return self.personalizer.rewrite(
-            text,
-            task=task,
-            method=method,
-            **personal,
-            max_tokens=job.max_tokens,
-            sampling=job.sampling,
-            on_text=on_text,
-            history=history,
-            stop=job.stop,
-            candidates=job.candidates,
-        )
+            result = self._own_decoder(chosen, user, text, task, job, on_text)
+        else:
+            result = self.personalizer.rewrite(
+                text,
+                task=task,
+                method=method,
+                **personal,
+                max_tokens=job.max_tokens,
+                sampling=job.sampling,
+                on_text=on_text,
+                history=history,
+                stop=job.stop,
+                candidates=job.candidates,
+            )
+        cut = cut_text_note(text, result)
+        if cut is not None:
+            notes.append(cut)
+        return result
 
     def _own_decoder(
         self, method: Method, user: User, text: str, task: str, job: GenerationJob, on_text: TextSink | None
