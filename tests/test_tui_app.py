@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from textual.widgets import Select, TextArea
 from tui_fakes import FakeService, fake_text
-from tui_helpers import async_test, wait_idle
+from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
 
-from localpers.tui.app import LocalpersApp
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.import_history import ImportScreen
@@ -22,20 +21,8 @@ from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.history_panel import HistoryTable
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import TokenStrip
-from localpers.users.history import HistoryItem, demo_history_path
+from localpers.users.history import demo_history_path
 from localpers.users.store import UserStore
-
-SIZE = (120, 40)
-DRAFT = "The city opened a new bike lane along the river"
-
-
-def examples(prefix: str, count: int) -> list[HistoryItem]:
-    return [
-        HistoryItem.create(
-            "headline", f"{prefix} article number {i} about the town", f"{prefix.upper()} {i}!"
-        )
-        for i in range(count)
-    ]
 
 
 @pytest.fixture
@@ -45,10 +32,6 @@ def service() -> FakeService:
     store.create("bob").save_history(examples("bob", 6))
     store.use("ann")
     return FakeService(store)
-
-
-def make_app(service: FakeService, **kwargs: object) -> LocalpersApp:
-    return LocalpersApp(service, debounce=0.05, refit_delay=0.05, **kwargs)  # type: ignore[arg-type]
 
 
 def card(text: str, vector: int, strength: float = 1.0, top_k: int = 10) -> str:

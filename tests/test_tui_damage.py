@@ -8,7 +8,7 @@ import json
 import pytest
 from textual.widgets import Static, TextArea
 from tui_fakes import FakeService
-from tui_helpers import async_test, wait_idle
+from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
 
 from localpers.errors import LocalpersError
 from localpers.methods.reports import RewriteResult
@@ -18,20 +18,7 @@ from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import RewriteRequest, TextSink
 from localpers.tui.userdata import REJECTED_FILE, import_history_file, load_profile
-from localpers.users.history import HistoryItem
 from localpers.users.store import User, UserStore
-
-SIZE = (120, 40)
-DRAFT = "The city opened a new bike lane along the river"
-
-
-def examples(prefix: str, count: int) -> list[HistoryItem]:
-    return [
-        HistoryItem.create(
-            "headline", f"{prefix} article number {i} about the town", f"{prefix.upper()} {i}!"
-        )
-        for i in range(count)
-    ]
 
 
 def fitted_service(service_type: type[FakeService] = FakeService) -> FakeService:
@@ -45,10 +32,6 @@ def fitted_service(service_type: type[FakeService] = FakeService) -> FakeService
     store.use("ann")
     service.fits.clear()
     return service
-
-
-def make_app(service: FakeService, **kwargs: object) -> LocalpersApp:
-    return LocalpersApp(service, debounce=0.05, refit_delay=0.05, **kwargs)  # type: ignore[arg-type]
 
 
 def notices(app: LocalpersApp) -> list[str]:

@@ -24,12 +24,31 @@ import textual
 from textual.pilot import Pilot
 
 from localpers.tui.app import LocalpersApp
+from localpers.users.history import HistoryItem
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots" / "tui"
 VERSION_FILE = SNAPSHOT_DIR / "TEXTUAL_VERSION"
 UPDATE_ENV = "LOCALPERS_UPDATE_SNAPSHOTS"
 _TEXT_ELEMENT = re.compile(r"<text[^>]*>(.*?)</text>", re.S)
 _TEXT_Y = re.compile(r'<text[^>]*\by="([0-9.]+)"[^>]*>(.*?)</text>', re.S)
+
+SIZE = (120, 40)  # the terminal the Pilot tests run in
+DRAFT = "The city opened a new bike lane along the river"
+
+
+def examples(prefix: str, count: int) -> list[HistoryItem]:
+    """`count` headline items whose outputs name `prefix`, for a user's history."""
+    return [
+        HistoryItem.create(
+            "headline", f"{prefix} article number {i} about the town", f"{prefix.upper()} {i}!"
+        )
+        for i in range(count)
+    ]
+
+
+def make_app(service: Any, **kwargs: object) -> LocalpersApp:
+    """The app over `service`, with short debounce and refit delays for tests."""
+    return LocalpersApp(service, debounce=0.05, refit_delay=0.05, **kwargs)  # type: ignore[arg-type]
 
 
 def async_test(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
