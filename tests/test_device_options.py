@@ -118,3 +118,14 @@ def test_an_interrupted_assembly_leaves_no_partial_file(monkeypatch: pytest.Monk
     with pytest.raises(KeyboardInterrupt):
         default_backbone_path()
     assert list((cache_dir() / "backbones").iterdir()) == []
+
+
+def test_a_backbone_from_localpers_model_is_said_to_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"not a gguf file at all")
+    monkeypatch.setenv("LOCALPERS_MODEL", str(fake))
+    result = runner.invoke(app, ["rewrite", "An article.", "-m", "global"])
+    assert result.exit_code == 2, result.output
+    assert f"backbone {fake} (from environment) is not a GGUF file" in result.stderr

@@ -115,9 +115,12 @@ def default_backbone_path() -> Path:
 
 def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
     """Pick the backbone: argument, then environment, then config file, then the embedded default."""
+    from_environment = os.environ.get(MODEL_ENV_VAR)
+    # The CLI's --model reads LOCALPERS_MODEL itself (Typer's envvar): name the variable when it is that.
+    given = "environment" if explicit is not None and str(explicit) == from_environment else "argument"
     for source, value in (
-        ("argument", explicit),
-        ("environment", os.environ.get(MODEL_ENV_VAR)),
+        (given, explicit),
+        ("environment", from_environment),
         ("config", configured_model_path()),
     ):
         if value:
