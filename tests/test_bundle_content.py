@@ -255,7 +255,8 @@ def test_doctor_reports_the_bundle_in_use_and_what_its_check_found(bundle: Path,
 
     edit_tensor(installed_bundle_dir() / "head.safetensors", "P", with_nan)  # damaged after install
     damaged = runner.invoke(app, ["doctor", "--model", str(backbone.path)])
-    assert damaged.exit_code == 0  # doctor reports; it does not stop at the first problem
+    assert damaged.exit_code == 1  # it reports everything, then exits 1 for a set-up that would not work
+    assert any(line.startswith("problem       bundle: refused:") for line in damaged.stdout.splitlines())
     line = next(line for line in damaged.stdout.splitlines() if line.startswith("  content"))
     assert "refused:" in line and "head.safetensors" in line
     assert f"pull it again with `localpers pull {bundle} --unsigned`" in line  # where it was pulled from

@@ -191,7 +191,7 @@ def test_damaged_vector_gives_one_line_error_in_show() -> None:
     user.save_fit(np.ones(4, np.float32), {"cluster": 1})
     user.vector_path().write_bytes(b"garbage")
     result = run("user", "show", code=2)  # a damaged file exits 2 (tests/test_damage_exit_codes.py)
-    assert_one_line_error(result, "run `localpers fit` again")
+    assert_one_line_error(result, "run `localpers fit --user ann` again")
 
 
 def test_show_says_whether_the_fit_saw_the_history_as_it_is_now() -> None:

@@ -133,3 +133,75 @@ def test_a_damaged_exact_index_exits_2() -> None:
     with pytest.raises(LocalpersError) as exc:
         ExactIndex.load(path, user.name)
     assert exc.value.exit_code == MALFORMED, str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("vector_strength", "nan"),
+        ("vector_strength", "abc"),
+        ("vector_strength", 1e300),
+        ("bias_strength", -50),
+        ("bias_strength", True),
+        ("label", 3),
+    ],
+)
+def test_a_damaged_stored_choice_is_refused_naming_the_field_and_the_user(field: str, value: object) -> None:
+    """A damaged strength decoded garbage (a "nan" string read by float()) or fell back silently, exit 0."""
+    from localpers.methods.card.choice import stored_choice
+
+    user = fitted_user()
+    choice = {"label": "bias", "vector_strength": 0.0, "bias_strength": 1.0, "counted": True, field: value}
+    with pytest.raises(LocalpersError) as exc:
+        stored_choice({"choice": choice}, str(user.state_path), user.refit_advice)
+    assert exc.value.exit_code == MALFORMED
+    assert f"field 'choice.{field}'" in str(exc.value) and "localpers fit --user ann" in str(exc.value)
+
+
+def test_a_stored_choice_that_is_whole_or_older_reads_as_before() -> None:
+    from localpers.methods.card.choice import stored_choice
+
+    choice = {"label": "vector+bias", "vector_strength": 0.066257, "bias_strength": 1, "counted": True}
+    assert stored_choice({"choice": choice}) == (0.066257, 1.0, "vector+bias")
+    assert stored_choice({}) == (None, None, None)
+    assert stored_choice({"choice": {"label": "adapter"}}) == (
+        None,
+        None,
+        None,
+    )  # before it held the strengths
+
+
+def test_every_refit_advice_for_a_users_own_file_names_the_user() -> None:
+    user = fitted_user()
+    path = user.vector_path()
+    assert path is not None
+    path.unlink()
+    with pytest.raises(LocalpersError, match=r"run `localpers fit --user ann` again"):
+        user.vector()
+
+
+def test_a_cluster_the_bundle_does_not_have_exits_2() -> None:
+    from types import SimpleNamespace
+
+    from localpers.methods.card.method import profile_for_rewrite
+
+    user = fitted_user()
+    state = json.loads(user.state_path.read_text())
+    state.update(cluster=7, fit={"mode": "vector"}, bundle_sha256="b" * 64)
+    user.state_path.write_text(json.dumps(state))
+    bundle = SimpleNamespace(bundle_sha256="b" * 64, bundle=SimpleNamespace(k=3))
+    with pytest.raises(LocalpersError, match="field 'cluster' is 7, but the bundle has 3 clusters") as exc:
+        profile_for_rewrite(user, "card", bundle, None)  # type: ignore[arg-type]
+    assert exc.value.exit_code == MALFORMED
+
+
+def test_a_token_bias_too_large_for_float32_is_damaged() -> None:
+    from localpers.methods.card.user_state import stored_token_bias
+
+    user = fitted_user()
+    state = json.loads(user.state_path.read_text())
+    state["token_bias"] = {"first": [[562, 1e300]], "rest": []}
+    user.state_path.write_text(json.dumps(state))
+    with pytest.raises(LocalpersError, match="field 'token_bias' is damaged") as exc:
+        stored_token_bias(user)
+    assert exc.value.exit_code == MALFORMED

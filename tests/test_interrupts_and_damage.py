@@ -153,7 +153,8 @@ def test_a_wrongly_typed_cluster_in_state_json_is_one_line(cluster: object) -> N
     user = UserStore().create("ann")
     user.save_fit(np.ones(4, dtype=np.float32), {"cluster": cluster})
     with pytest.raises(
-        LocalpersError, match=r"state.json is damaged: field 'cluster' is .*run `localpers fit` again"
+        LocalpersError,
+        match=r"state.json is damaged: field 'cluster' is .*run `localpers fit --user ann` again",
     ):
         user_profile(user)
 

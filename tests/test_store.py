@@ -240,7 +240,7 @@ def test_damaged_vector_is_refused(data: bytes, fix_sha: bool, expected: str) ->
     path = damage(ann, data, fix_sha=fix_sha)
     with pytest.raises(LocalpersError) as exc:
         ann.vector()
-    assert_one_line(exc, str(path), expected, "run `localpers fit` again")
+    assert_one_line(exc, str(path), expected, "run `localpers fit --user ann` again")
 
 
 def test_missing_vector_file_is_refused() -> None:
@@ -249,7 +249,7 @@ def test_missing_vector_file_is_refused() -> None:
     ann.vector_path().unlink()
     with pytest.raises(LocalpersError) as exc:
         ann.vector()
-    assert_one_line(exc, "is missing although state.json names it", "run `localpers fit` again")
+    assert_one_line(exc, "is missing although state.json names it", "run `localpers fit --user ann` again")
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"vector_file": "../../etc/passwd"}'])
@@ -258,7 +258,9 @@ def test_damaged_state_is_refused(text: str) -> None:
     ann.state_path.write_text(text)
     with pytest.raises(LocalpersError) as exc:
         ann.vector()
-    assert_one_line(exc, str(ann.state_path), "is damaged", "remove it and run `localpers fit` again")
+    assert_one_line(
+        exc, str(ann.state_path), "is damaged", "remove it and run `localpers fit --user ann` again"
+    )
     ann.save_fit(np.ones(2, np.float32), {"cluster": 0})  # a new fit repairs it
     assert ann.vector() is not None
 

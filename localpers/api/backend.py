@@ -119,7 +119,11 @@ class ApiBackend:
         if found.note:
             notes.append(found.note)
         uses_choice = method.uses_choice and found.method == method.name
-        vector_strength, bias_strength, _ = stored_choice(found.state) if uses_choice else (None, None, None)
+        vector_strength, bias_strength, _ = (
+            stored_choice(found.state, str(user.state_path), user.refit_advice)
+            if uses_choice
+            else (None, None, None)
+        )
         bias = chosen_bias(found.state, found.bias) if uses_choice else found.bias
         return Profile(found.method, found.cluster, found.vector, bias, vector_strength, bias_strength)
 

@@ -322,9 +322,7 @@ def demo_command(
     """Fit the shipped demo user (first run), compare its headlines with the baselines' and count its style."""
     available = demo_articles()
     if articles is not None and articles > len(available):
-        raise LocalpersError(
-            f"--articles: {len(available)} demo articles ship with localpers, not {articles}"
-        )
+        raise InputError(f"--articles: {len(available)} demo articles ship with localpers, not {articles}")
     chosen = available[: articles or len(available)]
     personalizer = Personalizer.open(model=model, bundle=bundle)
     store = UserStore()

@@ -8,6 +8,7 @@ extra, where `localpers publish` would train;
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     """Show the backbone, the bundle in use (its content checked), llama.cpp build, threads, data directories,
-    installed extras and the training device."""
+    installed extras and the training device; exit 1, naming each problem, when something would stop demo, fit
+    or rewrite (the bundle refused, the encoder missing, the data directory not writable)."""
 
     from localpers import paths
     from localpers.engine import Engine, llama_cpp_version, llama_system_info
@@ -92,9 +94,33 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     }
     report["training"] = _training_device() if report["extras"]["publish"] else None
     report["bundle"] = _bundle_status(backbone)
+    report["problems"] = _problems(report)
+    report["ok"] = not report["problems"]
     if as_json:
         print_json(report)
-        return
+    else:
+        _print_report(report, backbone, choice, weights)
+    if report["problems"]:  # a broken set-up exits 1, so a script need not read the prose
+        raise typer.Exit(1)
+
+
+def _problems(report: dict[str, Any]) -> list[str]:
+    """What stops `demo`, `fit` or `rewrite` from working here, one line each."""
+    from localpers import paths
+
+    problems = []
+    if not report["bundle"]["ok"]:
+        problems.append(f"bundle: {report['bundle']['content']}")
+    if str(report["encoder"]).startswith("missing: "):
+        problems.append(f"encoder: {report['encoder'].removeprefix('missing: ')}")
+    data = paths.data_dir()
+    if not os.access(data, os.W_OK):
+        problems.append(f"data dir {data} cannot be written; users' histories and fits are kept there")
+    return problems
+
+
+def _print_report(report: dict[str, Any], backbone: Backbone, choice: Any, weights: dict[str, float]) -> None:
+    encoder = report["encoder"]
     typer.echo(f"localpers {report['version']}")
     typer.echo(f"backbone      {backbone.path} ({backbone.source})")
     typer.echo(f"  sha256      {backbone.sha256}")
@@ -119,6 +145,8 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     elif training is not None:
         precision = "bf16 or fp32, whichever is faster" if training["bf16"] else "fp32 (no bf16 instructions)"
         typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
+    for problem in report["problems"]:
+        typer.echo(f"problem       {problem}")
 
 
 def _bundle_status(backbone: Backbone) -> dict[str, Any]:
@@ -134,7 +162,8 @@ def _bundle_status(backbone: Backbone) -> dict[str, Any]:
 
     status: dict[str, Any] = {"directory": "?", "origin": "?"}
     try:
-        status["origin"] = "pulled" if installed_bundle_dir() is not None else "embedded demo"
+        status["origin"] = "pulled (missing)"  # until the strict reading below passes
+        status["origin"] = "pulled" if installed_bundle_dir(strict=True) is not None else "embedded demo"
         status["directory"] = str(default_bundle_dir())
         bundle = open_bundle(None, backbone_sha256=backbone.sha256)
         with advising(repair_advice(bundle.directory)):

@@ -99,10 +99,10 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
     try:
         cluster, vector, state = user_profile(user)  # the checks `localpers rewrite` makes
         bias = stored_token_bias(user, state)
+        vector_strength, bias_strength, choice = stored_choice(state, str(user.state_path), user.refit_advice)
     except LocalpersError as exc:
         return Profile(user.name, n_history, n_rejected, problem=str(exc), rejected_problem=rejected_problem)
     fit = state.get("fit") if isinstance(state.get("fit"), dict) else None
-    vector_strength, bias_strength, choice = stored_choice(state)
     return Profile(
         user=user.name,
         n_history=n_history,

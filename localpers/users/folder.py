@@ -51,7 +51,6 @@ VECTOR_TENSOR = "lambda"
 VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
 # state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
 _VECTOR_KEYS = ("vector_file", "vector_sha256", "vector_dim")
-_REFIT = "run `localpers fit` again"
 
 
 def now() -> str:
@@ -132,6 +131,11 @@ class User:
     def state_path(self) -> Path:
         return self.dir / "state.json"
 
+    @property
+    def refit_advice(self) -> str:
+        """What repairs this user's fit, naming them: a bare `localpers fit` fits the active user, maybe another."""
+        return f"run `localpers fit --user {self.name}` again"
+
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Hold this user's write lock: wrap each read-modify-write of its files (`localpers.users.lock`)."""
         return user_lock(self.dir, who=f"user {self.name!r}", identity=self.identity)
@@ -166,7 +170,7 @@ class User:
 
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""
-        state = read_json_object(self.state_path, f"remove it and {_REFIT}")
+        state = read_json_object(self.state_path, f"remove it and {self.refit_advice}")
         return state if state is not None else {}
 
     def save_state(self, state: dict[str, Any]) -> None:
@@ -192,7 +196,9 @@ class User:
         if name is None:
             return None
         if not isinstance(name, str) or not VECTOR_FILE_PATTERN.fullmatch(name):
-            raise InputError(f"{self.state_path} is damaged (bad 'vector_file'); remove it and {_REFIT}")
+            raise InputError(
+                f"{self.state_path} is damaged (bad 'vector_file'); remove it and {self.refit_advice}"
+            )
         return self.dir / name
 
     def vector(self) -> np.ndarray | None:
@@ -216,40 +222,42 @@ class User:
             data = path.read_bytes()
         except FileNotFoundError:
             raise LocalpersError(
-                f"{path} is missing although {self.state_path.name} names it; {_REFIT}"
+                f"{path} is missing although {self.state_path.name} names it; {self.refit_advice}"
             ) from None
         except OSError as exc:
-            raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {_REFIT}") from None
+            raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {self.refit_advice}") from None
         if hashlib.sha256(data).hexdigest() != state.get("vector_sha256"):
             raise InputError(
                 f"{path} does not match the sha256 recorded in {self.state_path.name} "
-                f"(changed or damaged); {_REFIT}"
+                f"(changed or damaged); {self.refit_advice}"
             )
         try:
             tensors = load(data)
         except Exception as exc:  # safetensors raises several types for malformed files
-            raise InputError(f"{path} is not a readable safetensors file ({exc}); {_REFIT}") from None
+            raise InputError(
+                f"{path} is not a readable safetensors file ({exc}); {self.refit_advice}"
+            ) from None
         array = tensors.get(VECTOR_TENSOR)
         if array is None:
-            raise InputError(f"{path} has no tensor {VECTOR_TENSOR!r}; {_REFIT}")
+            raise InputError(f"{path} has no tensor {VECTOR_TENSOR!r}; {self.refit_advice}")
         if array.dtype != np.float32 or array.ndim != 1 or array.size == 0:
             raise InputError(
                 f"{path}: tensor {VECTOR_TENSOR!r} is {array.dtype} {tuple(array.shape)}, "
-                f"expected float32 (D,); {_REFIT}"
+                f"expected float32 (D,); {self.refit_advice}"
             )
         dim = state.get("vector_dim")
         if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
             raise InputError(
                 f"{self.state_path} is damaged: field 'vector_dim' is {one_line(repr(dim), 40)}"
-                f" ({type(dim).__name__}), not an integer; {_REFIT}"
+                f" ({type(dim).__name__}), not an integer; {self.refit_advice}"
             )
         if dim is not None and dim != array.size:
             raise InputError(
                 f"{path} has {array.size} values but field 'vector_dim' of {self.state_path.name} says {dim};"
-                f" {_REFIT}"
+                f" {self.refit_advice}"
             )
         if not np.all(np.isfinite(array)):
-            raise InputError(f"{path} holds non-finite values; {_REFIT}")
+            raise InputError(f"{path} holds non-finite values; {self.refit_advice}")
         return array, _safetensors_metadata(data)
 
     def save_vector(self, vector: np.ndarray, meta: dict[str, str] | None = None) -> None:

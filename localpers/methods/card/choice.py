@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from localpers.errors import InputError
 from localpers.methods.card.correction import CorrectionVariant
 from localpers.tasks import get_task
+from localpers.untrusted import one_line
 from localpers.users.history_index import HistoryIndex
 
 if TYPE_CHECKING:
@@ -287,15 +289,42 @@ def choose_correction(
     )
 
 
-def stored_choice(state: dict[str, Any]) -> tuple[float | None, float | None, str | None]:
-    """(vector strength, bias strength, label) saved by the last fit; Nones when it made no choice."""
+MAX_STORED_STRENGTH = 100.0  # the largest strength `rewrite --strength` and the API take
+
+
+def stored_choice(
+    state: dict[str, Any], where: str = "state.json", refit: str = "run `localpers fit` again"
+) -> tuple[float | None, float | None, str | None]:
+    """(vector strength, bias strength, label) saved by the last fit; Nones when it made no choice.
+
+    A choice whose strengths are not numbers from 0 to `MAX_STORED_STRENGTH` is refused in one line (exit 2)
+    naming `where` and the field: read as it was (float() takes "nan" or "1e300"), a damaged value decoded
+    garbage or was silently replaced by the default, exit 0.
+    """
     entry = state.get("choice")
+    if entry is None:
+        return None, None, None
     if not isinstance(entry, dict):
-        return None, None, None
-    try:
-        return float(entry["vector_strength"]), float(entry["bias_strength"]), str(entry["label"])
-    except (KeyError, TypeError, ValueError):
-        return None, None, None
+        raise InputError(f"{where} is damaged: field 'choice' is not an object; {refit}")
+    if any(name not in entry for name in ("vector_strength", "bias_strength", "label")):
+        return None, None, None  # a fit before the choice held all three: the defaults, as then
+    strengths = []
+    for name in ("vector_strength", "bias_strength"):
+        value = entry.get(name)
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not 0.0 <= value <= MAX_STORED_STRENGTH  # also refuses nan
+        ):
+            raise InputError(
+                f"{where} is damaged: field 'choice.{name}' is {one_line(repr(value), 40)}, not a number from 0"
+                f" to {MAX_STORED_STRENGTH:g}; {refit}"
+            )
+        strengths.append(float(value))
+    label = entry.get("label")
+    if not isinstance(label, str):
+        raise InputError(f"{where} is damaged: field 'choice.label' is not text; {refit}")
+    return strengths[0], strengths[1], label
 
 
 def chosen_bias(state: dict[str, Any], bias: TokenBias | None) -> TokenBias | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, note_cut_text
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
@@ -88,7 +88,7 @@ def profile_for_rewrite(
             "global", state=state, note="this user has no history yet; using the global adapter"
         )
     elif cluster >= personalizer.bundle.k:
-        raise LocalpersError(
+        raise InputError(
             f"{target.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has "
             f"{personalizer.bundle.k} clusters; run {refit}"
         )
@@ -130,7 +130,11 @@ class AdapterMethod(Method):
             options.note(profile.note)
         state = profile.state
         uses_choice = self.uses_choice and profile.method == self.name
-        chosen_strength, chosen_bias_strength, _ = stored_choice(state) if uses_choice else (None, None, None)
+        chosen_strength, chosen_bias_strength, _ = (
+            stored_choice(state, str(user.state_path), user.refit_advice)
+            if uses_choice and user is not None
+            else (None, None, None)
+        )
         bias = chosen_bias(state, profile.bias) if uses_choice else profile.bias
         strength = chosen_strength if options.strength is None else options.strength
         result = personalizer.rewrite(

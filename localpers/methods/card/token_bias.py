@@ -57,6 +57,9 @@ MAX_OPENING_BIAS = 12.0
 MAX_CLOSING_SHARE = 0.95  # of the model's end-of-output probability moved to closing habits
 
 
+MAX_STORED_BIAS = 1000.0  # nats; a fit's habits are a few, a counted table's tens at most
+
+
 @dataclass
 class TokenBias:
     """Per-context token -> bias (natural-log units); empty when fitted on nothing.
@@ -197,6 +200,7 @@ class TokenBias:
                     or row[0] < 0
                     or not isinstance(row[1], int | float)
                     or not math.isfinite(row[1])
+                    or abs(row[1]) > MAX_STORED_BIAS  # a float32 would overflow to inf long before 1e300
                     or (name == "closing" and not 0.0 < row[1] <= 1.0)
                 ):
                     raise ValueError(

@@ -15,8 +15,6 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.untrusted import one_line
 from localpers.users.store import User
 
-REFIT = "run `localpers fit` again"
-
 
 def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, Any]]:
     """`(cluster, vector, state)` of a stored user, as `rewrite` needs them."""
@@ -25,7 +23,7 @@ def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, A
     if cluster is not None and (not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 0):
         raise InputError(
             f"{user.state_path} is damaged: field 'cluster' is {one_line(repr(cluster), 40)}, not a cluster "
-            f"number; {REFIT}"
+            f"number; {user.refit_advice}"
         )
     return cluster, user.vector(), state
 
@@ -38,4 +36,6 @@ def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenB
     try:
         return TokenBias.from_json(entry)
     except ValueError as exc:
-        raise InputError(f"{user.state_path}: field 'token_bias' is damaged ({exc}); {REFIT}") from None
+        raise InputError(
+            f"{user.state_path}: field 'token_bias' is damaged ({exc}); {user.refit_advice}"
+        ) from None
