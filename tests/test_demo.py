@@ -89,3 +89,23 @@ def test_demo_leaves_a_users_own_demo_user_alone(backbone: Backbone) -> None:
     assert "not the shipped demo user" in result.output and "Traceback" not in result.output
     after = {path.name: path.read_bytes() for path in mine.dir.iterdir() if path.is_file()}
     assert after == before, "the demo wrote into a user it did not create"
+
+
+def test_a_demo_user_missing_some_shipped_items_gets_them_back_and_is_refitted() -> None:
+    """Deleting a damaged line, as the history's error advised, made the demo call its own user foreign."""
+    from types import SimpleNamespace
+
+    from localpers.device.demo import ensure_demo_user
+    from localpers.users.history import demo_history_path, parse_history_file
+    from localpers.users.store import UserStore
+
+    shipped = parse_history_file(demo_history_path())
+    store = UserStore()
+    store.create("demo").save_history(shipped[:-1])
+    fitted: list[str] = []
+    personalizer = SimpleNamespace(
+        bundle_sha256="b" * 64, fit_user=lambda user, progress=None: fitted.append(user.name)
+    )
+    demo, fitted_now = ensure_demo_user(personalizer, store)  # type: ignore[arg-type]
+    assert [item.id for item in demo.history()] == [item.id for item in shipped]
+    assert fitted_now and fitted == ["demo"]

@@ -31,7 +31,9 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
     """The demo user, created from the shipped history and fitted when missing or stale.
 
     A user called `demo` is taken as the shipped one only while its history holds every shipped item (accepted
-    TUI outputs may follow them); one with a history of its own is refused, never fitted or written to.
+    TUI outputs may follow them); one with a history of its own is refused, never fitted or written to. One
+    that holds shipped items only, but not all of them (a damaged line deleted, as its error advised), gets the
+    shipped history back and is fitted anew.
     """
     from localpers.users.history import demo_history_path, parse_history_file
 
@@ -42,11 +44,17 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
             raise
         demo = store.get(DEMO_USER)  # another `localpers demo` created it a moment ago
     shipped = parse_history_file(demo_history_path())
+    shipped_ids = {item.id for item in shipped}
+    restored = False
     with demo.locked():
         history = demo.history()
+        history_ids = {item.id for item in history}
         if not history:
             demo.save_history(shipped)
-        elif not {item.id for item in shipped} <= {item.id for item in history}:
+        elif history_ids < shipped_ids:
+            demo.save_history(shipped)
+            restored = True
+        elif not shipped_ids <= history_ids:
             raise LocalpersError(
                 f"a user named '{DEMO_USER}' exists with a history of its own, so it is not the shipped demo user and"
                 " the demo leaves it alone; rename it (`localpers user export demo --with-history -o FILE.zip`, `localpers"
@@ -57,7 +65,7 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
     # another `localpers demo` fitting the demo user is waited for: its fit is then this one's
     with demo.fitting(wait_seconds=DEMO_FIT_WAIT_SECONDS):
         state = demo.state()
-        if not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:
+        if restored or not state.get("fit") or state.get("bundle_sha256") != personalizer.bundle_sha256:
             personalizer.fit_user(demo, progress=progress)
             fitted_now = True
     return demo, fitted_now
