@@ -107,7 +107,7 @@ def _chunk(
     }
 
 
-def one_line_task(job: GenerationJob) -> bool:
+def _one_line_task(job: GenerationJob) -> bool:
     """Whether the job's task writes one line (headline, title, paraphrase), whose text is stripped."""
     from localpers.tasks import get_task
 
@@ -244,7 +244,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
         queue: asyncio.Queue[object] = asyncio.Queue()
         gone = False
 
-        started = not one_line_task(job)
+        started = not _one_line_task(job)
 
         def on_text(piece: str) -> None:
             nonlocal started

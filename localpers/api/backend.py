@@ -45,9 +45,8 @@ class Served:
     result: RewriteResult
     user: str | None
     created: int
-    notes: tuple[
-        str, ...
-    ] = ()  # remarks `localpers rewrite` prints as `note:` lines (a cut text, a fallback)
+    # the remarks `localpers rewrite` prints as `note:` lines (a cut text, a fallback)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,6 @@ def _bundle_status(backbone: Backbone) -> dict[str, Any]:
     from localpers.bundle.format import (
         advising,
         default_bundle_dir,
-        installed_bundle_dir,
         open_bundle,
         repair_advice,
     )
@@ -162,8 +161,7 @@ def _bundle_status(backbone: Backbone) -> dict[str, Any]:
 
     status: dict[str, Any] = {"directory": "?", "origin": "?"}
     try:
-        status["origin"] = "pulled (missing)"  # until the strict reading below passes
-        status["origin"] = "pulled" if installed_bundle_dir(strict=True) is not None else "embedded demo"
+        status["origin"] = _origin()
         status["directory"] = str(default_bundle_dir())
         bundle = open_bundle(None, backbone_sha256=backbone.sha256)
         with advising(repair_advice(bundle.directory)):
@@ -172,6 +170,16 @@ def _bundle_status(backbone: Backbone) -> dict[str, Any]:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"
     return {**status, "ok": True, "content": fits}
+
+
+def _origin() -> str:
+    """Where the bundle in use comes from; a pulled one whose version is gone is named so, not the demo."""
+    from localpers.bundle.format import installed_bundle_dir
+
+    try:
+        return "pulled" if installed_bundle_dir(strict=True) is not None else "embedded demo"
+    except LocalpersError:
+        return "pulled (missing)"
 
 
 def _training_device() -> dict[str, object]:

@@ -55,8 +55,6 @@ MIN_HABIT_COUNT = 3  # outputs that must show an opening or closing habit (one-o
 MIN_HABIT_RATE = 0.25  # ... and this share of the user's outputs
 MAX_OPENING_BIAS = 12.0
 MAX_CLOSING_SHARE = 0.95  # of the model's end-of-output probability moved to closing habits
-
-
 MAX_STORED_BIAS = 1000.0  # nats; a fit's habits are a few, a counted table's tens at most
 
 
