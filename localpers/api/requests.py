@@ -17,7 +17,7 @@ from typing import Any
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.consensus import MAX_CANDIDATES
-from localpers.methods.registry import DEFAULT_METHOD, get_method, method_names
+from localpers.methods.registry import DEFAULT_METHOD, method_names, methods_taking
 from localpers.tasks import TASKS
 
 MODEL_PREFIX = "localpers"
@@ -155,8 +155,8 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     method = _string(body, "method") or DEFAULT_METHOD
     if method not in METHODS:
         raise _bad(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", "method")
-    if body.get("strength") is not None and not get_method(method).takes_strength:
-        takers = ", ".join(name for name in METHODS if get_method(name).takes_strength)
+    if body.get("strength") is not None and method not in methods_taking("strength"):
+        takers = ", ".join(methods_taking("strength"))
         raise _bad(f"`strength` applies to {takers}, not to method {method!r}; drop it", "strength")
     limit_name = (
         "max_completion_tokens"

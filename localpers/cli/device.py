@@ -49,6 +49,7 @@ from localpers.methods.registry import (
     get_method,
     listed,
     method_names,
+    methods_taking,
 )
 from localpers.methods.reports import FIT_STAGE_LABELS, FitReport
 from localpers.users.store import UserStore
@@ -392,12 +393,9 @@ def register(app: typer.Typer) -> None:
 
 def check_method_options(chosen: Method, *, strength: float | None, top_k: int | None) -> None:
     """Refuse `--strength` or `--top-k` for a method they mean nothing to (they were silently ignored)."""
-    for flag, value, applies in (
-        ("--strength", strength, "takes_strength"),
-        ("--top-k", top_k, "takes_top_k"),
-    ):
-        if value is not None and not getattr(chosen, applies):
-            takers = [name for name, method in METHODS.items() if getattr(method, applies)]
+    for flag, value, option in (("--strength", strength, "strength"), ("--top-k", top_k, "top_k")):
+        takers = methods_taking(option)
+        if value is not None and chosen.name not in takers:
             raise InputError(
                 f"{flag} applies to {', '.join(takers)}, not to {chosen.name} (it has no correction to"
                 f" set); drop {flag} or choose one of those methods"

@@ -48,7 +48,7 @@ from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
 from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import get_task
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.users.folder import read_json_object
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
@@ -99,14 +99,9 @@ def _sha256(path: Path) -> str:
 def load_state(user: User) -> CopeState:
     """The user's CoPe fit, checked against its adapter file; a one-line error when missing or damaged."""
     path = user.dir / STATE_FILE
-    try:
-        raw = parse_json(path.read_bytes())
-    except FileNotFoundError:
-        raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_refit(user.name)}") from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {_refit(user.name)}") from None
-    except JSONProblem as exc:
-        raise InputError(f"{path} is damaged ({exc}); {_refit(user.name)}") from None
+    raw = read_json_object(path, _refit(user.name))  # a one-line error when unreadable or not a JSON object
+    if raw is None:
+        raise LocalpersError(f"user {user.name!r} has no CoPe adapter: {_refit(user.name)}")
     try:
         state = CopeState(**raw)
     except TypeError:

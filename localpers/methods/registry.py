@@ -57,6 +57,11 @@ def method_names(*, fitted: bool | None = None) -> tuple[str, ...]:
     return tuple(name for name, method in METHODS.items() if fitted is None or method.fits == fitted)
 
 
+def methods_taking(option: str) -> tuple[str, ...]:
+    """The methods a rewrite option means something to: `option` is "strength" or "top_k" (`Method.takes_*`)."""
+    return tuple(name for name, method in METHODS.items() if getattr(method, f"takes_{option}"))
+
+
 def compared_methods() -> tuple[str, ...]:
     """The methods shown side by side, personalized first and `BASELINE_METHOD` last."""
     return tuple(name for name, entry in LISTED.items() if entry.compared)

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
+from localpers.users.input_files import read_regular_file
 
 MAX_HISTORY_ITEMS = 500
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
@@ -292,43 +292,6 @@ def demo_history_path() -> Path:
     if checkout.is_file():
         return checkout
     raise LocalpersError("the demo history is missing from this installation; reinstall localpers")
-
-
-def read_regular_file(path: Path, limit: int, *, what: str, stored: bool = False) -> bytes:
-    """The bytes of `path`, refusing anything but a regular file of at most `limit` bytes.
-
-    A FIFO, device or socket is refused without being opened for reading (reading one blocks or never
-    ends); the file is opened with O_NONBLOCK so a FIFO swapped in after the check cannot block either.
-    Every refusal of a file passed in from outside exits 2 (a bad argument); for a file localpers
-    keeps (`stored`), one it cannot open or that is not a file exits 1 and only an oversized one 2.
-    """
-    unusable: type[LocalpersError] = LocalpersError if stored else InputError
-    fix = "move it away" if stored else f"pass a {what}"
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise unusable(f"{path}: no such file") from None
-    except OSError as exc:
-        raise unusable(f"{path}: cannot read ({exc.strerror})") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise unusable(f"{path} is a directory; {fix}")
-    if not stat.S_ISREG(info.st_mode):
-        raise unusable(f"{path} is not a regular file (a FIFO, device or socket); {fix}")
-    if info.st_size > limit:
-        raise InputError(f"{path} is {info.st_size} bytes, more than the {limit} a {what} may have")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise unusable(f"{path} is not a regular file; {fix}")
-            raw = handle.read(limit + 1)
-    except PermissionError as exc:
-        raise unusable(f"{path}: cannot read ({exc.strerror}); give your account read access to it") from None
-    except OSError as exc:
-        raise unusable(f"{path}: cannot read ({exc.strerror})") from None
-    if len(raw) > limit:
-        raise InputError(f"{path} is more than the {limit} bytes a {what} may have")
-    return raw
 
 
 def _read_json_lines(
