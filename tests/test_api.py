@@ -467,6 +467,34 @@ def test_a_strength_for_a_method_without_a_correction_is_refused() -> None:
         assert raised.value.param == "strength"
 
 
+def test_cards_k_is_a_request_field_for_the_methods_with_a_correction() -> None:
+    """`correction_top_k` is `rewrite --top-k`: CARD's k, refused for a method without a correction."""
+    from localpers.api.requests import parse_completion
+
+    base = {"model": "localpers", "prompt": ARTICLE}
+    assert parse_completion(base).correction_top_k is None  # the bundle's k
+    assert parse_completion({**base, "correction_top_k": 3}).correction_top_k == 3
+    assert parse_completion({**base, "correction_top_k": 3}).sampling.top_k == 0  # not the sampler's top_k
+    for method in ("global", "cluster", "global-history", "exact", "cope"):
+        with pytest.raises(ApiError, match=f"not to method '{method}'") as raised:
+            parse_completion({**base, "method": method, "correction_top_k": 3})
+        assert raised.value.param == "correction_top_k"
+    for bad in (0, -1, 2.5, "3", True):
+        with pytest.raises(ApiError, match="correction_top_k") as raised:
+            parse_completion({**base, "correction_top_k": bad})
+        assert raised.value.param == "correction_top_k"
+
+
+def test_a_requests_correction_k_is_the_one_applied(server: LiveServer) -> None:
+    body = {"model": "localpers/alice", "prompt": ARTICLE, "max_tokens": 4, "task": "headline"}
+    status, text = raw_request(
+        f"{server.base_url}/completions", json.dumps({**body, "correction_top_k": 2}).encode()
+    )
+    assert status == 200, text
+    extension = json.loads(text)["localpers"]
+    assert extension["method"] == "card" and extension["top_k"] == 2, extension
+
+
 def test_the_answer_says_what_rewrite_json_says_beside_the_text(server: LiveServer) -> None:
     """Strength, CARD's k, the history items shown and the notes (a cut text) that `rewrite` prints."""
     long_article = (

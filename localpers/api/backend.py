@@ -166,6 +166,7 @@ class ApiBackend:
             "cluster": profile.cluster,
             "vector": profile.vector,
             "strength": profile.strength if job.strength is None else job.strength,
+            "top_k": job.correction_top_k,
             "bias": profile.bias,
             "bias_strength": profile.bias_strength,
         }
@@ -227,6 +228,7 @@ class ApiBackend:
         options = RewriteOptions(
             task=task,
             strength=job.strength,
+            top_k=job.correction_top_k,
             max_tokens=job.max_tokens,
             sampling=job.sampling,
             on_text=on_text,

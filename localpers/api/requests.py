@@ -4,7 +4,8 @@
 bodies and return a `GenerationJob`; anything wrong is an `ApiError` (HTTP status + OpenAI-style error
 object) naming the field, never an exception with a traceback. Fields OpenAI defines but localpers cannot
 honour (`n` > 1, `logprobs`, `echo`, tools, ...) are refused by name; unknown fields are ignored, as OpenAI
-clients send many. Extensions: `task`, `method`, `strength`, `top_k`, `min_p`, `repeat_penalty`, `grammar`.
+clients send many. Extensions: `task`, `method`, `strength`, `correction_top_k`, `top_k`, `min_p`, `repeat_penalty`,
+`grammar`.
 This module neither resolves users nor generates.
 """
 
@@ -24,6 +25,7 @@ MODEL_PREFIX = "localpers"
 METHODS = method_names()  # what `method` may name: the registry's methods
 MAX_TOKENS_LIMIT = 2048
 MAX_STOP_STRINGS = 4
+MAX_CORRECTION_TOP_K = 1_000_000
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -62,6 +64,7 @@ class GenerationJob:
     task: str | None  # None: completions use "free", chats use the chat prompt
     method: str
     strength: float | None
+    correction_top_k: int | None  # CARD's k (`rewrite --top-k`); None: the bundle's
     max_tokens: int | None
     stop: tuple[str, ...]
     sampling: SamplerSettings
@@ -158,6 +161,11 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     if body.get("strength") is not None and method not in methods_taking("strength"):
         takers = ", ".join(methods_taking("strength"))
         raise _bad(f"`strength` applies to {takers}, not to method {method!r}; drop it", "strength")
+    if body.get("correction_top_k") is not None and method not in methods_taking("top_k"):
+        takers = ", ".join(methods_taking("top_k"))
+        raise _bad(
+            f"`correction_top_k` applies to {takers}, not to method {method!r}; drop it", "correction_top_k"
+        )
     limit_name = (
         "max_completion_tokens"
         if kind == "chat" and body.get("max_completion_tokens") is not None
@@ -184,6 +192,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         "task": task,
         "method": method,
         "strength": None if body.get("strength") is None else _number(body, "strength", 0.0, 0.0, 100.0),
+        "correction_top_k": _integer(body, "correction_top_k", 1, MAX_CORRECTION_TOP_K),
         "max_tokens": _integer(body, limit_name, 1, MAX_TOKENS_LIMIT),
         "stop": tuple(s for s in stops if s),
         "sampling": _sampling(body),
