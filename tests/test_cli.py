@@ -30,6 +30,27 @@ def test_every_command_has_help() -> None:
         assert "Usage" in result.stdout
 
 
+def test_every_commands_help_reads_as_paragraphs() -> None:
+    """Typer keeps a docstring's line breaks inside a paragraph (and in the command list), so a paragraph
+    wrapped over two source lines printed as ragged half-lines in `--help`."""
+    import click
+    import typer.main
+
+    def commands(group: click.Command, prefix: str = "") -> list[tuple[str, click.Command]]:
+        found = []
+        for name, command in getattr(group, "commands", {}).items():
+            found.append((prefix + name, command))
+            found.extend(commands(command, prefix + name + " "))
+        return found
+
+    ragged = [
+        name
+        for name, command in commands(typer.main.get_command(app))
+        if any("\n" in paragraph.strip() for paragraph in (command.help or "").split("\n\n"))
+    ]
+    assert not ragged
+
+
 def test_starting_the_cli_loads_no_heavy_library() -> None:
     """Every command pays for what the CLI imports at start: scipy alone added ~0.3 s to `--help`."""
     heavy = (

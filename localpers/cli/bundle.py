@@ -281,8 +281,9 @@ def verify(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Check a bundle against every rule in docs/BUNDLE.md, its files' content included; exit 2 naming the
-    first file or field that fails."""
+    """Check a bundle against every rule in docs/BUNDLE.md, its files' content included.
+
+    Exit 2 naming the first file or field that fails."""
     from localpers.bundle.format import advising, open_bundle, repair_advice
     from localpers.methods.card.bundle_content import check_bundle_content
 

@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
-    """Show the backbone, the bundle in use (its content checked), llama.cpp build, threads, data directories,
-    installed extras and the training device; exit 1, naming each problem, when something would stop demo, fit
-    or rewrite (the bundle refused, the encoder missing, the data directory not writable)."""
+    """Show the backbone, the bundle in use, llama.cpp, threads, data directories and extras; name problems.
+
+    Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle)."""
 
     from localpers import paths
     from localpers.engine import Engine, llama_cpp_version, llama_system_info

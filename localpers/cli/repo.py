@@ -59,8 +59,9 @@ def add(
     days: DaysOption = None,
     model: ModelOption = None,
 ) -> None:
-    """Publish a bundle: check it as devices will, copy its files as signed targets and sign new targets,
-    snapshot and timestamp."""
+    """Publish a bundle: check it as devices will, then copy and sign its files.
+
+    Its files become signed targets; new targets, the snapshot and the timestamp are signed."""
     from localpers.bundle.format import PUBLISH_ADVICE, advising, verify_bundle
     from localpers.bundle.repository import add_bundle, check_keys
     from localpers.engine.backbone import backbone_with_sha256
