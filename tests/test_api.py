@@ -495,6 +495,28 @@ def test_a_requests_correction_k_is_the_one_applied(server: LiveServer) -> None:
     assert extension["method"] == "card" and extension["top_k"] == 2, extension
 
 
+def test_the_answer_lists_the_history_items_its_prompt_showed(
+    backbone: Backbone, store: UserStore, tmp_path: Path
+) -> None:
+    """`localpers.examples` is what `rewrite --json` lists (it was always empty: the API never asked)."""
+    from localpers.api.requests import parse_completion
+    from localpers.users.history_prompt import PromptFormat
+
+    conditioned = make_bundle(tmp_path / "bundle", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    personalizer = Personalizer(
+        open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone, n_ctx=512
+    )
+    try:
+        backend = ApiBackend(personalizer, store)
+        shown = [item.id for item in store.get("dan").history()]
+        body = {"model": "localpers/dan", "prompt": ARTICLE, "max_tokens": 4, "task": "headline"}
+        for method, expected in (("global-history", shown), ("global", [])):
+            served = backend.run(parse_completion({**body, "method": method}))
+            assert [example.id for example in served.result.examples] == expected, method
+    finally:
+        personalizer.close()
+
+
 def test_the_answer_says_what_rewrite_json_says_beside_the_text(server: LiveServer) -> None:
     """Strength, CARD's k, the history items shown and the notes (a cut text) that `rewrite` prints."""
     long_article = (

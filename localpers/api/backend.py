@@ -208,6 +208,7 @@ class ApiBackend:
                 history=history,
                 stop=job.stop,
                 candidates=job.candidates,
+                show_examples=True,  # the answer's `localpers.examples`, as `rewrite --json` lists them
             )
         cut = cut_text_note(text, result)
         if cut is not None:
