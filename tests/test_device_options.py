@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localpers.cli import app
+from localpers.engine.backbone import Backbone
 from localpers.methods.registry import METHODS
 
 runner = CliRunner()
@@ -129,6 +130,33 @@ def test_a_backbone_from_localpers_model_is_said_to_come_from_the_environment(
     result = runner.invoke(app, ["rewrite", "An article.", "-m", "global"])
     assert result.exit_code == 2, result.output
     assert f"backbone {fake} (from environment) is not a GGUF file" in result.stderr
+
+
+def test_doctor_reports_a_backbone_it_cannot_find_or_load_as_a_problem(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A wrong backbone path ended doctor with a one-line error (exit 2) before the report, so the user did not
+    see where the config file naming it lives (docs audit)."""
+    import json
+
+    monkeypatch.setenv("LOCALPERS_MODEL", str(tmp_path / "nothere.gguf"))
+    result = runner.invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["backbone"]["path"] is None and report["dirs"]["config"]
+    assert report["problems"] == [
+        f"backbone {tmp_path / 'nothere.gguf'} (from environment) does not exist; give a GGUF file path"
+    ]
+    assert report["bundle"]["ok"] is True and "content not checked" in report["bundle"]["content"]
+    shown = runner.invoke(app, ["doctor"])
+    assert shown.exit_code == 1 and "config dir" in shown.stdout and "problem       backbone " in shown.stdout
+
+
+def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(backbone: Backbone) -> None:
+    result = runner.invoke(app, ["doctor", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"})
+    assert result.exit_code == 1, result.output
+    assert "problem       the backbone did not load: LOCALPERS_THREADS='lots'" in result.stdout
+    assert "cpu buffers   ? (the backbone did not load)" in result.stdout
 
 
 def test_doctor_exits_1_and_names_each_problem_of_a_broken_setup(

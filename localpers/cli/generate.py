@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -40,6 +41,7 @@ from localpers.errors import LocalpersError
 
 if TYPE_CHECKING:
     from localpers.engine.backbone import Backbone
+    from localpers.engine.cpu_buffers import BufferChoice
 
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
@@ -48,37 +50,38 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle)."""
 
     from localpers import paths
-    from localpers.engine import Engine, llama_cpp_version, llama_system_info
-    from localpers.engine.backbone import resolve_backbone
+    from localpers.engine import llama_cpp_version, llama_system_info
 
-    backbone = resolve_backbone(model)
+    backbone, backbone_problem = _backbone_or_problem(model)
     try:
         from localpers.engine.encoder import encoder_dir
 
         encoder = str(encoder_dir())
     except LocalpersError as exc:
         encoder = f"missing: {exc}"
-    # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
-    with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
-        choice, weights, threads = engine.buffer_choice, engine.weight_buffers, engine.n_threads
+    loaded = _load_backbone(backbone) if backbone is not None else None
     extras = {
         name: importlib.util.find_spec(name) is not None
         for name in ("torch", "transformers", "peft", "gguf", "matplotlib", "pytest")
     }
     report = {
         "version": __version__,
-        "backbone": {"path": str(backbone.path), "sha256": backbone.sha256, "source": backbone.source},
+        "backbone": {"path": str(backbone.path), "sha256": backbone.sha256, "source": backbone.source}
+        if backbone is not None
+        else {"path": None, "sha256": None, "source": None, "error": backbone_problem},
         "llama_cpp_python": llama_cpp_version(),
         "llama_system_info": llama_system_info(),
-        "threads": threads,
+        "threads": loaded.threads if isinstance(loaded, _Loaded) else None,
         "encoder": encoder,
         "cpu_buffers": {
-            "setting": choice.setting,
-            "offered": list(choice.offered),
-            "allowed": list(choice.allowed),
-            "reason": choice.reason,
-            "weights_mib": weights,
-        },
+            "setting": loaded.choice.setting,
+            "offered": list(loaded.choice.offered),
+            "allowed": list(loaded.choice.allowed),
+            "reason": loaded.choice.reason,
+            "weights_mib": loaded.weights,
+        }
+        if isinstance(loaded, _Loaded)
+        else None,
         "layer_taps": "c"
         if importlib.util.find_spec("localpers._taps")
         else "python (slower: C callback not built)",
@@ -94,21 +97,54 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     }
     report["training"] = _training_device() if report["extras"]["publish"] else None
     report["bundle"] = _bundle_status(backbone)
-    report["problems"] = _problems(report)
+    if isinstance(loaded, str):
+        backbone_problem = f"the backbone did not load: {loaded}"
+    report["problems"] = _problems(report, backbone_problem)
     report["ok"] = not report["problems"]
     if as_json:
         print_json(report)
     else:
-        _print_report(report, backbone, choice, weights)
+        _print_report(report)
     if report["problems"]:  # a broken set-up exits 1, so a script need not read the prose
         raise typer.Exit(1)
 
 
-def _problems(report: dict[str, Any]) -> list[str]:
+@dataclass(frozen=True)
+class _Loaded:
+    """What only loading the backbone tells: llama.cpp's buffer types for its weights, and its threads."""
+
+    choice: BufferChoice
+    weights: dict[str, float]
+    threads: int
+
+
+def _backbone_or_problem(model: str | None) -> tuple[Backbone | None, str | None]:
+    """The backbone commands would use, or why there is none (a report line instead of doctor's end)."""
+    from localpers.engine.backbone import resolve_backbone
+
+    try:
+        return resolve_backbone(model), None
+    except LocalpersError as exc:
+        return None, str(exc)
+
+
+def _load_backbone(backbone: Backbone) -> _Loaded | str:
+    """Load the backbone as every command does; the reason as a string when llama.cpp cannot."""
+    from localpers.engine import Engine
+
+    try:
+        # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
+        with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
+            return _Loaded(engine.buffer_choice, engine.weight_buffers, engine.n_threads)
+    except LocalpersError as exc:
+        return str(exc)
+
+
+def _problems(report: dict[str, Any], backbone_problem: str | None) -> list[str]:
     """What stops `demo`, `fit` or `rewrite` from working here, one line each."""
     from localpers import paths
 
-    problems = []
+    problems = [] if backbone_problem is None else [backbone_problem]
     if not report["bundle"]["ok"]:
         problems.append(f"bundle: {report['bundle']['content']}")
     if str(report["encoder"]).startswith("missing: "):
@@ -119,21 +155,31 @@ def _problems(report: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _print_report(report: dict[str, Any], backbone: Backbone, choice: Any, weights: dict[str, float]) -> None:
+def _print_report(report: dict[str, Any]) -> None:
     encoder = report["encoder"]
     typer.echo(f"localpers {report['version']}")
-    typer.echo(f"backbone      {backbone.path} ({backbone.source})")
-    typer.echo(f"  sha256      {backbone.sha256}")
+    backbone = report["backbone"]
+    if backbone["path"] is None:
+        typer.echo("backbone      none (see the problem below)")
+    else:
+        typer.echo(f"backbone      {backbone['path']} ({backbone['source']})")
+        typer.echo(f"  sha256      {backbone['sha256']}")
     bundle = report["bundle"]
     typer.echo(f"bundle        {bundle['directory']} ({bundle['origin']})")
     typer.echo(f"  content     {bundle['content']}")
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
-    typer.echo(f"threads       {report['threads']}")
+    typer.echo(
+        f"threads       {'? (the backbone did not load)' if report['threads'] is None else report['threads']}"
+    )
     typer.echo(f"encoder       {encoder}")
-    placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in weights.items()) or "?"
-    typer.echo(f"cpu buffers   {choice.reason}")
-    typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
+    buffers = report["cpu_buffers"]
+    if buffers is None:
+        typer.echo("cpu buffers   ? (the backbone did not load)")
+    else:
+        placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in buffers["weights_mib"].items()) or "?"
+        typer.echo(f"cpu buffers   {buffers['reason']}")
+        typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
     typer.echo(f"layer taps    {report['layer_taps']}")
     for name, where in report["dirs"].items():
         typer.echo(f"{name + ' dir':<14}{where}")
@@ -149,8 +195,9 @@ def _print_report(report: dict[str, Any], backbone: Backbone, choice: Any, weigh
         typer.echo(f"problem       {problem}")
 
 
-def _bundle_status(backbone: Backbone) -> dict[str, Any]:
-    """The bundle commands would use, and whether its files and content pass what `pull` checks."""
+def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
+    """The bundle commands would use, and whether its files and content pass what `pull` checks (its files
+    only, when there is no backbone to check its content against)."""
     from localpers.bundle.format import (
         advising,
         default_bundle_dir,
@@ -163,7 +210,9 @@ def _bundle_status(backbone: Backbone) -> dict[str, Any]:
     try:
         status["origin"] = _origin()
         status["directory"] = str(default_bundle_dir())
-        bundle = open_bundle(None, backbone_sha256=backbone.sha256)
+        bundle = open_bundle(None, backbone_sha256=None if backbone is None else backbone.sha256)
+        if backbone is None:
+            return {**status, "ok": True, "content": "files verified; content not checked (no backbone)"}
         with advising(repair_advice(bundle.directory)):
             check_bundle_content(bundle, backbone.path)
     except LocalpersError as exc:
