@@ -51,6 +51,18 @@ def test_every_commands_help_reads_as_paragraphs() -> None:
     assert not ragged
 
 
+def test_rewrite_and_fit_help_say_what_each_method_does() -> None:
+    """`--method` listed bare names; what `cope` or `card-global` is was written only in the registry."""
+    from localpers.methods.registry import METHODS, method_names
+
+    for command, names in (("rewrite", method_names()), ("fit", method_names(fitted=True))):
+        result = runner.invoke(app, [command, "--help"], terminal_width=1000)
+        assert result.exit_code == 0
+        shown = " ".join(result.stdout.split())
+        for name in names:
+            assert f"{name}: {' '.join(METHODS[name].summary.split())}" in shown, (command, name)
+
+
 def test_starting_the_cli_loads_no_heavy_library() -> None:
     """Every command pays for what the CLI imports at start: scipy alone added ~0.3 s to `--help`."""
     heavy = (

@@ -6,6 +6,7 @@ store. User text stays in the user's folder; nothing here opens a network connec
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from collections.abc import Iterator
@@ -386,9 +387,19 @@ def register(app: typer.Typer) -> None:
     """Add fit, rewrite and demo to the main app, each with one-line error handling."""
     from localpers.cli.common import one_line_errors
 
-    app.command("fit")(one_line_errors(fit_command))
-    app.command("rewrite")(one_line_errors(rewrite_command))
+    app.command("fit", help=_with_methods(fit_command, method_names(fitted=True)))(
+        one_line_errors(fit_command)
+    )
+    app.command("rewrite", help=_with_methods(rewrite_command, method_names()))(
+        one_line_errors(rewrite_command)
+    )
     app.command("demo")(one_line_errors(demo_command))
+
+
+def _with_methods(command: Any, names: tuple[str, ...]) -> str:
+    """The command's docstring and a paragraph saying what each of its `--method` choices does (`summary`)."""
+    described = "; ".join(f"{name}: {METHODS[name].summary}" for name in names)
+    return f"{inspect.cleandoc(command.__doc__ or '')}\n\nMethods: {described}."
 
 
 def check_method_options(chosen: Method, *, strength: float | None, top_k: int | None) -> None:
