@@ -224,11 +224,11 @@ def test_streamed_one_line_output_starts_at_its_first_word(capsys: pytest.Captur
 def test_fit_progress_without_a_terminal_logs_stage_lines(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localpers.cli import device
+    from localpers.cli import progress
 
     clock = iter([100.0, 103.0, 108.0, 114.0, 116.0, 117.0, 120.0])
-    monkeypatch.setattr(device.time, "monotonic", lambda: next(clock))
-    with device.fit_progress(True, interactive=False) as update:  # the logger starts its clock at 100
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with progress.fit_progress(True, interactive=False) as update:  # the logger starts its clock at 100
         update("pairs", 16, 40)  # 103: too soon for a line
         update("pairs", 32, 40)  # 108: still under 10 s
         update("pairs", 35, 40)  # 114: 14 s since the stage began, a line
@@ -240,9 +240,9 @@ def test_fit_progress_without_a_terminal_logs_stage_lines(
         "fit: pairs: y- and features 40/40 (16.0 s)",
         "fit: choosing the correction 2/2 (4.0 s)",
     ]
-    with device.fit_progress(False, interactive=False) as update:
+    with progress.fit_progress(False, interactive=False) as update:
         assert update is None
-    assert [device._duration(s) for s in (42, 420, 8280)] == ["42 s", "7 min", "2.3 h"]
+    assert [progress._duration(s) for s in (42, 420, 8280)] == ["42 s", "7 min", "2.3 h"]
 
 
 @pytest.mark.parametrize(

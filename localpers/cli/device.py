@@ -1,4 +1,4 @@
-"""CLI commands of the device side of CARD: `fit`, `rewrite` and `demo`.
+"""CLI commands of the device side of CARD: `fit` and `rewrite` (`localpers.cli.demo` has `demo`).
 
 They load one `Personalizer` (backbone + bundle) per invocation and read/write users through the
 store. User text stays in the user's folder; nothing here opens a network connection.
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import inspect
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption, counted, print_json
+from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption, print_json
 from localpers.cli.numbers import float_option
+from localpers.cli.progress import fit_progress
 from localpers.cli.sampling import (
     FrequencyPenaltyOption,
     GrammarOption,
@@ -30,107 +28,20 @@ from localpers.cli.sampling import (
     TopPOption,
     sampler_settings,
 )
-from localpers.device.demo import (
-    DEMO_USER,
-    compare_on_demo,
-    demo_articles,
-    demo_methods,
-    ensure_demo_user,
-    style_hits,
-)
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.base import Method, RewriteOptions
-from localpers.methods.card.method import fit_summary as card_fit_summary
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import (
-    BASELINE_METHOD,
     DEFAULT_METHOD,
     METHODS,
     get_method,
-    listed,
     method_names,
     methods_taking,
 )
-from localpers.methods.reports import FIT_STAGE_LABELS, FitReport
 from localpers.users.store import UserStore
 
-LOG_EVERY_SECONDS = 10.0  # without a terminal, a long stage logs a line this often
 MAX_STRENGTH = 100.0  # the range of the API's `strength` too
-
-
-@contextmanager
-def fit_progress(enabled: bool, interactive: bool = True, command: str = "fit") -> Iterator[Any]:
-    """A rich progress bar fed by the Personalizer's (stage, done, total) callback.
-
-    Without a terminal (nohup, CI logs, pipes) it logs `<command>: <stage> <done>/<total>` lines on standard
-    error instead: when a stage ends, and every LOG_EVERY_SECONDS while it runs (an EXACT fit takes minutes).
-    Disabled, it reports nothing.
-    """
-    if not enabled:
-        yield None
-        return
-    if not interactive:
-        yield _stage_logger(command)
-        return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn("{task.description:<26}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        transient=True,
-    ) as progress:
-        tasks: dict[str, Any] = {}
-
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(FIT_STAGE_LABELS.get(stage, stage), total=total)
-            progress.update(tasks[stage], completed=done)
-
-        yield update
-
-
-def _stage_logger(command: str) -> Any:
-    # a stage's first report comes after its first unit of work: it is timed from the previous stage's end
-    previous_end = time.monotonic()
-    started: dict[str, float] = {}
-    logged: dict[str, float] = {}
-
-    def update(stage: str, done: int, total: int) -> None:
-        nonlocal previous_end
-        now = time.monotonic()
-        started.setdefault(stage, previous_end)
-        if done < total and now - logged.get(stage, started[stage]) < LOG_EVERY_SECONDS:
-            return
-        logged[stage] = now
-        elapsed = now - started[stage]
-        if done >= total:
-            previous_end = now
-            timing = f" ({elapsed:.1f} s)"
-        else:  # at the pace so far
-            timing = f", about {_duration(elapsed / done * (total - done))} left" if done > 0 else ""
-        typer.echo(f"{command}: {FIT_STAGE_LABELS.get(stage, stage)} {done}/{total}{timing}", err=True)
-
-    return update
-
-
-def _duration(seconds: float) -> str:
-    """`42 s`, `7 min`, `2.3 h`."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def fit_command(
@@ -299,92 +210,8 @@ def shown_examples_text(examples: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def demo_command(
-    articles: Annotated[
-        int | None,
-        typer.Option(
-            min=1, help="How many of the shipped demo articles to rewrite and count (default: all)."
-        ),
-    ] = None,
-    rows_shown: Annotated[
-        int, typer.Option("--rows", min=0, help="How many of them to show in the table.")
-    ] = 3,
-    candidates: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=MAX_CANDIDATES,
-            help="Every method keeps the consensus of N candidates, as `rewrite --candidates N` (slower).",
-        ),
-    ] = 1,
-    bundle: BundleOption = None,
-    model: ModelOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Fit the shipped demo user (first run), compare its headlines with the baselines' and count its style."""
-    available = demo_articles()
-    if articles is not None and articles > len(available):
-        raise InputError(f"--articles: {len(available)} demo articles ship with localpers, not {articles}")
-    chosen = available[: articles or len(available)]
-    personalizer = Personalizer.open(model=model, bundle=bundle)
-    store = UserStore()
-    if not as_json:
-        typer.echo(
-            f"bundle {personalizer.bundle.directory} (k={personalizer.bundle.k}); backbone {personalizer.backbone.path.name}"
-        )
-    with fit_progress(not as_json, sys.stderr.isatty(), command="demo") as progress:
-        demo, fitted_now = ensure_demo_user(personalizer, store, progress)
-        rows = compare_on_demo(personalizer, demo, chosen, progress, candidates)
-    report = demo.state()["fit"]
-    hits = style_hits(rows)
-    if as_json:
-        payload = {
-            "user": DEMO_USER,
-            "fitted_now": fitted_now,
-            "fit": report,
-            "rows": rows,
-            "style_hits": hits,
-            "candidates": candidates,
-        }
-        print_json(payload, indent=None)
-        return
-    if fitted_now:
-        typer.echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
-    if rows_shown:
-        _print_comparison(rows[:rows_shown], len(rows))
-    counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
-    typer.echo(
-        f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have one) "
-        f"in the headlines of {counted(len(rows), 'invented article')}"
-        + (f", each the consensus of {candidates} candidates" if candidates > 1 else "")
-        + f": {counts}"
-    )
-
-
-def _column_title(method: str) -> str:
-    """`global (non-personalized)`, `adapter with your history`, `CARD (personalized)`: the demo table's headers."""
-    label = listed(method).label
-    if method == BASELINE_METHOD:
-        return f"{label} (non-personalized)"
-    return f"{label} (personalized)" if method == DEFAULT_METHOD else label
-
-
-def _print_comparison(rows: list[dict[str, Any]], counted: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    title = f"Demo user (a punny optimist): {len(rows)} of the {counted} articles, one per row"
-    table = Table(title=title, show_lines=True)
-    table.add_column("article", ratio=3)
-    for method in demo_methods():
-        table.add_column(_column_title(method), ratio=2, style="bold" if method == DEFAULT_METHOD else None)
-    for row in rows:
-        table.add_row(row["article"], *(row[method] for method in demo_methods()))
-    Console().print(table)
-
-
 def register(app: typer.Typer) -> None:
-    """Add fit, rewrite and demo to the main app, each with one-line error handling."""
+    """Add fit and rewrite to the main app, each with one-line error handling."""
     from localpers.cli.common import one_line_errors
 
     app.command("fit", help=_with_methods(fit_command, method_names(fitted=True)))(
@@ -393,7 +220,6 @@ def register(app: typer.Typer) -> None:
     app.command("rewrite", help=_with_methods(rewrite_command, method_names()))(
         one_line_errors(rewrite_command)
     )
-    app.command("demo")(one_line_errors(demo_command))
 
 
 def _with_methods(command: Any, names: tuple[str, ...]) -> str:

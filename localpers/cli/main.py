@@ -6,13 +6,26 @@ so adding a command group is one module with a `register(app)` and one line here
 
 from __future__ import annotations
 
-from localpers.cli import api, bench, bundle, device, generate, history, profile, publish, repo, tui, users
+from localpers.cli import (
+    api,
+    bench,
+    bundle,
+    demo,
+    device,
+    generate,
+    history,
+    profile,
+    publish,
+    repo,
+    tui,
+    users,
+)
 from localpers.cli.common import app
 
 generate.register(app)
 app.add_typer(users.user_app, name="user")
 app.add_typer(history.history_app, name="history")
-for _module in (bundle, device, bench, tui, profile, api, repo, publish):
+for _module in (bundle, device, demo, bench, tui, profile, api, repo, publish):
     _module.register(app)
 
 __all__ = ["app", "main"]
