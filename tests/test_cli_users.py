@@ -294,7 +294,10 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
     assert "exact       attribute index stored" in shown
     assert set(run_json("user", "show")["other_fits"]) == {"cope", "exact"}
     (folder / "cope.json").write_text("{not json", encoding="utf-8")
-    assert "cope        cope.json is damaged; run `localpers fit --method cope`" in run("user", "show").stdout
+    assert (
+        "cope        cope.json is damaged; run `localpers fit --method cope --user ann`"
+        in run("user", "show").stdout
+    )
 
 
 @pytest.mark.parametrize(

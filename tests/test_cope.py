@@ -179,6 +179,18 @@ def test_conditioned_training_prompts_show_only_earlier_outputs() -> None:
     assert all(prompt.endswith(plain[i]) for i, prompt in enumerate(prompts))
 
 
+def test_a_damaged_adapter_file_field_advises_refitting_that_user() -> None:
+    """The advice named no user, so following it refitted the active user and left this one damaged."""
+    UserStore().create("active-one")
+    other = UserStore().create("other-one")  # the first user stays the active one
+    state = {"adapter_file": "../elsewhere.gguf", "rank": 8, "n_items": 3, "steps": 3, "train_tokens": 30}
+    state |= {"bundle_sha256": "0" * 64, "base_adapter": "global", "adapter_sha256": "0" * 64, "version": 1}
+    state |= {"alpha": 16.0, "cluster": None, "seconds": {}, "precision": "fp32", "final_loss": None}
+    (other.dir / "cope.json").write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(LocalpersError, match="bad adapter_file.*--method cope --user other-one"):
+        load_state(other)
+
+
 def test_a_fit_stored_before_conditioned_prompts_decodes_with_the_plain_prompt() -> None:
     stored = {
         "bundle_sha256": "0" * 64,

@@ -35,6 +35,9 @@ def test_profile_lists_the_series_before_any_fit() -> None:
     assert series["ids"] == [item.id for item in history if "Cat Tweets" in item.output]
     text = CliRunner().invoke(app, ["profile", "--user", "seriesy"])
     assert text.exit_code == 0 and "4 alike (headline), the latest: 13 Funniest Cat Tweets" in text.stdout
+    # the advice names the user asked about: a bare `localpers fit` fits the active user
+    assert "CARD: not fitted (run `localpers fit --user seriesy`)" in text.stdout
+    assert "EXACT: no index (run `localpers fit --method exact --user seriesy`)" in text.stdout
 
 
 def test_profile_shows_the_fits_choice_and_habits() -> None:
@@ -60,7 +63,7 @@ def test_profile_of_a_cold_start_fit_says_to_refit_once_there_is_history() -> No
     user.save_state({"cluster": None, "fit": {"mode": "cold-start", "cluster_similarities": []}})
     shown = CliRunner().invoke(app, ["profile", "--user", "early"])
     assert shown.exit_code == 0, shown.output
-    assert "cold start" in shown.stdout and "localpers fit" in shown.stdout
+    assert "cold start" in shown.stdout and "localpers fit --user early" in shown.stdout
     assert "cluster None" not in shown.stdout
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli.common import UserOption, print_json
+from localpers.methods.stored_files import refit_advice
 from localpers.users.store import UserStore
 
 
@@ -45,12 +46,11 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     console = Console()
     console.print(f"[bold]{profile['user']}[/bold]")
     card = profile["card"]
+    refit = f"`localpers fit --user {profile['user']}`"
     if card is None:
-        console.print("CARD: not fitted (run `localpers fit`)")
+        console.print(f"CARD: not fitted (run {refit})")
     elif card["cluster"] is None:
-        console.print(
-            "CARD: fitted with no history (cold start); run `localpers fit` again once you have some"
-        )
+        console.print(f"CARD: fitted with no history (cold start); run {refit} again once you have some")
     else:
         console.print(
             f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"
@@ -71,7 +71,7 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         console.print("Series you repeat: none (3 or more alike outputs make one)")
     exact = profile["exact"]
     if exact is None:
-        console.print("EXACT: no index (run `localpers fit --method exact`)")
+        console.print(f"EXACT: no index ({refit_advice('exact', profile['user'])})")
         return
     table = Table(title=f"EXACT attributes over {exact['indexed_inputs']} indexed inputs (k={exact['k']})")
     table.add_column("attribute")

@@ -15,7 +15,7 @@ import typer
 
 from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
-from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE
+from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
 from localpers.untrusted import one_line, parse_json
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import UserStore
@@ -182,7 +182,7 @@ def _other_fits(folder: Path) -> list[tuple[str, str]]:
                 ("cope", f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}")
             )
         except (OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem is a ValueError
-            lines.append(("cope", f"{cope_state.name} is damaged; run `localpers fit --method cope`"))
+            lines.append(("cope", f"{cope_state.name} is damaged; {refit_advice('cope', folder.name)}"))
     if (folder / EXACT_INDEX_FILE).is_file():
         lines.append(("exact", "attribute index stored (`localpers profile` shows it)"))
     return lines

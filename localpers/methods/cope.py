@@ -46,7 +46,7 @@ from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
-from localpers.methods.stored_files import COPE_STATE_FILE
+from localpers.methods.stored_files import COPE_STATE_FILE, refit_advice
 from localpers.tasks import get_task
 from localpers.users.folder import read_json_object
 from localpers.users.history_index import HistoryIndex
@@ -61,8 +61,7 @@ DEFAULT_ALPHA = 0.3
 
 
 def _refit(user_name: str | None = None) -> str:
-    """What to run to fit CoPe again, e.g. "run `localpers fit --method cope --user ann`"."""
-    return f"run `localpers fit --method cope{f' --user {user_name}' if user_name else ''}`"
+    return refit_advice("cope", user_name)
 
 
 Progress = Callable[[str, int, int], None]
@@ -141,7 +140,7 @@ def _wrongly_typed(state: CopeState) -> str | None:
 def adapter_path(user: User, state: CopeState) -> Path:
     name = Path(state.adapter_file).name
     if name != state.adapter_file or not name.startswith(ADAPTER_PREFIX) or not name.endswith(".gguf"):
-        raise InputError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_refit()}")
+        raise InputError(f"{user.dir / STATE_FILE} is damaged (bad adapter_file); {_refit(user.name)}")
     return user.dir / name
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from localpers.atomic import atomic_write_bytes
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.attributes import ATTRIBUTES
-from localpers.methods.stored_files import EXACT_INDEX_FILE
+from localpers.methods.stored_files import EXACT_INDEX_FILE, refit_advice
 from localpers.users.store import User
 
 INDEX_FILE = EXACT_INDEX_FILE
@@ -29,7 +29,7 @@ INDEX_VERSION = 1
 
 def refit_hint(user_name: str | None = None) -> str:
     """What to run to build the EXACT index again, e.g. "run `localpers fit --method exact --user ann`"."""
-    return f"run `localpers fit --method exact{f' --user {user_name}' if user_name else ''}`"
+    return refit_advice("exact", user_name)
 
 
 @dataclass

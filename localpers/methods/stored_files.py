@@ -1,8 +1,14 @@
 """The files CoPe and EXACT keep in a user's folder beside CARD's state.json, named once.
 
-Only names: nothing here reads or writes them (`localpers.methods.cope` and `localpers.methods.exact_index`
-do), so a front end can say which fits a user has without loading the engine those modules import.
+Only names (and the command that makes them again): nothing here reads or writes them (`localpers.methods.cope`
+and `localpers.methods.exact_index` do), so a front end can say which fits a user has without loading the engine
+those modules import.
 """
 
 COPE_STATE_FILE = "cope.json"
 EXACT_INDEX_FILE = "exact-index.safetensors"
+
+
+def refit_advice(method: str, user_name: str | None = None) -> str:
+    """What to run to fit `method` (cope, exact) again, e.g. "run `localpers fit --method cope --user ann`"."""
+    return f"run `localpers fit --method {method}{f' --user {user_name}' if user_name else ''}`"
