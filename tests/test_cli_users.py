@@ -199,11 +199,17 @@ def test_show_says_whether_the_fit_saw_the_history_as_it_is_now() -> None:
     assert "fitted      no (no history yet)" in run("user", "show").stdout
     user = UserStore().get("ann")
     user.save_history([HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(3)])
-    assert "until `localpers fit`" in run("user", "show").stdout
+    assert "until `localpers fit --user ann`" in run("user", "show").stdout
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 2}})
-    assert "on 2 items; the history holds 3 now" in run("user", "show").stdout
+    assert (
+        "on 2 items; the history holds 3 now (`localpers fit --user ann` refits)"
+        in run("user", "show").stdout
+    )
+    # a fit by an earlier localpers recorded no digest: the same count may hide removed and added items
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 3}})
-    assert "on the 3 items the history holds" in run("user", "show").stdout
+    shown = run("user", "show").stdout
+    assert "on 3 items, as many as the history holds (an earlier localpers did not record which" in shown
+    assert "the history holds)" not in shown
 
 
 def test_show_compares_the_fitted_items_not_only_their_number() -> None:
@@ -220,8 +226,8 @@ def test_show_compares_the_fitted_items_not_only_their_number() -> None:
     user.save_history([*items[:2], HistoryItem.create("headline", "Article 9.", "Headline 9")])
     shown = run("user", "show").stdout
     assert (
-        "fitted      on 3 items, but the history has changed since (it holds 3 now; `localpers fit` refits)"
-        in shown
+        "fitted      on 3 items, but the history has changed since (it holds 3 now; `localpers fit --user ann`"
+        " refits)" in shown
     )
     limited = {"mode": "vector", "n_items": 2, "history_sha256": history_digest(user.history())}
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": limited})  # a fit with --history-limit 2
@@ -276,11 +282,22 @@ def test_show_summarises_the_fit_instead_of_printing_its_tables() -> None:
     assert "correction  bias x0.1: it scored best" in shown
     assert "habits      opens with 'Opinion' (+9.1 nats over the model)" in shown
     assert "token bias  2 first-word, 300 later-word tokens" in shown
-    assert f"bundle      sha256 {'ab' * 8} " in shown
+    # a fit made with another bundle (before an upgrade or a pull) says so, with the refit that mends it
+    assert f"bundle      sha256 {'ab' * 8}, not the bundle in use (" in shown
+    assert "without CARD's correction until `localpers fit --user ann`" in shown
     assert "[562" not in shown and "-3.1" not in shown  # no token ids, no candidate scores
     extra = next(line for line in shown.splitlines() if line.startswith("extra_key"))
     assert len(extra) < 120 and extra.endswith("…")
     assert run_json("user", "show")["state"]["token_bias"]["rest"][0] == [500, -0.694]  # --json keeps it all
+
+
+def test_show_says_a_fit_made_with_the_bundle_in_use_is_current() -> None:
+    from localpers.bundle.format import default_bundle_dir, sha256_of_file
+
+    run("user", "create", "ann")
+    in_use = sha256_of_file(default_bundle_dir() / "manifest.json")
+    UserStore().get("ann").save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": in_use})
+    assert f"bundle      sha256 {in_use[:16]} (the bundle in use)" in run("user", "show").stdout
 
 
 def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:

@@ -58,6 +58,28 @@ def test_profile_shows_the_fits_choice_and_habits() -> None:
     ]
 
 
+def test_profile_says_when_the_fit_was_made_with_another_bundle() -> None:
+    """After an upgrade or a pull the fit is not used (rewrite falls back), but profile showed it as current."""
+    from localpers.bundle.format import default_bundle_dir, sha256_of_file
+
+    make_user("moved")
+    user = UserStore().get("moved")
+    state = user.state()
+    state.update(cluster=1, bundle_sha256="ab" * 32, fit={"mode": "vector", "cluster_similarities": [0.1]})
+    user.save_state(state)
+    shown = CliRunner().invoke(app, ["profile", "--user", "moved"], terminal_width=1000)
+    assert "made with another bundle than the one in use" in " ".join(shown.stdout.split())
+    assert (
+        json.loads(CliRunner().invoke(app, ["profile", "--user", "moved", "--json"]).stdout)["card"][
+            "bundle_in_use"
+        ]
+        is False
+    )
+    state["bundle_sha256"] = sha256_of_file(default_bundle_dir() / "manifest.json")
+    user.save_state(state)
+    assert "another bundle" not in CliRunner().invoke(app, ["profile", "--user", "moved"]).stdout
+
+
 def test_profile_of_a_cold_start_fit_says_to_refit_once_there_is_history() -> None:
     user = UserStore().create("early")
     user.save_state({"cluster": None, "fit": {"mode": "cold-start", "cluster_similarities": []}})

@@ -317,6 +317,15 @@ def default_bundle_dir() -> Path:
     return installed_bundle_dir(strict=True) or embedded_bundle_dir()
 
 
+def bundle_in_use_sha256() -> str | None:
+    """The sha256 of the manifest of the bundle commands use now (what a user's fit records), without verifying
+    or loading it; None when there is none to read."""
+    try:
+        return sha256_of_file(default_bundle_dir() / "manifest.json")
+    except (OSError, LocalpersError):
+        return None
+
+
 def repair_advice(directory: Path) -> str:
     """What to do about a bad file in the bundle at `directory`, for where it came from: the pulled bundle is
     pulled again (from its recorded source), the embedded demo bundle comes with a reinstall, any other

@@ -55,6 +55,12 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         console.print(
             f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"
         )
+        if card.get("bundle_in_use") is False:
+            _print_indented(
+                console,
+                "made with another bundle than the one in use (pulled or shipped since): rewrites show your"
+                f" history without this correction until you run {refit}",
+            )
         if card.get("choice"):
             choice = card["choice"]
             _print_indented(console, f"correction: {choice['label']}: {choice['reason']}")

@@ -118,11 +118,11 @@ def user_show(
     typer.echo(f"history     {items_phrase(len(history))}{f' ({tasks})' if tasks else ''}")
     typer.echo(f"cluster     {report['cluster'] if report['cluster'] is not None else 'not assigned'}")
     if vector is None:
-        typer.echo("vector      none (run `localpers fit`)")
+        typer.echo(f"vector      none (run `localpers fit --user {user.name}`)")
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
-    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), history)}")
-    for label, text in [*_state_summary(state), *report["other_fits"].items()]:
+    typer.echo(f"fitted      {_fit_freshness(state.get('fit'), history, user.name)}")
+    for label, text in [*_state_summary(state, user.name), *report["other_fits"].items()]:
         typer.echo(f"{label:<11} {text}")
     typer.echo(f"disk        {report['disk_bytes']} bytes")
 
@@ -135,7 +135,7 @@ _SUMMARISED_STATE_KEYS = frozenset(
 _LONGEST_OTHER_VALUE = 100
 
 
-def _state_summary(state: dict[str, Any]) -> list[tuple[str, str]]:
+def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
     """(label, text) lines that say what a stored fit holds; `--json` keeps every number.
 
     The token bias's tables and every candidate's score are summarised, not printed: hundreds of token ids
@@ -158,7 +158,7 @@ def _state_summary(state: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(bias, dict):
         lines.append(("token bias", _token_bias_line(bias)))
     if isinstance(state.get("bundle_sha256"), str):
-        lines.append(("bundle", f"sha256 {state['bundle_sha256'][:16]} (the bundle the fit was made with)"))
+        lines.append(("bundle", _fit_bundle_line(state["bundle_sha256"], name)))
     for key in ("created_at", "updated_at"):
         if isinstance(state.get(key), str):
             lines.append((key.replace("_at", ""), state[key]))
@@ -224,31 +224,49 @@ def _token_bias_line(bias: dict[str, Any]) -> str:
     return text + (f"; {' and '.join(extras)}" if extras else "")
 
 
-def _fit_freshness(fit: Any, history: list[HistoryItem]) -> str:
+def _fit_freshness(fit: Any, history: list[HistoryItem], name: str) -> str:
     """Whether the stored fit saw the history as it is now: the digest of its items' ids the fit recorded, or
     (a fit made before it recorded one) the item counts. `--history-limit` fits fewer items than it holds."""
     n_history = len(history)
+    refit = f"`localpers fit --user {name}`"
     if not isinstance(fit, dict) and n_history == 0:
         return "no (no history yet)"
     if not isinstance(fit, dict):
-        return "no (rewrites show your history without CARD's correction until `localpers fit`)"
+        return f"no (rewrites show your history without CARD's correction until {refit})"
     fitted_on = fit.get("n_items")
     if not isinstance(fitted_on, int) or isinstance(fitted_on, bool):
-        return "on an unknown number of items (state.json's fit.n_items is damaged; `localpers fit` refits)"
+        return f"on an unknown number of items (state.json's fit.n_items is damaged; {refit} refits)"
     digest = fit.get("history_sha256")
     if isinstance(digest, str):
         if digest != history_digest(history):
             return (
                 f"on {items_phrase(fitted_on)}, but the history has changed since (it holds {n_history} now;"
-                " `localpers fit` refits)"
+                f" {refit} refits)"
             )
         if fitted_on == n_history:
             return f"on the {items_phrase(n_history)} the history holds"
         return f"on {fitted_on} of the {items_phrase(n_history)} the history holds (unchanged since the fit)"
-    if fitted_on == n_history:
-        return f"on the {items_phrase(n_history)} the history holds"
+    if fitted_on == n_history:  # an older localpers recorded no digest: the same count may hide other items
+        return (
+            f"on {items_phrase(n_history)}, as many as the history holds (an earlier localpers did not record"
+            f" which: if you removed or replaced items since, {refit} refits)"
+        )
+    return f"on {items_phrase(int(fitted_on or 0))}; the history holds {n_history} now ({refit} refits)"
+
+
+def _fit_bundle_line(fitted_with: str, name: str) -> str:
+    """The bundle the fit was made with, and whether it is the one rewrites use (read without a model load)."""
+    from localpers.bundle.format import bundle_in_use_sha256
+
+    shown = f"sha256 {fitted_with[:16]}"
+    in_use = bundle_in_use_sha256()
+    if in_use is None:
+        return f"{shown} (the bundle the fit was made with)"
+    if in_use == fitted_with:
+        return f"{shown} (the bundle in use)"
     return (
-        f"on {items_phrase(int(fitted_on or 0))}; the history holds {n_history} now (`localpers fit` refits)"
+        f"{shown}, not the bundle in use ({in_use[:16]}, pulled or shipped since): rewrites show your history"
+        f" without CARD's correction until `localpers fit --user {name}`"
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from localpers.bundle.format import bundle_in_use_sha256
 from localpers.errors import LocalpersError
 from localpers.methods.exact import index_path, load_index, retrieve
 from localpers.users.series import history_series
@@ -18,12 +19,15 @@ from localpers.users.store import User
 
 
 def card_summary(user: User) -> dict[str, Any] | None:
-    """CARD's cluster and fit mode from state.json, or None when the user was never fitted."""
+    """CARD's cluster and fit mode from state.json, or None when the user was never fitted; `bundle_in_use`
+    says whether the fit was made with the bundle rewrites use now (None: no bundle to compare with)."""
     state = user.state()
     fit = state.get("fit")
     if not isinstance(fit, dict):
         return None
+    in_use = bundle_in_use_sha256()
     return {
+        "bundle_in_use": None if in_use is None else state.get("bundle_sha256") == in_use,
         "cluster": state.get("cluster"),
         "mode": fit.get("mode"),
         "cluster_similarities": fit.get("cluster_similarities"),

@@ -80,7 +80,10 @@ def profile_for_rewrite(
     if not state.get("fit"):
         unusable = f"user {target.name!r} is not fitted"
     elif state.get("bundle_sha256") != personalizer.bundle_sha256:
-        unusable = f"user {target.name!r} is not fitted to this bundle (fitted with another)"
+        unusable = (
+            f"user {target.name!r} was fitted with another bundle than the one in use (one pulled or shipped"
+            " before this one)"
+        )
     elif cluster is None and has_items:
         unusable = f"user {target.name!r} was fitted before its history held anything"
     elif cluster is None:
