@@ -252,6 +252,24 @@ def test_doctor_reports_the_bundle_in_use_and_what_its_check_found(bundle: Path,
     assert (
         report["ok"] and report["origin"] == "pulled" and report["directory"] == str(installed_bundle_dir())
     )
+    assert (
+        report["pinned"] is True
+        and "pinned      no" not in runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
+    )
+
+    from localpers.bundle.record import record_path
+
+    record_path(installed_bundle_dir()).unlink()  # as an earlier localpers left it: no record of the manifest
+    unpinned = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
+    assert unpinned.exit_code == 0 and json.loads(unpinned.stdout)["bundle"]["pinned"] is False
+    shown = runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
+    assert "pinned      no: an earlier localpers pulled it and kept no record of its manifest" in shown
+    assert (
+        runner.invoke(app, ["pull", "--unsigned", str(bundle), "--model", str(backbone.path)]).exit_code == 0
+    )
+    assert json.loads(runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)]).stdout)[
+        "bundle"
+    ]["pinned"]
 
     edit_tensor(installed_bundle_dir() / "head.safetensors", "P", with_nan)  # damaged after install
     damaged = runner.invoke(app, ["doctor", "--model", str(backbone.path)])

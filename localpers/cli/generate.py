@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -167,6 +168,11 @@ def _print_report(report: dict[str, Any]) -> None:
     bundle = report["bundle"]
     typer.echo(f"bundle        {bundle['directory']} ({bundle['origin']})")
     typer.echo(f"  content     {bundle['content']}")
+    if bundle.get("pinned") is False:
+        typer.echo(
+            "  pinned      no: an earlier localpers pulled it and kept no record of its manifest, so an edit to"
+            " manifest.json goes unnoticed; pull it once more (`localpers pull URL`) to record it"
+        )
     typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
     typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(
@@ -218,7 +224,19 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
     except LocalpersError as exc:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"
-    return {**status, "ok": True, "content": fits}
+    return {**status, "ok": True, "content": fits, "pinned": _pinned(bundle.directory)}
+
+
+def _pinned(directory: Path) -> bool | None:
+    """Whether the pulled bundle at `directory` has the record of its signed manifest that later commands check
+    its manifest against; None for a bundle that was not pulled (the embedded one, `--bundle DIR`)."""
+    from localpers.bundle.format import installed_bundle_dir
+    from localpers.bundle.record import record_path
+
+    installed = installed_bundle_dir()
+    if installed is None or installed.resolve() != directory.resolve():
+        return None
+    return record_path(installed).is_file()
 
 
 def _origin() -> str:
