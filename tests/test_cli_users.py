@@ -185,6 +185,22 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
     assert_one_line_error(run("user", "import", str(archive), code=1), "already exists")
 
 
+def test_export_says_which_fits_it_leaves_out(tmp_path: Path) -> None:
+    """CoPe's LoRA and EXACT's index are not archived; the export said nothing, and after an import or a delete
+    they were gone (upgrade audit)."""
+    run("user", "create", "ann")
+    assert run_json("user", "export", "-o", str(tmp_path / "a.zip"))["not_exported"] == []
+    folder = UserStore().get("ann").dir
+    (folder / "cope.json").write_text(json.dumps({"rank": 8, "n_items": 20}), encoding="utf-8")
+    (folder / "exact-index.safetensors").write_bytes(b"x")
+    shown = run("user", "export", "-o", str(tmp_path / "b.zip")).stdout
+    assert (
+        "not exported: CoPe's LoRA and EXACT's index; after importing, refit with `localpers fit --method cope"
+        " --user ann` and `localpers fit --method exact --user ann`" in shown
+    )
+    assert run_json("user", "export", "-o", str(tmp_path / "c.zip"))["not_exported"] == ["cope", "exact"]
+
+
 def test_damaged_vector_gives_one_line_error_in_show() -> None:
     run("user", "create", "ann")
     user = UserStore().get("ann")

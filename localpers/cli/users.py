@@ -307,16 +307,27 @@ def user_export(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Write a user's vector, cluster and state to one .zip; the history only with --with-history."""
+    """Write a user's vector, cluster and state to one .zip; the history only with --with-history.
+
+    CoPe's LoRA and EXACT's index are not in it (they are refitted from the history after an import)."""
     store = UserStore()
     user = store.resolve(name)
     dest = store.export(
         user.name, output if output is not None else Path.cwd(), with_history, overwrite=force
     )
+    left_out = [
+        method for method, _ in _other_fits(user.dir)
+    ]  # CoPe's LoRA and EXACT's index are not archived
     if as_json:
-        print_json({"user": user.name, "archive": str(dest), "with_history": with_history})
+        print_json(
+            {"user": user.name, "archive": str(dest), "with_history": with_history, "not_exported": left_out}
+        )
         return
     typer.echo(f"exported user {user.name!r} to {dest}{' (with history)' if with_history else ''}")
+    if left_out:
+        names = " and ".join({"cope": "CoPe's LoRA", "exact": "EXACT's index"}[method] for method in left_out)
+        refits = " and ".join(refit_advice(method, user.name).removeprefix("run ") for method in left_out)
+        typer.echo(f"not exported: {names}; after importing, refit with {refits}")
 
 
 @user_app.command("import")
