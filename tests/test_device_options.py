@@ -152,6 +152,37 @@ def test_doctor_reports_a_backbone_it_cannot_find_or_load_as_a_problem(
     assert shown.exit_code == 1 and "config dir" in shown.stdout and "problem       backbone " in shown.stdout
 
 
+def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbone) -> None:
+    """After an upgrade or a pull every fit made with the old bundle stops being used; only rewrite's note said
+    so, one user at a time (upgrade audit)."""
+    import json
+
+    import numpy as np
+
+    from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.users.store import UserStore
+
+    store = UserStore()
+    store.create("current").save_fit(
+        np.ones(4, np.float32), {"fit": {}, "bundle_sha256": bundle_in_use_sha256()}
+    )
+    store.create("stale").save_fit(np.ones(4, np.float32), {"fit": {}, "bundle_sha256": "ab" * 32})
+    store.create("unfitted")
+    (store.create("broken").dir / "state.json").write_text("{not json", encoding="utf-8")
+    result = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
+    assert result.exit_code == 0, result.output  # a stale fit stops nothing: rewrites fall back
+    assert json.loads(result.stdout)["users"] == {
+        "count": 4,
+        "active": "current",
+        "fitted_with_another_bundle": ["stale"],
+        "unreadable": ["broken"],
+    }
+    shown = runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
+    assert (
+        "users         4 (active: current)" in shown and "  refit due   stale: fitted with another" in shown
+    )
+
+
 def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(backbone: Backbone) -> None:
     result = runner.invoke(app, ["doctor", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"})
     assert result.exit_code == 1, result.output

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
-    """Show the backbone, the bundle in use, llama.cpp, threads, data directories and extras; name problems.
+    """Show the backbone, the bundle in use, llama.cpp, threads, directories, extras and users; name problems.
 
     Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle)."""
 
@@ -98,6 +98,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     }
     report["training"] = _training_device() if report["extras"]["publish"] else None
     report["bundle"] = _bundle_status(backbone)
+    report["users"] = _users_status()
     if isinstance(loaded, str):
         backbone_problem = f"the backbone did not load: {loaded}"
     report["problems"] = _problems(report, backbone_problem)
@@ -197,6 +198,21 @@ def _print_report(report: dict[str, Any]) -> None:
     elif training is not None:
         precision = "bf16 or fp32, whichever is faster" if training["bf16"] else "fp32 (no bf16 instructions)"
         typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
+    users = report["users"]
+    typer.echo(
+        f"users         {users['count']}" + (f" (active: {users['active']})" if users["active"] else "")
+    )
+    if users["fitted_with_another_bundle"]:
+        typer.echo(
+            f"  refit due   {', '.join(users['fitted_with_another_bundle'])}: fitted with another bundle than the"
+            " one in use, so rewrites show their history without CARD's correction until"
+            " `localpers fit --user NAME`"
+        )
+    if users["unreadable"]:
+        typer.echo(
+            f"  damaged     {', '.join(users['unreadable'])}: state.json cannot be read"
+            " (`localpers user show NAME` says what to do)"
+        )
     for problem in report["problems"]:
         typer.echo(f"problem       {problem}")
 
@@ -225,6 +241,37 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"
     return {**status, "ok": True, "content": fits, "pinned": _pinned(bundle.directory)}
+
+
+def _users_status() -> dict[str, Any]:
+    """How many users this device has, and whose CARD fit was made with another bundle than the one in use (after
+    an upgrade or a pull: rewrites fall back for them). Reads their state.json only; writes nothing."""
+    from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.users.folder import read_json_object
+    from localpers.users.store import UserStore
+
+    store = UserStore()
+    in_use = bundle_in_use_sha256()
+    stale, unreadable = [], []
+    names = store.list()
+    for name in names:
+        try:
+            state = read_json_object(store.users_dir / name / "state.json", "") or {}
+        except LocalpersError:
+            unreadable.append(name)
+            continue
+        if isinstance(state.get("fit"), dict) and in_use is not None and state.get("bundle_sha256") != in_use:
+            stale.append(name)
+    try:
+        active = store.active_name()
+    except LocalpersError:
+        active = None
+    return {
+        "count": len(names),
+        "active": active,
+        "fitted_with_another_bundle": stale,
+        "unreadable": unreadable,
+    }
 
 
 def _pinned(directory: Path) -> bool | None:
