@@ -526,6 +526,9 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
         shown.exit_code == 0
         and "note: the text has 12,599 characters; the headline task read its first 1,500" in shown.stderr
     )
+    # as a terminal shows both streams: the streamed headline ends its line before the note (it was glued on)
+    headline = shown.stdout.rstrip("\n")
+    assert f"{headline}\nnote: the text has 12,599" in shown.output, shown.output
 
 
 def test_a_bundle_missing_a_cluster_adapter_is_refused_before_the_model_loads(

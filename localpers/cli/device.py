@@ -174,6 +174,22 @@ def rewrite_command(
     target = store.resolve(user) if (user or store.active_name() or chosen.needs_user) else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
     notes: list[str] = []  # the method's remarks (a fallback, a cut text): on stderr, or in --json's "notes"
+    streamed: list[str] = []  # what the stream printed: a note then waits for the output's line to end
+    late_notes: list[str] = []
+    sink = stdout_stream(strip_leading=one_line) if (stream and not as_json) else None
+
+    def on_text(piece: str) -> None:
+        assert sink is not None
+        streamed.append(piece)
+        sink(piece)
+
+    def note(text: str) -> None:
+        notes.append(text)
+        if streamed:
+            late_notes.append(text)
+        elif not as_json:
+            typer.echo(f"note: {text}", err=True)
+
     payload = chosen.rewrite(
         personalizer,
         target,
@@ -185,14 +201,18 @@ def rewrite_command(
             max_tokens=max_tokens,
             sampling=sampling,
             candidates=candidates,
-            on_text=stdout_stream(strip_leading=one_line) if (stream and not as_json) else None,
-            note=notes.append if as_json else (lambda text: typer.echo(f"note: {text}", err=True)),
+            on_text=on_text if sink is not None else None,
+            note=note,
         ),
     )
     if as_json:
         print_json({**payload, "notes": notes} if notes else payload, indent=None)
-    elif stream:
+        return
+    if stream:
         sys.stdout.write("\n")
+        sys.stdout.flush()
+        for late in late_notes:
+            typer.echo(f"note: {late}", err=True)
     else:
         typer.echo(payload["text"])
     if show_examples and not as_json:
