@@ -63,6 +63,22 @@ def test_rewrite_and_fit_help_say_what_each_method_does() -> None:
             assert f"{name}: {' '.join(METHODS[name].summary.split())}" in shown, (command, name)
 
 
+def test_a_text_comes_in_as_history_is_stored_nfc() -> None:
+    """An NFD text was measured in code points (a 950-character paraphrase counted 1,113 and was refused, though
+    `history add` took it), matched against NFC history and echoed decomposed (text audit)."""
+    import unicodedata
+
+    from localpers.api.requests import parse_chat, parse_completion
+    from localpers.cli.common import read_text_argument
+
+    decomposed = unicodedata.normalize("NFD", "Zoë et Chloé ouvrent une crêperie à Montréal")
+    composed = unicodedata.normalize("NFC", decomposed)
+    assert decomposed != composed and read_text_argument(decomposed) == composed
+    assert parse_completion({"model": "localpers", "prompt": decomposed}).text == composed
+    chat = parse_chat({"model": "localpers", "messages": [{"role": "user", "content": decomposed}]})
+    assert chat.text == composed and chat.messages == (("user", composed),)
+
+
 def test_starting_the_cli_loads_no_heavy_library() -> None:
     """Every command pays for what the CLI imports at start: scipy alone added ~0.3 s to `--help`."""
     heavy = (

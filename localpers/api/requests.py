@@ -12,6 +12,7 @@ This module neither resolves users nor generates.
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,7 +250,7 @@ def parse_completion(body: Any) -> GenerationJob:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt.strip():
         raise _bad("`prompt` must be one non-empty string", "prompt")
-    return GenerationJob(kind="completion", text=prompt, messages=(), **common)
+    return GenerationJob(kind="completion", text=unicodedata.normalize("NFC", prompt), messages=(), **common)
 
 
 def _content(message: dict[str, Any], index: int) -> str:
@@ -280,7 +281,7 @@ def parse_chat(body: Any) -> GenerationJob:
     for index, message in enumerate(raw):
         if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
             raise _bad(f"message {index} needs a `role` of: {', '.join(CHAT_ROLES)}", "messages")
-        messages.append((CHAT_ROLES[message["role"]], _content(message, index)))
+        messages.append((CHAT_ROLES[message["role"]], unicodedata.normalize("NFC", _content(message, index))))
     user_messages = [content for role, content in messages if role == "user"]
     if not user_messages or not user_messages[-1].strip():
         raise _bad("the chat needs a non-empty user message", "messages")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import unicodedata
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -81,15 +82,16 @@ def _caused_by_ctrl_c(exc: BaseException) -> bool:
 
 def read_text_argument(text: str) -> str:
     """`-` reads standard input; anything else is the text itself. Either must be UTF-8 and hold some printable
-    text, not only white space or control characters (exit 2 if not)."""
+    text, not only white space or control characters (exit 2 if not). It comes back in NFC, as history items are
+    stored, so a text is measured, cut and matched against the history the same way whichever form it came in."""
     if text == "-":
         data = sys.stdin.read()
         if _blank(data):
             raise InputError("standard input was empty; pipe some text or pass it as an argument")
-        return checked_utf8(data, "standard input")
+        return unicodedata.normalize("NFC", checked_utf8(data, "standard input"))
     if _blank(text):
         raise InputError("the text is empty; pass some text or - to read standard input")
-    return checked_utf8(text, "the text argument")
+    return unicodedata.normalize("NFC", checked_utf8(text, "the text argument"))
 
 
 def _blank(text: str) -> bool:

@@ -10,6 +10,7 @@ below; it owns no widget.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING
 
 from textual.timer import Timer
@@ -67,7 +68,7 @@ class GenerationMixin:
             self._debounce_timer.stop()
             self._debounce_timer = None
         main = self.main
-        text = self.draft_text
+        text = unicodedata.normalize("NFC", self.draft_text)  # measured, cut and retrieved as history is
         self.job_id += 1
         if not text.strip():
             self.workers.cancel_group(self, "generate")
