@@ -133,6 +133,45 @@ def test_a_series_is_shown_for_a_text_about_it_or_when_it_is_most_of_the_history
     assert conditioned_prompt(HEADLINE, market, mostly, DEVICE).count("Funniest") == 3
 
 
+def test_words_are_found_in_every_script() -> None:
+    """An English-only pattern gave CJK, Arabic and Hebrew text no words (BM25's "closest" was then always the
+    oldest item, and no series was ever found) and cut "Köln" into "k" and "ln" (text audit)."""
+    from localpers.users.retrieval import Bm25Index, words
+
+    assert words("Don't STOP-now, 2 cats_dogs") == [
+        "don",
+        "t",
+        "stop",
+        "now",
+        "2",
+        "cats",
+        "dogs",
+    ]  # as before
+    assert words("Straße in Köln") == ["strasse", "in", "köln"]
+    assert words("مكتبة عامة جديدة") == ["مكتبة", "عامة", "جديدة"]
+    assert words("北京一周") == ["北京", "京一", "一周"]
+    assert words("2026年の東京") == ["2026", "年の", "の東", "東京"]
+    library, zoo = "北区将建新图书馆", "城市动物园迎来长颈鹿宝宝"
+    assert Bm25Index([library, zoo, "市中心新开一家面包店"]).top("动物园的长颈鹿", 1) == [1]
+    weekly = [f"每周回顾：北京这一周（第{n}周）" for n in (10, 11, 12)]
+    assert find_series([*weekly, library, zoo], [0]) == [0, 1, 2]
+    # three unrelated headlines that share only a year are not a series
+    assert (
+        find_series(["2025年春节旅游创纪录", "2025年新能源车销量大增", "2025年高考报名人数公布", zoo], [0])
+        == []
+    )
+
+
+def test_a_text_sharing_only_function_words_of_another_language_is_not_about_a_series() -> None:
+    documents = [
+        "Wochenrückblick: Die Woche in Berlin (KW 11)",
+        "Wochenrückblick: Die Woche in Berlin (KW 12)",
+    ]
+    bridge = "Die Stadt Köln baut eine neue Brücke über den Rhein für Fußgänger und Radfahrer."
+    assert not about_series(bridge, documents, history_size=20)
+    assert about_series("Die Woche im Rückblick: was in Berlin geschah", documents, history_size=20)
+
+
 def test_shown_examples_are_the_prompts_examples_with_why() -> None:
     shown = shown_examples(HEADLINE, CAT_QUERY, POOL, DEVICE)
     assert [example.why for example in shown] == ["recent"] * 4 + ["series"] * 3

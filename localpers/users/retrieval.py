@@ -3,7 +3,7 @@ prompts, and a dense index over the device's sentence encoder (all-MiniLM-L6-v2)
 
     Bm25Index(["cats purr", "dogs bark", "cats and dogs"]).top("why do cats purr", 1) -> [0]
 
-Text is lowercased and split into letters/digits runs; the task instruction shared by every input
+Text is casefolded and split into runs of letters and digits of any script (`words`); the task instruction shared by every input
 ("Generate a headline for the following article:") is just a frequent term, which BM25's IDF
 already discounts. Ties keep history order. `DenseIndex` ranks by cosine similarity of MiniLM embeddings
 (computed in this process, never sent anywhere); it is the `dense` ablation of the prompt examples
@@ -13,18 +13,43 @@ already discounts. Ties keep history order. `DenseIndex` ranks by cosine similar
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
 
 RETRIEVALS = ("bm25", "minilm")
 
-_WORD = re.compile(r"[a-z0-9]+")
+_WORD = re.compile(r"[^\W_]+")  # letters and digits of any script
+# Scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, Kana, Han): a run of them is one
+# "word" to the pattern above, so it is split into overlapping character pairs, as search engines index them.
+_SPACELESS = re.compile(
+    r"[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+"
+)
 
 
 def words(text: str) -> list[str]:
-    """Lowercased alphanumeric runs: words("Don't STOP-now") -> ["don", "t", "stop", "now"]."""
-    return _WORD.findall(text.lower())
+    """Casefolded runs of letters and digits in any script, character pairs in scripts without spaces.
+
+    words("Don't STOP-now") -> ["don", "t", "stop", "now"]; words("Straße in Köln") -> ["strasse", "in", "köln"];
+    words("北京一周") -> ["北京", "京一", "一周"]. (ASCII text splits as it always did: `[a-z0-9]+` of its lower
+    case; an English-only pattern left CJK, Arabic or Hebrew text with no words and cut "Köln" into "k", "ln".)
+    """
+    found: list[str] = []
+    for run in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
+        if run.isascii():
+            found.append(run)
+            continue
+        start = 0
+        for spaceless in _SPACELESS.finditer(run):
+            if spaceless.start() > start:
+                found.append(run[start : spaceless.start()])
+            chars = spaceless.group()
+            found.extend([chars] if len(chars) == 1 else [chars[i : i + 2] for i in range(len(chars) - 1)])
+            start = spaceless.end()
+        if start < len(run):
+            found.append(run[start:])
+    return found
 
 
 class Bm25Index:

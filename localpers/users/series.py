@@ -34,7 +34,9 @@ MIN_SIZE = 3
 # text are looked at for a series (both chosen on the dev split, 0zn).
 SHOWN = 3
 SEARCH_DEPTH = 10
-# English function words: a text that shares only these with a series' items is not about the series' subject.
+# Function words: a text that shares only these with a series' items is not about the series' subject. English
+# first; then the commonest of German, French, Spanish, Italian, Portuguese and Dutch, without which any German
+# text shared "die" or "und" with a German series and was given its formula (single letters never count).
 _FUNCTION_WORDS = """
     a about after again against all also am an and any are as at be because been before being between
     both but by can could did do does doing down during each either every few for from further had has
@@ -42,7 +44,15 @@ _FUNCTION_WORDS = """
     more most much my myself no nor not now of off on once one only or other our ours out over own same
     she should so some such than that the their theirs them themselves then there these they this those
     through to too under until up upon us very was we were what when where which while who whom whose
-    why will with would yet you your yours"""
+    why will with would yet you your yours
+    der die das den dem des ein eine einen einem einer und ist im mit von zu zum zur auf für fur nicht sich auch
+    es nach bei aus um wie wird werden sind war hat wir ihr sie er ich noch nur oder aber als bis
+    le la les du de un une et est en au aux pour par sur dans que qui ne pas plus ce cette ces son sa ses il
+    elle ils nous vous avec sans
+    el los las del al lo su sus por para con como más mas se es una uno y
+    il lo gli di da tra fra che non della dei delle nel nella alla con
+    os da dos das em no na um uma ao não nao
+    het een van op te dat voor zijn aan niet met"""
 FUNCTION_WORDS = frozenset(_FUNCTION_WORDS.split())
 
 
