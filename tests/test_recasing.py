@@ -101,6 +101,36 @@ def test_first_words_acronyms_numbers_and_spacing_are_untouched() -> None:
     assert habit.apply("", "") == ""
 
 
+def test_the_first_word_is_the_first_with_a_letter_or_a_digit() -> None:
+    habit = Recasing("lower")
+    assert habit.apply("\U0001f525 Zoo Opens 4th Giraffe") == "\U0001f525 Zoo opens 4th giraffe"
+    assert habit.apply("\u00ab Zoo \u00bb : Une Girafe") == "\u00ab Zoo \u00bb : une girafe"
+    assert habit.apply("\u00bf Qu\u00e9 Pasa En El Zoo?") == "\u00bf Qu\u00e9 pasa en el zoo?"
+    assert habit.apply(" \u00a1 \u2014 Zoo Opens") == " \u00a1 \u2014 Zoo opens"
+    assert Recasing("upper").apply("\U0001f525 zoo opens") == "\U0001f525 zoo Opens"
+    # as before: a number is a first word, a symbol after the first word changes nothing, no word no change
+    assert habit.apply("5 Things To Know") == "5 things to know"
+    assert habit.apply("Zoo \U0001f525 Opens") == "Zoo \U0001f525 opens"
+    assert habit.apply("\U0001f525 \u2014") == "\U0001f525 \u2014"
+
+
+def test_quotes_around_a_word_are_edge_punctuation() -> None:
+    habit = Recasing("lower", frozenset({"zoo"}))
+    assert habit.apply("Un \u00abZoo\u00bb \u201eBerlin\u201c \u00bfQu\u00e9?") == (
+        "Un \u00abZoo\u00bb \u201eberlin\u201c \u00bfqu\u00e9?"
+    )
+    assert Recasing("upper").apply("un \u00abzoo\u00bb \u300cberlin\u300d") == (
+        "un \u00abZoo\u00bb \u300cBerlin\u300d"
+    )
+
+
+def test_a_leading_emoji_is_not_fitted_as_the_first_word() -> None:
+    # the word after the emoji is the first word: "Trump", "Senate", "Why" are no exceptions to sentence case
+    styled = ["\U0001f525 " + sentence_case(t) for t in TITLE]
+    habit = fit_recasing(styled * 3, INPUTS * 3, TITLE * 3)
+    assert habit == Recasing("lower", frozenset(), names_from_input=False)
+
+
 def test_streamed_text_is_recased_word_by_word_and_adds_up_to_the_whole() -> None:
     habit = Recasing("lower")
     sent: list[str] = []

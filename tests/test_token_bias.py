@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 from test_personalize import ARTICLE, SHOUTY, bundle_dir, items, personalizer  # noqa: F401 - fixtures
 
+from localpers.engine.backbone import Backbone
+from localpers.engine.model import Engine
 from localpers.errors import LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.recasing import Recasing
 from localpers.methods.card.respelling import Respelling
 from localpers.methods.card.token_bias import MIN_BIAS, TokenBias, describe_habits, fit_token_bias
+from localpers.methods.card.user_fit import token_bias
 from localpers.methods.card.user_state import stored_token_bias
 from localpers.users.store import UserStore
 
@@ -62,6 +65,19 @@ def test_opening_habit_is_calibrated_against_the_models_probability() -> None:
     assert not bias.apply(np.array(logits), np.arange(10), 1, 1.0)[7]  # the first step only
     assert 7 in bias.habitual_tokens(0).tolist()
     assert fit_token_bias(positives, negatives).opening == {}  # without the model's log-probabilities
+
+
+def test_a_whitespace_only_first_token_is_never_an_opening_habit() -> None:
+    # the backbone writes " \U0001f438 ..." as a bare space (0) and then the emoji (7): 3 of 6 outputs
+    space, emoji, word = 0, 7, 9
+    positives = [[space, emoji, 5]] * 3 + [[word, 5, 1]] * 3
+    negatives = [[8, 5, 1]] * 6
+    logprobs = [-9.0] * 6
+    assert space in fit_token_bias(positives, negatives, first_logprobs=logprobs).opening  # not told: a habit
+    bias = fit_token_bias(positives, negatives, first_logprobs=logprobs, blank={space})
+    assert list(bias.opening) == [word]  # the space's outputs count towards the rate: 3 of 7, not 3 of 4
+    expected = math.log(3 / 4) - math.log(math.exp(-9.0) / (1 - math.exp(-9.0)))
+    assert bias.opening[word] == pytest.approx(expected, abs=1e-3)
 
 
 def test_closing_habit_moves_the_ending_to_the_habit_once() -> None:
@@ -129,6 +145,33 @@ def test_habits_are_described_in_words() -> None:
         "writes later words in lower case (sentence case)",
     ]
     assert describe_habits(TokenBias(first={2: 3.0}), VOCAB.__getitem__) == []  # counted tables are no habit
+
+
+def test_a_habit_of_whitespace_or_no_text_is_described_visibly() -> None:
+    pieces = {1: " ", 2: "", 3: "\n"}
+    bias = TokenBias(opening={1: 2.0, 2: 1.0}, closing={3: 0.5})
+    assert describe_habits(bias, pieces.__getitem__) == [
+        "opens with ' ' (+2.0 nats over the model)",
+        "opens with token 2 (+1.0 nats over the model)",
+        "ends with '\\n' (50% of endings moved to it)",
+    ]
+
+
+@pytest.fixture(scope="module")
+def engine(backbone: Backbone) -> Engine:
+    with Engine(backbone.path, n_ctx=256) as shared:
+        yield shared
+
+
+def test_the_fit_finds_no_opening_habit_in_the_space_before_an_emoji(engine: Engine) -> None:
+    space = engine.tokenize(" \U0001f438 Frogs", add_bos=False)[0]
+    assert engine.token_bytes(space) == b" "  # what the bug was made of: the backbone's bare space
+    headlines = ["Frogs Win The Pond Derby", "Toads Lose Again", "Ducks Move North", "Pond Closes For Winter"]
+    history = items([(ARTICLE, "\U0001f438 " + h) for h in headlines])
+    bias = token_bias(engine, history, [h.lower() for h in headlines], [-9.0] * len(headlines))
+    assert space not in bias.opening
+    pieces = describe_habits(bias, lambda t: engine.token_bytes(t).decode("utf-8", errors="replace"))
+    assert not [line for line in pieces if line.startswith("opens with")]
 
 
 def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Personalizer) -> None:  # noqa: F811

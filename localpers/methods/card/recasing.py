@@ -20,7 +20,10 @@ Fitted from the user's outputs against the cluster model's outputs for the same 
   mid-sentence (names). A writer who lower-cases even those gets every later word lower-cased.
 
 Words are whitespace-separated; the first word of an output and acronyms ("NFL", two or more letters, all
-capitals) are never changed. This module knows nothing of models or tokens: text in, text out.
+capitals) are never changed. The first word is the first one with a letter or a digit: emoji, punctuation
+or symbols before it ("🔥", "«", "¿") are no word, so "🔥 Zoo opens" keeps "Zoo" as its first word (and a
+number is one: "5 things to know" starts with "5"). This module knows nothing of models or tokens: text in,
+text out.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ MIN_NAME_EVIDENCE = 3  # capitalised input words the user repeats, before `names
 MAX_EXCEPTIONS = 200
 MODES = ("lower", "upper")
 _WORD = re.compile(r"\S+")
-EDGE_PUNCTUATION = "'\"‘’“”()[]{}.,;:!?…-–—*"
+EDGE_PUNCTUATION = "'\"‘’“”„«»‹›()[]{}.,;:!?¿¡…-–—*「」『』"
 _SENTENCE_ENDS = (".", "!", "?", ":", ";")
 
 
@@ -61,9 +64,16 @@ def _case_of(word: str) -> str | None:
     return "upper" if core[0].isupper() else "lower"
 
 
+def _is_word(token: str) -> bool:
+    """Whether a whitespace-separated token is a word (has a letter or a digit), not only emoji or punctuation."""
+    return any(c.isalnum() for c in token)
+
+
 def later_words(text: str) -> list[str]:
-    """The words after an output's first word."""
-    return _WORD.findall(text)[1:]
+    """The words after an output's first word (the first token with a letter or a digit); none without one."""
+    tokens = _WORD.findall(text)
+    first = next((index for index, token in enumerate(tokens) if _is_word(token)), len(tokens))
+    return tokens[first + 1 :]
 
 
 def input_names(source: str) -> set[str]:
@@ -101,14 +111,17 @@ class Recasing:
         return word.lower()
 
     def apply(self, text: str, source: str = "") -> str:
-        """`text` with every later word in the user's case; spacing and the first word untouched."""
+        """`text` with every later word in the user's case; spacing, the first word (the first token with a
+        letter or a digit) and the emoji or punctuation before it untouched."""
         names = input_names(source) if self.names_from_input else set()
-        index = -1
+        started = False
 
         def recase(match: re.Match[str]) -> str:
-            nonlocal index
-            index += 1
-            return match.group(0) if index == 0 else self.word(match.group(0), names)
+            nonlocal started
+            if not started:
+                started = _is_word(match.group(0))
+                return match.group(0)
+            return self.word(match.group(0), names)
 
         return _WORD.sub(recase, text)
 

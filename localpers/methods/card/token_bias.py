@@ -20,7 +20,10 @@ count ratio from ~20 greedy y- caps near log(20) while a kicker the model gives 
 - `opening`: a first token the user opens with in a share r of their outputs (at least `MIN_HABIT_COUNT`
   times) gets b = logit(r) - logit(p), p = the cluster model's mean probability of that token as the first
   one at the user's own prompts (from the pairs' teacher-forced pass). Added to its logit, it lifts the
-  token to about the user's own rate, however unlikely the model finds it;
+  token to about the user's own rate, however unlikely the model finds it. A token of whitespace only is
+  never an opening habit: the backbone writes " 🐸" as a bare space and then the emoji, and a habit "opens
+  with ' '" only pushes a space. Such an output shows no opening habit (the model's log-probability is of
+  its first token, and the habit applies at the first step only, so the token after the space has neither);
 - `closing`: a punctuation token the user ends outputs with ("?") more often than the model does. When
   the model wants to end (end-of-output tokens among the candidates, and the output does not already end
   with the habit), a share of the ending probability moves to the habit: the output ends with it, then
@@ -221,13 +224,20 @@ class TokenBias:
         return cls(**tables, recasing=recasing, respelling=respelling)
 
 
+def _shown(token: int, piece: Callable[[int], str]) -> str:
+    """A token for the fit report: its text without the spacing ('Opinion'), as it is where that leaves
+    nothing (' '), the token's id where it has no text at all."""
+    text = piece(token)
+    if text.strip():
+        return repr(text.strip())
+    return repr(text) if text else f"token {token}"
+
+
 def describe_habits(bias: TokenBias, piece: Callable[[int], str]) -> list[str]:
     """The calibrated habits in words, for the fit report ("opens with 'Opinion' (+9.1 nats)", ...)."""
-    lines = [
-        f"opens with {piece(t).strip()!r} (+{b:.1f} nats over the model)" for t, b in bias.opening.items()
-    ]
+    lines = [f"opens with {_shown(t, piece)} (+{b:.1f} nats over the model)" for t, b in bias.opening.items()]
     lines += [
-        f"ends with {piece(t).strip()!r} ({share:.0%} of endings moved to it)"
+        f"ends with {_shown(t, piece)} ({share:.0%} of endings moved to it)"
         for t, share in bias.closing.items()
     ]
     if bias.recasing is not None:
@@ -267,11 +277,14 @@ def _logit(probability: float) -> float:
 
 
 def _opening_habits(
-    positives: Sequence[Sequence[int]], first_logprobs: Sequence[float | None]
+    positives: Sequence[Sequence[int]], first_logprobs: Sequence[float | None], blank: Collection[int] = ()
 ) -> dict[int, float]:
-    """Calibrated first-token habits: log(user's rate) - log(model's mean probability at the user's prompts)."""
+    """Calibrated first-token habits: log(user's rate) - log(model's mean probability at the user's prompts).
+
+    A `blank` first token (whitespace only) is no habit; its output still counts towards the rates.
+    """
     outputs = [(tokens[0], lp) for tokens, lp in zip(positives, first_logprobs, strict=True) if tokens]
-    counts = Counter(token for token, _ in outputs)
+    counts = Counter(token for token, _ in outputs if token not in blank)
     habits: dict[int, float] = {}
     for token, count in counts.items():
         if count < MIN_HABIT_COUNT or count < MIN_HABIT_RATE * len(outputs):
@@ -313,18 +326,20 @@ def fit_token_bias(
     *,
     first_logprobs: Sequence[float | None] | None = None,
     closing_allowed: Collection[int] = (),
+    blank: Collection[int] = (),
 ) -> TokenBias:
     """The bias from the user's outputs (`positives`) against the cluster model's (`negatives`), as token ids.
 
     `first_logprobs[i]`: the cluster model's log-probability of `positives[i]`'s first token at that item's
     prompt (None where unknown); without them there are no opening habits. `closing_allowed`: the tokens
     that may be closing habits (the caller's punctuation tokens); a word that ends many outputs ("Why" in
-    "Here's Why") is not a habit to append wherever the model stops.
+    "Here's Why") is not a habit to append wherever the model stops. `blank`: the tokens of whitespace only
+    (the caller's), never an opening habit.
     """
     first_pos, rest_pos = _counts(positives)
     first_neg, rest_neg = _counts(negatives)
     first, rest = _log_ratios(first_pos, first_neg), _log_ratios(rest_pos, rest_neg)
-    opening = _opening_habits(positives, first_logprobs) if first_logprobs is not None else {}
+    opening = _opening_habits(positives, first_logprobs, blank) if first_logprobs is not None else {}
     closing = _closing_habits(positives, negatives, closing_allowed)
     # A calibrated habit replaces its counted push: pushed anywhere, a closing "?" lands mid-output.
     first = {t: b for t, b in first.items() if not (b > 0 and t in opening)}

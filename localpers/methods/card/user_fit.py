@@ -186,17 +186,21 @@ def token_bias(
     """The user's token bias: their outputs against the cluster model's for the same prompts.
 
     `first_logprobs[i]`: the cluster model's log-probability of item i's first output token (None where
-    the pair was not scored); they calibrate the opening habits. Closing habits are punctuation only.
+    the pair was not scored); they calibrate the opening habits. Closing habits are punctuation only; an
+    opening habit is never whitespace only (the backbone writes " 🐸" as a bare space, then the emoji).
     """
     positives = [engine.tokenize(" " + item.output, add_bos=False) for item in items]
     generated = [engine.tokenize(" " + negative, add_bos=False) for negative in negatives if negative]
     endings = {tokens[-1] for tokens in positives if tokens}
     punctuation = {t for t in endings if _is_punctuation(engine.token_bytes(t))}
+    openings = {tokens[0] for tokens in positives if tokens}
+    blank = {t for t in openings if _is_blank(engine.token_bytes(t))}
     bias = fit_token_bias(
         positives,
         generated,
         first_logprobs=first_logprobs,
         closing_allowed=punctuation,
+        blank=blank,
     )
     recasing = fit_recasing(
         [item.output for item in items],
@@ -253,3 +257,8 @@ def _is_punctuation(piece: bytes) -> bool:
     """A token of punctuation only ("?", "!", "?\""), the kind a closing habit may be."""
     text = piece.decode("utf-8", errors="ignore").strip()
     return bool(text) and not any(c.isalnum() for c in text)
+
+
+def _is_blank(piece: bytes) -> bool:
+    """A token of whitespace only (a space, a newline) or of no text: never an opening habit."""
+    return not piece.decode("utf-8", errors="replace").strip()
