@@ -15,8 +15,8 @@ task that rewrites the whole text (paraphrase, free) cannot drop any of it: `che
 with a one-line error, and the history refuses such items on import. Outputs are bounded likewise
 (`check_output`). The limits are characters, not tokens, because this module knows nothing of models: at
 ~4 characters a token (English) a prompt stays well inside the context. Text that tokenizes far more densely
-is handled where the tokens are known: a rewrite reads less of it (`localpers.methods.card.prompting`), the
-fit leaves such an item out (`fit_prompts.items_within_context`).
+is handled where the tokens are known: a rewrite and the fit read less of it (`localpers.methods.card.prompting`,
+`fit_prompts.items_within_context`).
 """
 
 from dataclasses import dataclass

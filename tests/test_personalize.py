@@ -494,12 +494,16 @@ def test_long_articles_in_the_history_and_the_text_are_read_from_their_start(
         history.insert(
             3, HistoryItem.create("headline", long_article, "STORM CUTS POWER, WOW!!!", strict=True)
         )
-        # emoji take several tokens each: even cut to 1,500 characters this one cannot fit, so it is left out
+        # emoji take several tokens each: 1,500 characters of them do not fit, so the fit reads fewer (as a
+        # rewrite does; it left the item out, and a CJK user's every full article with it: text audit) ...
         emoji = HistoryItem.create("headline", "\U0001f389\u2728 " * 700, "PARTY TIME, YES!!!", strict=True)
         history.insert(5, emoji)
+        # ... while a paraphrase must carry its whole text: one too dense for the context is left out
+        dense = HistoryItem.create("paraphrase", "\ua66e" * 990, "PARTY!!!", strict=True)  # 3 tokens a letter
+        history.insert(6, dense)
         user.save_history(history)
         report = loaded.fit_user(user)
-        assert report.n_pairs >= 5 and report.n_too_long == 1
+        assert report.n_pairs >= 6 and report.n_too_long == 1
         assert "1 history item(s) left out: too long" in fit_summary("long-articles", report)
         index = user.history_index(get_task("headline"))
         result = loaded.rewrite(

@@ -9,8 +9,10 @@ text and counts tokens; `pairs.PairBuilder` generates y- and scores pairs on the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from localpers.engine import Engine
+from localpers.methods.card.prompting import CUT_ATTEMPTS, MIN_CHARS_READ
 from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import (
@@ -62,21 +64,33 @@ def prompts_and_blocks(
 def items_within_context(
     engine: Engine, items: Sequence[HistoryItem], prompt_format: PromptFormat | None
 ) -> tuple[list[HistoryItem], int]:
-    """The items whose pairs fit the engine's context, and how many were left out.
+    """The items whose pairs fit the engine's context (an article read from its start as far as it fits, as
+    `rewrite` reads it), and how many were left out.
 
     The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes far more
-    densely (emoji, rare scripts) could still overflow and stop the whole fit, so such an item is left out.
-    Counted for each item: its prompt (its own text, plus room for the most examples and demonstrations the
-    format shows, each as long as the longest the history could show) and the longer of its output and the
-    y- the fit generates.
+    densely (CJK, emoji) would overflow and stop the whole fit. So, as `prompting.prompt_tokens` does for a
+    rewrite, a headline's or title's article is cut shorter until it fits (not below `MIN_CHARS_READ`), and
+    only an item that fits even so, or a task that must carry its whole text, is left out. Counted for each
+    item: its prompt (its own text, plus room for the most examples and demonstrations the format shows, each
+    as long as the longest the history could show) and the longer of its output and the y- the fit generates.
     """
     room = _examples_room(engine, items, prompt_format)
     kept = []
     for item in items:
         task = get_task(item.task)
-        prompt = len(engine.tokenize(task.prompt_for(item.input)))
         output = len(engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
-        if prompt + room + max(output, task.default_max_tokens) <= engine.n_ctx:
+        budget = engine.n_ctx - room - max(output, task.default_max_tokens)
+        prompt = len(engine.tokenize(task.prompt_for(item.input)))
+        if prompt > budget and task.cuts_long_input:
+            content = task.content(item.input)
+            read = min(len(content), task.max_input_chars)
+            for _ in range(CUT_ATTEMPTS):
+                read = max(MIN_CHARS_READ, int(read * budget / prompt * 0.95))
+                prompt = len(engine.tokenize(task.prompt_for(cut_text(content, read))))
+                if prompt <= budget or read <= MIN_CHARS_READ:
+                    break
+            item = replace(item, input=cut_text(content, read))
+        if prompt <= budget:
             kept.append(item)
     return kept, len(items) - len(kept)
 
