@@ -103,10 +103,18 @@ def unencodable_field(value: Any, path: str = "") -> str | None:
     return None
 
 
+# Invisible characters that are part of ordinary writing, shown as they are: the zero-width (non-)joiner of
+# emoji sequences and Persian or Indic words, emoji and text presentation selectors, the soft hyphen.
+_WRITING_FORMAT_CHARACTERS = frozenset("\u200c\u200d\ufe0e\ufe0f\u00ad")
+
+
 def one_line(text: str, limit: int | None = None) -> str:
-    """`text` with line breaks, control and other unprintable characters escaped (\\n, \\x1b, \\u2028)."""
+    """`text` with line breaks, control and other unprintable characters escaped (\\n, \\x1b, \\u2028);
+    the joiners and selectors of ordinary writing (`_WRITING_FORMAT_CHARACTERS`) are kept."""
     if limit is not None and len(text) > limit:
         text = text[:limit] + "..."
     if text.isprintable():
         return text
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+    return "".join(
+        ch if ch.isprintable() or ch in _WRITING_FORMAT_CHARACTERS else ascii(ch)[1:-1] for ch in text
+    )

@@ -247,3 +247,34 @@ def test_a_json_error_ending_in_at_does_not_say_at_twice(tmp_path: Path) -> None
         parse_history_file(path)
     assert "line 2: not valid JSON (Unterminated string starting at line 1 column 11)" in str(raised.value)
     assert "at at" not in str(raised.value)
+
+
+def test_a_new_item_of_only_invisible_characters_is_refused_as_rewrite_refuses_it() -> None:
+    """A zero-width space was taken into the history (an empty `- ` line in every prompt), though `rewrite`
+    calls the same text empty (text audit); stored items are read as they are."""
+    for field, args in (("output", ("An article.", "\u200b")), ("input", ("\u200b\u2060", "A Headline"))):
+        with pytest.raises(ValueError, match=f"field '{field}' holds only invisible characters"):
+            HistoryItem.create("headline", *args, strict=True)
+    assert HistoryItem.create("headline", "An article.", "\u200b").output == "\u200b"
+
+
+def test_a_new_one_line_output_is_stored_on_one_line() -> None:
+    """ "Rain\\r\\nexpected" was kept over two lines: a headline the model can never write, and a broken
+    `--examples` listing (text audit). The free task keeps its lines; stored items are read as they are."""
+    assert (
+        HistoryItem.create("headline", "An article.", "Rain\r\n expected ", strict=True).output
+        == "Rain expected"
+    )
+    assert HistoryItem.create("free", "A text.", "One.\nTwo.", strict=True).output == "One.\nTwo."
+    assert HistoryItem.create("headline", "An article.", "Rain\nexpected").output == "Rain\nexpected"
+
+
+def test_one_line_keeps_the_joiners_of_ordinary_writing() -> None:
+    """`history list` showed a family emoji as 👨\\u200d👩 and Persian words with \\u200c (text audit)."""
+    from localpers.untrusted import one_line
+
+    family, persian = "Family 👨\u200d👩\u200d👧 wins", "کتابخانه\u200cای"
+    assert one_line(family) == family and one_line(persian) == persian and one_line("❤\ufe0f") == "❤\ufe0f"
+    assert (
+        one_line("a\nb\x1b[31m\u202eevil") == "a\\nb\\x1b[31m\\u202eevil"
+    )  # breaks and bidi overrides still

@@ -76,6 +76,11 @@ class HistoryItem:
         if not clean_output:
             raise ValueError("field 'output' is empty")
         if strict:
+            for text, field in ((clean_input, "input"), (clean_output, "output")):
+                if not any(ch.isprintable() and not ch.isspace() for ch in text):  # as `rewrite` calls empty
+                    raise ValueError(f"field {field!r} holds only invisible characters")
+            if TASKS[task].one_line:  # a headline's line break is one the model can never write: a space
+                clean_output = " ".join(line.strip() for line in clean_output.splitlines() if line.strip())
             if len(clean_input) > MAX_STORED_INPUT_CHARS:
                 raise ValueError(
                     f"field 'input' has {len(clean_input):,} characters; a history item holds at most"
