@@ -19,6 +19,7 @@ is handled where the tokens are known: a rewrite and the fit read less of it (`l
 `fit_prompts.items_within_context`).
 """
 
+import unicodedata
 from dataclasses import dataclass
 
 from localpers.errors import InputError
@@ -149,14 +150,40 @@ TASKS: dict[str, Task] = {
 
 
 def cut_text(text: str, limit: int) -> str:
-    """`text` if it has at most `limit` characters, else its start (ended at a nearby space) + CUT_MARK."""
+    """`text` if it has at most `limit` characters, else its start (ended at a nearby space) + CUT_MARK.
+
+    Without a space nearby (CJK, a run of emoji) the cut backs off to the start of a character as a reader
+    sees it: never between a letter and its combining accent, inside a joined emoji or a flag's pair.
+    """
     if len(text) <= limit:
         return text
-    start = text[: limit - len(CUT_MARK)]
+    end = limit - len(CUT_MARK)
+    start = text[:end]
     space = start.rfind(" ")
     if space >= len(start) * 4 // 5:
         start = start[:space]
+    else:
+        while end > 0 and _continues_character(text, end):
+            end -= 1
+        start = text[:end]
     return start.rstrip() + CUT_MARK
+
+
+def _continues_character(text: str, index: int) -> bool:
+    """Whether `text[index]` belongs to the character `text[index - 1]` starts (a cut there would split it)."""
+    current, previous = text[index], text[index - 1]
+    if unicodedata.combining(current) or current in "\u200d\ufe0e\ufe0f" or previous == "\u200d":
+        return True
+    if _is_regional_indicator(current):  # a flag is a pair of them: cut before a pair, not inside one
+        before = index
+        while before > 0 and _is_regional_indicator(text[before - 1]):
+            before -= 1
+        return (index - before) % 2 == 1
+    return False
+
+
+def _is_regional_indicator(character: str) -> bool:
+    return "\U0001f1e6" <= character <= "\U0001f1ff"
 
 
 def get_task(name: str) -> Task:

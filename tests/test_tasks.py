@@ -97,3 +97,20 @@ def test_outputs_are_bounded_for_import_and_for_scoring() -> None:
         task.check_output("word " * 100)
     assert task.scored_output(" Short one ") == "Short one"
     assert len(task.scored_output("word " * 100)) <= task.max_output_chars
+
+
+def test_a_cut_without_a_space_nearby_never_splits_a_character() -> None:
+    """A run of emoji or NFD kana was cut inside a joined family emoji, a flag's pair or between a letter and
+    its voicing mark, turning "が" into "か" (text audit)."""
+    import unicodedata
+
+    from localpers.tasks import CUT_MARK, cut_text
+
+    family = "👨\u200d👩\u200d👧\u200d👦"
+    assert cut_text(family * 400, 1500).removesuffix(CUT_MARK).endswith(family)
+    for limit in (1501, 1502):
+        kept = cut_text("🇩🇪🇫🇷" * 500, limit).removesuffix(CUT_MARK)
+        assert len(kept) % 2 == 0  # whole flags only
+    voiced = unicodedata.normalize("NFD", "が")
+    assert cut_text(voiced * 900, 1500).removesuffix(CUT_MARK).endswith(voiced)
+    assert cut_text("word " * 400, 100) == "word " * 18 + "word" + CUT_MARK  # at a space, as before
