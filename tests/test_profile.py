@@ -103,3 +103,15 @@ def test_a_long_reason_wraps_under_its_own_indent(monkeypatch) -> None:
     start = next(i for i, line in enumerate(lines) if line.startswith("  correction: vector: because"))
     wrapped = lines[start : start + 5]
     assert all(line.startswith("  ") and len(line) <= 60 and line == line.rstrip() for line in wrapped)
+
+
+def test_profile_of_a_user_with_nothing_fitted_says_what_makes_one() -> None:
+    """It failed (exit 1, "no profile yet") for a user without a series but showed one for a user with one, so
+    a CJK user whose series went unseen got the error and one with a false series a profile (text audit)."""
+    UserStore().create("newcomer").save_history([HistoryItem.create("headline", "A storm.", "Storm Due")])
+    shown = CliRunner().invoke(app, ["profile", "--user", "newcomer"])
+    assert shown.exit_code == 0, shown.output
+    assert "CARD: not fitted (run `localpers fit --user newcomer`)" in shown.stdout
+    assert "Series you repeat: none" in shown.stdout and "EXACT: no index" in shown.stdout
+    profile = json.loads(CliRunner().invoke(app, ["profile", "--user", "newcomer", "--json"]).stdout)
+    assert profile["card"] is None and profile["exact"] is None and profile["series"] == []

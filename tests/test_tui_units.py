@@ -65,6 +65,12 @@ def test_reject_output_writes_jsonl_atomically_and_dedupes() -> None:
     assert user.history() == []
     with pytest.raises(LocalpersError, match="no output"):
         reject_output(user, input_text="x", output=" ", **options)
+    # the same text in NFD is the same rejected output, stored in NFC as the history is (text audit)
+    _, nfd_again = reject_output(
+        user, input_text="An article", output="Cre\u0300me Bru\u0302le\u0301e", **options
+    )
+    _, nfc_again = reject_output(user, input_text="An article", output="Crème Brûlée", **options)
+    assert nfd_again and not nfc_again and read_rejected(user)[-1].output == "Crème Brûlée"
 
 
 def test_damaged_rejected_file_names_the_line() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from localpers.bundle.format import bundle_in_use_sha256
-from localpers.errors import LocalpersError
 from localpers.methods.exact import index_path, load_index, retrieve
 from localpers.users.series import history_series
 from localpers.users.store import User
@@ -49,12 +48,7 @@ def user_style_profile(user: User, text: str | None = None, task: str = "headlin
     card = card_summary(user)
     series = [found.to_json() for found in history_series(user.history())]
     if not index_path(user).is_file():
-        if card is None and not series:
-            raise LocalpersError(
-                f"user {user.name!r} has no profile yet: run `localpers fit --method exact --user {user.name}`"
-                " (and `localpers fit` for CARD's cluster)"
-            )
-        exact = None
+        exact = None  # the front end says which fit makes one (a user without any fit gets the same view)
     else:
         index = load_index(user)
         n = len(index.entries)

@@ -10,6 +10,7 @@ generation or fitting and draws nothing.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -214,11 +215,13 @@ def reject_output(
         raise LocalpersError("there is no output to reject yet")
     if not input_text.strip():
         raise LocalpersError("the draft is empty; there is nothing to reject an output for")
+    # NFC as history items are stored: the same text in NFD was otherwise kept twice
+    input_text, output = (unicodedata.normalize("NFC", text.strip()) for text in (input_text, output))
     record = RejectedOutput(
-        id=item_id(task, input_text.strip(), output.strip()),
+        id=item_id(task, input_text, output),
         task=task,
-        input=input_text.strip(),
-        output=output.strip(),
+        input=input_text,
+        output=output,
         method=method,
         strength=strength,
         top_k=top_k,
