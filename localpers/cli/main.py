@@ -12,6 +12,7 @@ from localpers.cli import (
     bundle,
     demo,
     device,
+    doctor,
     generate,
     history,
     profile,
@@ -22,6 +23,7 @@ from localpers.cli import (
 )
 from localpers.cli.common import app
 
+doctor.register(app)
 generate.register(app)
 app.add_typer(users.user_app, name="user")
 app.add_typer(history.history_app, name="history")

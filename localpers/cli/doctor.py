@@ -1,0 +1,292 @@
+"""The `localpers doctor` command: what this machine's set-up is, and what in it would stop demo, fit or rewrite.
+
+It reports the backbone, the bundle in use (its content checked, whether a pulled one is pinned), llama.cpp's
+build, threads and weight buffers, the data directories, the installed extras with where `publish` would train,
+and the users (those whose fit is for another bundle); each problem is a line and exit code 1. It reads state
+files and loads the backbone once; it writes nothing and opens no network connection.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from localpers import __version__
+from localpers.cli.common import JsonOption, ModelOption, one_line_errors, print_json
+from localpers.errors import LocalpersError
+
+if TYPE_CHECKING:
+    from localpers.engine.backbone import Backbone
+    from localpers.engine.cpu_buffers import BufferChoice
+
+
+def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
+    """Show the backbone, the bundle in use, llama.cpp, threads, directories, extras and users; name problems.
+
+    Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle)."""
+
+    from localpers import paths
+    from localpers.engine import llama_cpp_version, llama_system_info
+
+    backbone, backbone_problem = _backbone_or_problem(model)
+    try:
+        from localpers.engine.encoder import encoder_dir
+
+        encoder = str(encoder_dir())
+    except LocalpersError as exc:
+        encoder = f"missing: {exc}"
+    loaded = _load_backbone(backbone) if backbone is not None else None
+    extras = {
+        name: importlib.util.find_spec(name) is not None
+        for name in ("torch", "transformers", "peft", "gguf", "matplotlib", "pytest")
+    }
+    report = {
+        "version": __version__,
+        "backbone": {"path": str(backbone.path), "sha256": backbone.sha256, "source": backbone.source}
+        if backbone is not None
+        else {"path": None, "sha256": None, "source": None, "error": backbone_problem},
+        "llama_cpp_python": llama_cpp_version(),
+        "llama_system_info": llama_system_info(),
+        "threads": loaded.threads if isinstance(loaded, _Loaded) else None,
+        "encoder": encoder,
+        "cpu_buffers": {
+            "setting": loaded.choice.setting,
+            "offered": list(loaded.choice.offered),
+            "allowed": list(loaded.choice.allowed),
+            "reason": loaded.choice.reason,
+            "weights_mib": loaded.weights,
+        }
+        if isinstance(loaded, _Loaded)
+        else None,
+        "layer_taps": "c"
+        if importlib.util.find_spec("localpers._taps")
+        else "python (slower: C callback not built)",
+        "dirs": {
+            "data": str(paths.data_dir()),
+            "cache": str(paths.cache_dir()),
+            "config": str(paths.config_dir()),
+        },
+        "extras": {
+            "publish": all(extras[n] for n in ("torch", "transformers", "peft", "gguf")),
+            **extras,
+        },
+    }
+    report["training"] = _training_device() if report["extras"]["publish"] else None
+    report["bundle"] = _bundle_status(backbone)
+    report["users"] = _users_status()
+    if isinstance(loaded, str):
+        backbone_problem = f"the backbone did not load: {loaded}"
+    report["problems"] = _problems(report, backbone_problem)
+    report["ok"] = not report["problems"]
+    if as_json:
+        print_json(report)
+    else:
+        _print_report(report)
+    if report["problems"]:  # a broken set-up exits 1, so a script need not read the prose
+        raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What only loading the backbone tells: llama.cpp's buffer types for its weights, and its threads."""
+
+    choice: BufferChoice
+    weights: dict[str, float]
+    threads: int
+
+
+def _backbone_or_problem(model: str | None) -> tuple[Backbone | None, str | None]:
+    """The backbone commands would use, or why there is none (a report line instead of doctor's end)."""
+    from localpers.engine.backbone import resolve_backbone
+
+    try:
+        return resolve_backbone(model), None
+    except LocalpersError as exc:
+        return None, str(exc)
+
+
+def _load_backbone(backbone: Backbone) -> _Loaded | str:
+    """Load the backbone as every command does; the reason as a string when llama.cpp cannot."""
+    from localpers.engine import Engine
+
+    try:
+        # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
+        with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
+            return _Loaded(engine.buffer_choice, engine.weight_buffers, engine.n_threads)
+    except LocalpersError as exc:
+        return str(exc)
+
+
+def _problems(report: dict[str, Any], backbone_problem: str | None) -> list[str]:
+    """What stops `demo`, `fit` or `rewrite` from working here, one line each."""
+    from localpers import paths
+
+    problems = [] if backbone_problem is None else [backbone_problem]
+    if not report["bundle"]["ok"]:
+        problems.append(f"bundle: {report['bundle']['content']}")
+    if str(report["encoder"]).startswith("missing: "):
+        problems.append(f"encoder: {report['encoder'].removeprefix('missing: ')}")
+    data = paths.data_dir()
+    if not os.access(data, os.W_OK):
+        problems.append(f"data dir {data} cannot be written; users' histories and fits are kept there")
+    return problems
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    encoder = report["encoder"]
+    typer.echo(f"localpers {report['version']}")
+    backbone = report["backbone"]
+    if backbone["path"] is None:
+        typer.echo("backbone      none (see the problem below)")
+    else:
+        typer.echo(f"backbone      {backbone['path']} ({backbone['source']})")
+        typer.echo(f"  sha256      {backbone['sha256']}")
+    bundle = report["bundle"]
+    typer.echo(f"bundle        {bundle['directory']} ({bundle['origin']})")
+    typer.echo(f"  content     {bundle['content']}")
+    if bundle.get("pinned") is False:
+        typer.echo(
+            "  pinned      no: an earlier localpers pulled it and kept no record of its manifest, so an edit to"
+            " manifest.json goes unnoticed; pull it once more (`localpers pull URL`) to record it"
+        )
+    typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
+    typer.echo(f"  system      {report['llama_system_info']}")
+    typer.echo(
+        f"threads       {'? (the backbone did not load)' if report['threads'] is None else report['threads']}"
+    )
+    typer.echo(f"encoder       {encoder}")
+    buffers = report["cpu_buffers"]
+    if buffers is None:
+        typer.echo("cpu buffers   ? (the backbone did not load)")
+    else:
+        placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in buffers["weights_mib"].items()) or "?"
+        typer.echo(f"cpu buffers   {buffers['reason']}")
+        typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
+    typer.echo(f"layer taps    {report['layer_taps']}")
+    for name, where in report["dirs"].items():
+        typer.echo(f"{name + ' dir':<14}{where}")
+    installed = ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in report["extras"].items())
+    typer.echo(f"extras        {installed}")
+    training = report["training"]
+    if training is not None and training["device"] == "cuda":
+        typer.echo(f"training      cuda: {training['name']} (publish's SFT and export run on it)")
+    elif training is not None:
+        precision = "bf16 or fp32, whichever is faster" if training["bf16"] else "fp32 (no bf16 instructions)"
+        typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
+    users = report["users"]
+    typer.echo(
+        f"users         {users['count']}" + (f" (active: {users['active']})" if users["active"] else "")
+    )
+    if users["fitted_with_another_bundle"]:
+        typer.echo(
+            f"  refit due   {', '.join(users['fitted_with_another_bundle'])}: fitted with another bundle than the"
+            " one in use, so rewrites show their history without CARD's correction until"
+            " `localpers fit --user NAME`"
+        )
+    if users["unreadable"]:
+        typer.echo(
+            f"  damaged     {', '.join(users['unreadable'])}: state.json cannot be read"
+            " (`localpers user show NAME` says what to do)"
+        )
+    for problem in report["problems"]:
+        typer.echo(f"problem       {problem}")
+
+
+def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
+    """The bundle commands would use, and whether its files and content pass what `pull` checks (its files
+    only, when there is no backbone to check its content against)."""
+    from localpers.bundle.format import (
+        advising,
+        default_bundle_dir,
+        open_bundle,
+        repair_advice,
+    )
+    from localpers.methods.card.bundle_content import check_bundle_content
+
+    status: dict[str, Any] = {"directory": "?", "origin": "?"}
+    try:
+        status["origin"] = _origin()
+        status["directory"] = str(default_bundle_dir())
+        bundle = open_bundle(None, backbone_sha256=None if backbone is None else backbone.sha256)
+        if backbone is None:
+            return {**status, "ok": True, "content": "files verified; content not checked (no backbone)"}
+        with advising(repair_advice(bundle.directory)):
+            check_bundle_content(bundle, backbone.path)
+    except LocalpersError as exc:
+        return {**status, "ok": False, "content": f"refused: {exc}"}
+    fits = "ok: files verified; head, centroids and adapters fit this backbone"
+    return {**status, "ok": True, "content": fits, "pinned": _pinned(bundle.directory)}
+
+
+def _users_status() -> dict[str, Any]:
+    """How many users this device has, and whose CARD fit was made with another bundle than the one in use (after
+    an upgrade or a pull: rewrites fall back for them). Reads their state.json only; writes nothing."""
+    from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.users.folder import read_json_object
+    from localpers.users.store import UserStore
+
+    store = UserStore()
+    in_use = bundle_in_use_sha256()
+    stale, unreadable = [], []
+    names = store.list()
+    for name in names:
+        try:
+            state = read_json_object(store.users_dir / name / "state.json", "") or {}
+        except LocalpersError:
+            unreadable.append(name)
+            continue
+        if isinstance(state.get("fit"), dict) and in_use is not None and state.get("bundle_sha256") != in_use:
+            stale.append(name)
+    try:
+        active = store.active_name()
+    except LocalpersError:
+        active = None
+    return {
+        "count": len(names),
+        "active": active,
+        "fitted_with_another_bundle": stale,
+        "unreadable": unreadable,
+    }
+
+
+def _pinned(directory: Path) -> bool | None:
+    """Whether the pulled bundle at `directory` has the record of its signed manifest that later commands check
+    its manifest against; None for a bundle that was not pulled (the embedded one, `--bundle DIR`)."""
+    from localpers.bundle.format import installed_bundle_dir
+    from localpers.bundle.record import record_path
+
+    installed = installed_bundle_dir()
+    if installed is None or installed.resolve() != directory.resolve():
+        return None
+    return record_path(installed).is_file()
+
+
+def _origin() -> str:
+    """Where the bundle in use comes from; a pulled one whose version is gone is named so, not the demo."""
+    from localpers.bundle.format import installed_bundle_dir
+
+    try:
+        return "pulled" if installed_bundle_dir(strict=True) is not None else "embedded demo"
+    except LocalpersError:
+        return "pulled (missing)"
+
+
+def _training_device() -> dict[str, object]:
+    """Where `localpers publish` would train its adapters (`torch_model.training_device`), for the report."""
+    from localpers.engine.torch_model import cpu_has_bf16, training_device
+
+    if training_device() == "cuda":
+        import torch
+
+        return {"device": "cuda", "name": torch.cuda.get_device_name()}
+    return {"device": "cpu", "bf16": cpu_has_bf16()}
+
+
+def register(app: typer.Typer) -> None:
+    """Add `doctor` to the main app with one-line error handling."""
+    app.command("doctor")(one_line_errors(doctor))
