@@ -152,6 +152,73 @@ def test_stored_with_the_token_bias_and_named_in_the_fit_report() -> None:
     assert "sentence case" in " ".join(describe_habits(bias, str))
 
 
+LOWER = [t.lower() for t in NAMED]  # "senate passes nfl concussion bill in late vote"
+CAPITALS = [t.upper() for t in NAMED]  # "SENATE PASSES NFL CONCUSSION BILL IN LATE VOTE"
+
+
+def test_an_all_lower_case_writer_gets_every_word_lower_cased_the_first_and_acronyms_too() -> None:
+    habit = fit_recasing(LOWER * 3, INPUTS * 3, TITLE * 3)
+    assert habit == Recasing("all-lower")
+    assert fit_recasing(LOWER * 3, INPUTS * 3, NAMED * 3) == Recasing("all-lower")  # a sentence-case model
+    assert habit.apply("\U0001f525 Zoo Opens To NFL Star's \u201cBig\u201d Giraffe\n", "Zoo") == (
+        "\U0001f525 zoo opens to nfl star's \u201cbig\u201d giraffe\n"
+    )
+    for title in TITLE:
+        assert habit.apply(title) == title.lower()
+    assert habit.apply(NAMED[2]) == LOWER[2]
+
+
+def test_an_all_caps_writer_gets_every_word_in_capitals() -> None:
+    habit = fit_recasing(CAPITALS * 3, INPUTS * 3, TITLE * 3)
+    assert habit == Recasing("all-upper")
+    assert fit_recasing(CAPITALS * 3, INPUTS * 3, NAMED * 3) == Recasing("all-upper")
+    assert habit.apply("\u00ab zoo \u00bb: Welcomes nfl\u2019s first baby giraffe", "") == (
+        "\u00ab ZOO \u00bb: WELCOMES NFL\u2019S FIRST BABY GIRAFFE"
+    )
+
+
+def test_no_whole_case_habit_when_the_model_already_writes_so_or_the_user_shows_too_little() -> None:
+    assert fit_recasing(LOWER * 3, INPUTS * 3, LOWER * 3) is None
+    assert fit_recasing(CAPITALS * 3, INPUTS * 3, CAPITALS * 3) is None
+    # 3 of 4 of the model's outputs already all lower case: 1.0 against 0.75, past the strong margin
+    assert fit_recasing(LOWER * 4, INPUTS * 4, LOWER * 3 + TITLE) == Recasing("all-lower")
+    assert fit_recasing(LOWER[:2], INPUTS[:2], TITLE[:2]) is None  # under 20 cased words
+    assert fit_recasing(CAPITALS[:2], INPUTS[:2], TITLE[:2]) is None
+    # long sentence-case outputs are over 95% lower-case letters, but their first words are capitalised
+    long = [sentence_case(t) + " and what it means for the rest of the world this year" for t in TITLE]
+    habit = fit_recasing(long * 3, INPUTS * 3, [t + " And What It Means" for t in TITLE] * 3)
+    assert habit is not None and habit.mode == "lower"
+    # nor is one who capitalises a third of the first words of otherwise lower-case headlines
+    mixed = ["Zoo " + t for t in LOWER] + LOWER * 2
+    assert fit_recasing(mixed, INPUTS * 3, TITLE * 3) != Recasing("all-lower")
+
+
+def test_whole_case_habits_stream_word_by_word_and_are_stored_and_described() -> None:
+    for mode, expected in (
+        ("all-lower", "trump says he will veto the "),
+        ("all-upper", "TRUMP SAYS HE WILL VETO THE "),
+    ):
+        habit = Recasing(mode)
+        sent: list[str] = []
+        stream = FinishingStream(habit.apply, "", sent.append)
+        pieces = ["Trump", " sa", "ys", " He", " Will", " veto", " The", " Bill"]
+        for piece in pieces:
+            stream(piece)
+        assert "".join(sent) == expected  # the last word is still being written
+        stream.close()
+        assert "".join(sent) == habit.apply("".join(pieces))
+        bias = TokenBias(first={5: 1.0}, recasing=habit)
+        assert TokenBias.from_json(bias.to_json()).recasing == habit
+    lower = " ".join(describe_habits(TokenBias(recasing=Recasing("all-lower")), str))
+    assert "everything in lower case" in lower and "sentence case" not in lower
+    assert "capitals" in " ".join(describe_habits(TokenBias(recasing=Recasing("all-upper")), str))
+    # a recasing stored before these habits reads as before
+    stored = {"mode": "lower", "exceptions": ["obama"], "names_from_input": True}
+    again = TokenBias.from_json({"recasing": stored}).recasing
+    assert again == Recasing("lower", frozenset({"obama"}), names_from_input=True)
+    assert again.apply("Obama Visits Zoo") == "Obama visits zoo"
+
+
 @pytest.mark.parametrize(
     "entry",
     [{"mode": "shout"}, {"mode": "lower", "exceptions": "obama"}, {"mode": "lower", "names_from_input": 1}],

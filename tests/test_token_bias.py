@@ -224,7 +224,10 @@ def test_the_fit_finds_a_spelling_habit_and_keeps_it_with_the_bias(personalizer:
     personalizer.fit_user(user)
     bias = stored_token_bias(user)
     assert bias is not None and bias.respelling == Respelling({"and": "&"})
-    assert bias.finish("Rain And Wind") == "Rain & Wind"
+    # SHOUTY writes in capitals: a casing habit of its own, applied after the spelling
+    assert bias.recasing == Recasing("all-upper")
+    assert bias.respelling.apply("Rain And Wind") == "Rain & Wind"
+    assert bias.finish("Rain And Wind") == "RAIN & WIND"
 
 
 def test_a_damaged_bias_in_the_state_is_a_one_line_error(tmp_path) -> None:

@@ -1,4 +1,5 @@
-"""A user's casing habit, applied to the finished words of an output: sentence case or Title Case.
+"""A user's casing habit, applied to the finished words of an output: sentence case, Title Case, all lower
+case or all capitals.
 
 Moving probability between a word's two spellings while decoding (`TokenBias.case`) carries a casing habit
 but drifts the model's choice of words: lower-case word starts are tokens the Title Case adapters rarely
@@ -17,13 +18,20 @@ Fitted from the user's outputs against the cluster model's outputs for the same 
 - `exceptions`: words the user writes mostly in the other case (a sentence-case writer's "Trump", a Title
   Case writer's "of"), kept as the user writes them;
 - `names_from_input` (lower habit only): whether the user keeps words that their input text capitalises
-  mid-sentence (names). A writer who lower-cases even those gets every later word lower-cased.
+  mid-sentence (names). A writer who lower-cases even those gets every later word lower-cased;
+- an *all-lower* habit ("zoo opens to new baby giraffe") when at least `STRONG_HABIT_RATE` of the cased
+  letters of the user's outputs are lower case, first words and acronyms included, and so are the first
+  letters of their first words (a sentence-case writer's many lower-case letters are not enough: their first
+  words are capitalised); an *all-upper* habit ("ZOO WELCOMES FIRST BABY GIRAFFE") the same in capitals.
+  Both are checked before the habits above, need `MIN_CASED_WORDS` cased words (first words included) and,
+  like them, a model that falls short of the user's share by `STRONG_MARGIN`. They change every word, the
+  first word and acronyms too ("nfl"), and have no exceptions or names.
 
-Words are whitespace-separated; the first word of an output and acronyms ("NFL", two or more letters, all
-capitals) are never changed. The first word is the first one with a letter or a digit: emoji, punctuation
-or symbols before it ("🔥", "«", "¿") are no word, so "🔥 Zoo opens" keeps "Zoo" as its first word (and a
-number is one: "5 things to know" starts with "5"). This module knows nothing of models or tokens: text in,
-text out.
+Words are whitespace-separated; under the *lower* and *upper* habits the first word of an output and
+acronyms ("NFL", two or more letters, all capitals) are never changed. The first word is the first one with
+a letter or a digit: emoji, punctuation or symbols before it ("🔥", "«", "¿") are no word, so "🔥 Zoo opens"
+keeps "Zoo" as its first word (and a number is one: "5 things to know" starts with "5"). This module knows
+nothing of models or tokens: text in, text out.
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ STRONG_MARGIN = 0.1  # ... needs the model to fall short of it by this much only
 MIN_CASED_WORDS = 20  # cased later words the user's outputs must show before a habit is believed
 MIN_NAME_EVIDENCE = 3  # capitalised input words the user repeats, before `names_from_input` is decided
 MAX_EXCEPTIONS = 200
-MODES = ("lower", "upper")
+ALL_LOWER = "all-lower"  # every word in lower case, the first word and acronyms too
+ALL_UPPER = "all-upper"  # every word in capitals
+WHOLE_MODES = (ALL_LOWER, ALL_UPPER)
+MODES = ("lower", "upper", *WHOLE_MODES)
 _WORD = re.compile(r"\S+")
 EDGE_PUNCTUATION = "'\"‘’“”„«»‹›()[]{}.,;:!?¿¡…-–—*「」『』"
 _SENTENCE_ENDS = (".", "!", "?", ":", ";")
@@ -89,14 +100,20 @@ def input_names(source: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Recasing:
-    """Write later words in lower case (`mode="lower"`) or capitalised (`"upper"`), except the exceptions."""
+    """Write later words in lower case (`mode="lower"`) or capitalised (`"upper"`), except the exceptions; or
+    every word, the first one included, in lower case (`"all-lower"`) or in capitals (`"all-upper"`)."""
 
     mode: str
     exceptions: frozenset[str] = field(default_factory=frozenset)
     names_from_input: bool = False
 
     def word(self, word: str, names: set[str]) -> str:
-        """One later word in the user's case (`names`: the input's names, for `names_from_input`)."""
+        """One later word in the user's case (`names`: the input's names, for `names_from_input`); under an
+        all-lower or all-upper habit, any word."""
+        if self.mode in WHOLE_MODES:
+            if _core(word).lower() in self.exceptions:
+                return word
+            return word.lower() if self.mode == ALL_LOWER else word.upper()
         case = _case_of(word)
         if case is None or case == self.mode:
             return word
@@ -112,7 +129,10 @@ class Recasing:
 
     def apply(self, text: str, source: str = "") -> str:
         """`text` with every later word in the user's case; spacing, the first word (the first token with a
-        letter or a digit) and the emoji or punctuation before it untouched."""
+        letter or a digit) and the emoji or punctuation before it untouched. An all-lower or all-upper habit
+        recases every word, the first one included."""
+        if self.mode in WHOLE_MODES:
+            return _WORD.sub(lambda match: self.word(match.group(0), set()), text)
         names = input_names(source) if self.names_from_input else set()
         started = False
 
@@ -126,6 +146,10 @@ class Recasing:
         return _WORD.sub(recase, text)
 
     def describe(self) -> str:
+        if self.mode == ALL_LOWER:
+            return "writes everything in lower case (first words and acronyms too)"
+        if self.mode == ALL_UPPER:
+            return "writes everything in capitals (all caps)"
         if self.mode == "lower":
             kept = " except names" if self.names_from_input or self.exceptions else ""
             return f"writes later words in lower case (sentence case{kept})"
@@ -159,6 +183,35 @@ def _lower_share(outputs: Iterable[str]) -> tuple[float, int]:
     return (sum(c == "lower" for c in cases) / len(cases) if cases else 0.0), len(cases)
 
 
+def _whole_shares(outputs: Iterable[str]) -> tuple[tuple[float, float], int]:
+    """How far `outputs` are written wholly in lower case and wholly in capitals, and the number of their
+    words with a cased letter (first words and acronyms included).
+
+    Each share is the smaller of the share of all cased letters in that case and the share of the first
+    words' first cased letters in it: a sentence-case output is mostly lower-case letters, but not its first
+    word.
+    """
+    letters = lower = firsts = first_lower = words = 0
+    for text in outputs:
+        first = True
+        for token in _WORD.findall(text):
+            cased = [c for c in token if c.islower() or c.isupper()]
+            if first and _is_word(token):
+                first = False
+                if cased:
+                    firsts += 1
+                    first_lower += cased[0].islower()
+            if cased:
+                words += 1
+                letters += len(cased)
+                lower += sum(c.islower() for c in cased)
+    if not letters:
+        return (0.0, 0.0), 0
+    letter_share = lower / letters
+    first_share = first_lower / firsts if firsts else letter_share
+    return (min(letter_share, first_share), min(1.0 - letter_share, 1.0 - first_share)), words
+
+
 def _habit(user_share: float, model_share: float) -> bool:
     """Whether a user who writes `user_share` of their later words in one case, where the model writes
     `model_share`, has a habit the model does not already keep."""
@@ -172,8 +225,15 @@ def fit_recasing(
 ) -> Recasing | None:
     """The user's casing habit from their `outputs` (for `inputs`) against the model's, or None.
 
-    None unless the user's cased later words are clearly in one case and the model's clearly less so.
+    None unless the user's cased later words are clearly in one case and the model's clearly less so; an
+    all-lower or all-upper habit first, when nearly all the user's letters are in one case, first words too.
     """
+    user_whole, user_cased = _whole_shares(outputs)
+    model_whole, model_cased = _whole_shares(model_outputs)
+    if user_cased >= MIN_CASED_WORDS and model_cased:
+        for mode, user_share, model_share in zip(WHOLE_MODES, user_whole, model_whole, strict=True):
+            if user_share >= STRONG_HABIT_RATE and _habit(user_share, model_share):
+                return Recasing(mode)
     user_lower, user_words = _lower_share(outputs)
     model_lower, model_words = _lower_share(model_outputs)
     if user_words < MIN_CASED_WORDS or not model_words:

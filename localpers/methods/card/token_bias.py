@@ -29,9 +29,10 @@ count ratio from ~20 greedy y- caps near log(20) while a kicker the model gives 
   with the habit), a share of the ending probability moves to the habit: the output ends with it, then
   ends. A count ratio cannot say *where* to put a closing "?"; pushed anywhere it lands mid-headline.
 
-A casing habit (sentence case, Title Case) is not a token bias: it travels with it as `recasing` and is
-applied to the finished words (`localpers.methods.card.recasing`), so it leaves the model's words alone. So
-does a spelling habit ("&" for "and": `respelling`, `localpers.methods.card.respelling`); `finish` applies both.
+A casing habit (sentence case, Title Case, all lower case, all capitals) is not a token bias: it travels
+with it as `recasing` and is applied to the finished words (`localpers.methods.card.recasing`), so it leaves
+the model's words alone. So does a spelling habit ("&" for "and": `respelling`,
+`localpers.methods.card.respelling`); `finish` applies both.
 
 This captures habits a headline shows in its tokens (a fixed kicker, "&" for "and", a closing "?") that neither the shared adapters nor a 128-dimensional vector pick up from ~20 items.
 It knows nothing of models or files: token ids in, numbers out.
