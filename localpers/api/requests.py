@@ -18,6 +18,7 @@ from typing import Any
 
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
+from localpers.methods.card.choice import MAX_STRENGTH
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, method_names, methods_taking
 from localpers.tasks import TASKS
@@ -192,7 +193,9 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         "user": user,
         "task": task,
         "method": method,
-        "strength": None if body.get("strength") is None else _number(body, "strength", 0.0, 0.0, 100.0),
+        "strength": None
+        if body.get("strength") is None
+        else _number(body, "strength", 0.0, 0.0, MAX_STRENGTH),
         "correction_top_k": _integer(body, "correction_top_k", 1, MAX_CORRECTION_TOP_K),
         "max_tokens": _integer(body, limit_name, 1, MAX_TOKENS_LIMIT),
         "stop": tuple(s for s in stops if s),

@@ -30,6 +30,7 @@ from localpers.cli.sampling import (
 )
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.base import Method, RewriteOptions
+from localpers.methods.card.choice import MAX_STRENGTH
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import (
@@ -40,8 +41,6 @@ from localpers.methods.registry import (
     methods_taking,
 )
 from localpers.users.store import UserStore
-
-MAX_STRENGTH = 100.0  # the range of the API's `strength` too
 
 
 def fit_command(
@@ -174,18 +173,19 @@ def rewrite_command(
     target = store.resolve(user) if (user or store.active_name() or chosen.needs_user) else None
     personalizer = Personalizer.open(model=model, bundle=bundle)
     notes: list[str] = []  # the method's remarks (a fallback, a cut text): on stderr, or in --json's "notes"
-    streamed: list[str] = []  # what the stream printed: a note then waits for the output's line to end
-    late_notes: list[str] = []
+    late_notes: list[str] = []  # remarks made once the output began streaming: printed after its line ends
     sink = stdout_stream(strip_leading=one_line) if (stream and not as_json) else None
+    streaming = False
 
     def on_text(piece: str) -> None:
+        nonlocal streaming
         assert sink is not None
-        streamed.append(piece)
+        streaming = True
         sink(piece)
 
     def note(text: str) -> None:
         notes.append(text)
-        if streamed:
+        if streaming:
             late_notes.append(text)
         elif not as_json:
             typer.echo(f"note: {text}", err=True)

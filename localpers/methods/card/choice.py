@@ -289,7 +289,7 @@ def choose_correction(
     )
 
 
-MAX_STORED_STRENGTH = 100.0  # the largest strength `rewrite --strength` and the API take
+MAX_STRENGTH = 100.0  # the largest strength a fit stores, `rewrite --strength` and the API's `strength` take
 
 
 def stored_choice(
@@ -297,7 +297,7 @@ def stored_choice(
 ) -> tuple[float | None, float | None, str | None]:
     """(vector strength, bias strength, label) saved by the last fit; Nones when it made no choice.
 
-    A choice whose strengths are not numbers from 0 to `MAX_STORED_STRENGTH` is refused in one line (exit 2)
+    A choice whose strengths are not numbers from 0 to `MAX_STRENGTH` is refused in one line (exit 2)
     naming `where` and the field: read as it was (float() takes "nan" or "1e300"), a damaged value decoded
     garbage or was silently replaced by the default, exit 0.
     """
@@ -314,11 +314,11 @@ def stored_choice(
         if (
             not isinstance(value, int | float)
             or isinstance(value, bool)
-            or not 0.0 <= value <= MAX_STORED_STRENGTH  # also refuses nan
+            or not 0.0 <= value <= MAX_STRENGTH  # also refuses nan
         ):
             raise InputError(
                 f"{where} is damaged: field 'choice.{name}' is {one_line(repr(value), 40)}, not a number from 0"
-                f" to {MAX_STORED_STRENGTH:g}; {refit}"
+                f" to {MAX_STRENGTH:g}; {refit}"
             )
         strengths.append(float(value))
     label = entry.get("label")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from localpers.engine import Engine
-from localpers.methods.card.prompting import CUT_ATTEMPTS, MIN_CHARS_READ
+from localpers.methods.card.prompting import read_within
 from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import (
@@ -69,7 +69,7 @@ def items_within_context(
 
     The task limits (`localpers.tasks`) keep English-like text well inside it; text that tokenizes far more
     densely (CJK, emoji) would overflow and stop the whole fit. So, as `prompting.prompt_tokens` does for a
-    rewrite, a headline's or title's article is cut shorter until it fits (not below `MIN_CHARS_READ`), and
+    rewrite, a headline's or title's article is cut shorter until it fits (`prompting.read_within`), and
     only an item that fits even so, or a task that must carry its whole text, is left out. Counted for each
     item: its prompt (its own text, plus room for the most examples and demonstrations the format shows, each
     as long as the longest the history could show) and the longer of its output and the y- the fit generates.
@@ -83,13 +83,16 @@ def items_within_context(
         prompt = len(engine.tokenize(task.prompt_for(item.input)))
         if prompt > budget and task.cuts_long_input:
             content = task.content(item.input)
-            read = min(len(content), task.max_input_chars)
-            for _ in range(CUT_ATTEMPTS):
-                read = max(MIN_CHARS_READ, int(read * budget / prompt * 0.95))
-                prompt = len(engine.tokenize(task.prompt_for(cut_text(content, read))))
-                if prompt <= budget or read <= MIN_CHARS_READ:
-                    break
-            item = replace(item, input=cut_text(content, read))
+            read, tokens = read_within(
+                engine,
+                content,
+                min(len(content), task.max_input_chars),
+                budget,
+                lambda count, task=task, content=content: engine.tokenize(
+                    task.prompt_for(cut_text(content, count))
+                ),
+            )
+            item, prompt = replace(item, input=cut_text(content, read)), len(tokens)
         if prompt <= budget:
             kept.append(item)
     return kept, len(items) - len(kept)

@@ -10,7 +10,7 @@ module's; it builds no sampler and decodes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from localpers.engine import Engine
 from localpers.methods.scoring import common_prefix_length
@@ -51,14 +51,10 @@ def prompt_tokens(
         shown = text if count >= len(content) else cut_text(content, count)
         return engine.tokenize(prompt_prefix + prompt_for_user(task, shown, prompt_format, history))
 
-    tokens = tokens_reading(read)
     budget = engine.n_ctx - chosen.default_max_tokens
-    for _ in range(CUT_ATTEMPTS):
-        if len(tokens) <= budget or not chosen.cuts_long_input or read <= MIN_CHARS_READ:
-            break
-        content_tokens = len(engine.tokenize(cut_text(content, read), add_bos=False))
-        room = budget - (len(tokens) - content_tokens)  # what the content may take beside the examples
-        read = max(MIN_CHARS_READ, int(read * max(room, 0) / content_tokens * 0.95))
+    if chosen.cuts_long_input:
+        read, tokens = read_within(engine, content, read, budget, tokens_reading)
+    else:
         tokens = tokens_reading(read)
     chars_read = read if read < len(content) else None
     prefix = shared_prefix_for_user(task, prompt_format, history)
@@ -66,6 +62,26 @@ def prompt_tokens(
         return tokens, 0, chars_read
     # a tokenizer may join the prefix's last token with what follows; only the tokens both agree on are shared
     return tokens, common_prefix_length(engine.tokenize(prompt_prefix + prefix), tokens), chars_read
+
+
+def read_within(
+    engine: Engine, content: str, read: int, budget: int, tokens_reading: Callable[[int], list[int]]
+) -> tuple[int, list[int]]:
+    """How many of `content`'s first characters a prompt can carry within `budget` tokens, and its tokens.
+
+    `tokens_reading(n)` is the whole prompt reading `content`'s first n characters. From `read`, the text is cut
+    shorter (at most `CUT_ATTEMPTS` times, not below `MIN_CHARS_READ`) by what its own tokens would have to
+    give up; the last try is returned even when it is still over budget (the caller decides what that means).
+    """
+    tokens = tokens_reading(read)
+    for _ in range(CUT_ATTEMPTS):
+        if len(tokens) <= budget or read <= MIN_CHARS_READ:
+            break
+        content_tokens = len(engine.tokenize(cut_text(content, read), add_bos=False))
+        room = budget - (len(tokens) - content_tokens)  # what the content may take beside the rest
+        read = max(MIN_CHARS_READ, int(read * max(room, 0) / content_tokens * 0.95))
+        tokens = tokens_reading(read)
+    return read, tokens
 
 
 def shown_in_prompt(
