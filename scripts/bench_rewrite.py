@@ -2,9 +2,11 @@
 
 Each rewrite goes through the device's method registry (`Method.rewrite`: the user's state and history index
 read, the prompt built, prefill, decode, recasing), so the time includes everything a request costs after the
-process has started and the bundle is open. The KV cache and the engine's prefix snapshots are cleared before
-each rewrite, so every prompt is prefilled (the engine reuses an identical prompt it has just evaluated, which would favour the second method).
-With --warm, each timed rewrite instead follows an untimed rewrite of another article by the same method and
+process has started and the bundle is open. The KV cache, the engine's prefix snapshots and the user's kept
+prefix files (`localpers.engine.prefix_files`) are cleared before each rewrite, so every prompt is prefilled (the
+engine reuses an identical prompt it has just evaluated, which would favour the second method): the first rewrite
+a user ever makes with a history block. With --kept, the user's prefix files stay: what every later one-shot
+`localpers rewrite` (a new process, an empty cache) costs once the block is in the user's folder. With --warm, each timed rewrite instead follows an untimed rewrite of another article by the same method and
 user: what the second and later rewrites of a session (the TUI, the API, `rewrite` on several texts) cost, with
 the user's recent examples already in the engine's cache. Methods are interleaved per article (global, cluster,
 card, global, ...), so machine noise hits them alike; the medians, their ratio to the global adapter's, and the prompt and
@@ -36,6 +38,7 @@ from pathlib import Path
 from localpers.bench.data import load_bench_users
 from localpers.device.demo import demo_articles
 from localpers.engine.decoding import SamplerSettings
+from localpers.engine.prefix_files import FILE_PATTERN as PREFIX_FILES
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.registry import BASELINE_METHOD, compared_methods, get_method
@@ -72,7 +75,9 @@ def main() -> None:
         default=None,
         help="default: the compared methods; NAME@N for N candidates, NAME:B for the word rule at B nats",
     )
-    parser.add_argument("--warm", action="store_true", help="after a rewrite of another article (see above)")
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument("--warm", action="store_true", help="after a rewrite of another article (see above)")
+    cache.add_argument("--kept", action="store_true", help="the user's prefix files kept (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -94,6 +99,9 @@ def main() -> None:
                 # or the user's examples block it has kept
                 personalizer.engine.reset()
                 personalizer.engine.prefix_snapshots.clear()
+                if not args.kept:
+                    for kept_file in user.dir.glob(PREFIX_FILES):
+                        kept_file.unlink()
                 if args.warm:
                     other = articles[position - 1] if len(articles) > 1 else text + " More."
                     run_one(personalizer, user, name, other)
@@ -123,7 +131,7 @@ def main() -> None:
                 {
                     "user": args.user,
                     "threads": personalizer.engine.n_threads,
-                    "cache": "warm" if args.warm else "cold",
+                    "cache": "warm" if args.warm else "kept" if args.kept else "cold",
                     "methods": rows,
                 },
                 indent=2,

@@ -283,6 +283,61 @@ def test_a_shared_prefix_comes_back_after_an_adapter_switch_with_the_same_number
     engine.prefix_snapshots.clear()
 
 
+def test_a_shared_prefix_kept_in_a_folder_comes_back_in_a_new_engine_with_the_same_numbers(
+    backbone: Backbone, adapter_file: Path, tmp_path: Path
+) -> None:
+    """A one-shot `localpers rewrite` is a new process: the examples block comes from the user's folder,
+    the very bytes the evaluation produced; a damaged file is evaluated again and replaced."""
+    examples = (
+        "Headlines this author wrote before:\n- Parks Win Big Downtown\n- Council Votes Yes On Green Space"
+    )
+    first = Engine(backbone.path, n_threads=2, tap_layers=())
+    prompt = first.tokenize(examples + "\n- Closer\n\n" + PROMPT)
+    shared = len(first.tokenize(examples))
+    first.load_adapter(adapter_file, "random")
+    first.set_adapter("random")
+    with first.prefixes_kept_in(tmp_path):
+        cold = first.prefill(prompt, shared=shared).logits.copy()
+    first.close()
+    (stored,) = tmp_path.glob("prefix-*.kv")
+
+    second = Engine(backbone.path, n_threads=2, tap_layers=())
+    second.load_adapter(adapter_file, "random")
+    evaluated: list[int] = []
+    real_eval = second.eval
+    second.eval = lambda tokens, **kw: (evaluated.append(len(tokens)), real_eval(tokens, **kw))[1]
+    second.set_adapter("random")
+    with second.prefixes_kept_in(tmp_path):
+        np.testing.assert_array_equal(second.prefill(prompt, shared=shared).logits, cold)
+    assert evaluated == [len(prompt) - shared]  # the block was restored, not evaluated
+    second.set_adapter(None)  # another adapter: its own file, other numbers
+    with second.prefixes_kept_in(tmp_path):
+        plain = second.prefill(prompt, shared=shared).logits
+    assert not np.array_equal(plain, cold) and len(list(tmp_path.glob("prefix-*.kv"))) == 2
+
+    data = bytearray(stored.read_bytes())
+    data[-1] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    second.prefix_snapshots.clear()
+    second.set_adapter("random")
+    evaluated.clear()
+    with second.prefixes_kept_in(tmp_path):
+        np.testing.assert_array_equal(second.prefill(prompt, shared=shared).logits, cold)
+    assert evaluated == [shared, len(prompt) - shared]  # damaged: evaluated again ...
+    second.prefix_snapshots.clear()
+    second.reset()
+    evaluated.clear()
+    with second.prefixes_kept_in(tmp_path):
+        np.testing.assert_array_equal(second.prefill(prompt, shared=shared).logits, cold)
+    assert evaluated == [len(prompt) - shared]  # ... and written whole again
+    second.prefix_snapshots.clear()
+    second.reset()
+    evaluated.clear()
+    second.prefill(prompt, shared=shared)  # outside `prefixes_kept_in`: memory only, the folder is not read
+    assert evaluated == [shared, len(prompt) - shared]
+    second.close()
+
+
 def test_a_folder_given_as_the_backbone_is_named_as_one(tmp_path: Path) -> None:
     from localpers.engine.backbone import resolve_backbone
 
@@ -292,3 +347,31 @@ def test_a_folder_given_as_the_backbone_is_named_as_one(tmp_path: Path) -> None:
         resolve_backbone(tmp_path)
     with pytest.raises(LocalpersError, match=r"\(from argument\) does not exist; give a GGUF file path"):
         resolve_backbone(tmp_path / "nope.gguf")
+
+
+def test_prefix_files_keep_the_newest_few_and_read_damage_as_absent(tmp_path: Path) -> None:
+    import os
+
+    from localpers.engine.prefix_files import MAX_FILES, PrefixStateFiles
+
+    files = PrefixStateFiles(tmp_path, "engine-a")
+    paths = [files.path_for(None, 1.0, [1, 2, block]) for block in range(MAX_FILES + 2)]
+    assert len(set(paths)) == len(paths)
+    assert PrefixStateFiles(tmp_path, "engine-b").path_for(None, 1.0, [1, 2, 0]) != paths[0]
+    assert files.path_for(["lora.gguf", 10, 1], 1.0, [1, 2, 0]) != paths[0]
+    assert files.path_for(None, 0.5, [1, 2, 0]) != paths[0]
+    for age, path in enumerate(paths):
+        files.write(path, bytes([age]) * 100)
+        os.utime(path, ns=(age * 10**9, age * 10**9))
+    assert sorted(tmp_path.glob("prefix-*.kv")) == sorted(paths[-MAX_FILES:])
+    assert files.read(paths[-1]) == bytes([MAX_FILES + 1]) * 100
+    assert files.read(paths[0]) is None  # evicted
+    paths[-1].write_bytes(paths[-1].read_bytes()[:-1])  # cut short
+    assert files.read(paths[-1]) is None
+    paths[-2].write_bytes(b"LPKV0\n" + paths[-2].read_bytes()[6:])  # another version
+    assert files.read(paths[-2]) is None
+    gone = PrefixStateFiles(tmp_path / "deleted-user", "engine-a")
+    gone.write(
+        gone.path_for(None, 1.0, [1]), b"x" * 10
+    )  # the user's folder is gone: nothing written, no error
+    assert not (tmp_path / "deleted-user").exists()

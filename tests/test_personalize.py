@@ -341,6 +341,47 @@ def test_before_a_fit_rewrite_shows_the_users_history_without_the_correction(
     assert plain.exit_code == 0 and "note:" not in plain.stderr  # this method needs no fit
 
 
+def test_the_users_examples_block_is_kept_in_their_folder_for_the_next_rewrite(
+    backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-shot `rewrite` restores the block a previous process evaluated (same text, the block not
+    evaluated again); the file stays in the user's folder: never exported, gone with the user."""
+    import zipfile
+
+    from localpers.engine import Engine
+    from localpers.users.history_prompt import PromptFormat
+
+    conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    runner = CliRunner()
+    common = ["--bundle", str(conditioned), "--model", str(backbone.path), "--max-tokens", "4", "--json"]
+    user = UserStore().create("shouty")
+    user.save_history(items(SHOUTY))
+    evaluated: list[int] = []
+    real_eval = Engine.eval
+
+    def counted_eval(self: Engine, tokens: list[int], **options: Any) -> Any:
+        evaluated.append(len(tokens))
+        return real_eval(self, tokens, **options)
+
+    monkeypatch.setattr(Engine, "eval", counted_eval)
+    first = runner.invoke(app, ["rewrite", ARTICLE, *common, "--method", "global-history"])
+    assert first.exit_code == 0, first.output
+    (kept,) = user.dir.glob("prefix-*.kv")
+    cold_evals, evaluated[:] = list(evaluated), []
+    second = runner.invoke(app, ["rewrite", ARTICLE, *common, "--method", "global-history"])
+    assert json.loads(second.stdout)["text"] == json.loads(first.stdout)["text"]
+    assert evaluated == cold_evals[1:] and cold_evals[0] > 10, cold_evals  # all but the block, alike
+    assert list(user.dir.glob("prefix-*.kv")) == [kept]
+    # the plain prompt shares no block: nothing kept for it
+    assert runner.invoke(app, ["rewrite", ARTICLE, *common, "--method", "global"]).exit_code == 0
+    assert list(user.dir.glob("prefix-*.kv")) == [kept]
+    archive = tmp_path / "shouty.zip"
+    assert (
+        runner.invoke(app, ["user", "export", "shouty", "-o", str(archive), "--with-history"]).exit_code == 0
+    )
+    assert not [name for name in zipfile.ZipFile(archive).namelist() if name.endswith(".kv")]
+
+
 def test_history_conditioned_bundle_puts_the_users_headlines_in_the_prompt(
     backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -550,3 +591,40 @@ def test_a_bundle_missing_a_cluster_adapter_is_refused_before_the_model_loads(
     ) as refused:
         Personalizer(open_bundle(copy, backbone_sha256=backbone.sha256), backbone)
     assert refused.value.exit_code == 2  # a directory given, never pulled: copied again, not "re-pull"
+
+
+def test_a_kept_prefix_is_never_written_into_a_user_made_anew_or_while_their_folder_is_busy() -> None:
+    """Like every write of a user's files, under their lock: a rewrite that began before the user was deleted
+    and created again writes nothing into the new folder; a busy folder is skipped, not waited for."""
+    from localpers.engine.prefix_files import PrefixStateFiles
+    from localpers.tasks import get_task
+
+    store = UserStore()
+    old = store.create("anew")
+    old.save_history(items(SHOUTY))
+    index = old.history_index(get_task("headline"))
+    files = PrefixStateFiles(index.user_dir, "engine", index.write_lock)
+    import threading
+
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # another writer (an import, the TUI's accept) in the middle of its change
+        with old.locked():
+            holding.set()
+            done.wait(10)
+
+    other = threading.Thread(target=hold_the_lock)
+    other.start()
+    holding.wait(10)
+    files.write(files.path_for(None, 1.0, [1]), b"state")  # skipped at once, not waited for
+    done.set()
+    other.join()
+    assert not list(old.dir.glob("prefix-*.kv"))
+    store.delete("anew")
+    store.create("anew")
+    files.write(files.path_for(None, 1.0, [1]), b"state")
+    assert not list(store.get("anew").dir.glob("prefix-*.kv"))
+    fresh = store.get("anew").history_index(get_task("headline"))
+    kept = PrefixStateFiles(fresh.user_dir, "engine", fresh.write_lock)
+    kept.write(kept.path_for(None, 1.0, [1]), b"state")
+    assert kept.read(kept.path_for(None, 1.0, [1])) == b"state"

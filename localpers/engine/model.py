@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import numpy as np
 from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, raise_pending_interrupt, recorded_llama_log
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
+from localpers.engine.prefix_files import PrefixStateFiles, file_identity
 from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.threads import default_threads
@@ -141,6 +143,13 @@ class Engine(Vocabulary):
         raise_pending_interrupt()  # a Ctrl-C while llama.cpp logged the context's creation
         self._batch = llama_cpp.llama_batch_init(ctx_params.n_batch, 0, 1)
         self.prefix_snapshots = PrefixSnapshots(self._ctx)
+        self._context_shape = {
+            "n_ctx": int(ctx_params.n_ctx),
+            "n_batch": int(ctx_params.n_batch),
+            "n_seq_max": int(ctx_params.n_seq_max),
+            "threads": self.n_threads,
+        }
+        self._state_fingerprint: str | None = None
         self.batch_capacity = int(ctx_params.n_batch)  # tokens one llama_decode (eval_sequences) takes
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._adapter_paths: dict[str, Path] = {}
@@ -336,11 +345,12 @@ class Engine(Vocabulary):
         else:
             self.reset()
             if shared:
-                if self.prefix_snapshots.restore(self.active_adapter, self.active_scale, prefix):
+                stored_as = self._prefix_file(prefix)
+                if self.prefix_snapshots.restore(self.active_adapter, self.active_scale, prefix, stored_as):
                     self.n_past = shared
                 else:
                     self.eval(prefix, copy_logits=False)
-                    self.prefix_snapshots.save(self.active_adapter, self.active_scale, prefix)
+                    self.prefix_snapshots.save(self.active_adapter, self.active_scale, prefix, stored_as)
                 self._shared_prefix = prefix
         logits, features = self.eval(key[shared:])
         self._prompt_memo = (
@@ -348,6 +358,53 @@ class Engine(Vocabulary):
             Step(logits.copy(), None if features is None else features.copy()),
         )
         return Step(logits=logits, features=features)
+
+    @property
+    def state_fingerprint(self) -> str:
+        """What a KV state of this engine depends on besides the adapter and the tokens: the backbone file,
+        llama.cpp's version and CPU features, the buffer types and the context's shape (`prefix_files`)."""
+        if self._state_fingerprint is None:
+            self._state_fingerprint = json.dumps(
+                {
+                    "model": file_identity(self.model_path),
+                    "llama_cpp": llama_cpp_version(),
+                    "system": llama_system_info(),
+                    "buffers": list(self.buffer_choice.allowed),
+                    "context": self._context_shape,
+                },
+                sort_keys=True,
+            )
+        return self._state_fingerprint
+
+    @contextlib.contextmanager
+    def prefixes_kept_in(
+        self, folder: Path | None, lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None
+    ) -> Iterator[None]:
+        """While open, shared prefixes are also kept in and read from `folder` (`PrefixStateFiles`, each write
+        under `lock`; None: in memory only), so the next process that prefills the same prefix restores it
+        instead of evaluating it."""
+        before = self.prefix_snapshots.files
+        try:
+            fingerprint = self.state_fingerprint if folder is not None else ""
+        except OSError:
+            folder = None  # the backbone file is gone from under us: nothing to key a file on
+        self.prefix_snapshots.files = None if folder is None else PrefixStateFiles(folder, fingerprint, lock)
+        try:
+            yield
+        finally:
+            self.prefix_snapshots.files = before
+
+    def _prefix_file(self, prefix: tuple[int, ...]) -> Path | None:
+        files = self.prefix_snapshots.files
+        if files is None:
+            return None
+        try:
+            adapter = None
+            if self.active_adapter is not None:
+                adapter = file_identity(self._adapter_paths[self.active_adapter])
+        except OSError:
+            return None
+        return files.path_for(adapter, self.active_scale, prefix)
 
     def score(
         self,

@@ -9,16 +9,21 @@ alternates methods. `PrefixSnapshots` keeps a copy of sequence 0's cache state r
 millisecond). The restored keys and values are the very bytes the evaluation produced, so what follows is
 bit-identical to evaluating the prefix again (tests/test_engine.py).
 
-Snapshots live in memory only, for the engine's lifetime: they hold the user's text in a derived form and
-are never written to disk. This module evaluates nothing itself and decides nothing about what is shared.
+Snapshots live in memory for the engine's lifetime. When `files` is set (`Engine.prefixes_kept_in`, the
+rewrite of a user with a folder), a prefix also goes to that user's folder (`PrefixStateFiles`) and is read from
+there when memory has none, so a new process starts where the last one left off. This module evaluates nothing
+itself and decides nothing about what is shared.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
+from pathlib import Path
 
 import llama_cpp
+
+from localpers.engine.prefix_files import PrefixStateFiles
 
 DEFAULT_CAPACITY = 4  # prefixes kept: a few users x adapters; ~1 MB each for a 5-example prompt on the demo
 
@@ -30,35 +35,57 @@ class PrefixSnapshots:
         self._ctx = ctx
         self.capacity = capacity
         self._states: OrderedDict[tuple[str | None, float, tuple[int, ...]], ctypes.Array] = OrderedDict()
+        self.files: PrefixStateFiles | None = None
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def save(self, adapter: str | None, scale: float, prefix: tuple[int, ...]) -> None:
-        """Copy sequence 0's state, which must hold exactly `prefix`, under this adapter."""
-        if self.capacity <= 0:
+    def save(
+        self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: Path | None = None
+    ) -> None:
+        """Copy sequence 0's state, which must hold exactly `prefix`, under this adapter; with `stored_as`
+        (a path of `files`) write it there too."""
+        on_disk = stored_as is not None and self.files is not None
+        if self.capacity <= 0 and not on_disk:
             return
         size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
         buffer = (ctypes.c_uint8 * size)()
         if llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, 0) != size:
             return  # nothing kept; the prefix is simply evaluated again next time
+        if on_disk:
+            self.files.write(stored_as, bytes(buffer))
+        if self.capacity <= 0:
+            return
+        self._keep((adapter, scale, prefix), buffer)
+
+    def restore(
+        self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: Path | None = None
+    ) -> bool:
+        """Write the saved state of `prefix` into sequence 0 of an empty cache, from memory or else from
+        `stored_as` (a path of `files`); False when neither holds it or llama.cpp refuses it."""
         key = (adapter, scale, prefix)
+        buffer = self._states.get(key)
+        from_disk = False
+        if buffer is None and stored_as is not None and self.files is not None:
+            data = self.files.read(stored_as)
+            if data is not None:
+                buffer, from_disk = (ctypes.c_uint8 * len(data)).from_buffer_copy(data), True
+        if buffer is None:
+            return False
+        if llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(buffer), 0) == 0:
+            self._states.pop(key, None)  # llama.cpp refused it (and cleared the sequence): evaluate instead
+            return False
+        if not from_disk:
+            self._states.move_to_end(key)
+        elif self.capacity > 0:
+            self._keep(key, buffer)
+        return True
+
+    def _keep(self, key: tuple[str | None, float, tuple[int, ...]], buffer: ctypes.Array) -> None:
         self._states[key] = buffer
         self._states.move_to_end(key)
         while len(self._states) > self.capacity:
             self._states.popitem(last=False)
-
-    def restore(self, adapter: str | None, scale: float, prefix: tuple[int, ...]) -> bool:
-        """Write the saved state of `prefix` into sequence 0 of an empty cache; False when none is kept."""
-        key = (adapter, scale, prefix)
-        buffer = self._states.get(key)
-        if buffer is None:
-            return False
-        if llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(buffer), 0) == 0:
-            del self._states[key]  # llama.cpp refused it (and cleared the sequence): evaluate instead
-            return False
-        self._states.move_to_end(key)
-        return True
 
     def clear(self) -> None:
         self._states.clear()

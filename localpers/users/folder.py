@@ -8,6 +8,8 @@ Layout of `users/<name>/` (the folders are listed and made by `localpers.users.s
                                      file name and sha256 of the current vector
     .lock, .identity                 the write lock and the folder's random token (`localpers.users.lock`)
     .fit.lock                        held while a fit of the user runs (`localpers.users.lock.fit_lock`)
+    prefix-<sha256[:32]>.kv          the engine's state of the user's examples block, a cache
+                                     (`localpers.engine.prefix_files`; never exported)
 
 A fit is committed in two steps: the vector goes to a new content-addressed file, then state.json is
 replaced to name it. State is the commit point: an interruption before it leaves the previous state
@@ -44,7 +46,7 @@ from localpers.users.history import (
     serialize_history,
 )
 from localpers.users.history_index import HistoryIndex
-from localpers.users.lock import fit_lock, user_lock
+from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, user_lock
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -136,9 +138,11 @@ class User:
         """What repairs this user's fit, naming them: a bare `localpers fit` fits the active user, maybe another."""
         return f"run `localpers fit --user {self.name}` again"
 
-    def locked(self) -> contextlib.AbstractContextManager[None]:
+    def locked(self, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> contextlib.AbstractContextManager[None]:
         """Hold this user's write lock: wrap each read-modify-write of its files (`localpers.users.lock`)."""
-        return user_lock(self.dir, who=f"user {self.name!r}", identity=self.identity)
+        return user_lock(
+            self.dir, who=f"user {self.name!r}", identity=self.identity, wait_seconds=wait_seconds
+        )
 
     def fitting(self, wait_seconds: float = 0.0) -> contextlib.AbstractContextManager[None]:
         """Hold this user's fit lock for a whole fit: a second fit of the user is refused (`lock.fit_lock`)."""
@@ -166,7 +170,9 @@ class User:
         except (OSError, UnicodeDecodeError):
             self.history()  # raises the history's own one-line error, naming the file and the fix
             raise
-        return HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
+        index = HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
+        index.user_dir, index.write_lock = self.dir, lambda: self.locked(wait_seconds=0.0)
+        return index
 
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""

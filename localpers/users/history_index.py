@@ -49,6 +49,11 @@ class HistoryIndex:
         self.pool = pool
         self._index = make_index([history_document(task, i, o) for i, o in pool], retrieval) if pool else None
         self._word_sets: list[frozenset[str]] | None = None
+        # When the index is a stored user's (`User.history_index`): their folder, where the engine may keep
+        # the state of the prompts' shared block (`localpers.engine.prefix_files`), and their write lock,
+        # taken without waiting. None for an index made from a pool.
+        self.user_dir: Path | None = None
+        self.write_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
     def examples_for(self, text: str, count: int, recent: int = 0) -> list[str]:
         return select_examples(self.task, text, self.pool, count, self._index, recent=recent)

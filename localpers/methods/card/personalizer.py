@@ -207,21 +207,24 @@ class Personalizer:
         habits = bias if correction is not None and bias is not None and bias.has_text_habits else None
         stream = FinishingStream(habits.finish, text, on_text) if habits is not None and on_text else None
         self.engine.set_adapter(adapter)
+        # the user's examples block, once evaluated, is kept in their folder for the next process
+        kept_in = history.user_dir if history is not None and shared else None
         started = time.perf_counter()
-        result, correction = decoding_runs.decode_rewrite(
-            self.engine,
-            prompt,
-            max_tokens=max_tokens or chosen_task.default_max_tokens,
-            stop=stop,
-            shared=shared,
-            sampling=sampling,
-            correction=correction,
-            new_correction=lambda: self.correction_sampler(
-                method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
-            )[0],
-            candidates=candidates,
-            on_text=stream or on_text,
-        )
+        with self.engine.prefixes_kept_in(kept_in, history.write_lock if history is not None else None):
+            result, correction = decoding_runs.decode_rewrite(
+                self.engine,
+                prompt,
+                max_tokens=max_tokens or chosen_task.default_max_tokens,
+                stop=stop,
+                shared=shared,
+                sampling=sampling,
+                correction=correction,
+                new_correction=lambda: self.correction_sampler(
+                    method, cluster, vector, strength, top_k, bias, bias_strength, record=record_steps
+                )[0],
+                candidates=candidates,
+                on_text=stream or on_text,
+            )
         if stream is not None:
             stream.close()
         output = result.text if habits is None else habits.finish(result.text, text)
