@@ -391,7 +391,9 @@ class Engine(Vocabulary):
         self.prefix_snapshots.files = None if folder is None else PrefixStateFiles(folder, fingerprint, lock)
         try:
             yield
+            self.prefix_snapshots.write_kept()  # after the block: the output never waits for the disk
         finally:
+            self.prefix_snapshots.clear_unwritten()
             self.prefix_snapshots.files = before
 
     def _prefix_file(self, prefix: tuple[int, ...]) -> Path | None:

@@ -36,6 +36,9 @@ class PrefixSnapshots:
         self.capacity = capacity
         self._states: OrderedDict[tuple[str | None, float, tuple[int, ...]], ctypes.Array] = OrderedDict()
         self.files: PrefixStateFiles | None = None
+        self._unwritten: list[
+            tuple[Path, bytes]
+        ] = []  # for `files`, written by `write_kept` after the rewrite
 
     def __len__(self) -> int:
         return len(self._states)
@@ -44,7 +47,7 @@ class PrefixSnapshots:
         self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: Path | None = None
     ) -> None:
         """Copy sequence 0's state, which must hold exactly `prefix`, under this adapter; with `stored_as`
-        (a path of `files`) write it there too."""
+        (a path of `files`) it is written there by `write_kept`, once the output no longer waits for it."""
         on_disk = stored_as is not None and self.files is not None
         if self.capacity <= 0 and not on_disk:
             return
@@ -53,7 +56,7 @@ class PrefixSnapshots:
         if llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, 0) != size:
             return  # nothing kept; the prefix is simply evaluated again next time
         if on_disk:
-            self.files.write(stored_as, bytes(buffer))
+            self._unwritten.append((stored_as, bytes(buffer)))
         if self.capacity <= 0:
             return
         self._keep((adapter, scale, prefix), buffer)
@@ -87,5 +90,16 @@ class PrefixSnapshots:
         while len(self._states) > self.capacity:
             self._states.popitem(last=False)
 
+    def write_kept(self) -> None:
+        """Write the states `save` left for `files` (a failed write is skipped: `PrefixStateFiles.write`)."""
+        unwritten, self._unwritten = self._unwritten, []
+        if self.files is not None:
+            for path, state in unwritten:
+                self.files.write(path, state)
+
+    def clear_unwritten(self) -> None:
+        self._unwritten = []
+
     def clear(self) -> None:
         self._states.clear()
+        self._unwritten = []
