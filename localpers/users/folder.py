@@ -303,8 +303,13 @@ class User:
             return now()
 
     def disk_bytes(self) -> int:
-        """Bytes this user takes on disk (all files in the folder)."""
-        return sum(p.stat().st_size for p in self.dir.rglob("*") if p.is_file())
+        """Bytes this user takes on disk (all files in the folder; one that goes while counted, e.g. a kept
+        prefix a rewrite evicts or a write's temp file, counts 0)."""
+        total = 0
+        for path in self.dir.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size if path.is_file() else 0
+        return total
 
 
 def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:
