@@ -14,9 +14,10 @@ modification time), llama.cpp's version and CPU features, and the context's shap
 (`Engine.state_fingerprint`). Restoring those bytes gives the very keys and values the evaluation would, so a
 rewrite is bit-identical either way (tests/test_engine.py). A file that is damaged, truncated or of another
 version reads as absent and is written again; a failed write (a full disk, a read-only folder, the user's write
-lock busy or the user deleted meanwhile: `lock`) is skipped: this is a cache, never the user's data. The newest `MAX_FILES` are kept. The files hold the user's text in a
-derived form, so they live only in that user's folder: `localpers user delete` removes them with it and
-`localpers user export` never packs them. This module evaluates nothing and decides nothing about what is shared.
+lock busy or the user deleted meanwhile: `lock`) is skipped: this is a cache, never the user's data. The newest
+`MAX_FILES` are kept. The files hold the user's text in a derived form, so they live only in that user's folder:
+`localpers user delete` removes them with it and `localpers user export` never packs them. This module evaluates
+nothing and decides nothing about what is shared.
 """
 
 from __future__ import annotations

@@ -36,9 +36,8 @@ class PrefixSnapshots:
         self.capacity = capacity
         self._states: OrderedDict[tuple[str | None, float, tuple[int, ...]], ctypes.Array] = OrderedDict()
         self.files: PrefixStateFiles | None = None
-        self._unwritten: list[
-            tuple[Path, bytes]
-        ] = []  # for `files`, written by `write_kept` after the rewrite
+        # states `save` made for `files`, written by `write_kept` once the rewrite is decoded
+        self._unwritten: list[tuple[Path, bytes]] = []
 
     def __len__(self) -> int:
         return len(self._states)
