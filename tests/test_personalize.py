@@ -628,3 +628,25 @@ def test_a_kept_prefix_is_never_written_into_a_user_made_anew_or_while_their_fol
     kept = PrefixStateFiles(fresh.user_dir, "engine", fresh.write_lock)
     kept.write(kept.path_for(None, 1.0, [1]), b"state")
     assert kept.read(kept.path_for(None, 1.0, [1])) == b"state"
+
+
+def test_a_history_change_removes_the_kept_blocks_and_a_block_read_before_it_is_never_kept() -> None:
+    """`history remove` must not leave a removed item behind in another form: every change of the history
+    removes the kept states, and a rewrite that read the history before the change writes none afterwards."""
+    from localpers.engine.prefix_files import PrefixStateFiles
+    from localpers.tasks import get_task
+
+    user = UserStore().create("forgets")
+    user.save_history(items(SHOUTY))
+    index = user.history_index(get_task("headline"))
+    files = PrefixStateFiles(index.user_dir, "engine", index.write_lock)
+    files.write(files.path_for(None, 1.0, [1]), b"state")
+    assert len(list(user.dir.glob("prefix-*.kv"))) == 1
+    user.save_history(items(SHOUTY[:-1]))  # the most recent item removed
+    assert not list(user.dir.glob("prefix-*.kv"))
+    files.write(files.path_for(None, 1.0, [1]), b"state")  # read before the removal: not kept
+    assert not list(user.dir.glob("prefix-*.kv"))
+    fresh = user.history_index(get_task("headline"))
+    kept = PrefixStateFiles(fresh.user_dir, "engine", fresh.write_lock)
+    kept.write(kept.path_for(None, 1.0, [2]), b"state")
+    assert len(list(user.dir.glob("prefix-*.kv"))) == 1

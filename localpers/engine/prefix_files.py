@@ -16,7 +16,8 @@ rewrite is bit-identical either way (tests/test_engine.py). A file that is damag
 version reads as absent and is written again; a failed write (a full disk, a read-only folder, the user's write
 lock busy or the user deleted meanwhile: `lock`) is skipped: this is a cache, never the user's data. The newest
 `MAX_FILES` are kept. The files hold the user's text in a derived form, so they live only in that user's folder:
-`localpers user delete` removes them with it and `localpers user export` never packs them. This module evaluates
+every change to the history removes them all (`remove_kept`: a removed item is not kept in another form), `localpers
+user delete` removes them with the folder and `localpers user export` never packs them. This module evaluates
 nothing and decides nothing about what is shared.
 """
 
@@ -42,6 +43,14 @@ def file_identity(path: Path) -> list[object]:
     """What names a model or adapter file's content without reading it: resolved path, size, mtime (ns)."""
     info = path.stat()
     return [str(path.resolve()), info.st_size, info.st_mtime_ns]
+
+
+def remove_kept(folder: Path) -> None:
+    """Remove every kept prefix state of `folder` (the user's history changed: the blocks it held may show
+    an item that is gone); one that cannot be removed is left to eviction."""
+    for path in Path(folder).glob(FILE_PATTERN):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 class PrefixStateFiles:

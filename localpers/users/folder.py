@@ -9,7 +9,8 @@ Layout of `users/<name>/` (the folders are listed and made by `localpers.users.s
     .lock, .identity                 the write lock and the folder's random token (`localpers.users.lock`)
     .fit.lock                        held while a fit of the user runs (`localpers.users.lock.fit_lock`)
     prefix-<sha256[:32]>.kv          the engine's state of the user's examples block, a cache
-                                     (`localpers.engine.prefix_files`; never exported)
+                                     (`localpers.engine.prefix_files`; never exported, removed
+                                     whenever the history changes)
 
 A fit is committed in two steps: the vector goes to a new content-addressed file, then state.json is
 replaced to name it. State is the commit point: an interruption before it leaves the previous state
@@ -27,6 +28,7 @@ import hashlib
 import json
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from localpers.atomic import atomic_write_bytes, atomic_write_text
+from localpers.engine.prefix_files import remove_kept
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, one_line, parse_json
@@ -160,9 +163,15 @@ class User:
         with self.locked():
             atomic_write_text(self.history_path, text)
             HistoryIndex.write(self.dir, text, items)
+            remove_kept(self.dir)  # the engine's states of the old examples block: an item may be gone
 
     def history_index(self, task: Task) -> HistoryIndex:
-        """The user's examples for `task` with their BM25 index, for history-conditioned prompts."""
+        """The user's examples for `task` with their BM25 index, for history-conditioned prompts.
+
+        The engine may keep its state of the prompts' examples block in this folder (`write_lock`): only while
+        the history is still the file read here, so a block read before an item was removed is never kept.
+        """
+        stamp = _file_stamp(self.history_path)  # before reading: a file replaced meanwhile never matches
         try:
             text = self.history_path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -171,8 +180,16 @@ class User:
             self.history()  # raises the history's own one-line error, naming the file and the fix
             raise
         index = HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
-        index.user_dir, index.write_lock = self.dir, lambda: self.locked(wait_seconds=0.0)
+        index.user_dir, index.write_lock = self.dir, lambda: self._locked_while_history_is(stamp)
         return index
+
+    @contextlib.contextmanager
+    def _locked_while_history_is(self, stamp: tuple[int, int, int] | None) -> Iterator[None]:
+        """This user's write lock, taken without waiting, if the history file is still the one `stamp` saw."""
+        with self.locked(wait_seconds=0.0):
+            if _file_stamp(self.history_path) != stamp:
+                raise LocalpersError(f"user {self.name!r}'s history changed since it was read")
+            yield
 
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""
@@ -310,6 +327,15 @@ class User:
             with contextlib.suppress(FileNotFoundError):
                 total += path.stat().st_size if path.is_file() else 0
         return total
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """(inode, mtime ns, size) of `path`: an atomic replace gives a new inode; None when it is absent."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:
