@@ -355,23 +355,59 @@ def test_prefix_files_keep_the_newest_few_and_read_damage_as_absent(tmp_path: Pa
     from localpers.engine.prefix_files import MAX_FILES, PrefixStateFiles
 
     files = PrefixStateFiles(tmp_path, "engine-a")
-    paths = [files.path_for(None, 1.0, [1, 2, block]) for block in range(MAX_FILES + 2)]
+    entries = [files.entry_for(None, 1.0, [1, 2, block]) for block in range(MAX_FILES + 2)]
+    paths = [entry.path for entry in entries]
     assert len(set(paths)) == len(paths)
-    assert PrefixStateFiles(tmp_path, "engine-b").path_for(None, 1.0, [1, 2, 0]) != paths[0]
-    assert files.path_for(["lora.gguf", 10, 1], 1.0, [1, 2, 0]) != paths[0]
-    assert files.path_for(None, 0.5, [1, 2, 0]) != paths[0]
-    for age, path in enumerate(paths):
-        files.write(path, bytes([age]) * 100)
-        os.utime(path, ns=(age * 10**9, age * 10**9))
+    assert PrefixStateFiles(tmp_path, "engine-b").entry_for(None, 1.0, [1, 2, 0]).path != paths[0]
+    assert files.entry_for(["lora.gguf", 10, 1], 1.0, [1, 2, 0]).path != paths[0]
+    assert files.entry_for(None, 0.5, [1, 2, 0]).path != paths[0]
+    for age, entry in enumerate(entries):
+        files.write(entry, bytes([age]) * 100)
+        os.utime(entry.path, ns=(age * 10**9, age * 10**9))
     assert sorted(tmp_path.glob("prefix-*.kv")) == sorted(paths[-MAX_FILES:])
-    assert files.read(paths[-1]) == bytes([MAX_FILES + 1]) * 100
-    assert files.read(paths[0]) is None  # evicted
+    assert files.read(entries[-1]) == bytes([MAX_FILES + 1]) * 100
+    assert files.read(entries[0]) is None  # evicted
+    # another key's file copied under this name (another adapter's block): not this key's state
+    paths[-3].write_bytes(paths[-4].read_bytes())
+    assert files.read(entries[-3]) is None and files.read(entries[-4]) is not None
     paths[-1].write_bytes(paths[-1].read_bytes()[:-1])  # cut short
-    assert files.read(paths[-1]) is None
-    paths[-2].write_bytes(b"LPKV0\n" + paths[-2].read_bytes()[6:])  # another version
-    assert files.read(paths[-2]) is None
+    assert files.read(entries[-1]) is None
+    paths[-2].write_bytes(b"LPKV1\n" + paths[-2].read_bytes()[6:])  # another version
+    assert files.read(entries[-2]) is None
     gone = PrefixStateFiles(tmp_path / "deleted-user", "engine-a")
     gone.write(
-        gone.path_for(None, 1.0, [1]), b"x" * 10
+        gone.entry_for(None, 1.0, [1]), b"x" * 10
     )  # the user's folder is gone: nothing written, no error
     assert not (tmp_path / "deleted-user").exists()
+
+
+def test_prefix_files_read_only_regular_files_and_evict_past_links_and_folders(tmp_path: Path) -> None:
+    """A FIFO would block the rewrite for ever and /dev/zero would fill the memory; a link is never
+    followed (another user's file), and a dangling one or a folder of that name does not stop eviction."""
+    import os
+
+    from localpers.engine.prefix_files import MAX_FILES, PrefixStateFiles
+
+    files = PrefixStateFiles(tmp_path, "engine")
+    fifo, device, elsewhere, folder = (files.entry_for(None, 1.0, [n]) for n in range(4))
+    os.mkfifo(fifo.path)
+    device.path.symlink_to("/dev/zero")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    others = PrefixStateFiles(outside, "engine")  # another user's folder: the same key, a valid file
+    others.write(others.entry_for(None, 1.0, [2]), b"state")
+    assert others.read(others.entry_for(None, 1.0, [2])) == b"state"
+    elsewhere.path.symlink_to(outside / elsewhere.path.name)
+    folder.path.mkdir()
+    assert [files.read(entry) for entry in (fifo, device, elsewhere, folder)] == [None] * 4
+    (tmp_path / "prefix-dangling.kv").symlink_to(tmp_path / "nowhere")
+    for block in range(10, 10 + MAX_FILES + 2):
+        files.write(files.entry_for(None, 1.0, [block]), b"state")
+    regular = [p for p in tmp_path.glob("prefix-*.kv") if p.is_file() and not p.is_symlink()]
+    links = [p for p in tmp_path.glob("prefix-*.kv") if p.is_symlink()]
+    assert len(regular) + len(links) <= MAX_FILES and folder.path.is_dir()
+    files.write(
+        elsewhere, b"mine"
+    )  # the link itself is replaced by the user's own file, the target untouched
+    assert files.read(elsewhere) == b"mine" and not elsewhere.path.is_symlink()
+    assert (outside / elsewhere.path.name).read_bytes().endswith(b"state")

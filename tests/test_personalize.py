@@ -616,18 +616,18 @@ def test_a_kept_prefix_is_never_written_into_a_user_made_anew_or_while_their_fol
     other = threading.Thread(target=hold_the_lock)
     other.start()
     holding.wait(10)
-    files.write(files.path_for(None, 1.0, [1]), b"state")  # skipped at once, not waited for
+    files.write(files.entry_for(None, 1.0, [1]), b"state")  # skipped at once, not waited for
     done.set()
     other.join()
     assert not list(old.dir.glob("prefix-*.kv"))
     store.delete("anew")
     store.create("anew")
-    files.write(files.path_for(None, 1.0, [1]), b"state")
+    files.write(files.entry_for(None, 1.0, [1]), b"state")
     assert not list(store.get("anew").dir.glob("prefix-*.kv"))
     fresh = store.get("anew").history_index(get_task("headline"))
     kept = PrefixStateFiles(fresh.user_dir, "engine", fresh.write_lock)
-    kept.write(kept.path_for(None, 1.0, [1]), b"state")
-    assert kept.read(kept.path_for(None, 1.0, [1])) == b"state"
+    kept.write(kept.entry_for(None, 1.0, [1]), b"state")
+    assert kept.read(kept.entry_for(None, 1.0, [1])) == b"state"
 
 
 def test_a_history_change_removes_the_kept_blocks_and_a_block_read_before_it_is_never_kept() -> None:
@@ -640,13 +640,13 @@ def test_a_history_change_removes_the_kept_blocks_and_a_block_read_before_it_is_
     user.save_history(items(SHOUTY))
     index = user.history_index(get_task("headline"))
     files = PrefixStateFiles(index.user_dir, "engine", index.write_lock)
-    files.write(files.path_for(None, 1.0, [1]), b"state")
+    files.write(files.entry_for(None, 1.0, [1]), b"state")
     assert len(list(user.dir.glob("prefix-*.kv"))) == 1
     user.save_history(items(SHOUTY[:-1]))  # the most recent item removed
     assert not list(user.dir.glob("prefix-*.kv"))
-    files.write(files.path_for(None, 1.0, [1]), b"state")  # read before the removal: not kept
+    files.write(files.entry_for(None, 1.0, [1]), b"state")  # read before the removal: not kept
     assert not list(user.dir.glob("prefix-*.kv"))
     fresh = user.history_index(get_task("headline"))
     kept = PrefixStateFiles(fresh.user_dir, "engine", fresh.write_lock)
-    kept.write(kept.path_for(None, 1.0, [2]), b"state")
+    kept.write(kept.entry_for(None, 1.0, [2]), b"state")
     assert len(list(user.dir.glob("prefix-*.kv"))) == 1

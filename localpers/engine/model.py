@@ -33,7 +33,7 @@ import numpy as np
 from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, raise_pending_interrupt, recorded_llama_log
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
-from localpers.engine.prefix_files import PrefixStateFiles, file_identity
+from localpers.engine.prefix_files import KeptPrefix, PrefixStateFiles, file_identity
 from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.threads import default_threads
@@ -396,7 +396,7 @@ class Engine(Vocabulary):
             self.prefix_snapshots.clear_unwritten()
             self.prefix_snapshots.files = before
 
-    def _prefix_file(self, prefix: tuple[int, ...]) -> Path | None:
+    def _prefix_file(self, prefix: tuple[int, ...]) -> KeptPrefix | None:
         files = self.prefix_snapshots.files
         if files is None:
             return None
@@ -406,7 +406,7 @@ class Engine(Vocabulary):
                 adapter = file_identity(self._adapter_paths[self.active_adapter])
         except OSError:
             return None
-        return files.path_for(adapter, self.active_scale, prefix)
+        return files.entry_for(adapter, self.active_scale, prefix)
 
     def score(
         self,

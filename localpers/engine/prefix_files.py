@@ -7,13 +7,14 @@ empty and evaluate it again (on the demo backbone ~100 of a conditioned prompt's
 keeps the same bytes (llama.cpp's `llama_state_seq_get_data` of sequence 0 right after the block) in the user's
 own folder, one file per (engine, adapter, scale, block):
 
-    prefix-<sha256 of the key, 32 hex>.kv     b"LPKV1\\n" + sha256(state) + state
+    prefix-<sha256 of the key, 32 hex>.kv     b"LPKV2\\n" + sha256(key) + sha256(state) + state
 
 The key covers everything that shapes the bytes: the backbone file and each adapter file (path, size,
 modification time), llama.cpp's version and CPU features, and the context's shape and threads
 (`Engine.state_fingerprint`). Restoring those bytes gives the very keys and values the evaluation would, so a
-rewrite is bit-identical either way (tests/test_engine.py). A file that is damaged, truncated or of another
-version reads as absent and is written again; a failed write (a full disk, a read-only folder, the user's write
+rewrite is bit-identical either way (tests/test_engine.py). A file that is damaged, truncated, of another
+version or of another key (copied or linked under this name) reads as absent and is written again; only a regular
+file is read, never through a link and never more than its size allows; a failed write (a full disk, a read-only folder, the user's write
 lock busy or the user deleted meanwhile: `lock`) is skipped: this is a cache, never the user's data. The newest
 `MAX_FILES` are kept. The files hold the user's text in a derived form, so they live only in that user's folder:
 every change to the history removes them all (`remove_kept`: a removed item is not kept in another form), `localpers
@@ -26,17 +27,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from localpers.atomic import atomic_write_bytes
 from localpers.errors import LocalpersError
 
-MAGIC = b"LPKV1\n"
+MAGIC = b"LPKV2\n"
 FILE_PATTERN = "prefix-*.kv"
 MAX_FILES = 4  # the global adapter's block and the user's cluster's, with room for a history that changed
 MAX_FILE_BYTES = 256 * 1024 * 1024  # a 1024-token context's whole state is ~15 MB on the demo backbone
 _DIGEST_BYTES = 32
+_HEADER_BYTES = len(MAGIC) + 2 * _DIGEST_BYTES
 
 
 def file_identity(path: Path) -> list[object]:
@@ -51,6 +56,40 @@ def remove_kept(folder: Path) -> None:
     for path in Path(folder).glob(FILE_PATTERN):
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+@dataclass(frozen=True)
+class KeptPrefix:
+    """Where one prefix state is kept, and the sha256 of its key, which the file must carry to be read."""
+
+    path: Path
+    key: bytes
+
+
+def _read_regular_file(path: Path, limit: int) -> bytes | None:
+    """`path`'s bytes if it is a regular file (not through a link) of at most `limit` bytes, else None: a FIFO
+    would block and a device never ends."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        chunks, left = [], info.st_size + 1  # one more: a file that grew meanwhile is refused below
+        while left > 0:
+            chunk = os.read(descriptor, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
 
 
 class PrefixStateFiles:
@@ -68,44 +107,48 @@ class PrefixStateFiles:
         # is busy or no longer the one this command started with)
         self.lock = lock or contextlib.nullcontext
 
-    def path_for(self, adapter: Sequence[object] | None, scale: float, prefix: Sequence[int]) -> Path:
+    def entry_for(self, adapter: Sequence[object] | None, scale: float, prefix: Sequence[int]) -> KeptPrefix:
         key = json.dumps([self.fingerprint, adapter, repr(float(scale)), list(prefix)])
-        return self.folder / f"prefix-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}.kv"
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        return KeptPrefix(self.folder / f"prefix-{digest.hex()[:32]}.kv", digest)
 
-    def read(self, path: Path) -> bytes | None:
-        """The state stored at `path`, or None when there is none or it is not intact."""
-        try:
-            if path.stat().st_size > MAX_FILE_BYTES:
-                return None
-            data = path.read_bytes()
-        except OSError:
+    def read(self, entry: KeptPrefix) -> bytes | None:
+        """The state kept for `entry`, or None when there is none or it is not intact and of this key."""
+        data = _read_regular_file(entry.path, MAX_FILE_BYTES + _HEADER_BYTES)
+        if data is None or len(data) <= _HEADER_BYTES or not data.startswith(MAGIC):
             return None
-        header = len(MAGIC) + _DIGEST_BYTES
-        if len(data) <= header or not data.startswith(MAGIC):
-            return None
-        state = data[header:]
-        if hashlib.sha256(state).digest() != data[len(MAGIC) : header]:
+        key_end = len(MAGIC) + _DIGEST_BYTES
+        state = data[_HEADER_BYTES:]
+        if (
+            data[len(MAGIC) : key_end] != entry.key
+            or hashlib.sha256(state).digest() != data[key_end:_HEADER_BYTES]
+        ):
             return None
         with contextlib.suppress(OSError):
-            path.touch()  # recently used: the last to be evicted
+            os.utime(entry.path, follow_symlinks=False)  # recently used: the last to be evicted
         return state
 
-    def write(self, path: Path, state: bytes) -> None:
-        """Store `state` at `path` atomically and evict the oldest beyond `MAX_FILES`; failures are ignored."""
+    def write(self, entry: KeptPrefix, state: bytes) -> None:
+        """Keep `state` for `entry` atomically and evict the oldest beyond `MAX_FILES`; failures are skipped."""
         if not self.folder.is_dir() or len(state) > MAX_FILE_BYTES:
             return
         try:
             with self.lock():
-                atomic_write_bytes(path, MAGIC + hashlib.sha256(state).digest() + state)
-                self._evict(keep=path)
+                atomic_write_bytes(entry.path, MAGIC + entry.key + hashlib.sha256(state).digest() + state)
+                self._evict(keep=entry.path)
         except (LocalpersError, OSError):
             return
 
     def _evict(self, keep: Path) -> None:
-        try:
-            stored = [(p.stat().st_mtime_ns, p) for p in self.folder.glob(FILE_PATTERN) if p != keep]
-        except OSError:
-            return
+        """Remove all but the newest `MAX_FILES` (a link counts as a file and goes first when it is dangling;
+        what cannot be removed, e.g. a folder of that name, is neither counted nor kept track of)."""
+        stored: list[tuple[int, Path]] = []
+        with contextlib.suppress(OSError):
+            for path in self.folder.glob(FILE_PATTERN):
+                with contextlib.suppress(OSError):
+                    info = path.lstat()
+                    if path != keep and (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                        stored.append((info.st_mtime_ns if stat.S_ISREG(info.st_mode) else -1, path))
         stored.sort(reverse=True)
         for _, path in stored[MAX_FILES - 1 :]:
             with contextlib.suppress(OSError):

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
-from pathlib import Path
 
 import llama_cpp
 
-from localpers.engine.prefix_files import PrefixStateFiles
+from localpers.engine.prefix_files import KeptPrefix, PrefixStateFiles
 
 DEFAULT_CAPACITY = 4  # prefixes kept: a few users x adapters; ~1 MB each for a 5-example prompt on the demo
 
@@ -37,16 +36,16 @@ class PrefixSnapshots:
         self._states: OrderedDict[tuple[str | None, float, tuple[int, ...]], ctypes.Array] = OrderedDict()
         self.files: PrefixStateFiles | None = None
         # states `save` made for `files`, written by `write_kept` once the rewrite is decoded
-        self._unwritten: list[tuple[Path, bytes]] = []
+        self._unwritten: list[tuple[KeptPrefix, bytes]] = []
 
     def __len__(self) -> int:
         return len(self._states)
 
     def save(
-        self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: Path | None = None
+        self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: KeptPrefix | None = None
     ) -> None:
         """Copy sequence 0's state, which must hold exactly `prefix`, under this adapter; with `stored_as`
-        (a path of `files`) it is written there by `write_kept`, once the output no longer waits for it."""
+        (an entry of `files`) it is written there by `write_kept`, once the output no longer waits for it."""
         on_disk = stored_as is not None and self.files is not None
         if self.capacity <= 0 and not on_disk:
             return
@@ -61,10 +60,10 @@ class PrefixSnapshots:
         self._keep((adapter, scale, prefix), buffer)
 
     def restore(
-        self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: Path | None = None
+        self, adapter: str | None, scale: float, prefix: tuple[int, ...], stored_as: KeptPrefix | None = None
     ) -> bool:
         """Write the saved state of `prefix` into sequence 0 of an empty cache, from memory or else from
-        `stored_as` (a path of `files`); False when neither holds it or llama.cpp refuses it."""
+        `stored_as` (an entry of `files`); False when neither holds it or llama.cpp refuses it."""
         key = (adapter, scale, prefix)
         buffer = self._states.get(key)
         from_disk = False
@@ -93,8 +92,8 @@ class PrefixSnapshots:
         """Write the states `save` left for `files` (a failed write is skipped: `PrefixStateFiles.write`)."""
         unwritten, self._unwritten = self._unwritten, []
         if self.files is not None:
-            for path, state in unwritten:
-                self.files.write(path, state)
+            for entry, state in unwritten:
+                self.files.write(entry, state)
 
     def clear_unwritten(self) -> None:
         self._unwritten = []
