@@ -13,7 +13,7 @@ feature normalisation and the CARD head live elsewhere. Nothing here opens a net
 Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32, the raw residual
 stream after each tapped layer, at the position whose next token the logits predict.
 
-It is one module of some 500 lines because everything in it shares one KV cache: evaluation, truncation, the
+It is one module of some 550 lines because everything in it shares one KV cache: evaluation, truncation, the
 remembered prompt, adapter switches (which clear it) and the batched sequences (`eval_sequences`) all keep the
 same positions and `n_past` bookkeeping true, and a reader checking that should find it in one place.
 """

@@ -13,13 +13,14 @@ The key covers everything that shapes the bytes: the backbone file and each adap
 modification time), llama.cpp's version and CPU features, and the context's shape and threads
 (`Engine.state_fingerprint`). Restoring those bytes gives the very keys and values the evaluation would, so a
 rewrite is bit-identical either way (tests/test_engine.py). A file that is damaged, truncated, of another
-version or of another key (copied or linked under this name) reads as absent and is written again; only a regular
-file is read, never through a link and never more than its size allows; a failed write (a full disk, a read-only folder, the user's write
-lock busy or the user deleted meanwhile: `lock`) is skipped: this is a cache, never the user's data. The newest
-`MAX_FILES` are kept. The files hold the user's text in a derived form, so they live only in that user's folder:
-every change to the history removes them all (`remove_kept`: a removed item is not kept in another form), `localpers
-user delete` removes them with the folder and `localpers user export` never packs them. This module evaluates
-nothing and decides nothing about what is shared.
+version or of another key (copied or linked under this name) reads as absent and is written again; only a
+regular file of the folder's own is read (`localpers.regular_files`: no link, FIFO or device, never past its
+size). A failed write (a full disk, a read-only folder, the user's write lock busy or the user deleted
+meanwhile: `lock`) is skipped: this is a cache, never the user's data. The newest `MAX_FILES` are kept. The
+files hold the user's text in a derived form, so they live only in that user's folder: every change to the
+history removes them all (`remove_kept`: a removed item is not kept in another form), `localpers user delete`
+removes them with the folder and `localpers user export` never packs them. This module evaluates nothing and
+decides nothing about what is shared.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from localpers.atomic import atomic_write_bytes
 from localpers.errors import LocalpersError
+from localpers.regular_files import read_regular_file
 
 MAGIC = b"LPKV2\n"
 FILE_PATTERN = "prefix-*.kv"
@@ -66,32 +68,6 @@ class KeptPrefix:
     key: bytes
 
 
-def _read_regular_file(path: Path, limit: int) -> bytes | None:
-    """`path`'s bytes if it is a regular file (not through a link) of at most `limit` bytes, else None: a FIFO
-    would block and a device never ends."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        chunks, left = [], info.st_size + 1  # one more: a file that grew meanwhile is refused below
-        while left > 0:
-            chunk = os.read(descriptor, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(descriptor)
-
-
 class PrefixStateFiles:
     """The prefix states of one user folder, for one engine (`fingerprint`)."""
 
@@ -114,8 +90,13 @@ class PrefixStateFiles:
 
     def read(self, entry: KeptPrefix) -> bytes | None:
         """The state kept for `entry`, or None when there is none or it is not intact and of this key."""
-        data = _read_regular_file(entry.path, MAX_FILE_BYTES + _HEADER_BYTES)
-        if data is None or len(data) <= _HEADER_BYTES or not data.startswith(MAGIC):
+        try:  # a regular file of this folder's own only: a FIFO would block, a device never end
+            data = read_regular_file(
+                entry.path, MAX_FILE_BYTES + _HEADER_BYTES, what="kept state", stored=True, follow_links=False
+            )
+        except LocalpersError:
+            return None
+        if len(data) <= _HEADER_BYTES or not data.startswith(MAGIC):
             return None
         key_end = len(MAGIC) + _DIGEST_BYTES
         state = data[_HEADER_BYTES:]

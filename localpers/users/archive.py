@@ -57,7 +57,7 @@ def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     members, a repeated or unexpected member name, more than one vector, or declared sizes over the
     per-member or total caps. Decompression is capped again at the declared sizes.
     """
-    from localpers.users.input_files import read_regular_file
+    from localpers.regular_files import read_regular_file
 
     raw_archive = read_regular_file(archive, MAX_ARCHIVE_FILE_BYTES, what="user archive (.zip)")
     allowed = {"manifest.json", "state.json", "history.jsonl"}

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from localpers.errors import InputError, LocalpersError
+from localpers.regular_files import read_regular_file
 from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
-from localpers.users.input_files import read_regular_file
 
 MAX_HISTORY_ITEMS = 500
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over

@@ -1,7 +1,8 @@
 """Reading one file whole, safely: a regular file of bounded size, never a FIFO, device or socket.
 
-`read_regular_file` is what every reader of a history file, a user archive or a user's stored history goes
-through. It only reads bytes; parsing them is the caller's job.
+`read_regular_file` is what every reader of a history file, a user archive, a user's stored history or an
+engine state kept in a user's folder (`localpers.engine.prefix_files`) goes through. It only reads bytes;
+parsing them is the caller's job.
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ from pathlib import Path
 from localpers.errors import InputError, LocalpersError
 
 
-def read_regular_file(path: Path, limit: int, *, what: str, stored: bool = False) -> bytes:
+def read_regular_file(
+    path: Path, limit: int, *, what: str, stored: bool = False, follow_links: bool = True
+) -> bytes:
     """The bytes of `path`, refusing anything but a regular file of at most `limit` bytes.
+
+    With `follow_links=False` a symbolic link is refused too, even to a regular file (a cache that must be
+    the folder's own file, not one linked in from elsewhere).
 
     A FIFO, device or socket is refused without being opened for reading (reading one blocks or never
     ends); the file is opened with O_NONBLOCK so a FIFO swapped in after the check cannot block either.
@@ -24,11 +30,13 @@ def read_regular_file(path: Path, limit: int, *, what: str, stored: bool = False
     unusable: type[LocalpersError] = LocalpersError if stored else InputError
     fix = "move it away" if stored else f"pass a {what}"
     try:
-        info = path.stat()
+        info = path.stat() if follow_links else path.lstat()
     except FileNotFoundError:
         raise unusable(f"{path}: no such file") from None
     except OSError as exc:
         raise unusable(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise unusable(f"{path} is a link; {fix}")
     if stat.S_ISDIR(info.st_mode):
         raise unusable(f"{path} is a directory; {fix}")
     if not stat.S_ISREG(info.st_mode):
@@ -36,7 +44,8 @@ def read_regular_file(path: Path, limit: int, *, what: str, stored: bool = False
     if info.st_size > limit:
         raise InputError(f"{path} is {info.st_size} bytes, more than the {limit} a {what} may have")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        no_follow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | no_follow)
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise unusable(f"{path} is not a regular file; {fix}")
