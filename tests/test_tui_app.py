@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import Select, TextArea
-from tui_fakes import FakeService, fake_text
+from tui_fakes import FAKE_SHA, FakeService, fake_text
 from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
 
 from localpers.tui.screens.confirm import ConfirmScreen
@@ -21,7 +21,7 @@ from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.history_panel import HistoryTable
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import TokenStrip
-from localpers.users.history import demo_history_path
+from localpers.users.history import demo_history_path, history_digest
 from localpers.users.store import UserStore
 
 
@@ -153,6 +153,22 @@ async def test_switching_user(service: FakeService) -> None:
         assert app.main.personal_panel.text == card(DRAFT, vector=6)  # bob's vector
         assert app.main.history_panel.table.row_count == 6
         assert app.main.profile_panel.profile is not None and app.main.profile_panel.profile.user == "bob"
+
+
+@async_test
+async def test_a_fit_that_did_not_record_its_items_is_refitted_once_on_opening(service: FakeService) -> None:
+    import numpy as np
+
+    user = service.store.get("ann")
+    old_report = {"mode": "vector", "n_items": 4}  # as an earlier localpers wrote it: no history digest
+    user.save_fit(np.full(4, 9, np.float32), {"cluster": 0, "bundle_sha256": FAKE_SHA, "fit": old_report})
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        assert service.fits == ["ann"]  # once: the refit recorded which items it saw
+        assert user.state()["fit"]["history_sha256"] == history_digest(user.history())
+        assert app.profile is not None and not app.profile.needs_fit
+        assert app.main.personal_panel.text == card(DRAFT, vector=4)  # the refitted vector, not the old one
 
 
 @async_test

@@ -26,7 +26,7 @@ from localpers.tui.userdata import (
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import NEUTRAL, choice_changed, correction_color, visible_piece
 from localpers.tui.widgets.why_view import shown_text, summarize
-from localpers.users.history import HistoryItem
+from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import UserStore
 
 
@@ -102,7 +102,7 @@ def test_profile_says_when_a_fit_is_due() -> None:
     assert not load_profile(user, "sha").needs_fit  # nothing to fit
     accept_output(user, "headline", "a", "A")
     assert load_profile(user, "sha").needs_fit
-    report = {"mode": "too-few-pairs", "n_items": 1}
+    report = {"mode": "too-few-pairs", "n_items": 1, "history_sha256": history_digest(user.history())}
     user.save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": "sha", "fit": report})
     profile = load_profile(user, "sha")
     assert not profile.needs_fit and profile.can_personalize and profile.cluster == 1
@@ -114,7 +114,6 @@ def test_profile_says_when_a_fit_is_due() -> None:
 
 def test_a_fit_is_due_when_the_history_changed_but_not_its_size() -> None:
     from localpers.tui.widgets.profile_panel import status_line
-    from localpers.users.history import history_digest
 
     user = UserStore().create("ann")
     accept_output(user, "headline", "a", "A")
@@ -125,6 +124,23 @@ def test_a_fit_is_due_when_the_history_changed_but_not_its_size() -> None:
     accept_output(user, "headline", "b", "B")  # one item again, another one
     profile = load_profile(user, "sha")
     assert profile.needs_fit and "refit due" in status_line(profile).plain
+
+
+def test_a_fit_that_did_not_record_its_items_is_due_even_at_the_same_size() -> None:
+    """An earlier localpers recorded only the count: a removed and replaced item went unnoticed, and the CLI
+    already says so; the app refits once, which records the items."""
+    from localpers.tui.widgets.profile_panel import status_line
+
+    user = UserStore().create("ann")
+    accept_output(user, "headline", "a", "A")
+    old_report = {"mode": "vector", "n_items": 1}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": "sha", "fit": old_report})
+    profile = load_profile(user, "sha")
+    assert profile.history_unrecorded and not profile.history_changed and profile.needs_fit
+    assert "did not record which items: refit due" in status_line(profile).plain
+    new_report = {**old_report, "history_sha256": history_digest(user.history())}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": "sha", "fit": new_report})
+    assert not load_profile(user, "sha").needs_fit
 
 
 def test_profile_panel_shows_the_choice_habits_and_series() -> None:

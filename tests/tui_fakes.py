@@ -15,6 +15,7 @@ import numpy as np
 from localpers.methods.registry import compared_methods
 from localpers.methods.reports import CandidateShift, FitReport, RewriteResult, RewriteStep
 from localpers.tui.service import EngineInfo, Progress, RewriteRequest, TextSink
+from localpers.users.history import history_digest
 from localpers.users.history_prompt import ShownExample
 from localpers.users.store import User, UserStore
 
@@ -121,6 +122,7 @@ class FakeService:
                 vector_norm=float(len(items)),
                 seconds={"cluster": 0.1, "negatives": 0.2, "features": 0.3, "fit": 0.01},
                 bundle_sha256=FAKE_SHA,
+                history_sha256=history_digest(items),  # as the real fit records
             )
             state = {"cluster": report.cluster, "bundle_sha256": FAKE_SHA, "fit": report.to_json()}
             vector = np.full(4, len(items), dtype=np.float32) if items else None

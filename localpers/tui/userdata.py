@@ -74,11 +74,27 @@ class Profile:
         return self.fit.get("n_items") != self.n_history
 
     @property
+    def history_unrecorded(self) -> bool:
+        """Whether the fit was made by an earlier localpers that recorded how many items it saw but not which:
+        as many items now may still be other ones (removed and replaced), so only a refit can tell."""
+        return (
+            self.fit is not None
+            and not isinstance(self.fit.get("history_sha256"), str)
+            and self.fit.get("n_items") == self.n_history
+        )
+
+    @property
     def needs_fit(self) -> bool:
-        """History exists but no fit for this bundle, or the history changed since the fit."""
+        """History exists but no fit for this bundle, the history changed since the fit, or the fit did not
+        record which items it saw (one refit records them)."""
         if self.n_history == 0:
             return False
-        return self.fit is None or self.bundle_matches is False or self.history_changed
+        return (
+            self.fit is None
+            or self.bundle_matches is False
+            or self.history_changed
+            or self.history_unrecorded
+        )
 
     @property
     def can_personalize(self) -> bool:

@@ -39,6 +39,10 @@ def status_line(profile: Profile) -> Text:
         return Text("fitted with another bundle: refit due", style="yellow")
     if profile.history_changed:
         return Text("history changed since the fit: refit due", style="yellow")
+    if profile.history_unrecorded:
+        return Text(
+            "fitted by an earlier localpers that did not record which items: refit due", style="yellow"
+        )
     return Text("up to date", style="green")
 
 
