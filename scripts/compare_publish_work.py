@@ -9,8 +9,8 @@ options). Timings, timestamps and logs are skipped; arrays are compared by value
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,14 @@ def compare(a: Path, b: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    first, second = Path(sys.argv[1]), Path(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("first", type=Path, help="a publisher work directory (`<bundle>/.work`)")
+    parser.add_argument("second", type=Path, help="the work directory to compare it with")
+    args = parser.parse_args()
+    first, second = args.first, args.second
+    for folder in (first, second):
+        if not folder.is_dir():
+            parser.error(f"{folder}: not a directory; give two publisher work directories (`<bundle>/.work`)")
     report: dict[str, dict[str, int | float]] = {}
     for path in sorted(first.rglob("*")):
         if not path.is_file() or path.name in SKIP or "staging" in path.parts or path.suffix == ".partial":

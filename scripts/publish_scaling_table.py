@@ -8,15 +8,24 @@ per SFT step and per adapter (sft, export), per pair (pairs, features).
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 STAGES = ("clusters", "sft", "export", "pairs", "features", "head", "bundle")
 
 
 def main() -> None:
-    root, names = Path(sys.argv[1]), sys.argv[2:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="OUTROOT of `scripts/publish_scaling.sh`")
+    parser.add_argument("names", nargs="+", help="the runs to tabulate (OUTROOT/<name>/result.json)")
+    args = parser.parse_args()
+    root, names = args.root, args.names
+    for name in names:
+        if not (root / name / "result.json").is_file():
+            parser.error(
+                f"{root / name / 'result.json'}: not found; name runs that publish_scaling.sh finished"
+            )
     print(
         "| run | executor, CPUs | users | K | "
         + " | ".join(STAGES)
