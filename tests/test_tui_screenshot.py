@@ -36,12 +36,21 @@ def test_an_article_number_out_of_range_is_a_one_line_error(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_the_screen_shows_both_outputs_the_examples_and_the_why_view(backbone: Backbone, tmp_path: Path) -> None:
+def test_the_screen_shows_both_outputs_the_examples_and_the_why_view(
+    backbone: Backbone, tmp_path: Path
+) -> None:
     script = load_script()
     svg = tmp_path / "tui.svg"
     asyncio.run(script.render(script.demo_article(1), svg, timeout=300))
     screen = svg.read_text(encoding="utf-8").replace("&#160;", " ")
-    for shown in ("user demo", "24 examples", "Non-personalized", "Personalized", "Why (F2)", "choices changed"):
+    for shown in (
+        "user demo",
+        "24 examples",
+        "Non-personalized",
+        "Personalized",
+        "Why (F2)",
+        "choices changed",
+    ):
         assert shown in screen, shown
     assert "Your history shown to the model (5)" in screen
     fit = UserStore().get("demo").state()["fit"]  # fitted on opening, in the test's own data directory
