@@ -119,11 +119,15 @@ def test_doctor_json_reports_backbone_and_extras(backbone: Backbone) -> None:
 
 
 def test_generate_streams_text(backbone: Backbone) -> None:
-    result = runner.invoke(
-        app, ["generate", "The capital of France is", "--max-tokens", "8", "--model", str(backbone.path)]
-    )
-    assert result.exit_code == 0, result.output
-    assert len(result.stdout.strip()) > 0
+    """The streamed pieces add up to the whole greedy continuation that `--json` reports, once, then a newline."""
+    command = ["generate", "The capital of France is", "--max-tokens", "8", "--model", str(backbone.path)]
+    streamed = runner.invoke(app, command)
+    assert streamed.exit_code == 0, streamed.output
+    reported = runner.invoke(app, [*command, "--json"])
+    assert reported.exit_code == 0, reported.output
+    payload = json.loads(reported.stdout)
+    assert payload["text"].strip() and streamed.stdout == payload["text"] + "\n"
+    assert payload["tokens"] == 8 or payload["stop_reason"] != "length"
 
 
 def test_generate_json_headline_is_one_line(backbone: Backbone) -> None:

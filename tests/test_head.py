@@ -49,11 +49,23 @@ def test_top_k_indices_match_a_full_sort() -> None:
 
 
 def test_sequence_feature_is_the_sum_of_u_times_z() -> None:
-    head = small_head()
+    """g(y) = alpha * sum_t (E[y_t] Q) * (P rms(f_t)), written out here without the head's helpers."""
+    rng = np.random.default_rng(0)
+    P, Q, table = rng.normal(size=(2, 6)), rng.normal(size=(3, 2)), rng.normal(size=(6, 3)).astype(np.float32)
+    head = CardHead(
+        HeadConfig(d=2, layers=(0, 1), alpha=0.7, top_k=2),
+        P,
+        np.zeros((2, 2)),
+        factor_q=Q,
+        embeddings=TableEmbeddings(table),
+    )
     features = np.random.default_rng(1).normal(size=(3, 2, 3))
     tokens = [1, 4, 2]
-    expected = sum(head.u_rows([t])[0] * head.project(features[i]) for i, t in enumerate(tokens))
-    np.testing.assert_allclose(head.sequence_feature(tokens, features), expected, rtol=1e-5)
+    expected = np.zeros(2)
+    for t, token in enumerate(tokens):
+        layers = [features[t, layer] / np.sqrt(np.mean(features[t, layer] ** 2)) for layer in range(2)]
+        expected += (table[token] @ Q) * (P @ np.concatenate(layers))
+    np.testing.assert_allclose(head.sequence_feature(tokens, features), 0.7 * expected, rtol=1e-4)
 
 
 def test_u_rows_are_remembered_and_equal_to_e_q(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,12 +82,24 @@ def test_u_rows_are_remembered_and_equal_to_e_q(monkeypatch: pytest.MonkeyPatch)
     assert head.embeddings.calls == calls  # a remembered row is not read again
 
 
-def test_reward_is_linear_in_the_user_vector() -> None:
+def test_reward_is_linear_in_the_user_vector_and_the_sum_of_the_per_step_corrections() -> None:
+    """lambda . g(y) is what CARD's decoding adds up token by token: the pairs' reward and the logit correction
+    are the same function of the user vector."""
     head = small_head()
     features = np.random.default_rng(2).normal(size=(4, 2, 3))
-    g = head.sequence_feature([0, 1, 2, 3], features)
+    tokens = [0, 1, 2, 3]
+    g = head.sequence_feature(tokens, features)
     a, b = np.array([1.0, -2.0]), np.array([0.5, 3.0])
-    assert np.isclose((a + b) @ g, a @ g + b @ g)
+    per_step = [
+        float(head.correction(np.array([token]), features[t], a + b, strength=head.config.alpha)[0])
+        for t, token in enumerate(tokens)
+    ]
+    assert np.isclose((a + b) @ g, sum(per_step), rtol=1e-5)
+    for t, token in enumerate(tokens):
+        step_a = head.correction(np.array([token]), features[t], a, strength=1.0)
+        step_b = head.correction(np.array([token]), features[t], b, strength=1.0)
+        both = head.correction(np.array([token]), features[t], a + b, strength=1.0)
+        np.testing.assert_allclose(both, step_a + step_b, rtol=1e-5, atol=1e-6)
 
 
 def test_correction_moves_only_top_k_and_masks_the_rest() -> None:

@@ -41,8 +41,9 @@ def test_rouge_partial_overlap() -> None:
 
 
 def test_rouge_empty_prediction_scores_zero() -> None:
-    assert rouge("", "anything at all") == rouge("", "anything at all")
-    assert rouge("", "anything at all").rouge1 == 0.0
+    scores = rouge("", "anything at all")
+    assert (scores.rouge1, scores.rougeL) == (0.0, 0.0)
+    assert rouge("anything at all", "").rouge1 == 0.0  # an empty reference too
 
 
 def test_bootstrap_of_a_constant_difference_is_that_constant() -> None:

@@ -35,9 +35,12 @@ def test_every_style_is_detected_on_its_own_transform_and_idempotent(name: str) 
     for text in HEADLINES:
         styled = style.transform(text)
         assert style.transform(styled) == styled
-        assert style.detect(styled) in (True, None)
-        if style.detect(text) is not None:
-            assert style.detect(text) is False, (name, text)  # plain title-case news headlines lack it
+        joins_nothing = name == "ampersand" and " and " not in f" {text.lower()} "
+        if joins_nothing:  # the only style that may not apply to a headline: there is nothing to join
+            assert styled == text and style.detect(styled) is None and style.detect(text) is None
+            continue
+        assert style.detect(styled) is True, (name, styled)
+        assert style.detect(text) is False, (name, text)  # plain title-case news headlines lack it
 
 
 def test_transforms_do_what_their_names_say() -> None:

@@ -66,6 +66,9 @@ def test_install_from_another_filesystem_keeps_a_whole_bundle(tmp_path: Path) ->
     out = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "out"))
     staging = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "staging"))
     (staging / "plots").mkdir(exist_ok=True)
+    (staging / "plots" / "new-run.txt").write_text("only the staged bundle has this file\n")
+    staged = {p.relative_to(staging): p.read_bytes() for p in staging.rglob("*") if p.is_file()}
+    assert staged != {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     replace = os.replace
 
     def no_cross_device(src: object, dst: object) -> None:
@@ -78,6 +81,9 @@ def test_install_from_another_filesystem_keeps_a_whole_bundle(tmp_path: Path) ->
         patch.setattr(bundle_stage.os, "replace", no_cross_device)
         bundle_stage.install(staging, out)
     verify_bundle(out)
+    assert {
+        p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
+    } == staged  # the new one
     assert not [p for p in out.iterdir() if p.name.startswith((".installing-", ".replaced-"))]
 
 

@@ -550,7 +550,7 @@ def test_repo_fingerprint_of_a_missing_repository_is_a_one_line_error(
     """Found by the long hypothesis run: a StorageError traceback for `repo fingerprint ''`."""
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["repo", "fingerprint", argument])
-    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 1 and (result.exception is None or isinstance(result.exception, SystemExit))
     assert result.stderr.startswith("error: ") and "1.root.json: no such file" in result.stderr
 
 

@@ -244,11 +244,15 @@ async def test_edit_cancel_changes_nothing(service: FakeService) -> None:
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
+        before = service.store.get("ann").history()
         await pilot.press("ctrl+g")
         await pilot.pause()
+        assert isinstance(app.screen, EditAcceptScreen)
         await pilot.press("escape")
         await wait_idle(pilot)
-        assert len(service.store.get("ann").history()) == 4
+        assert not isinstance(app.screen, EditAcceptScreen)
+        assert service.store.get("ann").history() == before
+        assert service.fits == ["ann"]  # only the fit on opening: nothing to refit
 
 
 @async_test
@@ -451,8 +455,27 @@ async def test_close_service_waits_for_the_engine(service: FakeService) -> None:
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
-    app.close_service()
-    assert service.closed
+    app.engine_lock.acquire()  # a worker still decoding: the engine must not be closed under it
+    closer = threading.Thread(target=app.close_service)
+    closer.start()
+    closer.join(timeout=0.3)
+    assert closer.is_alive() and not service.closed
+    app.engine_lock.release()
+    closer.join(timeout=10)
+    assert not closer.is_alive() and service.closed
+
+
+@async_test
+async def test_close_service_leaves_a_busy_engine_open_after_its_timeout(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+    app.engine_lock.acquire()
+    try:
+        app.close_service(timeout=0.1)
+    finally:
+        app.engine_lock.release()
+    assert not service.closed
 
 
 @async_test
