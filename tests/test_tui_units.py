@@ -242,6 +242,8 @@ def test_choice_changed_and_summary() -> None:
     assert summarize(result) == (
         "2 tokens · 1 choice changed by your vector · largest shift +2.00 on 't2' · α 1, top-10"
     )
+    result.strength = 0.066257  # a fit's chosen strength: three figures, not six
+    assert summarize(result).endswith("· α 0.0663, top-10")
 
 
 def test_fit_summary() -> None:

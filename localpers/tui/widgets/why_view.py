@@ -31,7 +31,7 @@ def summarize(result: RewriteResult) -> str:
     if steps:
         strongest = max(steps, key=lambda s: abs(s.correction))
         line += f" · largest shift {strongest.correction:+.2f} on {visible_piece(strongest.piece)!r}"
-    line += f" · α {result.strength:g}, top-{result.top_k}" if result.strength is not None else ""
+    line += f" · α {result.strength:.3g}, top-{result.top_k}" if result.strength is not None else ""
     return line
 
 
