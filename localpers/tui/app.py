@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
+from textual.containers import ScrollableContainer
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
@@ -360,8 +361,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self.main.tabs.active = tab
         pane = self.main.tabs.get_pane(tab)
         focusable = [widget for widget in pane.query("*") if widget.focusable]
-        if focusable:
-            focusable[0].focus()
+        # a control of the tab (the token strip, the history table) before the container that scrolls it
+        controls = [widget for widget in focusable if not isinstance(widget, ScrollableContainer)]
+        if controls or focusable:
+            (controls or focusable)[0].focus()
 
     # ------------------------------------------------------------------ shutdown
     def close_service(self, timeout: float = 60.0) -> None:

@@ -16,7 +16,10 @@ class ConfirmScreen(ModalScreen[bool]):
     }
     ConfirmScreen > Vertical {
         width: 70;
+        max-width: 100%;
         height: auto;
+        max-height: 100%;
+        overflow-y: auto;
         border: thick $warning;
         background: $surface;
         padding: 1 2;

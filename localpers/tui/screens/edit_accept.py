@@ -26,8 +26,10 @@ class EditAcceptScreen(ModalScreen[str | None]):
     }
     EditAcceptScreen > Vertical {
         width: 90;
+        max-width: 100%;
         height: auto;
-        max-height: 24;
+        max-height: 100%;
+        overflow-y: auto;
         border: thick $success;
         background: $surface;
         padding: 1 2;

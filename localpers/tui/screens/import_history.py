@@ -31,7 +31,10 @@ class ImportScreen(ModalScreen[ImportSummary | None]):
     }
     ImportScreen > Vertical {
         width: 84;
+        max-width: 100%;
         height: auto;
+        max-height: 100%;
+        overflow-y: auto;
         border: thick $primary;
         background: $surface;
         padding: 1 2;

@@ -7,7 +7,7 @@ Why, History and Profile tabs below; a progress line and the footer. All behavio
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
@@ -38,14 +38,15 @@ class MainScreen(Screen[None]):
                 yield OutputPanel(BASELINE_TITLE, id="baseline")
                 yield OutputPanel("Personalized", id="personal", classes="personal")
         with TabbedContent(id="panels", initial="why-tab"):
-            with TabPane("Why (F2)", id="why-tab"):
+            with TabPane("Why (F2)", id="why-tab"), VerticalScroll(id="why-scroll"):
                 yield WhyView()
             with TabPane("History (F3)", id="history-tab"):
                 yield HistoryPanel()
-            with TabPane("Profile (F4)", id="profile-tab"):
+            with TabPane("Profile (F4)", id="profile-tab"), VerticalScroll(id="profile-scroll"):
                 yield ProfilePanel()
         yield ProgressStatus()
-        yield Footer()
+        # compact and without the palette's hint (ctrl+p still opens it): 80 columns show every main key
+        yield Footer(compact=True, show_command_palette=False)
 
     @property
     def controls(self) -> ControlBar:

@@ -38,15 +38,14 @@ class HistoryPanel(Vertical):
 
     DEFAULT_CSS = """
     HistoryPanel {
-        height: auto;
+        height: 1fr;
     }
     HistoryPanel #history-caption {
         color: $text-muted;
         padding: 0 1;
     }
     HistoryPanel HistoryTable {
-        height: auto;
-        max-height: 14;
+        height: 1fr;
     }
     """
 

@@ -19,6 +19,7 @@ class OutputPanel(Static):
         height: 1fr;
         border: round $secondary;
         padding: 0 1;
+        overflow-y: auto;
     }
     OutputPanel.personal {
         border: round $success;

@@ -12,7 +12,10 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from localpers.tui.text import one_line, shorten
 from localpers.tui.userdata import Profile
+
+SERIES_WIDTH = 100  # a series' latest output, cut so the profile's other rows stay in view
 
 MODE_LABELS = {
     "vector": "own vector (fitted on your pairs)",
@@ -82,7 +85,7 @@ def profile_table(profile: Profile) -> Table:
         if profile.fitted_at:
             table.add_row("fitted at", profile.fitted_at)
     for size, latest in profile.series:
-        table.add_row("series", Text(f"{size} alike, the latest: {latest}"))
+        table.add_row("series", Text(f"{size} alike, the latest: {shorten(one_line(latest), SERIES_WIDTH)}"))
     return table
 
 

@@ -1,7 +1,8 @@
 """`TokenStrip`: the personalized output as tokens, each coloured by how much the user vector moved it.
 
 The colour is the correction CARD added to the chosen token's logit: green when the user's vector pushed
-it up, red when it pushed it down, stronger for larger shifts (scaled by the largest shift in the text).
+it up, red when it pushed it down, stronger for larger shifts (scaled by the largest shift in the text); a
+clear push is also bold (up) or italic (down), so the sign survives a terminal without colour (NO_COLOR).
 Tokens whose choice the correction changed (not the cluster model's own first choice) are underlined.
 Left/right move the selection and post `TokenStrip.Selected`; the strip does not compute corrections.
 """
@@ -22,6 +23,7 @@ from localpers.methods.reports import RewriteStep
 NEUTRAL = (48, 48, 56)
 PUSHED_UP = (24, 150, 72)
 PUSHED_DOWN = (190, 48, 48)
+MARKED_SHARE = 0.2  # a push of at least this share of the text's largest is also bold (up) or italic (down)
 
 
 def correction_color(correction: float, scale: float) -> str:
@@ -108,6 +110,8 @@ class TokenStrip(Widget, can_focus=True):
         text = Text()
         for index, step in enumerate(self.steps):
             style = f"#f0f0f0 on {correction_color(step.correction, scale)}"
+            if scale > 0 and abs(step.correction) >= MARKED_SHARE * scale:  # the sign without colour too
+                style += " bold" if step.correction > 0 else " italic"
             if choice_changed(step):
                 style += " underline"
             if index == self.selected:

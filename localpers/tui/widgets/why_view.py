@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from localpers.methods.reports import RewriteResult
+from localpers.tui.text import one_line, shorten
 from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visible_piece
 from localpers.users.history_prompt import ShownExample
@@ -42,13 +43,17 @@ WHY_SHOWN = {
 }
 
 
+SHOWN_WIDTH = 100  # a shown example's characters: a long one must not push the tokens out of the tab
+
+
 def shown_text(examples: list[ShownExample]) -> Text:
-    """The history items a prompt showed, one line each with why (user text is never read as markup)."""
+    """The history items a prompt showed, one line each with why, each cut to `SHOWN_WIDTH` characters (user
+    text is never read as markup)."""
     text = Text(f"Your history shown to the model ({len(examples)}):", style="bold")
     for example in examples:
         why = WHY_SHOWN.get(example.why, example.why) + (", with its text" if example.described else "")
         text.append(f"\n  {why:<22} ", style="dim")
-        text.append(example.output)
+        text.append(shorten(one_line(example.output), SHOWN_WIDTH))
     return text
 
 
@@ -83,7 +88,7 @@ class WhyView(Vertical):
         yield Static(EMPTY_HINT, id="why-summary")
         yield TokenStrip()
         yield Static(
-            "[on rgb(24,150,72)] pushed up [/] [on rgb(190,48,48)] pushed down [/] "
+            "[bold on rgb(24,150,72)] pushed up [/] [italic on rgb(190,48,48)] pushed down [/] "
             "[underline]underlined[/]: the vector changed the choice",
             id="why-legend",
         )

@@ -1,0 +1,116 @@
+"""The app on small terminals and long texts (fake engine): what a user must still see and reach.
+
+Each case was cut off before: the history table's cursor below the visible rows at 80x24, the profile's last rows
+and the Why view's candidate table out of reach, a long history output pushing the tokens out of the Why tab,
+dialogs wider than the terminal, and the footer dropping Import at 80 columns.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from tui_fakes import FakeService
+from tui_helpers import DRAFT, async_test, examples, make_app, visible_lines, wait_idle
+
+from localpers.methods.reports import CandidateShift, RewriteStep
+from localpers.tui.app import LocalpersApp
+from localpers.tui.widgets.history_panel import HistoryTable
+from localpers.tui.widgets.token_strip import TokenStrip
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
+
+SMALL = (80, 24)
+
+
+def service_with(items: list[HistoryItem]) -> FakeService:
+    store = UserStore()
+    store.create("ann").save_history(items)
+    store.use("ann")
+    return FakeService(store)
+
+
+def screen_text(app: LocalpersApp) -> str:
+    return "\n".join(visible_lines(app.export_screenshot()))
+
+
+@async_test
+async def test_the_history_cursor_stays_in_view_at_80x24() -> None:
+    app = make_app(service_with(examples("ann", 30)), text=DRAFT)
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f3")
+        for _ in range(25):
+            await pilot.press("down")
+        await pilot.pause(0.2)
+        table = app.main.history_panel.query_one(HistoryTable)
+        selected = table.coordinate_to_cell_key(table.cursor_coordinate)[0].value
+        assert table.cursor_row == 25 and selected is not None and selected in screen_text(app)
+
+
+@async_test
+async def test_the_profile_and_the_candidates_can_be_scrolled_to_at_80x24() -> None:
+    app = make_app(service_with(examples("ann", 4)), text=DRAFT)
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f4")
+        assert app.focused is app.main.query_one("#profile-scroll")  # arrows scroll the profile
+        await pilot.press("end")
+        await pilot.pause(0.2)
+        assert "fitted at" in screen_text(app)
+        await pilot.press("f2")
+        assert isinstance(app.focused, TokenStrip)  # the tab's control first, not its scroll container
+        await pilot.press("tab")
+        await pilot.pause(0.2)
+        assert "rank before" in screen_text(app)  # the focused candidate table is scrolled into view
+
+
+@async_test
+async def test_long_history_outputs_leave_the_tokens_in_the_why_tab() -> None:
+    long_items = [
+        HistoryItem.create("headline", f"article {i} about the town", f"Long {i} " + "word " * 400)
+        for i in range(4)
+    ]
+    app = make_app(service_with(long_items), text=DRAFT)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f2")
+        await pilot.pause(0.2)
+        shown = screen_text(app)
+        assert "pushed up" in shown and "rank before" in shown
+        assert "Long 3 word word" in shown and "…" in shown  # each example cut to one line
+
+
+@async_test
+async def test_the_welcome_dialog_fits_a_40_column_terminal() -> None:
+    app = LocalpersApp(FakeService(UserStore()), debounce=0.05)
+    async with app.run_test(size=(40, 15)) as pilot:
+        await wait_idle(pilot)
+        dialog = app.screen.query_one("WelcomeScreen > Vertical")
+        assert dialog.region.width <= 40 and dialog.region.height <= 15
+        await pilot.press("q")
+        await pilot.pause(0.2)
+    assert app.return_code == 0
+
+
+@async_test
+async def test_the_footer_shows_accept_and_import_at_80_columns() -> None:
+    app = make_app(service_with(examples("ann", 4)), text=DRAFT)
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_idle(pilot)
+        footer = screen_text(app).splitlines()[-1]
+        assert "Accept" in footer and "Import" in footer and "Quit" in footer
+
+
+def test_the_token_strip_marks_the_push_without_colour() -> None:
+    def step(token: int, correction: float) -> RewriteStep:
+        return RewriteStep(token, f"t{token} ", correction, [CandidateShift(token, f"t{token}", 1.0, 1.0)])
+
+    strip = TokenStrip()
+    strip.steps = [step(1, 2.0), step(2, -2.0), step(3, 0.1)]
+    strip.selected = 2
+    rendered: Text = strip.render()
+    style_of = {rendered.plain[span.start : span.end]: str(span.style) for span in rendered.spans}
+    assert "bold" in style_of["t1 "] and "italic" not in style_of["t1 "]  # pushed up
+    assert "italic" in style_of["t2 "] and "bold" not in style_of["t2 "]  # pushed down
+    assert (
+        "italic" not in style_of["t3 "] and style_of["t3 "].count("bold") == 1
+    )  # small: the selection's only
