@@ -527,6 +527,18 @@ def test_the_answer_says_what_rewrite_json_says_beside_the_text(server: LiveServ
     assert status == 200, text
     extension = json.loads(text)["localpers"]
     assert extension["method"] == "card" and extension["strength"] is not None and extension["top_k"] >= 1
+    assert "bias_strength" in extension
+    carol = {
+        "model": "localpers/carol",
+        "prompt": ARTICLE,
+        "max_tokens": 4,
+        "task": "headline",
+        "strength": 0,
+    }
+    status, text = raw_request(f"{server.base_url}/completions", json.dumps(carol).encode())
+    assert status == 200, text
+    applied = json.loads(text)["localpers"]
+    assert (applied["strength"], applied["bias_strength"]) == (0.0, 20.0)  # strength 0 leaves her token bias
     assert isinstance(extension["examples"], list)
     assert any("task read its first 1,500" in note for note in extension["notes"]), extension
     status, text = raw_request(

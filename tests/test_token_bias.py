@@ -195,6 +195,7 @@ def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Pe
     assert all(
         c.after == c.before for step in plain.steps for c in step.candidates
     )  # no bias given: unchanged
+    assert plain.strength == 0.0 and plain.bias_strength is None
     biased = personalizer.rewrite(
         ARTICLE,
         method="card",
@@ -206,6 +207,8 @@ def test_fit_stores_the_bias_and_card_adds_it_to_the_top_k_only(personalizer: Pe
         record_steps=True,
         max_tokens=6,
     )
+    # strength 0 is the vector's alone: the result says the bias still applied, and at what strength
+    assert biased.strength == 0.0 and biased.bias_strength == 2.0 and biased.to_json()["bias_strength"] == 2.0
     for index, step in enumerate(biased.steps):
         table = bias.for_step(index)
         for candidate in step.candidates:

@@ -82,6 +82,7 @@ def _extension(served: Served) -> dict[str, Any]:
         "method": result.method,
         "adapter": result.adapter,
         "strength": result.strength,
+        "bias_strength": result.bias_strength,
         "top_k": result.top_k,
         "examples": [example.id for example in result.examples],
         "notes": list(served.notes),

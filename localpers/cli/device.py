@@ -98,7 +98,9 @@ def rewrite_command(
             "--strength",
             low=0.0,
             high=MAX_STRENGTH,
-            help="CARD strength α (default: what fit chose, else the bundle's); for cope, its contrastive α (0.3).",
+            help="CARD strength α of your vector (default: what fit chose, else the bundle's); the token bias fit"
+            " chose keeps its own strength (--json: bias_strength; --method global-history has no correction);"
+            " for cope, its contrastive α (0.3).",
         ),
     ] = None,
     top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,

@@ -71,6 +71,9 @@ class RewriteResult:
     text_chars_read: int | None = None
     # The user's history items the prompt showed, each with why (asked for by `rewrite` and the TUI).
     examples: list[ShownExample] = field(default_factory=list)
+    # The strength CARD's correction applied the user's token bias at (None: no token bias in it); `strength`
+    # is the vector's alone, so a rewrite at strength 0 still carries the bias this says.
+    bias_strength: float | None = None
 
     def to_json(self, *, with_steps: bool = False) -> dict[str, Any]:
         payload = asdict(self)

@@ -248,6 +248,7 @@ class Personalizer:
             adapter=adapter,
             strength=strength_used,
             top_k=k_used,
+            bias_strength=None if correction is None or correction.bias is None else correction.bias_strength,
             tokens=len(result.tokens),
             prompt_ms=round(1000 * result.prompt_seconds, 2),
             ms_per_token=round(result.ms_per_token, 3),
