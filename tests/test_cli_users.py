@@ -201,6 +201,44 @@ def test_export_says_which_fits_it_leaves_out(tmp_path: Path) -> None:
     assert run_json("user", "export", "-o", str(tmp_path / "c.zip"))["not_exported"] == ["cope", "exact"]
 
 
+def test_an_export_without_history_says_so_and_the_import_says_what_to_add(tmp_path: Path) -> None:
+    """An import without the history kept the fit, and rewrites lost their examples with nothing said; `user
+    show` advised a refit of no history (README walkthrough)."""
+    run("user", "create", "ann")
+    run("history", "add", "-i", "x", "-o", "Private Words")
+    UserStore().get("ann").save_fit(
+        np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 1}}
+    )
+    shown = run("user", "export", "-o", str(tmp_path / "a.zip")).stdout
+    assert "not exported: the history (1 item)" in shown and "--with-history includes it" in shown
+    assert (
+        "not exported: the history"
+        not in run("user", "export", "-o", str(tmp_path / "b.zip"), "--with-history").stdout
+    )
+    run("user", "import", str(tmp_path / "a.zip"), "--as", "ann2")
+    fitted = next(
+        line for line in run("user", "show", "ann2").stdout.splitlines() if line.startswith("fitted")
+    )
+    assert (
+        "on 1 item, but the history holds none now (add it: `localpers history import FILE --user ann2`"
+        in fitted
+    )
+    assert "refits" not in fitted
+
+
+def test_history_changes_name_the_user_to_refit() -> None:
+    """A bare `localpers fit` fits the active user, not the one whose history changed."""
+    run("user", "create", "ann")
+    run("user", "create", "bob")
+    run("user", "use", "ann")
+    added = run("history", "add", "--user", "bob", "-i", "x", "-o", "Words").stdout
+    assert "run `localpers fit --user bob` to refit" in added
+    item = run_json("history", "list", "--user", "bob")["items"][0]["id"]
+    removed = run("history", "remove", item, "--user", "bob").stdout
+    assert "rewrites no longer show the removed item; run `localpers fit --user bob`" in removed
+    assert "`localpers history import FILE --user bob`" in run("history", "list", "--user", "bob").stderr
+
+
 def test_damaged_vector_gives_one_line_error_in_show() -> None:
     run("user", "create", "ann")
     user = UserStore().get("ann")

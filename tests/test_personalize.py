@@ -341,6 +341,30 @@ def test_before_a_fit_rewrite_shows_the_users_history_without_the_correction(
     assert plain.exit_code == 0 and "note:" not in plain.stderr  # this method needs no fit
 
 
+def test_a_fitted_user_whose_history_is_not_here_is_told_the_prompt_shows_none(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    """An export made without --with-history, imported elsewhere: the fit applies, the examples are gone, and
+    the rewrite said nothing (README walkthrough)."""
+    from localpers.users.history_prompt import PromptFormat
+
+    conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    runner = CliRunner()
+    common = ["--bundle", str(conditioned), "--model", str(backbone.path), "--max-tokens", "4", "--json"]
+    UserStore().create("shouty").save_history(items(SHOUTY))
+    assert runner.invoke(app, ["fit", *common[:4]]).exit_code == 0
+    fitted = json.loads(runner.invoke(app, ["rewrite", ARTICLE, *common]).stdout)
+    assert fitted["method"] == "card" and not fitted.get("notes")
+    UserStore().get("shouty").save_history([])  # as an import of an export without the history leaves it
+    payload = json.loads(runner.invoke(app, ["rewrite", ARTICLE, *common]).stdout)
+    assert payload["method"] == "card" and "examples" not in payload  # the fit still applies
+    assert (
+        len(payload["notes"]) == 1
+        and f"has no history for this task here (the fit saw {len(SHOUTY)} items)" in payload["notes"][0]
+    )
+    assert "localpers history import FILE --user shouty" in payload["notes"][0]
+
+
 def test_the_users_examples_block_is_kept_in_their_folder_for_the_next_rewrite(
     backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,10 +34,12 @@ history_app = typer.Typer(
 UserOption = Annotated[
     str | None, typer.Option("--user", "-u", help="The user to act on (default: the active user).")
 ]
-REFIT_HINT = (
-    "rewrites use the history now; run `localpers fit` to refit CARD's correction"
-    " (the vector and habits) to it"
-)
+
+
+def refit_hint(user_name: str, *, removed: bool = False) -> str:
+    """What to run after a history change; it names the user, since a bare `localpers fit` fits the active one."""
+    now = "rewrites no longer show the removed item" if removed else "rewrites use the history now"
+    return f"{now}; run `localpers fit --user {user_name}` to refit CARD's correction (the vector and habits) to it"
 
 
 def _item_json(item: HistoryItem) -> dict[str, Any]:
@@ -111,7 +113,7 @@ def history_import(
         f" it now has {items_phrase(len(merged))}"
     )
     if added:
-        typer.echo(REFIT_HINT)
+        typer.echo(refit_hint(target.name))
 
 
 @history_app.command("add")
@@ -153,7 +155,7 @@ def history_add(
         typer.echo(f"already in the history of {target.name!r} as {item.id}; nothing added", err=True)
         return
     typer.echo(f"added {item.id} to user {target.name!r}; it now has {items_phrase(len(merged))}")
-    typer.echo(REFIT_HINT)
+    typer.echo(refit_hint(target.name))
 
 
 @history_app.command("list")
@@ -167,7 +169,8 @@ def history_list(user: UserOption = None, as_json: JsonOption = False) -> None:
         return
     if not items:
         typer.echo(
-            f"user {target.name!r} has no history yet; add some with `localpers history import FILE`",
+            f"user {target.name!r} has no history yet; add some with `localpers history import FILE --user"
+            f" {target.name}`",
             err=True,
         )
         return
@@ -210,4 +213,4 @@ def history_remove(
     typer.echo(
         f"removed {matches[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
     )
-    typer.echo(REFIT_HINT)
+    typer.echo(refit_hint(target.name, removed=True))

@@ -118,7 +118,8 @@ def user_show(
     typer.echo(f"history     {items_phrase(len(history))}{f' ({tasks})' if tasks else ''}")
     typer.echo(f"cluster     {report['cluster'] if report['cluster'] is not None else 'not assigned'}")
     if vector is None:
-        typer.echo(f"vector      none (run `localpers fit --user {user.name}`)")
+        first = f"`localpers history import FILE --user {user.name}`, then " if not history else ""
+        typer.echo(f"vector      none (run {first}`localpers fit --user {user.name}`)")
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
     typer.echo(f"fitted      {_fit_freshness(state.get('fit'), history, user.name)}")
@@ -237,6 +238,11 @@ def _fit_freshness(fit: Any, history: list[HistoryItem], name: str) -> str:
     if not isinstance(fitted_on, int) or isinstance(fitted_on, bool):
         return f"on an unknown number of items (state.json's fit.n_items is damaged; {refit} refits)"
     digest = fit.get("history_sha256")
+    if n_history == 0 and fitted_on:  # e.g. imported from an export made without --with-history
+        return (
+            f"on {items_phrase(fitted_on)}, but the history holds none now (add it: `localpers history import"
+            f" FILE --user {name}`; an export made with --with-history carries it)"
+        )
     if isinstance(digest, str):
         if digest != history_digest(history):
             return (
@@ -324,6 +330,11 @@ def user_export(
         )
         return
     typer.echo(f"exported user {user.name!r} to {dest}{' (with history)' if with_history else ''}")
+    if not with_history and user.history():
+        typer.echo(
+            f"not exported: the history ({items_phrase(len(user.history()))}); on the other device rewrites show"
+            " none of its examples, where most of the personalization comes from (--with-history includes it)"
+        )
     if left_out:
         names = " and ".join({"cope": "CoPe's LoRA", "exact": "EXACT's index"}[method] for method in left_out)
         refits = " and ".join(refit_advice(method, user.name).removeprefix("run ") for method in left_out)

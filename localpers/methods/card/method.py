@@ -96,7 +96,19 @@ def profile_for_rewrite(
             f"{personalizer.bundle.k} clusters; run {refit}"
         )
     else:
-        return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state)
+        fitted_on = state["fit"].get("n_items") if isinstance(state["fit"], dict) else None
+        missing = (
+            f"user {target.name!r} has no history for this task here (the fit saw {fitted_on} items): the"
+            " prompt shows none of your examples, where most of the personalization comes from; add it with"
+            f" `localpers history import FILE --user {target.name}` (an export made with --with-history"
+            " carries it)"
+            if not has_items
+            and personalizer.prompt_format is not None
+            and isinstance(fitted_on, int)
+            and fitted_on
+            else None
+        )
+        return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state, note=missing)
     fallback = (
         None if strict else unfitted_method(method, has_items and personalizer.prompt_format is not None)
     )
