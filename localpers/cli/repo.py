@@ -8,13 +8,12 @@ The work is in `localpers.bundle.repository`; nothing here opens a network conne
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from localpers.cli.common import ModelOption
+from localpers.cli.common import JsonOption, ModelOption, print_json
 
 repo_app = typer.Typer(
     help="Publish bundles as a signed (TUF) repository of static files: keys, sign, re-sign.",
@@ -105,6 +104,7 @@ def refresh(
     everything: Annotated[
         bool, typer.Option("--all", help="Re-sign targets and snapshot too, not only the timestamp.")
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Re-sign the timestamp with a new expiry date (run it before the timestamp expires, default 7 days)."""
     from localpers.bundle.repository import refresh as refresh_repository
@@ -112,7 +112,12 @@ def refresh(
     versions = refresh_repository(
         repo, keys, _expiry(days, "timestamp", "snapshot", "targets"), everything=everything
     )
-    typer.echo(json.dumps(versions))
+    if as_json:
+        print_json(versions)
+        return
+    signed = "targets, snapshot and timestamp" if everything else "the timestamp"
+    versions_text = ", ".join(f"{role} {version}" for role, version in versions.items())
+    typer.echo(f"re-signed {signed} of {repo} with new expiry dates; versions now: {versions_text}")
 
 
 def rotate(
