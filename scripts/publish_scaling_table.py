@@ -21,11 +21,13 @@ def main() -> None:
     parser.add_argument("names", nargs="+", help="the runs to tabulate (OUTROOT/<name>/result.json)")
     args = parser.parse_args()
     root, names = args.root, args.names
+    results, loads = {}, {}
     for name in names:
-        if not (root / name / "result.json").is_file():
-            parser.error(
-                f"{root / name / 'result.json'}: not found; name runs that publish_scaling.sh finished"
-            )
+        try:  # publish_scaling.sh writes result.json by redirection: a run cut short leaves it empty
+            results[name] = json.loads((root / name / "result.json").read_text())
+            loads[name] = (root / name / "load.txt").read_text().splitlines()
+        except (OSError, json.JSONDecodeError) as exc:
+            parser.error(f"run {name!r} in {root}: {exc}; name runs that publish_scaling.sh finished")
     print(
         "| run | executor, CPUs | users | K | "
         + " | ".join(STAGES)
@@ -34,11 +36,8 @@ def main() -> None:
     print("|---" * (len(STAGES) + 6) + "|")
     units = []
     for name in names:
-        result = json.loads((root / name / "result.json").read_text())
-        load = [
-            line.split("load average:")[1].split(",")[0].strip()
-            for line in (root / name / "load.txt").read_text().splitlines()
-        ]
+        result = results[name]
+        load = [line.split("load average:")[1].split(",")[0].strip() for line in loads[name]]
         seconds, stages = result["stage_seconds"], result["stages"]
         executor = result["executor"]
         clusters = stages["clusters"]

@@ -20,6 +20,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localpers.engine.backbone import Backbone
 
 DEMO_USER = "demo"
 SIZE = (120, 40)
@@ -58,7 +62,8 @@ async def wait_idle(app: object, timeout: float) -> None:
         quiet = 0 if app.busy else quiet + 1  # type: ignore[attr-defined]
 
 
-async def render(article: str, svg: Path, timeout: float) -> None:
+async def render(article: str, svg: Path, timeout: float, backbone: Backbone | None = None) -> None:
+    """The screen as SVG; `backbone` resolved before the data directory was switched (else resolved here)."""
     from localpers.bundle.format import open_bundle
     from localpers.engine.backbone import resolve_backbone
     from localpers.methods.card.personalizer import Personalizer
@@ -71,7 +76,7 @@ async def render(article: str, svg: Path, timeout: float) -> None:
     store = UserStore()
     import_history_file(store, DEMO_USER, demo_history_path())
     store.use(DEMO_USER)
-    backbone = resolve_backbone(None)
+    backbone = backbone or resolve_backbone(None)
     bundle = open_bundle(None, backbone_sha256=backbone.sha256)
     service = EngineService(lambda: Personalizer(bundle, backbone), store)
     app = LocalpersApp(service, user=DEMO_USER, text=article)
@@ -106,10 +111,13 @@ def main() -> None:
     out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     article = demo_article(args.article)
+    from localpers.engine.backbone import resolve_backbone
+
+    backbone = resolve_backbone(None)  # the caller's (LOCALPERS_MODEL, pulled or default), before the switch
     with tempfile.TemporaryDirectory(prefix="localpers-screenshot-") as scratch:
         os.environ["LOCALPERS_HOME"] = str(Path(scratch) / "home")  # the caller's users stay untouched
         svg = Path(scratch) / "tui.svg"
-        asyncio.run(render(article, svg, args.timeout))
+        asyncio.run(render(article, svg, args.timeout, backbone))
         if to_png(svg, out):
             print(f"wrote {out}")
             return

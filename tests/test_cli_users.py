@@ -215,6 +215,10 @@ def test_an_export_without_history_says_so_and_the_import_says_what_to_add(tmp_p
         "not exported: the history"
         not in run("user", "export", "-o", str(tmp_path / "b.zip"), "--with-history").stdout
     )
+    UserStore().get("ann").history_path.write_text(
+        "not json\n"
+    )  # a damaged history: the export needs none of it
+    run("user", "export", "-o", str(tmp_path / "c.zip"))
     run("user", "import", str(tmp_path / "a.zip"), "--as", "ann2")
     fitted = next(
         line for line in run("user", "show", "ann2").stdout.splitlines() if line.startswith("fitted")

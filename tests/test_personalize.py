@@ -360,9 +360,13 @@ def test_a_fitted_user_whose_history_is_not_here_is_told_the_prompt_shows_none(
     assert payload["method"] == "card" and "examples" not in payload  # the fit still applies
     assert (
         len(payload["notes"]) == 1
-        and f"has no history for this task here (the fit saw {len(SHOUTY)} items)" in payload["notes"][0]
+        and f"has no history on this device (the fit saw {len(SHOUTY)} items)" in payload["notes"][0]
     )
     assert "localpers history import FILE --user shouty" in payload["notes"][0]
+    # history for another task only: it is here, a title's prompt shows it; the headline is not told otherwise
+    UserStore().get("shouty").save_history([HistoryItem.create("title", "An essay.", "My Title")])
+    other_task = json.loads(runner.invoke(app, ["rewrite", ARTICLE, *common]).stdout)
+    assert other_task["method"] == "card" and not other_task.get("notes")
 
 
 def test_the_users_examples_block_is_kept_in_their_folder_for_the_next_rewrite(

@@ -18,7 +18,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
 from localpers.untrusted import one_line, parse_json
 from localpers.users.history import HistoryItem, history_digest
-from localpers.users.store import UserStore
+from localpers.users.store import User, UserStore
 
 user_app = typer.Typer(
     help="Create, choose, inspect, export and delete the users on this device.", no_args_is_help=True
@@ -330,15 +330,23 @@ def user_export(
         )
         return
     typer.echo(f"exported user {user.name!r} to {dest}{' (with history)' if with_history else ''}")
-    if not with_history and user.history():
+    if not with_history and (left := _history_size(user)):
         typer.echo(
-            f"not exported: the history ({items_phrase(len(user.history()))}); on the other device rewrites show"
-            " none of its examples, where most of the personalization comes from (--with-history includes it)"
+            f"not exported: the history ({items_phrase(left)}); on the other device rewrites show none of its"
+            " examples, where most of the personalization comes from (--with-history includes it)"
         )
     if left_out:
         names = " and ".join({"cope": "CoPe's LoRA", "exact": "EXACT's index"}[method] for method in left_out)
         refits = " and ".join(refit_advice(method, user.name).removeprefix("run ") for method in left_out)
         typer.echo(f"not exported: {names}; after importing, refit with {refits}")
+
+
+def _history_size(user: User) -> int:
+    """How many items the user's history holds; 0 where it cannot be read (the export itself needs none of it)."""
+    try:
+        return len(user.history())
+    except LocalpersError:
+        return 0
 
 
 @user_app.command("import")

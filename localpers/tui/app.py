@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
-from textual.containers import ScrollableContainer
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
@@ -42,7 +41,7 @@ from localpers.tui.messages import (
 )
 from localpers.tui.runs import ResultCache
 from localpers.tui.screens.import_history import ImportScreen
-from localpers.tui.screens.main import MainScreen
+from localpers.tui.screens.main import TAB_SCROLLERS, MainScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import EngineInfo, WritingService
 from localpers.tui.teaching import TeachingMixin
@@ -361,8 +360,8 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self.main.tabs.active = tab
         pane = self.main.tabs.get_pane(tab)
         focusable = [widget for widget in pane.query("*") if widget.focusable]
-        # a control of the tab (the token strip, the history table) before the container that scrolls it
-        controls = [widget for widget in focusable if not isinstance(widget, ScrollableContainer)]
+        # a control of the tab (the token strip, the history table) before the container that scrolls the tab
+        controls = [widget for widget in focusable if widget.id not in TAB_SCROLLERS]
         if controls or focusable:
             (controls or focusable)[0].focus()
 

@@ -39,6 +39,21 @@ class RewriteProfile:
     note: str | None = None
 
 
+def _history_not_here(user: User, state: dict[str, Any]) -> str | None:
+    """The note for a fitted user with no history at all on this device (an export made without
+    --with-history, imported): their fit applies, but no prompt can show their examples. None where the user has
+    history for another task (its prompts show it) or the fit saw none."""
+    fitted_on = state["fit"].get("n_items") if isinstance(state.get("fit"), dict) else None
+    if not isinstance(fitted_on, int) or isinstance(fitted_on, bool) or fitted_on <= 0 or user.history():
+        return None
+    return (
+        f"user {user.name!r} has no history on this device (the fit saw {fitted_on} item"
+        f"{'' if fitted_on == 1 else 's'}): the prompt shows none of your examples, where most of the"
+        f" personalization comes from; add it with `localpers history import FILE --user {user.name}` (an export"
+        " made with --with-history carries it)"
+    )
+
+
 def unfitted_method(method: str, shows_history: bool) -> str | None:
     """What a user without a usable fit gets for `method`; None where the method needs the fit.
 
@@ -96,19 +111,16 @@ def profile_for_rewrite(
             f"{personalizer.bundle.k} clusters; run {refit}"
         )
     else:
-        fitted_on = state["fit"].get("n_items") if isinstance(state["fit"], dict) else None
-        missing = (
-            f"user {target.name!r} has no history for this task here (the fit saw {fitted_on} items): the"
-            " prompt shows none of your examples, where most of the personalization comes from; add it with"
-            f" `localpers history import FILE --user {target.name}` (an export made with --with-history"
-            " carries it)"
-            if not has_items
-            and personalizer.prompt_format is not None
-            and isinstance(fitted_on, int)
-            and fitted_on
-            else None
+        return RewriteProfile(
+            method,
+            cluster,
+            vector,
+            stored_token_bias(target, state),
+            state,
+            note=None
+            if has_items or personalizer.prompt_format is None
+            else _history_not_here(target, state),
         )
-        return RewriteProfile(method, cluster, vector, stored_token_bias(target, state), state, note=missing)
     fallback = (
         None if strict else unfitted_method(method, has_items and personalizer.prompt_format is not None)
     )

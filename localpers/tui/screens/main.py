@@ -20,6 +20,7 @@ from localpers.tui.widgets.progress_status import ProgressStatus
 from localpers.tui.widgets.why_view import WhyView
 
 BASELINE_TITLE = "Non-personalized · global adapter"
+TAB_SCROLLERS = ("why-scroll", "profile-scroll")  # the containers that scroll the Why and Profile tabs
 
 
 class MainScreen(Screen[None]):
@@ -38,11 +39,11 @@ class MainScreen(Screen[None]):
                 yield OutputPanel(BASELINE_TITLE, id="baseline")
                 yield OutputPanel("Personalized", id="personal", classes="personal")
         with TabbedContent(id="panels", initial="why-tab"):
-            with TabPane("Why (F2)", id="why-tab"), VerticalScroll(id="why-scroll"):
+            with TabPane("Why (F2)", id="why-tab"), VerticalScroll(id=TAB_SCROLLERS[0]):
                 yield WhyView()
             with TabPane("History (F3)", id="history-tab"):
                 yield HistoryPanel()
-            with TabPane("Profile (F4)", id="profile-tab"), VerticalScroll(id="profile-scroll"):
+            with TabPane("Profile (F4)", id="profile-tab"), VerticalScroll(id=TAB_SCROLLERS[1]):
                 yield ProfilePanel()
         yield ProgressStatus()
         # compact and without the palette's hint (ctrl+p still opens it): 80 columns show every main key

@@ -1,17 +1,21 @@
 """`OutputPanel`: one generated output, streamed in piece by piece, with a status line under it.
 
 The app sets `title` (which method produced it), calls `begin` when a generation starts, `append` for each
-streamed piece and `finish`/`fail` at the end. The panel keeps the text; it never generates anything.
+streamed piece and `finish`/`fail` at the end. The panel keeps the text and scrolls it when it is longer than
+the panel (following a stream to its end); it never generates anything.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import Static
 
 
-class OutputPanel(Static):
+class OutputPanel(VerticalScroll, can_focus=False):
     """A bordered block of generated text; the border subtitle says whether it is complete."""
 
     DEFAULT_CSS = """
@@ -19,7 +23,9 @@ class OutputPanel(Static):
         height: 1fr;
         border: round $secondary;
         padding: 0 1;
-        overflow-y: auto;
+    }
+    OutputPanel > .output-text {
+        height: auto;
     }
     OutputPanel.personal {
         border: round $success;
@@ -32,7 +38,7 @@ class OutputPanel(Static):
     }
     """
 
-    text: reactive[str] = reactive("", layout=True)
+    text: reactive[str] = reactive("")
     status: reactive[str] = reactive("")
     placeholder: reactive[str] = reactive("")
 
@@ -51,6 +57,7 @@ class OutputPanel(Static):
 
     def append(self, piece: str) -> None:
         self.text += piece
+        self.scroll_end(animate=False)
 
     def finish(self, text: str, status: str) -> None:
         self.text = text
@@ -74,7 +81,21 @@ class OutputPanel(Static):
     def watch_status(self, status: str) -> None:
         self.border_subtitle = status
 
-    def render(self) -> Text:
-        if self.text:
-            return Text(self.text)
-        return Text(self.placeholder, style="dim italic")
+    def compose(self) -> ComposeResult:
+        yield Static(classes="output-text")
+
+    def on_mount(self) -> None:
+        self._show()
+
+    def watch_text(self) -> None:
+        self._show()
+
+    def watch_placeholder(self) -> None:
+        self._show()
+
+    def _show(self) -> None:
+        try:
+            body = self.query_one(".output-text", Static)
+        except NoMatches:  # not composed yet: on_mount shows it
+            return
+        body.update(Text(self.text) if self.text else Text(self.placeholder, style="dim italic"))

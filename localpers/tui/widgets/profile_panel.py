@@ -85,7 +85,8 @@ def profile_table(profile: Profile) -> Table:
         if profile.fitted_at:
             table.add_row("fitted at", profile.fitted_at)
     for size, latest in profile.series:
-        table.add_row("series", Text(f"{size} alike, the latest: {shorten(one_line(latest), SERIES_WIDTH)}"))
+        series = f"{size} alike, the latest: {shorten(one_line(latest), SERIES_WIDTH)}"
+        table.add_row("series", Text(series, no_wrap=True, overflow="ellipsis"))
     return table
 
 

@@ -115,6 +115,6 @@ class TokenStrip(Widget, can_focus=True):
             if choice_changed(step):
                 style += " underline"
             if index == self.selected:
-                style = f"bold reverse {style}"
+                style = f"reverse {style}"  # not bold: bold says "pushed up"
             text.append(visible_piece(step.piece), style=style)
         return text

@@ -49,7 +49,9 @@ SHOWN_WIDTH = 100  # a shown example's characters: a long one must not push the 
 def shown_text(examples: list[ShownExample]) -> Text:
     """The history items a prompt showed, one line each with why, each cut to `SHOWN_WIDTH` characters (user
     text is never read as markup)."""
-    text = Text(f"Your history shown to the model ({len(examples)}):", style="bold")
+    text = Text(
+        f"Your history shown to the model ({len(examples)}):", style="bold", no_wrap=True, overflow="ellipsis"
+    )
     for example in examples:
         why = WHY_SHOWN.get(example.why, example.why) + (", with its text" if example.described else "")
         text.append(f"\n  {why:<22} ", style="dim")
