@@ -138,3 +138,18 @@ def test_the_token_strip_marks_the_push_without_colour() -> None:
     assert "italic" in style_of["t2 "] and "bold" not in style_of["t2 "]  # pushed down
     assert "italic" not in style_of["t3 "] and "bold" not in style_of["t3 "]  # a small push, selected
     assert "reverse" in style_of["t3 "]
+
+
+def test_a_long_series_is_one_profile_line() -> None:
+    from rich.console import Console
+
+    from localpers.tui.userdata import Profile
+    from localpers.tui.widgets.profile_panel import profile_table
+
+    console = Console(width=80, record=True)
+    console.print(
+        profile_table(Profile(user="ann", n_history=5, series=((3, "Weekly Picks\n" + "word " * 300),)))
+    )
+    lines = console.export_text().splitlines()
+    series = [line for line in lines if line.startswith("series")]
+    assert len(lines) == 4 and len(series) == 1 and series[0].rstrip().endswith("…")

@@ -12,10 +12,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from localpers.tui.text import one_line, shorten
+from localpers.tui.text import one_line
 from localpers.tui.userdata import Profile
-
-SERIES_WIDTH = 100  # a series' latest output, cut so the profile's other rows stay in view
 
 MODE_LABELS = {
     "vector": "own vector (fitted on your pairs)",
@@ -85,7 +83,7 @@ def profile_table(profile: Profile) -> Table:
         if profile.fitted_at:
             table.add_row("fitted at", profile.fitted_at)
     for size, latest in profile.series:
-        series = f"{size} alike, the latest: {shorten(one_line(latest), SERIES_WIDTH)}"
+        series = f"{size} alike, the latest: {one_line(latest)}"  # one line: the other rows stay in view
         table.add_row("series", Text(series, no_wrap=True, overflow="ellipsis"))
     return table
 

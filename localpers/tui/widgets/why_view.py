@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from localpers.methods.reports import RewriteResult
-from localpers.tui.text import one_line, shorten
+from localpers.tui.text import one_line
 from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visible_piece
 from localpers.users.history_prompt import ShownExample
@@ -43,19 +43,14 @@ WHY_SHOWN = {
 }
 
 
-SHOWN_WIDTH = 100  # a shown example's characters: a long one must not push the tokens out of the tab
-
-
 def shown_text(examples: list[ShownExample]) -> Text:
-    """The history items a prompt showed, one line each with why, each cut to `SHOWN_WIDTH` characters (user
-    text is never read as markup)."""
-    text = Text(
-        f"Your history shown to the model ({len(examples)}):", style="bold", no_wrap=True, overflow="ellipsis"
-    )
+    """The history items a prompt showed, one line each with why, ending in an ellipsis at the widget's width
+    (a long one must not push the tokens out of the tab; user text is never read as markup)."""
+    text = Text(f"Your history shown to the model ({len(examples)}):", style="bold")
     for example in examples:
         why = WHY_SHOWN.get(example.why, example.why) + (", with its text" if example.described else "")
         text.append(f"\n  {why:<22} ", style="dim")
-        text.append(shorten(one_line(example.output), SHOWN_WIDTH))
+        text.append(one_line(example.output))
     return text
 
 
@@ -68,6 +63,8 @@ class WhyView(Vertical):
     }
     WhyView #why-examples {
         padding: 0 1 1 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     WhyView #why-summary {
         color: $text-muted;
