@@ -102,6 +102,21 @@ async def test_the_footer_shows_accept_and_import_at_80_columns() -> None:
 
 
 @async_test
+async def test_an_open_dialog_shows_its_own_keys_in_the_footer() -> None:
+    app = make_app(service_with(examples("ann", 4)), text=DRAFT)
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f3", "x")  # remove the selected history item: a yes/no question
+        await pilot.pause()
+        footer = screen_text(app).splitlines()[-1]
+        assert "Yes" in footer and "No" in footer and "Accept" not in footer, footer
+        await pilot.press("n", "ctrl+g")  # edit and accept
+        await wait_idle(pilot)
+        footer = screen_text(app).splitlines()[-1]
+        assert "Accept" in footer and "Cancel" in footer and "Import" not in footer, footer
+
+
+@async_test
 async def test_a_long_output_scrolls_and_a_stream_is_followed_to_its_end() -> None:
     from textual.app import ComposeResult
 

@@ -8,6 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from localpers.tui.widgets.key_footer import KeyFooter
+
 
 class ConfirmScreen(ModalScreen[bool]):
     DEFAULT_CSS = """
@@ -39,6 +41,7 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical():
             yield Static(self.question)
             yield Static("[b]y[/b] yes   [b]n[/b] no", classes="hint")
+        yield KeyFooter()
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)

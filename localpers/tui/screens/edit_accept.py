@@ -16,6 +16,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
+from localpers.tui.widgets.key_footer import KeyFooter
+
 
 class EditAcceptScreen(ModalScreen[str | None]):
     """A text area holding the output; the edited text is what gets accepted."""
@@ -57,6 +59,7 @@ class EditAcceptScreen(ModalScreen[str | None]):
             yield Static("[b]Edit, then accept[/b] (ctrl+s accepts, esc cancels)")
             yield TextArea(self.initial_text, soft_wrap=True, tab_behavior="focus", id="edit-text")
             yield Static("", id="edit-error")
+        yield KeyFooter()
 
     @property
     def editor(self) -> TextArea:

@@ -14,6 +14,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from localpers.errors import LocalpersError
 from localpers.tui.userdata import ImportSummary, import_history_file
+from localpers.tui.widgets.key_footer import KeyFooter
 from localpers.users.store import UserStore
 
 IMPORT_HELP = (
@@ -73,6 +74,7 @@ class ImportScreen(ModalScreen[ImportSummary | None]):
             with Horizontal():
                 yield Button("Import", id="import-go", variant="primary")
                 yield Button("Cancel (esc)", id="import-cancel")
+        yield KeyFooter()
 
     @property
     def path_input(self) -> Input:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, TabbedContent, TabPane
+from textual.widgets import Header, TabbedContent, TabPane
 
 from localpers.tui.widgets.control_bar import ControlBar
 from localpers.tui.widgets.draft_editor import DraftEditor
 from localpers.tui.widgets.history_panel import HistoryPanel
+from localpers.tui.widgets.key_footer import KeyFooter
 from localpers.tui.widgets.output_panel import OutputPanel
 from localpers.tui.widgets.profile_panel import ProfilePanel
 from localpers.tui.widgets.progress_status import ProgressStatus
@@ -46,8 +47,7 @@ class MainScreen(Screen[None]):
             with TabPane("Profile (F4)", id="profile-tab"), VerticalScroll(id=TAB_SCROLLERS[1]):
                 yield ProfilePanel()
         yield ProgressStatus()
-        # compact and without the palette's hint (ctrl+p still opens it): 80 columns show every main key
-        yield Footer(compact=True, show_command_palette=False)
+        yield KeyFooter()
 
     @property
     def controls(self) -> ControlBar:

@@ -12,6 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from localpers.tui.widgets.key_footer import KeyFooter
+
 WELCOME_TEXT = (
     "[b]Welcome to localpers[/b]\n\n"
     "localpers rewrites your drafts (headlines, titles, paraphrases) the way [i]you[/i] write, learned from "
@@ -61,6 +63,7 @@ class WelcomeScreen(ModalScreen[str]):
                 yield Button("Use the demo user (d)", id="demo", variant="primary")
                 yield Button("Import my history… (i)", id="import")
                 yield Button("Quit (q)", id="quit", variant="error")
+        yield KeyFooter()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id:
