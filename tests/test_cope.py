@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +160,35 @@ def test_device_sft_fits_stores_and_decodes(backbone: Backbone, tmp_path: Path) 
         assert [p.name for p in user.dir.glob("cope-*.gguf")] == [second.adapter_file]
     finally:
         personalizer.close()
+
+
+NETWORK_PROBE = """
+import socket
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args[:2]))
+    raise OSError("no network in this test")
+socket.getaddrinfo = refuse
+socket.socket.connect = refuse
+socket.create_connection = refuse
+import huggingface_hub  # imported first, as another library may, while the environment still says online
+from localpers.engine import torch_model
+from localpers.engine.backbone import resolve_backbone
+model = torch_model.wrap_lora(torch_model.load_backbone(resolve_backbone().path), 2, 4.0, 0.0, ("attn_q",))
+assert torch_model.lora_state(model)
+print("ATTEMPTS", attempts)
+"""
+
+
+@pytest.mark.slow
+def test_training_never_looks_anything_up_on_a_hub_even_when_the_environment_allows_it() -> None:
+    """With HF_HUB_OFFLINE=0, saving a fitted adapter made peft ask huggingface.co for the backbone's config."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", NETWORK_PROBE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ATTEMPTS []" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 def _items(pairs: list[tuple[str, str]]) -> list[HistoryItem]:

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ NAME_ONLY_PROCESSORS = frozenset({"TensorProcessor", "Gemma2TensorProcessor"})
 # transformers' GGUF loader draws a tqdm bar beside the CLI's own progress; tqdm reads this once, when it is
 # first imported (torch imports it), so it is set here, before any function of this module imports torch.
 os.environ.setdefault("TQDM_DISABLE", "1")
+HUB_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")
 
 _cache: dict[tuple[Any, ...], Any] = {}
 _fresh_states: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -71,9 +73,23 @@ class Example:
         return len(self.prompt) + len(self.target)
 
 
+def keep_hub_offline() -> None:
+    """No model hub, whatever the environment says: training reads the local GGUF and nothing else.
+
+    Forced rather than defaulted: with a user's HF_HUB_OFFLINE=0, peft looked the backbone's config up on
+    huggingface.co while saving a fitted adapter. huggingface_hub reads the variables when it is imported, so an
+    already imported copy is switched too.
+    """
+    for name in HUB_OFFLINE_VARIABLES:
+        os.environ[name] = "1"
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    if hub_constants is not None:
+        hub_constants.HF_HUB_OFFLINE = True
+        hub_constants.HF_HUB_DISABLE_TELEMETRY = True
+
+
 def quiet_transformers() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    keep_hub_offline()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     with contextlib.suppress(Exception):
@@ -245,7 +261,9 @@ def lora_state(model: Any) -> dict[str, Any]:
     """A detached copy of the LoRA weights (peft names without the adapter name)."""
     from peft import get_peft_model_state_dict
 
-    return {name: tensor.detach().cpu().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+    # The embeddings are never trained; "auto" would look the backbone up on the hub to decide.
+    weights = get_peft_model_state_dict(model, save_embedding_layers=False)
+    return {name: tensor.detach().cpu().clone() for name, tensor in weights.items()}
 
 
 def load_lora_state(model: Any, state: dict[str, Any]) -> None:
