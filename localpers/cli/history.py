@@ -14,6 +14,8 @@ import typer
 
 from localpers.cli.common import JsonOption, checked_utf8, counted, items_phrase, one_line_errors, print_json
 from localpers.errors import InputError, LocalpersError
+from localpers.methods.forget import forget_removed_items
+from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
 from localpers.users.history import (
@@ -24,7 +26,7 @@ from localpers.users.history import (
     merge_history,
     parse_history,
 )
-from localpers.users.store import UserStore
+from localpers.users.store import User, UserStore
 
 history_app = typer.Typer(
     help="Manage a user's writing history (the examples rewrites show and `localpers fit` learns from).",
@@ -36,10 +38,13 @@ UserOption = Annotated[
 ]
 
 
-def refit_hint(user_name: str, *, removed: bool = False) -> str:
+def refit_hint(user: User, *, removed: bool = False) -> str:
     """What to run after a history change; it names the user, since a bare `localpers fit` fits the active one."""
     now = "rewrites no longer show the removed item" if removed else "rewrites use the history now"
-    return f"{now}; run `localpers fit --user {user_name}` to refit CARD's correction (the vector and habits) to it"
+    hint = f"{now}; run `localpers fit --user {user.name}` to refit CARD's correction (the vector and habits) to it"
+    if (user.dir / COPE_STATE_FILE).is_file():  # a CoPe adapter's weights change only with its own refit
+        hint += f", and `localpers fit --method cope --user {user.name}` for the CoPe adapter"
+    return hint
 
 
 def _item_json(item: HistoryItem) -> dict[str, Any]:
@@ -113,7 +118,7 @@ def history_import(
         f" it now has {items_phrase(len(merged))}"
     )
     if added:
-        typer.echo(refit_hint(target.name))
+        typer.echo(refit_hint(target))
 
 
 @history_app.command("add")
@@ -155,7 +160,7 @@ def history_add(
         typer.echo(f"already in the history of {target.name!r} as {item.id}; nothing added", err=True)
         return
     typer.echo(f"added {item.id} to user {target.name!r}; it now has {items_phrase(len(merged))}")
-    typer.echo(refit_hint(target.name))
+    typer.echo(refit_hint(target))
 
 
 @history_app.command("list")
@@ -209,8 +214,9 @@ def history_remove(
             raise LocalpersError(f"{item_id!r} matches {len(distinct)} items; give more characters of the id")
         remaining = [item for item in items if item.id != matches[0].id]
         target.save_history(remaining)
+        forget_removed_items(target)
     copies = f" ({len(matches)} copies)" if len(matches) > 1 else ""
     typer.echo(
         f"removed {matches[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
     )
-    typer.echo(refit_hint(target.name, removed=True))
+    typer.echo(refit_hint(target, removed=True))

@@ -91,6 +91,12 @@ class ExactIndex:
             )
         return cls(entries, embeddings.astype(np.float32), meta)
 
+    def keeping(self, item_ids: set[str]) -> ExactIndex:
+        """This index without the entries of items not in `item_ids` (the history after a removal)."""
+        rows = [row for row, entry in enumerate(self.entries) if entry.item_id in item_ids]
+        embeddings = self.embeddings[rows] if rows else self.embeddings[:0]
+        return ExactIndex([self.entries[row] for row in rows], embeddings, dict(self.meta))
+
     def nearest(self, query: np.ndarray) -> tuple[IndexEntry, float] | None:
         """The entry whose input embedding is closest (cosine) to `query`; None for an empty index."""
         if not self.entries:

@@ -22,6 +22,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.forget import forget_removed_items
 from localpers.untrusted import one_line
 from localpers.users.history import (
     HistoryItem,
@@ -163,6 +164,7 @@ def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
         if not matches:
             raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
         user.save_history([item for item in items if item.id != wanted_id])
+        forget_removed_items(user)
     return matches[0]
 
 

@@ -48,6 +48,29 @@ def write_negatives(user_dir: Path, key: str, known: dict[str, str]) -> None:
     atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: known}, ensure_ascii=False))
 
 
+def forget_negatives(user_dir: Path, kept_item_ids: set[str]) -> bool:
+    """Drop the cached y- of items no longer in the history (a y- is the model's rewrite of the item's input).
+
+    Whether the file changed. Keys are an item id, or an item id and a prompt hash after a colon.
+    """
+    path = user_dir / NEGATIVES_FILE
+    try:
+        cache = parse_json(path.read_bytes())
+    except (OSError, JSONProblem):
+        return False
+    if not isinstance(cache, dict):
+        return False
+    pruned = {
+        key: {item: text for item, text in known.items() if item.split(":", 1)[0] in kept_item_ids}
+        for key, known in cache.items()
+        if isinstance(known, dict)
+    }
+    if pruned == cache:
+        return False
+    atomic_write_text(path, json.dumps(pruned, ensure_ascii=False))
+    return True
+
+
 def read_features(user_dir: Path, key: str, dimension: int) -> PairFeatures:
     """The cached pair features stored under `key` with `dimension`-long differences; empty otherwise."""
     from safetensors import safe_open

@@ -1,0 +1,92 @@
+"""A removed history item leaves no copy in the files the methods derived from it (privacy audit).
+
+Before, `history remove` and the TUI's remove rewrote the history and its BM25 index only: EXACT's index still
+held the input verbatim (and `rewrite --method exact` retrieved it), and CARD's y- cache the model's rewrite of it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.methods.card.pair_cache import NEGATIVES_FILE, read_negatives
+from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path, load_index
+from localpers.methods.forget import forget_removed_items
+from localpers.tui.userdata import remove_history_item
+from localpers.users.history import HistoryItem
+from localpers.users.store import User, UserStore
+
+SECRET = "ZQXSECRET the clinic's unlisted number"
+PAIRS = [
+    ("A bakery sells day-old bread at half price.", "Loaf Story Short"),
+    (SECRET, "A Number Nobody Should See"),
+    ("Library hours extend to Sundays.", "Booked Solid"),
+]
+CACHE_KEY = "bundle:adapter"
+
+
+def user_with_derived_files(name: str) -> tuple[User, list[HistoryItem]]:
+    """A user whose EXACT index and y- cache hold an entry for every history item, as a fit leaves them."""
+    user = UserStore().create(name)
+    items = [HistoryItem.create("headline", text, headline) for text, headline in PAIRS]
+    user.save_history(items)
+    entries = [IndexEntry(item.id, "headline", item.input, ["short"], 0.5, 0.1) for item in items]
+    embeddings = np.eye(len(items), 8, dtype=np.float32)
+    ExactIndex(entries, embeddings, {"cluster": 0, "library": ["short"]}).save(index_path(user))
+    negatives = {item.id: f"model's rewrite of {item.input}" for item in items}
+    negatives |= {f"{item.id}:0123456789ab": f"conditioned rewrite of {item.input}" for item in items}
+    (user.dir / NEGATIVES_FILE).write_text(json.dumps({CACHE_KEY: negatives}), encoding="utf-8")
+    return user, items
+
+
+def files_holding(user: User, text: str) -> list[str]:
+    needle = text.encode("utf-8")
+    return sorted(p.name for p in user.dir.rglob("*") if p.is_file() and needle in p.read_bytes())
+
+
+def assert_only_the_others_are_left(user: User, items: list[HistoryItem]) -> None:
+    assert files_holding(user, "ZQXSECRET") == []
+    kept = {items[0].id, items[2].id}
+    index = load_index(user)
+    assert {entry.item_id for entry in index.entries} == kept
+    assert index.embeddings.shape == (2, 8)
+    assert np.allclose(index.embeddings, np.eye(3, 8, dtype=np.float32)[[0, 2]])  # rows follow their entries
+    assert {key.split(":")[0] for key in read_negatives(user.dir, CACHE_KEY)} == kept
+    assert len(read_negatives(user.dir, CACHE_KEY)) == 4
+
+
+def test_history_remove_forgets_the_item_in_the_exact_index_and_the_y_minus_cache() -> None:
+    user, items = user_with_derived_files("ann")
+    assert {"exact-index.safetensors", "history.jsonl", NEGATIVES_FILE} <= set(
+        files_holding(user, "ZQXSECRET")
+    )
+    result = CliRunner().invoke(app, ["history", "remove", items[1].id[:8], "--user", "ann"])
+    assert result.exit_code == 0, result.output
+    assert_only_the_others_are_left(user, items)
+
+
+def test_the_tuis_remove_forgets_it_too() -> None:
+    user, items = user_with_derived_files("bob")
+    remove_history_item(user, items[1].id)
+    assert_only_the_others_are_left(user, items)
+
+
+def test_nothing_is_rewritten_when_nothing_was_removed_and_a_damaged_index_is_left_to_the_rewrite() -> None:
+    user, _ = user_with_derived_files("cay")
+    assert forget_removed_items(user) == []
+    index_path(user).write_bytes(b"not a safetensors file")
+    user.save_history(user.history()[:1])
+    assert forget_removed_items(user) == [NEGATIVES_FILE]  # the y- cache pruned, the damaged index untouched
+    assert index_path(user).read_bytes() == b"not a safetensors file"
+
+
+def test_the_refit_advice_names_cope_only_for_a_user_with_a_cope_adapter() -> None:
+    user, items = user_with_derived_files("dee")
+    first = CliRunner().invoke(app, ["history", "remove", items[0].id[:8], "--user", "dee"])
+    assert "--method cope" not in first.output
+    (user.dir / "cope.json").write_text("{}", encoding="utf-8")
+    second = CliRunner().invoke(app, ["history", "remove", items[2].id[:8], "--user", "dee"])
+    assert "`localpers fit --method cope --user dee`" in second.output, second.output
