@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import openai
@@ -442,6 +443,29 @@ def test_api_command_refuses_a_public_bind_in_one_line(
     assert result.exit_code == 2
     assert result.output.strip().startswith("error: listening on 0.0.0.0 needs an API key")
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_starting_without_a_key_says_that_every_local_account_can_use_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loopback is shared by all accounts of a machine (privacy audit): the start-up says so when no key is set."""
+    import localpers.api.server as server
+    from localpers.methods.card.personalizer import Personalizer
+
+    monkeypatch.setattr(server, "check_port_free", lambda host, port: None)
+    monkeypatch.setattr(server, "serve", lambda app, host, port: None)
+    monkeypatch.setattr(
+        Personalizer, "open", classmethod(lambda cls, **kwargs: SimpleNamespace(close=lambda: None))
+    )
+    monkeypatch.delenv("LOCALPERS_API_KEY", raising=False)
+    open_to_all = CliRunner().invoke(cli_app, ["api"])
+    assert open_to_all.exit_code == 0, open_to_all.output
+    assert "any program or account on this machine can use the API" in open_to_all.stderr
+    assert "LOCALPERS_API_KEY" in open_to_all.stderr
+    monkeypatch.setenv("LOCALPERS_API_KEY", "k")
+    keyed = CliRunner().invoke(cli_app, ["api"])
+    assert keyed.exit_code == 0, keyed.output
+    assert "API key required" in keyed.stderr and "any program or account" not in keyed.stderr
 
 
 def test_the_word_rule_is_the_tasks_unless_a_request_sets_it() -> None:

@@ -12,6 +12,12 @@ import typer
 
 from localpers.cli.common import BundleOption, ModelOption
 
+# Loopback is not private to one account: any local program or user can connect to the port.
+NO_KEY_NOTE = (
+    "note: without a key, any program or account on this machine can use the API and the outputs your history "
+    "shapes; to require one, set LOCALPERS_API_KEY in your shell first (a key given as --api-key shows in `ps`)"
+)
+
 
 def api_command(
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
@@ -19,7 +25,9 @@ def api_command(
     api_key: Annotated[
         str | None,
         typer.Option(
-            envvar="LOCALPERS_API_KEY", help="Require `Authorization: Bearer KEY` (needed off loopback)."
+            envvar="LOCALPERS_API_KEY",
+            help="Require `Authorization: Bearer KEY` (needed off loopback); prefer the variable, which `ps` "
+            "does not show.",
         ),
     ] = None,
     allow_remote: Annotated[
@@ -49,6 +57,8 @@ def api_command(
         f" `localpers/<user>` for another; {'API key required' if api_key else 'no API key'}); Ctrl+C stops",
         err=True,
     )
+    if not api_key:
+        typer.echo(NO_KEY_NOTE, err=True)
     try:
         serve(create_app(backend, api_key=api_key), host, port)
     finally:
