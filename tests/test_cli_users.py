@@ -467,3 +467,22 @@ def test_refit_hints_keep_the_user_inside_the_command(tmp_path: Path) -> None:
         load_state(user)
     with pytest.raises(LocalpersError, match=r"run `localpers fit --method exact --user demo`$"):
         ExactIndex.load(tmp_path / "none.safetensors", "demo")
+
+
+def test_history_can_come_from_standard_input_so_private_text_stays_out_of_argv_and_files() -> None:
+    """`ps` shows every account a command's arguments (privacy audit): a pipe keeps the text out of them."""
+    run("user", "create", "piper")
+    lines = '{"input": "A park opens downtown.", "output": "Green Days"}\n{"input": "Rates rise.", "output": "Up"}\n'
+    imported = run("history", "import", "-", "--json", input=lines)
+    assert json.loads(imported.stdout)["added"] == 2
+    assert [item.source for item in UserStore().get("piper").history()] == [
+        "standard input:1",
+        "standard input:2",
+    ]
+    assert_one_line_error(run("history", "import", "-", input="not json\n", code=2), "standard input line 1")
+    run("history", "add", "-i", "-", "-o", "Bread Winner", input="A bakery halves its prices.\n")
+    run("history", "add", "-i", "A storm cuts power.", "-o", "-", input="Lights Out\n")
+    added = {(item.input, item.output) for item in UserStore().get("piper").history()}
+    assert {("A bakery halves its prices.", "Bread Winner"), ("A storm cuts power.", "Lights Out")} <= added
+    both = run("history", "add", "-i", "-", "-o", "-", input="text\n", code=2)
+    assert_one_line_error(both, "only one of --input and --output can be -")

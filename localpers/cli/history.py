@@ -6,13 +6,22 @@ and writes atomically under its lock. Nothing here fits a vector or builds a pro
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import JsonOption, checked_utf8, counted, items_phrase, one_line_errors, print_json
+from localpers.cli.common import (
+    JsonOption,
+    checked_utf8,
+    counted,
+    items_phrase,
+    one_line_errors,
+    print_json,
+    read_text_argument,
+)
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.forget import forget_removed_items
 from localpers.methods.stored_files import COPE_STATE_FILE
@@ -20,6 +29,7 @@ from localpers.tasks import TASKS
 from localpers.untrusted import one_line
 from localpers.users.history import (
     DEFAULT_TASK,
+    MAX_HISTORY_FILE_BYTES,
     MAX_HISTORY_ITEMS,
     HistoryItem,
     check_history_size,
@@ -36,6 +46,9 @@ history_app = typer.Typer(
 UserOption = Annotated[
     str | None, typer.Option("--user", "-u", help="The user to act on (default: the active user).")
 ]
+
+
+STDIN_NAME = "standard input"  # how messages and item sources name a history piped in
 
 
 def refit_hint(user: User, *, removed: bool = False) -> str:
@@ -55,7 +68,10 @@ def _item_json(item: HistoryItem) -> dict[str, Any]:
 @one_line_errors
 def history_import(
     file: Annotated[
-        Path, typer.Argument(help="JSONL: {input, output}, {task, input, output} or per-user lines.")
+        Path,
+        typer.Argument(
+            help="JSONL: {input, output}, {task, input, output} or per-user lines; - reads standard input."
+        ),
     ],
     user: UserOption = None,
     user_id: Annotated[
@@ -77,7 +93,13 @@ def history_import(
 ) -> None:
     """Add the items of a JSONL file to a user's history; duplicates are reported and skipped."""
     target = UserStore().resolve(user)
-    parsed = parse_history(file, user_id=user_id, default_task=task, keep_latest=keep_latest)
+    if str(file) == "-":  # a pipe, so private text need not be written to a file first
+        data = sys.stdin.buffer.read(MAX_HISTORY_FILE_BYTES + 1)
+        parsed = parse_history(
+            Path(STDIN_NAME), user_id=user_id, default_task=task, keep_latest=keep_latest, data=data
+        )
+    else:
+        parsed = parse_history(file, user_id=user_id, default_task=task, keep_latest=keep_latest)
     with target.locked():
         merged, already = merge_history(target.history(), parsed.items)
         room = MAX_HISTORY_ITEMS - len(merged) + len(parsed.items) - len(already)
@@ -125,9 +147,14 @@ def history_import(
 @one_line_errors
 def history_add(
     input: Annotated[
-        str, typer.Option("--input", "-i", help="What the text was written for (e.g. the article).")
+        str,
+        typer.Option(
+            "--input", "-i", help="What the text was written for (e.g. the article); - reads stdin."
+        ),
     ],
-    output: Annotated[str, typer.Option("--output", "-o", help="What the user wrote (e.g. their headline).")],
+    output: Annotated[
+        str, typer.Option("--output", "-o", help="What the user wrote (e.g. their headline); - reads stdin.")
+    ],
     task: Annotated[
         str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
     ] = DEFAULT_TASK,
@@ -136,6 +163,9 @@ def history_add(
 ) -> None:
     """Add one example to a user's history (adding the same text again changes nothing)."""
     target = UserStore().resolve(user)
+    if input == "-" and output == "-":
+        raise InputError("only one of --input and --output can be - (standard input); give the other as text")
+    input, output = (read_text_argument(text) if text == "-" else text for text in (input, output))
     checked_utf8(input, "--input")
     checked_utf8(output, "--output")
     try:

@@ -315,6 +315,8 @@ def user_export(
 ) -> None:
     """Write a user's vector, cluster and state to one .zip; the history only with --with-history.
 
+    Without the history the archive still says something of your writing: the state keeps the words you use most (as the backbone's token ids, which anyone with its tokenizer can read) and your habits (e.g. how your headlines open).
+
     CoPe's LoRA and EXACT's index are not in it (they are refitted from the history after an import)."""
     store = UserStore()
     user = store.resolve(name)

@@ -165,18 +165,20 @@ def parse_history(
     user_id: str | None = None,
     default_task: str = DEFAULT_TASK,
     keep_latest: int | None = None,
+    data: bytes | None = None,
 ) -> ParsedHistory:
     """Like `parse_history_file`, also returning the duplicates that were skipped.
 
     `keep_latest` keeps only the file's last that many unique items (a file lists the oldest first, as a history
-    does), so a longer archive can be imported without editing it; every line is still validated.
+    does), so a longer archive can be imported without editing it; every line is still validated. `data` is the
+    file's content when it was read elsewhere (standard input); `path` then only names it in messages.
     """
     path = Path(path)
     if keep_latest is not None and not 1 <= keep_latest <= MAX_HISTORY_ITEMS:
         raise InputError(f"--keep-latest {keep_latest}: choose 1 to {MAX_HISTORY_ITEMS}")
     if default_task not in TASKS:
         raise InputError(f"unknown task {default_task!r}; choose one of: {', '.join(TASKS)}")
-    records = list(_read_json_lines(path))
+    records = list(_read_json_lines(path, data=data))
     if not records:
         raise InputError(f"{path} has no history items; expected JSONL lines with 'input' and 'output'")
 
@@ -300,10 +302,16 @@ def demo_history_path() -> Path:
 
 
 def _read_json_lines(
-    path: Path, hint: str = "fix that line", *, stored: bool = False
+    path: Path, hint: str = "fix that line", *, stored: bool = False, data: bytes | None = None
 ) -> Iterable[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; one-line errors for unreadable files and bad lines."""
-    raw = read_regular_file(path, MAX_HISTORY_FILE_BYTES, what="history file", stored=stored)
+    if data is not None and len(data) > MAX_HISTORY_FILE_BYTES:
+        raise InputError(f"{path} holds more than the {MAX_HISTORY_FILE_BYTES} bytes a history file may have")
+    raw = (
+        data
+        if data is not None
+        else read_regular_file(path, MAX_HISTORY_FILE_BYTES, what="history file", stored=stored)
+    )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
