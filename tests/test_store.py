@@ -343,3 +343,11 @@ def test_import_refuses_damaged_archives(tmp_path: Path) -> None:
             store.import_(path, "copy")
         assert store.list() == ["ann"]
     assert not [p for p in store.users_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_only_the_owner_can_list_the_users_or_enter_their_folders() -> None:
+    """Other local accounts could list users/ (0755) and so every user's name (privacy audit)."""
+    store = UserStore()
+    user = store.create("ann")
+    assert store.users_dir.stat().st_mode & 0o077 == 0
+    assert user.dir.stat().st_mode & 0o077 == 0

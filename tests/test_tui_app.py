@@ -534,3 +534,33 @@ async def test_method_selector_offers_what_the_engine_supports(service: FakeServ
             select.value = "card"
         assert app.main.controls.method == "cluster" and app.main.controls.strength.disabled
         assert app.main.personal_panel.text.startswith("Cluster 0:")
+
+
+@async_test
+async def test_a_crash_report_prints_no_local_variables(service: FakeService) -> None:
+    """Textual's crash report listed every frame's locals: the draft and history outputs reached the terminal."""
+    app = make_app(service)
+
+    def crash() -> None:
+        draft = (
+            "ZQX" + "SECRET what the user was writing"
+        )  # joined only at run time, so only a local shows it
+        raise RuntimeError(f"broken while handling a draft of {len(draft)} characters")
+
+    app.action_focus_draft = crash  # type: ignore[method-assign]
+    reports: list = []
+    fatal_error = app._fatal_error
+
+    def keep_the_report() -> None:
+        fatal_error()
+        reports.extend(app._exit_renderables)  # printed and cleared when the app ends
+
+    app._fatal_error = keep_the_report  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_idle(pilot)
+            await pilot.press("f1")
+            await pilot.pause()
+    report = "".join(segment.text for renderable in reports for segment in renderable.segments)
+    assert "RuntimeError" in report and "broken while handling" in report
+    assert "ZQXSECRET" not in report

@@ -21,9 +21,11 @@ and refitting). This module starts the app, picks the user, loads the engine and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
@@ -66,6 +68,25 @@ MAIN_SCREEN_ACTIONS = {
     "focus_draft",
     "show_tab",
 }
+
+
+@contextlib.contextmanager
+def tracebacks_without_locals() -> Iterator[None]:
+    """While inside, every rich Traceback made (Textual makes its crash report's inside the call) shows no locals."""
+    import rich.traceback
+
+    original = rich.traceback.Traceback
+
+    class WithoutLocals(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["show_locals"] = False
+            super().__init__(*args, **kwargs)
+
+    rich.traceback.Traceback = WithoutLocals  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        rich.traceback.Traceback = original  # type: ignore[misc]
 
 
 class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
@@ -121,6 +142,12 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self._refit_again = False
         self._fit_failed: set[str] = set()
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
+
+    def _fatal_error(self) -> None:
+        """Textual's crash report, without each frame's local variables: they hold the draft and the history's
+        text, which the report prints to the terminal and a user may paste into a bug report."""
+        with tracebacks_without_locals():
+            super()._fatal_error()
 
     # ------------------------------------------------------------------ start-up
     def get_default_screen(self) -> MainScreen:

@@ -257,7 +257,7 @@ class UserStore:
     def _staging_dir(self, purpose: str, create: bool = True) -> Path:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
         try:
-            self.users_dir.mkdir(parents=True, exist_ok=True)
+            self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its names are users' names
             self._sweep()
             path = self.users_dir / f".{purpose}-{os.getpid()}-{secrets.token_hex(6)}"
             if create:
