@@ -486,3 +486,26 @@ def test_history_can_come_from_standard_input_so_private_text_stays_out_of_argv_
     assert {("A bakery halves its prices.", "Bread Winner"), ("A storm cuts power.", "Lights Out")} <= added
     both = run("history", "add", "-i", "-", "-o", "-", input="text\n", code=2)
     assert_one_line_error(both, "only one of --input and --output can be -")
+
+
+def test_user_show_says_how_many_rejected_outputs_are_kept_and_how_to_forget_them() -> None:
+    """The TUI keeps each rejected output with its input, and nothing said so outside the TUI (privacy audit)."""
+    from localpers.tui.userdata import reject_output
+
+    run("user", "create", "rex")
+    assert "rejected" not in run("user", "show", "rex").stdout
+    assert run_json("user", "show", "rex")["rejected_outputs"] == 0
+    user = UserStore().get("rex")
+    for n in range(2):
+        reject_output(
+            user,
+            task="headline",
+            input_text=f"article {n}",
+            output=f"headline {n}",
+            method="card",
+            strength=1.0,
+            top_k=20,
+        )
+    shown = run("user", "show", "rex").stdout
+    assert "rejected    2 outputs turned down in the TUI" in shown and "negatives_user.jsonl" in shown
+    assert run_json("user", "show", "rex")["rejected_outputs"] == 2

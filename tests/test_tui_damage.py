@@ -17,7 +17,8 @@ from localpers.tui.runs import personal_request, request_key
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import RewriteRequest, TextSink
-from localpers.tui.userdata import REJECTED_FILE, import_history_file, load_profile
+from localpers.tui.userdata import import_history_file, load_profile
+from localpers.users.folder import REJECTED_FILE
 from localpers.users.store import User, UserStore
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import JsonOption, items_phrase, one_line_errors, print_json
+from localpers.cli.common import JsonOption, counted, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
 from localpers.untrusted import one_line, parse_json
@@ -107,6 +107,7 @@ def user_show(
         },
         "state": state,
         "other_fits": dict(_other_fits(user.dir)),
+        "rejected_outputs": _rejected_count(user),
         "disk_bytes": user.disk_bytes(),
     }
     if as_json:
@@ -125,7 +126,21 @@ def user_show(
     typer.echo(f"fitted      {_fit_freshness(state.get('fit'), history, user.name)}")
     for label, text in [*_state_summary(state, user.name), *report["other_fits"].items()]:
         typer.echo(f"{label:<11} {text}")
+    if report["rejected_outputs"]:
+        typer.echo(
+            f"rejected    {counted(report['rejected_outputs'], 'output')} turned down in the TUI, kept with their"
+            f" inputs in {user.rejected_path.name} for a later fit (none reads them yet); remove that file to forget"
+            " them"
+        )
     typer.echo(f"disk        {report['disk_bytes']} bytes")
+
+
+def _rejected_count(user: User) -> int:
+    """How many outputs the user rejected in the TUI (lines of its file; 0 when absent or unreadable)."""
+    try:
+        return sum(1 for line in user.rejected_path.read_bytes().split(b"\n") if line.strip())
+    except OSError:
+        return 0
 
 
 # state.json keys that the lines above show, or that only the files' bookkeeping needs.

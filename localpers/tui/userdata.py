@@ -35,7 +35,6 @@ from localpers.users.history import (
 from localpers.users.series import history_series
 from localpers.users.store import User, UserStore, atomic_write_text
 
-REJECTED_FILE = "negatives_user.jsonl"
 TUI_SOURCE = "tui"
 
 
@@ -186,7 +185,7 @@ class RejectedOutput:
 
 
 def rejected_path(user: User) -> Path:
-    return user.dir / REJECTED_FILE
+    return user.rejected_path
 
 
 def read_rejected(user: User) -> list[RejectedOutput]:

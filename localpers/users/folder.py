@@ -53,6 +53,7 @@ from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, user_lock
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
+REJECTED_FILE = "negatives_user.jsonl"
 VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
 # state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
 _VECTOR_KEYS = ("vector_file", "vector_sha256", "vector_dim")
@@ -135,6 +136,11 @@ class User:
     @property
     def state_path(self) -> Path:
         return self.dir / "state.json"
+
+    @property
+    def rejected_path(self) -> Path:
+        """Outputs the user turned down in the TUI, with their inputs (`localpers.tui.userdata` writes them)."""
+        return self.dir / REJECTED_FILE
 
     @property
     def refit_advice(self) -> str:
