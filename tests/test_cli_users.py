@@ -134,8 +134,8 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
     too_many = run("history", "import", str(archive), "--keep-latest", "500", code=2)
     assert_one_line_error(too_many, "user 'ann' would have 501")
     assert (
-        "remove some with `localpers history remove ID`, or import the file's latest with `--keep-latest 499`"
-        in (too_many.stderr)
+        "make room with `localpers history remove --oldest 1 --user ann`, or import the file's latest with"
+        " `--keep-latest 499`" in (too_many.stderr)
     )
     kept = run("history", "import", str(archive), "--keep-latest", "499")
     assert "left out the file's 4 items before its latest 499" in kept.stderr
@@ -144,7 +144,17 @@ def test_history_import_errors_and_duplicates(tmp_path: Path) -> None:
         len(listed) == 500 and listed[1]["output"] == "Headline 4" and listed[-1]["output"] == "Headline 502"
     )
     one_more = run("history", "add", "-i", "x", "-o", "Y", code=2)
-    assert_one_line_error(one_more, "remove one first with `localpers history remove ID`")
+    assert_one_line_error(one_more, "make room with `localpers history remove --oldest 1 --user ann`")
+    # a full history makes room for newer items without 500 removals by id (scale audit)
+    trimmed = run("history", "remove", "--oldest", "3")
+    assert "removed the oldest 3 items from user 'ann'" in trimmed.stdout
+    listed = run_json("history", "list")["items"]
+    assert (
+        len(listed) == 497 and listed[0]["output"] == "Headline 6" and listed[-1]["output"] == "Headline 502"
+    )
+    run("history", "add", "-i", "x", "-o", "Y")
+    assert_one_line_error(run("history", "remove", code=2), "give an item ID or --oldest N")
+    assert_one_line_error(run("history", "remove", listed[0]["id"], "--oldest", "1", code=2), "not both")
 
 
 def test_history_import_per_user_file_needs_user_id(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import RewriteRequest
-from localpers.tui.userdata import REJECTED_FILE
 from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.history_panel import HistoryTable
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import TokenStrip
+from localpers.users.folder import REJECTED_FILE
 from localpers.users.history import demo_history_path, history_digest
 from localpers.users.store import UserStore
 

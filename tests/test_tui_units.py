@@ -15,7 +15,6 @@ from localpers.tui.runs import ResultCache, plan_runs, request_key
 from localpers.tui.service import RewriteRequest
 from localpers.tui.teaching import fit_summary
 from localpers.tui.userdata import (
-    REJECTED_FILE,
     accept_output,
     import_history_file,
     load_profile,
@@ -26,6 +25,7 @@ from localpers.tui.userdata import (
 from localpers.tui.widgets.stepper import Stepper
 from localpers.tui.widgets.token_strip import NEUTRAL, choice_changed, correction_color, visible_piece
 from localpers.tui.widgets.why_view import shown_text, summarize
+from localpers.users.folder import REJECTED_FILE
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import UserStore
 
@@ -307,3 +307,18 @@ def test_the_why_views_history_lines_say_why_and_keep_user_text_literal() -> Non
     assert lines[0] == "Your history shown to the model (2):"
     assert "one of your latest" in lines[1] and lines[1].endswith("Plain [bold]not markup[/]")
     assert "a series you repeat, with its text" in lines[2] and lines[2].endswith("Week 3 Picks")
+
+
+def test_accepting_into_a_full_history_says_how_to_make_room_in_the_tui_and_beside_it() -> None:
+    """At 500 items the TUI's accept was refused with advice only for the CLI's import (scale audit)."""
+    from localpers.users.history import MAX_HISTORY_ITEMS
+
+    user = UserStore().create("full")
+    user.save_history(
+        [HistoryItem.create("headline", f"article {n}", f"Headline {n}") for n in range(MAX_HISTORY_ITEMS)]
+    )
+    with pytest.raises(LocalpersError) as refused:
+        accept_output(user, "headline", "one more article", "One More Headline")
+    message = str(refused.value)
+    assert "History tab (F3, then x)" in message
+    assert "`localpers history remove --oldest 1 --user full`" in message

@@ -77,6 +77,23 @@ def test_damaged_fit_caches_read_as_empty(localpers_home: Path) -> None:
     assert read_negatives(user.dir, "key") == {}
 
 
+def test_the_y_minus_cache_keeps_this_fits_entries_and_the_newest_others_up_to_its_cap(
+    localpers_home: Path,
+) -> None:
+    """Every history change gives later items new prompts: the file grew by a history's worth each time (scale audit)."""
+    from localpers.methods.card.pair_cache import NEGATIVES_FILE_ENTRIES, read_negatives, write_negatives
+
+    user = UserStore().create("ann")
+    known = {f"item{n}:prompt": f"y- {n}" for n in range(NEGATIVES_FILE_ENTRIES + 300)}
+    used = [f"item{n}:prompt" for n in range(10)]  # this fit's prompts may be the oldest entries
+    write_negatives(user.dir, "key", known, used)
+    kept = read_negatives(user.dir, "key")
+    assert len(kept) == NEGATIVES_FILE_ENTRIES
+    assert set(used) <= set(kept)
+    newest = [f"item{n}:prompt" for n in range(len(known) - (NEGATIVES_FILE_ENTRIES - len(used)), len(known))]
+    assert set(kept) == set(used) | set(newest)
+
+
 def test_a_history_index_with_pairs_that_are_not_text_is_rebuilt() -> None:
     from localpers.tasks import get_task
     from localpers.users.history_index import INDEX_FILE

@@ -106,7 +106,7 @@ def history_import(
         check_history_size(
             len(merged),
             what=f"user {target.name!r} would have",
-            hint="remove some with `localpers history remove ID`"
+            hint=make_room_hint(target.name, len(merged) - MAX_HISTORY_ITEMS)
             + (f", or import the file's latest with `--keep-latest {room}`" if room > 0 else ""),
         )
         if len(already) < len(parsed.items):  # nothing new: the stored history stays as it is, unwritten
@@ -178,7 +178,7 @@ def history_add(
             check_history_size(
                 len(merged),
                 what=f"user {target.name!r} would have",
-                hint="remove one first with `localpers history remove ID`",
+                hint=make_room_hint(target.name, 1),
             )
             target.save_history(merged)
     if as_json:
@@ -224,12 +224,27 @@ def _shorten(text: str, limit: int) -> str:
 @one_line_errors
 def history_remove(
     item_id: Annotated[
-        str, typer.Argument(metavar="ID", help="An item id from `history list` (a unique prefix works).")
-    ],
+        str | None,
+        typer.Argument(metavar="[ID]", help="An item id from `history list` (a unique prefix works)."),
+    ] = None,
+    oldest: Annotated[
+        int | None,
+        typer.Option(
+            "--oldest",
+            min=1,
+            help="Remove the N oldest items instead (the first N of `history list`): room for newer ones.",
+        ),
+    ] = None,
     user: UserOption = None,
 ) -> None:
-    """Remove one item from a user's history."""
+    """Remove one item from a user's history, or its N oldest with --oldest N."""
+    if (item_id is None) == (oldest is None):
+        raise InputError("give an item ID or --oldest N (not both)")
     target = UserStore().resolve(user)
+    if oldest is not None:
+        _remove_oldest(target, oldest)
+        return
+    assert item_id is not None
     wanted = item_id.strip().lower()
     with target.locked():
         items = target.history()
@@ -250,3 +265,24 @@ def history_remove(
         f"removed {matches[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
     )
     typer.echo(refit_hint(target, removed=True))
+
+
+def _remove_oldest(target: User, count: int) -> None:
+    """Remove the `count` oldest items (the history lists the oldest first), then what was derived from them."""
+    with target.locked():
+        items = target.history()
+        if not items:
+            raise LocalpersError(f"user {target.name!r} has no history items to remove")
+        removed, remaining = items[:count], items[count:]
+        target.save_history(remaining)
+        forget_removed_items(target)
+    typer.echo(
+        f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
+        f" (the newest of them {removed[-1].id}); {items_phrase(len(remaining))} left"
+    )
+    typer.echo(refit_hint(target, removed=True))
+
+
+def make_room_hint(user_name: str, over: int) -> str:
+    """How to free `over` places in a full history from the command line."""
+    return f"make room with `localpers history remove --oldest {over} --user {user_name}`"

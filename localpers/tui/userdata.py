@@ -25,6 +25,7 @@ from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.forget import forget_removed_items
 from localpers.untrusted import one_line
 from localpers.users.history import (
+    MAX_HISTORY_ITEMS,
     HistoryItem,
     check_history_size,
     history_digest,
@@ -150,9 +151,19 @@ def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[
         merged, already = merge_history(user.history(), [item])
         if already:
             return item, False
-        check_history_size(len(merged), what=f"user {user.name!r} would have")
+        check_history_size(
+            len(merged), what=f"user {user.name!r} would have", hint=tui_room_hint(user.name, 1)
+        )
         user.save_history(merged)
     return item, True
+
+
+def tui_room_hint(user_name: str, over: int) -> str:
+    """How to free `over` places in a full history, from the TUI or beside it."""
+    return (
+        "remove one in the History tab (F3, then x), or the oldest from a terminal with"
+        f" `localpers history remove --oldest {over} --user {user_name}`"
+    )
 
 
 def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
@@ -281,7 +292,11 @@ def import_history_file(store: UserStore, user_name: str, path: Path | str) -> I
     user = store.create(user_name) if created else store.get(user_name)
     with user.locked():
         merged, already = merge_history(user.history(), parsed.items)
-        check_history_size(len(merged), what=f"user {user_name!r} would have")
+        check_history_size(
+            len(merged),
+            what=f"user {user_name!r} would have",
+            hint=tui_room_hint(user_name, len(merged) - MAX_HISTORY_ITEMS),
+        )
         user.save_history(merged)
     skipped = len(parsed.duplicates) + len(already)
     return ImportSummary(user_name, len(parsed.items) - len(already), skipped, len(merged), created)

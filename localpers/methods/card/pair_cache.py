@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ NEGATIVES_FILE = "negatives.json"
 FEATURES_FILE = "pair_features.safetensors"
 # Pairs kept in the features file: a full history's twice over (the choice's refits add pairs of other prompts).
 FEATURES_FILE_PAIRS = 1024
+# y- kept in the negatives file, likewise (plus those of this fit's prompts, should they be more).
+NEGATIVES_FILE_ENTRIES = 1024
 
 PairFeatures = dict[str, tuple[np.ndarray, float]]  # pair hash -> (difference, first log-prob)
 
@@ -43,9 +46,18 @@ def read_negatives(user_dir: Path, key: str) -> dict[str, str]:
     return {item: text for item, text in known.items() if isinstance(text, str)}
 
 
-def write_negatives(user_dir: Path, key: str, known: dict[str, str]) -> None:
-    """Replace the y- cache with `known` under `key` (another bundle's or adapter's are dropped)."""
-    atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: known}, ensure_ascii=False))
+def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Sequence[str] = ()) -> None:
+    """Replace the y- cache with `known` under `key` (another bundle's or adapter's are dropped).
+
+    At most `NEGATIVES_FILE_ENTRIES`: the `used` keys (this fit's prompts) first, then the newest of the rest.
+    Each history change gives later items new prompts, so without a cap the file grew with every change.
+    """
+    kept = {entry: known[entry] for entry in used if entry in known}
+    for entry in reversed(list(known)):  # `known` lists the oldest first
+        if len(kept) >= NEGATIVES_FILE_ENTRIES:
+            break
+        kept.setdefault(entry, known[entry])
+    atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: kept}, ensure_ascii=False))
 
 
 def forget_negatives(user_dir: Path, kept_item_ids: set[str]) -> bool:

@@ -201,7 +201,8 @@ class PairBuilder:
         laptop) keeps the work of its finished groups and the next fit starts from there.
         """
         if len(known) > saved.negatives:
-            self._write_negatives(user, cluster, known)
+            used_keys = [_negative_key(item, prompt) for item, prompt in zip(items, prompts, strict=True)]
+            self._write_negatives(user, cluster, known, used_keys)
             saved.negatives = len(known)
         used = {}
         for item, prompt in zip(items, prompts, strict=True):
@@ -334,7 +335,7 @@ class PairBuilder:
         if missing:
             for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):
                 known[item.id] = negative
-            self._write_negatives(user, cluster, known)
+            self._write_negatives(user, cluster, known, [item.id for item in items])
         return [known[item.id] for item in items]
 
     def _negatives_key(self, cluster: int) -> str:
@@ -343,9 +344,9 @@ class PairBuilder:
     def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
         return pair_cache.read_negatives(user.dir, self._negatives_key(cluster))
 
-    def _write_negatives(self, user: User, cluster: int, known: dict[str, str]) -> None:
+    def _write_negatives(self, user: User, cluster: int, known: dict[str, str], used: Sequence[str]) -> None:
         with user.locked():  # a user deleted meanwhile is refused by name, not by a missing folder
-            pair_cache.write_negatives(user.dir, self._negatives_key(cluster), known)
+            pair_cache.write_negatives(user.dir, self._negatives_key(cluster), known, used)
 
     def _read_features(self, user: User, cluster: int) -> pair_cache.PairFeatures:
         return pair_cache.read_features(user.dir, self._negatives_key(cluster), self.head.d)
