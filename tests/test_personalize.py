@@ -509,6 +509,35 @@ def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
         loaded.close()
 
 
+def test_a_refit_after_removing_the_oldest_item_generates_y_minus_only_for_prompts_that_showed_it(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    """Counted by position, every later item changed its fit group: no cached y- matched (a 500-item refit took
+    370 s instead of 21 s, scale audit). Counted by the items' ordinals, the others keep their prompts."""
+    from localpers.users.history_prompt import PromptFormat
+
+    conditioned = make_bundle(tmp_path / "b", backbone, prompt=PromptFormat(examples=2).to_manifest())
+    loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
+    try:
+        user = UserStore().create("trimmed")
+        history = items(SHOUTY) + items(
+            [(f"Item {n}: the council met about road {n}.", f"ROAD {n}, WOW!!!") for n in range(8)]
+        )
+        user.save_history(history)
+        loaded.fit_user(user, choose=False)
+
+        def keys() -> set[str]:
+            return set(next(iter(json.loads((user.dir / "negatives.json").read_text()).values())))
+
+        before = keys()
+        user.save_history(history[1:])
+        loaded.fit_user(user, choose=False)
+        made_again = keys() - before
+        assert len(made_again) <= len(history) // 2, (len(made_again), len(history))
+    finally:
+        loaded.close()
+
+
 def test_a_global_base_bundle_corrects_the_global_adapter_and_takes_y_minus_from_it(
     backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

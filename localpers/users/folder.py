@@ -8,6 +8,8 @@ Layout of `users/<name>/` (the folders are listed and made by `localpers.users.s
                                      file name and sha256 of the current vector
     .lock, .identity                 the write lock and the folder's random token (`localpers.users.lock`)
     .fit.lock                        held while a fit of the user runs (`localpers.users.lock.fit_lock`)
+    history_ordinals.json            each item's place in the order items were added, kept across
+                                     removals (`localpers.users.ordinals`; the fit's prompt groups)
     prefix-<sha256[:32]>.kv          the engine's state of the user's examples block, a cache
                                      (`localpers.engine.prefix_files`; never exported, removed
                                      whenever the history changes)
@@ -50,6 +52,7 @@ from localpers.users.history import (
 )
 from localpers.users.history_index import HistoryIndex
 from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, user_lock
+from localpers.users.ordinals import updated_ordinals, write_ordinals
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
@@ -167,9 +170,18 @@ class User:
         text = serialize_history(items)
         check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
         with self.locked():
+            ordinals = updated_ordinals(self.dir, self._stored_history_or_none, items)
             atomic_write_text(self.history_path, text)
             HistoryIndex.write(self.dir, text, items)
+            write_ordinals(self.dir, ordinals)
             remove_kept(self.dir)  # the engine's states of the old examples block: an item may be gone
+
+    def _stored_history_or_none(self) -> list[HistoryItem]:
+        """The history as stored, or none when it cannot be read (it is being replaced)."""
+        try:
+            return self.history()
+        except LocalpersError:
+            return []
 
     def history_index(self, task: Task) -> HistoryIndex:
         """The user's examples for `task` with their BM25 index, for history-conditioned prompts.

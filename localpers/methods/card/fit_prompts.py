@@ -24,9 +24,10 @@ from localpers.users.history_prompt import (
 )
 
 # The fit's items show their recent outputs in blocks: the items of each group of this many (groups counted
-# from the user's first item) all show the block of items before the group, so each block is evaluated once
-# and shared by the group's batched sequences, as the device's own prompts share one block from rewrite to
-# rewrite. Counting from the first item keeps every old item's prompt (and cached y-) when items are added.
+# along the history by the items' ordinals, their order of addition) all show the block of items before the
+# group, so each block is evaluated once and shared by the group's batched sequences, as the device's own
+# prompts share one block from rewrite to rewrite. Counting from the first item keeps every old item's prompt
+# (and cached y-) when items are added; counting by ordinal keeps them when an item is removed.
 # Items in the first group, or in a group that starts before a history limit's window, show the items just
 # before them.
 FIT_BLOCK_GROUP = 4
@@ -35,27 +36,42 @@ HEADER_TOKENS = 16
 
 
 def prompts_and_blocks(
-    items: Sequence[HistoryItem], prompt_format: PromptFormat | None, history_offset: int = 0
+    items: Sequence[HistoryItem],
+    prompt_format: PromptFormat | None,
+    history_offset: int = 0,
+    ordinals: Sequence[int] | None = None,
 ) -> list[tuple[str, str]]:
     """Each item's prompt and the shared block of recent outputs it starts with ("" when none).
 
-    `history_offset` is how many of the user's items come before `items` (the groups count from the first).
+    The groups count along the history: by the items' `ordinals` (increasing; `localpers.users.ordinals`), so a
+    removal leaves the other items' groups in place, or else by position, `history_offset` being how many of the
+    user's items come before `items`. Both count alike while nothing was removed.
 
     With a history-conditioned bundle, item i shows the user's outputs among items 0..i-1 (what the user had
     written by then, as `localpers publish` builds its pairs), chosen as `rewrite` chooses them: a block of
     recent outputs (`FIT_BLOCK_GROUP`: up to 3 items older than the most recent ones) and the closest; the
     first item, and every item on a plain bundle (`prompt_format` None), gets the plain task prompt.
     """
+    if ordinals is not None and len(ordinals) != len(items):
+        raise ValueError(f"{len(ordinals)} ordinals for {len(items)} items")
+    counted = list(ordinals) if ordinals is not None else [history_offset + n for n in range(len(items))]
     prompts = []
+    first_in_group = 0
     for index, item in enumerate(items):
         task = get_task(item.task)
         if prompt_format is None:
             prompts.append((task.prompt_for(item.input), ""))
             continue
         pool = [(earlier.input, earlier.output) for earlier in items[:index] if earlier.task == item.task]
-        group_start = index - (history_offset + index) % FIT_BLOCK_GROUP
-        since_group = sum(1 for later in items[max(0, group_start) : index] if later.task == item.task)
-        block_end = len(pool) - since_group if group_start > 0 else len(pool)
+        group_start = counted[index] - counted[index] % FIT_BLOCK_GROUP
+        # the first of `items` in this item's group (0 when the group began at or before the window's start)
+        first_in_group = min(first_in_group, index)
+        while first_in_group < index and counted[first_in_group] < group_start:
+            first_in_group += 1
+        while first_in_group > 0 and counted[first_in_group - 1] >= group_start:
+            first_in_group -= 1
+        since_group = sum(1 for later in items[first_in_group:index] if later.task == item.task)
+        block_end = len(pool) - since_group if first_in_group > 0 else len(pool)
         prompt = conditioned_prompt(task, item.input, pool, prompt_format, recent_end=block_end)
         prompts.append((prompt, shared_prefix(task, pool, prompt_format, recent_end=block_end)))
     return prompts

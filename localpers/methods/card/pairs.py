@@ -32,6 +32,7 @@ from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import PromptFormat
+from localpers.users.ordinals import ordinals_of
 from localpers.users.store import User
 
 # The one-at-a-time loop (prompts the batched pass leaves to it) writes the caches after this many new y- or pairs,
@@ -99,15 +100,17 @@ class PairBuilder:
         """The items whose pairs fit the engine's context, and how many were left out (`fit_prompts`)."""
         return fit_prompts.items_within_context(self.engine, items, self.prompt_format)
 
-    def training_prompts(self, items: Sequence[HistoryItem], history_offset: int = 0) -> list[str]:
+    def training_prompts(
+        self, items: Sequence[HistoryItem], history_offset: int = 0, ordinals: Sequence[int] | None = None
+    ) -> list[str]:
         """The prompt of each item as the publisher trained the head: conditioned on the items before it."""
-        return [prompt for prompt, _ in self.training_prompts_and_blocks(items, history_offset)]
+        return [prompt for prompt, _ in self.training_prompts_and_blocks(items, history_offset, ordinals)]
 
     def training_prompts_and_blocks(
-        self, items: Sequence[HistoryItem], history_offset: int = 0
+        self, items: Sequence[HistoryItem], history_offset: int = 0, ordinals: Sequence[int] | None = None
     ) -> list[tuple[str, str]]:
         """Each item's prompt and the shared block of recent outputs it starts with (`fit_prompts`)."""
-        return fit_prompts.prompts_and_blocks(items, self.prompt_format, history_offset)
+        return fit_prompts.prompts_and_blocks(items, self.prompt_format, history_offset, ordinals)
 
     def negatives_and_differences(
         self,
@@ -131,7 +134,10 @@ class PairBuilder:
         negatives: list[str] = []
         rows: list[np.ndarray] = []
         first_logprobs: list[float | None] = []
-        prompts_and_blocks = self.training_prompts_and_blocks(items, history_offset)
+        # counted by the items' ordinals, so a removal keeps the other items' prompts and their cached pairs
+        prompts_and_blocks = self.training_prompts_and_blocks(
+            items, history_offset, ordinals_of(user.dir, items)
+        )
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
         saved = _SavedPairs(len(known), self._read_features(user, cluster))
