@@ -519,3 +519,18 @@ def test_user_show_says_how_many_rejected_outputs_are_kept_and_how_to_forget_the
     shown = run("user", "show", "rex").stdout
     assert "rejected    2 outputs turned down in the TUI" in shown and "negatives_user.jsonl" in shown
     assert run_json("user", "show", "rex")["rejected_outputs"] == 2
+
+
+def test_a_reimported_archive_names_20_skipped_items_and_counts_the_rest(tmp_path: Path) -> None:
+    """Re-importing a 500-item archive printed 500 'skipped' lines (scale audit); --json still lists every one."""
+    run("user", "create", "arc")
+    archive = tmp_path / "archive.jsonl"
+    archive.write_text("".join(f'{{"input": "article {k}", "output": "Headline {k}"}}\n' for k in range(30)))
+    run("history", "import", str(archive))
+    again = run("history", "import", str(archive))
+    lines = again.stderr.strip().splitlines()
+    assert len(lines) == 21 and lines[-1] == "... and 10 more skipped (`--json` lists them all)"
+    assert len(run_json("history", "import", str(archive))["already_in_history"]) == 30
+    listed = run("history", "list", "--last", "2").stdout
+    assert "Headline 29" in listed and "Headline 28" in listed and "Headline 27" not in listed
+    assert [item["output"] for item in run_json("history", "list", "--last", "1")["items"]] == ["Headline 29"]

@@ -48,6 +48,7 @@ UserOption = Annotated[
 ]
 
 
+SKIPPED_LINES_SHOWN = 20  # skipped items named one per line on stderr; --json has every one
 STDIN_NAME = "standard input"  # how messages and item sources name a history piped in
 
 
@@ -124,10 +125,16 @@ def history_import(
             }
         )
         return
-    for duplicate in parsed.duplicates:
-        typer.echo(f"skipped {duplicate.where}: same text as {duplicate.first_seen}", err=True)
-    for item in already:
-        typer.echo(f"skipped {one_line(str(item.source))}: already in the history as {item.id}", err=True)
+    skipped_lines = [f"skipped {d.where}: same text as {d.first_seen}" for d in parsed.duplicates] + [
+        f"skipped {one_line(str(item.source))}: already in the history as {item.id}" for item in already
+    ]
+    for line in skipped_lines[:SKIPPED_LINES_SHOWN]:
+        typer.echo(line, err=True)
+    if len(skipped_lines) > SKIPPED_LINES_SHOWN:  # a re-imported archive would print one line per item
+        typer.echo(
+            f"... and {len(skipped_lines) - SKIPPED_LINES_SHOWN} more skipped (`--json` lists them all)",
+            err=True,
+        )
     if parsed.older_left_out:
         typer.echo(
             f"left out the file's {items_phrase(parsed.older_left_out)} before its latest {keep_latest}",
@@ -195,10 +202,18 @@ def history_add(
 
 @history_app.command("list")
 @one_line_errors
-def history_list(user: UserOption = None, as_json: JsonOption = False) -> None:
-    """List a user's history items: id, task and the user's text."""
+def history_list(
+    user: UserOption = None,
+    last: Annotated[
+        int | None, typer.Option("--last", min=1, help="Only the N most recent items (the list's end).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a user's history items, oldest first: id, task and the user's text."""
     target = UserStore().resolve(user)
     items = target.history()
+    if last is not None:
+        items = items[-last:]
     if as_json:
         print_json({"user": target.name, "items": [_item_json(item) for item in items]})
         return
