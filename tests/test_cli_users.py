@@ -534,3 +534,21 @@ def test_a_reimported_archive_names_20_skipped_items_and_counts_the_rest(tmp_pat
     listed = run("history", "list", "--last", "2").stdout
     assert "Headline 29" in listed and "Headline 28" in listed and "Headline 27" not in listed
     assert [item["output"] for item in run_json("history", "list", "--last", "1")["items"]] == ["Headline 29"]
+
+
+def test_a_history_over_the_limit_can_be_reduced(tmp_path: Path) -> None:
+    """A history made longer than 500 by hand was used everywhere but every removal was refused (scale audit)."""
+    from localpers.users.history import MAX_HISTORY_ITEMS, serialize_history
+
+    user = UserStore().create("big")
+    items = [
+        HistoryItem.create("headline", f"article {n}", f"Headline {n}") for n in range(MAX_HISTORY_ITEMS + 3)
+    ]
+    user.history_path.write_text(serialize_history(items), encoding="utf-8")
+    run("history", "remove", items[-1].id, "--user", "big")
+    run("history", "remove", "--oldest", "1", "--user", "big")
+    assert len(user.history()) == MAX_HISTORY_ITEMS + 1
+    run("history", "remove", "--oldest", "1", "--user", "big")
+    assert len(user.history()) == MAX_HISTORY_ITEMS
+    too_many = run("history", "add", "-i", "x", "-o", "Y", "--user", "big", code=2)
+    assert_one_line_error(too_many, "make room with")

@@ -273,7 +273,7 @@ def history_remove(
         if len(distinct) > 1:
             raise LocalpersError(f"{item_id!r} matches {len(distinct)} items; give more characters of the id")
         remaining = [item for item in items if item.id != matches[0].id]
-        target.save_history(remaining)
+        target.save_history(remaining, removing=True)
         forget_removed_items(target)
     copies = f" ({len(matches)} copies)" if len(matches) > 1 else ""
     typer.echo(
@@ -289,7 +289,7 @@ def _remove_oldest(target: User, count: int) -> None:
         if not items:
             raise LocalpersError(f"user {target.name!r} has no history items to remove")
         removed, remaining = items[:count], items[count:]
-        target.save_history(remaining)
+        target.save_history(remaining, removing=True)
         forget_removed_items(target)
     typer.echo(
         f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"

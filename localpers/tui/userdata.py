@@ -173,7 +173,7 @@ def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
         matches = [item for item in items if item.id == wanted_id]
         if not matches:
             raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
-        user.save_history([item for item in items if item.id != wanted_id])
+        user.save_history([item for item in items if item.id != wanted_id], removing=True)
         forget_removed_items(user)
     return matches[0]
 

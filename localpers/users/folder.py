@@ -164,11 +164,16 @@ class User:
         """The stored history items, in order; empty if none were imported."""
         return read_stored_history(self.history_path)
 
-    def save_history(self, items: list[HistoryItem]) -> None:
-        """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read)."""
-        check_history_size(len(items), what=f"user {self.name!r} would have")
+    def save_history(self, items: list[HistoryItem], *, removing: bool = False) -> None:
+        """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read).
+
+        `removing`: `items` is the stored history less some items, so it is written even if still over the
+        limits (a history made longer by hand must be reducible step by step).
+        """
         text = serialize_history(items)
-        check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
+        if not removing:
+            check_history_size(len(items), what=f"user {self.name!r} would have")
+            check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
         with self.locked():
             ordinals = updated_ordinals(self.dir, self._stored_history_or_none, items)
             atomic_write_text(self.history_path, text)
