@@ -13,6 +13,10 @@ from pathlib import Path
 
 from localpers.errors import InputError, LocalpersError
 
+# What a small JSON or token file localpers keeps (state, pointers, caches, config) may weigh: far above any real
+# one, far below what would exhaust memory (a link to /dev/zero, or a file grown by hand, is refused first).
+STATE_FILE_LIMIT = 64 << 20
+
 
 def read_regular_file(
     path: Path, limit: int, *, what: str, stored: bool = False, follow_links: bool = True

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import cache_dir, config_dir
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import JSONProblem, parse_json
 
 PULLED_PREFIX = (
@@ -77,9 +78,10 @@ def configured_model_path() -> str | None:
     config_file = config_dir() / "config.json"
     if not config_file.exists():
         return None
+    raw = read_regular_file(config_file, STATE_FILE_LIMIT, what="config file", stored=True)
     try:
-        value = parse_json(config_file.read_bytes()).get("model")
-    except (OSError, JSONProblem, AttributeError) as exc:
+        value = parse_json(raw).get("model")
+    except (JSONProblem, AttributeError) as exc:
         raise InputError(f"{config_file}: not valid JSON ({exc}); fix or delete the file") from None
     return str(value) if value else None
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import struct
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ import numpy as np
 from localpers.atomic import atomic_write_bytes, atomic_write_text
 from localpers.engine.prefix_files import remove_kept
 from localpers.errors import InputError, LocalpersError
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, one_line, parse_json
 from localpers.users.history import (
@@ -69,18 +71,12 @@ def now() -> str:
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
     """The JSON object in `path`, None if the file is absent; a one-line error if it is damaged."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except IsADirectoryError:
-        raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away") from None
-    except PermissionError as exc:
-        raise LocalpersError(
-            f"{path}: cannot read ({exc.strerror}); give your account read and write access to it"
-        ) from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+    if path.is_dir():
+        raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away")
+    # a FIFO, a device (a link to /dev/zero) or a huge file is refused before it is read
+    raw = read_regular_file(path, STATE_FILE_LIMIT, what="state file", stored=True)
     try:
         value = parse_json(raw)
     except JSONProblem as exc:
@@ -264,14 +260,11 @@ class User:
         path = self.vector_path(state)
         if path is None:
             return None
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        if not path.exists():
             raise LocalpersError(
                 f"{path} is missing although {self.state_path.name} names it; {self.refit_advice}"
-            ) from None
-        except OSError as exc:
-            raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {self.refit_advice}") from None
+            )
+        data = read_regular_file(path, STATE_FILE_LIMIT, what="user vector", stored=True)
         if hashlib.sha256(data).hexdigest() != state.get("vector_sha256"):
             raise InputError(
                 f"{path} does not match the sha256 recorded in {self.state_path.name} "

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_text
-from localpers.errors import StorageError
+from localpers.errors import LocalpersError
+from localpers.regular_files import read_regular_file
 from localpers.tasks import Task, get_task
+from localpers.users.history import MAX_HISTORY_FILE_BYTES
 from localpers.users.history_prompt import (
     PromptFormat,
     ShownExample,
@@ -81,7 +83,7 @@ class HistoryIndex:
         payload = {"version": 1, "history_sha256": _sha256(history_text), "tasks": by_task}
         try:
             atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
-        except StorageError:
+        except LocalpersError:  # a full disk, or a folder or device where the cache goes
             # A cache: a stale one is noticed (its history digest) and rebuilt on read, so a full disk here
             # must not fail a command whose history was written. Drop the stale one if that is possible.
             with contextlib.suppress(OSError):
@@ -111,9 +113,10 @@ def _sha256(text: str) -> str:
 
 def _read_cache(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None  # a missing or damaged cache is rebuilt from the history
+        raw = read_regular_file(path, MAX_HISTORY_FILE_BYTES * 2, what="history index", stored=True)
+        data = json.loads(raw.decode("utf-8"))
+    except (LocalpersError, ValueError, RecursionError):
+        return None  # a missing, damaged or unreadable cache (a FIFO, a device) is rebuilt from the history
     tasks = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(tasks, dict) or not all(
         isinstance(rows, list)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from localpers.errors import LocalpersError
+from localpers.regular_files import read_regular_file
 
 LOCK_FILE = ".lock"
 FIT_LOCK_FILE = ".fit.lock"  # held for a whole fit (`fit_lock`), beside the write lock
@@ -63,11 +64,15 @@ def _forget_held_locks() -> None:
 os.register_at_fork(after_in_child=_forget_held_locks)
 
 
+IDENTITY_FILE_LIMIT = 1024  # a 32-character token; a FIFO or /dev/zero in its place is refused, not read
+
+
 def read_identity(folder: Path) -> str | None:
     """The folder's identity token; None when it has none (a folder made before tokens) or it is unreadable."""
     try:
-        token = (folder / IDENTITY_FILE).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        raw = read_regular_file(folder / IDENTITY_FILE, IDENTITY_FILE_LIMIT, what="identity", stored=True)
+        token = raw.decode("ascii").strip()
+    except (LocalpersError, UnicodeDecodeError):
         return None
     return token if _IDENTITY.fullmatch(token) else None
 

@@ -12,11 +12,14 @@ history change writes it again from the stored history's positions. This module 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from localpers.atomic import atomic_write_text
+from localpers.errors import LocalpersError
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import JSONProblem, parse_json
 from localpers.users.history import HistoryItem
 
@@ -26,8 +29,10 @@ ORDINALS_FILE = "history_ordinals.json"
 def read_ordinals(user_dir: Path) -> dict[str, int]:
     """Item id -> ordinal as stored; empty when the file is absent or not such a mapping."""
     try:
-        stored = parse_json((user_dir / ORDINALS_FILE).read_bytes())
-    except (OSError, JSONProblem):
+        stored = parse_json(
+            read_regular_file(user_dir / ORDINALS_FILE, STATE_FILE_LIMIT, what="cache", stored=True)
+        )
+    except (LocalpersError, JSONProblem):
         return {}
     ordinals = stored.get("ordinals") if isinstance(stored, dict) else None
     if not isinstance(ordinals, dict):
@@ -61,7 +66,10 @@ def updated_ordinals(
 
 
 def write_ordinals(user_dir: Path, ordinals: dict[str, int]) -> None:
-    atomic_write_text(user_dir / ORDINALS_FILE, json.dumps({"version": 1, "ordinals": ordinals}))
+    """Store the mapping; one that cannot be written (a folder in its place) is left, as a cache: the fit then
+    counts by position, as before ordinals."""
+    with contextlib.suppress(LocalpersError):
+        atomic_write_text(user_dir / ORDINALS_FILE, json.dumps({"version": 1, "ordinals": ordinals}))
 
 
 def ordinals_of(user_dir: Path, items: Sequence[HistoryItem]) -> list[int] | None:

@@ -1,0 +1,67 @@
+"""A device, FIFO or folder where localpers keeps a small file (interruption audit).
+
+A link to /dev/zero at `state.json` or the history's index cache made a command read until the kernel killed it
+(24 GB); a FIFO made it hang; a folder named like the index cache failed `history add` after the item was saved.
+Each is now refused in one line naming the file, or, for a cache, rebuilt, never read.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.errors import LocalpersError
+from localpers.tasks import get_task
+from localpers.users.history import HistoryItem
+from localpers.users.history_index import INDEX_FILE
+from localpers.users.lock import IDENTITY_FILE, read_identity
+from localpers.users.ordinals import ORDINALS_FILE, read_ordinals
+from localpers.users.store import UserStore
+
+
+def user_with_history(name: str):
+    user = UserStore().create(name)
+    user.save_history([HistoryItem.create("headline", f"article {n}", f"Headline {n}") for n in range(3)])
+    return user
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_state_json_that_is_a_device_or_fifo_is_refused_in_one_line(kind: str) -> None:
+    user = user_with_history("ann")
+    user.state_path.unlink(missing_ok=True)
+    if kind == "dev-zero":
+        user.state_path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(user.state_path)
+    with pytest.raises(LocalpersError, match="not a regular file"):
+        user.state()
+    shown = CliRunner().invoke(app, ["user", "show", "ann"])
+    assert shown.exit_code == 1 and "state.json is not a regular file" in shown.output
+    assert len(shown.output.strip().splitlines()) == 1
+
+
+def test_caches_and_the_identity_that_are_devices_are_not_read_but_rebuilt_or_ignored() -> None:
+    user = user_with_history("bob")
+    for name in (INDEX_FILE, ORDINALS_FILE, IDENTITY_FILE):
+        (user.dir / name).unlink()
+        (user.dir / name).symlink_to("/dev/zero")
+    assert read_ordinals(user.dir) == {}
+    assert read_identity(user.dir) is None
+    index = user.history_index(get_task("headline"))  # rebuilt from the history, not read from the device
+    assert len(index.pool) == 3
+
+
+def test_a_folder_named_like_a_cache_does_not_fail_a_history_change() -> None:
+    user = user_with_history("cay")
+    for name in (INDEX_FILE, ORDINALS_FILE):
+        (user.dir / name).unlink()
+        (user.dir / name).mkdir()
+    added = CliRunner().invoke(
+        app, ["history", "add", "-i", "one more article", "-o", "One More", "--user", "cay"]
+    )
+    assert added.exit_code == 0, added.output
+    assert len(user.history()) == 4
+    assert len(user.history_index(get_task("headline")).pool) == 4
