@@ -249,7 +249,7 @@ def test_history_changes_name_the_user_to_refit() -> None:
     assert "run `localpers fit --user bob` to refit" in added
     item = run_json("history", "list", "--user", "bob")["items"][0]["id"]
     removed = run("history", "remove", item, "--user", "bob").stdout
-    assert "rewrites no longer show the removed item; run `localpers fit --user bob`" in removed
+    assert "rewrites no longer show what was removed; run `localpers fit --user bob`" in removed
     assert "`localpers history import FILE --user bob`" in run("history", "list", "--user", "bob").stderr
 
 

@@ -65,3 +65,36 @@ def test_a_folder_named_like_a_cache_does_not_fail_a_history_change() -> None:
     assert added.exit_code == 0, added.output
     assert len(user.history()) == 4
     assert len(user.history_index(get_task("headline")).pool) == 4
+
+
+def test_review_mends_dangling_pointer_fifo_caches_cap_order_and_room_counts(tmp_path) -> None:
+    """A dangling active.json reads as no active user (not 'no such file'); a FIFO y- cache is never read; the
+    cache's cap keeps the newest entries over two writes; a history over the limit names the count that frees room."""
+    from localpers.methods.card import pair_cache
+    from localpers.users.history import MAX_HISTORY_ITEMS, serialize_history
+
+    store = UserStore()
+    user = user_with_history("dee")
+    store.active_path.unlink(missing_ok=True)
+    store.active_path.symlink_to(tmp_path / "gone.json")
+    listed = CliRunner().invoke(app, ["history", "list"])
+    assert "no active user" in listed.output, listed.output
+    os.mkfifo(user.dir / pair_cache.NEGATIVES_FILE)
+    assert pair_cache.read_negatives(user.dir, "key") == {}
+    assert pair_cache.forget_negatives(user.dir, set()) is False
+    (user.dir / pair_cache.NEGATIVES_FILE).unlink()
+    original = pair_cache.NEGATIVES_FILE_ENTRIES
+    pair_cache.NEGATIVES_FILE_ENTRIES = 4
+    try:
+        pair_cache.write_negatives(user.dir, "key", {k: k for k in "abcd"}, ["a"])
+        known = {**pair_cache.read_negatives(user.dir, "key"), "e": "e", "f": "f"}
+        pair_cache.write_negatives(user.dir, "key", known, ["a"])
+        assert list(pair_cache.read_negatives(user.dir, "key")) == ["a", "d", "e", "f"]
+    finally:
+        pair_cache.NEGATIVES_FILE_ENTRIES = original
+    items = [
+        HistoryItem.create("headline", f"article {n}", f"Headline {n}") for n in range(MAX_HISTORY_ITEMS + 3)
+    ]
+    user.history_path.write_text(serialize_history(items), encoding="utf-8")
+    refused = CliRunner().invoke(app, ["history", "add", "-i", "x", "-o", "Y", "--user", "dee"])
+    assert refused.exit_code == 2 and "--oldest 4 --user dee" in refused.output, refused.output

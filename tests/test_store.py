@@ -351,3 +351,11 @@ def test_only_the_owner_can_list_the_users_or_enter_their_folders() -> None:
     user = store.create("ann")
     assert store.users_dir.stat().st_mode & 0o077 == 0
     assert user.dir.stat().st_mode & 0o077 == 0
+
+
+def test_a_users_folder_made_open_by_an_earlier_version_is_closed() -> None:
+    store = UserStore()
+    store.create("ann")
+    store.users_dir.chmod(0o755)
+    store.create("bob")
+    assert store.users_dir.stat().st_mode & 0o077 == 0

@@ -320,5 +320,5 @@ def test_accepting_into_a_full_history_says_how_to_make_room_in_the_tui_and_besi
     with pytest.raises(LocalpersError) as refused:
         accept_output(user, "headline", "one more article", "One More Headline")
     message = str(refused.value)
-    assert "History tab (F3, then x)" in message
+    assert "remove 1 in the History tab (F3, then x on each)" in message
     assert "`localpers history remove --oldest 1 --user full`" in message

@@ -54,7 +54,7 @@ STDIN_NAME = "standard input"  # how messages and item sources name a history pi
 
 def refit_hint(user: User, *, removed: bool = False) -> str:
     """What to run after a history change; it names the user, since a bare `localpers fit` fits the active one."""
-    now = "rewrites no longer show the removed item" if removed else "rewrites use the history now"
+    now = "rewrites no longer show what was removed" if removed else "rewrites use the history now"
     hint = f"{now}; run `localpers fit --user {user.name}` to refit CARD's correction (the vector and habits) to it"
     if (user.dir / COPE_STATE_FILE).is_file():  # a CoPe adapter's weights change only with its own refit
         hint += f", and `localpers fit --method cope --user {user.name}` for the CoPe adapter"
@@ -185,7 +185,7 @@ def history_add(
             check_history_size(
                 len(merged),
                 what=f"user {target.name!r} would have",
-                hint=make_room_hint(target.name, 1),
+                hint=make_room_hint(target.name, len(merged) - MAX_HISTORY_ITEMS),
             )
             target.save_history(merged)
     if as_json:

@@ -16,8 +16,9 @@ import typer
 from localpers.cli.common import JsonOption, counted, items_phrase, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
+from localpers.regular_files import read_regular_file
 from localpers.untrusted import one_line, parse_json
-from localpers.users.history import HistoryItem, history_digest
+from localpers.users.history import MAX_HISTORY_FILE_BYTES, HistoryItem, history_digest
 from localpers.users.store import User, UserStore
 
 user_app = typer.Typer(
@@ -137,10 +138,15 @@ def user_show(
 
 def _rejected_count(user: User) -> int:
     """How many outputs the user rejected in the TUI (lines of its file; 0 when absent or unreadable)."""
-    try:
-        return sum(1 for line in user.rejected_path.read_bytes().split(b"\n") if line.strip())
-    except OSError:
+    if not user.rejected_path.exists():
         return 0
+    try:
+        raw = read_regular_file(
+            user.rejected_path, MAX_HISTORY_FILE_BYTES, what="rejected outputs", stored=True
+        )
+    except LocalpersError:
+        return 0
+    return sum(1 for line in raw.split(b"\n") if line.strip())
 
 
 # state.json keys that the lines above show, or that only the files' bookkeeping needs.

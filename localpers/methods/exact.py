@@ -258,7 +258,8 @@ def index_exact(
         "report": report.to_json(),
     }
     with user.locked():  # refuses a user deleted while the index was built
-        ExactIndex(entries, embeddings, meta).save(index_path(user))
+        current = {item.id for item in user.history()}  # an item removed while this fit ran stays removed
+        ExactIndex(entries, embeddings, meta).keeping(current).save(index_path(user))
     return report
 
 

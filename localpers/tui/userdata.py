@@ -152,7 +152,9 @@ def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[
         if already:
             return item, False
         check_history_size(
-            len(merged), what=f"user {user.name!r} would have", hint=tui_room_hint(user.name, 1)
+            len(merged),
+            what=f"user {user.name!r} would have",
+            hint=tui_room_hint(user.name, len(merged) - MAX_HISTORY_ITEMS),
         )
         user.save_history(merged)
     return item, True
@@ -161,7 +163,7 @@ def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[
 def tui_room_hint(user_name: str, over: int) -> str:
     """How to free `over` places in a full history, from the TUI or beside it."""
     return (
-        "remove one in the History tab (F3, then x), or the oldest from a terminal with"
+        f"remove {over} in the History tab (F3, then x on each), or the oldest from a terminal with"
         f" `localpers history remove --oldest {over} --user {user_name}`"
     )
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import struct
 from collections.abc import Iterator
@@ -71,12 +70,19 @@ def now() -> str:
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
     """The JSON object in `path`, None if the file is absent; a one-line error if it is damaged."""
-    if not os.path.lexists(path):
+    if not path.exists():  # absent, or a link to nothing (read as absent, as before)
         return None
     if path.is_dir():
         raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away")
     # a FIFO, a device (a link to /dev/zero) or a huge file is refused before it is read
-    raw = read_regular_file(path, STATE_FILE_LIMIT, what="state file", stored=True)
+    try:
+        raw = read_regular_file(path, STATE_FILE_LIMIT, what="state file", stored=True)
+    except FileNotFoundError:
+        return None
+    except LocalpersError as exc:
+        if not fix:
+            raise
+        raise type(exc)(f"{exc}; {fix}") from None
     try:
         value = parse_json(raw)
     except JSONProblem as exc:
@@ -164,12 +170,13 @@ class User:
         """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read).
 
         `removing`: `items` is the stored history less some items, so it is written even if still over the
-        limits (a history made longer by hand must be reducible step by step).
+        item limit (a history made longer by hand must be reducible step by step).
         """
         text = serialize_history(items)
         if not removing:
             check_history_size(len(items), what=f"user {self.name!r} would have")
-            check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
+        # even when removing: what reading it back would refuse must not be written
+        check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
         with self.locked():
             ordinals = updated_ordinals(self.dir, self._stored_history_or_none, items)
             atomic_write_text(self.history_path, text)

@@ -258,6 +258,9 @@ class UserStore:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
         try:
             self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its names are users' names
+            if self.users_dir.stat().st_mode & 0o077:  # made open by an earlier version
+                with contextlib.suppress(OSError):
+                    self.users_dir.chmod(0o700)
             self._sweep()
             path = self.users_dir / f".{purpose}-{os.getpid()}-{secrets.token_hex(6)}"
             if create:

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from localpers.atomic import atomic_write_bytes, atomic_write_text
+from localpers.errors import LocalpersError
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import JSONProblem, parse_json
 
 NEGATIVES_FILE = "negatives.json"
@@ -34,11 +36,16 @@ def pair_hash(cluster: int, prompt: str, output: str, negative: str) -> str:
     return hashlib.sha256(json.dumps([cluster, prompt, output, negative]).encode("utf-8")).hexdigest()[:24]
 
 
+def _read_cache_bytes(path: Path) -> bytes:
+    """A cache file's bytes; a FIFO, device or oversized file is refused (LocalpersError), never read."""
+    return read_regular_file(path, STATE_FILE_LIMIT, what="cache", stored=True)
+
+
 def read_negatives(user_dir: Path, key: str) -> dict[str, str]:
     """The cached y- (item key -> text) stored under `key`; empty when absent or unreadable."""
     try:
-        cache = parse_json((user_dir / NEGATIVES_FILE).read_bytes())
-    except (OSError, JSONProblem):
+        cache = parse_json(_read_cache_bytes(user_dir / NEGATIVES_FILE))
+    except (LocalpersError, JSONProblem):
         return {}
     known = cache.get(key, {}) if isinstance(cache, dict) else {}
     if not isinstance(known, dict):
@@ -52,11 +59,12 @@ def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Seque
     At most `NEGATIVES_FILE_ENTRIES`: the `used` keys (this fit's prompts) first, then the newest of the rest.
     Each history change gives later items new prompts, so without a cap the file grew with every change.
     """
-    kept = {entry: known[entry] for entry in used if entry in known}
-    for entry in reversed(list(known)):  # `known` lists the oldest first
-        if len(kept) >= NEGATIVES_FILE_ENTRIES:
+    chosen = {entry for entry in used if entry in known}
+    for entry in reversed(list(known)):  # `known` lists the oldest first: the newest others are kept
+        if len(chosen) >= NEGATIVES_FILE_ENTRIES:
             break
-        kept.setdefault(entry, known[entry])
+        chosen.add(entry)
+    kept = {entry: text for entry, text in known.items() if entry in chosen}  # still oldest first
     atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: kept}, ensure_ascii=False))
 
 
@@ -67,8 +75,8 @@ def forget_negatives(user_dir: Path, kept_item_ids: set[str]) -> bool:
     """
     path = user_dir / NEGATIVES_FILE
     try:
-        cache = parse_json(path.read_bytes())
-    except (OSError, JSONProblem):
+        cache = parse_json(_read_cache_bytes(path))
+    except (LocalpersError, JSONProblem):
         return False
     if not isinstance(cache, dict):
         return False
