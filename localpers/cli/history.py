@@ -23,7 +23,7 @@ from localpers.cli.common import (
     read_text_argument,
 )
 from localpers.errors import InputError, LocalpersError
-from localpers.methods.forget import forget_removed_items
+from localpers.methods.forget import remove_history_items
 from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
@@ -261,36 +261,35 @@ def history_remove(
         return
     assert item_id is not None
     wanted = item_id.strip().lower()
-    with target.locked():
-        items = target.history()
-        matches = [item for item in items if item.id.startswith(wanted)] if len(wanted) >= 4 else []
+
+    def the_matching_item(items: list[HistoryItem]) -> set[str]:
+        matches = {item.id for item in items if item.id.startswith(wanted)} if len(wanted) >= 4 else set()
         if not matches:
             raise LocalpersError(
                 f"no history item {item_id!r} in user {target.name!r} (use at least 4 characters of an id "
                 "from `localpers history list`)"
             )
-        distinct = {item.id for item in matches}  # a history joined by hand can hold one item twice
-        if len(distinct) > 1:
-            raise LocalpersError(f"{item_id!r} matches {len(distinct)} items; give more characters of the id")
-        remaining = [item for item in items if item.id != matches[0].id]
-        target.save_history(remaining, removing=True)
-        forget_removed_items(target)
-    copies = f" ({len(matches)} copies)" if len(matches) > 1 else ""
+        if len(matches) > 1:  # a history joined by hand can hold one item twice: that is one id
+            raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
+        return matches
+
+    removed, remaining = remove_history_items(target, the_matching_item)
+    copies = f" ({len(removed)} copies)" if len(removed) > 1 else ""
     typer.echo(
-        f"removed {matches[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
+        f"removed {removed[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
     )
     typer.echo(refit_hint(target, removed=True))
 
 
 def _remove_oldest(target: User, count: int) -> None:
     """Remove the `count` oldest items (the history lists the oldest first), then what was derived from them."""
-    with target.locked():
-        items = target.history()
+
+    def the_oldest(items: list[HistoryItem]) -> set[str]:
         if not items:
             raise LocalpersError(f"user {target.name!r} has no history items to remove")
-        removed, remaining = items[:count], items[count:]
-        target.save_history(remaining, removing=True)
-        forget_removed_items(target)
+        return {item.id for item in items[:count]}
+
+    removed, remaining = remove_history_items(target, the_oldest)
     typer.echo(
         f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
         f" (the newest of them {removed[-1].id}); {items_phrase(len(remaining))} left"

@@ -258,7 +258,7 @@ def index_exact(
         "report": report.to_json(),
     }
     with user.locked():  # refuses a user deleted while the index was built
-        current = {item.id for item in user.history()}  # an item removed while this fit ran stays removed
+        current = user.history_ids()  # an item removed while this fit ran stays removed
         ExactIndex(entries, embeddings, meta).keeping(current).save(index_path(user))
     return report
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Set
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class ExactIndex:
             )
         return cls(entries, embeddings.astype(np.float32), meta)
 
-    def keeping(self, item_ids: set[str]) -> ExactIndex:
+    def keeping(self, item_ids: Set[str]) -> ExactIndex:
         """This index without the entries of items not in `item_ids` (the history after a removal)."""
         rows = [row for row, entry in enumerate(self.entries) if entry.item_id in item_ids]
         embeddings = self.embeddings[rows] if rows else self.embeddings[:0]

@@ -21,11 +21,9 @@ and refitting). This module starts the app, picks the user, loads the engine and
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
@@ -35,6 +33,7 @@ from textual.widgets import Select, TextArea
 from localpers.errors import LocalpersError
 from localpers.methods.reports import RewriteResult
 from localpers.tui import engine_jobs
+from localpers.tui.crash_report import tracebacks_without_locals
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.messages import (
     DemoReady,
@@ -68,25 +67,6 @@ MAIN_SCREEN_ACTIONS = {
     "focus_draft",
     "show_tab",
 }
-
-
-@contextlib.contextmanager
-def tracebacks_without_locals() -> Iterator[None]:
-    """While inside, every rich Traceback made (Textual makes its crash report's inside the call) shows no locals."""
-    import rich.traceback
-
-    original = rich.traceback.Traceback
-
-    class WithoutLocals(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["show_locals"] = False
-            super().__init__(*args, **kwargs)
-
-    rich.traceback.Traceback = WithoutLocals  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        rich.traceback.Traceback = original  # type: ignore[misc]
 
 
 class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):

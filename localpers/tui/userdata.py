@@ -22,7 +22,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
-from localpers.methods.forget import forget_removed_items
+from localpers.methods.forget import remove_history_items
 from localpers.untrusted import one_line
 from localpers.users.history import (
     MAX_HISTORY_ITEMS,
@@ -170,14 +170,14 @@ def tui_room_hint(user_name: str, over: int) -> str:
 
 def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
     """Remove the item with id `wanted_id` from the history and return it."""
-    with user.locked():
-        items = user.history()
-        matches = [item for item in items if item.id == wanted_id]
-        if not matches:
+
+    def the_wanted_item(items: list[HistoryItem]) -> set[str]:
+        if not any(item.id == wanted_id for item in items):
             raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
-        user.save_history([item for item in items if item.id != wanted_id], removing=True)
-        forget_removed_items(user)
-    return matches[0]
+        return {wanted_id}
+
+    removed, _ = remove_history_items(user, the_wanted_item)
+    return removed[0]
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,18 @@ class User:
         """The stored history items, in order; empty if none were imported."""
         return read_stored_history(self.history_path)
 
+    def history_ids(self) -> frozenset[str]:
+        """The ids of the stored history's items; read again only when the file was replaced since the last call
+        (a fit asks at each of its cache writes whether an item was removed meanwhile)."""
+        stamp = _file_stamp(self.history_path)  # before reading: a file replaced meanwhile never matches
+        cached = _history_ids.get(self.history_path)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        ids = frozenset(item.id for item in self.history())
+        if stamp is not None:
+            _history_ids[self.history_path] = (stamp, ids)
+        return ids
+
     def save_history(self, items: list[HistoryItem], *, removing: bool = False) -> None:
         """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read).
 
@@ -350,6 +362,10 @@ class User:
             with contextlib.suppress(FileNotFoundError):
                 total += path.stat().st_size if path.is_file() else 0
         return total
+
+
+# history file -> (its stamp when read, its items' ids): `User.history_ids`'s memo
+_history_ids: dict[Path, tuple[tuple[int, int, int], frozenset[str]]] = {}
 
 
 def _file_stamp(path: Path) -> tuple[int, int, int] | None:

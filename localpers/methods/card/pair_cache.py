@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,11 @@ PairFeatures = dict[str, tuple[np.ndarray, float]]  # pair hash -> (difference, 
 def pair_hash(cluster: int, prompt: str, output: str, negative: str) -> str:
     """The features cache's key of one pair."""
     return hashlib.sha256(json.dumps([cluster, prompt, output, negative]).encode("utf-8")).hexdigest()[:24]
+
+
+def item_of_key(key: str) -> str:
+    """The history item a y- cache key belongs to: the item id, or the id before a colon and a prompt hash."""
+    return key.split(":", 1)[0]
 
 
 def _read_cache_bytes(path: Path) -> bytes:
@@ -68,7 +73,7 @@ def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Seque
     atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: kept}, ensure_ascii=False))
 
 
-def forget_negatives(user_dir: Path, kept_item_ids: set[str]) -> bool:
+def forget_negatives(user_dir: Path, kept_item_ids: Set[str]) -> bool:
     """Drop the cached y- of items no longer in the history (a y- is the model's rewrite of the item's input).
 
     Whether the file changed. Keys are an item id, or an item id and a prompt hash after a colon.
@@ -81,7 +86,7 @@ def forget_negatives(user_dir: Path, kept_item_ids: set[str]) -> bool:
     if not isinstance(cache, dict):
         return False
     pruned = {
-        key: {item: text for item, text in known.items() if item.split(":", 1)[0] in kept_item_ids}
+        key: {entry: text for entry, text in known.items() if item_of_key(entry) in kept_item_ids}
         for key, known in cache.items()
         if isinstance(known, dict)
     }

@@ -352,8 +352,8 @@ class PairBuilder:
 
     def _write_negatives(self, user: User, cluster: int, known: dict[str, str], used: Sequence[str]) -> None:
         with user.locked():  # a user deleted meanwhile is refused by name, not by a missing folder
-            current = {item.id for item in user.history()}  # an item removed while this fit ran stays removed
-            kept = {key: text for key, text in known.items() if key.split(":", 1)[0] in current}
+            current = user.history_ids()  # an item removed while this fit ran stays removed
+            kept = {key: text for key, text in known.items() if pair_cache.item_of_key(key) in current}
             pair_cache.write_negatives(user.dir, self._negatives_key(cluster), kept, used)
 
     def _read_features(self, user: User, cluster: int) -> pair_cache.PairFeatures:
