@@ -1,4 +1,4 @@
-"""A Ctrl-C that C code swallowed, kept until Python can raise it.
+"""Ctrl-C and stop signals: end a command the same clean way, and keep one that C code swallowed.
 
 Python runs a signal's handler between bytecodes; when those are a ctypes callback's (llama.cpp's log, which
 llama-cpp-python routes to Python from its import on), the KeyboardInterrupt raised there ends in ctypes'
@@ -6,6 +6,11 @@ llama-cpp-python routes to Python from its import on), the KeyboardInterrupt rai
 to stop. `install` sets a SIGINT handler that notes the Ctrl-C before raising it; code that has just returned
 from llama.cpp calls `raise_pending`, which raises a noted Ctrl-C again. A Ctrl-C that was not swallowed ends
 the command anyway (the command line exits on KeyboardInterrupt), so raising it twice never happens there.
+
+SIGTERM (`kill`, a service manager, a container stopping) and SIGHUP (the terminal closed) would otherwise end
+the process where it stands, with no word and a `.partial` file left behind; `install` routes them the same
+way, as `Terminated`, a KeyboardInterrupt, so every clean-up and report that a Ctrl-C gets runs for them too,
+and the command exits 128 + the signal's number (143 for SIGTERM), as a shell reports a process so stopped.
 This module does nothing else; it imports nothing of localpers.
 """
 
@@ -17,13 +22,28 @@ import threading
 from types import FrameType
 from typing import Any
 
-_pending = False
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT
 
 
-def note() -> None:
-    """Remember a Ctrl-C (the handler, or a callback that caught it, calls this)."""
+class Terminated(KeyboardInterrupt):
+    """A stop asked by a signal other than Ctrl-C's (SIGTERM, SIGHUP): handled as a Ctrl-C, reported as it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_pending: KeyboardInterrupt | None = None
+
+
+def note(stop: KeyboardInterrupt | None = None) -> None:
+    """Remember a stop (the handler, or a callback that caught it, calls this); a plain note keeps the kind
+    already noted (a SIGTERM caught again inside a callback stays a SIGTERM)."""
     global _pending
-    _pending = True
+    if stop is not None and (_pending is None or isinstance(stop, Terminated)):
+        _pending = stop
+    elif _pending is None:
+        _pending = KeyboardInterrupt()
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -31,13 +51,27 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    stop = Terminated(signum)
+    note(stop)
+    raise stop
+
+
+def stop_signals() -> list[signal.Signals]:
+    """The signals handled as a stop besides SIGINT, where the platform has them (Windows has no SIGHUP)."""
+    return [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+
+
 def install() -> None:
-    """Route SIGINT through the noting handler (main thread only, where Python lets handlers be set), and
-    keep ctypes' "Exception ignored" report of a swallowed Ctrl-C off the terminal: it is raised later."""
-    if (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    ):
+    """Route SIGINT through the noting handler and SIGTERM/SIGHUP through the stopping one (main thread only,
+    where Python lets handlers be set; a signal someone set to be ignored, as `nohup` does, stays ignored), and
+    keep ctypes' "Exception ignored" report of a swallowed stop off the terminal: it is raised later."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in stop_signals():
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _on_stop_signal)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
         previous_hook = sys.unraisablehook
 
@@ -50,8 +84,18 @@ def install() -> None:
 
 
 def raise_pending() -> None:
-    """Raise the Ctrl-C noted since the last call, if one was (once)."""
+    """Raise the stop noted since the last call, if one was (once)."""
     global _pending
-    if _pending:
-        _pending = False
-        raise KeyboardInterrupt
+    stop, _pending = _pending, None
+    if stop is not None:
+        raise stop
+
+
+def exit_code(stop: BaseException) -> int:
+    """The exit code a command stopped by `stop` ends with: 143 for SIGTERM, 129 for SIGHUP, 130 for Ctrl-C."""
+    return 128 + stop.signum if isinstance(stop, Terminated) else INTERRUPTED_EXIT_CODE
+
+
+def stopped_word(stop: BaseException) -> str:
+    """How the command's last line names the stop: "terminated" for a signal, "interrupted" for Ctrl-C."""
+    return "terminated" if isinstance(stop, Terminated) else "interrupted"

@@ -1,5 +1,6 @@
-"""`python -m localpers.cli`: the same command line as the `localpers` console script."""
+"""`python -m localpers.cli`: the same command line as the `localpers` console script, Ctrl-C and stop
+signals included (`localpers.cli.entry`)."""
 
-from localpers.cli.main import main
+from localpers.cli.entry import main
 
 main()

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import print_json
+from localpers.cli.common import print_json, stopped_exit
 from localpers.errors import InputError
 
 # Written out so `--help` loads no model code; tests/test_bench.py checks it names every method and preset of
@@ -195,9 +195,8 @@ def bench_command(
     try:
         with method_progress(not as_json, sys.stderr.isatty()) as progress:
             written = run_and_write(config, progress=progress, notify=_print_note)
-    except KeyboardInterrupt:
-        typer.echo(_interrupted(out), err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as stop:
+        raise stopped_exit(stop, _what_a_stop_kept(out)) from None
     if as_json:
         print_json(written.results)
         return
@@ -225,13 +224,12 @@ def _check_probe_options(
                 raise InputError(f"{option} applies only with --probes; add --probes or leave {option} out")
 
 
-def _interrupted(out: Path) -> str:
-    """What a Ctrl-C left in `out`: the cache, and whether its top-level outputs are one run's set."""
+def _what_a_stop_kept(out: Path) -> str:
+    """What a Ctrl-C (or SIGTERM) left in `out`: the cache, and whether its top-level outputs are one run's set."""
     from localpers.bench import RESULTS_NAME
 
     kept = (
-        f"interrupted; the users finished so far are kept in {out / 'cache'} and reused when the same command "
-        "runs again; "
+        f"the users finished so far are kept in {out / 'cache'} and reused when the same command runs again; "
     )
     if (out / RESULTS_NAME).is_file():
         return kept + (

@@ -6,6 +6,7 @@ circle: `localpers.cli.main` imports the command modules, and each of them regis
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import unicodedata
@@ -42,13 +43,8 @@ def one_line_errors(func: F) -> F:
             # line (\n, U+2028) or drive the terminal (ESC).
             typer.echo(f"error: {one_line(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            # Not "nothing was changed": a step may have been saved just before (an import's history, a
-            # fit's caches). Every save is atomic, so no file is ever half-written.
-            typer.echo(
-                "interrupted; no file was left half-written (each is as it was, or fully saved)", err=True
-            )
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM/SIGHUP (`interrupts.Terminated`)
+            raise stopped_exit(stop) from None
         except BrokenPipeError:
             raise
         except OSError as exc:  # the file system said no (disk full, permissions) somewhere not wrapped
@@ -58,26 +54,37 @@ def one_line_errors(func: F) -> F:
         except ImportError as exc:
             # A Ctrl-C that lands while a C extension initialises (sklearn's, on a stage's first K-means) comes
             # back as "ImportError: initialization failed" caused by the KeyboardInterrupt: still a Ctrl-C.
-            if not _caused_by_ctrl_c(exc):
+            stop = _ctrl_c_among_causes(exc)
+            if stop is None:
                 raise
-            typer.echo(
-                "interrupted; no file was left half-written (each is as it was, or fully saved)", err=True
-            )
-            raise typer.Exit(130) from None
+            raise stopped_exit(stop) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-def _caused_by_ctrl_c(exc: BaseException) -> bool:
-    """Whether a KeyboardInterrupt is among `exc`'s causes and contexts."""
+def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer.Exit:
+    """Say on stderr that the command was stopped (by Ctrl-C: "interrupted"; by SIGTERM/SIGHUP: "terminated")
+    and what that left, and give the exit to raise: 130, or 128 + the signal's number."""
+    from localpers import interrupts
+
+    # Not "nothing was changed": a step may have been saved just before (an import's history, a fit's
+    # caches). Every save is atomic, so no file is ever half-written.
+    kept = what_was_kept or "no file was left half-written (each is as it was, or fully saved)"
+    with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+        typer.echo(f"{interrupts.stopped_word(stop)}; {kept}", err=True)
+    return typer.Exit(interrupts.exit_code(stop))
+
+
+def _ctrl_c_among_causes(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt among `exc`'s causes and contexts, if one is."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         if isinstance(current, KeyboardInterrupt):
-            return True
+            return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return False
+    return None
 
 
 def read_text_argument(text: str) -> str:

@@ -12,7 +12,14 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import BundleOption, JsonOption, ModelOption, UserOption, print_json
+from localpers.cli.common import (
+    BundleOption,
+    JsonOption,
+    ModelOption,
+    UserOption,
+    print_json,
+    stopped_exit,
+)
 from localpers.cli.numbers import float_option
 from localpers.cli.progress import fit_progress
 from localpers.cli.sampling import (
@@ -68,15 +75,14 @@ def fit_command(
         try:
             with fit_progress(not as_json, sys.stderr.isatty()) as progress:
                 fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             if chosen.name != "card":
                 raise
-            typer.echo(
-                f"interrupted; user {target.name!r} keeps its previous fit, and the pairs scored so far are saved:"
-                " `localpers fit` goes on from there",
-                err=True,
+            kept = (
+                f"user {target.name!r} keeps its previous fit, and the pairs scored so far are saved:"
+                " `localpers fit` goes on from there"
             )
-            raise typer.Exit(130) from None
+            raise stopped_exit(stop, kept) from None
     if as_json:
         print_json(fitted.report, indent=None)
     else:

@@ -30,12 +30,4 @@ app.add_typer(history.history_app, name="history")
 for _module in (bundle, device, demo, bench, tui, profile, api, repo, publish):
     _module.register(app)
 
-__all__ = ["app", "main"]
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()
+__all__ = ["app"]

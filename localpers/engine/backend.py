@@ -37,8 +37,8 @@ class _LogRecorder:
                 self.recording.append(piece)
             if os.environ.get("LOCALPERS_LLAMA_LOG"):
                 sys.stderr.write(piece)
-        except KeyboardInterrupt:
-            interrupts.note()  # ctypes would drop it: raised by raise_pending_interrupt instead
+        except KeyboardInterrupt as stop:
+            interrupts.note(stop)  # ctypes would drop it: raised by raise_pending_interrupt instead
 
 
 _log_recorder = _LogRecorder()

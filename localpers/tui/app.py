@@ -21,6 +21,8 @@ and refitting). This module starts the app, picks the user, loads the engine and
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from textual.binding import Binding
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
+from localpers import interrupts
 from localpers.errors import LocalpersError
 from localpers.methods.reports import RewriteResult
 from localpers.tui import engine_jobs
@@ -114,6 +117,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self.personal_result: RewriteResult | None = None
         self.personal_input: str | None = None
         self.fit_running = False
+        self.stopped_by_signal: int | None = None
         self.job_id = 0
         self._cache = ResultCache()
         self._cut_noted_job = 0
@@ -134,7 +138,21 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         return self.main
 
     def on_mount(self) -> None:
+        self._stop_on_signals()
         self.call_after_refresh(self.start)
+
+    def _stop_on_signals(self) -> None:
+        """Let SIGTERM and SIGHUP (`kill`, a closed terminal) close the app as ctrl+q does, the terminal
+        restored and the engine closed, instead of ending the process inside the alternate screen."""
+        loop = asyncio.get_running_loop()
+        for signum in interrupts.stop_signals():
+            # Not where the platform has no such handlers (Windows) or off the main thread (some tests).
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, self._stop_by_signal, signum)
+
+    def _stop_by_signal(self, signum: int) -> None:
+        self.stopped_by_signal = signum
+        self.exit()
 
     def start(self) -> None:
         """Load the engine in the background, then open the user (or the first-run welcome)."""
@@ -406,3 +424,5 @@ def run_app(service: WritingService, *, user: str | None = None, text: str = "")
         app.run()
     finally:
         app.close_service()
+    if app.stopped_by_signal is not None:  # the command line reports it and exits 128 + its number
+        raise interrupts.Terminated(app.stopped_by_signal)

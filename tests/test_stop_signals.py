@@ -1,0 +1,197 @@
+"""SIGTERM and SIGHUP end a command as a Ctrl-C does: its clean-up runs, one line says so, exit 128 + the signal.
+
+Before, `kill` ended a command where it stood (exit 143 with no word, a `.partial` file left behind) and left
+`localpers tui`'s terminal in the alternate screen. The signals are sent to child processes, never to pytest.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import termios
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import typer
+
+from localpers import interrupts
+from localpers.cli.common import one_line_errors
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+TESTS = Path(__file__).parent
+
+
+def _cli(home: Path, *args: str, **popen: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "LOCALPERS_HOME": str(home)}
+    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "localpers.cli", *args], text=True, env=env, **popen
+    )
+
+
+def _unread_bytes(pipe_write_end: int) -> int:
+    """How much written to a pipe its reader has not taken yet."""
+    count = array.array("i", [0])
+    fcntl.ioctl(pipe_write_end, termios.FIONREAD, count)
+    return count[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_command_stopped_by_a_signal_says_so_and_exits_128_plus_its_number(
+    tmp_path: Path, signum: int
+) -> None:
+    home = tmp_path / "home"
+    created = _cli(home, "user", "create", "ann", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert created.wait(timeout=120) == 0, created.communicate()
+    importing = _cli(
+        home,
+        "history",
+        "import",
+        "-",
+        "--user",
+        "ann",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert importing.stdin is not None
+    importing.stdin.write('{"input": "Council approves budget", "output": "Budget approved"}\n')
+    importing.stdin.flush()
+    deadline = time.monotonic() + 120
+    while _unread_bytes(importing.stdin.fileno()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the command is reading its standard input (its end never comes)
+    importing.send_signal(signum)
+    _, err = importing.communicate(timeout=120)
+    assert importing.returncode == 128 + signum, err
+    assert err.startswith("terminated; no file was left half-written"), err
+    history = home / "users" / "ann" / "history.jsonl"
+    assert not history.exists() or history.read_text() == ""
+    assert not list((home / "users" / "ann").glob("*.partial")) and not list(home.rglob(".*.partial"))
+
+
+def test_the_handler_raises_terminated_which_is_handled_as_a_ctrl_c() -> None:
+    code = textwrap.dedent(
+        """
+        import os, signal
+        from localpers import interrupts
+        interrupts.install()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise SystemExit("not stopped")
+        except KeyboardInterrupt as stop:
+            print(interrupts.stopped_word(stop), interrupts.exit_code(stop))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout) == (0, "terminated 143\n"), result.stderr
+
+
+def test_an_ignored_sighup_stays_ignored() -> None:
+    code = textwrap.dedent(
+        """
+        import signal
+        from localpers import interrupts
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+        interrupts.install()
+        print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.stdout == "True\n", result.stderr
+
+
+def test_a_stop_swallowed_by_a_c_callback_is_raised_again_as_what_it_was() -> None:
+    interrupts.note(interrupts.Terminated(signal.SIGTERM))
+    interrupts.note()  # the callback's own catch notes it again without knowing what it was
+    with pytest.raises(interrupts.Terminated):
+        interrupts.raise_pending()
+    interrupts.raise_pending()  # once
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "word"),
+    [(KeyboardInterrupt(), 130, "interrupted"), (interrupts.Terminated(signal.SIGTERM), 143, "terminated")],
+)
+def test_one_line_errors_reports_the_stop_by_its_kind(
+    stop: KeyboardInterrupt, code: int, word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def command() -> None:
+        raise stop
+
+    with pytest.raises(typer.Exit) as ended:
+        one_line_errors(command)()
+    assert ended.value.exit_code == code
+    assert capsys.readouterr().err.startswith(f"{word}; no file was left half-written")
+
+
+def test_sigterm_closes_the_tui_as_ctrl_q_does(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import asyncio, os, signal, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from tui_fakes import FakeService
+        from localpers.tui.app import LocalpersApp
+        from localpers.users.store import UserStore
+
+        service = FakeService(UserStore())
+        app = LocalpersApp(service)
+
+        async def run():
+            async with app.run_test() as pilot:
+                await pilot.pause()
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(100):
+                    await pilot.pause(0.05)
+                    if app.stopped_by_signal is not None:
+                        break
+
+        asyncio.run(run())
+        app.close_service()
+        print(app.stopped_by_signal, service.closed)
+        """
+    )
+    env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env, timeout=300
+    )
+    assert (result.returncode, result.stdout) == (0, f"{int(signal.SIGTERM)} True\n"), result.stderr[-2000:]
+
+
+def test_run_app_raises_the_signal_that_closed_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpers.tui import app as tui_app
+    from localpers.users.store import UserStore
+
+    sys.path.insert(0, str(TESTS))
+    from tui_fakes import FakeService
+
+    def closed_by_sigterm(self: tui_app.LocalpersApp) -> None:
+        self.stopped_by_signal = signal.SIGTERM
+
+    monkeypatch.setattr(tui_app.LocalpersApp, "run", closed_by_sigterm)
+    service = FakeService(UserStore())
+    with pytest.raises(interrupts.Terminated) as stopped:
+        tui_app.run_app(service)
+    assert stopped.value.signum == signal.SIGTERM and service.closed
+
+
+def test_a_sigterm_while_click_parses_the_arguments_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import typer.core
+
+    from localpers.cli import entry
+
+    def parsing(*args: object, **kwargs: object) -> None:
+        raise interrupts.Terminated(signal.SIGTERM)  # Typer turns this into a silent exit 130
+
+    monkeypatch.setattr(typer.core.TyperGroup, "parse_args", parsing)
+    monkeypatch.setattr("localpers.interrupts.install", lambda: None)  # leave pytest's own handlers
+    monkeypatch.setattr(sys, "argv", ["localpers", "user", "list"])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert (stopped.value.code, capsys.readouterr().err) == (143, "terminated\n")
