@@ -11,12 +11,15 @@ This module does not train anything and does not load adapters (see `localpers.e
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
+from localpers.atomic import TEMP_SUFFIX, remove_stale_temp_files
 from localpers.engine.gguf_layout import GGUFLayout, gguf_layout, map_tensor
 from localpers.errors import LocalpersError
 
@@ -60,28 +63,49 @@ def write_lora_gguf(
     alpha: float,
     architecture: str = "gemma3",
     name: str = "localpers-adapter",
+    private: bool = False,
 ) -> Path:
-    """Write `tensors` as a GGUF LoRA adapter at `path` atomically (temp file + rename)."""
+    """Write `tensors` as a GGUF LoRA adapter at `path` atomically (temp file, fsync, rename).
+
+    The temp file carries this process's id, so one left by a killed writer is swept by the next atomic write
+    in that folder (`localpers.atomic.remove_stale_temp_files`); one left by an error is removed at once.
+    `private` keeps the file to its owner (0600, as every file in a user's folder); else it is 0644 like any
+    published file.
+    """
     gguf = _gguf()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(partial), architecture)
-    writer.add_string("general.type", "adapter")
-    writer.add_string("general.name", name)
-    writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", float(alpha))
-    for weight_name in sorted(tensors):
-        lora_a, lora_b = tensors[weight_name]
-        if lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != lora_b.shape[1]:
-            raise ValueError(f"{weight_name}: A {lora_a.shape} and B {lora_b.shape} do not share a rank")
-        writer.add_tensor(weight_name + ".lora_a", np.ascontiguousarray(lora_a, dtype=np.float16))
-        writer.add_tensor(weight_name + ".lora_b", np.ascontiguousarray(lora_b, dtype=np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(partial, path)
+    remove_stale_temp_files(path.parent)
+    fd, partial_name = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX
+    )  # created 0600
+    os.close(fd)
+    partial = Path(partial_name)
+    try:
+        if not private:
+            os.chmod(partial, 0o644)
+        writer = gguf.GGUFWriter(str(partial), architecture)
+        writer.add_string("general.type", "adapter")
+        writer.add_string("general.name", name)
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", float(alpha))
+        for weight_name in sorted(tensors):
+            lora_a, lora_b = tensors[weight_name]
+            if lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != lora_b.shape[1]:
+                raise ValueError(f"{weight_name}: A {lora_a.shape} and B {lora_b.shape} do not share a rank")
+            writer.add_tensor(weight_name + ".lora_a", np.ascontiguousarray(lora_a, dtype=np.float16))
+            writer.add_tensor(weight_name + ".lora_b", np.ascontiguousarray(lora_b, dtype=np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(partial, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
     return path
 
 

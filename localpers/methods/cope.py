@@ -195,6 +195,7 @@ def fit_cope(
             alpha=config.alpha,
             architecture=base_lora.architecture,
             name=f"cope-{user.name}",
+            private=True,
         )
         sha = _sha256(fresh)
         final = user.dir / f"{ADAPTER_PREFIX}{sha[:16]}.gguf"
