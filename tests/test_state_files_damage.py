@@ -98,3 +98,17 @@ def test_review_mends_dangling_pointer_fifo_caches_cap_order_and_room_counts(tmp
     user.history_path.write_text(serialize_history(items), encoding="utf-8")
     refused = CliRunner().invoke(app, ["history", "add", "-i", "x", "-o", "Y", "--user", "dee"])
     assert refused.exit_code == 2 and "--oldest 4 --user dee" in refused.output, refused.output
+
+
+def test_a_history_linked_to_nothing_is_refused_not_read_as_empty_and_replaced(tmp_path) -> None:
+    user = UserStore().create("dan")
+    elsewhere = tmp_path / "unmounted" / "history.jsonl"
+    user.history_path.unlink(missing_ok=True)
+    user.history_path.symlink_to(elsewhere)  # a history kept on a drive that is not mounted now
+    for args in (["history", "list", "--user", "dan"], ["history", "add", "-u", "dan", "-i", "a", "-o", "b"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 1, result.output
+        assert "is a link to" in result.output and "which does not exist" in result.output
+    assert user.history_path.is_symlink() and os.readlink(user.history_path) == str(elsewhere)
+    with pytest.raises(LocalpersError, match="which does not exist"):
+        user.history_index(get_task("headline"))

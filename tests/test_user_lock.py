@@ -160,3 +160,14 @@ def test_another_process_waiting_on_a_deleted_user_writes_nothing(tmp_path: Path
     waiter.join(30)
     assert waiter.exitcode == 3
     assert store.list() == [] and not [p for p in store.users_dir.iterdir()]
+
+
+def test_a_link_at_the_lock_files_name_is_refused_not_followed(tmp_path: Path) -> None:
+    folder = tmp_path / "ann"
+    folder.mkdir()
+    outside = tmp_path / "outside" / "target"
+    outside.parent.mkdir()
+    (folder / ".lock").symlink_to(outside)  # dangling: following it would create a file outside the folder
+    with pytest.raises(LocalpersError, match="is a symbolic link"), user_lock(folder, who="user 'ann'"):
+        pass
+    assert not outside.exists()

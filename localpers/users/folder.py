@@ -49,6 +49,7 @@ from localpers.users.history import (
     check_history_bytes,
     check_history_size,
     read_stored_history,
+    refuse_dangling_link,
     serialize_history,
 )
 from localpers.users.history_index import HistoryIndex
@@ -213,6 +214,7 @@ class User:
         try:
             text = self.history_path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            refuse_dangling_link(self.history_path)
             text = ""
         except (OSError, UnicodeDecodeError):
             self.history()  # raises the history's own one-line error, naming the file and the fix

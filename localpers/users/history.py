@@ -266,8 +266,10 @@ def merge_history(
 
 
 def read_stored_history(path: Path) -> list[HistoryItem]:
-    """A user's stored history.jsonl (one item object per line); a missing file is an empty history."""
+    """A user's stored history.jsonl (one item object per line); a missing file is an empty history, a link to
+    nothing is refused (read as empty, the next save would replace the link and part the history from it)."""
     if not path.exists():
+        refuse_dangling_link(path)
         return []
     hint = "fix or delete that line, or remove the file"
     items: list[HistoryItem] = []
@@ -278,6 +280,15 @@ def read_stored_history(path: Path) -> list[HistoryItem]:
             raise InputError(f"{path} {where}: field 'source' must be a string; {hint}")
         items.append(_item_from_record(path, where, record, DEFAULT_TASK, source, hint=hint))
     return items
+
+
+def refuse_dangling_link(path: Path) -> None:
+    """A one-line error if `path` is a symbolic link whose target does not exist (an unmounted drive)."""
+    if path.is_symlink() and not path.exists():
+        raise LocalpersError(
+            f"{path} is a link to {os.readlink(path)}, which does not exist; reconnect what it points to, or"
+            " remove the link to start an empty history"
+        )
 
 
 def serialize_history(items: Iterable[HistoryItem]) -> str:

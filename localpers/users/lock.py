@@ -21,6 +21,7 @@ the same work beside it. This module knows nothing else of what is in the folder
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -147,10 +148,22 @@ def _lock_file(
     busy = busy or _busy
     path = folder / name
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        # O_NOFOLLOW: a link at the lock's name (even a dangling one) is refused, never followed to create
+        # or lock a file outside the user's folder.
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except (FileNotFoundError, NotADirectoryError):
         raise _gone(who) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LocalpersError(
+                f"{path} is a symbolic link; localpers does not follow links for a user's lock file: remove"
+                " the link"
+            ) from None
+        if exc.errno == errno.EROFS:
+            raise LocalpersError(
+                f"{path}: cannot create the user's lock file, the file system is read-only; localpers writes"
+                " to the user's folder: mount it writable or set LOCALPERS_HOME to a writable folder"
+            ) from None
         raise LocalpersError(
             f"{path}: cannot open the user's lock file ({exc.strerror}); localpers needs to create and write it "
             "there: move away whatever has its name, or give your account write access to the folder"
