@@ -195,3 +195,29 @@ def test_a_sigterm_while_click_parses_the_arguments_is_one_line(
     with pytest.raises(SystemExit) as stopped:
         entry.main()
     assert (stopped.value.code, capsys.readouterr().err) == (143, "terminated\n")
+
+
+def test_a_ctrl_c_after_the_history_was_saved_says_it_was_saved(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from localpers.cli import app, history
+    from localpers.users.store import UserStore
+
+    UserStore().create("ann")
+
+    def ctrl_c_while_printing(*args: object, **kwargs: object) -> str:
+        raise KeyboardInterrupt  # lands after the save, while the summary is printed
+
+    monkeypatch.setattr(history, "refit_hint", ctrl_c_while_printing)
+    source = tmp_path / "items.jsonl"
+    source.write_text('{"input": "Council approves budget", "output": "Budget approved"}\n')
+    for args in (
+        ["history", "import", str(source), "--user", "ann"],
+        ["history", "add", "-u", "ann", "-i", "Rain expected", "-o", "Rain ahead"],
+    ):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 130, result.output
+        assert "interrupted; this came after the work was saved: user 'ann' now has" in result.output
+    assert len(UserStore().get("ann").history()) == 2

@@ -143,6 +143,9 @@ def pull(
             confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
             check_content=_content_check(model),
         )
+        from localpers.cli.common import note_saved
+
+        note_saved(f"bundle {result.version} is installed in {result.directory}")
     if as_json:
         payload = {
             "directory": str(result.directory),

@@ -7,6 +7,7 @@ circle: `localpers.cli.main` imports the command modules, and each of them regis
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 import unicodedata
@@ -36,6 +37,7 @@ def one_line_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        saved_now = _saved.set(None)
         try:
             return func(*args, **kwargs)
         except LocalpersError as exc:
@@ -58,8 +60,20 @@ def one_line_errors(func: F) -> F:
             if stop is None:
                 raise
             raise stopped_exit(stop) from None
+        finally:
+            _saved.reset(saved_now)
 
     return wrapper  # type: ignore[return-value]
+
+
+_saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("localpers_saved", default=None)
+
+
+def note_saved(what: str) -> None:
+    """Note that the command's work is saved (`what`, e.g. "user 'ann' now has 490 items"): a stop from now on
+    is reported as coming after it (the command need not be run again), not as an interruption of unknown
+    effect."""
+    _saved.set(what)
 
 
 def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer.Exit:
@@ -69,7 +83,11 @@ def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer
 
     # Not "nothing was changed": a step may have been saved just before (an import's history, a fit's
     # caches). Every save is atomic, so no file is ever half-written.
-    kept = what_was_kept or "no file was left half-written (each is as it was, or fully saved)"
+    saved = _saved.get()
+    if saved is not None:
+        kept = f"this came after the work was saved: {saved}"
+    else:
+        kept = what_was_kept or "no file was left half-written (each is as it was, or fully saved)"
     with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
         typer.echo(f"{interrupts.stopped_word(stop)}; {kept}", err=True)
     return typer.Exit(interrupts.exit_code(stop))

@@ -18,6 +18,7 @@ from localpers.cli.common import (
     checked_utf8,
     counted,
     items_phrase,
+    note_saved,
     one_line_errors,
     print_json,
     read_text_argument,
@@ -112,6 +113,7 @@ def history_import(
         )
         if len(already) < len(parsed.items):  # nothing new: the stored history stays as it is, unwritten
             target.save_history(merged)
+            note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}")
     added = len(parsed.items) - len(already)
     if as_json:
         print_json(
@@ -188,6 +190,7 @@ def history_add(
                 hint=make_room_hint(target.name, len(merged) - MAX_HISTORY_ITEMS),
             )
             target.save_history(merged)
+            note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}")
     if as_json:
         print_json(
             {"user": target.name, "added": not already, "item": _item_json(item), "total": len(merged)}
@@ -274,6 +277,7 @@ def history_remove(
         return matches
 
     removed, remaining = remove_history_items(target, the_matching_item)
+    note_saved(f"user {target.name!r} now has {items_phrase(len(remaining))}")
     copies = f" ({len(removed)} copies)" if len(removed) > 1 else ""
     typer.echo(
         f"removed {removed[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
@@ -290,6 +294,7 @@ def _remove_oldest(target: User, count: int) -> None:
         return {item.id for item in items[:count]}
 
     removed, remaining = remove_history_items(target, the_oldest)
+    note_saved(f"user {target.name!r} now has {items_phrase(len(remaining))}")
     typer.echo(
         f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
         f" (the newest of them {removed[-1].id}); {items_phrase(len(remaining))} left"

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import JsonOption, counted, items_phrase, one_line_errors, print_json
+from localpers.cli.common import JsonOption, counted, items_phrase, note_saved, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
 from localpers.regular_files import read_regular_file
@@ -383,6 +383,7 @@ def user_import(
     """Create a user from an exported archive (checked before the user appears)."""
     store = UserStore()
     user = store.import_(archive, new_name)
+    note_saved(f"user {user.name!r} was imported")
     if use:
         store.use(user.name)
     active = store.active_name() == user.name
