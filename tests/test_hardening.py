@@ -484,3 +484,16 @@ def test_an_os_error_outside_the_atomic_writer_is_one_line(capsys: pytest.Captur
         command()
     assert exited.value.exit_code == 1
     assert capsys.readouterr().err == "error: Permission denied (/srv/bench/report.md)\n"
+
+
+def test_importing_a_user_on_a_full_disk_names_the_folder_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    UserStore().create("ann")
+    archive = tmp_path / "ann.zip"
+    assert runner.invoke(app, ["user", "export", "ann", "--output", str(archive)]).exit_code == 0
+    monkeypatch.setattr(Path, "write_bytes", _disk_full)
+    result = runner.invoke(app, ["user", "import", str(archive), "--as", "bob"])
+    line = one_line_error(result, "No space left on device")
+    assert f"cannot write user 'bob' into {UserStore().users_dir}" in line and "free some disk space" in line
+    assert UserStore().list() == ["ann"]

@@ -377,3 +377,21 @@ def test_history_ids_are_read_again_only_after_the_history_changed(monkeypatch: 
     user.save_history(first[1:], removing=True)
     assert user.history_ids() == {item.id for item in first[1:]}
     assert len(reads) >= 2
+
+
+def test_a_history_at_the_size_limit_exports_and_imports_back(tmp_path: Path) -> None:
+    from localpers.users.history import MAX_HISTORY_FILE_BYTES, serialize_history
+
+    store = UserStore()
+    user = store.create("big")
+    article = "東" * 100_000  # 300,000 bytes in UTF-8: the longest input an item keeps
+    items = [HistoryItem.create("headline", article + f" {n}", f"Headline {n}") for n in range(223)]
+    size = len(serialize_history(items).encode("utf-8"))
+    pad = MAX_HISTORY_FILE_BYTES - size - 200  # one more item that brings the file just under the limit
+    items.append(HistoryItem.create("headline", "東" * (pad // 3), "Last"))
+    last_size = len(serialize_history(items).encode("utf-8"))
+    assert MAX_HISTORY_FILE_BYTES - 1024 < last_size <= MAX_HISTORY_FILE_BYTES
+    user.save_history(items)
+    archive = store.export("big", tmp_path / "big.zip", with_history=True)
+    again = store.import_(archive, "big2")
+    assert again.history_path.read_bytes() == user.history_path.read_bytes()

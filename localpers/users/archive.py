@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from localpers.errors import InputError
+from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import JSONProblem, one_line, parse_json
 from localpers.users import folder
 from localpers.users.folder import VECTOR_FILE_PATTERN
@@ -25,10 +25,11 @@ ARCHIVE_FORMAT = "localpers-user"
 ARCHIVE_VERSION = 1
 MAX_ARCHIVE_MEMBER_BYTES = 64 * 1024 * 1024
 # An export holds manifest.json, state.json, at most one vector and optionally history.jsonl: a zip with
-# more members, or more bytes in all, is not one (and may be a zip bomb).
+# more members, or more bytes in all, is not one (and may be a zip bomb). The total leaves room beside the
+# largest history a user may have (64 MiB) for the rest (a few KB in practice), so every export imports back.
 MAX_ARCHIVE_MEMBERS = 4
-MAX_ARCHIVE_TOTAL_BYTES = 64 * 1024 * 1024
-MAX_ARCHIVE_FILE_BYTES = 64 * 1024 * 1024
+MAX_ARCHIVE_TOTAL_BYTES = MAX_ARCHIVE_MEMBER_BYTES + 4 * 1024 * 1024
+MAX_ARCHIVE_FILE_BYTES = MAX_ARCHIVE_TOTAL_BYTES
 
 
 def pack_archive(name: str, cluster: Any, members: dict[str, bytes]) -> bytes:
@@ -42,6 +43,17 @@ def pack_archive(name: str, cluster: Any, members: dict[str, bytes]) -> bytes:
         "with_history": "history.jsonl" in members,
         "files": {member: hashlib.sha256(data).hexdigest() for member, data in members.items()},
     }
+    largest = max(members, key=lambda member: len(members[member]), default=None)
+    if largest is not None and len(members[largest]) > MAX_ARCHIVE_MEMBER_BYTES:
+        raise LocalpersError(
+            f"the user's {largest} is {len(members[largest])} bytes, more than the {MAX_ARCHIVE_MEMBER_BYTES}"
+            " an archive can hold; `localpers history remove --oldest N` makes the history smaller"
+        )
+    if sum(map(len, members.values())) > MAX_ARCHIVE_TOTAL_BYTES - (1 << 20):  # 1 MiB for the manifest
+        raise LocalpersError(
+            f"the user's files are more than the {MAX_ARCHIVE_TOTAL_BYTES} bytes an archive can hold;"
+            " `localpers history remove --oldest N` makes the history smaller"
+        )
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("manifest.json", json.dumps(manifest, indent=2) + "\n")

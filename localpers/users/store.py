@@ -227,9 +227,15 @@ class UserStore:
         self._check_free(target, "import under another name with --as NAME")
         staging = self._staging_dir("importing")
         try:
-            for member, data in members.items():
-                (staging / member).write_bytes(data)
-            (staging / IDENTITY_FILE).write_text(new_identity() + "\n", encoding="ascii")
+            try:
+                for member, data in members.items():
+                    (staging / member).write_bytes(data)
+                (staging / IDENTITY_FILE).write_text(new_identity() + "\n", encoding="ascii")
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot write user {target!r} into {self.users_dir} ({exc.strerror or exc}); nothing was"
+                    " imported: free some disk space or fix the folder's permissions, then import again"
+                ) from None
             candidate = User(target, staging)
             try:
                 candidate._load_vector()
