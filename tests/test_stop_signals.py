@@ -221,3 +221,26 @@ def test_a_ctrl_c_after_the_history_was_saved_says_it_was_saved(
         assert result.exit_code == 130, result.output
         assert "interrupted; this came after the work was saved: user 'ann' now has" in result.output
     assert len(UserStore().get("ann").history()) == 2
+
+
+def test_a_stop_mid_streamed_line_reports_on_a_line_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    from localpers.cli.common import stdout_stream
+
+    def streaming_command() -> None:
+        sink = stdout_stream(strip_leading=True)
+        sink(" Amtrak To Extend")
+        sink(" Weekend Trains")
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit):
+        one_line_errors(streaming_command)()
+    captured = capsys.readouterr()
+    assert captured.out == "Amtrak To Extend Weekend Trains\n"
+    assert captured.err.startswith("interrupted; ")
+
+    def quiet_command() -> None:  # nothing streamed in this command: no stray newline
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit):
+        one_line_errors(quiet_command)()
+    assert capsys.readouterr().out == ""

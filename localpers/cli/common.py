@@ -37,7 +37,7 @@ def one_line_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        saved_now = _saved.set(None)
+        saved_now, streamed_now = _saved.set(None), _streamed_line.set(False)
         try:
             return func(*args, **kwargs)
         except LocalpersError as exc:
@@ -62,11 +62,16 @@ def one_line_errors(func: F) -> F:
             raise stopped_exit(stop) from None
         finally:
             _saved.reset(saved_now)
+            _streamed_line.reset(streamed_now)
 
     return wrapper  # type: ignore[return-value]
 
 
 _saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("localpers_saved", default=None)
+# Whether streamed text left stdout mid-line (`stdout_stream`), so a stop's report starts on a line of its own.
+_streamed_line: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "localpers_streamed_line", default=False
+)
 
 
 def note_saved(what: str) -> None:
@@ -83,6 +88,10 @@ def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer
 
     # Not "nothing was changed": a step may have been saved just before (an import's history, a fit's
     # caches). Every save is atomic, so no file is ever half-written.
+    if _streamed_line.get():  # the stop came mid-line of a streamed output: end it, not glue the word to it
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.write("\n")
+            sys.stdout.flush()
     saved = _saved.get()
     if saved is not None:
         kept = f"this came after the work was saved: {saved}"
@@ -208,5 +217,6 @@ def stdout_stream(*, strip_leading: bool) -> Callable[[str], None]:
             started = True
         sys.stdout.write(piece)
         sys.stdout.flush()
+        _streamed_line.set(not piece.endswith("\n"))
 
     return write
