@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,9 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("localpers.cli.device.Personalizer.open", lambda **_: object())
+    monkeypatch.setattr(
+        "localpers.cli.device.Personalizer.open", lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64)
+    )
     monkeypatch.setattr(CardMethod, "fit", interrupted)
     result = CliRunner().invoke(app, ["fit", "--user", "ann"])
     assert result.exit_code == 130

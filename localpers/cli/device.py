@@ -63,6 +63,14 @@ def fit_command(
     history_limit: Annotated[
         int | None, typer.Option(min=1, help="Use only the N most recent items.")
     ] = None,
+    refit: Annotated[
+        bool,
+        typer.Option(
+            "--refit",
+            help="Fit even when the stored fit was made from this same history, bundle and version (it is"
+            " kept as it is by default: a new fit would only redraw its samples).",
+        ),
+    ] = False,
     bundle: BundleOption = None,
     model: ModelOption = None,
     as_json: JsonOption = False,
@@ -72,6 +80,18 @@ def fit_command(
     target = UserStore().resolve(user)
     with target.fitting():  # taken before the model loads: a second fit of the user is refused at once
         personalizer = Personalizer.open(model=model, bundle=bundle)
+        current = None if refit else chosen.current_fit(personalizer, target, history_limit=history_limit)
+        if current is not None:
+            if as_json:
+                print_json({**current.report, "unchanged": True}, indent=None)
+            else:
+                typer.echo(
+                    f"user {target.name!r} is already fitted on this history with this bundle; nothing to do"
+                    " (`--refit` fits again). The stored fit:",
+                    err=True,
+                )
+                typer.echo(current.summary)
+            return
         try:
             with fit_progress(not as_json, sys.stderr.isatty()) as progress:
                 fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
@@ -84,7 +104,7 @@ def fit_command(
             )
             raise stopped_exit(stop, kept) from None
     if as_json:
-        print_json(fitted.report, indent=None)
+        print_json({**fitted.report, "unchanged": False}, indent=None)
     else:
         typer.echo(fitted.summary)
 

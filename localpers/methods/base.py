@@ -107,6 +107,13 @@ class Method(ABC):
         """Learn from the user's history and store the result in their folder."""
         raise NotImplementedError(f"{self.name} learns nothing from a history; fit another method")
 
+    def current_fit(
+        self, personalizer: Personalizer, user: User, *, history_limit: int | None
+    ) -> Fitted | None:
+        """The user's stored fit when `fit` would learn from exactly what it was made from (the same history
+        and window, this bundle, this version of localpers), else None; a method that cannot tell says None."""
+        return None
+
     @abstractmethod
     def rewrite(
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions

@@ -205,6 +205,20 @@ class CardMethod(AdapterMethod):
             {"user": user.name, **report.to_json(), "choice": choice}, fit_summary(user.name, report, choice)
         )
 
+    def current_fit(
+        self, personalizer: Personalizer, user: User, *, history_limit: int | None
+    ) -> Fitted | None:
+        from localpers.methods.card.user_fit import stored_fit_if_current
+
+        stored = stored_fit_if_current(user, personalizer.bundle_sha256, history_limit)
+        if stored is None:
+            return None
+        report, state = stored
+        choice = state.get("choice")
+        return Fitted(
+            {"user": user.name, **report.to_json(), "choice": choice}, fit_summary(user.name, report, choice)
+        )
+
     def stored_bytes(self, user: User) -> int:
         path = user.vector_path()
         return (path.stat().st_size if path else 0) + (

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from localpers import __version__
 from localpers.methods.card.choice import Scorer, choose_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.recasing import fit_recasing
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from localpers.users.store import User
 
 MIN_PAIRS_FOR_VECTOR = 3
+FITTED_BY = f"localpers {__version__}"  # in state.json: a fit made by another version is not taken as current
 
 
 class FitHost(Scorer, Protocol):
@@ -83,7 +85,15 @@ def fit_user(
         report = fit_report(host.bundle_sha256, "cold-start", None, [], 0, 0, 0, None, {})
         report.n_too_long = too_long
         report.history_sha256 = history_digest(history)
-        user.save_fit(None, {"cluster": None, "bundle_sha256": host.bundle_sha256, "fit": report.to_json()})
+        user.save_fit(
+            None,
+            {
+                "cluster": None,
+                "bundle_sha256": host.bundle_sha256,
+                "fit": report.to_json(),
+                "fitted_by": FITTED_BY,
+            },
+        )
         return report
     outcome = fit_items(
         host,
@@ -100,6 +110,7 @@ def fit_user(
         "cluster": outcome.cluster,
         "bundle_sha256": host.bundle_sha256,
         "fit": outcome.report.to_json(),
+        "fitted_by": FITTED_BY,
     }
     if outcome.bias is not None:
         state["token_bias"] = outcome.bias.to_json()
@@ -119,6 +130,40 @@ def fit_user(
             state["fit"] = outcome.report.to_json()
     user.save_fit(outcome.vector, state, {"bundle_sha256": host.bundle_sha256, "mode": outcome.report.mode})
     return outcome.report
+
+
+def stored_fit_if_current(
+    user: User, bundle_sha256: str, history_limit: int | None
+) -> tuple[FitReport, dict[str, Any]] | None:
+    """(the stored fit's report, the state) when `fit_user` would fit exactly what it was made from: the same
+    whole history (its digest) and window, the same bundle, this version of localpers; else None.
+
+    A new fit of the same items would only redraw what it samples (its y-), so a caller may skip it."""
+    from localpers.errors import LocalpersError
+
+    try:
+        state = user.state()
+        history = user.history()
+    except LocalpersError:
+        return None  # a damaged file: the fit says so (or mends it)
+    fit = state.get("fit")
+    if (
+        not isinstance(fit, dict)
+        or state.get("fitted_by") != FITTED_BY
+        or state.get("bundle_sha256") != bundle_sha256
+        or fit.get("history_sha256") != history_digest(history)
+    ):
+        return None
+    try:
+        report = FitReport(**fit)
+    except TypeError:
+        return None
+    window = len(history) if history_limit is None else min(history_limit, len(history))
+    if report.n_items + report.n_too_long != window:
+        return None
+    if report.mode == "vector" and user.vector_path() is None:
+        return None
+    return report, state
 
 
 def fit_items(

@@ -1,0 +1,51 @@
+"""`localpers fit` with nothing new keeps the stored fit instead of fitting it all again.
+
+Before, a second `fit` on the same history redid the whole fit (about 24 s at 500 items) and only redrew its
+sampled y-, so the vector changed for nothing. The stored fit is kept when it was made from the same history and
+window, the same bundle and the same version of localpers; any of those changed, or `--refit`, fits again.
+"""
+
+from __future__ import annotations
+
+import json
+
+from test_personalize import SHOUTY, bundle_dir, items  # noqa: F401 - fixtures
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
+
+
+def _fit(common: list[str], *extra: str) -> dict:
+    result = CliRunner().invoke(app, ["fit", *common, "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone) -> None:  # noqa: F811
+    store = UserStore()
+    user = store.create("steady")
+    user.save_history(items(SHOUTY))
+    common = ["--user", "steady", "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    first = _fit(common)
+    assert first["unchanged"] is False
+    state = user.state_path.read_bytes()
+    again = _fit(common)
+    assert again["unchanged"] is True and again["n_pairs"] == first["n_pairs"]
+    assert user.state_path.read_bytes() == state  # nothing written
+    said = CliRunner().invoke(app, ["fit", *common])
+    assert said.exit_code == 0 and "already fitted on this history" in said.stderr
+    assert f"cluster {first['cluster']}" in said.stdout  # the stored fit's summary
+
+    assert _fit(common, "--refit")["unchanged"] is False
+    assert _fit(common, "--history-limit", "5")["unchanged"] is False  # another window
+    assert _fit(common, "--history-limit", "5")["unchanged"] is True
+
+    fitted = json.loads(user.state_path.read_text())
+    fitted["fitted_by"] = "localpers 0.0.1"  # made by another version
+    user.state_path.write_text(json.dumps(fitted))
+    assert _fit(common, "--history-limit", "5")["unchanged"] is False
+
+    user.save_history([*user.history(), HistoryItem.create("headline", "A new article.", "NEW HEADLINE!")])
+    assert _fit(common, "--history-limit", "5")["unchanged"] is False  # the history changed
