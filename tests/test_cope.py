@@ -158,6 +158,14 @@ def test_device_sft_fits_stores_and_decodes(backbone: Backbone, tmp_path: Path) 
             personalizer, user, config=config
         )  # refit replaces the adapter, leaves no stale file
         assert [p.name for p in user.dir.glob("cope-*.gguf")] == [second.adapter_file]
+        # `localpers fit --method cope` with nothing new keeps this fit (it would only train it again)
+        from localpers.methods.cope_method import CopeMethod
+
+        current = CopeMethod().current_fit(personalizer, user, history_limit=None)
+        assert current is not None and current.report["adapter_file"] == second.adapter_file
+        assert CopeMethod().current_fit(personalizer, user, history_limit=2) is None  # another window
+        user.save_history([*user.history(), HistoryItem.create("headline", "Rain is expected.", "RAIN!!!")])
+        assert CopeMethod().current_fit(personalizer, user, history_limit=None) is None
     finally:
         personalizer.close()
 

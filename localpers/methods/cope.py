@@ -46,9 +46,10 @@ from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
-from localpers.methods.stored_files import COPE_STATE_FILE, refit_advice
+from localpers.methods.stored_files import COPE_STATE_FILE, FITTED_BY, refit_advice
 from localpers.tasks import get_task
 from localpers.users.folder import read_json_object
+from localpers.users.history import history_digest
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
@@ -86,6 +87,9 @@ class CopeState:
     seconds: dict[str, float] = field(default_factory=dict)
     version: int = STATE_VERSION
     conditioned: bool = False  # trained on the bundle's history-conditioned prompt (absent in older fits)
+    # `history_digest` of the whole stored history it was trained from, and by which version (older fits: None)
+    history_sha256: str | None = None
+    fitted_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +138,9 @@ def _wrongly_typed(state: CopeState) -> str | None:
         return "cluster"
     if not isinstance(state.seconds, dict):
         return "seconds"
+    for name in ("history_sha256", "fitted_by"):
+        if getattr(state, name) is not None and not isinstance(getattr(state, name), str):
+            return name
     return None
 
 
@@ -168,6 +175,7 @@ def fit_cope(
     config = config or SftConfig()
     if base not in (None, "cluster", "global"):
         raise LocalpersError(f"CoPe base must be 'cluster' or 'global', not {base!r}")
+    history_sha256 = history_digest(user.history())  # what this fit is made from, read before it trains
     items = history_for(user, history_limit, "CoPe")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
@@ -214,6 +222,8 @@ def fit_cope(
             final_loss=result.losses[-1] if result.losses else None,
             precision=result.precision,
             conditioned=prompt_format is not None,
+            history_sha256=history_sha256,
+            fitted_by=FITTED_BY,
         )
         seconds["export"] = time.perf_counter() - started
         state.seconds = {k: round(v, 3) for k, v in seconds.items()}

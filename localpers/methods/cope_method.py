@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from localpers.errors import LocalpersError
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import (
@@ -20,7 +21,9 @@ from localpers.methods.cope import (
     stored_bytes,
 )
 from localpers.methods.reports import RewriteResult
+from localpers.methods.stored_files import FITTED_BY
 from localpers.tasks import get_task
+from localpers.users.history import history_digest
 from localpers.users.store import User
 
 
@@ -72,14 +75,25 @@ class CopeMethod(Method):
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
     ) -> Fitted:
-        state = fit_cope(personalizer, user, history_limit=history_limit, progress=progress)
-        report = {"user": user.name, "method": "cope", **state.to_json(), "stored_bytes": stored_bytes(user)}
-        head = (
-            f"user {user.name}: CoPe LoRA (rank {report['rank']}) on {report['base_adapter']},"
-            f" {'your history in the prompt' if state.conditioned else 'plain prompt'},"
-            f" {report['n_items']} items, {report['steps']} steps, final loss {report['final_loss']}"
-        )
-        return Fitted(report, head + "\n" + storage_line(report))
+        return _fitted(user, fit_cope(personalizer, user, history_limit=history_limit, progress=progress))
+
+    def current_fit(
+        self, personalizer: Personalizer, user: User, *, history_limit: int | None
+    ) -> Fitted | None:
+        try:
+            state = load_state(user)  # its adapter checked against its sha256
+            history = user.history()
+        except LocalpersError:
+            return None  # none, or damaged: the fit makes a new one
+        window = len(history) if history_limit is None else min(history_limit, len(history))
+        if (
+            state.fitted_by != FITTED_BY
+            or state.bundle_sha256 != personalizer.bundle_sha256
+            or state.history_sha256 != history_digest(history)
+            or state.n_items != window
+        ):
+            return None
+        return _fitted(user, state)
 
     def rewrite(
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
@@ -98,6 +112,17 @@ class CopeMethod(Method):
 
     def stored_bytes(self, user: User) -> int:
         return stored_bytes(user)
+
+
+def _fitted(user: User, state: CopeState) -> Fitted:
+    """A CoPe fit's report (`fit --json`) and summary."""
+    report = {"user": user.name, "method": "cope", **state.to_json(), "stored_bytes": stored_bytes(user)}
+    head = (
+        f"user {user.name}: CoPe LoRA (rank {report['rank']}) on {report['base_adapter']},"
+        f" {'your history in the prompt' if state.conditioned else 'plain prompt'},"
+        f" {report['n_items']} items, {report['steps']} steps, final loss {report['final_loss']}"
+    )
+    return Fitted(report, head + "\n" + storage_line(report))
 
 
 def storage_line(report: dict[str, Any]) -> str:

@@ -1,11 +1,15 @@
-"""The files CoPe and EXACT keep in a user's folder beside CARD's state.json, named once.
+"""The files CoPe and EXACT keep in a user's folder beside CARD's state.json, named once, and the version mark
+every fit stores (`FITTED_BY`: a fit made by another version of localpers is never taken as current).
 
 Only names (and the command that makes them again): nothing here reads or writes them (`localpers.methods.cope`
 and `localpers.methods.exact_index` do), so a front end can say which fits a user has without loading the engine
 those modules import.
 """
 
+from localpers import __version__
+
 COPE_STATE_FILE = "cope.json"
+FITTED_BY = f"localpers {__version__}"
 EXACT_INDEX_FILE = "exact-index.safetensors"
 
 

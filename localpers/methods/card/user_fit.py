@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from localpers import __version__
 from localpers.methods.card.choice import Scorer, choose_correction
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.recasing import fit_recasing
 from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import FitReport
+from localpers.methods.stored_files import FITTED_BY
 from localpers.tasks import get_task
 from localpers.users.history import history_digest
 
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from localpers.users.store import User
 
 MIN_PAIRS_FOR_VECTOR = 3
-FITTED_BY = f"localpers {__version__}"  # in state.json: a fit made by another version is not taken as current
 
 
 class FitHost(Scorer, Protocol):
