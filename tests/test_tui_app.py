@@ -315,6 +315,10 @@ async def test_remove_history_item_after_confirmation(service: FakeService) -> N
         assert table.row_count == 3
         assert service.fits == ["ann", "ann"]
         assert app.profile is not None and app.profile.fit is not None and app.profile.fit["n_items"] == 3
+        await pilot.press("end")  # the last row, not a sideways scroll
+        assert table.cursor_row == 2
+        await pilot.press("home")
+        assert table.cursor_row == 0
 
 
 @async_test

@@ -23,7 +23,12 @@ from localpers.users.history import HistoryItem
 class HistoryTable(DataTable[str]):
     """The table of items; its row keys are item ids."""
 
-    BINDINGS = [Binding("x,delete", "remove", "Remove item", show=True)]
+    BINDINGS = [
+        Binding("x,delete", "remove", "Remove item", show=True),
+        # DataTable's home/end scroll sideways, which a table of rows never needs: first and last item instead
+        Binding("home", "scroll_top", "First item", show=False),
+        Binding("end", "scroll_bottom", "Last item", show=False),
+    ]
 
     def action_remove(self) -> None:
         if self.row_count == 0:
