@@ -395,3 +395,15 @@ def test_a_history_at_the_size_limit_exports_and_imports_back(tmp_path: Path) ->
     archive = store.export("big", tmp_path / "big.zip", with_history=True)
     again = store.import_(archive, "big2")
     assert again.history_path.read_bytes() == user.history_path.read_bytes()
+
+
+def test_a_user_deleted_while_a_command_runs_is_not_read_as_one_with_no_history_or_fit() -> None:
+    store = UserStore()
+    ann = store.create("ann")  # the command's User, taken before the delete
+    ann.save_history([HistoryItem.create("headline", "An article.", "A Headline")])
+    store.delete("ann")
+    for read in (ann.history, ann.state):
+        with pytest.raises(LocalpersError, match="user 'ann' no longer exists"):
+            read()
+    bob = store.create("bob")  # a user with no history and no fit yet still reads as such
+    assert bob.history() == [] and isinstance(bob.state(), dict)

@@ -164,8 +164,17 @@ class User:
         return fit_lock(self.dir, who=f"user {self.name!r}", wait_seconds=wait_seconds)
 
     def history(self) -> list[HistoryItem]:
-        """The stored history items, in order; empty if none were imported."""
-        return read_stored_history(self.history_path)
+        """The stored history items, in order; empty if none were imported (refused if the user is gone)."""
+        items = read_stored_history(self.history_path)
+        if not items:
+            self._refuse_if_gone()
+        return items
+
+    def _refuse_if_gone(self) -> None:
+        """A one-line error when the user's folder no longer exists (deleted while this command ran): its files
+        must not read as a user with no history and no fit."""
+        if not self.dir.is_dir():
+            raise LocalpersError(f"user {self.name!r} no longer exists (deleted while this command ran)")
 
     def history_ids(self) -> frozenset[str]:
         """The ids of the stored history's items; read again only when the file was replaced since the last call
@@ -234,6 +243,8 @@ class User:
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""
         state = read_json_object(self.state_path, f"remove it and {self.refit_advice}")
+        if state is None:
+            self._refuse_if_gone()
         return state if state is not None else {}
 
     def save_state(self, state: dict[str, Any]) -> None:
