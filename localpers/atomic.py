@@ -20,14 +20,18 @@ from pathlib import Path
 from localpers.errors import LocalpersError, StorageError
 
 TEMP_SUFFIX = ".partial"
+ON_WINDOWS = os.name == "nt"
 # .<target name>.<pid>.<random>.partial
 _TEMP_NAME = re.compile(r"\..+\.(\d{1,10})\.[^.]+" + re.escape(TEMP_SUFFIX))
 
 
 def process_is_running(pid: int) -> bool:
-    """Whether a process with this id runs (ours or another user's)."""
+    """Whether a process with this id runs (ours or another user's). On Windows, where `os.kill(pid, 0)` would
+    send a Ctrl-C event rather than check, every other process is taken as running (its leftovers are kept)."""
     if pid <= 0:
         return False
+    if ON_WINDOWS:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

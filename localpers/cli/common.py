@@ -119,13 +119,31 @@ def read_text_argument(text: str) -> str:
     text, not only white space or control characters (exit 2 if not). It comes back in NFC, as history items are
     stored, so a text is measured, cut and matched against the history the same way whichever form it came in."""
     if text == "-":
-        data = sys.stdin.read()
+        data = read_stdin_utf8()
         if _blank(data):
             raise InputError("standard input was empty; pipe some text or pass it as an argument")
-        return unicodedata.normalize("NFC", checked_utf8(data, "standard input"))
+        return unicodedata.normalize("NFC", data)
     if _blank(text):
         raise InputError("the text is empty; pass some text or - to read standard input")
     return unicodedata.normalize("NFC", checked_utf8(text, "the text argument"))
+
+
+def read_stdin_utf8() -> str:
+    """Standard input read as UTF-8 bytes, whatever the locale says (as history files are read): under a Latin-1
+    locale, text decoded by the locale would be stored as mojibake. Refused in one line if it is not UTF-8."""
+    stream = sys.stdin
+    raw = (
+        stream.buffer.read()
+        if hasattr(stream, "buffer")
+        else stream.read().encode("utf-8", "surrogateescape")
+    )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"standard input is not UTF-8 (byte {exc.start} cannot be read as UTF-8); convert it first, e.g."
+            " with iconv -f latin1 -t utf-8"
+        ) from None
 
 
 def _blank(text: str) -> bool:
@@ -135,10 +153,15 @@ def _blank(text: str) -> bool:
 
 def checked_utf8(text: str, what: str) -> str:
     """`text`, refused in one line if it came from bytes that are not UTF-8 (Python keeps those as lone
-    surrogates, which no tokenizer can encode)."""
+    surrogates, which no tokenizer can encode). UTF-8 that a non-UTF-8 locale could not decode (an argument
+    under `LC_ALL=C` with UTF-8 mode off) is recovered, not refused."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
+        try:
+            return text.encode(sys.getfilesystemencoding(), "surrogateescape").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            pass
         where = len(text[: exc.start].encode("utf-8", errors="surrogateescape"))
         raise InputError(
             f"{what} is not UTF-8 (byte {where} cannot be read as UTF-8); convert it first, e.g. with "
@@ -186,8 +209,12 @@ def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any
 
 
 def print_json(payload: Any, *, indent: int | None = 2) -> None:
-    """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`."""
-    typer.echo(json_text(payload, indent=indent))
+    """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`.
+    Non-ASCII text is kept as it is on a UTF-8 stdout and escaped (`\\u00e9`) on any other, so the JSON is
+    whole and valid whatever the locale."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
+    ensure_ascii = encoding not in ("utf8", "utf8sig")
+    typer.echo(strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii))
 
 
 def counted(count: int, noun: str) -> str:

@@ -10,6 +10,7 @@ nothing of localpers until `main` runs, which first routes Ctrl-C (and SIGTERM, 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 
@@ -17,6 +18,7 @@ def main() -> None:
     from localpers import interrupts
 
     interrupts.install()  # a Ctrl-C that a C callback swallows is raised again when llama.cpp returns
+    usable_standard_streams()
     try:
         from localpers.cli.main import app
 
@@ -28,6 +30,45 @@ def main() -> None:
         if swallowed is not None:
             _say_stopped(swallowed)
         raise
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # outside any command: `--help` or `--version` into a full disk
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"error: {exc.strerror or exc}\n")
+        raise SystemExit(1) from None
+
+
+def usable_standard_streams() -> None:
+    """Make standard input, output and error safe to use whatever the process was started with.
+
+    A closed one (`>&-`) is opened on the null device: Python would leave `sys.stdout` None (a streamed
+    rewrite failed on it) and the next file opened, a user's history say, would take its number, so anything
+    written to standard output would land in that file. On an output whose encoding is not UTF-8 (a Latin-1
+    locale, `PYTHONIOENCODING=ascii`), a character it cannot encode is written as an escape (`\\u2019`)
+    instead of ending the command with a traceback half-way through its output.
+    """
+    for descriptor in (0, 1, 2):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            opened = os.open(
+                os.devnull, os.O_RDWR
+            )  # the lowest free number: this one, if lower ones are open
+            if opened != descriptor:
+                os.dup2(opened, descriptor)
+                os.close(opened)
+    if sys.stdin is None:
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own, never closed
+    for name, descriptor in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(descriptor, "w", encoding="utf-8", closefd=False))  # noqa: SIM115
+        elif not _is_utf8(getattr(stream, "encoding", None)) and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _is_utf8(encoding: str | None) -> bool:
+    return (encoding or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
 
 
 def _ctrl_c_typer_swallowed(exit_: SystemExit) -> KeyboardInterrupt | None:

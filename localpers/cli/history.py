@@ -175,8 +175,7 @@ def history_add(
     if input == "-" and output == "-":
         raise InputError("only one of --input and --output can be - (standard input); give the other as text")
     input, output = (read_text_argument(text) if text == "-" else text for text in (input, output))
-    checked_utf8(input, "--input")
-    checked_utf8(output, "--output")
+    input, output = checked_utf8(input, "--input"), checked_utf8(output, "--output")
     try:
         item = HistoryItem.create(task, input, output, source="cli", strict=True)
     except ValueError as exc:

@@ -41,9 +41,11 @@ def profile_command(
 
 def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
+    console.width = max(console.width, 40)  # COLUMNS=0 or 1 would print nothing, or a character a line
     console.print(f"[bold]{profile['user']}[/bold]")
     card = profile["card"]
     refit = f"`localpers fit --user {profile['user']}`"
@@ -84,15 +86,15 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     table.add_column("inputs", justify="right")
     table.add_column("share", justify="right")
     for row in exact["frequencies"]:
-        table.add_row(row["attribute"], str(row["count"]), f"{100 * row['share']:.0f}%")
+        table.add_row(escape(row["attribute"]), str(row["count"]), f"{100 * row['share']:.0f}%")
     console.print(table)
     if asked_for_text:
         retrieved = exact["retrieved"]
         if retrieved["attributes"]:
             console.print(
-                f"for this text: [bold]{', '.join(retrieved['attributes'])}[/bold]"
-                f" (nearest history input, cosine {retrieved['similarity']}: {retrieved['matched_input'][:80]!r})"
-            )
+                f"for this text: [bold]{escape(', '.join(retrieved['attributes']))}[/bold] (nearest history"
+                f" input, cosine {retrieved['similarity']}: {escape(repr(retrieved['matched_input'][:80]))})"
+            )  # the user's own text is never markup: `[/b]` in it is shown, not taken as a tag
         else:
             console.print("for this text: no attributes (the index is empty)")
     sys.stdout.flush()

@@ -103,6 +103,23 @@ def validate_name(name: str) -> str:
     return name
 
 
+# Names Windows reserves for devices whatever the extension: a folder so named cannot be made there. Refused for
+# new users on every system, so a user exported here can be imported on any machine under its own name.
+WINDOWS_RESERVED_NAMES = frozenset(
+    ["con", "prn", "aux", "nul", *(f"com{n}" for n in range(1, 10)), *(f"lpt{n}" for n in range(1, 10))]
+)
+
+
+def validate_new_name(name: str) -> str:
+    """`name` if a new user may take it: a valid name (`validate_name`) that no system reserves."""
+    validate_name(name)
+    if name in WINDOWS_RESERVED_NAMES:
+        raise InputError(
+            f"user name {name!r} is a device name on Windows, where no folder can take it; choose another"
+        )
+    return name
+
+
 def _vector_bytes(vector: np.ndarray, meta: dict[str, str] | None) -> bytes:
     """The safetensors file for a user vector; rejects anything but a finite, non-empty 1-D array."""
     from safetensors.numpy import save

@@ -32,7 +32,14 @@ from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.untrusted import one_line
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
-from localpers.users.folder import NAME_PATTERN, User, history_for, read_json_object, validate_name
+from localpers.users.folder import (
+    NAME_PATTERN,
+    User,
+    history_for,
+    read_json_object,
+    validate_name,
+    validate_new_name,
+)
 from localpers.users.history import check_history_size
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 
@@ -95,7 +102,7 @@ class UserStore:
 
     def create(self, name: str) -> User:
         """A new, empty user; it becomes the active user when none is active."""
-        validate_name(name)
+        validate_new_name(name)
         self._check_free(name, "pick another name or delete it first")
         staging = self._staging_dir("creating")
         try:
@@ -223,7 +230,7 @@ class UserStore:
                 raise InputError(
                     f"{archive}: manifest.json field 'name' is {shown}; import it with --as NAME"
                 )
-        target = validate_name(name)
+        target = validate_new_name(name)
         self._check_free(target, "import under another name with --as NAME")
         staging = self._staging_dir("importing")
         try:
