@@ -13,6 +13,9 @@ error that is still an `OSError` for code that catches those. None of them forma
 """
 
 BAD_INPUT_EXIT_CODE = 2
+# How to add the publisher's libraries (training, Ray): localpers is installed from its checkout, not a registry
+# (`pip install 'localpers[publish]'` would find nothing, or someone else's package), and torch's CPU build first.
+PUBLISH_EXTRA_HINT = "in the localpers checkout run `pip install torch==2.13.0 && pip install '.[publish]'` (README, \"Publisher\")"
 
 
 class LocalpersError(Exception):

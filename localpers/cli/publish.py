@@ -18,7 +18,7 @@ import typer
 from localpers.cli.common import json_text, one_line_errors
 from localpers.cli.numbers import float_option
 from localpers.engine.adapters import DEFAULT_TARGETS
-from localpers.errors import InputError, LocalpersError
+from localpers.errors import PUBLISH_EXTRA_HINT, InputError, LocalpersError
 from localpers.methods.card.head_spec import MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
 
@@ -188,7 +188,7 @@ def publish_command(
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise LocalpersError(
-            f"publish needs the publish extra ({', '.join(missing)} missing): pip install 'localpers[publish]'"
+            f"publish needs the publish extra ({', '.join(missing)} missing): {PUBLISH_EXTRA_HINT}"
         )
     if (repo is None) != (keys is None):
         raise InputError("--repo and --keys go together: the repository to sign into and its keys")

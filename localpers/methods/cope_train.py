@@ -38,7 +38,7 @@ from localpers.engine.torch_model import (
     shared_lora_model,
     target_token_losses,
 )
-from localpers.errors import LocalpersError
+from localpers.errors import PUBLISH_EXTRA_HINT, LocalpersError
 from localpers.methods.lora_files import LoraFile, Tensors
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
@@ -98,7 +98,7 @@ def _require_training_extra() -> None:
     except ImportError as exc:
         raise LocalpersError(
             f"CoPe trains a LoRA on this machine and needs the publish extra ({exc.name} is missing): "
-            "pip install 'localpers[publish]'"
+            + PUBLISH_EXTRA_HINT
         ) from None
 
 
@@ -167,6 +167,7 @@ def train_user_lora(
     config = config or SftConfig()
     if not examples:
         raise LocalpersError("CoPe needs at least one history item to train on")
+    _require_training_extra()  # one line naming what to install, not torch's import traceback
     import torch
 
     seconds: dict[str, float] = {}

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from localpers.errors import LocalpersError
+from localpers.errors import PUBLISH_EXTRA_HINT, LocalpersError
 from localpers.publish.executor import ExecutorInfo, Resources, Task
 
 
@@ -27,7 +27,7 @@ def _import_ray() -> Any:
         import ray
     except ImportError:
         raise LocalpersError(
-            "--executor ray needs the ray package (pip install 'localpers[publish]'), or use --executor sequential"
+            f"--executor ray needs the ray package ({PUBLISH_EXTRA_HINT}), or use --executor sequential"
         ) from None
     return ray
 

@@ -1,0 +1,47 @@
+"""What a new user or a packager meets (the seventy-third session's packaging audit).
+
+Before: `fit --method cope` without the publish extra ended in a 48-line traceback (torch was imported before the
+extra was checked); every install hint said `pip install 'localpers[publish]'`, which no registry serves;
+`python -m localpers` did not exist; there was no licence file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localpers import __version__
+from localpers.errors import PUBLISH_EXTRA_HINT, LocalpersError
+from localpers.methods import cope_train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_cope_training_without_torch_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        sys.modules, "torch", None
+    )  # `import torch` raises ImportError, as where it is absent
+    with pytest.raises(LocalpersError, match="needs the publish extra") as refused:
+        cope_train.train_user_lora(Path("backbone.gguf"), [object()], None)  # type: ignore[list-item]
+    assert str(refused.value).endswith(PUBLISH_EXTRA_HINT)
+    assert "localpers[publish]" not in PUBLISH_EXTRA_HINT and "torch==2.13.0" in PUBLISH_EXTRA_HINT
+
+
+def test_python_dash_m_localpers_is_the_command_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "localpers", "--version"], capture_output=True, text=True, check=False
+    )
+    assert (result.returncode, result.stdout) == (0, f"localpers {__version__}\n"), result.stderr
+
+
+def test_the_licence_pyproject_declares_is_there() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert (
+        "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+    )
