@@ -45,3 +45,36 @@ def test_the_licence_pyproject_declares_is_there() -> None:
     assert (
         "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
     )
+
+
+DEVICE_RUN = """
+import sys
+for name in ("torch", "transformers", "peft", "sklearn", "ray"):  # the publish extra, as if not installed
+    sys.modules[name] = None
+sys.argv = ["localpers", *sys.argv[1:]]
+from localpers.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rewrite", "-m", "global", "The city council approved a new budget for parks.", "--max-tokens", "4"],
+        ["user", "list"],
+        ["bundle", "verify"],
+    ],
+)
+def test_device_commands_run_without_the_publishers_libraries(args: list[str], tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [sys.executable, "-c", DEVICE_RUN, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

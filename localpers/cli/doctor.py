@@ -43,7 +43,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     loaded = _load_backbone(backbone) if backbone is not None else None
     extras = {
         name: importlib.util.find_spec(name) is not None
-        for name in ("torch", "transformers", "peft", "gguf", "ray", "matplotlib", "pytest")
+        for name in ("torch", "transformers", "peft", "sklearn", "gguf", "ray", "matplotlib", "pytest")
     }
     report = {
         "version": __version__,
@@ -72,7 +72,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
             "config": str(paths.config_dir()),
         },
         "extras": {
-            "publish": all(extras[n] for n in ("torch", "transformers", "peft", "gguf", "ray")),
+            "publish": all(extras[n] for n in ("torch", "transformers", "peft", "sklearn", "gguf", "ray")),
             **extras,
         },
     }

@@ -184,7 +184,9 @@ def publish_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the stage summaries as JSON.")] = False,
 ) -> None:
     """Train cluster + global LoRA adapters and the CARD head on CORPUS and write a bundle to --out."""
-    needed = ("torch", "transformers", "peft", "gguf", "matplotlib") + (("ray",) if executor == "ray" else ())
+    needed = ("torch", "transformers", "peft", "sklearn", "gguf", "matplotlib") + (
+        ("ray",) if executor == "ray" else ()
+    )
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise LocalpersError(
