@@ -616,3 +616,10 @@ def test_api_request_bytes_that_are_not_a_request_get_a_json_400(raw: bytes) -> 
         response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
     assert 400 <= response.status_code < 500, response.text
     assert "Traceback" not in response.text and "message" in response.json()["error"]
+
+
+def test_a_served_path_with_invisible_characters_is_logged_escaped() -> None:
+    from localpers.bundle.serve import _printable
+
+    # a soft hyphen, a joiner and a bidi override
+    assert _printable("/a\u00adb\u200dc\u202e") == "/a\\xadb\\u200dc\\u202e"

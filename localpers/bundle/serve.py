@@ -90,8 +90,10 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 
 def _printable(text: str, limit: int = 300) -> str:
-    """A request method or path made safe for one log line (control characters escaped, length capped)."""
-    return one_line(text, limit)
+    """A request method or path made safe for one log line (control characters escaped, length capped). Unlike
+    text a user wrote, a path from the network keeps no invisible character (`one_line` keeps a soft hyphen or a
+    joiner): every one is escaped, so the log shows exactly what was asked."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in one_line(text, limit))
 
 
 class BundleRequestHandler(BaseHTTPRequestHandler):
