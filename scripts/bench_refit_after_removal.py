@@ -1,7 +1,8 @@
-"""Time a CARD refit after the oldest history item is removed, against the first fit of the same items.
+"""Time a CARD refit after the oldest history item is removed, and a fit with nothing new, against a first fit.
 
 Imports the N earliest items of one author of a per-user corpus file into a fresh user in a throwaway
-LOCALPERS_HOME, runs `localpers fit`, removes the oldest item (by id, as every version can), and fits again.
+LOCALPERS_HOME, runs `localpers fit`, removes the oldest item (by id, as every version can), fits again, then
+runs `localpers fit` once more with nothing changed.
 Run it with PYTHONPATH pointing at another checkout to time that code the same way. Prints one line per fit.
 
     python scripts/bench_refit_after_removal.py --data ../shared/data/news-headlines/train.jsonl --author u076 --items 80
@@ -71,8 +72,8 @@ def main() -> None:
         print(f"code: {where} ({code})", flush=True)
         localpers("user", "create", "timed", env=env)
         localpers("history", "import", str(history), env=env)
-        for label in ("first fit", "refit after removing the oldest"):
-            if label != "first fit":
+        for label in ("first fit", "refit after removing the oldest", "fit again with nothing new"):
+            if label == "refit after removing the oldest":
                 oldest = json.loads(localpers("history", "list", "--json", env=env))["items"][0]["id"]
                 localpers("history", "remove", oldest, env=env)
             started = time.perf_counter()
