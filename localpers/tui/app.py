@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
@@ -44,6 +45,7 @@ from localpers.tui.messages import (
     EngineLoaded,
 )
 from localpers.tui.runs import ResultCache
+from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.screens.main import TAB_SCROLLERS, MainScreen
 from localpers.tui.screens.welcome import WelcomeScreen
@@ -60,6 +62,7 @@ from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
 REFIT_DELAY_SECONDS = 1.0
+NOTICE_SECONDS = 10.0  # the shortest a notice stays: long enough to read, also with a magnifier
 MAIN_SCREEN_ACTIONS = {
     "regenerate",
     "accept",
@@ -76,7 +79,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
     """The `localpers tui` application over a `WritingService`."""
 
     CSS_PATH = "app.tcss"
-    TITLE = "localpers"
+    TITLE = "localpers · F10 keys"  # the one key to learn: it lists every other
 
     BINDINGS = [
         Binding("ctrl+r", "regenerate", "Regenerate"),
@@ -87,6 +90,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         Binding("ctrl+o", "import_history", "Import"),
         Binding("ctrl+q", "quit", "Quit", priority=True),  # Textual's own ctrl+q is not in the footer
         # The tab and draft titles show these keys, which keeps the footer to one line.
+        Binding("f10", "show_help_panel", "Keys", show=False),  # named in the title bar
         Binding("f1", "focus_draft", "Draft", show=False),
         Binding("f2", "show_tab('why-tab')", "Why", show=False),
         Binding("f3", "show_tab('history-tab')", "History", show=False),
@@ -133,6 +137,23 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         with tracebacks_without_locals():
             super()._fatal_error()
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Textual's notice, readable by more people: at least NOTICE_SECONDS on screen, an error or warning
+        titled as such (not told by its colour alone), and its text shown as it is (file names and the user's
+        text are never taken as markup)."""
+        if not title and severity in ("warning", "error"):
+            title = severity.capitalize()
+        shown = max(timeout if timeout is not None else 0.0, NOTICE_SECONDS)
+        super().notify(message, title=title, severity=severity, timeout=shown, markup=markup)
+
     # ------------------------------------------------------------------ start-up
     def get_default_screen(self) -> MainScreen:
         return self.main
@@ -149,6 +170,21 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
             # Not where the platform has no such handlers (Windows) or off the main thread (some tests).
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signum, self._stop_by_signal, signum)
+
+    async def action_quit(self) -> None:
+        """Quit; with a draft written, first ask (it is not kept), and a second ctrl+q on the question quits."""
+        if isinstance(self.screen, ConfirmScreen) or not self.main.draft.text.strip():
+            self.exit()
+            return
+
+        def answered(quit_now: bool | None) -> None:
+            if quit_now:
+                self.exit()
+
+        self.push_screen(
+            ConfirmScreen("Quit localpers? The draft is not kept (your history and accepted outputs are)."),
+            answered,
+        )
 
     def _stop_by_signal(self, signum: int) -> None:
         self.stopped_by_signal = signum

@@ -1,4 +1,8 @@
-"""`ConfirmScreen`: a yes/no question; dismisses with True (y/enter) or False (n/escape)."""
+"""`ConfirmScreen`: a yes/no question; dismisses with True (y) or False (n/escape).
+
+Enter answers nothing: every question here guards something that cannot be undone (a removal, quitting with a
+draft), and Enter is pressed by habit.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ class ConfirmScreen(ModalScreen[bool]):
     """
 
     BINDINGS = [
-        Binding("y,enter", "answer(True)", "Yes"),
+        Binding("y", "answer(True)", "Yes"),
         Binding("n,escape", "answer(False)", "No"),
     ]
 
@@ -39,7 +43,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question)
+            yield Static(self.question, markup=False)  # it may quote the user's text
             yield Static("[b]y[/b] yes   [b]n[/b] no", classes="hint")
         yield KeyFooter()
 

@@ -44,6 +44,9 @@ class ControlBar(Horizontal):
     ControlBar Select {
         width: 13;
     }
+    ControlBar Select:focus > SelectCurrent {
+        text-style: bold reverse;
+    }
     ControlBar #method {
         width: 11;
     }

@@ -2,7 +2,8 @@
 
 The app sets `title` (which method produced it), calls `begin` when a generation starts, `append` for each
 streamed piece and `finish`/`fail` at the end. The panel keeps the text and scrolls it when it is longer than
-the panel (following a stream to its end); it never generates anything.
+the panel, following a stream to its end unless the reader scrolled up; it takes focus (Tab), so a keyboard
+alone scrolls it (arrows, Page Up/Down, Home/End), its border doubled while focused. It never generates anything.
 """
 
 from __future__ import annotations
@@ -15,20 +16,27 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 
-class OutputPanel(VerticalScroll, can_focus=False):
+class OutputPanel(VerticalScroll, can_focus=True):
     """A bordered block of generated text; the border subtitle says whether it is complete."""
 
     DEFAULT_CSS = """
     OutputPanel {
         height: 1fr;
         border: round $secondary;
+        border-title-color: $text;
         padding: 0 1;
+    }
+    OutputPanel:focus {
+        border: double $accent;
     }
     OutputPanel > .output-text {
         height: auto;
     }
     OutputPanel.personal {
         border: round $success;
+    }
+    OutputPanel.personal:focus {
+        border: double $accent;
     }
     OutputPanel.busy {
         border-subtitle-color: $warning;
@@ -56,8 +64,10 @@ class OutputPanel(VerticalScroll, can_focus=False):
         self.set_class(False, "failed")
 
     def append(self, piece: str) -> None:
+        following = self.scroll_y >= self.max_scroll_y  # at the end: keep up; scrolled up: stay put
         self.text += piece
-        self.scroll_end(animate=False)
+        if following:
+            self.scroll_end(animate=False)
 
     def finish(self, text: str, status: str) -> None:
         self.text = text

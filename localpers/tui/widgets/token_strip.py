@@ -62,6 +62,8 @@ class TokenStrip(Widget, can_focus=True):
     }
     TokenStrip:focus {
         background: $boost;
+        padding: 0 1 0 0;
+        border-left: outer $accent;
     }
     """
 
