@@ -129,3 +129,26 @@ async def test_the_removal_question_quotes_the_item(service: FakeService) -> Non
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen) and len(service.store.get("ann").history()) == 4
+
+
+@async_test
+async def test_escape_after_an_edit_asks_before_the_edit_is_lost(service: FakeService) -> None:
+    from localpers.tui.screens.edit_accept import EditAcceptScreen
+
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert isinstance(app.screen, EditAcceptScreen)
+        await pilot.press(*" by me")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # keep editing
+        await pilot.pause()
+        editor = app.screen
+        assert isinstance(editor, EditAcceptScreen) and editor.editor.text.endswith(" by me")
+        await pilot.press("escape", "y")
+        await pilot.pause()
+        assert app.screen is app.main and len(service.store.get("ann").history()) == 4

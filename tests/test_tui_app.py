@@ -330,11 +330,17 @@ async def test_refit_shows_progress_and_failure_is_reported_once(service: FakeSe
         assert service.fits == ["ann"]  # failed once, not retried in a loop
         assert any("the history is damaged" in n.message for n in app._notifications)
         assert not app.main.progress.running
+        # kept in view on the Profile tab once the notice is gone, not "up to date" or "not fitted" alone
+        from localpers.tui.widgets.profile_panel import status_line
+
+        shown = app.main.profile_panel.profile
+        assert shown is not None and "the last fit failed: the history is damaged" in str(status_line(shown))
         service.fail_fit = None
         await pilot.press("ctrl+f")  # explicit refit
         await wait_idle(pilot)
         assert service.fits == ["ann", "ann"]
         assert app.profile is not None and app.profile.fit is not None
+        assert app.profile.fit_error is None
 
 
 @async_test

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -128,7 +129,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self._debounce_timer: Timer | None = None
         self._refit_timer: Timer | None = None
         self._refit_again = False
-        self._fit_failed: set[str] = set()
+        self._fit_failed: dict[str, str] = {}
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
 
     def _fatal_error(self) -> None:
@@ -298,6 +299,9 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
             self.profile = Profile(self.user.name, len(items), problem=str(exc))
         if self.profile.rejected_problem is not None:
             self.notify(self.profile.rejected_problem, severity="error", timeout=10)
+        failed = self._fit_failed.get(self.user.name)
+        if failed is not None:  # kept in view, not only in the notice that reported it
+            self.profile = dataclasses.replace(self.profile, fit_error=failed)
         self.main.history_panel.show(self.user.name, items)
         self.main.profile_panel.profile = self.profile
         self.sub_title = self._header_line()

@@ -46,7 +46,7 @@ class TeachingMixin:
     refit_delay: float
     _refit_timer: Timer | None
     _refit_again: bool
-    _fit_failed: set[str]
+    _fit_failed: dict[str, str]  # user -> why their last fit failed (no automatic refit until ctrl+f)
     # It also calls Textual's `notify`, `push_screen`, `set_timer` and the app's `refresh_user_views`,
     # `regenerate`, `_run_engine_job` and `_after_import`.
 
@@ -167,7 +167,7 @@ class TeachingMixin:
 
     def action_refit(self) -> None:
         if self.user is not None:
-            self._fit_failed.discard(self.user.name)
+            self._fit_failed.pop(self.user.name, None)
         self.start_refit()
 
     def start_refit(self) -> None:
@@ -199,10 +199,10 @@ class TeachingMixin:
         self.fit_running = False
         self.main.progress.stop()
         if message.error is not None:
-            self._fit_failed.add(message.user)
+            self._fit_failed[message.user] = message.error
             self.notify(f"Fitting {message.user} failed: {message.error}", severity="error", timeout=15)
         elif message.report is not None:
-            self._fit_failed.discard(message.user)
+            self._fit_failed.pop(message.user, None)
             self.notify(f"{message.user}: {fit_summary(message.report.to_json())}", title="Profile updated")
         if self.user is not None and self.user.name == message.user:
             self.refresh_user_views()

@@ -62,6 +62,7 @@ class Profile:
     series: tuple[tuple[int, str], ...] = ()  # (size, latest output) of each series the history holds
     history_sha256: str | None = None  # `history_digest` of the history now
     rejected_problem: str | None = None  # a damaged rejected-outputs file (the history and fit still work)
+    fit_error: str | None = None  # why the last fit in this session failed (the stored fit is the one before)
 
     @property
     def history_changed(self) -> bool:

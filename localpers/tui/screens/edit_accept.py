@@ -2,7 +2,7 @@
 
 ctrl+s hands the edited text to the app's `accept` callback, which adds it to the history or returns why not;
 the dialog closes (with the accepted text) only once it was accepted, and shows the reason otherwise, keeping
-the edit. escape dismisses with None.
+the edit. escape dismisses with None, after asking when the text was edited (the edit would be lost).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
+from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.widgets.key_footer import KeyFooter
 
 
@@ -81,4 +82,14 @@ class EditAcceptScreen(ModalScreen[str | None]):
         self.dismiss(self.editor.text)
 
     def action_cancel(self) -> None:
-        self.dismiss(None)
+        if self.editor.text == self.initial_text:
+            self.dismiss(None)
+            return
+
+        def answered(discard: bool | None) -> None:
+            if discard:
+                self.dismiss(None)
+
+        self.app.push_screen(
+            ConfirmScreen("Discard your edit? It is not accepted or kept anywhere."), answered
+        )

@@ -30,6 +30,12 @@ def status_line(profile: Profile) -> Text:
     """Whether the profile is usable as is, e.g. 'up to date' or 'refit due: history changed'."""
     if profile.problem:
         return Text(f"damaged: {profile.problem}", style="bold red")
+    if profile.fit_error:
+        return Text(
+            f"the last fit failed: {one_line(profile.fit_error)}; the fit shown is the one before (ctrl+f tries"
+            " again)",
+            style="bold red",
+        )
     if profile.n_history == 0:
         return Text("no history yet: accept outputs (ctrl+s) or import a file (ctrl+o)", style="yellow")
     if profile.fit is None:
