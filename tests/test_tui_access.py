@@ -152,3 +152,15 @@ async def test_escape_after_an_edit_asks_before_the_edit_is_lost(service: FakeSe
         await pilot.press("escape", "y")
         await pilot.pause()
         assert app.screen is app.main and len(service.store.get("ann").history()) == 4
+
+
+@async_test
+async def test_picking_no_user_puts_the_open_user_back(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_idle(pilot)
+        users = app.main.controls.user_select
+        users.clear()  # what choosing the "(no user)" line does
+        await pilot.pause()
+        await pilot.pause()
+        assert users.value == "ann" and app.user is not None and app.user.name == "ann"

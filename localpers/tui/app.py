@@ -376,7 +376,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         select_id = event.select.id
         if select_id == "user":
             name = event.value
-            if isinstance(name, str) and (self.user is None or name != self.user.name):
+            if not isinstance(name, str):  # "(no user)" picked: there is no such choice while a user is open
+                self._show_current_user()
+                return
+            if self.user is None or name != self.user.name:
                 try:
                     self.store.use(name)
                 except LocalpersError as exc:
