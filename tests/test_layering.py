@@ -75,7 +75,10 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def layer_package(module: str) -> str:
-    """`localpers.methods.card.head` -> `methods`; a module at the package's root -> `base`."""
+    """`localpers.methods.card.head` -> `methods`; a module at the package's root -> `base`, except
+    `localpers.__main__` (`python -m localpers`), which is the command line's entry point."""
+    if module == "localpers.__main__":
+        return "cli"
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in RANK:
         return parts[1]
