@@ -49,3 +49,34 @@ def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone) -> No
 
     user.save_history([*user.history(), HistoryItem.create("headline", "A new article.", "NEW HEADLINE!")])
     assert _fit(common, "--history-limit", "5")["unchanged"] is False  # the history changed
+
+
+def test_a_stored_fit_that_a_rewrite_could_not_use_is_fitted_again(bundle_dir, backbone) -> None:  # noqa: F811
+    store = UserStore()
+    user = store.create("mended")
+    user.save_history(items(SHOUTY))
+    common = ["--user", "mended", "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    assert _fit(common)["unchanged"] is False
+    good = json.loads(user.state_path.read_text())
+    damages = {
+        "vector overwritten": lambda: user.vector_path().write_bytes(b"not a vector"),
+        "vector deleted": lambda: user.vector_path().unlink(),
+        "choice not an object": lambda: user.state_path.write_text(json.dumps({**good, "choice": "x"})),
+        "choice without its fields": lambda: user.state_path.write_text(
+            json.dumps({**good, "choice": {"label": 3}})
+        ),
+        "token bias damaged": lambda: user.state_path.write_text(json.dumps({**good, "token_bias": "x"})),
+        "cluster out of the bundle": lambda: user.state_path.write_text(json.dumps({**good, "cluster": 99})),
+        "a count of the wrong type": lambda: user.state_path.write_text(
+            json.dumps({**good, "fit": {**good["fit"], "n_items": "x"}})
+        ),
+    }
+    for damage, make in damages.items():
+        make()
+        again = _fit(common)  # the fit the damage message asks for mends it
+        assert again["unchanged"] is False, damage
+        good = json.loads(user.state_path.read_text())
+        rewritten = CliRunner().invoke(
+            app, ["rewrite", "A storm hit.", *common, "--json", "--max-tokens", "3"]
+        )
+        assert rewritten.exit_code == 0, (damage, rewritten.output)

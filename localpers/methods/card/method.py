@@ -215,9 +215,18 @@ class CardMethod(AdapterMethod):
             return None
         report, state = stored
         choice = state.get("choice")
-        return Fitted(
-            {"user": user.name, **report.to_json(), "choice": choice}, fit_summary(user.name, report, choice)
-        )
+        try:  # kept only if a rewrite can use all of it, read as a rewrite reads it; anything damaged: refit
+            cluster, _, _ = user_profile(user)  # the vector too, checked against its sha256
+            stored_token_bias(user, state)
+            stored_choice(state, str(user.state_path), user.refit_advice)
+            if cluster is not None and cluster >= personalizer.bundle.k:
+                return None
+            return Fitted(
+                {"user": user.name, **report.to_json(), "choice": choice},
+                fit_summary(user.name, report, choice),
+            )
+        except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):
+            return None
 
     def stored_bytes(self, user: User) -> int:
         path = user.vector_path()

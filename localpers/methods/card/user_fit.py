@@ -157,6 +157,9 @@ def stored_fit_if_current(
         report = FitReport(**fit)
     except TypeError:
         return None
+    counts = (report.n_items, report.n_too_long)
+    if not all(isinstance(count, int) and not isinstance(count, bool) for count in counts):
+        return None
     window = len(history) if history_limit is None else min(history_limit, len(history))
     if report.n_items + report.n_too_long != window:
         return None
