@@ -16,9 +16,11 @@ This module does nothing else; it imports nothing of localpers.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -40,7 +42,8 @@ def note(stop: KeyboardInterrupt | None = None) -> None:
     """Remember a stop (the handler, or a callback that caught it, calls this); a plain note keeps the kind
     already noted (a SIGTERM caught again inside a callback stays a SIGTERM)."""
     global _pending
-    if stop is not None and (_pending is None or isinstance(stop, Terminated)):
+    first_signal = isinstance(stop, Terminated) and not isinstance(_pending, Terminated)
+    if stop is not None and (_pending is None or first_signal):
         _pending = stop
     elif _pending is None:
         _pending = KeyboardInterrupt()
@@ -68,9 +71,7 @@ def install() -> None:
     keep ctypes' "Exception ignored" report of a swallowed stop off the terminal: it is raised later."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for signum in stop_signals():
-        if signal.getsignal(signum) is signal.SIG_DFL:
-            signal.signal(signum, _on_stop_signal)
+    install_stop_handlers()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
         previous_hook = sys.unraisablehook
@@ -83,12 +84,53 @@ def install() -> None:
         sys.unraisablehook = quiet_about_ctrl_c
 
 
+def install_stop_handlers() -> None:
+    """Route SIGTERM and SIGHUP through the stopping handler where they have the default action (main thread
+    only); one set to be ignored stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in stop_signals():
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _on_stop_signal)
+
+
 def raise_pending() -> None:
     """Raise the stop noted since the last call, if one was (once)."""
     global _pending
     stop, _pending = _pending, None
     if stop is not None:
         raise stop
+
+
+def take_pending() -> KeyboardInterrupt | None:
+    """The stop noted since the last call (and forget it), for code whose library swallowed it (uvicorn)."""
+    global _pending
+    stop, _pending = _pending, None
+    return stop
+
+
+@contextlib.contextmanager
+def hangup_as_terminate() -> Iterator[None]:
+    """Inside, SIGHUP asks for the same stop as SIGTERM (noted as a SIGHUP): for a server that handles SIGTERM
+    itself and would otherwise meet our stop raised inside its event loop (uvicorn logs that as a crash)."""
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(hangup)
+    if previous is signal.SIG_IGN:  # nohup: stays ignored
+        yield
+        return
+
+    def ask_to_terminate(signum: int, frame: FrameType | None) -> None:
+        note(Terminated(signum))
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(hangup, ask_to_terminate)
+    try:
+        yield
+    finally:
+        signal.signal(hangup, previous)
 
 
 def exit_code(stop: BaseException) -> int:

@@ -14,19 +14,27 @@ from pathlib import Path
 import pytest
 
 from localpers import __version__
-from localpers.errors import PUBLISH_EXTRA_HINT, LocalpersError
-from localpers.methods import cope_train
+from localpers.errors import PUBLISH_EXTRA_HINT
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_cope_training_without_torch_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(
-        sys.modules, "torch", None
-    )  # `import torch` raises ImportError, as where it is absent
-    with pytest.raises(LocalpersError, match="needs the publish extra") as refused:
-        cope_train.train_user_lora(Path("backbone.gguf"), [object()], None)  # type: ignore[list-item]
-    assert str(refused.value).endswith(PUBLISH_EXTRA_HINT)
+def test_cope_training_without_torch_names_what_to_install() -> None:
+    # in a child process: torch made unimportable would leave transformers and peft half-imported for later tests
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # `import torch` raises ImportError, as where it is absent\n"
+        "from pathlib import Path\n"
+        "from localpers.errors import LocalpersError\n"
+        "from localpers.methods import cope_train\n"
+        "try:\n"
+        "    cope_train.train_user_lora(Path('backbone.gguf'), [object()], None)\n"
+        "except LocalpersError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "needs the publish extra" in result.stdout and result.stdout.strip().endswith(PUBLISH_EXTRA_HINT)
     assert "localpers[publish]" not in PUBLISH_EXTRA_HINT and "torch==2.13.0" in PUBLISH_EXTRA_HINT
 
 

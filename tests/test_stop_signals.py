@@ -173,10 +173,15 @@ def test_run_app_raises_the_signal_that_closed_the_app(monkeypatch: pytest.Monke
         self.stopped_by_signal = signal.SIGTERM
 
     monkeypatch.setattr(tui_app.LocalpersApp, "run", closed_by_sigterm)
+    reinstalled = []
+    monkeypatch.setattr(
+        interrupts, "install_stop_handlers", lambda: reinstalled.append(True)
+    )  # not in pytest
     service = FakeService(UserStore())
     with pytest.raises(interrupts.Terminated) as stopped:
         tui_app.run_app(service)
     assert stopped.value.signum == signal.SIGTERM and service.closed
+    assert reinstalled  # a stop while the engine closes is handled again once the app's loop is gone
 
 
 def test_a_sigterm_while_click_parses_the_arguments_is_one_line(
@@ -244,3 +249,52 @@ def test_a_stop_mid_streamed_line_reports_on_a_line_of_its_own(capsys: pytest.Ca
     with pytest.raises(typer.Exit):
         one_line_errors(quiet_command)()
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 0), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
+def test_the_bundle_server_stops_on_ctrl_c_normally_and_on_a_signal_with_its_code(
+    tmp_path: Path, signum: int, code: int
+) -> None:
+    from localpers.bundle.format import embedded_bundle_dir
+
+    serving = _cli(
+        tmp_path / "home",
+        "serve",
+        str(embedded_bundle_dir()),
+        "--port",
+        "0",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert serving.stderr is not None
+    started = serving.stderr.readline()  # "serving ..." once it listens
+    assert started.startswith("serving"), started
+    serving.send_signal(signum)
+    _, err = serving.communicate(timeout=60)
+    assert serving.returncode == code and err.strip().endswith("stopped"), err
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_the_api_server_stopped_by_a_signal_exits_with_its_code_without_a_crash_log(
+    tmp_path: Path, signum: int, code: int
+) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serving = _cli(
+        tmp_path / "home", "api", "--port", str(port), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert serving.stderr is not None
+    deadline = time.monotonic() + 240
+    line = ""
+    while time.monotonic() < deadline and "localpers api on" not in line:
+        line = serving.stderr.readline()
+    time.sleep(1.0)  # uvicorn listening
+    serving.send_signal(signum)
+    _, err = serving.communicate(timeout=120)
+    assert serving.returncode == code, err
+    assert "terminated; the API stopped" in err and "Traceback" not in err, err

@@ -164,3 +164,19 @@ async def test_picking_no_user_puts_the_open_user_back(service: FakeService) -> 
         await pilot.pause()
         await pilot.pause()
         assert users.value == "ann" and app.user is not None and app.user.name == "ann"
+
+
+@async_test
+async def test_ctrl_q_on_another_question_still_asks_about_the_draft(service: FakeService) -> None:
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f3", "x")  # the removal question
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and "Remove" in app.screen.question
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert app.is_running and isinstance(app.screen, ConfirmScreen) and "Quit" in app.screen.question
+        await pilot.press("y")
+        await pilot.pause()
+        assert not app.is_running

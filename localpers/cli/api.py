@@ -40,9 +40,11 @@ def api_command(
     model: ModelOption = None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions and /v1/models for any OpenAI client, on this machine."""
+    from localpers import interrupts
     from localpers.api.app import create_app
     from localpers.api.backend import ApiBackend
     from localpers.api.server import check_bind, check_port_free, serve
+    from localpers.cli.common import stopped_exit
     from localpers.methods.card.personalizer import Personalizer
     from localpers.users.store import UserStore
 
@@ -60,9 +62,13 @@ def api_command(
     if not api_key:
         typer.echo(NO_KEY_NOTE, err=True)
     try:
-        serve(create_app(backend, api_key=api_key), host, port)
+        with interrupts.hangup_as_terminate():
+            serve(create_app(backend, api_key=api_key), host, port)
     finally:
         backend.close()
+    stop = interrupts.take_pending()  # uvicorn stops on the signal, then swallows the stop we raise for it
+    if isinstance(stop, interrupts.Terminated):  # kill or a closed terminal: 143 or 129, as other commands
+        raise stopped_exit(stop, "the API stopped; it keeps no state of its own")
 
 
 def register(app: typer.Typer) -> None:

@@ -66,8 +66,15 @@ def serve(
         typer.echo(f"note: listening on {host}: anyone who can reach it can download this bundle", err=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        typer.echo("stopped", err=True)
+    except (
+        KeyboardInterrupt
+    ) as stop:  # Ctrl-C stops it normally (exit 0); kill or a closed terminal: 143, 129
+        with contextlib.suppress(OSError):
+            typer.echo("stopped", err=True)
+        from localpers import interrupts
+
+        if isinstance(stop, interrupts.Terminated):
+            raise typer.Exit(interrupts.exit_code(stop)) from None
     finally:
         server.server_close()
 

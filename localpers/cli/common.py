@@ -208,13 +208,13 @@ def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any
     return strict_json_text(payload, indent=indent, default=default)
 
 
-def print_json(payload: Any, *, indent: int | None = 2) -> None:
+def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any], Any] | None = None) -> None:
     """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`.
     Non-ASCII text is kept as it is on a UTF-8 stdout and escaped (`\\u00e9`) on any other, so the JSON is
     whole and valid whatever the locale."""
     encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
     ensure_ascii = encoding not in ("utf8", "utf8sig")
-    typer.echo(strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii))
+    typer.echo(strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii, default=default))
 
 
 def counted(count: int, noun: str) -> str:

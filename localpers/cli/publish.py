@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from localpers.cli.common import json_text, one_line_errors
+from localpers.cli.common import one_line_errors, print_json
 from localpers.cli.numbers import float_option
 from localpers.engine.adapters import DEFAULT_TARGETS
 from localpers.errors import PUBLISH_EXTRA_HINT, InputError, LocalpersError
@@ -252,7 +252,7 @@ def publish_command(
 
         result["repository"] = {"path": str(repo), "targets_version": add_bundle(repo, out, keys)}
     if as_json:
-        typer.echo(json_text(result, indent=2, default=str))
+        print_json(result, indent=2, default=str)
         return
     typer.echo(f"bundle stages done: {', '.join(result['stages'])}")
     for stage, seconds in result["stage_seconds"].items():

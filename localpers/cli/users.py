@@ -383,9 +383,9 @@ def user_import(
     """Create a user from an exported archive (checked before the user appears)."""
     store = UserStore()
     user = store.import_(archive, new_name)
-    note_saved(f"user {user.name!r} was imported")
     if use:
         store.use(user.name)
+    note_saved(f"user {user.name!r} was imported{' and made active' if use else ''}")
     active = store.active_name() == user.name
     if as_json:
         print_json({"name": user.name, "dir": str(user.dir), "active": active})

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import signal
 import threading
 from collections.abc import Callable
 
@@ -63,6 +64,7 @@ from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
 REFIT_DELAY_SECONDS = 1.0
+QUIT_QUESTION = "Quit localpers? The draft is not kept (your history and accepted outputs are)."
 NOTICE_SECONDS = 10.0  # the shortest a notice stays: long enough to read, also with a magnifier
 MAIN_SCREEN_ACTIONS = {
     "regenerate",
@@ -168,13 +170,16 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         restored and the engine closed, instead of ending the process inside the alternate screen."""
         loop = asyncio.get_running_loop()
         for signum in interrupts.stop_signals():
+            if signal.getsignal(signum) is signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                continue
             # Not where the platform has no such handlers (Windows) or off the main thread (some tests).
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signum, self._stop_by_signal, signum)
 
     async def action_quit(self) -> None:
         """Quit; with a draft written, first ask (it is not kept), and a second ctrl+q on the question quits."""
-        if isinstance(self.screen, ConfirmScreen) or not self.main.draft.text.strip():
+        asked = isinstance(self.screen, ConfirmScreen) and self.screen.question == QUIT_QUESTION
+        if asked or not self.main.draft.text.strip():
             self.exit()
             return
 
@@ -182,10 +187,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
             if quit_now:
                 self.exit()
 
-        self.push_screen(
-            ConfirmScreen("Quit localpers? The draft is not kept (your history and accepted outputs are)."),
-            answered,
-        )
+        self.push_screen(ConfirmScreen(QUIT_QUESTION), answered)
 
     def _stop_by_signal(self, signum: int) -> None:
         self.stopped_by_signal = signum
@@ -466,6 +468,9 @@ def run_app(service: WritingService, *, user: str | None = None, text: str = "")
     try:
         app.run()
     finally:
+        # The app's loop set SIGTERM/SIGHUP back to the default when it closed: ours again, so a stop while the
+        # engine closes still ends cleanly.
+        interrupts.install_stop_handlers()
         app.close_service()
     if app.stopped_by_signal is not None:  # the command line reports it and exits 128 + its number
         raise interrupts.Terminated(app.stopped_by_signal)

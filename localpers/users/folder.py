@@ -110,12 +110,12 @@ WINDOWS_RESERVED_NAMES = frozenset(
 )
 
 
-def validate_new_name(name: str) -> str:
+def validate_new_name(name: str, advice: str = "choose another") -> str:
     """`name` if a new user may take it: a valid name (`validate_name`) that no system reserves."""
     validate_name(name)
     if name in WINDOWS_RESERVED_NAMES:
         raise InputError(
-            f"user name {name!r} is a device name on Windows, where no folder can take it; choose another"
+            f"user name {name!r} is a device name on Windows, where no folder can take it; {advice}"
         )
     return name
 

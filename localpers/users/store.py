@@ -230,7 +230,7 @@ class UserStore:
                 raise InputError(
                     f"{archive}: manifest.json field 'name' is {shown}; import it with --as NAME"
                 )
-        target = validate_new_name(name)
+        target = validate_new_name(name, "import it under another name with --as NAME")
         self._check_free(target, "import under another name with --as NAME")
         staging = self._staging_dir("importing")
         try:
