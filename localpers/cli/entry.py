@@ -35,7 +35,17 @@ def main() -> None:
     except OSError as exc:  # outside any command: `--help` or `--version` into a full disk
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: {exc.strerror or exc}\n")
+        _discard_unwritten_output()
         raise SystemExit(1) from None
+
+
+def _discard_unwritten_output() -> None:
+    """Point standard output at the null device, so what could not be written is not tried again at exit
+    (Python would report that as "Exception ignored" and exit 120)."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 def usable_standard_streams() -> None:
