@@ -16,22 +16,19 @@ methods does not regenerate the non-personalized output.
 The app's two halves of behaviour are its bases: `GenerationMixin` (`localpers.tui.generating`: the
 outputs for the draft; which request each panel gets is `localpers.tui.runs.personal_request`, which asks
 the method registry) and `TeachingMixin` (`localpers.tui.teaching`: accept, edit, reject, remove, import,
-and refitting). This module starts the app, picks the user, loads the engine and wires the controls.
+and refitting); `ShellMixin` (`localpers.tui.shell`) holds notices, quitting, stop signals and crash reports.
+This module starts the app, picks the user, loads the engine and wires the controls.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
-import signal
 import threading
 from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
-from textual.notifications import SeverityLevel
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
@@ -39,7 +36,6 @@ from localpers import interrupts
 from localpers.errors import LocalpersError
 from localpers.methods.reports import RewriteResult
 from localpers.tui import engine_jobs
-from localpers.tui.crash_report import tracebacks_without_locals
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.messages import (
     DemoReady,
@@ -47,11 +43,11 @@ from localpers.tui.messages import (
     EngineLoaded,
 )
 from localpers.tui.runs import ResultCache
-from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.screens.main import TAB_SCROLLERS, MainScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import EngineInfo, WritingService
+from localpers.tui.shell import ShellMixin
 from localpers.tui.teaching import TeachingMixin
 from localpers.tui.userdata import (
     ImportSummary,
@@ -64,8 +60,6 @@ from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
 REFIT_DELAY_SECONDS = 1.0
-QUIT_QUESTION = "Quit localpers? The draft is not kept (your history and accepted outputs are)."
-NOTICE_SECONDS = 10.0  # the shortest a notice stays: long enough to read, also with a magnifier
 MAIN_SCREEN_ACTIONS = {
     "regenerate",
     "accept",
@@ -78,7 +72,7 @@ MAIN_SCREEN_ACTIONS = {
 }
 
 
-class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
+class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
     """The `localpers tui` application over a `WritingService`."""
 
     CSS_PATH = "app.tcss"
@@ -134,29 +128,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
         self._fit_failed: dict[str, str] = {}
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
 
-    def _fatal_error(self) -> None:
-        """Textual's crash report, without each frame's local variables: they hold the draft and the history's
-        text, which the report prints to the terminal and a user may paste into a bug report."""
-        with tracebacks_without_locals():
-            super()._fatal_error()
-
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = False,
-    ) -> None:
-        """Textual's notice, readable by more people: at least NOTICE_SECONDS on screen, an error or warning
-        titled as such (not told by its colour alone), and its text shown as it is (file names and the user's
-        text are never taken as markup)."""
-        if not title and severity in ("warning", "error"):
-            title = severity.capitalize()
-        shown = max(timeout if timeout is not None else 0.0, NOTICE_SECONDS)
-        super().notify(message, title=title, severity=severity, timeout=shown, markup=markup)
-
     # ------------------------------------------------------------------ start-up
     def get_default_screen(self) -> MainScreen:
         return self.main
@@ -164,34 +135,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, App[None]):
     def on_mount(self) -> None:
         self._stop_on_signals()
         self.call_after_refresh(self.start)
-
-    def _stop_on_signals(self) -> None:
-        """Let SIGTERM and SIGHUP (`kill`, a closed terminal) close the app as ctrl+q does, the terminal
-        restored and the engine closed, instead of ending the process inside the alternate screen."""
-        loop = asyncio.get_running_loop()
-        for signum in interrupts.stop_signals():
-            if signal.getsignal(signum) is signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-                continue
-            # Not where the platform has no such handlers (Windows) or off the main thread (some tests).
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, self._stop_by_signal, signum)
-
-    async def action_quit(self) -> None:
-        """Quit; with a draft written, first ask (it is not kept), and a second ctrl+q on the question quits."""
-        asked = isinstance(self.screen, ConfirmScreen) and self.screen.question == QUIT_QUESTION
-        if asked or not self.main.draft.text.strip():
-            self.exit()
-            return
-
-        def answered(quit_now: bool | None) -> None:
-            if quit_now:
-                self.exit()
-
-        self.push_screen(ConfirmScreen(QUIT_QUESTION), answered)
-
-    def _stop_by_signal(self, signum: int) -> None:
-        self.stopped_by_signal = signum
-        self.exit()
 
     def start(self) -> None:
         """Load the engine in the background, then open the user (or the first-run welcome)."""

@@ -1,0 +1,87 @@
+"""The app's shell: how `LocalpersApp` meets its user and the system, apart from writing and teaching.
+
+Notices (at least `NOTICE_SECONDS` on screen, an error or warning titled in words, never markup), quitting (with
+a draft written it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored),
+and Textual's crash report without the frames' local variables. `ShellMixin` is a base of
+`localpers.tui.app.LocalpersApp`, before Textual's `App`, whose methods it extends; it draws no widget of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from typing import TYPE_CHECKING
+
+from textual.notifications import SeverityLevel
+
+from localpers import interrupts
+from localpers.tui.crash_report import tracebacks_without_locals
+from localpers.tui.screens.confirm import ConfirmScreen
+
+if TYPE_CHECKING:
+    from localpers.tui.screens.main import MainScreen
+
+QUIT_QUESTION = "Quit localpers? The draft is not kept (your history and accepted outputs are)."
+NOTICE_SECONDS = 10.0  # the shortest a notice stays: long enough to read, also with a magnifier
+
+
+class ShellMixin:
+    """Notices, quitting, stop signals and crash reports, for `LocalpersApp` (whose Textual calls it uses)."""
+
+    main: MainScreen
+    stopped_by_signal: int | None  # the signal that closed the app (None: the user quit); set in __init__
+    # It also calls Textual's `exit`, `screen` and `push_screen`, and extends `notify` and `_fatal_error`.
+
+    def _fatal_error(self) -> None:
+        """Textual's crash report, without each frame's local variables: they hold the draft and the history's
+        text, which the report prints to the terminal and a user may paste into a bug report."""
+        with tracebacks_without_locals():
+            super()._fatal_error()  # type: ignore[misc]
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Textual's notice, readable by more people: at least NOTICE_SECONDS on screen, an error or warning
+        titled as such (not told by its colour alone), and its text shown as it is (file names and the user's
+        text are never taken as markup)."""
+        if not title and severity in ("warning", "error"):
+            title = severity.capitalize()
+        shown = max(timeout if timeout is not None else 0.0, NOTICE_SECONDS)
+        super().notify(  # type: ignore[misc]
+            message, title=title, severity=severity, timeout=shown, markup=markup
+        )
+
+    def _stop_on_signals(self) -> None:
+        """Let SIGTERM and SIGHUP (`kill`, a closed terminal) close the app as ctrl+q does, the terminal
+        restored and the engine closed, instead of ending the process inside the alternate screen."""
+        loop = asyncio.get_running_loop()
+        for signum in interrupts.stop_signals():
+            if signal.getsignal(signum) is signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                continue
+            # Not where the platform has no such handlers (Windows) or off the main thread (some tests).
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, self._stop_by_signal, signum)
+
+    async def action_quit(self) -> None:
+        """Quit; with a draft written, first ask (it is not kept), and a second ctrl+q on the question quits."""
+        asked = isinstance(self.screen, ConfirmScreen) and self.screen.question == QUIT_QUESTION
+        if asked or not self.main.draft.text.strip():
+            self.exit()
+            return
+
+        def answered(quit_now: bool | None) -> None:
+            if quit_now:
+                self.exit()
+
+        self.push_screen(ConfirmScreen(QUIT_QUESTION), answered)
+
+    def _stop_by_signal(self, signum: int) -> None:
+        self.stopped_by_signal = signum
+        self.exit()
