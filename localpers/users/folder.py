@@ -56,7 +56,6 @@ from localpers.users.history_index import HistoryIndex
 from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, user_lock
 from localpers.users.ordinals import updated_ordinals, write_ordinals
 
-NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 VECTOR_TENSOR = "lambda"
 REJECTED_FILE = "negatives_user.jsonl"
 VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
@@ -91,33 +90,6 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise InputError(f"{path} is damaged (expected a JSON object); {fix}")
     return value
-
-
-def validate_name(name: str) -> str:
-    """`name` if it is a valid user name, else a one-line error (exit 2) saying what is allowed."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise InputError(
-            f"invalid user name {name!r}: use 1-32 lowercase letters, digits, '-' or '_', "
-            "starting with a letter or digit"
-        )
-    return name
-
-
-# Names Windows reserves for devices whatever the extension: a folder so named cannot be made there. Refused for
-# new users on every system, so a user exported here can be imported on any machine under its own name.
-WINDOWS_RESERVED_NAMES = frozenset(
-    ["con", "prn", "aux", "nul", *(f"com{n}" for n in range(1, 10)), *(f"lpt{n}" for n in range(1, 10))]
-)
-
-
-def validate_new_name(name: str, advice: str = "choose another") -> str:
-    """`name` if a new user may take it: a valid name (`validate_name`) that no system reserves."""
-    validate_name(name)
-    if name in WINDOWS_RESERVED_NAMES:
-        raise InputError(
-            f"user name {name!r} is a device name on Windows, where no folder can take it; {advice}"
-        )
-    return name
 
 
 def _vector_bytes(vector: np.ndarray, meta: dict[str, str] | None) -> bytes:

@@ -33,15 +33,13 @@ from localpers.untrusted import one_line
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
 from localpers.users.folder import (
-    NAME_PATTERN,
     User,
     history_for,
     read_json_object,
-    validate_name,
-    validate_new_name,
 )
 from localpers.users.history import check_history_size
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
+from localpers.users.names import NAME_PATTERN, validate_name, validate_new_name
 
 _NAMES_SHOWN = 8  # users named in the "no active user" error
 
