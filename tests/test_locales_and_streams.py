@@ -39,6 +39,11 @@ def _run(
     )
 
 
+def _add(home: Path, input: str, output: str, stdin: bytes | None = None, **env: str):
+    """`localpers history add` for user lat (`-` reads `stdin`)."""
+    return _run(home, "history", "add", "-u", "lat", "-i", input, "-o", output, stdin=stdin, **env)
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
@@ -47,23 +52,11 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_text_piped_in_is_read_as_utf8_whatever_the_locale(home: Path) -> None:
-    added = _run(
-        home,
-        "history",
-        "add",
-        "-u",
-        "lat",
-        "-i",
-        "x",
-        "-o",
-        "-",
-        stdin=TEXT.encode(),
-        PYTHONIOENCODING="latin-1",
-    )
+    added = _add(home, "x", "-", stdin=TEXT.encode(), PYTHONIOENCODING="latin-1")
     assert added.returncode == 0, added.stderr
     listed = _run(home, "history", "list", "-u", "lat", "--json")
     assert json.loads(listed.stdout)["items"][0]["output"] == TEXT
-    refused = _run(home, "history", "add", "-u", "lat", "-i", "x", "-o", "-", stdin="Café".encode("latin-1"))
+    refused = _add(home, "x", "-", stdin="Café".encode("latin-1"))
     assert refused.returncode == 2 and refused.stderr.decode().startswith(
         "error: standard input is not UTF-8"
     )
@@ -71,7 +64,7 @@ def test_text_piped_in_is_read_as_utf8_whatever_the_locale(home: Path) -> None:
 
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_output_that_stdout_cannot_encode_is_escaped_and_json_stays_valid(home: Path, encoding: str) -> None:
-    assert _run(home, "history", "add", "-u", "lat", "-i", "x", "-o", TEXT).returncode == 0
+    assert _add(home, "x", TEXT).returncode == 0
     as_json = _run(home, "history", "list", "-u", "lat", "--json", PYTHONIOENCODING=encoding)
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["items"][0]["output"] == TEXT
@@ -93,15 +86,9 @@ def test_output_that_stdout_cannot_encode_is_escaped_and_json_stays_valid(home: 
 
 
 def test_utf8_arguments_under_a_locale_python_cannot_decode_are_recovered(home: Path) -> None:
-    added = _run(
+    added = _add(
         home,
-        "history",
-        "add",
-        "-u",
-        "lat",
-        "-i",
         "Café",
-        "-o",
         TEXT,
         PYTHONUTF8="0",
         PYTHONCOERCECLOCALE="0",
