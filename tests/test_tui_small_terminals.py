@@ -102,6 +102,28 @@ async def test_the_footer_shows_accept_and_import_at_80_columns() -> None:
 
 
 @async_test
+async def test_the_footer_keeps_import_at_80_columns_whatever_has_focus() -> None:
+    from localpers.tui.widgets.stepper import Stepper
+
+    app = make_app(service_with(examples("ann", 4)), text=DRAFT)
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f2")  # the token strip: its arrows are one footer entry
+        await pilot.pause(0.2)
+        footers = {"token strip": screen_text(app).splitlines()[-1]}
+        app.screen.query(Stepper).first().focus()
+        await pilot.pause(0.2)
+        footers["stepper"] = screen_text(app).splitlines()[-1]
+        await pilot.press("f3")
+        await pilot.pause(0.2)
+        footers["history table"] = screen_text(app).splitlines()[-1]
+    for focused, footer in footers.items():
+        assert "Import" in footer and "Refit" in footer and "Quit" in footer, (focused, footer)
+    assert "Token" in footers["token strip"] and "Adjust" in footers["stepper"]
+    assert "Remove" in footers["history table"]
+
+
+@async_test
 async def test_an_open_dialog_shows_its_own_keys_in_the_footer() -> None:
     app = make_app(service_with(examples("ann", 4)), text=DRAFT)
     async with app.run_test(size=SMALL) as pilot:

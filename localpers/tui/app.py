@@ -81,7 +81,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
     BINDINGS = [
         Binding("ctrl+r", "regenerate", "Regenerate"),
         Binding("ctrl+s", "accept", "Accept"),
-        Binding("ctrl+g", "edit_accept", "Edit+accept"),
+        Binding("ctrl+g", "edit_accept", "Edit"),  # then accept (short: 80 columns keep Import)
         Binding("ctrl+n", "reject", "Reject"),
         Binding("ctrl+f", "refit", "Refit"),
         Binding("ctrl+o", "import_history", "Import"),

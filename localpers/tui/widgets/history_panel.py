@@ -24,7 +24,7 @@ class HistoryTable(DataTable[str]):
     """The table of items; its row keys are item ids."""
 
     BINDINGS = [
-        Binding("x,delete", "remove", "Remove item", show=True),
+        Binding("x,delete", "remove", "Remove", show=True),  # short: 80 columns show the main keys too
         # DataTable's home/end scroll sideways, which a table of rows never needs: first and last item instead
         Binding("home", "scroll_top", "First item", show=False),
         Binding("end", "scroll_bottom", "Last item", show=False),

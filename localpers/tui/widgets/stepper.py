@@ -15,6 +15,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+_LESS_OR_MORE = Binding.Group("Adjust", compact=True)
+
 
 class Stepper(Widget, can_focus=True):
     """`label ‹ value ›`; the value is one of `values`, chosen with the arrow keys."""
@@ -34,8 +36,9 @@ class Stepper(Widget, can_focus=True):
     """
 
     BINDINGS = [
-        Binding("left,minus", "step(-1)", "Less", show=True),
-        Binding("right,plus,equals_sign", "step(1)", "More", show=True),
+        # one footer entry for both directions ("←→ Adjust"), so 80 columns still show the main screen's keys
+        Binding("left,minus", "step(-1)", "Less", show=True, group=_LESS_OR_MORE),
+        Binding("right,plus,equals_sign", "step(1)", "More", show=True, group=_LESS_OR_MORE),
     ]
 
     index: reactive[int] = reactive(0)

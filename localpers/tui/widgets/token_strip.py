@@ -51,6 +51,9 @@ def visible_piece(piece: str) -> str:
     return piece.replace("\n", "⏎")
 
 
+_ARROWS = Binding.Group("Token", compact=True)
+
+
 class TokenStrip(Widget, can_focus=True):
     """The chosen tokens in order, coloured by correction, one of them selected."""
 
@@ -68,8 +71,9 @@ class TokenStrip(Widget, can_focus=True):
     """
 
     BINDINGS = [
-        Binding("left", "move(-1)", "Previous", show=True),  # short, so 120 columns show every footer key
-        Binding("right", "move(1)", "Next", show=True),
+        # one footer entry for both arrows ("←→ Token"), so 80 columns still show the main screen's keys
+        Binding("left", "move(-1)", "Previous", show=True, group=_ARROWS),
+        Binding("right", "move(1)", "Next", show=True, group=_ARROWS),
         Binding("home", "jump(0)", "First", show=False),
         Binding("end", "jump(-1)", "Last", show=False),
     ]
