@@ -87,6 +87,15 @@ async def test_the_welcome_dialog_fits_a_40_column_terminal() -> None:
         await wait_idle(pilot)
         dialog = app.screen.query_one("WelcomeScreen > Vertical")
         assert dialog.region.width <= 40 and dialog.region.height <= 15
+        shown = screen_text(app)  # the text from its start, and every button (stacked, one line each)
+        assert "Welcome to localpers" in shown and "Quit (q)" in shown and "Import my history" in shown
+        await pilot.press("shift+tab", "end")  # the text is reachable and scrolls to its last line
+        await pilot.pause(0.2)
+        shown = screen_text(app)
+        assert "your headline" in shown and "Welcome to localpers" not in shown and "Quit (q)" in shown
+        await pilot.press("home")
+        await pilot.pause(0.2)
+        assert "Welcome to localpers" in screen_text(app)
         await pilot.press("q")
         await pilot.pause(0.2)
     assert app.return_code == 0

@@ -6,9 +6,10 @@ It offers the shipped demo user (fitted on first use) or importing a history fil
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -23,6 +24,8 @@ WELCOME_TEXT = (
     '[dim]{"input": "the article…", "output": "your headline"}[/dim].'
 )
 
+NARROW_BELOW = 80  # columns: below this the buttons stack, one line each
+
 
 class WelcomeScreen(ModalScreen[str]):
     """Demo user, import, or quit."""
@@ -36,19 +39,34 @@ class WelcomeScreen(ModalScreen[str]):
         max-width: 100%;
         height: auto;
         max-height: 100%;
-        overflow-y: auto;
         border: thick $primary;
         background: $surface;
         padding: 1 2;
     }
+    /* On a short terminal the text scrolls (tab reaches it, arrows scroll it) and the buttons stay in view. */
+    WelcomeScreen #welcome-text {
+        height: auto;
+        max-height: 100%;
+    }
+    WelcomeScreen #welcome-text:focus {
+        border-left: outer $accent;
+    }
     WelcomeScreen Horizontal {
+        dock: bottom;
         height: auto;
         margin-top: 1;
     }
     WelcomeScreen Button {
         margin-right: 2;
     }
+    /* Below 80 columns the buttons stack, one line each (d, i and q still choose from anywhere). */
+    WelcomeScreen.narrow Horizontal {
+        layout: vertical;
+        margin-top: 0;
+    }
     """
+
+    AUTO_FOCUS = "#demo"  # enter takes the demo user; shift+tab reaches the text
 
     BINDINGS = [
         Binding("d", "choose('demo')", "Demo user"),
@@ -58,12 +76,19 @@ class WelcomeScreen(ModalScreen[str]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(WELCOME_TEXT)
+            with VerticalScroll(id="welcome-text"):
+                yield Static(WELCOME_TEXT)
             with Horizontal():
                 yield Button("Use the demo user (d)", id="demo", variant="primary")
                 yield Button("Import my history… (i)", id="import")
                 yield Button("Quit (q)", id="quit", variant="error")
         yield KeyFooter()
+
+    def on_resize(self, event: events.Resize) -> None:
+        narrow = event.size.width < NARROW_BELOW
+        self.set_class(narrow, "narrow")
+        for button in self.query(Button):
+            button.compact = narrow
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id:
