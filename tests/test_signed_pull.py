@@ -166,11 +166,59 @@ def test_rollback_to_older_metadata_is_refused(tmp_path: Path, repo: tuple[Path,
 def test_an_expired_timestamp_is_refused_until_refreshed(repo: tuple[Path, Path, str]) -> None:
     repo_dir, keys, fingerprint = repo
     refresh(repo_dir, keys, {"timestamp": -1})
-    with pytest.raises(InputError, match="expired.*localpers repo refresh"):
+    with pytest.raises(
+        InputError, match=r"timestamp.json: .*signed timestamp metadata has expired"
+    ) as refused:
         pull(repo_dir, trust=fingerprint)
+    # the device's clock is named (it may be the thing that is wrong), and the publisher's mend
+    assert f"this device's clock ({datetime.now(UTC):%Y-%m-%d}" in str(refused.value)
+    assert str(refused.value).endswith("`localpers repo refresh`")
     assert nothing_installed()
     refresh(repo_dir, keys)
     pull(repo_dir, trust=fingerprint)
+
+
+def test_an_expired_root_is_refused_until_renewed_with_the_same_keys(repo: tuple[Path, Path, str]) -> None:
+    repo_dir, keys, fingerprint = repo
+    pull(repo_dir, trust=fingerprint)
+    versions = refresh(repo_dir, keys, {"root": -1}, root=True)  # a root past its year
+    assert versions["root"] == 2
+    with pytest.raises(
+        InputError, match=r"metadata/root.json: .*signed root metadata has expired"
+    ) as refused:
+        pull(repo_dir)
+    assert str(refused.value).endswith("`localpers repo refresh --root`")
+    refresh(repo_dir, keys, root=True)  # what the message asks for: version 3, same keys
+    pull(repo_dir)
+    assert root_keyid(repo_dir) == fingerprint
+
+
+def test_repo_commands_print_expiry_dates_and_warn_before_the_root_expires(
+    repo: tuple[Path, Path, str],
+) -> None:
+    repo_dir, keys, _ = repo
+    refresh(repo_dir, keys, {"root": 10}, root=True)
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys)])
+    assert refreshed.exit_code == 0, refreshed.output
+    soon = (datetime.now(UTC) + timedelta(days=10)).strftime("%Y-%m-%d")
+    assert f"expires (UTC): root {soon}" in refreshed.stdout
+    assert "root of" in refreshed.stderr and "expires in 9 days" in refreshed.stderr
+    assert "--root` (needs root.key)" in refreshed.stderr
+    renewed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys), "--root", "--json"])
+    assert renewed.exit_code == 0, renewed.output
+    shown = json.loads(renewed.stdout)
+    next_year = (datetime.now(UTC) + timedelta(days=365)).strftime("%Y-%m-%d")
+    assert shown["root"] == 3 and shown["expires"]["root"].startswith(next_year) and not renewed.stderr
+
+
+def test_repo_days_beyond_a_century_is_a_usage_error(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    refused = runner.invoke(
+        app, ["repo", "init", str(tmp_path / "repo"), "--keys", str(keys), "--days", "3000000"]
+    )
+    assert refused.exit_code == 2 and "36500" in refused.output
+    assert not (tmp_path / "repo").exists()
 
 
 def test_mix_and_match_of_metadata_versions_is_refused(tmp_path: Path, repo: tuple[Path, Path, str]) -> None:

@@ -265,27 +265,53 @@ def _publish_targets(
 
 
 def refresh(
-    repo_dir: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None, *, everything: bool = False
+    repo_dir: Path,
+    keys_dir: Path,
+    expiry_days: dict[str, int] | None = None,
+    *,
+    everything: bool = False,
+    root: bool = False,
 ) -> dict[str, int]:
-    """Re-sign with new expiry dates: the timestamp (and with `everything` targets and snapshot too).
+    """Re-sign with new expiry dates: the timestamp (and with `everything` targets and snapshot too; with
+    `root` a new root version with the same keys, signed by the root key).
 
     Run the timestamp refresh more often than the timestamp expires (default 7 days): a device refuses
-    an expired timestamp (freeze protection). Returns role -> new version.
+    an expired timestamp (freeze protection), and likewise the root after its year. Returns role -> version.
     """
     repo = load_repository(Path(repo_dir))
-    signers = load_signers(
-        repo.directory, repo.root, keys_dir, PUBLISH_ROLES if everything else ("timestamp",)
-    )
+    roles = PUBLISH_ROLES if everything else ("timestamp",)
+    signers = load_signers(repo.directory, repo.root, keys_dir, (*roles, "root") if root else roles)
+    if root:
+        _renew_root(repo, signers["root"], expiry_days)
     if everything:
         _publish_targets(repo, dict(repo.targets.signed.targets), signers, expiry_days)
     else:
         snapshot_bytes = (repo.metadata_dir / "snapshot.json").read_bytes()
         _refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
     return {
+        "root": int(repo.root.signed.version),
         "targets": int(repo.targets.signed.version),
         "snapshot": int(repo.snapshot.signed.version),
         "timestamp": int(repo.timestamp.signed.version),
     }
+
+
+def _renew_root(repo: Repository, root_signer: Any, expiry_days: dict[str, int] | None) -> None:
+    """Write root version N+1 with the same keys and a new expiry date (devices accept it: version N's root
+    key signs it)."""
+    repo.root.signed.version += 1
+    repo.root.signed.expires = _expiry("root", expiry_days)
+    repo.root.signatures.clear()
+    repo.root.sign(root_signer)
+    root_bytes = repo.root.to_bytes()
+    _write_public(repo.metadata_dir / f"{repo.root.signed.version}.root.json", root_bytes)
+    _write_public(repo.metadata_dir / "root.json", root_bytes)
+
+
+def expiry_dates(repo_dir: Path) -> dict[str, datetime]:
+    """When each role's newest metadata expires (UTC)."""
+    repo = load_repository(Path(repo_dir))
+    return {role: getattr(repo, role).signed.expires for role in ROLES}
 
 
 def rotate_keys(

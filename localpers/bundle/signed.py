@@ -25,6 +25,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,20 @@ class SignedSource:
         last = self.fetcher.last_url
         return last if where.endswith(f"/{METADATA_DIR}/") and last.startswith(where) else where
 
+    def _expired(self, where: str, tuf_message: str) -> str:
+        """Which signed metadata expired, by this device's clock (which may be the thing that is wrong), and what
+        mends it."""
+        found = re.search(r"\b(root|timestamp|snapshot|targets)\b", tuf_message)
+        role = found.group(1) if found else "metadata"
+        where = f"{self.base}{METADATA_DIR}/root.json" if role == "root" else self._failed_file(where)
+        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        mend = {"root": " --root", "timestamp": "", "metadata": ""}.get(role, " --all")
+        return (
+            f"{where}: the repository's signed {role} metadata has expired by this device's clock ({now}); if"
+            " that clock is wrong, set it right and pull again; if not, the repository is stale or frozen by an"
+            f" attacker: ask the publisher to run `localpers repo refresh{mend}`"
+        )
+
     @contextlib.contextmanager
     def _tuf_errors(self, where: str) -> Iterator[None]:
         from tuf.api import exceptions
@@ -209,10 +224,7 @@ class SignedSource:
         except LocalpersError:
             raise
         except exceptions.ExpiredMetadataError as exc:
-            raise InputError(
-                f"{self._failed_file(where)}: signed metadata has expired ({one_line(str(exc), 200)}); the"
-                " repository is stale or frozen by an attacker: ask the publisher to run `localpers repo refresh`"
-            ) from None
+            raise InputError(self._expired(where, str(exc))) from None
         except exceptions.BadVersionNumberError as exc:
             raise InputError(
                 f"{self._failed_file(where)}: metadata is older than what this device already trusts"

@@ -1,15 +1,16 @@
 """`localpers repo ...`: the publisher's signed bundle repository (keys, signing, timestamp refresh).
 
 `keygen` creates ed25519 keys, `init` an empty repository, `add` publishes a bundle as signed targets,
-`refresh` re-signs the timestamp (or everything) with new expiry dates, `rotate` replaces the keys (TUF
+`refresh` re-signs the timestamp (or everything, the root with `--root`) with new expiry dates, `rotate` replaces the keys (TUF
 root rotation), `fingerprint` prints what devices pin with `localpers pull URL --trust FINGERPRINT`.
 The work is in `localpers.bundle.repository`; nothing here opens a network connection.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,13 +26,42 @@ KeysOption = Annotated[
     Path,
     typer.Option("--keys", help="Directory of the publisher's private keys (never inside the repository)."),
 ]
-DaysOption = Annotated[
-    int | None, typer.Option("--days", min=1, help="Days until the re-signed metadata expires.")
-]
+MAX_DAYS = 36_500  # a century: any longer and an expiry date would soon run past what the format can write
+RENEW_ROOT_WITHIN_DAYS = 30  # refresh, add and add-backbone warn when the root expires sooner than this
+
+
+def _days_option(what: str) -> Any:
+    return Annotated[int | None, typer.Option("--days", min=1, max=MAX_DAYS, help=f"Days until {what}.")]
+
+
+InitDaysOption = _days_option("the root expires (365 by default; targets 90, snapshot 30, timestamp 7)")
+AddDaysOption = _days_option("the new targets expire (90 by default; the snapshot 30, the timestamp 7)")
+RefreshDaysOption = _days_option(
+    "the re-signed timestamp, snapshot and targets expire (7, 30 and 90 by default; a renewed root 365)"
+)
 
 
 def _expiry(days: int | None, *roles: str) -> dict[str, int] | None:
     return {role: days for role in roles} if days else None
+
+
+def _expiry_report(repo: Path) -> None:
+    """Print when each role's metadata expires, and warn when the root needs renewing soon."""
+    from localpers.bundle.repository import expiry_dates
+
+    dates = expiry_dates(repo)
+    typer.echo("expires (UTC): " + ", ".join(f"{role} {date:%Y-%m-%d %H:%M}" for role, date in dates.items()))
+    left = dates["root"] - datetime.now(UTC)
+    if left < timedelta(days=RENEW_ROOT_WITHIN_DAYS):
+        renew = f"`localpers repo refresh {repo} --keys KEYS --root` (needs root.key)"
+        typer.echo(
+            f"warning: the root of {repo} has expired: devices refuse the repository until it is renewed with"
+            f" {renew}"
+            if left <= timedelta(0)
+            else f"warning: the root of {repo} expires in {left.days} days, and devices then refuse the"
+            f" repository: renew it before with {renew}",
+            err=True,
+        )
 
 
 def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four private keys.")]) -> None:
@@ -43,19 +73,24 @@ def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four
     typer.echo(f"root fingerprint {keyids['root']}")
 
 
-def init(repo: RepoArgument, keys: KeysOption, days: DaysOption = None) -> None:
+def init(
+    repo: RepoArgument,
+    keys: KeysOption,
+    days: InitDaysOption = None,
+) -> None:
     """Create an empty signed repository (root, targets, snapshot, timestamp)."""
     from localpers.bundle.repository import init_repository
 
     fingerprint = init_repository(repo, keys, _expiry(days, "root"))
     typer.echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
+    _expiry_report(repo)
 
 
 def add(
     repo: RepoArgument,
     bundle: Annotated[Path, typer.Argument(help="The bundle directory to publish (verified first).")],
     keys: KeysOption,
-    days: DaysOption = None,
+    days: AddDaysOption = None,
     model: ModelOption = None,
 ) -> None:
     """Publish a bundle: check it as devices will, then copy and sign its files.
@@ -80,6 +115,7 @@ def add(
         )
     version = add_bundle(repo, bundle, keys, _expiry(days, "targets"))
     typer.echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
+    _expiry_report(repo)
 
 
 def add_backbone(
@@ -95,29 +131,42 @@ def add_backbone(
     backbone = resolve_backbone(model)
     add_file_target(repo, f"{BACKBONE_PREFIX}{backbone.sha256}.gguf", backbone.path, keys)
     typer.echo(f"published backbone {backbone.path.name} (sha256 {backbone.sha256}) in {repo}")
+    _expiry_report(repo)
 
 
 def refresh(
     repo: RepoArgument,
     keys: KeysOption,
-    days: DaysOption = None,
+    days: RefreshDaysOption = None,
     everything: Annotated[
         bool, typer.Option("--all", help="Re-sign targets and snapshot too, not only the timestamp.")
+    ] = False,
+    root: Annotated[
+        bool,
+        typer.Option(
+            "--root",
+            help="Renew the root too (a new root version, same keys; needs root.key): do it before the root"
+            " expires (365 days by default), or devices refuse the repository.",
+        ),
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Re-sign the timestamp with a new expiry date (run it before the timestamp expires, default 7 days)."""
+    from localpers.bundle.repository import expiry_dates
     from localpers.bundle.repository import refresh as refresh_repository
 
     versions = refresh_repository(
-        repo, keys, _expiry(days, "timestamp", "snapshot", "targets"), everything=everything
+        repo, keys, _expiry(days, "timestamp", "snapshot", "targets"), everything=everything, root=root
     )
     if as_json:
-        print_json(versions)
+        expires = {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
+        print_json({**versions, "expires": expires})
         return
     signed = "targets, snapshot and timestamp" if everything else "the timestamp"
+    signed = f"the root, {signed}" if root else signed
     versions_text = ", ".join(f"{role} {version}" for role, version in versions.items())
     typer.echo(f"re-signed {signed} of {repo} with new expiry dates; versions now: {versions_text}")
+    _expiry_report(repo)
 
 
 def rotate(
