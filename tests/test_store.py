@@ -316,6 +316,19 @@ def test_export_and_import(tmp_path: Path) -> None:
     assert store.import_(plain, "ann-lite").history() == []
 
 
+@pytest.mark.parametrize("clock", [0.0, 4_500_000_000.0])  # 1970 (no battery-backed clock), 2112
+def test_export_works_whatever_the_clock_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: float
+) -> None:
+    store = UserStore()
+    store.create("ann").save_history(items(2))
+    monkeypatch.setattr("time.time", lambda: clock)  # zip writes no date before 1980 or after 2107
+    exported = store.export("ann", tmp_path / "ann.zip", with_history=True)
+    with zipfile.ZipFile(exported) as archive:
+        assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    assert store.import_(exported, "ann-copy").history() == store.get("ann").history()
+
+
 def test_import_refuses_damaged_archives(tmp_path: Path) -> None:
     store = UserStore()
     store.create("ann").save_fit(np.ones(4, np.float32), {"cluster": 1})

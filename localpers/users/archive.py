@@ -27,6 +27,7 @@ MAX_ARCHIVE_MEMBER_BYTES = 64 * 1024 * 1024
 # An export holds manifest.json, state.json, at most one vector and optionally history.jsonl: a zip with
 # more members, or more bytes in all, is not one (and may be a zip bomb). The total leaves room beside the
 # largest history a user may have (64 MiB) for the rest (a few KB in practice), so every export imports back.
+ARCHIVE_MEMBER_DATE = (1980, 1, 1, 0, 0, 0)
 MAX_ARCHIVE_MEMBERS = 4
 MAX_ARCHIVE_TOTAL_BYTES = MAX_ARCHIVE_MEMBER_BYTES + 4 * 1024 * 1024
 MAX_ARCHIVE_FILE_BYTES = MAX_ARCHIVE_TOTAL_BYTES
@@ -56,10 +57,19 @@ def pack_archive(name: str, cluster: Any, members: dict[str, bytes]) -> bytes:
         )
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("manifest.json", json.dumps(manifest, indent=2) + "\n")
+        archive.writestr(_member("manifest.json"), json.dumps(manifest, indent=2) + "\n")
         for member, data in members.items():
-            archive.writestr(member, data)
+            archive.writestr(_member(member), data)
     return buffer.getvalue()
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A member with a fixed date (the manifest's `exported_at` says when): zip can write no date before 1980 or
+    after 2107, and a device without a battery-backed clock may boot at 1970."""
+    info = zipfile.ZipInfo(name, date_time=ARCHIVE_MEMBER_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o600 << 16
+    return info
 
 
 def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
