@@ -552,3 +552,15 @@ def test_a_history_over_the_limit_can_be_reduced(tmp_path: Path) -> None:
     assert len(user.history()) == MAX_HISTORY_ITEMS
     too_many = run("history", "add", "-i", "x", "-o", "Y", "--user", "big", code=2)
     assert_one_line_error(too_many, "make room with")
+
+
+def test_user_show_prints_the_state_files_dates_escaped() -> None:
+    user = UserStore().create("ann")
+    state = json.loads(user.state_path.read_text())
+    state["created_at"] = (
+        "\x1b]0;retitled\x07\x1b[2J2025-01-01"  # an imported archive's state.json, unchecked
+    )
+    user.state_path.write_text(json.dumps(state))
+    shown = runner.invoke(app, ["user", "show", "ann"])
+    assert shown.exit_code == 0, shown.output
+    assert "\x1b" not in shown.stdout and "\\x1b]0;retitled\\x07" in shown.stdout

@@ -739,3 +739,14 @@ def test_pull_from_directory_refuses_a_listed_fifo(installed_previous: Path, bun
     with pytest.raises(LocalpersError, match="pipe: is not a regular file"):
         pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
     assert_previous_intact(installed_previous)
+
+
+def test_bundle_info_prints_the_manifests_strings_escaped(bundle_dir: Path) -> None:
+    manifest = bundle_dir / MANIFEST_NAME
+    data = json.loads(manifest.read_text())
+    data["created"] = (
+        "\x1b]0;retitled\x07\x1b[2J2025"  # an unsigned directory's manifest, shown before any pull
+    )
+    manifest.write_text(json.dumps(data))
+    code, out, _ = run_cli("bundle", "info", str(bundle_dir))
+    assert code == 0 and "\x1b" not in out and "\\x1b]0;retitled\\x07" in out

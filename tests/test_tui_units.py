@@ -173,6 +173,20 @@ def test_profile_panel_shows_the_choice_habits_and_series() -> None:
     assert rows["series"] == "3 alike, the latest: Week 3 In Cats: Naps"
 
 
+def test_profile_panel_shows_an_imported_fit_report_as_plain_text() -> None:
+    from rich.console import Console
+
+    from localpers.tui.widgets.profile_panel import profile_table
+
+    user = UserStore().create("ann")
+    accept_output(user, "headline", "a storm", "Storm Shuts Road")
+    report = {"mode": "[bold]x[/bold]", "n_items": 1}  # an archive's state.json is imported as it is
+    user.save_fit(np.ones(4, np.float32), {"cluster": 0, "bundle_sha256": "sha", "fit": report})
+    console = Console(width=120, record=True)
+    console.print(profile_table(load_profile(user, "sha")))
+    assert "[bold]x[/bold]" in console.export_text()
+
+
 def test_damaged_state_becomes_a_problem_not_a_crash() -> None:
     user = UserStore().create("ann")
     user.state_path.write_text("{broken")

@@ -213,6 +213,11 @@ def _ask_to_trust(progress: Any) -> Any:
 bundle_app = typer.Typer(help="Inspect and check bundles.", no_args_is_help=True)
 
 
+def _shown(value: Any) -> str:
+    """A manifest value as one line of plain text ("?" when it is missing)."""
+    return one_line(str(value), 200) if value not in (None, "") else "?"
+
+
 def _describe(bundle: Any, origin: str) -> dict[str, Any]:
     manifest = bundle.manifest
     clusters = manifest.get("clusters") or {}
@@ -266,9 +271,10 @@ def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> No
         return
     backbone = report["backbone"] or {}
     typer.echo(f"bundle        {report['directory']} ({report['origin']}, format {report['format_version']})")
-    typer.echo(f"created       {report['created'] or '?'}")
-    typer.echo(f"backbone      {backbone.get('name', '?')} sha256 {backbone.get('sha256')}")
-    typer.echo(f"encoder       {report['encoder'] or '?'}   task {report['task'] or '?'}")
+    # the manifest's own strings are shown escaped: an unsigned bundle's could move the cursor or retitle the window
+    typer.echo(f"created       {_shown(report['created'])}")
+    typer.echo(f"backbone      {_shown(backbone.get('name'))} sha256 {_shown(backbone.get('sha256'))}")
+    typer.echo(f"encoder       {_shown(report['encoder'])}   task {_shown(report['task'])}")
     typer.echo(f"clusters      k={report['k']} sizes={report['cluster_sizes']}")
     typer.echo(f"adapters      {', '.join(report['adapters']) or 'none'}")
     typer.echo(

@@ -183,7 +183,8 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
         lines.append(("bundle", _fit_bundle_line(state["bundle_sha256"], name)))
     for key in ("created_at", "updated_at"):
         if isinstance(state.get(key), str):
-            lines.append((key.replace("_at", ""), state[key]))
+            # escaped: an imported archive's state.json is kept as it is
+            lines.append((key.replace("_at", ""), one_line(state[key], 64)))
     for key, value in state.items():
         if key not in _SHOWN_STATE_KEYS | _SUMMARISED_STATE_KEYS:
             text = json.dumps(value, ensure_ascii=False)

@@ -57,40 +57,45 @@ def profile_table(profile: Profile) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("user", profile.user)
-    table.add_row("status", status_line(profile))
-    table.add_row("history", f"{profile.n_history} items · {profile.n_rejected} rejected outputs kept")
+
+    def add_row(label: str, value: str | Text) -> None:
+        # plain text: what a state.json from an imported archive holds is shown, never read as markup
+        table.add_row(label, value if isinstance(value, Text) else Text(one_line(value)))
+
+    add_row("user", profile.user)
+    add_row("status", status_line(profile))
+    add_row("history", f"{profile.n_history} items · {profile.n_rejected} rejected outputs kept")
     fit = profile.fit
     if fit is not None:
         similarities = ", ".join(f"{s:.2f}" for s in fit.get("cluster_similarities") or [])
         cluster = "none" if profile.cluster is None else str(profile.cluster)
-        table.add_row("cluster", f"{cluster}" + (f"  (similarities {similarities})" if similarities else ""))
-        table.add_row("vector", MODE_LABELS.get(str(fit.get("mode")), str(fit.get("mode"))))
+        add_row("cluster", f"{cluster}" + (f"  (similarities {similarities})" if similarities else ""))
+        add_row("vector", MODE_LABELS.get(str(fit.get("mode")), str(fit.get("mode"))))
         if fit.get("mode") == "vector":
-            table.add_row(
+            add_row(
                 "pairs",
                 f"{fit.get('n_pairs')} used · {fit.get('n_identical_skipped', 0)} skipped (output = model's)",
             )
-            table.add_row(
+            add_row(
                 "pair accuracy",
                 f"train {_accuracy(fit.get('train_accuracy'))} · held-out "
                 f"{_accuracy(fit.get('heldout_accuracy'))} on {fit.get('n_heldout')} "
                 f"(cluster default {_accuracy(fit.get('heldout_accuracy_default'))})",
             )
-            table.add_row("vector norm", f"{fit.get('vector_norm')}")
+            add_row("vector norm", f"{fit.get('vector_norm')}")
             if profile.choice:
-                table.add_row("correction", f"{profile.choice} (chosen on your recent items)")
+                add_row("correction", f"{profile.choice} (chosen on your recent items)")
         if fit.get("habits"):
-            table.add_row("habits", Text("; ".join(fit["habits"])))
+            add_row("habits", Text("; ".join(fit["habits"])))
         seconds = fit.get("seconds") or {}
         if seconds:
             parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
-            table.add_row("fit time", f"{sum(seconds.values()):.1f} s ({parts})")
+            add_row("fit time", f"{sum(seconds.values()):.1f} s ({parts})")
         if profile.fitted_at:
-            table.add_row("fitted at", profile.fitted_at)
+            add_row("fitted at", profile.fitted_at)
     for size, latest in profile.series:
         series = f"{size} alike, the latest: {one_line(latest)}"  # one line: the other rows stay in view
-        table.add_row("series", Text(series, no_wrap=True, overflow="ellipsis"))
+        add_row("series", Text(series, no_wrap=True, overflow="ellipsis"))
     return table
 
 
