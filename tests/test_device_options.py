@@ -129,7 +129,7 @@ def test_a_backbone_from_localpers_model_is_said_to_come_from_the_environment(
     monkeypatch.setenv("LOCALPERS_MODEL", str(fake))
     result = runner.invoke(app, ["rewrite", "An article.", "-m", "global"])
     assert result.exit_code == 2, result.output
-    assert f"backbone {fake} (from environment) is not a GGUF file" in result.stderr
+    assert f"backbone {fake} (from LOCALPERS_MODEL) is not a GGUF file" in result.stderr
 
 
 def test_doctor_reports_a_backbone_it_cannot_find_or_load_as_a_problem(
@@ -145,7 +145,7 @@ def test_doctor_reports_a_backbone_it_cannot_find_or_load_as_a_problem(
     report = json.loads(result.stdout)
     assert report["ok"] is False and report["backbone"]["path"] is None and report["dirs"]["config"]
     assert report["problems"] == [
-        f"backbone {tmp_path / 'nothere.gguf'} (from environment) does not exist; give a GGUF file path"
+        f"backbone {tmp_path / 'nothere.gguf'} (from LOCALPERS_MODEL) does not exist; give a GGUF file path"
     ]
     assert report["bundle"]["ok"] is True and "content not checked" in report["bundle"]["content"]
     shown = runner.invoke(app, ["doctor"])

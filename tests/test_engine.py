@@ -349,6 +349,37 @@ def test_a_folder_given_as_the_backbone_is_named_as_one(tmp_path: Path) -> None:
         resolve_backbone(tmp_path / "nope.gguf")
 
 
+def test_the_config_files_model_is_read_only_when_nothing_before_it_names_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.engine.backbone import resolve_backbone
+    from localpers.paths import config_dir
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    config = config_dir() / "config.json"
+    config.write_text("{broken")
+    assert resolve_backbone(gguf).path == gguf  # --model wins without reading the broken file
+    monkeypatch.setenv("LOCALPERS_MODEL", str(gguf))
+    assert resolve_backbone().source == "environment"
+    monkeypatch.setenv("LOCALPERS_MODEL", "  ")  # blank: unset, so the config file decides
+    with pytest.raises(LocalpersError, match="config.json: not valid JSON"):
+        resolve_backbone()
+    config.write_text('["m.gguf"]')
+    with pytest.raises(LocalpersError, match="config.json: not a JSON object"):
+        resolve_backbone()
+    config.write_text('{"model": 5}')
+    with pytest.raises(LocalpersError, match='"model" must be a GGUF file path in quotes, not 5'):
+        resolve_backbone()
+    (config_dir() / "here.gguf").write_bytes(b"GGUF" + bytes(60))
+    config.write_text('{"model": "here.gguf"}')  # relative: from the config folder, wherever the command runs
+    monkeypatch.chdir(tmp_path)
+    assert resolve_backbone().path == config_dir() / "here.gguf"
+    config.write_text('{"model": "gone.gguf"}')
+    with pytest.raises(LocalpersError, match=r"gone.gguf \(from .*config.json\) does not exist"):
+        resolve_backbone()
+
+
 def test_prefix_files_keep_the_newest_few_and_read_damage_as_absent(tmp_path: Path) -> None:
     import os
 

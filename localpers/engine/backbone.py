@@ -80,10 +80,22 @@ def configured_model_path() -> str | None:
         return None
     raw = read_regular_file(config_file, STATE_FILE_LIMIT, what="config file", stored=True)
     try:
-        value = parse_json(raw).get("model")
-    except (JSONProblem, AttributeError) as exc:
+        config = parse_json(raw)
+    except JSONProblem as exc:
         raise InputError(f"{config_file}: not valid JSON ({exc}); fix or delete the file") from None
-    return str(value) if value else None
+    if not isinstance(config, dict):
+        raise InputError(
+            f'{config_file}: not a JSON object; write {{"model": "/path/to/model.gguf"}} or delete it'
+        )
+    value = config.get("model")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InputError(
+            f'{config_file}: "model" must be a GGUF file path in quotes, not {json.dumps(value)}'
+        )
+    # a relative path is read from the config folder, wherever the command runs
+    return str(config_dir() / Path(value).expanduser())
 
 
 def default_backbone_path() -> Path:
@@ -120,17 +132,21 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
     from_environment = os.environ.get(MODEL_ENV_VAR)
     # The CLI's --model reads LOCALPERS_MODEL itself (Typer's envvar): name the variable when it is that.
     given = "environment" if explicit is not None and str(explicit) == from_environment else "argument"
-    for source, value in (
-        (given, explicit),
-        ("environment", from_environment),
-        ("config", configured_model_path()),
+    for source, read in (
+        (given, lambda: explicit),
+        ("environment", lambda: from_environment),
+        ("config", configured_model_path),  # read only when nothing before it names a model
     ):
-        if value:
+        value = read()
+        if value and str(value).strip():
             path = Path(value).expanduser()
+            named = {"environment": MODEL_ENV_VAR, "config": str(config_dir() / "config.json")}.get(
+                source, source
+            )
             if not path.is_file():
                 what = "is not a file" if path.exists() else "does not exist"
-                raise InputError(f"backbone {path} (from {source}) {what}; give a GGUF file path")
-            _check_gguf_magic(path, source)  # else a bundle check would call it "another backbone"
+                raise InputError(f"backbone {path} (from {named}) {what}; give a GGUF file path")
+            _check_gguf_magic(path, named)  # else a bundle check would call it "another backbone"
             return Backbone(path=path, sha256=cached_sha256(path), source=source)
     try:
         path = default_backbone_path()
