@@ -17,8 +17,18 @@ APP_NAME = "localpers"
 
 
 def _root_override() -> Path | None:
-    value = os.environ.get("LOCALPERS_HOME")
-    return Path(value).expanduser() if value else None
+    """LOCALPERS_HOME as an absolute path; None when unset or blank. A relative one is refused: it would name
+    another folder in every directory a command runs from."""
+    value = os.environ.get("LOCALPERS_HOME", "")
+    if not value.strip():
+        return None
+    root = Path(value).expanduser()
+    if not root.is_absolute():
+        raise LocalpersError(
+            f"LOCALPERS_HOME={value} is a relative path, which would name another folder wherever a command runs;"
+            f" give an absolute one (e.g. {Path.cwd() / root})"
+        )
+    return root
 
 
 def _made(path: Path, root: Path | None) -> Path:

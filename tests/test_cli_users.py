@@ -564,3 +564,21 @@ def test_user_show_prints_the_state_files_dates_escaped() -> None:
     shown = runner.invoke(app, ["user", "show", "ann"])
     assert shown.exit_code == 0, shown.output
     assert "\x1b" not in shown.stdout and "\\x1b]0;retitled\\x07" in shown.stdout
+
+
+def test_a_blank_localpers_home_is_unset_and_a_relative_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blank value made a folder named " " in the current directory; a relative one named another folder
+    in each directory a command ran from."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("LOCALPERS_HOME", " ")
+    run("user", "list")
+    assert not (tmp_path / " ").exists() and (tmp_path / "xdg" / "localpers").is_dir()
+    monkeypatch.setenv("LOCALPERS_HOME", "rel home")
+    result = run("user", "list", code=1)
+    assert_one_line_error(result, "LOCALPERS_HOME=rel home is a relative path")
+    assert f"give an absolute one (e.g. {tmp_path / 'rel home'})" in result.stderr
+    assert not (tmp_path / "rel home").exists()
