@@ -572,3 +572,84 @@ def test_the_answer_says_what_rewrite_json_says_beside_the_text(server: LiveServ
     final = [event for event in events if event["choices"] and event["choices"][0]["finish_reason"]]
     assert len(final) == 1 and final[0]["localpers"]["method"] == "global"
     assert final[0]["localpers"]["strength"] is None and final[0]["localpers"]["notes"]
+
+
+def test_the_server_answers_503_beyond_its_connection_limit_instead_of_running_out_of_files(
+    tmp_path: Path,
+) -> None:
+    """Half-sent requests on 1,050 connections took every file descriptor: later requests timed out and the log
+    filled with tracebacks. Beyond MAX_CONNECTIONS a connection now gets 503 at once."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from localpers.api.server import MAX_CONNECTIONS
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = (
+        "from starlette.applications import Starlette\n"
+        "from starlette.responses import PlainTextResponse\n"
+        "from starlette.routing import Route\n"
+        "from localpers.api.server import serve\n"
+        "app = Starlette(routes=[Route('/', lambda request: PlainTextResponse('ok'))])\n"
+        f"serve(app, '127.0.0.1', {port})\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    held: list[socket.socket] = []
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        for _ in range(200):
+            try:
+                assert urllib.request.urlopen(url, timeout=5).read() == b"ok"
+                break
+            except urllib.error.URLError:
+                time.sleep(0.05)
+        for _ in range(MAX_CONNECTIONS + 4):  # each sends half a request and waits
+            connection = socket.create_connection(("127.0.0.1", port))
+            connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            held.append(connection)
+        time.sleep(0.5)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=5)
+        assert refused.value.code == 503
+        for connection in held:
+            connection.close()
+        held.clear()
+        time.sleep(0.5)
+        assert urllib.request.urlopen(url, timeout=5).read() == b"ok"  # the slots come back
+    finally:
+        for connection in held:
+            connection.close()
+        server.terminate()
+        _, log = server.communicate(timeout=30)
+    assert "Traceback" not in log
+
+
+def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch, backend: ApiBackend
+) -> None:
+    """A key read with `$(cat key)` from a CRLF file kept its \\r and no client could match it."""
+    import localpers.api.server as server
+    from localpers.methods.card.personalizer import Personalizer
+
+    served: dict[str, object] = {}
+    monkeypatch.setattr(server, "check_port_free", lambda host, port: None)
+    monkeypatch.setattr(server, "serve", lambda app, host, port: served.update(app=app))
+    monkeypatch.setattr(Personalizer, "open", classmethod(lambda cls, **kwargs: backend.personalizer))
+    monkeypatch.setattr(ApiBackend, "close", lambda self: None)
+    monkeypatch.setenv("LOCALPERS_API_KEY", "s3cret\r")
+    started = CliRunner().invoke(cli_app, ["api"])
+    assert started.exit_code == 0, started.output
+    with LiveServer(served["app"]) as live:  # type: ignore[arg-type]
+        keyed = openai.OpenAI(base_url=live.base_url, api_key="s3cret", max_retries=0)
+        assert keyed.models.list().data
+    monkeypatch.setenv("LOCALPERS_API_KEY", "  ")
+    blank = CliRunner().invoke(cli_app, ["api", "--host", "0.0.0.0", "--allow-remote"])
+    assert blank.exit_code == 2 and blank.output.strip() == (
+        "error: the API key (--api-key or LOCALPERS_API_KEY) is blank; give a key, or unset it"
+    )

@@ -2,7 +2,10 @@
 
 `check_bind` refuses a non-loopback host unless the caller passed an explicit flag and an API key (both are
 needed: the flag says it is meant, the key keeps strangers out). `serve` runs uvicorn with its access log off
-(request lines carry no text, but nothing about requests is logged at all) until interrupted.
+(request lines carry no text, but nothing about requests is logged at all) until interrupted, at most
+MAX_CONNECTIONS connections at once (others get 503). uvicorn has no deadline for a request's headers, so a
+client that sends half a request holds its slot until it closes: `--allow-remote` belongs behind a proxy that
+has one.
 """
 
 from __future__ import annotations
@@ -53,8 +56,22 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+MAX_CONNECTIONS = (
+    32  # more at once get 503 (as `localpers serve`): open sockets stay far below a process's fds
+)
+IDLE_SECONDS = 5  # a kept-alive connection with no next request is closed after this
+
+
 def serve(app: object, host: str, port: int) -> None:
-    """Run uvicorn until Ctrl+C; warnings and errors only, no access log."""
+    """Run uvicorn until Ctrl+C; warnings and errors only, no access log, at most MAX_CONNECTIONS at once."""
     import uvicorn
 
-    uvicorn.run(app, host=host.strip("[]"), port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
+    uvicorn.run(
+        app,  # type: ignore[arg-type]
+        host=host.strip("[]"),
+        port=port,
+        log_level="warning",
+        access_log=False,
+        limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=IDLE_SECONDS,
+    )

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from localpers.cli.common import BundleOption, ModelOption
+from localpers.engine.threads import MAX_THREADS
 
 # Loopback is not private to one account: any local program or user can connect to the port.
 NO_KEY_NOTE = (
@@ -34,7 +35,10 @@ def api_command(
         bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (needs --api-key).")
     ] = False,
     threads: Annotated[
-        int | None, typer.Option(min=1, help="llama.cpp threads (default: LOCALPERS_THREADS, else all CPUs).")
+        int | None,
+        typer.Option(
+            min=1, max=MAX_THREADS, help="llama.cpp threads (default: LOCALPERS_THREADS, else all CPUs)."
+        ),
     ] = None,
     bundle: BundleOption = None,
     model: ModelOption = None,
@@ -45,9 +49,15 @@ def api_command(
     from localpers.api.backend import ApiBackend
     from localpers.api.server import check_bind, check_port_free, serve
     from localpers.cli.common import stopped_exit
+    from localpers.errors import InputError
     from localpers.methods.card.personalizer import Personalizer
     from localpers.users.store import UserStore
 
+    if api_key is not None:
+        # what a client sends is compared stripped: so is the key (one read with `$(cat key)` may end in \r)
+        api_key = api_key.strip()
+        if not api_key:
+            raise InputError("the API key (--api-key or LOCALPERS_API_KEY) is blank; give a key, or unset it")
     check_bind(host, allow_remote=allow_remote, api_key=api_key)
     check_port_free(host, port)
     store = UserStore()
