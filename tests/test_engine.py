@@ -442,3 +442,15 @@ def test_prefix_files_read_only_regular_files_and_evict_past_links_and_folders(t
     )  # the link itself is replaced by the user's own file, the target untouched
     assert files.read(elsewhere) == b"mine" and not elsewhere.path.is_symlink()
     assert (outside / elsewhere.path.name).read_bytes().endswith(b"state")
+
+
+@pytest.mark.parametrize(
+    ("value", "wanted"), [("", False), ("0", False), ("false", False), (" Off ", False), ("1", True)]
+)
+def test_llama_log_is_on_only_for_a_value_that_means_yes(
+    monkeypatch: pytest.MonkeyPatch, value: str, wanted: bool
+) -> None:
+    from localpers.engine.backend import llama_log_wanted
+
+    monkeypatch.setenv("LOCALPERS_LLAMA_LOG", value)
+    assert llama_log_wanted() is wanted

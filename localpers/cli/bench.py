@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli.common import print_json, stopped_exit
+from localpers.engine.threads import MAX_THREADS
 from localpers.errors import InputError
 
 # Written out so `--help` loads no model code; tests/test_bench.py checks it names every method and preset of
@@ -118,6 +119,7 @@ def bench_command(
         int | None,
         typer.Option(
             min=1,
+            max=MAX_THREADS,
             help="llama.cpp threads (default: LOCALPERS_THREADS, else all CPUs; 1 is faster on a CPU shared with other work).",
         ),
     ] = None,

@@ -18,6 +18,7 @@ import typer
 from localpers.cli.common import one_line_errors, print_json
 from localpers.cli.numbers import float_option
 from localpers.engine.adapters import DEFAULT_TARGETS
+from localpers.engine.threads import MAX_THREADS
 from localpers.errors import PUBLISH_EXTRA_HINT, InputError, LocalpersError
 from localpers.methods.card.head_spec import MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
@@ -135,9 +136,11 @@ def publish_command(
         ),
     ] = 0.1,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Random seed.")] = 0,
-    threads: Annotated[int, typer.Option(min=1, help="CPU threads for torch and llama.cpp.")] = 2,
+    threads: Annotated[
+        int, typer.Option(min=1, max=MAX_THREADS, help="CPU threads for torch and llama.cpp.")
+    ] = 2,
     engine_threads: Annotated[
-        int, typer.Option(min=1, help="CPU threads for llama.cpp (pairs, features).")
+        int, typer.Option(min=1, max=MAX_THREADS, help="CPU threads for llama.cpp (pairs, features).")
     ] = 2,
     executor: Annotated[
         str,

@@ -35,10 +35,15 @@ class _LogRecorder:
             piece = (text or b"").decode("utf-8", errors="replace")
             if self.recording is not None:
                 self.recording.append(piece)
-            if os.environ.get("LOCALPERS_LLAMA_LOG"):
+            if llama_log_wanted():
                 sys.stderr.write(piece)
         except KeyboardInterrupt as stop:
             interrupts.note(stop)  # ctypes would drop it: raised by raise_pending_interrupt instead
+
+
+def llama_log_wanted() -> bool:
+    """Whether LOCALPERS_LLAMA_LOG asks for llama.cpp's log on stderr: set, and not 0, false, no or off."""
+    return os.environ.get("LOCALPERS_LLAMA_LOG", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 _log_recorder = _LogRecorder()
