@@ -582,3 +582,17 @@ def test_a_blank_localpers_home_is_unset_and_a_relative_one_is_refused(
     assert_one_line_error(result, "LOCALPERS_HOME=rel home is a relative path")
     assert f"give an absolute one (e.g. {tmp_path / 'rel home'})" in result.stderr
     assert not (tmp_path / "rel home").exists()
+
+
+def test_paths_given_with_a_tilde_the_shell_left_are_read_from_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--output=~/x.zip` and quoted "~/f" reach the command unexpanded: they were "no such file"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mine.jsonl").write_text(json.dumps({"input": "an article", "output": "A Headline"}) + "\n")
+    run("user", "create", "ann")
+    run("history", "import", "~/mine.jsonl")
+    run("user", "export", "--with-history", "--output=~/ann.zip")
+    assert (tmp_path / "ann.zip").is_file()
+    run("user", "import", "~/ann.zip", "--as", "ann2")
+    assert len(UserStore().get("ann2").history()) == 1

@@ -12,6 +12,7 @@ import functools
 import sys
 import unicodedata
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -33,11 +34,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def one_line_errors(func: F) -> F:
-    """Print a LocalpersError as `error: ...` on stderr and exit with its code, never a traceback."""
+    """Print a LocalpersError as `error: ...` on stderr and exit with its code, never a traceback.
+
+    Path arguments arrive with `~` expanded: the shell leaves it in `--out=~/x` and in quotes."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         saved_now, streamed_now = _saved.set(None), _streamed_line.set(False)
+        kwargs = {name: _expanded(value) for name, value in kwargs.items()}
         try:
             return func(*args, **kwargs)
         except LocalpersError as exc:
@@ -65,6 +69,16 @@ def one_line_errors(func: F) -> F:
             _streamed_line.reset(streamed_now)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _expanded(value: Any) -> Any:
+    """A Path with a leading `~` expanded (as given when no home folder is known); anything else as it is."""
+    if not isinstance(value, Path):
+        return value
+    try:
+        return value.expanduser()
+    except RuntimeError:
+        return value
 
 
 _saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("localpers_saved", default=None)
