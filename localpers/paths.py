@@ -53,11 +53,11 @@ def cache_dir() -> Path:
     return _made(path, root)
 
 
-def data_dir() -> Path:
-    """User state that must survive: users, histories, fitted vectors."""
+def data_dir(*, create: bool = True) -> Path:
+    """User state that must survive: users, histories, fitted vectors (not created with `create=False`)."""
     root = _root_override()
     path = root / "data" if root else Path(platformdirs.user_data_dir(APP_NAME))
-    return _made(path, root)
+    return _made(path, root) if create else path
 
 
 def config_dir() -> Path:

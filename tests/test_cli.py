@@ -355,3 +355,39 @@ def test_a_grammar_path_that_is_missing_or_a_folder_says_so(tmp_path: Path) -> N
         assert result.output.startswith(
             f"error: cannot read grammar file {path}: {problem}; give a GBNF file"
         )
+
+
+def complete(words: str, home: Path) -> list[str]:
+    """What the shell would offer after `words` (bash's protocol, as `localpers --show-completion bash` sets up)."""
+    import os
+
+    env = {
+        **os.environ,
+        "LOCALPERS_HOME": str(home),
+        "_LOCALPERS_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split(" ")) - 1),
+    }
+    script = Path(sys.executable).parent / "localpers"  # the console script: its name keys the protocol
+    result = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    return result.stdout.split()
+
+
+def test_the_shell_completes_commands_users_methods_and_tasks_without_writing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert complete("localpers rew", home) == ["rewrite"]
+    assert complete("localpers user use ", home) == []
+    assert not home.exists()  # completing reads: no folder is made for it
+    assert runner.invoke(app, ["user", "create", "ann"]).exit_code == 0
+    assert runner.invoke(app, ["user", "create", "bob", "--no-use"]).exit_code == 0
+    from localpers.paths import data_dir
+
+    users_home = data_dir().parent  # the test's LOCALPERS_HOME
+    assert complete("localpers user use ", users_home) == ["ann", "bob"]
+    assert complete("localpers rewrite --user b", users_home) == ["bob"]
+    assert "card" in complete("localpers rewrite --method ", home)
+    assert "global" not in complete("localpers fit --method ", home)  # nothing to fit for it
+    assert complete("localpers history import f.jsonl --task h", home) == ["headline"]
+    shown = runner.invoke(app, ["--show-completion", "bash"])
+    assert shown.exit_code == 0 and "_LOCALPERS_COMPLETE=complete_bash" in shown.stdout

@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from localpers import __version__
+from localpers.cli import completion
 from localpers.errors import InputError, LocalpersError
 from localpers.strict_json import strict_json_text
 from localpers.untrusted import one_line
@@ -26,7 +27,7 @@ app = typer.Typer(
     name="localpers",
     help="An LLM that writes the way you write, without your writing leaving your machine.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
@@ -212,7 +213,12 @@ BundleOption = Annotated[
     str | None,
     typer.Option("--bundle", help="Bundle directory (default: the pulled bundle, else the demo bundle)."),
 ]
-UserOption = Annotated[str | None, typer.Option("--user", "-u", help="User name (default: the active user).")]
+UserOption = Annotated[
+    str | None,
+    typer.Option(
+        "--user", "-u", help="User name (default: the active user).", autocompletion=completion.user_names
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli import completion
 from localpers.cli.common import (
     BundleOption,
     JsonOption,
@@ -58,6 +59,7 @@ def fit_command(
             "--method",
             "-m",
             help=f"One of: {', '.join(method_names(fitted=True))} ({DEFAULT_METHOD} by default).",
+            autocompletion=completion.fitted_method_names,
         ),
     ] = DEFAULT_METHOD,
     history_limit: Annotated[
@@ -113,10 +115,16 @@ def rewrite_command(
     text: Annotated[str, typer.Argument(help="Input text, or - to read standard input.")],
     user: UserOption = None,
     task: Annotated[
-        str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
+        str,
+        typer.Option(
+            "--task", "-t", help="headline, title, paraphrase or free.", autocompletion=completion.task_names
+        ),
     ] = "headline",
     method: Annotated[
-        str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")
+        str,
+        typer.Option(
+            "--method", "-m", help=f"One of: {', '.join(METHODS)}.", autocompletion=completion.method_names
+        ),
     ] = DEFAULT_METHOD,
     strength: Annotated[
         float | None,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localpers.cli import completion
 from localpers.cli.common import (
     JsonOption,
     ModelOption,
@@ -38,7 +39,12 @@ if TYPE_CHECKING:
 
 def generate(
     text: Annotated[str, typer.Argument(help="Input text, or - to read standard input.")],
-    task: Annotated[str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")] = "free",
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task", "-t", help="headline, title, paraphrase or free.", autocompletion=completion.task_names
+        ),
+    ] = "free",
     max_tokens: Annotated[
         int | None, typer.Option(min=1, max=4096, help="Token limit (default: the task's).")
     ] = None,

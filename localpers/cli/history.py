@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli import completion
 from localpers.cli.common import (
     JsonOption,
     checked_utf8,
@@ -45,7 +46,13 @@ history_app = typer.Typer(
 )
 
 UserOption = Annotated[
-    str | None, typer.Option("--user", "-u", help="The user to act on (default: the active user).")
+    str | None,
+    typer.Option(
+        "--user",
+        "-u",
+        help="The user to act on (default: the active user).",
+        autocompletion=completion.user_names,
+    ),
 ]
 
 
@@ -80,7 +87,10 @@ def history_import(
         str | None, typer.Option("--user-id", help="Which user_id to take from a per-user file.")
     ] = None,
     task: Annotated[
-        str, typer.Option("--task", "-t", help="Task of items that do not name one.")
+        str,
+        typer.Option(
+            "--task", "-t", help="Task of items that do not name one.", autocompletion=completion.task_names
+        ),
     ] = DEFAULT_TASK,
     keep_latest: Annotated[
         int | None,
@@ -165,7 +175,10 @@ def history_add(
         str, typer.Option("--output", "-o", help="What the user wrote (e.g. their headline); - reads stdin.")
     ],
     task: Annotated[
-        str, typer.Option("--task", "-t", help="headline, title, paraphrase or free.")
+        str,
+        typer.Option(
+            "--task", "-t", help="headline, title, paraphrase or free.", autocompletion=completion.task_names
+        ),
     ] = DEFAULT_TASK,
     user: UserOption = None,
     as_json: JsonOption = False,
@@ -242,7 +255,7 @@ def _shorten(text: str, limit: int) -> str:
 def history_remove(
     item_id: Annotated[
         str | None,
-        typer.Argument(metavar="[ID]", help="An item id from `history list` (a unique prefix works)."),
+        typer.Argument(metavar="ID", help="An item id from `history list` (a unique prefix works)."),
     ] = None,
     oldest: Annotated[
         int | None,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli import completion
 from localpers.cli.common import UserOption, print_json
 from localpers.methods.stored_files import refit_advice
 from localpers.users.store import UserStore
@@ -22,7 +23,9 @@ def profile_command(
         str | None,
         typer.Option("--text", help="Also show the attributes EXACT retrieves for this text (- = stdin)."),
     ] = None,
-    task: Annotated[str, typer.Option("--task", "-t", help="Task of --text.")] = "headline",
+    task: Annotated[
+        str, typer.Option("--task", "-t", help="Task of --text.", autocompletion=completion.task_names)
+    ] = "headline",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Show the user's style profile: CARD's fit and habits, the series you repeat, EXACT's attributes."""

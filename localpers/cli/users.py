@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli import completion
 from localpers.cli.common import JsonOption, counted, items_phrase, note_saved, one_line_errors, print_json
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
@@ -74,7 +75,9 @@ def user_list(as_json: JsonOption = False) -> None:
 
 @user_app.command("use")
 @one_line_errors
-def user_use(name: Annotated[str, typer.Argument(help="An existing user.")]) -> None:
+def user_use(
+    name: Annotated[str, typer.Argument(help="An existing user.", autocompletion=completion.user_names)],
+) -> None:
     """Make NAME the active user (the default for history, fit and rewrite)."""
     UserStore().use(name)
     typer.echo(f"active user: {name}")
@@ -83,7 +86,10 @@ def user_use(name: Annotated[str, typer.Argument(help="An existing user.")]) -> 
 @user_app.command("show")
 @one_line_errors
 def user_show(
-    name: Annotated[str | None, typer.Argument(help="A user (default: the active one).")] = None,
+    name: Annotated[
+        str | None,
+        typer.Argument(help="A user (default: the active one).", autocompletion=completion.user_names),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show a user's history size, cluster, fitted vector and fit report, and its CoPe and EXACT fits."""
@@ -301,7 +307,7 @@ def _fit_bundle_line(fitted_with: str, name: str) -> str:
 @user_app.command("delete")
 @one_line_errors
 def user_delete(
-    name: Annotated[str, typer.Argument(help="The user to delete.")],
+    name: Annotated[str, typer.Argument(help="The user to delete.", autocompletion=completion.user_names)],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete a user and every trace of it: history, vector, state and the active pointer."""
@@ -322,7 +328,12 @@ def user_delete(
 @user_app.command("export")
 @one_line_errors
 def user_export(
-    name: Annotated[str | None, typer.Argument(help="The user to export (default: the active one).")] = None,
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            help="The user to export (default: the active one).", autocompletion=completion.user_names
+        ),
+    ] = None,
     output: Annotated[
         Path | None,
         typer.Option(
