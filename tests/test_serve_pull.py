@@ -750,3 +750,37 @@ def test_bundle_info_prints_the_manifests_strings_escaped(bundle_dir: Path) -> N
     manifest.write_text(json.dumps(data))
     code, out, _ = run_cli("bundle", "info", str(bundle_dir))
     assert code == 0 and "\x1b" not in out and "\\x1b]0;retitled\\x07" in out
+
+
+def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None:
+    """They were the local time with no zone, where every other time localpers prints is UTC."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+    from datetime import UTC, datetime
+
+    from localpers.bundle.format import embedded_bundle_dir
+
+    env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home"), "TZ": "Asia/Kolkata"}  # UTC+05:30
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "localpers.cli", "serve", str(embedded_bundle_dir()), "--port", "0"],
+        env=env,
+        text=True,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert serving.stderr is not None
+        started = serving.stderr.readline()
+        url = re.search(r"at (http://\S+)", started)
+        assert url, started
+        urllib.request.urlopen(url.group(1).rstrip("/") + "/manifest.json", timeout=30).read()
+        logged = serving.stderr.readline()
+    finally:
+        serving.terminate()
+        serving.communicate(timeout=60)
+    stamp = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)Z ", logged)
+    assert stamp, logged
+    shown = datetime.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    assert abs((datetime.now(UTC) - shown).total_seconds()) < 120

@@ -54,7 +54,13 @@ def serve(
     from localpers.bundle.serve import make_server
 
     server = make_server(directory, host, port)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+    # UTC with its zone, as every other time localpers prints or stores
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)sZ %(message)s", datefmt="%Y-%m-%dT%H:%M:%S"
+    )
+    for handler in logging.getLogger().handlers:
+        if handler.formatter is not None:
+            handler.formatter.converter = time.gmtime
     what = "bundle" if server.bundle is not None else "repository"
     size = sum(served.size for served in server.files.values())
     typer.echo(
