@@ -217,3 +217,18 @@ def test_doctor_exits_1_and_names_each_problem_of_a_broken_setup(
         shown.exit_code == 1
         and "problem       encoder: the sentence encoder package is not installed" in shown.stdout
     )
+
+
+def test_a_text_too_long_for_its_task_is_refused_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It loaded the model first (0.5 GB, seconds) to refuse the text after."""
+    from localpers.methods.card.personalizer import Personalizer
+
+    def no_loading(**_: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Personalizer, "open", no_loading)
+    result = runner.invoke(app, ["rewrite", "word " * 400, "--task", "paraphrase", "--method", "global"])
+    assert result.exit_code == 2, result.output
+    assert "the paraphrase task takes at most 1,000" in result.stderr

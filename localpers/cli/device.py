@@ -178,7 +178,10 @@ def rewrite_command(
     from localpers.tasks import get_task
 
     source = read_text_argument(text)
-    one_line = get_task(task).one_line  # an unknown task is refused before the model loads
+    # an unknown task, or a text it would have to cut, is refused before the model loads
+    chosen_task = get_task(task)
+    chosen_task.check_text(source)
+    one_line = chosen_task.one_line
     sampling = sampler_settings(
         temperature=temperature,
         top_k=sample_top_k,
