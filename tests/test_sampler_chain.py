@@ -354,3 +354,13 @@ def test_best_positions_with_few_candidates_nans_and_masked_tokens(size: int, k:
     valid = [i for i in range(size) if not np.isnan(entries["logit"][i])]
     expected = sorted(valid, key=lambda i: (-entries["logit"][i], i))[:k]
     assert Candidates(entries).best_positions(k).tolist() == expected
+
+
+def test_a_generation_that_fills_the_context_says_so(backbone: Backbone) -> None:
+    """It stopped where the context ended reporting "length", as if --max-tokens had been reached."""
+    with Engine(backbone.path, n_ctx=48, tap_layers=None) as small:
+        ends = tuple((token, -np.inf) for token in range(small.n_vocab) if small.is_end_of_generation(token))
+        result = generate(
+            small, "Count: one two three", max_tokens=200, sampling=SamplerSettings(logit_bias=ends)
+        )
+    assert result.stop_reason == "context" and result.prompt_tokens + len(result.tokens) == 48 + 1

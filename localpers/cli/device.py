@@ -36,6 +36,7 @@ from localpers.cli.sampling import (
     TopPOption,
     sampler_settings,
 )
+from localpers.engine import CONTEXT_TOKENS
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.base import Method, RewriteOptions
 from localpers.methods.card.choice import MAX_STRENGTH
@@ -139,7 +140,12 @@ def rewrite_command(
     ] = None,
     top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,
     max_tokens: Annotated[
-        int | None, typer.Option(min=1, max=2048, help="Token limit (default: the task's).")
+        int | None,
+        typer.Option(
+            min=1,
+            max=CONTEXT_TOKENS,
+            help=f"Token limit (default: the task's; the prompt and the output share {CONTEXT_TOKENS} tokens).",
+        ),
     ] = None,
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they come.")] = True,
     candidates: Annotated[

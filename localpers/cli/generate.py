@@ -32,6 +32,7 @@ from localpers.cli.sampling import (
     TopPOption,
     sampler_settings,
 )
+from localpers.engine import CONTEXT_TOKENS
 
 if TYPE_CHECKING:
     pass
@@ -46,7 +47,12 @@ def generate(
         ),
     ] = "free",
     max_tokens: Annotated[
-        int | None, typer.Option(min=1, max=4096, help="Token limit (default: the task's).")
+        int | None,
+        typer.Option(
+            min=1,
+            max=CONTEXT_TOKENS,
+            help=f"Token limit (default: the task's; the prompt and the output share {CONTEXT_TOKENS} tokens).",
+        ),
     ] = None,
     temperature: TemperatureOption = 0.0,
     top_k: TopKOption = 0,
@@ -112,6 +118,12 @@ def generate(
         print_json(payload, indent=None)
     else:
         sys.stdout.write("\n")
+    if result.stop_reason == "context":
+        typer.echo(
+            f"note: the output stops where the model's {CONTEXT_TOKENS}-token context is full (the prompt had"
+            f" {result.prompt_tokens}); give a shorter text for a longer output",
+            err=True,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ from localpers.engine.backend import init_backend
 from localpers.engine.ggml_buffers import cpu_extra_buffer_types
 from localpers.engine.ggml_buffers import only_extra_buffer_types as _only_extra_buffer_types
 from localpers.engine.model import (
+    CONTEXT_TOKENS,
     GGUF_MAGIC,
     Engine,
     ScoredContinuation,
@@ -29,6 +30,7 @@ from localpers.engine.model import (
 from localpers.engine.sampler_chain import Pick, SamplerChain
 
 __all__ = [
+    "CONTEXT_TOKENS",
     "GGUF_MAGIC",
     "Engine",
     "Pick",

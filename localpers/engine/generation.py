@@ -36,7 +36,7 @@ class GenerationResult:
 
     text: str
     tokens: list[int]
-    stop_reason: str  # "eos", "stop" or "length"
+    stop_reason: str  # "eos", "stop", "length", or "context": the context was full
     prompt_tokens: int
     prompt_seconds: float
     decode_seconds: float
@@ -132,7 +132,10 @@ def generate(
                 stop_reason = "stop"
                 break
             scanner.emit(text, scanner.safe_length(text.rstrip("\ufffd")), on_text)
-            if len(generated) == max_tokens or engine.n_past >= engine.n_ctx:
+            if len(generated) == max_tokens:
+                break
+            if engine.n_past >= engine.n_ctx:
+                stop_reason = "context"
                 break
             step = engine.step(token, copy_logits=False)
         decode_seconds = time.perf_counter() - decode_started

@@ -80,6 +80,9 @@ class ScoredContinuation:
     logits: np.ndarray | None = None  # (T, n_vocab) when asked for
 
 
+CONTEXT_TOKENS = 1024  # prompt and output together: what a generation or rewrite can hold
+
+
 class Engine(Vocabulary):
     """One llama.cpp model + context, with optional layer taps and swappable LoRA adapters."""
 
@@ -87,7 +90,7 @@ class Engine(Vocabulary):
         self,
         model_path: str | Path,
         *,
-        n_ctx: int = 1024,
+        n_ctx: int = CONTEXT_TOKENS,
         n_threads: int | None = None,
         tap_layers: Sequence[int] | None = (-4, -3, -2, -1),
         n_batch: int = 512,
