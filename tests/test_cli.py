@@ -391,3 +391,17 @@ def test_the_shell_completes_commands_users_methods_and_tasks_without_writing(tm
     assert complete("localpers history import f.jsonl --task h", home) == ["headline"]
     shown = runner.invoke(app, ["--show-completion", "bash"])
     assert shown.exit_code == 0 and "_LOCALPERS_COMPLETE=complete_bash" in shown.stdout
+
+
+def test_the_top_help_names_every_environment_variable_localpers_reads() -> None:
+    import re
+
+    package = Path(__file__).parents[1] / "localpers"
+    read = {
+        name
+        for path in package.rglob("*.py")
+        for name in re.findall(r"\bLOCALPERS_[A-Z_]+[A-Z]\b", path.read_text(encoding="utf-8"))
+    }
+    assert {"LOCALPERS_HOME", "LOCALPERS_MODEL", "LOCALPERS_THREADS"} <= read
+    shown = " ".join(runner.invoke(app, ["--help"], env={"COLUMNS": "300"}).stdout.split())
+    assert not [name for name in sorted(read) if name not in shown]

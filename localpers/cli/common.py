@@ -26,6 +26,13 @@ from localpers.untrusted import one_line
 app = typer.Typer(
     name="localpers",
     help="An LLM that writes the way you write, without your writing leaving your machine.",
+    epilog=(
+        "Environment: LOCALPERS_HOME=DIR keeps every file of localpers under DIR; LOCALPERS_MODEL=PATH picks the"
+        " backbone GGUF (as --model does); LOCALPERS_THREADS=N sets llama.cpp's threads; LOCALPERS_CPU_BUFFERS="
+        "auto|repack|plain|all picks the weights' CPU layout; LOCALPERS_API_KEY=KEY guards `localpers api`;"
+        " LOCALPERS_LLAMA_LOG=1 prints llama.cpp's log. `localpers doctor` shows what they give; README.md says"
+        " more."
+    ),
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
