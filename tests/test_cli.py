@@ -24,10 +24,11 @@ def test_version() -> None:
 
 
 def test_every_command_has_help() -> None:
-    for command in ([], ["doctor"], ["generate"]):
-        result = runner.invoke(app, [*command, "--help"])
-        assert result.exit_code == 0, command
-        assert "Usage" in result.stdout
+    for command in ([], ["doctor"], ["generate"], ["history", "import"]):
+        for flag in ("--help", "-h"):
+            result = runner.invoke(app, [*command, flag])
+            assert result.exit_code == 0, (command, flag)
+            assert "Usage" in result.stdout
 
 
 def test_every_commands_help_reads_as_paragraphs() -> None:

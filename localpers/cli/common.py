@@ -34,6 +34,7 @@ app = typer.Typer(
         " more."
     ),
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     add_completion=True,
     pretty_exceptions_enable=False,
 )
