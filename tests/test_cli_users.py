@@ -596,3 +596,24 @@ def test_paths_given_with_a_tilde_the_shell_left_are_read_from_the_home_folder(
     assert (tmp_path / "ann.zip").is_file()
     run("user", "import", "~/ann.zip", "--as", "ann2")
     assert len(UserStore().get("ann2").history()) == 1
+
+
+def test_a_dated_file_out_of_order_is_imported_oldest_first(tmp_path: Path) -> None:
+    """Dates were dropped and the file's order kept: "recent" examples and --keep-latest followed the file."""
+    entries = [
+        {"input": f"article {day}", "output": f"Headline {day}", "date": f"2018-05-{day:02d}"}
+        for day in (3, 1, 9, 2)
+    ]
+    dated = tmp_path / "dated.jsonl"
+    dated.write_text(json.dumps({"user_id": "u1", "history": entries}) + "\n")
+    run("user", "create", "ann")
+    imported = run("history", "import", str(dated), "--keep-latest", "3")
+    assert "out of date order: taken oldest first" in imported.stderr
+    outputs = [item.output for item in UserStore().get("ann").history()]
+    assert outputs == ["Headline 2", "Headline 3", "Headline 9"]  # the 3 newest, oldest first
+    entries[0].pop("date")  # one undated item: the file's own order stands
+    dated.write_text(json.dumps({"user_id": "u1", "history": entries}) + "\n")
+    run("user", "create", "bob")
+    kept = run_json("history", "import", str(dated), "--user", "bob")
+    assert kept["sorted_by_date"] is False
+    assert [item.output for item in UserStore().get("bob").history()] == [e["output"] for e in entries]

@@ -29,10 +29,9 @@ from localpers.bench.metrics import scorable
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
-from localpers.users.history import DEFAULT_TASK, HistoryItem, normalize_text
+from localpers.users.history import DEFAULT_TASK, HistoryItem, item_date, normalize_text, oldest_first
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9_-]+")
-_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 STORE_NAME_CHARS = 32
 
 
@@ -248,10 +247,10 @@ def _user_from_record(
     if query_records is not None and not isinstance(query_records, list):
         raise InputError(f"{where} (user {user_id}): field 'queries' must be a list")
     if dev_split:
-        merged, resorted = _oldest_first([*history_records, *(query_records or [])])
+        merged, resorted = oldest_first([*history_records, *(query_records or [])])
         history_records, query_records = _dev_split(merged)
     else:
-        history_records, resorted = _oldest_first(history_records)
+        history_records, resorted = oldest_first(history_records)
     if resorted:
         repairs.resorted.append(user_id)
     if not query_records:
@@ -287,28 +286,11 @@ def _user_from_record(
             known.add(item.id)
             history.append(item)
 
-    latest = max((_date(entry) or "" for entry in history_records), default="")
-    early = sum(1 for entry in query_records if (date := _date(entry)) and latest and date < latest)
+    latest = max((item_date(entry) or "" for entry in history_records), default="")
+    early = sum(1 for entry in query_records if (date := item_date(entry)) and latest and date < latest)
     if early:
         repairs.early_queries[user_id] = early
     return BenchUser(user_id, tuple(history), tuple(queries), line_number)
-
-
-def _date(entry: Any) -> str | None:
-    """The ISO date (YYYY-MM-DD) an item's "date" field starts with, else None."""
-    value = entry.get("date") if isinstance(entry, dict) else None
-    if isinstance(value, str) and _ISO_DATE.match(value.strip()):
-        return value.strip()[:10]
-    return None
-
-
-def _oldest_first(records: list[Any]) -> tuple[list[Any], bool]:
-    """`records` sorted by date (stably) when every one is dated and they are out of order; whether it sorted."""
-    dates = [_date(entry) for entry in records]
-    if not dates or any(date is None for date in dates) or dates == sorted(dates):  # type: ignore[type-var]
-        return records, False
-    order = sorted(range(len(records)), key=lambda index: dates[index])  # type: ignore[arg-type,return-value]
-    return [records[index] for index in order], True
 
 
 def dev_query_count(n_items: int) -> int:

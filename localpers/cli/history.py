@@ -133,6 +133,7 @@ def history_import(
                 "duplicates_in_file": [asdict(d) for d in parsed.duplicates],
                 "already_in_history": [item.id for item in already],
                 "older_left_out": parsed.older_left_out,
+                "sorted_by_date": parsed.sorted_by_date,
                 "total": len(merged),
             }
         )
@@ -146,6 +147,10 @@ def history_import(
         typer.echo(
             f"... and {len(skipped_lines) - SKIPPED_LINES_SHOWN} more skipped (`--json` lists them all)",
             err=True,
+        )
+    if parsed.sorted_by_date:
+        typer.echo(
+            "the file's items were out of date order: taken oldest first by their 'date' fields", err=True
         )
     if parsed.older_left_out:
         typer.echo(

@@ -20,10 +20,10 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import read_regular_file
@@ -38,6 +38,8 @@ MAX_STORED_INPUT_CHARS = 100_000
 DEFAULT_TASK = "headline"
 ID_LENGTH = 12
 
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+T = TypeVar("T")
 _HORIZONTAL_SPACE = re.compile(r"[^\S\n]+")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
 # C0 and C1 control characters other than tab and newline (ESC starts terminal escape sequences), and
@@ -150,6 +152,7 @@ class ParsedHistory:
     items: list[HistoryItem] = field(default_factory=list)
     duplicates: list[Duplicate] = field(default_factory=list)
     older_left_out: int = 0  # unique items before the `keep_latest` last ones, not returned
+    sorted_by_date: bool = False  # every item had a "date" and the file listed them out of order
 
 
 def parse_history_file(
@@ -200,6 +203,9 @@ def parse_history(
         candidates = [(f"line {n}", r, f"{printable_name(path)}:{n}") for n, r in records]
 
     parsed = ParsedHistory()
+    # "recent" (the prompt's examples, --keep-latest, --oldest) is the order items are added: a dated file out of
+    # order is taken oldest first, as `localpers bench` reads the same format
+    candidates, parsed.sorted_by_date = oldest_first(candidates, lambda candidate: candidate[1])
     first_seen: dict[str, str] = {}
     for where, record, source in candidates:
         item = _item_from_record(path, where, record, default_task, source, strict=True)
@@ -217,6 +223,27 @@ def parse_history(
         hint=f"or import its latest with --keep-latest {MAX_HISTORY_ITEMS}",
     )
     return parsed
+
+
+def item_date(record: Any) -> str | None:
+    """The ISO date (YYYY-MM-DD) a record's "date" field starts with, else None."""
+    value = record.get("date") if isinstance(record, dict) else None
+    if isinstance(value, str) and _ISO_DATE.match(value.strip()):
+        return value.strip()[:10]
+    return None
+
+
+def oldest_first(
+    entries: list[T], record_of: Callable[[T], Any] = lambda entry: entry
+) -> tuple[list[T], bool]:
+    """`entries` sorted by their records' dates (stably) when every one is dated and they are out of order; whether
+    it sorted. An undated or partly dated list keeps its order."""
+    dates = [item_date(record_of(entry)) for entry in entries]
+    known = [date for date in dates if date is not None]
+    if not known or len(known) < len(dates) or known == sorted(known):
+        return entries, False
+    order = sorted(range(len(entries)), key=lambda index: known[index])
+    return [entries[index] for index in order], True
 
 
 def printable_name(path: Path) -> str:
