@@ -97,3 +97,15 @@ def test_doctor_and_the_engine_use_localpers_threads(backbone: Backbone) -> None
     result = runner.invoke(app, ["doctor", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"})
     assert result.exit_code == 1
     assert "LOCALPERS_THREADS='lots'" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("LOCALPERS_THREADS", "lots"), ("LOCALPERS_CPU_BUFFERS", "fast")]
+)
+def test_a_bad_environment_variable_is_a_usage_error_as_a_bad_model_path_is(
+    backbone: Backbone, variable: str, value: str
+) -> None:
+    """Exit 1 for these, 2 for LOCALPERS_MODEL: a script could not tell a usage error from a failure."""
+    result = runner.invoke(app, ["generate", "x", "--model", str(backbone.path)], env={variable: value})
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {variable}=") and result.stderr.count("\n") == 1

@@ -173,7 +173,7 @@ class Engine(Vocabulary):
         try:
             setting = cpu_buffers.setting_from_environment()
         except cpu_buffers.BufferSettingError as exc:
-            raise LocalpersError(str(exc)) from None
+            raise InputError(str(exc)) from None  # a usage error (exit 2), as a bad LOCALPERS_MODEL is
         choice = cpu_buffers.choose_buffer_types(cpu_extra_buffer_types(), setting, cpu_buffers.cpu_flags())
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0

@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Mapping, MutableMapping
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError
 
 THREADS_VARIABLE = "LOCALPERS_THREADS"
 MAX_THREADS = 512  # ggml's own limit (GGML_MAX_N_THREADS)
@@ -37,7 +37,7 @@ def default_threads(environ: Mapping[str, str] = os.environ) -> int:
     value = environ.get(THREADS_VARIABLE, "").strip()
     if value:
         if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= MAX_THREADS:
-            raise LocalpersError(
+            raise InputError(  # a usage error (exit 2), as a bad LOCALPERS_MODEL is
                 f"{THREADS_VARIABLE}={value[:40]!r} is not a number of threads: give a whole number from 1 to"
                 f" {MAX_THREADS}, or unset it to use every CPU"
             )
