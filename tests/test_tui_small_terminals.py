@@ -7,6 +7,9 @@ dialogs wider than the terminal, and the footer dropping Import at 80 columns.
 
 from __future__ import annotations
 
+import dataclasses
+
+from rich.style import Style
 from rich.text import Text
 from textual.app import App
 from tui_fakes import FakeService
@@ -199,3 +202,49 @@ def test_a_long_series_is_one_profile_line() -> None:
     lines = console.export_text().splitlines()
     series = [line for line in lines if line.startswith("series")]
     assert len(lines) == 4 and len(series) == 1 and series[0].rstrip().endswith("…")
+
+
+def contrast(foreground: object, background: object) -> float:
+    """WCAG contrast ratio of two Textual colours."""
+
+    def luminance(color: object) -> float:
+        def channel(value: int) -> float:
+            c = value / 255
+            return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+        r, g, b = color.rgb  # type: ignore[attr-defined]
+        return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+    lighter, darker = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+@async_test
+async def test_the_light_theme_keeps_status_texts_readable() -> None:
+    """The personalized panel's title (1.76:1) and the profile's refit-due line (2.11:1) were hard to read."""
+    from textual.color import Color
+
+    from localpers.tui.widgets.output_panel import OutputPanel
+    from localpers.tui.widgets.profile_panel import ProfilePanel
+
+    app = make_app(service_with(examples("ann", 4)), text=DRAFT)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_idle(pilot)
+        app.theme = "textual-light"
+        await pilot.pause(0.2)
+        background = Color.parse(app.theme_variables["background"])
+        personal = app.query_one("OutputPanel.personal", OutputPanel)
+        styles = personal.styles
+        for automatic, colour in (
+            (styles.auto_border_title_color, styles.border_title_color),
+            (styles.auto_border_subtitle_color, styles.border_subtitle_color),
+        ):
+            assert automatic or contrast(colour, background) >= 4.5  # "auto": Textual picks a contrasting one
+        panel = app.query_one(ProfilePanel)
+        assert panel.profile is not None
+        panel.profile = dataclasses.replace(panel.profile, bundle_matches=False)  # "refit due": a warning
+        await pilot.pause(0.1)
+        table = panel.content
+        status = next(cell for cell in table.columns[1].cells if "refit due" in str(cell))  # type: ignore[attr-defined]
+        colour = Style.parse(str(status.style)).color
+        assert colour is not None and contrast(Color.parse(colour.get_truecolor().hex), background) >= 4.5

@@ -1,6 +1,9 @@
-"""Text fitting for the TUI's tables: cut a string to a column's width. Knows nothing of widgets."""
+"""Text fitting for the TUI: cut a string to a column's width, and a colour that reads on a background.
+Knows nothing of widgets."""
 
 from __future__ import annotations
+
+from textual.color import Color
 
 
 def shorten(text: str, width: int) -> str:
@@ -11,3 +14,32 @@ def shorten(text: str, width: int) -> str:
 def one_line(text: str) -> str:
     """`text` with every run of whitespace (newlines included) as one space."""
     return " ".join(text.split())
+
+
+READABLE_CONTRAST = 4.5  # WCAG AA for text
+
+
+def contrast_ratio(foreground: Color, background: Color) -> float:
+    """The WCAG contrast ratio of two colours (1 to 21)."""
+
+    def luminance(color: Color) -> float:
+        def channel(value: int) -> float:
+            share = value / 255
+            return share / 12.92 if share <= 0.03928 else ((share + 0.055) / 1.055) ** 2.4
+
+        return 0.2126 * channel(color.r) + 0.7152 * channel(color.g) + 0.0722 * channel(color.b)
+
+    lighter, darker = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def readable_on(color: str, background: str) -> str:
+    """`color` (hex) darkened on a light background or lightened on a dark one until it reads at 4.5:1 there: a
+    theme's warning yellow, say, on the light theme."""
+    wanted, ground = Color.parse(color), Color.parse(background)
+    light_ground = ground.brightness > 0.5
+    for step in range(21):
+        shade = wanted.darken(step / 20) if light_ground else wanted.lighten(step / 20)
+        if contrast_ratio(shade, ground) >= READABLE_CONTRAST:
+            return shade.hex6
+    return "#000000" if light_ground else "#ffffff"

@@ -41,7 +41,7 @@ class EditAcceptScreen(ModalScreen[str | None]):
         height: 8;
     }
     EditAcceptScreen #edit-error {
-        color: $error;
+        color: $text-error;
     }
     """
 

@@ -44,7 +44,7 @@ class ImportScreen(ModalScreen[ImportSummary | None]):
         margin-bottom: 1;
     }
     ImportScreen #import-error {
-        color: $error;
+        color: $text-error;
         height: auto;
     }
     ImportScreen Horizontal {

@@ -34,15 +34,22 @@ class OutputPanel(VerticalScroll, can_focus=True):
     }
     OutputPanel.personal {
         border: round $success;
+        /* the border says "personal"; its words in $text (contrast chosen by Textual): green read at 1.8:1 on the
+           light theme */
+        border-title-color: $text;
+        border-subtitle-color: $text;
     }
     OutputPanel.personal:focus {
         border: double $accent;
     }
     OutputPanel.busy {
-        border-subtitle-color: $warning;
+        border-subtitle-color: $text;
+        border-subtitle-style: italic;
     }
     OutputPanel.failed {
-        border-subtitle-color: $error;
+        border: round $error;  /* the border shows the state; its words stay readable on either theme */
+        border-subtitle-color: $text;
+        border-subtitle-style: bold;
     }
     """
 

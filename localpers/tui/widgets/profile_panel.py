@@ -5,6 +5,7 @@ It renders a `Profile` (see `localpers.tui.userdata`) and says whether a refit i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.table import Table
@@ -12,7 +13,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from localpers.tui.text import one_line
+from localpers.tui.text import one_line, readable_on
 from localpers.tui.userdata import Profile
 
 MODE_LABELS = {
@@ -26,34 +27,45 @@ def _accuracy(value: Any) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def status_line(profile: Profile) -> Text:
-    """Whether the profile is usable as is, e.g. 'up to date' or 'refit due: history changed'."""
+@dataclass(frozen=True)
+class StatusColors:
+    """The status line's colours: Rich colour names or hex; the panel passes its theme's text colours."""
+
+    error: str = "red"
+    warning: str = "yellow"
+    success: str = "green"
+
+
+def status_line(profile: Profile, colors: StatusColors | None = None) -> Text:
+    """Whether the profile is usable as is, e.g. 'up to date' or 'refit due: history changed'; in the theme's
+    text colours when given (the named ones read poorly on a light theme)."""
+    colors = colors or StatusColors()
     if profile.problem:
-        return Text(f"damaged: {profile.problem}", style="bold red")
+        return Text(f"damaged: {profile.problem}", style=f"bold {colors.error}")
     if profile.fit_error:
         return Text(
             f"the last fit failed: {one_line(profile.fit_error)}; the fit shown is the one before (ctrl+f tries"
             " again)",
-            style="bold red",
+            style=f"bold {colors.error}",
         )
     if profile.n_history == 0:
-        return Text("no history yet: accept outputs (ctrl+s) or import a file (ctrl+o)", style="yellow")
+        return Text("no history yet: accept outputs (ctrl+s) or import a file (ctrl+o)", style=colors.warning)
     if profile.fit is None:
-        return Text("not fitted yet (ctrl+f fits)", style="yellow")
+        return Text("not fitted yet (ctrl+f fits)", style=colors.warning)
     if profile.bundle_matches is None:
         return Text("fitted (checking it against the bundle while the model loads)", style="dim")
     if not profile.bundle_matches:
-        return Text("fitted with another bundle: refit due", style="yellow")
+        return Text("fitted with another bundle: refit due", style=colors.warning)
     if profile.history_changed:
-        return Text("history changed since the fit: refit due", style="yellow")
+        return Text("history changed since the fit: refit due", style=colors.warning)
     if profile.history_unrecorded:
         return Text(
-            "fitted by an earlier localpers that did not record which items: refit due", style="yellow"
+            "fitted by an earlier localpers that did not record which items: refit due", style=colors.warning
         )
-    return Text("up to date", style="green")
+    return Text("up to date", style=colors.success)
 
 
-def profile_table(profile: Profile) -> Table:
+def profile_table(profile: Profile, colors: StatusColors | None = None) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -63,7 +75,7 @@ def profile_table(profile: Profile) -> Table:
         table.add_row(label, value if isinstance(value, Text) else Text(one_line(value)))
 
     add_row("user", profile.user)
-    add_row("status", status_line(profile))
+    add_row("status", status_line(profile, colors))
     add_row("history", f"{profile.n_history} items · {profile.n_rejected} rejected outputs kept")
     fit = profile.fit
     if fit is not None:
@@ -117,4 +129,8 @@ class ProfilePanel(Static):
                 Text("No user yet: import a history file (ctrl+o) or use the demo user.", style="dim")
             )
         else:
-            self.update(profile_table(profile))
+            theme = self.app.theme_variables
+            colors = StatusColors(
+                *(readable_on(theme[name], theme["background"]) for name in ("error", "warning", "success"))
+            )
+            self.update(profile_table(profile, colors))

@@ -87,7 +87,8 @@ class WhyView(Vertical):
         yield Static(EMPTY_HINT, id="why-summary")
         yield TokenStrip()
         yield Static(
-            "[bold on rgb(24,150,72)] pushed up [/] [italic on rgb(190,48,48)] pushed down [/] "
+            # white on the chips: the legend's muted grey read at 2.3:1 on them
+            "[bold white on rgb(24,150,72)] pushed up [/] [italic white on rgb(190,48,48)] pushed down [/] "
             "[underline]underlined[/]: the vector changed the choice",
             id="why-legend",
         )
