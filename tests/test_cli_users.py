@@ -617,3 +617,16 @@ def test_a_dated_file_out_of_order_is_imported_oldest_first(tmp_path: Path) -> N
     kept = run_json("history", "import", str(dated), "--user", "bob")
     assert kept["sorted_by_date"] is False
     assert [item.output for item in UserStore().get("bob").history()] == [e["output"] for e in entries]
+
+
+def test_history_remove_json_names_what_it_removed() -> None:
+    run("user", "create", "ann")
+    for day in range(3):
+        run("history", "add", "-i", f"article {day}", "-o", f"Headline {day}")
+    ids = [item.id for item in UserStore().get("ann").history()]
+    assert run_json("history", "remove", ids[1]) == {"user": "ann", "removed": [ids[1]], "total": 2}
+    assert run_json("history", "remove", "--oldest", "5") == {
+        "user": "ann",
+        "removed": [ids[0], ids[2]],
+        "total": 0,
+    }

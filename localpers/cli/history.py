@@ -271,13 +271,14 @@ def history_remove(
         ),
     ] = None,
     user: UserOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Remove one item from a user's history, or its N oldest with --oldest N."""
     if (item_id is None) == (oldest is None):
         raise InputError("give an item ID or --oldest N (not both)")
     target = UserStore().resolve(user)
     if oldest is not None:
-        _remove_oldest(target, oldest)
+        _remove_oldest(target, oldest, as_json)
         return
     assert item_id is not None
     wanted = item_id.strip().lower()
@@ -295,6 +296,9 @@ def history_remove(
 
     removed, remaining = remove_history_items(target, the_matching_item)
     note_saved(f"user {target.name!r} now has {items_phrase(len(remaining))}")
+    if as_json:
+        _print_removed(target, removed, remaining)
+        return
     copies = f" ({len(removed)} copies)" if len(removed) > 1 else ""
     typer.echo(
         f"removed {removed[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
@@ -302,7 +306,11 @@ def history_remove(
     typer.echo(refit_hint(target, removed=True))
 
 
-def _remove_oldest(target: User, count: int) -> None:
+def _print_removed(target: User, removed: list[HistoryItem], remaining: list[HistoryItem]) -> None:
+    print_json({"user": target.name, "removed": [item.id for item in removed], "total": len(remaining)})
+
+
+def _remove_oldest(target: User, count: int, as_json: bool = False) -> None:
     """Remove the `count` oldest items (the history lists the oldest first), then what was derived from them."""
 
     def the_oldest(items: list[HistoryItem]) -> set[str]:
@@ -312,6 +320,9 @@ def _remove_oldest(target: User, count: int) -> None:
 
     removed, remaining = remove_history_items(target, the_oldest)
     note_saved(f"user {target.name!r} now has {items_phrase(len(remaining))}")
+    if as_json:
+        _print_removed(target, removed, remaining)
+        return
     typer.echo(
         f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
         f" (the newest of them {removed[-1].id}); {items_phrase(len(remaining))} left"
