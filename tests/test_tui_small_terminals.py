@@ -248,3 +248,17 @@ async def test_the_light_theme_keeps_status_texts_readable() -> None:
         status = next(cell for cell in table.columns[1].cells if "refit due" in str(cell))  # type: ignore[attr-defined]
         colour = Style.parse(str(status.style)).color
         assert colour is not None and contrast(Color.parse(colour.get_truecolor().hex), background) >= 4.5
+
+
+@async_test
+async def test_a_wide_terminal_shows_long_user_names_whole() -> None:
+    """At 13 columns two names that share their start ("writer-alice-…-work", "…-home") looked the same."""
+    store = UserStore()
+    for name in ("writer-alice-long-name-2024-work", "writer-alice-long-name-2024-home"):
+        store.create(name).save_history(examples(name, 4))
+    store.use("writer-alice-long-name-2024-work")
+    app = make_app(FakeService(store), text=DRAFT)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_idle(pilot)
+        bar = visible_lines(app.export_screenshot())[2]
+        assert "writer-alice-long-name-2024-work" in bar and "top-k" in bar, bar

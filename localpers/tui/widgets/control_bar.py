@@ -50,6 +50,13 @@ class ControlBar(Horizontal):
     ControlBar #method {
         width: 11;
     }
+    /* what a wider terminal has to spare goes to user names (up to 32 characters): two long ones that share
+       their start looked the same at 13 columns */
+    ControlBar #user {
+        width: 1fr;
+        min-width: 13;
+        max-width: 38;
+    }
     ControlBar Stepper {
         padding: 0 0 0 1;
     }
