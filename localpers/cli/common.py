@@ -224,7 +224,10 @@ BundleOption = Annotated[
 UserOption = Annotated[
     str | None,
     typer.Option(
-        "--user", "-u", help="User name (default: the active user).", autocompletion=completion.user_names
+        "--user",
+        "-u",
+        help="The user to act on (default: the active user).",
+        autocompletion=completion.user_names,
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]

@@ -16,6 +16,7 @@ import typer
 from localpers.cli import completion
 from localpers.cli.common import (
     JsonOption,
+    UserOption,
     checked_utf8,
     counted,
     items_phrase,
@@ -44,16 +45,6 @@ history_app = typer.Typer(
     help="Manage a user's writing history (the examples rewrites show and `localpers fit` learns from).",
     no_args_is_help=True,
 )
-
-UserOption = Annotated[
-    str | None,
-    typer.Option(
-        "--user",
-        "-u",
-        help="The user to act on (default: the active user).",
-        autocompletion=completion.user_names,
-    ),
-]
 
 
 SKIPPED_LINES_SHOWN = 20  # skipped items named one per line on stderr; --json has every one
@@ -89,7 +80,10 @@ def history_import(
     task: Annotated[
         str,
         typer.Option(
-            "--task", "-t", help="Task of items that do not name one.", autocompletion=completion.task_names
+            "--task",
+            "-t",
+            help="Task of items that do not name one: headline, title, paraphrase or free.",
+            autocompletion=completion.task_names,
         ),
     ] = DEFAULT_TASK,
     keep_latest: Annotated[

@@ -24,7 +24,13 @@ def profile_command(
         typer.Option("--text", help="Also show the attributes EXACT retrieves for this text (- = stdin)."),
     ] = None,
     task: Annotated[
-        str, typer.Option("--task", "-t", help="Task of --text.", autocompletion=completion.task_names)
+        str,
+        typer.Option(
+            "--task",
+            "-t",
+            help="Task of --text: headline, title, paraphrase or free.",
+            autocompletion=completion.task_names,
+        ),
     ] = "headline",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
