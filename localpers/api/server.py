@@ -2,14 +2,14 @@
 
 `check_bind` refuses a non-loopback host unless the caller passed an explicit flag and an API key (both are
 needed: the flag says it is meant, the key keeps strangers out). `serve` runs uvicorn with its access log off
-(request lines carry no text, but nothing about requests is logged at all) until interrupted, at most
-MAX_CONNECTIONS connections at once (others get 503). uvicorn has no deadline for a request's headers, so a
-client that sends half a request holds its slot until it closes: `--allow-remote` belongs behind a proxy that
-has one.
+(request lines carry no text, but nothing about requests is logged at all) until interrupted, with two guards
+uvicorn lacks: at most MAX_CONNECTIONS connections at once (one more is answered 503 and closed as it opens), and
+a deadline of HEADER_SECONDS for a request's headers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 
@@ -56,10 +56,55 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-MAX_CONNECTIONS = (
-    32  # more at once get 503 (as `localpers serve`): open sockets stay far below a process's fds
+MAX_CONNECTIONS = 32  # connections served at once; one more is answered 503 and closed as it opens
+HEADER_SECONDS = 10.0  # a connection whose request has not fully arrived by then is closed
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 40\r\n"
+    b"connection: close\r\n\r\nlocalpers api is busy; try again shortly"
 )
-IDLE_SECONDS = 5  # a kept-alive connection with no next request is closed after this
+
+
+def _guarded_protocol() -> type:
+    """uvicorn's HTTP/1.1 protocol with two guards it lacks: a connection beyond MAX_CONNECTIONS is answered 503
+    and closed at once (uvicorn's own limit answers only complete requests, so half-sent ones held every file
+    descriptor), and one whose request headers are not complete within HEADER_SECONDS of its start (or of the
+    end of its previous response) is closed."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > MAX_CONNECTIONS:
+                transport.write(BUSY_RESPONSE)
+                transport.close()
+                return
+            self._arm_deadline()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE and self._deadline is not None:
+                self._deadline.cancel()  # the request's headers are in
+                self._deadline = None
+            elif self.conn.their_state is h11.IDLE and self._deadline is None:
+                self._arm_deadline()  # the next request on a kept-alive connection has begun to arrive
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm_deadline(self) -> None:
+            self._deadline = self.loop.call_later(HEADER_SECONDS, self._close_if_still_waiting)
+
+        def _close_if_still_waiting(self) -> None:
+            self._deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11Protocol
 
 
 def serve(app: object, host: str, port: int) -> None:
@@ -72,6 +117,6 @@ def serve(app: object, host: str, port: int) -> None:
         port=port,
         log_level="warning",
         access_log=False,
-        limit_concurrency=MAX_CONNECTIONS,
-        timeout_keep_alive=IDLE_SECONDS,
+        http=_guarded_protocol(),
+        limit_concurrency=MAX_CONNECTIONS + 1,  # the guard answers the next connection itself
     )
