@@ -655,3 +655,13 @@ def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(
     assert blank.exit_code == 2 and blank.output.strip() == (
         "error: the API key (--api-key or LOCALPERS_API_KEY) is blank; give a key, or unset it"
     )
+
+
+def test_an_answer_cut_by_the_full_context_reaches_clients_as_length() -> None:
+    """A generation stopped by the full context ("context") reached OpenAI clients as finish_reason "stop", which
+    reads as a complete answer."""
+    from localpers.api.app import FINISH_REASONS
+    from localpers.api.requests import MAX_TOKENS_LIMIT
+    from localpers.engine import CONTEXT_TOKENS
+
+    assert FINISH_REASONS["context"] == "length" and MAX_TOKENS_LIMIT == CONTEXT_TOKENS

@@ -560,10 +560,13 @@ def test_user_show_prints_the_state_files_dates_escaped() -> None:
     state["created_at"] = (
         "\x1b]0;retitled\x07\x1b[2J2025-01-01"  # an imported archive's state.json, unchecked
     )
+    state["note"] = "\x9b2J"  # a C1 control (CSI), which json.dumps keeps
     user.state_path.write_text(json.dumps(state))
     shown = runner.invoke(app, ["user", "show", "ann"])
     assert shown.exit_code == 0, shown.output
-    assert "\x1b" not in shown.stdout and "\\x1b]0;retitled\\x07" in shown.stdout
+    assert (
+        "\x1b" not in shown.stdout and "\x9b" not in shown.stdout and "\\x1b]0;retitled\\x07" in shown.stdout
+    )
 
 
 def test_a_blank_localpers_home_is_unset_and_a_relative_one_is_refused(

@@ -747,9 +747,10 @@ def test_bundle_info_prints_the_manifests_strings_escaped(bundle_dir: Path) -> N
     data["created"] = (
         "\x1b]0;retitled\x07\x1b[2J2025"  # an unsigned directory's manifest, shown before any pull
     )
+    data["data_card"] = {"source": "\x1b]0;retitled\x07src", "licence": "\x9b2J"}
     manifest.write_text(json.dumps(data))
     code, out, _ = run_cli("bundle", "info", str(bundle_dir))
-    assert code == 0 and "\x1b" not in out and "\\x1b]0;retitled\\x07" in out
+    assert code == 0 and "\x1b" not in out and "\x9b" not in out and "\\x1b]0;retitled\\x07" in out
 
 
 def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The TUI's text fitting: columns get at most their width, with an ellipsis when cut."""
 
-from localpers.tui.text import one_line, shorten
+from localpers.tui.text import flatten_whitespace, shorten
 
 
 def test_shorten_keeps_short_text_and_cuts_long_text_to_the_width() -> None:
@@ -10,4 +10,4 @@ def test_shorten_keeps_short_text_and_cuts_long_text_to_the_width() -> None:
 
 
 def test_one_line_flattens_whitespace() -> None:
-    assert one_line("a\n b\t\tc ") == "a b c"
+    assert flatten_whitespace("a\n b\t\tc ") == "a b c"

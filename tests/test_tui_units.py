@@ -180,11 +180,12 @@ def test_profile_panel_shows_an_imported_fit_report_as_plain_text() -> None:
 
     user = UserStore().create("ann")
     accept_output(user, "headline", "a storm", "Storm Shuts Road")
-    report = {"mode": "[bold]x[/bold]", "n_items": 1}  # an archive's state.json is imported as it is
+    report = {"mode": "[bold]x[/bold]\x1b]0;retitled\x07", "n_items": 1}  # an archive's state.json, as it is
     user.save_fit(np.ones(4, np.float32), {"cluster": 0, "bundle_sha256": "sha", "fit": report})
     console = Console(width=120, record=True)
     console.print(profile_table(load_profile(user, "sha")))
-    assert "[bold]x[/bold]" in console.export_text()
+    shown = console.export_text()
+    assert "[bold]x[/bold]\\x1b]0;retitled\\x07" in shown and "\x1b" not in shown
 
 
 def test_damaged_state_becomes_a_problem_not_a_crash() -> None:

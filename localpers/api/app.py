@@ -36,7 +36,12 @@ from localpers.untrusted import JSONProblem, parse_json, unencodable_field
 # A request is a prompt of at most the context's few thousand tokens: 4 MB is far beyond any real one, and keeps
 # a client from making the server hold gigabytes (it read whole bodies before this limit).
 MAX_BODY_BYTES = 4 << 20
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+FINISH_REASONS = {
+    "eos": "stop",
+    "stop": "stop",
+    "length": "length",
+    "context": "length",
+}  # cut short: "length"
 _DONE = object()
 
 

@@ -16,6 +16,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from localpers.engine import CONTEXT_TOKENS
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import MAX_STRENGTH
@@ -25,7 +26,7 @@ from localpers.tasks import TASKS
 
 MODEL_PREFIX = "localpers"
 METHODS = method_names()  # what `method` may name: the registry's methods
-MAX_TOKENS_LIMIT = 2048
+MAX_TOKENS_LIMIT = CONTEXT_TOKENS  # the prompt and the output share the context
 MAX_STOP_STRINGS = 4
 MAX_CORRECTION_TOP_K = 1_000_000
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -276,21 +276,23 @@ def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> No
         typer.echo(json.dumps(report, indent=2))
         return
     backbone = report["backbone"] or {}
-    typer.echo(f"bundle        {report['directory']} ({report['origin']}, format {report['format_version']})")
-    # the manifest's own strings are shown escaped: an unsigned bundle's could move the cursor or retitle the window
+    # every manifest value is shown escaped: an unsigned bundle's could move the cursor or retitle the window
+    typer.echo(
+        f"bundle        {report['directory']} ({report['origin']}, format {_shown(report['format_version'])})"
+    )
     typer.echo(f"created       {_shown(report['created'])}")
     typer.echo(f"backbone      {_shown(backbone.get('name'))} sha256 {_shown(backbone.get('sha256'))}")
     typer.echo(f"encoder       {_shown(report['encoder'])}   task {_shown(report['task'])}")
-    typer.echo(f"clusters      k={report['k']} sizes={report['cluster_sizes']}")
-    typer.echo(f"adapters      {', '.join(report['adapters']) or 'none'}")
+    typer.echo(f"clusters      k={_shown(report['k'])} sizes={_shown(report['cluster_sizes'])}")
+    typer.echo(f"adapters      {_shown(', '.join(report['adapters']) or 'none')}")
     typer.echo(
         f"files         {report['files']} ({_megabytes(report['bytes'])}), all sizes and sha256 verified"
     )
     card = report["data_card"] or {}
     if card:
         typer.echo(
-            f"data          {card.get('source', '?')} ({card.get('licence', '?')}),"
-            f" {card.get('users', '?')} users, {card.get('items', '?')} items"
+            f"data          {_shown(card.get('source'))} ({_shown(card.get('licence'))}),"
+            f" {_shown(card.get('users'))} users, {_shown(card.get('items'))} items"
         )
 
 

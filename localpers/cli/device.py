@@ -250,6 +250,11 @@ def rewrite_command(
             note=note,
         ),
     )
+    if payload.get("stop_reason") == "context":
+        note(
+            f"the output stops where the model's {CONTEXT_TOKENS}-token context is full (the prompt had"
+            f" {payload.get('prompt_tokens')}); give a shorter text for a longer output"
+        )
     if as_json:
         print_json({**payload, "notes": notes} if notes else payload, indent=None)
         return

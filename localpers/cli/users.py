@@ -193,7 +193,9 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
             lines.append((key.replace("_at", ""), one_line(state[key], 64)))
     for key, value in state.items():
         if key not in _SHOWN_STATE_KEYS | _SUMMARISED_STATE_KEYS:
-            text = json.dumps(value, ensure_ascii=False)
+            text = one_line(
+                json.dumps(value, ensure_ascii=False)
+            )  # C1 controls (U+009B: CSI) pass json.dumps
             if len(text) > _LONGEST_OTHER_VALUE:
                 text = text[: _LONGEST_OTHER_VALUE - 1] + "…"
             lines.append((key, text))

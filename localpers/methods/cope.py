@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from localpers.engine import Engine
+from localpers.engine import CONTEXT_TOKENS, Engine
 from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import InputError, LocalpersError
@@ -307,7 +307,7 @@ class CopeDecoder:
     """The user model and the base model in two contexts of the same backbone, ready to decode one user."""
 
     def __init__(
-        self, backbone: Path, user_adapter: Path, base_adapter: Path | None, *, n_ctx: int = 1024
+        self, backbone: Path, user_adapter: Path, base_adapter: Path | None, *, n_ctx: int = CONTEXT_TOKENS
     ) -> None:
         self.user = Engine(backbone, n_ctx=n_ctx, tap_layers=None)
         self.base = Engine(backbone, n_ctx=n_ctx, tap_layers=None)

@@ -59,7 +59,7 @@ class RewriteResult:
     ms_per_token: float
     total_ms: float
     steps: list[RewriteStep] = field(default_factory=list)
-    stop_reason: str = "length"  # "eos", "stop" or "length"
+    stop_reason: str = "length"  # "eos", "stop", "length", or "context": the context was full
     prompt_tokens: int = 0
     repeated_word_penalty: float = (
         0.0  # the word rule's nats this rewrite decoded with (the task's default or set)

@@ -48,7 +48,7 @@ def shard_resources(context: PublishContext) -> Resources:
 
 def cluster_engine(context: PublishContext, *, taps: bool) -> Any:
     """This process's llama.cpp engine with every exported adapter loaded (`global`, `cluster-<c>`)."""
-    from localpers.engine import Engine
+    from localpers.engine import CONTEXT_TOKENS, Engine
 
     key = (str(context.backbone_path), context.options.engine_threads, taps, context.keys.get("export"))
     if key not in _engines:
@@ -56,7 +56,9 @@ def cluster_engine(context: PublishContext, *, taps: bool) -> Any:
             old.close()
         _engines.clear()
         kwargs: dict[str, Any] = {} if taps else {"tap_layers": None}
-        engine = Engine(context.backbone_path, n_ctx=1024, n_threads=context.options.engine_threads, **kwargs)
+        engine = Engine(
+            context.backbone_path, n_ctx=CONTEXT_TOKENS, n_threads=context.options.engine_threads, **kwargs
+        )
         adapters = context.stage_dir("export")
         engine.load_adapter(adapters / "global.gguf", "global")
         for c in range(context.summary("clusters")["k"]):

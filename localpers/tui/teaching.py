@@ -21,7 +21,7 @@ from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.service import EngineInfo
-from localpers.tui.text import one_line, shorten
+from localpers.tui.text import flatten_whitespace, shorten
 from localpers.tui.userdata import Profile, accept_output, reject_output, remove_history_item
 from localpers.tui.widgets.history_panel import HistoryPanel
 from localpers.users.store import User, UserStore
@@ -140,7 +140,9 @@ class TeachingMixin:
             self.schedule_refit()
 
         shown = next((item for item in self.main.history_panel.items if item.id == item_id), None)
-        what = f"{item_id} ({one_line(shorten(shown.output, 80))!r})" if shown is not None else item_id
+        what = (
+            f"{item_id} ({flatten_whitespace(shorten(shown.output, 80))!r})" if shown is not None else item_id
+        )
         self.push_screen(ConfirmScreen(f"Remove history item {what} and refit?"), remove)
 
     def action_import_history(self) -> None:

@@ -11,7 +11,7 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def one_line(text: str) -> str:
+def flatten_whitespace(text: str) -> str:
     """`text` with every run of whitespace (newlines included) as one space."""
     return " ".join(text.split())
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from localpers.bundle.format import Bundle, open_bundle, reading_bundle, sha256_of_file
-from localpers.engine import Engine
+from localpers.engine import CONTEXT_TOKENS, Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
 from localpers.engine.decoding import GREEDY, SamplerSettings
 from localpers.engine.generation import GenerationResult
@@ -62,7 +62,7 @@ class Personalizer:
     """Backbone + bundle (adapters, head, centroids) ready to fit users and rewrite for them."""
 
     def __init__(
-        self, bundle: Bundle, backbone: Backbone, *, n_ctx: int = 1024, n_threads: int | None = None
+        self, bundle: Bundle, backbone: Backbone, *, n_ctx: int = CONTEXT_TOKENS, n_threads: int | None = None
     ) -> None:
         manifest = bundle.manifest
         if "head" not in manifest:

@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from localpers.tasks import TASKS
-from localpers.tui.text import one_line, shorten
+from localpers.tui.text import flatten_whitespace, shorten
 from localpers.users.history import HistoryItem
 
 
@@ -88,8 +88,10 @@ class HistoryPanel(Vertical):
             table.add_row(
                 item.id,
                 item.task,
-                shorten(one_line(item.output), 60),
-                shorten(one_line(TASKS[item.task].content(item.input)), 70),  # without the instruction
+                shorten(flatten_whitespace(item.output), 60),
+                shorten(
+                    flatten_whitespace(TASKS[item.task].content(item.input)), 70
+                ),  # without the instruction
                 key=item.id,
             )
         count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"

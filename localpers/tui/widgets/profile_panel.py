@@ -13,8 +13,9 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from localpers.tui.text import one_line, readable_on
+from localpers.tui.text import flatten_whitespace, readable_on
 from localpers.tui.userdata import Profile
+from localpers.untrusted import one_line as escaped
 
 MODE_LABELS = {
     "vector": "own vector (fitted on your pairs)",
@@ -44,7 +45,7 @@ def status_line(profile: Profile, colors: StatusColors | None = None) -> Text:
         return Text(f"damaged: {profile.problem}", style=f"bold {colors.error}")
     if profile.fit_error:
         return Text(
-            f"the last fit failed: {one_line(profile.fit_error)}; the fit shown is the one before (ctrl+f tries"
+            f"the last fit failed: {flatten_whitespace(profile.fit_error)}; the fit shown is the one before (ctrl+f tries"
             " again)",
             style=f"bold {colors.error}",
         )
@@ -71,8 +72,9 @@ def profile_table(profile: Profile, colors: StatusColors | None = None) -> Table
     table.add_column()
 
     def add_row(label: str, value: str | Text) -> None:
-        # plain text: what a state.json from an imported archive holds is shown, never read as markup
-        table.add_row(label, value if isinstance(value, Text) else Text(one_line(value)))
+        # plain text, control characters escaped: what a state.json from an imported archive holds is shown, never
+        # read as markup or sent to the terminal
+        table.add_row(label, value if isinstance(value, Text) else Text(escaped(flatten_whitespace(value))))
 
     add_row("user", profile.user)
     add_row("status", status_line(profile, colors))
@@ -106,7 +108,9 @@ def profile_table(profile: Profile, colors: StatusColors | None = None) -> Table
         if profile.fitted_at:
             add_row("fitted at", profile.fitted_at)
     for size, latest in profile.series:
-        series = f"{size} alike, the latest: {one_line(latest)}"  # one line: the other rows stay in view
+        series = (
+            f"{size} alike, the latest: {flatten_whitespace(latest)}"  # one line: the other rows stay in view
+        )
         add_row("series", Text(series, no_wrap=True, overflow="ellipsis"))
     return table
 

@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from localpers.methods.reports import RewriteResult
-from localpers.tui.text import one_line
+from localpers.tui.text import flatten_whitespace
 from localpers.tui.widgets.candidate_table import CandidateTable
 from localpers.tui.widgets.token_strip import TokenStrip, choice_changed, visible_piece
 from localpers.users.history_prompt import ShownExample
@@ -50,7 +50,7 @@ def shown_text(examples: list[ShownExample]) -> Text:
     for example in examples:
         why = WHY_SHOWN.get(example.why, example.why) + (", with its text" if example.described else "")
         text.append(f"\n  {why:<22} ", style="dim")
-        text.append(one_line(example.output))
+        text.append(flatten_whitespace(example.output))
     return text
 
 
