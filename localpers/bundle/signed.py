@@ -208,7 +208,8 @@ class SignedSource:
         role = found.group(1) if found else "metadata"
         where = f"{self.base}{METADATA_DIR}/root.json" if role == "root" else self._failed_file(where)
         now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        mend = {"root": " --root", "timestamp": "", "metadata": ""}.get(role, " --all")
+        # a root left to expire has usually outlived the others too
+        mend = {"root": " --root --all", "timestamp": "", "metadata": ""}.get(role, " --all")
         return (
             f"{where}: the repository's signed {role} metadata has expired by this device's clock ({now}); if"
             " that clock is wrong, set it right and pull again; if not, the repository is stale or frozen by an"

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from localpers.cli.common import one_line_errors, print_json
+from localpers.cli.expiry import expiry_report
 from localpers.cli.numbers import float_option
 from localpers.engine.adapters import DEFAULT_TARGETS
 from localpers.engine.threads import MAX_THREADS
@@ -256,6 +257,8 @@ def publish_command(
         result["repository"] = {"path": str(repo), "targets_version": add_bundle(repo, out, keys)}
     if as_json:
         print_json(result, indent=2, default=str)
+        if "repository" in result:
+            expiry_report(repo, dates=False)  # type: ignore[arg-type]
         return
     typer.echo(f"bundle stages done: {', '.join(result['stages'])}")
     for stage, seconds in result["stage_seconds"].items():
@@ -265,6 +268,8 @@ def publish_command(
         typer.echo(f"wrote {out} ({len(bundle['files'])} files, {bundle['bytes'] / 1e6:.1f} MB)")
     if "repository" in result:
         typer.echo(f"signed into {repo} (targets version {result['repository']['targets_version']})")
+    if repo is not None and "repository" in result:
+        expiry_report(repo)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,13 +8,14 @@ The work is in `localpers.bundle.repository`; nothing here opens a network conne
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from localpers.cli.common import JsonOption, ModelOption, print_json
+from localpers.cli.expiry import expiry_report
+from localpers.errors import InputError
 
 repo_app = typer.Typer(
     help="Publish bundles as a signed (TUF) repository of static files: keys, sign, re-sign.",
@@ -27,7 +28,6 @@ KeysOption = Annotated[
     typer.Option("--keys", help="Directory of the publisher's private keys (never inside the repository)."),
 ]
 MAX_DAYS = 36_500  # a century: any longer and an expiry date would soon run past what the format can write
-RENEW_ROOT_WITHIN_DAYS = 30  # refresh, add and add-backbone warn when the root expires sooner than this
 
 
 def _days_option(what: str) -> Any:
@@ -43,25 +43,6 @@ RefreshDaysOption = _days_option(
 
 def _expiry(days: int | None, *roles: str) -> dict[str, int] | None:
     return {role: days for role in roles} if days else None
-
-
-def _expiry_report(repo: Path) -> None:
-    """Print when each role's metadata expires, and warn when the root needs renewing soon."""
-    from localpers.bundle.repository import expiry_dates
-
-    dates = expiry_dates(repo)
-    typer.echo("expires (UTC): " + ", ".join(f"{role} {date:%Y-%m-%d %H:%M}" for role, date in dates.items()))
-    left = dates["root"] - datetime.now(UTC)
-    if left < timedelta(days=RENEW_ROOT_WITHIN_DAYS):
-        renew = f"`localpers repo refresh {repo} --keys KEYS --root` (needs root.key)"
-        typer.echo(
-            f"warning: the root of {repo} has expired: devices refuse the repository until it is renewed with"
-            f" {renew}"
-            if left <= timedelta(0)
-            else f"warning: the root of {repo} expires in {left.days} days, and devices then refuse the"
-            f" repository: renew it before with {renew}",
-            err=True,
-        )
 
 
 def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four private keys.")]) -> None:
@@ -83,7 +64,7 @@ def init(
 
     fingerprint = init_repository(repo, keys, _expiry(days, "root"))
     typer.echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
-    _expiry_report(repo)
+    expiry_report(repo)
 
 
 def add(
@@ -115,7 +96,7 @@ def add(
         )
     version = add_bundle(repo, bundle, keys, _expiry(days, "targets"))
     typer.echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
-    _expiry_report(repo)
+    expiry_report(repo)
 
 
 def add_backbone(
@@ -131,7 +112,7 @@ def add_backbone(
     backbone = resolve_backbone(model)
     add_file_target(repo, f"{BACKBONE_PREFIX}{backbone.sha256}.gguf", backbone.path, keys)
     typer.echo(f"published backbone {backbone.path.name} (sha256 {backbone.sha256}) in {repo}")
-    _expiry_report(repo)
+    expiry_report(repo)
 
 
 def refresh(
@@ -149,24 +130,37 @@ def refresh(
             " expires (365 days by default), or devices refuse the repository.",
         ),
     ] = False,
+    root_days: Annotated[
+        int | None,
+        typer.Option(
+            "--root-days", min=1, max=MAX_DAYS, help="Days until the renewed root expires (365 by default)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Re-sign the timestamp with a new expiry date (run it before the timestamp expires, default 7 days)."""
     from localpers.bundle.repository import expiry_dates
     from localpers.bundle.repository import refresh as refresh_repository
 
+    if root_days is not None and not root:
+        raise InputError("--root-days sets the renewed root's expiry: give it with --root")
     versions = refresh_repository(
-        repo, keys, _expiry(days, "timestamp", "snapshot", "targets"), everything=everything, root=root
+        repo,
+        keys,
+        {**(_expiry(days, "timestamp", "snapshot", "targets") or {}), **(_expiry(root_days, "root") or {})},
+        everything=everything,
+        root=root,
     )
     if as_json:
         expires = {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
         print_json({**versions, "expires": expires})
+        expiry_report(repo, dates=False)  # the root's warning still reaches a cron job's mail, on stderr
         return
     signed = "targets, snapshot and timestamp" if everything else "the timestamp"
     signed = f"the root, {signed}" if root else signed
     versions_text = ", ".join(f"{role} {version}" for role, version in versions.items())
     typer.echo(f"re-signed {signed} of {repo} with new expiry dates; versions now: {versions_text}")
-    _expiry_report(repo)
+    expiry_report(repo)
 
 
 def rotate(
@@ -183,6 +177,7 @@ def rotate(
     typer.echo(
         f"root version {version} now trusts only the keys in {new_keys}; devices follow on their next pull"
     )
+    expiry_report(repo)
 
 
 def fingerprint(repo: RepoArgument) -> None:

@@ -1,0 +1,37 @@
+"""What every command that signs a repository says afterwards: when each role's metadata expires, and a warning
+in the root's last RENEW_ROOT_WITHIN_DAYS days (devices refuse the whole repository once it has expired).
+
+It only reads the repository's metadata; the signing is in `localpers.bundle.repository`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import typer
+
+RENEW_ROOT_WITHIN_DAYS = 30
+
+
+def expiry_report(repo: Path, *, dates: bool = True) -> None:
+    """Print each role's expiry date on stdout (unless `dates` is False: a `--json` command prints its own), and
+    the root's warning on stderr whenever it is due."""
+    from localpers.bundle.repository import expiry_dates
+
+    expires = expiry_dates(repo)
+    if dates:
+        typer.echo(
+            "expires (UTC): " + ", ".join(f"{role} {date:%Y-%m-%d %H:%M}" for role, date in expires.items())
+        )
+    left = expires["root"] - datetime.now(UTC)
+    if left >= timedelta(days=RENEW_ROOT_WITHIN_DAYS):
+        return
+    renew = f"`localpers repo refresh {repo} --keys KEYS --root` (needs root.key)"
+    typer.echo(
+        f"warning: the root of {repo} has expired: devices refuse the repository until it is renewed with {renew}"
+        if left <= timedelta(0)
+        else f"warning: the root of {repo} expires in {left.days} days, and devices then refuse the repository:"
+        f" renew it before with {renew}",
+        err=True,
+    )
