@@ -278,3 +278,19 @@ def test_one_line_keeps_the_joiners_of_ordinary_writing() -> None:
     assert (
         one_line("a\nb\x1b[31m\u202eevil") == "a\\nb\\x1b[31m\\u202eevil"
     )  # breaks and bidi overrides still
+
+
+def test_a_dated_file_is_ordered_by_its_times_too_and_impossible_dates_count_as_none() -> None:
+    from localpers.users.history import oldest_first
+
+    newest_first = [{"date": d} for d in ("2024-01-02T18:00Z", "2024-01-02T09:00Z", "2024-01-01T20:00+00:00")]
+    ordered, moved = oldest_first(newest_first)
+    assert moved and [entry["date"][:16] for entry in ordered] == [
+        "2024-01-01T20:00",
+        "2024-01-02T09:00",
+        "2024-01-02T18:00",
+    ]
+    zoned = [{"date": "2024-01-02T09:00+05:00"}, {"date": "2024-01-02T05:00Z"}]  # 04:00 and 05:00 UTC
+    assert oldest_first(zoned) == (zoned, False)
+    impossible = [{"date": "2024-02-01"}, {"date": "2024-13-45"}]
+    assert oldest_first(impossible) == (impossible, False)

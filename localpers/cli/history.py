@@ -92,7 +92,8 @@ def history_import(
             "--keep-latest",
             min=1,
             max=MAX_HISTORY_ITEMS,
-            help="Import only the file's N latest items (its last ones, duplicates skipped; older ones are left out).",
+            help="Import only the file's N latest items (its last ones, or the newest by date when every item has"
+            " one; duplicates skipped; older ones are left out).",
         ),
     ] = None,
     as_json: JsonOption = False,

@@ -22,6 +22,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -172,8 +173,9 @@ def parse_history(
 ) -> ParsedHistory:
     """Like `parse_history_file`, also returning the duplicates that were skipped.
 
-    `keep_latest` keeps only the file's last that many unique items (a file lists the oldest first, as a history
-    does), so a longer archive can be imported without editing it; every line is still validated. `data` is the
+    Items are taken in the file's order (the oldest first, as a history lists them), or by their "date" fields
+    when every item has one and the file lists them otherwise (`sorted_by_date`). `keep_latest` keeps only the last
+    that many unique items in that order, so a longer archive can be imported without editing it; every line is still validated. `data` is the
     file's content when it was read elsewhere (standard input); `path` then only names it in messages.
     """
     path = Path(path)
@@ -233,14 +235,30 @@ def item_date(record: Any) -> str | None:
     return None
 
 
+def item_time(record: Any) -> datetime | None:
+    """When a record's "date" field says it was written (UTC; a date alone is its midnight, a time without a zone is
+    read as UTC), else None."""
+    day = item_date(record)
+    if day is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(record["date"].strip())
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(day)
+        except ValueError:  # 2024-13-45
+            return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def oldest_first(
     entries: list[T], record_of: Callable[[T], Any] = lambda entry: entry
 ) -> tuple[list[T], bool]:
-    """`entries` sorted by their records' dates (stably) when every one is dated and they are out of order; whether
-    it sorted. An undated or partly dated list keeps its order."""
-    dates = [item_date(record_of(entry)) for entry in entries]
-    known = [date for date in dates if date is not None]
-    if not known or len(known) < len(dates) or known == sorted(known):
+    """`entries` sorted by their records' dates and times (stably) when every one is dated and they are out of
+    order; whether it sorted. An undated or partly dated list keeps its order."""
+    times = [item_time(record_of(entry)) for entry in entries]
+    known = [moment for moment in times if moment is not None]
+    if not known or len(known) < len(times) or known == sorted(known):
         return entries, False
     order = sorted(range(len(entries)), key=lambda index: known[index])
     return [entries[index] for index in order], True
