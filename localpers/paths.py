@@ -11,7 +11,7 @@ from pathlib import Path
 
 import platformdirs
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 APP_NAME = "localpers"
 
@@ -24,7 +24,7 @@ def _root_override() -> Path | None:
         return None
     root = Path(value).expanduser()
     if not root.is_absolute():
-        raise LocalpersError(
+        raise InputError(  # a usage error (exit 2), as other bad environment variables are
             f"LOCALPERS_HOME={value} is a relative path, which would name another folder wherever a command runs;"
             f" give an absolute one (e.g. {Path.cwd() / root})"
         )

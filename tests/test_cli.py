@@ -378,6 +378,9 @@ def complete(words: str, home: Path) -> list[str]:
 def test_the_shell_completes_commands_users_methods_and_tasks_without_writing(tmp_path: Path) -> None:
     home = tmp_path / "home"
     assert complete("localpers rew", home) == ["rewrite"]
+    assert not any(
+        word.startswith("0.") for word in complete("localpers --version ", home)
+    )  # no version printed
     assert complete("localpers user use ", home) == []
     assert not home.exists()  # completing reads: no folder is made for it
     assert runner.invoke(app, ["user", "create", "ann"]).exit_code == 0

@@ -581,7 +581,7 @@ def test_a_blank_localpers_home_is_unset_and_a_relative_one_is_refused(
     run("user", "list")
     assert not (tmp_path / " ").exists() and (tmp_path / "xdg" / "localpers").is_dir()
     monkeypatch.setenv("LOCALPERS_HOME", "rel home")
-    result = run("user", "list", code=1)
+    result = run("user", "list", code=2)
     assert_one_line_error(result, "LOCALPERS_HOME=rel home is a relative path")
     assert f"give an absolute one (e.g. {tmp_path / 'rel home'})" in result.stderr
     assert not (tmp_path / "rel home").exists()

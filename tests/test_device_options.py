@@ -232,3 +232,11 @@ def test_a_text_too_long_for_its_task_is_refused_before_the_model_loads(
     result = runner.invoke(app, ["rewrite", "word " * 400, "--task", "paraphrase", "--method", "global"])
     assert result.exit_code == 2, result.output
     assert "the paraphrase task takes at most 1,000" in result.stderr
+
+
+def test_a_missing_adapter_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    """`--adapter=~/x.gguf` was not expanded and failed only after the model had loaded."""
+    result = runner.invoke(
+        app, ["generate", "x", f"--adapter={tmp_path}/nope.gguf", "--model", "/nonexistent"]
+    )
+    assert result.exit_code == 2 and "--adapter" in result.stderr and "no such file" in result.stderr

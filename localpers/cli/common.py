@@ -193,8 +193,8 @@ def checked_utf8(text: str, what: str) -> str:
     return text
 
 
-def _version_callback(value: bool) -> None:
-    if value:
+def _version_callback(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:  # completing `localpers --version <TAB>` must not print it
         typer.echo(f"localpers {__version__}")
         raise typer.Exit()
 

@@ -6,7 +6,8 @@ It runs the backbone (optionally with one adapter and llama.cpp's sampler settin
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -33,9 +34,7 @@ from localpers.cli.sampling import (
     sampler_settings,
 )
 from localpers.engine import CONTEXT_TOKENS
-
-if TYPE_CHECKING:
-    pass
+from localpers.errors import InputError
 
 
 def generate(
@@ -65,7 +64,7 @@ def generate(
     seed: SeedOption = None,
     grammar: GrammarOption = None,
     adapter: Annotated[
-        str | None, typer.Option(help="A GGUF LoRA adapter file to apply to the backbone.")
+        Path | None, typer.Option(help="A GGUF LoRA adapter file to apply to the backbone.")
     ] = None,
     model: ModelOption = None,
     as_json: JsonOption = False,
@@ -90,6 +89,8 @@ def generate(
         grammar=grammar,
         repeated_word_penalty=repeated_word_penalty,
     ).for_task(chosen_task.repeated_word_penalty)
+    if adapter is not None and not adapter.is_file():  # told before the model loads
+        raise InputError(f"--adapter {adapter}: no such file; give a GGUF LoRA adapter file")
     backbone = resolve_backbone(model)
     engine = Engine(backbone.path, tap_layers=None)
     if adapter:
