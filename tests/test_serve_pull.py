@@ -757,27 +757,38 @@ def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None
     """They were the local time with no zone, where every other time localpers prints is UTC."""
     import os
     import re
+    import select
     import subprocess
     import sys
+    import time
     import urllib.request
     from datetime import UTC, datetime
 
     from localpers.bundle.format import embedded_bundle_dir
 
     env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home"), "TZ": "Asia/Kolkata"}  # UTC+05:30
+    if not hasattr(time, "tzset"):
+        pytest.skip("no TZ support")
     serving = subprocess.Popen(
         [sys.executable, "-m", "localpers.cli", "serve", str(embedded_bundle_dir()), "--port", "0"],
         env=env,
         text=True,
         stderr=subprocess.PIPE,
     )
-    try:
+
+    def next_line(timeout: float = 60) -> str:
+        """The server's next line of stderr; fails rather than hang when none comes."""
         assert serving.stderr is not None
-        started = serving.stderr.readline()
+        ready, _, _ = select.select([serving.stderr], [], [], timeout)
+        assert ready, "the server printed nothing"
+        return serving.stderr.readline()
+
+    try:
+        started = next_line()
         url = re.search(r"at (http://\S+)", started)
         assert url, started
         urllib.request.urlopen(url.group(1).rstrip("/") + "/manifest.json", timeout=30).read()
-        logged = serving.stderr.readline()
+        logged = next_line()
     finally:
         serving.terminate()
         serving.communicate(timeout=60)
