@@ -613,16 +613,17 @@ def test_half_sent_requests_neither_take_every_file_descriptor_nor_hold_their_pl
             except urllib.error.URLError:
                 assert time.monotonic() < deadline, "the server did not start"
                 time.sleep(0.05)
-        for _ in range(300):  # each sends half a request and waits
-            connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+        for _ in range(300):  # each sends half a request and waits (a full queue makes connecting wait too)
+            connection = socket.create_connection(("127.0.0.1", port), timeout=30)
             connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
             held.append(connection)
-        with pytest.raises(urllib.error.HTTPError) as refused:  # answered at once, not a timeout
-            urllib.request.urlopen(url, timeout=5)
-        assert refused.value.code == 503
-        time.sleep(3.0)  # past HEADER_SECONDS: the half-sent requests are closed by the server
-        assert held[0].recv(100) == b""  # within the limit: closed when its headers did not come
-        assert held[-1].recv(100).startswith(b"HTTP/1.1 503")  # beyond it: answered as it opened
+        try:  # answered at once: busy, or served where a place has come free; never left waiting
+            assert urllib.request.urlopen(url, timeout=5).read() == b"ok"
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 503
+        time.sleep(3.0)  # past HEADER_SECONDS: no half-sent request still holds a place
+        answers = {connection.recv(100)[:12] for connection in held}
+        assert answers <= {b"", b"HTTP/1.1 503"} and b"HTTP/1.1 503" in answers, answers
         assert urllib.request.urlopen(url, timeout=5).read() == b"ok"  # the places came back
     finally:
         for connection in held:

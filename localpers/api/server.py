@@ -3,8 +3,9 @@
 `check_bind` refuses a non-loopback host unless the caller passed an explicit flag and an API key (both are
 needed: the flag says it is meant, the key keeps strangers out). `serve` runs uvicorn with its access log off
 (request lines carry no text, but nothing about requests is logged at all) until interrupted, with two guards
-uvicorn lacks: at most MAX_CONNECTIONS connections at once (one more is answered 503 and closed as it opens), and
-a deadline of HEADER_SECONDS for a request's headers.
+uvicorn lacks: at most MAX_CONNECTIONS connections at once (one more is answered 503 and closed as it opens; the
+accept queue is as short, so a burst cannot take every file descriptor before the guard sees it), and a deadline of
+HEADER_SECONDS for a request's headers.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def check_port_free(host: str, port: int) -> None:
 
 MAX_CONNECTIONS = 32  # connections served at once; one more is answered 503 and closed as it opens
 HEADER_SECONDS = 10.0  # a connection whose request has not fully arrived by then is closed
+ACCEPT_BACKLOG = MAX_CONNECTIONS  # connections the kernel queues, and asyncio accepts in one go
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 40\r\n"
     b"connection: close\r\n\r\nlocalpers api is busy; try again shortly"
@@ -119,4 +121,7 @@ def serve(app: object, host: str, port: int) -> None:
         access_log=False,
         http=_guarded_protocol(),
         limit_concurrency=MAX_CONNECTIONS + 1,  # the guard answers the next connection itself
+        # asyncio accepts up to `backlog` waiting connections at once, before the guard sees any: uvicorn's 2048
+        # let a burst take every file descriptor
+        backlog=ACCEPT_BACKLOG,
     )
