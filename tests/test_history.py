@@ -281,7 +281,7 @@ def test_one_line_keeps_the_joiners_of_ordinary_writing() -> None:
 
 
 def test_a_dated_file_is_ordered_by_its_times_too_and_impossible_dates_count_as_none() -> None:
-    from localpers.users.history import oldest_first
+    from localpers.users.dates import oldest_first
 
     newest_first = [{"date": d} for d in ("2024-01-02T18:00Z", "2024-01-02T09:00Z", "2024-01-01T20:00+00:00")]
     ordered, moved = oldest_first(newest_first)

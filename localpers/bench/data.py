@@ -29,7 +29,8 @@ from localpers.bench.metrics import scorable
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
-from localpers.users.history import DEFAULT_TASK, HistoryItem, item_date, normalize_text, oldest_first
+from localpers.users.dates import item_date, oldest_first
+from localpers.users.history import DEFAULT_TASK, HistoryItem, normalize_text
 
 _UNSAFE_NAME = re.compile(r"[^a-z0-9_-]+")
 STORE_NAME_CHARS = 32

@@ -20,16 +20,16 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import read_regular_file
 from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
+from localpers.users.dates import oldest_first
 
 MAX_HISTORY_ITEMS = 500
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
@@ -39,8 +39,6 @@ MAX_STORED_INPUT_CHARS = 100_000
 DEFAULT_TASK = "headline"
 ID_LENGTH = 12
 
-_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-T = TypeVar("T")
 _HORIZONTAL_SPACE = re.compile(r"[^\S\n]+")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
 # C0 and C1 control characters other than tab and newline (ESC starts terminal escape sequences), and
@@ -225,43 +223,6 @@ def parse_history(
         hint=f"or import its latest with --keep-latest {MAX_HISTORY_ITEMS}",
     )
     return parsed
-
-
-def item_date(record: Any) -> str | None:
-    """The ISO date (YYYY-MM-DD) a record's "date" field starts with, else None."""
-    value = record.get("date") if isinstance(record, dict) else None
-    if isinstance(value, str) and _ISO_DATE.match(value.strip()):
-        return value.strip()[:10]
-    return None
-
-
-def item_time(record: Any) -> datetime | None:
-    """When a record's "date" field says it was written (UTC; a date alone is its midnight, a time without a zone is
-    read as UTC), else None."""
-    day = item_date(record)
-    if day is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(record["date"].strip())
-    except ValueError:
-        try:
-            moment = datetime.fromisoformat(day)
-        except ValueError:  # 2024-13-45
-            return None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def oldest_first(
-    entries: list[T], record_of: Callable[[T], Any] = lambda entry: entry
-) -> tuple[list[T], bool]:
-    """`entries` sorted by their records' dates and times (stably) when every one is dated and they are out of
-    order; whether it sorted. An undated or partly dated list keeps its order."""
-    times = [item_time(record_of(entry)) for entry in entries]
-    known = [moment for moment in times if moment is not None]
-    if not known or len(known) < len(times) or known == sorted(known):
-        return entries, False
-    order = sorted(range(len(entries)), key=lambda index: known[index])
-    return [entries[index] for index in order], True
 
 
 def printable_name(path: Path) -> str:

@@ -1,0 +1,53 @@
+"""When history items were written, from their optional "date" field, and a list put oldest first by it.
+
+History files and the benchmark's corpus may carry an ISO 8601 "date" per item (a day, or a day and a time). A
+file that lists such items out of order is taken oldest first, since "recent" is the order items are added. This
+module reads dates and sorts; it never reads files and never changes an item.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+T = TypeVar("T")
+
+
+def item_date(record: Any) -> str | None:
+    """The ISO date (YYYY-MM-DD) a record's "date" field starts with, else None."""
+    value = record.get("date") if isinstance(record, dict) else None
+    if isinstance(value, str) and _ISO_DATE.match(value.strip()):
+        return value.strip()[:10]
+    return None
+
+
+def item_time(record: Any) -> datetime | None:
+    """When a record's "date" field says it was written (UTC; a date alone is its midnight, a time without a zone is
+    read as UTC), else None."""
+    day = item_date(record)
+    if day is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(record["date"].strip())
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(day)
+        except ValueError:  # 2024-13-45
+            return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def oldest_first(
+    entries: list[T], record_of: Callable[[T], Any] = lambda entry: entry
+) -> tuple[list[T], bool]:
+    """`entries` sorted by their records' dates and times (stably) when every one is dated and they are out of
+    order; whether it sorted. An undated or partly dated list keeps its order."""
+    times = [item_time(record_of(entry)) for entry in entries]
+    known = [moment for moment in times if moment is not None]
+    if not known or len(known) < len(times) or known == sorted(known):
+        return entries, False
+    order = sorted(range(len(entries)), key=lambda index: known[index])
+    return [entries[index] for index in order], True
