@@ -204,26 +204,12 @@ def test_a_long_series_is_one_profile_line() -> None:
     assert len(lines) == 4 and len(series) == 1 and series[0].rstrip().endswith("…")
 
 
-def contrast(foreground: object, background: object) -> float:
-    """WCAG contrast ratio of two Textual colours."""
-
-    def luminance(color: object) -> float:
-        def channel(value: int) -> float:
-            c = value / 255
-            return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
-
-        r, g, b = color.rgb  # type: ignore[attr-defined]
-        return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
-
-    lighter, darker = sorted((luminance(foreground), luminance(background)), reverse=True)
-    return (lighter + 0.05) / (darker + 0.05)
-
-
 @async_test
 async def test_the_light_theme_keeps_status_texts_readable() -> None:
     """The personalized panel's title (1.76:1) and the profile's refit-due line (2.11:1) were hard to read."""
     from textual.color import Color
 
+    from localpers.tui.text import contrast_ratio as contrast
     from localpers.tui.widgets.output_panel import OutputPanel
     from localpers.tui.widgets.profile_panel import ProfilePanel
 

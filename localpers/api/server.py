@@ -60,9 +60,10 @@ def check_port_free(host: str, port: int) -> None:
 MAX_CONNECTIONS = 32  # connections served at once; one more is answered 503 and closed as it opens
 HEADER_SECONDS = 10.0  # a connection whose request has not fully arrived by then is closed
 ACCEPT_BACKLOG = MAX_CONNECTIONS  # connections the kernel queues, and asyncio accepts in one go
+_BUSY_TEXT = b"localpers api is busy; try again shortly"
 BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 40\r\n"
-    b"connection: close\r\n\r\nlocalpers api is busy; try again shortly"
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
 )
 
 
