@@ -54,14 +54,14 @@ def test_every_commands_help_reads_as_paragraphs() -> None:
 
 def test_rewrite_and_fit_help_say_what_each_method_does() -> None:
     """`--method` listed bare names; what `cope` or `card-global` is was written only in the registry."""
-    from localpers.methods.registry import METHODS, method_names
+    from localpers.methods.registry import get_method, method_names
 
     for command, names in (("rewrite", method_names()), ("fit", method_names(fitted=True))):
         result = runner.invoke(app, [command, "--help"], terminal_width=1000)
         assert result.exit_code == 0
         shown = " ".join(result.stdout.split())
         for name in names:
-            assert f"{name}: {' '.join(METHODS[name].summary.split())}" in shown, (command, name)
+            assert f"{name}: {' '.join(get_method(name).summary.split())}" in shown, (command, name)
 
 
 def test_a_text_comes_in_as_history_is_stored_nfc() -> None:

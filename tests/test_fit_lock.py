@@ -72,7 +72,8 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(
-        "localpers.cli.device.Personalizer.open", lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64)
+        "localpers.methods.card.personalizer.Personalizer.open",
+        lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64),
     )
     monkeypatch.setattr(CardMethod, "fit", interrupted)
     result = CliRunner().invoke(app, ["fit", "--user", "ann"])

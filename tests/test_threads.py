@@ -48,6 +48,21 @@ def test_waiting_threads_spin_briefly_by_default_and_the_environment_is_left_as_
     assert "environment: None" in settings  # torch's OpenMP and child processes see the user's environment
 
 
+@pytest.mark.parametrize("trainer", ["localpers.engine.torch_model", "localpers.publish.head_training"])
+def test_the_policy_holds_where_torch_is_imported_too(trainer: str) -> None:
+    """torch ships its own libgomp.so.1 and whichever loads first serves both: since the engine package stopped
+    loading llama.cpp on import, a module that imports torch must load llama.cpp first itself."""
+    pytest.importorskip("torch")
+    probe = f"import ctypes, os, sys, {trainer}, torch\n" + PROBE.split("\n", 1)[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    if "no libgomp" in result.stdout:
+        pytest.skip("no libgomp in this process")
+    assert f"GOMP_SPINCOUNT = '{DEFAULT_SPIN_COUNT}'" in result.stdout + result.stderr
+
+
 def test_the_users_own_policy_wins() -> None:
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in _libgomp_settings(OMP_WAIT_POLICY="ACTIVE")
     assert "GOMP_SPINCOUNT = '0'" in _libgomp_settings(OMP_WAIT_POLICY="PASSIVE")

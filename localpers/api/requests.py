@@ -19,7 +19,7 @@ from typing import Any
 from localpers.engine import CONTEXT_TOKENS
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
-from localpers.methods.card.choice import MAX_STRENGTH
+from localpers.methods.bounds import MAX_STRENGTH
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, method_names, methods_taking
 from localpers.tasks import TASKS

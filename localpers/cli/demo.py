@@ -13,21 +13,9 @@ import typer
 
 from localpers.cli.common import BundleOption, JsonOption, ModelOption, counted, print_json
 from localpers.cli.progress import fit_progress
-from localpers.device.demo import (
-    DEMO_USER,
-    compare_on_demo,
-    demo_articles,
-    demo_methods,
-    ensure_demo_user,
-    style_hits,
-)
 from localpers.errors import InputError
-from localpers.methods.card.method import fit_summary as card_fit_summary
-from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import BASELINE_METHOD, DEFAULT_METHOD, listed
-from localpers.methods.reports import FitReport
-from localpers.users.store import UserStore
 
 
 def demo_command(
@@ -53,6 +41,19 @@ def demo_command(
     as_json: JsonOption = False,
 ) -> None:
     """Fit the shipped demo user (first run), compare its headlines with the baselines' and count its style."""
+    from localpers.device.demo import (
+        DEMO_USER,
+        compare_on_demo,
+        demo_articles,
+        demo_methods,
+        ensure_demo_user,
+        style_hits,
+    )
+    from localpers.methods.card.method import fit_summary as card_fit_summary
+    from localpers.methods.card.personalizer import Personalizer
+    from localpers.methods.reports import FitReport
+    from localpers.users.store import UserStore
+
     available = demo_articles()
     if articles is not None and articles > len(available):
         raise InputError(f"--articles: {len(available)} demo articles ship with localpers, not {articles}")
@@ -103,6 +104,8 @@ def _column_title(method: str) -> str:
 def _print_comparison(rows: list[dict[str, Any]], counted: int) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from localpers.device.demo import demo_methods
 
     title = f"Demo user (a punny optimist): {len(rows)} of the {counted} articles, one per row"
     table = Table(title=title, show_lines=True)

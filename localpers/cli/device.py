@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -36,20 +36,14 @@ from localpers.cli.sampling import (
     TopPOption,
     sampler_settings,
 )
-from localpers.engine import CONTEXT_TOKENS
+from localpers.engine.context import CONTEXT_TOKENS
 from localpers.errors import InputError, LocalpersError
-from localpers.methods.base import Method, RewriteOptions
-from localpers.methods.card.choice import MAX_STRENGTH
-from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.bounds import MAX_STRENGTH
 from localpers.methods.consensus import MAX_CANDIDATES
-from localpers.methods.registry import (
-    DEFAULT_METHOD,
-    METHODS,
-    get_method,
-    method_names,
-    methods_taking,
-)
-from localpers.users.store import UserStore
+from localpers.methods.registry import DEFAULT_METHOD, get_method, listed, method_names, methods_taking
+
+if TYPE_CHECKING:
+    from localpers.methods.base import Method
 
 
 def fit_command(
@@ -79,6 +73,9 @@ def fit_command(
     as_json: JsonOption = False,
 ) -> None:
     """Fit the user from their history: CARD's cluster and vector, or CoPe/EXACT with --method (all on this machine)."""
+    from localpers.methods.card.personalizer import Personalizer
+    from localpers.users.store import UserStore
+
     chosen = get_method(method, for_fit=True)
     target = UserStore().resolve(user)
     with target.fitting():  # taken before the model loads: a second fit of the user is refused at once
@@ -124,7 +121,10 @@ def rewrite_command(
     method: Annotated[
         str,
         typer.Option(
-            "--method", "-m", help=f"One of: {', '.join(METHODS)}.", autocompletion=completion.method_names
+            "--method",
+            "-m",
+            help=f"One of: {', '.join(method_names())}.",
+            autocompletion=completion.method_names,
         ),
     ] = DEFAULT_METHOD,
     strength: Annotated[
@@ -181,7 +181,10 @@ def rewrite_command(
 ) -> None:
     """Write TEXT's headline/title/paraphrase the way the user writes (CARD by default)."""
     from localpers.cli.common import read_text_argument, stdout_stream
+    from localpers.methods.base import RewriteOptions
+    from localpers.methods.card.personalizer import Personalizer
     from localpers.tasks import get_task
+    from localpers.users.store import UserStore
 
     source = read_text_argument(text)
     # an unknown task, or a text it would have to cut, is refused before the model loads
@@ -294,7 +297,7 @@ def register(app: typer.Typer) -> None:
 
 def _with_methods(command: Any, names: tuple[str, ...]) -> str:
     """The command's docstring and a paragraph saying what each of its `--method` choices does (`summary`)."""
-    described = "; ".join(f"{name}: {METHODS[name].summary}" for name in names)
+    described = "; ".join(f"{name}: {listed(name).summary}" for name in names)
     return f"{inspect.cleandoc(command.__doc__ or '')}\n\nMethods: {described}."
 
 

@@ -26,7 +26,6 @@ from localpers.cli.common import (
     read_text_argument,
 )
 from localpers.errors import InputError, LocalpersError
-from localpers.methods.forget import remove_history_items
 from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
@@ -269,6 +268,8 @@ def history_remove(
     as_json: JsonOption = False,
 ) -> None:
     """Remove one item from a user's history, or its N oldest with --oldest N."""
+    from localpers.methods.forget import remove_history_items
+
     if (item_id is None) == (oldest is None):
         raise InputError("give an item ID or --oldest N (not both)")
     target = UserStore().resolve(user)
@@ -307,6 +308,7 @@ def _print_removed(target: User, removed: list[HistoryItem], remaining: list[His
 
 def _remove_oldest(target: User, count: int, as_json: bool = False) -> None:
     """Remove the `count` oldest items (the history lists the oldest first), then what was derived from them."""
+    from localpers.methods.forget import remove_history_items
 
     def the_oldest(items: list[HistoryItem]) -> set[str]:
         if not items:

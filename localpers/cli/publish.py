@@ -18,10 +18,10 @@ import typer
 from localpers.cli.common import one_line_errors, print_json
 from localpers.cli.expiry import expiry_report
 from localpers.cli.numbers import float_option
-from localpers.engine.adapters import DEFAULT_TARGETS
+from localpers.engine.lora_targets import DEFAULT_TARGETS
 from localpers.engine.threads import MAX_THREADS
 from localpers.errors import PUBLISH_EXTRA_HINT, InputError, LocalpersError
-from localpers.methods.card.head_spec import MAX_TOP_K
+from localpers.methods.bounds import MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
 
 

@@ -9,13 +9,15 @@ greedy decoding. This module decodes nothing.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from localpers.cli.numbers import float_option
-from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
+
+if TYPE_CHECKING:
+    from localpers.engine.decoding import SamplerSettings
 
 PANEL = "Sampling (llama.cpp's sampler chain)"
 
@@ -141,6 +143,8 @@ def sampler_settings(
     repeated_word_penalty: float | None = None,
 ) -> SamplerSettings:
     """The command-line options as llama.cpp sampler settings (validated)."""
+    from localpers.engine.decoding import SamplerSettings
+
     return SamplerSettings(
         temperature=temperature,
         top_k=top_k,

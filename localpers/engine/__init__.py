@@ -1,33 +1,56 @@
-"""Running models on this machine: llama.cpp (the only package that imports `llama_cpp`), the encoder, torch.
+"""Running models on this machine: llama.cpp (through `llama`, the only module that imports `llama_cpp`), the
+encoder, torch.
 
 - `model`, `vocabulary`, `taps`, `ggml_buffers`, `sampler_chain`, `backend`: the llama.cpp model (adapters,
   evaluation, scoring), its tokens and chat template, its layer taps, the weights' CPU buffer types, and its
   sampler chain; everything else in localpers reaches llama.cpp through these and the names re-exported here.
+- `llama`: loads `llama_cpp` under `threads`' wait policy; `context`: the tokens a generation can hold.
 - `decoding`, `generation`: what a decoding step should do (settings, a method's sampler) and the decode loop.
 - `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`: the backbone GGUF, its weight layouts, its
   token embeddings, LoRA adapter files.
 - `encoder`, `minilm`: the numpy sentence encoder. `torch_model`: the backbone in torch, for training only.
-- `threads`: how many threads llama.cpp runs, and a wait policy for them that survives a busy machine (it loads
-  llama.cpp, so it is imported first).
+- `threads`: how many threads llama.cpp runs, and the wait policy `llama` loads it under.
+
+Importing the package loads nothing: each name below is taken from its module on first use, so that a command
+that never runs a model (help, completion, `user list`) does not pay for llama.cpp and numpy.
 """
 
-from localpers.engine import threads  # noqa: F401  (loads llama_cpp under a wait policy; first)
+from __future__ import annotations
 
-# isort: split
-from localpers.engine.backend import init_backend
-from localpers.engine.ggml_buffers import cpu_extra_buffer_types
-from localpers.engine.ggml_buffers import only_extra_buffer_types as _only_extra_buffer_types
-from localpers.engine.model import (
-    CONTEXT_TOKENS,
-    GGUF_MAGIC,
-    Engine,
-    ScoredContinuation,
-    Step,
-    check_gguf_file,
-    llama_cpp_version,
-    llama_system_info,
-)
-from localpers.engine.sampler_chain import Pick, SamplerChain
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from localpers.engine.backend import init_backend
+    from localpers.engine.context import CONTEXT_TOKENS
+    from localpers.engine.ggml_buffers import cpu_extra_buffer_types
+    from localpers.engine.ggml_buffers import only_extra_buffer_types as _only_extra_buffer_types
+    from localpers.engine.model import (
+        GGUF_MAGIC,
+        Engine,
+        ScoredContinuation,
+        Step,
+        check_gguf_file,
+        llama_cpp_version,
+        llama_system_info,
+    )
+    from localpers.engine.sampler_chain import Pick, SamplerChain
+
+_EXPORTED_FROM = {
+    "CONTEXT_TOKENS": ("context", "CONTEXT_TOKENS"),
+    "GGUF_MAGIC": ("model", "GGUF_MAGIC"),
+    "Engine": ("model", "Engine"),
+    "Pick": ("sampler_chain", "Pick"),
+    "SamplerChain": ("sampler_chain", "SamplerChain"),
+    "ScoredContinuation": ("model", "ScoredContinuation"),
+    "Step": ("model", "Step"),
+    "_only_extra_buffer_types": ("ggml_buffers", "only_extra_buffer_types"),
+    "check_gguf_file": ("model", "check_gguf_file"),
+    "cpu_extra_buffer_types": ("ggml_buffers", "cpu_extra_buffer_types"),
+    "init_backend": ("backend", "init_backend"),
+    "llama_cpp_version": ("model", "llama_cpp_version"),
+    "llama_system_info": ("model", "llama_system_info"),
+}
 
 __all__ = [
     "CONTEXT_TOKENS",
@@ -44,3 +67,12 @@ __all__ = [
     "llama_cpp_version",
     "llama_system_info",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTED_FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _EXPORTED_FROM[name]
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), attribute)
+    globals()[name] = value
+    return value

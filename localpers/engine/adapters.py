@@ -21,10 +21,8 @@ import numpy as np
 
 from localpers.atomic import TEMP_SUFFIX, remove_stale_temp_files
 from localpers.engine.gguf_layout import GGUFLayout, gguf_layout, map_tensor
+from localpers.engine.lora_targets import DEFAULT_TARGETS
 from localpers.errors import LocalpersError
-
-# The linear layers CARD adapts (DESIGN.md section 3): q, k, v, o, gate, up, down.
-DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def _gguf():

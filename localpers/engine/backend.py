@@ -19,9 +19,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-import llama_cpp
-
 from localpers import interrupts
+from localpers.engine.llama import llama_cpp
 
 
 class _LogRecorder:

@@ -15,9 +15,8 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from llama_cpp import _ggml
-
 from localpers.engine.backend import init_backend
+from localpers.engine.llama import _ggml
 
 _libggml = _ggml.libggml
 _GGML_BACKEND_DEVICE_TYPE_CPU = 0

@@ -27,12 +27,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 
 from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, raise_pending_interrupt, recorded_llama_log
+from localpers.engine.context import CONTEXT_TOKENS
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
+from localpers.engine.llama import llama_cpp
 from localpers.engine.prefix_files import KeptPrefix, PrefixStateFiles, file_identity
 from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
@@ -78,9 +79,6 @@ class ScoredContinuation:
     logprobs: np.ndarray  # (T,), or the first `logprob_rows` of them
     features: np.ndarray | None  # (T, n_taps, n_embd)
     logits: np.ndarray | None = None  # (T, n_vocab) when asked for
-
-
-CONTEXT_TOKENS = 1024  # prompt and output together: what a generation or rewrite can hold
 
 
 class Engine(Vocabulary):

@@ -20,8 +20,7 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 
-import llama_cpp
-
+from localpers.engine.llama import llama_cpp
 from localpers.engine.prefix_files import KeptPrefix, PrefixStateFiles
 
 DEFAULT_CAPACITY = 4  # prefixes kept: a few users x adapters; ~1 MB each for a 5-example prompt on the demo

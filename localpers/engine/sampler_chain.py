@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import llama_cpp
 import numpy as np
 
 from localpers.engine.backend import captured_c_stderr, recorded_llama_log
 from localpers.engine.decoding import RANDOM_SEED, Candidates, MethodSampler, SamplerSettings
+from localpers.engine.llama import llama_cpp
 from localpers.engine.repeated_words import CANDIDATES, RepeatedWordRule
 from localpers.errors import LocalpersError
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
-import llama_cpp
 import numpy as np
-from llama_cpp import _ggml
 
+from localpers.engine.llama import _ggml, llama_cpp
 from localpers.errors import LocalpersError
 
 GGML_TYPE_F32 = 0

@@ -11,11 +11,11 @@ decoded at ~1,600 ms per token instead of ~14 (docs/PERFORMANCE.md, forty-fourth
 and then sleeping cost ~6% per token on an idle machine and held under 30 ms per token beside another decoding
 process or two busy loops; sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost ~75% on an idle machine.
 
-libgomp reads its environment once, when it is loaded, and `import llama_cpp` loads it. So this module
-imports llama_cpp itself with GOMP_SPINCOUNT set, then takes the variable out again, so that torch's own
-OpenMP and the programs localpers starts see the environment the user gave. A user's OMP_WAIT_POLICY or
-GOMP_SPINCOUNT wins. `localpers.engine` imports this module before anything else, and every module that
-imports llama_cpp lives in that package.
+libgomp reads its environment once, when it is loaded, and `import llama_cpp` loads it. So `load_llama_cpp`
+imports llama_cpp with GOMP_SPINCOUNT set, then takes the variable out again, so that torch's own OpenMP and
+the programs localpers starts see the environment the user gave. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
+wins. `localpers.engine.llama`, the only module that imports llama_cpp, calls it before anything else; this
+module itself loads nothing (the command line reads `MAX_THREADS` from it at start).
 """
 
 from __future__ import annotations
@@ -63,6 +63,3 @@ def load_llama_cpp() -> None:
     finally:
         for name in added:
             os.environ.pop(name, None)
-
-
-load_llama_cpp()

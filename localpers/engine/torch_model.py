@@ -29,6 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# llama.cpp before torch: torch ships its own libgomp.so.1, and whichever loads first serves both, so torch
+# first would leave llama.cpp's threads without the wait policy `threads` sets (tests/test_threads.py)
+from localpers.engine import llama  # noqa: F401
+
+# isort: split
 from localpers.atomic import atomic_write_text
 from localpers.engine.backbone import cached_sha256
 from localpers.engine.gguf_layout import gguf_layout, map_tensor

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
-
 from localpers.engine.decoding import MethodSampler, SamplerSettings
+from localpers.engine.llama import llama_cpp
 from localpers.engine.sampler_chain import SamplerChain
 from localpers.errors import LocalpersError
 

@@ -7,9 +7,10 @@ text only and do no work. `localpers.methods.card.personalizer` produces them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localpers.users.history_prompt import ShownExample
+if TYPE_CHECKING:
+    from localpers.users.history_prompt import ShownExample
 
 # What the front ends call the stages a fit reports through its progress callback (stage, done, total);
 # a stage not listed here is shown by its name.

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from localpers.engine import llama  # noqa: F401  (before torch, as `engine.torch_model` says why)
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.methods.card.head import CardHead
 from localpers.methods.card.head_spec import HeadConfig

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localpers.engine.adapters import DEFAULT_TARGETS
+from localpers.engine.lora_targets import DEFAULT_TARGETS
 from localpers.errors import InputError
 
 STAGES: tuple[str, ...] = ("clusters", "sft", "export", "pairs", "features", "head", "bundle")

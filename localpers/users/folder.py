@@ -34,9 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from localpers.atomic import atomic_write_bytes, atomic_write_text
 from localpers.engine.prefix_files import remove_kept
@@ -52,9 +50,13 @@ from localpers.users.history import (
     refuse_dangling_link,
     serialize_history,
 )
-from localpers.users.history_index import HistoryIndex
 from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, user_lock
 from localpers.users.ordinals import updated_ordinals, write_ordinals
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from localpers.users.history_index import HistoryIndex
 
 VECTOR_TENSOR = "lambda"
 REJECTED_FILE = "negatives_user.jsonl"
@@ -94,6 +96,7 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
 
 def _vector_bytes(vector: np.ndarray, meta: dict[str, str] | None) -> bytes:
     """The safetensors file for a user vector; rejects anything but a finite, non-empty 1-D array."""
+    import numpy as np
     from safetensors.numpy import save
 
     array = np.ascontiguousarray(np.asarray(vector, dtype=np.float32))
@@ -188,6 +191,8 @@ class User:
             check_history_size(len(items), what=f"user {self.name!r} would have")
         # even when removing: what reading it back would refuse must not be written
         check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
+        from localpers.users.history_index import HistoryIndex  # its BM25 index loads numpy
+
         with self.locked():
             ordinals = updated_ordinals(self.dir, self._stored_history_or_none, items)
             atomic_write_text(self.history_path, text)
@@ -208,6 +213,8 @@ class User:
         The engine may keep its state of the prompts' examples block in this folder (`write_lock`): only while
         the history is still the file read here, so a block read before an item was removed is never kept.
         """
+        from localpers.users.history_index import HistoryIndex
+
         stamp = _file_stamp(self.history_path)  # before reading: a file replaced meanwhile never matches
         try:
             text = self.history_path.read_text(encoding="utf-8")
@@ -275,12 +282,13 @@ class User:
         return {} if loaded is None else loaded[1]
 
     def _load_vector(self) -> tuple[np.ndarray, dict[str, str]] | None:
-        from safetensors.numpy import load
-
         state = self.state()
         path = self.vector_path(state)
         if path is None:
             return None
+        import numpy as np
+        from safetensors.numpy import load
+
         if not path.exists():
             raise LocalpersError(
                 f"{path} is missing although {self.state_path.name} names it; {self.refit_advice}"
@@ -342,7 +350,7 @@ class User:
                 sha = hashlib.sha256(data).hexdigest()
                 keep = f"vector-{sha[:16]}.safetensors"
                 atomic_write_bytes(self.dir / keep, data)
-                new_state.update(vector_file=keep, vector_sha256=sha, vector_dim=int(np.asarray(vector).size))
+                new_state.update(vector_file=keep, vector_sha256=sha, vector_dim=len(vector))
             self._write_state(new_state)
             # under the lock: another fit's new vector is never taken for a stale one before its state names it
             for stale in self.dir.glob("vector-*.safetensors"):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localpers.errors import InputError
+from localpers.methods.bounds import MAX_STRENGTH
 from localpers.methods.card.correction import CorrectionVariant
 from localpers.tasks import get_task
 from localpers.untrusted import one_line
@@ -287,9 +288,6 @@ def choose_correction(
         items_higher=higher[best],
         item_scores=per_item,
     )
-
-
-MAX_STRENGTH = 100.0  # the largest strength a fit stores, `rewrite --strength` and the API's `strength` take
 
 
 def stored_choice(
