@@ -7,6 +7,7 @@ answers are checked against calling the personalizer directly, so a wrong user, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import socket
@@ -631,6 +632,62 @@ def test_half_sent_requests_neither_take_every_file_descriptor_nor_hold_their_pl
         server.terminate()
         _, log = server.communicate(timeout=30)
     assert "Traceback" not in log and "Too many open files" not in log, log[-2000:]
+
+
+def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> None:
+    """A request whose headers came in time and whose body then came a byte at a time held its place for as long
+    as the client liked (only the headers had a deadline). Since: BODY_SECONDS after the headers the connection
+    is closed, the route sees a 400 rather than a traceback, and the server goes on answering."""
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = (
+        "import sys\n"
+        "from starlette.applications import Starlette\n"
+        "from starlette.responses import PlainTextResponse\n"
+        "from starlette.routing import Route\n"
+        "import localpers.api.server as server\n"
+        "from localpers.api.app import read_body\n"
+        "from localpers.api.requests import ApiError\n"
+        "server.BODY_SECONDS = 2.0\n"
+        "async def size(request):\n"
+        "    try:\n"
+        "        return PlainTextResponse(str(len(await read_body(request))))\n"
+        "    except ApiError as refused:\n"
+        "        print('refused', refused.status, file=sys.stderr, flush=True)\n"
+        "        return PlainTextResponse('', status_code=refused.status)\n"
+        "app = Starlette(routes=[Route('/', size, methods=['GET', 'POST'])])\n"
+        f"server.serve(app, '127.0.0.1', {port})\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert urllib.request.urlopen(url, timeout=5).read() == b"0"
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+            slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+            started = time.monotonic()
+            with contextlib.suppress(OSError):  # the server may close while a byte is on its way
+                for _ in range(8):  # one byte every half second: 4 s in all, were it let
+                    time.sleep(0.5)
+                    slow.sendall(b"x")
+            assert slow.recv(100) == b""  # closed, with no answer
+            assert time.monotonic() - started < 3.5
+        request = urllib.request.Request(url, data=b"abc", method="POST")
+        assert urllib.request.urlopen(request, timeout=5).read() == b"3"
+    finally:
+        server.terminate()
+        _, log = server.communicate(timeout=30)
+    assert "refused 400" in log and "Traceback" not in log, log[-2000:]
 
 
 def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -149,7 +149,8 @@ def foreign_request(request: Request) -> str | None:
 
 
 async def read_body(request: Request) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed MAX_BODY_BYTES."""
+    """The request body, refused with 413 as soon as it is known to exceed MAX_BODY_BYTES; a 400 (which no one
+    reads) when the connection closes before it has all arrived."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(
@@ -157,13 +158,16 @@ async def read_body(request: Request) -> bytes:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(
-                413, f"the request body is over {MAX_BODY_BYTES} bytes, the most localpers api takes"
-            )
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ApiError(
+                    413, f"the request body is over {MAX_BODY_BYTES} bytes, the most localpers api takes"
+                )
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left, or its body took longer than the server's BODY_SECONDS
+        raise ApiError(400, "the connection closed before the request body had arrived") from None
     return b"".join(chunks)
 
 

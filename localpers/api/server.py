@@ -4,8 +4,8 @@
 needed: the flag says it is meant, the key keeps strangers out). `serve` runs uvicorn with its access log off
 (request lines carry no text, but nothing about requests is logged at all) until interrupted, with two guards
 uvicorn lacks: at most MAX_CONNECTIONS connections at once (one more is answered 503 and closed as it opens; the
-accept queue is as short, so a burst cannot take every file descriptor before the guard sees it), and a deadline of
-HEADER_SECONDS for a request's headers.
+accept queue is as short, so a burst cannot take every file descriptor before the guard sees it), and deadlines:
+HEADER_SECONDS for a request's headers, then BODY_SECONDS for its body.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def check_port_free(host: str, port: int) -> None:
 
 
 MAX_CONNECTIONS = 32  # connections served at once; one more is answered 503 and closed as it opens
-HEADER_SECONDS = 10.0  # a connection whose request has not fully arrived by then is closed
+HEADER_SECONDS = 10.0  # a connection whose request headers have not fully arrived by then is closed
+BODY_SECONDS = 60.0  # one whose body has not, this long after its headers (4 MiB at ~0.5 Mbit/s)
 ACCEPT_BACKLOG = MAX_CONNECTIONS  # connections the kernel queues, and asyncio accepts in one go
 _BUSY_TEXT = b"localpers api is busy; try again shortly"
 BUSY_RESPONSE = (
@@ -71,12 +72,14 @@ def _guarded_protocol() -> type:
     """uvicorn's HTTP/1.1 protocol with two guards it lacks: a connection beyond MAX_CONNECTIONS is answered 503
     and closed at once (uvicorn's own limit answers only complete requests, so half-sent ones held every file
     descriptor), and one whose request headers are not complete within HEADER_SECONDS of its start (or of the
-    end of its previous response) is closed."""
+    end of its previous response), or whose body is not complete within BODY_SECONDS of its headers, is closed
+    (a body sent a byte at a time held its place for as long as the client liked)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
         _deadline: asyncio.TimerHandle | None = None
+        _waiting_in: object = None  # the h11 state (IDLE: headers, SEND_BODY: body) the deadline is for
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -84,27 +87,35 @@ def _guarded_protocol() -> type:
                 transport.write(BUSY_RESPONSE)
                 transport.close()
                 return
-            self._arm_deadline()
+            self._arm_deadline(h11.IDLE, HEADER_SECONDS)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE and self._deadline is not None:
-                self._deadline.cancel()  # the request's headers are in
-                self._deadline = None
-            elif self.conn.their_state is h11.IDLE and self._deadline is None:
-                self._arm_deadline()  # the next request on a kept-alive connection has begun to arrive
+            state = self.conn.their_state
+            if state is self._waiting_in:
+                return  # still within the same deadline (a kept-alive connection's next request re-arms it)
+            self._cancel_deadline()
+            if state is h11.IDLE:
+                self._arm_deadline(state, HEADER_SECONDS)  # the next request has begun to arrive
+            elif state is h11.SEND_BODY:
+                self._arm_deadline(state, BODY_SECONDS)  # the headers are in; the body is on its way
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
+            self._cancel_deadline()
             super().connection_lost(exc)
 
-        def _arm_deadline(self) -> None:
-            self._deadline = self.loop.call_later(HEADER_SECONDS, self._close_if_still_waiting)
+        def _arm_deadline(self, state: object, seconds: float) -> None:
+            self._waiting_in = state
+            self._deadline = self.loop.call_later(seconds, self._close_if_still_waiting)
+
+        def _cancel_deadline(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline, self._waiting_in = None, None
 
         def _close_if_still_waiting(self) -> None:
-            self._deadline = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            waiting_in, self._deadline, self._waiting_in = self._waiting_in, None, None
+            if self.conn.their_state is waiting_in and not self.transport.is_closing():
                 self.transport.close()
 
     return GuardedH11Protocol
