@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
+from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
@@ -47,6 +48,7 @@ from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.screens.main import TAB_SCROLLERS, MainScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import EngineInfo, WritingService
+from localpers.tui.settings import load_settings, save_theme
 from localpers.tui.shell import ShellMixin
 from localpers.tui.teaching import TeachingMixin
 from localpers.tui.userdata import (
@@ -127,6 +129,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
         self._refit_again = False
         self._fit_failed: dict[str, str] = {}
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
+        self._saved_theme: str | None = None  # the theme `tui.json` holds (`localpers.tui.settings`)
 
     # ------------------------------------------------------------------ start-up
     def get_default_screen(self) -> MainScreen:
@@ -134,7 +137,29 @@ class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
 
     def on_mount(self) -> None:
         self._stop_on_signals()
+        self._restore_theme()
         self.call_after_refresh(self.start)
+
+    def _restore_theme(self) -> None:
+        """Start with the theme chosen last time (ctrl+p, "Theme"), and remember each new choice."""
+        saved = load_settings()
+        if saved.problem:
+            self.notify(saved.problem, severity="warning")
+        if saved.theme is not None and saved.theme in self.available_themes:
+            self.theme = saved.theme
+        elif saved.theme is not None:
+            self.notify(f"the saved theme {saved.theme!r} is not available here; using {self.theme!r}")
+        self._saved_theme = saved.theme
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+
+    def _remember_theme(self, theme: Theme) -> None:
+        if theme.name == self._saved_theme:
+            return
+        problem = save_theme(theme.name)
+        if problem:
+            self.notify(problem, severity="warning")
+        else:
+            self._saved_theme = theme.name
 
     def start(self) -> None:
         """Load the engine in the background, then open the user (or the first-run welcome)."""
