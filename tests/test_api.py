@@ -637,7 +637,10 @@ def test_half_sent_requests_neither_take_every_file_descriptor_nor_hold_their_pl
 def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> None:
     """A request whose headers came in time and whose body then came a byte at a time held its place for as long
     as the client liked (only the headers had a deadline). Since: BODY_SECONDS after the headers the connection
-    is closed, the route sees a 400 rather than a traceback, and the server goes on answering."""
+    is closed, the route sees a 400 rather than a traceback, and the server goes on answering. The same holds for
+    a request pipelined behind another in one packet (uvicorn reads it after the first answer, past the point
+    where the deadline was first set: the review found it held its place for ever), and a body the app is slow
+    to take, so that uvicorn stops reading it, is not the client's delay."""
     import subprocess
     import sys
 
@@ -659,7 +662,11 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
         "    except ApiError as refused:\n"
         "        print('refused', refused.status, file=sys.stderr, flush=True)\n"
         "        return PlainTextResponse('', status_code=refused.status)\n"
-        "app = Starlette(routes=[Route('/', size, methods=['GET', 'POST'])])\n"
+        "async def late(request):\n"
+        "    import asyncio\n"
+        "    await asyncio.sleep(3.0)  # past BODY_SECONDS before the app reads the body\n"
+        "    return await size(request)\n"
+        "app = Starlette(routes=[Route('/', size, methods=['GET', 'POST']), Route('/late', late, methods=['POST'])])\n"
         f"server.serve(app, '127.0.0.1', {port})\n"
     )
     server = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
@@ -682,6 +689,18 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
                     slow.sendall(b"x")
             assert slow.recv(100) == b""  # closed, with no answer
             assert time.monotonic() - started < 3.5
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as pipelined:
+            pipelined.sendall(
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\nPOST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123"
+            )
+            started = time.monotonic()
+            answers = b""
+            while chunk := pipelined.recv(4096):  # the GET's answer, then the close
+                answers += chunk
+            assert answers.count(b"HTTP/1.1 ") == 1 and answers.startswith(b"HTTP/1.1 200")
+            assert time.monotonic() - started < 3.5
+        late = urllib.request.Request(url + "late", data=b"x" * (1 << 20), method="POST")
+        assert urllib.request.urlopen(late, timeout=10).read() == str(1 << 20).encode()
         request = urllib.request.Request(url, data=b"abc", method="POST")
         assert urllib.request.urlopen(request, timeout=5).read() == b"3"
     finally:

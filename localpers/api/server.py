@@ -73,13 +73,17 @@ def _guarded_protocol() -> type:
     and closed at once (uvicorn's own limit answers only complete requests, so half-sent ones held every file
     descriptor), and one whose request headers are not complete within HEADER_SECONDS of its start (or of the
     end of its previous response), or whose body is not complete within BODY_SECONDS of its headers, is closed
-    (a body sent a byte at a time held its place for as long as the client liked)."""
+    (a body sent a byte at a time held its place for as long as the client liked). Each request on a kept-alive
+    connection, pipelined ones included, has its own deadlines; time in which uvicorn has stopped reading
+    because the app has not yet taken the body it holds does not count against the client."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
         _deadline: asyncio.TimerHandle | None = None
-        _waiting_in: object = None  # the h11 state (IDLE: headers, SEND_BODY: body) the deadline is for
+        # what the deadline waits for: the h11 state (IDLE: a request's headers, SEND_BODY: its body) and the
+        # request it belongs to (uvicorn's `cycle`), so that each request on a kept-alive connection gets its own
+        _waiting_for: tuple[object, object] | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -87,36 +91,49 @@ def _guarded_protocol() -> type:
                 transport.write(BUSY_RESPONSE)
                 transport.close()
                 return
-            self._arm_deadline(h11.IDLE, HEADER_SECONDS)
+            self._follow_request()
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            state = self.conn.their_state
-            if state is self._waiting_in:
-                return  # still within the same deadline (a kept-alive connection's next request re-arms it)
-            self._cancel_deadline()
-            if state is h11.IDLE:
-                self._arm_deadline(state, HEADER_SECONDS)  # the next request has begun to arrive
-            elif state is h11.SEND_BODY:
-                self._arm_deadline(state, BODY_SECONDS)  # the headers are in; the body is on its way
+        def handle_events(self) -> None:
+            # uvicorn runs this for data that arrives and, after a response, for a request pipelined behind it
+            super().handle_events()
+            self._follow_request()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_deadline()
             super().connection_lost(exc)
 
-        def _arm_deadline(self, state: object, seconds: float) -> None:
-            self._waiting_in = state
+        def _phase(self) -> tuple[object, object]:
+            return self.conn.their_state, self.cycle
+
+        def _follow_request(self) -> None:
+            phase = self._phase()
+            if phase == self._waiting_for:
+                return  # the same request, still within its deadline
+            self._cancel_deadline()
+            if phase[0] is h11.IDLE:
+                self._arm_deadline(phase, HEADER_SECONDS)  # a request's headers are awaited
+            elif phase[0] is h11.SEND_BODY:
+                self._arm_deadline(phase, BODY_SECONDS)  # its headers are in; its body is on its way
+
+        def _arm_deadline(self, phase: tuple[object, object], seconds: float) -> None:
+            self._waiting_for = phase
             self._deadline = self.loop.call_later(seconds, self._close_if_still_waiting)
 
         def _cancel_deadline(self) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
-            self._deadline, self._waiting_in = None, None
+            self._deadline, self._waiting_for = None, None
 
         def _close_if_still_waiting(self) -> None:
-            waiting_in, self._deadline, self._waiting_in = self._waiting_in, None, None
-            if self.conn.their_state is waiting_in and not self.transport.is_closing():
-                self.transport.close()
+            phase, self._deadline, self._waiting_for = self._waiting_for, None, None
+            if phase != self._phase() or self.transport.is_closing():
+                return
+            if phase[0] is h11.SEND_BODY and self.flow.read_paused:
+                # uvicorn stopped reading until the app takes the body it holds: the server is behind, not
+                # the client, so the body gets another BODY_SECONDS
+                self._arm_deadline(phase, BODY_SECONDS)
+                return
+            self.transport.close()
 
     return GuardedH11Protocol
 
