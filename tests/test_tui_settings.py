@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tui_fakes import FakeService
 from tui_helpers import DRAFT, async_test, examples, make_app, wait_idle
 
@@ -61,11 +62,38 @@ async def test_a_damaged_or_unknown_setting_starts_with_the_default_and_says_so(
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_idle(pilot)
         assert app.theme == "textual-dark"
-        assert any("no-such-theme" in str(notice.message) for notice in app._notifications)
+        unknown = [notice for notice in app._notifications if "no-such-theme" in str(notice.message)]
+        assert len(unknown) == 1 and unknown[0].severity == "warning"
 
 
 def test_a_settings_file_that_cannot_be_written_is_a_problem_not_a_crash() -> None:
     _settings_file().mkdir(parents=True)  # a folder where the file should be
     problem = save_theme("textual-light")
     assert problem is not None and problem.startswith("the theme is not saved for the next run")
-    assert load_settings().problem is not None
+    loaded = load_settings().problem
+    assert loaded is not None and loaded.endswith(
+        "is not a file; remove it for the TUI to keep its theme between runs"
+    )
+
+
+def test_a_linked_settings_file_stays_a_link(tmp_path: Path) -> None:
+    """A dotfiles manager's link was replaced by a plain file at the first theme change."""
+    kept = tmp_path / "dotfiles" / "tui.json"
+    kept.parent.mkdir()
+    kept.write_text('{"theme": "textual-dark"}', encoding="utf-8")
+    _settings_file().symlink_to(kept)
+    assert load_settings().theme == "textual-dark"
+    assert save_theme("textual-light") is None
+    assert _settings_file().is_symlink() and load_settings().theme == "textual-light"
+
+
+def test_a_config_folder_that_cannot_be_made_is_a_problem_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review found `load_settings` raised where the config folder could not be made: a traceback at start."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    monkeypatch.setenv("LOCALPERS_HOME", str(blocker / "home"))
+    problem = load_settings().problem
+    assert problem is not None and "default theme" in problem and "\n" not in problem
+    assert save_theme("textual-light") is not None

@@ -148,7 +148,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
         if saved.theme is not None and saved.theme in self.available_themes:
             self.theme = saved.theme
         elif saved.theme is not None:
-            self.notify(f"the saved theme {saved.theme!r} is not available here; using {self.theme!r}")
+            self.notify(
+                f"the saved theme {saved.theme!r} is not available here; using {self.theme!r}",
+                severity="warning",
+            )
         self._saved_theme = saved.theme
         self.theme_changed_signal.subscribe(self, self._remember_theme)
 

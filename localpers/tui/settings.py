@@ -1,9 +1,9 @@
 """The TUI's own settings, kept between runs: the theme chosen in the command palette (ctrl+p, "Theme").
 
 They live in `tui.json` in the config folder (`localpers.paths.config_dir`), written atomically, and hold no
-user text. Reading never fails: a missing file means the defaults, and a damaged one the defaults with a
-one-line problem that the app shows as a notice (the next change replaces the file). This module neither knows
-which themes exist (the app checks the saved name against Textual's) nor imports Textual.
+user text. Reading never fails: a missing file means the defaults, and an unusable one the defaults with a
+one-line problem that the app shows as a notice (choosing another theme replaces a damaged file). This module
+does not know which themes exist: the app checks the saved name against Textual's.
 """
 
 from __future__ import annotations
@@ -35,26 +35,45 @@ def settings_path() -> Path:
 
 
 def load_settings() -> SavedSettings:
-    """The saved settings; the defaults, with a problem naming the file, when it cannot be used."""
-    path = settings_path()
+    """The saved settings; the defaults, with a one-line problem naming the file, when they cannot be used."""
+    try:
+        path = settings_path()
+    except LocalpersError as exc:  # the config folder cannot be made
+        return SavedSettings(
+            problem=f"{one_line(str(exc), limit=200)}; the TUI starts with its default theme"
+        )
     if not path.exists() and not path.is_symlink():
         return SavedSettings()
-    ignored = "the TUI starts with its default theme and replaces the file when you choose one"
+    if not path.is_file():  # a folder, a FIFO, a link to nothing: saving would be refused too
+        return SavedSettings(
+            problem=f"{path} is not a file; remove it for the TUI to keep its theme between runs"
+        )
+    replaced = "the TUI starts with its default theme; choosing another (ctrl+p, Theme) replaces the file"
     try:
-        value = parse_json(read_regular_file(path, SETTINGS_LIMIT, what="TUI settings", stored=True))
-    except (LocalpersError, JSONProblem) as exc:
-        return SavedSettings(problem=f"{path} is not usable ({one_line(str(exc), limit=160)}); {ignored}")
+        data = read_regular_file(path, SETTINGS_LIMIT, what="TUI settings", stored=True)
+    except LocalpersError as exc:  # it names the file
+        return SavedSettings(
+            problem=f"{one_line(str(exc), limit=200)}; the TUI starts with its default theme"
+        )
+    try:
+        value = parse_json(data)
+    except JSONProblem as exc:
+        return SavedSettings(problem=f"{path} is not valid JSON ({exc}); {replaced}")
     theme = value.get("theme") if isinstance(value, dict) else None
     if isinstance(value, dict) and (theme is None or isinstance(theme, str)):
         return SavedSettings(theme=theme)
-    return SavedSettings(problem=f'{path} is damaged (expected {{"theme": "<name>"}}); {ignored}')
+    return SavedSettings(problem=f'{path} is damaged (expected {{"theme": "<name>"}}); {replaced}')
 
 
 def save_theme(name: str) -> str | None:
-    """Remember `name` as the theme; a one-line problem (None when saved) that the app shows as a notice."""
+    """Remember `name` as the theme; a one-line problem (None when saved) that the app shows as a notice.
+
+    A `tui.json` that is a symbolic link (a dotfiles manager's) keeps being one: the file it points to is
+    replaced."""
     try:
         path = settings_path()
-        atomic_write_text(path, json.dumps({"theme": name}, indent=2) + "\n")
-    except LocalpersError as exc:
+        target = path.resolve() if path.is_symlink() else path
+        atomic_write_text(target, json.dumps({"theme": name}, indent=2) + "\n")
+    except (LocalpersError, OSError, RuntimeError) as exc:  # RuntimeError: a loop of links
         return f"the theme is not saved for the next run: {one_line(str(exc), limit=200)}"
     return None
