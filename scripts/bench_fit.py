@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import llama_cpp
-
 from localpers.bench.data import load_bench_users
+from localpers.engine.llama import llama_cpp  # under the product's OpenMP wait policy
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.store import UserStore
 

@@ -29,13 +29,13 @@ import json
 import time
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 
 from localpers.bundle.format import default_bundle_dir
 from localpers.engine import Engine
 from localpers.engine.backbone import resolve_backbone
 from localpers.engine.generation import generate
+from localpers.engine.llama import llama_cpp  # under the product's OpenMP wait policy
 from localpers.tasks import get_task
 
 TYPES = {

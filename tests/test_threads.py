@@ -22,7 +22,7 @@ from localpers.errors import LocalpersError
 runner = CliRunner()
 
 PROBE = (
-    "import ctypes, os, sys, localpers.engine.vocabulary\n"  # any engine module: the package runs first
+    "import ctypes, os, sys, localpers.engine.vocabulary\n"  # any module that calls llama.cpp loads it via engine.llama
     "print('environment:', os.environ.get('GOMP_SPINCOUNT'))\n"
     "maps = open('/proc/self/maps').read() if os.path.exists('/proc/self/maps') else ''\n"
     "if 'libgomp' not in maps:\n"

@@ -14,8 +14,8 @@ process or two busy loops; sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost ~75% 
 libgomp reads its environment once, when it is loaded, and `import llama_cpp` loads it. So `load_llama_cpp`
 imports llama_cpp with GOMP_SPINCOUNT set, then takes the variable out again, so that torch's own OpenMP and
 the programs localpers starts see the environment the user gave. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT
-wins. `localpers.engine.llama`, the only module that imports llama_cpp, calls it before anything else; this
-module itself loads nothing (the command line reads `MAX_THREADS` from it at start).
+wins. `localpers.engine.llama`, through which every other module reaches llama_cpp, calls it before anything
+else; importing this module loads nothing (the command line reads `MAX_THREADS` from it at start).
 """
 
 from __future__ import annotations
