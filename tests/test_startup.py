@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from localpers.engine.threads import LLAMA_CPP_PIN
+
 HEAVY = ("numpy", "llama_cpp", "jinja2", "torch", "sklearn", "safetensors", "textual")
 
 RUN_AND_LIST = """
@@ -103,3 +105,40 @@ def test_the_registry_says_what_each_method_class_says() -> None:
             method.takes_top_k,
         ), name
         assert get_method(name) is method  # loaded once: a server keeps one instance per method
+
+
+def test_a_llama_cpp_python_that_cannot_load_stops_only_the_model_commands_and_says_how_to_mend_it(
+    tmp_path: Path,
+) -> None:
+    """Every command, `user list` and `doctor` included, ended in an ImportError traceback when llama-cpp-python
+    could not be loaded (a missing library, a build for another CPU). Now the light commands work, a model command
+    says in one line how to reinstall it, and doctor names it as a problem (exit 1)."""
+    broken = tmp_path / "broken" / "llama_cpp"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libllama.so: cannot open shared object file")\n')
+    env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(broken.parent)}
+    env.pop("LOCALPERS_MODEL", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "localpers.cli", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    assert run("user", "create", "ann").returncode == 0 and run("user", "list").returncode == 0
+    rewrite = run("rewrite", "An article about the weather.", "--user", "ann")
+    assert rewrite.returncode == 1 and "Traceback" not in rewrite.stderr
+    assert rewrite.stderr.strip().splitlines() == [
+        "error: llama-cpp-python cannot be loaded (libllama.so: cannot open shared object file); reinstall it"
+        f" with `pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}` (it builds llama.cpp for this"
+        " machine), then run `localpers doctor`"
+    ]
+    doctor = run("doctor", "--json")
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor.stderr[-2000:]
+    report = json.loads(doctor.stdout)
+    assert report["llama_cpp_python"] is None and report["problems"][0].startswith("llama-cpp-python cannot")
+
+
+def test_the_reinstall_advice_names_the_pinned_version() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text("utf-8"))
+    assert LLAMA_CPP_PIN in pyproject["project"]["dependencies"]

@@ -31,8 +31,8 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle)."""
 
     from localpers import paths
-    from localpers.engine import llama_cpp_version, llama_system_info
 
+    llama_version, llama_info, llama_problem = _llama_cpp_or_problem()
     backbone, backbone_problem = _backbone_or_problem(model)
     try:
         from localpers.engine.encoder import encoder_dir
@@ -40,7 +40,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         encoder = str(encoder_dir())
     except LocalpersError as exc:
         encoder = f"missing: {exc}"
-    loaded = _load_backbone(backbone) if backbone is not None else None
+    loaded = _load_backbone(backbone) if backbone is not None and llama_problem is None else None
     extras = {
         name: importlib.util.find_spec(name) is not None
         for name in ("torch", "transformers", "peft", "sklearn", "gguf", "ray", "matplotlib", "pytest")
@@ -50,8 +50,8 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "backbone": {"path": str(backbone.path), "sha256": backbone.sha256, "source": backbone.source}
         if backbone is not None
         else {"path": None, "sha256": None, "source": None, "error": backbone_problem},
-        "llama_cpp_python": llama_cpp_version(),
-        "llama_system_info": llama_system_info(),
+        "llama_cpp_python": llama_version,
+        "llama_system_info": llama_info,
         "threads": loaded.threads if isinstance(loaded, _Loaded) else None,
         "encoder": encoder,
         "cpu_buffers": {
@@ -76,12 +76,13 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
             **extras,
         },
     }
-    report["training"] = _training_device() if report["extras"]["publish"] else None
+    # the publisher's torch loads llama.cpp first (`engine.torch_model`), so it is asked only where that loads
+    report["training"] = _training_device() if report["extras"]["publish"] and llama_problem is None else None
     report["bundle"] = _bundle_status(backbone)
     report["users"] = _users_status()
     if isinstance(loaded, str):
         backbone_problem = f"the backbone did not load: {loaded}"
-    report["problems"] = _problems(report, backbone_problem)
+    report["problems"] = ([llama_problem] if llama_problem else []) + _problems(report, backbone_problem)
     report["ok"] = not report["problems"]
     if as_json:
         print_json(report)
@@ -100,6 +101,16 @@ class _Loaded:
     threads: int
 
 
+def _llama_cpp_or_problem() -> tuple[str | None, str | None, str | None]:
+    """llama-cpp-python's version and llama.cpp's system line, or why llama-cpp-python cannot be loaded."""
+    try:
+        from localpers.engine import llama_cpp_version, llama_system_info
+
+        return llama_cpp_version(), llama_system_info(), None
+    except LocalpersError as exc:
+        return None, None, str(exc)
+
+
 def _backbone_or_problem(model: str | None) -> tuple[Backbone | None, str | None]:
     """The backbone commands would use, or why there is none (a report line instead of doctor's end)."""
     from localpers.engine.backbone import resolve_backbone
@@ -112,9 +123,9 @@ def _backbone_or_problem(model: str | None) -> tuple[Backbone | None, str | None
 
 def _load_backbone(backbone: Backbone) -> _Loaded | str:
     """Load the backbone as every command does; the reason as a string when llama.cpp cannot."""
-    from localpers.engine import Engine
-
     try:
+        from localpers.engine import Engine
+
         # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
         with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
             return _Loaded(engine.buffer_choice, engine.weight_buffers, engine.n_threads)
@@ -154,8 +165,11 @@ def _print_report(report: dict[str, Any]) -> None:
             "  pinned      no: an earlier localpers pulled it and kept no record of its manifest, so an edit to"
             " manifest.json goes unnoticed; pull it once more (`localpers pull URL`) to record it"
         )
-    typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
-    typer.echo(f"  system      {report['llama_system_info']}")
+    if report["llama_cpp_python"] is None:
+        typer.echo("llama.cpp     llama-cpp-python cannot be loaded (see problems)")
+    else:
+        typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
+        typer.echo(f"  system      {report['llama_system_info']}")
     typer.echo(
         f"threads       {'? (the backbone did not load)' if report['threads'] is None else report['threads']}"
     )

@@ -24,12 +24,15 @@ import os
 import re
 from collections.abc import Mapping, MutableMapping
 
-from localpers.errors import InputError
+from localpers.errors import InputError, LocalpersError
 
 THREADS_VARIABLE = "LOCALPERS_THREADS"
 MAX_THREADS = 512  # ggml's own limit (GGML_MAX_N_THREADS)
 POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 DEFAULT_SPIN_COUNT = "300"  # chosen with scripts/bench_wait_policy.py
+LLAMA_CPP_PIN = (
+    "llama-cpp-python==0.3.36"  # pyproject's pin (a test keeps them equal), for the reinstall advice
+)
 
 
 def default_threads(environ: Mapping[str, str] = os.environ) -> int:
@@ -56,10 +59,19 @@ def choose_wait_policy(environ: MutableMapping[str, str]) -> list[str]:
 
 
 def load_llama_cpp() -> None:
-    """Import llama_cpp (and with it libgomp) under the wait policy, leaving the environment as it was."""
+    """Import llama_cpp (and with it libgomp) under the wait policy, leaving the environment as it was.
+
+    A llama-cpp-python that cannot be loaded (a library missing, built for another CPU) is a one-line error
+    saying how to reinstall it: only the commands that run a model need it."""
     added = choose_wait_policy(os.environ)
     try:
         import llama_cpp  # noqa: F401  (libgomp reads the policy now, once)
+    except (ImportError, OSError) as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise LocalpersError(
+            f"llama-cpp-python cannot be loaded ({reason}); reinstall it with `pip install --force-reinstall"
+            f" --no-cache-dir {LLAMA_CPP_PIN}` (it builds llama.cpp for this machine), then run `localpers doctor`"
+        ) from None
     finally:
         for name in added:
             os.environ.pop(name, None)
