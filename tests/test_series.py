@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from localpers.tasks import get_task
 from localpers.users.history import item_id
 from localpers.users.history_index import HistoryIndex, prompt_for_user, shown_for_user
@@ -217,3 +220,36 @@ def test_history_series_groups_by_task_with_item_ids() -> None:
     assert (found.task, found.size, found.latest) == ("headline", 3, "Week 3 In Cats: Naps")
     assert found.ids == tuple(item.id for item in items[:3])
     assert found.to_json() == {"task": "headline", "size": 3, "latest": found.latest, "ids": list(found.ids)}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    outputs=st.lists(
+        st.lists(
+            st.sampled_from(
+                ["the", "a", "of", "top", "5", "films", "may", "june", "cat", "dog", "week", "best", "new"]
+            ),
+            max_size=7,
+        ).map(" ".join),
+        max_size=30,
+    ),
+    similarity=st.sampled_from([0.0, 0.3, 0.5, 0.8, 1.0]),
+    min_size=st.integers(min_value=1, max_value=4),
+)
+def test_distinct_series_finds_what_comparing_every_pair_finds(
+    outputs: list[str], similarity: float, min_size: int
+) -> None:
+    """distinct_series compared every output with every other (quadratic: ~100 ms at 500 items, after every
+    accept in the TUI); it now looks only at outputs sharing one of the rarest words. Same result as the
+    comparison of every pair that `find_series` makes."""
+    sets = [word_set(output) for output in outputs]
+    counted: set[int] = set()
+    expected: list[list[int]] = []
+    for position in reversed(range(len(outputs))):
+        if position in counted:
+            continue
+        members = find_series(outputs, [position], min_size=min_size, similarity=similarity, word_sets=sets)
+        if members:
+            expected.append(members)
+            counted.update(members)
+    assert distinct_series(outputs, min_size=min_size, similarity=similarity) == expected
