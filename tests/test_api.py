@@ -640,7 +640,8 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
     is closed, the route sees a 400 rather than a traceback, and the server goes on answering. The same holds for
     a request pipelined behind another in one packet (uvicorn reads it after the first answer, past the point
     where the deadline was first set: the review found it held its place for ever), and a body the app is slow
-    to take, so that uvicorn stops reading it, is not the client's delay."""
+    to take, so that uvicorn stops reading it, is not the client's delay. A client that leaves its answer unread
+    for WRITE_SECONDS is dropped (the second review: one held its place for ever)."""
     import subprocess
     import sys
 
@@ -656,6 +657,7 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
         "from localpers.api.app import read_body\n"
         "from localpers.api.requests import ApiError\n"
         "server.BODY_SECONDS = 2.0\n"
+        "server.WRITE_SECONDS = 2.0\n"
         "async def size(request):\n"
         "    try:\n"
         "        return PlainTextResponse(str(len(await read_body(request))))\n"
@@ -664,9 +666,12 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
         "        return PlainTextResponse('', status_code=refused.status)\n"
         "async def late(request):\n"
         "    import asyncio\n"
-        "    await asyncio.sleep(3.0)  # past BODY_SECONDS before the app reads the body\n"
+        "    await asyncio.sleep(float(request.query_params['s']))  # before the app reads the body\n"
         "    return await size(request)\n"
-        "app = Starlette(routes=[Route('/', size, methods=['GET', 'POST']), Route('/late', late, methods=['POST'])])\n"
+        "async def big(request):\n"
+        "    return PlainTextResponse('x' * (16 << 20))\n"
+        "app = Starlette(routes=[Route('/', size, methods=['GET', 'POST']), Route('/late', late, methods=['POST']),"
+        " Route('/big', big)])\n"
         f"server.serve(app, '127.0.0.1', {port})\n"
     )
     server = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
@@ -699,8 +704,17 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
                 answers += chunk
             assert answers.count(b"HTTP/1.1 ") == 1 and answers.startswith(b"HTTP/1.1 200")
             assert time.monotonic() - started < 3.5
-        late = urllib.request.Request(url + "late", data=b"x" * (1 << 20), method="POST")
-        assert urllib.request.urlopen(late, timeout=10).read() == str(1 << 20).encode()
+        for wait in (1.5, 3.0):  # the app takes the body late, within BODY_SECONDS (2 s) or past it
+            late = urllib.request.Request(f"{url}late?s={wait}", data=b"x" * (1 << 20), method="POST")
+            assert urllib.request.urlopen(late, timeout=10).read() == str(1 << 20).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as unread:
+            unread.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(3.5)  # past WRITE_SECONDS without reading the answer: dropped
+            received = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := unread.recv(1 << 16):
+                    received += len(chunk)
+            assert 0 < received < 16 << 20
         request = urllib.request.Request(url, data=b"abc", method="POST")
         assert urllib.request.urlopen(request, timeout=5).read() == b"3"
     finally:

@@ -2,10 +2,11 @@
 
 `check_bind` refuses a non-loopback host unless the caller passed an explicit flag and an API key (both are
 needed: the flag says it is meant, the key keeps strangers out). `serve` runs uvicorn with its access log off
-(request lines carry no text, but nothing about requests is logged at all) until interrupted, with two guards
+(request lines carry no text, but nothing about requests is logged at all) until interrupted, with guards
 uvicorn lacks: at most MAX_CONNECTIONS connections at once (one more is answered 503 and closed as it opens; the
 accept queue is as short, so a burst cannot take every file descriptor before the guard sees it), and deadlines:
-HEADER_SECONDS for a request's headers, then BODY_SECONDS for its body.
+HEADER_SECONDS for a request's headers, then BODY_SECONDS for its body, and WRITE_SECONDS for a client to read
+what the server sends it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 
 from localpers.errors import LocalpersError
 
@@ -60,6 +62,7 @@ def check_port_free(host: str, port: int) -> None:
 MAX_CONNECTIONS = 32  # connections served at once; one more is answered 503 and closed as it opens
 HEADER_SECONDS = 10.0  # a connection whose request headers have not fully arrived by then is closed
 BODY_SECONDS = 60.0  # one whose body has not, this long after its headers (4 MiB at ~0.5 Mbit/s)
+WRITE_SECONDS = 60.0  # one that has left this long unread what the server has to send it is dropped
 ACCEPT_BACKLOG = MAX_CONNECTIONS  # connections the kernel queues, and asyncio accepts in one go
 _BUSY_TEXT = b"localpers api is busy; try again shortly"
 BUSY_RESPONSE = (
@@ -69,21 +72,48 @@ BUSY_RESPONSE = (
 
 
 def _guarded_protocol() -> type:
-    """uvicorn's HTTP/1.1 protocol with two guards it lacks: a connection beyond MAX_CONNECTIONS is answered 503
+    """uvicorn's HTTP/1.1 protocol with the guards it lacks: a connection beyond MAX_CONNECTIONS is answered 503
     and closed at once (uvicorn's own limit answers only complete requests, so half-sent ones held every file
-    descriptor), and one whose request headers are not complete within HEADER_SECONDS of its start (or of the
-    end of its previous response), or whose body is not complete within BODY_SECONDS of its headers, is closed
-    (a body sent a byte at a time held its place for as long as the client liked). Each request on a kept-alive
-    connection, pipelined ones included, has its own deadlines; time in which uvicorn has stopped reading
-    because the app has not yet taken the body it holds does not count against the client."""
+    descriptor); one whose request headers are not complete within HEADER_SECONDS of its start (or of the end of
+    its previous response), or whose body is not complete within BODY_SECONDS of its headers, is closed (a body
+    sent a byte at a time held its place for as long as the client liked); and one that leaves its answers
+    unread for WRITE_SECONDS is dropped (a client that never read held its place for ever). Each request on a
+    kept-alive connection, pipelined ones included, has its own deadlines; time in which uvicorn has stopped
+    reading because the app has not yet taken the body it holds does not count against the client."""
     import h11
+    from uvicorn.protocols.http.flow_control import FlowControl
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedFlowControl(FlowControl):  # type: ignore[misc]
+        """uvicorn's flow control, counting how long reading has been paused (the server behind, not the
+        client)."""
+
+        paused_at: float | None = None
+        paused_before: float = 0.0
+
+        def pause_reading(self) -> None:
+            if not self.read_paused:
+                self.paused_at = time.monotonic()
+            super().pause_reading()
+
+        def resume_reading(self) -> None:
+            if self.read_paused and self.paused_at is not None:
+                self.paused_before += time.monotonic() - self.paused_at
+                self.paused_at = None
+            super().resume_reading()
+
+        def paused_seconds(self) -> float:
+            running = time.monotonic() - self.paused_at if self.paused_at is not None else 0.0
+            return self.paused_before + running
 
     class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
         _deadline: asyncio.TimerHandle | None = None
         # what the deadline waits for: the h11 state (IDLE: a request's headers, SEND_BODY: its body) and the
         # request it belongs to (uvicorn's `cycle`), so that each request on a kept-alive connection gets its own
         _waiting_for: tuple[object, object] | None = None
+        _started = 0.0  # when the awaited phase began, and reading's paused seconds then
+        _paused_then = 0.0
+        _write_deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -91,6 +121,7 @@ def _guarded_protocol() -> type:
                 transport.write(BUSY_RESPONSE)
                 transport.close()
                 return
+            self.flow = TimedFlowControl(transport)  # before any request: each takes the protocol's
             self._follow_request()
 
         def handle_events(self) -> None:
@@ -98,8 +129,22 @@ def _guarded_protocol() -> type:
             super().handle_events()
             self._follow_request()
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_deadline is None:
+                self._write_deadline = self.loop.call_later(WRITE_SECONDS, self._drop_unread)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._write_deadline is not None:
+                self._write_deadline.cancel()
+                self._write_deadline = None
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_deadline()
+            if self._write_deadline is not None:
+                self._write_deadline.cancel()
+                self._write_deadline = None
             super().connection_lost(exc)
 
         def _phase(self) -> tuple[object, object]:
@@ -110,10 +155,14 @@ def _guarded_protocol() -> type:
             if phase == self._waiting_for:
                 return  # the same request, still within its deadline
             self._cancel_deadline()
-            if phase[0] is h11.IDLE:
-                self._arm_deadline(phase, HEADER_SECONDS)  # a request's headers are awaited
-            elif phase[0] is h11.SEND_BODY:
-                self._arm_deadline(phase, BODY_SECONDS)  # its headers are in; its body is on its way
+            if phase[0] is h11.IDLE or phase[0] is h11.SEND_BODY:
+                self._started, self._paused_then = self.loop.time(), self._paused_seconds()
+                # a request's headers are awaited, or its headers are in and its body is on its way
+                self._arm_deadline(phase, HEADER_SECONDS if phase[0] is h11.IDLE else BODY_SECONDS)
+
+        def _paused_seconds(self) -> float:
+            flow = self.flow
+            return flow.paused_seconds() if isinstance(flow, TimedFlowControl) else 0.0
 
         def _arm_deadline(self, phase: tuple[object, object], seconds: float) -> None:
             self._waiting_for = phase
@@ -126,14 +175,22 @@ def _guarded_protocol() -> type:
 
         def _close_if_still_waiting(self) -> None:
             phase, self._deadline, self._waiting_for = self._waiting_for, None, None
-            if phase != self._phase() or self.transport.is_closing():
+            if phase is None or phase != self._phase() or self.transport.is_closing():
                 return
-            if phase[0] is h11.SEND_BODY and self.flow.read_paused:
-                # uvicorn stopped reading until the app takes the body it holds: the server is behind, not
-                # the client, so the body gets another BODY_SECONDS
-                self._arm_deadline(phase, BODY_SECONDS)
-                return
+            if phase[0] is h11.SEND_BODY:
+                # time in which uvicorn stopped reading until the app takes the body it holds is the server's
+                client_seconds = (
+                    self.loop.time() - self._started - (self._paused_seconds() - self._paused_then)
+                )
+                if client_seconds < BODY_SECONDS:
+                    self._arm_deadline(phase, BODY_SECONDS - client_seconds)
+                    return
             self.transport.close()
+
+        def _drop_unread(self) -> None:
+            self._write_deadline = None
+            if not self.transport.is_closing():
+                self.transport.abort()  # closing would wait to send what the client does not read
 
     return GuardedH11Protocol
 
