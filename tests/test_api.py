@@ -723,6 +723,49 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
     assert "refused 400" in log and "Traceback" not in log, log[-2000:]
 
 
+def test_a_closed_connection_that_cannot_send_what_is_left_is_aborted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection uvicorn had closed (its keep-alive timer, a deadline, a finished answer) waited for ever to
+    send what its client never read, and kept its place: the second review held 3 of 32 that way for 90 s. It
+    is aborted once it has stayed closing a whole WRITE_SECONDS."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    import localpers.api.server as server
+
+    class StuckTransport(asyncio.Transport):
+        closing = aborted = False
+
+        def get_extra_info(self, name: str, default: object = None) -> object:
+            return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5555)}.get(name, default)
+
+        def is_closing(self) -> bool:
+            return self.closing or self.aborted
+
+        def close(self) -> None:
+            self.closing = True  # a close waits to send its buffer, which the client does not read
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    async def watched() -> tuple[bool, bool]:
+        config = Config(app=lambda scope, receive, send: None, log_level="warning")
+        config.load()
+        protocol = server._guarded_protocol()(config=config, server_state=ServerState(), app_state={})
+        open_one, stuck = StuckTransport(), StuckTransport()
+        protocol.connection_made(stuck)
+        other = server._guarded_protocol()(config=config, server_state=ServerState(), app_state={})
+        other.connection_made(open_one)
+        stuck.close()
+        await asyncio.sleep(0.5)  # two watches of 0.2 s
+        return stuck.aborted, open_one.aborted
+
+    monkeypatch.setattr(server, "WRITE_SECONDS", 0.2)
+    monkeypatch.setattr(server, "HEADER_SECONDS", 60.0)
+    assert asyncio.run(watched()) == (True, False)
+
+
 def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(
     monkeypatch: pytest.MonkeyPatch, backend: ApiBackend
 ) -> None:

@@ -107,15 +107,18 @@ def test_the_registry_says_what_each_method_class_says() -> None:
         assert get_method(name) is method  # loaded once: a server keeps one instance per method
 
 
-def test_a_llama_cpp_python_that_cannot_load_stops_only_the_model_commands_and_says_how_to_mend_it(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "raised", ["ImportError", "OSError", "RuntimeError"]
+)  # RuntimeError: a library llama_cpp
+def test_a_llama_cpp_python_that_cannot_load_stops_only_the_model_commands_and_says_how_to_mend_it(  # cannot load
+    tmp_path: Path, raised: str
 ) -> None:
     """Every command, `user list` and `doctor` included, ended in an ImportError traceback when llama-cpp-python
     could not be loaded (a missing library, a build for another CPU). Now the light commands work, a model command
     says in one line how to reinstall it, and doctor names it as a problem (exit 1)."""
     broken = tmp_path / "broken" / "llama_cpp"
     broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text('raise ImportError("libllama.so: cannot open shared object file")\n')
+    (broken / "__init__.py").write_text(f'raise {raised}("libllama.so: cannot open shared object file")\n')
     env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(broken.parent)}
     env.pop("LOCALPERS_MODEL", None)
 

@@ -85,6 +85,10 @@ def test_a_linked_settings_file_stays_a_link(tmp_path: Path) -> None:
     assert load_settings().theme == "textual-dark"
     assert save_theme("textual-light") is None
     assert _settings_file().is_symlink() and load_settings().theme == "textual-light"
+    _settings_file().unlink()
+    _settings_file().symlink_to(kept.parent / "not-made-yet.json")  # saving makes the file it names
+    assert load_settings() == load_settings().__class__()  # no problem to report
+    assert save_theme("textual-dark") is None and load_settings().theme == "textual-dark"
 
 
 def test_a_config_folder_that_cannot_be_made_is_a_problem_not_a_crash(

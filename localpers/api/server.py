@@ -114,6 +114,8 @@ def _guarded_protocol() -> type:
         _started = 0.0  # when the awaited phase began, and reading's paused seconds then
         _paused_then = 0.0
         _write_deadline: asyncio.TimerHandle | None = None
+        _closing_watch: asyncio.TimerHandle | None = None
+        _closing_seen = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -123,6 +125,7 @@ def _guarded_protocol() -> type:
                 return
             self.flow = TimedFlowControl(transport)  # before any request: each takes the protocol's
             self._follow_request()
+            self._closing_watch = self.loop.call_later(WRITE_SECONDS, self._watch_closing)
 
         def handle_events(self) -> None:
             # uvicorn runs this for data that arrives and, after a response, for a request pipelined behind it
@@ -141,11 +144,19 @@ def _guarded_protocol() -> type:
                 self._write_deadline = None
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_deadline()
-            if self._write_deadline is not None:
-                self._write_deadline.cancel()
-                self._write_deadline = None
+            self._stop_watching()
             super().connection_lost(exc)
+
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            self._stop_watching()  # the connection is the websocket protocol's from here
+            super().handle_websocket_upgrade(event)
+
+        def _stop_watching(self) -> None:
+            self._cancel_deadline()
+            for timer in (self._write_deadline, self._closing_watch):
+                if timer is not None:
+                    timer.cancel()
+            self._write_deadline = self._closing_watch = None
 
         def _phase(self) -> tuple[object, object]:
             return self.conn.their_state, self.cycle
@@ -189,8 +200,18 @@ def _guarded_protocol() -> type:
 
         def _drop_unread(self) -> None:
             self._write_deadline = None
-            if not self.transport.is_closing():
-                self.transport.abort()  # closing would wait to send what the client does not read
+            self.transport.abort()  # closing would wait to send what the client does not read
+
+        def _watch_closing(self) -> None:
+            """Abort a connection closed (by uvicorn's keep-alive timer, a deadline, a finished answer) that has
+            stayed open a whole WRITE_SECONDS since, waiting to send what its client does not read."""
+            self._closing_watch = None
+            if self.transport.is_closing():
+                if self._closing_seen:
+                    self.transport.abort()
+                    return
+                self._closing_seen = True
+            self._closing_watch = self.loop.call_later(WRITE_SECONDS, self._watch_closing)
 
     return GuardedH11Protocol
 

@@ -62,11 +62,17 @@ def load_llama_cpp() -> None:
     """Import llama_cpp (and with it libgomp) under the wait policy, leaving the environment as it was.
 
     A llama-cpp-python that cannot be loaded (a library missing, built for another CPU) is a one-line error
-    saying how to reinstall it: only the commands that run a model need it."""
+    saying how to reinstall it: only the commands that run a model need it. Its `_ggml` bindings load here too,
+    for the same error."""
     added = choose_wait_policy(os.environ)
     try:
         import llama_cpp  # noqa: F401  (libgomp reads the policy now, once)
-    except (ImportError, OSError) as exc:
+        from llama_cpp import _ggml  # noqa: F401  (loads libggml-base, which llama_cpp itself may not)
+    except (
+        ImportError,
+        OSError,
+        RuntimeError,
+    ) as exc:  # llama_cpp raises RuntimeError for a library it cannot load
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise LocalpersError(
             f"llama-cpp-python cannot be loaded ({reason}); reinstall it with `pip install --force-reinstall"

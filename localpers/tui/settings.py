@@ -37,13 +37,20 @@ def settings_path() -> Path:
 def load_settings() -> SavedSettings:
     """The saved settings; the defaults, with a one-line problem naming the file, when they cannot be used."""
     try:
-        path = settings_path()
-    except LocalpersError as exc:  # the config folder cannot be made
+        return _read_settings()
+    except (LocalpersError, OSError) as exc:  # the config folder cannot be made, or searched
+        reason = one_line(str(exc), limit=200)
         return SavedSettings(
-            problem=f"{one_line(str(exc), limit=200)}; the TUI starts with its default theme"
+            problem=f"the TUI's settings cannot be read ({reason}); it starts with its default theme"
         )
-    if not path.exists() and not path.is_symlink():
+
+
+def _read_settings() -> SavedSettings:
+    path = settings_path()
+    if not path.is_symlink() and not path.exists():
         return SavedSettings()
+    if path.is_symlink() and not path.exists() and (path.parent / path.readlink()).parent.is_dir():
+        return SavedSettings()  # a link to a file not made yet: saving writes through it
     if not path.is_file():  # a folder, a FIFO, a link to nothing: saving would be refused too
         return SavedSettings(
             problem=f"{path} is not a file; remove it for the TUI to keep its theme between runs"

@@ -147,8 +147,8 @@ def _alike_finder(sets: Sequence[frozenset[str]], similarity: float) -> Callable
 
     Two sets of sizes a and b with F1 >= t share s >= t * a / (2 - t) words, so a set alike to A holds one of
     any a - s + 1 words of A (A's rarest, to look at the fewest); only those words' outputs are compared. The
-    profile lists a history's series after every accept: 500 items took ~100 ms, now ~10 ms, with the same
-    result (a test compares the two on random histories).
+    profile lists a history's series after every accept: 500 items took ~80 ms, now ~11 ms, with the same
+    result (a test compares the two on random histories; docs/PERFORMANCE.md, seventy-fifth session).
     """
     if similarity <= 0:  # everything is alike to everything
         return lambda position: [
