@@ -575,6 +575,24 @@ def test_the_answer_says_what_rewrite_json_says_beside_the_text(server: LiveServ
     assert final[0]["localpers"]["strength"] is None and final[0]["localpers"]["notes"]
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_until_serving(url: str, expected: bytes) -> None:
+    """Wait (up to 60 s) until a server started in another process answers `url` with `expected`."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert urllib.request.urlopen(url, timeout=5).read() == expected
+            return
+        except OSError:  # not listening yet (urllib's URLError is one)
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+
 def test_half_sent_requests_neither_take_every_file_descriptor_nor_hold_their_places(tmp_path: Path) -> None:
     """300 half-sent requests took all 200 file descriptors the server had: later requests timed out and the log
     filled with tracebacks. Beyond MAX_CONNECTIONS a connection is now answered 503 as it opens, and one whose
@@ -587,9 +605,7 @@ def test_half_sent_requests_neither_take_every_file_descriptor_nor_hold_their_pl
     import urllib.error
     import urllib.request
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     script = (
         "import resource\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))\n"
@@ -606,14 +622,7 @@ def test_half_sent_requests_neither_take_every_file_descriptor_nor_hold_their_pl
     held: list[socket.socket] = []
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert urllib.request.urlopen(url, timeout=5).read() == b"ok"
-                break
-            except urllib.error.URLError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.05)
+        _wait_until_serving(url, b"ok")
         for _ in range(300):  # each sends half a request and waits (a full queue makes connecting wait too)
             connection = socket.create_connection(("127.0.0.1", port), timeout=30)
             connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
@@ -645,9 +654,7 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     script = (
         "import sys\n"
         "from starlette.applications import Starlette\n"
@@ -677,14 +684,7 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline(tmp_path: Path) -> N
     server = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert urllib.request.urlopen(url, timeout=5).read() == b"0"
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.05)
+        _wait_until_serving(url, b"0")
         with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
             slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
             started = time.monotonic()
