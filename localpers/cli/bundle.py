@@ -63,14 +63,16 @@ def serve(
             handler.formatter.converter = time.gmtime
     what = "bundle" if server.bundle is not None else "repository"
     size = sum(served.size for served in server.files.values())
-    typer.echo(
-        f"serving {what} {directory} ({len(server.files)} files, {_megabytes(size)})"
-        f" at {server.url}  (Ctrl-C stops)",
-        err=True,
-    )
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        typer.echo(f"note: listening on {host}: anyone who can reach it can download this bundle", err=True)
-    try:
+    try:  # from the first line it prints: a stop as soon as it says "serving" is a normal stop
+        typer.echo(
+            f"serving {what} {directory} ({len(server.files)} files, {_megabytes(size)})"
+            f" at {server.url}  (Ctrl-C stops)",
+            err=True,
+        )
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            typer.echo(
+                f"note: listening on {host}: anyone who can reach it can download this bundle", err=True
+            )
         server.serve_forever()
     except (
         KeyboardInterrupt
