@@ -799,3 +799,193 @@ def test_an_answer_cut_by_the_full_context_reaches_clients_as_length() -> None:
     from localpers.engine import CONTEXT_TOKENS
 
     assert FINISH_REASONS["context"] == "length" and MAX_TOKENS_LIMIT == CONTEXT_TOKENS
+
+
+def test_a_chat_reply_ends_where_a_base_model_would_write_the_next_turn(
+    client: openai.OpenAI, personalizer: Personalizer
+) -> None:
+    """On a backbone without a chat template (the embedded Gemma) a chat is a "Role: text" transcript, and the
+    reply ran on into invented "User:" and "Assistant:" turns until max_tokens, starting with a space."""
+    from localpers.methods.card.prompting import chat_transcript
+
+    messages = [
+        ("system", "You are a helpful assistant."),
+        ("user", "What is the capital of France?"),
+        ("assistant", "Paris."),
+        ("user", "And of Germany?"),
+    ]
+    unstopped = personalizer.rewrite(chat_transcript(messages), task="free", method="global", max_tokens=48)
+    assert "\nUser:" in unstopped.text  # what this model writes on its own
+    answer = client.chat.completions.create(
+        model="localpers",
+        messages=[{"role": role, "content": content} for role, content in messages],  # type: ignore[misc]
+        max_tokens=48,
+        extra_body={"method": "global"},
+    )
+    reply = answer.choices[0].message.content or ""
+    assert reply == unstopped.text[: unstopped.text.index("\nUser:")].strip()
+    assert answer.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(
+        model="localpers",
+        messages=[{"role": role, "content": content} for role, content in messages],  # type: ignore[misc]
+        max_tokens=48,
+        extra_body={"method": "global"},
+        stream=True,
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == reply
+
+
+def test_a_chat_or_prompt_longer_than_a_rewrites_text_is_bounded_by_the_context_only(
+    client: openai.OpenAI, server: LiveServer
+) -> None:
+    """A chat whose transcript passed 1,000 characters (a long system prompt, a long conversation) got a 400 telling
+    the client to "split it and rewrite the parts", the free task's limit for a text shown beside examples."""
+    system = "You answer questions about the town's history, briefly and politely. " * 18  # ~1,260 characters
+    chat = client.chat.completions.create(
+        model="localpers",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        extra_body={"method": "global"},
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens > 200 and chat.choices[0].message.content
+    completion = client.completions.create(
+        model="localpers", prompt=system, max_tokens=4, extra_body={"method": "global"}
+    )
+    assert (
+        completion.usage is not None and completion.usage.prompt_tokens > 200 and completion.choices[0].text
+    )
+    status, body = raw_request(  # the test model's context is 512 tokens
+        f"{server.base_url}/completions",
+        json.dumps({"model": "localpers", "prompt": "word " * 600, "method": "global"}).encode(),
+    )
+    assert status == 400 and "exceed the model's context of 512" in json.loads(body)["error"]["message"]
+
+
+def test_an_assistant_turn_without_content_is_an_empty_turn(client: openai.OpenAI) -> None:
+    """OpenAI's clients send `content: null` for an assistant turn that only called tools."""
+    answer = client.chat.completions.create(
+        model="localpers",
+        messages=[
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": None},
+            {"role": "user", "content": "Hello again"},
+        ],
+        max_tokens=4,
+        extra_body={"method": "global"},
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+class _RecordingBackend:
+    """`backend` whose generations are recorded: the tokens each produced, or the exception that ended it."""
+
+    def __init__(self, backend: ApiBackend) -> None:
+        self.backend = backend
+        self.outcomes: list[object] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.backend, name)
+
+    def run(self, job: object, on_text: object = None) -> object:
+        try:
+            served = self.backend.run(job, on_text)  # type: ignore[arg-type]
+        except BaseException as exc:
+            self.outcomes.append(type(exc).__name__)
+            raise
+        self.outcomes.append(served.result.tokens)
+        return served
+
+
+def test_a_plain_answer_whose_client_left_stops_generating(
+    backend: ApiBackend, personalizer: Personalizer
+) -> None:
+    """A stream stopped at the client's disconnect, but a plain (non-streaming) answer ran to max_tokens, holding
+    the engine from every other client."""
+    recording = _RecordingBackend(backend)
+    end_of_text = personalizer.engine.eos_token
+    body = json.dumps(
+        {
+            "model": "localpers",
+            "prompt": "Once upon a time",
+            "max_tokens": 300,
+            "method": "global",
+            "logit_bias": {str(end_of_text): -100},  # no early end: only the disconnect can stop it
+        }
+    ).encode()
+    with LiveServer(create_app(recording)) as live:  # type: ignore[arg-type]
+        with socket.create_connection(("127.0.0.1", live.port)) as connection:
+            connection.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while not recording.outcomes and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert recording.outcomes == ["ClientGone"]
+
+
+def test_every_chunk_of_a_stream_carries_the_same_created_time(backend: ApiBackend) -> None:
+    """The chunks carried the time the stream started and the last ones the time the generation ended."""
+    from localpers.api.backend import Served
+
+    class Slow:
+        def __getattr__(self, name: str) -> object:
+            return getattr(backend, name)
+
+        def run(self, job: object, on_text: object = None) -> Served:
+            served = backend.run(job, on_text)  # type: ignore[arg-type]
+            return Served(served.result, served.user, served.created + 5, served.notes)  # a slow generation
+
+    with LiveServer(create_app(Slow())) as live:  # type: ignore[arg-type]
+        client = openai.OpenAI(base_url=live.base_url, api_key="x", max_retries=0, timeout=300)
+        chunks = list(
+            client.chat.completions.create(
+                model="localpers",
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=4,
+                extra_body={"method": "global"},
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    assert len(chunks) >= 3 and len({chunk.created for chunk in chunks}) == 1
+
+
+def test_a_key_protected_server_answers_a_browser_apps_preflight(backend: ApiBackend) -> None:
+    """API.md promised a browser app the API once the server has a key, but preflights got 405 and answers no
+    Access-Control-Allow-Origin, so browsers blocked every call. Without a key pages stay refused."""
+    preflight = {
+        "Origin": "https://writer.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    with LiveServer(create_app(backend, api_key="s3cret")) as live:
+        connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+        connection.request("OPTIONS", "/v1/chat/completions", headers=preflight)
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 200
+        assert answer.getheader("access-control-allow-origin") == "*"
+        assert "authorization" in (answer.getheader("access-control-allow-headers") or "").lower()
+        connection.request(
+            "GET",
+            "/v1/models",
+            headers={"Origin": "https://writer.example", "Authorization": "Bearer s3cret"},
+        )
+        listed = connection.getresponse()
+        listed.read()
+        assert listed.status == 200 and listed.getheader("access-control-allow-origin") == "*"
+        connection.request("GET", "/v1/models", headers={"Origin": "https://writer.example"})
+        refused = connection.getresponse()
+        refused.read()
+        assert refused.status == 401
+        connection.close()
+    with LiveServer(create_app(backend)) as live:
+        connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+        connection.request("OPTIONS", "/v1/chat/completions", headers=preflight)
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status != 200 and answer.getheader("access-control-allow-origin") is None
+        connection.close()

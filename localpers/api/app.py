@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,8 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -245,9 +248,36 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
         job = parse(await read_json(request))
         ident = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if not job.stream:
-            served = await anyio.to_thread.run_sync(backend.run, job)
-            return JSONResponse(_completion_body(job, served, ident))
+            return await answer(request, job, ident)
         return await stream(request, job, ident)
+
+    async def answer(request: Request, job: GenerationJob, ident: str) -> Response:
+        """The whole answer at once; a client that disconnects before it stops its generation, as a stream's does."""
+        gone = threading.Event()
+
+        def on_text(piece: str) -> None:
+            if gone.is_set():
+                raise ClientGone()
+
+        async def watch_for_disconnect() -> None:
+            # the body has been read: what the connection says next is that the client left (or nothing)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        outcome: Served | Exception
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(watch_for_disconnect)
+            try:
+                outcome = await anyio.to_thread.run_sync(backend.run, job, on_text)
+            except Exception as exc:  # raised below, outside the group (which would wrap it)
+                outcome = exc
+            watching.cancel_scope.cancel()
+        if isinstance(outcome, ClientGone):
+            return Response(status_code=499)  # nobody reads it
+        if isinstance(outcome, Exception):
+            raise outcome
+        return JSONResponse(_completion_body(job, outcome, ident))
 
     async def stream(request: Request, job: GenerationJob, ident: str) -> Response:
         loop = asyncio.get_running_loop()
@@ -298,12 +328,12 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
                     elif isinstance(item, Served):
                         finish = FINISH_REASONS.get(item.result.stop_reason, "stop")
                         yield _event(
-                            {**_chunk(job, ident, item.created, None, finish), "localpers": _extension(item)}
+                            {**_chunk(job, ident, created, None, finish), "localpers": _extension(item)}
                         )
                         if job.include_usage:
                             yield _event(
                                 {
-                                    **_chunk(job, ident, item.created, None, None),
+                                    **_chunk(job, ident, created, None, None),
                                     "choices": [],
                                     "usage": _usage(item),
                                 }
@@ -340,4 +370,21 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
             ApiError(status, f"{request.method} {request.url.path} is not an endpoint of localpers api")
         )
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    # With a key, a web page that holds it may call the API from the browser: answer its preflight and let it
+    # read the answers (the key, sent as a header, is what guards every route). Without one no page is served.
+    middleware = (
+        [
+            Middleware(
+                CORSMiddleware,
+                allow_origins=["*"],
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type"],
+                max_age=600,
+            )
+        ]
+        if api_key
+        else []
+    )
+    return Starlette(
+        routes=routes, middleware=middleware, exception_handlers={404: not_found, 405: not_found}
+    )

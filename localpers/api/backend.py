@@ -14,6 +14,7 @@ own decoder (`own_decoder`) is served by the `UserDecoder` it opens, kept open w
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from localpers.methods.base import Method, RewriteOptions, UserDecoder, cut_text
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.prompting import chat_transcript
+from localpers.methods.card.prompting import chat_transcript, transcript_stops
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import get_method
 from localpers.methods.reports import RewriteResult
@@ -188,6 +189,7 @@ class ApiBackend:
             )
         text = chat_transcript(job.messages) if use_chat_prompt else job.text
         assert text is not None
+        stop = (*job.stop, *transcript_stops(job.messages)) if use_chat_prompt else job.stop
         if chosen.own_decoder:
             if user is None:
                 raise ApiError(
@@ -197,6 +199,12 @@ class ApiBackend:
                 )
             result = self._own_decoder(chosen, user, text, task, job, on_text)
         else:
+            free = get_task("free")
+            # A text longer than the free task's prompt carries with the user's examples (a long chat, a
+            # document to continue) is given alone, as a chat template's prompt is: the context bounds it.
+            alone = task == free.name and len(free.content(text)) > free.max_input_chars
+            if use_chat_prompt:
+                on_text = _without_leading_space(on_text)
             result = self.personalizer.rewrite(
                 text,
                 task=task,
@@ -206,10 +214,13 @@ class ApiBackend:
                 sampling=job.sampling,
                 on_text=on_text,
                 history=history,
-                stop=job.stop,
+                prompt=self.personalizer.engine.tokenize(text) if alone else None,
+                stop=stop,
                 candidates=job.candidates,
                 show_examples=True,  # the answer's `localpers.examples`, as `rewrite --json` lists them
             )
+            if use_chat_prompt:  # the reply after "Assistant:" starts with the space that followed it
+                result = dataclasses.replace(result, text=result.text.lstrip())
         cut = cut_text_note(text, result)
         if cut is not None:
             notes.append(cut)
@@ -235,6 +246,23 @@ class ApiBackend:
             on_text=on_text,
         )
         return decoder.rewrite(text, options)
+
+
+def _without_leading_space(on_text: TextSink | None) -> TextSink | None:
+    """`on_text` that drops the whitespace a reply opens with (its first pieces may be only that)."""
+    if on_text is None:
+        return None
+    started = False
+
+    def forward(piece: str) -> None:
+        nonlocal started
+        if not started:
+            piece = piece.lstrip()
+            started = bool(piece)
+        if piece:
+            on_text(piece)
+
+    return forward
 
 
 # The engine's refusals of a request's own settings, by how their messages open: the field they are about.

@@ -261,6 +261,8 @@ def _content(message: dict[str, Any], index: int) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
+    if content is None and message.get("role") == "assistant":  # OpenAI's turn that only called tools
+        return ""
     if isinstance(content, list):
         parts = []
         for part in content:

@@ -116,3 +116,15 @@ def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
         return messages[0][1]
     turns = [f"{role.capitalize()}: {content.strip()}" for role, content in messages]
     return "\n\n".join([*turns, "Assistant:"])
+
+
+def transcript_stops(messages: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """Where a reply to `chat_transcript(messages)` ends: at the next turn a base model writes on its own.
+
+    Without them a reply runs on into invented "User:" and "Assistant:" turns until its token limit. A lone user
+    message is no transcript (it is continued as plain text), so nothing is added for it.
+    """
+    if len(messages) == 1 and messages[0][0] == "user":
+        return ()
+    # "\n\nUser:" ends the reply before the blank line that separates turns, "\nUser:" where the model wrote none
+    return tuple(f"{gap}{role}:" for role in ("User", "Assistant", "System") for gap in ("\n\n", "\n"))
