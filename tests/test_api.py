@@ -332,6 +332,12 @@ def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, 
     assert "Traceback" not in body
     status, body = raw_request(f"{server.base_url}/embeddings")
     assert status == 404 and "error" in json.loads(body)
+    # `logprobs: 0` asks a completion for the chosen tokens' log-probabilities (0 alternatives): refused too
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model="localpers", prompt=ARTICLE, max_tokens=2, logprobs=0)
+    client.chat.completions.create(  # a chat's `logprobs: false` asks for none
+        model="localpers", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, logprobs=False
+    )
 
 
 def test_text_that_is_not_unicode_gets_a_400_naming_its_field(server: LiveServer) -> None:
