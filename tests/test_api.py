@@ -243,6 +243,15 @@ def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
         client.completions.create(model="card", user="bob", prompt=ARTICLE, max_tokens=8)
     with pytest.raises(openai.BadRequestError, match="name different users"):
         client.completions.create(model="localpers/alice", user="bob", prompt=ARTICLE, max_tokens=8)
+    # clients that always send OpenAI's end-user tag (an id of their own) reach a user through the model name
+    tagged = client.completions.create(
+        model="localpers/bob",
+        user="user-4821",
+        prompt=ARTICLE,
+        max_tokens=8,
+        extra_body={"task": "headline", "method": "global"},
+    )
+    assert tagged.choices[0].text == by_model.choices[0].text and tagged.localpers["user"] == "bob"  # type: ignore[attr-defined]
 
 
 def test_chat_streaming_sends_the_same_text_as_a_plain_answer(client: openai.OpenAI) -> None:

@@ -131,6 +131,12 @@ class ApiBackend:
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
         """Generate for `job` (blocking; call from a worker thread)."""
         with self._lock:
+            if job.user_tag is not None and job.user_tag in self.store.list():
+                raise ApiError(
+                    400,
+                    f"`user` {job.user_tag!r} and model {job.model!r} name different users; give one of them",
+                    param="user",
+                )
             user = self.resolve_user(job.user)
             notes: list[str] = []
             try:

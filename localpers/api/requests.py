@@ -61,7 +61,10 @@ class GenerationJob:
 
     kind: str  # "completion" or "chat"
     model: str
-    user: str | None  # the local user named by `user` or by the model name; None = the active user
+    user: str | None  # the local user named by the model name or by `user`; None = the active user
+    user_tag: (
+        str | None
+    )  # a `user` beside a model naming another user: an end-user tag, unless a local user's name
     text: str | None  # completion prompt, or the last user message of a chat with a task
     messages: tuple[tuple[str, str], ...]  # chat only
     task: str | None  # None: completions use "free", chats use the chat prompt
@@ -137,9 +140,11 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required: `localpers` or `localpers/<user>`", "model")
     model_user = user_from_model(model)  # the model name is checked even when `user` names the user
-    user = _string(body, "user") or model_user
-    if model_user is not None and user != model_user:
-        raise _bad(f"`user` {user!r} and model {model!r} name different users; give one of them", "user")
+    user_field = _string(body, "user")
+    user = model_user or user_field
+    # With the user in the model name, a different `user` may be OpenAI's end-user tag, which some clients
+    # always send: the backend refuses it only where it names another local user.
+    user_tag = user_field if model_user is not None and user_field not in (None, model_user) else None
     if body.get("n") not in (None, 1):
         raise _bad("only `n` = 1 is supported", "n")
     for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
@@ -192,6 +197,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     return {
         "model": model,
         "user": user,
+        "user_tag": user_tag,
         "task": task,
         "method": method,
         "strength": None
