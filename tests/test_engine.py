@@ -376,7 +376,11 @@ def test_the_config_files_model_is_read_only_when_nothing_before_it_names_one(
     monkeypatch.chdir(tmp_path)
     assert resolve_backbone().path == config_dir() / "here.gguf"
     config.write_text('{"model": "gone.gguf"}')
-    with pytest.raises(LocalpersError, match=r"gone.gguf \(from .*config.json\) does not exist"):
+    with pytest.raises(
+        LocalpersError,
+        match=r"gone.gguf \(from .*config.json\) does not exist; give a GGUF file path; a relative path there is"
+        r" read from the config folder$",
+    ):
         resolve_backbone()
 
 

@@ -46,6 +46,11 @@ def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone) -> No
     fitted["fitted_by"] = "localpers 0.0.1"  # made by another version
     user.state_path.write_text(json.dumps(fitted))
     assert _fit(common, "--history-limit", "5")["unchanged"] is False
+    # the mark of every fit before fit formats, made by several fitting codes under one package version
+    fitted = json.loads(user.state_path.read_text())
+    fitted["fitted_by"] = "localpers 0.1.0"
+    user.state_path.write_text(json.dumps(fitted))
+    assert _fit(common, "--history-limit", "5")["unchanged"] is False
 
     user.save_history([*user.history(), HistoryItem.create("headline", "A new article.", "NEW HEADLINE!")])
     assert _fit(common, "--history-limit", "5")["unchanged"] is False  # the history changed

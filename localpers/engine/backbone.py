@@ -145,7 +145,9 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
             )
             if not path.is_file():
                 what = "is not a file" if path.exists() else "does not exist"
-                raise InputError(f"backbone {path} (from {named}) {what}; give a GGUF file path")
+                # since relative paths there stopped following the working folder, say where they are read from
+                where = "; a relative path there is read from the config folder" if source == "config" else ""
+                raise InputError(f"backbone {path} (from {named}) {what}; give a GGUF file path{where}")
             _check_gguf_magic(path, named)  # else a bundle check would call it "another backbone"
             return Backbone(path=path, sha256=cached_sha256(path), source=source)
     try:

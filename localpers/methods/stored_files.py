@@ -9,7 +9,11 @@ those modules import.
 from localpers import __version__
 
 COPE_STATE_FILE = "cope.json"
-FITTED_BY = f"localpers {__version__}"
+# Bump FIT_FORMAT with every change to what a fit computes or stores, so `fit` redoes the fits made before it. The
+# package version alone never moved: every fit made before this number, by several versions of the fitting code,
+# was marked "localpers 0.1.0" and kept as current (format 1).
+FIT_FORMAT = 2
+FITTED_BY = f"localpers {__version__}, fit format {FIT_FORMAT}"
 EXACT_INDEX_FILE = "exact-index.safetensors"
 
 
