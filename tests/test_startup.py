@@ -92,20 +92,6 @@ def test_a_command_that_needs_the_model_still_loads_llama_cpp_under_the_wait_pol
     assert result.stdout.split() == ["True", "True"]
 
 
-def test_the_tui_opens_before_llama_cpp_loads() -> None:
-    """`localpers tui` loaded llama.cpp before its first frame, though the app loads the model in the background:
-    what the command imports before the app runs must not load it (the app's loading thread does)."""
-    probe = (
-        "import sys\n"
-        "import localpers.cli.tui, localpers.tui\n"
-        "print('textual' in sys.modules, 'llama_cpp' in sys.modules)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.split() == ["True", "False"]
-
-
 def test_the_registry_says_what_each_method_class_says() -> None:
     from localpers.methods.registry import LISTED, get_method
 

@@ -7,7 +7,7 @@ a one-line error like in every other command; the model itself loads inside the 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -25,9 +25,6 @@ from localpers.cli.sampling import (
 )
 from localpers.errors import LocalpersError
 from localpers.methods.consensus import MAX_CANDIDATES
-
-if TYPE_CHECKING:
-    from localpers.methods.card.personalizer import Personalizer
 
 
 def tui_command(
@@ -83,15 +80,12 @@ def tui_command(
             "`localpers tui` needs an interactive terminal; in scripts use `localpers rewrite`"
         )
 
+    from localpers.methods.card.personalizer import Personalizer
     from localpers.tui import EngineService, run_app
 
-    def open_personalizer() -> Personalizer:
-        # Imported here, in the app's loading thread, so llama.cpp loads behind the first frame.
-        from localpers.methods.card.personalizer import Personalizer
-
-        return Personalizer(verified, backbone)
-
-    service = EngineService(open_personalizer, store, sampling=sampling, candidates=candidates)
+    service = EngineService(
+        lambda: Personalizer(verified, backbone), store, sampling=sampling, candidates=candidates
+    )
     run_app(service, user=user, text=text)
 
 

@@ -20,14 +20,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from localpers.engine.decoding import SamplerSettings
+from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.reports import RewriteResult
 from localpers.users.store import User
-
-if TYPE_CHECKING:
-    from localpers.methods.card.personalizer import Personalizer
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 

@@ -111,20 +111,6 @@ BASELINE_METHOD = "global"  # the non-personalized reference every comparison sh
 UNFITTED_METHOD = "global-history"  # what CARD decodes before a fit: the user's history in the prompt
 
 
-def unfitted_method(method: str, shows_history: bool) -> str | None:
-    """What a user without a usable fit gets for `method`; None where the method needs the fit.
-
-    `global` and `global-history` need none; CARD shows the user's history (`shows_history`: the user has
-    items for the task and the bundle's adapters were trained to read them) without its correction, or is
-    the plain global adapter. `localpers rewrite`, the TUI and the API (which refuses CARD instead) share it.
-    """
-    if method in (BASELINE_METHOD, UNFITTED_METHOD):
-        return method
-    if method != DEFAULT_METHOD:
-        return None
-    return UNFITTED_METHOD if shows_history else BASELINE_METHOD
-
-
 def method_names(*, fitted: bool | None = None) -> tuple[str, ...]:
     """All names, or only those that `fit` learns something for (`fitted=True`)."""
     return tuple(name for name, entry in LISTED.items() if fitted is None or entry.fits == fitted)

@@ -17,8 +17,9 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from localpers.methods.card.method import unfitted_method
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.registry import BASELINE_METHOD, UNFITTED_METHOD, listed, unfitted_method
+from localpers.methods.registry import BASELINE_METHOD, UNFITTED_METHOD, listed
 from localpers.methods.reports import RewriteResult
 from localpers.tui.service import RewriteRequest
 from localpers.tui.userdata import Profile

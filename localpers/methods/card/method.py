@@ -18,14 +18,13 @@ from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
-from localpers.methods.registry import UNFITTED_METHOD, unfitted_method
 from localpers.methods.reports import FitReport
 from localpers.tasks import get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User
 
 # The global adapter with the user's history in the prompt: needs no fit, so it is what CARD falls back to.
-HISTORY_ONLY_METHOD = UNFITTED_METHOD
+HISTORY_ONLY_METHOD = "global-history"
 
 
 @dataclass(frozen=True)
@@ -53,6 +52,20 @@ def _history_not_here(user: User, state: dict[str, Any]) -> str | None:
         f" personalization comes from; add it with `localpers history import FILE --user {user.name}` (an export"
         " made with --with-history carries it)"
     )
+
+
+def unfitted_method(method: str, shows_history: bool) -> str | None:
+    """What a user without a usable fit gets for `method`; None where the method needs the fit.
+
+    `global` and `global-history` need none; CARD shows the user's history (`shows_history`: the user has
+    items for the task and the bundle's adapters were trained to read them) without its correction, or is
+    the plain global adapter. `localpers rewrite`, the TUI and the API (which refuses CARD instead) share it.
+    """
+    if method in ("global", HISTORY_ONLY_METHOD):
+        return method
+    if method != "card":
+        return None
+    return HISTORY_ONLY_METHOD if shows_history else "global"
 
 
 def profile_for_rewrite(
