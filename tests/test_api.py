@@ -344,8 +344,11 @@ def test_bad_requests_get_a_json_4xx_without_a_traceback(client: openai.OpenAI, 
     # `logprobs: 0` asks a completion for the chosen tokens' log-probabilities (0 alternatives): refused too
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         client.completions.create(model="localpers", prompt=ARTICLE, max_tokens=2, logprobs=0)
-    client.chat.completions.create(  # a chat's `logprobs: false` asks for none
+    client.chat.completions.create(  # a chat's `logprobs: false` asks for none, as do 0 alternatives, no echo
         model="localpers", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, logprobs=False
+    )
+    client.completions.create(
+        model="localpers", prompt=ARTICLE, max_tokens=2, echo=False, extra_body={"echo": 0, "top_logprobs": 0}
     )
 
 
@@ -851,7 +854,7 @@ def test_a_chat_reply_ends_where_a_base_model_would_write_the_next_turn(
 
 
 def test_a_chat_or_prompt_longer_than_a_rewrites_text_is_bounded_by_the_context_only(
-    client: openai.OpenAI, server: LiveServer
+    client: openai.OpenAI, server: LiveServer, store: UserStore
 ) -> None:
     """A chat whose transcript passed 1,000 characters (a long system prompt, a long conversation) got a 400 telling
     the client to "split it and rewrite the parts", the free task's limit for a text shown beside examples."""
@@ -869,6 +872,18 @@ def test_a_chat_or_prompt_longer_than_a_rewrites_text_is_bounded_by_the_context_
     assert (
         completion.usage is not None and completion.usage.prompt_tokens > 200 and completion.choices[0].text
     )
+    # a user whose free-task history a short text would be shown with is told that a long one was given alone
+    erin = store.create("erin")
+    erin.save_history([HistoryItem.create("free", "A note about the harbour.", "The harbour opens at six.")])
+    try:
+        answer = client.completions.create(
+            model="localpers/erin", prompt=system, max_tokens=4, extra_body={"method": "global-history"}
+        )
+        assert answer.localpers["notes"] == [  # type: ignore[attr-defined]
+            "the text has over 1,000 characters: it was given without your examples, which would not fit beside it"
+        ]
+    finally:
+        store.delete("erin")
     status, body = raw_request(  # the test model's context is 512 tokens
         f"{server.base_url}/completions",
         json.dumps({"model": "localpers", "prompt": "word " * 600, "method": "global"}).encode(),
@@ -974,7 +989,8 @@ def test_a_key_protected_server_answers_a_browser_apps_preflight(backend: ApiBac
     preflight = {
         "Origin": "https://writer.example",
         "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization, content-type",
+        # OpenAI's JavaScript SDK sends its own headers on every call
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os, x-stainless-retry-count",
     }
     with LiveServer(create_app(backend, api_key="s3cret")) as live:
         connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
@@ -983,7 +999,8 @@ def test_a_key_protected_server_answers_a_browser_apps_preflight(backend: ApiBac
         answer.read()
         assert answer.status == 200
         assert answer.getheader("access-control-allow-origin") == "*"
-        assert "authorization" in (answer.getheader("access-control-allow-headers") or "").lower()
+        allowed = (answer.getheader("access-control-allow-headers") or "").lower()
+        assert "authorization" in allowed and "x-stainless-os" in allowed
         connection.request(
             "GET",
             "/v1/models",

@@ -166,6 +166,19 @@ def test_stop_string_ends_generation_without_streaming_it(engine: Engine) -> Non
     assert "".join(pieces) == result.text
 
 
+def test_a_stop_that_is_not_whitespace_ends_even_a_reply_it_opens() -> None:
+    """Stops were looked for after the text's leading whitespace only, so a chat reply opening with the next turn
+    ("\n\nUser: ...") ran on and returned the invented turn; a one-line task's "\n" still skips a leading one."""
+    from localpers.engine.generation import _StopScanner
+    from localpers.methods.card.prompting import transcript_stops
+
+    turns = _StopScanner(transcript_stops([("user", "Hello"), ("assistant", ""), ("user", "Still there?")]))
+    assert turns.find_stop("\n\nUser: what?") == 0
+    assert turns.find_stop("Yes.\nAssistant: no") == 4
+    assert _StopScanner(("\n",)).find_stop("\nA headline\nmore") == 11
+    assert _StopScanner(("\n",)).find_stop("\n\n") is None
+
+
 def test_special_tokenization_parses_control_tokens_and_plain_does_not(engine: Engine) -> None:
     text = "<start_of_turn>user\nWrite a headline.<end_of_turn>\n<start_of_turn>model\n"
     special = engine.tokenize(text, add_bos=False, special=True)

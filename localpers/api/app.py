@@ -378,7 +378,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
                 CORSMiddleware,
                 allow_origins=["*"],
                 allow_methods=["GET", "POST"],
-                allow_headers=["authorization", "content-type"],
+                allow_headers=["*"],  # OpenAI's JavaScript SDK sends its own x-stainless-* headers
                 max_age=600,
             )
         ]

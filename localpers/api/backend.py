@@ -209,6 +209,11 @@ class ApiBackend:
             # A text longer than the free task's prompt carries with the user's examples (a long chat, a
             # document to continue) is given alone, as a chat template's prompt is: the context bounds it.
             alone = task == free.name and len(free.content(text)) > free.max_input_chars
+            if alone and history is not None and history.pool:
+                notes.append(
+                    f"the text has over {free.max_input_chars:,} characters: it was given without your examples,"
+                    " which would not fit beside it"
+                )
             if use_chat_prompt:
                 on_text = _without_leading_space(on_text)
             result = self.personalizer.rewrite(
@@ -220,7 +225,7 @@ class ApiBackend:
                 sampling=job.sampling,
                 on_text=on_text,
                 history=history,
-                prompt=self.personalizer.engine.tokenize(text) if alone else None,
+                prompt=self.personalizer.engine.tokenize(free.content(text)) if alone else None,
                 stop=stop,
                 candidates=job.candidates,
                 show_examples=True,  # the answer's `localpers.examples`, as `rewrite --json` lists them

@@ -148,7 +148,11 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     if body.get("n") not in (None, 1):
         raise _bad("only `n` = 1 is supported", "n")
     for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
-        if body.get(unsupported) is not None and body.get(unsupported) is not False:  # 0 logprobs is one
+        value = body.get(unsupported)
+        # a completion's `logprobs: 0` asks for the chosen tokens' log-probabilities; elsewhere 0 asks for nothing
+        if value not in (None, False) or (
+            unsupported == "logprobs" and value is not None and value is not False
+        ):
             raise _bad(f"`{unsupported}` is not supported by localpers", unsupported)
     if body.get("best_of") not in (None, 1):
         raise _bad("only `best_of` = 1 is supported", "best_of")

@@ -59,10 +59,16 @@ class _StopScanner:
         return len(text) - len(text.lstrip())
 
     def find_stop(self, text: str) -> int | None:
+        """Where the earliest stop string starts in `text`, or None.
+
+        A stop of whitespace only (a one-line task's "\n") is looked for after the text's leading whitespace, so a
+        newline the model opens with does not end it empty; any other stop is found from the first character (a
+        chat reply that opens with the next turn's "\n\nUser:" is empty).
+        """
         start = self._content_start(text)
         if start == len(text):
             return None
-        hits = [index for s in self.stop if (index := text.find(s, start)) >= 0]
+        hits = [index for s in self.stop if (index := text.find(s, start if s.isspace() else 0)) >= 0]
         return min(hits) if hits else None
 
     def safe_length(self, text: str) -> int:
