@@ -12,7 +12,9 @@ import json
 from test_personalize import SHOUTY, bundle_dir, items  # noqa: F401 - fixtures
 from typer.testing import CliRunner
 
+import localpers
 from localpers.cli import app
+from localpers.methods import stored_files
 from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore
 
@@ -23,7 +25,7 @@ def _fit(common: list[str], *extra: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone) -> None:  # noqa: F811
+def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone, monkeypatch) -> None:  # noqa: F811
     store = UserStore()
     user = store.create("steady")
     user.save_history(items(SHOUTY))
@@ -46,11 +48,15 @@ def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone) -> No
     fitted["fitted_by"] = "localpers 0.0.1"  # made by another version
     user.state_path.write_text(json.dumps(fitted))
     assert _fit(common, "--history-limit", "5")["unchanged"] is False
-    # the mark of every fit before fit formats, made by several fitting codes under one package version
-    fitted = json.loads(user.state_path.read_text())
-    fitted["fitted_by"] = "localpers 0.1.0"
-    user.state_path.write_text(json.dumps(fitted))
+    # a change to fitting bumps the fit format, and the fits made before it are made again, under the same version
+    monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)
     assert _fit(common, "--history-limit", "5")["unchanged"] is False
+    assert _fit(common, "--history-limit", "5")["unchanged"] is True
+    monkeypatch.setattr(stored_files, "FIT_FORMAT", 1)  # format 1's fits marked before formats were named
+    fitted = json.loads(user.state_path.read_text())
+    fitted["fitted_by"] = f"localpers {localpers.__version__}"
+    user.state_path.write_text(json.dumps(fitted))
+    assert _fit(common, "--history-limit", "5")["unchanged"] is True
 
     user.save_history([*user.history(), HistoryItem.create("headline", "A new article.", "NEW HEADLINE!")])
     assert _fit(common, "--history-limit", "5")["unchanged"] is False  # the history changed

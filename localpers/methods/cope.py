@@ -46,7 +46,7 @@ from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
-from localpers.methods.stored_files import COPE_STATE_FILE, FITTED_BY, refit_advice
+from localpers.methods.stored_files import COPE_STATE_FILE, fit_mark, refit_advice
 from localpers.tasks import get_task
 from localpers.users.folder import read_json_object
 from localpers.users.history import history_digest
@@ -223,7 +223,7 @@ def fit_cope(
             precision=result.precision,
             conditioned=prompt_format is not None,
             history_sha256=history_sha256,
-            fitted_by=FITTED_BY,
+            fitted_by=fit_mark(),
         )
         seconds["export"] = time.perf_counter() - started
         state.seconds = {k: round(v, 3) for k, v in seconds.items()}

@@ -21,7 +21,7 @@ from localpers.methods.cope import (
     stored_bytes,
 )
 from localpers.methods.reports import RewriteResult
-from localpers.methods.stored_files import FITTED_BY
+from localpers.methods.stored_files import is_current_fit
 from localpers.tasks import get_task
 from localpers.users.history import history_digest
 from localpers.users.store import User
@@ -87,7 +87,7 @@ class CopeMethod(Method):
             return None  # none, or damaged: the fit makes a new one
         window = len(history) if history_limit is None else min(history_limit, len(history))
         if (
-            state.fitted_by != FITTED_BY
+            not is_current_fit(state.fitted_by)
             or state.bundle_sha256 != personalizer.bundle_sha256
             or state.history_sha256 != history_digest(history)
             or state.n_items != window

@@ -1,5 +1,6 @@
 """The files CoPe and EXACT keep in a user's folder beside CARD's state.json, named once, and the version mark
-every fit stores (`FITTED_BY`: a fit made by another version of localpers is never taken as current).
+every fit stores (`fitted_by`: a fit made by another version of localpers or another fit format is never taken as
+current).
 
 Only names (and the command that makes them again): nothing here reads or writes them (`localpers.methods.cope`
 and `localpers.methods.exact_index` do), so a front end can say which fits a user has without loading the engine
@@ -9,12 +10,23 @@ those modules import.
 from localpers import __version__
 
 COPE_STATE_FILE = "cope.json"
-# Bump FIT_FORMAT with every change to what a fit computes or stores, so `fit` redoes the fits made before it. The
-# package version alone never moved: every fit made before this number, by several versions of the fitting code,
-# was marked "localpers 0.1.0" and kept as current (format 1).
-FIT_FORMAT = 2
-FITTED_BY = f"localpers {__version__}, fit format {FIT_FORMAT}"
+# Bump FIT_FORMAT with every change to what a fit computes or stores, so `localpers fit` redoes the fits made before
+# it: the package version alone never moved (0.1.0) while the fitting code changed several times.
+FIT_FORMAT = 1
 EXACT_INDEX_FILE = "exact-index.safetensors"
+
+
+def fit_mark() -> str:
+    """The mark a fit stores: the version of localpers and the fit format that made it."""
+    return f"localpers {__version__}, fit format {FIT_FORMAT}"
+
+
+def is_current_fit(mark: object) -> bool:
+    """Whether a stored fit's mark (`fitted_by`) is this version's and fit format's.
+
+    Fits of format 1 were marked with the version alone until formats were named; they are format 1's.
+    """
+    return mark == fit_mark() or (FIT_FORMAT == 1 and mark == f"localpers {__version__}")
 
 
 def refit_advice(method: str, user_name: str | None = None) -> str:

@@ -24,7 +24,7 @@ from localpers.methods.card.recasing import fit_recasing
 from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.reports import FitReport
-from localpers.methods.stored_files import FITTED_BY
+from localpers.methods.stored_files import fit_mark, is_current_fit
 from localpers.tasks import get_task
 from localpers.users.history import history_digest
 
@@ -90,7 +90,7 @@ def fit_user(
                 "cluster": None,
                 "bundle_sha256": host.bundle_sha256,
                 "fit": report.to_json(),
-                "fitted_by": FITTED_BY,
+                "fitted_by": fit_mark(),
             },
         )
         return report
@@ -109,7 +109,7 @@ def fit_user(
         "cluster": outcome.cluster,
         "bundle_sha256": host.bundle_sha256,
         "fit": outcome.report.to_json(),
-        "fitted_by": FITTED_BY,
+        "fitted_by": fit_mark(),
     }
     if outcome.bias is not None:
         state["token_bias"] = outcome.bias.to_json()
@@ -148,7 +148,7 @@ def stored_fit_if_current(
     fit = state.get("fit")
     if (
         not isinstance(fit, dict)
-        or state.get("fitted_by") != FITTED_BY
+        or not is_current_fit(state.get("fitted_by"))
         or state.get("bundle_sha256") != bundle_sha256
         or fit.get("history_sha256") != history_digest(history)
     ):
