@@ -29,6 +29,10 @@ from localpers.bench.metrics import Interval, paired_bootstrap
 def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
     """{user: {query_id: {rouge1, ms_per_token, prompt_ms, tokens}}} from one run's cache of one method."""
     run, _, method = spec.rpartition(":")
+    if not run or not method or "/" in method:
+        raise SystemExit(
+            f"{spec}: give RUN_DIR:METHOD, a bench --out folder and a method of it (e.g. runs/a:global)"
+        )
     folder = Path(run) / "cache" / method
     if not folder.is_dir():
         raise SystemExit(f"{folder} does not exist: run the bench with -m {method} --out {run} first")
@@ -46,7 +50,11 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
     new = np.array([other[u][q]["rouge1"] for u, q in rows])
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(rows), size=(resamples, len(rows)))
-    query_ratio = new[picks].mean(1) / base[picks].mean(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        query_ratio = new[picks].mean(1) / base[picks].mean(1)
+    query_ratio = query_ratio[
+        np.isfinite(query_ratio)
+    ]  # a draw whose reference mean is 0 has none (as the bench)
     query_diff = (new - base)[picks].mean(1)
     # the author draws continue the same stream, so the figures printed before this call existed reproduce
     authors = compare_authors(new, base, [u for u, _ in rows], n_resamples=resamples, rng=rng)

@@ -234,6 +234,37 @@ def test_interrupted_sft_resumes_from_its_checkpoint(published: dict) -> None:
     assert len(saved) > 0
 
 
+def test_a_publish_without_validation_items_checks_its_adapters_on_training_items(
+    tmp_path: Path, backbone_path: Path
+) -> None:
+    """`--val-fraction 0` (an allowed value) printed "val loss nan" for every adapter, then the export's check of
+    each adapter against torch ended in a traceback: it had no held-out item to score."""
+    from localpers.publish.pipeline import publish
+
+    options = PublishOptions(
+        corpus=write_corpus(tmp_path / "corpus.jsonl"),
+        out=tmp_path / "bundle",
+        model=str(backbone_path),
+        k=2,
+        rank=2,
+        lora_alpha=4.0,
+        batch_size=4,
+        max_steps=1,
+        precision="fp32",
+        pairs_per_user=2,
+        head_d=16,
+        head_steps=2,
+        threads=2,
+        engine_threads=2,
+        val_fraction=0.0,
+    )
+    publish(options, until="export")
+    log = (options.work_dir / "publish.log").read_text()
+    assert "no validation items" in log and "nan" not in log
+    check = json.loads((options.work_dir / "export" / "global.check.json").read_text())
+    assert check["mean_abs_logprob_shift"] > 0
+
+
 def test_torch_sequence_feature_equals_card_head(backbone_path: Path) -> None:
     import torch
 

@@ -97,7 +97,7 @@ def export_task(spec: ContextSpec, name: str) -> dict[str, Any]:
     check_file = directory / f"{name}.check.json"
     if check_file.exists():
         return read_json(check_file)
-    model, _, _, val, clusters = prepared(context)
+    model, _, train, val, clusters = prepared(context)
     engine = _engine(context)
     state = torch.load(context.stage_dir("sft") / name / "lora.pt", weights_only=False)
     path = write_lora_gguf(
@@ -112,7 +112,8 @@ def export_task(spec: ContextSpec, name: str) -> dict[str, Any]:
         if name == "global"
         else {u for u, c in enumerate(clusters) if c == int(name.split("-")[1])}
     )
-    sample = [e for e in val if e.user in users][:CHECK_ITEMS] or val[:CHECK_ITEMS]
+    # held-out items where there are (none with --val-fraction 0, or users of one item each): training items
+    sample = [e for e in val if e.user in users][:CHECK_ITEMS] or val[:CHECK_ITEMS] or train[:CHECK_ITEMS]
     result = check_adapter(engine, model, state, path, f"{name}@{path.stat().st_mtime_ns}", sample)
     result["bytes"] = path.stat().st_size
     write_json_atomic(check_file, result)

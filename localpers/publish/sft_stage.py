@@ -138,10 +138,12 @@ def adapter_task(spec: ContextSpec, name: str, precision: str) -> dict[str, Any]
         }
     )
     write_json_atomic(record_path, record)
-    context.log(
-        f"{name}: {record['steps']} steps, {record['tokens_per_second']} tokens/s, val loss"
-        f" {record['val_loss_init']} -> {record['val_loss']} (backbone {record['val_loss_backbone']})"
+    validation = (
+        f"val loss {record['val_loss_init']} -> {record['val_loss']} (backbone {record['val_loss_backbone']})"
+        if user_val
+        else "no validation items (--val-fraction 0, or users of one item)"
     )
+    context.log(f"{name}: {record['steps']} steps, {record['tokens_per_second']} tokens/s, {validation}")
     return record
 
 
