@@ -91,3 +91,50 @@ def test_a_stored_fit_that_a_rewrite_could_not_use_is_fitted_again(bundle_dir, b
             app, ["rewrite", "A storm hit.", *common, "--json", "--max-tokens", "3"]
         )
         assert rewritten.exit_code == 0, (damage, rewritten.output)
+
+
+def test_a_fit_of_an_earlier_fit_format_is_not_used_until_the_next_fit(
+    bundle_dir,  # noqa: F811
+    backbone,
+    monkeypatch,
+) -> None:
+    """Rewrites judged a stored fit by its bundle only, so a fit made by an earlier fitting code (the mark said so)
+    was applied as if current; now rewrites, `user show`, `profile`, `doctor` and the TUI treat it as they treat a
+    fit of another bundle, until `fit` makes it again."""
+    from localpers.bundle.format import sha256_of_file
+    from localpers.tui.userdata import load_profile
+
+    store = UserStore()
+    user = store.create("older")
+    user.save_history(items(SHOUTY))
+    common = ["--user", "older", "--bundle", str(bundle_dir), "--model", str(backbone.path)]
+    assert _fit(common)["unchanged"] is False
+    text = "A new bridge opens downtown."
+    current = CliRunner().invoke(app, ["rewrite", text, *common, "--json"])
+    assert current.exit_code == 0 and json.loads(current.stdout)["method"] == "card"
+
+    monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this fit
+    rewritten = CliRunner().invoke(app, ["rewrite", text, *common, "--json"])
+    assert rewritten.exit_code == 0, rewritten.output
+    answer = json.loads(rewritten.stdout)
+    assert answer["method"] != "card"  # the fallback (this test bundle shows no history: the global adapter)
+    assert "fitted by an earlier localpers (fit format 1; this one reads format 2)" in answer["notes"][0]
+    shown = CliRunner().invoke(app, ["user", "show", "older"])
+    assert shown.exit_code == 0 and "refit due" in shown.stdout
+    profiled = CliRunner().invoke(app, ["profile", "--user", "older"])
+    assert profiled.exit_code == 0 and "made by an earlier localpers" in profiled.stdout
+    doctor = CliRunner().invoke(app, ["doctor", "--json"])
+    assert "older" in json.loads(doctor.stdout)["users"]["fitted_with_another_bundle"]
+    assert load_profile(user, sha256_of_file(bundle_dir / "manifest.json")).needs_fit
+
+    assert _fit(common)["unchanged"] is False  # fitted again, in format 2
+    again = CliRunner().invoke(app, ["rewrite", text, *common, "--json"])
+    assert json.loads(again.stdout)["method"] == "card"
+
+
+def test_the_fit_format_a_mark_names() -> None:
+    assert stored_files.fit_format_of("localpers 0.1.0") == 1  # marked before formats were named
+    assert stored_files.fit_format_of("localpers 0.2.0, fit format 3") == 3
+    assert stored_files.fit_format_of(None) is None  # made before marks
+    assert stored_files.fit_format_of("localpers 0.1.0, fit format x") is None
+    assert stored_files.fit_format_of(7) is None

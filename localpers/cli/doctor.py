@@ -199,7 +199,7 @@ def _print_report(report: dict[str, Any]) -> None:
     if users["fitted_with_another_bundle"]:
         typer.echo(
             f"  refit due   {', '.join(users['fitted_with_another_bundle'])}: fitted with another bundle than the"
-            " one in use, so rewrites show their history without CARD's correction until"
+            " one in use or by an earlier localpers, so rewrites show their history without CARD's correction until"
             " `localpers fit --user NAME`"
         )
     if users["unreadable"]:
@@ -241,6 +241,7 @@ def _users_status() -> dict[str, Any]:
     """How many users this device has, and whose CARD fit was made with another bundle than the one in use (after
     an upgrade or a pull: rewrites fall back for them). Reads their state.json only; writes nothing."""
     from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.methods.stored_files import fit_is_outdated
     from localpers.users.folder import read_json_object
     from localpers.users.store import UserStore
 
@@ -254,7 +255,9 @@ def _users_status() -> dict[str, Any]:
         except LocalpersError:
             unreadable.append(name)
             continue
-        if isinstance(state.get("fit"), dict) and in_use is not None and state.get("bundle_sha256") != in_use:
+        if isinstance(state.get("fit"), dict) and (
+            (in_use is not None and state.get("bundle_sha256") != in_use) or fit_is_outdated(state)
+        ):
             stale.append(name)
     try:
         active = store.active_name()

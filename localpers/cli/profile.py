@@ -72,6 +72,12 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
                 "made with another bundle than the one in use (pulled or shipped since): rewrites show your"
                 f" history without this correction until you run {refit}",
             )
+        if card.get("outdated_format"):
+            _print_indented(
+                console,
+                "made by an earlier localpers, whose fits this one does not read: rewrites show your history"
+                f" without this correction until you run {refit}",
+            )
         if card.get("choice"):
             choice = card["choice"]
             _print_indented(console, f"correction: {choice['label']}: {choice['reason']}")

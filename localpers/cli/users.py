@@ -16,7 +16,7 @@ import typer
 from localpers.cli import completion
 from localpers.cli.common import JsonOption, counted, items_phrase, note_saved, one_line_errors, print_json
 from localpers.errors import LocalpersError
-from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, refit_advice
+from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, fit_is_outdated, refit_advice
 from localpers.regular_files import read_regular_file
 from localpers.untrusted import one_line, parse_json
 from localpers.users.history import MAX_HISTORY_FILE_BYTES, HistoryItem, history_digest
@@ -187,6 +187,14 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
         lines.append(("token bias", _token_bias_line(bias)))
     if isinstance(state.get("bundle_sha256"), str):
         lines.append(("bundle", _fit_bundle_line(state["bundle_sha256"], name)))
+    if fit_is_outdated(state):
+        lines.append(
+            (
+                "refit due",
+                "made by an earlier localpers (see fitted_by), whose fits this one does not read: rewrites show"
+                f" your history without CARD's correction until `localpers fit --user {name}`",
+            )
+        )
     for key in ("created_at", "updated_at"):
         if isinstance(state.get(key), str):
             # escaped: an imported archive's state.json is kept as it is

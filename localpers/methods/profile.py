@@ -13,13 +13,15 @@ from typing import Any
 
 from localpers.bundle.format import bundle_in_use_sha256
 from localpers.methods.exact import index_path, load_index, retrieve
+from localpers.methods.stored_files import fit_is_outdated
 from localpers.users.series import history_series
 from localpers.users.store import User
 
 
 def card_summary(user: User) -> dict[str, Any] | None:
     """CARD's cluster and fit mode from state.json, or None when the user was never fitted; `bundle_in_use`
-    says whether the fit was made with the bundle rewrites use now (None: no bundle to compare with)."""
+    says whether the fit was made with the bundle rewrites use now (None: no bundle to compare with),
+    `outdated_format` whether an earlier localpers' fit format made it (rewrites cannot use it either)."""
     state = user.state()
     fit = state.get("fit")
     if not isinstance(fit, dict):
@@ -27,6 +29,7 @@ def card_summary(user: User) -> dict[str, Any] | None:
     in_use = bundle_in_use_sha256()
     return {
         "bundle_in_use": None if in_use is None else state.get("bundle_sha256") == in_use,
+        "outdated_format": fit_is_outdated(state),  # made by a localpers of another fit format
         "cluster": state.get("cluster"),
         "mode": fit.get("mode"),
         "cluster_similarities": fit.get("cluster_similarities"),

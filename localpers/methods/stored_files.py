@@ -7,6 +7,9 @@ and `localpers.methods.exact_index` do), so a front end can say which fits a use
 those modules import.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from localpers import __version__
 
 COPE_STATE_FILE = "cope.json"
@@ -27,6 +30,27 @@ def is_current_fit(mark: object) -> bool:
     Fits of format 1 were marked with the version alone until formats were named; they are format 1's.
     """
     return mark == fit_mark() or (FIT_FORMAT == 1 and mark == f"localpers {__version__}")
+
+
+def fit_format_of(mark: object) -> int | None:
+    """The fit format a stored fit's mark names: "localpers X, fit format N" is N, "localpers X" is 1 (marked before
+    formats were named); None for a fit without a mark (made before marks) or one this build cannot read."""
+    if not isinstance(mark, str) or not mark.startswith("localpers "):
+        return None
+    version, separator, number = mark.partition(", fit format ")
+    if not separator:
+        return 1 if " " not in version[len("localpers ") :] else None
+    return int(number) if number.isdigit() else None
+
+
+def fit_is_outdated(state: Mapping[str, Any]) -> bool:
+    """Whether a stored fit (state.json or cope.json) was made by a localpers of another fit format.
+
+    A rewrite cannot use such a fit, as it cannot use one made with another bundle. A fit of another version of
+    the same format is fine (only `fit` redoes it, see `is_current_fit`), and one without a mark cannot be judged.
+    """
+    found = fit_format_of(state.get("fitted_by"))
+    return found is not None and found != FIT_FORMAT
 
 
 def refit_advice(method: str, user_name: str | None = None) -> str:

@@ -23,6 +23,7 @@ from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.forget import remove_history_items
+from localpers.methods.stored_files import fit_is_outdated
 from localpers.untrusted import one_line
 from localpers.users.history import (
     MAX_HISTORY_ITEMS,
@@ -131,7 +132,10 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         vector_sha256=state.get("vector_sha256"),
         fit=fit,
         fitted_at=state.get("updated_at") if fit else None,
-        bundle_matches=None if bundle_sha256 is None else state.get("bundle_sha256") == bundle_sha256,
+        # a fit of an earlier localpers' fit format is as unusable as one of another bundle
+        bundle_matches=None
+        if bundle_sha256 is None
+        else state.get("bundle_sha256") == bundle_sha256 and not fit_is_outdated(state),
         bias=chosen_bias(state, bias),
         bias_strength=bias_strength,
         vector_strength=vector_strength,

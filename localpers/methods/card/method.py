@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from localpers.errors import InputError, LocalpersError
+from localpers.methods import stored_files
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, note_cut_text
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
+from localpers.methods.stored_files import fit_format_of, fit_is_outdated
 from localpers.tasks import get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User
@@ -80,7 +82,8 @@ def profile_for_rewrite(
 
     `global` needs no user, and `global-history` (the global adapter with the user's history in the prompt)
     needs no fit. The other methods need a fit for this bundle that assigned a cluster. Without one
-    (never fitted, fitted to another bundle, or fitted before the history held anything) `card` still
+    (never fitted, fitted to another bundle or by a localpers of another fit format, or fitted before the history
+    held anything) `card` still
     shows the user's history in the prompt, on the global adapter without a correction, and says so in
     `note`; `strict` (the API) refuses instead. A user with no history for the task (`history`, the
     user's index for it) gets the plain global adapter.
@@ -98,6 +101,11 @@ def profile_for_rewrite(
         unusable = (
             f"user {target.name!r} was fitted with another bundle than the one in use (one pulled or shipped"
             " before this one)"
+        )
+    elif fit_is_outdated(state):
+        unusable = (
+            f"user {target.name!r} was fitted by an earlier localpers (fit format"
+            f" {fit_format_of(state.get('fitted_by'))}; this one reads format {stored_files.FIT_FORMAT})"
         )
     elif cluster is None and has_items:
         unusable = f"user {target.name!r} was fitted before its history held anything"
