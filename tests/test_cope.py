@@ -20,6 +20,7 @@ from localpers.engine.adapters import random_lora
 from localpers.engine.backbone import Backbone
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
+from localpers.methods import stored_files
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import (
     CopeDecoder,
@@ -119,7 +120,9 @@ def test_missing_cope_state_is_refused_by_the_api_and_the_cli(backbone: Backbone
 
 
 @pytest.mark.slow
-def test_device_sft_fits_stores_and_decodes(backbone: Backbone, tmp_path: Path) -> None:
+def test_device_sft_fits_stores_and_decodes(
+    backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One tiny real fit (rank 2, 3 steps): stored atomically, loads in llama.cpp, moves the user model."""
     personalizer = Personalizer(
         open_bundle(make_bundle(tmp_path / "bundle", backbone), backbone_sha256=backbone.sha256), backbone
@@ -154,6 +157,10 @@ def test_device_sft_fits_stores_and_decodes(backbone: Backbone, tmp_path: Path) 
             assert result.tokens
         finally:
             decoder.close()
+        monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this fit
+        with pytest.raises(LocalpersError, match="fitted by an earlier localpers"):
+            CopeDecoder.for_user(personalizer, user, state)
+        monkeypatch.setattr(stored_files, "FIT_FORMAT", 1)
         second = fit_cope(
             personalizer, user, config=config
         )  # refit replaces the adapter, leaves no stale file

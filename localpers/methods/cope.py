@@ -46,7 +46,7 @@ from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
 from localpers.methods.reports import RewriteResult
-from localpers.methods.stored_files import COPE_STATE_FILE, fit_mark, refit_advice
+from localpers.methods.stored_files import COPE_STATE_FILE, fit_is_outdated, fit_mark, refit_advice
 from localpers.tasks import get_task
 from localpers.users.folder import read_json_object
 from localpers.users.history import history_digest
@@ -326,6 +326,11 @@ class CopeDecoder:
         if state.bundle_sha256 != personalizer.bundle_sha256:
             raise LocalpersError(
                 f"user {user.name!r}'s CoPe adapter was fitted with another bundle; {_refit(user.name)}"
+            )
+        if fit_is_outdated({"fitted_by": state.fitted_by}):
+            raise LocalpersError(
+                f"user {user.name!r}'s CoPe adapter was fitted by an earlier localpers, whose fits this one does"
+                f" not read; {_refit(user.name)}"
             )
         base_path = personalizer.bundle.adapter_path(state.base_adapter)
         fd, temp_name = tempfile.mkstemp(dir=user.dir, prefix=".cope-stacked-", suffix=".gguf")
