@@ -60,6 +60,8 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
     authors = compare_authors(new, base, [u for u, _ in rows], n_resamples=resamples, rng=rng)
 
     def interval(values: list[float] | np.ndarray) -> list[float]:
+        if len(values) == 0:  # no draw has a ratio: the reference scored 0 on every query
+            return [float("nan"), float("nan")]
         return [round(float(v), 4) for v in np.percentile(values, [2.5, 97.5])]
 
     def bounds(estimate: Interval) -> list[float]:

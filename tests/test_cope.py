@@ -158,7 +158,7 @@ def test_device_sft_fits_stores_and_decodes(
         finally:
             decoder.close()
         monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this fit
-        with pytest.raises(LocalpersError, match="fitted by an earlier localpers"):
+        with pytest.raises(LocalpersError, match="fitted by a localpers of another fit format"):
             CopeDecoder.for_user(personalizer, user, state)
         monkeypatch.setattr(stored_files, "FIT_FORMAT", 1)
         second = fit_cope(

@@ -118,11 +118,11 @@ def test_a_fit_of_an_earlier_fit_format_is_not_used_until_the_next_fit(
     assert rewritten.exit_code == 0, rewritten.output
     answer = json.loads(rewritten.stdout)
     assert answer["method"] != "card"  # the fallback (this test bundle shows no history: the global adapter)
-    assert "fitted by an earlier localpers (fit format 1; this one reads format 2)" in answer["notes"][0]
+    assert "fitted by a localpers of another fit format (1; this one reads format 2)" in answer["notes"][0]
     shown = CliRunner().invoke(app, ["user", "show", "older"])
     assert shown.exit_code == 0 and "refit due" in shown.stdout
     profiled = CliRunner().invoke(app, ["profile", "--user", "older"])
-    assert profiled.exit_code == 0 and "made by an earlier localpers" in profiled.stdout
+    assert profiled.exit_code == 0 and "made by a localpers of another fit format" in profiled.stdout
     doctor = CliRunner().invoke(app, ["doctor", "--json"])
     assert "older" in json.loads(doctor.stdout)["users"]["fitted_with_another_bundle"]
     assert load_profile(user, sha256_of_file(bundle_dir / "manifest.json")).needs_fit
@@ -132,9 +132,18 @@ def test_a_fit_of_an_earlier_fit_format_is_not_used_until_the_next_fit(
     assert json.loads(again.stdout)["method"] == "card"
 
 
-def test_the_fit_format_a_mark_names() -> None:
+def test_the_fit_format_a_mark_names(monkeypatch) -> None:
     assert stored_files.fit_format_of("localpers 0.1.0") == 1  # marked before formats were named
     assert stored_files.fit_format_of("localpers 0.2.0, fit format 3") == 3
     assert stored_files.fit_format_of(None) is None  # made before marks
     assert stored_files.fit_format_of("localpers 0.1.0, fit format x") is None
     assert stored_files.fit_format_of(7) is None
+    assert (
+        stored_files.fit_format_of("localpers 0.1.0, fit format \u00b2") is None
+    )  # a digit to isdigit, not int
+    assert (
+        stored_files.fit_format_of("localpers 0.1.0, fit format " + "9" * 5000) is None
+    )  # past int()'s limit
+    assert stored_files.fit_is_outdated({"fit": {}}) is False  # made before marks: format 1, today's
+    monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)
+    assert stored_files.fit_is_outdated({"fit": {}}) is True

@@ -199,7 +199,7 @@ def _print_report(report: dict[str, Any]) -> None:
     if users["fitted_with_another_bundle"]:
         typer.echo(
             f"  refit due   {', '.join(users['fitted_with_another_bundle'])}: fitted with another bundle than the"
-            " one in use or by an earlier localpers, so rewrites show their history without CARD's correction until"
+            " one in use or in another fit format, so rewrites show their history without CARD's correction until"
             " `localpers fit --user NAME`"
         )
     if users["unreadable"]:

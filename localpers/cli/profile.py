@@ -75,7 +75,7 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         if card.get("outdated_format"):
             _print_indented(
                 console,
-                "made by an earlier localpers, whose fits this one does not read: rewrites show your history"
+                "made by a localpers of another fit format, whose fits this one does not read: rewrites show your history"
                 f" without this correction until you run {refit}",
             )
         if card.get("choice"):

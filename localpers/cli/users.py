@@ -191,7 +191,8 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
         lines.append(
             (
                 "refit due",
-                "made by an earlier localpers (see fitted_by), whose fits this one does not read: rewrites show"
+                "made by a localpers of another fit format (see fitted_by), whose fits this one does not read:"
+                " rewrites show"
                 f" your history without CARD's correction until `localpers fit --user {name}`",
             )
         )

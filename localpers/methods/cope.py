@@ -329,8 +329,8 @@ class CopeDecoder:
             )
         if fit_is_outdated({"fitted_by": state.fitted_by}):
             raise LocalpersError(
-                f"user {user.name!r}'s CoPe adapter was fitted by an earlier localpers, whose fits this one does"
-                f" not read; {_refit(user.name)}"
+                f"user {user.name!r}'s CoPe adapter was fitted by a localpers of another fit format, whose fits this"
+                f" one does not read; {_refit(user.name)}"
             )
         base_path = personalizer.bundle.adapter_path(state.base_adapter)
         fd, temp_name = tempfile.mkstemp(dir=user.dir, prefix=".cope-stacked-", suffix=".gguf")

@@ -21,7 +21,7 @@ from localpers.users.store import User
 def card_summary(user: User) -> dict[str, Any] | None:
     """CARD's cluster and fit mode from state.json, or None when the user was never fitted; `bundle_in_use`
     says whether the fit was made with the bundle rewrites use now (None: no bundle to compare with),
-    `outdated_format` whether an earlier localpers' fit format made it (rewrites cannot use it either)."""
+    `outdated_format` whether a localpers of another fit format made it (rewrites cannot use it either)."""
     state = user.state()
     fit = state.get("fit")
     if not isinstance(fit, dict):

@@ -7,6 +7,7 @@ and `localpers.methods.exact_index` do), so a front end can say which fits a use
 those modules import.
 """
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,16 +41,19 @@ def fit_format_of(mark: object) -> int | None:
     version, separator, number = mark.partition(", fit format ")
     if not separator:
         return 1 if " " not in version[len("localpers ") :] else None
-    return int(number) if number.isdigit() else None
+    # ASCII digits only, and few: str.isdigit takes "²", and int() refuses over 4,300 digits (an imported state.json)
+    return int(number) if re.fullmatch(r"[0-9]{1,6}", number) else None
 
 
 def fit_is_outdated(state: Mapping[str, Any]) -> bool:
     """Whether a stored fit (state.json or cope.json) was made by a localpers of another fit format.
 
     A rewrite cannot use such a fit, as it cannot use one made with another bundle. A fit of another version of
-    the same format is fine (only `fit` redoes it, see `is_current_fit`), and one without a mark cannot be judged.
+    the same format is fine (only `fit` redoes it, see `is_current_fit`); one without a mark was made before marks
+    and so is format 1's; one whose mark this build cannot read is left to the other checks.
     """
-    found = fit_format_of(state.get("fitted_by"))
+    mark = state.get("fitted_by")
+    found = 1 if mark is None else fit_format_of(mark)
     return found is not None and found != FIT_FORMAT
 
 

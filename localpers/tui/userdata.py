@@ -132,7 +132,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         vector_sha256=state.get("vector_sha256"),
         fit=fit,
         fitted_at=state.get("updated_at") if fit else None,
-        # a fit of an earlier localpers' fit format is as unusable as one of another bundle
+        # a fit of another fit format is as unusable as one of another bundle
         bundle_matches=None
         if bundle_sha256 is None
         else state.get("bundle_sha256") == bundle_sha256 and not fit_is_outdated(state),

@@ -104,8 +104,8 @@ def profile_for_rewrite(
         )
     elif fit_is_outdated(state):
         unusable = (
-            f"user {target.name!r} was fitted by an earlier localpers (fit format"
-            f" {fit_format_of(state.get('fitted_by'))}; this one reads format {stored_files.FIT_FORMAT})"
+            f"user {target.name!r} was fitted by a localpers of another fit format"
+            f" ({fit_format_of(state.get('fitted_by')) or 1}; this one reads format {stored_files.FIT_FORMAT})"
         )
     elif cluster is None and has_items:
         unusable = f"user {target.name!r} was fitted before its history held anything"

@@ -56,7 +56,7 @@ def status_line(profile: Profile, colors: StatusColors | None = None) -> Text:
     if profile.bundle_matches is None:
         return Text("fitted (checking it against the bundle while the model loads)", style="dim")
     if not profile.bundle_matches:
-        return Text("fitted with another bundle or an earlier localpers: refit due", style=colors.warning)
+        return Text("fitted with another bundle or fit format: refit due", style=colors.warning)
     if profile.history_changed:
         return Text("history changed since the fit: refit due", style=colors.warning)
     if profile.history_unrecorded:
