@@ -116,6 +116,9 @@ def test_a_data_path_that_is_no_file_exits_2(tmp_path: Path) -> None:
         (["-m", "card@strength=1e400"], "strength=1e400 is not a finite number"),
         (["-m", "card@strength=1,strength=2"], "strength is given twice"),
         (["-m", "rag@history=all,k=2,history=3"], "history is given twice"),
+        (["-m", "card@"], "nothing follows '@'"),  # ran plain card without a word
+        (["-m", ""], "--methods names no method"),  # ran the baseline alone without a word
+        (["--probes", "-m", ","], "--methods names no method"),
         (["--probes", "--probe-history", "0"], "--probe-history: '0' is not a positive count"),
         (["--probes", "--styles", "bogus"], "unknown style 'bogus'"),
         (["--probes", "--styles", ","], "--styles: name at least one style"),

@@ -40,6 +40,8 @@ def parse_method(text: str) -> MethodSpec:
     method = get_method(base)
     allowed = allowed_params(method)
     params: dict[str, ParamValue] = {}
+    if "@" in text and not param_text:
+        raise InputError(f"method {text!r}: nothing follows '@'; write {base}@key=value, or {base} alone")
     if param_text:
         for piece in param_text.split(","):
             match = _PARAM_PATTERN.fullmatch(piece.strip())
@@ -155,7 +157,10 @@ def split_method_list(text: str) -> list[str]:
 
 
 def check_method_names(names: list[str]) -> None:
-    """Refuse unknown methods or parameters before anything is loaded (presets are always valid)."""
+    """Refuse unknown methods or parameters before anything is loaded (presets are always valid), and a list that
+    names none (`-m ''`, which ran the baseline alone)."""
+    if not any(split_method_list(name) for name in names):
+        raise InputError("--methods names no method; give one or more (e.g. -m card-auto), or leave it out")
     for name in names:
         for piece in split_method_list(name):
             if piece not in PRESETS:
