@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import openai
@@ -210,19 +211,17 @@ def test_a_users_chosen_strengths_and_token_bias_apply_as_in_rewrite(
 
 
 def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
-    by_model = client.completions.create(
-        model="localpers/bob",
-        prompt=ARTICLE,
-        max_tokens=8,
-        extra_body={"task": "headline", "method": "global"},
-    )
-    by_field = client.completions.create(
-        model="localpers",
-        user="bob",
-        prompt=ARTICLE,
-        max_tokens=8,
-        extra_body={"task": "headline", "method": "global"},
-    )
+    def global_headline(model: str, **user: str) -> Any:
+        return client.completions.create(
+            model=model,
+            prompt=ARTICLE,
+            max_tokens=8,
+            extra_body={"task": "headline", "method": "global"},
+            **user,
+        )
+
+    by_model = global_headline("localpers/bob")
+    by_field = global_headline("localpers", user="bob")
     assert by_model.choices[0].text == by_field.choices[0].text
     with pytest.raises(openai.ConflictError, match="not fitted") as raised:  # bob has no fit for CARD
         client.completions.create(model="localpers/bob", prompt=ARTICLE, max_tokens=8)
@@ -244,13 +243,7 @@ def test_user_field_and_model_name_pick_the_user(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="name different users"):
         client.completions.create(model="localpers/alice", user="bob", prompt=ARTICLE, max_tokens=8)
     # clients that always send OpenAI's end-user tag (an id of their own) reach a user through the model name
-    tagged = client.completions.create(
-        model="localpers/bob",
-        user="user-4821",
-        prompt=ARTICLE,
-        max_tokens=8,
-        extra_body={"task": "headline", "method": "global"},
-    )
+    tagged = global_headline("localpers/bob", user="user-4821")
     assert tagged.choices[0].text == by_model.choices[0].text and tagged.localpers["user"] == "bob"  # type: ignore[attr-defined]
 
 

@@ -35,6 +35,25 @@ def backbone_path() -> Path:
     return Path(resolve_backbone().path)
 
 
+def _tiny_options(root: Path, backbone_path: Path, **settings: object) -> PublishOptions:
+    """A publish of the synthetic corpus small enough for a test (2 clusters, rank 2, a 16-wide head)."""
+    return PublishOptions(
+        corpus=write_corpus(root / "corpus.jsonl"),
+        out=root / "bundle",
+        model=str(backbone_path),
+        k=2,
+        rank=2,
+        lora_alpha=4.0,
+        batch_size=4,
+        precision="fp32",
+        pairs_per_user=2,
+        head_d=16,
+        threads=2,
+        engine_threads=2,
+        **settings,  # type: ignore[arg-type]
+    )
+
+
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory, backbone_path: Path) -> dict:
     """Publish in two goes (up to `pairs`, then the rest) and record what the first go left behind."""
@@ -46,23 +65,7 @@ def published(tmp_path_factory: pytest.TempPathFactory, backbone_path: Path) -> 
     previous_home = os.environ.get("LOCALPERS_HOME")
     os.environ["LOCALPERS_HOME"] = str(root / "home")
     try:
-        options = PublishOptions(
-            corpus=write_corpus(root / "corpus.jsonl"),
-            out=root / "bundle",
-            model=str(backbone_path),
-            k=2,
-            rank=2,
-            lora_alpha=4.0,
-            batch_size=4,
-            max_steps=2,
-            checkpoint_every=1,
-            precision="fp32",
-            pairs_per_user=2,
-            head_d=16,
-            head_steps=15,
-            threads=2,
-            engine_threads=2,
-        )
+        options = _tiny_options(root, backbone_path, max_steps=2, checkpoint_every=1, head_steps=15)
         first = publish(options, until="pairs")
         manifest_after_first = (options.out / "manifest.json").exists()
         markers = {s: (options.work_dir / s / "done.json").stat().st_mtime_ns for s in first["stages"]}
@@ -241,23 +244,7 @@ def test_a_publish_without_validation_items_checks_its_adapters_on_training_item
     each adapter against torch ended in a traceback: it had no held-out item to score."""
     from localpers.publish.pipeline import publish
 
-    options = PublishOptions(
-        corpus=write_corpus(tmp_path / "corpus.jsonl"),
-        out=tmp_path / "bundle",
-        model=str(backbone_path),
-        k=2,
-        rank=2,
-        lora_alpha=4.0,
-        batch_size=4,
-        max_steps=1,
-        precision="fp32",
-        pairs_per_user=2,
-        head_d=16,
-        head_steps=2,
-        threads=2,
-        engine_threads=2,
-        val_fraction=0.0,
-    )
+    options = _tiny_options(tmp_path, backbone_path, max_steps=1, head_steps=2, val_fraction=0.0)
     publish(options, until="export")
     log = (options.work_dir / "publish.log").read_text()
     assert "no validation items" in log and "val loss nan" not in log

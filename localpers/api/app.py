@@ -116,13 +116,6 @@ def _chunk(
     }
 
 
-def _one_line_task(job: GenerationJob) -> bool:
-    """Whether the job's task writes one line (headline, title, paraphrase), whose text is stripped."""
-    from localpers.tasks import get_task
-
-    return job.task is not None and get_task(job.task).one_line
-
-
 def _event(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -284,17 +277,9 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
         queue: asyncio.Queue[object] = asyncio.Queue()
         gone = False
 
-        started = not _one_line_task(job)
-
         def on_text(piece: str) -> None:
-            nonlocal started
             if gone:
                 raise ClientGone()
-            if not started:  # the answer's text is stripped for a one-line task: the streamed pieces too
-                piece = piece.lstrip()
-                if not piece:
-                    return
-                started = True
             loop.call_soon_threadsafe(queue.put_nowait, piece)
 
         def work() -> None:

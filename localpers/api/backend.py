@@ -196,6 +196,11 @@ class ApiBackend:
         text = chat_transcript(job.messages) if use_chat_prompt else job.text
         assert text is not None
         stop = (*job.stop, *transcript_stops(job.messages)) if use_chat_prompt else job.stop
+        # a one-line task's answer is stripped, and a reply after "Assistant:" starts with the space that followed
+        # it: the streamed pieces lose their leading whitespace too
+        strips_start = use_chat_prompt or get_task(task).one_line
+        if strips_start:
+            on_text = _without_leading_space(on_text)
         if chosen.own_decoder:
             if user is None:
                 raise ApiError(
@@ -214,8 +219,6 @@ class ApiBackend:
                     f"the text has over {free.max_input_chars:,} characters: it was given without your examples,"
                     " which would not fit beside it"
                 )
-            if use_chat_prompt:
-                on_text = _without_leading_space(on_text)
             result = self.personalizer.rewrite(
                 text,
                 task=task,
@@ -230,8 +233,8 @@ class ApiBackend:
                 candidates=job.candidates,
                 show_examples=True,  # the answer's `localpers.examples`, as `rewrite --json` lists them
             )
-            if use_chat_prompt:  # the reply after "Assistant:" starts with the space that followed it
-                result = dataclasses.replace(result, text=result.text.lstrip())
+        if strips_start:
+            result = dataclasses.replace(result, text=result.text.lstrip())
         cut = cut_text_note(text, result)
         if cut is not None:
             notes.append(cut)

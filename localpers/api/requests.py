@@ -62,9 +62,8 @@ class GenerationJob:
     kind: str  # "completion" or "chat"
     model: str
     user: str | None  # the local user named by the model name or by `user`; None = the active user
-    user_tag: (
-        str | None
-    )  # a `user` beside a model naming another user: an end-user tag, unless a local user's name
+    # a `user` beside a model that names another user: OpenAI's end-user tag, unless it names a local user
+    user_tag: str | None
     text: str | None  # completion prompt, or the last user message of a chat with a task
     messages: tuple[tuple[str, str], ...]  # chat only
     task: str | None  # None: completions use "free", chats use the chat prompt
@@ -149,10 +148,9 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         raise _bad("only `n` = 1 is supported", "n")
     for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
         value = body.get(unsupported)
-        # a completion's `logprobs: 0` asks for the chosen tokens' log-probabilities; elsewhere 0 asks for nothing
-        if value not in (None, False) or (
-            unsupported == "logprobs" and value is not None and value is not False
-        ):
+        # 0 asks for nothing, except a completion's `logprobs: 0` (the chosen tokens' log-probabilities)
+        asks_nothing = value is None or value is False or (value == 0 and unsupported != "logprobs")
+        if not asks_nothing:
             raise _bad(f"`{unsupported}` is not supported by localpers", unsupported)
     if body.get("best_of") not in (None, 1):
         raise _bad("only `best_of` = 1 is supported", "best_of")

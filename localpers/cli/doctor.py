@@ -241,7 +241,7 @@ def _users_status() -> dict[str, Any]:
     """How many users this device has, and whose CARD fit was made with another bundle than the one in use (after
     an upgrade or a pull: rewrites fall back for them). Reads their state.json only; writes nothing."""
     from localpers.bundle.format import bundle_in_use_sha256
-    from localpers.methods.stored_files import fit_is_outdated
+    from localpers.methods.stored_files import fit_is_outdated, fit_made_for
     from localpers.users.folder import read_json_object
     from localpers.users.store import UserStore
 
@@ -255,9 +255,9 @@ def _users_status() -> dict[str, Any]:
         except LocalpersError:
             unreadable.append(name)
             continue
-        if isinstance(state.get("fit"), dict) and (
-            (in_use is not None and state.get("bundle_sha256") != in_use) or fit_is_outdated(state)
-        ):
+        # without a bundle in use to compare with, only the fit's format can be judged
+        unusable = fit_is_outdated(state) if in_use is None else not fit_made_for(state, in_use)
+        if isinstance(state.get("fit"), dict) and unusable:
             stale.append(name)
     try:
         active = store.active_name()

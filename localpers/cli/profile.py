@@ -75,8 +75,8 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         if card.get("outdated_format"):
             _print_indented(
                 console,
-                "made by a localpers of another fit format, whose fits this one does not read: rewrites show your history"
-                f" without this correction until you run {refit}",
+                "made by a localpers of another fit format, whose fits this one does not read: rewrites show your"
+                f" history without this correction until you run {refit}",
             )
         if card.get("choice"):
             choice = card["choice"]

@@ -192,8 +192,7 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
             (
                 "refit due",
                 "made by a localpers of another fit format (see fitted_by), whose fits this one does not read:"
-                " rewrites show"
-                f" your history without CARD's correction until `localpers fit --user {name}`",
+                f" rewrites show your history without CARD's correction until `localpers fit --user {name}`",
             )
         )
     for key in ("created_at", "updated_at"):

@@ -18,7 +18,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.base import RewriteOptions
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.registry import compared_methods, get_method
-from localpers.methods.stored_files import fit_is_outdated
+from localpers.methods.stored_files import fit_made_for
 from localpers.users.store import User, UserStore
 
 # A first demo fit takes ~10-20 s on 2 cores; a second `localpers demo` started meanwhile waits this long for it.
@@ -66,12 +66,7 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
     # another `localpers demo` fitting the demo user is waited for: its fit is then this one's
     with demo.fitting(wait_seconds=DEMO_FIT_WAIT_SECONDS):
         state = demo.state()
-        if (
-            restored
-            or not state.get("fit")
-            or state.get("bundle_sha256") != personalizer.bundle_sha256
-            or fit_is_outdated(state)
-        ):
+        if restored or not state.get("fit") or not fit_made_for(state, personalizer.bundle_sha256):
             personalizer.fit_user(demo, progress=progress)
             fitted_now = True
     return demo, fitted_now

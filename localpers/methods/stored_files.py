@@ -57,6 +57,11 @@ def fit_is_outdated(state: Mapping[str, Any]) -> bool:
     return found is not None and found != FIT_FORMAT
 
 
+def fit_made_for(state: Mapping[str, Any], bundle_sha256: str) -> bool:
+    """Whether a stored CARD fit (state.json) can serve rewrites with that bundle: made with it, in this fit format."""
+    return state.get("bundle_sha256") == bundle_sha256 and not fit_is_outdated(state)
+
+
 def refit_advice(method: str, user_name: str | None = None) -> str:
     """What to run to fit `method` (cope, exact) again, e.g. "run `localpers fit --method cope --user ann`"."""
     return f"run `localpers fit --method {method}{f' --user {user_name}' if user_name else ''}`"

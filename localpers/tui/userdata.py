@@ -23,7 +23,7 @@ from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.forget import remove_history_items
-from localpers.methods.stored_files import fit_is_outdated
+from localpers.methods.stored_files import fit_made_for
 from localpers.untrusted import one_line
 from localpers.users.history import (
     MAX_HISTORY_ITEMS,
@@ -52,7 +52,8 @@ class Profile:
     vector_sha256: str | None = None
     fit: dict[str, Any] | None = None
     fitted_at: str | None = None
-    bundle_matches: bool | None = None  # None until the bundle is known (the model is loading)
+    # the fit serves the bundle in use (made with it, in this fit format); None until the bundle is known
+    bundle_matches: bool | None = None
     problem: str | None = None  # a damaged file, shown instead of the fit
     bias: TokenBias | None = field(default=None, compare=False)
     bias_strength: float | None = None  # what `fit` chose on the user's recent items (None: the default)
@@ -132,10 +133,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         vector_sha256=state.get("vector_sha256"),
         fit=fit,
         fitted_at=state.get("updated_at") if fit else None,
-        # a fit of another fit format is as unusable as one of another bundle
-        bundle_matches=None
-        if bundle_sha256 is None
-        else state.get("bundle_sha256") == bundle_sha256 and not fit_is_outdated(state),
+        bundle_matches=None if bundle_sha256 is None else fit_made_for(state, bundle_sha256),
         bias=chosen_bias(state, bias),
         bias_strength=bias_strength,
         vector_strength=vector_strength,

@@ -81,12 +81,11 @@ def profile_for_rewrite(
     """The user's fit for `method`, or the fallback a user without a usable fit gets.
 
     `global` needs no user, and `global-history` (the global adapter with the user's history in the prompt)
-    needs no fit. The other methods need a fit for this bundle that assigned a cluster. Without one
-    (never fitted, fitted to another bundle or by a localpers of another fit format, or fitted before the history
-    held anything) `card` still
-    shows the user's history in the prompt, on the global adapter without a correction, and says so in
-    `note`; `strict` (the API) refuses instead. A user with no history for the task (`history`, the
-    user's index for it) gets the plain global adapter.
+    needs no fit. The other methods need a fit for this bundle and fit format that assigned a cluster. Without
+    one (never fitted, fitted to another bundle or by a localpers of another fit format, or fitted before the
+    history held anything) `card` still shows the user's history in the prompt, on the global adapter without a
+    correction, and says so in `note`; `strict` (the API) refuses instead. A user with no history for the task
+    (`history`, the user's index for it) gets the plain global adapter.
     """
     if target is None or method == "global":
         return RewriteProfile("global")
