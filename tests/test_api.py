@@ -1014,3 +1014,66 @@ def test_a_key_protected_server_answers_a_browser_apps_preflight(backend: ApiBac
         answer.read()
         assert answer.status != 200 and answer.getheader("access-control-allow-origin") is None
         connection.close()
+
+
+def test_a_chat_through_exact_ends_at_the_turn_stops_and_takes_stop(
+    client: openai.OpenAI, personalizer: Personalizer, store: UserStore
+) -> None:
+    """`cope` and `exact` run their own decoders, which were given neither a request's `stop` (a 400) nor a
+    transcript's turn openings: a chat through them ran on into invented turns until max_tokens."""
+    from localpers.methods.card.prompting import chat_transcript
+    from localpers.methods.exact import index_exact, load_index, rewrite_exact
+
+    messages = [
+        ("system", "You are a helpful assistant."),
+        ("user", "What is the capital of France?"),
+        ("assistant", "Paris."),
+        ("user", "And of Germany?"),
+    ]
+    user = store.create("exa")
+    user.save_history(
+        [
+            HistoryItem.create("free", "The zoo welcomed two baby pandas.", "Two pandas, adorable!"),
+            HistoryItem.create("free", "Bus fares will drop for students.", "Fares halved, great!"),
+        ]
+    )
+    try:
+        index_exact(personalizer, user, k=1, library=("Concise", "Vivid"))
+        unstopped, _ = rewrite_exact(
+            personalizer, load_index(user), chat_transcript(messages), task="free", max_tokens=48
+        )
+        assert "\nUser:" in unstopped.text  # what this model writes on its own
+        chat = [{"role": role, "content": content} for role, content in messages]
+        answer = client.chat.completions.create(
+            model="localpers/exa",
+            messages=chat,  # type: ignore[arg-type]
+            max_tokens=48,
+            extra_body={"method": "exact"},
+        )
+        reply = answer.choices[0].message.content or ""
+        assert reply == unstopped.text[: unstopped.text.index("\nUser:")].strip()
+        assert answer.choices[0].finish_reason == "stop"
+        prompt = "The zoo welcomed two baby pandas, and the keepers said"
+        plain, _ = rewrite_exact(personalizer, load_index(user), prompt, task="free", max_tokens=16)
+        later_word = plain.text.split()[2]
+        stopped = client.completions.create(
+            model="localpers/exa",
+            prompt=prompt,
+            max_tokens=16,
+            stop=[later_word],
+            extra_body={"method": "exact"},
+        )
+        assert stopped.choices[0].text == plain.text[: plain.text.index(later_word)]
+        assert stopped.choices[0].finish_reason == "stop"
+        too_long = chat + [{"role": "user", "content": "And of Spain? " * 80}]
+        with pytest.raises(
+            openai.BadRequestError, match="method 'exact' reads at most 1,000 characters of a chat"
+        ):
+            client.chat.completions.create(
+                model="localpers/exa",
+                messages=too_long,  # type: ignore[arg-type]
+                max_tokens=4,
+                extra_body={"method": "exact"},
+            )
+    finally:
+        store.delete("exa")

@@ -157,6 +157,19 @@ def test_device_sft_fits_stores_and_decodes(
             assert result.tokens
         finally:
             decoder.close()
+        # a caller's stop strings (an API request's `stop`, a chat's turn openings) end the rewrite
+        from localpers.methods.base import RewriteOptions
+        from localpers.methods.cope_method import CopeUserDecoder
+
+        opened = CopeUserDecoder(personalizer, user)
+        try:
+            text = "The zoo welcomed two baby pandas, and the keepers said"
+            plain = opened.rewrite(text, RewriteOptions(task="free", max_tokens=12))
+            word = plain.text.split()[1]
+            cut = opened.rewrite(text, RewriteOptions(task="free", max_tokens=12, stop=(word,)))
+            assert cut.text == plain.text[: plain.text.index(word)] and cut.stop_reason == "stop"
+        finally:
+            opened.close()
         monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this fit
         with pytest.raises(LocalpersError, match="fitted by a localpers of another fit format"):
             CopeDecoder.for_user(personalizer, user, state)

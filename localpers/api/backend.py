@@ -8,8 +8,9 @@ may raise to abandon the generation (a client that went away). It never logs req
 outgoing connection.
 
 What a method needs is asked of the registry's `Method`, never of its name: methods that decode through the
-Personalizer's adapters take the user's stored fit, a chat template and stop strings; a method with its
-own decoder (`own_decoder`) is served by the `UserDecoder` it opens, kept open while it `serves` the user.
+Personalizer's adapters take the user's stored fit, a chat template and a long text alone; a method with its
+own decoder (`own_decoder`) is served by the `UserDecoder` it opens, kept open while it `serves` the user. Both
+take the request's stop strings and a transcript's turn openings.
 """
 
 from __future__ import annotations
@@ -208,7 +209,16 @@ class ApiBackend:
                     f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
                     param="user",
                 )
-            result = self._own_decoder(chosen, user, text, task, job, on_text)
+            free = get_task("free")
+            if use_chat_prompt and len(free.content(text)) > free.max_input_chars:
+                raise ApiError(
+                    400,
+                    f"method {method!r} reads at most {free.max_input_chars:,} characters of a chat, and this"
+                    f" one has {len(free.content(text)):,}: shorten it, or use a method that decodes on an adapter"
+                    " (e.g. card-auto), which takes a longer chat",
+                    param="messages",
+                )
+            result = self._own_decoder(chosen, user, text, task, job, on_text, stop)
         else:
             free = get_task("free")
             # A text longer than the free task's prompt carries with the user's examples (a long chat, a
@@ -241,11 +251,16 @@ class ApiBackend:
         return result
 
     def _own_decoder(
-        self, method: Method, user: User, text: str, task: str, job: GenerationJob, on_text: TextSink | None
+        self,
+        method: Method,
+        user: User,
+        text: str,
+        task: str,
+        job: GenerationJob,
+        on_text: TextSink | None,
+        stop: tuple[str, ...],
     ) -> RewriteResult:
         """Rewrite with the method's own decoder for `user`, reusing the open one while it serves them."""
-        if job.stop:
-            raise ApiError(400, f"`stop` is not supported with method {method.name!r}", param="stop")
         decoder = self._decoders.get(method.name)
         if decoder is None or not decoder.serves(user):
             if decoder is not None:
@@ -258,6 +273,7 @@ class ApiBackend:
             max_tokens=job.max_tokens,
             sampling=job.sampling,
             on_text=on_text,
+            stop=stop,
         )
         return decoder.rewrite(text, options)
 

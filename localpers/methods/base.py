@@ -51,6 +51,8 @@ class RewriteOptions:
         1  # > 1: outputs decoded side by side, the consensus one kept (adapter methods, greedy only)
     )
     on_text: Callable[[str], None] | None = None
+    # stop strings added to the task's (an API client's `stop`, a chat's turn openings)
+    stop: tuple[str, ...] = ()
     note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
 
 

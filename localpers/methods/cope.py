@@ -394,6 +394,7 @@ def rewrite_cope(
     history: HistoryIndex | None = None,
     prompt_format: PromptFormat | None = None,
     show_examples: bool = False,
+    stop: Sequence[str] = (),
 ) -> RewriteResult:
     """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha).
 
@@ -402,6 +403,7 @@ def rewrite_cope(
     task prompt. Both are tokenized as CARD's are (`prompting.prompt_tokens`: a headline of very dense text reads
     less of it). The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
     With `show_examples`, the result lists the history items the prompt showed, as `Personalizer.rewrite`'s does.
+    `stop` adds stop strings to the task's.
     """
     chosen = get_task(task)
     chosen.check_text(text)
@@ -412,7 +414,7 @@ def rewrite_cope(
     result, _ = decoder.generate(
         prompt,
         max_tokens=max_tokens or chosen.default_max_tokens,
-        stop=chosen.stop_strings,
+        stop=(*chosen.stop_strings, *stop),
         tau=tau,
         alpha=alpha,
         on_text=on_text,

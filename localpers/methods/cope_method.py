@@ -50,6 +50,7 @@ class CopeUserDecoder(UserDecoder):
             history=self.user.history_index(get_task(options.task)) if self.state.conditioned else None,
             prompt_format=self.prompt_format,
             show_examples=True,
+            stop=options.stop,
         )
 
     def serves(self, user: User) -> bool:

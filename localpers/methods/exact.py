@@ -306,8 +306,10 @@ def rewrite_exact(
     max_tokens: int | None = None,
     on_text: Callable[[str], None] | None = None,
     sampling: SamplerSettings | None = None,
+    stop: Sequence[str] = (),
 ) -> tuple[RewriteResult, Retrieval]:
-    """Generate with the cluster model on the prompt carrying the retrieved attribute line."""
+    """Generate with the cluster model on the prompt carrying the retrieved attribute line (`stop`: stop strings
+    added to the task's)."""
     started = time.perf_counter()
     retrieval = retrieve(index, text, task)
     retrieval_ms = 1000 * (time.perf_counter() - started)
@@ -322,6 +324,7 @@ def rewrite_exact(
         max_tokens=max_tokens,
         on_text=on_text,
         sampling=sampling,
+        stop=stop,
     )
     # Retrieval (one encoder call) is part of EXACT's prompt cost.
     if retrieval.attributes and get_task(task).is_cut(text):  # attributed_input cut it, the line kept

@@ -44,6 +44,7 @@ class ExactUserDecoder(UserDecoder):
             max_tokens=options.max_tokens,
             on_text=options.on_text,
             sampling=options.sampling,
+            stop=options.stop,
         )
 
     def rewrite(self, text: str, options: RewriteOptions) -> RewriteResult:
