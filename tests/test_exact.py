@@ -25,6 +25,7 @@ from localpers.methods.exact import (
     Selection,
     greedy_select,
     index_exact,
+    index_path,
     keep_for_index,
     load_index,
     retrieve,
@@ -179,7 +180,9 @@ def bundle_dir(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> 
     return make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
 
 
-def test_index_exact_end_to_end_profile_and_rewrite(bundle_dir: Path, backbone: Backbone) -> None:
+def test_index_exact_end_to_end_profile_and_rewrite(
+    bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
     personalizer = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
     user = UserStore().create("exacter")
     user.save_history(
@@ -214,6 +217,21 @@ def test_index_exact_end_to_end_profile_and_rewrite(bundle_dir: Path, backbone: 
             assert retrieval.item_id == panda and retrieval.attributes == by_id[panda].attributes
         else:
             assert retrieval.item_id in by_id or not by_id
+        # the index is judged as CARD's and CoPe's fits are: by its bundle and the fit format that built it
+        from localpers.methods import stored_files
+        from localpers.methods.exact_method import ExactUserDecoder
+
+        assert index.meta["fitted_by"] == stored_files.fit_mark()
+        ExactUserDecoder(personalizer, user)
+        monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this index
+        with pytest.raises(
+            LocalpersError, match="built by a localpers of another fit format.*fit --method exact"
+        ):
+            ExactUserDecoder(personalizer, user)
+        monkeypatch.setattr(stored_files, "FIT_FORMAT", 1)
+        del index.meta["fitted_by"]  # an index built before marks: format 1's
+        index.save(index_path(user))
+        ExactUserDecoder(personalizer, user)
     finally:
         personalizer.close()
     shown = CliRunner().invoke(

@@ -36,6 +36,7 @@ from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path, re
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.reports import RewriteResult
 from localpers.methods.scoring import PrefixScorer
+from localpers.methods.stored_files import fit_is_outdated, fit_mark
 from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
 from localpers.users.store import User, history_for
@@ -250,6 +251,7 @@ def index_exact(
         for _, (item, sel) in kept
     ]
     meta = {
+        "fitted_by": fit_mark(),
         "bundle_sha256": personalizer.bundle_sha256,
         "cluster": cluster,
         "adapter": adapter,
@@ -291,9 +293,16 @@ def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
 
 
 def check_bundle(index: ExactIndex, personalizer: Personalizer, user_name: str) -> None:
+    """Refuse an index built with another bundle or by a localpers of another fit format (one without a mark was
+    built before marks, format 1's), as CARD's and CoPe's fits are refused."""
     if index.meta.get("bundle_sha256") != personalizer.bundle_sha256:
         raise LocalpersError(
             f"user {user_name!r}'s EXACT index was built with another bundle; {refit_hint(user_name)}"
+        )
+    if fit_is_outdated(index.meta):
+        raise LocalpersError(
+            f"user {user_name!r}'s EXACT index was built by a localpers of another fit format, whose indexes this"
+            f" one does not read; {refit_hint(user_name)}"
         )
 
 
