@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from localpers.bench.data import read_bench_file
 from localpers.cli import app
+from localpers.errors import InputError
 
 PROMPT = "Generate a headline for the following article: "
 
@@ -64,6 +65,23 @@ def test_a_line_separator_inside_a_json_string_is_text_not_a_line_end(tmp_path: 
     assert [(user.user_id, user.line) for user in read.users] == [("a", 1), ("b", 2)]
 
 
+def test_numbered_authors_are_read_as_publish_reads_them(tmp_path: Path) -> None:
+    """A corpus `localpers publish` trains on (integer user ids) could not be benchmarked: the bench refused it."""
+    path = tmp_path / "numbered.jsonl"
+    path.write_text(
+        json.dumps({**_user(), "user_id": 7}) + "\n" + json.dumps({**_user(), "user_id": "7"}) + "\n"
+    )
+    with pytest.raises(InputError, match="line 2: user_id '7' collides with line 1"):
+        read_bench_file(path)
+    path.write_text(
+        json.dumps({**_user(), "user_id": 7}) + "\n" + json.dumps({**_user(), "user_id": True}) + "\n"
+    )
+    with pytest.raises(InputError, match="line 2: field 'user_id' must be"):
+        read_bench_file(path)
+    path.write_text(json.dumps({**_user(), "user_id": 7}) + "\n")
+    assert [user.user_id for user in read_bench_file(path).users] == ["7"]
+
+
 def test_a_record_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.jsonl"
     path.write_text(json.dumps(_user("a"))[:-1] + ', "user_id": "b"}\n')
@@ -79,8 +97,8 @@ def test_a_record_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
         (b"[1, 2]\n", "line 1: expected a JSON object"),
         (b"\xff\xfe not utf-8\n", "cannot read"),
         (
-            json.dumps({**_user(), "user_id": 3}).encode() + b"\n",
-            "field 'user_id' must be a non-empty string",
+            json.dumps({**_user(), "user_id": 3.5}).encode() + b"\n",
+            "field 'user_id' must be a non-empty string or an integer",
         ),
         (json.dumps({**_user(), "history": {}}).encode() + b"\n", "field 'history' must be a list"),
         ((json.dumps(_user()) + "\n" + json.dumps(_user())).encode() + b"\n", "collides with line 1"),

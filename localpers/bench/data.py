@@ -238,8 +238,10 @@ def _user_from_record(
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object with user_id, history and queries")
     user_id = record.get("user_id")
+    if isinstance(user_id, int) and not isinstance(user_id, bool):
+        user_id = str(user_id)  # numbered authors, as `localpers publish` reads them
     if not isinstance(user_id, str) or not user_id.strip():
-        raise InputError(f"{where}: field 'user_id' must be a non-empty string")
+        raise InputError(f"{where}: field 'user_id' must be a non-empty string or an integer")
     _check_unicode(user_id, f"{where}: field 'user_id'")
     history_records = record.get("history", [])
     query_records = record.get("queries")
