@@ -67,15 +67,34 @@ def config_dir() -> Path:
     return _made(path, root)
 
 
+def _check_creatable(directory: Path, option: str) -> None:
+    """Refuse a new `directory` that could not be made (its closest existing ancestor a file, or not writable), so
+    a long command is refused at its start rather than after its work, when it writes its results."""
+    ancestor = next((parent for parent in directory.absolute().parents if parent.exists()), None)
+    if ancestor is None:
+        return
+    if not ancestor.is_dir():
+        raise LocalpersError(
+            f"{option} {directory} cannot be made: {ancestor} is a file, not a directory; give another path"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise LocalpersError(
+            f"{option} {directory} cannot be made: {ancestor} cannot be written (its permissions, or a read-only"
+            " file system); give another path"
+        )
+
+
 def check_own_directory(
     directory: Path, *, option: str, writer: str, replaces: str, is_ours: Callable[[list[Path]], bool]
 ) -> None:
     """Refuse `directory` unless it is new, empty, or `is_ours(its entries)`: a command replaces files there.
 
     `option` and `writer` name the flag and the command ("--out", "a publish"); `replaces` says what would
-    be lost ("a bundle replaces its adapters and plots"). A one-line error lists what is there.
+    be lost ("a bundle replaces its adapters and plots"). A one-line error lists what is there. A new `directory`
+    must be one that can be made (checked, not made).
     """
     if not directory.exists():
+        _check_creatable(directory, option)
         return
     if not directory.is_dir():
         raise LocalpersError(

@@ -169,3 +169,16 @@ def test_a_bad_argument_exits_2_before_any_work(
 def test_the_seed_and_bootstrap_ranges_are_in_the_help() -> None:
     result = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert "0 to 2**32-1" in result.output and "100 to 100,000" in result.output
+
+
+def test_an_out_that_cannot_be_made_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    """It was refused after the model loaded, in a message naming neither the option nor what to do."""
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(_user()) + "\n")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("a file\n")
+    result = _bench(path, a_file / "run", "-m", "global", "--model", str(tmp_path / "absent.gguf"))
+    assert result.exit_code == 1, result.output
+    assert (
+        f"error: --out {a_file / 'run'} cannot be made: {a_file} is a file, not a directory" in result.output
+    )

@@ -338,6 +338,13 @@ def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) ->
     a_file = tmp_path / "c.jsonl"
     result = CliRunner().invoke(app, ["publish", str(corpus), "--out", str(a_file)])
     assert result.exit_code == 1 and "exists and is not a directory" in result.output
+    # a new OUT that cannot be made was refused only at the end, when the trained bundle was installed
+    absent_model = str(tmp_path / "absent.gguf")  # refused later, so the OUT check must come first
+    result = CliRunner().invoke(
+        app, ["publish", str(corpus), "--out", str(a_file / "bundle"), "--model", absent_model]
+    )
+    assert result.exit_code == 1, result.output
+    assert f"--out {a_file / 'bundle'} cannot be made: {a_file} is a file, not a directory" in result.output
     for made in ("empty", "bundle", "interrupted"):
         (tmp_path / made).mkdir()
     (tmp_path / "bundle" / "manifest.json").write_text('{"format": "localpers-bundle"}')

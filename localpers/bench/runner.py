@@ -171,7 +171,7 @@ def run_bench(
             config.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LocalpersError(
-                f"{config.out}: cannot create the output directory ({exc.strerror})"
+                f"--out {config.out}: cannot create the output directory ({exc.strerror}); give another path"
             ) from None
         MethodStateRoot.path = config.out / "method-state"  # CoPe's LoRA files, EXACT's indexes
         fits = FitStore(config.out / "users", personalizer)
