@@ -64,6 +64,31 @@ async def test_a_damaged_history_is_reported_and_the_app_keeps_running() -> None
         assert app.is_running and "history.jsonl line 1" in app.main.personal_panel.status
 
 
+@async_test
+async def test_a_history_holding_one_line_twice_is_listed_and_removable() -> None:
+    """A line repeated in history.jsonl (edited by hand, or stored before control characters were removed on
+    import, which gives two items one id) ended the app: its table's row keys were item ids, which must be unique."""
+    from localpers.tui.screens.confirm import ConfirmScreen
+
+    service = fitted_service()
+    bob = service.store.get("bob")
+    lines = bob.history_path.read_text().splitlines(keepends=True)
+    bob.history_path.write_text("".join([*lines, lines[0]]))  # the oldest item again, as the newest line
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        app.main.controls.user_select.value = "bob"
+        await wait_idle(pilot)
+        assert app.is_running and app.main.history_panel.table.row_count == 7
+        await pilot.press("f3")
+        await pilot.press("x")  # the newest row: the repeated line
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and "stored 2 times" in str(app.screen.question)
+        await pilot.press("y")
+        await wait_idle(pilot)
+        assert len(bob.history()) == 5 and app.main.history_panel.table.row_count == 5
+
+
 # ---------------------------------------------------------------- 2. a damaged negatives_user.jsonl
 @pytest.mark.parametrize("content", [b'{"id": "caf\xe9"}\n', b"{oops\n", b"[1, 2]\n", None])
 def test_a_damaged_rejected_file_keeps_the_history_and_the_fit(content: bytes | None) -> None:
