@@ -385,6 +385,28 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
     )
 
 
+def test_show_says_when_the_cope_fit_is_one_rewrites_refuse() -> None:
+    """`rewrite --method cope` refuses a CoPe fit of another bundle or fit format; `user show` listed it as any."""
+    from localpers.bundle.format import default_bundle_dir, sha256_of_file
+    from localpers.methods.stored_files import fit_mark
+
+    run("user", "create", "ann")
+    cope_state = UserStore().get("ann").dir / "cope.json"
+    in_use = sha256_of_file(default_bundle_dir() / "manifest.json")
+    current = {"rank": 8, "n_items": 20, "bundle_sha256": in_use, "fitted_by": fit_mark()}
+    for fields, due in (
+        ({}, None),
+        ({"fitted_by": "localpers 0.1.0, fit format 9"}, "made by a localpers of another fit format"),
+        ({"bundle_sha256": "0" * 64}, "made with another bundle than the one in use"),
+    ):
+        cope_state.write_text(json.dumps({**current, **fields}), encoding="utf-8")
+        line = next(line for line in run("user", "show").stdout.splitlines() if line.startswith("cope "))
+        if due is None:
+            assert line == "cope        LoRA rank 8 fitted on 20 items", line
+        else:
+            assert line.endswith(f"; {due}: refit due, run `localpers fit --method cope --user ann`"), line
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -217,14 +217,26 @@ def _other_fits(folder: Path) -> list[tuple[str, str]]:
     if cope_state.is_file():
         try:
             cope = parse_json(cope_state.read_bytes())
-            lines.append(
-                ("cope", f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}")
-            )
+            line = f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}"
+            lines.append(("cope", line + _cope_refit_due(cope, folder.name)))
         except (OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem is a ValueError
             lines.append(("cope", f"{cope_state.name} is damaged; {refit_advice('cope', folder.name)}"))
     if (folder / EXACT_INDEX_FILE).is_file():
         lines.append(("exact", "attribute index stored (`localpers profile` shows it)"))
     return lines
+
+
+def _cope_refit_due(cope: dict[str, Any], name: str) -> str:
+    """ "" or why `rewrite --method cope` refuses the stored CoPe fit (as it refuses it), and what mends it."""
+    from localpers.bundle.format import bundle_in_use_sha256
+
+    if fit_is_outdated(cope):
+        why = "made by a localpers of another fit format"
+    elif (in_use := bundle_in_use_sha256()) is not None and cope.get("bundle_sha256") != in_use:
+        why = "made with another bundle than the one in use"
+    else:
+        return ""
+    return f"; {why}: refit due, {refit_advice('cope', name)}"
 
 
 def _fit_line(fit: dict[str, Any]) -> str:
