@@ -218,8 +218,31 @@ def test_an_item_stored_twice_is_removed_with_its_copy() -> None:
     item_id = user.history()[0].id
     result = CliRunner().invoke(app, ["history", "remove", item_id])
     assert result.exit_code == 0, result.stderr
-    assert "(2 copies)" in result.stdout
+    assert f"removed {item_id} from user 'ann'; 1 item left" in result.stdout
     assert len(user.history()) == 1 and item_id not in {item.id for item in user.history()}
+    assert len(user.history_path.read_text().splitlines()) == 1
+
+
+def test_an_item_stored_twice_is_one_item() -> None:
+    """Counted twice, a line repeated by hand (or two lines differing only by control characters, stored before
+    import removed them) was a series the user repeats, two training pairs, and both the oldest item and the
+    newest: `history remove --oldest 1` removed the newest item too."""
+    from localpers.users.series import history_series
+
+    user = UserStore().create("ann")
+    outputs = ("Storm cuts power overnight", "Zoo welcomes two pandas", "Council backs solar roof")
+    user.save_history([HistoryItem.create("headline", f"article {k}", out) for k, out in enumerate(outputs)])
+    lines = user.history_path.read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    again = json.dumps(
+        {**first, "output": first["output"] + "\x1b"}
+    )  # a control character, removed on reading
+    user.history_path.write_text("".join([*lines, lines[0], lines[0], again + "\n"]))
+    assert [item.id for item in user.history()] == [json.loads(line)["id"] for line in lines]
+    assert history_series(user.history()) == []
+    result = CliRunner().invoke(app, ["history", "remove", "--oldest", "1"])
+    assert result.exit_code == 0, result.stderr
+    assert [item.id for item in user.history()] == [json.loads(line)["id"] for line in lines[1:]]
 
 
 def test_export_into_the_users_folder_is_refused() -> None:

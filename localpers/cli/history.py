@@ -295,10 +295,7 @@ def history_remove(
     if as_json:
         _print_removed(target, removed, remaining)
         return
-    copies = f" ({len(removed)} copies)" if len(removed) > 1 else ""
-    typer.echo(
-        f"removed {removed[0].id}{copies} from user {target.name!r}; {items_phrase(len(remaining))} left"
-    )
+    typer.echo(f"removed {removed[0].id} from user {target.name!r}; {items_phrase(len(remaining))} left")
     typer.echo(refit_hint(target, removed=True))
 
 

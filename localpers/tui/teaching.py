@@ -139,10 +139,10 @@ class TeachingMixin:
             self.notify(f"Removed {item.id} from {self.user.name}'s history; refitting in the background.")
             self.schedule_refit()
 
-        shown = [item for item in self.main.history_panel.items if item.id == item_id]
-        what = f"{item_id} ({flatten_whitespace(shorten(shown[0].output, 80))!r})" if shown else item_id
-        if len(shown) > 1:
-            what += f" (stored {len(shown)} times: every copy)"
+        shown = next((item for item in self.main.history_panel.items if item.id == item_id), None)
+        what = (
+            f"{item_id} ({flatten_whitespace(shorten(shown.output, 80))!r})" if shown is not None else item_id
+        )
         self.push_screen(ConfirmScreen(f"Remove history item {what} and refit?"), remove)
 
     def action_import_history(self) -> None:

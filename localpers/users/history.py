@@ -273,19 +273,26 @@ def merge_history(
 
 def read_stored_history(path: Path) -> list[HistoryItem]:
     """A user's stored history.jsonl (one item object per line); a missing file is an empty history, a link to
-    nothing is refused (read as empty, the next save would replace the link and part the history from it)."""
+    nothing is refused (read as empty, the next save would replace the link and part the history from it).
+
+    An item is read once, where it first appears: localpers never stores one twice, but a file edited or joined
+    by hand can hold a line twice, and so can one written before control characters were removed on import (two
+    lines that differ only by them read back as one item). Counted twice, such an item was a "series" the user
+    repeats, two training pairs, a held-out item that was also trained on, and the oldest item and the newest.
+    """
     if not path.exists():
         refuse_dangling_link(path)
         return []
     hint = "fix or delete that line, or remove the file"
-    items: list[HistoryItem] = []
+    items: dict[str, HistoryItem] = {}
     for line_number, record in _read_json_lines(path, hint=hint, stored=True):
         where = f"line {line_number}"
         source = record.get("source")
         if source is not None and not isinstance(source, str):
             raise InputError(f"{path} {where}: field 'source' must be a string; {hint}")
-        items.append(_item_from_record(path, where, record, DEFAULT_TASK, source, hint=hint))
-    return items
+        item = _item_from_record(path, where, record, DEFAULT_TASK, source, hint=hint)
+        items.setdefault(item.id, item)
+    return list(items.values())
 
 
 def refuse_dangling_link(path: Path) -> None:

@@ -21,7 +21,7 @@ from localpers.users.history import HistoryItem
 
 
 class HistoryTable(DataTable[str]):
-    """The table of items; its row keys are item ids (`row_key`: a stored line repeated gets its own row)."""
+    """The table of items; its row keys are item ids."""
 
     BINDINGS = [
         Binding("x,delete", "remove", "Remove", show=True),  # short: 80 columns show the main keys too
@@ -35,18 +35,7 @@ class HistoryTable(DataTable[str]):
             return
         row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
         if row_key.value is not None:
-            self.post_message(HistoryPanel.RemoveRequested(item_id_of(row_key.value)))
-
-
-def row_key(item_id: str, copy: int) -> str:
-    """The table's key for the `copy`-th row (0 for the first) of an item: a history can hold one line twice (edited
-    by hand, or items stored before control characters were removed on import), and a table key is unique."""
-    return item_id if copy == 0 else f"{item_id}:{copy}"
-
-
-def item_id_of(key: str) -> str:
-    """The item id a row key stands for (`row_key`'s inverse; ids are hex digits)."""
-    return key.partition(":")[0]
+            self.post_message(HistoryPanel.RemoveRequested(row_key.value))
 
 
 class HistoryPanel(Vertical):
@@ -95,9 +84,7 @@ class HistoryPanel(Vertical):
         if user is None:
             self.caption.update("No user yet.")
             return
-        copies: dict[str, int] = {}
         for item in reversed(self.items):
-            copies[item.id] = copies.get(item.id, -1) + 1
             table.add_row(
                 item.id,
                 item.task,
@@ -105,7 +92,7 @@ class HistoryPanel(Vertical):
                 shorten(
                     flatten_whitespace(TASKS[item.task].content(item.input)), 70
                 ),  # without the instruction
-                key=row_key(item.id, copies[item.id]),
+                key=item.id,
             )
         count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"
         self.caption.update(
