@@ -58,6 +58,21 @@ def test_profile_shows_the_fits_choice_and_habits() -> None:
     ]
 
 
+def test_profile_shows_habits_edited_by_hand() -> None:
+    """A number among the habits ended `profile` in a traceback, and one habit alone was spelled out letter by
+    letter ("T; i; t; l; e")."""
+    make_user("edited")
+    user = UserStore().get("edited")
+    for habits, shown in (
+        (["opens with 'Cat'", 7], "habits: opens with 'Cat'; 7"),
+        ("Title Case", "habits: Title Case"),
+    ):
+        user.save_state({"cluster": 1, "fit": {"mode": "vector", "habits": habits}})
+        result = CliRunner().invoke(app, ["profile", "--user", "edited"])
+        assert result.exit_code == 0, result.output
+        assert shown in result.stdout
+
+
 def test_profile_says_when_the_fit_was_made_with_another_bundle() -> None:
     """After an upgrade or a pull the fit is not used (rewrite falls back), but profile showed it as current."""
     from localpers.bundle.format import default_bundle_dir, sha256_of_file

@@ -188,6 +188,43 @@ def test_profile_panel_shows_an_imported_fit_report_as_plain_text() -> None:
     assert "[bold]x[/bold]\\x1b]0;retitled\\x07" in shown and "\x1b" not in shown
 
 
+@pytest.mark.parametrize(
+    ("fields", "row", "shown"),
+    [
+        ({"heldout_accuracy": "0.8"}, "pair accuracy", "held-out 0.8 on"),
+        ({"cluster_similarities": ["0.61", 0.23]}, "cluster", "(similarities 0.61, 0.23)"),
+        ({"cluster_similarities": 0.61}, "cluster", "(similarities 0.61)"),
+        ({"seconds": {"fit": "0.1", "choice": 2}}, "fit time", "2.0 s (fit 0.1 s, choice 2.0 s)"),
+        ({"seconds": "5.2"}, "fit time", "5.2 s"),
+        ({"habits": [1, None]}, "habits", "1; None"),
+        ({"habits": "Title Case"}, "habits", "Title Case"),
+        ({"updated_at": 1733400000}, "fitted at", "1733400000"),
+    ],
+)
+def test_profile_panel_shows_a_hand_edited_fit_report_as_it_is(
+    fields: dict[str, object], row: str, shown: str
+) -> None:
+    """Figures stored as text, a lone habit, a number for a date: the app ended in a traceback (a state.json edited
+    by hand, or from an imported archive, which `user show`, rewrites and the API accept)."""
+    from rich.console import Console
+
+    from localpers.tui.widgets.profile_panel import profile_table
+
+    user = UserStore().create("ann")
+    accept_output(user, "headline", "a storm", "Storm Shuts Road")
+    report = {"mode": "vector", "n_items": 1, "n_pairs": 1, "heldout_accuracy": 0.5}
+    top = {key: value for key, value in fields.items() if key == "updated_at"}
+    report.update({key: value for key, value in fields.items() if key != "updated_at"})
+    user.save_fit(np.ones(4, np.float32), {"cluster": 0, "bundle_sha256": "sha", "fit": report})
+    if top:
+        state = json.loads(user.state_path.read_text())
+        user.state_path.write_text(json.dumps({**state, **top}))
+    console = Console(width=160, record=True)
+    console.print(profile_table(load_profile(user, "sha")))
+    lines = [line.strip() for line in console.export_text().splitlines() if line.startswith(row)]
+    assert len(lines) == 1 and shown in lines[0], lines
+
+
 def test_damaged_state_becomes_a_problem_not_a_crash() -> None:
     user = UserStore().create("ann")
     user.state_path.write_text("{broken")

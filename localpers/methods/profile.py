@@ -35,9 +35,16 @@ def card_summary(user: User) -> dict[str, Any] | None:
         "cluster_similarities": fit.get("cluster_similarities"),
         "n_pairs": fit.get("n_pairs"),
         "heldout_accuracy": fit.get("heldout_accuracy"),
-        "habits": fit.get("habits") or [],
+        "habits": _habits(fit.get("habits")),
         "choice": _choice_summary(state.get("choice")),
     }
+
+
+def _habits(stored: Any) -> list[str]:
+    """The fit's habits as text; a state.json edited by hand may hold one habit alone, or numbers."""
+    if not stored:
+        return []
+    return [str(habit) for habit in (stored if isinstance(stored, list) else [stored])]
 
 
 def _choice_summary(choice: Any) -> dict[str, Any] | None:

@@ -24,8 +24,21 @@ MODE_LABELS = {
 }
 
 
-def _accuracy(value: Any) -> str:
-    return "–" if value is None else f"{value:.2f}"
+def _number(value: Any, digits: int = 2) -> str:
+    """A stored figure to `digits` places; "–" when absent, and anything else as the text it is (a state.json
+    edited by hand, or one from an imported archive, may hold "0.8" where localpers writes 0.8)."""
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _listed(value: Any) -> list[Any]:
+    """A stored list's items; a lone value as one item (a hand-edited "habits": "Title Case")."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
 
 
 @dataclass(frozen=True)
@@ -71,17 +84,19 @@ def profile_table(profile: Profile, colors: StatusColors | None = None) -> Table
     table.add_column(style="bold")
     table.add_column()
 
-    def add_row(label: str, value: str | Text) -> None:
+    def add_row(label: str, value: object) -> None:
         # plain text, control characters escaped: what a state.json from an imported archive holds is shown, never
         # read as markup or sent to the terminal
-        table.add_row(label, value if isinstance(value, Text) else Text(escaped(flatten_whitespace(value))))
+        table.add_row(
+            label, value if isinstance(value, Text) else Text(escaped(flatten_whitespace(str(value))))
+        )
 
     add_row("user", profile.user)
     add_row("status", status_line(profile, colors))
     add_row("history", f"{profile.n_history} items · {profile.n_rejected} rejected outputs kept")
     fit = profile.fit
     if fit is not None:
-        similarities = ", ".join(f"{s:.2f}" for s in fit.get("cluster_similarities") or [])
+        similarities = ", ".join(_number(s) for s in _listed(fit.get("cluster_similarities")))
         cluster = "none" if profile.cluster is None else str(profile.cluster)
         add_row("cluster", f"{cluster}" + (f"  (similarities {similarities})" if similarities else ""))
         add_row("vector", MODE_LABELS.get(str(fit.get("mode")), str(fit.get("mode"))))
@@ -92,19 +107,23 @@ def profile_table(profile: Profile, colors: StatusColors | None = None) -> Table
             )
             add_row(
                 "pair accuracy",
-                f"train {_accuracy(fit.get('train_accuracy'))} · held-out "
-                f"{_accuracy(fit.get('heldout_accuracy'))} on {fit.get('n_heldout')} "
-                f"(cluster default {_accuracy(fit.get('heldout_accuracy_default'))})",
+                f"train {_number(fit.get('train_accuracy'))} · held-out "
+                f"{_number(fit.get('heldout_accuracy'))} on {fit.get('n_heldout')} "
+                f"(cluster default {_number(fit.get('heldout_accuracy_default'))})",
             )
             add_row("vector norm", f"{fit.get('vector_norm')}")
             if profile.choice:
                 add_row("correction", f"{profile.choice} (chosen on your recent items)")
-        if fit.get("habits"):
-            add_row("habits", Text("; ".join(fit["habits"])))
-        seconds = fit.get("seconds") or {}
-        if seconds:
-            parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
-            add_row("fit time", f"{sum(seconds.values()):.1f} s ({parts})")
+        habits = _listed(fit.get("habits"))
+        if habits:
+            add_row("habits", "; ".join(str(habit) for habit in habits))
+        seconds = fit.get("seconds")
+        if isinstance(seconds, dict) and seconds:
+            parts = ", ".join(f"{k} {_number(v, 1)} s" for k, v in seconds.items())
+            counted = [v for v in seconds.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            add_row("fit time", f"{_number(sum(counted), 1)} s ({parts})")
+        elif seconds:
+            add_row("fit time", f"{seconds} s")
         if profile.fitted_at:
             add_row("fitted at", profile.fitted_at)
     for size, latest in profile.series:
