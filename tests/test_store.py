@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore
 
@@ -408,6 +408,28 @@ def test_a_history_at_the_size_limit_exports_and_imports_back(tmp_path: Path) ->
     archive = store.export("big", tmp_path / "big.zip", with_history=True)
     again = store.import_(archive, "big2")
     assert again.history_path.read_bytes() == user.history_path.read_bytes()
+
+
+def test_a_history_over_the_item_limit_is_refused_at_export_not_at_restore(tmp_path: Path) -> None:
+    """A history made longer by hand works, and exported; its archive was then refused by import, a backup that
+    could not be restored."""
+    from localpers.users.history import MAX_HISTORY_ITEMS
+
+    store = UserStore()
+    user = store.create("long")
+    items = [
+        HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(MAX_HISTORY_ITEMS + 2)
+    ]
+    user.save_history(items, removing=True)  # as a file joined by hand
+    with pytest.raises(InputError, match=r"`localpers history remove --oldest 2 --user long`, then export"):
+        store.export("long", tmp_path / "long.zip", with_history=True)
+    assert not (tmp_path / "long.zip").exists()
+    store.export("long", tmp_path / "state-only.zip")  # without the history there is nothing to refuse
+    user.save_history(items[2:], removing=True)
+    assert (
+        len(store.import_(store.export("long", tmp_path / "long.zip", with_history=True), "back").history())
+        == 500
+    )
 
 
 def test_a_user_deleted_while_a_command_runs_is_not_read_as_one_with_no_history_or_fit() -> None:

@@ -37,7 +37,7 @@ from localpers.users.folder import (
     history_for,
     read_json_object,
 )
-from localpers.users.history import check_history_size
+from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 from localpers.users.names import NAME_PATTERN, validate_name, validate_new_name
 
@@ -209,7 +209,14 @@ class UserStore:
         if vector_path is not None:
             members[vector_path.name] = vector_path.read_bytes()
         if with_history and user.history_path.exists():
-            user.history()  # validate before exporting
+            count = len(user.history())  # validated before exporting
+            # a history made longer by hand works here, but an import would refuse the archive
+            check_history_size(
+                count,
+                what=f"user {user.name!r} has",
+                hint=f"e.g. `localpers history remove --oldest {count - MAX_HISTORY_ITEMS} --user {user.name}`,"
+                " then export: an import refuses more",
+            )
             members["history.jsonl"] = user.history_path.read_bytes()
         data = pack_archive(name, user.state().get("cluster"), members)
         if not dest.parent.is_dir():
