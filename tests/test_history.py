@@ -1,6 +1,7 @@
 """History parsing: the three input formats, line-numbered errors, duplicates, the item limit."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,20 @@ def test_shared_user_format_several_users_needs_user_id(tmp_path: Path) -> None:
     assert len(parse_history_file(path, user_id="u2")) == 4
     with pytest.raises(LocalpersError, match="has no user_id 'u9'"):
         parse_history_file(path, user_id="u9")
+
+
+def test_numbered_authors_are_read_as_publish_and_bench_read_them(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "u.jsonl", [{**shared_user("u1", 2), "user_id": 7}, shared_user("u2", 3)])
+    assert len(parse_history_file(path, user_id="7")) == 2
+    path = write_lines(
+        tmp_path / "v.jsonl",
+        [{**shared_user("u1", 2), "user_id": 7}, {**shared_user("u2", 1), "user_id": "7"}],
+    )
+    with pytest.raises(LocalpersError, match="line 2: user_id '7' already appeared on line 1"):
+        parse_history_file(path)
+    path = write_lines(tmp_path / "w.jsonl", [{**shared_user("u1", 2), "user_id": True}])
+    with pytest.raises(LocalpersError, match="field 'user_id' must be a non-empty string or an integer"):
+        parse_history_file(path)
 
 
 def test_user_id_on_a_plain_file_and_mixed_formats_are_refused(tmp_path: Path) -> None:
@@ -294,3 +309,16 @@ def test_a_dated_file_is_ordered_by_its_times_too_and_impossible_dates_count_as_
     assert oldest_first(zoned) == (zoned, False)
     impossible = [{"date": "2024-02-01"}, {"date": "2024-13-45"}]
     assert oldest_first(impossible) == (impossible, False)
+
+
+def test_a_json_document_is_refused_with_the_jq_command_that_makes_it_jsonl(tmp_path: Path) -> None:
+    """The hint's `jq -c '.[]'` turned `history list --json`'s object into its values: a name and a list."""
+    items = [{"input": "An article.", "output": "A Headline"}]
+    listed = tmp_path / "listed.json"
+    listed.write_text(json.dumps({"user": "ann", "items": items}, indent=2))
+    with pytest.raises(LocalpersError, match=re.escape("`jq -c '.items[]' FILE > items.jsonl`")):
+        parse_history_file(listed)
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(items, indent=2))
+    with pytest.raises(LocalpersError, match=re.escape("`jq -c '.[]' FILE > items.jsonl`")):
+        parse_history_file(array)

@@ -349,9 +349,11 @@ def _read_json_lines(
             record = parse_json(line, object_pairs_hook=reject_duplicate_keys)  # which 'input' was meant?
         except JSONProblem as exc:
             if line.strip() in ("[", "{"):  # the first line of a pretty-printed JSON document
+                # an object is most likely `history list --json`'s, whose items are under "items"
+                items = ".[]" if line.strip() == "[" else ".items[]"
                 hint = (
                     "this file looks like one JSON document, but a history file is JSONL: one object per line"
-                    " (e.g. `jq -c '.[]' FILE > items.jsonl`)"
+                    f" (e.g. `jq -c '{items}' FILE > items.jsonl`)"
                 )
             raise InputError(f"{path} line {line_number}: not valid JSON ({exc}); {hint}") from None
         if not isinstance(record, dict):
@@ -368,8 +370,12 @@ def _user_items(
     by_user: dict[str, tuple[int, dict[str, Any]]] = {}
     for line_number, record in user_lines:
         uid = record.get("user_id")
+        if isinstance(uid, int) and not isinstance(uid, bool):
+            uid = str(uid)  # numbered authors, as `localpers publish` and `bench` read them (--user-id 7)
         if not isinstance(uid, str) or not uid:
-            raise InputError(f"{path} line {line_number}: field 'user_id' must be a non-empty string")
+            raise InputError(
+                f"{path} line {line_number}: field 'user_id' must be a non-empty string or an integer"
+            )
         if uid in by_user:
             raise InputError(
                 f"{path} line {line_number}: user_id {uid!r} already appeared on line {by_user[uid][0]}"
