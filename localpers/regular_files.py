@@ -33,6 +33,12 @@ def read_regular_file(
     """
     unusable: type[LocalpersError] = LocalpersError if stored else InputError
     fix = "move it away" if stored else f"pass a {what}"
+    # localpers never writes a file over its limit: one grew by hand (files joined, a link to something else)
+    too_big = (
+        "localpers never writes one so large (joined or edited by hand?): move it away"
+        if stored
+        else "split it"
+    )
     try:
         info = path.stat() if follow_links else path.lstat()
     except FileNotFoundError:
@@ -46,7 +52,9 @@ def read_regular_file(
     if not stat.S_ISREG(info.st_mode):
         raise unusable(f"{path} is not a regular file (a FIFO, device or socket); {fix}")
     if info.st_size > limit:
-        raise InputError(f"{path} is {info.st_size} bytes, more than the {limit} a {what} may have")
+        raise InputError(
+            f"{path} is {info.st_size:,} bytes, more than the {limit:,} a {what} may have; {too_big}"
+        )
     try:
         no_follow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | no_follow)
@@ -59,5 +67,5 @@ def read_regular_file(
     except OSError as exc:
         raise unusable(f"{path}: cannot read ({exc.strerror})") from None
     if len(raw) > limit:
-        raise InputError(f"{path} is more than the {limit} bytes a {what} may have")
+        raise InputError(f"{path} is more than the {limit:,} bytes a {what} may have; {too_big}")
     return raw

@@ -241,3 +241,19 @@ def test_a_missing_adapter_is_refused_before_the_model_loads(tmp_path: Path) -> 
         app, ["generate", "x", f"--adapter={tmp_path}/nope.gguf", "--model", "/nonexistent"]
     )
     assert result.exit_code == 2 and "--adapter" in result.stderr and "no such file" in result.stderr
+
+
+def test_rewrite_examples_lists_each_shown_item_on_one_line() -> None:
+    """A free-text item's output with line breaks was printed across lines, as no other listing does."""
+    from localpers.cli.device import shown_examples_text
+
+    listed = shown_examples_text(
+        [
+            {"why": "recent", "id": "3f2a00000000", "output": "Dear team,\n\nthanks for today."},
+            {"why": "closest", "id": "4b1c00000000", "output": "Storm Shuts Road"},
+        ]
+    ).splitlines()
+    assert listed[1:] == [
+        "  recent   3f2a00000000  Dear team,\\n\\nthanks for today.",
+        "  closest  4b1c00000000  Storm Shuts Road",
+    ]

@@ -43,6 +43,24 @@ def test_a_history_the_reader_would_refuse_is_never_written(monkeypatch: pytest.
     assert len(user.history()) == 2  # still readable, so every command still works
 
 
+def test_a_history_grown_past_the_limit_by_hand_is_refused_saying_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal gave two byte counts and nothing to do, and every command refuses such a history."""
+    user = UserStore().create("ann")
+    user.save_history(items(3, size=200))
+    monkeypatch.setattr(history_module, "MAX_HISTORY_FILE_BYTES", 2_000)  # as two histories joined by hand
+    with pytest.raises(
+        InputError,
+        match=r"history.jsonl is [\d,]+ bytes, more than the 2,000 .*joined or edited by hand\?\): move it",
+    ):
+        user.history()
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(user.history_path.read_bytes())
+    with pytest.raises(InputError, match=r"more than the 2,000 a history file may have; split it$"):
+        history_module.parse_history_file(joined)
+
+
 def test_an_item_longer_than_any_prompt_reads_by_far_is_refused_naming_its_line(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     huge = "word " * 30_000  # 150,000 characters

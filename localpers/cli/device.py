@@ -41,6 +41,7 @@ from localpers.errors import InputError, LocalpersError
 from localpers.methods.bounds import MAX_STRENGTH
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, get_method, listed, method_names, methods_taking
+from localpers.untrusted import one_line
 
 if TYPE_CHECKING:
     from localpers.methods.base import Method
@@ -279,7 +280,8 @@ def shown_examples_text(examples: list[dict[str, Any]]) -> str:
     lines = [
         f"the prompt showed {len(examples)} of your history items (remove one: `localpers history remove ID`):"
     ]
-    lines += [f"  {example['why']:<8} {example['id']}  {example['output']}" for example in examples]
+    # one line each, as `history list` shows them: a stored output may hold line breaks (a free-text item)
+    lines += [f"  {example['why']:<8} {example['id']}  {one_line(example['output'])}" for example in examples]
     return "\n".join(lines)
 
 
