@@ -170,18 +170,27 @@ def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbo
     store.create("stale").save_fit(np.ones(4, np.float32), {"fit": {}, "bundle_sha256": "ab" * 32})
     store.create("unfitted")
     (store.create("broken").dir / "state.json").write_text("{not json", encoding="utf-8")
+    # files every rewrite refuses, which doctor passed over (hand-edit audit): a history line without an output,
+    # a cluster stored as text
+    (store.create("emptied").dir / "history.jsonl").write_text('{"input": "An article.", "output": ""}\n')
+    store.create("texted").save_fit(np.ones(4, np.float32), {"fit": {}, "cluster": "2"})
     result = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
     assert result.exit_code == 0, result.output  # a stale fit stops nothing: rewrites fall back
     assert json.loads(result.stdout)["users"] == {
-        "count": 4,
+        "count": 6,
         "active": "current",
+        "active_problem": None,
         "fitted_with_another_bundle": ["stale"],
-        "unreadable": ["broken"],
+        "unreadable": ["broken", "emptied", "texted"],
     }
     shown = runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
     assert (
-        "users         4 (active: current)" in shown and "  refit due   stale: fitted with another" in shown
+        "users         6 (active: current)" in shown and "  refit due   stale: fitted with another" in shown
     )
+    assert "  damaged     broken, emptied, texted: a rewrite refuses their files" in shown
+    store.active_path.write_text('{"user": 7}')
+    shown = runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
+    assert f"users         6\n  active      none: {store.active_path} is damaged (bad 'user')" in shown
 
 
 def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(backbone: Backbone) -> None:

@@ -2,8 +2,9 @@
 
 It reports the backbone, the bundle in use (its content checked, whether a pulled one is pinned), llama.cpp's
 build, threads and weight buffers, the data directories, the installed extras with where `publish` would train,
-and the users (those whose fit is for another bundle); each problem is a line and exit code 1. It reads state
-files and loads the backbone once; it writes nothing and opens no network connection.
+and the users (those whose fit is for another bundle, those whose files a rewrite refuses, a damaged active
+pointer); each problem of the set-up is a line and exit code 1 (a user's files are that user's, not the set-up's).
+It reads the users' files and loads the backbone once; it writes nothing and opens no network connection.
 """
 
 from __future__ import annotations
@@ -196,6 +197,8 @@ def _print_report(report: dict[str, Any]) -> None:
     typer.echo(
         f"users         {users['count']}" + (f" (active: {users['active']})" if users["active"] else "")
     )
+    if users["active_problem"]:
+        typer.echo(f"  active      none: {users['active_problem']}")
     if users["fitted_with_another_bundle"]:
         typer.echo(
             f"  refit due   {', '.join(users['fitted_with_another_bundle'])}: fitted with another bundle than the"
@@ -204,8 +207,8 @@ def _print_report(report: dict[str, Any]) -> None:
         )
     if users["unreadable"]:
         typer.echo(
-            f"  damaged     {', '.join(users['unreadable'])}: state.json cannot be read"
-            " (`localpers user show NAME` says what to do)"
+            f"  damaged     {', '.join(users['unreadable'])}: a rewrite refuses their files"
+            " (`localpers user show NAME` says which and what to do)"
         )
     for problem in report["problems"]:
         typer.echo(f"problem       {problem}")
@@ -238,11 +241,12 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
 
 
 def _users_status() -> dict[str, Any]:
-    """How many users this device has, and whose CARD fit was made with another bundle than the one in use (after
-    an upgrade or a pull: rewrites fall back for them). Reads their state.json only; writes nothing."""
+    """How many users this device has, whose files a rewrite would refuse (their state, vector, token bias or
+    history), and whose CARD fit was made with another bundle than the one in use (after an upgrade or a pull:
+    rewrites fall back for them). Reads their files as a rewrite does; writes nothing."""
     from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.methods.card.user_state import stored_token_bias, user_profile
     from localpers.methods.stored_files import fit_is_outdated, fit_made_for
-    from localpers.users.folder import read_json_object
     from localpers.users.store import UserStore
 
     store = UserStore()
@@ -251,7 +255,10 @@ def _users_status() -> dict[str, Any]:
     names = store.list()
     for name in names:
         try:
-            state = read_json_object(store.users_dir / name / "state.json", "") or {}
+            user = store.get(name)
+            _, _, state = user_profile(user)  # the checks `localpers rewrite` makes
+            stored_token_bias(user, state)
+            user.history()
         except LocalpersError:
             unreadable.append(name)
             continue
@@ -259,13 +266,15 @@ def _users_status() -> dict[str, Any]:
         unusable = fit_is_outdated(state) if in_use is None else not fit_made_for(state, in_use)
         if isinstance(state.get("fit"), dict) and unusable:
             stale.append(name)
+    active_problem = None
     try:
         active = store.active_name()
-    except LocalpersError:
-        active = None
+    except LocalpersError as exc:
+        active, active_problem = None, str(exc)
     return {
         "count": len(names),
         "active": active,
+        "active_problem": active_problem,
         "fitted_with_another_bundle": stale,
         "unreadable": unreadable,
     }
