@@ -53,10 +53,11 @@ def parse_json(
     object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
     max_depth: int = MAX_JSON_DEPTH,
 ) -> Any:
-    """`json.loads`, with every way outside text can fail raised as `JSONProblem`."""
+    """`json.loads`, with every way outside text can fail raised as `JSONProblem`; bytes may open with a UTF-8
+    byte-order mark (a state.json or config.json edited in Notepad)."""
     try:
         if isinstance(text, bytes):
-            text = text.decode("utf-8")
+            text = text.decode("utf-8-sig")  # a byte-order mark, as Windows editors save one, is not content
         value = json.loads(text, object_pairs_hook=object_pairs_hook)
     except UnicodeDecodeError:
         raise JSONProblem("not UTF-8 text") from None

@@ -103,6 +103,18 @@ def test_f1_state_json_with_a_huge_integer_is_a_one_line_error() -> None:
     one_line_error(result, "state.json is damaged")
 
 
+def test_a_state_or_active_file_saved_with_a_byte_order_mark_is_read() -> None:
+    """Notepad saves UTF-8 with a BOM: a state.json or active.json edited there was refused as damaged, though
+    history.jsonl was read (hand-edit audit)."""
+    store = UserStore()
+    ann = store.create("ann")
+    ann.state_path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"cluster": 1}).encode())
+    store.active_path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"user": "ann"}).encode())
+    assert ann.state() == {"cluster": 1} and store.active_name() == "ann"
+    result = runner.invoke(app, ["user", "show"])
+    assert result.exit_code == 0 and "cluster     1" in result.stdout
+
+
 # -- serve: F1 (AttributeError in logging), F2 (400/414/505), F9 (slowloris, cap), F10 (log) -----------
 
 
