@@ -1077,3 +1077,33 @@ def test_a_chat_through_exact_ends_at_the_turn_stops_and_takes_stop(
             )
     finally:
         store.delete("exa")
+
+
+def test_a_history_that_cannot_be_read_does_not_stop_the_global_adapter(
+    personalizer: Personalizer, store: UserStore, backend: ApiBackend
+) -> None:
+    """The global adapter's plain prompt shows no history, but `rewrite --method global` and the API read it first
+    and refused the request (the API with a 400, as if the client had sent something wrong)."""
+    from localpers.api.requests import parse_completion
+    from localpers.methods.base import RewriteOptions
+    from localpers.methods.registry import get_method
+
+    user = store.create("frank")
+    user.history_path.write_text('{"input": "An article.", "output": ""}\n')  # edited by hand
+    try:
+        expected = personalizer.rewrite(ARTICLE, task="headline", method="global", max_tokens=4).text
+        options = RewriteOptions(task="headline", max_tokens=4)
+        rewritten = get_method("global").rewrite(personalizer, user, ARTICLE, options)
+        assert rewritten["text"] == expected
+        body = {
+            "model": "localpers/frank",
+            "prompt": ARTICLE,
+            "max_tokens": 4,
+            "method": "global",
+            "task": "headline",
+        }
+        assert backend.run(parse_completion(body)).result.text == expected
+        with pytest.raises(ApiError, match="history.jsonl line 1"):  # a method that shows the history says so
+            backend.run(parse_completion({**body, "method": "global-history"}))
+    finally:
+        store.delete("frank")

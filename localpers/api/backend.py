@@ -167,7 +167,8 @@ class ApiBackend:
                 param="candidates",
             )
         task = job.task or "free"
-        history = user.history_index(get_task(task)) if user is not None else None
+        # the global adapter's plain prompt shows no history: a history it cannot read does not stop it
+        history = user.history_index(get_task(task)) if user is not None and chosen.needs_user else None
         profile = self._profile(user, chosen, history, notes)
         method = profile.method
         personal = {

@@ -158,7 +158,8 @@ class AdapterMethod(Method):
     def rewrite(
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
     ) -> dict[str, Any]:
-        history = user.history_index(get_task(options.task)) if user is not None else None
+        # the global adapter's plain prompt shows no history: a history it cannot read does not stop it
+        history = user.history_index(get_task(options.task)) if user is not None and self.needs_user else None
         profile = profile_for_rewrite(user, self.name, personalizer, history)
         if profile.note:
             options.note(profile.note)
