@@ -385,6 +385,16 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
     )
 
 
+def test_show_names_a_cluster_rewrites_refuse() -> None:
+    """A cluster stored as text ('2') was shown as cluster 2, while every rewrite refused the fit (hand-edit audit)."""
+    run("user", "create", "ann")
+    UserStore().get("ann").save_fit(np.ones(4, np.float32), {"cluster": "2", "fit": {"mode": "vector"}})
+    assert (
+        "cluster     '2', not a cluster number (state.json is damaged): rewrites refuse this fit; run"
+        " `localpers fit --user ann`" in run("user", "show").stdout
+    )
+
+
 def test_show_says_when_the_cope_fit_is_one_rewrites_refuse() -> None:
     """`rewrite --method cope` refuses a CoPe fit of another bundle or fit format; `user show` listed it as any."""
     from localpers.bundle.format import default_bundle_dir, sha256_of_file

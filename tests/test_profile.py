@@ -73,6 +73,18 @@ def test_profile_shows_habits_edited_by_hand() -> None:
         assert shown in result.stdout
 
 
+def test_profile_shows_an_imported_fit_report_literally() -> None:
+    """The CARD line took a state.json's mode or cluster as rich markup ('[/i]': a traceback), and indented lines
+    sent its control characters to the terminal."""
+    make_user("imported")
+    user = UserStore().get("imported")
+    user.save_state({"cluster": "[/b]", "fit": {"mode": "[/i]", "habits": ["opens\x1b[2J"]}})
+    result = CliRunner().invoke(app, ["profile", "--user", "imported"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "CARD: cluster [/b] ([/i]), similarities None" in result.stdout
+    assert "habits: opens\\x1b[2J" in result.stdout and "\x1b" not in result.stdout
+
+
 def test_profile_says_when_the_fit_was_made_with_another_bundle() -> None:
     """After an upgrade or a pull the fit is not used (rewrite falls back), but profile showed it as current."""
     from localpers.bundle.format import default_bundle_dir, sha256_of_file

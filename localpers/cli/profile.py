@@ -14,6 +14,7 @@ import typer
 from localpers.cli import completion
 from localpers.cli.common import UserOption, print_json
 from localpers.methods.stored_files import refit_advice
+from localpers.untrusted import one_line
 from localpers.users.store import UserStore
 
 
@@ -63,8 +64,12 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     elif card["cluster"] is None:
         console.print(f"CARD: fitted with no history (cold start); run {refit} again once you have some")
     else:
-        console.print(
-            f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"
+        console.print(  # a state.json from an imported archive, as it is: never markup or terminal controls
+            one_line(
+                f"CARD: cluster {card['cluster']} ({card['mode']}), similarities {card['cluster_similarities']}"
+            ),
+            markup=False,
+            highlight=False,
         )
         if card.get("bundle_in_use") is False:
             _print_indented(
@@ -116,8 +121,11 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
 
 
 def _print_indented(console: Any, line: str) -> None:
-    """`line` two columns in, its wrapped rest too (not from column 0); the user's own text is never markup."""
-    wrapped = textwrap.fill(line, width=max(console.width, 40), initial_indent="  ", subsequent_indent="  ")
+    """`line` two columns in, its wrapped rest too (not from column 0); the user's own text is never markup, and
+    control characters in it are escaped (an imported state.json's habits or reasons could hold any)."""
+    wrapped = textwrap.fill(
+        one_line(line), width=max(console.width, 40), initial_indent="  ", subsequent_indent="  "
+    )
     console.print(wrapped, markup=False, highlight=False, soft_wrap=True)
 
 

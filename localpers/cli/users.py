@@ -124,7 +124,7 @@ def user_show(
     typer.echo(f"user        {user.name}{' (active)' if report['active'] else ''}")
     typer.echo(f"folder      {user.dir}")
     typer.echo(f"history     {items_phrase(len(history))}{f' ({tasks})' if tasks else ''}")
-    typer.echo(f"cluster     {report['cluster'] if report['cluster'] is not None else 'not assigned'}")
+    typer.echo(f"cluster     {_cluster_text(report['cluster'], user.name)}")
     if vector is None:
         first = f"`localpers history import FILE --user {user.name}`, then " if not history else ""
         typer.echo(f"vector      none (run {first}`localpers fit --user {user.name}`)")
@@ -208,6 +208,19 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
                 text = text[: _LONGEST_OTHER_VALUE - 1] + "…"
             lines.append((key, text))
     return lines
+
+
+def _cluster_text(cluster: Any, name: str) -> str:
+    """The stored cluster as `user show` prints it; one that is not a cluster number is named as rewrites name it
+    (they refuse the fit), not shown as if it were one."""
+    if cluster is None:
+        return "not assigned"
+    if isinstance(cluster, int) and not isinstance(cluster, bool) and cluster >= 0:
+        return str(cluster)
+    return (
+        f"{one_line(repr(cluster), 40)}, not a cluster number (state.json is damaged): rewrites refuse this fit;"
+        f" run `localpers fit --user {name}`"
+    )
 
 
 def _other_fits(folder: Path) -> list[tuple[str, str]]:
