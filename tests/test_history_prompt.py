@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -185,6 +186,20 @@ def test_user_index_is_written_with_the_history_and_rebuilt_when_stale() -> None
     assert len(user.history_index(HEADLINE).pool) == 1
     store.delete("ana")
     assert not cache.exists()
+
+
+def test_an_index_cached_before_histories_were_read_once_per_item_is_rebuilt() -> None:
+    """A version 1 cache of a file holding a line twice matched the file's text, so the prompt kept showing the
+    copy after reading the history was mended to take each item once."""
+    user = UserStore().create("ana")
+    user.save_history(_items(POOL))
+    lines = user.history_path.read_text().splitlines(keepends=True)
+    user.history_path.write_text("".join([*lines, lines[0], lines[0]]))  # joined by hand
+    text = user.history_path.read_text()
+    cached = {"version": 1, "history_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    cached["tasks"] = {"headline": [[i, o] for i, o in [*POOL, POOL[0], POOL[0]]]}  # as version 1 wrote it
+    (user.dir / INDEX_FILE).write_text(json.dumps(cached))
+    assert [o for _, o in user.history_index(HEADLINE).pool] == [o for _, o in POOL]
 
 
 def test_prompt_for_user_is_plain_without_a_format_or_history() -> None:

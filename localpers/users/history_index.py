@@ -37,6 +37,9 @@ from localpers.users.retrieval import make_index
 from localpers.users.series import word_set
 
 INDEX_FILE = "history_index.json"
+# 2: a history read each item once (`read_stored_history`); a version 1 cache of a file holding a line twice
+# matches that file's text and would keep showing the copies
+INDEX_VERSION = 2
 
 
 class HistoryIndex:
@@ -80,7 +83,7 @@ class HistoryIndex:
         by_task: dict[str, list[list[str]]] = {}
         for item in items:
             by_task.setdefault(item.task, []).append([item.input, item.output])
-        payload = {"version": 1, "history_sha256": _sha256(history_text), "tasks": by_task}
+        payload = {"version": INDEX_VERSION, "history_sha256": _sha256(history_text), "tasks": by_task}
         try:
             atomic_write_text(user_dir / INDEX_FILE, json.dumps(payload, ensure_ascii=False) + "\n")
         except LocalpersError:  # a full disk, or a folder or device where the cache goes
@@ -98,7 +101,11 @@ class HistoryIndex:
         `read_items` parses the history; it is called only when the cache is missing or stale.
         """
         cached = _read_cache(user_dir / INDEX_FILE)
-        if cached is None or cached.get("history_sha256") != _sha256(history_text):
+        if (
+            cached is None
+            or cached.get("version") != INDEX_VERSION
+            or cached.get("history_sha256") != _sha256(history_text)
+        ):
             items = read_items()
             cls.write(user_dir, history_text, items)
             pool = [(item.input, item.output) for item in items if item.task == task.name]
