@@ -395,6 +395,17 @@ def test_show_names_a_cluster_rewrites_refuse() -> None:
     )
 
 
+def test_show_names_a_token_bias_rewrites_refuse() -> None:
+    """doctor sends a user whose rewrites are refused to `user show`, which printed a damaged bias as 'no tokens'."""
+    run("user", "create", "ann")
+    fit = {"cluster": 1, "fit": {"mode": "vector"}, "token_bias": {"first": "x"}}
+    UserStore().get("ann").save_fit(np.ones(4, np.float32), fit)
+    assert (
+        "token bias  damaged (token bias field 'first' must be a list of [token, bias]): rewrites refuse this fit;"
+        " run `localpers fit --user ann`" in run("user", "show").stdout
+    )
+
+
 def test_show_says_when_the_cope_fit_is_one_rewrites_refuse() -> None:
     """`rewrite --method cope` refuses a CoPe fit of another bundle or fit format; `user show` listed it as any."""
     from localpers.bundle.format import default_bundle_dir, sha256_of_file

@@ -188,6 +188,11 @@ def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbo
         "users         6 (active: current)" in shown and "  refit due   stale: fitted with another" in shown
     )
     assert "  damaged     broken, emptied, texted: a rewrite refuses their files" in shown
+    identity = store.users_dir / "current" / ".identity"
+    identity.unlink()  # a folder made before identity tokens, which store.get would give one
+    (store.users_dir / ".deleting-1-abc").mkdir()  # an interrupted delete's leftover, which store.get sweeps
+    runner.invoke(app, ["doctor", "--model", str(backbone.path)])
+    assert not identity.exists() and (store.users_dir / ".deleting-1-abc").is_dir()  # doctor writes nothing
     store.active_path.write_text('{"user": 7}')
     shown = runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
     assert f"users         6\n  active      none: {store.active_path} is damaged (bad 'user')" in shown

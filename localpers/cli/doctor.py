@@ -247,6 +247,7 @@ def _users_status() -> dict[str, Any]:
     from localpers.bundle.format import bundle_in_use_sha256
     from localpers.methods.card.user_state import stored_token_bias, user_profile
     from localpers.methods.stored_files import fit_is_outdated, fit_made_for
+    from localpers.users.folder import User
     from localpers.users.store import UserStore
 
     store = UserStore()
@@ -255,7 +256,9 @@ def _users_status() -> dict[str, Any]:
     names = store.list()
     for name in names:
         try:
-            user = store.get(name)
+            user = User(
+                name, store.users_dir / name
+            )  # not store.get: it tidies the folder, doctor writes nothing
             _, _, state = user_profile(user)  # the checks `localpers rewrite` makes
             stored_token_bias(user, state)
             user.history()

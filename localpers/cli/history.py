@@ -286,7 +286,7 @@ def history_remove(
                 f"no history item {item_id!r} in user {target.name!r} (use at least 4 characters of an id "
                 "from `localpers history list`)"
             )
-        if len(matches) > 1:  # a history joined by hand can hold one item twice: that is one id
+        if len(matches) > 1:
             raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
         return matches
 

@@ -183,8 +183,15 @@ def _state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
     if isinstance(habits, list) and habits:
         lines.append(("habits", "; ".join(str(habit) for habit in habits)))
     bias = state.get("token_bias")
-    if isinstance(bias, dict):
-        lines.append(("token bias", _token_bias_line(bias)))
+    if bias is not None:
+        from localpers.methods.card.token_bias import TokenBias
+
+        try:
+            TokenBias.from_json(bias)  # as a rewrite reads it
+            lines.append(("token bias", _token_bias_line(bias)))
+        except ValueError as exc:
+            damaged = f"damaged ({one_line(str(exc), 120)}): rewrites refuse this fit; run `localpers fit --user {name}`"
+            lines.append(("token bias", damaged))
     if isinstance(state.get("bundle_sha256"), str):
         lines.append(("bundle", _fit_bundle_line(state["bundle_sha256"], name)))
     if fit_is_outdated(state):
