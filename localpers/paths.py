@@ -77,11 +77,17 @@ def _check_creatable(directory: Path, option: str) -> None:
         raise LocalpersError(
             f"{option} {directory} cannot be made: {ancestor} is a file, not a directory; give another path"
         )
-    if not os.access(ancestor, os.W_OK | os.X_OK):
+    if not _writable(ancestor):
         raise LocalpersError(
             f"{option} {directory} cannot be made: {ancestor} cannot be written (its permissions, or a read-only"
             " file system); give another path"
         )
+
+
+def _writable(directory: Path) -> bool:
+    """Whether this process may create files in `directory` (by its effective ids where the OS can say)."""
+    effective = os.access in os.supports_effective_ids
+    return os.access(directory, os.W_OK | os.X_OK, effective_ids=effective)
 
 
 def check_own_directory(
@@ -99,6 +105,11 @@ def check_own_directory(
     if not directory.is_dir():
         raise LocalpersError(
             f"{option} {directory} exists and is not a directory; give a new or empty directory"
+        )
+    if not _writable(directory):
+        raise LocalpersError(
+            f"{option} {directory} cannot be written (its permissions, or a read-only file system); give another"
+            " directory"
         )
     try:
         entries = sorted(directory.iterdir())

@@ -182,3 +182,36 @@ def test_an_out_that_cannot_be_made_is_refused_before_the_model_loads(tmp_path: 
     assert (
         f"error: --out {a_file / 'run'} cannot be made: {a_file} is a file, not a directory" in result.output
     )
+
+
+def test_an_out_in_a_folder_that_cannot_be_written_is_refused_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only folder (or file system) as --out, or as the folder a new --out goes in, failed only when the
+    results were written. This machine's tests run as root, which may write anywhere: the permission is faked."""
+    import os
+
+    from localpers import paths
+
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(_user()) + "\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+
+    def access(
+        path: object, mode: int, **options: object
+    ) -> bool:  # write refused in `locked`, as root never is
+        return not (Path(str(path)) == locked and mode & os.W_OK) and real_access(path, mode, **options)
+
+    monkeypatch.setattr(paths.os, "access", access)
+    absent_model = str(tmp_path / "absent.gguf")
+    result = _bench(path, locked, "-m", "global", "--model", absent_model)
+    assert result.exit_code == 1, result.output
+    assert (
+        f"error: --out {locked} cannot be written (its permissions, or a read-only file system)"
+        in result.output
+    )
+    result = _bench(path, locked / "run", "-m", "global", "--model", absent_model)
+    assert result.exit_code == 1, result.output
+    assert f"error: --out {locked / 'run'} cannot be made: {locked} cannot be written" in result.output
