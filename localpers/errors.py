@@ -29,6 +29,10 @@ class LocalpersError(Exception):
             self.exit_code = exit_code
 
 
+class UserBusy(LocalpersError):
+    """Another localpers command holds the user's lock or fit lock: the same step can succeed once it finishes."""
+
+
 class InputError(LocalpersError):
     """A malformed file, archive, download, argument or request from outside: exit code 2."""
 

@@ -344,6 +344,24 @@ async def test_refit_shows_progress_and_failure_is_reported_once(service: FakeSe
 
 
 @async_test
+async def test_a_fit_refused_while_another_command_fits_the_user_is_tried_again(service: FakeService) -> None:
+    """A `localpers fit` in a shell holds the user's fit lock: the TUI's refit was marked failed, and no automatic
+    refit followed until ctrl+f, so its profile stayed behind the history (concurrent-use audit)."""
+    service.busy_fits = 1
+    app = make_app(service)
+    app.busy_retry_delay = 0.05
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        await pilot.pause(0.3)
+        await wait_idle(pilot)
+        assert service.fits == ["ann", "ann"]
+        assert any(
+            "being fitted or changed by another localpers command" in n.message for n in app._notifications
+        )
+        assert app.profile is not None and app.profile.fit is not None and app.profile.fit_error is None
+
+
+@async_test
 async def test_progress_bar_is_shown_during_a_fit(service: FakeService) -> None:
     gate = threading.Event()
     original = service.fit

@@ -45,6 +45,7 @@ class FakeService:
         self.fits: list[str] = []
         self.closed = False
         self.fail_fit: str | None = None
+        self.busy_fits = 0  # how many fits find the user held by another localpers command
         self._active = 0
         self.max_concurrent = 0
         self._guard = threading.Lock()
@@ -98,6 +99,11 @@ class FakeService:
         self._enter()
         try:
             self.fits.append(user.name)
+            if self.busy_fits:
+                from localpers.errors import UserBusy
+
+                self.busy_fits -= 1
+                raise UserBusy(f"user {user.name!r} is being fitted by another localpers command")
             if self.fail_fit:
                 from localpers.errors import LocalpersError
 

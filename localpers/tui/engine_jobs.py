@@ -16,7 +16,7 @@ from collections.abc import Callable
 from textual.message import Message
 from textual.worker import Worker, get_current_worker
 
-from localpers.errors import LocalpersError
+from localpers.errors import LocalpersError, UserBusy
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
@@ -98,6 +98,9 @@ def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -
             report = service.fit(user, _progress(worker, post))
         except Superseded:
             post(FitDone(user.name, None, "cancelled"))
+            return
+        except UserBusy as exc:
+            post(FitDone(user.name, None, describe(exc), busy=True))
             return
         except Exception as exc:
             post(FitDone(user.name, None, describe(exc)))

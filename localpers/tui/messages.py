@@ -70,6 +70,7 @@ class FitDone(Message):
     user: str
     report: FitReport | None
     error: str | None = None
+    busy: bool = False  # another localpers command held the user (a fit in a shell): try again later
 
 
 @dataclass

@@ -29,6 +29,8 @@ from localpers.users.store import User, UserStore
 if TYPE_CHECKING:
     from localpers.tui.screens.main import MainScreen
 
+BUSY_RETRY_SECONDS = 10.0
+
 
 class TeachingMixin:
     """Accept, reject, remove, import and refit, for `LocalpersApp` (whose state and Textual calls it uses)."""
@@ -47,6 +49,7 @@ class TeachingMixin:
     _refit_timer: Timer | None
     _refit_again: bool
     _fit_failed: dict[str, str]  # user -> why their last fit failed (no automatic refit until ctrl+f)
+    busy_retry_delay: float = BUSY_RETRY_SECONDS  # a fit refused because another command held the user
     # It also calls Textual's `notify`, `push_screen`, `set_timer` and the app's `refresh_user_views`,
     # `regenerate`, `_run_engine_job` and `_after_import`.
 
@@ -161,6 +164,13 @@ class TeachingMixin:
         ):
             self.start_refit()
 
+    def _refit_if_due(self, user_name: str) -> None:
+        """After another command held `user_name`: read what it stored, then fit if the profile is still due."""
+        self._refit_timer = None
+        if self.user is not None and self.user.name == user_name and not self.fit_running:
+            self.refresh_user_views()
+            self.maybe_refit()
+
     def schedule_refit(self) -> None:
         """Refit after `refit_delay` seconds, so several accepts or removals share one fit."""
         if self._refit_timer is not None:
@@ -200,7 +210,17 @@ class TeachingMixin:
             return
         self.fit_running = False
         self.main.progress.stop()
-        if message.error is not None:
+        if message.busy:
+            # a fit in a shell (or the API's user being written): not a failure, the same fit can follow it
+            self.notify(
+                f"{message.user} is being fitted or changed by another localpers command; fitting again once it"
+                f" has finished (checked every {self.busy_retry_delay:.0f} s).",
+                timeout=10,
+            )
+            self._refit_timer = self.set_timer(
+                self.busy_retry_delay, lambda: self._refit_if_due(message.user)
+            )
+        elif message.error is not None:
             self._fit_failed[message.user] = message.error
             self.notify(f"Fitting {message.user} failed: {message.error}", severity="error", timeout=15)
         elif message.report is not None:

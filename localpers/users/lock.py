@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from localpers.errors import LocalpersError
+from localpers.errors import LocalpersError, UserBusy
 from localpers.regular_files import read_regular_file
 
 LOCK_FILE = ".lock"
@@ -201,15 +201,15 @@ def _release(descriptor: int | None) -> None:
         os.close(descriptor)  # closing the only descriptor of the open file releases its flock
 
 
-def _busy(folder: Path, who: str) -> LocalpersError:
-    return LocalpersError(
+def _busy(folder: Path, who: str) -> UserBusy:
+    return UserBusy(
         f"{who} is busy: another localpers command is changing it ({folder / LOCK_FILE} is locked); "
         "try again when it has finished"
     )
 
 
-def _fitting(folder: Path, who: str) -> LocalpersError:
-    return LocalpersError(
+def _fitting(folder: Path, who: str) -> UserBusy:
+    return UserBusy(
         f"{who} is being fitted by another localpers command ({folder / FIT_LOCK_FILE} is locked); "
         "wait for that fit to finish, or stop it, then fit again"
     )
