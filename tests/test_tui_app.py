@@ -362,6 +362,38 @@ async def test_a_fit_refused_while_another_command_fits_the_user_is_tried_again(
 
 
 @async_test
+async def test_changes_another_command_makes_to_the_user_are_shown(service: FakeService) -> None:
+    """The TUI read its user once: a history added to in a shell stayed listed as before and was not refitted, a
+    user deleted and made anew refused every accept as 'no longer exists', and a deleted user stayed on screen
+    with its fit applied (concurrent-use audit)."""
+    app = make_app(service, text=DRAFT)
+    app.user_watch_seconds = 0.05
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        assert app.main.history_panel.table.row_count == 4 and service.fits == ["ann"]
+        in_a_shell = UserStore().get("ann")
+        in_a_shell.save_history([*in_a_shell.history(), *examples("added", 1)])  # `history add` elsewhere
+        await pilot.pause(0.3)
+        await wait_idle(pilot)
+        assert app.main.history_panel.table.row_count == 5 and service.fits == ["ann", "ann"]
+        UserStore().delete("ann")  # `user delete ann` and `user import --as ann` elsewhere
+        UserStore().create("ann").save_history(examples("anew", 2))
+        await pilot.pause(0.3)
+        await wait_idle(pilot)
+        assert app.user is not None and app.user.identity == UserStore().get("ann").identity
+        assert app.main.history_panel.table.row_count == 2
+        assert any("deleted and made anew by another" in n.message for n in app._notifications)
+        await pilot.press("ctrl+s")  # an accept is written to the new user, not refused
+        await wait_idle(pilot)
+        assert len(UserStore().get("ann").history()) == 3
+        UserStore().delete("ann")
+        await pilot.pause(0.3)
+        await wait_idle(pilot)
+        assert app.is_running and app.user is None and app.main.history_panel.table.row_count == 0
+        assert any("'ann' was deleted by another" in n.message for n in app._notifications)
+
+
+@async_test
 async def test_progress_bar_is_shown_during_a_fit(service: FakeService) -> None:
     gate = threading.Event()
     original = service.fit

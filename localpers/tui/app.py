@@ -51,6 +51,7 @@ from localpers.tui.service import EngineInfo, WritingService
 from localpers.tui.settings import load_settings, save_theme
 from localpers.tui.shell import ShellMixin
 from localpers.tui.teaching import TeachingMixin
+from localpers.tui.user_watch import UserWatchMixin
 from localpers.tui.userdata import (
     ImportSummary,
     Profile,
@@ -74,7 +75,7 @@ MAIN_SCREEN_ACTIONS = {
 }
 
 
-class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
+class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, App[None]):
     """The `localpers tui` application over a `WritingService`."""
 
     CSS_PATH = "app.tcss"
@@ -177,6 +178,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
         else:
             self.select_user(chosen)
         self.main.draft.focus()
+        self.set_interval(self.user_watch_seconds, self.watch_user_files)
 
     def _first_user(self) -> str | None:
         """The requested user, else the active one, else the first listed; a damaged active.json is
@@ -257,6 +259,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, ShellMixin, App[None]):
 
     def refresh_user_views(self) -> None:
         """Re-read the user's folder into the profile, history and profile panels and the header."""
+        self.remember_user_stamp()  # before reading: a change made while the files are read shows at the next watch
         if self.user is None:
             self.profile = None
             self.main.history_panel.show(None, [])
