@@ -442,3 +442,33 @@ def test_a_user_deleted_while_a_command_runs_is_not_read_as_one_with_no_history_
             read()
     bob = store.create("bob")  # a user with no history and no fit yet still reads as such
     assert bob.history() == [] and isinstance(bob.state(), dict)
+
+
+def test_a_fit_committed_while_a_fit_is_read_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """state.json and the vector were read separately: a fit another command committed between the two reads gave
+    one fit's state with the next one's vector (a rewrite, the API, the TUI), or an archive whose state named a
+    vector it did not hold, which `user import` then refused (concurrent-use audit)."""
+    from localpers.methods.card.user_state import user_profile
+    from localpers.users.folder import User
+
+    store = UserStore()
+    user = store.create("ann")
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector"}})
+    original = User._load_vector
+    commits = [2.0]
+
+    def another_fit_commits_first(self: User, state: dict[str, object] | None = None) -> object:
+        if commits:  # `localpers fit` in a shell stores its fit between this command's reads
+            value = commits.pop(0)
+            user.save_fit(np.full(4, value, np.float32), {"cluster": int(value), "fit": {"mode": "vector"}})
+        return original(self, state) if state is not None else original(self)
+
+    monkeypatch.setattr(User, "_load_vector", another_fit_commits_first)
+    cluster, vector, state = user_profile(user)
+    assert vector is not None and (cluster, float(vector[0])) == (2, 2.0)
+    commits.append(3.0)
+    archive = store.export("ann", Path(os.environ["LOCALPERS_HOME"]) / "ann.zip")
+    with zipfile.ZipFile(archive) as packed:
+        named = json.loads(packed.read("state.json"))["vector_file"]
+        assert named in packed.namelist()
+    assert float(store.import_(archive, "back").vector()[0]) == 3.0

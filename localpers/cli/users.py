@@ -95,9 +95,8 @@ def user_show(
     """Show a user's history size, cluster, fitted vector and fit report, and its CoPe and EXACT fits."""
     store = UserStore()
     user = store.resolve(name)
-    state = user.state()
+    state, vector = user.fit_files()
     history = user.history()
-    vector = user.vector()
     report: dict[str, Any] = {
         "name": user.name,
         "active": store.active_name() == user.name,

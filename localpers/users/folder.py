@@ -63,6 +63,7 @@ REJECTED_FILE = "negatives_user.jsonl"
 VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
 # state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
 _VECTOR_KEYS = ("vector_file", "vector_sha256", "vector_dim")
+_FIT_READS = 3  # reads of state.json and its vector while other commands' fits commit (`fit_files`)
 
 
 def now() -> str:
@@ -273,16 +274,34 @@ class User:
 
     def vector(self) -> np.ndarray | None:
         """The fitted vector λ_u (float32, shape (D,)), or None if the user has none."""
-        loaded = self._load_vector()
-        return None if loaded is None else loaded[0]
+        return self.fit_files()[1]
 
     def vector_metadata(self) -> dict[str, str]:
         """The metadata strings saved with the vector (e.g. the bundle sha); {} without a vector."""
-        loaded = self._load_vector()
+        state, _ = self.fit_files()
+        loaded = self._load_vector(state)
         return {} if loaded is None else loaded[1]
 
-    def _load_vector(self) -> tuple[np.ndarray, dict[str, str]] | None:
-        state = self.state()
+    def fit_files(self) -> tuple[dict[str, Any], np.ndarray | None]:
+        """state.json and the vector it names, read as one pair.
+
+        Another command's fit commits between the two reads (its vector written, state.json replaced, the old
+        vector removed): read separately, a rewrite took one fit's state with the next one's vector, or the
+        removed vector for a damaged fit. A pair that fails to read while state.json changed is read again.
+        """
+        for attempt in range(_FIT_READS):
+            state = self.state()
+            try:
+                loaded = self._load_vector(state)
+            except LocalpersError:
+                if attempt + 1 == _FIT_READS or self.state() == state:  # unchanged: the files' own fault
+                    raise
+                continue
+            return state, None if loaded is None else loaded[0]
+        raise AssertionError("unreachable: the last read returns or raises")
+
+    def _load_vector(self, state: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, str]] | None:
+        state = self.state() if state is None else state
         path = self.vector_path(state)
         if path is None:
             return None

@@ -186,7 +186,6 @@ class UserStore:
         `dest` is the zip's path, or an existing folder to write `localpers-user-<name>.zip` into.
         """
         user = self.get(name)
-        user._load_vector()  # refuses a damaged or inconsistent fit before anything is written
         dest = Path(dest)
         if dest.is_dir():
             dest = dest / f"localpers-user-{name}.zip"
@@ -202,12 +201,7 @@ class UserStore:
             )
         if dest.exists() and not overwrite:
             raise LocalpersError(f"{dest} already exists; choose another path or pass --force")
-        members: dict[str, bytes] = {}
-        if user.state_path.exists():
-            members["state.json"] = user.state_path.read_bytes()
-        vector_path = user.vector_path()
-        if vector_path is not None:
-            members[vector_path.name] = vector_path.read_bytes()
+        members = _fit_members(user)
         if with_history and user.history_path.exists():
             count = len(user.history())  # validated before exporting
             # a history made longer by hand works here, but an import would refuse the archive
@@ -337,3 +331,33 @@ def _remove_tree(path: Path) -> list[str]:
     else:
         shutil.rmtree(path, onerror=note)
     return failures
+
+
+def _fit_members(user: User) -> dict[str, bytes]:
+    """The archive members of `user`'s fit: state.json's bytes and the vector they name, read as one pair (a fit
+    committed by another command between the reads is read again, as `User.fit_files` does); a damaged or
+    inconsistent fit is refused before anything is written."""
+    for attempt in range(3):
+        members: dict[str, bytes] = {}
+        try:
+            raw_state = user.state_path.read_bytes()
+        except FileNotFoundError:
+            return members
+        members["state.json"] = raw_state
+        try:
+            state, _ = user.fit_files()
+            vector_path = user.vector_path(state)
+            if vector_path is not None:
+                members[vector_path.name] = vector_path.read_bytes()
+        except LocalpersError:
+            if attempt == 2:
+                raise
+            continue
+        except FileNotFoundError:  # the vector removed by a fit committed meanwhile
+            continue
+        if user.state_path.read_bytes() == raw_state:  # the pair read is still the stored one
+            return members
+    raise LocalpersError(
+        f"user {user.name!r}'s fit kept changing while it was read (another command fitting it?); export again"
+        " when that has finished"
+    )

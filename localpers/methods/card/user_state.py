@@ -17,15 +17,15 @@ from localpers.users.store import User
 
 
 def user_profile(user: User) -> tuple[int | None, np.ndarray | None, dict[str, Any]]:
-    """`(cluster, vector, state)` of a stored user, as `rewrite` needs them."""
-    state = user.state()
+    """`(cluster, vector, state)` of a stored user, as `rewrite` needs them (the state and vector of one fit)."""
+    state, vector = user.fit_files()
     cluster = state.get("cluster")
     if cluster is not None and (not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 0):
         raise InputError(
             f"{user.state_path} is damaged: field 'cluster' is {one_line(repr(cluster), 40)}, not a cluster "
             f"number; {user.refit_advice}"
         )
-    return cluster, user.vector(), state
+    return cluster, vector, state
 
 
 def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenBias | None:
