@@ -27,6 +27,14 @@ from localpers.errors import InputError
 CUT_MARK = " ..."
 
 
+class TextTooLong(InputError):
+    """A text over what a task's prompt carries (`Task.check_text`): `length` and `limit` in characters."""
+
+    def __init__(self, message: str, *, length: int, limit: int) -> None:
+        super().__init__(message)
+        self.length, self.limit = length, limit
+
+
 @dataclass(frozen=True)
 class Task:
     """A prompt template: `{text}` is replaced by the user's input."""
@@ -64,9 +72,11 @@ class Task:
         length = len(self.content(text))
         limit = self.max_input_chars - room
         if not self.cuts_long_input and length > limit:
-            raise InputError(
+            raise TextTooLong(
                 f"{what} has {length:,} characters; the {self.name} task takes at most "
-                f"{limit:,}: split it and rewrite the parts one at a time"
+                f"{limit:,}: split it and rewrite the parts one at a time",
+                length=length,
+                limit=limit,
             )
 
     def is_cut(self, text: str) -> bool:

@@ -1067,7 +1067,7 @@ def test_a_chat_through_exact_ends_at_the_turn_stops_and_takes_stop(
         assert stopped.choices[0].finish_reason == "stop"
         too_long = chat + [{"role": "user", "content": "And of Spain? " * 80}]
         with pytest.raises(
-            openai.BadRequestError, match="method 'exact' reads at most 1,000 characters of a chat"
+            openai.BadRequestError, match="method 'exact' reads at most 1,000 characters of this chat"
         ):
             client.chat.completions.create(
                 model="localpers/exa",
@@ -1107,3 +1107,30 @@ def test_a_history_that_cannot_be_read_does_not_stop_the_global_adapter(
             backend.run(parse_completion({**body, "method": "global-history"}))
     finally:
         store.delete("frank")
+
+
+def test_a_chat_over_exacts_limit_beside_its_attribute_line_is_named_as_the_chats(
+    backend: ApiBackend, store: UserStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXACT's limit is 1,000 characters less its attribute line, known only once retrieved: a chat just under 1,000
+    passed the check and was refused by the task as a text to "split and rewrite", naming no field."""
+    from localpers.api.requests import parse_chat
+    from localpers.tasks import get_task
+
+    def refused_by_the_task(*args: object, **kwargs: object) -> object:
+        get_task("free").check_text("x" * 990, room=30)
+        raise AssertionError("the check should have refused the text")
+
+    monkeypatch.setattr(ApiBackend, "_own_decoder", refused_by_the_task)
+    store.create("gina")
+    try:
+        job = parse_chat(
+            {"model": "localpers/gina", "method": "exact", "messages": [{"role": "user", "content": "Hi"}]}
+        )
+        with pytest.raises(
+            ApiError, match="method 'exact' reads at most 970 characters of this chat, and it has 990"
+        ) as raised:
+            backend.run(job)
+        assert raised.value.param == "messages"
+    finally:
+        store.delete("gina")

@@ -33,7 +33,7 @@ from localpers.methods.card.prompting import chat_transcript, transcript_stops
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import get_method
 from localpers.methods.reports import RewriteResult
-from localpers.tasks import get_task
+from localpers.tasks import TextTooLong, get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
@@ -211,15 +211,14 @@ class ApiBackend:
                     param="user",
                 )
             free = get_task("free")
-            if use_chat_prompt and len(free.content(text)) > free.max_input_chars:
-                raise ApiError(
-                    400,
-                    f"method {method!r} reads at most {free.max_input_chars:,} characters of a chat, and this"
-                    f" one has {len(free.content(text)):,}: shorten it, or use a method that decodes on an adapter"
-                    " (e.g. card-auto), which takes a longer chat",
-                    param="messages",
-                )
-            result = self._own_decoder(chosen, user, text, task, job, on_text, stop)
+            if use_chat_prompt and len(free.content(text)) > free.max_input_chars:  # before a decoder opens
+                raise _chat_too_long(method, len(free.content(text)), free.max_input_chars)
+            try:
+                result = self._own_decoder(chosen, user, text, task, job, on_text, stop)
+            except TextTooLong as exc:  # EXACT's limit is lower by its attribute line, known once retrieved
+                if not use_chat_prompt:
+                    raise
+                raise _chat_too_long(method, exc.length, exc.limit) from None
         else:
             free = get_task("free")
             # A text longer than the free task's prompt carries with the user's examples (a long chat, a
@@ -277,6 +276,16 @@ class ApiBackend:
             stop=stop,
         )
         return decoder.rewrite(text, options)
+
+
+def _chat_too_long(method: str, length: int, limit: int) -> ApiError:
+    """The refusal of a chat transcript longer than a method with its own decoder reads."""
+    return ApiError(
+        400,
+        f"method {method!r} reads at most {limit:,} characters of this chat, and it has {length:,}: shorten it,"
+        " or use a method that decodes on an adapter (e.g. card-auto), which takes a longer chat",
+        param="messages",
+    )
 
 
 def _without_leading_space(on_text: TextSink | None) -> TextSink | None:
