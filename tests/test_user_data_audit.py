@@ -59,6 +59,10 @@ def test_a_history_grown_past_the_limit_by_hand_is_refused_saying_what_to_do(
     joined.write_bytes(user.history_path.read_bytes())
     with pytest.raises(InputError, match=r"more than the 2,000 a history file may have; split it$"):
         history_module.parse_history_file(joined)
+    with pytest.raises(
+        InputError, match=r"^- holds more than the 2,000 bytes a history file may have; split it$"
+    ):
+        history_module.parse_history("-", data=joined.read_bytes())  # `history import -`, piped in
 
 
 def test_an_item_longer_than_any_prompt_reads_by_far_is_refused_naming_its_line(tmp_path: Path) -> None:

@@ -47,12 +47,12 @@ def pack_archive(name: str, cluster: Any, members: dict[str, bytes]) -> bytes:
     largest = max(members, key=lambda member: len(members[member]), default=None)
     if largest is not None and len(members[largest]) > MAX_ARCHIVE_MEMBER_BYTES:
         raise LocalpersError(
-            f"the user's {largest} is {len(members[largest])} bytes, more than the {MAX_ARCHIVE_MEMBER_BYTES}"
+            f"the user's {largest} is {len(members[largest]):,} bytes, more than the {MAX_ARCHIVE_MEMBER_BYTES:,}"
             " an archive can hold; `localpers history remove --oldest N` makes the history smaller"
         )
     if sum(map(len, members.values())) > MAX_ARCHIVE_TOTAL_BYTES - (1 << 20):  # 1 MiB for the manifest
         raise LocalpersError(
-            f"the user's files are more than the {MAX_ARCHIVE_TOTAL_BYTES} bytes an archive can hold;"
+            f"the user's files are more than the {MAX_ARCHIVE_TOTAL_BYTES:,} bytes an archive can hold;"
             " `localpers history remove --oldest N` makes the history smaller"
         )
     buffer = io.BytesIO()

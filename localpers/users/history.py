@@ -330,7 +330,9 @@ def _read_json_lines(
 ) -> Iterable[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; one-line errors for unreadable files and bad lines."""
     if data is not None and len(data) > MAX_HISTORY_FILE_BYTES:
-        raise InputError(f"{path} holds more than the {MAX_HISTORY_FILE_BYTES} bytes a history file may have")
+        raise InputError(
+            f"{path} holds more than the {MAX_HISTORY_FILE_BYTES:,} bytes a history file may have; split it"
+        )
     raw = (
         data
         if data is not None
