@@ -376,7 +376,7 @@ def test_show_names_cope_and_exact_fits_and_a_damaged_cope_state() -> None:
     (folder / "exact-index.safetensors").write_bytes(b"x")
     shown = run("user", "show").stdout
     assert "cope        LoRA rank 8 fitted on 20 items" in shown
-    assert "exact       attribute index stored" in shown
+    assert "exact       " in shown and "exact-index.safetensors is damaged" in shown  # b"x" is no index
     assert set(run_json("user", "show")["other_fits"]) == {"cope", "exact"}
     (folder / "cope.json").write_text("{not json", encoding="utf-8")
     assert (
@@ -404,6 +404,26 @@ def test_show_names_a_token_bias_rewrites_refuse() -> None:
         "token bias  damaged (token bias field 'first' must be a list of [token, bias]): rewrites refuse this fit;"
         " run `localpers fit --user ann`" in run("user", "show").stdout
     )
+
+
+def test_show_says_when_the_exact_index_is_one_rewrites_refuse() -> None:
+    from localpers.bundle.format import default_bundle_dir, sha256_of_file
+    from localpers.methods.exact_index import ExactIndex, index_path
+    from localpers.methods.stored_files import fit_mark
+
+    run("user", "create", "ann")
+    user = UserStore().get("ann")
+    in_use = sha256_of_file(default_bundle_dir() / "manifest.json")
+    for meta, due in (
+        ({"bundle_sha256": in_use, "fitted_by": fit_mark()}, ""),
+        ({"bundle_sha256": "0" * 64}, "; made with another bundle than the one in use: refit due, run"),
+        ({"bundle_sha256": in_use, "fitted_by": "localpers 0.1.0, fit format 9"}, "; made by a localpers of"),
+    ):
+        ExactIndex([], np.zeros((0, 8), np.float32), meta).save(index_path(user))
+        line = next(line for line in run("user", "show").stdout.splitlines() if line.startswith("exact "))
+        assert line.startswith("exact       attribute index stored (`localpers profile` shows it)" + due), (
+            line
+        )
 
 
 def test_show_says_when_the_cope_fit_is_one_rewrites_refuse() -> None:

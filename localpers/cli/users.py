@@ -237,25 +237,34 @@ def _other_fits(folder: Path) -> list[tuple[str, str]]:
         try:
             cope = parse_json(cope_state.read_bytes())
             line = f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}"
-            lines.append(("cope", line + _cope_refit_due(cope, folder.name)))
+            lines.append(("cope", line + _refit_due(cope, "cope", folder.name)))
         except (OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem is a ValueError
             lines.append(("cope", f"{cope_state.name} is damaged; {refit_advice('cope', folder.name)}"))
     if (folder / EXACT_INDEX_FILE).is_file():
-        lines.append(("exact", "attribute index stored (`localpers profile` shows it)"))
+        from localpers.methods.exact_index import ExactIndex
+
+        try:
+            meta = ExactIndex.load(folder / EXACT_INDEX_FILE, folder.name).meta
+        except LocalpersError as exc:
+            lines.append(("exact", one_line(str(exc))))
+        else:
+            line = "attribute index stored (`localpers profile` shows it)"
+            lines.append(("exact", line + _refit_due(meta, "exact", folder.name)))
     return lines
 
 
-def _cope_refit_due(cope: dict[str, Any], name: str) -> str:
-    """ "" or why `rewrite --method cope` refuses the stored CoPe fit (as it refuses it), and what mends it."""
+def _refit_due(stored: dict[str, Any], method: str, name: str) -> str:
+    """'' or why `rewrite --method METHOD` refuses a stored CoPe fit or EXACT index (`stored`: cope.json, the
+    index's meta), and what mends it."""
     from localpers.bundle.format import bundle_in_use_sha256
 
-    if fit_is_outdated(cope):
+    if fit_is_outdated(stored):
         why = "made by a localpers of another fit format"
-    elif (in_use := bundle_in_use_sha256()) is not None and cope.get("bundle_sha256") != in_use:
+    elif (in_use := bundle_in_use_sha256()) is not None and stored.get("bundle_sha256") != in_use:
         why = "made with another bundle than the one in use"
     else:
         return ""
-    return f"; {why}: refit due, {refit_advice('cope', name)}"
+    return f"; {why}: refit due, {refit_advice(method, name)}"
 
 
 def _fit_line(fit: dict[str, Any]) -> str:
