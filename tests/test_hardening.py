@@ -248,6 +248,31 @@ def test_f3_export_force_refuses_a_fifo(tmp_path: Path) -> None:
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_export_refuses_a_state_json_that_is_no_file(tmp_path: Path, kind: str) -> None:
+    """Reading the state and vector as one pair read state.json's bytes before any check: a FIFO there hung
+    `user export`, a folder gave 'Is a directory' with no advice (found by a review)."""
+    import threading
+
+    fitted_user()
+    state = UserStore().get("ann").state_path
+    state.unlink()
+    os.mkfifo(state) if kind == "fifo" else state.mkdir()
+    outcome: list[object] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(
+            runner.invoke(app, ["user", "export", "ann", "-o", str(tmp_path / "a.zip")])
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout=30)
+    assert outcome, "user export hung on state.json"
+    result = outcome[0]
+    assert result.exit_code == 1  # type: ignore[attr-defined]
+    one_line_error(result, "move it away")  # type: ignore[arg-type]
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mknod needs root")
 def test_f3_export_force_refuses_our_own_null_device(tmp_path: Path) -> None:
     fitted_user()

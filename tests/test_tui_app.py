@@ -393,6 +393,46 @@ async def test_changes_another_command_makes_to_the_user_are_shown(service: Fake
         assert any("'ann' was deleted by another" in n.message for n in app._notifications)
 
 
+@pytest.mark.parametrize("made_anew", [True, False])
+@async_test
+async def test_a_user_deleted_or_made_anew_during_the_apps_own_fit_is_noticed(
+    service: FakeService, made_anew: bool
+) -> None:
+    """The watch waited for the app's own fit, whose end read the new folder as the one the views show: a deleted
+    user stayed on screen, and one made anew refused every accept and carried the old user's failed fit."""
+    gate = threading.Event()
+    original = service.fit
+
+    def slow_fit(user, progress):  # type: ignore[no-untyped-def]
+        gate.wait(timeout=10)
+        return original(user, progress)
+
+    service.fit = slow_fit  # type: ignore[method-assign]
+    app = make_app(service, text=DRAFT)
+    app.user_watch_seconds = 0.05
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.fit_running:
+                break
+        UserStore().delete("ann")  # in a shell, while the app's fit of ann runs
+        if made_anew:
+            UserStore().create("ann").save_history(examples("anew", 3))
+        await pilot.pause(0.3)
+        gate.set()
+        await wait_idle(pilot)
+        await pilot.pause(0.3)
+        await wait_idle(pilot)
+        if not made_anew:
+            assert app.is_running and app.user is None
+            return
+        assert app.user is not None and app.user.identity == UserStore().get("ann").identity
+        assert "ann" not in app._fit_failed and app.profile is not None and app.profile.fit is not None
+        await pilot.press("ctrl+s")
+        await wait_idle(pilot)
+        assert len(UserStore().get("ann").history()) == 4
+
+
 @async_test
 async def test_progress_bar_is_shown_during_a_fit(service: FakeService) -> None:
     gate = threading.Event()

@@ -109,7 +109,7 @@ def user_show(
         else {
             "dim": int(vector.size),
             "sha256": state.get("vector_sha256"),
-            "metadata": user.vector_metadata(),
+            "metadata": user.vector_metadata(state),
         },
         "state": state,
         "other_fits": dict(_other_fits(user.dir)),
@@ -230,7 +230,7 @@ def _cluster_text(cluster: Any, name: str) -> str:
 
 
 def _other_fits(folder: Path) -> list[tuple[str, str]]:
-    """CoPe's and EXACT's fits, which live in files of their own, named without loading them."""
+    """CoPe's and EXACT's fits, which live in files of their own: whether rewrites can use them, or are refused."""
     lines: list[tuple[str, str]] = []
     cope_state = folder / COPE_STATE_FILE
     if cope_state.is_file():

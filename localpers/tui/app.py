@@ -130,6 +130,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         self._refit_again = False
         self._fit_failed: dict[str, str] = {}
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
+        self._busy_noticed: set[str] = set()
         self._saved_theme: str | None = None  # the theme `tui.json` holds (`localpers.tui.settings`)
 
     # ------------------------------------------------------------------ start-up

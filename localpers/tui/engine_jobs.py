@@ -97,15 +97,15 @@ def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -
         try:
             report = service.fit(user, _progress(worker, post))
         except Superseded:
-            post(FitDone(user.name, None, "cancelled"))
+            post(FitDone(user.name, None, "cancelled", identity=user.identity))
             return
         except UserBusy as exc:
-            post(FitDone(user.name, None, describe(exc), busy=True))
+            post(FitDone(user.name, None, describe(exc), busy=True, identity=user.identity))
             return
         except Exception as exc:
-            post(FitDone(user.name, None, describe(exc)))
+            post(FitDone(user.name, None, describe(exc), identity=user.identity))
             return
-    post(FitDone(user.name, report))
+    post(FitDone(user.name, report, identity=user.identity))
 
 
 def prepare_demo(service: WritingService, lock: threading.Lock, post: Post) -> None:

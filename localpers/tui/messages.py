@@ -71,6 +71,7 @@ class FitDone(Message):
     report: FitReport | None
     error: str | None = None
     busy: bool = False  # another localpers command held the user (a fit in a shell): try again later
+    identity: str | None = None  # the fitted user folder's identity token (a user made anew has another)
 
 
 @dataclass

@@ -50,6 +50,7 @@ class TeachingMixin:
     _refit_again: bool
     _fit_failed: dict[str, str]  # user -> why their last fit failed (no automatic refit until ctrl+f)
     busy_retry_delay: float = BUSY_RETRY_SECONDS  # a fit refused because another command held the user
+    _busy_noticed: set[str]  # users whose busy refusal was told, until a fit of theirs ends otherwise
     # It also calls Textual's `notify`, `push_screen`, `set_timer` and the app's `refresh_user_views`,
     # `regenerate`, `_run_engine_job` and `_after_import`.
 
@@ -210,21 +211,36 @@ class TeachingMixin:
             return
         self.fit_running = False
         self.main.progress.stop()
+        # a fit of a user deleted and made anew meanwhile (`UserWatchMixin`) says nothing of the new one
+        replaced = (
+            self.user is not None
+            and self.user.name == message.user
+            and self.user.identity != message.identity
+        )
         if message.busy:
             # a fit in a shell (or the API's user being written): not a failure, the same fit can follow it
-            self.notify(
-                f"{message.user} is being fitted or changed by another localpers command; fitting again once it"
-                f" has finished (checked every {self.busy_retry_delay:.0f} s).",
-                timeout=10,
-            )
+            if (
+                message.user not in self._busy_noticed
+            ):  # once while that command holds the user, not every retry
+                self._busy_noticed.add(message.user)
+                self.notify(
+                    f"{message.user} is being fitted or changed by another localpers command; fitting again once"
+                    f" it has finished, if a fit is still due (checked every {self.busy_retry_delay:.0f} s).",
+                    timeout=10,
+                )
+            if self._refit_timer is not None:
+                self._refit_timer.stop()
             self._refit_timer = self.set_timer(
                 self.busy_retry_delay, lambda: self._refit_if_due(message.user)
             )
-        elif message.error is not None:
+        elif message.error is not None and not replaced:
             self._fit_failed[message.user] = message.error
             self.notify(f"Fitting {message.user} failed: {message.error}", severity="error", timeout=15)
         elif message.report is not None:
             self._fit_failed.pop(message.user, None)
+        if not message.busy:
+            self._busy_noticed.discard(message.user)
+        if message.report is not None and not replaced:
             self.notify(f"{message.user}: {fit_summary(message.report.to_json())}", title="Profile updated")
         if self.user is not None and self.user.name == message.user:
             self.refresh_user_views()
@@ -232,7 +248,7 @@ class TeachingMixin:
         if self._refit_again:
             self._refit_again = False
             self.start_refit()
-        elif message.error is None:
+        elif message.error is None or replaced:
             self.maybe_refit()
 
 

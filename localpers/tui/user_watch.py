@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from localpers.errors import LocalpersError
-from localpers.users.lock import IDENTITY_FILE
+from localpers.users.lock import IDENTITY_FILE, read_identity
 from localpers.users.store import User, UserStore
 
 if TYPE_CHECKING:
@@ -48,40 +48,62 @@ class UserWatchMixin:
     fit_running: bool
     user_watch_seconds: float = USER_WATCH_SECONDS
     _user_stamp: FolderStamp = None
-    # It also calls Textual's `notify` and the app's `refresh_user_views`, `maybe_refit` and `regenerate`.
+    _fit_failed: dict[str, str]
+    _strength_source: tuple[str, float | None] | None
+    # It also calls Textual's `notify` and `screen`, and the app's `refresh_user_views`, `maybe_refit` and
+    # `regenerate`.
 
     def remember_user_stamp(self) -> None:
         """Take the stamp the next watch compares with (called as the views are read)."""
         self._user_stamp = folder_stamp(self.user) if self.user is not None else None
 
     def watch_user_files(self) -> None:
-        """Refresh the views when another command changed the user's files since they were read."""
-        if self.user is None or self.fit_running:  # the app's own fit writes; it refreshes when done
+        """Refresh the views when another command changed the user's files since they were read.
+
+        A delete or a re-creation is judged against the user object itself (its folder, its identity token), even
+        while the app's own fit runs: that fit's end refreshes the views, which would take the new folder as the
+        one read. Other changes wait for the app's own fit and dialogs (an import writes, then closes its dialog).
+        """
+        user = self.user
+        if user is None:
             return
-        stamp = folder_stamp(self.user)
-        if stamp == self._user_stamp:
-            return
-        name, before = self.user.name, self._user_stamp
-        if stamp is None:
+        name = user.name
+        if not user.dir.is_dir():
             self.notify(  # type: ignore[attr-defined]
                 f"User {name!r} was deleted by another localpers command.", severity="warning", timeout=15
             )
             self.user = None
             self.main.controls.set_users(self._user_names(), None)
-        elif before is not None and before[2] is not None and stamp[2] != before[2]:
-            # deleted and made anew under the same name: the user object's identity is the old folder's, and every
-            # write through it would be refused as made for a user that no longer exists
+            self._after_external_change(history_changed=False)
+            return
+        if user.identity is not None and read_identity(user.dir) not in (None, user.identity):
+            # deleted and made anew under the same name: every write through the old object would be refused as
+            # made for a user that no longer exists
             try:
                 self.user = self.store.get(name)
             except LocalpersError:
                 return  # gone again meanwhile: the next watch sees it
+            self._fit_failed.pop(name, None)  # the old user's failed fit says nothing of the new one
+            self._strength_source = None
             self.notify(  # type: ignore[attr-defined]
                 f"User {name!r} was deleted and made anew by another localpers command; showing the new one.",
                 severity="warning",
                 timeout=15,
             )
+            self._after_external_change(history_changed=True)
+            return
+        if self.fit_running or self.screen is not self.main:  # type: ignore[attr-defined]
+            return
+        before, stamp = self._user_stamp, folder_stamp(user)
+        if stamp == before:
+            return
+        # a fit made elsewhere (perhaps with another bundle) is shown, not fitted over; a changed history refits
+        self._after_external_change(history_changed=before is None or stamp is None or stamp[0] != before[0])
+
+    def _after_external_change(self, *, history_changed: bool) -> None:
         self.refresh_user_views()  # type: ignore[attr-defined]
-        self.maybe_refit()  # type: ignore[attr-defined]
+        if history_changed:
+            self.maybe_refit()  # type: ignore[attr-defined]
         self.regenerate()  # type: ignore[attr-defined]
 
     def _user_names(self) -> list[str]:

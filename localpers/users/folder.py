@@ -276,10 +276,10 @@ class User:
         """The fitted vector λ_u (float32, shape (D,)), or None if the user has none."""
         return self.fit_files()[1]
 
-    def vector_metadata(self) -> dict[str, str]:
-        """The metadata strings saved with the vector (e.g. the bundle sha); {} without a vector."""
-        state, _ = self.fit_files()
-        loaded = self._load_vector(state)
+    def vector_metadata(self, state: dict[str, Any] | None = None) -> dict[str, str]:
+        """The metadata strings saved with the vector (e.g. the bundle sha); {} without a vector. `state`: the
+        state.json of the fit already read (`fit_files`), whose vector is meant."""
+        loaded = self._load_vector(self.fit_files()[0] if state is None else state)
         return {} if loaded is None else loaded[1]
 
     def fit_files(self) -> tuple[dict[str, Any], np.ndarray | None]:

@@ -29,7 +29,8 @@ from typing import Any
 from localpers import paths
 from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory, process_is_running
 from localpers.errors import InputError, LocalpersError, StorageError
-from localpers.untrusted import one_line
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
+from localpers.untrusted import one_line, parse_json
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
 from localpers.users.folder import (
@@ -212,7 +213,9 @@ class UserStore:
                 " then export: an import refuses more",
             )
             members["history.jsonl"] = user.history_path.read_bytes()
-        data = pack_archive(name, user.state().get("cluster"), members)
+        # the manifest's cluster from the state archived, not from a later read of a fit committed meanwhile
+        archived = parse_json(members["state.json"]) if "state.json" in members else {}
+        data = pack_archive(name, archived.get("cluster") if isinstance(archived, dict) else None, members)
         if not dest.parent.is_dir():
             raise LocalpersError(f"{dest.parent} is not a folder; create it or choose another path")
         atomic_write_bytes(dest, data)
@@ -339,10 +342,11 @@ def _fit_members(user: User) -> dict[str, bytes]:
     inconsistent fit is refused before anything is written."""
     for attempt in range(3):
         members: dict[str, bytes] = {}
-        try:
-            raw_state = user.state_path.read_bytes()
-        except FileNotFoundError:
+        if not user.state_path.exists():
+            user.state()  # a missing state is a user never fitted, unless the user was deleted meanwhile
             return members
+        # a FIFO, a folder or a device there is refused in one line, never read
+        raw_state = read_regular_file(user.state_path, STATE_FILE_LIMIT, what="state file", stored=True)
         members["state.json"] = raw_state
         try:
             state, _ = user.fit_files()
@@ -355,8 +359,8 @@ def _fit_members(user: User) -> dict[str, bytes]:
             continue
         except FileNotFoundError:  # the vector removed by a fit committed meanwhile
             continue
-        if user.state_path.read_bytes() == raw_state:  # the pair read is still the stored one
-            return members
+        if read_regular_file(user.state_path, STATE_FILE_LIMIT, what="state file", stored=True) == raw_state:
+            return members  # the pair read is still the stored one
     raise LocalpersError(
         f"user {user.name!r}'s fit kept changing while it was read (another command fitting it?); export again"
         " when that has finished"
