@@ -3,8 +3,9 @@
 A history imported, added or removed in a shell, a fit made there, the user deleted or deleted and made anew
 (`user import --as` the same name): the TUI read the user once and kept showing, and correcting with, what it
 had read. Every `USER_WATCH_SECONDS` the mixin compares a few `stat()` results of the user's files with those
-taken when the views were last refreshed; on a change it refreshes them (and refits when that is now due). It
-reads no file's content itself (`refresh_user_views` does) and writes nothing.
+taken when the views were last refreshed, and the folder's identity token with the user object's; on a change it
+refreshes them (and refits when the history changed). It reads no other file's content (`refresh_user_views`
+does) and writes nothing.
 """
 
 from __future__ import annotations
