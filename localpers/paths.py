@@ -77,17 +77,15 @@ def _check_creatable(directory: Path, option: str) -> None:
         raise LocalpersError(
             f"{option} {directory} cannot be made: {ancestor} is a file, not a directory; give another path"
         )
-    if not _writable(ancestor):
-        raise LocalpersError(
-            f"{option} {directory} cannot be made: {ancestor} cannot be written (its permissions, or a read-only"
-            " file system); give another path"
-        )
+    _refuse_unwritable(ancestor, f"{option} {directory} cannot be made: {ancestor}", "give another path")
 
 
-def _writable(directory: Path) -> bool:
-    """Whether this process may create files in `directory` (by its effective ids where the OS can say)."""
+def _refuse_unwritable(directory: Path, what: str, fix: str) -> None:
+    """Refuse `directory` unless this process may create files in it (by its effective ids where the OS can say);
+    `what` opens the message."""
     effective = os.access in os.supports_effective_ids
-    return os.access(directory, os.W_OK | os.X_OK, effective_ids=effective)
+    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=effective):
+        raise LocalpersError(f"{what} cannot be written (its permissions, or a read-only file system); {fix}")
 
 
 def check_own_directory(
@@ -106,11 +104,7 @@ def check_own_directory(
         raise LocalpersError(
             f"{option} {directory} exists and is not a directory; give a new or empty directory"
         )
-    if not _writable(directory):
-        raise LocalpersError(
-            f"{option} {directory} cannot be written (its permissions, or a read-only file system); give another"
-            " directory"
-        )
+    _refuse_unwritable(directory, f"{option} {directory}", "give another directory")
     try:
         entries = sorted(directory.iterdir())
     except OSError as exc:
