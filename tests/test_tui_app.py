@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.widgets import Select, TextArea
 from tui_fakes import FAKE_SHA, FakeService, fake_text
 from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
 
+from localpers.tui.app import LocalpersApp
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.screens.import_history import ImportScreen
@@ -32,6 +34,27 @@ def service() -> FakeService:
     store.create("bob").save_history(examples("bob", 6))
     store.use("ann")
     return FakeService(store)
+
+
+def hold_fits(service: FakeService) -> threading.Event:
+    """Make each of `service`'s fits wait (up to 10 s) until the returned event is set."""
+    gate = threading.Event()
+    original = service.fit
+
+    def slow_fit(user, progress):  # type: ignore[no-untyped-def]
+        gate.wait(timeout=10)
+        return original(user, progress)
+
+    service.fit = slow_fit  # type: ignore[method-assign]
+    return gate
+
+
+async def until_fitting(pilot: Any, app: LocalpersApp) -> None:
+    """Wait (up to 5 s) until the app's fit has started."""
+    for _ in range(100):
+        await pilot.pause(0.05)
+        if app.fit_running:
+            break
 
 
 def card(text: str, vector: int, strength: float = 1.0, top_k: int = 10) -> str:
@@ -400,21 +423,11 @@ async def test_a_user_deleted_or_made_anew_during_the_apps_own_fit_is_noticed(
 ) -> None:
     """The watch waited for the app's own fit, whose end read the new folder as the one the views show: a deleted
     user stayed on screen, and one made anew refused every accept and carried the old user's failed fit."""
-    gate = threading.Event()
-    original = service.fit
-
-    def slow_fit(user, progress):  # type: ignore[no-untyped-def]
-        gate.wait(timeout=10)
-        return original(user, progress)
-
-    service.fit = slow_fit  # type: ignore[method-assign]
+    gate = hold_fits(service)
     app = make_app(service, text=DRAFT)
     app.user_watch_seconds = 0.05
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        for _ in range(100):
-            await pilot.pause(0.05)
-            if app.fit_running:
-                break
+        await until_fitting(pilot, app)
         UserStore().delete("ann")  # in a shell, while the app's fit of ann runs
         if made_anew:
             UserStore().create("ann").save_history(examples("anew", 3))
@@ -435,20 +448,10 @@ async def test_a_user_deleted_or_made_anew_during_the_apps_own_fit_is_noticed(
 
 @async_test
 async def test_progress_bar_is_shown_during_a_fit(service: FakeService) -> None:
-    gate = threading.Event()
-    original = service.fit
-
-    def slow_fit(user, progress):  # type: ignore[no-untyped-def]
-        gate.wait(timeout=10)
-        return original(user, progress)
-
-    service.fit = slow_fit  # type: ignore[method-assign]
+    gate = hold_fits(service)
     app = make_app(service)
     async with app.run_test(size=SIZE) as pilot:
-        for _ in range(100):
-            await pilot.pause(0.05)
-            if app.fit_running:
-                break
+        await until_fitting(pilot, app)
         assert app.main.progress.running
         assert "fitting ann" in str(app.main.progress.label.render())
         gate.set()
