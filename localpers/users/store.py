@@ -340,7 +340,7 @@ def _fit_members(user: User) -> dict[str, bytes]:
     """The archive members of `user`'s fit: state.json's bytes and the vector they name, read as one pair (a fit
     committed by another command between the reads is read again, as `User.fit_files` does); a damaged or
     inconsistent fit is refused before anything is written."""
-    for attempt in range(3):
+    for _ in range(3):
         members: dict[str, bytes] = {}
         if not user.state_path.exists():
             user.state()  # a missing state is a user never fitted, unless the user was deleted meanwhile
@@ -348,15 +348,11 @@ def _fit_members(user: User) -> dict[str, bytes]:
         # a FIFO, a folder or a device there is refused in one line, never read
         raw_state = read_regular_file(user.state_path, STATE_FILE_LIMIT, what="state file", stored=True)
         members["state.json"] = raw_state
+        state, _ = user.fit_files()  # refuses a damaged or inconsistent fit (reading again while one commits)
+        vector_path = user.vector_path(state)
         try:
-            state, _ = user.fit_files()
-            vector_path = user.vector_path(state)
             if vector_path is not None:
                 members[vector_path.name] = vector_path.read_bytes()
-        except LocalpersError:
-            if attempt == 2:
-                raise
-            continue
         except FileNotFoundError:  # the vector removed by a fit committed meanwhile
             continue
         if read_regular_file(user.state_path, STATE_FILE_LIMIT, what="state file", stored=True) == raw_state:
