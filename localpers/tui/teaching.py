@@ -219,9 +219,8 @@ class TeachingMixin:
         )
         if message.busy:
             # a fit in a shell (or the API's user being written): not a failure, the same fit can follow it
-            if (
-                message.user not in self._busy_noticed
-            ):  # once while that command holds the user, not every retry
+            # told once while that command holds the user, not at every retry
+            if message.user not in self._busy_noticed:
                 self._busy_noticed.add(message.user)
                 self.notify(
                     f"{message.user} is being fitted or changed by another localpers command; fitting again once"
