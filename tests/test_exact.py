@@ -258,3 +258,107 @@ def test_missing_exact_index_is_refused(bundle_dir: Path) -> None:
         profile.exit_code == 0
         and "EXACT: no index (run `localpers fit --method exact --user noexact`)" in (profile.output)
     )
+
+
+def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_searches(
+    bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.methods import exact, exact_cache
+    from localpers.methods.card import pair_cache
+    from localpers.methods.forget import remove_history_items
+
+    personalizer = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    user = UserStore().create("resumer")
+    items = [
+        item("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE!!!"),
+        item("Bus fares will drop by half for students.", "BUS FARES HALVED!!!"),
+        item("The marathon drew a record 20,000 runners.", "MARATHON DRAWS 20,000!!!"),
+    ]
+    user.save_history(items)
+    library = ("Concise", "Vivid", "Exclamatory", "Formal")
+    per_pair = 1 + 4 + 3  # k = 2 over 4 attributes
+    cache_path = user.dir / exact_cache.SELECTIONS_FILE
+
+    def stored() -> dict[str, list[str]]:
+        return {entry.item_id: entry.attributes for entry in load_index(user).entries}
+
+    try:
+        first = index_exact(personalizer, user, k=2, library=library)
+        assert (first.n_reused, first.margin_evaluations) == (0, first.n_pairs * per_pair)
+        assert first.n_pairs == 3 and json.loads(cache_path.read_text()).popitem()[1].keys() == {
+            i.id for i in items
+        }
+        indexed = stored()
+
+        again = index_exact(personalizer, user, k=2, library=library)  # nothing new: nothing searched
+        assert (again.n_reused, again.margin_evaluations) == (3, 0)
+        assert stored() == indexed and again.mean_gain == first.mean_gain
+
+        newer = item("A new bridge opens downtown after years of work.", "BRIDGE OPENS AT LAST!!!")
+        user.save_history([*items, newer])
+        grown = index_exact(personalizer, user, k=2, library=library)
+        assert (grown.n_reused, grown.margin_evaluations) == (3, per_pair)
+
+        # another y- for one item: that pair is searched again
+        negatives = json.loads((user.dir / pair_cache.NEGATIVES_FILE).read_text())
+        for known in negatives.values():
+            for key in known:
+                if pair_cache.item_of_key(key) == items[0].id:
+                    known[key] = "Pandas Arrive At The Zoo"
+        (user.dir / pair_cache.NEGATIVES_FILE).write_text(json.dumps(negatives))
+        changed = index_exact(personalizer, user, k=2, library=library)
+        assert (changed.n_reused, changed.margin_evaluations) == (3, per_pair)
+
+        # another k is another search: nothing reused
+        assert index_exact(personalizer, user, k=1, library=library).n_reused == 0
+
+        # a fit stopped after one search keeps it (the index stays the last fit's) and the next goes on from it
+        index_exact(personalizer, user, k=2, library=library)
+        before = index_path(user).read_bytes()
+        cache_path.unlink()
+        searches = 0
+        real_search = exact.greedy_select
+
+        def stopped_at_the_second(*args: object, **kwargs: object) -> Selection:
+            nonlocal searches
+            searches += 1
+            if searches == 2:
+                raise KeyboardInterrupt
+            return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(exact, "greedy_select", stopped_at_the_second)
+        with pytest.raises(KeyboardInterrupt):
+            index_exact(personalizer, user, k=2, library=library)
+        monkeypatch.setattr(exact, "greedy_select", real_search)
+        assert index_path(user).read_bytes() == before
+        resumed = index_exact(personalizer, user, k=2, library=library)
+        assert (resumed.n_reused, resumed.margin_evaluations) == (1, 3 * per_pair)
+
+        # a removed item's record goes with it; a damaged cache reads as empty
+        remove_history_items(user, lambda _: {newer.id})
+        assert newer.id not in json.loads(cache_path.read_text()).popitem()[1]
+        cache_path.write_text("{not json")
+        assert index_exact(personalizer, user, k=2, library=library).n_reused == 0
+    finally:
+        personalizer.close()
+
+
+def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from localpers.methods.exact_method import ExactMethod
+
+    UserStore().create("ann")
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        "localpers.methods.card.personalizer.Personalizer.open",
+        lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64),
+    )
+    monkeypatch.setattr(ExactMethod, "fit", interrupted)
+    result = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "exact"])
+    assert result.exit_code == 130
+    assert "keeps its previous EXACT index, and the attributes chosen so far are saved" in result.output
+    assert "`localpers fit --method exact` goes on from there" in result.output

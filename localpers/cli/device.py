@@ -97,12 +97,18 @@ def fit_command(
             with fit_progress(not as_json, sys.stderr.isatty()) as progress:
                 fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
         except KeyboardInterrupt as stop:
-            if chosen.name != "card":
+            if chosen.name == "card":
+                kept = (
+                    f"user {target.name!r} keeps its previous fit, and the pairs scored so far are saved:"
+                    " `localpers fit` goes on from there"
+                )
+            elif chosen.name == "exact":
+                kept = (
+                    f"user {target.name!r} keeps its previous EXACT index, and the attributes chosen so far are"
+                    " saved: `localpers fit --method exact` goes on from there"
+                )
+            else:
                 raise
-            kept = (
-                f"user {target.name!r} keeps its previous fit, and the pairs scored so far are saved:"
-                " `localpers fit` goes on from there"
-            )
             raise stopped_exit(stop, kept) from None
     if as_json:
         print_json({**fitted.report, "unchanged": False}, indent=None)

@@ -10,7 +10,9 @@ The attribute set enters the prompt as a line after the input, `Attributes: <A1,
 the answer cue, so every candidate prompt of a greedy step shares the article and the attributes
 already chosen; `PrefixScorer` keeps those in the KV cache and evaluates only the candidate's name,
 `y+` and `y-`. Pairs whose selected set does not beat the plain prompt (`F(A) < F({})`, the
-non-negative gain filter) are left out of the index, and a repeated input keeps its best set.
+non-negative gain filter) are left out of the index, and a repeated input keeps its best set. What the
+search found for each pair is cached in the user's folder (`localpers.methods.exact_cache`), so a refit searches
+only new pairs and a stopped fit goes on where it stopped.
 The index (sentence-encoder embedding of each input -> attribute set) goes to the user's folder as
 one safetensors file, written atomically (`localpers.methods.exact_index`, whose `ExactIndex`,
 `IndexEntry`, `index_path` and `load_index` are importable from here too).
@@ -32,6 +34,13 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.exact_cache import (
+    SelectionRecord,
+    negative_digest,
+    read_selections,
+    selections_key,
+    write_selections,
+)
 from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path, refit_hint
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.reports import RewriteResult
@@ -159,6 +168,7 @@ class ExactReport:
     k: int
     n_items: int
     n_pairs: int
+    n_reused: int  # pairs whose selection an earlier fit had made (`localpers.methods.exact_cache`)
     n_identical_skipped: int
     n_filtered_negative_gain: int
     n_duplicates_merged: int
@@ -188,7 +198,9 @@ def index_exact(
 
     `max_pairs` builds pairs from the most recent items only (each pair costs 1 + 42 + 41 + 40
     prompt scorings at k = 3; the cluster is still assigned from the whole history);
-    `cluster` skips the cluster assignment when the caller already knows it.
+    `cluster` skips the cluster assignment when the caller already knows it. A pair searched by an earlier fit
+    (same bundle, adapter, k, library, fit format and y-) keeps what that search found instead of being searched
+    again; each new search is saved to the cache as soon as it ends.
     """
     items = history_for(user, history_limit, "EXACT")
     seconds: dict[str, float] = {}
@@ -207,11 +219,31 @@ def index_exact(
     adapter = personalizer.adapter_for("cluster", cluster)
     personalizer.engine.set_adapter(adapter)
     scorer = PrefixScorer(personalizer.engine)
-    selections = []
-    for done, (item, negative) in enumerate(pairs):
-        selections.append((item, greedy_select(PairMargins(scorer, item, negative), library, k)))
+    key = selections_key(personalizer.bundle_sha256, adapter, k, library, fit_mark())
+    records = read_selections(user.dir, key, library, k)
+    found: dict[str, Selection] = {}
+    for item, negative in pairs:
+        record = records.get(item.id)
+        if record is not None and record.negative == negative_digest(negative):
+            found[item.id] = Selection(record.attributes, record.margin, record.base_margin)
+    reused = len(found)
+    searched = [(item, negative) for item, negative in pairs if item.id not in found]
+    for done, (item, negative) in enumerate(searched):
+        selection = greedy_select(PairMargins(scorer, item, negative), library, k)
+        found[item.id] = selection
+        records[item.id] = SelectionRecord(
+            negative_digest(negative), selection.attributes, selection.margin, selection.base_margin
+        )
+        with (
+            user.locked()
+        ):  # after each search, so a stopped fit keeps what it found; refused for a deleted user
+            current = user.history_ids()  # an item removed while this fit ran stays removed
+            write_selections(
+                user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
+            )
         if progress:
-            progress("attributes", done + 1, len(pairs))
+            progress("attributes", done + 1, len(searched))
+    selections = [(item, found[item.id]) for item, _ in pairs]
     best, filtered, duplicates = keep_for_index(selections)
     evaluations = sum(selection.evaluations for _, selection in selections)
     gains = [selection.gain for _, selection in selections]
@@ -229,6 +261,7 @@ def index_exact(
         k=k,
         n_items=len(items),
         n_pairs=len(pairs),
+        n_reused=reused,
         n_identical_skipped=len(paired) - len(pairs),
         n_filtered_negative_gain=filtered,
         n_duplicates_merged=duplicates,

@@ -2,7 +2,8 @@
 
 A removed item's text must not live on in files the methods keep beside the history: EXACT's index holds each
 indexed input verbatim (and `rewrite --method exact` would still retrieve it), and CARD's y- cache holds the
-model's rewrite of the input. `forget_removed_items` drops both for every item no longer in the history.
+model's rewrite of the input (EXACT's selection cache holds no text, but names the items by id).
+`forget_removed_items` drops all three for every item no longer in the history.
 It does not refit: the fitted vector, token bias and CoPe adapter were learned from the old history, and the
 caller says so (`refit_hint`). The history file and its BM25 index are the user's store's to write.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Set
 
 from localpers.errors import LocalpersError
+from localpers.methods import exact_cache
 from localpers.methods.card import pair_cache
 from localpers.methods.exact_index import ExactIndex, index_path
 from localpers.users.history import HistoryItem
@@ -43,6 +45,8 @@ def forget_removed_items(user: User) -> list[str]:
         kept = user.history_ids()
         if pair_cache.forget_negatives(user.dir, kept):
             changed.append(pair_cache.NEGATIVES_FILE)
+        if exact_cache.forget_selections(user.dir, kept):
+            changed.append(exact_cache.SELECTIONS_FILE)
         path = index_path(user)
         if path.is_file():
             try:
