@@ -362,3 +362,24 @@ def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch
     assert result.exit_code == 130
     assert "keeps its previous EXACT index, and the attributes chosen so far are saved" in result.output
     assert "`localpers fit --method exact` goes on from there" in result.output
+
+
+@pytest.mark.parametrize("reused", [0, 2])
+def test_the_fit_summary_says_how_many_pairs_an_earlier_fit_searched(
+    reused: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.methods import exact_method
+    from localpers.methods.exact import ExactReport
+
+    report = ExactReport(
+        cluster=1, adapter="cluster-1", k=3, n_items=5, n_pairs=5, n_reused=reused, n_identical_skipped=0,
+        n_filtered_negative_gain=1, n_duplicates_merged=0, n_indexed=4, margin_evaluations=0,
+        tokens_evaluated=0, tokens_without_reuse=0, mean_gain=0.5, seconds={},
+    )  # fmt: skip
+    monkeypatch.setattr(exact_method, "index_exact", lambda *args, **kwargs: report)
+    user = UserStore().create("summed")
+    fitted = exact_method.ExactMethod().fit(None, user, history_limit=None, progress=None)  # type: ignore[arg-type]
+    head = fitted.summary.splitlines()[0]
+    assert head.startswith("user summed: EXACT index of 4 inputs from 5 pairs")
+    assert ("2 of them searched by an earlier fit" in head) == (reused == 2)
+    assert fitted.report["n_reused"] == reused

@@ -66,8 +66,9 @@ class ExactMethod(Method):
             **fitted.to_json(),
             "stored_bytes": self.stored_bytes(user),
         }
+        reused = f", {report['n_reused']} of them searched by an earlier fit" if report["n_reused"] else ""
         head = (
-            f"user {user.name}: EXACT index of {report['n_indexed']} inputs from {report['n_pairs']} pairs"
+            f"user {user.name}: EXACT index of {report['n_indexed']} inputs from {report['n_pairs']} pairs{reused}"
             f" (cluster {report['cluster']}, k={report['k']}; {report['n_filtered_negative_gain']} pairs with"
             f" negative gain left out)"
         )
