@@ -383,3 +383,34 @@ def test_the_fit_summary_says_how_many_pairs_an_earlier_fit_searched(
     assert head.startswith("user summed: EXACT index of 4 inputs from 5 pairs")
     assert ("2 of them searched by an earlier fit" in head) == (reused == 2)
     assert fitted.report["n_reused"] == reused
+
+
+def test_an_item_removed_while_the_index_is_built_is_neither_indexed_nor_counted(
+    bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.methods import exact
+    from localpers.methods.forget import remove_history_items
+
+    personalizer = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    user = UserStore().create("remover")
+    items = [
+        item("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE!!!"),
+        item("Bus fares will drop by half for students.", "BUS FARES HALVED!!!"),
+    ]
+    user.save_history(items)
+    real_search = exact.greedy_select
+
+    def remove_the_second_meanwhile(*args: object, **kwargs: object) -> Selection:
+        remove_history_items(user, lambda _: {items[1].id})  # `localpers history remove` in another shell
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exact, "greedy_select", remove_the_second_meanwhile)
+    # every pair counts as a gain, so only the removal can leave one out of the index
+    monkeypatch.setattr(Selection, "gain", property(lambda self: 0.0))
+    try:
+        report = index_exact(personalizer, user, k=1, library=("Concise", "Vivid"))
+    finally:
+        personalizer.close()
+    index = load_index(user)
+    assert [entry.item_id for entry in index.entries] == [items[0].id]
+    assert report.n_pairs == 2 and report.n_indexed == 1 and index.meta["report"]["n_indexed"] == 1

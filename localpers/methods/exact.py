@@ -290,11 +290,13 @@ def index_exact(
         "adapter": adapter,
         "k": k,
         "library": list(library),
-        "report": report.to_json(),
     }
     with user.locked():  # refuses a user deleted while the index was built
         current = user.history_ids()  # an item removed while this fit ran stays removed
-        ExactIndex(entries, embeddings, meta).keeping(current).save(index_path(user))
+        index = ExactIndex(entries, embeddings, meta).keeping(current)
+        report = replace(report, n_indexed=len(index.entries))
+        index.meta["report"] = report.to_json()
+        index.save(index_path(user))
     return report
 
 
