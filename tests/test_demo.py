@@ -29,9 +29,17 @@ def test_demo_fits_the_demo_user_and_compares_three_methods(backbone: Backbone) 
         assert all(row[method].strip() for method in ("global", "global-history", "card"))
     assert set(payload["style_hits"]) == {"global", "global-history", "card"}
     assert all(0 <= hits <= 2 for hits in payload["style_hits"].values())
+    from localpers.users.history import HistoryItem
+    from localpers.users.store import UserStore
+
+    demo = UserStore().get("demo")  # a headline accepted in the TUI, without the demo's markers
+    demo.save_history(
+        [*demo.history(), HistoryItem.create("headline", "A plain article.", "A plain headline")]
+    )
     again = runner.invoke(app, ["demo", "--articles", "1", "--rows", "1", "--model", str(backbone.path)])
     assert again.exit_code == 0, again.output
     assert "1 of the 1 articles" in again.output and "headlines of 1 invented article:" in again.output
+    assert "24 of its 25 history items have one" in again.output
     chosen = runner.invoke(
         app, ["demo", "--json", "--articles", "1", "--candidates", "4", "--model", str(backbone.path)]
     )

@@ -43,6 +43,7 @@ def demo_command(
     """Fit the shipped demo user (first run), compare its headlines with the baselines' and count its style."""
     from localpers.device.demo import (
         DEMO_USER,
+        carries_demo_style,
         compare_on_demo,
         demo_articles,
         demo_methods,
@@ -85,8 +86,11 @@ def demo_command(
     if rows_shown:
         _print_comparison(rows[:rows_shown], len(rows))
     counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
+    history = [item.output for item in demo.history()]  # 24 as shipped, all marked; the TUI may have added some
+    marked = sum(map(carries_demo_style, history))
+    which = f"all {len(history)}" if marked == len(history) else f"{marked} of its {len(history)}"
     typer.echo(
-        f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; all 24 history items have one) "
+        f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; {which} history items have one) "
         f"in the headlines of {counted(len(rows), 'invented article')}"
         + (f", each the consensus of {candidates} candidates" if candidates > 1 else "")
         + f": {counts}"
