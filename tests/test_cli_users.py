@@ -696,3 +696,24 @@ def test_history_remove_json_names_what_it_removed() -> None:
         "removed": [ids[0], ids[2]],
         "total": 0,
     }
+
+
+def test_show_says_a_cope_fit_learned_from_another_history() -> None:
+    """A CoPe fit whose history changed since (an item added or removed in another shell while it trained) was
+    listed like a current one (concurrency audit, seventy-eighth session)."""
+    from localpers.bundle.format import default_bundle_dir, sha256_of_file
+    from localpers.users.history import history_digest
+
+    run("user", "create", "ann")
+    ann = UserStore().get("ann")
+    items = [HistoryItem.create("headline", f"Article {i}.", f"Headline {i}") for i in range(3)]
+    ann.save_history(items)
+    in_use = sha256_of_file(default_bundle_dir() / "manifest.json")
+    state = {"rank": 8, "n_items": 3, "history_sha256": history_digest(items), "bundle_sha256": in_use}
+    (ann.dir / "cope.json").write_text(json.dumps(state), encoding="utf-8")
+    assert "cope        LoRA rank 8 fitted on 3 items\n" in run("user", "show").stdout
+    ann.save_history(items[:2])
+    assert (
+        "cope        LoRA rank 8 fitted on 3 items, but the history has changed since (run `localpers fit --method"
+        " cope --user ann` to refit)" in run("user", "show").stdout
+    )

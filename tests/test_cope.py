@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,40 @@ def test_device_sft_on_a_conditioned_bundle_trains_and_decodes_on_the_bases_prom
     # the conditioned prompt's history items, listed as CARD's are: the latest output, then the closest one
     assert [example["why"] for example in payload["examples"]] == ["recent", "closest"]
     assert payload["examples"][0]["output"] == "STORM!!!"
+
+
+def test_a_lora_that_learned_from_an_item_removed_while_it_trained_is_not_stored(
+    backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`history remove` in another shell during a CoPe fit: the fit stored a LoRA trained on the removed item and
+    ended in success (concurrency audit, seventy-eighth session)."""
+    from localpers.methods import cope
+    from localpers.methods.forget import remove_history_items
+
+    personalizer = Personalizer(
+        open_bundle(make_bundle(tmp_path / "bundle", backbone), backbone_sha256=backbone.sha256), backbone
+    )
+    user = UserStore().create("remover")
+    items = [
+        HistoryItem.create("headline", f"Generate a headline for the following article: {a}", h)
+        for a, h in [("The zoo welcomed two pandas.", "PANDAS!!!"), ("Bus fares drop.", "FARES HALVED!!!")]
+    ]
+    user.save_history(items)
+
+    try:
+        trained = types.SimpleNamespace(
+            seconds={}, tensors={}, steps=1, tokens=1, losses=[], precision="fp32"
+        )
+
+        def removed_meanwhile(*args: object, **kwargs: object) -> object:
+            remove_history_items(user, lambda _: {items[0].id})
+            return trained
+
+        monkeypatch.setattr(cope, "train_user_lora", removed_meanwhile)
+        with pytest.raises(
+            LocalpersError, match=r"1 of the items this CoPe fit learned from was removed .* while it"
+        ):
+            fit_cope(personalizer, user)
+    finally:
+        personalizer.close()
+    assert not (user.dir / "cope.json").exists() and not list(user.dir.glob("*cope*"))

@@ -86,7 +86,9 @@ def demo_command(
     if rows_shown:
         _print_comparison(rows[:rows_shown], len(rows))
     counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
-    history = [item.output for item in demo.history()]  # 24 as shipped, all marked; the TUI may have added some
+    history = [
+        item.output for item in demo.history()
+    ]  # 24 as shipped, all marked; the TUI may have added some
     marked = sum(map(carries_demo_style, history))
     which = f"all {len(history)}" if marked == len(history) else f"{marked} of its {len(history)}"
     typer.echo(

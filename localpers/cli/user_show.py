@@ -107,15 +107,25 @@ def cluster_text(cluster: Any, name: str) -> str:
     )
 
 
-def other_fits(folder: Path) -> list[tuple[str, str]]:
-    """CoPe's and EXACT's fits, which live in files of their own: whether rewrites can use them, or are refused."""
+def other_fits(folder: Path, history: list[HistoryItem] | None = None) -> list[tuple[str, str]]:
+    """CoPe's and EXACT's fits, which live in files of their own: whether rewrites can use them, or are refused,
+    and (given the `history` as it is now) whether CoPe's LoRA learned from another history."""
     lines: list[tuple[str, str]] = []
     cope_state = folder / COPE_STATE_FILE
     if cope_state.is_file():
         try:
             cope = parse_json(cope_state.read_bytes())
             line = f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}"
-            lines.append(("cope", line + _refit_due(cope, "cope", folder.name)))
+            due = _refit_due(cope, "cope", folder.name)
+            digest = cope.get("history_sha256")
+            if (
+                not due
+                and history is not None
+                and isinstance(digest, str)
+                and digest != history_digest(history)
+            ):
+                due = f", but the history has changed since ({refit_advice('cope', folder.name)} to refit)"
+            lines.append(("cope", line + due))
         except (OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem is a ValueError
             lines.append(("cope", f"{cope_state.name} is damaged; {refit_advice('cope', folder.name)}"))
     if (folder / EXACT_INDEX_FILE).is_file():

@@ -110,7 +110,7 @@ def user_show(
             "metadata": user.vector_metadata(state),
         },
         "state": state,
-        "other_fits": dict(other_fits(user.dir)),
+        "other_fits": dict(other_fits(user.dir, history)),
         "rejected_outputs": rejected_count(user),
         "disk_bytes": user.disk_bytes(),
     }

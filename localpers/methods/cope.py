@@ -49,7 +49,7 @@ from localpers.methods.reports import RewriteResult
 from localpers.methods.stored_files import COPE_STATE_FILE, fit_is_outdated, fit_mark, refit_advice
 from localpers.tasks import get_task
 from localpers.users.folder import read_json_object
-from localpers.users.history import history_digest
+from localpers.users.history import HistoryItem, history_digest
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
@@ -197,6 +197,7 @@ def fit_cope(
     from localpers.engine.adapters import write_lora_gguf
 
     with user.locked():  # refuses a user deleted while it trained: the folder is never made anew
+        _refuse_removed_meanwhile(user, items)
         fresh = write_lora_gguf(
             user.dir / f".{ADAPTER_PREFIX}new.gguf",
             result.tensors,
@@ -233,6 +234,20 @@ def fit_cope(
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
     return state
+
+
+def _refuse_removed_meanwhile(user: User, trained_on: Sequence[HistoryItem]) -> None:
+    """Refuse to store a LoRA that learned from an item removed while it trained (`history remove` in another
+    shell): the removal came first, so nothing made after it may carry the item. Items added meanwhile are fine
+    (the stored history digest tells `user show` the fit is behind)."""
+    current = user.history_ids()
+    removed = sum(item.id not in current for item in trained_on)
+    if removed:
+        raise LocalpersError(
+            f"{removed} of the items this CoPe fit learned from {'was' if removed == 1 else 'were'} removed from"
+            f" user {user.name!r}'s history while it trained, so its LoRA is not stored (any earlier CoPe fit is"
+            f" kept); {refit_advice('cope', user.name)} to learn from the history as it is now"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- decoding
