@@ -667,3 +667,32 @@ async def test_a_crash_report_prints_no_local_variables(service: FakeService) ->
     report = "".join(segment.text for renderable in reports for segment in renderable.segments)
     assert "RuntimeError" in report and "broken while handling" in report
     assert "ZQXSECRET" not in report
+
+
+@async_test
+async def test_users_made_or_deleted_by_another_command_are_offered_in_the_user_select(
+    service: FakeService,
+) -> None:
+    """The User select listed the users once: a user made in a shell (or by `localpers demo`) never appeared, even
+    after the user on screen was deleted there (concurrency audit, seventy-eighth session)."""
+    app = make_app(service, text=DRAFT)
+    app.user_watch_seconds = 0.05
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        UserStore().create("dora").save_history(examples("dora", 2))  # `user create dora` in a shell
+        await pilot.pause(0.3)
+        users = app.main.controls.user_select
+        assert users.value == "ann"  # still showing the app's user
+        users.value = "dora"  # only an offered user can be chosen
+        await pilot.pause()
+        await wait_idle(pilot)
+        assert app.user is not None and app.user.name == "dora"
+        UserStore().delete("dora")
+        UserStore().create("erin")
+        await pilot.pause(0.3)
+        await wait_idle(pilot)
+        assert app.user is None
+        users.value = "erin"
+        await pilot.pause()
+        await wait_idle(pilot)
+        assert app.user is not None and app.user.name == "erin"

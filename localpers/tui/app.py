@@ -253,7 +253,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
             self.notify(str(exc), severity="error", timeout=10)
             return
         self.user = user
-        self.main.controls.set_users(self.store.list(), name)
+        self.show_user_names(self.store.list())
         self.refresh_user_views()
         self.maybe_refit()
         self.regenerate()
@@ -376,7 +376,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
             names = self.store.list()
         except LocalpersError:
             names = [self.user.name]
-        self.main.controls.set_users(names, self.user.name)
+        self.show_user_names(names)
 
     def on_stepper_changed(self, event: Stepper.Changed) -> None:
         self.schedule_generation()

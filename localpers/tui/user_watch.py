@@ -4,8 +4,8 @@ A history imported, added or removed in a shell, a fit made there, the user dele
 (`user import --as` the same name): the TUI read the user once and kept showing, and correcting with, what it
 had read. Every `USER_WATCH_SECONDS` the mixin compares a few `stat()` results of the user's files with those
 taken when the views were last refreshed, and the folder's identity token with the user object's; on a change it
-refreshes them (and refits when the history changed). It reads no other file's content (`refresh_user_views`
-does) and writes nothing.
+refreshes them (and refits when the history changed). The User select offers the users listed anew when another
+command made or deleted one. It reads no other file's content (`refresh_user_views` does) and writes nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class UserWatchMixin:
     fit_running: bool
     user_watch_seconds: float = USER_WATCH_SECONDS
     _user_stamp: FolderStamp = None
+    _listed_names: list[str] | None = None  # what the User select offers
     _fit_failed: dict[str, str]
     _strength_source: tuple[str, float | None] | None
     # It also calls Textual's `notify` and `screen`, and the app's `refresh_user_views`, `maybe_refit` and
@@ -66,6 +67,9 @@ class UserWatchMixin:
         one read. Other changes wait for the app's own fit and dialogs (an import writes, then closes its dialog).
         """
         user = self.user
+        names = self._user_names()
+        if names != self._listed_names:  # a user made or deleted elsewhere (not only the app's own)
+            self.show_user_names(names)
         if user is None:
             return
         name = user.name
@@ -74,7 +78,7 @@ class UserWatchMixin:
                 f"User {name!r} was deleted by another localpers command.", severity="warning", timeout=15
             )
             self.user = None
-            self.main.controls.set_users(self._user_names(), None)
+            self.show_user_names(self._user_names())
             self._after_external_change(history_changed=False)
             return
         if user.identity is not None and read_identity(user.dir) not in (None, user.identity):
@@ -106,6 +110,11 @@ class UserWatchMixin:
         if history_changed:
             self.maybe_refit()  # type: ignore[attr-defined]
         self.regenerate()  # type: ignore[attr-defined]
+
+    def show_user_names(self, names: list[str]) -> None:
+        """Offer `names` in the User select, showing the app's user; the watch offers them anew when they change."""
+        self._listed_names = names
+        self.main.controls.set_users(names, self.user.name if self.user is not None else None)
 
     def _user_names(self) -> list[str]:
         try:
