@@ -111,6 +111,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def write_cache_bytes(path: Path, data: bytes) -> bool:
+    """A cache's write, atomic as any other, but never an error: False when it cannot be written (a folder or FIFO
+    where it goes, a full disk). The cache then stays as it was, stale, and a later run rebuilds what it lacks; the
+    work it would have saved is not lost to the command that made it."""
+    try:
+        atomic_write_bytes(path, data)
+    except LocalpersError:
+        return False
+    return True
+
+
 def fsync_directory(directory: Path) -> None:
     """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
     try:

@@ -309,8 +309,11 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
         changed = index_exact(personalizer, user, k=2, library=library)
         assert (changed.n_reused, changed.margin_evaluations) == (3, per_pair)
 
-        # another k is another search: nothing reused
+        # another k is another search: nothing reused; so is another wording of the prompt's attribute line
         assert index_exact(personalizer, user, k=1, library=library).n_reused == 0
+        with monkeypatch.context() as patched:
+            patched.setattr(exact, "attribute_line", lambda names: "Style: " + ", ".join(names))
+            assert index_exact(personalizer, user, k=2, library=library).n_reused == 0
 
         # a fit stopped after one search keeps it (the index stays the last fit's) and the next goes on from it
         index_exact(personalizer, user, k=2, library=library)
@@ -339,6 +342,16 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
         assert newer.id not in json.loads(cache_path.read_text()).popitem()[1]
         cache_path.write_text("{not json")
         assert index_exact(personalizer, user, k=2, library=library).n_reused == 0
+        stored_key, records = json.loads(cache_path.read_text()).popitem()
+        records[items[1].id]["margin"] = int("9" * 400)  # JSON's integers have no bound; a float's do
+        records[items[2].id]["base_margin"] = "0.5"
+        cache_path.write_text(json.dumps({stored_key: records}))
+        assert index_exact(personalizer, user, k=2, library=library).n_reused == 1
+        # a folder where the cache goes: the fit goes on without it (a cache that cannot be written stays stale)
+        cache_path.unlink()
+        cache_path.mkdir()
+        unwritable = index_exact(personalizer, user, k=2, library=library)
+        assert unwritable.n_reused == 0 and len(load_index(user).entries) == unwritable.n_indexed
     finally:
         personalizer.close()
 
@@ -348,7 +361,7 @@ def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch
 
     from localpers.methods.exact_method import ExactMethod
 
-    UserStore().create("ann")
+    ann = UserStore().create("ann")
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
@@ -360,8 +373,16 @@ def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch
     monkeypatch.setattr(ExactMethod, "fit", interrupted)
     result = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "exact"])
     assert result.exit_code == 130
-    assert "keeps its previous EXACT index, and the attributes chosen so far are saved" in result.output
-    assert "`localpers fit --method exact` goes on from there" in result.output
+    assert (
+        "user 'ann' has no EXACT index yet; the attributes chosen so far are saved: `localpers fit --method exact"
+        " --user ann` goes on from there" in result.output
+    )
+    index_path(ann).write_bytes(b"an index")
+    again = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "exact", "--history-limit", "5"])
+    assert (
+        "keeps its previous EXACT index, and the attributes chosen so far are saved: `localpers fit --method exact"
+        " --user ann --history-limit 5` goes on from there" in again.output
+    )
 
 
 @pytest.mark.parametrize("reused", [0, 2])
@@ -381,7 +402,8 @@ def test_the_fit_summary_says_how_many_pairs_an_earlier_fit_searched(
     fitted = exact_method.ExactMethod().fit(None, user, history_limit=None, progress=None)  # type: ignore[arg-type]
     head = fitted.summary.splitlines()[0]
     assert head.startswith("user summed: EXACT index of 4 inputs from 5 pairs")
-    assert ("2 of them searched by an earlier fit" in head) == (reused == 2)
+    assert ("5 pairs, 2 searched by an earlier fit (cluster 1" in head) == (reused == 2)
+    assert head.endswith("; 1 pair with negative gain left out)")
     assert fitted.report["n_reused"] == reused
 
 
@@ -413,4 +435,6 @@ def test_an_item_removed_while_the_index_is_built_is_neither_indexed_nor_counted
         personalizer.close()
     index = load_index(user)
     assert [entry.item_id for entry in index.entries] == [items[0].id]
-    assert report.n_pairs == 2 and report.n_indexed == 1 and index.meta["report"]["n_indexed"] == 1
+    assert report.n_pairs == 1 and report.n_indexed == 1 and index.meta["report"]["n_indexed"] == 1
+    (records,) = json.loads((user.dir / "exact-selections.json").read_text()).values()
+    assert list(records) == [items[0].id]  # nor is its search kept

@@ -11,6 +11,7 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -78,6 +79,16 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
     monkeypatch.setattr(CardMethod, "fit", interrupted)
     result = CliRunner().invoke(app, ["fit", "--user", "ann"])
     assert result.exit_code == 130
-    assert "user 'ann' keeps its previous fit, and the pairs scored so far are saved" in result.output
+    assert (
+        "user 'ann' has no fit yet; the pairs scored so far are saved: `localpers fit --user ann` goes on from there"
+        in result.output
+    )
+    ann.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector"}})
+    again = CliRunner().invoke(app, ["fit", "--user", "ann", "--history-limit", "20"])
+    assert (
+        "user 'ann' keeps its previous fit, and the pairs scored so far are saved: `localpers fit --user ann"
+        in (again.output)
+        and "--history-limit 20` goes on from there" in again.output
+    )
     with ann.fitting():  # released
         pass

@@ -112,3 +112,25 @@ def test_a_history_linked_to_nothing_is_refused_not_read_as_empty_and_replaced(t
     assert user.history_path.is_symlink() and os.readlink(user.history_path) == str(elsewhere)
     with pytest.raises(LocalpersError, match="which does not exist"):
         user.history_index(get_task("headline"))
+
+
+def test_the_fits_caches_where_a_folder_or_fifo_stands_are_left_stale_not_an_error(tmp_path) -> None:
+    """A folder or FIFO at negatives.json, pair_features.safetensors or exact-selections.json ended every fit after
+    its y- were generated or its first attribute search (seventy-eighth session's review): a cache that cannot be
+    written stays as it was, as SECURITY.md says."""
+    import numpy as np
+
+    from localpers.methods import exact_cache
+    from localpers.methods.card import pair_cache
+
+    (tmp_path / pair_cache.NEGATIVES_FILE).mkdir()
+    os.mkfifo(tmp_path / pair_cache.FEATURES_FILE)
+    (tmp_path / exact_cache.SELECTIONS_FILE).mkdir()
+    pair_cache.write_negatives(tmp_path, "key", {"item": "A headline"})
+    pair_cache.write_features(tmp_path, "key", 2, {"pair": (np.zeros(2, np.float32), -1.0)})
+    record = exact_cache.SelectionRecord("digest", ("Concise",), 1.0, 0.5)
+    assert exact_cache.write_selections(tmp_path, "key", {"item": record}) is False
+    assert (tmp_path / pair_cache.NEGATIVES_FILE).is_dir() and (
+        tmp_path / exact_cache.SELECTIONS_FILE
+    ).is_dir()
+    assert exact_cache.write_selections(tmp_path / "elsewhere", "key", {}) is False  # no such folder either

@@ -45,6 +45,7 @@ from localpers.untrusted import one_line
 
 if TYPE_CHECKING:
     from localpers.methods.base import Method
+    from localpers.users.store import User
 
 
 def fit_command(
@@ -97,23 +98,34 @@ def fit_command(
             with fit_progress(not as_json, sys.stderr.isatty()) as progress:
                 fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)
         except KeyboardInterrupt as stop:
-            if chosen.name == "card":
-                kept = (
-                    f"user {target.name!r} keeps its previous fit, and the pairs scored so far are saved:"
-                    " `localpers fit` goes on from there"
-                )
-            elif chosen.name == "exact":
-                kept = (
-                    f"user {target.name!r} keeps its previous EXACT index, and the attributes chosen so far are"
-                    " saved: `localpers fit --method exact` goes on from there"
-                )
-            else:
+            if chosen.name not in ("card", "exact"):
                 raise
-            raise stopped_exit(stop, kept) from None
+            raise stopped_exit(stop, _what_a_stopped_fit_kept(chosen.name, target, history_limit)) from None
     if as_json:
         print_json({**fitted.report, "unchanged": False}, indent=None)
     else:
         typer.echo(fitted.summary)
+
+
+def _what_a_stopped_fit_kept(method: str, user: User, history_limit: int | None) -> str:
+    """What a fit stopped by Ctrl-C left (the previous fit, if any, and the work saved so far) and the command that
+    goes on from there, naming the user and the window the stopped one was given."""
+    from localpers.methods.exact_index import index_path
+
+    again = "localpers fit" + (f" --method {method}" if method != "card" else "") + f" --user {user.name}"
+    if history_limit is not None:
+        again += f" --history-limit {history_limit}"
+    if method == "card":
+        try:
+            fitted = isinstance(user.state().get("fit"), dict)
+        except LocalpersError:
+            fitted = True  # a damaged state.json: left as it was, as any other
+        name, saved = "fit", "the pairs scored so far are saved"
+    else:
+        fitted = index_path(user).is_file()
+        name, saved = "EXACT index", "the attributes chosen so far are saved"
+    kept = f"keeps its previous {name}, and" if fitted else f"has no {name} yet;"
+    return f"user {user.name!r} {kept} {saved}: `{again}` goes on from there"
 
 
 def rewrite_command(

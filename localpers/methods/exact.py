@@ -36,8 +36,8 @@ from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_cache import (
     SelectionRecord,
-    negative_digest,
     read_selections,
+    scored_digest,
     selections_key,
     write_selections,
 )
@@ -199,8 +199,9 @@ def index_exact(
     `max_pairs` builds pairs from the most recent items only (each pair costs 1 + 42 + 41 + 40
     prompt scorings at k = 3; the cluster is still assigned from the whole history);
     `cluster` skips the cluster assignment when the caller already knows it. A pair searched by an earlier fit
-    (same bundle, adapter, k, library, fit format and y-) keeps what that search found instead of being searched
-    again; each new search is saved to the cache as soon as it ends.
+    (same bundle, adapter, k, library and fit format; the same prompts, y+ and y-) keeps what that search found
+    instead of being searched again; each new search is saved to the cache as soon as it ends. Items removed while
+    the fit ran are neither indexed nor counted in the report.
     """
     items = history_for(user, history_limit, "EXACT")
     seconds: dict[str, float] = {}
@@ -221,22 +222,22 @@ def index_exact(
     scorer = PrefixScorer(personalizer.engine)
     key = selections_key(personalizer.bundle_sha256, adapter, k, library, fit_mark())
     records = read_selections(user.dir, key, library, k)
+    digests = {item.id: _scored_texts_digest(item, negative, library[:k]) for item, negative in pairs}
     found: dict[str, Selection] = {}
-    for item, negative in pairs:
+    for item, _ in pairs:
         record = records.get(item.id)
-        if record is not None and record.negative == negative_digest(negative):
+        if record is not None and record.scored == digests[item.id]:
             found[item.id] = Selection(record.attributes, record.margin, record.base_margin)
-    reused = len(found)
+    reused = set(found)
     searched = [(item, negative) for item, negative in pairs if item.id not in found]
     for done, (item, negative) in enumerate(searched):
         selection = greedy_select(PairMargins(scorer, item, negative), library, k)
         found[item.id] = selection
         records[item.id] = SelectionRecord(
-            negative_digest(negative), selection.attributes, selection.margin, selection.base_margin
+            digests[item.id], selection.attributes, selection.margin, selection.base_margin
         )
-        with (
-            user.locked()
-        ):  # after each search, so a stopped fit keeps what it found; refused for a deleted user
+        # after each search, so a stopped fit keeps what it found; refused for a deleted user
+        with user.locked():
             current = user.history_ids()  # an item removed while this fit ran stays removed
             write_selections(
                 user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
@@ -244,45 +245,15 @@ def index_exact(
         if progress:
             progress("attributes", done + 1, len(searched))
     selections = [(item, found[item.id]) for item, _ in pairs]
-    best, filtered, duplicates = keep_for_index(selections)
     evaluations = sum(selection.evaluations for _, selection in selections)
-    gains = [selection.gain for _, selection in selections]
     seconds["selection"] = time.perf_counter() - started
 
     started = time.perf_counter()
     from localpers.engine.encoder import embed_texts
 
-    kept = list(best.items())
-    embeddings = embed_texts([key for key, _ in kept])
+    keys = list(keep_for_index(selections)[0])  # every input an index of these pairs could hold
+    embedded = embed_texts(keys)
     seconds["embed"] = time.perf_counter() - started
-    report = ExactReport(
-        cluster=cluster,
-        adapter=adapter,
-        k=k,
-        n_items=len(items),
-        n_pairs=len(pairs),
-        n_reused=reused,
-        n_identical_skipped=len(paired) - len(pairs),
-        n_filtered_negative_gain=filtered,
-        n_duplicates_merged=duplicates,
-        n_indexed=len(kept),
-        margin_evaluations=evaluations,
-        tokens_evaluated=scorer.evaluated_tokens,
-        tokens_without_reuse=scorer.requested_tokens,
-        mean_gain=round(float(np.mean(gains)), 4) if gains else None,
-        seconds={name: round(value, 3) for name, value in seconds.items()},
-    )
-    entries = [
-        IndexEntry(
-            item.id,
-            item.task,
-            item.input,
-            list(sel.attributes),
-            round(sel.margin, 4),
-            round(sel.base_margin, 4),
-        )
-        for _, (item, sel) in kept
-    ]
     meta = {
         "fitted_by": fit_mark(),
         "bundle_sha256": personalizer.bundle_sha256,
@@ -292,12 +263,55 @@ def index_exact(
         "library": list(library),
     }
     with user.locked():  # refuses a user deleted while the index was built
-        current = user.history_ids()  # an item removed while this fit ran stays removed
-        index = ExactIndex(entries, embeddings, meta).keeping(current)
-        report = replace(report, n_indexed=len(index.entries))
-        index.meta["report"] = report.to_json()
-        index.save(index_path(user))
+        current = user.history_ids()  # an item removed while this fit ran stays removed, and uncounted
+        selections = [(item, selection) for item, selection in selections if item.id in current]
+        best, filtered, duplicates = keep_for_index(selections)
+        gains = [selection.gain for _, selection in selections]
+        report = ExactReport(
+            cluster=cluster,
+            adapter=adapter,
+            k=k,
+            n_items=len(items),
+            n_pairs=len(selections),
+            n_reused=len(reused & current),
+            n_identical_skipped=len(paired) - len(pairs),
+            n_filtered_negative_gain=filtered,
+            n_duplicates_merged=duplicates,
+            n_indexed=len(best),
+            margin_evaluations=evaluations,
+            tokens_evaluated=scorer.evaluated_tokens,
+            tokens_without_reuse=scorer.requested_tokens,
+            mean_gain=round(float(np.mean(gains)), 4) if gains else None,
+            seconds={name: round(value, 3) for name, value in seconds.items()},
+        )
+        entries = [
+            IndexEntry(
+                item.id,
+                item.task,
+                item.input,
+                list(sel.attributes),
+                round(sel.margin, 4),
+                round(sel.base_margin, 4),
+            )
+            for item, sel in best.values()
+        ]
+        embeddings = embedded[[keys.index(text) for text in best]]
+        ExactIndex(entries, embeddings, {**meta, "report": report.to_json()}).save(index_path(user))
     return report
+
+
+def _scored_texts_digest(item: HistoryItem, negative: str, probe: Sequence[str]) -> str:
+    """The digest of what a pair's search scores: its prompt plain and with attributes (the task's wording, its
+    cut and the attribute line's form), y+ as scored, and y-. A stored search is reused only for the same."""
+    task = get_task(item.task)
+    return scored_digest(
+        [
+            task.prompt_for(attributed_input(item.task, item.input, ())),
+            task.prompt_for(attributed_input(item.task, item.input, probe)),
+            task.scored_output(item.output),
+            negative,
+        ]
+    )
 
 
 # --------------------------------------------------------------------------------------- inference

@@ -3,12 +3,13 @@
 Searching one pair costs 1 + 42 + 41 + 40 prompt scorings (~30 s on 2 cores), and every scoring needs the
 vocabulary's log-probabilities for each token of y+ and y-, so batching prompts side by side saves nothing
 (docs/PERFORMANCE.md). What can be saved is doing it again: `exact-selections.json` in the user's folder maps each
-searched item to its y-'s digest and what the search found, under a key naming everything the search depends on
-(the bundle, the adapter, k, the attribute library and the fit format). A refit searches only the items it has no
-record for, or whose y- changed; a fit stopped by Ctrl-C finds the pairs it had searched (the cache is written
-after each one). Read tolerantly: a missing, damaged or stale file reads as empty. Like the y- cache, it is not
-exported with the user, and `localpers.methods.forget` drops the records of removed items. This module runs no
-model and decides nothing about which pairs to search (`localpers.methods.exact` does).
+searched item to what the search found and a digest of what it scored (the prompts, y+ and y-), under a key naming
+the rest the search depends on (the bundle, the adapter, k, the attribute library and the fit format). A refit
+searches only the items it has no record for, or whose scored texts changed (another y-, another prompt wording);
+a fit stopped by Ctrl-C finds the pairs it had searched (the cache is written after each one). Read and written
+tolerantly: a missing, damaged or stale file reads as empty, and one that cannot be written stays as it was. Like
+the y- cache, it is not exported with the user, and `localpers.methods.forget` drops the records of removed items.
+This module runs no model and decides nothing about which pairs to search (`localpers.methods.exact` does).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from localpers.atomic import atomic_write_text
+from localpers.atomic import atomic_write_text, write_cache_bytes
 from localpers.errors import LocalpersError
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import JSONProblem, parse_json
@@ -30,25 +31,25 @@ SELECTIONS_FILE = "exact-selections.json"
 
 @dataclass(frozen=True)
 class SelectionRecord:
-    """What greedy search found for one pair, and the digest of the y- it was searched against."""
+    """What greedy search found for one pair, and the digest of what it scored (`scored_digest`)."""
 
-    negative: str
+    scored: str
     attributes: tuple[str, ...]
     margin: float
     base_margin: float
 
     def to_json(self) -> dict[str, object]:
         return {
-            "negative": self.negative,
+            "scored": self.scored,
             "attributes": list(self.attributes),
             "margin": self.margin,
             "base_margin": self.base_margin,
         }
 
 
-def negative_digest(negative: str) -> str:
-    """A short digest of a y- text: a record is reused only for the same y-."""
-    return hashlib.sha256(negative.encode("utf-8")).hexdigest()[:16]
+def scored_digest(texts: Sequence[str]) -> str:
+    """A short digest of the texts a search scored: a record is reused only for the same ones."""
+    return hashlib.sha256(json.dumps(list(texts), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
 def selections_key(bundle_sha256: str, adapter: str, k: int, library: Sequence[str], fit_mark: str) -> str:
@@ -61,19 +62,30 @@ def _record(value: object, library: Set[str], k: int) -> SelectionRecord | None:
     """A stored record, or None for one that does not hold what a search of this key could have found."""
     if not isinstance(value, dict):
         return None
-    negative, attributes = value.get("negative"), value.get("attributes")
-    margin, base_margin = value.get("margin"), value.get("base_margin")
-    numbers_ok = all(
-        isinstance(number, (int, float)) and not isinstance(number, bool) and math.isfinite(number)
-        for number in (margin, base_margin)
-    )
-    if not (isinstance(negative, str) and isinstance(attributes, list) and numbers_ok):
+    scored, attributes = value.get("scored"), value.get("attributes")
+    margin, base_margin = _finite(value.get("margin")), _finite(value.get("base_margin"))
+    if (
+        not (isinstance(scored, str) and isinstance(attributes, list))
+        or margin is None
+        or base_margin is None
+    ):
         return None
     if not 1 <= len(attributes) <= k or not all(isinstance(a, str) and a in library for a in attributes):
         return None
     if len(set(attributes)) != len(attributes):
         return None
-    return SelectionRecord(negative, tuple(attributes), float(margin), float(base_margin))  # type: ignore[arg-type]
+    return SelectionRecord(scored, tuple(attributes), margin, base_margin)
+
+
+def _finite(number: object) -> float | None:
+    """A stored number as a finite float; None for anything else (text, a boolean, NaN, an integer too large)."""
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        return None
+    try:
+        value = float(number)
+    except OverflowError:  # an integer of hundreds of digits, which JSON allows
+        return None
+    return value if math.isfinite(value) else None
 
 
 def read_selections(user_dir: Path, key: str, library: Sequence[str], k: int) -> dict[str, SelectionRecord]:
@@ -92,10 +104,13 @@ def read_selections(user_dir: Path, key: str, library: Sequence[str], k: int) ->
     return {item: record for item, record in records.items() if record is not None}
 
 
-def write_selections(user_dir: Path, key: str, records: Mapping[str, SelectionRecord]) -> None:
-    """Replace the cache with `records` under `key` (records under any other key are dropped)."""
+def write_selections(user_dir: Path, key: str, records: Mapping[str, SelectionRecord]) -> bool:
+    """Replace the cache with `records` under `key` (records under any other key are dropped); False when it
+    cannot be written."""
     payload = {key: {item: record.to_json() for item, record in records.items()}}
-    atomic_write_text(user_dir / SELECTIONS_FILE, json.dumps(payload, ensure_ascii=False))
+    return write_cache_bytes(
+        user_dir / SELECTIONS_FILE, json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    )
 
 
 def forget_selections(user_dir: Path, kept_item_ids: Set[str]) -> bool:

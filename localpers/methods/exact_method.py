@@ -66,11 +66,12 @@ class ExactMethod(Method):
             **fitted.to_json(),
             "stored_bytes": self.stored_bytes(user),
         }
-        reused = f", {report['n_reused']} of them searched by an earlier fit" if report["n_reused"] else ""
+        reused = f", {report['n_reused']} searched by an earlier fit" if report["n_reused"] else ""
+        left_out = report["n_filtered_negative_gain"]
         head = (
-            f"user {user.name}: EXACT index of {report['n_indexed']} inputs from {report['n_pairs']} pairs{reused}"
-            f" (cluster {report['cluster']}, k={report['k']}; {report['n_filtered_negative_gain']} pairs with"
-            f" negative gain left out)"
+            f"user {user.name}: EXACT index of {_count(report['n_indexed'], 'input')} from"
+            f" {_count(report['n_pairs'], 'pair')}{reused} (cluster {report['cluster']}, k={report['k']};"
+            f" {_count(left_out, 'pair')} with negative gain left out)"
         )
         return Fitted(report, head + "\n" + storage_line(report))
 
@@ -88,3 +89,8 @@ class ExactMethod(Method):
     def stored_bytes(self, user: User) -> int:
         path = index_path(user)
         return path.stat().st_size if path.exists() else 0
+
+
+def _count(number: int, noun: str) -> str:
+    """ "1 pair", "3 pairs"."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -1,8 +1,9 @@
 """The fit's caches in a user's folder: the y- it generated and the pair features it scored.
 
 Both are keyed by what makes them valid (the bundle and the adapter y- came from), written atomically and
-read tolerantly: a missing, damaged or stale cache reads as empty and is rebuilt by the next fit, never an
-error. `negatives.json` maps an item (and, for a conditioned prompt, the prompt's hash) to its y-;
+read and written tolerantly: a missing, damaged or stale cache reads as empty and is rebuilt by the next fit, and
+one that cannot be written (a folder or FIFO where it goes) stays as it was; neither is an error. Pruning a
+removed item's y- is not a cache write: it must happen, and fails loudly. `negatives.json` maps an item (and, for a conditioned prompt, the prompt's hash) to its y-;
 `pair_features.safetensors` maps a pair's hash to `g(y+) - g(y-)` and y+'s first-token log-probability.
 Neither is exported with the user. This module computes nothing: `pairs.PairBuilder` fills and reads them.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.atomic import atomic_write_bytes, atomic_write_text
+from localpers.atomic import atomic_write_text, write_cache_bytes
 from localpers.errors import LocalpersError
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import JSONProblem, parse_json
@@ -70,7 +71,7 @@ def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Seque
             break
         chosen.add(entry)
     kept = {entry: text for entry, text in known.items() if entry in chosen}  # still oldest first
-    atomic_write_text(user_dir / NEGATIVES_FILE, json.dumps({key: kept}, ensure_ascii=False))
+    write_cache_bytes(user_dir / NEGATIVES_FILE, json.dumps({key: kept}, ensure_ascii=False).encode("utf-8"))
 
 
 def forget_negatives(user_dir: Path, kept_item_ids: Set[str]) -> bool:
@@ -134,4 +135,4 @@ def write_features(user_dir: Path, key: str, dimension: int, pairs: PairFeatures
         "first_logprobs": np.asarray([p for _, (_, p) in kept], dtype=np.float32),
     }
     metadata = {"key": key, "pairs": json.dumps([digest for digest, _ in kept])}
-    atomic_write_bytes(user_dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))
+    write_cache_bytes(user_dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))
