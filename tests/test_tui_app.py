@@ -669,6 +669,15 @@ async def test_a_crash_report_prints_no_local_variables(service: FakeService) ->
     assert "ZQXSECRET" not in report
 
 
+async def until_offered(pilot: Any, app: LocalpersApp, name: str, offered: bool = True) -> None:
+    """Wait (a few watch ticks at most) until the User select offers `name`, or no longer does."""
+    for _ in range(100):
+        if (name in {value for _, value in app.main.controls.user_select._options}) == offered:
+            return
+        await pilot.pause(0.02)
+    raise AssertionError(f"{name!r} {'never' if offered else 'still'} offered")
+
+
 @async_test
 async def test_users_made_or_deleted_by_another_command_are_offered_in_the_user_select(
     service: FakeService,
@@ -680,16 +689,19 @@ async def test_users_made_or_deleted_by_another_command_are_offered_in_the_user_
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await wait_idle(pilot)
         UserStore().create("dora").save_history(examples("dora", 2))  # `user create dora` in a shell
-        await pilot.pause(0.3)
+        await until_offered(pilot, app, "dora")
         users = app.main.controls.user_select
         assert users.value == "ann"  # still showing the app's user
-        users.value = "dora"  # only an offered user can be chosen
+        UserStore().delete("bob")  # another user than the one shown, deleted in a shell
+        await until_offered(pilot, app, "bob", offered=False)
+        assert users.value == "ann" and app.user is not None and app.user.name == "ann"
+        users.value = "dora"
         await pilot.pause()
         await wait_idle(pilot)
         assert app.user is not None and app.user.name == "dora"
         UserStore().delete("dora")
         UserStore().create("erin")
-        await pilot.pause(0.3)
+        await until_offered(pilot, app, "erin")
         await wait_idle(pilot)
         assert app.user is None
         users.value = "erin"

@@ -10,6 +10,7 @@ command made or deleted one. It reads no other file's content (`refresh_user_vie
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localpers.errors import LocalpersError
@@ -50,6 +51,7 @@ class UserWatchMixin:
     user_watch_seconds: float = USER_WATCH_SECONDS
     _user_stamp: FolderStamp = None
     _listed_names: list[str] | None = None  # what the User select offers
+    _listing: FileStamp = None  # the users folder's stamp when they were last listed
     _fit_failed: dict[str, str]
     _strength_source: tuple[str, float | None] | None
     # It also calls Textual's `notify` and `screen`, and the app's `refresh_user_views`, `maybe_refit` and
@@ -67,9 +69,13 @@ class UserWatchMixin:
         one read. Other changes wait for the app's own fit and dialogs (an import writes, then closes its dialog).
         """
         user = self.user
-        names = self._user_names()
-        if names != self._listed_names:  # a user made or deleted elsewhere (not only the app's own)
-            self.show_user_names(names)
+        listing = _listing_stamp(self.store.users_dir)
+        if (
+            listing != self._listing
+        ):  # a user made or deleted elsewhere (not only the app's own): list them again
+            self._listing = listing
+            if (names := self._user_names()) != self._listed_names:
+                self.show_user_names(names)
         if user is None:
             return
         name = user.name
@@ -119,5 +125,14 @@ class UserWatchMixin:
     def _user_names(self) -> list[str]:
         try:
             return self.store.list()
-        except LocalpersError:
+        except (LocalpersError, OSError):
             return []
+
+
+def _listing_stamp(folder: Path) -> FileStamp:
+    """What changes when a user is made or deleted in `folder` (an entry added, renamed or removed)."""
+    try:
+        info = folder.stat()
+    except OSError:
+        return None
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
