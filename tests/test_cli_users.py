@@ -702,6 +702,7 @@ def test_show_says_a_cope_fit_learned_from_another_history() -> None:
     """A CoPe fit whose history changed since (an item added or removed in another shell while it trained) was
     listed like a current one (concurrency audit, seventy-eighth session)."""
     from localpers.bundle.format import default_bundle_dir, sha256_of_file
+    from localpers.methods.stored_files import fit_mark
     from localpers.users.history import history_digest
 
     run("user", "create", "ann")
@@ -710,6 +711,7 @@ def test_show_says_a_cope_fit_learned_from_another_history() -> None:
     ann.save_history(items)
     in_use = sha256_of_file(default_bundle_dir() / "manifest.json")
     state = {"rank": 8, "n_items": 3, "history_sha256": history_digest(items), "bundle_sha256": in_use}
+    state["fitted_by"] = fit_mark()  # a fit this build makes (another fit format would be refit due anyway)
     (ann.dir / "cope.json").write_text(json.dumps(state), encoding="utf-8")
     assert "cope        LoRA rank 8 fitted on 3 items\n" in run("user", "show").stdout
     ann.save_history(items[:2])
