@@ -283,8 +283,14 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
         return {entry.item_id: entry.attributes for entry in load_index(user).entries}
 
     try:
-        first = index_exact(personalizer, user, k=2, library=library)
+        calls: list[tuple[str, int, int]] = []
+        first = index_exact(
+            personalizer, user, k=2, library=library, progress=lambda *call: calls.append(call)
+        )
         assert (first.n_reused, first.margin_evaluations) == (0, first.n_pairs * per_pair)
+        # progress by prompt scoring (a pair's search takes 30 s or more), counted to the end
+        scorings = [call for call in calls if call[0] == "attributes"]
+        assert scorings == [("attributes", done, 3 * per_pair) for done in range(1, 3 * per_pair + 1)]
         assert first.n_pairs == 3 and json.loads(cache_path.read_text()).popitem()[1].keys() == {
             i.id for i in items
         }

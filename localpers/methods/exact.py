@@ -230,8 +230,23 @@ def index_exact(
             found[item.id] = Selection(record.attributes, record.margin, record.base_margin)
     reused = set(found)
     searched = [(item, negative) for item, negative in pairs if item.id not in found]
-    for done, (item, negative) in enumerate(searched):
-        selection = greedy_select(PairMargins(scorer, item, negative), library, k)
+    # progress by prompt scoring, not by pair: a pair's search takes 30 s or more on 2 cores
+    per_pair = 1 + sum(len(library) - step for step in range(min(k, len(library))))
+    scorings = 0
+
+    def scored(margin: PairMargins) -> MarginFunction:
+        def counted(attributes: tuple[str, ...]) -> float:
+            nonlocal scorings
+            value = margin(attributes)
+            scorings += 1
+            if progress:
+                progress("attributes", scorings, per_pair * len(searched))
+            return value
+
+        return counted
+
+    for item, negative in searched:
+        selection = greedy_select(scored(PairMargins(scorer, item, negative)), library, k)
         found[item.id] = selection
         records[item.id] = SelectionRecord(
             digests[item.id], selection.attributes, selection.margin, selection.base_margin
@@ -242,8 +257,6 @@ def index_exact(
             write_selections(
                 user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
             )
-        if progress:
-            progress("attributes", done + 1, len(searched))
     selections = [(item, found[item.id]) for item, _ in pairs]
     evaluations = sum(selection.evaluations for _, selection in selections)
     seconds["selection"] = time.perf_counter() - started

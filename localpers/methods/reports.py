@@ -21,7 +21,7 @@ FIT_STAGE_LABELS = {
     "choice": "choosing the correction",
     "load": "backbone into torch",
     "train": "LoRA training steps",
-    "attributes": "attributes per pair",
+    "attributes": "attribute prompts scored",
     "demo articles": "articles rewritten",
 }
 
