@@ -343,3 +343,38 @@ def test_a_lora_that_learned_from_an_item_removed_while_it_trained_is_not_stored
     finally:
         personalizer.close()
     assert not (user.dir / "cope.json").exists() and not list(user.dir.glob("*cope*"))
+
+
+def test_a_user_deleted_while_its_lora_trains_stops_the_training_at_once(
+    backbone: Backbone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user deleted during a CoPe fit was refused only by the final write, after the whole training (25-50 s on 2
+    cores; concurrency audit, seventy-eighth session)."""
+    from localpers.methods import cope
+
+    personalizer = Personalizer(
+        open_bundle(make_bundle(tmp_path / "bundle", backbone), backbone_sha256=backbone.sha256), backbone
+    )
+    store = UserStore()
+    user = store.create("leaver")
+    user.save_history(
+        [HistoryItem.create("headline", "Generate a headline for the following article: Rain.", "RAIN")]
+    )
+    steps: list[int] = []
+
+    def training(
+        path: object, examples: object, base: object, config: object, progress: cope.Progress
+    ) -> None:
+        for step in range(5):
+            if step == 2:
+                store.delete("leaver")  # `localpers user delete leaver` in another shell
+            progress("train", step + 1, 5)
+            steps.append(step)
+
+    monkeypatch.setattr(cope, "train_user_lora", training)
+    try:
+        with pytest.raises(LocalpersError, match="'leaver' no longer exists"):
+            fit_cope(personalizer, user)
+    finally:
+        personalizer.close()
+    assert steps == [0, 1] and not user.dir.exists()

@@ -52,6 +52,7 @@ from localpers.users.folder import read_json_object
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
+from localpers.users.lock import read_identity
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = COPE_STATE_FILE
@@ -190,7 +191,9 @@ def fit_cope(
     prompt_format = personalizer.prompt_format
     examples = training_examples(personalizer.engine, items, config.max_seq_len, prompt_format)
     base_lora = read_lora_gguf(personalizer.bundle.adapter_path(base_adapter))
-    result = train_user_lora(personalizer.backbone.path, examples, base_lora, config, progress)
+    result = train_user_lora(
+        personalizer.backbone.path, examples, base_lora, config, _watching(user, progress)
+    )
     seconds.update(result.seconds)
 
     started = time.perf_counter()
@@ -234,6 +237,20 @@ def fit_cope(
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
     return state
+
+
+def _watching(user: User, progress: Progress | None) -> Progress:
+    """`progress`, and at each report a check that the user still exists: one deleted (or deleted and made anew)
+    while its LoRA trains stops the training at once instead of at its end, as the final write would."""
+
+    def report(stage: str, done: int, total: int) -> None:
+        made_anew = user.identity is not None and read_identity(user.dir) not in (None, user.identity)
+        if made_anew or not user.dir.is_dir():
+            raise LocalpersError(f"user {user.name!r} no longer exists (deleted while this command ran)")
+        if progress:
+            progress(stage, done, total)
+
+    return report
 
 
 def _refuse_removed_meanwhile(user: User, trained_on: Sequence[HistoryItem]) -> None:
