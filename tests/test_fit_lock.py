@@ -90,5 +90,18 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
         in (again.output)
         and "--history-limit 20` goes on from there" in again.output
     )
+    options = CliRunner().invoke(app, ["fit", "--user", "ann", "--refit", "--bundle", "my bundle"])
+    assert "`localpers fit --user ann --refit --bundle 'my bundle'` goes on from there" in options.output
     with ann.fitting():  # released
         pass
+
+    def deleted_then_interrupted(*args: object, **kwargs: object) -> None:
+        UserStore().delete("ann")  # `localpers user delete ann` in another shell
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CardMethod, "fit", deleted_then_interrupted)
+    gone = CliRunner().invoke(app, ["fit", "--user", "ann"])
+    assert gone.exit_code == 130
+    assert (
+        "user 'ann' no longer exists (deleted while this fit ran); nothing of the fit was kept" in gone.output
+    )

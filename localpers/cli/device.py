@@ -100,21 +100,32 @@ def fit_command(
         except KeyboardInterrupt as stop:
             if chosen.name not in ("card", "exact"):
                 raise
-            raise stopped_exit(stop, _what_a_stopped_fit_kept(chosen.name, target, history_limit)) from None
+            given = {"--history-limit": history_limit, "--refit": refit, "--bundle": bundle, "--model": model}
+            raise stopped_exit(stop, _what_a_stopped_fit_kept(chosen.name, target, given)) from None
     if as_json:
         print_json({**fitted.report, "unchanged": False}, indent=None)
     else:
         typer.echo(fitted.summary)
 
 
-def _what_a_stopped_fit_kept(method: str, user: User, history_limit: int | None) -> str:
+def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object]) -> str:
     """What a fit stopped by Ctrl-C left (the previous fit, if any, and the work saved so far) and the command that
-    goes on from there, naming the user and the window the stopped one was given."""
+    goes on from there: the user and the options the stopped one was given (`given`: option -> value, None or
+    False when not given)."""
+    import shlex
+
     from localpers.methods.exact_index import index_path
 
-    again = "localpers fit" + (f" --method {method}" if method != "card" else "") + f" --user {user.name}"
-    if history_limit is not None:
-        again += f" --history-limit {history_limit}"
+    if not user.dir.is_dir():
+        return (
+            f"user {user.name!r} no longer exists (deleted while this fit ran); nothing of the fit was kept"
+        )
+    again = ["localpers", "fit", *(["--method", method] if method != "card" else []), "--user", user.name]
+    for option, value in given.items():
+        if value is True:
+            again.append(option)
+        elif value not in (None, False):
+            again += [option, str(value)]
     if method == "card":
         try:
             fitted = isinstance(user.state().get("fit"), dict)
@@ -125,7 +136,7 @@ def _what_a_stopped_fit_kept(method: str, user: User, history_limit: int | None)
         fitted = index_path(user).is_file()
         name, saved = "EXACT index", "the attributes chosen so far are saved"
     kept = f"keeps its previous {name}, and" if fitted else f"has no {name} yet;"
-    return f"user {user.name!r} {kept} {saved}: `{again}` goes on from there"
+    return f"user {user.name!r} {kept} {saved}: `{shlex.join(again)}` goes on from there"
 
 
 def rewrite_command(
