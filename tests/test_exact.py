@@ -358,6 +358,7 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
         cache_path.mkdir()
         unwritable = index_exact(personalizer, user, k=2, library=library)
         assert unwritable.n_reused == 0 and len(load_index(user).entries) == unwritable.n_indexed
+        assert unwritable.selections_cached is False and again.selections_cached is True
     finally:
         personalizer.close()
 
@@ -395,6 +396,8 @@ def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch
 def test_the_fit_summary_says_how_many_pairs_an_earlier_fit_searched(
     reused: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dataclasses import replace
+
     from localpers.methods import exact_method
     from localpers.methods.exact import ExactReport
 
@@ -411,6 +414,14 @@ def test_the_fit_summary_says_how_many_pairs_an_earlier_fit_searched(
     assert ("5 pairs, 2 searched by an earlier fit (cluster 1" in head) == (reused == 2)
     assert head.endswith("; 1 pair with negative gain left out)")
     assert fitted.report["n_reused"] == reused
+    assert "could not be written" not in fitted.summary
+    monkeypatch.setattr(
+        exact_method, "index_exact", lambda *args, **kwargs: replace(report, selections_cached=False)
+    )
+    unwritten = exact_method.ExactMethod().fit(None, user, history_limit=None, progress=None)  # type: ignore[arg-type]
+    assert unwritten.summary.splitlines()[-1].startswith(
+        "note: exact-selections.json in the user's folder could not"
+    )
 
 
 def test_an_item_removed_while_the_index_is_built_is_neither_indexed_nor_counted(

@@ -178,6 +178,9 @@ class ExactReport:
     tokens_without_reuse: int
     mean_gain: float | None
     seconds: dict[str, float]
+    selections_cached: bool = (
+        True  # False when the selection cache could not be written (a folder or FIFO there)
+    )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,7 +204,7 @@ def index_exact(
     `cluster` skips the cluster assignment when the caller already knows it. A pair searched by an earlier fit
     (same bundle, adapter, k, library and fit format; the same prompts, y+ and y-) keeps what that search found
     instead of being searched again; each new search is saved to the cache as soon as it ends. Items removed while
-    the fit ran are neither indexed nor counted in the report.
+    the fit ran are neither indexed nor counted among the report's pairs and inputs.
     """
     items = history_for(user, history_limit, "EXACT")
     seconds: dict[str, float] = {}
@@ -233,6 +236,7 @@ def index_exact(
     # progress by prompt scoring, not by pair: a pair's search takes 30 s or more on 2 cores
     per_pair = 1 + sum(len(library) - step for step in range(min(k, len(library))))
     scorings = 0
+    cached = True
 
     def scored(margin: PairMargins) -> MarginFunction:
         def counted(attributes: tuple[str, ...]) -> float:
@@ -254,7 +258,7 @@ def index_exact(
         # after each search, so a stopped fit keeps what it found; refused for a deleted user
         with user.locked():
             current = user.history_ids()  # an item removed while this fit ran stays removed
-            write_selections(
+            cached &= write_selections(
                 user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
             )
     selections = [(item, found[item.id]) for item, _ in pairs]
@@ -296,6 +300,7 @@ def index_exact(
             tokens_without_reuse=scorer.requested_tokens,
             mean_gain=round(float(np.mean(gains)), 4) if gains else None,
             seconds={name: round(value, 3) for name, value in seconds.items()},
+            selections_cached=cached,
         )
         entries = [
             IndexEntry(
@@ -308,7 +313,8 @@ def index_exact(
             )
             for item, sel in best.values()
         ]
-        embeddings = embedded[[keys.index(text) for text in best]]
+        row_of = {text: row for row, text in enumerate(keys)}
+        embeddings = embedded[[row_of[text] for text in best]]
         ExactIndex(entries, embeddings, {**meta, "report": report.to_json()}).save(index_path(user))
     return report
 

@@ -19,6 +19,7 @@ from localpers.methods.exact import (
     load_index,
     rewrite_exact,
 )
+from localpers.methods.exact_cache import SELECTIONS_FILE
 from localpers.methods.reports import RewriteResult
 from localpers.users.store import User
 
@@ -73,7 +74,13 @@ class ExactMethod(Method):
             f" {_count(report['n_pairs'], 'pair')}{reused} (cluster {report['cluster']}, k={report['k']};"
             f" {_count(left_out, 'pair')} with negative gain left out)"
         )
-        return Fitted(report, head + "\n" + storage_line(report))
+        lines = [head, storage_line(report)]
+        if not report.get("selections_cached", True):
+            lines.append(
+                f"note: {SELECTIONS_FILE} in the user's folder could not be written (a folder or FIFO where it goes,"
+                " or a full disk): the next fit searches every pair again"
+            )
+        return Fitted(report, "\n".join(lines))
 
     def rewrite(
         self, personalizer: Personalizer, user: User | None, text: str, options: RewriteOptions
