@@ -708,3 +708,26 @@ async def test_users_made_or_deleted_by_another_command_are_offered_in_the_user_
         await pilot.pause()
         await wait_idle(pilot)
         assert app.user is not None and app.user.name == "erin"
+
+
+@async_test
+async def test_a_users_folder_that_cannot_be_listed_is_listed_again_later(
+    service: FakeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unreadable users folder ended the app, and a listing that failed was not tried again until the folder
+    changed (seventy-eighth session's reviews)."""
+    app = make_app(service, text=DRAFT)
+    app.user_watch_seconds = 0.05
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+
+        def unreadable() -> list[str]:
+            raise PermissionError(13, "Permission denied")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(app.store, "list", unreadable)
+            UserStore().create("dora")
+            await pilot.pause(0.3)
+            assert app.is_running and app.user is not None and app.user.name == "ann"
+        # permissions mended: the folder itself does not change
+        await until_offered(pilot, app, "dora")

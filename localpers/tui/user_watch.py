@@ -69,12 +69,11 @@ class UserWatchMixin:
         one read. Other changes wait for the app's own fit and dialogs (an import writes, then closes its dialog).
         """
         user = self.user
+        # a user made or deleted elsewhere (not only by the app): list them again; a listing that failed is retried
         listing = _listing_stamp(self.store.users_dir)
-        if (
-            listing != self._listing
-        ):  # a user made or deleted elsewhere (not only the app's own): list them again
+        if listing != self._listing and (names := self._listed_users()) is not None:
             self._listing = listing
-            if (names := self._user_names()) != self._listed_names:
+            if names != self._listed_names:
                 self.show_user_names(names)
         if user is None:
             return
@@ -123,10 +122,15 @@ class UserWatchMixin:
         self.main.controls.set_users(names, self.user.name if self.user is not None else None)
 
     def _user_names(self) -> list[str]:
+        names = self._listed_users()
+        return [] if names is None else names
+
+    def _listed_users(self) -> list[str] | None:
+        """The users, or None when their folder cannot be listed (it will be tried again)."""
         try:
             return self.store.list()
         except (LocalpersError, OSError):
-            return []
+            return None
 
 
 def _listing_stamp(folder: Path) -> FileStamp:
