@@ -378,3 +378,25 @@ def test_a_user_deleted_while_its_lora_trains_stops_the_training_at_once(
     finally:
         personalizer.close()
     assert steps == [0, 1] and not user.dir.exists()
+
+    def remade(path: object, examples: object, base: object, config: object, progress: cope.Progress) -> None:
+        store.delete("leaver2")
+        store.create("leaver2")  # `user import --as leaver2` in another shell
+        progress("train", 1, 5)
+
+    user = store.create("leaver2")
+    user.save_history(
+        [HistoryItem.create("headline", "Generate a headline for the following article: Sun.", "SUN")]
+    )
+    monkeypatch.setattr(cope, "train_user_lora", remade)
+    personalizer = Personalizer(
+        open_bundle(make_bundle(tmp_path / "bundle2", backbone), backbone_sha256=backbone.sha256), backbone
+    )
+    try:
+        with pytest.raises(
+            LocalpersError, match="'leaver2' was deleted and made anew while this command ran"
+        ):
+            fit_cope(personalizer, user)
+    finally:
+        personalizer.close()
+    assert not (store.get("leaver2").dir / "cope.json").exists()

@@ -244,9 +244,13 @@ def _watching(user: User, progress: Progress | None) -> Progress:
     while its LoRA trains stops the training at once instead of at its end, as the final write would."""
 
     def report(stage: str, done: int, total: int) -> None:
-        made_anew = user.identity is not None and read_identity(user.dir) not in (None, user.identity)
-        if made_anew or not user.dir.is_dir():
+        if not user.dir.is_dir():
             raise LocalpersError(f"user {user.name!r} no longer exists (deleted while this command ran)")
+        if user.identity is not None and read_identity(user.dir) not in (None, user.identity):
+            raise LocalpersError(
+                f"user {user.name!r} was deleted and made anew while this command ran; this fit of the old one"
+                f" stopped and stores nothing in the new one ({refit_advice('cope', user.name)} to fit it)"
+            )
         if progress:
             progress(stage, done, total)
 
