@@ -18,13 +18,10 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from localpers.atomic import atomic_write_text, write_cache_bytes
-from localpers.errors import LocalpersError
-from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.methods import keyed_cache
 
 SELECTIONS_FILE = "exact-selections.json"
 
@@ -37,14 +34,6 @@ class SelectionRecord:
     attributes: tuple[str, ...]
     margin: float
     base_margin: float
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "scored": self.scored,
-            "attributes": list(self.attributes),
-            "margin": self.margin,
-            "base_margin": self.base_margin,
-        }
 
 
 def scored_digest(texts: Sequence[str]) -> str:
@@ -90,44 +79,21 @@ def _finite(number: object) -> float | None:
 
 def read_selections(user_dir: Path, key: str, library: Sequence[str], k: int) -> dict[str, SelectionRecord]:
     """The records stored under `key` (item id -> record); empty when the file is absent, damaged or stale."""
-    try:
-        cache = parse_json(
-            read_regular_file(user_dir / SELECTIONS_FILE, STATE_FILE_LIMIT, what="cache", stored=True)
-        )
-    except (LocalpersError, JSONProblem):
-        return {}
-    stored = cache.get(key) if isinstance(cache, dict) else None
-    if not isinstance(stored, dict):
-        return {}
     names = set(library)
-    records = {item: _record(value, names, k) for item, value in stored.items()}
+    records = {
+        item: _record(value, names, k)
+        for item, value in keyed_cache.read_entries(user_dir / SELECTIONS_FILE, key).items()
+    }
     return {item: record for item, record in records.items() if record is not None}
 
 
 def write_selections(user_dir: Path, key: str, records: Mapping[str, SelectionRecord]) -> bool:
     """Replace the cache with `records` under `key` (records under any other key are dropped); False when it
     cannot be written."""
-    payload = {key: {item: record.to_json() for item, record in records.items()}}
-    return write_cache_bytes(
-        user_dir / SELECTIONS_FILE, json.dumps(payload, ensure_ascii=False).encode("utf-8")
-    )
+    entries = {item: asdict(record) for item, record in records.items()}
+    return keyed_cache.write_entries(user_dir / SELECTIONS_FILE, key, entries)
 
 
 def forget_selections(user_dir: Path, kept_item_ids: Set[str]) -> bool:
     """Drop the records of items no longer in the history; whether the file changed."""
-    path = user_dir / SELECTIONS_FILE
-    try:
-        cache = parse_json(read_regular_file(path, STATE_FILE_LIMIT, what="cache", stored=True))
-    except (LocalpersError, JSONProblem):
-        return False
-    if not isinstance(cache, dict):
-        return False
-    pruned = {
-        key: {item: value for item, value in stored.items() if item in kept_item_ids}
-        for key, stored in cache.items()
-        if isinstance(stored, dict)
-    }
-    if pruned == cache:
-        return False
-    atomic_write_text(path, json.dumps(pruned, ensure_ascii=False))
-    return True
+    return keyed_cache.prune_entries(user_dir / SELECTIONS_FILE, lambda item: item in kept_item_ids)

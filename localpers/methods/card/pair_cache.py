@@ -3,9 +3,10 @@
 Both are keyed by what makes them valid (the bundle and the adapter y- came from), written atomically and
 read and written tolerantly: a missing, damaged or stale cache reads as empty and is rebuilt by the next fit, and
 one that cannot be written (a folder or FIFO where it goes) stays as it was; neither is an error. Pruning a
-removed item's y- is not a cache write: it must happen, and fails loudly. `negatives.json` maps an item (and, for a conditioned prompt, the prompt's hash) to its y-;
-`pair_features.safetensors` maps a pair's hash to `g(y+) - g(y-)` and y+'s first-token log-probability.
-Neither is exported with the user. This module computes nothing: `pairs.PairBuilder` fills and reads them.
+removed item's y- is not a cache write: it must happen, and fails loudly (the JSON file's reading, writing and
+pruning are `localpers.methods.keyed_cache`'s). `negatives.json` maps an item (and, for a conditioned prompt, the
+prompt's hash) to its y-; `pair_features.safetensors` maps a pair's hash to `g(y+) - g(y-)` and y+'s first-token
+log-probability. Neither is exported with the user. This module computes nothing: `pairs.PairBuilder` fills and reads them.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.atomic import atomic_write_text, write_cache_bytes
-from localpers.errors import LocalpersError
-from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.atomic import write_cache_bytes
+from localpers.methods import keyed_cache
 
 NEGATIVES_FILE = "negatives.json"
 FEATURES_FILE = "pair_features.safetensors"
@@ -42,20 +41,9 @@ def item_of_key(key: str) -> str:
     return key.split(":", 1)[0]
 
 
-def _read_cache_bytes(path: Path) -> bytes:
-    """A cache file's bytes; a FIFO, device or oversized file is refused (LocalpersError), never read."""
-    return read_regular_file(path, STATE_FILE_LIMIT, what="cache", stored=True)
-
-
 def read_negatives(user_dir: Path, key: str) -> dict[str, str]:
     """The cached y- (item key -> text) stored under `key`; empty when absent or unreadable."""
-    try:
-        cache = parse_json(_read_cache_bytes(user_dir / NEGATIVES_FILE))
-    except (LocalpersError, JSONProblem):
-        return {}
-    known = cache.get(key, {}) if isinstance(cache, dict) else {}
-    if not isinstance(known, dict):
-        return {}
+    known = keyed_cache.read_entries(user_dir / NEGATIVES_FILE, key)
     return {item: text for item, text in known.items() if isinstance(text, str)}
 
 
@@ -71,7 +59,7 @@ def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Seque
             break
         chosen.add(entry)
     kept = {entry: text for entry, text in known.items() if entry in chosen}  # still oldest first
-    write_cache_bytes(user_dir / NEGATIVES_FILE, json.dumps({key: kept}, ensure_ascii=False).encode("utf-8"))
+    keyed_cache.write_entries(user_dir / NEGATIVES_FILE, key, kept)
 
 
 def forget_negatives(user_dir: Path, kept_item_ids: Set[str]) -> bool:
@@ -79,22 +67,9 @@ def forget_negatives(user_dir: Path, kept_item_ids: Set[str]) -> bool:
 
     Whether the file changed. Keys are an item id, or an item id and a prompt hash after a colon.
     """
-    path = user_dir / NEGATIVES_FILE
-    try:
-        cache = parse_json(_read_cache_bytes(path))
-    except (LocalpersError, JSONProblem):
-        return False
-    if not isinstance(cache, dict):
-        return False
-    pruned = {
-        key: {entry: text for entry, text in known.items() if item_of_key(entry) in kept_item_ids}
-        for key, known in cache.items()
-        if isinstance(known, dict)
-    }
-    if pruned == cache:
-        return False
-    atomic_write_text(path, json.dumps(pruned, ensure_ascii=False))
-    return True
+    return keyed_cache.prune_entries(
+        user_dir / NEGATIVES_FILE, lambda entry: item_of_key(entry) in kept_item_ids
+    )
 
 
 def read_features(user_dir: Path, key: str, dimension: int) -> PairFeatures:
