@@ -52,7 +52,6 @@ from localpers.users.folder import read_json_object
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
-from localpers.users.lock import read_identity
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = COPE_STATE_FILE
@@ -246,7 +245,7 @@ def _watching(user: User, progress: Progress | None) -> Progress:
     def report(stage: str, done: int, total: int) -> None:
         if not user.dir.is_dir():
             raise LocalpersError(f"user {user.name!r} no longer exists (deleted while this command ran)")
-        if user.identity is not None and read_identity(user.dir) not in (None, user.identity):
+        if user.made_anew():
             raise LocalpersError(
                 f"user {user.name!r} was deleted and made anew while this command ran; this fit of the old one"
                 f" stopped and stores nothing in the new one ({refit_advice('cope', user.name)} to fit it)"

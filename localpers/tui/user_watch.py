@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localpers.errors import LocalpersError
-from localpers.users.lock import IDENTITY_FILE, read_identity
+from localpers.users.lock import IDENTITY_FILE
 from localpers.users.store import User, UserStore
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class UserWatchMixin:
             self.show_user_names(self._user_names())
             self._after_external_change(history_changed=False)
             return
-        if user.identity is not None and read_identity(user.dir) not in (None, user.identity):
+        if user.made_anew():
             # deleted and made anew under the same name: every write through the old object would be refused as
             # made for a user that no longer exists
             try:

@@ -50,7 +50,7 @@ from localpers.users.history import (
     refuse_dangling_link,
     serialize_history,
 )
-from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, user_lock
+from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, read_identity, user_lock
 from localpers.users.ordinals import updated_ordinals, write_ordinals
 
 if TYPE_CHECKING:
@@ -168,6 +168,12 @@ class User:
         must not read as a user with no history and no fit."""
         if not self.dir.is_dir():
             raise LocalpersError(f"user {self.name!r} no longer exists (deleted while this command ran)")
+
+    def made_anew(self) -> bool:
+        """Whether the folder now holds another identity token than this object read: the user was deleted and
+        made again under the same name (`user import --as`) since. A folder without a token, or one this object
+        read none from, cannot tell and says no."""
+        return self.identity is not None and read_identity(self.dir) not in (None, self.identity)
 
     def history_ids(self) -> frozenset[str]:
         """The ids of the stored history's items; read again only when the file was replaced since the last call
