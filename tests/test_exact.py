@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -260,20 +261,29 @@ def test_missing_exact_index_is_refused(bundle_dir: Path) -> None:
     )
 
 
+SHOUTED = [
+    ("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE!!!"),
+    ("Bus fares will drop by half for students.", "BUS FARES HALVED!!!"),
+    ("The marathon drew a record 20,000 runners.", "MARATHON DRAWS 20,000!!!"),
+]
+
+
+@pytest.fixture
+def personalizer(bundle_dir: Path, backbone: Backbone) -> Iterator[Personalizer]:
+    opened = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
+    yield opened
+    opened.close()
+
+
 def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_searches(
-    bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from localpers.methods import exact, exact_cache
     from localpers.methods.card import pair_cache
     from localpers.methods.forget import remove_history_items
 
-    personalizer = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
     user = UserStore().create("resumer")
-    items = [
-        item("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE!!!"),
-        item("Bus fares will drop by half for students.", "BUS FARES HALVED!!!"),
-        item("The marathon drew a record 20,000 runners.", "MARATHON DRAWS 20,000!!!"),
-    ]
+    items = [item(article, headline) for article, headline in SHOUTED[:3]]
     user.save_history(items)
     library = ("Concise", "Vivid", "Exclamatory", "Formal")
     per_pair = 1 + 4 + 3  # k = 2 over 4 attributes
@@ -282,85 +292,80 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
     def stored() -> dict[str, list[str]]:
         return {entry.item_id: entry.attributes for entry in load_index(user).entries}
 
-    try:
-        calls: list[tuple[str, int, int]] = []
-        first = index_exact(
-            personalizer, user, k=2, library=library, progress=lambda *call: calls.append(call)
-        )
-        assert (first.n_reused, first.margin_evaluations) == (0, first.n_pairs * per_pair)
-        # progress by prompt scoring (a pair's search takes 30 s or more), counted to the end
-        scorings = [call for call in calls if call[0] == "attributes"]
-        assert scorings == [("attributes", done, 3 * per_pair) for done in range(1, 3 * per_pair + 1)]
-        assert first.n_pairs == 3 and json.loads(cache_path.read_text()).popitem()[1].keys() == {
-            i.id for i in items
-        }
-        indexed = stored()
+    calls: list[tuple[str, int, int]] = []
+    first = index_exact(personalizer, user, k=2, library=library, progress=lambda *call: calls.append(call))
+    assert (first.n_reused, first.margin_evaluations) == (0, first.n_pairs * per_pair)
+    # progress by prompt scoring (a pair's search takes 30 s or more), counted to the end
+    scorings = [call for call in calls if call[0] == "attributes"]
+    assert scorings == [("attributes", done, 3 * per_pair) for done in range(1, 3 * per_pair + 1)]
+    assert first.n_pairs == 3 and json.loads(cache_path.read_text()).popitem()[1].keys() == {
+        i.id for i in items
+    }
+    indexed = stored()
 
-        again = index_exact(personalizer, user, k=2, library=library)  # nothing new: nothing searched
-        assert (again.n_reused, again.margin_evaluations) == (3, 0)
-        assert stored() == indexed and again.mean_gain == first.mean_gain
+    again = index_exact(personalizer, user, k=2, library=library)  # nothing new: nothing searched
+    assert (again.n_reused, again.margin_evaluations) == (3, 0)
+    assert stored() == indexed and again.mean_gain == first.mean_gain
 
-        newer = item("A new bridge opens downtown after years of work.", "BRIDGE OPENS AT LAST!!!")
-        user.save_history([*items, newer])
-        grown = index_exact(personalizer, user, k=2, library=library)
-        assert (grown.n_reused, grown.margin_evaluations) == (3, per_pair)
+    newer = item("A new bridge opens downtown after years of work.", "BRIDGE OPENS AT LAST!!!")
+    user.save_history([*items, newer])
+    grown = index_exact(personalizer, user, k=2, library=library)
+    assert (grown.n_reused, grown.margin_evaluations) == (3, per_pair)
 
-        # another y- for one item: that pair is searched again
-        negatives = json.loads((user.dir / pair_cache.NEGATIVES_FILE).read_text())
-        for known in negatives.values():
-            for key in known:
-                if pair_cache.item_of_key(key) == items[0].id:
-                    known[key] = "Pandas Arrive At The Zoo"
-        (user.dir / pair_cache.NEGATIVES_FILE).write_text(json.dumps(negatives))
-        changed = index_exact(personalizer, user, k=2, library=library)
-        assert (changed.n_reused, changed.margin_evaluations) == (3, per_pair)
+    # another y- for one item: that pair is searched again
+    negatives = json.loads((user.dir / pair_cache.NEGATIVES_FILE).read_text())
+    for known in negatives.values():
+        for key in known:
+            if pair_cache.item_of_key(key) == items[0].id:
+                known[key] = "Pandas Arrive At The Zoo"
+    (user.dir / pair_cache.NEGATIVES_FILE).write_text(json.dumps(negatives))
+    changed = index_exact(personalizer, user, k=2, library=library)
+    assert (changed.n_reused, changed.margin_evaluations) == (3, per_pair)
 
-        # another k is another search: nothing reused; so is another wording of the prompt's attribute line
-        assert index_exact(personalizer, user, k=1, library=library).n_reused == 0
-        with monkeypatch.context() as patched:
-            patched.setattr(exact, "attribute_line", lambda names: "Style: " + ", ".join(names))
-            assert index_exact(personalizer, user, k=2, library=library).n_reused == 0
-
-        # a fit stopped after one search keeps it (the index stays the last fit's) and the next goes on from it
-        index_exact(personalizer, user, k=2, library=library)
-        before = index_path(user).read_bytes()
-        cache_path.unlink()
-        searches = 0
-        real_search = exact.greedy_select
-
-        def stopped_at_the_second(*args: object, **kwargs: object) -> Selection:
-            nonlocal searches
-            searches += 1
-            if searches == 2:
-                raise KeyboardInterrupt
-            return real_search(*args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(exact, "greedy_select", stopped_at_the_second)
-        with pytest.raises(KeyboardInterrupt):
-            index_exact(personalizer, user, k=2, library=library)
-        monkeypatch.setattr(exact, "greedy_select", real_search)
-        assert index_path(user).read_bytes() == before
-        resumed = index_exact(personalizer, user, k=2, library=library)
-        assert (resumed.n_reused, resumed.margin_evaluations) == (1, 3 * per_pair)
-
-        # a removed item's record goes with it; a damaged cache reads as empty
-        remove_history_items(user, lambda _: {newer.id})
-        assert newer.id not in json.loads(cache_path.read_text()).popitem()[1]
-        cache_path.write_text("{not json")
+    # another k is another search: nothing reused; so is another wording of the prompt's attribute line
+    assert index_exact(personalizer, user, k=1, library=library).n_reused == 0
+    with monkeypatch.context() as patched:
+        patched.setattr(exact, "attribute_line", lambda names: "Style: " + ", ".join(names))
         assert index_exact(personalizer, user, k=2, library=library).n_reused == 0
-        stored_key, records = json.loads(cache_path.read_text()).popitem()
-        records[items[1].id]["margin"] = int("9" * 400)  # JSON's integers have no bound; a float's do
-        records[items[2].id]["base_margin"] = "0.5"
-        cache_path.write_text(json.dumps({stored_key: records}))
-        assert index_exact(personalizer, user, k=2, library=library).n_reused == 1
-        # a folder where the cache goes: the fit goes on without it (a cache that cannot be written stays stale)
-        cache_path.unlink()
-        cache_path.mkdir()
-        unwritable = index_exact(personalizer, user, k=2, library=library)
-        assert unwritable.n_reused == 0 and len(load_index(user).entries) == unwritable.n_indexed
-        assert unwritable.selections_cached is False and again.selections_cached is True
-    finally:
-        personalizer.close()
+
+    # a fit stopped after one search keeps it (the index stays the last fit's) and the next goes on from it
+    index_exact(personalizer, user, k=2, library=library)
+    before = index_path(user).read_bytes()
+    cache_path.unlink()
+    searches = 0
+    real_search = exact.greedy_select
+
+    def stopped_at_the_second(*args: object, **kwargs: object) -> Selection:
+        nonlocal searches
+        searches += 1
+        if searches == 2:
+            raise KeyboardInterrupt
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exact, "greedy_select", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        index_exact(personalizer, user, k=2, library=library)
+    monkeypatch.setattr(exact, "greedy_select", real_search)
+    assert index_path(user).read_bytes() == before
+    resumed = index_exact(personalizer, user, k=2, library=library)
+    assert (resumed.n_reused, resumed.margin_evaluations) == (1, 3 * per_pair)
+
+    # a removed item's record goes with it; a damaged cache reads as empty
+    remove_history_items(user, lambda _: {newer.id})
+    assert newer.id not in json.loads(cache_path.read_text()).popitem()[1]
+    cache_path.write_text("{not json")
+    assert index_exact(personalizer, user, k=2, library=library).n_reused == 0
+    stored_key, records = json.loads(cache_path.read_text()).popitem()
+    records[items[1].id]["margin"] = int("9" * 400)  # JSON's integers have no bound; a float's do
+    records[items[2].id]["base_margin"] = "0.5"
+    cache_path.write_text(json.dumps({stored_key: records}))
+    assert index_exact(personalizer, user, k=2, library=library).n_reused == 1
+    # a folder where the cache goes: the fit goes on without it (a cache that cannot be written stays stale)
+    cache_path.unlink()
+    cache_path.mkdir()
+    unwritable = index_exact(personalizer, user, k=2, library=library)
+    assert unwritable.n_reused == 0 and len(load_index(user).entries) == unwritable.n_indexed
+    assert unwritable.selections_cached is False and again.selections_cached is True
 
 
 def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -425,17 +430,13 @@ def test_the_fit_summary_says_how_many_pairs_an_earlier_fit_searched(
 
 
 def test_an_item_removed_while_the_index_is_built_is_neither_indexed_nor_counted(
-    bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from localpers.methods import exact
     from localpers.methods.forget import remove_history_items
 
-    personalizer = Personalizer(open_bundle(bundle_dir, backbone_sha256=backbone.sha256), backbone)
     user = UserStore().create("remover")
-    items = [
-        item("The zoo welcomed two baby pandas on Monday.", "TWO BABY PANDAS ARRIVE!!!"),
-        item("Bus fares will drop by half for students.", "BUS FARES HALVED!!!"),
-    ]
+    items = [item(article, headline) for article, headline in SHOUTED[:2]]
     user.save_history(items)
     real_search = exact.greedy_select
 
@@ -446,10 +447,7 @@ def test_an_item_removed_while_the_index_is_built_is_neither_indexed_nor_counted
     monkeypatch.setattr(exact, "greedy_select", remove_the_second_meanwhile)
     # every pair counts as a gain, so only the removal can leave one out of the index
     monkeypatch.setattr(Selection, "gain", property(lambda self: 0.0))
-    try:
-        report = index_exact(personalizer, user, k=1, library=("Concise", "Vivid"))
-    finally:
-        personalizer.close()
+    report = index_exact(personalizer, user, k=1, library=("Concise", "Vivid"))
     index = load_index(user)
     assert [entry.item_id for entry in index.entries] == [items[0].id]
     assert report.n_pairs == 1 and report.n_indexed == 1 and index.meta["report"]["n_indexed"] == 1
