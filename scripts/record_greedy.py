@@ -79,7 +79,8 @@ def record(args: argparse.Namespace) -> None:
     from localpers.methods.card.personalizer import Personalizer
     from localpers.methods.card.user_state import stored_token_bias, user_profile
     from localpers.methods.cope import CopeDecoder, fit_cope, load_state, rewrite_cope
-    from localpers.methods.exact import index_exact, index_path, load_index, rewrite_exact
+    from localpers.methods.exact import index_exact, index_path, load_index
+    from localpers.methods.exact_rewrite import rewrite_exact
     from localpers.tasks import get_task
     from localpers.users.store import UserStore
 

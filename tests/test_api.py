@@ -1022,7 +1022,8 @@ def test_a_chat_through_exact_ends_at_the_turn_stops_and_takes_stop(
     """`cope` and `exact` run their own decoders, which were given neither a request's `stop` (a 400) nor a
     transcript's turn openings: a chat through them ran on into invented turns until max_tokens."""
     from localpers.methods.card.prompting import chat_transcript
-    from localpers.methods.exact import index_exact, load_index, rewrite_exact
+    from localpers.methods.exact import index_exact, load_index
+    from localpers.methods.exact_rewrite import rewrite_exact
 
     messages = [
         ("system", "You are a helpful assistant."),

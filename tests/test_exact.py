@@ -29,9 +29,8 @@ from localpers.methods.exact import (
     index_path,
     keep_for_index,
     load_index,
-    retrieve,
-    rewrite_exact,
 )
+from localpers.methods.exact_rewrite import retrieve, rewrite_exact
 from localpers.methods.scoring import PrefixScorer
 from localpers.users.history import HistoryItem
 from localpers.users.store import UserStore

@@ -30,7 +30,8 @@ from localpers.methods.cope import (
     stored_bytes,
 )
 from localpers.methods.cope_train import SftConfig
-from localpers.methods.exact import DEFAULT_K, ExactIndex, index_exact, index_path, load_index, rewrite_exact
+from localpers.methods.exact import DEFAULT_K, ExactIndex, index_exact, index_path, load_index
+from localpers.methods.exact_rewrite import rewrite_exact
 from localpers.methods.reports import RewriteResult
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore

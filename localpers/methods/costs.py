@@ -48,7 +48,8 @@ def measure(bundle: str, data: Path, user_id: str, n_items: int, n_queries: int)
     from localpers.engine.generation import generate
     from localpers.methods.card.personalizer import Personalizer
     from localpers.methods.cope import CopeDecoder, fit_cope, rewrite_cope, stored_bytes
-    from localpers.methods.exact import index_exact, index_path, load_index, rewrite_exact
+    from localpers.methods.exact import index_exact, index_path, load_index
+    from localpers.methods.exact_rewrite import rewrite_exact
     from localpers.tasks import get_task
     from localpers.users.store import UserStore
 

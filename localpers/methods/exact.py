@@ -1,4 +1,4 @@
-"""EXACT on the device: per-pair greedy attribute selection, a prompt-level index, retrieval at inference.
+"""EXACT on the device: per-pair greedy attribute selection and the prompt-level index it builds.
 
 Indexing (`index_exact`), for each preference pair of the user's history (`y+` = the user's output,
 `y-` = the cluster model's greedy output, shared with CARD's fit through `negatives.json`):
@@ -17,21 +17,18 @@ The index (sentence-encoder embedding of each input -> attribute set) goes to th
 one safetensors file, written atomically (`localpers.methods.exact_index`, whose `ExactIndex`,
 `IndexEntry`, `index_path` and `load_index` are importable from here too).
 
-Inference (`retrieve`, `rewrite_exact`): embed the new input, take the nearest indexed input
-(cosine) and generate with the cluster model on the prompt with that input's attribute line.
+Inference (retrieving the nearest input's attributes, the rewrite) is `localpers.methods.exact_rewrite`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from localpers.engine.decoding import SamplerSettings
-from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_cache import (
@@ -41,11 +38,10 @@ from localpers.methods.exact_cache import (
     selections_key,
     write_selections,
 )
-from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path, refit_hint
+from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
-from localpers.methods.reports import RewriteResult
 from localpers.methods.scoring import PrefixScorer
-from localpers.methods.stored_files import fit_is_outdated, fit_mark
+from localpers.methods.stored_files import fit_mark
 from localpers.tasks import cut_text, get_task
 from localpers.users.history import HistoryItem
 from localpers.users.store import User, history_for
@@ -331,86 +327,3 @@ def _scored_texts_digest(item: HistoryItem, negative: str, probe: Sequence[str])
             negative,
         ]
     )
-
-
-# --------------------------------------------------------------------------------------- inference
-
-
-@dataclass
-class Retrieval:
-    """The attributes retrieved for an input and where they came from."""
-
-    attributes: list[str]
-    similarity: float | None
-    item_id: str | None
-    matched_input: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
-    """The attribute set of the indexed input nearest to `text` (none when the index is empty)."""
-    from localpers.engine.encoder import embed_texts
-
-    found = index.nearest(embed_texts([get_task(task).content(text)])[0])
-    if found is None:
-        return Retrieval([], None, None, None)
-    entry, similarity = found
-    return Retrieval(list(entry.attributes), round(similarity, 4), entry.item_id, entry.input)
-
-
-def check_bundle(index: ExactIndex, personalizer: Personalizer, user_name: str) -> None:
-    """Refuse an index built with another bundle or by a localpers of another fit format (one without a mark was
-    built before marks, format 1's), as CARD's and CoPe's fits are refused."""
-    if index.meta.get("bundle_sha256") != personalizer.bundle_sha256:
-        raise LocalpersError(
-            f"user {user_name!r}'s EXACT index was built with another bundle; {refit_hint(user_name)}"
-        )
-    if fit_is_outdated(index.meta):
-        raise LocalpersError(
-            f"user {user_name!r}'s EXACT index was built by a localpers of another fit format, whose indexes this"
-            f" one does not read; {refit_hint(user_name)}"
-        )
-
-
-def rewrite_exact(
-    personalizer: Personalizer,
-    index: ExactIndex,
-    text: str,
-    *,
-    task: str = "headline",
-    max_tokens: int | None = None,
-    on_text: Callable[[str], None] | None = None,
-    sampling: SamplerSettings | None = None,
-    stop: Sequence[str] = (),
-) -> tuple[RewriteResult, Retrieval]:
-    """Generate with the cluster model on the prompt carrying the retrieved attribute line (`stop`: stop strings
-    added to the task's)."""
-    started = time.perf_counter()
-    retrieval = retrieve(index, text, task)
-    retrieval_ms = 1000 * (time.perf_counter() - started)
-    if retrieval.attributes:
-        get_task(task).check_text(text, room=len(attribute_line(retrieval.attributes)) + 1)
-    cluster = index.meta.get("cluster")
-    result = personalizer.rewrite(
-        attributed_input(task, text, retrieval.attributes),
-        task=task,
-        method="cluster",
-        cluster=cluster,
-        max_tokens=max_tokens,
-        on_text=on_text,
-        sampling=sampling,
-        stop=stop,
-    )
-    # Retrieval (one encoder call) is part of EXACT's prompt cost.
-    if retrieval.attributes and get_task(task).is_cut(text):  # attributed_input cut it, the line kept
-        line = attribute_line(retrieval.attributes)
-        result = replace(result, text_chars_read=get_task(task).max_input_chars - len(line) - 1)
-    result = replace(
-        result,
-        method="exact",
-        prompt_ms=round(result.prompt_ms + retrieval_ms, 2),
-        total_ms=round(result.total_ms + retrieval_ms, 2),
-    )
-    return result, retrieval

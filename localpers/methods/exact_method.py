@@ -1,6 +1,7 @@
 """EXACT as a registry method: `fit` builds the user's attribute index, `rewrite` prompts with the nearest attributes.
 
-Selection, index and retrieval are `localpers.methods.exact`; `ExactUserDecoder` holds one user's index.
+Selection and the index are `localpers.methods.exact`, retrieval and the rewrite `localpers.methods.exact_rewrite`;
+`ExactUserDecoder` holds one user's index.
 """
 
 from __future__ import annotations
@@ -10,16 +11,9 @@ from typing import Any
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope_method import storage_line
-from localpers.methods.exact import (
-    ExactIndex,
-    Retrieval,
-    check_bundle,
-    index_exact,
-    index_path,
-    load_index,
-    rewrite_exact,
-)
+from localpers.methods.exact import ExactIndex, index_exact, index_path, load_index
 from localpers.methods.exact_cache import SELECTIONS_FILE
+from localpers.methods.exact_rewrite import Retrieval, check_bundle, rewrite_exact
 from localpers.methods.reports import RewriteResult
 from localpers.users.store import User
 

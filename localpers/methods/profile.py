@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from localpers.bundle.format import bundle_in_use_sha256
-from localpers.methods.exact import index_path, load_index, retrieve
+from localpers.methods.exact import index_path, load_index
+from localpers.methods.exact_rewrite import retrieve
 from localpers.methods.stored_files import fit_is_outdated
 from localpers.users.series import history_series
 from localpers.users.store import User

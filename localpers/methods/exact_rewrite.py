@@ -1,0 +1,104 @@
+"""EXACT at inference: retrieve the attributes of the nearest indexed input, and rewrite with them.
+
+`retrieve` embeds the new input and takes the nearest input of the user's index (cosine); `rewrite_exact`
+generates with the cluster model on the prompt carrying that input's attribute line (`exact.attributed_input`).
+`check_bundle` refuses an index made with another bundle or fit format. Building the index is
+`localpers.methods.exact`; the index file is `localpers.methods.exact_index`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from localpers.engine.decoding import SamplerSettings
+from localpers.errors import LocalpersError
+from localpers.methods.attributes import attribute_line
+from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.exact import attributed_input
+from localpers.methods.exact_index import ExactIndex, refit_hint
+from localpers.methods.reports import RewriteResult
+from localpers.methods.stored_files import fit_is_outdated
+from localpers.tasks import get_task
+
+
+@dataclass
+class Retrieval:
+    """The attributes retrieved for an input and where they came from."""
+
+    attributes: list[str]
+    similarity: float | None
+    item_id: str | None
+    matched_input: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
+    """The attribute set of the indexed input nearest to `text` (none when the index is empty)."""
+    from localpers.engine.encoder import embed_texts
+
+    found = index.nearest(embed_texts([get_task(task).content(text)])[0])
+    if found is None:
+        return Retrieval([], None, None, None)
+    entry, similarity = found
+    return Retrieval(list(entry.attributes), round(similarity, 4), entry.item_id, entry.input)
+
+
+def check_bundle(index: ExactIndex, personalizer: Personalizer, user_name: str) -> None:
+    """Refuse an index built with another bundle or by a localpers of another fit format (one without a mark was
+    built before marks, format 1's), as CARD's and CoPe's fits are refused."""
+    if index.meta.get("bundle_sha256") != personalizer.bundle_sha256:
+        raise LocalpersError(
+            f"user {user_name!r}'s EXACT index was built with another bundle; {refit_hint(user_name)}"
+        )
+    if fit_is_outdated(index.meta):
+        raise LocalpersError(
+            f"user {user_name!r}'s EXACT index was built by a localpers of another fit format, whose indexes this"
+            f" one does not read; {refit_hint(user_name)}"
+        )
+
+
+def rewrite_exact(
+    personalizer: Personalizer,
+    index: ExactIndex,
+    text: str,
+    *,
+    task: str = "headline",
+    max_tokens: int | None = None,
+    on_text: Callable[[str], None] | None = None,
+    sampling: SamplerSettings | None = None,
+    stop: Sequence[str] = (),
+) -> tuple[RewriteResult, Retrieval]:
+    """Generate with the cluster model on the prompt carrying the retrieved attribute line (`stop`: stop strings
+    added to the task's)."""
+    started = time.perf_counter()
+    retrieval = retrieve(index, text, task)
+    retrieval_ms = 1000 * (time.perf_counter() - started)
+    if retrieval.attributes:
+        get_task(task).check_text(text, room=len(attribute_line(retrieval.attributes)) + 1)
+    cluster = index.meta.get("cluster")
+    result = personalizer.rewrite(
+        attributed_input(task, text, retrieval.attributes),
+        task=task,
+        method="cluster",
+        cluster=cluster,
+        max_tokens=max_tokens,
+        on_text=on_text,
+        sampling=sampling,
+        stop=stop,
+    )
+    # Retrieval (one encoder call) is part of EXACT's prompt cost.
+    if retrieval.attributes and get_task(task).is_cut(text):  # attributed_input cut it, the line kept
+        line = attribute_line(retrieval.attributes)
+        result = replace(result, text_chars_read=get_task(task).max_input_chars - len(line) - 1)
+    result = replace(
+        result,
+        method="exact",
+        prompt_ms=round(result.prompt_ms + retrieval_ms, 2),
+        total_ms=round(result.total_ms + retrieval_ms, 2),
+    )
+    return result, retrieval
