@@ -73,20 +73,22 @@ def record(args: argparse.Namespace) -> None:
     os.environ["LOCALPERS_HOME"] = str(Path(args.home).resolve())
     from threadpoolctl import threadpool_limits
 
-    import localpers.methods.card.personalizer as personalize_module
-    import localpers.methods.cope as cope_module
+    import localpers.methods.card.decoding_runs as card_decoding_module
+    import localpers.methods.cope_decode as cope_decoding_module
     from localpers.device.demo import ensure_demo_user
     from localpers.methods.card.personalizer import Personalizer
     from localpers.methods.card.user_state import stored_token_bias, user_profile
-    from localpers.methods.cope import CopeDecoder, fit_cope, load_state, rewrite_cope
+    from localpers.methods.cope import fit_cope, load_state
+    from localpers.methods.cope_decode import CopeDecoder, rewrite_cope
     from localpers.methods.exact import index_exact, index_path, load_index
     from localpers.methods.exact_rewrite import rewrite_exact
+    from localpers.methods.stored_files import COPE_STATE_FILE
     from localpers.tasks import get_task
     from localpers.users.store import UserStore
 
     recorder = TokenRecorder()
-    recorder.wrap(personalize_module)
-    recorder.wrap(cope_module)
+    recorder.wrap(card_decoding_module)
+    recorder.wrap(cope_decoding_module)
     methods = args.methods or list(DEVICE_METHODS)
     queries = first_queries(Path(args.data), args.queries)
     first = args.skip
@@ -103,7 +105,7 @@ def record(args: argparse.Namespace) -> None:
     )  # CARD's correction includes the user's token bias, as `localpers rewrite` applies it
     decoder = state = index = None
     if "cope" in methods:
-        if not (user.dir / cope_module.STATE_FILE).is_file():
+        if not (user.dir / COPE_STATE_FILE).is_file():
             started = time.perf_counter()
             with threadpool_limits(limits=args.threads):
                 fit_cope(personalizer, user)

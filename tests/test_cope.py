@@ -23,13 +23,8 @@ from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods import stored_files
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.cope import (
-    CopeDecoder,
-    CopeState,
-    fit_cope,
-    load_state,
-    stored_bytes,
-)
+from localpers.methods.cope import CopeState, fit_cope, load_state, stored_bytes
+from localpers.methods.cope_decode import CopeDecoder
 from localpers.methods.cope_train import SftConfig, training_prompts
 from localpers.methods.lora_files import LoraFile, read_lora_gguf, write_stacked_lora
 from localpers.tasks import get_task

@@ -20,15 +20,8 @@ from typing import Any, ClassVar
 from localpers.bench.methods import Method, MethodSpec, ParamValue, UserProfile
 from localpers.bench.prompt_methods import history_index
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.cope import (
-    DEFAULT_ALPHA,
-    DEFAULT_TAU,
-    CopeDecoder,
-    CopeState,
-    fit_cope,
-    rewrite_cope,
-    stored_bytes,
-)
+from localpers.methods.cope import CopeState, fit_cope, stored_bytes
+from localpers.methods.cope_decode import DEFAULT_ALPHA, DEFAULT_TAU, CopeDecoder, rewrite_cope
 from localpers.methods.cope_train import SftConfig
 from localpers.methods.exact import DEFAULT_K, ExactIndex, index_exact, index_path, load_index
 from localpers.methods.exact_rewrite import rewrite_exact

@@ -1,4 +1,4 @@
-"""CoPe on the device: a per-user LoRA fitted from the history, and contrastive decoding against its base.
+"""CoPe on the device: a per-user LoRA fitted from the history, and its stored state.
 
 Fit (`fit_cope`): assign the user's cluster, train a LoRA on the history with the adapter CARD
 corrects (the bundle's `head.base`: the user's cluster adapter or the global one) merged into the
@@ -10,16 +10,9 @@ before that field existed decodes with the plain prompt it was trained on. The a
 content-addressed file `cope-<sha16>.gguf`, then `cope.json` (the commit point) is replaced to name
 it, then stale adapters are removed, so an interrupted fit leaves the previous one usable.
 
-Decode (`CopeDecoder`): two llama.cpp contexts, one for the user model (backbone + base adapter +
-user LoRA, stacked into one adapter file, see `lora_files`) and one for the base model (backbone +
-base adapter). The contrast is one sampler of the user model's llama.cpp sampler chain
-(`ContrastiveSampler`). At every step, with `p_user` and `p_base` the two next-token distributions:
-
-    V = {w : p_user(w) >= tau * max p_user}          (plausibility set)
-    next token = argmax over V of  log p_user(w) - alpha * log p_base(w)
-
-(tau = 0.1, alpha = 0.3 as in the CoPe paper). It costs a second forward pass per token. The
-optional DPO step of the paper is not implemented. Nothing here opens a network connection.
+`load_state` reads and checks what a fit stored. Decoding with it (the contrast between the user model and its
+base, CoPe's formula) is `localpers.methods.cope_decode`; nothing here decodes or opens a network connection. The
+optional DPO step of the paper is not implemented.
 """
 
 from __future__ import annotations
@@ -28,37 +21,24 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from localpers.engine import CONTEXT_TOKENS, Engine
-from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
-from localpers.engine.generation import generate
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
-from localpers.methods.lora_files import read_lora_gguf, write_stacked_lora
-from localpers.methods.reports import RewriteResult
-from localpers.methods.stored_files import COPE_STATE_FILE, fit_is_outdated, fit_mark, refit_advice
-from localpers.tasks import get_task
+from localpers.methods.lora_files import read_lora_gguf
+from localpers.methods.stored_files import COPE_STATE_FILE, fit_mark, refit_advice
 from localpers.users.folder import read_json_object
 from localpers.users.history import HistoryItem, history_digest
-from localpers.users.history_index import HistoryIndex
-from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User, atomic_write_text, history_for
 
 STATE_FILE = COPE_STATE_FILE
 ADAPTER_PREFIX = "cope-"
 STATE_VERSION = 1
-DEFAULT_TAU = 0.1
-DEFAULT_ALPHA = 0.3
 
 
 def _refit(user_name: str | None = None) -> str:
@@ -268,210 +248,3 @@ def _refuse_removed_meanwhile(user: User, trained_on: Sequence[HistoryItem]) -> 
             f" user {user.name!r}'s history while it trained, so its LoRA is not stored (any earlier CoPe fit is"
             f" kept); {refit_advice('cope', user.name)} to learn from the history as it is now"
         )
-
-
-# ---------------------------------------------------------------------------------------------- decoding
-
-
-@dataclass
-class ContrastiveStep:
-    """One decoding step: the plausible tokens and the one chosen (for tests and the Why view)."""
-
-    plausible: np.ndarray
-    chosen_by: np.ndarray  # the score of each plausible token, same order
-
-
-class ContrastiveSampler:
-    """CoPe's contrast as one sampler of llama.cpp's chain, keeping the base model in step with the user model.
-
-    The base engine is prefilled with the same prompt on construction; the chain tells it each chosen token
-    (`accept`), and `apply` evaluates those in the base model before scoring, so both models always see the
-    same prefix. Of the candidates it gets (the whole vocabulary in the default chain), it keeps the
-    plausibility set and gives each kept token `log p_user - alpha * log p_base`.
-    """
-
-    name = "cope"
-    candidate_limit = None
-
-    def __init__(
-        self,
-        base: Engine,
-        prompt_tokens: Sequence[int],
-        *,
-        tau: float = DEFAULT_TAU,
-        alpha: float = DEFAULT_ALPHA,
-        record: bool = False,
-    ) -> None:
-        if not 0.0 < tau <= 1.0:
-            raise LocalpersError(f"tau must be in (0, 1], got {tau}")
-        if alpha < 0.0:
-            raise LocalpersError(f"alpha must be >= 0, got {alpha}")
-        self.base = base
-        self.tau = tau
-        self.alpha = alpha
-        self.steps: list[ContrastiveStep] | None = [] if record else None
-        self._base_logits = base.prefill(list(prompt_tokens)).logits
-        self._pending: list[int] = []
-
-    def accept(self, token: int) -> None:
-        self._pending.append(token)
-
-    def apply(self, candidates: Candidates, features: np.ndarray | None) -> None:
-        for token in self._pending:
-            self._base_logits = self.base.step(token).logits
-        self._pending.clear()
-        log_user = _log_softmax(candidates.logits)
-        plausible = log_user >= log_user.max() + np.log(self.tau)
-        ids = candidates.ids[plausible]
-        scores = log_user[plausible]
-        if self.alpha:
-            scores = scores - self.alpha * _log_softmax(self._base_logits)[ids]
-        candidates.keep(plausible)
-        candidates.logits[:] = scores
-        if self.steps is not None:
-            self.steps.append(ContrastiveStep(ids.astype(np.int64), scores))
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    values = np.asarray(logits, dtype=np.float32)
-    peak = values.max()
-    return values - (peak + np.log(np.exp(values - peak).sum(dtype=np.float64))).astype(np.float32)
-
-
-class CopeDecoder:
-    """The user model and the base model in two contexts of the same backbone, ready to decode one user."""
-
-    def __init__(
-        self, backbone: Path, user_adapter: Path, base_adapter: Path | None, *, n_ctx: int = CONTEXT_TOKENS
-    ) -> None:
-        self.user = Engine(backbone, n_ctx=n_ctx, tap_layers=None)
-        self.base = Engine(backbone, n_ctx=n_ctx, tap_layers=None)
-        try:
-            self.user.set_adapter(self.user.load_adapter(user_adapter, "user"))
-            if base_adapter is not None:
-                self.base.set_adapter(self.base.load_adapter(base_adapter, "base"))
-        except BaseException:
-            self.close()
-            raise
-
-    @classmethod
-    def for_user(cls, personalizer: Personalizer, user: User, state: CopeState | None = None) -> CopeDecoder:
-        """Stack the bundle's base adapter and the user's LoRA (in a temporary file in the user's folder) and load both."""
-        state = state or load_state(user)
-        if state.bundle_sha256 != personalizer.bundle_sha256:
-            raise LocalpersError(
-                f"user {user.name!r}'s CoPe adapter was fitted with another bundle; {_refit(user.name)}"
-            )
-        if fit_is_outdated({"fitted_by": state.fitted_by}):
-            raise LocalpersError(
-                f"user {user.name!r}'s CoPe adapter was fitted by a localpers of another fit format, whose fits this"
-                f" one does not read; {_refit(user.name)}"
-            )
-        base_path = personalizer.bundle.adapter_path(state.base_adapter)
-        fd, temp_name = tempfile.mkstemp(dir=user.dir, prefix=".cope-stacked-", suffix=".gguf")
-        os.close(fd)
-        stacked = Path(temp_name)
-        try:
-            write_stacked_lora(
-                stacked, [read_lora_gguf(base_path), read_lora_gguf(adapter_path(user, state))]
-            )
-            # llama.cpp copies the adapter's tensors when loading it, so the file can go right after.
-            return cls(personalizer.backbone.path, stacked, base_path)
-        finally:
-            stacked.unlink(missing_ok=True)
-
-    def close(self) -> None:
-        self.user.close()
-        self.base.close()
-
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int,
-        stop: Sequence[str] = (),
-        tau: float = DEFAULT_TAU,
-        alpha: float = DEFAULT_ALPHA,
-        on_text: Callable[[str], None] | None = None,
-        record: bool = False,
-        sampling: SamplerSettings | None = None,
-    ) -> tuple[Any, ContrastiveSampler]:
-        """Contrastive decoding (greedy unless `sampling` says otherwise) of a prompt (text or tokens);
-        returns the result and the sampler."""
-        tokens = self.user.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        started = time.perf_counter()
-        contrast = ContrastiveSampler(self.base, tokens, tau=tau, alpha=alpha, record=record)
-        base_prompt_seconds = time.perf_counter() - started
-        result = generate(
-            self.user,
-            tokens,
-            max_tokens=max_tokens,
-            stop=stop,
-            method=contrast,
-            on_text=on_text,
-            sampling=sampling,
-        )
-        result.prompt_seconds += base_prompt_seconds
-        return result, contrast
-
-
-def rewrite_cope(
-    decoder: CopeDecoder,
-    state: CopeState,
-    text: str,
-    *,
-    task: str = "headline",
-    tau: float = DEFAULT_TAU,
-    alpha: float = DEFAULT_ALPHA,
-    max_tokens: int | None = None,
-    on_text: Callable[[str], None] | None = None,
-    sampling: SamplerSettings | None = None,
-    history: HistoryIndex | None = None,
-    prompt_format: PromptFormat | None = None,
-    show_examples: bool = False,
-    stop: Sequence[str] = (),
-) -> RewriteResult:
-    """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha).
-
-    A fit trained on conditioned prompts (`state.conditioned`) decodes on `prompt_for_user(..., prompt_format,
-    history)`, the bundle's format and the user's history index, as CARD's base adapter does; others on the plain
-    task prompt. Both are tokenized as CARD's are (`prompting.prompt_tokens`: a headline of very dense text reads
-    less of it). The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
-    With `show_examples`, the result lists the history items the prompt showed, as `Personalizer.rewrite`'s does.
-    `stop` adds stop strings to the task's.
-    """
-    chosen = get_task(task)
-    chosen.check_text(text)
-    sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
-    started = time.perf_counter()
-    used_format = prompt_format if state.conditioned else None
-    prompt, _, chars_read = prompt_tokens(decoder.user, chosen.name, text, used_format, history)
-    result, _ = decoder.generate(
-        prompt,
-        max_tokens=max_tokens or chosen.default_max_tokens,
-        stop=(*chosen.stop_strings, *stop),
-        tau=tau,
-        alpha=alpha,
-        on_text=on_text,
-        sampling=sampling,
-    )
-    return RewriteResult(
-        text=result.text.strip() if chosen.one_line else result.text,
-        method="cope",
-        task=chosen.name,
-        cluster=state.cluster,
-        adapter=f"{state.base_adapter}+user",
-        strength=alpha,
-        top_k=None,
-        tokens=len(result.tokens),
-        prompt_ms=round(1000 * result.prompt_seconds, 2),
-        ms_per_token=round(result.ms_per_token, 3),
-        total_ms=round(1000 * (time.perf_counter() - started), 2),
-        stop_reason=result.stop_reason,
-        prompt_tokens=result.prompt_tokens,
-        repeated_word_penalty=sampling.word_penalty,
-        text_chars_read=chars_read,
-        examples=shown_in_prompt(chosen.name, text, used_format, history, chars_read)
-        if show_examples
-        else [],
-    )

@@ -1,6 +1,7 @@
 """CoPe as a registry method: `fit` trains the user's LoRA on the device, `rewrite` decodes contrastively.
 
-The training is `localpers.methods.cope_train`, the decoder and its stored state `localpers.methods.cope`.
+The training is `localpers.methods.cope_train`, the fit and its stored state `localpers.methods.cope`, the
+contrastive decoder `localpers.methods.cope_decode`.
 `CopeUserDecoder` keeps the user's two contexts open, so `localpers api` loads them once per fit.
 """
 
@@ -11,15 +12,8 @@ from typing import Any
 from localpers.errors import LocalpersError
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.cope import (
-    DEFAULT_ALPHA,
-    CopeDecoder,
-    CopeState,
-    fit_cope,
-    load_state,
-    rewrite_cope,
-    stored_bytes,
-)
+from localpers.methods.cope import CopeState, fit_cope, load_state, stored_bytes
+from localpers.methods.cope_decode import DEFAULT_ALPHA, CopeDecoder, rewrite_cope
 from localpers.methods.reports import RewriteResult
 from localpers.methods.stored_files import is_current_fit
 from localpers.tasks import get_task

@@ -11,7 +11,7 @@ tensors (`{blk.N.attn_q.weight: (A, B)}`) for `localpers.engine.adapters.write_l
 The backbone is loaded once per process (about 40 s) and wrapped with peft once, through the
 publisher's `localpers.engine.torch_model` (shared with it: batches, target-only losses, LoRA state);
 every user's fit resets the LoRA weights and merges, then unmerges, its base adapter. Needs the `[publish]` extra
-(torch, transformers, peft, gguf). It writes no files and does not decode (see `localpers.methods.cope`).
+(torch, transformers, peft, gguf). It writes no files and does not decode (see `localpers.methods.cope` and `cope_decode`).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def _load_user(data: Path, user_id: str) -> tuple[list[HistoryItem], list[str]]:
 def measure(bundle: str, data: Path, user_id: str, n_items: int, n_queries: int) -> dict[str, Any]:
     from localpers.engine.generation import generate
     from localpers.methods.card.personalizer import Personalizer
-    from localpers.methods.cope import CopeDecoder, fit_cope, rewrite_cope, stored_bytes
+    from localpers.methods.cope import fit_cope, stored_bytes
+    from localpers.methods.cope_decode import CopeDecoder, rewrite_cope
     from localpers.methods.exact import index_exact, index_path, load_index
     from localpers.methods.exact_rewrite import rewrite_exact
     from localpers.tasks import get_task
