@@ -11,7 +11,9 @@ SIGTERM (`kill`, a service manager, a container stopping) and SIGHUP (the termin
 the process where it stands, with no word and a `.partial` file left behind; `install` routes them the same
 way, as `Terminated`, a KeyboardInterrupt, so every clean-up and report that a Ctrl-C gets runs for them too,
 and the command exits 128 + the signal's number (143 for SIGTERM), as a shell reports a process so stopped.
-This module does nothing else; it imports nothing of localpers.
+Work that saves as it goes (a fit's caches) marks a stop that came after a save failed (`mark_unsaved`), so the
+command does not say its work was kept (`was_unsaved`). This module does nothing else; it imports nothing of
+localpers.
 """
 
 from __future__ import annotations
@@ -141,3 +143,17 @@ def exit_code(stop: BaseException) -> int:
 def stopped_word(stop: BaseException) -> str:
     """How the command's last line names the stop: "terminated" for a signal, "interrupted" for Ctrl-C."""
     return "terminated" if isinstance(stop, Terminated) else "interrupted"
+
+
+_UNSAVED_NOTE = "localpers: what this work had done so far could not be saved"
+
+
+def mark_unsaved(stop: BaseException) -> None:
+    """Note on a stop in flight that the work it stopped could not save what it had done (PEP 678's notes)."""
+    if not was_unsaved(stop):
+        stop.add_note(_UNSAVED_NOTE)
+
+
+def was_unsaved(stop: BaseException) -> bool:
+    """Whether `mark_unsaved` was called on this stop."""
+    return _UNSAVED_NOTE in getattr(stop, "__notes__", ())

@@ -11,6 +11,7 @@ import pytest
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
+from localpers import interrupts
 from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine import Engine
@@ -342,8 +343,9 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
         return real_search(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(exact, "greedy_select", stopped_at_the_second)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stopped:
         index_exact(personalizer, user, k=2, library=library)
+    assert not interrupts.was_unsaved(stopped.value)  # the command says the searches so far are saved
     monkeypatch.setattr(exact, "greedy_select", real_search)
     assert index_path(user).read_bytes() == before
     resumed = index_exact(personalizer, user, k=2, library=library)
@@ -365,6 +367,12 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
     unwritable = index_exact(personalizer, user, k=2, library=library)
     assert unwritable.n_reused == 0 and len(load_index(user).entries) == unwritable.n_indexed
     assert unwritable.selections_cached is False and again.selections_cached is True
+    # ... and a fit stopped after a search it could not save does not let the command say it is saved
+    searches = 0
+    monkeypatch.setattr(exact, "greedy_select", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        index_exact(personalizer, user, k=2, library=library)
+    assert interrupts.was_unsaved(stopped.value)
 
 
 def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

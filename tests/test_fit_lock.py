@@ -64,6 +64,36 @@ def test_the_fit_command_says_so_in_one_line_before_loading_the_model(fitting_el
     assert time.monotonic() - started < 2.0  # refused before the model is loaded
 
 
+def test_a_stopped_fit_whose_cache_could_not_be_written_does_not_say_its_work_is_saved(
+    localpers_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers import interrupts
+    from localpers.methods.exact_method import ExactMethod
+
+    UserStore().create("ann")
+
+    def interrupted_unsaved(*args: object, **kwargs: object) -> None:
+        stop = KeyboardInterrupt()
+        interrupts.mark_unsaved(stop)
+        raise stop
+
+    monkeypatch.setattr(
+        "localpers.methods.card.personalizer.Personalizer.open",
+        lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64),
+    )
+    monkeypatch.setattr(CardMethod, "fit", interrupted_unsaved)
+    monkeypatch.setattr(ExactMethod, "fit", interrupted_unsaved)
+    card = CliRunner().invoke(app, ["fit", "--user", "ann"])
+    assert card.exit_code == 130 and "are saved" not in card.output
+    assert (
+        "user 'ann' has no fit yet; the pairs scored so far could not all be saved (a cache in its folder could not"
+        " be written): `localpers fit --user ann` does that work again" in card.output
+    )
+    exact = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "exact"])
+    assert exact.exit_code == 130 and "are saved" not in exact.output
+    assert "the attributes chosen so far could not all be saved" in exact.output
+
+
 def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
     localpers_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -208,6 +208,32 @@ def test_interrupted_fit_keeps_the_previous_vector(personalizer: Personalizer) -
     assert user.state()["fit"] == before_state["fit"]
 
 
+def test_a_stopped_fit_says_whether_its_pairs_could_be_saved(personalizer: Personalizer) -> None:
+    """A fit stopped by Ctrl-C said "the pairs scored so far are saved" even when its cache could not be written
+    (a folder where negatives.json goes; seventy-eighth session's review, mended in the seventy-ninth)."""
+    from localpers import interrupts
+    from localpers.methods.card.pair_cache import NEGATIVES_FILE
+
+    def interrupt(stage: str, done: int, total: int) -> None:
+        if stage == "pairs" and done >= 2:
+            raise KeyboardInterrupt
+
+    user = UserStore().create("stopped")
+    user.save_history(items(SHOUTY[:4]))
+    personalizer.pairs._pair_memo.clear()
+    with pytest.raises(KeyboardInterrupt) as writable:
+        personalizer.fit_user(user, progress=interrupt)
+    assert not interrupts.was_unsaved(writable.value)
+    assert (user.dir / NEGATIVES_FILE).is_file()
+
+    (user.dir / NEGATIVES_FILE).unlink()
+    (user.dir / NEGATIVES_FILE).mkdir()
+    personalizer.pairs._pair_memo.clear()
+    with pytest.raises(KeyboardInterrupt) as unwritable:
+        personalizer.fit_user(user, progress=interrupt)
+    assert interrupts.was_unsaved(unwritable.value)
+
+
 def test_fit_and_rewrite_open_no_socket(
     personalizer: Personalizer, bundle_dir: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
 ) -> None:

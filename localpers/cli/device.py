@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from localpers import interrupts
 from localpers.cli import completion
 from localpers.cli.common import (
     BundleOption,
@@ -101,17 +102,20 @@ def fit_command(
             if chosen.name not in ("card", "exact"):
                 raise
             given = {"--history-limit": history_limit, "--refit": refit, "--bundle": bundle, "--model": model}
-            raise stopped_exit(stop, _what_a_stopped_fit_kept(chosen.name, target, given)) from None
+            kept = _what_a_stopped_fit_kept(
+                chosen.name, target, given, saved=not interrupts.was_unsaved(stop)
+            )
+            raise stopped_exit(stop, kept) from None
     if as_json:
         print_json({**fitted.report, "unchanged": False}, indent=None)
     else:
         typer.echo(fitted.summary)
 
 
-def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object]) -> str:
-    """What a fit stopped by Ctrl-C left (the previous fit, if any, and the work saved so far) and the command that
-    goes on from there: the user and the options the stopped one was given (`given`: option -> value, None or
-    False when not given)."""
+def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object], *, saved: bool = True) -> str:
+    """What a fit stopped by Ctrl-C left (the previous fit, if any, and the work saved so far, unless `saved` is
+    False: a cache write failed) and the command that goes on from there: the user and the options the stopped one
+    was given (`given`: option -> value, None or False when not given)."""
     import shlex
 
     from localpers.methods.exact_index import index_path
@@ -131,12 +135,17 @@ def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object]) 
             fitted = isinstance(user.state().get("fit"), dict)
         except LocalpersError:
             fitted = True  # a damaged state.json: left as it was, as any other
-        name, saved = "fit", "the pairs scored so far are saved"
+        name, work = "fit", "the pairs scored so far"
     else:
         fitted = index_path(user).is_file()
-        name, saved = "EXACT index", "the attributes chosen so far are saved"
+        name, work = "EXACT index", "the attributes chosen so far"
     kept = f"keeps its previous {name}, and" if fitted else f"has no {name} yet;"
-    return f"user {user.name!r} {kept} {saved}: `{shlex.join(again)}` goes on from there"
+    if not saved:
+        return (
+            f"user {user.name!r} {kept} {work} could not all be saved (a cache in its folder could not be written):"
+            f" `{shlex.join(again)}` does that work again"
+        )
+    return f"user {user.name!r} {kept} {work} are saved: `{shlex.join(again)}` goes on from there"
 
 
 def rewrite_command(

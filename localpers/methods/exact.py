@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from localpers import interrupts
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_cache import (
@@ -245,18 +246,23 @@ def index_exact(
 
         return counted
 
-    for item, negative in searched:
-        selection = greedy_select(scored(PairMargins(scorer, item, negative)), library, k)
-        found[item.id] = selection
-        records[item.id] = SelectionRecord(
-            digests[item.id], selection.attributes, selection.margin, selection.base_margin
-        )
-        # after each search, so a stopped fit keeps what it found; refused for a deleted user
-        with user.locked():
-            current = user.history_ids()  # an item removed while this fit ran stays removed
-            cached &= write_selections(
-                user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
+    try:
+        for item, negative in searched:
+            selection = greedy_select(scored(PairMargins(scorer, item, negative)), library, k)
+            found[item.id] = selection
+            records[item.id] = SelectionRecord(
+                digests[item.id], selection.attributes, selection.margin, selection.base_margin
             )
+            # after each search, so a stopped fit keeps what it found; refused for a deleted user
+            with user.locked():
+                current = user.history_ids()  # an item removed while this fit ran stays removed
+                cached &= write_selections(
+                    user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
+                )
+    except KeyboardInterrupt as stop:
+        if not cached:  # the command must not say the searches so far are saved
+            interrupts.mark_unsaved(stop)
+        raise
     selections = [(item, found[item.id]) for item, _ in pairs]
     evaluations = sum(selection.evaluations for _, selection in selections)
     seconds["selection"] = time.perf_counter() - started

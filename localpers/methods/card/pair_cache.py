@@ -47,8 +47,9 @@ def read_negatives(user_dir: Path, key: str) -> dict[str, str]:
     return {item: text for item, text in known.items() if isinstance(text, str)}
 
 
-def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Sequence[str] = ()) -> None:
-    """Replace the y- cache with `known` under `key` (another bundle's or adapter's are dropped).
+def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Sequence[str] = ()) -> bool:
+    """Replace the y- cache with `known` under `key` (another bundle's or adapter's are dropped); False when it
+    could not be written (`atomic.write_cache_bytes`).
 
     At most `NEGATIVES_FILE_ENTRIES`: the `used` keys (this fit's prompts) first, then the newest of the rest.
     Each history change gives later items new prompts, so without a cap the file grew with every change.
@@ -59,7 +60,7 @@ def write_negatives(user_dir: Path, key: str, known: dict[str, str], used: Seque
             break
         chosen.add(entry)
     kept = {entry: text for entry, text in known.items() if entry in chosen}  # still oldest first
-    keyed_cache.write_entries(user_dir / NEGATIVES_FILE, key, kept)
+    return keyed_cache.write_entries(user_dir / NEGATIVES_FILE, key, kept)
 
 
 def forget_negatives(user_dir: Path, kept_item_ids: Set[str]) -> bool:
@@ -100,8 +101,9 @@ def read_features(user_dir: Path, key: str, dimension: int) -> PairFeatures:
     }
 
 
-def write_features(user_dir: Path, key: str, dimension: int, pairs: PairFeatures) -> None:
-    """Store up to `FEATURES_FILE_PAIRS` pairs under `key`, the first ones of `pairs` kept."""
+def write_features(user_dir: Path, key: str, dimension: int, pairs: PairFeatures) -> bool:
+    """Store up to `FEATURES_FILE_PAIRS` pairs under `key`, the first ones of `pairs` kept; False when they could
+    not be written."""
     from safetensors.numpy import save as save_safetensors
 
     kept = list(pairs.items())[:FEATURES_FILE_PAIRS]
@@ -110,4 +112,4 @@ def write_features(user_dir: Path, key: str, dimension: int, pairs: PairFeatures
         "first_logprobs": np.asarray([p for _, (_, p) in kept], dtype=np.float32),
     }
     metadata = {"key": key, "pairs": json.dumps([digest for digest, _ in kept])}
-    write_cache_bytes(user_dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))
+    return write_cache_bytes(user_dir / FEATURES_FILE, save_safetensors(tensors, metadata=metadata))

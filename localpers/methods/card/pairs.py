@@ -16,16 +16,19 @@ token bias.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from localpers import interrupts
 from localpers.bundle.format import Bundle
 from localpers.engine import Engine
 from localpers.engine.batch import PromptJob, fits, group_size, run_jobs
 from localpers.engine.generation import generate
+from localpers.errors import LocalpersError
 from localpers.methods.card import fit_prompts, pair_cache
 from localpers.methods.card.head import CardHead
 from localpers.methods.scoring import common_prefix_length
@@ -161,34 +164,42 @@ class PairBuilder:
             )
             if found is not None:
                 self._remember((cluster, prompt, item.output, negative), found)
-        self._batched_pass(items, prompts, blocks, known, cluster, seconds, report, save)
-        unsaved = 0
-        for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
-            key = _negative_key(item, prompt)
-            if key not in known:
-                started = time.perf_counter()
-                known[key] = self._generate_negative(item, prompt)
-                unsaved += 1
-                seconds["negatives"] += time.perf_counter() - started
-            negative = known[key]
-            negatives.append(negative)
-            if negative and negative != item.output:
-                started = time.perf_counter()
-                memo_key = (cluster, prompt, item.output, negative)
-                if memo_key not in self._pair_memo:
-                    self._remember(memo_key, self._pair_difference(item, negative, prompt))
+        try:
+            self._batched_pass(items, prompts, blocks, known, cluster, seconds, report, save)
+            unsaved = 0
+            for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
+                key = _negative_key(item, prompt)
+                if key not in known:
+                    started = time.perf_counter()
+                    known[key] = self._generate_negative(item, prompt)
                     unsaved += 1
-                difference, first_logprob = self._pair_memo[memo_key]
-                rows.append(difference)
-                first_logprobs.append(first_logprob)
-                seconds["features"] += time.perf_counter() - started
-            else:
-                first_logprobs.append(None)
-            if unsaved >= SAVE_EVERY:
+                    seconds["negatives"] += time.perf_counter() - started
+                negative = known[key]
+                negatives.append(negative)
+                if negative and negative != item.output:
+                    started = time.perf_counter()
+                    memo_key = (cluster, prompt, item.output, negative)
+                    if memo_key not in self._pair_memo:
+                        self._remember(memo_key, self._pair_difference(item, negative, prompt))
+                        unsaved += 1
+                    difference, first_logprob = self._pair_memo[memo_key]
+                    rows.append(difference)
+                    first_logprobs.append(first_logprob)
+                    seconds["features"] += time.perf_counter() - started
+                else:
+                    first_logprobs.append(None)
+                if unsaved >= SAVE_EVERY:
+                    save()
+                    unsaved = 0
+                report(done + 1)
+            save()
+        except KeyboardInterrupt as stop:
+            # what was scored since the last group's save is saved too, so the next fit goes on from the stop
+            with contextlib.suppress(LocalpersError):  # a user deleted meanwhile: nothing to keep
                 save()
-                unsaved = 0
-            report(done + 1)
-        save()
+            if saved.unwritable:  # the command must not say this fit's pairs are saved
+                interrupts.mark_unsaved(stop)
+            raise
         differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
         return negatives, differences, first_logprobs, seconds
 
@@ -208,7 +219,7 @@ class PairBuilder:
         """
         if len(known) > saved.negatives:
             used_keys = [_negative_key(item, prompt) for item, prompt in zip(items, prompts, strict=True)]
-            self._write_negatives(user, cluster, known, used_keys)
+            saved.unwritable |= not self._write_negatives(user, cluster, known, used_keys)
             saved.negatives = len(known)
         used = {}
         for item, prompt in zip(items, prompts, strict=True):
@@ -218,7 +229,7 @@ class PairBuilder:
                 used[pair_cache.pair_hash(cluster, prompt, item.output, negative)] = self._pair_memo[memo_key]
         if not set(used) <= set(saved.features):
             merged = {**used, **{k: v for k, v in saved.features.items() if k not in used}}
-            self._write_features(user, cluster, merged)
+            saved.unwritable |= not self._write_features(user, cluster, merged)
             saved.features = merged
 
     def _remember(self, key: tuple[int, str, str, str], value: tuple[np.ndarray, float]) -> None:
@@ -350,19 +361,19 @@ class PairBuilder:
     def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
         return pair_cache.read_negatives(user.dir, self._negatives_key(cluster))
 
-    def _write_negatives(self, user: User, cluster: int, known: dict[str, str], used: Sequence[str]) -> None:
+    def _write_negatives(self, user: User, cluster: int, known: dict[str, str], used: Sequence[str]) -> bool:
         with user.locked():  # a user deleted meanwhile is refused by name, not by a missing folder
             current = user.history_ids()  # an item removed while this fit ran stays removed
             kept = {key: text for key, text in known.items() if pair_cache.item_of_key(key) in current}
-            pair_cache.write_negatives(user.dir, self._negatives_key(cluster), kept, used)
+            return pair_cache.write_negatives(user.dir, self._negatives_key(cluster), kept, used)
 
     def _read_features(self, user: User, cluster: int) -> pair_cache.PairFeatures:
         return pair_cache.read_features(user.dir, self._negatives_key(cluster), self.head.d)
 
-    def _write_features(self, user: User, cluster: int, pairs: pair_cache.PairFeatures) -> None:
-        """This fit's pairs come first in `pairs`, so they are the ones a full cache keeps."""
+    def _write_features(self, user: User, cluster: int, pairs: pair_cache.PairFeatures) -> bool:
+        """This fit's pairs come first in `pairs`, so they are the ones a full cache keeps; False if unwritten."""
         with user.locked():
-            pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
+            return pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:
@@ -373,8 +384,10 @@ def _negative_key(item: HistoryItem, prompt: str) -> str:
 
 
 class _SavedPairs:
-    """What the user's caches hold so far in this fit: how many y-, and the pair features by hash."""
+    """What the user's caches hold so far in this fit: how many y-, the pair features by hash, and whether a write
+    failed (the caches then hold less than this fit scored)."""
 
     def __init__(self, negatives: int, features: pair_cache.PairFeatures) -> None:
         self.negatives = negatives
         self.features = features
+        self.unwritable = False
