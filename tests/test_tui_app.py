@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -708,6 +709,23 @@ async def test_users_made_or_deleted_by_another_command_are_offered_in_the_user_
         await pilot.pause()
         await wait_idle(pilot)
         assert app.user is not None and app.user.name == "erin"
+
+
+@async_test
+async def test_a_user_made_within_the_folders_timestamp_tick_is_offered(service: FakeService) -> None:
+    """The watch compared the users folder's stat: a user made in the same timestamp tick as the last listing (on
+    a file system with coarse timestamps) left it unchanged and was never offered (seventy-eighth session's
+    review; mended in the seventy-ninth)."""
+    app = make_app(service, text=DRAFT)
+    app.user_watch_seconds = 0.05
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        await pilot.pause(0.2)  # the watch has listed the users
+        users_dir = UserStore().users_dir
+        before = users_dir.stat()
+        UserStore().create("dora")
+        os.utime(users_dir, ns=(before.st_atime_ns, before.st_mtime_ns))  # a coarse tick: the same time
+        await until_offered(pilot, app, "dora")
 
 
 @async_test

@@ -10,6 +10,7 @@ command made or deleted one. It reads no other file's content (`refresh_user_vie
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ USER_WATCH_SECONDS = 2.0
 
 FileStamp = tuple[int, int, int] | None
 FolderStamp = tuple[FileStamp, FileStamp, FileStamp] | None
+ListingStamp = frozenset[str] | None
 
 
 def folder_stamp(user: User) -> FolderStamp:
@@ -51,7 +53,7 @@ class UserWatchMixin:
     user_watch_seconds: float = USER_WATCH_SECONDS
     _user_stamp: FolderStamp = None
     _listed_names: list[str] | None = None  # what the User select offers
-    _listing: FileStamp = None  # the users folder's stamp when they were last listed
+    _listing: ListingStamp = None  # the users folder's entries when they were last listed
     _fit_failed: dict[str, str]
     _strength_source: tuple[str, float | None] | None
     # It also calls Textual's `notify` and `screen`, and the app's `refresh_user_views`, `maybe_refit` and
@@ -133,10 +135,12 @@ class UserWatchMixin:
             return None
 
 
-def _listing_stamp(folder: Path) -> FileStamp:
-    """What changes when a user is made or deleted in `folder` (an entry added, renamed or removed)."""
+def _listing_stamp(folder: Path) -> ListingStamp:
+    """What changes when a user is made or deleted in `folder`: its entries' names (one listing, no stat of each).
+
+    Not the folder's modification time: on a file system with coarse timestamps a user made in the same tick as
+    the last listing left it unchanged, and the user was never offered."""
     try:
-        info = folder.stat()
+        return frozenset(os.listdir(folder))
     except OSError:
         return None
-    return (info.st_ino, info.st_size, info.st_mtime_ns)
