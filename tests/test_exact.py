@@ -460,3 +460,37 @@ def test_an_item_removed_while_the_index_is_built_is_neither_indexed_nor_counted
     assert report.n_pairs == 1 and report.n_indexed == 1 and index.meta["report"]["n_indexed"] == 1
     (records,) = json.loads((user.dir / "exact-selections.json").read_text()).values()
     assert list(records) == [items[0].id]  # nor is its search kept
+
+
+def test_removing_the_indexed_one_of_two_items_with_one_input_leaves_the_index_a_refit_builds(
+    personalizer: Personalizer,
+) -> None:
+    """The removal's index (the other item's cached search in the removed one's place) is the one a refit
+    builds from the history as it is now (seventy-ninth session)."""
+    from localpers.methods.forget import remove_history_items
+
+    user = UserStore().create("twins")
+    article = SHOUTED[0][0]
+    items = [item(article, "TWO BABY PANDAS ARRIVE!!!"), item(article, "Zoo Welcomes Two Baby Pandas")]
+    items.append(item(*SHOUTED[1]))
+    user.save_history(items)
+    library = ("Concise", "Vivid", "Exclamatory", "Formal")
+    index_exact(personalizer, user, k=2, library=library)
+
+    def stored() -> dict[str, tuple[list[str], float, list[float]]]:
+        index = load_index(user)
+        return {
+            entry.item_id: (
+                entry.attributes,
+                entry.margin,
+                [round(float(x), 4) for x in index.embeddings[row]],
+            )
+            for row, entry in enumerate(index.entries)
+        }
+
+    indexed = [one for one in items[:2] if one.id in stored()]
+    removed = indexed[0] if indexed else items[0]  # the twin the index holds, when the gain filter left one
+    remove_history_items(user, lambda _: {removed.id})
+    after_removal = stored()
+    index_exact(personalizer, user, k=2, library=library)
+    assert after_removal == stored()

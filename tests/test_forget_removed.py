@@ -90,3 +90,58 @@ def test_the_refit_advice_names_cope_only_for_a_user_with_a_cope_adapter() -> No
     (user.dir / "cope.json").write_text("{}", encoding="utf-8")
     second = CliRunner().invoke(app, ["history", "remove", items[2].id[:8], "--user", "dee"])
     assert "`localpers fit --method cope --user dee`" in second.output, second.output
+
+
+def test_a_removed_items_input_stays_indexed_for_another_item_that_shares_it() -> None:
+    """Of two items with one input the fit indexes the one with the larger margin; removing it dropped the input
+    from the index although the other item remained (seventy-eighth session's review; mended in the
+    seventy-ninth): the other item's search, in the selection cache, takes its place, as a refit would."""
+    from localpers.methods import exact_cache
+
+    user = UserStore().create("eve")
+    shared = "The council votes on the new tram line tonight."
+    best, other, negative = (
+        HistoryItem.create("headline", shared, "TRAM VOTE TONIGHT!!!"),
+        HistoryItem.create("headline", shared, "Tram Line Faces Vote"),
+        HistoryItem.create("headline", "Rain is expected all week.", "Wet Week Ahead"),
+    )
+    lone = HistoryItem.create("headline", "Rain is expected all week, again.", "Wetter Still")
+    user.save_history([best, other, negative, lone])
+    meta = {"bundle_sha256": "b" * 64, "adapter": "cluster-0", "k": 2, "library": ["short", "shout"]}
+    meta["fitted_by"] = "localpers test"
+    entries = [
+        IndexEntry(best.id, "headline", shared, ["shout"], 0.9, 0.2),
+        IndexEntry(negative.id, "headline", negative.input, ["short"], 0.5, 0.1),
+    ]
+    embeddings = np.eye(2, 8, dtype=np.float32)
+    ExactIndex(entries, embeddings, meta).save(index_path(user))
+    key = exact_cache.selections_key(
+        meta["bundle_sha256"], "cluster-0", 2, meta["library"], meta["fitted_by"]
+    )
+    records = {
+        best.id: exact_cache.SelectionRecord("d1", ("shout",), 0.9, 0.2),
+        other.id: exact_cache.SelectionRecord("d2", ("short", "shout"), 0.6, 0.2),
+        negative.id: exact_cache.SelectionRecord("d3", ("short",), 0.5, 0.1),
+        lone.id: exact_cache.SelectionRecord("d4", ("short",), 0.3, 0.1),
+    }
+    assert exact_cache.write_selections(user.dir, key, records)
+
+    result = CliRunner().invoke(app, ["history", "remove", best.id[:8], "--user", "eve"])
+    assert result.exit_code == 0, result.output
+    index = load_index(user)
+    assert [(e.item_id, e.attributes, e.margin) for e in index.entries] == [
+        (negative.id, ["short"], 0.5),
+        (other.id, ["short", "shout"], 0.6),
+    ]
+    assert np.allclose(index.embeddings, np.eye(2, 8, dtype=np.float32)[[1, 0]])  # the shared input's own row
+
+    # a remaining duplicate whose attributes lowered its margin stays out, as the fit's gain filter leaves it
+    records[other.id] = exact_cache.SelectionRecord("d2", ("short",), 0.1, 0.2)
+    exact_cache.write_selections(user.dir, key, {k: v for k, v in records.items() if k != best.id})
+    duplicate = HistoryItem.create("headline", negative.input, "Rain, Rain, Rain")
+    user.save_history([*user.history(), duplicate])
+    records[duplicate.id] = exact_cache.SelectionRecord("d5", ("short",), 0.05, 0.1)
+    exact_cache.write_selections(user.dir, key, {k: v for k, v in records.items() if k != best.id})
+    removed = CliRunner().invoke(app, ["history", "remove", negative.id[:8], "--user", "eve"])
+    assert removed.exit_code == 0, removed.output
+    assert [e.item_id for e in load_index(user).entries] == [other.id]

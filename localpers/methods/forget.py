@@ -3,19 +3,24 @@
 A removed item's text must not live on in files the methods keep beside the history: EXACT's index holds each
 indexed input verbatim (and `rewrite --method exact` would still retrieve it), and CARD's y- cache holds the
 model's rewrite of the input (EXACT's selection cache holds no text, but names the items by id).
-`forget_removed_items` drops all three for every item no longer in the history.
+`forget_removed_items` drops all three for every item no longer in the history; where a removed item's input is
+another remaining item's too, the index keeps the input with that item's attributes, as a fit would.
 It does not refit: the fitted vector, token bias and CoPe adapter were learned from the old history, and the
 caller says so (`refit_hint`). The history file and its BM25 index are the user's store's to write.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Set
+
+import numpy as np
 
 from localpers.errors import LocalpersError
 from localpers.methods import exact_cache
 from localpers.methods.card import pair_cache
-from localpers.methods.exact_index import ExactIndex, index_path
+from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path
+from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.store import User
 
@@ -55,6 +60,61 @@ def forget_removed_items(user: User) -> list[str]:
                 return changed  # a damaged index is refused by the rewrite itself, with how to rebuild it
             pruned = index.keeping(kept)
             if len(pruned.entries) != len(index.entries):
+                with contextlib.suppress(
+                    LocalpersError
+                ):  # a hand-edited entry's unknown task: left to the fit
+                    _index_remaining_duplicates(user, index, pruned)
                 pruned.save(path)
                 changed.append(path.name)
     return changed
+
+
+def _index_remaining_duplicates(user: User, index: ExactIndex, pruned: ExactIndex) -> None:
+    """Give a removed item's entry to a remaining item with the same input, as the fit would have (in place).
+
+    Of several items with one input the fit indexes only the one whose attributes gave the largest margin
+    (`exact.keep_for_index`); removing that one dropped the input from the index although the others remain.
+    Their searches are in the selection cache (under the index's key), and the input's embedding is the removed
+    entry's row. Without a usable record (another key, an index from before the cache) the input stays out until
+    the next fit.
+    """
+    meta = index.meta
+    try:
+        key = exact_cache.selections_key(
+            meta["bundle_sha256"], meta["adapter"], meta["k"], meta["library"], meta["fitted_by"]
+        )
+        records = exact_cache.read_selections(user.dir, key, meta["library"], meta["k"])
+    except (KeyError, TypeError):
+        return
+    indexed = {entry.item_id for entry in pruned.entries}
+    remaining: dict[str, list[HistoryItem]] = {}
+    for item in user.history():
+        if item.id not in indexed and item.id in records:
+            remaining.setdefault(_indexed_text(item.task, item.input), []).append(item)
+    for row, entry in enumerate(index.entries):
+        if entry.item_id in indexed:
+            continue
+        candidates = [
+            (records[item.id], item)
+            for item in remaining.pop(_indexed_text(entry.task, entry.input), [])
+            if records[item.id].margin >= records[item.id].base_margin  # the fit's non-negative gain filter
+        ]
+        if not candidates:
+            continue
+        record, item = max(candidates, key=lambda found: found[0].margin)
+        pruned.entries.append(
+            IndexEntry(
+                item.id,
+                item.task,
+                item.input,
+                list(record.attributes),
+                round(record.margin, 4),
+                round(record.base_margin, 4),
+            )
+        )
+        pruned.embeddings = np.concatenate([pruned.embeddings, index.embeddings[row : row + 1]])
+
+
+def _indexed_text(task: str, text: str) -> str:
+    """What the index embeds of an input (`exact.keep_for_index`'s key)."""
+    return get_task(task).content(text)
