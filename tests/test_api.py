@@ -1021,9 +1021,10 @@ def test_a_chat_through_exact_ends_at_the_turn_stops_and_takes_stop(
 ) -> None:
     """`cope` and `exact` run their own decoders, which were given neither a request's `stop` (a 400) nor a
     transcript's turn openings: a chat through them ran on into invented turns until max_tokens."""
-    from localpers.methods.card.prompting import chat_transcript
+    from localpers.methods.attributes import attribute_line
+    from localpers.methods.card.prompting import chat_transcript, transcript_stops
     from localpers.methods.exact import index_exact, load_index
-    from localpers.methods.exact_rewrite import rewrite_exact
+    from localpers.methods.exact_rewrite import retrieve, rewrite_exact
 
     messages = [
         ("system", "You are a helpful assistant."),
@@ -1066,16 +1067,34 @@ def test_a_chat_through_exact_ends_at_the_turn_stops_and_takes_stop(
         )
         assert stopped.choices[0].text == plain.text[: plain.text.index(later_word)]
         assert stopped.choices[0].finish_reason == "stop"
+        # a chat over the 1,000 characters a prompt carries beside the attribute line is given whole, as the
+        # methods on the adapters give it (it was a 400 naming `messages` until the seventy-ninth session)
         too_long = chat + [{"role": "user", "content": "And of Spain? " * 80}]
-        with pytest.raises(
-            openai.BadRequestError, match="method 'exact' reads at most 1,000 characters of this chat"
-        ):
-            client.chat.completions.create(
-                model="localpers/exa",
-                messages=too_long,  # type: ignore[arg-type]
-                max_tokens=4,
-                extra_body={"method": "exact"},
-            )
+        transcript = chat_transcript([*messages, ("user", "And of Spain? " * 80)])
+        index = load_index(user)
+        attributes = retrieve(index, transcript, "free").attributes
+        whole, _ = rewrite_exact(
+            personalizer,
+            index,
+            transcript,
+            task="free",
+            max_tokens=4,
+            stop=transcript_stops([*messages, ("user", "And of Spain? " * 80)]),
+            alone_over=lambda room: True,
+        )
+        expected = transcript.strip() + (f"\n{attribute_line(attributes)}" if attributes else "")
+        assert (
+            whole.prompt_tokens == len(personalizer.engine.tokenize(expected))
+            and whole.text_chars_read is None
+        )
+        long_answer = client.chat.completions.create(
+            model="localpers/exa",
+            messages=too_long,  # type: ignore[arg-type]
+            max_tokens=4,
+            extra_body={"method": "exact"},
+        )
+        assert long_answer.choices[0].message.content == whole.text.strip()
+        assert long_answer.usage is not None and long_answer.usage.prompt_tokens == whole.prompt_tokens
     finally:
         store.delete("exa")
 
@@ -1108,30 +1127,3 @@ def test_a_history_that_cannot_be_read_does_not_stop_the_global_adapter(
             backend.run(parse_completion({**body, "method": "global-history"}))
     finally:
         store.delete("frank")
-
-
-def test_a_chat_over_exacts_limit_beside_its_attribute_line_is_named_as_the_chats(
-    backend: ApiBackend, store: UserStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """EXACT's limit is 1,000 characters less its attribute line, known only once retrieved: a chat just under 1,000
-    passed the check and was refused by the task as a text to "split and rewrite", naming no field."""
-    from localpers.api.requests import parse_chat
-    from localpers.tasks import get_task
-
-    def refused_by_the_task(*args: object, **kwargs: object) -> object:
-        get_task("free").check_text("x" * 990, room=30)
-        raise AssertionError("the check should have refused the text")
-
-    monkeypatch.setattr(ApiBackend, "_own_decoder", refused_by_the_task)
-    store.create("gina")
-    try:
-        job = parse_chat(
-            {"model": "localpers/gina", "method": "exact", "messages": [{"role": "user", "content": "Hi"}]}
-        )
-        with pytest.raises(
-            ApiError, match="method 'exact' reads at most 970 characters of this chat, and it has 990"
-        ) as raised:
-            backend.run(job)
-        assert raised.value.param == "messages"
-    finally:
-        store.delete("gina")

@@ -78,6 +78,47 @@ def test_alpha_zero_is_plain_greedy_decoding_of_the_user_model(decoder: CopeDeco
     assert contrastive.tokens == plain.tokens
 
 
+def test_a_long_free_text_is_given_alone_only_when_asked(decoder: CopeDecoder) -> None:
+    """The API gives a `free` text over 1,000 characters alone, bounded by the context; CoPe refused it with a 400
+    naming `messages` until the seventy-ninth session. Elsewhere (the CLI) the limit stands."""
+    from localpers.methods.base import RewriteOptions, gives_text_alone
+    from localpers.methods.cope_decode import rewrite_cope
+    from localpers.tasks import TextTooLong
+
+    state = types.SimpleNamespace(conditioned=False, cluster=0, base_adapter="base")
+    text = "=" * 1100  # few tokens: inside this decoder's 256-token context
+    with pytest.raises(TextTooLong):
+        rewrite_cope(decoder, state, text, task="free", max_tokens=4)  # type: ignore[arg-type]
+    whole = rewrite_cope(decoder, state, text, task="free", max_tokens=4, alone=True)  # type: ignore[arg-type]
+    assert whole.prompt_tokens == len(decoder.user.tokenize(text)) and whole.text_chars_read is None
+    asked = RewriteOptions(task="free", long_text_alone=True)
+    assert gives_text_alone(text, asked) and not gives_text_alone(text, RewriteOptions(task="free"))
+    assert not gives_text_alone("=" * 990, asked) and gives_text_alone("=" * 990, asked, room=30)
+    assert not gives_text_alone(text, RewriteOptions(task="paraphrase", long_text_alone=True))
+
+
+def test_the_api_decoder_gives_a_long_text_alone_and_says_the_examples_were_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from localpers.methods import cope_method
+    from localpers.methods.base import RewriteOptions
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(cope_method, "rewrite_cope", lambda *args, **kwargs: calls.append(kwargs))
+    decoder = object.__new__(cope_method.CopeUserDecoder)
+    decoder.state = types.SimpleNamespace(conditioned=True)  # type: ignore[assignment]
+    decoder.user = types.SimpleNamespace(history_index=lambda task: types.SimpleNamespace(pool=["an item"]))  # type: ignore[assignment]
+    decoder.decoder, decoder.prompt_format = None, None  # type: ignore[assignment]
+    notes: list[str] = []
+    options = RewriteOptions(task="free", long_text_alone=True, note=notes.append)
+    decoder.rewrite("A short text.", options)
+    decoder.rewrite("word " * 300, options)
+    assert [call["alone"] for call in calls] == [False, True]
+    assert notes == [
+        "the text has over 1,000 characters: it was given without your examples, which would not fit beside it"
+    ]
+
+
 def test_stacked_adapter_is_the_sum_of_its_parts(
     backbone: Backbone, adapters: dict[str, Path], tmp_path: Path
 ) -> None:

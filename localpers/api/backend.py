@@ -8,9 +8,10 @@ may raise to abandon the generation (a client that went away). It never logs req
 outgoing connection.
 
 What a method needs is asked of the registry's `Method`, never of its name: methods that decode through the
-Personalizer's adapters take the user's stored fit, a chat template and a long text alone; a method with its
-own decoder (`own_decoder`) is served by the `UserDecoder` it opens, kept open while it `serves` the user. Both
-take the request's stop strings and a transcript's turn openings.
+Personalizer's adapters take the user's stored fit and a chat template; a method with its own decoder
+(`own_decoder`) is served by the `UserDecoder` it opens, kept open while it `serves` the user. Both take the
+request's stop strings and a transcript's turn openings, and a `free` text too long to carry beside the user's
+examples alone, bounded by the context only.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
 from localpers.errors import LocalpersError
-from localpers.methods.base import Method, RewriteOptions, UserDecoder, cut_text_note
+from localpers.methods.base import GIVEN_ALONE, Method, RewriteOptions, UserDecoder, cut_text_note
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
@@ -33,7 +34,7 @@ from localpers.methods.card.prompting import chat_transcript, transcript_stops
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import get_method
 from localpers.methods.reports import RewriteResult
-from localpers.tasks import TextTooLong, get_task
+from localpers.tasks import get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
@@ -210,25 +211,14 @@ class ApiBackend:
                     f"no user: name one with `user` or `localpers/<user>` for method {method!r}",
                     param="user",
                 )
-            free = get_task("free")
-            if use_chat_prompt and len(free.content(text)) > free.max_input_chars:  # before a decoder opens
-                raise _chat_too_long(method, len(free.content(text)), free.max_input_chars)
-            try:
-                result = self._own_decoder(chosen, user, text, task, job, on_text, stop)
-            except TextTooLong as exc:  # EXACT's limit is lower by its attribute line, known once retrieved
-                if not use_chat_prompt:
-                    raise
-                raise _chat_too_long(method, exc.length, exc.limit) from None
+            result = self._own_decoder(chosen, user, text, task, job, on_text, stop, notes)
         else:
             free = get_task("free")
             # A text longer than the free task's prompt carries with the user's examples (a long chat, a
             # document to continue) is given alone, as a chat template's prompt is: the context bounds it.
             alone = task == free.name and len(free.content(text)) > free.max_input_chars
             if alone and history is not None and history.pool:
-                notes.append(
-                    f"the text has over {free.max_input_chars:,} characters: it was given without your examples,"
-                    " which would not fit beside it"
-                )
+                notes.append(f"the text has over {free.max_input_chars:,} characters: {GIVEN_ALONE}")
             result = self.personalizer.rewrite(
                 text,
                 task=task,
@@ -259,8 +249,10 @@ class ApiBackend:
         job: GenerationJob,
         on_text: TextSink | None,
         stop: tuple[str, ...],
+        notes: list[str],
     ) -> RewriteResult:
-        """Rewrite with the method's own decoder for `user`, reusing the open one while it serves them."""
+        """Rewrite with the method's own decoder for `user`, reusing the open one while it serves them. A `free`
+        text too long to carry beside the user's examples is given alone, as to the other methods."""
         decoder = self._decoders.get(method.name)
         if decoder is None or not decoder.serves(user):
             if decoder is not None:
@@ -274,18 +266,10 @@ class ApiBackend:
             sampling=job.sampling,
             on_text=on_text,
             stop=stop,
+            note=notes.append,
+            long_text_alone=True,
         )
         return decoder.rewrite(text, options)
-
-
-def _chat_too_long(method: str, length: int, limit: int) -> ApiError:
-    """The refusal of a chat transcript longer than a method with its own decoder reads."""
-    return ApiError(
-        400,
-        f"method {method!r} reads at most {limit:,} characters of this chat, and it has {length:,}: shorten it,"
-        " or use a method that decodes on an adapter (e.g. card-auto), which takes a longer chat",
-        param="messages",
-    )
 
 
 def _without_leading_space(on_text: TextSink | None) -> TextSink | None:

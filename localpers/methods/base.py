@@ -54,6 +54,25 @@ class RewriteOptions:
     # stop strings added to the task's (an API client's `stop`, a chat's turn openings)
     stop: tuple[str, ...] = ()
     note: Callable[[str], None] = field(default=lambda _: None)  # the method's remarks (e.g. a fallback)
+    # a `free` text too long to carry beside the user's examples (or EXACT's attribute line) is given alone,
+    # bounded by the context only, as the API gives a long chat or prompt to every method; else it is refused
+    long_text_alone: bool = False
+
+
+GIVEN_ALONE = "it was given without your examples, which would not fit beside it"
+
+
+def gives_text_alone(text: str, options: RewriteOptions, room: int = 0) -> bool:
+    """Whether `text` goes alone into the prompt (`RewriteOptions.long_text_alone`): a `free` text over what the
+    task carries beside the user's examples, less `room` characters (EXACT's attribute line)."""
+    from localpers.tasks import get_task
+
+    free = get_task("free")
+    return (
+        options.long_text_alone
+        and options.task == free.name
+        and len(free.content(text)) > free.max_input_chars - room
+    )
 
 
 def note_cut_text(text: str, result: RewriteResult, options: RewriteOptions) -> None:

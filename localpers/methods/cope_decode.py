@@ -200,6 +200,7 @@ def rewrite_cope(
     prompt_format: PromptFormat | None = None,
     show_examples: bool = False,
     stop: Sequence[str] = (),
+    alone: bool = False,
 ) -> RewriteResult:
     """`Personalizer.rewrite`'s counterpart for CoPe (the `strength` field holds alpha).
 
@@ -208,14 +209,18 @@ def rewrite_cope(
     task prompt. Both are tokenized as CARD's are (`prompting.prompt_tokens`: a headline of very dense text reads
     less of it). The task's word-only repetition rule applies unless `sampling` sets one (`Personalizer.rewrite`).
     With `show_examples`, the result lists the history items the prompt showed, as `Personalizer.rewrite`'s does.
-    `stop` adds stop strings to the task's.
+    `stop` adds stop strings to the task's. With `alone` the text is the whole prompt, without examples and with no
+    limit but the context's (a `free` text too long to carry beside them, `RewriteOptions.long_text_alone`).
     """
     chosen = get_task(task)
-    chosen.check_text(text)
     sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
     started = time.perf_counter()
-    used_format = prompt_format if state.conditioned else None
-    prompt, _, chars_read = prompt_tokens(decoder.user, chosen.name, text, used_format, history)
+    used_format = prompt_format if state.conditioned and not alone else None
+    if alone:
+        prompt, chars_read = decoder.user.tokenize(chosen.content(text)), None
+    else:
+        chosen.check_text(text)
+        prompt, _, chars_read = prompt_tokens(decoder.user, chosen.name, text, used_format, history)
     result, _ = decoder.generate(
         prompt,
         max_tokens=max_tokens or chosen.default_max_tokens,

@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from localpers.errors import LocalpersError
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
+from localpers.methods.base import (
+    GIVEN_ALONE,
+    Fitted,
+    Method,
+    Progress,
+    RewriteOptions,
+    UserDecoder,
+    gives_text_alone,
+    note_cut_text,
+)
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope import CopeState, fit_cope, load_state, stored_bytes
 from localpers.methods.cope_decode import DEFAULT_ALPHA, CopeDecoder, rewrite_cope
@@ -32,6 +41,10 @@ class CopeUserDecoder(UserDecoder):
         self.decoder = CopeDecoder.for_user(personalizer, user, self.state)
 
     def rewrite(self, text: str, options: RewriteOptions) -> RewriteResult:
+        alone = gives_text_alone(text, options)
+        history = self.user.history_index(get_task(options.task)) if self.state.conditioned else None
+        if alone and history is not None and history.pool:
+            options.note(f"the text has over {get_task('free').max_input_chars:,} characters: {GIVEN_ALONE}")
         return rewrite_cope(
             self.decoder,
             self.state,
@@ -41,10 +54,11 @@ class CopeUserDecoder(UserDecoder):
             max_tokens=options.max_tokens,
             on_text=options.on_text,
             sampling=options.sampling,
-            history=self.user.history_index(get_task(options.task)) if self.state.conditioned else None,
+            history=history,
             prompt_format=self.prompt_format,
             show_examples=True,
             stop=options.stop,
+            alone=alone,
         )
 
     def serves(self, user: User) -> bool:

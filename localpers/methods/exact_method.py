@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, UserDecoder, note_cut_text
+from localpers.methods.base import (
+    Fitted,
+    Method,
+    Progress,
+    RewriteOptions,
+    UserDecoder,
+    gives_text_alone,
+    note_cut_text,
+)
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope_method import storage_line
 from localpers.methods.exact import ExactIndex, index_exact, index_path, load_index
@@ -40,6 +48,7 @@ class ExactUserDecoder(UserDecoder):
             on_text=options.on_text,
             sampling=options.sampling,
             stop=options.stop,
+            alone_over=lambda room: gives_text_alone(text, options, room),
         )
 
     def rewrite(self, text: str, options: RewriteOptions) -> RewriteResult:

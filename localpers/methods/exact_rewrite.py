@@ -72,14 +72,27 @@ def rewrite_exact(
     on_text: Callable[[str], None] | None = None,
     sampling: SamplerSettings | None = None,
     stop: Sequence[str] = (),
+    alone_over: Callable[[int], bool] | None = None,
 ) -> tuple[RewriteResult, Retrieval]:
     """Generate with the cluster model on the prompt carrying the retrieved attribute line (`stop`: stop strings
-    added to the task's)."""
+    added to the task's).
+
+    `alone_over(room)` says whether the text, with `room` characters kept for the attribute line, goes into the
+    prompt whole with the line after it, bounded by the context only (`base.gives_text_alone`); otherwise a text
+    over the task's limit less the line is refused or cut, as the task does.
+    """
     started = time.perf_counter()
     retrieval = retrieve(index, text, task)
     retrieval_ms = 1000 * (time.perf_counter() - started)
-    if retrieval.attributes:
-        get_task(task).check_text(text, room=len(attribute_line(retrieval.attributes)) + 1)
+    room = len(attribute_line(retrieval.attributes)) + 1 if retrieval.attributes else 0
+    alone = alone_over is not None and alone_over(room)
+    prompt = None
+    if alone:
+        whole = get_task(task).content(text)
+        line = attribute_line(retrieval.attributes) if retrieval.attributes else ""
+        prompt = personalizer.engine.tokenize(f"{whole}\n{line}" if line else whole)
+    elif retrieval.attributes:
+        get_task(task).check_text(text, room=room)
     cluster = index.meta.get("cluster")
     result = personalizer.rewrite(
         attributed_input(task, text, retrieval.attributes),
@@ -89,10 +102,13 @@ def rewrite_exact(
         max_tokens=max_tokens,
         on_text=on_text,
         sampling=sampling,
+        prompt=prompt,
         stop=stop,
     )
     # Retrieval (one encoder call) is part of EXACT's prompt cost.
-    if retrieval.attributes and get_task(task).is_cut(text):  # attributed_input cut it, the line kept
+    if (
+        retrieval.attributes and not alone and get_task(task).is_cut(text)
+    ):  # attributed_input cut it, the line kept
         line = attribute_line(retrieval.attributes)
         result = replace(result, text_chars_read=get_task(task).max_input_chars - len(line) - 1)
     result = replace(
