@@ -373,6 +373,18 @@ def test_a_refit_searches_only_new_or_changed_pairs_and_a_stopped_fit_keeps_its_
     with pytest.raises(KeyboardInterrupt) as stopped:
         index_exact(personalizer, user, k=2, library=library)
     assert interrupts.was_unsaved(stopped.value)
+    # ... also when the stop comes after the searches, while the inputs are embedded (review, same session)
+    monkeypatch.setattr(exact, "greedy_select", real_search)
+
+    def stopped_embedding(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("localpers.engine.encoder.embed_texts", stopped_embedding)
+    with pytest.raises(KeyboardInterrupt) as embedding:
+        index_exact(
+            personalizer, user, k=2, library=library, cluster=0
+        )  # no encoder call before the searches
+    assert interrupts.was_unsaved(embedding.value)
 
 
 def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

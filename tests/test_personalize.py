@@ -208,11 +208,15 @@ def test_interrupted_fit_keeps_the_previous_vector(personalizer: Personalizer) -
     assert user.state()["fit"] == before_state["fit"]
 
 
-def test_a_stopped_fit_says_whether_its_pairs_could_be_saved(personalizer: Personalizer) -> None:
+def test_a_stopped_fit_says_whether_its_pairs_could_be_saved(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fit stopped by Ctrl-C said "the pairs scored so far are saved" even when its cache could not be written
     (a folder where negatives.json goes; seventy-eighth session's review, mended in the seventy-ninth)."""
     from localpers import interrupts
+    from localpers.methods.card import user_fit
     from localpers.methods.card.pair_cache import NEGATIVES_FILE
+    from localpers.methods.card.pairs import PairBuilder
 
     def interrupt(stage: str, done: int, total: int) -> None:
         if stage == "pairs" and done >= 2:
@@ -232,6 +236,41 @@ def test_a_stopped_fit_says_whether_its_pairs_could_be_saved(personalizer: Perso
     with pytest.raises(KeyboardInterrupt) as unwritable:
         personalizer.fit_user(user, progress=interrupt)
     assert interrupts.was_unsaved(unwritable.value)
+
+    # a stop after the pairs, while the vector or the token bias is fitted (review of the seventy-ninth session)
+    def stopped_later(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    personalizer.pairs._pair_memo.clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(user_fit, "token_bias", stopped_later)
+        with pytest.raises(KeyboardInterrupt) as later:
+            personalizer.fit_user(user)
+    assert interrupts.was_unsaved(later.value)
+
+    # a second Ctrl-C during the save the first one asked for: that save may not have been written
+    (user.dir / NEGATIVES_FILE).rmdir()
+    stopping = False
+    save = PairBuilder._save_pairs
+
+    def interrupt_and_note(stage: str, done: int, total: int) -> None:
+        nonlocal stopping
+        if stage == "pairs" and done >= 2:
+            stopping = True
+            raise KeyboardInterrupt
+
+    def second_ctrl_c(self: PairBuilder, *args: Any) -> bool:
+        if stopping:
+            raise KeyboardInterrupt("second")
+        return save(self, *args)
+
+    personalizer.pairs._pair_memo.clear()
+    user.save_history(items(SHOUTY[:6]))  # new items: new pairs to save when stopped
+    with monkeypatch.context() as patched:
+        patched.setattr(PairBuilder, "_save_pairs", second_ctrl_c)
+        with pytest.raises(KeyboardInterrupt) as second:
+            personalizer.fit_user(user, progress=interrupt_and_note)
+    assert str(second.value) == "second" and interrupts.was_unsaved(second.value)
 
 
 def test_fit_and_rewrite_open_no_socket(

@@ -201,8 +201,36 @@ def index_exact(
     `cluster` skips the cluster assignment when the caller already knows it. A pair searched by an earlier fit
     (same bundle, adapter, k, library and fit format; the same prompts, y+ and y-) keeps what that search found
     instead of being searched again; each new search is saved to the cache as soon as it ends. Items removed while
-    the fit ran are neither indexed nor counted among the report's pairs and inputs.
+    the fit ran are neither indexed nor counted among the report's pairs and inputs. A stop (Ctrl-C) after a
+    search could not be saved is marked (`interrupts.mark_unsaved`): the command does not say the searches are.
     """
+    writes = _CacheWrites()
+    try:
+        return _index_exact(
+            personalizer, user, k, library, history_limit, max_pairs, cluster, progress, writes
+        )
+    except KeyboardInterrupt as stop:
+        if writes.failed:
+            interrupts.mark_unsaved(stop)
+        raise
+
+
+@dataclass
+class _CacheWrites:
+    failed: bool = False  # a search could not be written to the selection cache
+
+
+def _index_exact(
+    personalizer: Personalizer,
+    user: User,
+    k: int,
+    library: Sequence[str],
+    history_limit: int | None,
+    max_pairs: int | None,
+    cluster: int | None,
+    progress: Progress | None,
+    writes: _CacheWrites,
+) -> ExactReport:
     items = history_for(user, history_limit, "EXACT")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
@@ -233,7 +261,6 @@ def index_exact(
     # progress by prompt scoring, not by pair: a pair's search takes 30 s or more on 2 cores
     per_pair = 1 + sum(len(library) - step for step in range(min(k, len(library))))
     scorings = 0
-    cached = True
 
     def scored(margin: PairMargins) -> MarginFunction:
         def counted(attributes: tuple[str, ...]) -> float:
@@ -246,23 +273,17 @@ def index_exact(
 
         return counted
 
-    try:
-        for item, negative in searched:
-            selection = greedy_select(scored(PairMargins(scorer, item, negative)), library, k)
-            found[item.id] = selection
-            records[item.id] = SelectionRecord(
-                digests[item.id], selection.attributes, selection.margin, selection.base_margin
-            )
-            # after each search, so a stopped fit keeps what it found; refused for a deleted user
-            with user.locked():
-                current = user.history_ids()  # an item removed while this fit ran stays removed
-                cached &= write_selections(
-                    user.dir, key, {item_id: r for item_id, r in records.items() if item_id in current}
-                )
-    except KeyboardInterrupt as stop:
-        if not cached:  # the command must not say the searches so far are saved
-            interrupts.mark_unsaved(stop)
-        raise
+    for item, negative in searched:
+        selection = greedy_select(scored(PairMargins(scorer, item, negative)), library, k)
+        found[item.id] = selection
+        records[item.id] = SelectionRecord(
+            digests[item.id], selection.attributes, selection.margin, selection.base_margin
+        )
+        # after each search, so a stopped fit keeps what it found; refused for a deleted user
+        with user.locked():
+            current = user.history_ids()  # an item removed while this fit ran stays removed
+            kept = {item_id: r for item_id, r in records.items() if item_id in current}
+            writes.failed |= not write_selections(user.dir, key, kept)
     selections = [(item, found[item.id]) for item, _ in pairs]
     evaluations = sum(selection.evaluations for _, selection in selections)
     seconds["selection"] = time.perf_counter() - started
@@ -302,7 +323,7 @@ def index_exact(
             tokens_without_reuse=scorer.requested_tokens,
             mean_gain=round(float(np.mean(gains)), 4) if gains else None,
             seconds={name: round(value, 3) for name, value in seconds.items()},
-            selections_cached=cached,
+            selections_cached=not writes.failed,
         )
         entries = [
             IndexEntry(

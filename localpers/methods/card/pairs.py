@@ -8,22 +8,20 @@ evaluates each block once). y- are deterministic for (bundle, cluster, prompt), 
 folder; the pair features `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for
 the per-user choice's refit and cached beside them (both files: `pair_cache`), so a refit after new items scores
 only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
-each group of prompts, so a fit stopped midway (Ctrl-C) keeps its finished groups and the next fit goes on from
-there. It also yields the base model's log-probability of each y+'s first token (the opening habits'
+each group of prompts and once more when a fit is stopped (Ctrl-C), so the next fit goes on from there; a write
+that failed is remembered (`cache_write_failed`), so the command does not say the work was kept. It also yields the base model's log-probability of each y+'s first token (the opening habits'
 calibration). It fits nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and a
 token bias.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localpers import interrupts
 from localpers.bundle.format import Bundle
 from localpers.engine import Engine
 from localpers.engine.batch import PromptJob, fits, group_size, run_jobs
@@ -66,6 +64,8 @@ class PairBuilder:
         self.bundle_sha256 = bundle_sha256
         self.head = head
         self.prompt_format = prompt_format
+        # a cache write failed (or a stop cut the last one short) since `Personalizer.fit_user` reset it
+        self.cache_write_failed = False
         self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
 
     def _adapter(self, cluster: int | None) -> str:
@@ -152,8 +152,8 @@ class PairBuilder:
                 reported = done
                 progress("pairs", done, len(items))
 
-        def save() -> None:
-            self._save_pairs(user, cluster, items, prompts, known, saved)
+        def save() -> bool:
+            return self._save_pairs(user, cluster, items, prompts, known, saved)
 
         for item, prompt in zip(items, prompts, strict=True):
             negative = known.get(_negative_key(item, prompt))
@@ -193,12 +193,15 @@ class PairBuilder:
                     unsaved = 0
                 report(done + 1)
             save()
-        except KeyboardInterrupt as stop:
-            # what was scored since the last group's save is saved too, so the next fit goes on from the stop
-            with contextlib.suppress(LocalpersError):  # a user deleted meanwhile: nothing to keep
-                save()
-            if saved.unwritable:  # the command must not say this fit's pairs are saved
-                interrupts.mark_unsaved(stop)
+        except KeyboardInterrupt:
+            # what was scored since the last group's save is saved too, so the next fit goes on from the stop;
+            # until that save ends (a second Ctrl-C may cut it short) the work counts as unsaved
+            failed_before, self.cache_write_failed = self.cache_write_failed, True
+            try:
+                written = save()
+            except LocalpersError:  # the user deleted, made anew or locked by another command meanwhile
+                written = False
+            self.cache_write_failed = failed_before or not written
             raise
         differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
         return negatives, differences, first_logprobs, seconds
@@ -211,15 +214,17 @@ class PairBuilder:
         prompts: Sequence[str],
         known: dict[str, str],
         saved: _SavedPairs,
-    ) -> None:
-        """Write the y- and pair features this fit has that the user's caches lack (none: nothing written).
+    ) -> bool:
+        """Write the y- and pair features this fit has that the user's caches lack (none: nothing written); False
+        when a cache could not be written (`cache_write_failed` says so from then on).
 
-        Called after each group of prompts as well as at the end, so a fit stopped midway (Ctrl-C, a closed
-        laptop) keeps the work of its finished groups and the next fit starts from there.
+        Called after each group of prompts, at the end and when the fit is stopped, so a fit stopped midway
+        (Ctrl-C, a closed laptop) keeps the work it did and the next fit starts from there.
         """
+        written = True
         if len(known) > saved.negatives:
             used_keys = [_negative_key(item, prompt) for item, prompt in zip(items, prompts, strict=True)]
-            saved.unwritable |= not self._write_negatives(user, cluster, known, used_keys)
+            written &= self._write_negatives(user, cluster, known, used_keys)
             saved.negatives = len(known)
         used = {}
         for item, prompt in zip(items, prompts, strict=True):
@@ -229,8 +234,10 @@ class PairBuilder:
                 used[pair_cache.pair_hash(cluster, prompt, item.output, negative)] = self._pair_memo[memo_key]
         if not set(used) <= set(saved.features):
             merged = {**used, **{k: v for k, v in saved.features.items() if k not in used}}
-            saved.unwritable |= not self._write_features(user, cluster, merged)
+            written &= self._write_features(user, cluster, merged)
             saved.features = merged
+        self.cache_write_failed |= not written
+        return written
 
     def _remember(self, key: tuple[int, str, str, str], value: tuple[np.ndarray, float]) -> None:
         if len(self._pair_memo) >= PAIR_MEMO_SIZE:
@@ -384,10 +391,8 @@ def _negative_key(item: HistoryItem, prompt: str) -> str:
 
 
 class _SavedPairs:
-    """What the user's caches hold so far in this fit: how many y-, the pair features by hash, and whether a write
-    failed (the caches then hold less than this fit scored)."""
+    """What the user's caches hold so far in this fit: how many y-, and the pair features by hash."""
 
     def __init__(self, negatives: int, features: pair_cache.PairFeatures) -> None:
         self.negatives = negatives
         self.features = features
-        self.unwritable = False

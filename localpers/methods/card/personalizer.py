@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localpers import interrupts
 from localpers.bundle.format import Bundle, open_bundle, reading_bundle, sha256_of_file
 from localpers.engine import CONTEXT_TOKENS, Engine
 from localpers.engine.backbone import Backbone, resolve_backbone
@@ -396,16 +397,26 @@ class Personalizer:
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         choose: bool = True,
     ) -> FitReport:
-        """Fit `user` and store the result in its folder (`user_fit.fit_user`)."""
-        return user_fit.fit_user(
-            self,
-            user,
-            progress=progress,
-            regularisation=regularisation,
-            history_limit=history_limit,
-            prior_weight=prior_weight,
-            choose=choose,
-        )
+        """Fit `user` and store the result in its folder (`user_fit.fit_user`).
+
+        A stop (Ctrl-C) after a pair cache could not be written is marked (`interrupts.mark_unsaved`), so the
+        command does not say the pairs scored so far are saved.
+        """
+        self.pairs.cache_write_failed = False
+        try:
+            return user_fit.fit_user(
+                self,
+                user,
+                progress=progress,
+                regularisation=regularisation,
+                history_limit=history_limit,
+                prior_weight=prior_weight,
+                choose=choose,
+            )
+        except KeyboardInterrupt as stop:
+            if self.pairs.cache_write_failed:
+                interrupts.mark_unsaved(stop)
+            raise
 
     def fit_items(
         self,
