@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +92,16 @@ class ExactIndex:
             )
         return cls(entries, embeddings.astype(np.float32), meta)
 
-    def keeping(self, item_ids: Set[str]) -> ExactIndex:
-        """This index without the entries of items not in `item_ids` (the history after a removal)."""
-        rows = [row for row, entry in enumerate(self.entries) if entry.item_id in item_ids]
+    def keeping(self, item_ids: Set[str], successors: Mapping[int, IndexEntry] | None = None) -> ExactIndex:
+        """This index without the entries of items not in `item_ids` (the history after a removal), except that
+        the entry in row r of a removed item becomes `successors[r]` (another item of the same input), in place."""
+        successors = successors or {}
+        rows = [
+            row for row, entry in enumerate(self.entries) if entry.item_id in item_ids or row in successors
+        ]
+        entries = [successors.get(row, self.entries[row]) for row in rows]
         embeddings = self.embeddings[rows] if rows else self.embeddings[:0]
-        return ExactIndex([self.entries[row] for row in rows], embeddings, dict(self.meta))
+        return ExactIndex(entries, embeddings, dict(self.meta))
 
     def nearest(self, query: np.ndarray) -> tuple[IndexEntry, float] | None:
         """The entry whose input embedding is closest (cosine) to `query`; None for an empty index."""

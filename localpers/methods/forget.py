@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Set
 
-import numpy as np
-
 from localpers.errors import LocalpersError
 from localpers.methods import exact_cache
 from localpers.methods.card import pair_cache
@@ -58,25 +56,22 @@ def forget_removed_items(user: User) -> list[str]:
                 index = ExactIndex.load(path, user.name)
             except LocalpersError:
                 return changed  # a damaged index is refused by the rewrite itself, with how to rebuild it
-            pruned = index.keeping(kept)
-            if len(pruned.entries) != len(index.entries):
-                with contextlib.suppress(
-                    LocalpersError
-                ):  # a hand-edited entry's unknown task: left to the fit
-                    _index_remaining_duplicates(user, index, pruned)
-                pruned.save(path)
+            if any(entry.item_id not in kept for entry in index.entries):
+                index.keeping(kept, _successors(user, index, kept)).save(path)
                 changed.append(path.name)
     return changed
 
 
-def _index_remaining_duplicates(user: User, index: ExactIndex, pruned: ExactIndex) -> None:
-    """Give a removed item's entry to a remaining item with the same input, as the fit would have (in place).
+def _successors(user: User, index: ExactIndex, kept: Set[str]) -> dict[int, IndexEntry]:
+    """For each row of a removed item, the entry of a remaining item with the same input, where the fit would
+    have indexed one: row -> entry.
 
     Of several items with one input the fit indexes only the one whose attributes gave the largest margin
     (`exact.keep_for_index`); removing that one dropped the input from the index although the others remain.
-    Their searches are in the selection cache (under the index's key), and the input's embedding is the removed
-    entry's row. Without a usable record (another key, an index from before the cache) the input stays out until
-    the next fit.
+    Their searches are in the selection cache under the index's key (same bundle, adapter, k, library and fit
+    format), and the input's embedding is the removed entry's row. Without such a record (an index from before
+    the cache, a search never made because the fit's window left the item out) the input stays out until the
+    next fit. A hand-edited entry whose task is unknown is left to the fit too.
     """
     meta = index.meta
     try:
@@ -85,25 +80,27 @@ def _index_remaining_duplicates(user: User, index: ExactIndex, pruned: ExactInde
         )
         records = exact_cache.read_selections(user.dir, key, meta["library"], meta["k"])
     except (KeyError, TypeError):
-        return
-    indexed = {entry.item_id for entry in pruned.entries}
-    remaining: dict[str, list[HistoryItem]] = {}
+        return {}
+    indexed = {entry.item_id for entry in index.entries if entry.item_id in kept}
+    unindexed: dict[str, list[HistoryItem]] = {}
     for item in user.history():
-        if item.id not in indexed and item.id in records:
-            remaining.setdefault(_indexed_text(item.task, item.input), []).append(item)
+        if item.id in kept and item.id not in indexed and item.id in records:
+            with contextlib.suppress(LocalpersError):
+                unindexed.setdefault(_indexed_text(item.task, item.input), []).append(item)
+    successors: dict[int, IndexEntry] = {}
     for row, entry in enumerate(index.entries):
-        if entry.item_id in indexed:
+        if entry.item_id in kept:
             continue
-        candidates = [
-            (records[item.id], item)
-            for item in remaining.pop(_indexed_text(entry.task, entry.input), [])
-            if records[item.id].margin >= records[item.id].base_margin  # the fit's non-negative gain filter
-        ]
-        if not candidates:
+        try:
+            same_input = unindexed.pop(_indexed_text(entry.task, entry.input), [])
+        except LocalpersError:
             continue
-        record, item = max(candidates, key=lambda found: found[0].margin)
-        pruned.entries.append(
-            IndexEntry(
+        # the fit's non-negative gain filter, then the largest margin (the first one of equals)
+        candidates = [item for item in same_input if records[item.id].margin >= records[item.id].base_margin]
+        if candidates:
+            item = max(candidates, key=lambda one: records[one.id].margin)
+            record = records[item.id]
+            successors[row] = IndexEntry(
                 item.id,
                 item.task,
                 item.input,
@@ -111,8 +108,7 @@ def _index_remaining_duplicates(user: User, index: ExactIndex, pruned: ExactInde
                 round(record.margin, 4),
                 round(record.base_margin, 4),
             )
-        )
-        pruned.embeddings = np.concatenate([pruned.embeddings, index.embeddings[row : row + 1]])
+    return successors
 
 
 def _indexed_text(task: str, text: str) -> str:
