@@ -95,6 +95,8 @@ def test_a_long_free_text_is_given_alone_only_when_asked(decoder: CopeDecoder) -
     assert gives_text_alone(text, asked) and not gives_text_alone(text, RewriteOptions(task="free"))
     assert not gives_text_alone("=" * 990, asked) and gives_text_alone("=" * 990, asked, room=30)
     assert not gives_text_alone(text, RewriteOptions(task="paraphrase", long_text_alone=True))
+    with pytest.raises(ValueError, match="only a `free` text"):
+        rewrite_cope(decoder, state, text, task="paraphrase", alone=True)  # type: ignore[arg-type]
 
 
 def test_the_api_decoder_gives_a_long_text_alone_and_says_the_examples_were_left_out(

@@ -213,6 +213,8 @@ def rewrite_cope(
     limit but the context's (a `free` text too long to carry beside them, `RewriteOptions.long_text_alone`).
     """
     chosen = get_task(task)
+    if alone and chosen.name != "free":  # another task's template, stops and word rule would not apply to it
+        raise ValueError(f"only a `free` text is given alone, not a {chosen.name!r} one")
     sampling = (sampling or GREEDY).for_task(chosen.repeated_word_penalty)
     started = time.perf_counter()
     used_format = prompt_format if state.conditioned and not alone else None

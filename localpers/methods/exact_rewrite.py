@@ -105,10 +105,8 @@ def rewrite_exact(
         prompt=prompt,
         stop=stop,
     )
-    # Retrieval (one encoder call) is part of EXACT's prompt cost.
-    if (
-        retrieval.attributes and not alone and get_task(task).is_cut(text)
-    ):  # attributed_input cut it, the line kept
+    # Retrieval (one encoder call) is part of EXACT's prompt cost. A text attributed_input cut keeps the line.
+    if retrieval.attributes and not alone and get_task(task).is_cut(text):
         line = attribute_line(retrieval.attributes)
         result = replace(result, text_chars_read=get_task(task).max_input_chars - len(line) - 1)
     result = replace(
