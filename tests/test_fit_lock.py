@@ -135,3 +135,61 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
     assert (
         "user 'ann' no longer exists (deleted while this fit ran); nothing of the fit was kept" in gone.output
     )
+
+
+def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_does_not(
+    localpers_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`user export` (no history), `user import --as`, then `fit`: the fit of no history replaced the imported
+    fit with the global adapter's cold start, and rewrites lost the correction (first-time-user audit, seventy-ninth
+    session). A history emptied by `history remove` is still fitted anew: that fit forgets what the removed items
+    taught it."""
+    import json
+
+    from localpers.methods.card import user_fit
+    from localpers.methods.stored_files import fit_mark
+
+    sha = "0" * 64
+    host = types.SimpleNamespace(
+        bundle_sha256=sha, pairs=types.SimpleNamespace(items_within_context=lambda items: (items, 0))
+    )
+    host.fit_user = lambda user, **kwargs: user_fit.fit_user(host, user, **kwargs)  # type: ignore[attr-defined]
+    monkeypatch.setattr("localpers.methods.card.personalizer.Personalizer.open", lambda **_: host)
+    vector_fit = types.SimpleNamespace(
+        train_accuracy=0.9,
+        heldout_accuracy=0.8,
+        heldout_accuracy_default=0.6,
+        n_heldout=5,
+        regularisation=0.1,
+        vector=np.ones(4),
+    )
+    report = user_fit.fit_report(sha, "vector", 1, [0.5, 0.9, 0.1], 24, 20, 4, vector_fit, {"fit": 1.0})
+
+    def fitted(name: str) -> None:
+        user = UserStore().get(name)
+        user.save_fit(
+            np.ones(4, np.float32),
+            {"cluster": 1, "bundle_sha256": sha, "fit": report.to_json(), "fitted_by": fit_mark()},
+        )
+
+    UserStore().create("imported")
+    fitted("imported")
+    before = UserStore().get("imported").state_path.read_bytes()
+    kept = CliRunner().invoke(app, ["fit", "--user", "imported"])
+    assert kept.exit_code == 0, kept.output
+    assert (
+        "user 'imported' has no history on this device, so there is nothing to fit: it keeps" in kept.output
+    )
+    assert "cluster 1" in kept.output
+    assert UserStore().get("imported").state_path.read_bytes() == before
+    as_json = CliRunner().invoke(app, ["fit", "--user", "imported", "--json"])
+    assert json.loads(as_json.stdout)["kept_without_history"] is True
+
+    emptied = UserStore().create("emptied")
+    emptied.save_history([HistoryItem.create("headline", "an article", "A Headline")])
+    fitted("emptied")
+    emptied.save_history([], removing=True)  # `history remove` of its one item
+    again = CliRunner().invoke(app, ["fit", "--user", "emptied", "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["kept_without_history"] is False
+    assert UserStore().get("emptied").state()["fit"]["mode"] == "cold-start"

@@ -209,9 +209,16 @@ class CardMethod(AdapterMethod):
     ) -> Fitted:
         report = personalizer.fit_user(user, progress=progress, history_limit=history_limit)
         choice = user.state().get("choice")
-        return Fitted(
-            {"user": user.name, **report.to_json(), "choice": choice}, fit_summary(user.name, report, choice)
-        )
+        summary = fit_summary(user.name, report, choice)
+        kept = report.mode != "cold-start" and not user.history_path.exists()  # user_fit.fit_without_history
+        if kept:
+            summary = (
+                f"user {user.name!r} has no history on this device, so there is nothing to fit: it keeps the fit"
+                " it has (imported, or made elsewhere); add your items with `localpers history import` and fit"
+                " again to fit them here. The kept fit:\n" + summary
+            )
+        report_json = {"user": user.name, **report.to_json(), "choice": choice, "kept_without_history": kept}
+        return Fitted(report_json, summary)
 
     def current_fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None

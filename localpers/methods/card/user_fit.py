@@ -77,6 +77,8 @@ def fit_user(
     recent items (`localpers.methods.card.choice`) and stored with the fit; `rewrite` applies them.
     """
     history = user.history()
+    if not history and (kept := fit_without_history(user, host.bundle_sha256)) is not None:
+        return kept
     items = history[-history_limit:] if history_limit is not None else history
     offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
     items, too_long = host.pairs.items_within_context(items)
@@ -129,6 +131,32 @@ def fit_user(
             state["fit"] = outcome.report.to_json()
     user.save_fit(outcome.vector, state, {"bundle_sha256": host.bundle_sha256, "mode": outcome.report.mode})
     return outcome.report
+
+
+def fit_without_history(user: User, bundle_sha256: str) -> FitReport | None:
+    """The stored fit of a user that never had a history on this device (imported without it), which a fit keeps:
+    a fit of no history would replace it with the global adapter's cold start. None where there is a history
+    file (even an emptied one: the fit then forgets what the removed items taught it) or no fit a rewrite with
+    this bundle can use."""
+    from localpers.errors import LocalpersError
+    from localpers.methods.card.choice import stored_choice
+    from localpers.methods.card.user_state import stored_token_bias, user_profile
+
+    if user.history_path.exists():
+        return None
+    try:
+        cluster, _, state = user_profile(user)  # the vector checked against its sha256
+        stored_token_bias(user, state)
+        stored_choice(state, str(user.state_path), user.refit_advice)
+        report = FitReport(**state["fit"])
+    except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):
+        return None
+    usable = (
+        cluster is not None
+        and state.get("bundle_sha256") == bundle_sha256
+        and is_current_fit(state.get("fitted_by"))
+    )
+    return report if usable else None
 
 
 def stored_fit_if_current(
