@@ -681,8 +681,48 @@ def test_a_dated_file_out_of_order_is_imported_oldest_first(tmp_path: Path) -> N
     dated.write_text(json.dumps({"user_id": "u1", "history": entries}) + "\n")
     run("user", "create", "bob")
     kept = run_json("history", "import", str(dated), "--user", "bob")
-    assert kept["sorted_by_date"] is False
+    assert kept["sorted_by_date"] is False and kept["undated"] == 1
     assert [item.output for item in UserStore().get("bob").history()] == [e["output"] for e in entries]
+    run("user", "create", "cay")
+    said = run("history", "import", str(dated), "--user", "cay")
+    assert "1 item of the file has no 'date' where others have one: the file's order is kept" in said.stderr
+
+
+def test_a_user_id_on_two_lines_is_refused_with_the_format_a_per_user_file_has(tmp_path: Path) -> None:
+    """One item per line with a user_id, the natural reading of "a file of several users' lines", was refused
+    without saying what the format is (first-time-user audit, seventy-ninth session)."""
+    run("user", "create", "ann")
+    lines = tmp_path / "authors.jsonl"
+    lines.write_text(
+        json.dumps({"user_id": "u1", "input": "a", "output": "A"})
+        + "\n"
+        + json.dumps({"user_id": "u1", "input": "b", "output": "B"})
+        + "\n"
+    )
+    refused = CliRunner().invoke(app, ["history", "import", str(lines), "--user-id", "u1"])
+    assert refused.exit_code == 2
+    assert 'one line per user, holding all of their items: {"user_id": ..., "history": [' in refused.output
+
+
+def test_a_date_that_is_not_one_is_refused_by_line(tmp_path: Path) -> None:
+    """A "date" such as 2024/03/01 or "yesterday" turned off the date order of the whole file without a word
+    (first-time-user audit, seventy-ninth session)."""
+    run("user", "create", "ann")
+    for value in ("2024/03/01", "yesterday", 20240301):
+        dated = tmp_path / "dated.jsonl"
+        lines = [
+            {"input": "article a", "output": "Headline A", "date": "2024-05-01"},
+            {"input": "article b", "output": "Headline B", "date": value},
+        ]
+        dated.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        refused = CliRunner().invoke(app, ["history", "import", str(dated)])
+        assert refused.exit_code == 2
+        assert f"dated.jsonl line 2: field 'date' is {value!r}, not an ISO 8601 date" in refused.output
+    assert UserStore().get("ann").history() == []
+    in_order = tmp_path / "in-order.jsonl"
+    lines = [{"input": "a", "output": "A", "date": "2024-01-01"}, {"input": "b", "output": "B"}]
+    in_order.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert run_json("history", "import", str(in_order))["undated"] == 0  # in order: nothing to say
 
 
 def test_history_remove_json_names_what_it_removed() -> None:

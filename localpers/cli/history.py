@@ -128,6 +128,7 @@ def history_import(
                 "already_in_history": [item.id for item in already],
                 "older_left_out": parsed.older_left_out,
                 "sorted_by_date": parsed.sorted_by_date,
+                "undated": parsed.undated,
                 "total": len(merged),
             }
         )
@@ -145,6 +146,13 @@ def history_import(
     if parsed.sorted_by_date:
         typer.echo(
             "the file's items were out of date order: taken oldest first by their 'date' fields", err=True
+        )
+    if parsed.undated:
+        typer.echo(
+            f"{items_phrase(parsed.undated)} of the file {'has' if parsed.undated == 1 else 'have'} no 'date' where"
+            " others have one: the file's order is kept (items are taken oldest first by date only when every one"
+            " has a date)",
+            err=True,
         )
     if parsed.older_left_out:
         typer.echo(

@@ -28,8 +28,8 @@ from typing import Any
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import read_regular_file
 from localpers.tasks import TASKS
-from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
-from localpers.users.dates import oldest_first
+from localpers.untrusted import JSONProblem, one_line, parse_json, reject_duplicate_keys
+from localpers.users.dates import item_time, oldest_first
 
 MAX_HISTORY_ITEMS = 500
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
@@ -152,6 +152,9 @@ class ParsedHistory:
     duplicates: list[Duplicate] = field(default_factory=list)
     older_left_out: int = 0  # unique items before the `keep_latest` last ones, not returned
     sorted_by_date: bool = False  # every item had a "date" and the file listed them out of order
+    undated: int = (
+        0  # items without a "date" in a file whose dated items are out of order (its order is kept)
+    )
 
 
 def parse_history_file(
@@ -205,7 +208,15 @@ def parse_history(
     parsed = ParsedHistory()
     # "recent" (the prompt's examples, --keep-latest, --oldest) is the order items are added: a dated file out of
     # order is taken oldest first, as `localpers bench` reads the same format
+    _check_dates(path, candidates)
     candidates, parsed.sorted_by_date = oldest_first(candidates, lambda candidate: candidate[1])
+    times = [
+        item_time(record) for _, record, _ in candidates if isinstance(record, dict) and "date" in record
+    ]
+    known = [moment for moment in times if moment is not None]
+    # partly dated and out of order: the file's order stays, which the user may not expect
+    if known != sorted(known):
+        parsed.undated = len(candidates) - len(known)
     first_seen: dict[str, str] = {}
     for where, record, source in candidates:
         item = _item_from_record(path, where, record, default_task, source, strict=True)
@@ -223,6 +234,17 @@ def parse_history(
         hint=f"or import its latest with --keep-latest {MAX_HISTORY_ITEMS}",
     )
     return parsed
+
+
+def _check_dates(path: Path, candidates: list[tuple[str, dict[str, Any], str]]) -> None:
+    """Refuse a "date" that is not an ISO 8601 date: it was meant to order the items, and would silently not."""
+    for where, record, _ in candidates:
+        value = record.get("date") if isinstance(record, dict) else None  # a non-object is refused later
+        if value is not None and item_time(record) is None:
+            raise InputError(
+                f"{path} {where}: field 'date' is {one_line(repr(value), 40)}, not an ISO 8601 date (YYYY-MM-DD,"
+                " or with a time: 2024-05-01T09:30); fix it or leave the field out"
+            )
 
 
 def printable_name(path: Path) -> str:
@@ -380,7 +402,9 @@ def _user_items(
             )
         if uid in by_user:
             raise InputError(
-                f"{path} line {line_number}: user_id {uid!r} already appeared on line {by_user[uid][0]}"
+                f"{path} line {line_number}: user_id {uid!r} already appeared on line {by_user[uid][0]}; a"
+                " file of several users has one line per user, holding all of their items:"
+                ' {"user_id": ..., "history": [{"input": ..., "output": ...}, ...]}'
             )
         by_user[uid] = (line_number, record)
 
