@@ -759,3 +759,22 @@ def test_show_says_a_cope_fit_learned_from_another_history() -> None:
         "cope        LoRA rank 8 fitted on 3 items, but the history has changed since (run `localpers fit --method"
         " cope --user ann` to refit)" in run("user", "show").stdout
     )
+
+
+def test_remove_of_one_oldest_item_names_it_and_user_show_prints_text_unquoted() -> None:
+    """ "removed the oldest 1 item ... (the newest of them ID)", and `user show` printed a text field with JSON's
+    quotes (`fitted_by "localpers 0.1.0, fit format 1"`; first-time-user audit, seventy-ninth session)."""
+    run("user", "create", "ann")
+    for day in range(2):
+        run("history", "add", "-i", f"article {day}", "-o", f"Headline {day}")
+    oldest = UserStore().get("ann").history()[0].id
+    removed = run("history", "remove", "--oldest", "1").stdout
+    assert f"removed the oldest 1 item from user 'ann' ({oldest}); 1 item left" in removed
+    assert "newest of them" not in removed
+    ann = UserStore().get("ann")
+    ann.save_fit(
+        np.ones(4, np.float32), {"cluster": 1, "fitted_by": "localpers 9.9, fit format 1", "extra": [1]}
+    )
+    shown = run("user", "show", "ann").stdout.splitlines()
+    assert any(line.split(None, 1) == ["fitted_by", "localpers 9.9, fit format 1"] for line in shown), shown
+    assert any(line.split(None, 1) == ["extra", "[1]"] for line in shown), shown

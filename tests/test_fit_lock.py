@@ -193,3 +193,17 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["kept_without_history"] is False
     assert UserStore().get("emptied").state()["fit"]["mode"] == "cold-start"
+
+
+def test_fit_of_a_method_with_nothing_to_fit_says_so(localpers_home: Path) -> None:
+    """`fit -m global` said "unknown method 'global'" of a method every rewrite takes (first-time-user audit)."""
+    UserStore().create("ann")
+    result = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "global"])
+    assert result.exit_code == 2
+    assert "method 'global' has nothing to fit (it reads no fit of yours); fit takes: card, cope, exact" in (
+        result.output
+    )
+    unknown = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "nope"])
+    assert (
+        unknown.exit_code == 2 and "unknown method 'nope'; choose one of: card, cope, exact" in unknown.output
+    )

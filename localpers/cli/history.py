@@ -325,9 +325,10 @@ def _remove_oldest(target: User, count: int, as_json: bool = False) -> None:
     if as_json:
         _print_removed(target, removed, remaining)
         return
+    which = f"the newest of them {removed[-1].id}" if len(removed) > 1 else removed[0].id
     typer.echo(
         f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
-        f" (the newest of them {removed[-1].id}); {items_phrase(len(remaining))} left"
+        f" ({which}); {items_phrase(len(remaining))} left"
     )
     typer.echo(refit_hint(target, removed=True))
 

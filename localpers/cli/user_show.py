@@ -85,9 +85,9 @@ def state_summary(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
             lines.append((key.replace("_at", ""), one_line(state[key], 64)))
     for key, value in state.items():
         if key not in _SHOWN_STATE_KEYS | _SUMMARISED_STATE_KEYS:
-            text = one_line(
-                json.dumps(value, ensure_ascii=False)
-            )  # C1 controls (U+009B: CSI) pass json.dumps
+            # a string as it is, anything else as JSON; escaped either way (C1 controls such as U+009B pass
+            # json.dumps)
+            text = one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
             if len(text) > _LONGEST_OTHER_VALUE:
                 text = text[: _LONGEST_OTHER_VALUE - 1] + "…"
             lines.append((key, text))

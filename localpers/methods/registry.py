@@ -131,6 +131,10 @@ def get_method(name: str, *, for_fit: bool = False) -> Method:
     unknown (or unfittable) one."""
     choices = method_names(fitted=True if for_fit else None)
     if name not in choices:
+        if name in LISTED:  # a method with nothing to fit, asked of `fit`
+            raise InputError(
+                f"method {name!r} has nothing to fit (it reads no fit of yours); fit takes: {', '.join(choices)}"
+            )
         raise InputError(f"unknown method {name!r}; choose one of: {', '.join(choices)}")
     return _loaded(name)
 
