@@ -708,7 +708,7 @@ def test_a_date_that_is_not_one_is_refused_by_line(tmp_path: Path) -> None:
     """A "date" such as 2024/03/01 or "yesterday" turned off the date order of the whole file without a word
     (first-time-user audit, seventy-ninth session)."""
     run("user", "create", "ann")
-    for value in ("2024/03/01", "yesterday", 20240301):
+    for value in ("2024/03/01", "yesterday", 20240301, "2024-02-30"):
         dated = tmp_path / "dated.jsonl"
         lines = [
             {"input": "article a", "output": "Headline A", "date": "2024-05-01"},
@@ -717,10 +717,10 @@ def test_a_date_that_is_not_one_is_refused_by_line(tmp_path: Path) -> None:
         dated.write_text("".join(json.dumps(line) + "\n" for line in lines))
         refused = CliRunner().invoke(app, ["history", "import", str(dated)])
         assert refused.exit_code == 2
-        assert f"dated.jsonl line 2: field 'date' is {value!r}, not an ISO 8601 date" in refused.output
+        assert f"dated.jsonl line 2: field 'date' is {value!r}, not a valid ISO 8601 date" in refused.output
     assert UserStore().get("ann").history() == []
-    in_order = tmp_path / "in-order.jsonl"
-    lines = [{"input": "a", "output": "A", "date": "2024-01-01"}, {"input": "b", "output": "B"}]
+    in_order = tmp_path / "in-order.jsonl"  # an empty date (a CSV export's empty column) is no date
+    lines = [{"input": "a", "output": "A", "date": "2024-01-01"}, {"input": "b", "output": "B", "date": ""}]
     in_order.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert run_json("history", "import", str(in_order))["undated"] == 0  # in order: nothing to say
 
@@ -778,3 +778,17 @@ def test_remove_of_one_oldest_item_names_it_and_user_show_prints_text_unquoted()
     shown = run("user", "show", "ann").stdout.splitlines()
     assert any(line.split(None, 1) == ["fitted_by", "localpers 9.9, fit format 1"] for line in shown), shown
     assert any(line.split(None, 1) == ["extra", "[1]"] for line in shown), shown
+
+
+def test_user_show_of_an_emptied_history_says_a_fit_forgets_it() -> None:
+    """`user show` advised importing the history back for a user whose history `history remove` emptied, as for
+    one imported without it; a fit is what forgets the removed items (review, seventy-ninth session)."""
+    run("user", "create", "ann")
+    run("history", "add", "-i", "an article", "-o", "A Headline")
+    ann = UserStore().get("ann")
+    ann.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 1}})
+    run("history", "remove", "--oldest", "1")
+    fitted = next(
+        line for line in run("user", "show", "ann").stdout.splitlines() if line.startswith("fitted")
+    )
+    assert "`localpers fit --user ann` forgets them" in fitted and "history import" not in fitted

@@ -138,12 +138,13 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
 
 
 def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_does_not(
-    localpers_home: Path, monkeypatch: pytest.MonkeyPatch
+    localpers_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`user export` (no history), `user import --as`, then `fit`: the fit of no history replaced the imported
     fit with the global adapter's cold start, and rewrites lost the correction (first-time-user audit, seventy-ninth
-    session). A history emptied by `history remove` is still fitted anew: that fit forgets what the removed items
-    taught it."""
+    session). Kept only for a user imported so: a history emptied by `history remove`, or deleted by hand, is
+    fitted anew, so the fit forgets what those items taught it; an imported fit no rewrite can use is refused, not
+    thrown away."""
     import json
 
     from localpers.methods.card import user_fit
@@ -165,34 +166,63 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
     )
     report = user_fit.fit_report(sha, "vector", 1, [0.5, 0.9, 0.1], 24, 20, 4, vector_fit, {"fit": 1.0})
 
-    def fitted(name: str) -> None:
-        user = UserStore().get(name)
+    def fitted(name: str, bundle: str = sha) -> None:
+        user = UserStore().create(name)
+        user.save_history([HistoryItem.create("headline", "an article", "A Headline")])
         user.save_fit(
             np.ones(4, np.float32),
-            {"cluster": 1, "bundle_sha256": sha, "fit": report.to_json(), "fitted_by": fit_mark()},
+            {"cluster": 1, "bundle_sha256": bundle, "fit": report.to_json(), "fitted_by": fit_mark()},
         )
 
-    UserStore().create("imported")
-    fitted("imported")
+    def fit(name: str) -> tuple[int, str]:
+        result = CliRunner().invoke(app, ["fit", "--user", name, "--json"])
+        return result.exit_code, result.output
+
+    fitted("source")
+    assert CliRunner().invoke(app, ["user", "export", "source", "-o", str(tmp_path / "s.zip")]).exit_code == 0
+    assert (
+        CliRunner().invoke(app, ["user", "import", str(tmp_path / "s.zip"), "--as", "imported"]).exit_code
+        == 0
+    )
     before = UserStore().get("imported").state_path.read_bytes()
     kept = CliRunner().invoke(app, ["fit", "--user", "imported"])
     assert kept.exit_code == 0, kept.output
     assert (
-        "user 'imported' has no history on this device, so there is nothing to fit: it keeps" in kept.output
+        "user 'imported' was imported without its history, so there is nothing to fit: it keeps"
+        in kept.output
     )
     assert "cluster 1" in kept.output
     assert UserStore().get("imported").state_path.read_bytes() == before
-    as_json = CliRunner().invoke(app, ["fit", "--user", "imported", "--json"])
-    assert json.loads(as_json.stdout)["kept_without_history"] is True
+    code, output = fit("imported")
+    assert (
+        code == 0 and json.loads(output)["kept_without_history"] is True and json.loads(output)["unchanged"]
+    )
 
-    emptied = UserStore().create("emptied")
-    emptied.save_history([HistoryItem.create("headline", "an article", "A Headline")])
     fitted("emptied")
-    emptied.save_history([], removing=True)  # `history remove` of its one item
-    again = CliRunner().invoke(app, ["fit", "--user", "emptied", "--json"])
-    assert again.exit_code == 0, again.output
-    assert json.loads(again.stdout)["kept_without_history"] is False
+    UserStore().get("emptied").save_history([], removing=True)  # `history remove` of its one item
+    code, output = fit("emptied")
+    assert code == 0 and json.loads(output)["kept_without_history"] is False
     assert UserStore().get("emptied").state()["fit"]["mode"] == "cold-start"
+
+    fitted("deleted")
+    UserStore().get("deleted").history_path.unlink()  # removed by hand
+    assert fit("deleted")[0] == 0 and UserStore().get("deleted").state()["fit"]["mode"] == "cold-start"
+
+    fitted("elsewhere", bundle="1" * 64)
+    assert (
+        CliRunner().invoke(app, ["user", "export", "elsewhere", "-o", str(tmp_path / "e.zip")]).exit_code == 0
+    )
+    assert (
+        CliRunner().invoke(app, ["user", "import", str(tmp_path / "e.zip"), "--as", "other"]).exit_code == 0
+    )
+    state = UserStore().get("other").state_path.read_bytes()
+    code, output = fit("other")
+    assert code == 1 and "was imported without its history, with a fit this bundle cannot use" in output
+    assert UserStore().get("other").state_path.read_bytes() == state
+
+    # once items are added, the fit is the usual one (its state no longer marked)
+    UserStore().get("imported").save_history([HistoryItem.create("headline", "another", "Another Headline")])
+    assert user_fit.fit_without_history(UserStore().get("imported"), sha) is None
 
 
 def test_fit_of_a_method_with_nothing_to_fit_says_so(localpers_home: Path) -> None:
@@ -200,9 +230,10 @@ def test_fit_of_a_method_with_nothing_to_fit_says_so(localpers_home: Path) -> No
     UserStore().create("ann")
     result = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "global"])
     assert result.exit_code == 2
-    assert "method 'global' has nothing to fit (it reads no fit of yours); fit takes: card, cope, exact" in (
+    assert "method 'global' has no fit of its own (the methods on the adapters use CARD's, made by" in (
         result.output
     )
+    assert "fit takes: card, cope, exact" in result.output
     unknown = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "nope"])
     assert (
         unknown.exit_code == 2 and "unknown method 'nope'; choose one of: card, cope, exact" in unknown.output

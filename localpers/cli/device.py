@@ -107,7 +107,9 @@ def fit_command(
             )
             raise stopped_exit(stop, kept) from None
     if as_json:
-        print_json({**fitted.report, "unchanged": False}, indent=None)
+        print_json(
+            {**fitted.report, "unchanged": bool(fitted.report.get("kept_without_history"))}, indent=None
+        )
     else:
         typer.echo(fitted.summary)
 

@@ -15,6 +15,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, fit_is_outdated, refit_advice
 from localpers.regular_files import read_regular_file
 from localpers.untrusted import one_line, parse_json
+from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.history import MAX_HISTORY_FILE_BYTES, HistoryItem, history_digest
 from localpers.users.store import User
 
@@ -33,7 +34,15 @@ def rejected_count(user: User) -> int:
 
 
 # state.json keys that `user show`'s own lines show, or that only the files' bookkeeping needs.
-_SHOWN_STATE_KEYS = frozenset({"cluster", "vector_file", "vector_sha256", "vector_dim"})
+_SHOWN_STATE_KEYS = frozenset(
+    {
+        "cluster",
+        "vector_file",
+        "vector_sha256",
+        "vector_dim",
+        IMPORTED_WITHOUT_HISTORY,
+    }  # the last: in `fitted`
+)
 _SUMMARISED_STATE_KEYS = frozenset(
     {"fit", "choice", "token_bias", "bundle_sha256", "created_at", "updated_at"}
 )
@@ -191,9 +200,12 @@ def _token_bias_line(bias: dict[str, Any]) -> str:
     return text + (f"; {' and '.join(extras)}" if extras else "")
 
 
-def fit_freshness(fit: Any, history: list[HistoryItem], name: str) -> str:
+def fit_freshness(
+    fit: Any, history: list[HistoryItem], name: str, *, imported_without_history: bool = False
+) -> str:
     """Whether the stored fit saw the history as it is now: the digest of its items' ids the fit recorded, or
-    (a fit made before it recorded one) the item counts. `--history-limit` fits fewer items than it holds."""
+    (a fit made before it recorded one) the item counts. `--history-limit` fits fewer items than it holds. A user
+    imported without its history is told to add it; one whose history was emptied, that a fit forgets it."""
     n_history = len(history)
     refit = f"`localpers fit --user {name}`"
     if not isinstance(fit, dict) and n_history == 0:
@@ -204,10 +216,15 @@ def fit_freshness(fit: Any, history: list[HistoryItem], name: str) -> str:
     if not isinstance(fitted_on, int) or isinstance(fitted_on, bool):
         return f"on an unknown number of items (state.json's fit.n_items is damaged; {refit} refits)"
     digest = fit.get("history_sha256")
-    if n_history == 0 and fitted_on:  # e.g. imported from an export made without --with-history
+    if n_history == 0 and fitted_on and imported_without_history:  # an export made without --with-history
         return (
             f"on {items_phrase(fitted_on)}, but the history holds none now (add it: `localpers history import"
             f" FILE --user {name}`; an export made with --with-history carries it)"
+        )
+    if n_history == 0 and fitted_on:  # all removed: the fit still holds what they taught
+        return (
+            f"on {items_phrase(fitted_on)}, but the history holds none now ({refit} forgets them: rewrites then use"
+            " the global adapter)"
         )
     if isinstance(digest, str):
         if digest != history_digest(history):

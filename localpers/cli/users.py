@@ -18,6 +18,7 @@ from localpers.cli.user_show import cluster_text, fit_freshness, other_fits, rej
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import refit_advice
 from localpers.untrusted import one_line
+from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.store import User, UserStore
 
 user_app = typer.Typer(
@@ -127,7 +128,9 @@ def user_show(
         typer.echo(f"vector      none (run {first}`localpers fit --user {user.name}`)")
     else:
         typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
-    typer.echo(f"fitted      {fit_freshness(state.get('fit'), history, user.name)}")
+    imported = bool(state.get(IMPORTED_WITHOUT_HISTORY))
+    freshness = fit_freshness(state.get("fit"), history, user.name, imported_without_history=imported)
+    typer.echo(f"fitted      {freshness}")
     for label, text in [*state_summary(state, user.name), *report["other_fits"].items()]:
         typer.echo(f"{label:<11} {text}")
     if report["rejected_outputs"]:

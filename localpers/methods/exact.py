@@ -207,7 +207,15 @@ def index_exact(
     writes = _CacheWrites()
     try:
         return _index_exact(
-            personalizer, user, k, library, history_limit, max_pairs, cluster, progress, writes
+            personalizer,
+            user,
+            k=k,
+            library=library,
+            history_limit=history_limit,
+            max_pairs=max_pairs,
+            cluster=cluster,
+            progress=progress,
+            writes=writes,
         )
     except KeyboardInterrupt as stop:
         if writes.failed:
@@ -223,6 +231,7 @@ class _CacheWrites:
 def _index_exact(
     personalizer: Personalizer,
     user: User,
+    *,
     k: int,
     library: Sequence[str],
     history_limit: int | None,

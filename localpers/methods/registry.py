@@ -133,7 +133,8 @@ def get_method(name: str, *, for_fit: bool = False) -> Method:
     if name not in choices:
         if name in LISTED:  # a method with nothing to fit, asked of `fit`
             raise InputError(
-                f"method {name!r} has nothing to fit (it reads no fit of yours); fit takes: {', '.join(choices)}"
+                f"method {name!r} has no fit of its own (the methods on the adapters use CARD's, made by"
+                f" `localpers fit`); fit takes: {', '.join(choices)}"
             )
         raise InputError(f"unknown method {name!r}; choose one of: {', '.join(choices)}")
     return _loaded(name)

@@ -118,6 +118,11 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
     return dict(header.get("__metadata__") or {})
 
 
+# state.json's mark of a user imported without its history: `fit` keeps the fit it came with until items are added
+# (`localpers.methods.card.user_fit.fit_without_history`); a fit writes a state without it
+IMPORTED_WITHOUT_HISTORY = "imported_without_history"
+
+
 @dataclass(frozen=True)
 class User:
     """One user's folder. Read methods validate what they read; save methods write atomically."""

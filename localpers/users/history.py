@@ -152,9 +152,8 @@ class ParsedHistory:
     duplicates: list[Duplicate] = field(default_factory=list)
     older_left_out: int = 0  # unique items before the `keep_latest` last ones, not returned
     sorted_by_date: bool = False  # every item had a "date" and the file listed them out of order
-    undated: int = (
-        0  # items without a "date" in a file whose dated items are out of order (its order is kept)
-    )
+    # lines without a "date" in a file whose dated lines are out of order (the file's order is then kept)
+    undated: int = 0
 
 
 def parse_history_file(
@@ -207,7 +206,8 @@ def parse_history(
 
     parsed = ParsedHistory()
     # "recent" (the prompt's examples, --keep-latest, --oldest) is the order items are added: a dated file out of
-    # order is taken oldest first, as `localpers bench` reads the same format
+    # order is taken oldest first, as `localpers bench` reads the same format (which does not refuse a bad date:
+    # the corpus is not the user's to mend)
     _check_dates(path, candidates)
     candidates, parsed.sorted_by_date = oldest_first(candidates, lambda candidate: candidate[1])
     times = [
@@ -240,10 +240,10 @@ def _check_dates(path: Path, candidates: list[tuple[str, dict[str, Any], str]]) 
     """Refuse a "date" that is not an ISO 8601 date: it was meant to order the items, and would silently not."""
     for where, record, _ in candidates:
         value = record.get("date") if isinstance(record, dict) else None  # a non-object is refused later
-        if value is not None and item_time(record) is None:
+        if value not in (None, "") and item_time(record) is None:  # "": a CSV export's empty column
             raise InputError(
-                f"{path} {where}: field 'date' is {one_line(repr(value), 40)}, not an ISO 8601 date (YYYY-MM-DD,"
-                " or with a time: 2024-05-01T09:30); fix it or leave the field out"
+                f"{path} {where}: field 'date' is {one_line(repr(value), 40)}, not a valid ISO 8601 date"
+                " (YYYY-MM-DD, or with a time: 2024-05-01T09:30); fix it or leave the field out"
             )
 
 

@@ -34,6 +34,7 @@ from localpers.untrusted import one_line, parse_json
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
 from localpers.users.folder import (
+    IMPORTED_WITHOUT_HISTORY,
     User,
     history_for,
     read_json_object,
@@ -249,6 +250,8 @@ class UserStore:
             try:
                 candidate._load_vector()
                 check_history_size(len(candidate.history()), what=f"{archive} has")
+                if "history.jsonl" not in members and (state := candidate.state()):
+                    candidate._write_state({**state, IMPORTED_WITHOUT_HISTORY: True})
             except LocalpersError as exc:
                 detail = str(exc).replace(f"{staging}{os.sep}", "")
                 raise InputError(f"{archive} holds a damaged user: {detail}") from None

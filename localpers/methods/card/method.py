@@ -207,15 +207,18 @@ class CardMethod(AdapterMethod):
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
     ) -> Fitted:
-        report = personalizer.fit_user(user, progress=progress, history_limit=history_limit)
+        from localpers.methods.card.user_fit import fit_without_history
+
+        kept_report = fit_without_history(user, personalizer.bundle_sha256)
+        kept = kept_report is not None
+        report = kept_report or personalizer.fit_user(user, progress=progress, history_limit=history_limit)
         choice = user.state().get("choice")
         summary = fit_summary(user.name, report, choice)
-        kept = report.mode != "cold-start" and not user.history_path.exists()  # user_fit.fit_without_history
         if kept:
             summary = (
-                f"user {user.name!r} has no history on this device, so there is nothing to fit: it keeps the fit"
-                " it has (imported, or made elsewhere); add your items with `localpers history import` and fit"
-                " again to fit them here. The kept fit:\n" + summary
+                f"user {user.name!r} was imported without its history, so there is nothing to fit: it keeps the"
+                " fit it came with; add your items with `localpers history import` and fit again to fit them here."
+                " The kept fit:\n" + summary
             )
         report_json = {"user": user.name, **report.to_json(), "choice": choice, "kept_without_history": kept}
         return Fitted(report_json, summary)

@@ -9,9 +9,9 @@ folder; the pair features `g(y+) - g(y-)` (the head's sequence features, teacher
 the per-user choice's refit and cached beside them (both files: `pair_cache`), so a refit after new items scores
 only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
 each group of prompts and once more when a fit is stopped (Ctrl-C), so the next fit goes on from there; a write
-that failed is remembered (`cache_write_failed`), so the command does not say the work was kept. It also yields the base model's log-probability of each y+'s first token (the opening habits'
-calibration). It fits nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and a
-token bias.
+that failed is remembered (`cache_write_failed`), so the command does not say the work was kept. It also
+yields the base model's log-probability of each y+'s first token (the opening habits' calibration). It fits
+nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class PairBuilder:
         cluster: int,
         seconds: dict[str, float],
         report: Callable[[int], None],
-        save: Callable[[], None],
+        save: Callable[[], bool],
     ) -> None:
         """Generate the missing y- and score the unscored pairs several prompts at a time (`engine.batch`).
 

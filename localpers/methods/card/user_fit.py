@@ -1,7 +1,8 @@
 """The device's fit of one user: cluster, preference pairs, lambda, token bias, and the per-user choice.
 
 `fit_user` runs the whole fit on a user's history (or its most recent `history_limit` items) and stores the
-result atomically in the user's own folder through `localpers.users.store`; `fit_items` fits given items and
+result atomically in the user's own folder through `localpers.users.store` (a user imported without its history
+keeps the fit it came with: `fit_without_history`); `fit_items` fits given items and
 stores nothing (the per-user choice fits the earlier items this way). The work is done elsewhere and only
 sequenced here: the pairs (y-, their cache, pair features) by `localpers.methods.card.pairs`, lambda by
 `fitting`, the habits by `token_bias`, `recasing` and `respelling`, the choice of strengths by `choice`. This
@@ -18,14 +19,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from localpers.methods.card.choice import Scorer, choose_correction
+from localpers.errors import LocalpersError
+from localpers.methods.card.choice import Scorer, choose_correction, stored_choice
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION, fit_with_heldout
 from localpers.methods.card.recasing import fit_recasing
 from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
+from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_mark, is_current_fit
 from localpers.tasks import get_task
+from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.history import history_digest
 
 if TYPE_CHECKING:
@@ -69,7 +73,8 @@ def fit_user(
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     choose: bool = True,
 ) -> FitReport:
-    """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder.
+    """Cluster, pairs, features, lambda and token bias for `user`; stores the result atomically in its folder
+    (for a user imported without its history, returns the fit it came with, stored as it was).
 
     lambda is shrunk towards `prior_weight` x the cluster's default vector; with fewer than
     MIN_PAIRS_FOR_VECTOR usable pairs it is that prior itself (w = 0: no correction, the cluster model).
@@ -134,29 +139,38 @@ def fit_user(
 
 
 def fit_without_history(user: User, bundle_sha256: str) -> FitReport | None:
-    """The stored fit of a user that never had a history on this device (imported without it), which a fit keeps:
-    a fit of no history would replace it with the global adapter's cold start. None where there is a history
-    file (even an emptied one: the fit then forgets what the removed items taught it) or no fit a rewrite with
-    this bundle can use."""
-    from localpers.errors import LocalpersError
-    from localpers.methods.card.choice import stored_choice
-    from localpers.methods.card.user_state import stored_token_bias, user_profile
+    """The fit a user imported without its history came with, which a fit keeps until items are added: a fit of no
+    history would replace it with the global adapter's cold start. None for any other user (a history emptied by
+    `history remove` or deleted by hand is fitted anew, so the fit forgets what those items taught it).
 
-    if user.history_path.exists():
+    Such a user whose fit no rewrite with this bundle can use is refused, not fitted: the imported fit may be the
+    only copy, and a fit of nothing would only throw it away."""
+    try:
+        state = user.state()
+    except LocalpersError:
+        return None
+    if not state.get(IMPORTED_WITHOUT_HISTORY) or user.history_path.exists():
         return None
     try:
         cluster, _, state = user_profile(user)  # the vector checked against its sha256
         stored_token_bias(user, state)
         stored_choice(state, str(user.state_path), user.refit_advice)
         report = FitReport(**state["fit"])
+        usable = (
+            cluster is not None
+            and state.get("bundle_sha256") == bundle_sha256
+            and is_current_fit(state.get("fitted_by"))
+        )
     except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):
-        return None
-    usable = (
-        cluster is not None
-        and state.get("bundle_sha256") == bundle_sha256
-        and is_current_fit(state.get("fitted_by"))
-    )
-    return report if usable else None
+        usable = False
+    if not usable:
+        raise LocalpersError(
+            f"user {user.name!r} was imported without its history, with a fit this bundle cannot use (another"
+            " bundle's or version's, or damaged); there is nothing to fit it anew from: add your items with"
+            f" `localpers history import FILE --user {user.name}`, or rewrite with the bundle it was fitted with"
+            " (--bundle)"
+        )
+    return report
 
 
 def stored_fit_if_current(
