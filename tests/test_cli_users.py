@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localpers.cli import app
-from localpers.users.history import HistoryItem, demo_history_path
+from localpers.users.history import HistoryItem, demo_history_path, history_digest
 from localpers.users.store import UserStore
 
 runner = CliRunner()
@@ -216,8 +216,10 @@ def test_an_export_without_history_says_so_and_the_import_says_what_to_add(tmp_p
     show` advised a refit of no history (README walkthrough)."""
     run("user", "create", "ann")
     run("history", "add", "-i", "x", "-o", "Private Words")
+    digest = history_digest(UserStore().get("ann").history())  # a fit of the history as it is
     UserStore().get("ann").save_fit(
-        np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 1}}
+        np.ones(4, np.float32),
+        {"cluster": 1, "fit": {"mode": "vector", "n_items": 1, "history_sha256": digest}},
     )
     shown = run("user", "export", "-o", str(tmp_path / "a.zip")).stdout
     assert "not exported: the history (1 item)" in shown and "--with-history includes it" in shown

@@ -149,6 +149,7 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
 
     from localpers.methods.card import user_fit
     from localpers.methods.stored_files import fit_mark
+    from localpers.users.history import history_digest
 
     sha = "0" * 64
     host = types.SimpleNamespace(
@@ -169,21 +170,23 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
     def fitted(name: str, bundle: str = sha) -> None:
         user = UserStore().create(name)
         user.save_history([HistoryItem.create("headline", "an article", "A Headline")])
+        report.history_sha256 = history_digest(user.history())  # a fit of the history as it is
         user.save_fit(
             np.ones(4, np.float32),
             {"cluster": 1, "bundle_sha256": bundle, "fit": report.to_json(), "fitted_by": fit_mark()},
         )
+
+    def moved(source: str, name: str) -> None:  # `user export` without the history, `user import --as`
+        archive = tmp_path / f"{source}.zip"
+        assert CliRunner().invoke(app, ["user", "export", source, "-o", str(archive)]).exit_code == 0
+        assert CliRunner().invoke(app, ["user", "import", str(archive), "--as", name]).exit_code == 0
 
     def fit(name: str) -> tuple[int, str]:
         result = CliRunner().invoke(app, ["fit", "--user", name, "--json"])
         return result.exit_code, result.output
 
     fitted("source")
-    assert CliRunner().invoke(app, ["user", "export", "source", "-o", str(tmp_path / "s.zip")]).exit_code == 0
-    assert (
-        CliRunner().invoke(app, ["user", "import", str(tmp_path / "s.zip"), "--as", "imported"]).exit_code
-        == 0
-    )
+    moved("source", "imported")
     before = UserStore().get("imported").state_path.read_bytes()
     kept = CliRunner().invoke(app, ["fit", "--user", "imported"])
     assert kept.exit_code == 0, kept.output
@@ -208,13 +211,17 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
     UserStore().get("deleted").history_path.unlink()  # removed by hand
     assert fit("deleted")[0] == 0 and UserStore().get("deleted").state()["fit"]["mode"] == "cold-start"
 
+    # a fit whose items were removed before the export: the fit after the import forgets them, as it would have
+    fitted("stale")
+    UserStore().get("stale").save_history([], removing=True)
+    moved("stale", "restale")
+    assert fit("restale")[0] == 0 and UserStore().get("restale").state()["fit"]["mode"] == "cold-start"
+
+    moved("imported", "twice")  # exported again, still without a history: still the fit it stands for
+    assert json.loads(fit("twice")[1])["kept_without_history"] is True
+
     fitted("elsewhere", bundle="1" * 64)
-    assert (
-        CliRunner().invoke(app, ["user", "export", "elsewhere", "-o", str(tmp_path / "e.zip")]).exit_code == 0
-    )
-    assert (
-        CliRunner().invoke(app, ["user", "import", str(tmp_path / "e.zip"), "--as", "other"]).exit_code == 0
-    )
+    moved("elsewhere", "other")
     state = UserStore().get("other").state_path.read_bytes()
     code, output = fit("other")
     assert code == 1 and "was imported without its history, with a fit this bundle cannot use" in output

@@ -267,7 +267,7 @@ class User:
 
     def _write_state(self, state: dict[str, Any]) -> None:
         try:
-            text = _state_json({**state, "updated_at": now()})
+            text = state_json({**state, "updated_at": now()})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"user state must be JSON-serialisable: {exc}") from None
         atomic_write_text(self.state_path, text + "\n")
@@ -429,7 +429,7 @@ def history_for(user: User, history_limit: int | None, method: str) -> list[Hist
     return items
 
 
-def _state_json(state: dict[str, Any]) -> str:
+def state_json(state: dict[str, Any]) -> str:
     """One top-level field per line, each value compact: readable, and the token bias stays a few KB."""
 
     def compact(value: Any) -> str:

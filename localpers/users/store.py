@@ -39,7 +39,7 @@ from localpers.users.folder import (
     history_for,
     read_json_object,
 )
-from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size
+from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size, history_digest
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 from localpers.users.names import NAME_PATTERN, validate_name, validate_new_name
 
@@ -216,6 +216,8 @@ class UserStore:
             members["history.jsonl"] = user.history_path.read_bytes()
         # the manifest's cluster from the state archived, not from a later read of a fit committed meanwhile
         archived = parse_json(members["state.json"]) if "state.json" in members else {}
+        if isinstance(archived, dict) and archived:
+            members["state.json"] = _marked_for_history(user, archived, "history.jsonl" in members)
         data = pack_archive(name, archived.get("cluster") if isinstance(archived, dict) else None, members)
         if not dest.parent.is_dir():
             raise LocalpersError(f"{dest.parent} is not a folder; create it or choose another path")
@@ -250,8 +252,6 @@ class UserStore:
             try:
                 candidate._load_vector()
                 check_history_size(len(candidate.history()), what=f"{archive} has")
-                if "history.jsonl" not in members and (state := candidate.state()):
-                    candidate._write_state({**state, IMPORTED_WITHOUT_HISTORY: True})
             except LocalpersError as exc:
                 detail = str(exc).replace(f"{staging}{os.sep}", "")
                 raise InputError(f"{archive} holds a damaged user: {detail}") from None
@@ -337,6 +337,24 @@ def _remove_tree(path: Path) -> list[str]:
     else:
         shutil.rmtree(path, onerror=note)
     return failures
+
+
+def _marked_for_history(user: User, state: dict[str, Any], with_history: bool) -> bytes:
+    """The archived state.json, marked `imported_without_history` when the archive leaves out the history its fit
+    stands for: a fit of that history (the fit's digest is the history's now), or one imported so and still
+    without a history here. `fit` keeps such a fit after the import (`user_fit.fit_without_history`); any other
+    (a fit of items removed since, which a fit here must forget) is fitted anew."""
+    marked = {key: value for key, value in state.items() if key != IMPORTED_WITHOUT_HISTORY}
+    if not with_history:
+        fit = state.get("fit")
+        try:
+            current = isinstance(fit, dict) and fit.get("history_sha256") == history_digest(user.history())
+        except LocalpersError:
+            current = False  # an unreadable history: not known to be what the fit saw
+        still_imported = bool(state.get(IMPORTED_WITHOUT_HISTORY)) and not user.history_path.exists()
+        if current or still_imported:
+            marked[IMPORTED_WITHOUT_HISTORY] = True
+    return (folder.state_json(marked) + "\n").encode("utf-8")
 
 
 def _fit_members(user: User) -> dict[str, bytes]:
