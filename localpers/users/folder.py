@@ -118,8 +118,9 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
     return dict(header.get("__metadata__") or {})
 
 
-# state.json's mark of a user imported without its history: `fit` keeps the fit it came with until items are added
-# (`localpers.methods.card.user_fit.fit_without_history`); a fit writes a state without it
+# state.json's mark of a fit exported without the history it stands for (set by `user export`, so an imported
+# user has it): `fit` keeps that fit until items are added (`localpers.methods.card.user_fit.fit_without_history`);
+# a fit writes a state without it
 IMPORTED_WITHOUT_HISTORY = "imported_without_history"
 
 
