@@ -782,9 +782,9 @@ def test_remove_of_one_oldest_item_names_it_and_user_show_prints_text_unquoted()
     assert any(line.split(None, 1) == ["extra", "[1]"] for line in shown), shown
 
 
-def test_user_show_of_an_emptied_history_says_a_fit_forgets_it() -> None:
+def test_user_show_of_an_emptied_history_says_a_fit_replaces_it() -> None:
     """`user show` advised importing the history back for a user whose history `history remove` emptied, as for
-    one imported without it; a fit is what forgets the removed items (review, seventy-ninth session)."""
+    one imported without it; a fit replaces what the removed items taught (review, seventy-ninth session)."""
     run("user", "create", "ann")
     run("history", "add", "-i", "an article", "-o", "A Headline")
     ann = UserStore().get("ann")
@@ -793,4 +793,5 @@ def test_user_show_of_an_emptied_history_says_a_fit_forgets_it() -> None:
     fitted = next(
         line for line in run("user", "show", "ann").stdout.splitlines() if line.startswith("fitted")
     )
-    assert "`localpers fit --user ann` forgets them" in fitted and "history import" not in fitted
+    assert "`localpers fit --user ann` replaces this fit with the global adapter's" in fitted
+    assert "history import" not in fitted

@@ -224,12 +224,23 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
     moved("elsewhere", "other")
     state = UserStore().get("other").state_path.read_bytes()
     code, output = fit("other")
-    assert code == 1 and "was imported without its history, with a fit this bundle cannot use" in output
+    assert (
+        code == 1 and "was imported without its history, with another bundle's fit, which rewrites" in output
+    )
     assert UserStore().get("other").state_path.read_bytes() == state
 
-    # once items are added, the fit is the usual one (its state no longer marked)
-    UserStore().get("imported").save_history([HistoryItem.create("headline", "another", "Another Headline")])
-    assert user_fit.fit_without_history(UserStore().get("imported"), sha) is None
+    # items added, then all removed before any fit: still the fit it came with (no fit here learned from them)
+    imported = UserStore().get("imported")
+    imported.save_history([HistoryItem.create("headline", "another", "Another Headline")])
+    assert user_fit.fit_without_history(imported, sha) is None  # items to fit: the usual fit
+    imported.save_history([], removing=True)
+    assert json.loads(fit("imported")[1])["kept_without_history"] is True
+
+    # a cold start exported and imported: nothing to keep, the fit is a cold start again
+    cold = UserStore().create("cold")
+    cold.save_fit(None, {"cluster": None, "bundle_sha256": sha, "fit": {"mode": "cold-start"}})
+    moved("cold", "recold")
+    assert fit("recold")[0] == 0 and UserStore().get("recold").state()["fit"]["mode"] == "cold-start"
 
 
 def test_fit_of_a_method_with_nothing_to_fit_says_so(localpers_home: Path) -> None:

@@ -221,10 +221,10 @@ def fit_freshness(
             f"on {items_phrase(fitted_on)}, but the history holds none now (add it: `localpers history import"
             f" FILE --user {name}`; an export made with --with-history carries it)"
         )
-    if n_history == 0 and fitted_on:  # all removed: the fit still holds what they taught
+    if n_history == 0 and fitted_on:  # removed, lost, or an import of a fit of other items than it left out
         return (
-            f"on {items_phrase(fitted_on)}, but the history holds none now ({refit} forgets them: rewrites then use"
-            " the global adapter)"
+            f"on {items_phrase(fitted_on)}, but the history holds none now ({refit} replaces this fit with the global"
+            " adapter's; add items first to fit them)"
         )
     if isinstance(digest, str):
         if digest != history_digest(history):

@@ -217,8 +217,8 @@ class CardMethod(AdapterMethod):
         if kept:
             summary = (
                 f"user {user.name!r} was imported without its history, so there is nothing to fit: it keeps the"
-                " fit it came with; add your items with `localpers history import` and fit again to fit them here."
-                " The kept fit:\n" + summary
+                f" fit it came with; add your items (`localpers history import FILE --user {user.name}`) and"
+                f" `localpers fit --user {user.name}` fits them here. The kept fit:\n" + summary
             )
         report_json = {"user": user.name, **report.to_json(), "choice": choice, "kept_without_history": kept}
         return Fitted(report_json, summary)

@@ -27,7 +27,7 @@ from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
-from localpers.methods.stored_files import fit_mark, is_current_fit
+from localpers.methods.stored_files import fit_is_outdated, fit_made_for, fit_mark, is_current_fit
 from localpers.tasks import get_task
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.history import history_digest
@@ -139,38 +139,37 @@ def fit_user(
 
 
 def fit_without_history(user: User, bundle_sha256: str) -> FitReport | None:
-    """The fit a user imported without its history came with, which a fit keeps until items are added: a fit of no
-    history would replace it with the global adapter's cold start. None for any other user (a history emptied by
-    `history remove` or deleted by hand is fitted anew, so the fit forgets what those items taught it).
+    """The fit a user imported without its history came with (`user export` marked it a fit of the history it left
+    out), which a fit keeps until items are added: a fit of no history would replace it with the global adapter's
+    cold start. None for any other user, and for one with items now: a history emptied by `history remove` or lost
+    is fitted anew, so the fit forgets what those items taught it. A marked fit never learned from this device's
+    items (any fit here writes a state without the mark).
 
-    Such a user whose fit no rewrite with this bundle can use is refused, not fitted: the imported fit may be the
-    only copy, and a fit of nothing would only throw it away."""
+    Raises for such a user whose fit no rewrite with this bundle can use: the imported fit may be the only copy,
+    and a fit of nothing would only throw it away."""
     try:
         state = user.state()
+        if not state.get(IMPORTED_WITHOUT_HISTORY) or user.history():
+            return None
     except LocalpersError:
         return None
-    if not state.get(IMPORTED_WITHOUT_HISTORY) or user.history_path.exists():
-        return None
+    if state.get("cluster") is None:
+        return None  # a cold start holds nothing a new one would lose
+    refit = f"`localpers history import FILE --user {user.name}`, then `localpers fit --user {user.name}`"
+    if not fit_made_for(state, bundle_sha256):
+        cause = "another fit format's" if fit_is_outdated(state) else "another bundle's"
+        also = "" if fit_is_outdated(state) else ", or rewrite with the bundle it was fitted with (--bundle)"
+        raise LocalpersError(
+            f"user {user.name!r} was imported without its history, with {cause} fit, which rewrites here cannot"
+            f" use; there is nothing to fit it anew from: add your items ({refit}){also}"
+        )
     try:
-        cluster, _, state = user_profile(user)  # the vector checked against its sha256
+        user_profile(user)  # the vector checked against its sha256
         stored_token_bias(user, state)
         stored_choice(state, str(user.state_path), user.refit_advice)
-        report = FitReport(**state["fit"])
-        usable = (
-            cluster is not None
-            and state.get("bundle_sha256") == bundle_sha256
-            and is_current_fit(state.get("fitted_by"))
-        )
+        return FitReport(**state["fit"])
     except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):
-        usable = False
-    if not usable:
-        raise LocalpersError(
-            f"user {user.name!r} was imported without its history, with a fit this bundle cannot use (another"
-            " bundle's or version's, or damaged); there is nothing to fit it anew from: add your items with"
-            f" `localpers history import FILE --user {user.name}`, or rewrite with the bundle it was fitted with"
-            " (--bundle)"
-        )
-    return report
+        return None  # damaged: the fit replaces it, as for any other user
 
 
 def stored_fit_if_current(
@@ -180,8 +179,6 @@ def stored_fit_if_current(
     whole history (its digest) and window, the same bundle, this version of localpers; else None.
 
     A new fit of the same items would only redraw what it samples (its y-), so a caller may skip it."""
-    from localpers.errors import LocalpersError
-
     try:
         state = user.state()
         history = user.history()
