@@ -22,7 +22,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -157,3 +157,14 @@ def mark_unsaved(stop: BaseException) -> None:
 def was_unsaved(stop: BaseException) -> bool:
     """Whether `mark_unsaved` was called on this stop."""
     return _UNSAVED_NOTE in getattr(stop, "__notes__", ())
+
+
+@contextlib.contextmanager
+def marking_unsaved(failed: Callable[[], bool]) -> Iterator[None]:
+    """Mark a stop that passes through (`mark_unsaved`) when `failed()` then says a save of the work failed."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        if failed():
+            mark_unsaved(stop)
+        raise

@@ -26,7 +26,14 @@ import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
 from localpers.errors import LocalpersError
-from localpers.methods.base import GIVEN_ALONE, Method, RewriteOptions, UserDecoder, cut_text_note
+from localpers.methods.base import (
+    Method,
+    RewriteOptions,
+    UserDecoder,
+    cut_text_note,
+    given_alone_note,
+    too_long_beside_examples,
+)
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
@@ -216,9 +223,9 @@ class ApiBackend:
             free = get_task("free")
             # A text longer than the free task's prompt carries with the user's examples (a long chat, a
             # document to continue) is given alone, as a chat template's prompt is: the context bounds it.
-            alone = task == free.name and len(free.content(text)) > free.max_input_chars
+            alone = too_long_beside_examples(text, task)
             if alone and history is not None and history.pool:
-                notes.append(f"the text has over {free.max_input_chars:,} characters: {GIVEN_ALONE}")
+                notes.append(given_alone_note())
             result = self.personalizer.rewrite(
                 text,
                 task=task,

@@ -59,19 +59,27 @@ class RewriteOptions:
     long_text_alone: bool = False
 
 
-GIVEN_ALONE = "it was given without your examples, which would not fit beside it"
-
-
-def gives_text_alone(text: str, options: RewriteOptions, room: int = 0) -> bool:
-    """Whether `text` goes alone into the prompt (`RewriteOptions.long_text_alone`): a `free` text over what the
-    task carries beside the user's examples, less `room` characters (EXACT's attribute line)."""
+def too_long_beside_examples(text: str, task: str, room: int = 0) -> bool:
+    """Whether `text` is a `free` text over what the task carries beside the user's examples, less `room`
+    characters (EXACT's attribute line): the API gives such a text alone, bounded by the context."""
     from localpers.tasks import get_task
 
     free = get_task("free")
+    return task == free.name and len(free.content(text)) > free.max_input_chars - room
+
+
+def gives_text_alone(text: str, options: RewriteOptions, room: int = 0) -> bool:
+    """Whether `text` goes alone into the prompt: asked for (`RewriteOptions.long_text_alone`) and too long."""
+    return options.long_text_alone and too_long_beside_examples(text, options.task, room)
+
+
+def given_alone_note() -> str:
+    """What a rewrite says when it gave a long text without the user's examples."""
+    from localpers.tasks import get_task
+
     return (
-        options.long_text_alone
-        and options.task == free.name
-        and len(free.content(text)) > free.max_input_chars - room
+        f"the text has over {get_task('free').max_input_chars:,} characters: it was given without your examples,"
+        " which would not fit beside it"
     )
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 from localpers.errors import LocalpersError
 from localpers.methods.base import (
-    GIVEN_ALONE,
     Fitted,
     Method,
     Progress,
     RewriteOptions,
     UserDecoder,
+    given_alone_note,
     gives_text_alone,
     note_cut_text,
 )
@@ -44,7 +44,7 @@ class CopeUserDecoder(UserDecoder):
         alone = gives_text_alone(text, options)
         history = self.user.history_index(get_task(options.task)) if self.state.conditioned else None
         if alone and history is not None and history.pool:
-            options.note(f"the text has over {get_task('free').max_input_chars:,} characters: {GIVEN_ALONE}")
+            options.note(given_alone_note())
         return rewrite_cope(
             self.decoder,
             self.state,

@@ -205,7 +205,7 @@ def index_exact(
     search could not be saved is marked (`interrupts.mark_unsaved`): the command does not say the searches are.
     """
     writes = _CacheWrites()
-    try:
+    with interrupts.marking_unsaved(lambda: writes.failed):
         return _index_exact(
             personalizer,
             user,
@@ -217,10 +217,6 @@ def index_exact(
             progress=progress,
             writes=writes,
         )
-    except KeyboardInterrupt as stop:
-        if writes.failed:
-            interrupts.mark_unsaved(stop)
-        raise
 
 
 @dataclass
@@ -335,15 +331,7 @@ def _index_exact(
             selections_cached=not writes.failed,
         )
         entries = [
-            IndexEntry(
-                item.id,
-                item.task,
-                item.input,
-                list(sel.attributes),
-                round(sel.margin, 4),
-                round(sel.base_margin, 4),
-            )
-            for item, sel in best.values()
+            IndexEntry.of(item, sel.attributes, sel.margin, sel.base_margin) for item, sel in best.values()
         ]
         row_of = {text: row for row, text in enumerate(keys)}
         embeddings = embedded[[row_of[text] for text in best]]

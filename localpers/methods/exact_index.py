@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from localpers.atomic import atomic_write_bytes
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.attributes import ATTRIBUTES
 from localpers.methods.stored_files import EXACT_INDEX_FILE, refit_advice
+from localpers.users.history import HistoryItem
 from localpers.users.store import User
 
 INDEX_FILE = EXACT_INDEX_FILE
@@ -41,6 +42,13 @@ class IndexEntry:
     attributes: list[str]
     margin: float
     base_margin: float
+
+    @classmethod
+    def of(
+        cls, item: HistoryItem, attributes: Sequence[str], margin: float, base_margin: float
+    ) -> IndexEntry:
+        """The entry of a history item and what its search found (margins stored to 4 decimals)."""
+        return cls(item.id, item.task, item.input, list(attributes), round(margin, 4), round(base_margin, 4))
 
 
 @dataclass

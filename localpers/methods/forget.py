@@ -100,14 +100,7 @@ def _successors(user: User, index: ExactIndex, kept: Set[str]) -> dict[int, Inde
         if candidates:
             item = max(candidates, key=lambda one: records[one.id].margin)
             record = records[item.id]
-            successors[row] = IndexEntry(
-                item.id,
-                item.task,
-                item.input,
-                list(record.attributes),
-                round(record.margin, 4),
-                round(record.base_margin, 4),
-            )
+            successors[row] = IndexEntry.of(item, record.attributes, record.margin, record.base_margin)
     return successors
 
 

@@ -403,7 +403,7 @@ class Personalizer:
         command does not say the pairs scored so far are saved.
         """
         self.pairs.cache_write_failed = False
-        try:
+        with interrupts.marking_unsaved(lambda: self.pairs.cache_write_failed):
             return user_fit.fit_user(
                 self,
                 user,
@@ -413,10 +413,6 @@ class Personalizer:
                 prior_weight=prior_weight,
                 choose=choose,
             )
-        except KeyboardInterrupt as stop:
-            if self.pairs.cache_write_failed:
-                interrupts.mark_unsaved(stop)
-            raise
 
     def fit_items(
         self,
