@@ -25,7 +25,8 @@ from localpers.engine.generation import generate
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import user_profile
 from localpers.tasks import get_task
-from localpers.users.history import HistoryItem, demo_history_path, parse_history_file
+from localpers.users.history import HistoryItem, demo_history_path
+from localpers.users.history_import import parse_history_file
 from localpers.users.store import UserStore
 
 PROMPTS = [

@@ -61,7 +61,8 @@ def test_demo_refuses_more_articles_than_ship_in_one_line() -> None:
 
 def test_the_demo_articles_are_distinct_and_not_in_the_history() -> None:
     from localpers.device.demo import demo_articles
-    from localpers.users.history import demo_history_path, parse_history_file
+    from localpers.users.history import demo_history_path
+    from localpers.users.history_import import parse_history_file
 
     articles = demo_articles()
     history_inputs = {item.input for item in parse_history_file(demo_history_path())}
@@ -71,7 +72,8 @@ def test_the_demo_articles_are_distinct_and_not_in_the_history() -> None:
 
 def test_the_demo_style_detector_matches_the_demo_history_and_not_plain_headlines() -> None:
     from localpers.device.demo import carries_demo_style
-    from localpers.users.history import demo_history_path, parse_history_file
+    from localpers.users.history import demo_history_path
+    from localpers.users.history_import import parse_history_file
 
     outputs = [item.output for item in parse_history_file(demo_history_path())]
     assert len(outputs) == 24 and all(carries_demo_style(text) for text in outputs)
@@ -104,7 +106,8 @@ def test_a_demo_user_missing_some_shipped_items_gets_them_back_and_is_refitted()
     from types import SimpleNamespace
 
     from localpers.device.demo import ensure_demo_user
-    from localpers.users.history import demo_history_path, parse_history_file
+    from localpers.users.history import demo_history_path
+    from localpers.users.history_import import parse_history_file
     from localpers.users.store import UserStore
 
     shipped = parse_history_file(demo_history_path())

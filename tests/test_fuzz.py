@@ -36,7 +36,7 @@ from localpers.bundle.signed import root_fingerprint
 from localpers.cli import app
 from localpers.engine.gguf_layout import gguf_layout
 from localpers.errors import InputError, LocalpersError
-from localpers.users.history import parse_history
+from localpers.users.history_import import parse_history
 from localpers.users.store import UserStore
 
 runner = CliRunner()

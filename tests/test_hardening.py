@@ -40,7 +40,7 @@ from localpers.bundle.pull import pull_bundle
 from localpers.bundle.serve import BundleServer, start_background_server
 from localpers.cli import app
 from localpers.errors import InputError, LocalpersError
-from localpers.users.history import parse_history
+from localpers.users.history_import import parse_history
 from localpers.users.store import UserStore
 
 runner = CliRunner()

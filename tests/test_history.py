@@ -14,11 +14,10 @@ from localpers.users.history import (
     item_id,
     merge_history,
     normalize_text,
-    parse_history,
-    parse_history_file,
     read_stored_history,
     serialize_history,
 )
+from localpers.users.history_import import parse_history, parse_history_file
 
 SHARED_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "news-headlines" / "test.jsonl"
 

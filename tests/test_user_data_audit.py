@@ -20,7 +20,9 @@ from typer.testing import CliRunner
 from localpers.cli import app
 from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.users import history as history_module
-from localpers.users.history import HistoryItem, parse_history
+from localpers.users import history_import
+from localpers.users.history import HistoryItem
+from localpers.users.history_import import parse_history
 from localpers.users.store import UserStore
 
 
@@ -58,11 +60,11 @@ def test_a_history_grown_past_the_limit_by_hand_is_refused_saying_what_to_do(
     joined = tmp_path / "joined.jsonl"
     joined.write_bytes(user.history_path.read_bytes())
     with pytest.raises(InputError, match=r"more than the 2,000 a history file may have; split it$"):
-        history_module.parse_history_file(joined)
+        history_import.parse_history_file(joined)
     with pytest.raises(
         InputError, match=r"^- holds more than the 2,000 bytes a history file may have; split it$"
     ):
-        history_module.parse_history("-", data=joined.read_bytes())  # `history import -`, piped in
+        history_import.parse_history("-", data=joined.read_bytes())  # `history import -`, piped in
 
 
 def test_an_item_longer_than_any_prompt_reads_by_far_is_refused_naming_its_line(tmp_path: Path) -> None:

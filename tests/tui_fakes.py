@@ -138,7 +138,8 @@ class FakeService:
             self._leave()
 
     def ensure_demo_user(self, progress: Progress) -> User:
-        from localpers.users.history import demo_history_path, parse_history_file
+        from localpers.users.history import demo_history_path
+        from localpers.users.history_import import parse_history_file
 
         demo = self.store.get("demo") if "demo" in self.store.list() else self.store.create("demo")
         if not demo.history():

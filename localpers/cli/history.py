@@ -1,7 +1,7 @@
 """The `localpers history ...` commands: import, add, list and remove a user's writing examples.
 
-Commands stay thin: `localpers.users.history` parses and merges items, `localpers.users.store` finds the user
-and writes atomically under its lock. Nothing here fits a vector or builds a prompt.
+Commands stay thin: `localpers.users.history_import` parses a file, `localpers.users.history` merges items,
+`localpers.users.store` finds the user and writes atomically under its lock. Nothing here fits a vector or builds a prompt.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from localpers.users.history import (
     HistoryItem,
     check_history_size,
     merge_history,
-    parse_history,
 )
+from localpers.users.history_import import parse_history
 from localpers.users.store import User, UserStore
 
 history_app = typer.Typer(

@@ -36,7 +36,8 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
     that holds shipped items only, but not all of them (a damaged line deleted, as its error advised), gets the
     shipped history back and is fitted anew.
     """
-    from localpers.users.history import demo_history_path, parse_history_file
+    from localpers.users.history import demo_history_path
+    from localpers.users.history_import import parse_history_file
 
     try:
         demo = store.get(DEMO_USER) if DEMO_USER in store.list() else store.create(DEMO_USER)

@@ -32,8 +32,8 @@ from localpers.users.history import (
     history_digest,
     item_id,
     merge_history,
-    parse_history,
 )
+from localpers.users.history_import import parse_history
 from localpers.users.series import history_series
 from localpers.users.store import User, UserStore, atomic_write_text
 
