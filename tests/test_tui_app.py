@@ -386,6 +386,30 @@ async def test_a_fit_refused_while_another_command_fits_the_user_is_tried_again(
 
 
 @async_test
+async def test_a_refit_that_keeps_an_imported_fit_says_it_was_kept(service: FakeService) -> None:
+    """A user imported without its history keeps the fit it came with (nothing to fit): ctrl+f said "Profile
+    updated" as if the user had been fitted anew (seventy-ninth session's final read); a real refit still does."""
+    store = UserStore()
+    store.create("cy")
+    store.use("cy")
+    ann_fit = service.fit(store.get("ann"), lambda *_: None)
+    service.kept_fit = ann_fit
+    app = make_app(service)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("ctrl+f")
+        await wait_idle(pilot)
+        kept = [n for n in app._notifications if n.title == "Fit kept"]
+        assert len(kept) == 1 and "cy was imported without its history" in kept[0].message
+        assert "cluster 0, own vector from 4 pairs" in kept[0].message
+        assert not any(n.title == "Profile updated" for n in app._notifications)
+        store.get("cy").save_history(examples("cy", 3))
+        await pilot.press("ctrl+f")
+        await wait_idle(pilot)
+        assert any(n.title == "Profile updated" for n in app._notifications)
+
+
+@async_test
 async def test_changes_another_command_makes_to_the_user_are_shown(service: FakeService) -> None:
     """The TUI read its user once: a history added to in a shell stayed listed as before and was not refitted, a
     user deleted and made anew refused every accept as 'no longer exists', and a deleted user stayed on screen

@@ -46,6 +46,8 @@ class FakeService:
         self.closed = False
         self.fail_fit: str | None = None
         self.busy_fits = 0  # how many fits find the user held by another localpers command
+        # the fit a user without items came with, returned unchanged as the real fit keeps one imported so
+        self.kept_fit: FitReport | None = None
         self._active = 0
         self.max_concurrent = 0
         self._guard = threading.Lock()
@@ -109,6 +111,8 @@ class FakeService:
 
                 raise LocalpersError(self.fail_fit)
             items = user.history()
+            if not items and self.kept_fit is not None:
+                return self.kept_fit
             for stage in ("negatives", "features"):
                 for done in range(1, len(items) + 1):
                     progress(stage, done, len(items))

@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.worker import Worker, get_current_worker
 
 from localpers.errors import LocalpersError, UserBusy
+from localpers.methods.reports import FitReport
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
@@ -105,7 +106,18 @@ def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -
         except Exception as exc:
             post(FitDone(user.name, None, describe(exc), identity=user.identity))
             return
-    post(FitDone(user.name, report, identity=user.identity))
+    post(FitDone(user.name, report, identity=user.identity, kept=_kept_without_items(user, report)))
+
+
+def _kept_without_items(user: User, report: FitReport) -> bool:
+    """Whether the fit returned the fit a user imported without its history came with (`fit_user` keeps it while
+    the user has no items): a fit of no items otherwise writes a cold start."""
+    if report.mode == "cold-start":
+        return False
+    try:
+        return not user.history()
+    except LocalpersError:
+        return False
 
 
 def prepare_demo(service: WritingService, lock: threading.Lock, post: Post) -> None:

@@ -72,6 +72,7 @@ class FitDone(Message):
     error: str | None = None
     busy: bool = False  # another localpers command held the user (a fit in a shell): try again later
     identity: str | None = None  # the fitted user folder's identity token (a user made anew has another)
+    kept: bool = False  # no items to fit: the fit a user imported without its history came with was kept
 
 
 @dataclass

@@ -239,7 +239,15 @@ class TeachingMixin:
             self._fit_failed.pop(message.user, None)
         if not message.busy:
             self._busy_noticed.discard(message.user)
-        if message.report is not None and not replaced:
+        if message.report is not None and not replaced and message.kept:
+            self.notify(
+                f"{message.user} was imported without its history, so there is nothing to fit: it keeps the fit it"
+                f" came with ({fit_summary(message.report.to_json())}). Import your items (ctrl+o) and they are"
+                " fitted here.",
+                title="Fit kept",
+                timeout=12,
+            )
+        elif message.report is not None and not replaced:
             self.notify(f"{message.user}: {fit_summary(message.report.to_json())}", title="Profile updated")
         if self.user is not None and self.user.name == message.user:
             self.refresh_user_views()
