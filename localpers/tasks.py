@@ -28,11 +28,7 @@ CUT_MARK = " ..."
 
 
 class TextTooLong(InputError):
-    """A text over what a task's prompt carries (`Task.check_text`): `length` and `limit` in characters."""
-
-    def __init__(self, message: str, *, length: int, limit: int) -> None:
-        super().__init__(message)
-        self.length, self.limit = length, limit
+    """A text over what a task's prompt carries (`Task.check_text`); its message says by how much."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +70,7 @@ class Task:
         if not self.cuts_long_input and length > limit:
             raise TextTooLong(
                 f"{what} has {length:,} characters; the {self.name} task takes at most "
-                f"{limit:,}: split it and rewrite the parts one at a time",
-                length=length,
-                limit=limit,
+                f"{limit:,}: split it and rewrite the parts one at a time"
             )
 
     def is_cut(self, text: str) -> bool:
