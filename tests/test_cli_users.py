@@ -211,6 +211,37 @@ def test_export_says_which_fits_it_leaves_out(tmp_path: Path) -> None:
     assert run_json("user", "export", "-o", str(tmp_path / "c.zip"))["not_exported"] == ["cope", "exact"]
 
 
+def test_an_export_without_history_says_when_a_fit_after_the_import_would_not_keep_its_fit(
+    tmp_path: Path,
+) -> None:
+    """An export without the history carries a fit that `fit` keeps after the import only when it is a fit of the
+    history as it is; of items removed or added since, a fit there has nothing to fit and replaces it with the
+    global adapter's, and the export did not say so (seventy-ninth session's final read)."""
+    run("user", "create", "ann")
+    user = UserStore().get("ann")
+    items = [HistoryItem.create("headline", f"Article {n}.", f"Headline {n}") for n in range(3)]
+    user.save_history(items)
+    assert run_json("user", "export", "-o", str(tmp_path / "none.zip"))["fit_kept_on_refit"] is None  # no fit
+    fit = {"mode": "vector", "n_items": 3, "history_sha256": history_digest(items)}
+    user.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": fit})
+    assert run_json("user", "export", "-o", str(tmp_path / "a.zip"))["fit_kept_on_refit"] is True
+    assert (
+        "is not of the history as it is now"
+        not in run("user", "export", "-o", str(tmp_path / "b.zip")).stdout
+    )
+    user.save_history(items[:2])  # an item removed since the fit
+    shown = run("user", "export", "-o", str(tmp_path / "c.zip")).stdout
+    assert (
+        "the fit is not of the history as it is now (items were added or removed since it was made): on the other"
+        " device rewrites use it, but `localpers fit` there has no items to fit and replaces it with the global"
+        " adapter's; `localpers fit --user ann` here first and export again, or export --with-history"
+        in shown
+    )
+    assert run_json("user", "export", "-o", str(tmp_path / "d.zip"))["fit_kept_on_refit"] is False
+    exported = run_json("user", "export", "--with-history", "-o", str(tmp_path / "e.zip"))
+    assert exported["fit_kept_on_refit"] is None  # the history goes along: a fit there fits it
+
+
 def test_an_export_without_history_says_so_and_the_import_says_what_to_add(tmp_path: Path) -> None:
     """An import without the history kept the fit, and rewrites lost their examples with nothing said; `user
     show` advised a refit of no history (README walkthrough)."""

@@ -19,7 +19,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.stored_files import refit_advice
 from localpers.untrusted import one_line
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
-from localpers.users.store import User, UserStore
+from localpers.users.store import User, UserStore, fit_is_of_history_now
 
 user_app = typer.Typer(
     help="Create, choose, inspect, export and delete the users on this device.", no_args_is_help=True
@@ -197,9 +197,16 @@ def user_export(
     left_out = [
         method for method, _ in other_fits(user.dir)
     ]  # CoPe's LoRA and EXACT's index are not archived
+    kept_on_refit = None if with_history else _fit_kept_on_refit(user)
     if as_json:
         print_json(
-            {"user": user.name, "archive": str(dest), "with_history": with_history, "not_exported": left_out}
+            {
+                "user": user.name,
+                "archive": str(dest),
+                "with_history": with_history,
+                "not_exported": left_out,
+                "fit_kept_on_refit": kept_on_refit,
+            }
         )
         return
     typer.echo(f"exported user {user.name!r} to {dest}{' (with history)' if with_history else ''}")
@@ -208,10 +215,30 @@ def user_export(
             f"not exported: the history ({items_phrase(left)}); on the other device rewrites show none of its"
             " examples, where most of the personalization comes from (--with-history includes it)"
         )
+    if kept_on_refit is False:
+        typer.echo(
+            "the fit is not of the history as it is now (items were added or removed since it was made): on the"
+            " other device rewrites use it, but `localpers fit` there has no items to fit and replaces it with"
+            f" the global adapter's; `localpers fit --user {user.name}` here first and export again, or export"
+            " --with-history"
+        )
     if left_out:
         names = " and ".join({"cope": "CoPe's LoRA", "exact": "EXACT's index"}[method] for method in left_out)
         refits = " and ".join(refit_advice(method, user.name).removeprefix("run ") for method in left_out)
         typer.echo(f"not exported: {names}; after importing, refit with {refits}")
+
+
+def _fit_kept_on_refit(user: User) -> bool | None:
+    """For an export without the history: whether `fit` after the import keeps the archived fit (a fit of the
+    history as it is now; `user_fit.fit_without_history`); None where there is no fit to lose (none, a cold
+    start, or a state that cannot be read, which the export itself refuses)."""
+    try:
+        state = user.state()
+    except LocalpersError:
+        return None
+    if state.get("cluster") is None:
+        return None
+    return fit_is_of_history_now(user, state)
 
 
 def _history_size(user: User) -> int:

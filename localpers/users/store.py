@@ -341,25 +341,26 @@ def _remove_tree(path: Path) -> list[str]:
 
 def _marked_for_history(user: User, state: dict[str, Any], with_history: bool) -> bytes:
     """The archived state.json, marked `imported_without_history` when the archive leaves out the history its fit
-    stands for: a fit of that history (the fit's digest is the history's now), or one imported so and still
-    without items here. `fit` keeps such a fit after the import (`user_fit.fit_without_history`); any other
-    (a fit of items removed since, which a fit here must forget) is fitted anew."""
+    stands for (`fit_is_of_history_now`). `fit` keeps such a fit after the import
+    (`user_fit.fit_without_history`); any other (a fit of items removed since, which a fit here must forget) is
+    fitted anew."""
     marked = {key: value for key, value in state.items() if key != IMPORTED_WITHOUT_HISTORY}
-    if not with_history:
-        fit = state.get("fit")
-        try:
-            history = user.history()
-        except LocalpersError:
-            history = None  # unreadable: not known to be what the fit saw
-        current = (
-            history is not None
-            and isinstance(fit, dict)
-            and fit.get("history_sha256") == history_digest(history)
-        )
-        still_imported = bool(state.get(IMPORTED_WITHOUT_HISTORY)) and history == []
-        if current or still_imported:
-            marked[IMPORTED_WITHOUT_HISTORY] = True
+    if not with_history and fit_is_of_history_now(user, state):
+        marked[IMPORTED_WITHOUT_HISTORY] = True
     return (folder.state_json(marked) + "\n").encode("utf-8")
+
+
+def fit_is_of_history_now(user: User, state: dict[str, Any]) -> bool:
+    """Whether the fit in `state` is a fit of `user`'s history as it is now (the digest it recorded), or one imported
+    without its history and still without items here: what an export without the history may carry so that `fit`
+    keeps it after the import."""
+    fit = state.get("fit")
+    try:
+        history = user.history()
+    except LocalpersError:
+        return False  # unreadable: not known to be what the fit saw
+    current = isinstance(fit, dict) and fit.get("history_sha256") == history_digest(history)
+    return current or (bool(state.get(IMPORTED_WITHOUT_HISTORY)) and history == [])
 
 
 def _fit_members(user: User) -> dict[str, bytes]:
