@@ -2,8 +2,12 @@
 
 - `store`: the users of this device (list, create, active, delete, export/import), one folder each.
 - `folder`: one user's folder (history, fitted state, vector, per-method files), every write atomic.
+- `vector_file`: the user vector's safetensors file, made and read checked.
 - `archive`: `localpers user export|import` archives of one user's folder.
-- `history`: history items and the JSONL formats they are imported from.
+- `history`: history items, their ids and limits, and the stored history.jsonl.
+- `history_import`: the JSONL files a user imports (formats, dates, duplicates, `--keep-latest`).
+- `dates`, `ordinals`: items' optional dates, and each item's place in the order items were added.
+- `lock`, `names`: one writer at a time per user; which user names are allowed.
 - `history_prompt`: the user's own earlier outputs shown in front of a task prompt (the composition).
 - `history_index`: a user's examples per task with their BM25 index, cached; the prompt entry points.
 - `series`: formulas a user repeats, and when a prompt shows one.

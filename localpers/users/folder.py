@@ -3,7 +3,7 @@
 Layout of `users/<name>/` (the folders are listed and made by `localpers.users.store.UserStore`):
 
     history.jsonl                    the user's history (localpers.users.history format)
-    vector-<sha256[:16]>.safetensors tensor "lambda" float32 (D,) plus string metadata
+    vector-<sha256[:16]>.safetensors tensor "lambda" float32 (D,) plus string metadata (users/vector_file)
     state.json                       cluster, method, fit report, timestamps, and the
                                      file name and sha256 of the current vector
     .lock, .identity                 the write lock and the folder's random token (`localpers.users.lock`)
@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import json
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,7 +40,7 @@ from localpers.engine.prefix_files import remove_kept
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.tasks import Task
-from localpers.untrusted import JSONProblem, one_line, parse_json
+from localpers.untrusted import JSONProblem, parse_json
 from localpers.users.history import (
     HistoryItem,
     check_history_bytes,
@@ -52,13 +51,13 @@ from localpers.users.history import (
 )
 from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, read_identity, user_lock
 from localpers.users.ordinals import updated_ordinals, write_ordinals
+from localpers.users.vector_file import read_vector_file, vector_file_bytes
 
 if TYPE_CHECKING:
     import numpy as np
 
     from localpers.users.history_index import HistoryIndex
 
-VECTOR_TENSOR = "lambda"
 REJECTED_FILE = "negatives_user.jsonl"
 VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
 # state.json keys this module owns; callers' keys (cluster, method, report, ...) pass through untouched.
@@ -93,29 +92,6 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise InputError(f"{path} is damaged (expected a JSON object); {fix}")
     return value
-
-
-def _vector_bytes(vector: np.ndarray, meta: dict[str, str] | None) -> bytes:
-    """The safetensors file for a user vector; rejects anything but a finite, non-empty 1-D array."""
-    import numpy as np
-    from safetensors.numpy import save
-
-    array = np.ascontiguousarray(np.asarray(vector, dtype=np.float32))
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"a user vector must be a non-empty 1-D array, got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError("a user vector must hold finite numbers only")
-    meta = dict(meta or {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-        raise TypeError("vector metadata must map strings to strings")
-    return save({VECTOR_TENSOR: array}, metadata=meta or None)
-
-
-def _safetensors_metadata(data: bytes) -> dict[str, str]:
-    """The `__metadata__` strings of a safetensors file already known to be valid."""
-    (header_length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + header_length])
-    return dict(header.get("__metadata__") or {})
 
 
 # state.json's mark of a fit exported without the history it stands for (set by `user export`, so an imported
@@ -317,47 +293,12 @@ class User:
         path = self.vector_path(state)
         if path is None:
             return None
-        import numpy as np
-        from safetensors.numpy import load
-
         if not path.exists():
             raise LocalpersError(
                 f"{path} is missing although {self.state_path.name} names it; {self.refit_advice}"
             )
         data = read_regular_file(path, STATE_FILE_LIMIT, what="user vector", stored=True)
-        if hashlib.sha256(data).hexdigest() != state.get("vector_sha256"):
-            raise InputError(
-                f"{path} does not match the sha256 recorded in {self.state_path.name} "
-                f"(changed or damaged); {self.refit_advice}"
-            )
-        try:
-            tensors = load(data)
-        except Exception as exc:  # safetensors raises several types for malformed files
-            raise InputError(
-                f"{path} is not a readable safetensors file ({exc}); {self.refit_advice}"
-            ) from None
-        array = tensors.get(VECTOR_TENSOR)
-        if array is None:
-            raise InputError(f"{path} has no tensor {VECTOR_TENSOR!r}; {self.refit_advice}")
-        if array.dtype != np.float32 or array.ndim != 1 or array.size == 0:
-            raise InputError(
-                f"{path}: tensor {VECTOR_TENSOR!r} is {array.dtype} {tuple(array.shape)}, "
-                f"expected float32 (D,); {self.refit_advice}"
-            )
-        dim = state.get("vector_dim")
-        if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
-            raise InputError(
-                f"{self.state_path} is damaged: field 'vector_dim' is {one_line(repr(dim), 40)}"
-                f" ({type(dim).__name__}), not an integer; {self.refit_advice}"
-            )
-        if dim is not None and dim != array.size:
-            raise InputError(
-                f"{path} has {array.size} values but field 'vector_dim' of {self.state_path.name} says {dim};"
-                f" {self.refit_advice}"
-            )
-        if not np.all(np.isfinite(array)):
-            raise InputError(f"{path} holds non-finite values; {self.refit_advice}")
-        return array, _safetensors_metadata(data)
+        return read_vector_file(path, data, state, self.state_path, self.refit_advice)
 
     def save_vector(self, vector: np.ndarray, meta: dict[str, str] | None = None) -> None:
         """Replace the vector only, keeping the rest of the state (see `save_fit`)."""
@@ -374,7 +315,7 @@ class User:
         """
         new_state = {k: v for k, v in state.items() if k not in _VECTOR_KEYS}
         keep: str | None = None
-        data = None if vector is None else _vector_bytes(vector, meta)
+        data = None if vector is None else vector_file_bytes(vector, meta)
         with self.locked():
             new_state.setdefault("created_at", self._created_at())
             if data is not None:
