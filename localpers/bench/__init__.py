@@ -1,8 +1,12 @@
-"""`localpers bench`: evaluate CARD and its baselines on held-out authors (DESIGN.md section 7).
+"""`localpers bench`: evaluate CARD and its baselines on held-out authors (the evaluation protocol of the
+project's design notes, `../shared/DESIGN.md` section 7).
 
-Modules: `data` (the shared-data users), `methods` (the registry: global, rag, cluster, card, ...),
-`metrics` (ROUGE, paired bootstrap), `retrieval` (BM25 for rag), `fits` (per-user fits), `runner` (generation, the
-per-(method, user) cache), `results` (results.json, outputs.jsonl), `report` (report.md), `plots`.
+Modules: `data` (the shared-data users), `methods` (the interface a bench method implements), `registry` and
+`method_names` (the methods and their `NAME@key=value` spellings), `prompt_methods`, `card_methods` and
+`extra_methods` (the methods), `metrics` (ROUGE, paired bootstrap), `authors` (per-author figures), `siblings`,
+`styles` and `probes` (where the gain is, and the style probes), `fits` (per-user fits), `runner` (generation,
+the per-(method, user) cache), `results` (results.json, outputs.jsonl), `targets` (issue 20's targets),
+`report` (report.md), `plots`.
 `run_and_write` ties them together; it is what the CLI calls.
 
 A run's top-level outputs (results.json, outputs.jsonl, report.md, the plots) are one set: they are written

@@ -4,8 +4,8 @@ candidate improves, and bootstrap intervals that resample authors, each with all
     compare_authors([0.3, 0.1, 0.2], [0.2, 0.1, 0.1], ["ann", "ann", "bob"], n_resamples=1000)
     -> AuthorComparison(improved=2, unchanged=0, worse=0, ratio=Interval(..., mean=1.5, ...), ...)
 
-DESIGN.md section 7 asks for these beside the query-level interval: gains concentrate in a few authors, so an
-interval over queries alone overstates how sure a result is. An author counts as improved when the candidate's
+The design notes (`../shared/DESIGN.md`) section 7 ask for these beside the query-level interval: gains
+concentrate in a few authors, so an interval over queries alone overstates how sure a result is. An author counts as improved when the candidate's
 mean over their queries is higher than the baseline's, unchanged when it is equal (the same outputs, usually).
 `localpers bench` (results.json, report.md, authors.png) and `scripts/compare_runs.py` both use this module.
 Pure numpy: it reads no files, scores nothing and draws nothing.

@@ -1,7 +1,7 @@
 """`cope` and `exact` in the benchmark (listed in `localpers.bench.registry`).
 
 Both need per-user state on disk (CoPe's LoRA file, which llama.cpp loads from a path;
-EXACT's index and cached negatives), so each keeps a user store of its own under `state_root`: set
+EXACT's index and cached negatives), so each keeps a user store of its own under `MethodStateRoot.resolve()`: set
 `MethodStateRoot.path` to a folder of the benchmark's output, or a temporary folder is used and
 removed at exit. Fit time is what the runner measures around `prepare` (training or indexing,
 including EXACT's y- generation); stored bytes are the method's own files per user, the history

@@ -5,7 +5,9 @@
 - `repository`: the publisher's signed (TUF) repository over a bundle.
 - `signed`: the device's trusted publisher roots and its TUF updater source.
 - `fetcher`: the bytes of a signed pull, over http(s) or from a local repository directory.
-- `transport`: the HTTP rules both pull paths share (http only, no redirects off the host).
+- `transport`: the HTTP rules of a signed pull over the network (redirects only to http(s), no proxy for
+  loopback).
+- `keys`: the publisher's signing keys; `record`: what a pull installed (`.pulled.json`).
 - `pull`: fetch a bundle (signed, or a local directory with --unsigned) and install it atomically.
 - `serve`: serve a repository or one verified bundle read-only over HTTP.
 

@@ -6,7 +6,7 @@ A repository is a directory of plain static files that any web server can host:
     metadata/timestamp.json                 the only file fetched without a version: short expiry
     metadata/<N>.snapshot.json, <N>.targets.json   consistent snapshots, never overwritten
     metadata/root.json, snapshot.json, targets.json   the publisher's copies of the latest versions
-    targets/bundle/<sha256>.<name>          each bundle file (and manifest.json) under its hash
+    targets/bundle/<dir>/<sha256>.<name>    each bundle file (and manifest.json) under its hash
     targets/backbone/<sha256>.<sha256>.gguf optional: the backbone GGUF (`localpers repo add-backbone`)
 
 The bundle's files are TUF targets named `bundle/<path>` (`bundle/manifest.json` among them), with

@@ -1,7 +1,9 @@
 """The assembled `localpers` command line: every command module registered on the shared Typer app.
 
-Command modules import `localpers.cli.common` only; this module is the one place that imports them all,
-so adding a command group is one module with a `register(app)` and one line here.
+Command modules import `localpers.cli.common` and the shared helper modules (`sampling`, `numbers`, `progress`,
+`expiry`, `completion`, `user_show`), never one another; this module is the one place that imports them all, so
+adding a command group is one module with a `register(app)` (or a Typer group added with `add_typer`, as
+`user` and `history` are) and one line here.
 """
 
 from __future__ import annotations

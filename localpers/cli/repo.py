@@ -1,6 +1,7 @@
 """`localpers repo ...`: the publisher's signed bundle repository (keys, signing, timestamp refresh).
 
 `keygen` creates ed25519 keys, `init` an empty repository, `add` publishes a bundle as signed targets,
+`add-backbone` the backbone GGUF,
 `refresh` re-signs the timestamp (or everything, the root with `--root`) with new expiry dates, `rotate` replaces the keys (TUF
 root rotation), `fingerprint` prints what devices pin with `localpers pull URL --trust FINGERPRINT`.
 The work is in `localpers.bundle.repository`; nothing here opens a network connection.

@@ -1,5 +1,6 @@
-"""What the device does for a user: fit and rewrite through the method registry, and the demo user.
+"""The demo user (`demo`): made from the shipped history, fitted, and compared with the baselines.
 
-Commands (CLI, TUI, API) call these; they in turn ask `localpers.methods.registry` for the method, so
-nothing here names CoPe or EXACT. User text is read and written through `localpers.users`.
+`localpers demo`, the TUI's first run and scripts call it. A user's fit and rewrite are not here: the commands
+(`localpers.cli.device`, the TUI, the API) ask `localpers.methods.registry` for the method and call its
+`fit` and `rewrite`. User text is read and written through `localpers.users`.
 """

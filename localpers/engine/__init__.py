@@ -1,13 +1,15 @@
-"""Running models on this machine: llama.cpp (through `llama`, the only module that imports `llama_cpp`), the
-encoder, torch.
+"""Running models on this machine: llama.cpp (loaded only through `llama`, which imports `llama_cpp` by way of
+`threads.load_llama_cpp`), the encoder, torch.
 
 - `model`, `vocabulary`, `taps`, `ggml_buffers`, `sampler_chain`, `backend`: the llama.cpp model (adapters,
   evaluation, scoring), its tokens and chat template, its layer taps, the weights' CPU buffer types, and its
   sampler chain; everything else in localpers reaches llama.cpp through these and the names re-exported here.
 - `llama`: loads `llama_cpp` under `threads`' wait policy; `context`: the tokens a generation can hold.
-- `decoding`, `generation`: what a decoding step should do (settings, a method's sampler) and the decode loop.
-- `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`: the backbone GGUF, its weight layouts, its
-  token embeddings, LoRA adapter files.
+- `decoding`, `generation`: what a decoding step should do (settings, a method's sampler) and the decode loop;
+  `batch`, `candidates`: prompts evaluated side by side, and sampled candidates; `repeated_words`: the word-only
+  repetition rule; `prefix_snapshots`, `prefix_files`: a prompt's evaluated start kept in memory and on disk.
+- `backbone`, `cpu_buffers`, `token_embeddings`, `adapters`, `gguf_layout`, `lora_targets`: the backbone GGUF, its
+  weight layouts, its token embeddings, LoRA adapter files, a GGUF's tensor layout, the layers LoRA adapts.
 - `encoder`, `minilm`: the numpy sentence encoder. `torch_model`: the backbone in torch, for training only.
 - `threads`: how many threads llama.cpp runs, and the wait policy `llama` loads it under.
 

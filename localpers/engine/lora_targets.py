@@ -6,5 +6,5 @@ loading it.
 
 from __future__ import annotations
 
-# The linear layers CARD adapts (DESIGN.md section 3): q, k, v, o, gate, up, down.
+# The linear layers CARD adapts (`../shared/DESIGN.md` section 3): q, k, v, o, gate, up, down.
 DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

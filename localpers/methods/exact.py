@@ -1,7 +1,7 @@
 """EXACT on the device: per-pair greedy attribute selection and the prompt-level index it builds.
 
 Indexing (`index_exact`), for each preference pair of the user's history (`y+` = the user's output,
-`y-` = the cluster model's greedy output, shared with CARD's fit through `negatives.json`):
+`y-` = CARD's base adapter's greedy output, shared with CARD's fit through `negatives.json`):
 
     F(A) = log p(y+ | x, A) - log p(y- | x, A)       under the cluster model
     greedy: A = {}; k times, add the attribute a maximising F(A + {a})         (EXACT Algorithm 1)

@@ -1,6 +1,6 @@
 """The CARD personalization head on the device: features -> z, sequence rewards, top-k logit correction.
 
-Notation (DESIGN.md section 3): layer features `f_t` (n_taps x n_embd) are RMS-normalised per layer
+Notation (`../shared/DESIGN.md` section 3): layer features `f_t` (n_taps x n_embd) are RMS-normalised per layer
 and concatenated; `z_t = P f_t` (D); the user vector `lambda` (D) modulates `s_t = z_t * lambda`; the
 correction of token v is `strength * U[v] . s_t`, applied to the top-k cluster logits only.
 `U` is either factored, `U[v] = E[v] Q` with the backbone's token embeddings `E`, or a sparse full
