@@ -448,7 +448,7 @@ def test_pull_of_missing_file_keeps_previous(
 ) -> None:
     _, url = served
     target_file(repo_dir, "head.safetensors").unlink()
-    with pytest.raises(LocalpersError, match="head.safetensors.*HTTP 500"):
+    with pytest.raises(LocalpersError, match="head.safetensors: the repository has no such file .*HTTP 404"):
         pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
     assert_previous_intact(installed_previous)
 
@@ -543,16 +543,22 @@ def test_pull_refuses_a_manifest_that_disagrees_with_the_signed_targets(
 
 
 def test_pull_refuses_extra_bytes(
-    installed_previous: Path, served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
+    installed_previous: Path,
+    served: tuple[BundleServer, str],
+    repo_dir: Path,
+    fingerprint: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server, url = served
     path = target_file(repo_dir, "centroids.safetensors")
     longer = path.parent / "longer"
     longer.write_bytes(path.read_bytes() + b"x" * 100)  # the server sends 100 bytes more than signed
     name = path.relative_to(repo_dir).as_posix()
-    server.files[name] = ServedFile(
+    longer_file = ServedFile(
         size=longer.stat().st_size, sha256="0" * 64, content_type="application/octet-stream", path=longer
     )
+    listed = server.files.get
+    monkeypatch.setattr(server.files, "get", lambda wanted: longer_file if wanted == name else listed(wanted))
     with pytest.raises(LocalpersError, match="centroids.safetensors.*more than the signed length"):
         pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
     assert_previous_intact(installed_previous)

@@ -138,7 +138,16 @@ def test_tampered_metadata_is_refused(repo: tuple[Path, Path, str]) -> None:
     document = json.loads(timestamp.read_text())
     document["signed"]["expires"] = "2099-01-01T00:00:00Z"  # not re-signed
     timestamp.write_text(json.dumps(document))
-    with pytest.raises(InputError, match="metadata/timestamp.json: signed metadata refused"):
+    with pytest.raises(InputError, match="metadata/timestamp.json: signed metadata refused") as refused:
+        pull(repo_dir, trust=fingerprint)
+    assert "nothing was installed: it is damaged, or not signed by the keys this device trusts" in str(
+        refused.value
+    )  # the raw TUF error alone said neither (publisher audit)
+    assert nothing_installed()
+    timestamp.unlink()  # a repository copied without it: trying again finds the same
+    with pytest.raises(
+        LocalpersError, match="timestamp.json: the repository has no such file .*upload the whole"
+    ):
         pull(repo_dir, trust=fingerprint)
     assert nothing_installed()
 
@@ -494,12 +503,95 @@ def test_a_keys_directory_inside_the_repository_is_refused(
             assert_one_line_refusal(runner.invoke(app, command), "is inside the repository")
     with pytest.raises(InputError, match="--keys .* is inside the repository"):
         add_bundle(repo_dir, bundle, inside)
-    generate_keys(repo_dir / "new-keys")
+    generate_keys(tmp_path / "new-keys")  # `repo keygen` refuses a folder inside the repository itself
+    shutil.copytree(tmp_path / "new-keys", repo_dir / "new-keys")
     rotated = runner.invoke(
         app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(repo_dir / "new-keys")]
     )
     assert_one_line_refusal(rotated, "--new-keys", "is inside the repository")
     assert repository_files(repo_dir) == before
+
+
+def test_serve_gives_only_metadata_and_hash_named_targets_and_follows_a_re_signing(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Publisher audit (eightieth session): `serve` listed every regular file under targets/ at start, so a keys
+    folder put there was served (`GET /targets/keys/root.key` 200), and a `repo add` or `repo refresh` while it ran
+    made every pull fail with a 404 that "try again" could not mend, the new timestamp served under the old
+    ETag."""
+    import hashlib
+    import urllib.error
+    import urllib.request
+
+    from localpers.bundle.serve import start_background_server
+
+    repo_dir, keys, fingerprint = repo
+    shutil.copytree(keys, repo_dir / "targets" / "keys")  # by hand: every repo command refuses keys there
+    (repo_dir / "targets" / "notes.txt").write_text("not signed\n")
+    (repo_dir / "metadata" / "timestamp.json.bak").write_text("{}\n")
+    server, url = start_background_server(repo_dir)
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(url + path) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        for hidden in ("targets/keys/root.key", "targets/keys/timestamp.key", "targets/notes.txt"):
+            assert status(hidden) == 404, hidden
+        assert status("metadata/timestamp.json.bak") == 404
+        assert status("metadata/1.root.json") == status("metadata/timestamp.json") == 200
+        first = pull(url, trust=fingerprint)
+        add_bundle(repo_dir, make_bundle(tmp_path / "newer", seed="newer"), keys)  # while serving
+        second = pull(url)
+        assert second.version != first.version  # type: ignore[attr-defined]
+        refresh(repo_dir, keys, expiry_days={"timestamp": 3})
+        with urllib.request.urlopen(url + "metadata/timestamp.json") as response:
+            served, etag = response.read(), response.headers["ETag"]
+        assert served == (repo_dir / "metadata" / "timestamp.json").read_bytes()
+        assert etag == f'"{hashlib.sha256(served).hexdigest()}"'
+        assert pull(url).unchanged  # type: ignore[attr-defined]
+    finally:
+        server.close()
+
+
+def test_keygen_inside_a_repository_and_a_key_that_is_not_a_file_are_refused(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Publisher audit: `repo keygen REPO/targets/keys` exit 0 (and `serve` then gave the keys out); a key file
+    linked to /dev/zero read until memory ran out, a FIFO hung; a missing key of a repository's advised making
+    new keys, which its root would not trust."""
+    import os
+
+    repo_dir, keys, _ = repo
+    made = runner.invoke(app, ["repo", "keygen", str(repo_dir / "targets" / "keys")])
+    assert_one_line_refusal(made, "is inside the repository", "give a directory outside it")
+    assert not (repo_dir / "targets" / "keys").exists()
+
+    odd = tmp_path / "odd-keys"
+    shutil.copytree(keys, odd)
+    (odd / "timestamp.key").unlink()
+    (odd / "timestamp.key").symlink_to("/dev/zero")
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(odd)])
+    assert_one_line_refusal(refreshed, "timestamp.key is not a regular file")
+    (odd / "timestamp.key").unlink()
+    os.mkfifo(odd / "timestamp.key")
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(odd)])
+    assert_one_line_refusal(refreshed, "timestamp.key is not a regular file")
+
+    only_timestamp = tmp_path / "cron-keys"
+    only_timestamp.mkdir()
+    shutil.copy(keys / "timestamp.key", only_timestamp)
+    everything = runner.invoke(
+        app, ["repo", "refresh", str(repo_dir), "--keys", str(only_timestamp), "--all"]
+    )
+    assert everything.exit_code == 1
+    assert (
+        "no targets key there; give the keys directory this repository was signed with" in everything.stderr
+    )
+    assert "repo keygen DIR`" not in everything.stderr
 
 
 def test_keygen_into_a_file_and_keys_that_is_a_file_say_what_to_do(

@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from localpers.errors import InputError, LocalpersError
+from localpers.regular_files import read_regular_file
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 KEY_SUFFIX = ".key"  # PEM private key, mode 0600
 PUBLIC_SUFFIX = ".pub.json"  # the public key as TUF key JSON
 SHORT_KEYID = 12  # hex digits of a keyid shown in an error
+MAX_KEY_FILE_BYTES = 64 * 1024  # an ed25519 PEM is some 120 bytes
+# where a repository's own key is missing: new keys would sign what its root does not trust
+REPOSITORY_KEY_ADVICE = (
+    "give the keys directory this repository was signed with (a timestamp-only folder re-signs the timestamp"
+    " alone); keys made anew with `localpers repo keygen` are not the ones its root trusts, unless the"
+    " repository is first rotated to them with `localpers repo rotate`"
+)
 
 
 def fingerprint(keyid: str) -> str:
@@ -38,6 +46,7 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
             f"{keys_dir} is a file, not a directory; give a new directory for the keys"
             " (`localpers repo keygen DIR` creates it)"
         )
+    _refuse_inside_a_repository(keys_dir)
     existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
     if existing:
         raise LocalpersError(
@@ -65,8 +74,26 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
     return keyids
 
 
-def load_signer(keys_dir: Path, role: str, option: str = "--keys") -> Any:
-    """The signer of `role` from its PEM file in `keys_dir` (given with the command-line `option`)."""
+def _refuse_inside_a_repository(keys_dir: Path) -> None:
+    """Refuse a new keys directory inside a signed repository (a folder above it holds `metadata/1.root.json`):
+    `init` and every signing command refuse such keys, and a web server hosting the repository would serve them."""
+    resolved = keys_dir.resolve()
+    for folder in (resolved, *resolved.parents):
+        if (folder / "metadata" / "1.root.json").is_file():
+            raise InputError(
+                f"{keys_dir} is inside the repository {folder}: private keys must never be uploaded with it;"
+                " give a directory outside it"
+            )
+
+
+def load_signer(
+    keys_dir: Path,
+    role: str,
+    option: str = "--keys",
+    missing: str = "create keys with `localpers repo keygen DIR`",
+) -> Any:
+    """The signer of `role` from its PEM file in `keys_dir` (given with the command-line `option`); `missing` is
+    the advice when the file is not there."""
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner, SSlibKey
 
@@ -77,13 +104,13 @@ def load_signer(keys_dir: Path, role: str, option: str = "--keys") -> Any:
             " `localpers repo keygen DIR` created"
         )
     path = keys_dir / f"{role}{KEY_SUFFIX}"
+    if not path.exists() and not path.is_symlink():
+        raise LocalpersError(f"{path}: no {role} key there; {missing}")
+    # a link to /dev/zero or a FIFO in place of a key is refused, never read
+    pem = read_regular_file(path, MAX_KEY_FILE_BYTES, what="private key file")
     try:
-        private_key = load_pem_private_key(path.read_bytes(), password=None)
-    except FileNotFoundError:
-        raise LocalpersError(
-            f"{path}: no {role} key there; create keys with `localpers repo keygen DIR`"
-        ) from None
-    except (OSError, ValueError, TypeError) as exc:
+        private_key = load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
         raise InputError(f"{path}: not a PEM private key ({exc})") from None
     public = SSlibKey.from_crypto(private_key.public_key())
     return CryptoSigner(private_key, public)
@@ -109,7 +136,7 @@ def load_signers(
     check_keys_outside(repo_dir, keys_dir, option)
     signers: dict[str, Any] = {}
     for role in roles:
-        signer = load_signer(keys_dir, role, option)
+        signer = load_signer(keys_dir, role, option, missing=REPOSITORY_KEY_ADVICE)
         trusted = sorted(root.signed.roles[role].keyids)
         if signer.public_key.keyid not in trusted:
             shown = ", ".join(keyid[:SHORT_KEYID] for keyid in trusted)

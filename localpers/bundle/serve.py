@@ -1,11 +1,12 @@
 """`localpers serve`: serve a signed bundle repository, or one verified bundle, read-only over HTTP.
 
 For local use (any static web server can host a repository too). A repository directory (made with
-`localpers repo`) is served as its `metadata/` and `targets/` files, listed once at start (regular
-files only: no symlinks, hidden or `.partial` files); a plain bundle directory is verified at start and
-then only `manifest.json` (the verified bytes, held in memory) and the files the manifest lists can be
-fetched. Either way GET or HEAD only, optionally with one byte range. Every other path is 404 (no directory listings, no traversal: request paths are looked
-up in the manifest's list, never joined onto the directory), every other method is 405, and request
+`localpers repo`) is served as its TUF metadata and hash-named targets only (`RepositoryFiles`: regular files,
+no symlinks or `.partial` files, never a keys folder or any other file put there), listed again when the
+publisher re-signs while it runs; a plain bundle directory is verified at start and then only `manifest.json`
+(the verified bytes, held in memory) and the files the manifest lists can be fetched. Either way GET or HEAD
+only, optionally with one byte range. Every other path is 404 (no directory listings, no traversal: request
+paths are looked up in those lists, never joined onto the directory), every other method is 405, and request
 bodies are never read. Request lines are parsed strictly (`METHOD SP /target SP HTTP/1.x`): anything
 else is 400, a line over `MAX_REQUEST_LINE` bytes 414, HTTP/2 and later 505, too many or too long
 headers 431. A client must finish its request line and headers within `request_deadline_s` (slowloris
@@ -61,6 +62,9 @@ DEFAULT_MAX_CONNECTIONS = 32
 _METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 _VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
+# what a repository serves (`RepositoryFiles`): TUF metadata, and targets named by their sha256
+_METADATA_NAME = re.compile(r"(?:[1-9][0-9]*\.)?(?:root|timestamp|snapshot|targets)\.json")
+_TARGET_NAME = re.compile(r"[0-9a-f]{64}\.[^/]+")
 
 
 @dataclass(frozen=True)
@@ -332,7 +336,7 @@ class BundleServer(ThreadingHTTPServer):
         port: int = DEFAULT_PORT,
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        files: dict[str, ServedFile] | None = None,
+        files: dict[str, ServedFile] | RepositoryFiles | None = None,
     ) -> None:
         self.bundle = bundle
         self.max_connections = max_connections
@@ -411,26 +415,86 @@ class BundleServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def repository_files(directory: Path) -> dict[str, ServedFile]:
-    """Every regular file under a repository's metadata/ and targets/, by URL path (no symlinks, no hidden
-    or `.partial` files)."""
-    from localpers.bundle.format import path_problem, sha256_of_file
+class RepositoryFiles:
+    """The files a repository serves, by URL path: its TUF metadata (`N.root.json`, `timestamp.json`,
+    `N.snapshot.json`, `N.targets.json` and the unversioned copies) and its hash-named targets
+    (`targets/.../<sha256>.<name>`), regular files only (no links, no `.partial` files). Nothing else under the
+    folder is ever served: a keys folder put there, a stray file, a temporary file of a write in progress.
 
-    files: dict[str, ServedFile] = {}
-    for top in (METADATA_DIR, TARGETS_DIR):
-        for path in sorted((directory / top).rglob("*")):
-            relative = path.relative_to(directory).as_posix()
-            if path.is_symlink() or not path.is_file() or path_problem(relative):
-                continue
-            if any(part.startswith(".") for part in relative.split("/")) or relative.endswith(".partial"):
-                continue
-            files[relative] = ServedFile(
-                size=path.stat().st_size,
-                sha256=sha256_of_file(path),
-                content_type="application/json" if relative.endswith(".json") else "application/octet-stream",
-                path=path,
-            )
-    return files
+    The publisher re-signs while the server runs (`repo add`, `repo refresh`): a path not listed, or a listed
+    file whose size or modification time changed, has the folder listed again (only new or changed files are
+    hashed again), so a pull sees the repository as it is now and the ETag is that of the bytes served."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._files: dict[str, ServedFile] = {}
+        self._stamps: dict[str, tuple[int, int]] = {}
+        self._list()
+
+    def get(self, relative: str) -> ServedFile | None:
+        if not servable_in_repository(relative):
+            return None  # never listed, whatever is on disk: no listing for it either
+        with self._lock:
+            if relative not in self._files or self._stamp(relative) != self._stamps.get(relative):
+                self._list()
+            return self._files.get(relative)
+
+    def values(self) -> list[ServedFile]:
+        with self._lock:
+            return list(self._files.values())
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def _stamp(self, relative: str) -> tuple[int, int] | None:
+        try:
+            info = (self.directory / relative).lstat()
+        except OSError:
+            return None
+        return info.st_size, info.st_mtime_ns
+
+    def _list(self) -> None:
+        from localpers.bundle.format import path_problem, sha256_of_file
+
+        files: dict[str, ServedFile] = {}
+        stamps: dict[str, tuple[int, int]] = {}
+        for top in (METADATA_DIR, TARGETS_DIR):
+            for path in sorted((self.directory / top).rglob("*")):
+                relative = path.relative_to(self.directory).as_posix()
+                if path.is_symlink() or not path.is_file() or path_problem(relative):
+                    continue
+                if not servable_in_repository(relative):
+                    continue
+                stamp = self._stamp(relative)
+                if stamp is None:
+                    continue  # gone while listed
+                known = self._files.get(relative)
+                if known is not None and self._stamps.get(relative) == stamp:
+                    files[relative], stamps[relative] = known, stamp
+                    continue
+                files[relative] = ServedFile(
+                    size=stamp[0],
+                    sha256=sha256_of_file(path),
+                    content_type="application/json"
+                    if relative.endswith(".json")
+                    else "application/octet-stream",
+                    path=path,
+                )
+                stamps[relative] = stamp
+        self._files, self._stamps = files, stamps
+
+
+def servable_in_repository(relative: str) -> bool:
+    """Whether a repository serves the file at `relative` (a URL path without its leading "/"): TUF metadata by
+    its names, targets by their hash-prefixed names (as `localpers repo` writes them)."""
+    top, _, rest = relative.partition("/")
+    if top == METADATA_DIR:
+        return _METADATA_NAME.fullmatch(rest) is not None
+    if top == TARGETS_DIR:
+        name = rest.rsplit("/", 1)[-1]
+        return _TARGET_NAME.fullmatch(name) is not None and not name.endswith(".partial")
+    return False
 
 
 def make_server(
@@ -447,7 +511,7 @@ def make_server(
             f"{directory}: no such directory; give a repository (`localpers repo init`) or a bundle directory"
         )
     if (directory / METADATA_DIR / "1.root.json").is_file():
-        bundle, files = None, repository_files(directory)
+        bundle, files = None, RepositoryFiles(directory)
     else:
         with advising(GIVEN_BUNDLE_ADVICE):
             bundle, files = verify_bundle(directory), None

@@ -242,11 +242,21 @@ class SignedSource:
                 f" ({one_line(str(exc), 200)})"
             ) from None
         except exceptions.RepositoryError as exc:
-            raise InputError(f"{self._failed_file(where)}: signed metadata refused ({reason(exc)})") from None
+            raise InputError(
+                f"{self._failed_file(where)}: signed metadata refused ({reason(exc)}); nothing was installed: it"
+                " is damaged, or not signed by the keys this device trusts for this publisher; pull again later,"
+                " and tell the publisher if it stays so"
+            ) from None
         except exceptions.DownloadError as exc:
             cause = exc.__cause__ or exc
             if isinstance(cause, LocalpersError):  # raised by our fetcher, wrapped by python-tuf
                 raise cause from None
+            if getattr(cause, "status_code", None) in (403, 404):  # trying again finds the same repository
+                raise LocalpersError(
+                    f"{self._failed_file(where)}: the repository has no such file ({reason(cause)}); nothing was"
+                    " installed: it is not a whole repository (an upload cut short, or another folder at this"
+                    " address); check the address, or ask the publisher to upload the whole repository again"
+                ) from None
             raise LocalpersError(
                 f"{self._failed_file(where)}: download failed ({reason(cause)}); try again"
             ) from None
