@@ -151,6 +151,30 @@ def test_minibatch_kmeans_above_the_threshold_has_the_same_interface() -> None:
     assert best == 3 and set(scores) == {2, 3, 4}
 
 
+def test_a_local_ray_is_started_with_its_usage_statistics_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray reports usage to usage-stats.ray.io after a minute unless RAY_USAGE_STATS_ENABLED=0 (publisher audit,
+    eightieth session); a value the publisher set is kept."""
+    import types
+
+    from localpers.publish import ray_executor
+
+    started: list[dict[str, object]] = []
+    fake = types.SimpleNamespace(
+        is_initialized=lambda: False,
+        init=lambda **kwargs: started.append({**kwargs, "usage": os.environ.get("RAY_USAGE_STATS_ENABLED")}),
+        cluster_resources=lambda: {"CPU": 2.0},
+        nodes=lambda: [{"Alive": True}],
+    )
+    monkeypatch.setattr(ray_executor, "_import_ray", lambda: fake)
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "")  # recorded, so the value the executor sets is undone
+    monkeypatch.delenv("RAY_USAGE_STATS_ENABLED")
+    ray_executor.RayExecutor(workers=2)
+    assert started[-1]["usage"] == "0" and started[-1]["include_dashboard"] is False
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")
+    ray_executor.RayExecutor(workers=2)
+    assert started[-1]["usage"] == "1"
+
+
 def test_ray_stays_out_of_the_device_install() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert not any(

@@ -79,6 +79,8 @@ class RayExecutor:
             check_reachable(address)
         # Workers inherit this process's environment; keep Ray's own chatter out of the progress lines.
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        # Ray reports usage to usage-stats.ray.io unless told not to: a publish sends nothing it was not asked to
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:
             if address is None:
                 ray.init(
