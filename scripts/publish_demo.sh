@@ -13,4 +13,6 @@ python -c "from localpers.cli import app; app()" publish "$CORPUS" --out "$OUT" 
   --k 3 --history-examples 5 --global-epochs 0.54 --cluster-epochs 0.3 --cluster-init global \
   --rank 16 --lora-alpha 32 --dropout 0.05 --lr 2e-4 --batch-size 8 \
   --pairs-per-user 20 --head-steps 200 --head-d 128 \
-  --threads 2 --engine-threads 1 --seed 0 "$@"
+  --threads 2 --engine-threads 1 --seed 0 \
+  --data-source "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows" \
+  --data-licence "CC BY 4.0" "$@"

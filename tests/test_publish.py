@@ -119,6 +119,9 @@ def test_manifest_lists_every_bundle_file_with_its_hash(published: dict) -> None
     assert all(path in manifest["files"] for path in manifest["adapters"].values())
     assert manifest["clusters"]["k"] == 2 and sum(manifest["clusters"]["sizes"]) == 6
     assert manifest["data_card"]["users"] == 6 and manifest["data_card"]["items"] == 36
+    # a corpus nobody described is not claimed to be the demo's (every bundle said HuffPost, CC BY 4.0)
+    assert manifest["data_card"]["source"] == "corpus.jsonl (not described: --data-source)"
+    assert manifest["data_card"]["licence"] == "not stated (--data-licence)"
     assert manifest["backbone"]["sha256"] == resolve_backbone(published["options"].model).sha256
     assert {"plots/sft_loss.png", "plots/head_accuracy.png"} <= on_disk
     assert set(manifest["training"]["stage_seconds"]) >= set(STAGES[:-1])
@@ -315,6 +318,27 @@ def test_cli_reports_a_bad_corpus_line(tmp_path: Path) -> None:
     assert result.exit_code == 2  # a malformed file from outside
     assert "bad.jsonl:2: user 'b' has no 'history' field" in result.output
     assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+def test_cli_passes_the_data_card_a_publisher_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bundle's data card said "HuffPost News Category Dataset v3 ... (CC BY 4.0)" whatever the corpus,
+    and no option changed it (publisher audit, eightieth session)."""
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+    from localpers.publish import pipeline
+
+    given: list[PublishOptions] = []
+    monkeypatch.setattr(
+        pipeline, "publish", lambda options, **_: given.append(options) or {"stages": {}, "stage_seconds": {}}
+    )
+    corpus = write_corpus(tmp_path / "mine.jsonl")
+    command = ["publish", str(corpus), "--out", str(tmp_path / "b"), "--executor", "sequential"]
+    described = ["--data-source", "My newsroom's headlines, 2024", "--data-licence", "proprietary"]
+    assert CliRunner().invoke(app, [*command, *described]).exit_code == 0
+    assert (given[-1].data_source, given[-1].data_licence) == ("My newsroom's headlines, 2024", "proprietary")
+    assert CliRunner().invoke(app, command).exit_code == 0
+    assert given[-1].data_source is None and given[-1].data_licence is None
 
 
 def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) -> None:

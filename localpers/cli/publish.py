@@ -130,6 +130,16 @@ def publish_command(
             help="Head U: 'factored' (E Q, 400x smaller) or 'full' (a row per token seen in pairs)."
         ),
     ] = "factored",
+    data_source: Annotated[
+        str | None,
+        typer.Option(
+            help="What the corpus is, for the bundle's data card (default: its file name, marked not described)."
+        ),
+    ] = None,
+    data_licence: Annotated[
+        str | None,
+        typer.Option(help="The corpus's licence, for the bundle's data card (default: 'not stated')."),
+    ] = None,
     val_fraction: Annotated[
         float,
         float_option(
@@ -249,6 +259,8 @@ def publish_command(
         shard_users=shard_users,
         task_retries=task_retries,
         gpus_per_task=gpus_per_task,
+        data_source=data_source,
+        data_licence=data_licence,
     )
     result = publish(options, until=until, from_stage=from_stage)
     if repo is not None and keys is not None and "bundle" in result["stages"]:

@@ -102,8 +102,8 @@ def build_manifest(context: PublishContext, summaries: dict[str, dict[str, Any]]
         },
         "head": {"file": HEAD_FILE, **head["config"]},
         "data_card": {
-            "source": options.data_source,
-            "licence": options.data_licence,
+            "source": options.data_source or f"{Path(options.corpus).name} (not described: --data-source)",
+            "licence": options.data_licence or "not stated (--data-licence)",
             "users": clusters["users"],
             "items": clusters["items"],
             "validation_items": clusters["val_items"],

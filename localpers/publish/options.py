@@ -85,8 +85,9 @@ class PublishOptions:
     head_author_negatives: int = 0  # extra pairs per pair: y- = a same-cluster author's own text
     head_u: str = "factored"  # "factored" (U = E Q) or "full" (a free row per token seen in the pairs)
     # g. bundle
-    data_source: str = "HuffPost News Category Dataset v3 (Rishabh Misra, 2022), first 10k rows"
-    data_licence: str = "CC BY 4.0"
+    # the bundle's data card (None: the corpus file's name, and the licence "not stated")
+    data_source: str | None = None
+    data_licence: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
