@@ -7,6 +7,7 @@ private keys are never needed (only its shipped root is checked).
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import shutil
@@ -670,6 +671,30 @@ def test_pull_with_backbone_installs_it_resuming_an_interrupted_download(
     monkeypatch.setattr(backbone_module, "default_backbone_path", no_package)
     resolved = resolve_backbone()
     assert resolved.source == "pulled" and resolved.sha256 == sha
+
+
+def test_an_interrupted_add_backbone_leaves_no_partial_copy_in_the_repository(
+    tmp_path: Path, repo: tuple[Path, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publisher audit: Ctrl-C during `repo add-backbone` said no file was left half-written but kept a 199 MB
+    `.partial` in targets/backbone/, which the documented `rsync -a my-repo/ host:` uploads."""
+    from localpers.bundle import repository
+    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
+
+    repo_dir, keys, _ = repo
+    source = tmp_path / "backbone.gguf"
+    source.write_bytes(b"gguf" * 4096)
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+
+    def cut_short(src: object, dst: Path) -> None:
+        Path(dst).write_bytes(b"gguf")  # a part written, then Ctrl-C
+        raise KeyboardInterrupt
+
+    before = repository_files(repo_dir)
+    monkeypatch.setattr(repository.shutil, "copyfile", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        add_file_target(repo_dir, f"{BACKBONE_PREFIX}{sha}.gguf", source, keys)
+    assert repository_files(repo_dir) == before
 
 
 def test_a_damaged_backbone_download_is_refused_and_started_over(

@@ -18,6 +18,7 @@ network connection and never installs anything (see `localpers.bundle.signed` fo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -210,8 +211,13 @@ def _copy_target(repo: Repository, target_path: str, source: Path) -> Any:
     destination.parent.mkdir(parents=True, exist_ok=True)
     if not destination.exists():
         partial = destination.with_name(destination.name + ".partial")
-        shutil.copyfile(source, partial)
-        os.replace(partial, destination)
+        try:
+            shutil.copyfile(source, partial)
+            os.replace(partial, destination)
+        except BaseException:  # Ctrl-C or a full disk: no half copy stays in what is uploaded
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
     return info
 
 
