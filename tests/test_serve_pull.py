@@ -388,6 +388,24 @@ def test_an_installed_manifest_edited_on_disk_is_refused_until_pulled_again(
     assert not second.unchanged and open_bundle().manifest["backbone"]["name"] == "fake"
 
 
+def test_an_unsigned_source_missing_files_is_refused_though_its_manifest_is_installed(
+    bundle_dir: Path, tmp_path: Path
+) -> None:
+    """Publisher audit: `pull COPY --unsigned` of a copy of the installed bundle with 5 of its 8 files deleted
+    said "up to date (... its 8 files verified here ...)" with exit 0: a publisher testing a bundle was told all
+    was well."""
+    import shutil
+
+    installed = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
+    gutted = tmp_path / "gutted"
+    shutil.copytree(bundle_dir, gutted)
+    (gutted / "head.safetensors").unlink()
+    with pytest.raises(InputError, match="head.safetensors"):
+        pull_bundle(str(gutted), backbone_sha256=BACKBONE_SHA, unsigned=True)
+    again = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
+    assert again.unchanged and again.directory == installed.directory
+
+
 def test_a_version_installed_without_a_record_gets_one_from_the_next_pull(bundle_dir: Path) -> None:
     first = pull_bundle(str(bundle_dir), backbone_sha256=BACKBONE_SHA, unsigned=True)
     record = first.directory.with_name(first.directory.name + ".pulled.json")

@@ -444,6 +444,9 @@ def pull_bundle(
                 for relative, entry in files.items():  # all refused before any download
                     bundle_source.check_listed(relative, entry)
             unchanged = installed_bundle_with(manifest_bytes, backbone_sha256)
+            if unchanged is not None and isinstance(bundle_source, DirectorySource):
+                # "up to date" speaks of the source too: a copy missing files (a publisher's test) is refused
+                verify_bundle(bundle_source.directory, backbone_sha256=backbone_sha256)
             if unchanged is None:
                 _check_free_space(root, total)
                 for relative, entry in files.items():
