@@ -288,6 +288,26 @@ def test_key_rotation_is_followed_and_old_keys_lose_power(
     assert installed_bundle_dir() == after.directory.resolve()  # type: ignore[attr-defined]
 
 
+def test_after_a_rotation_every_message_names_the_fingerprint_devices_pin(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Publisher audit: `repo keygen NEW` printed "root fingerprint X", and after rotating to NEW nothing said that
+    devices still pin the repository's first fingerprint; a new device given X was refused without a hint."""
+    repo_dir, keys, first = repo
+    new_keys = tmp_path / "new-keys"
+    made = runner.invoke(app, ["repo", "keygen", str(new_keys)])
+    assert made.exit_code == 0 and "the fingerprint devices pin once `localpers repo init`" in made.output
+    new_root = json.loads((new_keys / "root.pub.json").read_text())["keyid"]
+    rotated = runner.invoke(
+        app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(new_keys)]
+    )
+    assert rotated.exit_code == 0, rotated.output
+    assert f"New devices still pin the repository's first fingerprint, {first}" in rotated.output
+    with pytest.raises(LocalpersError, match="keeps the fingerprint of its first root"):
+        pull(repo_dir, trust=new_root)
+    assert pull(repo_dir, trust=first).files == len(FILES)  # type: ignore[attr-defined]
+
+
 # -- hosting: plain static files ----------------------------------------------------------------------
 
 

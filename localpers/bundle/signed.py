@@ -137,7 +137,9 @@ def choose_trusted_root(
         )
     if trust.strip().lower() != fingerprint:
         raise LocalpersError(
-            f"{base} is signed by publisher key {fingerprint}, not {one_line(trust, 80)}; refusing it"
+            f"{base} is signed by publisher key {fingerprint}, not {one_line(trust, 80)}; refusing it (a repository"
+            " keeps the fingerprint of its first root after a key rotation: ask your publisher for the one"
+            " `localpers repo fingerprint` prints)"
         )
     root = Metadata[Root].from_bytes(claimed)
     try:

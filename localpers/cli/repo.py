@@ -52,7 +52,10 @@ def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four
 
     keyids = generate_keys(keys)
     typer.echo(f"created keys in {keys}; keep them off the web server, back up root.key offline")
-    typer.echo(f"root fingerprint {keyids['root']}")
+    typer.echo(
+        f"root key {keyids['root']}: the fingerprint devices pin once `localpers repo init` makes a repository with"
+        " these keys (a repository rotated to them keeps its first fingerprint)"
+    )
 
 
 def init(
@@ -172,11 +175,13 @@ def rotate(
     ],
 ) -> None:
     """Replace every role's key: a new root signed by the old and the new root key (TUF key rotation)."""
-    from localpers.bundle.repository import rotate_keys
+    from localpers.bundle.repository import root_keyid, rotate_keys
 
     version = rotate_keys(repo, keys, new_keys)
     typer.echo(
-        f"root version {version} now trusts only the keys in {new_keys}; devices follow on their next pull"
+        f"root version {version} now trusts only the keys in {new_keys}; devices follow on their next pull. New"
+        f" devices still pin the repository's first fingerprint, {root_keyid(repo)} (`localpers repo"
+        " fingerprint`), and follow the rotation from there"
     )
     expiry_report(repo)
 
