@@ -341,6 +341,42 @@ def test_cli_passes_the_data_card_a_publisher_gives(tmp_path: Path, monkeypatch:
     assert given[-1].data_source is None and given[-1].data_licence is None
 
 
+def test_publish_json_with_a_repository_gives_its_expiry_dates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SECURITY.md says every signing command gives each role's expiry date; `publish --repo --json` gave only
+    the repository's path and targets version (publisher audit, eightieth session)."""
+    from test_serve_pull import make_bundle
+    from typer.testing import CliRunner
+
+    from localpers.bundle.keys import generate_keys
+    from localpers.bundle.repository import init_repository
+    from localpers.cli import app
+    from localpers.publish import pipeline
+
+    out = make_bundle(tmp_path / "bundle")  # what the stages would have written
+    monkeypatch.setattr(
+        pipeline, "publish", lambda options, **_: {"stages": {"bundle": {}}, "stage_seconds": {}}
+    )
+    generate_keys(tmp_path / "keys")
+    init_repository(tmp_path / "repo", tmp_path / "keys")
+    command = [
+        "publish",
+        str(write_corpus(tmp_path / "c.jsonl")),
+        "--out",
+        str(out),
+        "--executor",
+        "sequential",
+    ]
+    signing = ["--repo", str(tmp_path / "repo"), "--keys", str(tmp_path / "keys"), "--json"]
+    result = CliRunner().invoke(app, [*command, *signing])
+    assert result.exit_code == 0, result.output
+    repository = json.loads(result.stdout)["repository"]
+    assert repository["targets_version"] == 2
+    assert set(repository["expires"]) == {"root", "targets", "snapshot", "timestamp"}
+    assert all(date.endswith("Z") for date in repository["expires"].values())
+
+
 def test_cli_refuses_an_out_directory_a_publish_did_not_write(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -264,9 +264,11 @@ def publish_command(
     )
     result = publish(options, until=until, from_stage=from_stage)
     if repo is not None and keys is not None and "bundle" in result["stages"]:
-        from localpers.bundle.repository import add_bundle
+        from localpers.bundle.repository import add_bundle, expiry_dates
 
-        result["repository"] = {"path": str(repo), "targets_version": add_bundle(repo, out, keys)}
+        version = add_bundle(repo, out, keys)
+        expires = {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
+        result["repository"] = {"path": str(repo), "targets_version": version, "expires": expires}
     if as_json:
         print_json(result, indent=2, default=str)
         if "repository" in result:
