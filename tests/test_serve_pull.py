@@ -811,6 +811,9 @@ def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None
         started = next_line()
         url = re.search(r"at (http://\S+)", started)
         assert url, started
+        # a plain bundle: what `pull` takes over HTTP is said (publisher audit: it says only "not a signed
+        # repository", and --unsigned "applies only to a local bundle directory")
+        assert "`localpers pull` over HTTP takes only a signed repository" in next_line()
         urllib.request.urlopen(url.group(1).rstrip("/") + "/manifest.json", timeout=30).read()
         logged = next_line()
     finally:

@@ -50,7 +50,10 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")] = 8765,
 ) -> None:
-    """Serve a signed repository (or one bundle) read-only over HTTP for local use: GET/HEAD only, no listings."""
+    """Serve a signed repository (or one bundle) read-only over HTTP for local use: GET/HEAD only, no listings.
+
+    `localpers pull URL` takes a signed repository only; a plain bundle served here is for inspection and other
+    tools (a device pulls a plain bundle from a directory, with --unsigned)."""
     from localpers.bundle.serve import make_server
 
     server = make_server(directory, host, port)
@@ -69,6 +72,13 @@ def serve(
             f" at {server.url}  (Ctrl-C stops)",
             err=True,
         )
+        if server.bundle is not None:
+            typer.echo(
+                "note: a plain bundle is served for inspection and other tools: `localpers pull` over HTTP takes only"
+                " a signed repository (`localpers repo init` and `repo add` make one), and a plain bundle only from"
+                " a directory (`localpers pull DIR --unsigned`)",
+                err=True,
+            )
         if host not in ("127.0.0.1", "::1", "localhost"):
             typer.echo(
                 f"note: listening on {host}: anyone who can reach it can download this bundle", err=True
