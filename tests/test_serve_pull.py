@@ -718,6 +718,9 @@ def test_a_damaged_bundle_directory_exits_2_in_every_command_with_advice_for_a_d
             assert "backbone" in err, (name, err)
         elif how == "no manifest" and name == "pull":
             assert "give a signed repository's directory (`localpers repo`) or a bundle directory" in err
+        elif how == "no manifest":  # most likely another folder: "copy it again" misled (publisher audit)
+            assert "give the folder that holds the bundle's manifest.json" in err, (name, err)
+            assert "copy the bundle directory again" not in err, (name, err)
         else:
             advice = "before signing it" if name == "repo add" else "copy the bundle directory again"
             assert advice in err, (name, err)

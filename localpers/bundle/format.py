@@ -59,6 +59,11 @@ __all__ = [
 PARTIAL_SUFFIX = ".partial"
 # What to do about a bundle directory the user gave (a copy, a publisher's output) that is refused.
 GIVEN_BUNDLE_ADVICE = "copy the bundle directory again from its publisher, or re-publish it"
+# ... and a folder that holds no manifest at all, most likely not the one meant
+NOT_A_BUNDLE = (
+    "give the folder that holds the bundle's manifest.json (a signed repository's folder holds metadata/ and"
+    " targets/ instead)"
+)
 # ... and one a publisher is about to sign.
 PUBLISH_ADVICE = "build it again (`localpers publish`) or copy it again before signing it"
 CHUNK_SIZE = 1 << 20
@@ -146,8 +151,9 @@ def read_manifest(bundle_dir: Path) -> dict[str, Any]:
         with path.open("rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        raise BundleProblem(
-            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
+        # most likely another folder than meant, not a damaged bundle: no "copy it again" advice is added
+        raise InputError(
+            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory; {NOT_A_BUNDLE}"
         ) from None
     except OSError as exc:
         raise LocalpersError(f"{path}: cannot be read ({exc.strerror})") from None

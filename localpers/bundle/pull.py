@@ -45,6 +45,7 @@ from localpers.bundle.format import (
     GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    NOT_A_BUNDLE,
     VERSIONS_DIR,
     Bundle,
     BundleProblem,
@@ -105,7 +106,9 @@ class DirectorySource:
         if directory.is_file() and directory.name == MANIFEST_NAME:
             directory = directory.parent
         if not (directory / MANIFEST_NAME).is_file():
-            raise BundleProblem(f"{directory}: no manifest.json there, so it is not a bundle directory")
+            raise InputError(
+                f"{directory}: no manifest.json there, so it is not a bundle directory; {NOT_A_BUNDLE}"
+            )
         self.directory = directory
         self.root = directory.resolve()
         self.description = str(directory)
@@ -154,7 +157,10 @@ def open_source(
         trust = checked_fingerprint(trust)  # a malformed --trust is refused before anything is read
     if is_signed_repository(source):
         if unsigned:
-            raise LocalpersError(f"{source}: --unsigned applies only to a local bundle directory")
+            raise InputError(
+                f"{source}: --unsigned applies only to a local bundle directory; this is a signed repository:"
+                " pull it without --unsigned"
+            )
         return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
     path = Path(source).expanduser()
     if not path.exists():

@@ -52,8 +52,7 @@ def serve(
 ) -> None:
     """Serve a signed repository (or one bundle) read-only over HTTP for local use: GET/HEAD only, no listings.
 
-    `localpers pull URL` takes a signed repository only; a plain bundle served here is for inspection and other
-    tools (a device pulls a plain bundle from a directory, with --unsigned)."""
+    `localpers pull URL` takes a signed repository only; a plain bundle served here is for inspection and other tools (a device pulls a plain bundle from a directory, with --unsigned)."""
     from localpers.bundle.serve import make_server
 
     server = make_server(directory, host, port)
