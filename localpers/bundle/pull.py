@@ -45,7 +45,6 @@ from localpers.bundle.format import (
     GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    NOT_A_BUNDLE,
     VERSIONS_DIR,
     Bundle,
     BundleProblem,
@@ -106,9 +105,7 @@ class DirectorySource:
         if directory.is_file() and directory.name == MANIFEST_NAME:
             directory = directory.parent
         if not (directory / MANIFEST_NAME).is_file():
-            raise InputError(
-                f"{directory}: no manifest.json there, so it is not a bundle directory; {NOT_A_BUNDLE}"
-            )
+            raise BundleProblem(f"{directory}: no manifest.json there, so it is not a bundle directory")
         self.directory = directory
         self.root = directory.resolve()
         self.description = str(directory)
