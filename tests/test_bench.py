@@ -25,7 +25,7 @@ from localpers.bench.prompt_methods import few_shot_prefix
 from localpers.bundle.format import open_bundle
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.head_spec import HeadConfig
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.history import HistoryItem
@@ -771,3 +771,16 @@ def test_dev_split_takes_each_train_authors_most_recent_30_percent_as_queries(tm
     assert len(mid.history) == 14
     with pytest.raises(LocalpersError, match="no user has queries; .* add --dev-split"):
         load_bench_users(path)  # without the split a train file has no queries
+
+
+def test_dev_split_refuses_a_file_whose_authors_have_queries(tmp_path: Path) -> None:
+    """Bench audit (eightieth session): `--dev-split` on test.jsonl moved its queries into the histories,
+    re-split them and scored test queries in a run labelled a dev split, with no note: settings "chosen on the
+    dev split" could be tuned on the test queries."""
+    path = tmp_path / "test.jsonl"
+    history = [{"input": f"Article {i} about the town.", "output": f"Headline {i}"} for i in range(12)]
+    query = {"input": "A later article about the town.", "output": "A later headline"}
+    path.write_text(json.dumps({"user_id": "u1", "history": history, "queries": [query]}) + "\n")
+    with pytest.raises(InputError, match="line 1 \\(user u1\\): holds queries, .* drop --dev-split"):
+        load_bench_users(path, dev_split=True)
+    assert [q.reference for q in load_bench_users(path)[0].queries] == ["A later headline"]

@@ -249,6 +249,12 @@ def _user_from_record(
         raise InputError(f"{where} (user {user_id}): field 'history' must be a list")
     if query_records is not None and not isinstance(query_records, list):
         raise InputError(f"{where} (user {user_id}): field 'queries' must be a list")
+    if dev_split and query_records:
+        # the split would move these queries into histories and score them as a "dev" split: tuning on test queries
+        raise InputError(
+            f"{where} (user {user_id}): holds queries, so this is a file of held-out authors; --dev-split splits"
+            " train authors' histories (e.g. train.jsonl): drop --dev-split here, and choose settings on train.jsonl"
+        )
     if dev_split:
         merged, resorted = oldest_first([*history_records, *(query_records or [])])
         history_records, query_records = _dev_split(merged)
