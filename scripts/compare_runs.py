@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,34 @@ def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
         table[record["user"]] = {q["query_id"]: q for q in record["queries"]}
-    return table
+    return _of_the_run(Path(run), method, table)
+
+
+def _of_the_run(run: Path, method: str, table: dict[str, dict[str, dict[str, float]]]) -> dict:
+    """`table` cut to the users of the run's results.json: the cache also keeps an earlier run's users (another
+    --max-users or data file), which would mix into the figures; a user cached with another number of queries
+    than the run scored is refused. Without a results.json (a run stopped early) the cache is taken whole."""
+    results = run / "results.json"
+    if not results.is_file():
+        print(
+            f"note: {run} has no results.json (a run stopped early?): every cached user of {method} is read",
+            file=sys.stderr,
+        )
+        return table
+    users: dict[str, dict] = json.loads(results.read_text())["users"]
+    left_out = sorted(set(table) - set(users))
+    if left_out:
+        print(
+            f"note: {run}:{method}: {len(left_out)} cached users are not of this run (an earlier run's), left out",
+            file=sys.stderr,
+        )
+    for user, summary in users.items():
+        if user in table and len(table[user]) != summary.get("queries", len(table[user])):
+            raise SystemExit(
+                f"{run}/cache/{method}/{user}.json holds {len(table[user])} queries, the run scored"
+                f" {summary['queries']}: rerun the bench with -m {method} --out {run}"
+            )
+    return {user: queries for user, queries in table.items() if user in users}
 
 
 def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str, object]:

@@ -84,3 +84,23 @@ def test_split_half_choice_keeps_a_stable_preference_and_not_a_noisy_one(tmp_pat
     # changes nothing on q0/q2: (0.8 - 0.4) / 8, half the ceiling
     assert choice["split_half_diff"] == 0.05
     assert choice["split_half_queries"] == 8
+
+
+def test_only_the_users_of_the_runs_results_are_compared(tmp_path: Path) -> None:
+    """Bench audit (eightieth session): the cache keeps an earlier run's users (a run with more --max-users), and
+    the scripts read it whole, so their figures could differ from the run's own results.json without a word."""
+    for run, rouge in (("a", [0.1, 0.3]), ("b", [0.2, 0.3])):
+        write_run(tmp_path / run, "m", rouge, [None, None])
+        results = {
+            "users": {"u0": {"queries": 2}}
+        }  # this run scored u0 only; u1 is cached from an earlier one
+        (tmp_path / run / "results.json").write_text(json.dumps(results))
+    row = compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
+    assert row["authors"] == 1 and row["queries"] == 2
+    (tmp_path / "b" / "results.json").write_text(json.dumps({"users": {"u0": {"queries": 3}}}))
+    refused = subprocess.run(
+        [sys.executable, str(SCRIPT), f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "holds 2 queries, the run scored 3" in refused.stderr
