@@ -253,7 +253,7 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
     out += [
         "",
         "ROUGE F1 with stemming, mean over all queries. Δ = paired difference to `global` on the same queries "
-        "(* = 95% interval excludes 0). ms/token = decode time per generated token (prompt excluded). "
+        "(* = 95% interval excludes 0; on the ratio to `global`, excludes 1). ms/token = decode time per generated token (prompt excluded). "
         "fit s/user = what the method computes per user before generating (CARD: cluster, negatives, pair "
         "features, vector; † = the y- were reused from the full-history fit, so their generation is not "
         "counted). bytes/user = what the device stores per user besides their own history.",
