@@ -578,6 +578,35 @@ def test_serve_gives_only_metadata_and_hash_named_targets_and_follows_a_re_signi
         server.close()
 
 
+def test_what_a_repository_serves_is_named_by_its_shape_alone() -> None:
+    from localpers.bundle.serve import servable_in_repository
+
+    sha = "0123456789abcdef" * 4
+    for served in (
+        "metadata/1.root.json",
+        "metadata/12.snapshot.json",
+        "metadata/timestamp.json",
+        f"targets/bundle/{sha}.manifest.json",
+        f"targets/bundle/adapters/{sha}.global.gguf",
+        f"targets/backbone/{sha}.{sha}.gguf",
+    ):
+        assert servable_in_repository(served), served
+    for refused in (
+        "metadata/0.root.json",
+        "metadata/keys/1.root.json",
+        "metadata/root.json.bak",
+        "targets/keys/root.key",
+        f"targets/../metadata/{sha}.x",
+        f"targets/.tmp/{sha}.x",
+        f"targets/{sha}.x.partial",
+        f"targets//{sha}.x",
+        f"targets/{sha.upper()}.x",
+        f"other/{sha}.x",
+        f"targets/{sha[:-1]}.x",
+    ):
+        assert not servable_in_repository(refused), refused
+
+
 def test_keygen_inside_a_repository_and_a_key_that_is_not_a_file_are_refused(
     tmp_path: Path, repo: tuple[Path, Path, str]
 ) -> None:

@@ -488,6 +488,8 @@ class RepositoryFiles:
 def servable_in_repository(relative: str) -> bool:
     """Whether a repository serves the file at `relative` (a URL path without its leading "/"): TUF metadata by
     its names, targets by their hash-prefixed names (as `localpers repo` writes them)."""
+    if any(part in ("", ".", "..") or part.startswith(".") for part in relative.split("/")):
+        return False  # never a path out of the folder, nor a hidden file (a write's temporary file)
     top, _, rest = relative.partition("/")
     if top == METADATA_DIR:
         return _METADATA_NAME.fullmatch(rest) is not None
