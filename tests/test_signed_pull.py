@@ -429,6 +429,28 @@ def test_init_refuses_an_existing_repository(repo: tuple[Path, Path, str]) -> No
         init_repository(repo[0], repo[1])
 
 
+def test_init_refuses_a_file_and_a_folder_holding_other_files(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    """Publisher audit: `repo init afile` said "Not a directory (afile/metadata)", and `repo init` of a folder
+    holding other files made a repository there, whose stray files the documented rsync uploads."""
+    keys = repo[1]
+    (tmp_path / "afile").write_text("x\n")
+    made = runner.invoke(app, ["repo", "init", str(tmp_path / "afile"), "--keys", str(keys)])
+    assert_one_line_refusal(made, "afile is a file, not a folder; give a new or empty folder")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("drafts\n")
+    (busy / ".git").mkdir()  # hidden entries (a version control folder) are no bar
+    made = runner.invoke(app, ["repo", "init", str(busy), "--keys", str(keys)])
+    assert_one_line_refusal(
+        made, "already holds notes.txt", "everything in a repository's folder is uploaded"
+    )
+    assert sorted(p.name for p in busy.iterdir()) == [".git", "notes.txt"]
+    (busy / "notes.txt").unlink()
+    assert runner.invoke(app, ["repo", "init", str(busy), "--keys", str(keys)]).exit_code == 0
+
+
 # -- the publisher's keys: checked before anything is copied or written (audit findings 3, 11, 16) ----------
 
 

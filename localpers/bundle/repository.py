@@ -164,6 +164,21 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     check_keys_outside(directory, keys_dir)
     if (directory / METADATA_DIR / "root.json").exists():
         raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
+    if directory.exists() and not directory.is_dir():
+        raise InputError(
+            f"{directory} is a file, not a folder; give a new or empty folder for the repository"
+        )
+    stray = (
+        sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+        if directory.is_dir()
+        else []
+    )
+    if stray:  # a repository folder is uploaded whole (`rsync -a my-repo/ host:`): nothing else belongs there
+        shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+        raise InputError(
+            f"{directory} already holds {shown}; everything in a repository's folder is uploaded with it: give a"
+            " new or empty folder"
+        )
     signers = {role: load_signer(keys_dir, role) for role in ROLES}
     (directory / METADATA_DIR).mkdir(parents=True, exist_ok=True)
     (directory / TARGETS_DIR).mkdir(exist_ok=True)
