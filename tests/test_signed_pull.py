@@ -768,6 +768,22 @@ def test_an_interrupted_add_backbone_leaves_no_partial_copy_in_the_repository(
     assert repository_files(repo_dir) == before
 
 
+def test_a_stopped_pull_with_the_backbone_says_its_download_is_kept_to_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Publisher audit: Ctrl-C during `pull --with-backbone` said "no file was left half-written" while it kept
+    the download's .partial (on purpose: the next pull resumes it)."""
+    from localpers.bundle import pull as pull_module
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pull_module, "pull_bundle", stopped)
+    result = runner.invoke(app, ["pull", "http://127.0.0.1:9/", "--with-backbone"])
+    assert result.exit_code == 130
+    assert "interrupted; the bundle in use is as it was; a backbone download cut short stays" in result.stderr
+
+
 def test_a_damaged_backbone_download_is_refused_and_started_over(
     repo_with_backbone: tuple[Path, str, bytes],
 ) -> None:

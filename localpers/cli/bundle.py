@@ -156,17 +156,28 @@ def pull(
         def show(relative: str, done: int, total: int) -> None:
             progress.update(task, description=relative, completed=done, total=total)
 
-        result = pull_bundle(
-            source,
-            backbone_sha256=backbone_sha256,
-            on_progress=show,
-            timeout=timeout,
-            trust=trust,
-            unsigned=unsigned,
-            with_backbone=with_backbone,
-            confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
-            check_content=_content_check(model),
-        )
+        try:
+            result = pull_bundle(
+                source,
+                backbone_sha256=backbone_sha256,
+                on_progress=show,
+                timeout=timeout,
+                trust=trust,
+                unsigned=unsigned,
+                with_backbone=with_backbone,
+                confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
+                check_content=_content_check(model),
+            )
+        except KeyboardInterrupt as stop:
+            if not with_backbone:
+                raise
+            from localpers.cli.common import stopped_exit
+
+            raise stopped_exit(
+                stop,
+                "the bundle in use is as it was; a backbone download cut short stays as a .partial file beside"
+                " where it goes, which the next pull with --with-backbone resumes",
+            ) from None
         from localpers.cli.common import note_saved
 
         note_saved(f"bundle {result.version} is installed in {result.directory}")
