@@ -323,7 +323,10 @@ def verify(
     model: ModelOption = None,
     skip_backbone: Annotated[
         bool,
-        typer.Option("--skip-backbone", help="Do not compare the bundle's backbone hash with the local one."),
+        typer.Option(
+            "--skip-backbone",
+            help="No local backbone: skip its hash and the checks that the adapters and head fit it (for a publisher's machine without the backbone).",
+        ),
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
