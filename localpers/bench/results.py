@@ -39,7 +39,9 @@ from localpers.bench.siblings import gain_by_sibling
 from localpers.bench.targets import DEFAULT_METHOD, ROUGE_RATIO, check_targets, targets_summary
 
 OTHER_BASELINES = ("rag", "cluster")
-DIGITS = 5
+# results.json keeps 6 digits: report.md shows 4, and a value rounded to 5 first could print one off in the 4th
+# (0.144751 -> 0.14475 -> "0.1447") where scripts/compare_runs.py, reading the scores, prints 0.1448
+DIGITS = 6
 
 
 def query_scores(records: list[dict[str, Any]], metric: str) -> tuple[list[tuple[str, str]], np.ndarray]:
