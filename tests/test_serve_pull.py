@@ -450,15 +450,35 @@ def assert_previous_intact(previous: Path) -> None:
 def test_pull_of_file_served_with_wrong_content_keeps_previous(
     installed_previous: Path, served: tuple[BundleServer, str], repo_dir: Path, fingerprint: str
 ) -> None:
-    _, url = served
+    import functools
+    import http.server
+    import threading
+
     path = target_file(repo_dir, "adapters/cluster-0.gguf")
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF  # same size, so the server still serves it
+    data[-1] ^= 0xFF  # same size
     path.write_bytes(bytes(data))
-    with pytest.raises(LocalpersError) as caught:
-        pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
+    # `localpers serve` no longer gives a target whose bytes are not the sha256 in its name (a 404): a plain
+    # static host does, and the device's own check refuses it
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo_dir))
+    handler.log_message = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    static = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=static.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(LocalpersError) as caught:
+            pull_bundle(
+                f"http://127.0.0.1:{static.server_address[1]}/",
+                backbone_sha256=BACKBONE_SHA,
+                trust=fingerprint,
+            )
+    finally:
+        static.shutdown()
+        static.server_close()
     assert "adapters/cluster-0.gguf" in str(caught.value) and "signed length or hash" in str(caught.value)
     assert_previous_intact(installed_previous)
+    _, url = served
+    status, _, _ = request(url, "GET", "/" + path.relative_to(repo_dir).as_posix())
+    assert status == 404
 
 
 def test_pull_of_missing_file_keeps_previous(
@@ -783,10 +803,11 @@ def test_bundle_info_prints_the_manifests_strings_escaped(bundle_dir: Path) -> N
 def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None:
     """They were the local time with no zone, where every other time localpers prints is UTC."""
     import os
+    import queue
     import re
-    import select
     import subprocess
     import sys
+    import threading
     import time
     import urllib.request
     from datetime import UTC, datetime
@@ -803,12 +824,16 @@ def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None
         stderr=subprocess.PIPE,
     )
 
+    lines: queue.Queue[str] = queue.Queue()
+    # read in a thread: two lines arriving in one chunk sit in the pipe's buffer, where select() does not see them
+    threading.Thread(target=lambda: [lines.put(line) for line in serving.stderr or ()], daemon=True).start()
+
     def next_line(timeout: float = 60) -> str:
         """The server's next line of stderr; fails rather than hang when none comes."""
-        assert serving.stderr is not None
-        ready, _, _ = select.select([serving.stderr], [], [], timeout)
-        assert ready, "the server printed nothing"
-        return serving.stderr.readline()
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("the server printed nothing") from None
 
     try:
         started = next_line()

@@ -600,6 +600,88 @@ def test_serve_gives_only_metadata_and_hash_named_targets_and_follows_a_re_signi
         server.close()
 
 
+def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_file(
+    tmp_path: Path, repo: tuple[Path, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of the listing (eightieth session): every request for a missing servable-looking path listed the
+    whole folder under the lock every request takes (every pull asks for a next root that is not there); one
+    unreadable target made every later listing fail, so every pull; a file hand-placed under a hash-shaped name
+    was served; a metadata file replaced under the same size could go out under the old ETag."""
+    import urllib.error
+    import urllib.request
+
+    from localpers.bundle import format as format_module
+    from localpers.bundle import serve as serve_module
+    from localpers.bundle.serve import RepositoryFiles, start_background_server
+
+    repo_dir, keys, fingerprint = repo
+    sha = "0123456789abcdef" * 4
+    (repo_dir / "targets" / f"{sha}.notes.txt").write_text("not the bytes this name promises\n")
+    listings: list[int] = []
+    real_list = RepositoryFiles._list
+    monkeypatch.setattr(RepositoryFiles, "_list", lambda self: listings.append(1) or real_list(self))
+    server, url = start_background_server(repo_dir)
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(url + path) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        before = len(listings)
+        for _ in range(5):
+            assert status("metadata/99.root.json") == 404
+            assert status(f"targets/bundle/{sha}.absent.gguf") == 404
+            assert status(f"targets/{sha}.notes.txt") == 404  # on disk, refused once as it stands
+        assert (
+            len(listings) == before
+        )  # nothing there, or refused as it stands when listed at start: no listing
+
+        real_hash = format_module.sha256_of_file
+        newer = make_bundle(tmp_path / "newer", seed="newer")
+
+        def unreadable(path: Path) -> str:  # as to an account that cannot read what `repo add` wrote
+            if path.is_relative_to(repo_dir) and path.name.endswith("head.safetensors"):
+                raise PermissionError(13, "Permission denied")
+            return real_hash(path)
+
+        monkeypatch.setattr(format_module, "sha256_of_file", unreadable)
+        add_bundle(repo_dir, newer, keys)  # new files: listed again
+        with pytest.raises(LocalpersError, match="head.safetensors: the repository has no such file"):
+            pull(url, trust=fingerprint)  # that file is left out; the server still answers the rest
+        assert status("metadata/timestamp.json") == 200
+        monkeypatch.setattr(format_module, "sha256_of_file", real_hash)
+        for path in (repo_dir / "targets" / "bundle").glob("*.head.safetensors"):
+            path.touch()  # made readable again: its change time moves
+        assert pull(url, trust=fingerprint).files == len(FILES)  # type: ignore[attr-defined]
+
+        timestamp = repo_dir / "metadata" / "timestamp.json"
+        listed = server.files.get("metadata/timestamp.json")
+        assert listed is not None and serve_module.file_stamp(timestamp.stat()) == listed.stamp
+        refresh(repo_dir, keys, expiry_days={"timestamp": 2})  # same size, a new file renamed into place
+        with urllib.request.urlopen(url + "metadata/timestamp.json") as response:
+            assert response.read() == timestamp.read_bytes()
+    finally:
+        server.close()
+
+
+def test_serve_refuses_a_repository_whose_targets_folder_is_a_link(
+    tmp_path: Path, repo: tuple[Path, Path, str]
+) -> None:
+    from localpers.bundle.serve import make_server
+
+    repo_dir, _, _ = repo
+    moved = tmp_path / "elsewhere"
+    (repo_dir / "targets").rename(moved)
+    (repo_dir / "targets").symlink_to(moved)
+    with pytest.raises(
+        InputError, match="targets is a link; a repository's targets/ is served only as a folder"
+    ):
+        make_server(repo_dir, port=0)
+
+
 def test_what_a_repository_serves_is_named_by_its_shape_alone() -> None:
     from localpers.bundle.serve import servable_in_repository
 

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import http.client
 import logging
+import os
 import re
 import socket
 import socketserver
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from localpers import __version__
 from localpers.bundle.format import (
@@ -76,6 +77,7 @@ class ServedFile:
     content_type: str
     path: Path | None = None
     data: bytes | None = None
+    stamp: tuple[int, int, int, int] | None = None  # a repository file's `file_stamp` when it was hashed
 
 
 def parse_range(header: str, size: int) -> tuple[int, int] | None:
@@ -230,6 +232,19 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         return self.headers.get("Transfer-Encoding") is not None or (length not in (None, "0"))
 
+    @staticmethod
+    def _open(served: ServedFile) -> tuple[BinaryIO | None, bool]:
+        """The served file opened, and whether it is no longer the one listed (its size, or its stamp)."""
+        assert served.path is not None
+        try:
+            handle = served.path.open("rb")
+        except OSError:
+            return None, True
+        info = os.fstat(handle.fileno())
+        if info.st_size != served.size or (served.stamp is not None and file_stamp(info) != served.stamp):
+            return handle, True
+        return handle, False
+
     def _serve(self, *, send_body: bool) -> None:
         # A body on GET/HEAD is never read; closing afterwards keeps it from being parsed as a request.
         close = self._carries_body()
@@ -243,11 +258,32 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
             self._send_text(HTTPStatus.NOT_FOUND, close=close)
             return
 
+        handle = None
+        if served.path is not None:
+            handle, changed = self._open(served)
+            if changed and served.stamp is not None:  # a repository file replaced since listed: list it again
+                if handle:
+                    handle.close()
+                served = self.server.files.get(decoded[1:])
+                if served is None:
+                    self._send_text(HTTPStatus.NOT_FOUND, close=close)
+                    return
+                handle, changed = self._open(served)
+            if changed:
+                if handle:
+                    handle.close()
+                logger.warning(
+                    "%s changed on disk since it was verified or listed; not serving it", served.path
+                )
+                self._send_text(HTTPStatus.INTERNAL_SERVER_ERROR, close=close)
+                return
         start, end, status = 0, served.size - 1, HTTPStatus.OK
         range_header = self.headers.get("Range")
         if range_header is not None:
             wanted = parse_range(range_header, served.size)
             if wanted is None:
+                if handle:
+                    handle.close()
                 self._send_text(
                     HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
                     {"Content-Range": f"bytes */{served.size}"},
@@ -256,22 +292,6 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
                 return
             (start, end), status = wanted, HTTPStatus.PARTIAL_CONTENT
         length = end - start + 1
-
-        handle = None
-        if served.path is not None:
-            try:
-                handle = served.path.open("rb")
-                changed = handle.seek(0, 2) != served.size
-            except OSError:
-                changed = True
-            if changed:
-                if handle:
-                    handle.close()
-                logger.warning(
-                    "%s changed on disk since the bundle was verified; not serving it", served.path
-                )
-                self._send_text(HTTPStatus.INTERNAL_SERVER_ERROR, close=close)
-                return
         try:
             self.send_response(status)
             self.send_header("Content-Type", served.content_type)
@@ -417,26 +437,40 @@ class BundleServer(ThreadingHTTPServer):
 
 class RepositoryFiles:
     """The files a repository serves, by URL path: its TUF metadata (`N.root.json`, `timestamp.json`,
-    `N.snapshot.json`, `N.targets.json` and the unversioned copies) and its hash-named targets
-    (`targets/.../<sha256>.<name>`), regular files only (no links, no `.partial` files). Nothing else under the
-    folder is ever served: a keys folder put there, a stray file, a temporary file of a write in progress.
+    `N.snapshot.json`, `N.targets.json` and the unversioned copies) and its targets, each under the name
+    `localpers repo` gives it (`targets/.../<sha256>.<name>`) and only when its bytes have that sha256; regular
+    files only (no links, no `.partial` or hidden files). Nothing else under the folder is ever served: a keys
+    folder put there, a stray or hand-placed file, a temporary file of a write in progress.
 
-    The publisher re-signs while the server runs (`repo add`, `repo refresh`): a path not listed, or a listed
-    file whose size or modification time changed, has the folder listed again (only new or changed files are
-    hashed again), so a pull sees the repository as it is now and the ETag is that of the bytes served."""
+    The publisher re-signs while the server runs (`repo add`, `repo refresh`): a servable path that is on disk
+    but not listed, or a listed file replaced or changed on disk (size, modification time, inode), has the folder
+    listed again (only new or changed files are hashed again), so a pull sees the repository as it is now and
+    the ETag is that of the bytes served. A path with nothing on disk is answered without a listing (every pull
+    asks for a next root version that is not there), and so is one already refused as it stands."""
 
     def __init__(self, directory: Path) -> None:
+        for top in (METADATA_DIR, TARGETS_DIR):
+            if (directory / top).is_symlink():
+                raise InputError(
+                    f"{directory / top} is a link; a repository's {top}/ is served only as a folder of its own"
+                )
         self.directory = directory
         self._lock = threading.Lock()
         self._files: dict[str, ServedFile] = {}
-        self._stamps: dict[str, tuple[int, int]] = {}
+        self._refused: dict[
+            str, tuple[int, int, int, int]
+        ] = {}  # servable-looking files left out, as they stood
         self._list()
 
     def get(self, relative: str) -> ServedFile | None:
         if not servable_in_repository(relative):
             return None  # never listed, whatever is on disk: no listing for it either
         with self._lock:
-            if relative not in self._files or self._stamp(relative) != self._stamps.get(relative):
+            stamp = self._stamp(relative)
+            if stamp is None or self._refused.get(relative) == stamp:
+                return None
+            known = self._files.get(relative)
+            if known is None or known.stamp != stamp:
                 self._list()
             return self._files.get(relative)
 
@@ -447,42 +481,63 @@ class RepositoryFiles:
     def __len__(self) -> int:
         return len(self._files)
 
-    def _stamp(self, relative: str) -> tuple[int, int] | None:
+    def _stamp(self, relative: str) -> tuple[int, int, int, int] | None:
         try:
-            info = (self.directory / relative).lstat()
+            return file_stamp((self.directory / relative).lstat())
         except OSError:
             return None
-        return info.st_size, info.st_mtime_ns
 
     def _list(self) -> None:
         from localpers.bundle.format import path_problem, sha256_of_file
 
         files: dict[str, ServedFile] = {}
-        stamps: dict[str, tuple[int, int]] = {}
+        refused: dict[str, tuple[int, int, int, int]] = {}
         for top in (METADATA_DIR, TARGETS_DIR):
             for path in sorted((self.directory / top).rglob("*")):
                 relative = path.relative_to(self.directory).as_posix()
-                if path.is_symlink() or not path.is_file() or path_problem(relative):
-                    continue
-                if not servable_in_repository(relative):
+                if not servable_in_repository(relative) or path_problem(relative):
                     continue
                 stamp = self._stamp(relative)
                 if stamp is None:
                     continue  # gone while listed
                 known = self._files.get(relative)
-                if known is not None and self._stamps.get(relative) == stamp:
-                    files[relative], stamps[relative] = known, stamp
+                if known is not None and known.stamp == stamp:
+                    files[relative] = known
+                    continue
+                if self._refused.get(relative) == stamp or path.is_symlink() or not path.is_file():
+                    refused[relative] = stamp
+                    continue
+                try:
+                    sha256 = sha256_of_file(path)
+                except OSError as exc:  # unreadable by this account: left out, the rest still served
+                    logger.warning("%s cannot be read (%s); not serving it", path, exc.strerror)
+                    refused[relative] = stamp
+                    continue
+                if top == TARGETS_DIR and not path.name.startswith(sha256):
+                    logger.warning(
+                        "%s does not hold the bytes its name's sha256 promises (damaged, or put there by hand);"
+                        " not serving it",
+                        path,
+                    )
+                    refused[relative] = stamp
                     continue
                 files[relative] = ServedFile(
                     size=stamp[0],
-                    sha256=sha256_of_file(path),
+                    sha256=sha256,
                     content_type="application/json"
                     if relative.endswith(".json")
                     else "application/octet-stream",
                     path=path,
+                    stamp=stamp,
                 )
-                stamps[relative] = stamp
-        self._files, self._stamps = files, stamps
+        self._files, self._refused = files, refused
+
+
+def file_stamp(info: os.stat_result) -> tuple[int, int, int, int]:
+    """What says a file on disk is still the one listed: size, modification time, inode (a file written anew is
+    renamed into place under a new inode, whatever its size and the file system's clock) and change time (a file
+    made readable again)."""
+    return info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns
 
 
 def servable_in_repository(relative: str) -> bool:

@@ -253,7 +253,13 @@ class SignedSource:
             cause = exc.__cause__ or exc
             if isinstance(cause, LocalpersError):  # raised by our fetcher, wrapped by python-tuf
                 raise cause from None
-            if getattr(cause, "status_code", None) in (403, 404):  # trying again finds the same repository
+            if getattr(cause, "status_code", None) == 403:
+                raise LocalpersError(
+                    f"{self._failed_file(where)}: it cannot be read there ({reason(cause)}); nothing was"
+                    " installed: the repository's files need read permission for the web server (or, in a"
+                    " folder, for you); ask the publisher if it is not yours"
+                ) from None
+            if getattr(cause, "status_code", None) == 404:  # trying again finds the same repository
                 raise LocalpersError(
                     f"{self._failed_file(where)}: the repository has no such file ({reason(cause)}); nothing was"
                     " installed: it is not a whole repository (an upload cut short, or another folder at this"
