@@ -389,11 +389,14 @@ async def test_a_fit_refused_while_another_command_fits_the_user_is_tried_again(
 async def test_a_refit_that_keeps_an_imported_fit_says_it_was_kept(service: FakeService) -> None:
     """A user imported without its history keeps the fit it came with (nothing to fit): ctrl+f said "Profile
     updated" as if the user had been fitted anew (seventy-ninth session's final read); a real refit still does."""
+    from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
+
     store = UserStore()
     store.create("cy")
     store.use("cy")
     ann_fit = service.fit(store.get("ann"), lambda *_: None)
-    service.kept_fit = ann_fit
+    service.kept_fit = ann_fit  # as `fit_user` keeps it: the imported state, mark and all, left as it is
+    store.get("cy").save_state({"cluster": 0, "fit": ann_fit.to_json(), IMPORTED_WITHOUT_HISTORY: True})
     app = make_app(service)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await wait_idle(pilot)

@@ -31,6 +31,7 @@ from localpers.tui.messages import (
 )
 from localpers.tui.runs import Run
 from localpers.tui.service import Progress, WritingService
+from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.store import User
 
 Post = Callable[[Message], object]
@@ -110,12 +111,12 @@ def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -
 
 
 def _kept_without_items(user: User, report: FitReport) -> bool:
-    """Whether the fit returned the fit a user imported without its history came with (`fit_user` keeps it while
-    the user has no items): a fit of no items otherwise writes a cold start."""
+    """Whether the fit returned the fit a user imported without its history came with (`fit_user` keeps it, and
+    its state, while the user has no items): every fit made here writes a state without the import's mark."""
     if report.mode == "cold-start":
         return False
     try:
-        return not user.history()
+        return bool(user.state().get(IMPORTED_WITHOUT_HISTORY))
     except LocalpersError:
         return False
 
