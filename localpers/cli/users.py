@@ -19,7 +19,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.stored_files import refit_advice
 from localpers.untrusted import one_line
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
-from localpers.users.store import User, UserStore, fit_is_of_history_now
+from localpers.users.store import User, UserStore, archived_fit_kept_on_refit
 
 user_app = typer.Typer(
     help="Create, choose, inspect, export and delete the users on this device.", no_args_is_help=True
@@ -197,7 +197,7 @@ def user_export(
     left_out = [
         method for method, _ in other_fits(user.dir)
     ]  # CoPe's LoRA and EXACT's index are not archived
-    kept_on_refit = None if with_history else _fit_kept_on_refit(user)
+    kept_on_refit = archived_fit_kept_on_refit(dest)  # as the archive itself says
     if as_json:
         print_json(
             {
@@ -226,19 +226,6 @@ def user_export(
         names = " and ".join({"cope": "CoPe's LoRA", "exact": "EXACT's index"}[method] for method in left_out)
         refits = " and ".join(refit_advice(method, user.name).removeprefix("run ") for method in left_out)
         typer.echo(f"not exported: {names}; after importing, refit with {refits}")
-
-
-def _fit_kept_on_refit(user: User) -> bool | None:
-    """For an export without the history: whether `fit` after the import keeps the archived fit (a fit of the
-    history as it is now; `user_fit.fit_without_history`); None where there is no fit to lose (none, a cold
-    start, or a state that cannot be read, which the export itself refuses)."""
-    try:
-        state = user.state()
-    except LocalpersError:
-        return None
-    if state.get("cluster") is None:
-        return None
-    return fit_is_of_history_now(user, state)
 
 
 def _history_size(user: User) -> int:

@@ -339,18 +339,29 @@ def _remove_tree(path: Path) -> list[str]:
     return failures
 
 
+def archived_fit_kept_on_refit(archive: Path) -> bool | None:
+    """For an archive `export` wrote without the history: whether `fit` after its import keeps the fit it carries
+    (the archive marks it `imported_without_history`), read from the archive itself; None where there is no fit to
+    lose (none, or a cold start) or the history goes along (a fit there fits it)."""
+    _, members = read_archive(archive)
+    state = parse_json(members["state.json"]) if "state.json" in members else None
+    if "history.jsonl" in members or not isinstance(state, dict) or state.get("cluster") is None:
+        return None
+    return bool(state.get(IMPORTED_WITHOUT_HISTORY))
+
+
 def _marked_for_history(user: User, state: dict[str, Any], with_history: bool) -> bytes:
     """The archived state.json, marked `imported_without_history` when the archive leaves out the history its fit
-    stands for (`fit_is_of_history_now`). `fit` keeps such a fit after the import
+    stands for (`_fit_is_of_history_now`). `fit` keeps such a fit after the import
     (`user_fit.fit_without_history`); any other (a fit of items removed since, which a fit here must forget) is
     fitted anew."""
     marked = {key: value for key, value in state.items() if key != IMPORTED_WITHOUT_HISTORY}
-    if not with_history and fit_is_of_history_now(user, state):
+    if not with_history and _fit_is_of_history_now(user, state):
         marked[IMPORTED_WITHOUT_HISTORY] = True
     return (folder.state_json(marked) + "\n").encode("utf-8")
 
 
-def fit_is_of_history_now(user: User, state: dict[str, Any]) -> bool:
+def _fit_is_of_history_now(user: User, state: dict[str, Any]) -> bool:
     """Whether the fit in `state` is a fit of `user`'s history as it is now (the digest it recorded), or one imported
     without its history and still without items here: what an export without the history may carry so that `fit`
     keeps it after the import."""
