@@ -151,9 +151,8 @@ def read_manifest(bundle_dir: Path) -> dict[str, Any]:
         with path.open("rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        # most likely another folder than meant, not a damaged bundle: no "copy it again" advice is added
-        raise InputError(
-            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory; {NOT_A_BUNDLE}"
+        raise BundleProblem(
+            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
         ) from None
     except OSError as exc:
         raise LocalpersError(f"{path}: cannot be read ({exc.strerror})") from None
@@ -358,6 +357,15 @@ def reading_bundle(bundle: Bundle) -> Iterator[None]:
         raise InputError(f"{exc}; {repair_advice(bundle.directory)}") from None
 
 
+def check_given_bundle_dir(directory: Path) -> None:
+    """Refuse a folder given as a bundle that holds no manifest.json: most likely another folder than meant (a
+    repository, a parent), so the advice is which folder to give, not to copy the bundle again."""
+    if not (directory / MANIFEST_NAME).exists():
+        raise InputError(
+            f"{directory}: no manifest.json there, so it is not a bundle directory; {NOT_A_BUNDLE}"
+        )
+
+
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
     """Verify and return the bundle at `path` (default: `default_bundle_dir()`; the pulled bundle's manifest
     must still be the one `pull` recorded). A refusal says what to do for where the bundle came from."""
@@ -367,6 +375,8 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
             raise InputError(
                 f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"
             )
+        if repair_advice(directory) == GIVEN_BUNDLE_ADVICE:  # neither the pulled bundle nor the demo's
+            check_given_bundle_dir(directory)
         with advising(repair_advice(directory)):
             return verify_bundle(directory, backbone_sha256=backbone_sha256)
     installed = installed_bundle_dir(strict=True)

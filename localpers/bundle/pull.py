@@ -450,6 +450,8 @@ def pull_bundle(
             if unchanged is not None and isinstance(bundle_source, DirectorySource):
                 # "up to date" speaks of the source too: a copy missing files (a publisher's test) is refused
                 verify_bundle(bundle_source.directory, backbone_sha256=backbone_sha256)
+                if bundle_source.read_manifest() != manifest_bytes:
+                    raise BundleProblem(f"{manifest_origin}: changed while it was pulled; pull again")
             if unchanged is None:
                 _check_free_space(root, total)
                 for relative, entry in files.items():

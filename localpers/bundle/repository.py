@@ -241,9 +241,16 @@ def add_bundle(
 ) -> int:
     """Publish the bundle at `bundle_dir` (verified first) as the repository's bundle targets, replacing
     the previous bundle's; signs new targets, snapshot and timestamp. Returns the new targets version."""
-    from localpers.bundle.format import MANIFEST_NAME, PUBLISH_ADVICE, advising, verify_bundle
+    from localpers.bundle.format import (
+        MANIFEST_NAME,
+        PUBLISH_ADVICE,
+        advising,
+        check_given_bundle_dir,
+        verify_bundle,
+    )
 
     check_keys_outside(repo_dir, keys_dir)
+    check_given_bundle_dir(Path(bundle_dir))
     with advising(PUBLISH_ADVICE):
         bundle = verify_bundle(Path(bundle_dir))
     repo = load_repository(Path(repo_dir))

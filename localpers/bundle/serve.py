@@ -45,6 +45,7 @@ from localpers.bundle.format import (
     MANIFEST_NAME,
     Bundle,
     advising,
+    check_given_bundle_dir,
     verify_bundle,
 )
 from localpers.bundle.repository import METADATA_DIR, TARGETS_DIR
@@ -570,6 +571,7 @@ def make_server(
     if (directory / METADATA_DIR / "1.root.json").is_file():
         bundle, files = None, RepositoryFiles(directory)
     else:
+        check_given_bundle_dir(directory)
         with advising(GIVEN_BUNDLE_ADVICE):
             bundle, files = verify_bundle(directory), None
     try:

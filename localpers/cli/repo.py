@@ -81,12 +81,13 @@ def add(
     """Publish a bundle: check it as devices will, then copy and sign its files.
 
     Its files become signed targets; new targets, the snapshot and the timestamp are signed."""
-    from localpers.bundle.format import PUBLISH_ADVICE, advising, verify_bundle
+    from localpers.bundle.format import PUBLISH_ADVICE, advising, check_given_bundle_dir, verify_bundle
     from localpers.bundle.repository import add_bundle, check_keys
     from localpers.engine.backbone import backbone_with_sha256
     from localpers.methods.card.bundle_content import check_bundle_content
 
     check_keys(repo, keys)  # a wrong or misplaced --keys is told before the bundle is read
+    check_given_bundle_dir(bundle)
     with advising(PUBLISH_ADVICE):
         verified = verify_bundle(bundle)
     backbone = backbone_with_sha256(verified.backbone_sha256, model)
