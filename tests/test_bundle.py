@@ -387,6 +387,25 @@ def test_directory_without_manifest_is_not_a_bundle(tmp_path: Path) -> None:
         verify_bundle(tmp_path)
 
 
+def test_a_folder_without_manifest_is_told_by_where_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder given as a bundle without manifest.json is most likely another folder (publisher audit: "copy
+    the bundle directory again" for `bundle verify my-repo`); the demo bundle's own folder without it still says
+    to reinstall, as any damage to it does."""
+    with pytest.raises(
+        InputError, match="not a bundle directory; give the folder that holds the bundle's manifest"
+    ):
+        open_bundle(tmp_path)
+    demo = tmp_path / "demo-bundle"
+    demo.mkdir()
+    monkeypatch.setattr(bundle_module, "embedded_bundle_dir", lambda: demo)
+    with pytest.raises(
+        InputError, match="no manifest.json there, .*the demo bundle shipped with localpers is"
+    ):
+        open_bundle(demo)
+
+
 def test_listed_fifo_is_refused_without_blocking(fake_bundle: Path) -> None:
     os.mkfifo(fake_bundle / "pipe")
     manifest = load_manifest(fake_bundle)

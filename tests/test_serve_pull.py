@@ -458,11 +458,16 @@ def test_pull_of_file_served_with_wrong_content_keeps_previous(
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF  # same size
     path.write_bytes(bytes(data))
+
     # `localpers serve` no longer gives a target whose bytes are not the sha256 in its name (a 404): a plain
     # static host does, and the device's own check refuses it
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo_dir))
-    handler.log_message = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    static = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's signature)
+            pass
+
+    static = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(repo_dir))
+    )
     threading.Thread(target=static.serve_forever, daemon=True).start()
     try:
         with pytest.raises(LocalpersError) as caught:

@@ -607,6 +607,8 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
     whole folder under the lock every request takes (every pull asks for a next root that is not there); one
     unreadable target made every later listing fail, so every pull; a file hand-placed under a hash-shaped name
     was served; a metadata file replaced under the same size could go out under the old ETag."""
+    import os
+    import time
     import urllib.error
     import urllib.request
 
@@ -635,9 +637,13 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
             assert status("metadata/99.root.json") == 404
             assert status(f"targets/bundle/{sha}.absent.gguf") == 404
             assert status(f"targets/{sha}.notes.txt") == 404  # on disk, refused once as it stands
-        assert (
-            len(listings) == before
-        )  # nothing there, or refused as it stands when listed at start: no listing
+        # nothing there, or refused as it stands when listed at start: no listing
+        assert len(listings) == before
+        (repo_dir / "targets" / f"{sha}.a:b").write_text("a name no bundle file may have\n")
+        for _ in range(3):
+            assert status(f"targets/{sha}.a:b") == 404  # never listed for it (it is no servable name)
+            assert status(f"targets/{sha}.x%00y") == 404  # a NUL in the name: answered, not a dropped request
+        assert len(listings) == before
 
         real_hash = format_module.sha256_of_file
         newer = make_bundle(tmp_path / "newer", seed="newer")
@@ -653,16 +659,22 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
             pull(url, trust=fingerprint)  # that file is left out; the server still answers the rest
         assert status("metadata/timestamp.json") == 200
         monkeypatch.setattr(format_module, "sha256_of_file", real_hash)
+        time.sleep(0.05)  # past the file system's clock tick since the files were written
         for path in (repo_dir / "targets" / "bundle").glob("*.head.safetensors"):
-            path.touch()  # made readable again: its change time moves
+            path.chmod(0o644)  # made readable again: only its change time moves
         assert pull(url, trust=fingerprint).files == len(FILES)  # type: ignore[attr-defined]
 
         timestamp = repo_dir / "metadata" / "timestamp.json"
         listed = server.files.get("metadata/timestamp.json")
         assert listed is not None and serve_module.file_stamp(timestamp.stat()) == listed.stamp
-        refresh(repo_dir, keys, expiry_days={"timestamp": 2})  # same size, a new file renamed into place
+        before = timestamp.stat()
+        refresh(repo_dir, keys, expiry_days={"timestamp": 2})  # a new file renamed into place
+        os.utime(
+            timestamp, ns=(before.st_atime_ns, before.st_mtime_ns)
+        )  # a clock too coarse to tell them apart
         with urllib.request.urlopen(url + "metadata/timestamp.json") as response:
-            assert response.read() == timestamp.read_bytes()
+            body, etag = response.read(), response.headers["ETag"]
+        assert body == timestamp.read_bytes() and etag == f'"{hashlib.sha256(body).hexdigest()}"'
     finally:
         server.close()
 

@@ -168,8 +168,14 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
         raise InputError(
             f"{directory} is a file, not a folder; give a new or empty folder for the repository"
         )
+    # hidden entries (a version control folder) may stay, and so may the empty folders of an init cut short
     stray = (
-        sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+        sorted(
+            p.name
+            for p in directory.iterdir()
+            if not p.name.startswith(".")
+            and not (p.name in (METADATA_DIR, TARGETS_DIR) and p.is_dir() and not any(p.iterdir()))
+        )
         if directory.is_dir()
         else []
     )

@@ -22,6 +22,7 @@ reader checking that no path escapes them should find every one of them here.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import http.client
 import logging
@@ -46,6 +47,7 @@ from localpers.bundle.format import (
     Bundle,
     advising,
     check_given_bundle_dir,
+    path_problem,
     verify_bundle,
 )
 from localpers.bundle.repository import METADATA_DIR, TARGETS_DIR
@@ -447,7 +449,9 @@ class RepositoryFiles:
     but not listed, or a listed file replaced or changed on disk (size, modification time, inode), has the folder
     listed again (only new or changed files are hashed again), so a pull sees the repository as it is now and
     the ETag is that of the bytes served. A path with nothing on disk is answered without a listing (every pull
-    asks for a next root version that is not there), and so is one already refused as it stands."""
+    asks for a next root version that is not there), and so is one already refused as it stands. New files are
+    hashed under the lock every request takes: the first request after a large target appears (a backbone) waits
+    for its hash, once, which a server for local use accepts."""
 
     def __init__(self, directory: Path) -> None:
         for top in (METADATA_DIR, TARGETS_DIR):
@@ -473,6 +477,8 @@ class RepositoryFiles:
             known = self._files.get(relative)
             if known is None or known.stamp != stamp:
                 self._list()
+                if relative not in self._files:  # on disk but not a file the listing serves (a name it
+                    self._refused[relative] = stamp  # skips, a linked folder): not listed again as it stands
             return self._files.get(relative)
 
     def values(self) -> list[ServedFile]:
@@ -485,15 +491,18 @@ class RepositoryFiles:
     def _stamp(self, relative: str) -> tuple[int, int, int, int] | None:
         try:
             return file_stamp((self.directory / relative).lstat())
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the name
             return None
 
     def _list(self) -> None:
-        from localpers.bundle.format import path_problem, sha256_of_file
+        from localpers.bundle.format import sha256_of_file
 
         files: dict[str, ServedFile] = {}
         refused: dict[str, tuple[int, int, int, int]] = {}
         for top in (METADATA_DIR, TARGETS_DIR):
+            if (self.directory / top).is_symlink():  # swapped for a link while serving: nothing under it
+                logger.warning("%s is now a link; not serving what it points to", self.directory / top)
+                continue
             for path in sorted((self.directory / top).rglob("*")):
                 relative = path.relative_to(self.directory).as_posix()
                 if not servable_in_repository(relative) or path_problem(relative):
@@ -512,7 +521,8 @@ class RepositoryFiles:
                     sha256 = sha256_of_file(path)
                 except OSError as exc:  # unreadable by this account: left out, the rest still served
                     logger.warning("%s cannot be read (%s); not serving it", path, exc.strerror)
-                    refused[relative] = stamp
+                    if exc.errno in (errno.EACCES, errno.EPERM):  # a passing error is tried again next time
+                        refused[relative] = stamp
                     continue
                 if top == TARGETS_DIR and not path.name.startswith(sha256):
                     logger.warning(
@@ -546,6 +556,8 @@ def servable_in_repository(relative: str) -> bool:
     its names, targets by their hash-prefixed names (as `localpers repo` writes them)."""
     if any(part in ("", ".", "..") or part.startswith(".") for part in relative.split("/")):
         return False  # never a path out of the folder, nor a hidden file (a write's temporary file)
+    if path_problem(relative):
+        return False  # a name no bundle file may have (a colon, a backslash, a control character)
     top, _, rest = relative.partition("/")
     if top == METADATA_DIR:
         return _METADATA_NAME.fullmatch(rest) is not None

@@ -197,7 +197,8 @@ def user_export(
     left_out = [
         method for method, _ in other_fits(user.dir)
     ]  # CoPe's LoRA and EXACT's index are not archived
-    kept_on_refit = archived_fit_kept_on_refit(dest)  # as the archive itself says
+    # as the archive itself says; with --with-history a fit there fits the history (or its absence)
+    kept_on_refit = None if with_history else archived_fit_kept_on_refit(dest)
     if as_json:
         print_json(
             {
