@@ -446,7 +446,7 @@ class RepositoryFiles:
     folder put there, a stray or hand-placed file, a temporary file of a write in progress.
 
     The publisher re-signs while the server runs (`repo add`, `repo refresh`): a servable path that is on disk
-    but not listed, or a listed file replaced or changed on disk (size, modification time, inode), has the folder
+    but not listed, or a listed file replaced or changed on disk (its `file_stamp`), has the folder
     listed again (only new or changed files are hashed again), so a pull sees the repository as it is now and
     the ETag is that of the bytes served. A path with nothing on disk is answered without a listing (every pull
     asks for a next root version that is not there), and so is one already refused as it stands. New files are
@@ -462,9 +462,8 @@ class RepositoryFiles:
         self.directory = directory
         self._lock = threading.Lock()
         self._files: dict[str, ServedFile] = {}
-        self._refused: dict[
-            str, tuple[int, int, int, int]
-        ] = {}  # servable-looking files left out, as they stood
+        # servable-looking files on disk left out, as they stood (a file's stamp, `file_stamp`)
+        self._refused: dict[str, tuple[int, int, int, int]] = {}
         self._list()
 
     def get(self, relative: str) -> ServedFile | None:
