@@ -36,7 +36,8 @@ from localpers.bundle.format import (
 from localpers.bundle.keys import generate_keys
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, add_file_target, init_repository
-from localpers.bundle.serve import BundleServer, ServedFile, parse_range, start_background_server
+from localpers.bundle.serve import BundleServer, parse_range, start_background_server
+from localpers.bundle.served_files import ServedFile
 from localpers.engine.backbone import Backbone
 from localpers.errors import InputError, LocalpersError
 

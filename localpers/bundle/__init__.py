@@ -9,7 +9,8 @@
   loopback).
 - `keys`: the publisher's signing keys; `record`: what a pull installed (`.pulled.json`).
 - `pull`: fetch a bundle (signed, or a local directory with --unsigned) and install it atomically.
-- `serve`: serve a repository or one verified bundle read-only over HTTP.
+- `serve`: serve a repository or one verified bundle read-only over HTTP; `served_files`: which files a
+  repository exposes (its TUF metadata and targets whose bytes match their names), listed again as it is re-signed.
 
 Nothing here reads user data or runs a model.
 """
