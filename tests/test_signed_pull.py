@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from synthetic_bundle import make_bundle as make_real_bundle
-from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish
+from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish, request
 from typer.testing import CliRunner
 
 from localpers.bundle.format import MANIFEST_NAME, bundles_root, installed_bundle_dir
@@ -563,7 +563,6 @@ def test_serve_gives_only_metadata_and_hash_named_targets_and_follows_a_re_signi
     made every pull fail with a 404 that "try again" could not mend, the new timestamp served under the old
     ETag."""
     import hashlib
-    import urllib.error
     import urllib.request
 
     from localpers.bundle.serve import start_background_server
@@ -575,11 +574,7 @@ def test_serve_gives_only_metadata_and_hash_named_targets_and_follows_a_re_signi
     server, url = start_background_server(repo_dir)
 
     def status(path: str) -> int:
-        try:
-            with urllib.request.urlopen(url + path) as response:
-                return response.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
+        return request(url, "GET", "/" + path)[0]
 
     try:
         for hidden in ("targets/keys/root.key", "targets/keys/timestamp.key", "targets/notes.txt"):
@@ -609,12 +604,11 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
     was served; a metadata file replaced under the same size could go out under the old ETag."""
     import os
     import time
-    import urllib.error
     import urllib.request
 
-    from localpers.bundle import format as format_module
-    from localpers.bundle import serve as serve_module
-    from localpers.bundle.serve import RepositoryFiles, start_background_server
+    from localpers.bundle import served_files
+    from localpers.bundle.serve import start_background_server
+    from localpers.bundle.served_files import RepositoryFiles
 
     repo_dir, keys, fingerprint = repo
     sha = "0123456789abcdef" * 4
@@ -625,11 +619,7 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
     server, url = start_background_server(repo_dir)
 
     def status(path: str) -> int:
-        try:
-            with urllib.request.urlopen(url + path) as response:
-                return response.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
+        return request(url, "GET", "/" + path)[0]
 
     try:
         before = len(listings)
@@ -645,7 +635,7 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
             assert status(f"targets/{sha}.x%00y") == 404  # a NUL in the name: answered, not a dropped request
         assert len(listings) == before
 
-        real_hash = format_module.sha256_of_file
+        real_hash = served_files.sha256_of_file
         newer = make_bundle(tmp_path / "newer", seed="newer")
 
         def unreadable(path: Path) -> str:  # as to an account that cannot read what `repo add` wrote
@@ -653,12 +643,12 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
                 raise PermissionError(13, "Permission denied")
             return real_hash(path)
 
-        monkeypatch.setattr(format_module, "sha256_of_file", unreadable)
+        monkeypatch.setattr(served_files, "sha256_of_file", unreadable)
         add_bundle(repo_dir, newer, keys)  # new files: listed again
         with pytest.raises(LocalpersError, match="head.safetensors: the repository has no such file"):
             pull(url, trust=fingerprint)  # that file is left out; the server still answers the rest
         assert status("metadata/timestamp.json") == 200
-        monkeypatch.setattr(format_module, "sha256_of_file", real_hash)
+        monkeypatch.setattr(served_files, "sha256_of_file", real_hash)
         time.sleep(0.05)  # past the file system's clock tick since the files were written
         for path in (repo_dir / "targets" / "bundle").glob("*.head.safetensors"):
             path.chmod(0o644)  # made readable again: only its change time moves
@@ -666,7 +656,7 @@ def test_serve_stays_up_for_a_missing_path_an_unreadable_target_and_a_replaced_f
 
         timestamp = repo_dir / "metadata" / "timestamp.json"
         listed = server.files.get("metadata/timestamp.json")
-        assert listed is not None and serve_module.file_stamp(timestamp.stat()) == listed.stamp
+        assert listed is not None and served_files.file_stamp(timestamp.stat()) == listed.stamp
         before = timestamp.stat()
         refresh(repo_dir, keys, expiry_days={"timestamp": 2})  # a new file renamed into place
         os.utime(
@@ -695,7 +685,7 @@ def test_serve_refuses_a_repository_whose_targets_folder_is_a_link(
 
 
 def test_what_a_repository_serves_is_named_by_its_shape_alone() -> None:
-    from localpers.bundle.serve import servable_in_repository
+    from localpers.bundle.served_files import servable_in_repository
 
     sha = "0123456789abcdef" * 4
     for served in (

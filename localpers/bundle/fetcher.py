@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers import __version__
-from localpers.bundle.repository import METADATA_DIR
+from localpers.bundle.repository import is_repository
 from localpers.bundle.transport import HttpOnlyRedirects, is_loopback
 from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
@@ -219,4 +219,4 @@ def is_signed_repository(source: str) -> bool:
     """A local directory with metadata/1.root.json, or any URL (URLs are always pulled signed)."""
     if "://" in source:
         return True
-    return (Path(source).expanduser() / METADATA_DIR / "1.root.json").is_file()
+    return is_repository(Path(source).expanduser())

@@ -46,7 +46,6 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
             f"{keys_dir} is a file, not a directory; give a new directory for the keys"
             " (`localpers repo keygen DIR` creates it)"
         )
-    _refuse_inside_a_repository(keys_dir)
     existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
     if existing:
         raise LocalpersError(
@@ -72,18 +71,6 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
         )
         keyids[role] = public.keyid
     return keyids
-
-
-def _refuse_inside_a_repository(keys_dir: Path) -> None:
-    """Refuse a new keys directory inside a signed repository (a folder above it holds `metadata/1.root.json`):
-    `init` and every signing command refuse such keys, and a web server hosting the repository would serve them."""
-    resolved = keys_dir.resolve()
-    for folder in (resolved, *resolved.parents):
-        if (folder / "metadata" / "1.root.json").is_file():
-            raise InputError(
-                f"{keys_dir} is inside the repository {folder}: private keys must never be uploaded with it;"
-                " give a directory outside it"
-            )
 
 
 def load_signer(

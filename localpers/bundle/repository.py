@@ -156,6 +156,23 @@ def _refresh_timestamp(
     _write_metadata(repo.metadata_dir / "timestamp.json", repo.timestamp)
 
 
+def is_repository(directory: Path) -> bool:
+    """Whether `directory` is a signed repository (it holds the first root, `metadata/1.root.json`)."""
+    return (Path(directory) / METADATA_DIR / "1.root.json").is_file()
+
+
+def refuse_keys_inside_a_repository(keys_dir: Path) -> None:
+    """Refuse a new keys directory inside a signed repository (it or a folder above it is one): `init` and every
+    signing command refuse such keys, and a web server hosting the repository would serve them."""
+    resolved = Path(keys_dir).resolve()
+    for folder in (resolved, *resolved.parents):
+        if is_repository(folder):
+            raise InputError(
+                f"{keys_dir} is inside the repository {folder}: private keys must never be uploaded with it;"
+                " give a directory outside it"
+            )
+
+
 def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None) -> str:
     """Create an empty signed repository at `directory` with the keys in `keys_dir`; returns the
     root keyid (the fingerprint devices pin)."""

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from localpers.cli.common import one_line_errors, print_json
-from localpers.cli.expiry import expiry_report
+from localpers.cli.expiry import expiry_json, expiry_report
 from localpers.cli.numbers import float_option
 from localpers.engine.lora_targets import DEFAULT_TARGETS
 from localpers.engine.threads import MAX_THREADS
@@ -264,11 +264,10 @@ def publish_command(
     )
     result = publish(options, until=until, from_stage=from_stage)
     if repo is not None and keys is not None and "bundle" in result["stages"]:
-        from localpers.bundle.repository import add_bundle, expiry_dates
+        from localpers.bundle.repository import add_bundle
 
         version = add_bundle(repo, out, keys)
-        expires = {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
-        result["repository"] = {"path": str(repo), "targets_version": version, "expires": expires}
+        result["repository"] = {"path": str(repo), "targets_version": version, "expires": expiry_json(repo)}
     if as_json:
         print_json(result, indent=2, default=str)
         if "repository" in result:

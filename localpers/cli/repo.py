@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli.common import JsonOption, ModelOption, print_json
-from localpers.cli.expiry import expiry_report
+from localpers.cli.expiry import expiry_json, expiry_report
 from localpers.errors import InputError
 
 repo_app = typer.Typer(
@@ -49,7 +49,9 @@ def _expiry(days: int | None, *roles: str) -> dict[str, int] | None:
 def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four private keys.")]) -> None:
     """Create ed25519 keys for root, targets, snapshot and timestamp (PEM files, mode 0600)."""
     from localpers.bundle.keys import generate_keys
+    from localpers.bundle.repository import refuse_keys_inside_a_repository
 
+    refuse_keys_inside_a_repository(keys)
     keyids = generate_keys(keys)
     typer.echo(f"created keys in {keys}; keep them off the web server, back up root.key offline")
     typer.echo(
@@ -144,7 +146,6 @@ def refresh(
     as_json: JsonOption = False,
 ) -> None:
     """Re-sign the timestamp with a new expiry date (run it before the timestamp expires, default 7 days)."""
-    from localpers.bundle.repository import expiry_dates
     from localpers.bundle.repository import refresh as refresh_repository
 
     if root_days is not None and not root:
@@ -157,8 +158,7 @@ def refresh(
         root=root,
     )
     if as_json:
-        expires = {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
-        print_json({**versions, "expires": expires})
+        print_json({**versions, "expires": expiry_json(repo)})
         expiry_report(repo, dates=False)  # the root's warning still reaches a cron job's mail, on stderr
         return
     signed = "targets, snapshot and timestamp" if everything else "the timestamp"
