@@ -91,6 +91,16 @@ def test_an_unsigned_bundle_directory_needs_unsigned(tmp_path: Path, repo: tuple
     assert nothing_installed()
 
 
+def test_an_empty_source_is_refused_not_read_as_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(make_bundle(tmp_path / "plain"))  # a bundle here must not be what '' names
+    for blank in ("", "  "):
+        with pytest.raises(InputError, match="the source is empty"):
+            pull(blank, unsigned=True)
+    assert nothing_installed()
+
+
 def test_an_attackers_self_consistent_repository_is_refused(
     tmp_path: Path, repo: tuple[Path, Path, str]
 ) -> None:

@@ -152,6 +152,8 @@ def open_source(
     """
     if trust is not None:
         trust = checked_fingerprint(trust)  # a malformed --trust is refused before anything is read
+    if not source.strip():  # Path("") is the working directory: an empty argument must not pull from there
+        raise InputError("the source is empty; give a repository directory or an http(s) URL")
     if is_signed_repository(source):
         if unsigned:
             raise InputError(
