@@ -37,8 +37,10 @@ def _gold_difference(
     return float(diff.mean()), [float(low), float(high)]
 
 
-def _interval(values: list[float], digits: int = 3) -> str:
-    return f"[{values[0]:.{digits}f}, {values[1]:.{digits}f}]"
+def _interval(values: list[float], digits: int = 3, signed: bool = False) -> str:
+    """ "[low, high]"; `signed` for a difference, so that its bounds read like its "+0.0012" mean."""
+    sign = "+" if signed else ""
+    return f"[{values[0]:{sign}.{digits}f}, {values[1]:{sign}.{digits}f}]"
 
 
 def table(run: str, rows: list[str], reference: str, resamples: int, seed: int) -> str:
@@ -54,11 +56,13 @@ def table(run: str, rows: list[str], reference: str, resamples: int, seed: int) 
         other = load(f"{run}:{method}")
         versus = compare(base, other, resamples, seed)
         gold = _gold_difference(base, other, resamples, seed)
-        gold_text = "" if gold is None else f"{gold[0]:+.3f} {_interval(gold[1])}"
+        gold_text = "" if gold is None else f"{gold[0]:+.3f} {_interval(gold[1], signed=True)}"
         paired_text = ""
         if paired:
             against = compare(load(f"{run}:{paired}"), other, resamples, seed)
-            paired_text = f"{against['diff']:+.4f} {_interval(against['diff_query_ci'], 4)} ({paired})"
+            paired_text = (
+                f"{against['diff']:+.4f} {_interval(against['diff_query_ci'], 4, signed=True)} ({paired})"
+            )
         lines.append(
             f"| {method} | {versus['rouge1']:.4f} | {versus['ratio']:.3f} {_interval(versus['ratio_query_ci'])} |"
             f" {_interval(versus['ratio_author_ci'])} | {versus['authors_improved']} | {paired_text} | {gold_text} |"
