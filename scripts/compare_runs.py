@@ -3,7 +3,8 @@
 Each argument is RUN_DIR:METHOD (a bench --out folder and a method name in its cache). The first is the
 reference. For each other one it prints mean ROUGE-1, the ratio and difference to the reference with a paired
 bootstrap 95% interval over queries and one over authors (`localpers.bench.authors`: resampling authors, each
-with all their queries), how many authors improved, the mean prompt and decode cost, and (where both runs
+with all their queries), how many authors improved, the mean prompt time and the decode time per token (all
+decode time over all tokens, as report.md reads it), and (where both runs
 scored it) the paired difference in gold likelihood: each query's mean per-token log-probability of the
 author's headline.
 
@@ -96,6 +97,10 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
         return [round(estimate.low, 4), round(estimate.high, 4)]
 
     def cost(table: dict, key: str) -> float:
+        if key == "ms_per_token":  # decode time over tokens decoded, as report.md and the cost target read it
+            tokens = sum(table[u][q]["tokens"] for u, q in rows)
+            decode_ms = sum(table[u][q]["ms_per_token"] * table[u][q]["tokens"] for u, q in rows)
+            return round(decode_ms / tokens, 2) if tokens else 0.0
         return round(float(np.mean([table[u][q][key] for u, q in rows])), 2)
 
     gold: dict[str, object] = {}
