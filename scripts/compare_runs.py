@@ -4,9 +4,8 @@ Each argument is RUN_DIR:METHOD (a bench --out folder and a method name in its c
 reference. For each other one it prints mean ROUGE-1, the ratio and difference to the reference with a paired
 bootstrap 95% interval over queries and one over authors (`localpers.bench.authors`: resampling authors, each
 with all their queries), how many authors improved, the mean prompt time and the decode time per token (all
-decode time over all tokens, as report.md reads it), and (where both runs
-scored it) the paired difference in gold likelihood: each query's mean per-token log-probability of the
-author's headline.
+decode time over all tokens, as report.md reads it), and (where both runs scored it) the paired difference in
+gold likelihood: each query's mean per-token log-probability of the author's headline.
 
 With --split-half it also asks whether a per-author choice between the two could pay: each author's better of
 the two chosen with the answers on all their queries (a ceiling, inflated by noise), and chosen on half of their
