@@ -413,6 +413,28 @@ async def test_a_refit_that_keeps_an_imported_fit_says_it_was_kept(service: Fake
 
 
 @async_test
+async def test_fit_kept_is_told_by_the_fit_itself_not_by_the_state_read_after_it(
+    service: FakeService,
+) -> None:
+    """The TUI read the import's mark from the state after the fit lock was released, so a CLI fit landing in
+    between (its new state has no mark) turned a kept fit into "Profile updated" (eightieth session's audit)."""
+    store = UserStore()
+    store.create("cy")
+    store.use("cy")
+    ann_fit = service.fit(store.get("ann"), lambda *_: None)
+    service.kept_fit = ann_fit
+    store.get("cy").save_state({"cluster": 0, "fit": ann_fit.to_json()})  # as a CLI fit just wrote it
+    app = make_app(service)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("ctrl+f")
+        await wait_idle(pilot)
+        assert [n.title for n in app._notifications if n.title in ("Fit kept", "Profile updated")] == [
+            "Fit kept"
+        ]
+
+
+@async_test
 async def test_changes_another_command_makes_to_the_user_are_shown(service: FakeService) -> None:
     """The TUI read its user once: a history added to in a shell stayed listed as before and was not refitted, a
     user deleted and made anew refused every accept as 'no longer exists', and a deleted user stayed on screen

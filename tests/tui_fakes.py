@@ -7,6 +7,7 @@ reach the personalized output. `hold` (a threading.Event) pauses generation betw
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -112,7 +113,7 @@ class FakeService:
                 raise LocalpersError(self.fail_fit)
             items = user.history()
             if not items and self.kept_fit is not None:
-                return self.kept_fit
+                return dataclasses.replace(self.kept_fit, kept_without_history=True)  # as `fit_user` marks it
             for stage in ("negatives", "features"):
                 for done in range(1, len(items) + 1):
                     progress(stage, done, len(items))

@@ -113,6 +113,11 @@ class FitReport:
     n_too_long: int = 0  # history items left out: their pairs would not fit the model's context
     # `history_digest` of the whole stored history the fit was made from (None in fits made before it was kept)
     history_sha256: str | None = None
+    # Not stored: true on the report of the fit a user imported without its history came with, which a fit of no
+    # items keeps (`user_fit.fit_without_history`), so callers need not read the state again after the fit.
+    kept_without_history: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        payload = asdict(self)
+        payload.pop("kept_without_history")
+        return payload

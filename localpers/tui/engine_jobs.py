@@ -17,7 +17,6 @@ from textual.message import Message
 from textual.worker import Worker, get_current_worker
 
 from localpers.errors import LocalpersError, UserBusy
-from localpers.methods.reports import FitReport
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
@@ -31,7 +30,6 @@ from localpers.tui.messages import (
 )
 from localpers.tui.runs import Run
 from localpers.tui.service import Progress, WritingService
-from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.store import User
 
 Post = Callable[[Message], object]
@@ -107,18 +105,7 @@ def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -
         except Exception as exc:
             post(FitDone(user.name, None, describe(exc), identity=user.identity))
             return
-    post(FitDone(user.name, report, identity=user.identity, kept=_kept_without_items(user, report)))
-
-
-def _kept_without_items(user: User, report: FitReport) -> bool:
-    """Whether the fit returned the fit a user imported without its history came with (`fit_user` keeps it, and
-    its state, while the user has no items): every fit made here writes a state without the import's mark."""
-    if report.mode == "cold-start":
-        return False
-    try:
-        return bool(user.state().get(IMPORTED_WITHOUT_HISTORY))
-    except LocalpersError:
-        return False
+    post(FitDone(user.name, report, identity=user.identity, kept=report.kept_without_history))
 
 
 def prepare_demo(service: WritingService, lock: threading.Lock, post: Post) -> None:

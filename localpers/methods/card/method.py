@@ -207,11 +207,8 @@ class CardMethod(AdapterMethod):
     def fit(
         self, personalizer: Personalizer, user: User, *, history_limit: int | None, progress: Progress | None
     ) -> Fitted:
-        from localpers.methods.card.user_fit import fit_without_history
-
-        kept_report = fit_without_history(user, personalizer.bundle_sha256)
-        kept = kept_report is not None
-        report = kept_report or personalizer.fit_user(user, progress=progress, history_limit=history_limit)
+        report = personalizer.fit_user(user, progress=progress, history_limit=history_limit)
+        kept = report.kept_without_history
         choice = user.state().get("choice")
         summary = fit_summary(user.name, report, choice)
         if kept:

@@ -167,7 +167,7 @@ def fit_without_history(user: User, bundle_sha256: str) -> FitReport | None:
         user_profile(user)  # the vector checked against its sha256
         stored_token_bias(user, state)
         stored_choice(state, str(user.state_path), user.refit_advice)
-        return FitReport(**state["fit"])
+        return FitReport(**state["fit"], kept_without_history=True)
     except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):
         return None  # damaged: the fit replaces it, as for any other user
 
