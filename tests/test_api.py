@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -147,7 +148,7 @@ def backend(personalizer: Personalizer, store: UserStore) -> ApiBackend:
 
 @pytest.fixture(scope="module")
 def server(backend: ApiBackend) -> Iterator[LiveServer]:
-    with LiveServer(create_app(backend)) as live:
+    with LiveServer(create_app(backend, allow_grammar=True)) as live:
         yield live
 
 
@@ -465,7 +466,7 @@ def test_starting_without_a_key_says_that_every_local_account_can_use_it(
     from localpers.methods.card.personalizer import Personalizer
 
     monkeypatch.setattr(server, "check_port_free", lambda host, port: None)
-    monkeypatch.setattr(server, "serve", lambda app, host, port: None)
+    monkeypatch.setattr(server, "serve", lambda app, host, port, **options: None)
     monkeypatch.setattr(
         Personalizer, "open", classmethod(lambda cls, **kwargs: SimpleNamespace(close=lambda: None))
     )
@@ -786,9 +787,9 @@ def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(
 
     served: dict[str, object] = {}
     monkeypatch.setattr(server, "check_port_free", lambda host, port: None)
-    monkeypatch.setattr(server, "serve", lambda app, host, port: served.update(app=app))
+    monkeypatch.setattr(server, "serve", lambda app, host, port, **options: served.update(app=app))
     monkeypatch.setattr(Personalizer, "open", classmethod(lambda cls, **kwargs: backend.personalizer))
-    monkeypatch.setattr(ApiBackend, "close", lambda self: None)
+    monkeypatch.setattr(ApiBackend, "close", lambda self, wait=None: True)
     monkeypatch.setenv("LOCALPERS_API_KEY", "s3cret\r")
     started = CliRunner().invoke(cli_app, ["api"])
     assert started.exit_code == 0, started.output
@@ -1127,3 +1128,55 @@ def test_a_history_that_cannot_be_read_does_not_stop_the_global_adapter(
             backend.run(parse_completion({**body, "method": "global-history"}))
     finally:
         store.delete("frank")
+
+
+def test_a_grammar_is_refused_unless_the_server_allows_it(backend: ApiBackend) -> None:
+    """An ambiguous grammar (a row of `[a-z]*`) kept llama.cpp inside one sampling call for minutes, so a 218-byte
+    request stalled every other client and the server's stop (eighty-first session's API audit)."""
+    body = {"model": "localpers", "prompt": "Hi", "max_tokens": 2, "grammar": 'root ::= "yes"'}
+    with LiveServer(create_app(backend)) as live:
+        status, payload = raw_request(f"{live.base_url}/completions", json.dumps(body).encode())
+    error = json.loads(payload)["error"]
+    assert status == 400 and error["param"] == "grammar" and error["code"] == "grammar_not_allowed"
+    assert "--allow-grammar" in error["message"]
+
+
+def test_a_stopped_server_does_not_wait_forever_for_a_generation_stuck_in_llama_cpp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine's lock held by a generation that never returns: closing the model under it would crash and
+    waiting never ended (SIGTERM left the server running); the command now exits without it."""
+    import localpers.api.server as server
+    import localpers.cli.api as api_cli
+    from localpers.methods.card.personalizer import Personalizer
+
+    closed: list[bool] = []
+    exits: list[int] = []
+    options: dict[str, object] = {}
+
+    def stuck_serve(app: object, host: str, port: int, **given: object) -> None:
+        options.update(given)
+        backend._lock.acquire()  # a generation that never returns holds it
+
+    monkeypatch.setattr(server, "check_port_free", lambda host, port: None)
+    monkeypatch.setattr(server, "serve", stuck_serve)
+    monkeypatch.setattr(
+        Personalizer,
+        "open",
+        classmethod(lambda cls, **kwargs: SimpleNamespace(close=lambda: closed.append(True))),
+    )
+    monkeypatch.setattr(api_cli, "STUCK_GENERATION_SECONDS", 0.1)
+    monkeypatch.setattr(os, "_exit", exits.append)
+    real_backend = ApiBackend
+
+    def remembered(personalizer: object, store: object = None) -> ApiBackend:
+        nonlocal backend
+        backend = real_backend(personalizer, store)  # type: ignore[arg-type]
+        return backend
+
+    backend: ApiBackend
+    monkeypatch.setattr("localpers.api.backend.ApiBackend", remembered)
+    result = CliRunner().invoke(cli_app, ["api"])
+    assert exits == [1] and not closed, result.output
+    assert "a generation was still running inside llama.cpp" in result.stderr
+    assert options["shutdown_seconds"] == api_cli.SHUTDOWN_SECONDS

@@ -52,6 +52,15 @@ class ClientGone(Exception):
     """Raised inside a generation's text callback once the client has disconnected."""
 
 
+# llama.cpp matches a grammar against every token of the vocabulary, and an ambiguous one (a row of `[a-z]*`)
+# costs it time exponential in a token's length inside one C call that nothing can stop: one short request
+# would hold the only engine, so every other client, and the server's own stop, waited for it.
+GRAMMAR_OFF = (
+    "`grammar` is off on this server: an ambiguous grammar can keep llama.cpp busy without end, stalling every"
+    " client; start it with `localpers api --allow-grammar` if its clients are trusted with that"
+)
+
+
 def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
@@ -167,9 +176,10 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
+def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar: bool = False) -> Starlette:
     """The Starlette app serving `backend`; `api_key` (if any) is required on every request, and without one
-    only loopback clients that are not web pages of another origin are served (`foreign_request`)."""
+    only loopback clients that are not web pages of another origin are served (`foreign_request`). A request's
+    `grammar` is served only with `allow_grammar` (GRAMMAR_OFF says why)."""
 
     def authorised(request: Request) -> bool:
         if not api_key:
@@ -202,6 +212,8 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
                 return await handler(request)
             except ApiError as exc:
                 return error_response(exc)
+            except asyncio.CancelledError:  # the server stopped before the answer was ready: no traceback
+                return error_response(ApiError(503, "localpers api is stopping; try again when it is back"))
             except Exception as exc:  # report the type only: messages may quote request text
                 print(f"localpers api: internal error {type(exc).__name__}", file=sys.stderr)
                 return error_response(ApiError(500, f"internal error ({type(exc).__name__})"))
@@ -239,6 +251,8 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None) -> Starlette:
 
     async def generate(request: Request, parse: Callable[[Any], GenerationJob]) -> Response:
         job = parse(await read_json(request))
+        if job.sampling.grammar is not None and not allow_grammar:
+            raise ApiError(400, GRAMMAR_OFF, param="grammar", code="grammar_not_allowed")
         ident = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if not job.stream:
             return await answer(request, job, ident)

@@ -84,12 +84,19 @@ class ApiBackend:
         """`localpers` (the active user) and `localpers/<user>` for every local user."""
         return [MODEL_PREFIX, *(f"{MODEL_PREFIX}/{name}" for name in self.store.list())]
 
-    def close(self) -> None:
-        with self._lock:
+    def close(self, wait: float | None = None) -> bool:
+        """Close the engine once no generation runs; with `wait`, give up after that many seconds and return
+        False, leaving it open (a generation inside llama.cpp cannot be stopped, and closing under it crashes)."""
+        if not self._lock.acquire(timeout=-1 if wait is None else wait):
+            return False
+        try:
             for decoder in self._decoders.values():
                 decoder.close()
             self._decoders.clear()
             self.personalizer.close()
+        finally:
+            self._lock.release()
+        return True
 
     # ------------------------------------------------------------------ users
     def resolve_user(self, name: str | None) -> User | None:

@@ -216,8 +216,9 @@ def _guarded_protocol() -> type:
     return GuardedH11Protocol
 
 
-def serve(app: object, host: str, port: int) -> None:
-    """Run uvicorn until Ctrl+C; warnings and errors only, no access log, at most MAX_CONNECTIONS at once."""
+def serve(app: object, host: str, port: int, shutdown_seconds: float | None = None) -> None:
+    """Run uvicorn until Ctrl+C; warnings and errors only, no access log, at most MAX_CONNECTIONS at once; once
+    stopped, it waits at most `shutdown_seconds` (None: without end) for the requests still open."""
     import uvicorn
 
     uvicorn.run(
@@ -231,4 +232,5 @@ def serve(app: object, host: str, port: int) -> None:
         # asyncio accepts up to `backlog` waiting connections at once, before the guard sees any: uvicorn's 2048
         # let a burst take every file descriptor
         backlog=ACCEPT_BACKLOG,
+        timeout_graceful_shutdown=None if shutdown_seconds is None else max(1, round(shutdown_seconds)),
     )

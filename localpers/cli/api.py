@@ -6,12 +6,19 @@ once, and serves until Ctrl+C. Requests pick their user with `user` or the model
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Annotated
 
 import typer
 
 from localpers.cli.common import BundleOption, ModelOption
 from localpers.engine.threads import MAX_THREADS
+
+# How long a stopped server waits for the requests still open, then for the generation in progress, before it
+# exits without it: a generation sees its client leave at its next token, which a stuck one never reaches.
+SHUTDOWN_SECONDS = 10.0
+STUCK_GENERATION_SECONDS = 2.0
 
 # Loopback is not private to one account: any local program or user can connect to the port.
 NO_KEY_NOTE = (
@@ -33,6 +40,14 @@ def api_command(
     ] = None,
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (needs --api-key).")
+    ] = False,
+    allow_grammar: Annotated[
+        bool,
+        typer.Option(
+            "--allow-grammar",
+            help="Serve requests' `grammar` (GBNF): an ambiguous one can keep llama.cpp busy without end,"
+            " stalling every client; only for clients you trust with that.",
+        ),
     ] = False,
     threads: Annotated[
         int | None,
@@ -73,12 +88,37 @@ def api_command(
         typer.echo(NO_KEY_NOTE, err=True)
     try:
         with interrupts.hangup_as_terminate():
-            serve(create_app(backend, api_key=api_key), host, port)
+            serve(
+                create_app(backend, api_key=api_key, allow_grammar=allow_grammar),
+                host,
+                port,
+                shutdown_seconds=SHUTDOWN_SECONDS,
+            )
     finally:
-        backend.close()
+        if not backend.close(wait=STUCK_GENERATION_SECONDS):
+            _exit_leaving_a_stuck_generation()
     stop = interrupts.take_pending()  # uvicorn stops on the signal, then swallows the stop we raise for it
     if isinstance(stop, interrupts.Terminated):  # kill or a closed terminal: 143 or 129, as other commands
         raise stopped_exit(stop, "the API stopped; it keeps no state of its own")
+
+
+def _exit_leaving_a_stuck_generation() -> None:
+    """End the process now: a generation is still inside llama.cpp, which no Python code can stop, and closing
+    the model under it would crash; waiting (as interpreter exit waits for worker threads) could be forever."""
+    import os
+
+    from localpers import interrupts
+
+    stop = interrupts.take_pending()
+    word = interrupts.stopped_word(stop) if stop is not None else "stopped"
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(
+            f"{word}: a generation was still running inside llama.cpp;"
+            " the API exits without waiting for it (it keeps no state of its own)\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+    os._exit(interrupts.exit_code(stop) if stop is not None else 1)
 
 
 def register(app: typer.Typer) -> None:
