@@ -1180,3 +1180,69 @@ def test_a_stopped_server_does_not_wait_forever_for_a_generation_stuck_in_llama_
     assert exits == [1] and not closed, result.output
     assert "a generation was still running inside llama.cpp" in result.stderr
     assert options["shutdown_seconds"] == api_cli.SHUTDOWN_SECONDS
+
+
+def test_fields_python_would_read_loosely_are_refused_by_name() -> None:
+    """`"n": true` passed as 1 (`True == 1`), `include_usage: "no"` counted as true, a chat's `max_tokens` went
+    unchecked beside `max_completion_tokens`, and `tool_choice: "required"` was ignored, so a client waiting for
+    a tool call got text (eighty-first session's API audit)."""
+    from localpers.api.requests import ApiError, parse_chat, parse_completion
+
+    completion = {"model": "localpers", "prompt": ARTICLE}
+    chat = {"model": "localpers", "messages": [{"role": "user", "content": ARTICLE}]}
+    refused = [
+        (parse_completion, {**completion, "n": True}, "n"),
+        (parse_completion, {**completion, "best_of": True}, "best_of"),
+        (
+            parse_completion,
+            {**completion, "stream": True, "stream_options": {"include_usage": "no"}},
+            "stream_options",
+        ),
+        (parse_chat, {**chat, "max_completion_tokens": 8, "max_tokens": "abc"}, "max_tokens"),
+        (parse_chat, {**chat, "tool_choice": "required"}, "tool_choice"),
+        (parse_chat, {**chat, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ]
+    for parse, body, field in refused:
+        with pytest.raises(ApiError) as raised:
+            parse(body)
+        assert raised.value.status == 400 and raised.value.param == field, body
+    assert parse_chat({**chat, "tool_choice": "none", "n": 1}).max_tokens is None
+    assert (
+        parse_chat({**chat, "tool_choice": "auto", "max_completion_tokens": 8, "max_tokens": 4}).max_tokens
+        == 8
+    )
+    assert parse_completion({**completion, "stream_options": {"include_usage": True}}).include_usage is True
+
+
+def test_an_unfitted_user_of_a_method_with_its_own_decoder_gets_cards_409_shape(
+    client: openai.OpenAI,
+) -> None:
+    """CARD's 409 for an unfitted user names `user` and `user_not_fitted`; CoPe's and EXACT's had both null."""
+    for method in ("cope", "exact"):
+        with pytest.raises(openai.APIStatusError) as raised:
+            client.completions.create(
+                model="localpers/bob",
+                prompt=ARTICLE,
+                max_tokens=4,
+                extra_body={"task": "headline", "method": method},
+            )
+        error = raised.value.body
+        assert raised.value.status_code == 409 and error["param"] == "user", error  # type: ignore[index]
+        assert error["code"] == "user_not_fitted"  # type: ignore[index]
+
+
+def test_a_prompt_past_the_context_is_a_400_naming_the_field_it_came_in(client: openai.OpenAI) -> None:
+    long_text = "word " * 1200
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(
+            model="localpers", prompt=long_text, max_tokens=4, extra_body={"method": "global"}
+        )
+    assert raised.value.body["param"] == "prompt"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model="localpers",
+            messages=[{"role": "user", "content": long_text}],
+            max_tokens=4,
+            extra_body={"method": "global"},
+        )
+    assert raised.value.body["param"] == "messages"  # type: ignore[index]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
+from localpers.engine.model import TEXT_TOO_LONG
 from localpers.errors import LocalpersError
 from localpers.methods.base import (
     Method,
@@ -159,9 +160,10 @@ class ApiBackend:
                 result = self._generate(job, user, on_text, notes)
             except LocalpersError as exc:
                 message = str(exc)
-                raise ApiError(
-                    400 if exc.exit_code == 2 else 409, message, param=_field_named(message)
-                ) from None
+                param = _field_named(message)
+                if param is None and message.startswith(TEXT_TOO_LONG):  # the text the client sent
+                    param = "messages" if job.kind == "chat" else "prompt"
+                raise ApiError(400 if exc.exit_code == 2 else 409, message, param=param) from None
             return Served(result, user.name if user else None, int(time.time()), tuple(notes))
 
     def _generate(
@@ -271,7 +273,11 @@ class ApiBackend:
         if decoder is None or not decoder.serves(user):
             if decoder is not None:
                 self._decoders.pop(method.name).close()
-            decoder = self._decoders[method.name] = method.open_decoder(self.personalizer, user)
+            try:  # what it refuses is the user's fit (none for this method, another bundle's), as for CARD
+                decoder = method.open_decoder(self.personalizer, user)
+            except LocalpersError as exc:
+                raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
+            self._decoders[method.name] = decoder
         options = RewriteOptions(
             task=task,
             strength=job.strength,

@@ -144,7 +144,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     # With the user in the model name, a different `user` may be OpenAI's end-user tag, which some clients
     # always send: the backend refuses it only where it names another local user.
     user_tag = user_field if model_user is not None and user_field not in (None, model_user) else None
-    if body.get("n") not in (None, 1):
+    if _integer(body, "n", 1, 1_000_000) not in (None, 1):  # an integer first: `true == 1` in Python
         raise _bad("only `n` = 1 is supported", "n")
     for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
         value = body.get(unsupported)
@@ -152,8 +152,12 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         asks_nothing = value is None or value is False or (value == 0 and unsupported != "logprobs")
         if not asks_nothing:
             raise _bad(f"`{unsupported}` is not supported by localpers", unsupported)
-    if body.get("best_of") not in (None, 1):
+    if _integer(body, "best_of", 1, 1_000_000) not in (None, 1):
         raise _bad("only `best_of` = 1 is supported", "best_of")
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None and tool_choice != "none" and tool_choice != "auto":
+        # "required" or a named function asks for a tool call, which this server never makes
+        raise _bad("`tool_choice` other than `none` or `auto` is not supported by localpers", "tool_choice")
     response_format = body.get("response_format")
     if response_format is not None and (
         not isinstance(response_format, dict) or response_format.get("type") != "text"
@@ -181,6 +185,8 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         if kind == "chat" and body.get("max_completion_tokens") is not None
         else "max_tokens"
     )
+    if limit_name != "max_tokens":
+        _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)  # checked too, though the newer field wins
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -193,9 +199,12 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("`stream` must be true or false", "stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options") or {}  # ignored without `stream`, as some clients always send it
     if not isinstance(options, dict):
         raise _bad("`stream_options` must be an object", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise _bad("`stream_options.include_usage` must be true or false", "stream_options")
     return {
         "model": model,
         "user": user,
@@ -211,7 +220,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         "sampling": _sampling(body),
         "candidates": _integer(body, "candidates", 1, MAX_CANDIDATES) or 1,
         "stream": stream,
-        "include_usage": bool(options.get("include_usage", False)),
+        "include_usage": include_usage,
     }
 
 

@@ -63,6 +63,10 @@ def check_gguf_file(path: Path, what: str = "model") -> None:
         raise InputError(f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file")
 
 
+# How a refusal of a prompt past the context opens (the API names the request field by it).
+TEXT_TOO_LONG = "text too long"
+
+
 @dataclass
 class Step:
     """Result of evaluating tokens: next-token logits and layer features at the last position."""
@@ -298,7 +302,7 @@ class Engine(Vocabulary):
             raise ValueError("eval needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise InputError(
-                f"text too long: {self.n_past + len(tokens)} tokens exceed the model's context of"
+                f"{TEXT_TOO_LONG}: {self.n_past + len(tokens)} tokens exceed the model's context of"
                 f" {self.n_ctx}; shorten the text (or the history items it is shown with)"
             )
         logit_rows: list[np.ndarray] = []
