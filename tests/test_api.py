@@ -1246,3 +1246,33 @@ def test_a_prompt_past_the_context_is_a_400_naming_the_field_it_came_in(client: 
             extra_body={"method": "global"},
         )
     assert raised.value.body["param"] == "messages"  # type: ignore[index]
+
+
+def test_a_host_with_anything_but_a_port_after_it_is_not_loopback(server: LiveServer) -> None:
+    """`127.0.0.1:80@evil.com`, `127.0.0.1:8000, evil.com` and an origin `https://127.0.0.1:8000.evil.com` read as
+    127.0.0.1 (eighty-first session's API audit); a trailing slash was redirected to the Host header's name."""
+    from localpers.api.app import _host_of
+
+    assert _host_of("127.0.0.1:8000") == "127.0.0.1" and _host_of("[::1]:8000") == "::1"
+    assert _host_of("http://localhost:8000") == "localhost" and _host_of("::1") == "::1"
+    models = f"{server.base_url}/models"
+    for host, origin in (
+        ("127.0.0.1:80@evil.com", None),
+        (f"127.0.0.1:{server.port}, evil.com", None),
+        (f"127.0.0.1:{server.port}", "https://127.0.0.1:8000.evil.com"),
+        ("[::1]x", None),
+    ):
+        headers = {"Host": host} | ({"Origin": origin} if origin else {})
+        status, answer = raw_request(models, headers=headers)
+        assert status == 403 and "forbidden_origin" in answer, (host, origin)
+    status, answer = raw_request(f"{models}/", headers={"Host": f"127.0.0.1:{server.port}"})
+    assert status == 404 and json.loads(answer)["error"]["message"], answer
+
+
+def test_the_busy_answer_is_an_openai_error_object() -> None:
+    from localpers.api.server import BUSY_RESPONSE
+
+    head, _, body = BUSY_RESPONSE.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"content-type: application/json" in head
+    assert f"content-length: {len(body)}".encode() in head
+    assert json.loads(body)["error"]["code"] == "server_busy"

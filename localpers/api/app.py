@@ -130,12 +130,22 @@ def _event(payload: dict[str, Any] | str) -> str:
 
 
 def _host_of(value: str) -> str:
-    """The host name or address in a `Host` header or an origin (`http://[::1]:8000` -> `::1`)."""
+    """The host name or address in a `Host` header or an origin (`http://[::1]:8000` -> `::1`); the value as
+    given when anything but a port follows the host (`127.0.0.1:80@evil.com`, `127.0.0.1, evil.com`), which no
+    loopback check then passes."""
     value = value.partition("://")[2] if "://" in value else value
     value = value.split("/", 1)[0]
     if value.startswith("["):
-        return value[1 : value.find("]")] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        end = value.find("]")
+        host, rest = (value[1:end], value[end + 1 :]) if end > 0 else (value, "")
+    elif value.count(":") > 1:
+        return value  # an IPv6 address without brackets, and no port
+    else:
+        host, colon, port = value.partition(":")
+        rest = colon + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        return value
+    return host
 
 
 def foreign_request(request: Request) -> str | None:
@@ -384,6 +394,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
         if api_key
         else []
     )
-    return Starlette(
-        routes=routes, middleware=middleware, exception_handlers={404: not_found, 405: not_found}
-    )
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: not_found, 405: not_found})
+    # Starlette answers `/v1/models/` with a redirect to the Host header's name, outside the guard: a 404 here
+    app.router.redirect_slashes = False
+    return app

@@ -64,10 +64,14 @@ HEADER_SECONDS = 10.0  # a connection whose request headers have not fully arriv
 BODY_SECONDS = 60.0  # one whose body has not, this long after its headers (4 MiB at ~0.5 Mbit/s)
 WRITE_SECONDS = 60.0  # one that has left this long unread what the server has to send it is dropped
 ACCEPT_BACKLOG = MAX_CONNECTIONS  # connections the kernel queues, and asyncio accepts in one go
-_BUSY_TEXT = b"localpers api is busy; try again shortly"
+# An OpenAI-style error object, as every other refusal (written before any request is read, so by hand here)
+_BUSY_BODY = (
+    b'{"error": {"message": "localpers api is busy; try again shortly", "type": "server_error", "param": null,'
+    b' "code": "server_busy"}}'
+)
 BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
 )
 
 
