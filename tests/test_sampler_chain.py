@@ -224,6 +224,11 @@ def test_invalid_grammar_is_a_one_line_error(engine: Engine, capfd: pytest.Captu
     assert "expecting" in str(raised.value), "the parser's own reason"
     captured = capfd.readouterr()
     assert "Zorblax" not in captured.out + captured.err, "llama.cpp's parser printed the grammar to stderr"
+    with pytest.raises(
+        LocalpersError
+    ) as cut:  # the parser quotes nothing after "at": said, not left mid-sentence
+        engine.sampler_chain(SamplerSettings(grammar="root ::= ("))
+    assert str(cut.value).endswith("expecting ')' at the end of the grammar"), str(cut.value)
 
 
 @pytest.mark.parametrize(

@@ -162,6 +162,8 @@ class SamplerChain:
                     (line for line in lines if "error" in line.lower()), lines[0] if lines else "no detail"
                 )
                 detail = detail.split("error parsing grammar:", 1)[-1].strip()
+                if detail.endswith(" at"):  # the parser quotes the text left from there: none
+                    detail += " the end of the grammar"
                 raise LocalpersError(f"the grammar is not valid GBNF: {detail}", exit_code=2)
             self._add(grammar, "grammar")
         if settings.logit_bias:
