@@ -161,6 +161,36 @@ def test_generate_reads_stdin(backbone: Backbone) -> None:
     assert json.loads(result.stdout)["tokens"] >= 1
 
 
+def test_generate_refuses_or_tells_a_text_its_task_cuts_as_rewrite_does(backbone: Backbone) -> None:
+    """`generate` cut a free or paraphrase text past 1,000 characters without a word (a 15,000-character text
+    became a 201-token prompt), where `rewrite` refuses it, and cut a long headline text without its note
+    (eighty-first session's device audit)."""
+    long_text = "lorem ipsum " * 200 + "Question: what is the capital of France? Answer:"
+    for task in ("free", "paraphrase"):
+        refused = runner.invoke(app, ["generate", long_text, "--task", task, "--model", str(backbone.path)])
+        assert refused.exit_code == 2, refused.output
+        assert refused.output.startswith(
+            f"error: the text has 2,448 characters; the {task} task takes at most"
+        )
+    told = runner.invoke(
+        app,
+        [
+            "generate",
+            long_text,
+            "--task",
+            "headline",
+            "--max-tokens",
+            "2",
+            "--json",
+            "--model",
+            str(backbone.path),
+        ],
+    )
+    assert told.exit_code == 0, told.output
+    assert "note: the text has 2,448 characters; the headline task read its first 1,500" in told.stderr
+    assert json.loads(told.stdout)["tokens"] >= 1
+
+
 def test_bad_model_path_is_one_line_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["generate", "hello", "--model", str(tmp_path / "missing.gguf")])
     assert result.exit_code == 2

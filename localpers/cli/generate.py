@@ -77,6 +77,9 @@ def generate(
 
     chosen_task = get_task(task)
     source_text = read_text_argument(text)
+    chosen_task.check_text(
+        source_text
+    )  # a text free or paraphrase would have to cut is refused, as by rewrite
     sampling = sampler_settings(
         temperature=temperature,
         top_k=top_k,
@@ -104,6 +107,12 @@ def generate(
         stop=chosen_task.stop_strings,
         on_text=None if as_json else stdout_stream(strip_leading=chosen_task.one_line),
     )
+    if chosen_task.is_cut(source_text):  # headline and title read an article's start, and say so
+        typer.echo(
+            f"note: the text has {len(chosen_task.content(source_text)):,} characters; the {chosen_task.name}"
+            f" task read its first {chosen_task.max_input_chars:,} (an article's start)",
+            err=True,
+        )
     if as_json:
         payload = {
             "text": result.text.strip() if chosen_task.one_line else result.text,
