@@ -271,3 +271,20 @@ def test_rewrite_examples_lists_each_shown_item_on_one_line() -> None:
         "  recent   3f2a00000000  Dear team,\\n\\nthanks for today.",
         "  closest  4b1c00000000  Storm Shuts Road",
     ]
+
+
+def test_a_correction_top_k_past_the_bound_is_refused_before_the_model_loads() -> None:
+    """`rewrite --top-k 300000` (and the API's `correction_top_k` up to 1,000,000) scored the whole vocabulary at
+    every step: 33 s and 2.2 GB for two tokens (eighty-first session's device audit)."""
+    from localpers.api.requests import ApiError, parse_completion
+    from localpers.methods.bounds import MAX_TOP_K
+
+    refused = runner.invoke(
+        app, ["rewrite", "The council approved the budget", "--top-k", str(MAX_TOP_K + 1)]
+    )
+    assert refused.exit_code == 2 and "--top-k" in refused.output
+    body = {"model": "localpers", "prompt": "x", "method": "card", "correction_top_k": MAX_TOP_K + 1}
+    with pytest.raises(ApiError) as raised:
+        parse_completion(body)
+    assert raised.value.param == "correction_top_k"
+    assert parse_completion({**body, "correction_top_k": MAX_TOP_K}).correction_top_k == MAX_TOP_K

@@ -19,7 +19,7 @@ from typing import Any
 from localpers.engine import CONTEXT_TOKENS
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
-from localpers.methods.bounds import MAX_STRENGTH
+from localpers.methods.bounds import MAX_STRENGTH, MAX_TOP_K
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, method_names, methods_taking
 from localpers.tasks import TASKS
@@ -28,7 +28,6 @@ MODEL_PREFIX = "localpers"
 METHODS = method_names()  # what `method` may name: the registry's methods
 MAX_TOKENS_LIMIT = CONTEXT_TOKENS  # the prompt and the output share the context
 MAX_STOP_STRINGS = 4
-MAX_CORRECTION_TOP_K = 1_000_000
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -214,7 +213,7 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         "strength": None
         if body.get("strength") is None
         else _number(body, "strength", 0.0, 0.0, MAX_STRENGTH),
-        "correction_top_k": _integer(body, "correction_top_k", 1, MAX_CORRECTION_TOP_K),
+        "correction_top_k": _integer(body, "correction_top_k", 1, MAX_TOP_K),
         "max_tokens": _integer(body, limit_name, 1, MAX_TOKENS_LIMIT),
         "stop": tuple(s for s in stops if s),
         "sampling": _sampling(body),

@@ -39,7 +39,7 @@ from localpers.cli.sampling import (
 )
 from localpers.engine.context import CONTEXT_TOKENS
 from localpers.errors import InputError, LocalpersError
-from localpers.methods.bounds import MAX_STRENGTH
+from localpers.methods.bounds import MAX_STRENGTH, MAX_TOP_K
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, get_method, listed, method_names, methods_taking
 from localpers.untrusted import one_line
@@ -179,7 +179,9 @@ def rewrite_command(
             " for cope, its contrastive α (0.3).",
         ),
     ] = None,
-    top_k: Annotated[int | None, typer.Option(min=1, help="Correct only the k best cluster tokens.")] = None,
+    top_k: Annotated[
+        int | None, typer.Option(min=1, max=MAX_TOP_K, help="Correct only the k best cluster tokens.")
+    ] = None,
     max_tokens: Annotated[
         int | None,
         typer.Option(
