@@ -195,6 +195,20 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
     assert_one_line_error(run("user", "import", str(archive), code=1), "already exists")
 
 
+def test_export_to_a_name_ending_in_a_slash_needs_that_folder(tmp_path: Path) -> None:
+    """`user export -o backups/` wrote a zip file named `backups` (Typer's Path drops the slash; device audit)."""
+    run("user", "create", "ann")
+    missing = tmp_path / "backups"
+    assert_one_line_error(
+        run("user", "export", "-o", f"{missing}/", code=2),
+        f"--output {missing}/: no such folder; create it first",
+    )
+    assert not missing.exists()
+    missing.mkdir()
+    exported = run_json("user", "export", "-o", f"{missing}/")
+    assert Path(exported["archive"]).parent == missing and Path(exported["archive"]).is_file()
+
+
 def test_export_says_which_fits_it_leaves_out(tmp_path: Path) -> None:
     """CoPe's LoRA and EXACT's index are not archived; the export said nothing, and after an import or a delete
     they were gone (upgrade audit)."""

@@ -6,6 +6,7 @@ Commands stay thin: `localpers.users.store` does the work; `show` only words wha
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ import typer
 from localpers.cli import completion
 from localpers.cli.common import JsonOption, counted, items_phrase, note_saved, one_line_errors, print_json
 from localpers.cli.user_show import cluster_text, fit_freshness, other_fits, rejected_count, state_summary
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.stored_files import refit_advice
 from localpers.untrusted import one_line
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
@@ -163,6 +164,19 @@ def user_delete(
     typer.echo(f"deleted user {name!r}")
 
 
+def _export_destination(given: str | None) -> Path:
+    """Where `user export -o` writes: a name ending in a slash must be an existing folder (a zip file was
+    written under the folder's name)."""
+    if given is None:
+        return Path.cwd()
+    path = Path(given)
+    if given.endswith(("/", os.sep)) and not path.is_dir():
+        raise InputError(
+            f"--output {given}: no such folder; create it first, or give the archive's file name"
+        )
+    return path
+
+
 @user_app.command("export")
 @one_line_errors
 def user_export(
@@ -173,9 +187,12 @@ def user_export(
         ),
     ] = None,
     output: Annotated[
-        Path | None,
+        str | None,  # not Path: it would drop the trailing slash that says a folder is meant
         typer.Option(
-            "--output", "-o", help="Zip file or existing folder (default: ./localpers-user-NAME.zip)."
+            "--output",
+            "-o",
+            metavar="PATH",
+            help="Zip file or existing folder (default: ./localpers-user-NAME.zip).",
         ),
     ] = None,
     with_history: Annotated[
@@ -191,9 +208,7 @@ def user_export(
     CoPe's LoRA and EXACT's index are not in it (they are refitted from the history after an import)."""
     store = UserStore()
     user = store.resolve(name)
-    dest = store.export(
-        user.name, output if output is not None else Path.cwd(), with_history, overwrite=force
-    )
+    dest = store.export(user.name, _export_destination(output), with_history, overwrite=force)
     left_out = [
         method for method, _ in other_fits(user.dir)
     ]  # CoPe's LoRA and EXACT's index are not archived
