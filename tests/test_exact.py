@@ -402,6 +402,10 @@ def test_a_stopped_exact_fit_says_what_it_kept(localpers_home: Path, monkeypatch
         lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64),
     )
     monkeypatch.setattr(ExactMethod, "fit", interrupted)
+    early = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "exact"])
+    assert early.exit_code == 130 and "are saved" not in early.output
+    assert "nothing of this fit was saved (it stopped before its first search was done)" in early.output
+    (ann.dir / "exact-selections.json").write_text("{}")  # a pair's search saved before the stop
     result = CliRunner().invoke(app, ["fit", "--user", "ann", "--method", "exact"])
     assert result.exit_code == 130
     assert (

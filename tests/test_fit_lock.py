@@ -107,6 +107,13 @@ def test_a_ctrl_c_during_a_fit_says_what_is_kept_and_frees_the_lock(
         lambda **_: types.SimpleNamespace(bundle_sha256="0" * 64),
     )
     monkeypatch.setattr(CardMethod, "fit", interrupted)
+    early = CliRunner().invoke(app, ["fit", "--user", "ann"])  # stopped before any pair: nothing is saved
+    assert early.exit_code == 130 and "are saved" not in early.output
+    assert (
+        "user 'ann' has no fit yet; nothing of this fit was saved (it stopped before its first pair was done):"
+        " `localpers fit --user ann` starts again" in early.output
+    )
+    (ann.dir / "negatives.json").write_text("{}")  # a pair's y- saved before the stop
     result = CliRunner().invoke(app, ["fit", "--user", "ann"])
     assert result.exit_code == 130
     assert (

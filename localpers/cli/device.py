@@ -120,6 +120,8 @@ def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object], 
     was given (`given`: option -> value, None or False when not given)."""
     import shlex
 
+    from localpers.methods.card.pair_cache import FEATURES_FILE, NEGATIVES_FILE
+    from localpers.methods.exact_cache import SELECTIONS_FILE
     from localpers.methods.exact_index import index_path
 
     if not user.dir.is_dir():
@@ -137,11 +139,16 @@ def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object], 
             fitted = isinstance(user.state().get("fit"), dict)
         except LocalpersError:
             fitted = True  # a damaged state.json: left as it was, as any other
-        name, work = "fit", "the pairs scored so far"
+        name, work, caches = "fit", "the pairs scored so far", (NEGATIVES_FILE, FEATURES_FILE)
     else:
         fitted = index_path(user).is_file()
-        name, work = "EXACT index", "the attributes chosen so far"
+        name, work, caches = "EXACT index", "the attributes chosen so far", (SELECTIONS_FILE,)
     kept = f"keeps its previous {name}, and" if fitted else f"has no {name} yet;"
+    if saved and not any((user.dir / cache).is_file() for cache in caches):
+        return (
+            f"user {user.name!r} {kept} nothing of this fit was saved (it stopped before its first"
+            f" {'pair' if method == 'card' else 'search'} was done): `{shlex.join(again)}` starts again"
+        )
     if not saved:
         return (
             f"user {user.name!r} {kept} {work} could not all be saved (a cache in its folder could not be written):"
