@@ -38,6 +38,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _pending: KeyboardInterrupt | None = None
+_settle_when_done = False  # `command_done` ignores stop signals (`settle_when_done`)
 
 
 def note(stop: KeyboardInterrupt | None = None) -> None:
@@ -94,6 +95,25 @@ def install_stop_handlers() -> None:
     for signum in stop_signals():
         if signal.getsignal(signum) is signal.SIG_DFL:
             signal.signal(signum, _on_stop_signal)
+
+
+def settle_when_done() -> None:
+    """Let `command_done` ignore stop signals (the console script asks it; an in-process caller such as a test
+    keeps its handlers)."""
+    global _settle_when_done
+    _settle_when_done = True
+
+
+def command_done() -> None:
+    """A command finished its work (its output written, its state saved): a stop landing now, while the
+    process exits, ended it 130 with no word, and a script read a success as a failure. From here on SIGINT,
+    SIGTERM and SIGHUP are ignored where `settle_when_done` was called and they are routed here (main thread
+    only): a test that runs the console script in-process keeps its own handlers."""
+    if not _settle_when_done or threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, *stop_signals()):
+        if signal.getsignal(signum) in (_on_sigint, _on_stop_signal):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def raise_pending() -> None:

@@ -298,3 +298,45 @@ def test_the_api_server_stopped_by_a_signal_exits_with_its_code_without_a_crash_
     _, err = serving.communicate(timeout=120)
     assert serving.returncode == code, err
     assert "terminated; the API stopped" in err and "Traceback" not in err, err
+
+
+def test_a_stop_after_the_command_finished_does_not_turn_it_into_a_failure() -> None:
+    """A Ctrl-C or SIGTERM landing after a command's work was done (its output written, its history saved) ended
+    it 130 with no word while the process exited, so a script read the import as failed (device audit). A command
+    called as a step of another leaves the stop handlers in place until the outer one is done."""
+    script = textwrap.dedent(
+        """
+        import os, signal
+        from localpers import interrupts
+        from localpers.cli.common import one_line_errors
+
+        interrupts.install()
+        interrupts.settle_when_done()
+
+        @one_line_errors
+        def step():
+            return 1
+
+        @one_line_errors
+        def command():
+            step()
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN, "a step settled the command"
+            print("imported", flush=True)
+
+        command()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        print("exits 0", flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["imported", "exits", "0"] and done.stderr == ""
+
+
+def test_a_finished_command_leaves_handlers_it_did_not_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process (a test running the console script with `install` left out), pytest's handlers stay."""
+    monkeypatch.setattr(interrupts, "_settle_when_done", True)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert one_line_errors(lambda: 1)() == 1
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

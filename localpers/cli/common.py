@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from localpers import __version__
+from localpers import __version__, interrupts
 from localpers.cli import completion
 from localpers.errors import InputError, LocalpersError
 from localpers.strict_json import strict_json_text
@@ -49,10 +49,17 @@ def one_line_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        saved_now, streamed_now = _saved.set(None), _streamed_line.set(False)
+        saved_now, streamed_now, depth_now = (
+            _saved.set(None),
+            _streamed_line.set(False),
+            _depth.set(_depth.get() + 1),
+        )
         kwargs = {name: _expanded(value) for name, value in kwargs.items()}
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if _depth.get() == 1:  # the command itself, not one another command called as a step
+                interrupts.command_done()
+            return result
         except LocalpersError as exc:
             # Messages quote outside input (file names, fields): escape anything that would break the
             # line (\n, U+2028) or drive the terminal (ESC).
@@ -76,6 +83,7 @@ def one_line_errors(func: F) -> F:
         finally:
             _saved.reset(saved_now)
             _streamed_line.reset(streamed_now)
+            _depth.reset(depth_now)
 
     return wrapper  # type: ignore[return-value]
 
@@ -91,6 +99,8 @@ def _expanded(value: Any) -> Any:
 
 
 _saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("localpers_saved", default=None)
+# How many commands wrapped by `one_line_errors` are running in this context (one calling another: 2).
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("localpers_command_depth", default=0)
 # Whether streamed text left stdout mid-line (`stdout_stream`), so a stop's report starts on a line of its own.
 _streamed_line: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "localpers_streamed_line", default=False

@@ -18,6 +18,7 @@ def main() -> None:
     from localpers import interrupts
 
     interrupts.install()  # a Ctrl-C that a C callback swallows is raised again when llama.cpp returns
+    interrupts.settle_when_done()  # once a command's work is done, a late stop no longer turns it into exit 130
     usable_standard_streams()
     try:
         from localpers.cli.main import app
