@@ -840,3 +840,16 @@ def test_user_show_of_an_emptied_history_says_a_fit_replaces_it() -> None:
     )
     assert "`localpers fit --user ann` replaces this fit with the global adapter's" in fitted
     assert "history import" not in fitted
+
+
+def test_history_add_of_a_duplicate_reports_the_item_as_stored(tmp_path: Path) -> None:
+    """`history add --json` of an item already imported reported the candidate (`source: cli`), not the stored
+    item (its import file's source; device audit)."""
+    run("user", "create", "ann")
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"input": "The council approved the budget.", "output": "Budget Passes"}\n')
+    run("history", "import", str(items))
+    stored = run_json("history", "list")["items"][0]
+    again = run_json("history", "add", "-i", "The council approved the budget.", "-o", "Budget Passes")
+    assert again["added"] is False and again["total"] == 1
+    assert again["item"]["source"] == stored["source"] != "cli"

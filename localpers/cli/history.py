@@ -210,6 +210,8 @@ def history_add(
             )
             target.save_history(merged)
             note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}")
+    if already:  # the item as stored (its source, its date), not the candidate that matched it
+        item = next(stored for stored in merged if stored.id == item.id)
     if as_json:
         print_json(
             {"user": target.name, "added": not already, "item": _item_json(item), "total": len(merged)}
