@@ -288,3 +288,13 @@ def test_a_correction_top_k_past_the_bound_is_refused_before_the_model_loads() -
         parse_completion(body)
     assert raised.value.param == "correction_top_k"
     assert parse_completion({**body, "correction_top_k": MAX_TOP_K}).correction_top_k == MAX_TOP_K
+
+
+def test_a_seed_past_the_bound_is_a_usage_error_with_the_bound_in_help() -> None:
+    """`--seed 4294967295` passed Typer (`[x>=0]`) and was refused later by the engine's check (device audit)."""
+    from localpers.cli.sampling import MAX_SEED
+    from localpers.engine.decoding import RANDOM_SEED
+
+    assert MAX_SEED == RANDOM_SEED - 1
+    refused = runner.invoke(app, ["generate", "hi", "--seed", str(MAX_SEED + 1)])
+    assert refused.exit_code == 2 and "--seed" in refused.output and "4294967294" in refused.output

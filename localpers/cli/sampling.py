@@ -98,8 +98,12 @@ RepeatedWordPenaltyOption = Annotated[
         rich_help_panel=PANEL,
     ),
 ]
+# `engine.decoding.RANDOM_SEED` (2**32 - 1) asks llama.cpp for a random seed; a seed is below it (the engine
+# module is not imported here: `--help` would load it)
+MAX_SEED = 2**32 - 2
 SeedOption = Annotated[
-    int | None, typer.Option(min=0, help="Seed of the random draw.", rich_help_panel=PANEL)
+    int | None,
+    typer.Option(min=0, max=MAX_SEED, help="Seed of the random draw.", rich_help_panel=PANEL),
 ]
 GrammarOption = Annotated[
     Path | None,
