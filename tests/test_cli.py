@@ -191,6 +191,14 @@ def test_generate_refuses_or_tells_a_text_its_task_cuts_as_rewrite_does(backbone
     assert json.loads(told.stdout)["tokens"] >= 1
 
 
+def test_generate_names_a_folder_given_as_adapter(tmp_path: Path) -> None:
+    """`generate --adapter DIR` said "no such file" of a folder that exists (device audit)."""
+    folder = runner.invoke(app, ["generate", "hi", "--adapter", str(tmp_path)])
+    assert folder.exit_code == 2 and f"--adapter {tmp_path}: it is a folder" in folder.output
+    missing = runner.invoke(app, ["generate", "hi", "--adapter", str(tmp_path / "none.gguf")])
+    assert missing.exit_code == 2 and "none.gguf: no such file" in missing.output
+
+
 def test_bad_model_path_is_one_line_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["generate", "hello", "--model", str(tmp_path / "missing.gguf")])
     assert result.exit_code == 2

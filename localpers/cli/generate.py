@@ -93,7 +93,8 @@ def generate(
         repeated_word_penalty=repeated_word_penalty,
     ).for_task(chosen_task.repeated_word_penalty)
     if adapter is not None and not adapter.is_file():  # told before the model loads
-        raise InputError(f"--adapter {adapter}: no such file; give a GGUF LoRA adapter file")
+        problem = "it is a folder" if adapter.is_dir() else "no such file"
+        raise InputError(f"--adapter {adapter}: {problem}; give a GGUF LoRA adapter file")
     backbone = resolve_backbone(model)
     engine = Engine(backbone.path, tap_layers=None)
     if adapter:
