@@ -112,6 +112,16 @@ def test_doctor_and_the_engine_use_localpers_threads(backbone: Backbone) -> None
     result = runner.invoke(app, ["doctor", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"})
     assert result.exit_code == 1
     assert "LOCALPERS_THREADS='lots'" in result.output and "Traceback" not in result.output
+    # the setting is the problem, not the backbone, which still loads for the rest of the report (device audit)
+    refused = runner.invoke(
+        app, ["doctor", "--json", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"}
+    )
+    report = json.loads(refused.stdout)
+    assert refused.exit_code == 1 and report["threads"] is None and report["cpu_buffers"] is not None
+    assert [problem for problem in report["problems"] if "THREADS" in problem] == [
+        problem for problem in report["problems"] if problem.startswith("LOCALPERS_THREADS='lots'")
+    ]
+    assert not any("did not load" in problem for problem in report["problems"]), report["problems"]
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,10 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         encoder = str(encoder_dir())
     except LocalpersError as exc:
         encoder = f"missing: {exc}"
-    loaded = _load_backbone(backbone) if backbone is not None and llama_problem is None else None
+    threads_problem = _threads_problem()
+    loaded = (
+        _load_backbone(backbone, threads_problem) if backbone is not None and llama_problem is None else None
+    )
     extras = {
         name: importlib.util.find_spec(name) is not None
         for name in ("torch", "transformers", "peft", "sklearn", "gguf", "ray", "matplotlib", "pytest")
@@ -83,7 +86,11 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     report["users"] = _users_status()
     if isinstance(loaded, str):
         backbone_problem = f"the backbone did not load: {loaded}"
-    report["problems"] = ([llama_problem] if llama_problem else []) + _problems(report, backbone_problem)
+    report["problems"] = (
+        ([llama_problem] if llama_problem else [])
+        + ([threads_problem] if threads_problem else [])
+        + _problems(report, backbone_problem)
+    )
     report["ok"] = not report["problems"]
     if as_json:
         print_json(report)
@@ -99,7 +106,7 @@ class _Loaded:
 
     choice: BufferChoice
     weights: dict[str, float]
-    threads: int
+    threads: int | None  # None: the threads setting is refused (a problem of its own)
 
 
 def _llama_cpp_or_problem() -> tuple[str | None, str | None, str | None]:
@@ -122,14 +129,27 @@ def _backbone_or_problem(model: str | None) -> tuple[Backbone | None, str | None
         return None, str(exc)
 
 
-def _load_backbone(backbone: Backbone) -> _Loaded | str:
-    """Load the backbone as every command does; the reason as a string when llama.cpp cannot."""
+def _threads_problem() -> str | None:
+    """Why LOCALPERS_THREADS stops every command, or None (the backbone is fine: it is the setting)."""
+    from localpers.engine.threads import default_threads
+
+    try:
+        default_threads()
+    except LocalpersError as exc:
+        return str(exc)
+    return None
+
+
+def _load_backbone(backbone: Backbone, threads_problem: str | None = None) -> _Loaded | str:
+    """Load the backbone as every command does (on one thread when the threads setting is refused, so the rest
+    of the report still comes); the reason as a string when llama.cpp cannot."""
     try:
         from localpers.engine import Engine
 
         # Loading the backbone is the only way to learn which buffer types llama.cpp gave its weights.
-        with Engine(backbone.path, n_ctx=64, tap_layers=None) as engine:
-            return _Loaded(engine.buffer_choice, engine.weight_buffers, engine.n_threads)
+        threads = 1 if threads_problem else None
+        with Engine(backbone.path, n_ctx=64, tap_layers=None, n_threads=threads) as engine:
+            return _Loaded(engine.buffer_choice, engine.weight_buffers, None if threads else engine.n_threads)
     except LocalpersError as exc:
         return str(exc)
 
@@ -171,9 +191,8 @@ def _print_report(report: dict[str, Any]) -> None:
     else:
         typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
         typer.echo(f"  system      {report['llama_system_info']}")
-    typer.echo(
-        f"threads       {'? (the backbone did not load)' if report['threads'] is None else report['threads']}"
-    )
+    unknown = "? (LOCALPERS_THREADS is refused)" if report["cpu_buffers"] else "? (the backbone did not load)"
+    typer.echo(f"threads       {unknown if report['threads'] is None else report['threads']}")
     typer.echo(f"encoder       {encoder}")
     buffers = report["cpu_buffers"]
     if buffers is None:
