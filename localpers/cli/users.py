@@ -33,7 +33,12 @@ user_app = typer.Typer(
 @user_app.command("create")
 @one_line_errors
 def user_create(
-    name: Annotated[str, typer.Argument(help="1-32 lowercase letters, digits, '-' or '_'.")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="1-32 lowercase letters, digits, '-' or '_', starting with a letter or digit (not a Windows device name such as con)."
+        ),
+    ],
     use: Annotated[bool, typer.Option("--use/--no-use", help="Make the new user the active one.")] = True,
     as_json: JsonOption = False,
 ) -> None:
