@@ -36,7 +36,8 @@ def user_create(
     name: Annotated[
         str,
         typer.Argument(
-            help="1-32 lowercase letters, digits, '-' or '_', starting with a letter or digit (not a Windows device name such as con)."
+            help="1-32 lowercase letters, digits, '-' or '_', starting with a letter or digit (not a Windows"
+            " device name such as con)."
         ),
     ],
     use: Annotated[bool, typer.Option("--use/--no-use", help="Make the new user the active one.")] = True,
