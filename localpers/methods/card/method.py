@@ -163,6 +163,11 @@ class AdapterMethod(Method):
         profile = profile_for_rewrite(user, self.name, personalizer, history)
         if profile.note:
             options.note(profile.note)
+        if profile.method != self.name and (options.strength is not None or options.top_k is not None):
+            # the fallback decodes without CARD's correction: what tunes it changes nothing, and says so
+            options.note(
+                f"the strength and top-k given tune CARD's correction, which {profile.method} has not"
+            )
         state = profile.state
         uses_choice = self.uses_choice and profile.method == self.name
         chosen_strength, chosen_bias_strength, _ = (
