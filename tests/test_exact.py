@@ -259,6 +259,8 @@ def test_missing_exact_index_is_refused(bundle_dir: Path) -> None:
         profile.exit_code == 0
         and "EXACT: no index (run `localpers fit --method exact --user noexact`)" in (profile.output)
     )
+    asked = CliRunner().invoke(app, ["profile", "--user", "noexact", "--text", "Pandas at the zoo."])
+    assert asked.exit_code == 0 and "for this text: no attributes (EXACT has no index" in asked.output
 
 
 SHOUTED = [

@@ -100,6 +100,9 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     exact = profile["exact"]
     if exact is None:
         console.print(f"EXACT: no index ({refit_advice('exact', profile['user'])})")
+        if asked_for_text:  # --text asked what EXACT retrieves: say why there is nothing, not drop it
+            console.print("for this text: no attributes (EXACT has no index to retrieve them from)")
+        sys.stdout.flush()
         return
     table = Table(title=f"EXACT attributes over {exact['indexed_inputs']} indexed inputs (k={exact['k']})")
     table.add_column("attribute")
