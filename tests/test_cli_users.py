@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localpers.cli import app
+from localpers.engine.backbone import Backbone
 from localpers.users.history import HistoryItem, demo_history_path, history_digest
 from localpers.users.store import UserStore
 
@@ -853,3 +854,58 @@ def test_history_add_of_a_duplicate_reports_the_item_as_stored(tmp_path: Path) -
     again = run_json("history", "add", "-i", "The council approved the budget.", "-o", "Budget Passes")
     assert again["added"] is False and again["total"] == 1
     assert again["item"]["source"] == stored["source"] != "cli"
+
+
+def test_import_refuses_a_fit_every_rewrite_would_refuse(tmp_path: Path) -> None:
+    """`user import` took a state.json whose choice was garbage or whose cluster was past the bundle in use
+    (manifest hashes recomputed), and every rewrite then refused the user as damaged; doctor missed both. The
+    refusal's advice was for a user on this device (device audit)."""
+    from localpers.bundle.format import bundle_in_use_sha256, open_bundle
+    from localpers.users.archive import pack_archive, read_archive
+
+    in_use, clusters = bundle_in_use_sha256(), open_bundle(None).k
+    run("user", "create", "ann")
+    UserStore().get("ann").save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": in_use})
+    archive = Path(run_json("user", "export", "-o", str(tmp_path))["archive"])
+    _, members = read_archive(archive)
+    state = json.loads(members["state.json"])
+    for name, changed in (
+        ("badchoice", {**state, "choice": "garbage"}),
+        ("badcluster", {**state, "cluster": clusters + 96}),
+    ):
+        tampered = tmp_path / f"{name}.zip"
+        edited = {**members, "state.json": json.dumps(changed).encode()}
+        tampered.write_bytes(pack_archive(name, changed["cluster"], edited))
+        refused = run("user", "import", str(tampered), code=2)
+        assert_one_line_error(refused, f"{tampered} holds a damaged user: ")
+        assert refused.stderr.rstrip().endswith("; export it again on the device it came from")
+        assert "localpers fit" not in refused.stderr and name not in UserStore().list()
+    elsewhere = {
+        **state,
+        "cluster": clusters + 96,
+        "bundle_sha256": "0" * 64,
+    }  # another bundle's: refitted here
+    other = tmp_path / "other.zip"
+    other.write_bytes(
+        pack_archive("other", elsewhere["cluster"], {**members, "state.json": json.dumps(elsewhere).encode()})
+    )
+    run("user", "import", str(other))
+    assert "other" in UserStore().list()
+
+
+def test_doctor_names_a_user_whose_choice_or_cluster_a_rewrite_refuses(backbone: Backbone) -> None:
+    """doctor said it makes the checks a rewrite makes, and missed a garbage choice and a cluster past the
+    bundle's (device audit)."""
+    from localpers.bundle.format import bundle_in_use_sha256, open_bundle
+
+    in_use, clusters = bundle_in_use_sha256(), open_bundle(None).k
+    for name, extra in (
+        ("badchoice", {"cluster": 1, "choice": "garbage"}),
+        ("badcluster", {"cluster": clusters}),
+    ):
+        UserStore().create(name).save_fit(np.ones(4, np.float32), {"bundle_sha256": in_use, **extra})
+    UserStore().create("fine").save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": in_use})
+    result = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
+    assert sorted(json.loads(result.stdout)["users"]["unreadable"]) == ["badchoice", "badcluster"], (
+        result.output
+    )

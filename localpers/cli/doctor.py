@@ -83,7 +83,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     # the publisher's torch loads llama.cpp first (`engine.torch_model`), so it is asked only where that loads
     report["training"] = _training_device() if report["extras"]["publish"] and llama_problem is None else None
     report["bundle"] = _bundle_status(backbone)
-    report["users"] = _users_status()
+    report["users"] = _users_status(report["bundle"].get("clusters"))
     if isinstance(loaded, str):
         backbone_problem = f"the backbone did not load: {loaded}"
     report["problems"] = (
@@ -256,15 +256,15 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
     except LocalpersError as exc:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"
-    return {**status, "ok": True, "content": fits, "pinned": _pinned(bundle.directory)}
+    return {**status, "ok": True, "content": fits, "pinned": _pinned(bundle.directory), "clusters": bundle.k}
 
 
-def _users_status() -> dict[str, Any]:
-    """How many users this device has, whose files a rewrite would refuse (their state, vector, token bias or
-    history), and whose CARD fit was made with another bundle than the one in use (after an upgrade or a pull:
+def _users_status(clusters: int | None = None) -> dict[str, Any]:
+    """How many users this device has, whose files a rewrite would refuse (their state, vector, token bias, the
+    fit's choice, a cluster past the bundle's `clusters`, or history), and whose CARD fit was made with another bundle than the one in use (after an upgrade or a pull:
     rewrites fall back for them). Reads their files as a rewrite does; writes nothing."""
     from localpers.bundle.format import bundle_in_use_sha256
-    from localpers.methods.card.user_state import stored_token_bias, user_profile
+    from localpers.methods.card.user_state import check_stored_fit
     from localpers.methods.stored_files import fit_is_outdated, fit_made_for
     from localpers.users.folder import User
     from localpers.users.store import UserStore
@@ -278,9 +278,8 @@ def _users_status() -> dict[str, Any]:
             user = User(
                 name, store.users_dir / name
             )  # not store.get: it tidies the folder, doctor writes nothing
-            _, _, state = user_profile(user)  # the checks `localpers rewrite` makes
-            stored_token_bias(user, state)
-            user.history()
+            check_stored_fit(user, in_use, clusters)  # the checks `localpers rewrite` makes
+            state = user.state()
         except LocalpersError:
             unreadable.append(name)
             continue

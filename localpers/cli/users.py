@@ -6,8 +6,10 @@ Commands stay thin: `localpers.users.store` does the work; `show` only words wha
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -170,12 +172,32 @@ def user_delete(
     typer.echo(f"deleted user {name!r}")
 
 
+def _fit_as_a_rewrite_reads_it() -> Callable[[User], None]:
+    """The check `user import` gives the store: the user's fit read as a rewrite reads it, its cluster against
+    the bundle in use where the fit was made for that bundle (an archive's state.json is outside input)."""
+    from localpers.bundle.format import bundle_in_use_sha256, open_bundle
+    from localpers.methods.card.user_state import check_stored_fit
+
+    in_use = bundle_in_use_sha256()
+    try:
+        clusters: int | None = open_bundle(None).k
+    except LocalpersError:
+        clusters = None  # no readable bundle: the cluster is judged when one is
+
+    def check(user: User) -> None:
+        check_stored_fit(user, in_use, clusters)
+
+    return check
+
+
 def _export_destination(given: str | None) -> Path:
     """Where `user export -o` writes: a name ending in a slash must be an existing folder (a zip file was
     written under the folder's name)."""
     if given is None:
         return Path.cwd()
     path = Path(given)
+    with contextlib.suppress(RuntimeError):  # `~` left by the shell (`--output=~/x.zip`); none without a home
+        path = path.expanduser()
     if given.endswith(("/", os.sep)) and not path.is_dir():
         raise InputError(
             f"--output {given}: no such folder; create it first, or give the archive's file name"
@@ -268,7 +290,7 @@ def user_import(
 ) -> None:
     """Create a user from an exported archive (checked before the user appears)."""
     store = UserStore()
-    user = store.import_(archive, new_name)
+    user = store.import_(archive, new_name, check=_fit_as_a_rewrite_reads_it())
     if use:
         store.use(user.name)
     note_saved(f"user {user.name!r} was imported{' and made active' if use else ''}")

@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +225,12 @@ class UserStore:
         atomic_write_bytes(dest, data)
         return dest
 
-    def import_(self, archive: Path | str, name: str | None = None) -> User:
-        """A new user from an `export` archive, under its own name or `name`; checked before it appears."""
+    def import_(
+        self, archive: Path | str, name: str | None = None, check: Callable[[User], None] | None = None
+    ) -> User:
+        """A new user from an `export` archive, under its own name or `name`; checked before it appears (its
+        vector and history here, and by `check`, which the command line gives the reading a rewrite makes of a
+        fit: this layer cannot import it)."""
         archive = Path(archive)
         manifest, members = read_archive(archive)
         if name is None:
@@ -252,9 +257,14 @@ class UserStore:
             try:
                 candidate._load_vector()
                 check_history_size(len(candidate.history()), what=f"{archive} has")
+                if check is not None:
+                    check(candidate)
             except LocalpersError as exc:
-                detail = str(exc).replace(f"{staging}{os.sep}", "")
-                raise InputError(f"{archive} holds a damaged user: {detail}") from None
+                # the advice it ends with is for a user on this device ("run localpers fit"), which this is not
+                detail = str(exc).replace(f"{staging}{os.sep}", "").rsplit("; ", 1)[0]
+                raise InputError(
+                    f"{archive} holds a damaged user: {detail}; export it again on the device it came from"
+                ) from None
             self._commit_staging(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

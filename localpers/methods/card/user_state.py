@@ -1,7 +1,8 @@
 """What CARD reads back from a user's stored fit: cluster, vector, state and token bias.
 
 The fit itself (`user_fit.fit_user`) writes these through `localpers.users.store`; this module only
-reads them, for `rewrite`, the TUI, the API and the benchmark alike.
+reads them, for `rewrite`, the TUI, the API and the benchmark alike, and `check_stored_fit` refuses what a
+rewrite would, for `doctor` and `user import`.
 """
 
 from __future__ import annotations
@@ -39,3 +40,21 @@ def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenB
         raise InputError(
             f"{user.state_path}: field 'token_bias' is damaged ({exc}); {user.refit_advice}"
         ) from None
+
+
+def check_stored_fit(user: User, bundle_sha256: str | None = None, clusters: int | None = None) -> None:
+    """Refuse (InputError naming the file and field) what a rewrite would refuse of `user`'s stored files: the
+    vector, cluster, token bias, the fit's choice and the history; the cluster also against `clusters` where the
+    fit was made for the bundle whose manifest has `bundle_sha256` (the bundle in use)."""
+    from localpers.methods.card.choice import stored_choice
+
+    cluster, _, state = user_profile(user)
+    stored_token_bias(user, state)
+    stored_choice(state, str(user.state_path), user.refit_advice)
+    made_here = bundle_sha256 is not None and state.get("bundle_sha256") == bundle_sha256
+    if made_here and clusters is not None and cluster is not None and cluster >= clusters:
+        raise InputError(
+            f"{user.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has {clusters} clusters;"
+            f" {user.refit_advice}"
+        )
+    user.history()
