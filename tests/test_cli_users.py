@@ -909,3 +909,15 @@ def test_doctor_names_a_user_whose_choice_or_cluster_a_rewrite_refuses(backbone:
     assert sorted(json.loads(result.stdout)["users"]["unreadable"]) == ["badchoice", "badcluster"], (
         result.output
     )
+
+
+def test_a_file_where_the_users_folder_goes_is_named_by_every_command() -> None:
+    """`user list` said "no users yet" (exit 0) and `user create` blamed permissions or disk space (device audit)."""
+    users_dir = UserStore().users_dir
+    users_dir.parent.mkdir(parents=True, exist_ok=True)
+    users_dir.write_text("not a folder")
+    for command in (["user", "list"], ["user", "create", "ann"]):
+        assert_one_line_error(
+            run(*command, code=1), f"{users_dir} is not a folder (a file or a dangling link"
+        )
+    assert users_dir.read_text() == "not a folder"

@@ -63,6 +63,7 @@ def user_create(
 def user_list(as_json: JsonOption = False) -> None:
     """List the users; the active one is marked with *."""
     store = UserStore()
+    store.check_folder()  # a file in the folder's place is not "no users yet"
     names = store.list()
     damaged = None
     try:

@@ -84,7 +84,7 @@ class UserStore:
         return User(user.name, user.dir, identity)
 
     def list(self) -> list[str]:
-        """User names, sorted."""
+        """User names, sorted (none while the folder is missing or not a folder: `check_folder` says which)."""
         if not self.users_dir.is_dir():
             return []
         return sorted(
@@ -282,8 +282,18 @@ class UserStore:
                 f"{path} exists and is not a user's folder (a file or a dangling link); move it away, or {advice}"
             )
 
+    def check_folder(self) -> None:
+        """Refuse a file (or a link to nothing) where the users' folder goes: `user list` read "no users yet"
+        and `user create` blamed permissions or disk space."""
+        if os.path.lexists(self.users_dir) and not self.users_dir.is_dir():
+            raise StorageError(
+                f"{self.users_dir} is not a folder (a file or a dangling link is in its place), so no user can be"
+                " kept there: move it away"
+            )
+
     def _staging_dir(self, purpose: str, create: bool = True) -> Path:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
+        self.check_folder()
         try:
             self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its names are users' names
             if self.users_dir.stat().st_mode & 0o077:  # made open by an earlier version
