@@ -96,7 +96,8 @@ def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str
         return [round(estimate.low, 4), round(estimate.high, 4)]
 
     def cost(table: dict, key: str) -> float:
-        if key == "ms_per_token":  # decode time over tokens decoded, as report.md and the cost target read it
+        counted = all("tokens" in table[u][q] for u, q in rows)  # a bench cache's rows all have them
+        if key == "ms_per_token" and counted:  # decode time over tokens decoded, as report.md reads it
             tokens = sum(table[u][q]["tokens"] for u, q in rows)
             decode_ms = sum(table[u][q]["ms_per_token"] * table[u][q]["tokens"] for u, q in rows)
             return round(decode_ms / tokens, 2) if tokens else 0.0

@@ -104,3 +104,18 @@ def test_only_the_users_of_the_runs_results_are_compared(tmp_path: Path) -> None
         text=True,
     )
     assert refused.returncode != 0 and "holds 2 queries, the run scored 3" in refused.stderr
+
+
+def test_ms_per_token_is_decode_time_over_tokens_as_the_report_computes_it(tmp_path: Path) -> None:
+    """compare_runs averaged each query's rate, which weighs a short output as much as a long one; report.md and
+    the cost target divide all decode time by all tokens."""
+    for run, rates in (("a", [10.0, 10.0]), ("b", [10.0, 40.0])):
+        folder = tmp_path / run / "cache" / "m"
+        folder.mkdir(parents=True)
+        queries = [
+            {"query_id": f"q{i}", "rouge1": 0.2, "ms_per_token": rate, "prompt_ms": 1.0, "tokens": tokens}
+            for i, (rate, tokens) in enumerate(zip(rates, (9, 1), strict=True))
+        ]
+        (folder / "u0.json").write_text(json.dumps({"user": "u0", "queries": queries}))
+    row = compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
+    assert row["ms_per_token"] == [10.0, 13.0]  # (9 x 10 + 1 x 40) / 10, not the rates' mean of 25
