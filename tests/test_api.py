@@ -1276,3 +1276,74 @@ def test_the_busy_answer_is_an_openai_error_object() -> None:
     assert head.startswith(b"HTTP/1.1 503") and b"content-type: application/json" in head
     assert f"content-length: {len(body)}".encode() in head
     assert json.loads(body)["error"]["code"] == "server_busy"
+
+
+STUCK_SERVER = """
+import json, os, signal, sys, threading, time, http.client
+from types import SimpleNamespace
+
+import localpers.cli.api as api_cli
+from localpers.api.backend import ApiBackend
+from localpers.cli.entry import main
+from localpers.methods.card.personalizer import Personalizer
+
+port = int(sys.argv[1])
+Personalizer.open = classmethod(lambda cls, **kwargs: SimpleNamespace(close=lambda: None))
+api_cli.SHUTDOWN_SECONDS, api_cli.STUCK_GENERATION_SECONDS = 1.0, 0.5
+
+def stuck(self, job, on_text=None):  # a generation inside llama.cpp that does not return
+    with self._lock:
+        time.sleep(120)
+
+ApiBackend.run = stuck
+
+def client_then_stop():
+    for _ in range(200):
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            body = json.dumps({"model": "localpers", "prompt": "hi", "max_tokens": 2, "stream": True})
+            connection.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+            break
+        except OSError:
+            time.sleep(0.1)
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=client_then_stop, daemon=True).start()
+sys.argv = ["localpers", "api", "--port", str(port)]
+main()
+"""
+
+
+def test_a_stopped_server_exits_past_a_streamed_generation_stuck_in_llama_cpp(tmp_path: Path) -> None:
+    """A streamed request's generation ran on the event loop's executor, whose threads a stopped server's loop
+    waits for: with one stuck in llama.cpp, SIGTERM never ended `localpers api` (the session's diff review)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HOME": str(tmp_path), "LOCALPERS_HOME": str(tmp_path / "home")}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK_SERVER, str(free_port())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+    )
+    assert done.returncode == 143, done.stderr
+    assert "terminated: a generation was still running inside llama.cpp" in done.stderr
+    assert time.monotonic() - started < 60  # the generation itself would take 120 s
+
+
+def test_a_request_still_waiting_for_the_engine_when_it_closes_is_refused(tmp_path: Path) -> None:
+    """Requests queued on the engine's lock when the server stopped could take it after `close` freed the model
+    and run on freed llama.cpp handles (the session's diff review)."""
+    from localpers.api.requests import parse_completion
+    from localpers.users.store import UserStore
+
+    closed: list[bool] = []
+    backend = ApiBackend(SimpleNamespace(close=lambda: closed.append(True)), UserStore(root=tmp_path))  # type: ignore[arg-type]
+    assert backend.close(wait=1.0) and closed == [True]
+    with pytest.raises(ApiError) as raised:
+        backend.run(parse_completion({"model": "localpers", "prompt": "hi", "method": "global"}))
+    assert raised.value.status == 503 and "stopping" in raised.value.message

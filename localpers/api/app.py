@@ -14,6 +14,7 @@ the user's browser could otherwise read outputs shaped by their private history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import sys
@@ -311,14 +312,16 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
                 outcome: object = backend.run(job, on_text)
             except BaseException as exc:  # handed to the event loop, reported as an SSE error event
                 outcome = exc
-            loop.call_soon_threadsafe(queue.put_nowait, outcome)
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            with contextlib.suppress(RuntimeError):  # the server stopped, and its loop closed, meanwhile
+                loop.call_soon_threadsafe(queue.put_nowait, outcome)
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
+        # A daemon thread, not the loop's executor: a stopped server's loop waits for its executor's threads,
+        # and a generation stuck inside llama.cpp never ends (`localpers api` exits without it).
+        threading.Thread(target=work, name="localpers-api-stream", daemon=True).start()
         # Errors found before any text (unknown user, bad grammar, unfitted user) still get a 4xx status.
-        task = loop.run_in_executor(None, work)
         first = await queue.get()
         if isinstance(first, BaseException):
-            await task
             if isinstance(first, ApiError):
                 return error_response(first)
             print(f"localpers api: internal error {type(first).__name__}", file=sys.stderr)

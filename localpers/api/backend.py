@@ -79,6 +79,7 @@ class ApiBackend:
         self.personalizer = personalizer
         self.store = store or UserStore()
         self._lock = threading.Lock()
+        self._closing = False  # set by `close`: a request still waiting for the lock is refused, not run
         self._decoders: dict[str, UserDecoder] = {}  # the last decoder each own-decoder method opened
 
     def model_ids(self) -> list[str]:
@@ -88,6 +89,9 @@ class ApiBackend:
     def close(self, wait: float | None = None) -> bool:
         """Close the engine once no generation runs; with `wait`, give up after that many seconds and return
         False, leaving it open (a generation inside llama.cpp cannot be stopped, and closing under it crashes)."""
+        self._closing = (
+            True  # requests queued on the lock must not reach a closed engine, whoever gets it next
+        )
         if not self._lock.acquire(timeout=-1 if wait is None else wait):
             return False
         try:
@@ -148,6 +152,8 @@ class ApiBackend:
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
         """Generate for `job` (blocking; call from a worker thread)."""
         with self._lock:
+            if self._closing:
+                raise ApiError(503, "localpers api is stopping; try again when it is back")
             if job.user_tag is not None and job.user_tag in self.store.list():
                 raise ApiError(
                     400,

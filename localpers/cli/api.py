@@ -110,7 +110,7 @@ def _exit_leaving_a_stuck_generation() -> None:
     from localpers import interrupts
 
     stop = interrupts.take_pending()
-    word = interrupts.stopped_word(stop) if stop is not None else "stopped"
+    word = interrupts.stopped_word(stop) if isinstance(stop, interrupts.Terminated) else "stopped"
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(
             f"{word}: a generation was still running inside llama.cpp;"
@@ -118,7 +118,10 @@ def _exit_leaving_a_stuck_generation() -> None:
         )
         sys.stderr.flush()
         sys.stdout.flush()
-    os._exit(interrupts.exit_code(stop) if stop is not None else 1)
+    # as the server's other ends: Ctrl-C 0, a stop signal 128 + its number, anything else 1
+    if isinstance(stop, interrupts.Terminated):
+        os._exit(interrupts.exit_code(stop))
+    os._exit(0 if stop is not None else 1)
 
 
 def register(app: typer.Typer) -> None:
