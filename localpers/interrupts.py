@@ -12,8 +12,9 @@ the process where it stands, with no word and a `.partial` file left behind; `in
 way, as `Terminated`, a KeyboardInterrupt, so every clean-up and report that a Ctrl-C gets runs for them too,
 and the command exits 128 + the signal's number (143 for SIGTERM), as a shell reports a process so stopped.
 Work that saves as it goes (a fit's caches) marks a stop that came after a save failed (`mark_unsaved`), so the
-command does not say its work was kept (`was_unsaved`). This module does nothing else; it imports nothing of
-localpers.
+command does not say its work was kept (`was_unsaved`). Once a command's work is done (`command_done`), the
+console script ignores the stops, which would otherwise turn a finished command into exit 130 as the process
+exits. This module does nothing else; it imports nothing of localpers.
 """
 
 from __future__ import annotations
@@ -108,8 +109,15 @@ def command_done() -> None:
     """A command finished its work (its output written, its state saved): a stop landing now, while the
     process exits, ended it 130 with no word, and a script read a success as a failure. From here on SIGINT,
     SIGTERM and SIGHUP are ignored where `settle_when_done` was called and they are routed here (main thread
-    only): a test that runs the console script in-process keeps its own handlers."""
+    only): a test that runs the console script in-process keeps its own handlers. Not while another thread
+    that exit waits for still runs (a TUI worker inside llama.cpp): a stop is what ends that wait."""
     if not _settle_when_done or threading.current_thread() is not threading.main_thread():
+        return
+    if any(
+        thread.is_alive() and not thread.daemon
+        for thread in threading.enumerate()
+        if thread is not threading.current_thread()
+    ):
         return
     for signum in (signal.SIGINT, *stop_signals()):
         if signal.getsignal(signum) in (_on_sigint, _on_stop_signal):

@@ -340,3 +340,30 @@ def test_a_finished_command_leaves_handlers_it_did_not_install(monkeypatch: pyte
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert one_line_errors(lambda: 1)() == 1
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_stop_still_ends_the_wait_for_a_worker_left_running() -> None:
+    """A command that returns while a thread exit waits for still runs (a TUI worker stuck in llama.cpp) kept the
+    process alive past SIGTERM once stops were ignored (the session's diff review): they are not, then."""
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        from concurrent.futures import ThreadPoolExecutor
+        from localpers import interrupts
+        from localpers.cli.common import one_line_errors
+
+        interrupts.install()
+        interrupts.settle_when_done()
+        pool = ThreadPoolExecutor(1)
+
+        @one_line_errors
+        def command():
+            pool.submit(time.sleep, 60)  # a worker exit joins, still running
+
+        command()
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 30, done.stderr  # the worker alone would hold it for 60 s
