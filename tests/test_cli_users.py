@@ -921,3 +921,21 @@ def test_a_file_where_the_users_folder_goes_is_named_by_every_command() -> None:
             run(*command, code=1), f"{users_dir} is not a folder (a file or a dangling link"
         )
     assert users_dir.read_text() == "not a folder"
+
+
+def test_an_archive_over_the_history_limit_keeps_the_limits_advice(tmp_path: Path) -> None:
+    """The archive advice replaced every refusal's own, so a 501-item archive was told to be exported again
+    (the session's diff review); only a damaged file's advice is for a user on this device."""
+    from localpers.users.archive import pack_archive
+
+    lines = [
+        json.dumps(HistoryItem.create("headline", f"article {i}", f"Headline {i}").to_json())
+        for i in range(501)
+    ]
+    archive = tmp_path / "big.zip"
+    archive.write_bytes(
+        pack_archive("big", None, {"state.json": b"{}", "history.jsonl": "\n".join(lines).encode()})
+    )
+    refused = run("user", "import", str(archive), code=2)
+    assert_one_line_error(refused, "501 history items, more than the limit of 500; keep your 500 most")
+    assert "export it again" not in refused.stderr and "big" not in UserStore().list()

@@ -255,16 +255,18 @@ class UserStore:
                 ) from None
             candidate = User(target, staging)
             try:
+                items = candidate.history()
                 candidate._load_vector()
-                check_history_size(len(candidate.history()), what=f"{archive} has")
                 if check is not None:
                     check(candidate)
             except LocalpersError as exc:
-                # the advice it ends with is for a user on this device ("run localpers fit"), which this is not
+                # the advice a damaged file's message ends with is for a user on this device ("run localpers
+                # fit"), which this is not yet
                 detail = str(exc).replace(f"{staging}{os.sep}", "").rsplit("; ", 1)[0]
                 raise InputError(
                     f"{archive} holds a damaged user: {detail}; export it again on the device it came from"
                 ) from None
+            check_history_size(len(items), what=f"{archive} has")  # its own advice holds for an archive
             self._commit_staging(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
