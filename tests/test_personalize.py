@@ -378,7 +378,7 @@ def test_an_unfitted_user_without_history_gets_the_global_adapter_and_is_told(
     assert payload["method"] == "global" and "is not fitted" in payload["notes"][0]
     # what tunes the correction the fallback lacks was dropped without a word (device audit)
     tuned = json.loads(runner.invoke(app, ["rewrite", ARTICLE, *common, "--json", "--strength", "50"]).stdout)
-    assert tuned["notes"][1] == "the strength and top-k given tune CARD's correction, which global has not"
+    assert tuned["notes"][1] == "the strength given tunes CARD's correction, which global has not"
     # A method that needs the fit's cluster is refused with the command that makes one.
     refused = runner.invoke(app, ["rewrite", ARTICLE, *common, "--method", "cluster"])
     assert refused.exit_code == 1 and "localpers fit --user fresh" in refused.output

@@ -176,14 +176,16 @@ def user_delete(
 def _fit_as_a_rewrite_reads_it() -> Callable[[User], None]:
     """The check `user import` gives the store: the user's fit read as a rewrite reads it, its cluster against
     the bundle in use where the fit was made for that bundle (an archive's state.json is outside input)."""
-    from localpers.bundle.format import bundle_in_use_sha256, open_bundle
+    from localpers.bundle.format import bundle_in_use_sha256, default_bundle_dir, read_manifest
     from localpers.methods.card.user_state import check_stored_fit
 
     in_use = bundle_in_use_sha256()
-    try:
-        clusters: int | None = open_bundle(None).k
+    try:  # the manifest alone (what `in_use` hashes): verifying every file only to count clusters is slow
+        clusters = (read_manifest(default_bundle_dir()).get("clusters") or {}).get("k")
     except LocalpersError:
-        clusters = None  # no readable bundle: the cluster is judged when one is
+        clusters = None
+    if not isinstance(clusters, int) or isinstance(clusters, bool) or clusters < 1:
+        clusters = None  # no readable bundle: the cluster is judged when a rewrite opens one
 
     def check(user: User) -> None:
         check_stored_fit(user, in_use, clusters)

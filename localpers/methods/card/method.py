@@ -163,10 +163,16 @@ class AdapterMethod(Method):
         profile = profile_for_rewrite(user, self.name, personalizer, history)
         if profile.note:
             options.note(profile.note)
-        if profile.method != self.name and (options.strength is not None or options.top_k is not None):
+        given = [
+            name
+            for name, value in (("strength", options.strength), ("top-k", options.top_k))
+            if value is not None
+        ]
+        if profile.method != self.name and given:
             # the fallback decodes without CARD's correction: what tunes it changes nothing, and says so
+            tune = "tune" if len(given) > 1 else "tunes"
             options.note(
-                f"the strength and top-k given tune CARD's correction, which {profile.method} has not"
+                f"the {' and '.join(given)} given {tune} CARD's correction, which {profile.method} has not"
             )
         state = profile.state
         uses_choice = self.uses_choice and profile.method == self.name

@@ -45,7 +45,8 @@ def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenB
 def check_stored_fit(user: User, bundle_sha256: str | None = None, clusters: int | None = None) -> None:
     """Refuse (InputError naming the file and field) what a rewrite would refuse of `user`'s stored files: the
     vector, cluster, token bias, the fit's choice and the history; the cluster also against `clusters` where the
-    fit was made for the bundle whose manifest has `bundle_sha256` (the bundle in use)."""
+    fit was made for the bundle whose manifest has `bundle_sha256` (the bundle in use). A damaged choice or
+    token bias is refused even in a fit of another bundle, which a rewrite would not read (it falls back)."""
     from localpers.methods.card.choice import stored_choice
 
     cluster, _, state = user_profile(user)
