@@ -198,11 +198,21 @@ def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbo
     assert f"users         6\n  active      none: {store.active_path} is damaged (bad 'user')" in shown
 
 
-def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(backbone: Backbone) -> None:
-    result = runner.invoke(app, ["doctor", "--model", str(backbone.path)], env={"LOCALPERS_THREADS": "lots"})
+def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(
+    backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a bad LOCALPERS_THREADS no longer stops the backbone loading (it is its own problem): llama.cpp refuses here
+    from localpers.errors import LocalpersError
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise LocalpersError("llama.cpp could not load the model")
+
+    monkeypatch.setattr("localpers.engine.Engine", refused)
+    result = runner.invoke(app, ["doctor", "--model", str(backbone.path)])
     assert result.exit_code == 1, result.output
-    assert "problem       the backbone did not load: LOCALPERS_THREADS='lots'" in result.stdout
+    assert "problem       the backbone did not load: llama.cpp could not load the model" in result.stdout
     assert "cpu buffers   ? (the backbone did not load)" in result.stdout
+    assert "threads       ? (the backbone did not load)" in result.stdout
 
 
 def test_doctor_exits_1_and_names_each_problem_of_a_broken_setup(
