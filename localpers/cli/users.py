@@ -21,8 +21,9 @@ from localpers.cli.user_show import cluster_text, fit_freshness, other_fits, rej
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.stored_files import refit_advice
 from localpers.untrusted import one_line
+from localpers.users.archive_members import archived_fit_kept_on_refit
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
-from localpers.users.store import User, UserStore, archived_fit_kept_on_refit
+from localpers.users.store import User, UserStore
 
 user_app = typer.Typer(
     help="Create, choose, inspect, export and delete the users on this device.", no_args_is_help=True

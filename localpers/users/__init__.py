@@ -4,6 +4,7 @@
 - `folder`: one user's folder (history, fitted state, vector, per-method files), every write atomic.
 - `vector_file`: the user vector's safetensors file, made and read checked.
 - `archive`: `localpers user export|import` archives of one user's folder.
+- `archive_members`: which of a user's files an export archive carries, and the mark on a fit without its history.
 - `history`: history items, their ids and limits, and the stored history.jsonl.
 - `history_import`: the JSONL files a user imports (formats, dates, duplicates, `--keep-latest`).
 - `dates`, `ordinals`: items' optional dates, and each item's place in the order items were added.

@@ -8,7 +8,7 @@ Layout under `paths.data_dir()` (or the `root` given to `UserStore`):
 A user appears and disappears in one rename: `create` and `import_` build the folder in a hidden staging
 folder beside the users and rename it into place, `delete` renames it away before removing the files,
 and leftovers of an interrupted one are swept. The archive format of `export`/`import_` is
-`localpers.users.archive`. Nothing of a user's text is written outside its folder (except `export`, to the
+`localpers.users.archive`, and which of a user's files go in `localpers.users.archive_members`. Nothing of a user's text is written outside its folder (except `export`, to the
 destination the user names). This module does not fit or embed anything.
 
 `User`, `validate_name`, `history_for` and the atomic writers are re-exported here for the modules that
@@ -30,17 +30,16 @@ from typing import Any
 from localpers import paths
 from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory, process_is_running
 from localpers.errors import InputError, LocalpersError, StorageError
-from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import one_line, parse_json
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
+from localpers.users.archive_members import fit_members, marked_for_history
 from localpers.users.folder import (
-    IMPORTED_WITHOUT_HISTORY,
     User,
     history_for,
     read_json_object,
 )
-from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size, history_digest
+from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 from localpers.users.names import NAME_PATTERN, validate_name, validate_new_name
 
@@ -204,7 +203,7 @@ class UserStore:
             )
         if dest.exists() and not overwrite:
             raise LocalpersError(f"{dest} already exists; choose another path or pass --force")
-        members = _fit_members(user)
+        members = fit_members(user)
         if with_history and user.history_path.exists():
             count = len(user.history())  # validated before exporting
             # a history made longer by hand works here, but an import would refuse the archive
@@ -218,7 +217,7 @@ class UserStore:
         # the manifest's cluster from the state archived, not from a later read of a fit committed meanwhile
         archived = parse_json(members["state.json"]) if "state.json" in members else {}
         if isinstance(archived, dict) and archived:
-            members["state.json"] = _marked_for_history(user, archived, "history.jsonl" in members)
+            members["state.json"] = marked_for_history(user, archived, "history.jsonl" in members)
         data = pack_archive(name, archived.get("cluster") if isinstance(archived, dict) else None, members)
         if not dest.parent.is_dir():
             raise LocalpersError(f"{dest.parent} is not a folder; create it or choose another path")
@@ -359,65 +358,3 @@ def _remove_tree(path: Path) -> list[str]:
     else:
         shutil.rmtree(path, onerror=note)
     return failures
-
-
-def archived_fit_kept_on_refit(archive: Path) -> bool | None:
-    """For an archive `export` wrote without the history: whether `fit` after its import keeps the fit it carries
-    (the archive marks it `imported_without_history`), read from the archive itself; None where there is no fit to
-    lose (none, or a cold start) or the history goes along (a fit there fits it)."""
-    _, members = read_archive(archive)
-    state = parse_json(members["state.json"]) if "state.json" in members else None
-    if "history.jsonl" in members or not isinstance(state, dict) or state.get("cluster") is None:
-        return None
-    return bool(state.get(IMPORTED_WITHOUT_HISTORY))
-
-
-def _marked_for_history(user: User, state: dict[str, Any], with_history: bool) -> bytes:
-    """The archived state.json, marked `imported_without_history` when the archive leaves out the history its fit
-    stands for (`_fit_is_of_history_now`). `fit` keeps such a fit after the import
-    (`user_fit.fit_without_history`); any other (a fit of items removed since, which a fit here must forget) is
-    fitted anew."""
-    marked = {key: value for key, value in state.items() if key != IMPORTED_WITHOUT_HISTORY}
-    if not with_history and _fit_is_of_history_now(user, state):
-        marked[IMPORTED_WITHOUT_HISTORY] = True
-    return (folder.state_json(marked) + "\n").encode("utf-8")
-
-
-def _fit_is_of_history_now(user: User, state: dict[str, Any]) -> bool:
-    """Whether the fit in `state` is a fit of `user`'s history as it is now (the digest it recorded), or one imported
-    without its history and still without items here: what an export without the history may carry so that `fit`
-    keeps it after the import."""
-    fit = state.get("fit")
-    try:
-        history = user.history()
-    except LocalpersError:
-        return False  # unreadable: not known to be what the fit saw
-    current = isinstance(fit, dict) and fit.get("history_sha256") == history_digest(history)
-    return current or (bool(state.get(IMPORTED_WITHOUT_HISTORY)) and history == [])
-
-
-def _fit_members(user: User) -> dict[str, bytes]:
-    """The archive members of `user`'s fit: state.json's bytes and the vector they name, read as one pair (a fit
-    committed by another command between the reads is read again, as `User.fit_files` does); a damaged or
-    inconsistent fit is refused before anything is written."""
-    for _ in range(3):
-        members: dict[str, bytes] = {}
-        if not user.state_path.exists():
-            user.state()  # a missing state is a user never fitted, unless the user was deleted meanwhile
-            return members
-        # a FIFO, a folder or a device there is refused in one line, never read
-        raw_state = read_regular_file(user.state_path, STATE_FILE_LIMIT, what="state file", stored=True)
-        members["state.json"] = raw_state
-        state, _ = user.fit_files()  # refuses a damaged or inconsistent fit (reading again while one commits)
-        vector_path = user.vector_path(state)
-        try:
-            if vector_path is not None:
-                members[vector_path.name] = vector_path.read_bytes()
-        except FileNotFoundError:  # the vector removed by a fit committed meanwhile
-            continue
-        if read_regular_file(user.state_path, STATE_FILE_LIMIT, what="state file", stored=True) == raw_state:
-            return members  # the pair read is still the stored one
-    raise LocalpersError(
-        f"user {user.name!r}'s fit kept changing while it was read (another command fitting it?); export again"
-        " when that has finished"
-    )
