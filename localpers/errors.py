@@ -39,5 +39,10 @@ class InputError(LocalpersError):
     exit_code = BAD_INPUT_EXIT_CODE
 
 
+class TextTooLong(InputError):
+    """A text over what a task's prompt (`tasks.Task.check_text`) or the model's context carries; its message
+    says by how much. The API names the request field it came in by it."""
+
+
 class StorageError(LocalpersError, OSError):
     """A file could not be written (disk full, permissions): one line for the CLI, an OSError to callers."""

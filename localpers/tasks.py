@@ -22,13 +22,11 @@ is handled where the tokens are known: a rewrite and the fit read less of it (`l
 import unicodedata
 from dataclasses import dataclass
 
-from localpers.errors import InputError
+from localpers.errors import InputError, TextTooLong
+
+__all__ = ["TextTooLong"]  # raised by `Task.check_text`, and by the engine for a prompt past the context
 
 CUT_MARK = " ..."
-
-
-class TextTooLong(InputError):
-    """A text over what a task's prompt carries (`Task.check_text`); its message says by how much."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,13 @@ class Task:
                 f"{what} has {length:,} characters; the {self.name} task takes at most "
                 f"{limit:,}: split it and rewrite the parts one at a time"
             )
+
+    def cut_note(self, text: str, chars_read: int) -> str:
+        """What to tell a user whose `text` the prompt carried only the first `chars_read` characters of."""
+        return (
+            f"the text has {len(self.content(text)):,} characters; the {self.name} task read its first"
+            f" {chars_read:,} (an article's start)"
+        )
 
     def is_cut(self, text: str) -> bool:
         """Whether `prompt_for` carries only the start of `text`."""

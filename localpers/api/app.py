@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from localpers.api.backend import ApiBackend, Served
-from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion
+from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion, server_stopping
 from localpers.api.server import is_loopback
 from localpers.untrusted import JSONProblem, parse_json, unencodable_field
 
@@ -224,7 +224,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             except ApiError as exc:
                 return error_response(exc)
             except asyncio.CancelledError:  # the server stopped before the answer was ready: no traceback
-                return error_response(ApiError(503, "localpers api is stopping; try again when it is back"))
+                return error_response(server_stopping())
             except Exception as exc:  # report the type only: messages may quote request text
                 print(f"localpers api: internal error {type(exc).__name__}", file=sys.stderr)
                 return error_response(ApiError(500, f"internal error ({type(exc).__name__})"))

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob
-from localpers.engine.model import TEXT_TOO_LONG
-from localpers.errors import LocalpersError
+from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob, server_stopping
+from localpers.errors import LocalpersError, TextTooLong
 from localpers.methods.base import (
     Method,
     RewriteOptions,
@@ -153,7 +152,7 @@ class ApiBackend:
         """Generate for `job` (blocking; call from a worker thread)."""
         with self._lock:
             if self._closing:
-                raise ApiError(503, "localpers api is stopping; try again when it is back")
+                raise server_stopping()
             if job.user_tag is not None and job.user_tag in self.store.list():
                 raise ApiError(
                     400,
@@ -167,7 +166,7 @@ class ApiBackend:
             except LocalpersError as exc:
                 message = str(exc)
                 param = _field_named(message)
-                if param is None and message.startswith(TEXT_TOO_LONG):  # the text the client sent
+                if param is None and isinstance(exc, TextTooLong):  # the text the client sent
                     param = "messages" if job.kind == "chat" else "prompt"
                 raise ApiError(400 if exc.exit_code == 2 else 409, message, param=param) from None
             return Served(result, user.name if user else None, int(time.time()), tuple(notes))

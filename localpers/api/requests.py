@@ -54,6 +54,11 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def server_stopping() -> ApiError:
+    """The 503 for a request the stopping server will not serve (cancelled, or still queued for the engine)."""
+    return ApiError(503, "localpers api is stopping; try again when it is back")
+
+
 @dataclass(frozen=True)
 class GenerationJob:
     """One generation asked for by a request, before the user is resolved."""

@@ -109,11 +109,7 @@ def generate(
         on_text=None if as_json else stdout_stream(strip_leading=chosen_task.one_line),
     )
     if chosen_task.is_cut(source_text):  # headline and title read an article's start, and say so
-        typer.echo(
-            f"note: the text has {len(chosen_task.content(source_text)):,} characters; the {chosen_task.name}"
-            f" task read its first {chosen_task.max_input_chars:,} (an article's start)",
-            err=True,
-        )
+        typer.echo(f"note: {chosen_task.cut_note(source_text, chosen_task.max_input_chars)}", err=True)
     if as_json:
         payload = {
             "text": result.text.strip() if chosen_task.one_line else result.text,

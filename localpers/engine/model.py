@@ -39,7 +39,7 @@ from localpers.engine.prefix_snapshots import PrefixSnapshots
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.threads import default_threads
 from localpers.engine.vocabulary import Vocabulary
-from localpers.errors import InputError, LocalpersError
+from localpers.errors import InputError, LocalpersError, TextTooLong
 
 GGUF_MAGIC = b"GGUF"
 SEQUENCE_CELLS = 320  # KV positions of one batched sequence (a conditioned prompt + its continuation)
@@ -61,10 +61,6 @@ def check_gguf_file(path: Path, what: str = "model") -> None:
         magic = handle.read(4)
     if magic != GGUF_MAGIC:
         raise InputError(f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file")
-
-
-# How a refusal of a prompt past the context opens (the API names the request field by it).
-TEXT_TOO_LONG = "text too long"
 
 
 @dataclass
@@ -301,8 +297,8 @@ class Engine(Vocabulary):
         if not tokens:
             raise ValueError("eval needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
-            raise InputError(
-                f"{TEXT_TOO_LONG}: {self.n_past + len(tokens)} tokens exceed the model's context of"
+            raise TextTooLong(
+                f"text too long: {self.n_past + len(tokens)} tokens exceed the model's context of"
                 f" {self.n_ctx}; shorten the text (or the history items it is shown with)"
             )
         logit_rows: list[np.ndarray] = []

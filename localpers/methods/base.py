@@ -96,11 +96,7 @@ def cut_text_note(text: str, result: RewriteResult) -> str | None:
         return None
     from localpers.tasks import get_task
 
-    length = len(get_task(result.task).content(text))
-    return (
-        f"the text has {length:,} characters; the {result.task} task read its first "
-        f"{result.text_chars_read:,} (an article's start)"
-    )
+    return get_task(result.task).cut_note(text, result.text_chars_read)
 
 
 class UserDecoder(ABC):
