@@ -1251,10 +1251,10 @@ def test_a_prompt_past_the_context_is_a_400_naming_the_field_it_came_in(client: 
 def test_a_host_with_anything_but_a_port_after_it_is_not_loopback(server: LiveServer) -> None:
     """`127.0.0.1:80@evil.com`, `127.0.0.1:8000, evil.com` and an origin `https://127.0.0.1:8000.evil.com` read as
     127.0.0.1 (eighty-first session's API audit); a trailing slash was redirected to the Host header's name."""
-    from localpers.api.app import _host_of
+    from localpers.api.server import host_of
 
-    assert _host_of("127.0.0.1:8000") == "127.0.0.1" and _host_of("[::1]:8000") == "::1"
-    assert _host_of("http://localhost:8000") == "localhost" and _host_of("::1") == "::1"
+    assert host_of("127.0.0.1:8000") == "127.0.0.1" and host_of("[::1]:8000") == "::1"
+    assert host_of("http://localhost:8000") == "localhost" and host_of("::1") == "::1"
     models = f"{server.base_url}/models"
     for host, origin in (
         ("127.0.0.1:80@evil.com", None),

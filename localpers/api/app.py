@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from localpers.api.backend import ApiBackend, Served
 from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion, server_stopping
-from localpers.api.server import is_loopback
+from localpers.api.server import foreign_request
 from localpers.untrusted import JSONProblem, parse_json, unencodable_field
 
 # A request is a prompt of at most the context's few thousand tokens: 4 MB is far beyond any real one, and keeps
@@ -128,40 +128,6 @@ def _chunk(
 
 def _event(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def _host_of(value: str) -> str:
-    """The host name or address in a `Host` header or an origin (`http://[::1]:8000` -> `::1`); the value as
-    given when anything but a port follows the host (`127.0.0.1:80@evil.com`, `127.0.0.1, evil.com`), which no
-    loopback check then passes."""
-    value = value.partition("://")[2] if "://" in value else value
-    value = value.split("/", 1)[0]
-    if value.startswith("["):
-        end = value.find("]")
-        host, rest = (value[1:end], value[end + 1 :]) if end > 0 else (value, "")
-    elif value.count(":") > 1:
-        return value  # an IPv6 address without brackets, and no port
-    else:
-        host, colon, port = value.partition(":")
-        rest = colon + port
-    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
-        return value
-    return host
-
-
-def foreign_request(request: Request) -> str | None:
-    """Why a keyless server must refuse `request` as not coming from this machine's own clients, or None.
-
-    Browsers send `Origin` on cross-origin requests (and `null` from sandboxed frames and local files); command-line
-    clients and the OpenAI libraries send none. `Host` is what the client asked for: a name that is not loopback
-    means the page reached 127.0.0.1 through a name an attacker controls."""
-    host = request.headers.get("host")
-    if host is not None and not is_loopback(_host_of(host)):
-        return f"Host {host!r} is not a loopback name or address"
-    origin = request.headers.get("origin")
-    if origin is not None and (origin == "null" or not is_loopback(_host_of(origin))):
-        return f"requests from web pages of origin {origin!r} are not served"
-    return None
 
 
 async def read_body(request: Request) -> bytes:

@@ -1,4 +1,5 @@
-"""Binding `localpers api`: which addresses are loopback, the refusal of other binds without a key, uvicorn.
+"""Binding `localpers api`: which addresses are loopback, the refusal of other binds without a key, which requests
+come from a web page or a name that is not loopback (`foreign_request`, for a keyless server), uvicorn.
 
 `check_bind` refuses a non-loopback host unless the caller passed an explicit flag and an API key (both are
 needed: the flag says it is meant, the key keeps strangers out). `serve` runs uvicorn with its access log off
@@ -15,8 +16,12 @@ import asyncio
 import ipaddress
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from localpers.errors import LocalpersError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -29,6 +34,40 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def host_of(value: str) -> str:
+    """The host name or address in a `Host` header or an origin (`http://[::1]:8000` -> `::1`); the value as
+    given when anything but a port follows the host (`127.0.0.1:80@evil.com`, `127.0.0.1, evil.com`), which no
+    loopback check then passes."""
+    value = value.partition("://")[2] if "://" in value else value
+    value = value.split("/", 1)[0]
+    if value.startswith("["):
+        end = value.find("]")
+        host, rest = (value[1:end], value[end + 1 :]) if end > 0 else (value, "")
+    elif value.count(":") > 1:
+        return value  # an IPv6 address without brackets, and no port
+    else:
+        host, colon, port = value.partition(":")
+        rest = colon + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        return value
+    return host
+
+
+def foreign_request(request: Request) -> str | None:
+    """Why a keyless server must refuse `request` as not coming from this machine's own clients, or None.
+
+    Browsers send `Origin` on cross-origin requests (and `null` from sandboxed frames and local files); command-line
+    clients and the OpenAI libraries send none. `Host` is what the client asked for: a name that is not loopback
+    means the page reached 127.0.0.1 through a name an attacker controls."""
+    host = request.headers.get("host")
+    if host is not None and not is_loopback(host_of(host)):
+        return f"Host {host!r} is not a loopback name or address"
+    origin = request.headers.get("origin")
+    if origin is not None and (origin == "null" or not is_loopback(host_of(origin))):
+        return f"requests from web pages of origin {origin!r} are not served"
+    return None
 
 
 def check_bind(host: str, *, allow_remote: bool, api_key: str | None) -> None:
