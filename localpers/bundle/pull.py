@@ -8,15 +8,17 @@ signed target with the same length and sha256 before any of them is downloaded; 
 into a staging directory under cache_dir()/bundles, capped at its signed length. The staged bundle is
 verified once more as a whole, renamed into `versions/<id>`, and the `current` pointer is switched with
 one atomic rename. Any failure or interruption removes the staging directory and leaves the previously
-installed bundle in place. This is the only module of localpers (with `localpers.bundle.signed` and
-`localpers.bundle.fetcher`, which it calls) that opens a network connection; it never loads what it downloads.
+installed bundle in place. This is the only module of localpers (with `localpers.bundle.sources`,
+`localpers.bundle.signed` and `localpers.bundle.fetcher`, which it calls) that opens a network connection; it
+never loads what it downloads.
 
 A pull whose manifest is the installed bundle's, byte for byte, with the installed files still
 verifying, downloads nothing and says so (`PullResult.unchanged`).
 
-It stays one module of some 470 lines because its parts are one install transaction: the sources, the
-capped fetch of each file, the lock, the free-space check, staging and the atomic switch of `current`
-each rely on what the others guarantee, and read best in the order a pull runs them.
+Which source a given argument names, and reading a plain directory's files, is `localpers.bundle.sources`; the
+rest stays here because it is one install transaction: the capped fetch of each file, the lock, the free-space
+check, staging and the atomic switch of `current` each rely on what the others guarantee, and read best in the
+order a pull runs them.
 """
 
 from __future__ import annotations
@@ -28,23 +30,19 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, Protocol
 
-from localpers.bundle.fetcher import is_signed_repository
 from localpers.bundle.format import (
     CHUNK_SIZE,
     CURRENT_FILE,
     CURRENT_LINK,
     GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     VERSIONS_DIR,
     Bundle,
     BundleProblem,
@@ -58,12 +56,17 @@ from localpers.bundle.format import (
     write_bytes_atomically,
 )
 from localpers.bundle.record import RECORD_SUFFIX, record_path, write_record
-from localpers.bundle.signed import SignedSource, checked_fingerprint
-from localpers.errors import InputError, LocalpersError
+from localpers.bundle.signed import SignedSource
+from localpers.bundle.sources import (
+    DEFAULT_TIMEOUT_S,
+    BundleSource,
+    DirectorySource,
+    open_source,
+)
+from localpers.errors import LocalpersError
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
-DEFAULT_TIMEOUT_S = 30.0
 
 # (file being fetched, bytes fetched so far over all files, total bytes of all files)
 ProgressCallback = Callable[[str, int, int], None]
@@ -82,106 +85,6 @@ class PullResult:
     previous: Path | None
     # True when the installed bundle had this very manifest and still verified: nothing was downloaded
     unchanged: bool = False
-
-
-# --------------------------------------------------------------------------------------------------
-# Sources: a served URL or a local directory
-
-
-class BundleSource(Protocol):
-    description: str
-
-    def read_manifest(self) -> bytes: ...
-
-    def open_file(self, relative: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
-
-    def where(self, relative: str) -> str: ...
-
-
-class DirectorySource:
-    """A bundle directory on this machine (a mounted share, a USB stick, a publisher's output)."""
-
-    def __init__(self, directory: Path) -> None:
-        if directory.is_file() and directory.name == MANIFEST_NAME:
-            directory = directory.parent
-        if not (directory / MANIFEST_NAME).is_file():
-            raise BundleProblem(f"{directory}: no manifest.json there, so it is not a bundle directory")
-        self.directory = directory
-        self.root = directory.resolve()
-        self.description = str(directory)
-
-    def where(self, relative: str) -> str:
-        return str(self.directory / relative)
-
-    def read_manifest(self) -> bytes:
-        with (self.directory / MANIFEST_NAME).open("rb") as handle:
-            return _read_capped(handle, MAX_MANIFEST_BYTES + 1, self.where(MANIFEST_NAME))
-
-    @contextlib.contextmanager
-    def open_file(self, relative: str) -> Iterator[BinaryIO]:
-        path = self.directory / relative
-        try:
-            resolved = path.resolve()
-            info = path.stat()
-        except FileNotFoundError:
-            raise BundleProblem(
-                f"{path}: listed in the manifest but missing from the source bundle"
-            ) from None
-        except (OSError, RuntimeError) as exc:
-            raise LocalpersError(f"{path}: cannot be read ({exc})") from None
-        if not resolved.is_relative_to(self.root):
-            raise BundleProblem(f"{path}: resolves outside the source bundle (to {resolved}); refusing it")
-        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would hang or never end
-            raise BundleProblem(f"{path}: is not a regular file; refusing it")
-        with path.open("rb") as handle:
-            yield handle
-
-
-def open_source(
-    source: str,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    *,
-    trust: str | None = None,
-    unsigned: bool = False,
-    on_bytes: Callable[[int], None] | None = None,
-    confirm: Callable[[str], bool] | None = None,
-) -> BundleSource | SignedSource:
-    """A `SignedSource` for a URL or a repository directory; a `DirectorySource` only with `unsigned`.
-
-    Every URL is pulled as a signed repository: an unsigned bundle over the network is never trusted.
-    """
-    if trust is not None:
-        trust = checked_fingerprint(trust)  # a malformed --trust is refused before anything is read
-    if not source.strip():  # Path("") is the working directory: an empty argument must not pull from there
-        raise InputError("the source is empty; give a repository directory or an http(s) URL")
-    if is_signed_repository(source):
-        if unsigned:
-            raise InputError(
-                f"{source}: --unsigned applies only to a local bundle directory; this is a signed repository:"
-                " pull it without --unsigned"
-            )
-        return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise InputError(f"{source}: no such directory; give a repository directory or an http(s) URL")
-    with advising("give a signed repository's directory (`localpers repo`) or a bundle directory"):
-        directory = DirectorySource(path)
-    if not unsigned:
-        raise LocalpersError(
-            f"{source}: an unsigned bundle directory; publish it into a signed repository with"
-            " `localpers repo add`, or install it anyway with --unsigned (nothing vouches for it)"
-        )
-    return directory
-
-
-def _read_capped(stream: BinaryIO, limit: int, where: str) -> bytes:
-    try:
-        data = stream.read(limit)
-    except (OSError, http.client.HTTPException) as exc:
-        raise LocalpersError(f"{where}: reading failed ({exc}); try again") from None
-    if len(data) >= limit:
-        raise BundleProblem(f"{where}: larger than {limit - 1} bytes, too large for a manifest; not a bundle")
-    return data
 
 
 # --------------------------------------------------------------------------------------------------
