@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from localpers.engine.generation import _StopScanner
-from localpers.engine.model import SEQUENCE_CELLS, Engine, ScoredContinuation, _log_softmax_at
+from localpers.engine.model import SEQUENCE_CELLS, Engine
+from localpers.engine.steps import ScoredContinuation, log_softmax_at
 
 # Prompts evaluated side by side: the fit's group size, as many as the device engine's batched sequences (16,
 # for a rewrite's candidates). 16 instead of 8 saved ~4% of a 20-item fit with the same quality (dev split;
@@ -240,7 +241,7 @@ def _score_round(
         outcomes[index].scored.append(
             ScoredContinuation(
                 tokens=list(continuation),
-                logprobs=_log_softmax_at(head[:rows], np.asarray(continuation[:rows])),
+                logprobs=log_softmax_at(head[:rows], np.asarray(continuation[:rows])),
                 features=np.concatenate(features, axis=0) if features else None,
                 logits=None,
             )
@@ -333,7 +334,7 @@ def _reusable(
         rows.append(np.stack(features[: len(continuation) - 1]))
     return ScoredContinuation(
         tokens=list(continuation),
-        logprobs=_log_softmax_at(first_logits[None, :], np.asarray(continuation[:1])),
+        logprobs=log_softmax_at(first_logits[None, :], np.asarray(continuation[:1])),
         features=np.concatenate(rows, axis=0),
         logits=None,
     )

@@ -8,8 +8,8 @@ the alignment, an adapter's type and alpha, a model's layer count), then reads e
 quantisation type and offset. The raw data's numpy dtype and shape follow gguf-py's own convention (quantised
 blocks as uint8 rows), so `map_tensor` presents a tensor exactly as `GGUFReader` would:
 `tests/test_gguf_layout.py` compares the two on the real backbone and on generated files. A malformed file is
-refused with a `LocalpersError` naming it.
-This module does not dequantise, name-map or validate tensor contents.
+refused with a `LocalpersError` naming it; `check_gguf_file` refuses a path that is not a GGUF file at all before
+llama.cpp sees it. This module does not dequantise, name-map or validate tensor contents.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -79,6 +79,16 @@ class GGUFLayout:
 
     def tensor(self, name: str) -> TensorLocation | None:
         return next((tensor for tensor in self.tensors if tensor.name == name), None)
+
+
+def check_gguf_file(path: Path, what: str = "model") -> None:
+    """Refuse a missing, empty or non-GGUF file with a one-line error (exit 2) before llama.cpp sees it."""
+    if not path.is_file():
+        raise InputError(f"{what} file {path} does not exist")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise InputError(f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file")
 
 
 def gguf_layout(path: Path) -> GGUFLayout:

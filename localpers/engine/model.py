@@ -13,7 +13,8 @@ feature normalisation and the CARD head live elsewhere. Nothing here opens a net
 Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32, the raw residual
 stream after each tapped layer, at the position whose next token the logits predict.
 
-It is one module of some 550 lines because everything in it shares one KV cache: evaluation, truncation, the
+What an evaluation returns (`Step`, `ScoredContinuation`) is `localpers.engine.steps`'s. The rest is one module of
+some 530 lines because everything in it shares one KV cache: evaluation, truncation, the
 remembered prompt, adapter switches (which clear it) and the batched sequences (`eval_sequences`) all keep the
 same positions and `n_past` bookkeeping true, and a reader checking that should find it in one place.
 """
@@ -24,7 +25,6 @@ import contextlib
 import ctypes
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +33,16 @@ from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, raise_pending_interrupt, recorded_llama_log
 from localpers.engine.context import CONTEXT_TOKENS
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
+from localpers.engine.gguf_layout import check_gguf_file
 from localpers.engine.llama import llama_cpp
 from localpers.engine.prefix_files import KeptPrefix, PrefixStateFiles, file_identity
 from localpers.engine.prefix_snapshots import PrefixSnapshots
+from localpers.engine.steps import ScoredContinuation, Step, log_softmax_at
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.threads import default_threads
 from localpers.engine.vocabulary import Vocabulary
 from localpers.errors import InputError, LocalpersError, TextTooLong
 
-GGUF_MAGIC = b"GGUF"
 SEQUENCE_CELLS = 320  # KV positions of one batched sequence (a conditioned prompt + its continuation)
 
 
@@ -51,34 +52,6 @@ def llama_cpp_version() -> str:
 
 def llama_system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
-
-
-def check_gguf_file(path: Path, what: str = "model") -> None:
-    """Refuse a missing, empty or non-GGUF file with a one-line error (exit 2) before llama.cpp sees it."""
-    if not path.is_file():
-        raise InputError(f"{what} file {path} does not exist")
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != GGUF_MAGIC:
-        raise InputError(f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file")
-
-
-@dataclass
-class Step:
-    """Result of evaluating tokens: next-token logits and layer features at the last position."""
-
-    logits: np.ndarray
-    features: np.ndarray | None
-
-
-@dataclass
-class ScoredContinuation:
-    """Teacher-forced view of one continuation: per token, its log-prob and the features that predicted it."""
-
-    tokens: list[int]
-    logprobs: np.ndarray  # (T,), or the first `logprob_rows` of them
-    features: np.ndarray | None  # (T, n_taps, n_embd)
-    logits: np.ndarray | None = None  # (T, n_vocab) when asked for
 
 
 class Engine(Vocabulary):
@@ -441,7 +414,7 @@ class Engine(Vocabulary):
                     feature_rows.append(features)
             all_logits = np.concatenate(logits_rows, axis=0)
             rows = len(cont) if logprob_rows is None else min(logprob_rows, len(cont))
-            logprobs = _log_softmax_at(all_logits[:rows], np.asarray(cont[:rows]))
+            logprobs = log_softmax_at(all_logits[:rows], np.asarray(cont[:rows]))
             results.append(
                 ScoredContinuation(
                     tokens=cont,
@@ -553,11 +526,3 @@ class Engine(Vocabulary):
             return rows.copy()
         rows.flags.writeable = False
         return rows
-
-
-def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """log softmax(logits[t])[targets[t]] for every row t, in float64 for stability."""
-    rows = logits.astype(np.float64)
-    peak = rows.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(rows - peak).sum(axis=1)) + peak[:, 0]
-    return rows[np.arange(len(targets)), targets] - log_norm

@@ -1,0 +1,38 @@
+"""What evaluating tokens gives back: a `Step` (the next-token logits and the tapped layers' features at the
+last position) and a `ScoredContinuation` (a teacher-forced continuation's per-token log-probs and features),
+and the log-softmax at chosen tokens both `model` and `batch` score with.
+
+It evaluates nothing and holds no llama.cpp handle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Step:
+    """Result of evaluating tokens: next-token logits and layer features at the last position."""
+
+    logits: np.ndarray
+    features: np.ndarray | None
+
+
+@dataclass
+class ScoredContinuation:
+    """Teacher-forced view of one continuation: per token, its log-prob and the features that predicted it."""
+
+    tokens: list[int]
+    logprobs: np.ndarray  # (T,), or the first `logprob_rows` of them
+    features: np.ndarray | None  # (T, n_taps, n_embd)
+    logits: np.ndarray | None = None  # (T, n_vocab) when asked for
+
+
+def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """log softmax(logits[t])[targets[t]] for every row t, in float64 for stability."""
+    rows = logits.astype(np.float64)
+    peak = rows.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(rows - peak).sum(axis=1)) + peak[:, 0]
+    return rows[np.arange(len(targets)), targets] - log_norm
