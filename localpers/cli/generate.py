@@ -77,9 +77,8 @@ def generate(
 
     chosen_task = get_task(task)
     source_text = read_text_argument(text)
-    chosen_task.check_text(
-        source_text
-    )  # a text free or paraphrase would have to cut is refused, as by rewrite
+    # a text free or paraphrase would have to cut is refused, as by rewrite
+    chosen_task.check_text(source_text)
     sampling = sampler_settings(
         temperature=temperature,
         top_k=top_k,
