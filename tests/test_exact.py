@@ -141,6 +141,25 @@ def test_prefix_reuse_scores_like_fresh_scoring(backbone: Backbone, tmp_path: Pa
     assert tokens_reused < 0.7 * tokens_asked
 
 
+def test_prefix_scorer_scores_a_continuation_longer_than_a_batch_as_engine_score(backbone: Backbone) -> None:
+    """A continuation over one llama.cpp batch is read from copies: a view of the logits buffer would hold only
+    the last batch's rows by the time the log-probabilities are taken."""
+    engine = Engine(backbone.path, n_ctx=256, tap_layers=None, n_batch=8)
+    try:
+        prompt = engine.tokenize(INSTRUCTION + "The museum will stay open late on Fridays.\nHeadline:")
+        long = engine.tokenize(
+            " The city museum will stay open until midnight on every Friday and Saturday of the long summer season",
+            add_bos=False,
+        )
+        short = engine.tokenize(" Museum opens late", add_bos=False)
+        assert len(long) > 2 * engine.batch_capacity and len(short) < engine.batch_capacity
+        scored = PrefixScorer(engine).score(prompt, [long, short])
+        expected = [float(each.logprobs.sum()) for each in engine.score(prompt, [long, short])]
+    finally:
+        engine.close()
+    assert scored == pytest.approx(expected, abs=1e-3)
+
+
 def test_retrieval_returns_the_nearest_prompts_attributes(tmp_path: Path) -> None:
     from localpers.engine.encoder import embed_texts
 

@@ -72,13 +72,16 @@ class PrefixScorer:
             if not tokens:
                 raise ValueError("a continuation needs at least one token")
             engine.truncate(len(prompt))
-            rows = [first_logits[None, :]]
+            parts = [token_logprobs(first_logits[None, :], tokens[:1])]
             if len(tokens) > 1:
-                logits, _ = engine.eval(tokens[:-1], all_positions=True)
-                rows.append(logits)
+                # Read in place when one batch holds them (a view valid until the next evaluation, used at
+                # once): copying and stacking every row's 262,144 logits cost as much as the log-softmax.
+                in_place = len(tokens) - 1 <= engine.batch_capacity
+                logits, _ = engine.eval(tokens[:-1], all_positions=True, copy_logits=not in_place)
+                parts.append(token_logprobs(logits, tokens[1:]))
                 self.evaluated_tokens += len(tokens) - 1
                 self.requested_tokens += len(tokens) - 1
-            totals.append(float(token_logprobs(np.concatenate(rows, axis=0), tokens).sum()))
+            totals.append(float(np.concatenate(parts).sum()))
             last = tokens[:-1]
         self._cached = prompt + last
         return totals
