@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import unicodedata
 from collections.abc import Callable
 
 from textual.app import App
@@ -36,6 +37,7 @@ from textual.widgets import Select, TextArea
 from localpers import interrupts
 from localpers.errors import LocalpersError
 from localpers.methods.reports import RewriteResult
+from localpers.tasks import get_task
 from localpers.tui import engine_jobs
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.messages import (
@@ -90,7 +92,8 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         Binding("ctrl+o", "import_history", "Import"),
         Binding("ctrl+q", "quit", "Quit", priority=True),  # Textual's own ctrl+q is not in the footer
         # The tab and draft titles show these keys, which keeps the footer to one line.
-        Binding("f10", "show_help_panel", "Keys", show=False),  # named in the title bar
+        Binding("f10", "toggle_help_panel", "Keys", show=False),  # named in the title bar
+        Binding("escape", "hide_help_panel", "Close keys", show=False),  # only while the key list is shown
         Binding("f1", "focus_draft", "Draft", show=False),
         Binding("f2", "show_tab('why-tab')", "Why", show=False),
         Binding("f3", "show_tab('history-tab')", "History", show=False),
@@ -125,6 +128,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         self.job_id = 0
         self._cache = ResultCache()
         self._cut_noted_job = 0
+        self._failure_noted: tuple[int, str] | None = None
         self._debounce_timer: Timer | None = None
         self._refit_timer: Timer | None = None
         self._refit_again = False
@@ -219,7 +223,14 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
             " fitting…"
         )
         if self.user is None or self.user.name != summary.user:
-            self.store.use(summary.user)
+            try:
+                self.store.use(summary.user)
+            except (
+                LocalpersError
+            ) as exc:  # e.g. a full disk, or the user deleted since: as the User list says
+                self.notify(f"{summary.user!r} could not be made the active user: {exc}", severity="error")
+                if self.user is not None:  # this session keeps its user, as the command line's does
+                    return
             self.select_user(summary.user)
         else:
             self.refresh_user_views()
@@ -228,7 +239,9 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
     # ------------------------------------------------------------------ accessors
     @property
     def draft_text(self) -> str:
-        return self.main.draft.text
+        """The draft as it is measured, cut, generated from and stored: NFC, as history items are (a pasted
+        decomposed text must still match the input its output was made for)."""
+        return unicodedata.normalize("NFC", self.main.draft.text)
 
     @property
     def busy(self) -> bool:
@@ -241,8 +254,20 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The main screen's actions are off while a dialog is open."""
+        """The main screen's actions are off while a dialog is open; Escape closes only a shown key list
+        (else it goes on to the focused widget or dialog)."""
+        if action == "hide_help_panel":
+            return self._help_panel_shown()
         return not (action in MAIN_SCREEN_ACTIONS and self.screen is not self.main)
+
+    def _help_panel_shown(self) -> bool:
+        return bool(self.screen.query("HelpPanel"))
+
+    def action_toggle_help_panel(self) -> None:
+        if self._help_panel_shown():
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
 
     # ------------------------------------------------------------------ users and profile
     def select_user(self, name: str) -> None:
@@ -302,6 +327,8 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         profile = self.profile
         if profile is None:
             return "no user"
+        if profile.problem is not None:  # not "0 examples · cold start": the Profile tab says what is wrong
+            return f"user {profile.user} · a file of this user cannot be read (Profile tab, F4)"
         parts = [f"user {profile.user}", f"{profile.n_history} examples"]
         if profile.can_personalize:
             parts.append(f"cluster {profile.cluster}")
@@ -331,7 +358,11 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
             controls.strength.set_value(message.info.default_strength)
             controls.top_k.set_value(message.info.default_top_k)
         self.refresh_user_views()
-        self.maybe_refit()
+        if self._refit_again and not self.fit_running:  # ctrl+f pressed while the model loaded
+            self._refit_again = False
+            self.start_refit()
+        else:
+            self.maybe_refit()
         self.regenerate()
 
     def on_engine_failed(self, message: EngineFailed) -> None:
@@ -391,6 +422,13 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
             self.notify(f"The demo user could not be prepared: {message.error}", severity="error", timeout=30)
             self.push_screen(WelcomeScreen(), self._after_welcome)
             return
+        if self.user is not None:  # a history imported while the demo was prepared: that user stays
+            self.notify(f"The demo user is ready: pick {message.user!r} in the User list to try it.")
+            if self._refit_again:  # that user's fit waited for the demo's
+                self._refit_again = False
+                self.start_refit()
+            return
+        self._refit_again = False
         if not self.draft_text.strip():
             article = first_demo_article()
             if article:
@@ -434,7 +472,7 @@ def first_demo_article() -> str | None:
         articles = demo_articles()
     except (LocalpersError, OSError, ValueError, KeyError):
         return None
-    return articles[0] if articles else None
+    return get_task("headline").content(articles[0]) if articles else None  # the instruction is the task's
 
 
 def run_app(service: WritingService, *, user: str | None = None, text: str = "") -> None:

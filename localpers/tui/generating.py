@@ -10,7 +10,6 @@ below; it owns no widget.
 
 from __future__ import annotations
 
-import unicodedata
 from typing import TYPE_CHECKING
 
 from textual.timer import Timer
@@ -50,6 +49,7 @@ class GenerationMixin:
     _cache: ResultCache
     _debounce_timer: Timer | None
     _cut_noted_job: int  # the last job whose cut text was noted
+    _failure_noted: tuple[int, str] | None  # the last (job, error) told in a notice
     # It also calls Textual's `set_timer`, `notify`, `workers` and `is_running` and the app's `draft_text` and
     # `_run_engine_job`.
 
@@ -68,7 +68,7 @@ class GenerationMixin:
             self._debounce_timer.stop()
             self._debounce_timer = None
         main = self.main
-        text = unicodedata.normalize("NFC", self.draft_text)  # measured, cut and retrieved as history is
+        text = self.draft_text
         self.job_id += 1
         if not text.strip():
             self.workers.cancel_group(self, "generate")
@@ -166,6 +166,10 @@ class GenerationMixin:
         if message.job == self.job_id:
             for target in message.targets:
                 self.main.panel(target).fail(message.error)
+            # whole, as `localpers rewrite` prints it (a panel's border cuts it); once when both outputs fail
+            if self._failure_noted != (message.job, message.error):
+                self._failure_noted = (message.job, message.error)
+                self.notify(message.error, title="Not generated", severity="error", timeout=15)
 
     def _set_personal(self, result: RewriteResult | None, input_text: str | None) -> None:
         self.personal_result = result

@@ -155,7 +155,9 @@ def personal_request(
         if fallback == UNFITTED_METHOD and shows_history:
             label = f"Personalized · {listed(fallback).label}"
             if method != fallback:
-                label += " · not fitted"  # the profile panel says ctrl+f fits
+                # the profile panel says ctrl+f fits; a stored fit is matched to the bundle once the model loaded
+                checking = profile.fit is not None and profile.bundle_matches is None
+                label += " · waiting for the model" if checking else " · not fitted"
             return RewriteRequest(text, task, fallback, history=history, user=profile.user), label
         why = "no history yet" if not shows_history else "no fitted profile yet"
         return RewriteRequest(text, task, BASELINE_METHOD), f"Personalized · {why}: global adapter"

@@ -61,6 +61,10 @@ class TeachingMixin:
             return None
         result = self.personal_result
         if result is None or self.personal_input != self.draft_text or not result.text.strip():
+            panel = self.main.personal_panel
+            if panel.has_class("failed"):  # say why there is none (its reason, whole)
+                self.notify(f"No output to keep: {panel.placeholder}", severity="warning", timeout=10)
+                return None
             self.notify(
                 "No finished output for this draft yet: wait for it or press ctrl+r.", severity="warning"
             )
@@ -124,7 +128,10 @@ class TeachingMixin:
             return
         self.refresh_user_views()
         if added:
-            self.notify(f"Kept as a rejected output in {self.user.name}'s folder (not added to the history).")
+            self.notify(
+                f"Kept as a rejected output in {self.user.name}'s folder for a later fit (none reads them yet);"
+                " not added to the history."
+            )
         else:
             self.notify("This output was already rejected.")
 
@@ -193,6 +200,7 @@ class TeachingMixin:
         if self.info is None:
             message = self.load_error or "The model is still loading; the fit starts when it is ready."
             self.notify(message, severity="error" if self.load_error else "information")
+            self._refit_again = self.load_error is None  # started by on_engine_loaded
             return
         if self.fit_running:
             self._refit_again = True

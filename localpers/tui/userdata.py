@@ -10,6 +10,7 @@ generation or fitting and draws nothing.
 from __future__ import annotations
 
 import json
+import shlex
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +39,9 @@ from localpers.users.series import history_series
 from localpers.users.store import User, UserStore, atomic_write_text
 
 TUI_SOURCE = "tui"
+# How long an accept, reject, removal or import waits for another command's hold on the user: on the UI thread,
+# so briefly, then it says the user is busy (a command changes a user's files in well under a second)
+TUI_LOCK_WAIT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,7 @@ def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[
         item = HistoryItem.create(task, input_text, output, source=TUI_SOURCE, strict=True)
     except ValueError as exc:
         raise LocalpersError(f"cannot add this example: {exc}") from None
-    with user.locked():
+    with user.locked(TUI_LOCK_WAIT_SECONDS):
         merged, already = merge_history(user.history(), [item])
         if already:
             return item, False
@@ -179,7 +183,8 @@ def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
             raise LocalpersError(f"user {user.name!r} has no history item {wanted_id!r} (already removed?)")
         return {wanted_id}
 
-    removed, _ = remove_history_items(user, the_wanted_item)
+    with user.locked(TUI_LOCK_WAIT_SECONDS):  # held again inside, by this thread: no second wait
+        removed, _ = remove_history_items(user, the_wanted_item)
     return removed[0]
 
 
@@ -260,7 +265,7 @@ def reject_output(
         top_k=top_k,
         rejected_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    with user.locked():
+    with user.locked(TUI_LOCK_WAIT_SECONDS):
         existing = read_rejected(user)
         if any(row.id == record.id for row in existing):
             return record, False
@@ -292,10 +297,17 @@ def import_history_file(store: UserStore, user_name: str, path: Path | str) -> I
 
     The file is validated before the user is created, so a bad file leaves no empty user behind.
     """
-    parsed = parse_history(expand_home(str(path)))
+    file = expand_home(str(path))
+    parsed = parse_history(
+        file,
+        too_many_hint=(  # the dialog has no --keep-latest
+            f"or import its latest from a terminal: `localpers history import {shlex.quote(str(file))}"
+            f" --keep-latest {MAX_HISTORY_ITEMS} --user {user_name}`"
+        ),
+    )
     created = user_name not in store.list()
     user = store.create(user_name) if created else store.get(user_name)
-    with user.locked():
+    with user.locked(TUI_LOCK_WAIT_SECONDS):
         merged, already = merge_history(user.history(), parsed.items)
         check_history_size(
             len(merged),

@@ -66,6 +66,7 @@ def parse_history(
     default_task: str = DEFAULT_TASK,
     keep_latest: int | None = None,
     data: bytes | None = None,
+    too_many_hint: str | None = None,
 ) -> ParsedHistory:
     """Like `parse_history_file`, also returning the duplicates that were skipped.
 
@@ -73,6 +74,7 @@ def parse_history(
     when every item has one and the file lists them otherwise (`sorted_by_date`). `keep_latest` keeps only the last
     that many unique items in that order, so a longer archive can be imported without editing it; every line is still validated. `data` is the
     file's content when it was read elsewhere (standard input); `path` then only names it in messages.
+    `too_many_hint` says how to import a file of more than `MAX_HISTORY_ITEMS` where `--keep-latest` is not offered.
     """
     path = Path(path)
     if keep_latest is not None and not 1 <= keep_latest <= MAX_HISTORY_ITEMS:
@@ -127,7 +129,7 @@ def parse_history(
     check_history_size(
         len(parsed.items),
         what=f"{path} has",
-        hint=f"or import its latest with --keep-latest {MAX_HISTORY_ITEMS}",
+        hint=too_many_hint or f"or import its latest with --keep-latest {MAX_HISTORY_ITEMS}",
     )
     return parsed
 

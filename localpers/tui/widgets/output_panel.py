@@ -66,6 +66,7 @@ class OutputPanel(VerticalScroll, can_focus=True):
         """A new generation: clear the text and show `status` (e.g. "generating…")."""
         self.complete = False
         self.text = ""
+        self.placeholder = ""  # not the last failure's reason or the empty draft's hint: the status says it
         self.status = status
         self.set_class(True, "busy")
         self.set_class(False, "failed")
@@ -85,6 +86,10 @@ class OutputPanel(VerticalScroll, can_focus=True):
     def fail(self, error: str) -> None:
         self.status = f"failed: {error}"
         self.complete = False
+        self.text = ""
+        self.placeholder = (
+            error  # the whole reason, wrapped: the border's subtitle is cut at the panel's width
+        )
         self.set_class(False, "busy")
         self.set_class(True, "failed")
 

@@ -149,7 +149,10 @@ class ProfilePanel(Static):
     def watch_profile(self, profile: Profile | None) -> None:
         if profile is None:
             self.update(
-                Text("No user yet: import a history file (ctrl+o) or use the demo user.", style="dim")
+                Text(
+                    "No user yet: import a history file (ctrl+o), or wait for the demo user if you chose it.",
+                    style="dim",
+                )
             )
         else:
             theme = self.app.theme_variables
