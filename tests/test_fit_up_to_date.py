@@ -35,6 +35,7 @@ def test_a_fit_with_nothing_new_keeps_the_stored_one(bundle_dir, backbone, monke
     state = user.state_path.read_bytes()
     again = _fit(common)
     assert again["unchanged"] is True and again["n_pairs"] == first["n_pairs"]
+    assert set(again) == set(first)  # the same keys as a fit's (kept_without_history was missing)
     assert user.state_path.read_bytes() == state  # nothing written
     said = CliRunner().invoke(app, ["fit", *common])
     assert said.exit_code == 0 and "already fitted on this history" in said.stderr

@@ -36,7 +36,17 @@ def vector_file_bytes(vector: np.ndarray, meta: dict[str, str] | None) -> bytes:
     meta = dict(meta or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise TypeError("vector metadata must map strings to strings")
-    return save({VECTOR_TENSOR: array}, metadata=meta or None)
+    return _canonical(save({VECTOR_TENSOR: array}, metadata=meta or None))
+
+
+def _canonical(data: bytes) -> bytes:
+    """`data` with its safetensors header's keys sorted: safetensors writes the metadata in an order that varies
+    from call to call, so the same vector got another file name and sha256 at each refit. The header stays padded
+    to 8 bytes with spaces, as safetensors pads it, and the tensor bytes are unchanged."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8 : 8 + length]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data[8 + length :]
 
 
 def read_vector_file(

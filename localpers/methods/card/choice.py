@@ -230,7 +230,7 @@ def choose_correction(
         ]
         item_scores = personalizer.score_reference_variants(
             item.input,
-            item.output,
+            task.scored_output(item.output),  # cut as the pairs score it: a stored longer one overflowed
             variants,
             task=task.name,
             method="card",

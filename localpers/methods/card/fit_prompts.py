@@ -22,6 +22,7 @@ from localpers.users.history_prompt import (
     conditioned_prompt,
     shared_prefix,
 )
+from localpers.users.series import SHOWN as SERIES_SHOWN
 
 # The fit's items show their recent outputs in blocks: the items of each group of this many (groups counted
 # along the history by the items' ordinals, their order of addition) all show the block of items before the
@@ -87,8 +88,8 @@ def items_within_context(
     densely (CJK, emoji) would overflow and stop the whole fit. So, as `prompting.prompt_tokens` does for a
     rewrite, a headline's or title's article is cut shorter until it fits (`prompting.read_within`), and
     only an item that fits even so, or a task that must carry its whole text, is left out. Counted for each
-    item: its prompt (its own text, plus room for the most examples and demonstrations the format shows, each
-    as long as the longest the history could show) and the longer of its output and the y- the fit generates.
+    item: its prompt (its own text, plus room for the most examples and demonstrations the format shows: the
+    longest ones the history holds) and the longer of its output and the y- the fit generates.
     """
     room = _examples_room(engine, items, prompt_format)
     kept = []
@@ -115,18 +116,33 @@ def items_within_context(
 
 
 def _examples_room(engine: Engine, items: Sequence[HistoryItem], prompt_format: PromptFormat | None) -> int:
-    """Tokens a conditioned prompt may spend on examples: each as long as the longest of `items`."""
+    """Tokens a conditioned prompt may spend on examples: the longest of `items`' outputs, as many as a prompt
+    shows (a series' members in the closest one's place included), and likewise the longest demonstrations.
+
+    A prompt shows distinct items, so this bounds every prompt; it is not the longest output times the count,
+    which let one dense output (a headline of emoji) leave no room for any item and make the whole fit a cold
+    start.
+    """
     if prompt_format is None or not items:
         return 0
 
     def tokens(text: str) -> int:
         return len(engine.tokenize(text, add_bos=False))
 
-    example = 2 + max(tokens(" " + cut_text(item.output, EXAMPLE_CHARS)) for item in items)  # "- ...\n"
-    article = max(
+    def longest(lengths: list[int], count: int) -> int:
+        return sum(sorted(lengths, reverse=True)[:count])
+
+    examples = [2 + tokens(" " + cut_text(item.output, EXAMPLE_CHARS)) for item in items]  # "- ...\n"
+    articles = [
         tokens(
             (task := get_task(item.task)).prompt_for(cut_text(task.content(item.input), DEMONSTRATION_CHARS))
         )
         for item in items
+    ]
+    shown = prompt_format.examples
+    if prompt_format.series:
+        shown = max(shown, prompt_format.recent + SERIES_SHOWN)
+    described = prompt_format.described
+    return (
+        longest(examples, shown) + longest(articles, described) + longest(examples, described) + HEADER_TOKENS
     )
-    return prompt_format.examples * example + prompt_format.described * (article + example) + HEADER_TOKENS

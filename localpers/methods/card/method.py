@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from localpers.errors import InputError, LocalpersError
 from localpers.methods import stored_files
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, note_cut_text
-from localpers.methods.card.choice import chosen_bias, stored_choice
+from localpers.methods.card.choice import MIN_ITEMS_TO_CHOOSE, chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
@@ -105,6 +105,11 @@ def profile_for_rewrite(
         unusable = (
             f"user {target.name!r} was fitted by a localpers of another fit format"
             f" ({fit_format_of(state.get('fitted_by')) or 1}; this one reads format {stored_files.FIT_FORMAT})"
+        )
+    elif cluster is None and has_items and _fit_left_out_every_item(state):
+        unusable = (
+            f"user {target.name!r}'s fit could use none of its history items (each too long for the model's"
+            " context once tokenized: shorten them)"
         )
     elif cluster is None and has_items:
         unusable = f"user {target.name!r} was fitted before its history held anything"
@@ -261,12 +266,18 @@ class CardMethod(AdapterMethod):
         )
 
 
+def _fit_left_out_every_item(state: dict[str, Any]) -> bool:
+    """Whether the stored fit is a cold start because every history item was too long (not for want of items)."""
+    fit = state.get("fit")
+    return isinstance(fit, dict) and fit.get("mode") == "cold-start" and bool(fit.get("n_too_long"))
+
+
 def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = None) -> str:
     """CARD's fit in a few lines: cluster, pairs, held-out accuracy, the chosen strengths, timings."""
     if report.mode == "cold-start" and report.n_too_long:
         return (
             f"{user}: all {report.n_too_long} history items are too long for the model's context once"
-            " tokenized (emoji or dense scripts), so rewrites use the global adapter; shorten them and refit"
+            " tokenized (emoji or dense scripts), so rewrites get no CARD correction; shorten them and fit again"
         )
     if report.mode == "cold-start":
         return f"{user}: no history yet, so rewrites use the global adapter. Add items with `localpers history import`."
@@ -295,9 +306,14 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
     if report.mode == "vector":
         if choice:
             lines.append(f"chose {choice['label']}: {choice['reason']}")
-        else:
+        elif report.n_items < MIN_ITEMS_TO_CHOOSE:
             lines.append(
                 "too few items to choose a correction on your own recent items: the bundle's defaults apply"
+            )
+        else:  # the fit of the items before the recent ones had too few usable pairs to compare on
+            lines.append(
+                "your earlier items gave too few usable pairs to compare corrections on your recent items:"
+                " the bundle's defaults apply"
             )
     total = sum(report.seconds.values())
     lines.append(f"fit took {total:.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in report.seconds.items())})")

@@ -31,7 +31,7 @@ from localpers.methods.card import fit_prompts, pair_cache
 from localpers.methods.card.head import CardHead
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import get_task
-from localpers.users.history import HistoryItem
+from localpers.users.history import HistoryItem, item_id
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.ordinals import ordinals_of
 from localpers.users.store import User
@@ -384,8 +384,13 @@ class PairBuilder:
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:
-    """The item id for a plain prompt (as before conditioned bundles); id and prompt hash otherwise."""
-    if prompt == get_task(item.task).prompt_for(item.input):
+    """The item id for its own plain prompt (as before conditioned bundles); id and prompt hash otherwise, also
+    for an item whose article the fit cut to the context (`fit_prompts.items_within_context`): how far it is cut
+    depends on the other items, so its prompt can change under the same id."""
+    if (
+        prompt == get_task(item.task).prompt_for(item.input)
+        and item_id(item.task, item.input, item.output) == item.id
+    ):
         return item.id
     return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"
 
