@@ -273,7 +273,9 @@ def test_a_damaged_trusted_root_on_this_device_is_a_one_line_error(repo: tuple[P
     repo_dir, _, fingerprint = repo
     pull(repo_dir, trust=fingerprint)
     (trust_store(fingerprint) / "root.json").write_text("{not json")
-    with pytest.raises(InputError, match=f"{fingerprint}/root.json: signed metadata refused"):
+    with pytest.raises(
+        InputError, match=f"{fingerprint}/root.json: this device's trusted root for publisher"
+    ):
         pull(repo_dir)
 
 

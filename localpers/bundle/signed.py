@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import importlib.resources
+import os
 import re
 import shutil
 import tempfile
@@ -111,15 +112,21 @@ def choose_trusted_root(
 
     The repository's own 1.root.json only says which publisher it claims to be; what is trusted is
     the root already on this device, the shipped demo root, or the root whose fingerprint the user
-    gave with `trust` or confirmed once through `confirm(fingerprint)` (checked to be signed by that
-    very key).
+    gave with `trust` or confirmed once through `confirm(fingerprint)` (a root held by that one key alone and
+    signed by it, `_check_first_root`). A `trust` that names another publisher than the repository's is refused,
+    even one this device trusts already.
     """
-    from tuf.api.metadata import Metadata, Root
-
     claimed = _fetch_first_root(fetcher, base)
     fingerprint = root_fingerprint(claimed, f"{base}{METADATA_DIR}/1.root.json")
+    if trust is not None and trust.strip().lower() != fingerprint:
+        raise LocalpersError(
+            f"{base} is signed by publisher key {fingerprint}, not {one_line(trust, 80)}; refusing it (a repository"
+            " keeps the fingerprint of its first root after a key rotation: ask your publisher for the one"
+            " `localpers repo fingerprint` prints)"
+        )
     store = trust_store(fingerprint)
     if (store / "root.json").exists():
+        _check_kept_root(store, fingerprint)
         return fingerprint, store
     demo = demo_root_bytes()
     if fingerprint == root_fingerprint(demo, DEMO_ROOT_RESOURCE):
@@ -135,31 +142,69 @@ def choose_trusted_root(
             " from this repository) and only if they match, pull again with --trust and the fingerprint from your"
             " publisher"
         )
-    if trust.strip().lower() != fingerprint:
-        raise LocalpersError(
-            f"{base} is signed by publisher key {fingerprint}, not {one_line(trust, 80)}; refusing it (a repository"
-            " keeps the fingerprint of its first root after a key rotation: ask your publisher for the one"
-            " `localpers repo fingerprint` prints)"
-        )
-    root = Metadata[Root].from_bytes(claimed)
-    try:
-        root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
-    except Exception as exc:
-        raise InputError(
-            f"{base}{METADATA_DIR}/1.root.json: not signed by its root key ({reason(exc)})"
-        ) from None
+    _check_first_root(claimed, fingerprint, f"{base}{METADATA_DIR}/1.root.json")
     _start_store(store, claimed)
     return fingerprint, store
 
 
-def _start_store(store: Path, root_bytes: bytes) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=".trust-", dir=store.parent if store.parent.exists() else None))
+def _check_first_root(claimed: bytes, fingerprint: str, where: str) -> None:
+    """Refuse a first root not held by the trusted key alone, or not signed by it.
+
+    The fingerprint is the root role's first key id: a root listing the publisher's public key beside another
+    key, with a threshold the other key meets, carries the publisher's fingerprint without the publisher's
+    signature, and whoever holds the other key would sign every later root. A publisher's root (`localpers repo`)
+    has one root key, so the trusted key must be the only one, and its signature must verify.
+    """
+    from tuf.api.metadata import Metadata, Root
+
+    root = Metadata[Root].from_bytes(claimed)
+    keyids = set(root.signed.roles["root"].keyids)
+    if keyids != {fingerprint}:
+        raise InputError(
+            f"{where}: its root role lists {len(keyids)} keys; a publisher's root is held by the one key you"
+            " trust, so this is not your publisher's repository; refusing it"
+        )
     try:
-        (staging / "root.json").write_bytes(root_bytes)
-        store.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(staging), str(store))
-    except BaseException:
+        root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
+    except Exception as exc:
+        raise InputError(f"{where}: not signed by its root key ({reason(exc)})") from None
+
+
+def _check_kept_root(store: Path, fingerprint: str) -> None:
+    """Refuse, naming it and the mend, a trusted root on this device that is not root metadata (a write cut
+    short by a full disk in an older localpers): python-tuf's refusal read as the repository's fault."""
+    from tuf.api.metadata import Metadata, Root
+
+    path = store / "root.json"
+    try:
+        Metadata[Root].from_bytes(path.read_bytes())
+    except Exception as exc:  # python-tuf raises several types for malformed metadata
+        raise InputError(
+            f"{path}: this device's trusted root for publisher {fingerprint} is damaged ({reason(exc)}); delete"
+            f" {store} and pull again with --trust and the fingerprint your publisher gave you"
+        ) from None
+
+
+def _start_store(store: Path, root_bytes: bytes) -> None:
+    """Make `store` holding `root_bytes` as root.json, or nothing: written beside it, fsynced, renamed into place
+    (a full disk or a stop leaves no empty root.json that every later pull would be refused by)."""
+    store.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".trust-", dir=store.parent))
+    try:
+        with (staging / "root.json").open("wb") as handle:
+            handle.write(root_bytes)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if store.exists():  # a folder without root.json: what an older localpers left when its write failed
+            shutil.rmtree(store)
+        os.rename(staging, store)
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise LocalpersError(
+                f"cannot keep the publisher's root in {store} ({reason(exc)}); nothing was installed: free some"
+                " space there and pull again"
+            ) from None
         raise
 
 

@@ -1,0 +1,106 @@
+"""Whom a first pull trusts (eighty-second session's audit of the bundle path): `--trust FP` is kept only by a
+root held by that one key and signed by it, a `--trust` naming another publisher is refused even when the
+repository's own publisher is trusted already, and the trusted root is written whole or not at all."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from test_serve_pull import make_bundle, publish
+from test_signed_pull import nothing_installed, pull
+
+from localpers.bundle import signed
+from localpers.bundle.keys import generate_keys, load_signer
+from localpers.bundle.repository import add_bundle, init_repository, root_keyid
+from localpers.bundle.signed import trust_store
+from localpers.errors import InputError, LocalpersError
+
+
+@pytest.fixture
+def genuine(tmp_path: Path) -> tuple[Path, str]:
+    """(repository, fingerprint) of the publisher the device owner means."""
+    repo_dir = tmp_path / "genuine"
+    return repo_dir, publish(make_bundle(tmp_path / "genuine-bundle"), repo_dir, tmp_path / "genuine-keys")
+
+
+def attackers_repository(tmp_path: Path, fingerprint: str) -> Path:
+    """A repository whose first root lists the genuine root key beside the attacker's (threshold 1), signed by the
+    attacker's key alone: its first key id, the fingerprint, is the genuine publisher's."""
+    from tuf.api.metadata import Metadata, Root
+
+    for attempt in range(64):  # keys whose root key id sorts after the genuine one (one try in two)
+        keys = tmp_path / f"evil-keys-{attempt}"
+        generate_keys(keys)
+        if load_signer(keys, "root").public_key.keyid > fingerprint:
+            break
+    evil = tmp_path / "evil"
+    init_repository(evil, keys)
+    add_bundle(evil, make_bundle(tmp_path / "evil-bundle", seed="evil"), keys)
+    genuine_root = Metadata[Root].from_file(str(tmp_path / "genuine" / "metadata" / "1.root.json")).signed
+    claimed = Metadata[Root].from_file(str(evil / "metadata" / "1.root.json"))
+    claimed.signed.add_key(genuine_root.keys[fingerprint], "root")
+    claimed.signatures.clear()
+    claimed.sign(load_signer(keys, "root"))
+    for name in ("1.root.json", "root.json"):
+        (evil / "metadata" / name).write_bytes(claimed.to_bytes())
+    assert root_keyid(evil) == fingerprint  # it carries the genuine fingerprint
+    return evil
+
+
+def test_a_first_root_carrying_the_trusted_key_beside_another_is_refused(
+    tmp_path: Path, genuine: tuple[Path, str]
+) -> None:
+    """A hostile mirror's root listed the publisher's public root key and its own, threshold 1, signed by its own:
+    `pull --trust FP` installed the attacker's bundle and kept the attacker's root as the publisher's."""
+    _, fingerprint = genuine
+    evil = attackers_repository(tmp_path, fingerprint)
+    with pytest.raises(InputError, match="its root role lists 2 keys"):
+        pull(evil, trust=fingerprint)
+    assert nothing_installed() and not trust_store(fingerprint).exists()
+    pull(genuine[0], trust=fingerprint)  # the genuine repository is still trusted on first contact
+
+
+def test_trust_naming_another_publisher_is_refused_even_when_the_repository_is_trusted(
+    tmp_path: Path, genuine: tuple[Path, str]
+) -> None:
+    """A device that trusted publisher B installed B's bundle from a source pulled with --trust of publisher X."""
+    other = tmp_path / "other"
+    other_fingerprint = publish(
+        make_bundle(tmp_path / "other-bundle", seed="other"), other, tmp_path / "other-keys"
+    )
+    pull(other, trust=other_fingerprint)
+    installed = sorted((p.name for p in (Path(signed.config_dir()).parent).rglob("manifest.json")), key=str)
+    with pytest.raises(
+        LocalpersError, match=f"signed by publisher key {other_fingerprint}, not {genuine[1]}"
+    ):
+        pull(other, trust=genuine[1])
+    assert (
+        sorted((p.name for p in (Path(signed.config_dir()).parent).rglob("manifest.json")), key=str)
+        == installed
+    )
+
+
+def test_a_trusted_root_is_written_whole_or_not_at_all(
+    genuine: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk during the first pull left an empty root.json (every later pull refused, as if the repository were
+    at fault), and a folder left without one had the next try's folder moved inside it."""
+    repo_dir, fingerprint = genuine
+    store = trust_store(fingerprint)
+
+    def full_disk(descriptor: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patched:  # not monkeypatch.undo(): that would undo the isolated home too
+        patched.setattr(signed.os, "fsync", full_disk)
+        with pytest.raises(LocalpersError, match="cannot keep the publisher's root in .*No space left"):
+            pull(repo_dir, trust=fingerprint)
+    assert not store.exists() and not list(store.parent.glob(".trust-*"))
+    store.mkdir(parents=True)  # what an older localpers's failed write left: a folder, no root.json
+    (store / "leftover").write_text("")
+    pull(repo_dir, trust=fingerprint)
+    assert (store / "root.json").is_file() and not list(store.glob(".trust-*"))
+    pull(repo_dir)  # trusted from now on
