@@ -25,13 +25,8 @@ from typer.testing import CliRunner
 from localpers.bundle.format import MANIFEST_NAME, bundles_root, installed_bundle_dir
 from localpers.bundle.keys import generate_keys
 from localpers.bundle.pull import pull_bundle
-from localpers.bundle.repository import (
-    add_bundle,
-    init_repository,
-    refresh,
-    root_keyid,
-    rotate_keys,
-)
+from localpers.bundle.repository import add_bundle, init_repository, root_keyid
+from localpers.bundle.resigning import refresh, rotate_keys
 from localpers.bundle.signed import demo_root_bytes, root_fingerprint, trust_store
 from localpers.cli import app
 from localpers.engine.backbone import Backbone

@@ -14,6 +14,8 @@ length and sha256, so a device downloads no more than the signed length of any f
 (one per top-level role, threshold 1), kept by the publisher as PEM files in a keys directory that is
 never part of the repository (`localpers.bundle.keys`). This module signs and writes files; it never opens a
 network connection and never installs anything (see `localpers.bundle.signed` for the device's side).
+Re-signing with new expiry dates or new keys is `localpers.bundle.resigning`'s; every command that writes
+metadata holds the repository's lock (`localpers.bundle.repository_lock`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import contextlib
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,6 +33,7 @@ from typing import Any
 
 from localpers.atomic import atomic_write_bytes
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
+from localpers.bundle.repository_lock import repository_lock
 from localpers.errors import InputError, LocalpersError
 
 BUNDLE_PREFIX = "bundle/"
@@ -49,7 +53,7 @@ def _tuf() -> Any:
     return metadata
 
 
-def _expiry(role: str, days: dict[str, int] | None) -> datetime:
+def expiry_from_now(role: str, days: dict[str, int] | None) -> datetime:
     count = (days or {}).get(role, DEFAULT_EXPIRY_DAYS[role])
     return datetime.now(UTC).replace(microsecond=0) + timedelta(days=count)
 
@@ -77,7 +81,7 @@ class Repository:
         return self.directory / TARGETS_DIR
 
 
-def _write_public(path: Path, data: bytes) -> None:
+def write_public(path: Path, data: bytes) -> None:
     """Write a repository file atomically, readable by the web server that will host it."""
     atomic_write_bytes(path, data)
     os.chmod(path, 0o644)
@@ -85,7 +89,7 @@ def _write_public(path: Path, data: bytes) -> None:
 
 def _write_metadata(path: Path, metadata: Any) -> bytes:
     data = metadata.to_bytes()
-    _write_public(path, data)
+    write_public(path, data)
     return data
 
 
@@ -108,7 +112,31 @@ def load_repository(directory: Path) -> Repository:
     directory = Path(directory)
     fix = "it is not a repository: create one with `localpers repo init`"
     loaded = {role: read_metadata(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
-    return Repository(directory, loaded["root"], loaded["targets"], loaded["snapshot"], loaded["timestamp"])
+    root = _newest_root(directory / METADATA_DIR, loaded["root"], fix)
+    return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"])
+
+
+def _newest_root(metadata_dir: Path, root: Any, fix: str) -> Any:
+    """`root` (root.json), or the newest `N.root.json` where that is newer: devices walk the numbered roots, so
+    a command stopped between writing `N.root.json` and `root.json` (a rotation) must sign for what they trust."""
+    versions = [
+        int(p.name.split(".")[0]) for p in metadata_dir.glob("*.root.json") if p.name.split(".")[0].isdigit()
+    ]
+    newest = max(versions, default=0)
+    if newest <= root.signed.version:
+        return root
+    return read_metadata(metadata_dir / f"{newest}.root.json", fix)
+
+
+@contextlib.contextmanager
+def locked_repository(directory: Path) -> Iterator[None]:
+    """Hold the repository's lock for the block (`repository_lock`), saying on standard error when it waits."""
+
+    def told() -> None:
+        print(f"waiting for another `localpers repo` command to finish with {directory} ...", file=sys.stderr)
+
+    with repository_lock(Path(directory), on_wait=told):
+        yield
 
 
 def check_keys(repo_dir: Path, keys_dir: Path, roles: Iterable[str] = PUBLISH_ROLES) -> None:
@@ -133,17 +161,18 @@ def _publish_snapshot_and_timestamp(
             hashes={"sha256": hashlib.sha256(new_targets).hexdigest()},
         )
     repo.snapshot.signed.version += 1
-    repo.snapshot.signed.expires = _expiry("snapshot", expiry_days)
+    repo.snapshot.signed.expires = expiry_from_now("snapshot", expiry_days)
     repo.snapshot.sign(signers["snapshot"])
     snapshot_bytes = repo.snapshot.to_bytes()
-    _write_public(repo.metadata_dir / f"{repo.snapshot.signed.version}.snapshot.json", snapshot_bytes)
-    _write_public(repo.metadata_dir / "snapshot.json", snapshot_bytes)
-    _refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
+    write_public(repo.metadata_dir / f"{repo.snapshot.signed.version}.snapshot.json", snapshot_bytes)
+    write_public(repo.metadata_dir / "snapshot.json", snapshot_bytes)
+    refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
 
 
-def _refresh_timestamp(
+def refresh_timestamp(
     repo: Repository, signers: dict[str, Any], expiry_days: dict[str, int] | None, snapshot_bytes: bytes
 ) -> None:
+    """Sign a new timestamp naming `snapshot_bytes` (the snapshot just written, or the one on disk)."""
     metadata = _tuf()
     repo.timestamp.signed.snapshot_meta = metadata.MetaFile(
         version=repo.snapshot.signed.version,
@@ -151,7 +180,7 @@ def _refresh_timestamp(
         hashes={"sha256": hashlib.sha256(snapshot_bytes).hexdigest()},
     )
     repo.timestamp.signed.version += 1
-    repo.timestamp.signed.expires = _expiry("timestamp", expiry_days)
+    repo.timestamp.signed.expires = expiry_from_now("timestamp", expiry_days)
     repo.timestamp.sign(signers["timestamp"])
     _write_metadata(repo.metadata_dir / "timestamp.json", repo.timestamp)
 
@@ -176,7 +205,6 @@ def refuse_keys_inside_a_repository(keys_dir: Path) -> None:
 def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None) -> str:
     """Create an empty signed repository at `directory` with the keys in `keys_dir`; returns the
     root keyid (the fingerprint devices pin)."""
-    metadata = _tuf()
     directory = Path(directory)
     check_keys_outside(directory, keys_dir)
     if (directory / METADATA_DIR / "root.json").exists():
@@ -205,24 +233,32 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     signers = {role: load_signer(keys_dir, role) for role in ROLES}
     (directory / METADATA_DIR).mkdir(parents=True, exist_ok=True)
     (directory / TARGETS_DIR).mkdir(exist_ok=True)
-    root = metadata.Root(expires=_expiry("root", expiry_days), consistent_snapshot=True)
+    with locked_repository(directory):
+        if (directory / METADATA_DIR / "root.json").exists():  # another init got here first
+            raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
+        return _init(directory, signers, expiry_days)
+
+
+def _init(directory: Path, signers: dict[str, Any], expiry_days: dict[str, int] | None) -> str:
+    metadata = _tuf()
+    root = metadata.Root(expires=expiry_from_now("root", expiry_days), consistent_snapshot=True)
     for role, signer in signers.items():
         root.add_key(signer.public_key, role)
     root_md = metadata.Metadata(root)
     root_md.sign(signers["root"])
     root_bytes = root_md.to_bytes()
-    _write_public(directory / METADATA_DIR / "1.root.json", root_bytes)
-    _write_public(directory / METADATA_DIR / "root.json", root_bytes)
+    write_public(directory / METADATA_DIR / "1.root.json", root_bytes)
+    write_public(directory / METADATA_DIR / "root.json", root_bytes)
 
-    targets_md = metadata.Metadata(metadata.Targets(expires=_expiry("targets", expiry_days)))
+    targets_md = metadata.Metadata(metadata.Targets(expires=expiry_from_now("targets", expiry_days)))
     targets_md.sign(signers["targets"])
     targets_bytes = targets_md.to_bytes()
-    _write_public(directory / METADATA_DIR / "1.targets.json", targets_bytes)
-    _write_public(directory / METADATA_DIR / "targets.json", targets_bytes)
+    write_public(directory / METADATA_DIR / "1.targets.json", targets_bytes)
+    write_public(directory / METADATA_DIR / "targets.json", targets_bytes)
 
-    snapshot_md = metadata.Metadata(metadata.Snapshot(expires=_expiry("snapshot", expiry_days)))
+    snapshot_md = metadata.Metadata(metadata.Snapshot(expires=expiry_from_now("snapshot", expiry_days)))
     snapshot_md.signed.version = 0  # _publish_snapshot_and_timestamp bumps it to 1
-    timestamp_md = metadata.Metadata(metadata.Timestamp(expires=_expiry("timestamp", expiry_days)))
+    timestamp_md = metadata.Metadata(metadata.Timestamp(expires=expiry_from_now("timestamp", expiry_days)))
     timestamp_md.signed.version = 0
     repo = Repository(directory, root_md, targets_md, snapshot_md, timestamp_md)
     _publish_snapshot_and_timestamp(repo, signers, expiry_days, new_targets=targets_bytes)
@@ -276,122 +312,45 @@ def add_bundle(
     check_given_bundle_dir(Path(bundle_dir))
     with advising(PUBLISH_ADVICE):
         bundle = verify_bundle(Path(bundle_dir))
-    repo = load_repository(Path(repo_dir))
-    signers = load_signers(
-        repo.directory, repo.root, keys_dir, PUBLISH_ROLES
-    )  # before the first file is copied
-    kept = {
-        path: info for path, info in repo.targets.signed.targets.items() if not path.startswith(BUNDLE_PREFIX)
-    }
-    for relative in [MANIFEST_NAME, *bundle.manifest["files"]]:
-        kept[BUNDLE_PREFIX + relative] = _copy_target(
-            repo, BUNDLE_PREFIX + relative, bundle.directory / relative
-        )
-    return _publish_targets(repo, kept, signers, expiry_days)
+    with locked_repository(repo_dir):
+        repo = load_repository(Path(repo_dir))
+        signers = load_signers(repo.directory, repo.root, keys_dir, PUBLISH_ROLES)  # before a file is copied
+        kept = {
+            path: info
+            for path, info in repo.targets.signed.targets.items()
+            if not path.startswith(BUNDLE_PREFIX)
+        }
+        for relative in [MANIFEST_NAME, *bundle.manifest["files"]]:
+            kept[BUNDLE_PREFIX + relative] = _copy_target(
+                repo, BUNDLE_PREFIX + relative, bundle.directory / relative
+            )
+        return publish_targets(repo, kept, signers, expiry_days)
 
 
 def add_file_target(
     repo_dir: Path, target_path: str, source: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None
 ) -> int:
     """Publish one more file (e.g. the backbone GGUF as `backbone/<name>.gguf`) next to the bundle."""
-    repo = load_repository(Path(repo_dir))
-    signers = load_signers(repo.directory, repo.root, keys_dir, PUBLISH_ROLES)  # before the file is copied
-    targets = dict(repo.targets.signed.targets)
-    targets[target_path] = _copy_target(repo, target_path, Path(source))
-    return _publish_targets(repo, targets, signers, expiry_days)
+    with locked_repository(repo_dir):
+        repo = load_repository(Path(repo_dir))
+        signers = load_signers(
+            repo.directory, repo.root, keys_dir, PUBLISH_ROLES
+        )  # before the file is copied
+        targets = dict(repo.targets.signed.targets)
+        targets[target_path] = _copy_target(repo, target_path, Path(source))
+        return publish_targets(repo, targets, signers, expiry_days)
 
 
-def _publish_targets(
+def publish_targets(
     repo: Repository, targets: dict[str, Any], signers: dict[str, Any], expiry_days: dict[str, int] | None
 ) -> int:
+    """Sign `targets` as the next targets version, then a new snapshot and timestamp; returns the version."""
     repo.targets.signed.targets = targets
     repo.targets.signed.version += 1
-    repo.targets.signed.expires = _expiry("targets", expiry_days)
+    repo.targets.signed.expires = expiry_from_now("targets", expiry_days)
     repo.targets.sign(signers["targets"])
     targets_bytes = repo.targets.to_bytes()
-    _write_public(repo.metadata_dir / f"{repo.targets.signed.version}.targets.json", targets_bytes)
-    _write_public(repo.metadata_dir / "targets.json", targets_bytes)
+    write_public(repo.metadata_dir / f"{repo.targets.signed.version}.targets.json", targets_bytes)
+    write_public(repo.metadata_dir / "targets.json", targets_bytes)
     _publish_snapshot_and_timestamp(repo, signers, expiry_days, new_targets=targets_bytes)
     return int(repo.targets.signed.version)
-
-
-def refresh(
-    repo_dir: Path,
-    keys_dir: Path,
-    expiry_days: dict[str, int] | None = None,
-    *,
-    everything: bool = False,
-    root: bool = False,
-) -> dict[str, int]:
-    """Re-sign with new expiry dates: the timestamp (and with `everything` targets and snapshot too; with
-    `root` a new root version with the same keys, signed by the root key).
-
-    Run the timestamp refresh more often than the timestamp expires (default 7 days): a device refuses
-    an expired timestamp (freeze protection), and likewise the root after its year. Returns role -> version.
-    """
-    repo = load_repository(Path(repo_dir))
-    roles = PUBLISH_ROLES if everything else ("timestamp",)
-    signers = load_signers(repo.directory, repo.root, keys_dir, (*roles, "root") if root else roles)
-    if root:
-        _renew_root(repo, signers["root"], expiry_days)
-    if everything:
-        _publish_targets(repo, dict(repo.targets.signed.targets), signers, expiry_days)
-    else:
-        snapshot_bytes = (repo.metadata_dir / "snapshot.json").read_bytes()
-        _refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
-    return {
-        "root": int(repo.root.signed.version),
-        "targets": int(repo.targets.signed.version),
-        "snapshot": int(repo.snapshot.signed.version),
-        "timestamp": int(repo.timestamp.signed.version),
-    }
-
-
-def _renew_root(repo: Repository, root_signer: Any, expiry_days: dict[str, int] | None) -> None:
-    """Write root version N+1 with the same keys and a new expiry date (devices accept it: version N's root
-    key signs it)."""
-    repo.root.signed.version += 1
-    repo.root.signed.expires = _expiry("root", expiry_days)
-    repo.root.signatures.clear()
-    repo.root.sign(root_signer)
-    root_bytes = repo.root.to_bytes()
-    _write_public(repo.metadata_dir / f"{repo.root.signed.version}.root.json", root_bytes)
-    _write_public(repo.metadata_dir / "root.json", root_bytes)
-
-
-def expiry_dates(repo_dir: Path) -> dict[str, datetime]:
-    """When each role's newest metadata expires (UTC)."""
-    repo = load_repository(Path(repo_dir))
-    return {role: getattr(repo, role).signed.expires for role in ROLES}
-
-
-def rotate_keys(
-    repo_dir: Path, old_keys_dir: Path, new_keys_dir: Path, expiry_days: dict[str, int] | None = None
-) -> int:
-    """Replace every role's key with the keys in `new_keys_dir` (TUF root rotation).
-
-    The new root version is signed by the old and the new root key, so devices that trust the old
-    root accept it and from then on trust only the new keys; targets, snapshot and timestamp are
-    re-signed with the new keys. Returns the new root version.
-    """
-    repo = load_repository(Path(repo_dir))
-    old_root = load_signers(repo.directory, repo.root, old_keys_dir, ("root",))[
-        "root"
-    ]  # the key devices trust now
-    check_keys_outside(repo.directory, new_keys_dir, "--new-keys")
-    new_signers = {role: load_signer(new_keys_dir, role, "--new-keys") for role in ROLES}
-    root = repo.root.signed
-    for role in ROLES:
-        for keyid in list(root.roles[role].keyids):
-            root.revoke_key(keyid, role)
-        root.add_key(new_signers[role].public_key, role)
-    root.version += 1
-    root.expires = _expiry("root", expiry_days)
-    repo.root.signatures.clear()
-    repo.root.sign(old_root, append=True)
-    repo.root.sign(new_signers["root"], append=True)
-    root_bytes = repo.root.to_bytes()
-    _write_public(repo.metadata_dir / f"{root.version}.root.json", root_bytes)
-    _write_public(repo.metadata_dir / "root.json", root_bytes)
-    _publish_targets(repo, dict(repo.targets.signed.targets), new_signers, expiry_days)
-    return int(root.version)

@@ -16,7 +16,7 @@ RENEW_ROOT_WITHIN_DAYS = 30
 
 def expiry_json(repo: Path) -> dict[str, str]:
     """Each role's expiry date as `--json` gives it (ISO 8601, UTC), e.g. {"root": "2027-12-06T04:00:00Z", ...}."""
-    from localpers.bundle.repository import expiry_dates
+    from localpers.bundle.resigning import expiry_dates
 
     return {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
 
@@ -24,7 +24,7 @@ def expiry_json(repo: Path) -> dict[str, str]:
 def expiry_report(repo: Path, *, dates: bool = True) -> None:
     """Print each role's expiry date on stdout (unless `dates` is False: a `--json` command prints its own), and
     the root's warning on stderr whenever it is due."""
-    from localpers.bundle.repository import expiry_dates
+    from localpers.bundle.resigning import expiry_dates
 
     expires = expiry_dates(repo)
     if dates:

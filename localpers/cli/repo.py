@@ -146,7 +146,7 @@ def refresh(
     as_json: JsonOption = False,
 ) -> None:
     """Re-sign the timestamp with a new expiry date (run it before the timestamp expires, default 7 days)."""
-    from localpers.bundle.repository import refresh as refresh_repository
+    from localpers.bundle.resigning import refresh as refresh_repository
 
     if root_days is not None and not root:
         raise InputError("--root-days sets the renewed root's expiry: give it with --root")
@@ -176,7 +176,8 @@ def rotate(
     ],
 ) -> None:
     """Replace every role's key: a new root signed by the old and the new root key (TUF key rotation)."""
-    from localpers.bundle.repository import root_keyid, rotate_keys
+    from localpers.bundle.repository import root_keyid
+    from localpers.bundle.resigning import rotate_keys
 
     version = rotate_keys(repo, keys, new_keys)
     typer.echo(

@@ -1,0 +1,91 @@
+"""A publisher's repository under concurrent and interrupted commands (eighty-second session's audit of the bundle
+path): one signing command at a time, and a rotation stopped halfway signs for the root devices walk to."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from test_serve_pull import make_bundle, publish
+from test_signed_pull import pull
+
+from localpers.bundle.keys import generate_keys
+from localpers.bundle.repository import add_bundle, load_repository
+from localpers.bundle.repository_lock import repository_lock
+from localpers.bundle.resigning import refresh, rotate_keys
+from localpers.errors import LocalpersError
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> tuple[Path, Path, str]:
+    repo_dir, keys = tmp_path / "repo", tmp_path / "keys"
+    return repo_dir, keys, publish(make_bundle(tmp_path / "bundle"), repo_dir, keys)
+
+
+def test_a_refresh_waits_for_an_add_that_holds_the_repository(published: tuple[Path, Path, str]) -> None:
+    """`repo refresh` beside `repo add` signed a timestamp naming one snapshot version with another's hash; both
+    exited 0 and every new device refused the repository."""
+    repo_dir, keys, _ = published
+    before = load_repository(repo_dir).timestamp.signed.version
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with repository_lock(repo_dir):
+            held.set()
+            release.wait(timeout=20)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(timeout=5)
+    refreshing = threading.Thread(target=refresh, args=(repo_dir, keys))
+    refreshing.start()
+    refreshing.join(timeout=1.0)
+    try:
+        assert refreshing.is_alive()  # waiting for the lock, nothing signed yet
+        assert load_repository(repo_dir).timestamp.signed.version == before
+    finally:
+        release.set()
+        holder.join()
+        refreshing.join(timeout=20)
+    assert not refreshing.is_alive() and load_repository(repo_dir).timestamp.signed.version == before + 1
+
+
+def stopped_rotation(tmp_path: Path, repo_dir: Path, keys: Path, files: tuple[str, ...]) -> Path:
+    """New keys, and of a rotation done on a copy of the repository only `files` copied back: what a rotation
+    killed after writing them leaves."""
+    new_keys = tmp_path / "new-keys"
+    generate_keys(new_keys)
+    rotated = tmp_path / "rotated"
+    shutil.copytree(repo_dir, rotated)
+    rotate_keys(rotated, keys, new_keys)
+    for name in files:
+        shutil.copyfile(rotated / "metadata" / name, repo_dir / "metadata" / name)
+    return new_keys
+
+
+def test_a_rotation_stopped_after_its_numbered_root_refuses_the_old_keys(
+    tmp_path: Path, published: tuple[Path, Path, str]
+) -> None:
+    """Stopped after `2.root.json` and before `root.json`: `repo add --keys OLD` read root.json, signed with keys
+    the root devices fetch no longer trusts, and exited 0; every device then refused the repository."""
+    repo_dir, keys, _ = published
+    stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json",))
+    assert load_repository(repo_dir).root.signed.version == 2
+    with pytest.raises(LocalpersError):
+        add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
+
+
+def test_a_rotation_stopped_before_re_signing_says_how_to_finish_it(
+    tmp_path: Path, published: tuple[Path, Path, str]
+) -> None:
+    repo_dir, keys, fingerprint = published
+    pull(repo_dir, trust=fingerprint)  # a device that trusts the first root
+    new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json", "root.json"))
+    with pytest.raises(
+        LocalpersError, match=f"finish it with `localpers repo refresh {repo_dir} --all --keys"
+    ):
+        rotate_keys(repo_dir, keys, new_keys)
+    refresh(repo_dir, new_keys, everything=True)
+    pull(repo_dir)  # the device follows the rotation
