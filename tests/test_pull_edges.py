@@ -1,0 +1,69 @@
+"""A device's pull and a publisher's files at their edges (eighty-second session's audit of the bundle path): a
+damaged install record is mended by the next pull, a stop after `current` switched says the bundle is installed,
+and a repository made under `umask 077` stays readable by the web server."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from synthetic_bundle import make_bundle as make_real_bundle
+from test_serve_pull import make_bundle, publish
+from test_signed_pull import pull
+from typer.testing import CliRunner
+
+from localpers.bundle import pull as pull_module
+from localpers.bundle.format import open_bundle
+from localpers.bundle.record import record_path
+from localpers.cli import app
+from localpers.engine.backbone import Backbone
+from localpers.errors import InputError
+
+
+def test_a_damaged_install_record_is_mended_by_the_next_pull(tmp_path: Path) -> None:
+    """Every command refused the bundle ("run `localpers pull URL` again") while `pull` answered "up to date" and
+    kept the damaged record: a loop with no way out."""
+    repo_dir = tmp_path / "repo"
+    fingerprint = publish(make_bundle(tmp_path / "bundle"), repo_dir, tmp_path / "keys")
+    installed = pull(repo_dir, trust=fingerprint)
+    record_path(installed.directory).write_text('{"manifest_sha256": "')
+    with pytest.raises(InputError, match="the record of the installed bundle is damaged"):
+        open_bundle()
+    again = pull(repo_dir)
+    assert again.unchanged and open_bundle().directory == installed.directory.resolve()
+
+
+def test_a_stop_after_the_switch_says_the_bundle_is_installed(
+    tmp_path: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while the older versions were pruned said "interrupted" though the new bundle was in use."""
+    repo_dir = tmp_path / "repo"
+    fingerprint = publish(make_real_bundle(tmp_path / "bundle", backbone), repo_dir, tmp_path / "keys")
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pull_module, "prune_versions", stopped)
+    result = CliRunner().invoke(
+        app, ["pull", str(repo_dir), "--trust", fingerprint, "--model", str(backbone.path)]
+    )
+    assert result.exit_code == 130
+    assert "this came after the work was saved: the new bundle is installed in" in result.stderr
+    assert open_bundle().manifest == open_bundle(tmp_path / "bundle").manifest
+
+
+def test_a_repository_made_under_umask_077_is_readable_by_the_web_server(tmp_path: Path) -> None:
+    """Metadata was made 0644 but targets stayed 0600 and folders 0700: the server refused them to every device."""
+    before = os.umask(0o077)
+    try:
+        repo_dir = tmp_path / "repo"
+        publish(make_bundle(tmp_path / "bundle"), repo_dir, tmp_path / "keys")
+    finally:
+        os.umask(before)
+    served = [repo_dir, *(p for p in repo_dir.rglob("*") if not p.name.startswith("."))]
+    for path in served:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        wanted = 0o005 if path.is_dir() else 0o004
+        assert mode & wanted == wanted, f"{path.relative_to(tmp_path)} is {oct(mode)}"
