@@ -67,3 +67,33 @@ def test_a_repository_made_under_umask_077_is_readable_by_the_web_server(tmp_pat
         mode = stat.S_IMODE(path.stat().st_mode)
         wanted = 0o005 if path.is_dir() else 0o004
         assert mode & wanted == wanted, f"{path.relative_to(tmp_path)} is {oct(mode)}"
+
+
+def test_bundle_file_names_a_repository_url_cannot_carry_are_refused() -> None:
+    """Names with '#', '?', '%' or a space passed verify, `repo add` and `serve`, then no device could pull them."""
+    from localpers.bundle.manifest import path_problem
+
+    for name in ("adapters/a#1.gguf", "head?.safetensors", "100%.gguf", "my adapter.gguf", "tab\tname"):
+        assert path_problem(name) is not None, name
+    assert path_problem("adapters/cluster-0.gguf") is None
+
+
+def test_keys_are_written_whole_and_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys were written in place without a sync: a power cut could leave an empty root.key behind a repository
+    devices had pinned."""
+    from localpers.bundle import keys as keys_module
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counting(descriptor: int) -> None:
+        synced.append(descriptor)
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(keys_module.os, "fsync", counting)
+    made = keys_module.generate_keys(tmp_path / "keys")
+    assert len(synced) >= 2 * len(made)  # each private and public file (and the folder)
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == sorted(
+        name for role in made for name in (f"{role}.key", f"{role}.pub.json")
+    )
+    assert stat.S_IMODE((tmp_path / "keys" / "root.key").stat().st_mode) == 0o600

@@ -61,16 +61,49 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
     keyids: dict[str, str] = {}
     for role in ROLES:
         signer = CryptoSigner.generate_ed25519()
-        private = keys_dir / f"{role}{KEY_SUFFIX}"
-        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(signer.private_bytes)
+        _write_new_file(keys_dir / f"{role}{KEY_SUFFIX}", signer.private_bytes, 0o600)
         public = signer.public_key
-        (keys_dir / f"{role}{PUBLIC_SUFFIX}").write_text(
-            json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
-        )
+        document = json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
+        _write_new_file(keys_dir / f"{role}{PUBLIC_SUFFIX}", document.encode(), 0o644)
         keyids[role] = public.keyid
+    _sync_folder(keys_dir)
     return keyids
+
+
+def _write_new_file(path: Path, data: bytes, mode: int) -> None:
+    """Write `path` whole and durably, never over an existing file: a key written in place and lost to a power
+    cut left an empty root.key behind a repository devices had already pinned."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(partial, path)  # refuses an existing file, as O_EXCL did
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links there (a FAT memory stick, where an offline root key may live)
+            if path.exists():
+                raise FileExistsError(path) from None
+            os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the new names in `folder` durable (where the system allows a folder to be synced)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def load_signer(
