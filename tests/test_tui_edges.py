@@ -18,7 +18,8 @@ from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
 
 from localpers.errors import LocalpersError, UserBusy
 from localpers.methods.reports import RewriteResult
-from localpers.tui.app import LocalpersApp, first_demo_article
+from localpers.tui.app import LocalpersApp
+from localpers.tui.first_run import first_demo_article
 from localpers.tui.runs import personal_request
 from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.service import EngineInfo, RewriteRequest, TextSink

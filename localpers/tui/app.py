@@ -16,7 +16,8 @@ methods does not regenerate the non-personalized output.
 The app's two halves of behaviour are its bases: `GenerationMixin` (`localpers.tui.generating`: the
 outputs for the draft; which request each panel gets is `localpers.tui.runs.personal_request`, which asks
 the method registry) and `TeachingMixin` (`localpers.tui.teaching`: accept, edit, reject, remove, import,
-and refitting); `ShellMixin` (`localpers.tui.shell`) holds notices, quitting, stop signals and crash reports.
+and refitting); `FirstRunMixin` (`localpers.tui.first_run`) the welcome screen's choices, the demo user and
+imports; `ShellMixin` (`localpers.tui.shell`) holds notices, quitting, stop signals and crash reports.
 This module starts the app, picks the user, loads the engine and wires the controls.
 """
 
@@ -30,32 +31,27 @@ from collections.abc import Callable
 
 from textual.app import App
 from textual.binding import Binding
-from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import Select, TextArea
 
 from localpers import interrupts
 from localpers.errors import LocalpersError
 from localpers.methods.reports import RewriteResult
-from localpers.tasks import get_task
 from localpers.tui import engine_jobs
+from localpers.tui.first_run import FirstRunMixin
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.messages import (
-    DemoReady,
     EngineFailed,
     EngineLoaded,
 )
 from localpers.tui.runs import ResultCache
-from localpers.tui.screens.import_history import ImportScreen
 from localpers.tui.screens.main import TAB_SCROLLERS, MainScreen
 from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import EngineInfo, WritingService
-from localpers.tui.settings import load_settings, save_theme
 from localpers.tui.shell import ShellMixin
 from localpers.tui.teaching import TeachingMixin
 from localpers.tui.user_watch import UserWatchMixin
 from localpers.tui.userdata import (
-    ImportSummary,
     Profile,
     load_profile,
 )
@@ -77,7 +73,7 @@ MAIN_SCREEN_ACTIONS = {
 }
 
 
-class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, App[None]):
+class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin, ShellMixin, App[None]):
     """The `localpers tui` application over a `WritingService`."""
 
     CSS_PATH = "app.tcss"
@@ -146,30 +142,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         self._restore_theme()
         self.call_after_refresh(self.start)
 
-    def _restore_theme(self) -> None:
-        """Start with the theme chosen last time (ctrl+p, "Theme"), and remember each new choice."""
-        saved = load_settings()
-        if saved.problem:
-            self.notify(saved.problem, severity="warning")
-        if saved.theme is not None and saved.theme in self.available_themes:
-            self.theme = saved.theme
-        elif saved.theme is not None:
-            self.notify(
-                f"the saved theme {saved.theme!r} is not available here; using {self.theme!r}",
-                severity="warning",
-            )
-        self._saved_theme = saved.theme
-        self.theme_changed_signal.subscribe(self, self._remember_theme)
-
-    def _remember_theme(self, theme: Theme) -> None:
-        if theme.name == self._saved_theme:
-            return
-        problem = save_theme(theme.name)
-        if problem:
-            self.notify(problem, severity="warning")
-        else:
-            self._saved_theme = theme.name
-
     def start(self) -> None:
         """Load the engine in the background, then open the user (or the first-run welcome)."""
         self.sub_title = "loading the model…"
@@ -202,40 +174,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
             active = None
         return active or (names[0] if names else None)
 
-    def _after_welcome(self, choice: str | None) -> None:
-        if choice == "demo":
-            self.main.progress.start("preparing the demo user")
-            self.fit_running = True
-            self._run_engine_job("fit", engine_jobs.prepare_demo)
-        elif choice == "import":
-            self.push_screen(ImportScreen(self.store, None), self._after_import)
-        else:
-            self.exit()
-
-    def _after_import(self, summary: ImportSummary | None) -> None:
-        if summary is None:
-            if self.user is None:  # first run: back to the choice
-                self.push_screen(WelcomeScreen(), self._after_welcome)
-            return
-        skipped = f", {_counted(summary.skipped, 'duplicate')} skipped" if summary.skipped else ""
-        self.notify(
-            f"Imported {_counted(summary.added, 'item')} into {summary.user!r} ({summary.total} in all{skipped});"
-            " fitting…"
-        )
-        if self.user is None or self.user.name != summary.user:
-            try:
-                self.store.use(summary.user)
-            except (
-                LocalpersError
-            ) as exc:  # e.g. a full disk, or the user deleted since: as the User list says
-                self.notify(f"{summary.user!r} could not be made the active user: {exc}", severity="error")
-                if self.user is not None:  # this session keeps its user, as the command line's does
-                    return
-            self.select_user(summary.user)
-        else:
-            self.refresh_user_views()
-            self.start_refit()
-
     # ------------------------------------------------------------------ accessors
     @property
     def draft_text(self) -> str:
@@ -259,15 +197,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
         if action == "hide_help_panel":
             return self._help_panel_shown()
         return not (action in MAIN_SCREEN_ACTIONS and self.screen is not self.main)
-
-    def _help_panel_shown(self) -> bool:
-        return bool(self.screen.query("HelpPanel"))
-
-    def action_toggle_help_panel(self) -> None:
-        if self._help_panel_shown():
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
 
     # ------------------------------------------------------------------ users and profile
     def select_user(self, name: str) -> None:
@@ -412,29 +341,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
     def on_stepper_changed(self, event: Stepper.Changed) -> None:
         self.schedule_generation()
 
-    # ------------------------------------------------------------------ demo user
-    def on_demo_ready(self, message: DemoReady) -> None:
-        if not self.is_running:  # a worker's message arriving while the app shuts down
-            return
-        self.fit_running = False
-        self.main.progress.stop()
-        if message.user is None:
-            self.notify(f"The demo user could not be prepared: {message.error}", severity="error", timeout=30)
-            self.push_screen(WelcomeScreen(), self._after_welcome)
-            return
-        if self.user is not None:  # a history imported while the demo was prepared: that user stays
-            self.notify(f"The demo user is ready: pick {message.user!r} in the User list to try it.")
-            if self._refit_again:  # that user's fit waited for the demo's
-                self._refit_again = False
-                self.start_refit()
-            return
-        self._refit_again = False
-        if not self.draft_text.strip():
-            article = first_demo_article()
-            if article:
-                self.main.draft.text = article
-        self.select_user(message.user)
-
     # ------------------------------------------------------------------ navigation
     def action_focus_draft(self) -> None:
         self.main.draft.focus()
@@ -457,22 +363,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, UserWatchMixin, ShellMixin, A
                 self.service.close()
             finally:
                 self.engine_lock.release()
-
-
-def _counted(count: int, noun: str) -> str:
-    """ "1 item", "3 items"."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def first_demo_article() -> str | None:
-    """The first shipped demo article's input, or None when the demo files are not installed."""
-    try:
-        from localpers.device.demo import demo_articles
-
-        articles = demo_articles()
-    except (LocalpersError, OSError, ValueError, KeyError):
-        return None
-    return get_task("headline").content(articles[0]) if articles else None  # the instruction is the task's
 
 
 def run_app(service: WritingService, *, user: str | None = None, text: str = "") -> None:

@@ -1,6 +1,7 @@
 """The app's shell: how `LocalpersApp` meets its user and the system, apart from writing and teaching.
 
-Notices (at least `NOTICE_SECONDS` on screen, an error or warning titled in words, never markup), quitting (with
+The theme chosen last time (`localpers.tui.settings`), the key list (F10 shows and hides it, Escape closes it),
+notices (at least `NOTICE_SECONDS` on screen, an error or warning titled in words, never markup), quitting (with
 a draft written it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored),
 and Textual's crash report without the frames' local variables. `ShellMixin` is a base of
 `localpers.tui.app.LocalpersApp`, before Textual's `App`, whose methods it extends; it draws no widget of its own.
@@ -14,10 +15,12 @@ import signal
 from typing import TYPE_CHECKING
 
 from textual.notifications import SeverityLevel
+from textual.theme import Theme
 
 from localpers import interrupts
 from localpers.tui.crash_report import tracebacks_without_locals
 from localpers.tui.screens.confirm import ConfirmScreen
+from localpers.tui.settings import load_settings, save_theme
 
 if TYPE_CHECKING:
     from localpers.tui.screens.main import MainScreen
@@ -31,7 +34,42 @@ class ShellMixin:
 
     main: MainScreen
     stopped_by_signal: int | None  # the signal that closed the app (None: the user quit); set in __init__
-    # It also calls Textual's `exit`, `screen` and `push_screen`, and extends `notify` and `_fatal_error`.
+    _saved_theme: str | None  # the theme `tui.json` holds (`localpers.tui.settings`); set in __init__
+    # It also calls Textual's `exit`, `screen`, `push_screen`, `theme`, `available_themes`, `theme_changed_signal`
+    # and the key list's actions, and extends `notify` and `_fatal_error`.
+
+    def _restore_theme(self) -> None:
+        """Start with the theme chosen last time (ctrl+p, "Theme"), and remember each new choice."""
+        saved = load_settings()
+        if saved.problem:
+            self.notify(saved.problem, severity="warning")
+        if saved.theme is not None and saved.theme in self.available_themes:
+            self.theme = saved.theme
+        elif saved.theme is not None:
+            self.notify(
+                f"the saved theme {saved.theme!r} is not available here; using {self.theme!r}",
+                severity="warning",
+            )
+        self._saved_theme = saved.theme
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+
+    def _remember_theme(self, theme: Theme) -> None:
+        if theme.name == self._saved_theme:
+            return
+        problem = save_theme(theme.name)
+        if problem:
+            self.notify(problem, severity="warning")
+        else:
+            self._saved_theme = theme.name
+
+    def _help_panel_shown(self) -> bool:
+        return bool(self.screen.query("HelpPanel"))
+
+    def action_toggle_help_panel(self) -> None:
+        if self._help_panel_shown():
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
 
     def _fatal_error(self) -> None:
         """Textual's crash report, without each frame's local variables: they hold the draft and the history's
