@@ -97,3 +97,40 @@ def test_keys_are_written_whole_and_synced(tmp_path: Path, monkeypatch: pytest.M
         name for role in made for name in (f"{role}.key", f"{role}.pub.json")
     )
     assert stat.S_IMODE((tmp_path / "keys" / "root.key").stat().st_mode) == 0o600
+
+
+def test_a_full_disk_during_a_signed_pull_is_named_as_this_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """python-tuf stages each file in the temporary folder, which the free-space check did not look at, and a full
+    disk there was reported against the repository's file ("file:///.../cluster-0.gguf: OSError ...")."""
+    import errno
+    import shutil
+    import tempfile
+    from collections import namedtuple
+
+    from tuf.ngclient import Updater
+
+    from localpers.errors import LocalpersError
+
+    repo_dir = tmp_path / "repo"
+    fingerprint = publish(make_bundle(tmp_path / "bundle"), repo_dir, tmp_path / "keys")
+    usage = namedtuple("usage", "total used free")
+    real_usage = shutil.disk_usage
+
+    def small_temporary_folder(path: object) -> object:
+        found = real_usage(path)
+        return usage(found.total, found.used, 10) if str(path) == tempfile.gettempdir() else found
+
+    with monkeypatch.context() as patched:
+        patched.setattr(shutil, "disk_usage", small_temporary_folder)
+        with pytest.raises(LocalpersError, match=f"in {tempfile.gettempdir()} but it has 10 free"):
+            pull(repo_dir, trust=fingerprint)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Updater, "download_target", full)
+        with pytest.raises(LocalpersError, match="no space left on this device while downloading"):
+            pull(repo_dir, trust=fingerprint)

@@ -178,16 +178,22 @@ def _remove_stale_staging(root: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def _check_free_space(root: Path, needed: int) -> None:
-    """Refuse a bundle that would not fit on the disk, before downloading any of it."""
-    try:
-        free = shutil.disk_usage(root).free
-    except OSError:
-        return
-    if needed > free:
-        raise LocalpersError(
-            f"the bundle needs {needed} bytes but {root} has {free} free; free some space and pull again"
-        )
+def _check_free_space(root: Path, needed: int, largest: int = 0) -> None:
+    """Refuse a bundle that would not fit on the disk, before downloading any of it: all of it in `root`, and (a
+    signed pull, which python-tuf stages file by file in the temporary folder first) its `largest` file there."""
+    places = [(root, needed)]
+    if largest:
+        places.append((Path(tempfile.gettempdir()), largest))
+    for place, wanted in places:
+        try:
+            free = shutil.disk_usage(place).free
+        except OSError:
+            continue
+        if wanted > free:
+            raise LocalpersError(
+                f"the bundle needs {wanted} bytes in {place} but it has {free} free; free some space and pull"
+                " again"
+            )
 
 
 def _pull_backbone(
@@ -315,7 +321,8 @@ def pull_bundle(
                 if bundle_source.read_manifest() != manifest_bytes:
                     raise BundleProblem(f"{manifest_origin}: changed while it was pulled; pull again")
             if unchanged is None:
-                _check_free_space(root, total)
+                largest = max((entry["size"] for entry in files.values()), default=0)
+                _check_free_space(root, total, largest if isinstance(bundle_source, SignedSource) else 0)
                 for relative, entry in files.items():
                     current[:] = [relative]
                     if on_progress:

@@ -19,6 +19,7 @@ never loads a bundle; the only connections it makes are the fetches of one expli
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import importlib.resources
 import os
@@ -313,7 +314,15 @@ class SignedSource:
             raise LocalpersError(
                 f"{self._failed_file(where)}: download failed ({reason(cause)}); try again"
             ) from None
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # this device's disk, not the repository's file
+                raise LocalpersError(
+                    f"no space left on this device while downloading {where} (python-tuf stages each file in"
+                    f" {tempfile.gettempdir()} before it is copied into the bundle cache); free some space and pull"
+                    " again"
+                ) from None
+            raise LocalpersError(f"{where}: {reason(exc)}") from None
+        except http.client.HTTPException as exc:
             raise LocalpersError(f"{where}: {reason(exc)}") from None
 
     def _target(self, relative: str) -> Any:
