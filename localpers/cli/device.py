@@ -68,7 +68,8 @@ def fit_command(
         typer.Option(
             "--refit",
             help="Fit even when the stored fit was made from this same history, bundle and version (it is"
-            " kept as it is by default: a new fit would only redraw its samples).",
+            " kept as it is by default: a new fit would reuse the model outputs cached for these items and come"
+            " out the same).",
         ),
     ] = False,
     bundle: BundleOption = None,

@@ -8,7 +8,9 @@ llama_decode it becomes one matrix-matrix pass: 8 rows cost ~3.6 single steps, 1
 Each group starts from an empty KV cache (`Engine.reset`): with the cells earlier rewrites left in it, the
 same jobs came out different by float noise, so a fit's y- and pair features depended on what the engine had
 done before it (docs/RESULTS.md, section 0zl; which llama.cpp path rounds differently was not isolated: a
-prompt merely held in sequence 0 did not reproduce it); from an empty cache they depend on the jobs alone.
+prompt merely held in sequence 0 did not reproduce it); from an empty cache they depend on the jobs alone, that
+is on which prompts share a group too (a fit grown item by item groups its uncached prompts otherwise than one made
+at once, and can differ from it).
 The next rewrite evaluates its prompt again, or restores it from the engine's prefix snapshots. Each prompt
 of a group gets its own sequence (1..batch_sequences) of the engine's KV cache: the prompt is evaluated
 once, generation continues it, and each continuation to score is evaluated after the prompt with the
@@ -16,8 +18,9 @@ generated tokens dropped. Prompts that open with the same block of tokens (a job
 outputs) get it evaluated once per group, as a batch of its own, and the other sequences share its cache cells; a
 continuation that is exactly the generated text reuses the generation's own features instead of being
 evaluated again. Greedy means the argmax of the logits, with `generate`'s stop rules (end-of-generation token,
-stop strings, `max_tokens`). Batched and single evaluation differ by float noise (docs/PERFORMANCE.md), so
-a greedy token may rarely differ from `generate`'s. This module decides nothing about what to generate
+stop strings, `max_tokens`). Batched and single evaluation differ by float noise (docs/PERFORMANCE.md), and
+greedy decoding carries a near tie on to a different text: 13 of the demo user's 24 y- differed somewhere from
+`generate`'s one prompt at a time (eighty-second session). This module decides nothing about what to generate
 or score; callers (`localpers.methods.card.pairs`) do.
 """
 
