@@ -89,3 +89,26 @@ def test_a_rotation_stopped_before_re_signing_says_how_to_finish_it(
         rotate_keys(repo_dir, keys, new_keys)
     refresh(repo_dir, new_keys, everything=True)
     pull(repo_dir)  # the device follows the rotation
+
+
+def test_an_init_stopped_halfway_can_be_run_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped `repo init` left a root.json: init then said "already a repository" and `repo add` "not a
+    repository", and only deleting the folder by hand mended it."""
+    from localpers.bundle import repository
+    from localpers.bundle.repository import init_repository, is_repository
+
+    keys, repo_dir = tmp_path / "keys", tmp_path / "repo"
+    generate_keys(keys)
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(repository, "_publish_snapshot_and_timestamp", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            init_repository(repo_dir, keys)
+    assert not is_repository(repo_dir) and not (repo_dir / "metadata" / "root.json").exists()
+    init_repository(repo_dir, keys)
+    add_bundle(repo_dir, make_bundle(tmp_path / "bundle"), keys)
+    assert load_repository(repo_dir).targets.signed.version == 2
+    assert not list(repo_dir.glob(".metadata-*"))

@@ -239,10 +239,23 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     with locked_repository(directory):
         if (directory / METADATA_DIR / "root.json").exists():  # another init got here first
             raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
-        return _init(directory, signers, expiry_days)
+        # Written in a hidden folder and renamed into place: an init stopped halfway left a root.json that init
+        # called a repository and `repo add` did not, and only deleting the folder by hand mended it.
+        for leftover in directory.glob(f".{METADATA_DIR}-*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        staging = directory / f".{METADATA_DIR}-{os.getpid()}.partial"
+        try:
+            (staging / METADATA_DIR).mkdir(parents=True)
+            fingerprint = _init(staging, signers, expiry_days)
+            _make_public(staging / METADATA_DIR, 0o755)
+            os.replace(staging / METADATA_DIR, directory / METADATA_DIR)  # over the empty folder made above
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return fingerprint
 
 
 def _init(directory: Path, signers: dict[str, Any], expiry_days: dict[str, int] | None) -> str:
+    """Sign and write the first metadata of every role into `directory`'s metadata folder; the root keyid."""
     metadata = _tuf()
     root = metadata.Root(expires=expiry_from_now("root", expiry_days), consistent_snapshot=True)
     for role, signer in signers.items():
