@@ -134,3 +134,17 @@ def test_a_full_disk_during_a_signed_pull_is_named_as_this_devices(
         patched.setattr(Updater, "download_target", full)
         with pytest.raises(LocalpersError, match="no space left on this device while downloading"):
             pull(repo_dir, trust=fingerprint)
+
+
+def test_a_timestamp_over_the_devices_cap_is_not_called_longer_than_signed(tmp_path: Path) -> None:
+    """timestamp.json is fetched without a signed length: a server sending an endless one was said to send "more
+    than the signed length"."""
+    from localpers.errors import LocalpersError
+
+    repo_dir = tmp_path / "repo"
+    fingerprint = publish(make_bundle(tmp_path / "bundle"), repo_dir, tmp_path / "keys")
+    (repo_dir / "metadata" / "timestamp.json").write_bytes(b" " * 100_000)
+    with pytest.raises(
+        LocalpersError, match="timestamp.json: the server sends more than the length this device"
+    ):
+        pull(repo_dir, trust=fingerprint)

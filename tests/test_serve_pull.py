@@ -603,7 +603,7 @@ def test_pull_refuses_extra_bytes(
     )
     listed = server.files.get
     monkeypatch.setattr(server.files, "get", lambda wanted: longer_file if wanted == name else listed(wanted))
-    with pytest.raises(LocalpersError, match="centroids.safetensors.*more than the signed length"):
+    with pytest.raises(LocalpersError, match="centroids.safetensors.*more than the length signed"):
         pull_bundle(url, backbone_sha256=BACKBONE_SHA, trust=fingerprint)
     assert_previous_intact(installed_previous)
 

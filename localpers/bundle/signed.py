@@ -285,9 +285,13 @@ class SignedSource:
                 f" ({one_line(str(exc), 200)}); it was tampered with or damaged"
             ) from None
         except exceptions.DownloadLengthMismatchError as exc:
+            failed = self._failed_file(where)
+            # timestamp.json (and a root) is the one file fetched without a signed length: its cap is this device's
+            limit = (
+                "this device accepts for it" if failed.endswith(("timestamp.json", "root.json")) else "signed"
+            )
             raise InputError(
-                f"{self._failed_file(where)}: the server sends more than the signed length"
-                f" ({one_line(str(exc), 200)})"
+                f"{failed}: the server sends more than the length {limit} ({one_line(str(exc), 200)})"
             ) from None
         except exceptions.RepositoryError as exc:
             raise InputError(
