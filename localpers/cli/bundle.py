@@ -339,9 +339,9 @@ def verify(
     backbone = None
     with _verdict_on_stdout(as_json):
         if not skip_backbone:
-            from localpers.engine.backbone import resolve_backbone
+            from localpers.bundle.backbone_choice import backbone_for_bundle
 
-            backbone = resolve_backbone(model)
+            backbone = backbone_for_bundle(model, directory)
         started = time.perf_counter()
         bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
         with advising(repair_advice(bundle.directory)):

@@ -121,10 +121,10 @@ def _llama_cpp_or_problem() -> tuple[str | None, str | None, str | None]:
 
 def _backbone_or_problem(model: str | None) -> tuple[Backbone | None, str | None]:
     """The backbone commands would use, or why there is none (a report line instead of doctor's end)."""
-    from localpers.engine.backbone import resolve_backbone
+    from localpers.bundle.backbone_choice import backbone_for_bundle
 
     try:
-        return resolve_backbone(model), None
+        return backbone_for_bundle(model), None
     except LocalpersError as exc:
         return None, str(exc)
 

@@ -51,8 +51,8 @@ def tui_command(
     ] = 1,
 ) -> None:
     """Write a draft and watch your personalized rewrite stream beside the plain one; see why; teach it."""
+    from localpers.bundle.backbone_choice import backbone_for_bundle
     from localpers.bundle.format import open_bundle
-    from localpers.engine.backbone import resolve_backbone
     from localpers.users.store import UserStore
 
     sampling = sampler_settings(
@@ -67,7 +67,7 @@ def tui_command(
     )
     if candidates > 1 and not sampling.greedy:
         raise LocalpersError("--candidates needs greedy decoding (--temperature 0)", exit_code=2)
-    backbone = resolve_backbone(model)
+    backbone = backbone_for_bundle(model, bundle)
     verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
     from localpers.methods.card.bundle_content import check_bundle_before_use
 

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from localpers import interrupts
+from localpers.bundle.backbone_choice import backbone_for_bundle
 from localpers.bundle.format import Bundle, open_bundle, reading_bundle, sha256_of_file
 from localpers.engine import CONTEXT_TOKENS, Engine
-from localpers.engine.backbone import Backbone, resolve_backbone
+from localpers.engine.backbone import Backbone
 from localpers.engine.decoding import GREEDY, SamplerSettings
 from localpers.engine.generation import GenerationResult
 from localpers.engine.token_embeddings import TokenEmbeddings
@@ -104,7 +105,7 @@ class Personalizer:
         """Resolve the backbone and the (verified) bundle, then load both. A bundle directory given here (no
         one may have signed it) has its content checked first, as `pull` checks what it installs; the pulled
         bundle on its first use (`check_bundle_before_use`)."""
-        backbone = resolve_backbone(model)
+        backbone = backbone_for_bundle(model, bundle)
         verified = open_bundle(bundle, backbone_sha256=backbone.sha256)
         check_bundle_before_use(verified, backbone.path, given=bundle is not None)
         return cls(verified, backbone, n_threads=n_threads)
