@@ -9,9 +9,23 @@ from typing import Any
 
 import pytest
 
-from localpers.engine.backbone import Backbone, resolve_backbone
+from localpers.engine.backbone import Backbone, cached_sha256, default_backbone_path
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "news-headlines"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """LOCALPERS_HOME for what runs before a test's own home: module- and session-scoped fixtures (a module's
+    `Personalizer` made the real cache's bundles folder and the real config folder)."""
+    home = tmp_path_factory.mktemp("session-home")
+    before = os.environ.get("LOCALPERS_HOME")
+    os.environ["LOCALPERS_HOME"] = str(home)
+    yield home
+    if before is None:
+        os.environ.pop("LOCALPERS_HOME", None)
+    else:
+        os.environ["LOCALPERS_HOME"] = before
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +39,15 @@ def localpers_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def backbone() -> Backbone:
-    """The embedded default backbone, resolved with the real cache so it is assembled only once."""
-    return resolve_backbone()
+    """The embedded default backbone, assembled in the real cache so only once (nothing else of the real home is
+    read or made: not the config folder `resolve_backbone` would read)."""
+    isolated = os.environ.pop("LOCALPERS_HOME", None)
+    try:
+        path = default_backbone_path()
+        return Backbone(path=path, sha256=cached_sha256(path), source="default")
+    finally:
+        if isolated is not None:
+            os.environ["LOCALPERS_HOME"] = isolated
 
 
 # Property-based tests (tests/test_fuzz.py): a fast profile for CI, a long one for local runs
