@@ -112,3 +112,21 @@ def test_an_init_stopped_halfway_can_be_run_again(tmp_path: Path, monkeypatch: p
     add_bundle(repo_dir, make_bundle(tmp_path / "bundle"), keys)
     assert load_repository(repo_dir).targets.signed.version == 2
     assert not list(repo_dir.glob(".metadata-*"))
+
+
+def test_init_warns_when_its_keys_already_sign_another_repository(tmp_path: Path) -> None:
+    """A repository made again with the same keys (after losing the first) locked out every device that trusted
+    the first, as a rollback, and nothing said so."""
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    runner = CliRunner()
+    first = runner.invoke(app, ["repo", "init", str(tmp_path / "first"), "--keys", str(keys)])
+    assert first.exit_code == 0 and "warning" not in first.stderr
+    second = runner.invoke(app, ["repo", "init", str(tmp_path / "second"), "--keys", str(keys)])
+    assert second.exit_code == 0
+    assert f"already sign the repository {(tmp_path / 'first').resolve()}" in second.stderr
+    assert "refuses a new repository made with the same keys as a rollback" in second.stderr

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from localpers.atomic import atomic_write_text
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import read_regular_file
 
@@ -23,6 +24,7 @@ KEY_SUFFIX = ".key"  # PEM private key, mode 0600
 PUBLIC_SUFFIX = ".pub.json"  # the public key as TUF key JSON
 SHORT_KEYID = 12  # hex digits of a keyid shown in an error
 MAX_KEY_FILE_BYTES = 64 * 1024  # an ed25519 PEM is some 120 bytes
+SIGNED_REPOSITORIES = "repositories.json"  # the repositories `repo init` made with these keys (paths)
 # where a repository's own key is missing: new keys would sign what its root does not trust
 REPOSITORY_KEY_ADVICE = (
     "give the keys directory this repository was signed with (a timestamp-only folder re-signs the timestamp"
@@ -166,3 +168,20 @@ def load_signers(
             )
         signers[role] = signer
     return signers
+
+
+def signed_repositories(keys_dir: Path) -> list[str]:
+    """The repositories `repo init` made with the keys in `keys_dir` (resolved paths; none if never recorded)."""
+    try:
+        listed = json.loads((Path(keys_dir) / SIGNED_REPOSITORIES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [entry for entry in listed if isinstance(entry, str)] if isinstance(listed, list) else []
+
+
+def remember_repository(keys_dir: Path, repo_dir: Path) -> None:
+    """Record that `repo_dir` was made with the keys in `keys_dir` (a later init with them is warned)."""
+    known = signed_repositories(keys_dir)
+    made = str(Path(repo_dir).resolve())
+    if made not in known:
+        atomic_write_text(Path(keys_dir) / SIGNED_REPOSITORIES, json.dumps([*known, made], indent=1) + "\n")

@@ -9,6 +9,7 @@ The work is in `localpers.bundle.repository`; nothing here opens a network conne
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +17,7 @@ import typer
 
 from localpers.cli.common import JsonOption, ModelOption, print_json
 from localpers.cli.expiry import expiry_json, expiry_report
-from localpers.errors import InputError
+from localpers.errors import InputError, LocalpersError
 
 repo_app = typer.Typer(
     help="Publish bundles as a signed (TUF) repository of static files: keys, sign, re-sign.",
@@ -66,9 +67,22 @@ def init(
     days: InitDaysOption = None,
 ) -> None:
     """Create an empty signed repository (root, targets, snapshot, timestamp)."""
+    from localpers.bundle.keys import remember_repository, signed_repositories
     from localpers.bundle.repository import init_repository
 
+    earlier = [path for path in signed_repositories(keys) if path != str(repo.resolve())]
+    if earlier:
+        typer.echo(
+            f"warning: the keys in {keys} already sign the repository {earlier[-1]}: a device that trusts it refuses"
+            " a new repository made with the same keys as a rollback (its versions start at 1 again); to move a"
+            " repository, copy its folder, and for a new one make new keys with `localpers repo keygen`",
+            err=True,
+        )
     fingerprint = init_repository(repo, keys, _expiry(days, "root"))
+    with contextlib.suppress(
+        OSError, LocalpersError
+    ):  # a read-only keys folder: the repository is made all the same
+        remember_repository(keys, repo)
     typer.echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
     expiry_report(repo)
 
