@@ -73,7 +73,7 @@ def test_a_rotation_stopped_after_its_numbered_root_refuses_the_old_keys(
     repo_dir, keys, _ = published
     stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json",))
     assert load_repository(repo_dir).root.signed.version == 2
-    with pytest.raises(LocalpersError):
+    with pytest.raises(LocalpersError, match="is not one this repository.s root trusts"):
         add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
 
 

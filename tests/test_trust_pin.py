@@ -13,6 +13,7 @@ from test_serve_pull import make_bundle, publish
 from test_signed_pull import nothing_installed, pull
 
 from localpers.bundle import signed
+from localpers.bundle.format import installed_bundle_dir
 from localpers.bundle.keys import generate_keys, load_signer
 from localpers.bundle.repository import add_bundle, init_repository, root_keyid
 from localpers.bundle.signed import trust_store
@@ -72,15 +73,12 @@ def test_trust_naming_another_publisher_is_refused_even_when_the_repository_is_t
         make_bundle(tmp_path / "other-bundle", seed="other"), other, tmp_path / "other-keys"
     )
     pull(other, trust=other_fingerprint)
-    installed = sorted((p.name for p in (Path(signed.config_dir()).parent).rglob("manifest.json")), key=str)
+    installed = installed_bundle_dir()
     with pytest.raises(
         LocalpersError, match=f"signed by publisher key {other_fingerprint}, not {genuine[1]}"
     ):
         pull(other, trust=genuine[1])
-    assert (
-        sorted((p.name for p in (Path(signed.config_dir()).parent).rglob("manifest.json")), key=str)
-        == installed
-    )
+    assert installed_bundle_dir() == installed and not trust_store(genuine[1]).exists()
 
 
 def test_a_trusted_root_is_written_whole_or_not_at_all(
@@ -104,3 +102,35 @@ def test_a_trusted_root_is_written_whole_or_not_at_all(
     pull(repo_dir, trust=fingerprint)
     assert (store / "root.json").is_file() and not list(store.glob(".trust-*"))
     pull(repo_dir)  # trusted from now on
+
+
+def test_a_first_root_filing_another_key_under_the_trusted_id_is_refused(
+    tmp_path: Path, genuine: tuple[Path, str]
+) -> None:
+    """A key id is only a label in the metadata: the attacker's own root key filed under the publisher's id, and a
+    root signed by it, passed the one-key check and got the attacker's bundle installed (session review)."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import CryptoSigner, SSlibKey
+    from tuf.api.metadata import Metadata, Root
+
+    _, fingerprint = genuine
+    keys, evil = tmp_path / "evil-keys", tmp_path / "evil"
+    generate_keys(keys)
+    init_repository(evil, keys)
+    add_bundle(evil, make_bundle(tmp_path / "evil-bundle", seed="evil"), keys)
+    own = load_signer(keys, "root").public_key
+    forged = SSlibKey(
+        fingerprint, own.keytype, own.scheme, own.keyval
+    )  # the attacker's key, the publisher's id
+    signer = CryptoSigner(load_pem_private_key((keys / "root.key").read_bytes(), password=None), forged)
+    claimed = Metadata[Root].from_file(str(evil / "metadata" / "1.root.json"))
+    claimed.signed.revoke_key(own.keyid, "root")
+    claimed.signed.add_key(forged, "root")
+    claimed.signatures.clear()
+    claimed.sign(signer)
+    for name in ("1.root.json", "root.json"):
+        (evil / "metadata" / name).write_bytes(claimed.to_bytes())
+    assert root_keyid(evil) == fingerprint
+    with pytest.raises(InputError, match=f"the root key filed under {fingerprint} is another key"):
+        pull(evil, trust=fingerprint)
+    assert nothing_installed() and not trust_store(fingerprint).exists()

@@ -9,6 +9,7 @@ module writes only key files; the repository's metadata is `localpers.bundle.rep
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -36,6 +37,16 @@ REPOSITORY_KEY_ADVICE = (
 def fingerprint(keyid: str) -> str:
     """How a key is shown to people: its TUF keyid (sha256 of the canonical public key), in full."""
     return keyid
+
+
+def key_fingerprint(keytype: str, scheme: str, keyval: dict[str, Any]) -> str:
+    """The fingerprint of a public key computed from the key itself: the sha256 of its canonical JSON, which is
+    the keyid `repo keygen` gives it. Metadata can file any key under any id; a device checks the key against
+    this before trusting it as the one a fingerprint names."""
+    from securesystemslib.formats import encode_canonical
+
+    canonical = encode_canonical({"keytype": keytype, "scheme": scheme, "keyval": keyval})
+    return hashlib.sha256(str(canonical).encode("utf-8")).hexdigest()
 
 
 def generate_keys(keys_dir: Path) -> dict[str, str]:

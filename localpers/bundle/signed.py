@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.bundle.fetcher import Fetcher, reason, repository_base
+from localpers.bundle.keys import key_fingerprint
 from localpers.bundle.repository import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import config_dir
@@ -164,6 +165,13 @@ def _check_first_root(claimed: bytes, fingerprint: str, where: str) -> None:
         raise InputError(
             f"{where}: its root role lists {len(keyids)} keys; a publisher's root is held by the one key you"
             " trust, so this is not your publisher's repository; refusing it"
+        )
+    key = root.signed.keys[fingerprint]
+    if key_fingerprint(key.keytype, key.scheme, key.keyval) != fingerprint:
+        # a key id is only a label in the metadata: another key filed under the publisher's id signs as "it"
+        raise InputError(
+            f"{where}: the root key filed under {fingerprint} is another key (its own fingerprint is"
+            f" {key_fingerprint(key.keytype, key.scheme, key.keyval)}); refusing it"
         )
     try:
         root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
