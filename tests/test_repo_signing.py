@@ -4,6 +4,7 @@ path): one signing command at a time, and a rotation stopped halfway signs for t
 from __future__ import annotations
 
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -83,9 +84,7 @@ def test_a_rotation_stopped_before_re_signing_says_how_to_finish_it(
     repo_dir, keys, fingerprint = published
     pull(repo_dir, trust=fingerprint)  # a device that trusts the first root
     new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json", "root.json"))
-    with pytest.raises(
-        LocalpersError, match=f"finish it with `localpers repo refresh {repo_dir} --all --keys"
-    ):
+    with pytest.raises(LocalpersError, match=f"`localpers repo refresh {repo_dir} --all --keys"):
         rotate_keys(repo_dir, keys, new_keys)
     refresh(repo_dir, new_keys, everything=True)
     pull(repo_dir)  # the device follows the rotation
@@ -130,3 +129,28 @@ def test_init_warns_when_its_keys_already_sign_another_repository(tmp_path: Path
     assert second.exit_code == 0
     assert f"already sign the repository {(tmp_path / 'first').resolve()}" in second.stderr
     assert "refuses a new repository made with the same keys as a rollback" in second.stderr
+
+
+def test_a_folder_that_is_not_a_repository_is_refused_without_a_lock_left_in_it(tmp_path: Path) -> None:
+    """The lock was taken first: `repo refresh` on a mistyped path said "cannot lock the repository (No such file
+    or directory)" instead of "not a repository", and on any other folder it left a `.repo.lock` (session review)."""
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    with pytest.raises(LocalpersError, match="not a repository: create one with `localpers repo init`"):
+        refresh(tmp_path / "no-such-folder", keys)
+    other = tmp_path / "photos"
+    other.mkdir()
+    with pytest.raises(LocalpersError, match="not a repository"):
+        refresh(other, keys)
+    assert list(other.iterdir()) == []
+
+
+def test_publishing_adds_read_bits_and_keeps_a_shared_groups_write(
+    tmp_path: Path, published: tuple[Path, Path, str]
+) -> None:
+    """Every `repo add` set exact modes, taking group write (and setgid) from a folder a publishing team shares."""
+    repo_dir, keys, _ = published
+    targets = repo_dir / "targets" / "bundle"
+    targets.chmod(0o2775)
+    add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
+    assert stat.S_IMODE(targets.stat().st_mode) == 0o2775

@@ -171,14 +171,19 @@ async def test_f10_and_escape_close_the_key_list() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
         await pilot.press("f10")
+        await pilot.pause()
         assert app.screen.query(HelpPanel)
         await pilot.press("f10")
+        await pilot.pause()
         assert not app.screen.query(HelpPanel)
         await pilot.press("f10")
+        await pilot.pause()
         await pilot.press("escape")
+        await pilot.pause()
         assert not app.screen.query(HelpPanel)
         app.main.draft.focus()
         await pilot.press("escape", *"ok")  # without the key list Escape is the focused widget's
+        await pilot.pause()
         assert app.is_running and "ok" in app.main.draft.text and app.focused is app.main.draft
 
 
@@ -283,3 +288,17 @@ def test_the_demo_draft_is_the_article_without_the_corpus_instruction() -> None:
     article = first_demo_article()
     assert article is not None and not article.startswith("Generate a headline")
     assert article.startswith("The regional rail operator")
+
+
+@async_test
+async def test_a_refusal_that_persists_is_told_once_while_it_lasts() -> None:
+    """The notice was per generation: a draft the paraphrase task could not carry popped a new 15-second error at
+    every pause in typing (session review)."""
+    app = make_app(fitted_service(RefusingService), text=DRAFT)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        app.main.draft.focus()
+        await pilot.press("end", *" more")
+        await wait_idle(pilot)
+        assert len([n for n in notices(app) if LONG_REASON in n]) == 1
+        assert app.main.personal_panel.placeholder == LONG_REASON

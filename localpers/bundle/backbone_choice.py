@@ -19,6 +19,7 @@ from localpers.engine.backbone import (
     Backbone,
     cached_sha256,
     configured_model_path,
+    default_backbone_sha256,
     pulled_backbone_path,
     resolve_backbone,
 )
@@ -32,13 +33,9 @@ def backbone_for_bundle(model: str | Path | None, bundle: str | Path | None = No
         return resolve_backbone(model)
     named = _named_backbone(bundle)
     pulled = pulled_backbone_path(named) if named is not None else None
-    if pulled is not None and pulled.is_file():
-        try:
-            default: Backbone | None = resolve_backbone()
-        except LocalpersError:
-            default = None
-        if default is None or default.sha256 != named:
-            return Backbone(path=pulled, sha256=cached_sha256(pulled), source="pulled")
+    # the default's hash from its package: a device using a pulled backbone need not assemble the default
+    if pulled is not None and pulled.is_file() and named != default_backbone_sha256():
+        return Backbone(path=pulled, sha256=cached_sha256(pulled), source="pulled")
     return resolve_backbone()
 
 
@@ -49,12 +46,6 @@ def _named_backbone(bundle: str | Path | None) -> str | None:
         directory = Path(bundle).expanduser() if bundle is not None else installed_bundle_dir()
         manifest = parse_json(((directory or embedded_bundle_dir()) / MANIFEST_NAME).read_bytes())
         named = manifest["backbone"]["sha256"]
-    except (
-        OSError,
-        LocalpersError,
-        JSONProblem,
-        KeyError,
-        TypeError,
-    ):  # open_bundle reports it, naming the file
-        return None
+    except (OSError, LocalpersError, JSONProblem, KeyError, TypeError):
+        return None  # open_bundle reports it, naming the file
     return named if isinstance(named, str) and len(named) == 64 else None

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from localpers.atomic import atomic_write_text
+from localpers.atomic import atomic_write_text, fsync_directory
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import read_regular_file
 
@@ -79,7 +79,7 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
         document = json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
         _write_new_file(keys_dir / f"{role}{PUBLIC_SUFFIX}", document.encode(), 0o644)
         keyids[role] = public.keyid
-    _sync_folder(keys_dir)
+    fsync_directory(keys_dir)
     return keyids
 
 
@@ -103,20 +103,6 @@ def _write_new_file(path: Path, data: bytes, mode: int) -> None:
             os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make the new names in `folder` durable (where the system allows a folder to be synced)."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 def load_signer(

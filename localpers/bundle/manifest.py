@@ -32,7 +32,7 @@ _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 # Characters never allowed in a bundle path: backslash, colon (Windows drives and streams), controls.
 _FORBIDDEN_PATH_CHARS = re.compile(r"[\\:\x00-\x1f\x7f]")
 # A signed repository serves each file at a URL made of its name as it is: these would end or change it there
-_URL_CHARS = re.compile(r"[#?%\s]")
+_URL_CHARS = re.compile(r"[#?%\s]|[^\x00-\x7f]")
 
 # Sections that are objects when present (docs/BUNDLE.md); `clusters`, `head` and `adapters` are checked with
 # the paths they name.
@@ -63,7 +63,10 @@ def path_problem(relative: object) -> str | None:
     if _FORBIDDEN_PATH_CHARS.search(relative):
         return "it contains a backslash, colon or control character"
     if _URL_CHARS.search(relative):
-        return "it contains '#', '?', '%' or white space, which a repository's URL for it cannot carry"
+        return (
+            "it contains '#', '?', '%', white space or a non-ASCII letter, which a repository's URL for it cannot"
+            " carry"
+        )
     parts = relative.split("/")
     if any(part in ("", ".", "..") for part in parts):
         return "it has an empty, '.' or '..' component"

@@ -183,7 +183,13 @@ def _check_free_space(root: Path, needed: int, largest: int = 0) -> None:
     signed pull, which python-tuf stages file by file in the temporary folder first) its `largest` file there."""
     places = [(root, needed)]
     if largest:
-        places.append((Path(tempfile.gettempdir()), largest))
+        temporary = Path(tempfile.gettempdir())
+        try:
+            shared = os.stat(temporary).st_dev == os.stat(root).st_dev
+        except OSError:
+            shared = False
+        # one disk holds both the staged file and the bundle: the largest file twice at its peak
+        places = [(root, needed + largest)] if shared else [*places, (temporary, largest)]
     for place, wanted in places:
         try:
             free = shutil.disk_usage(place).free
@@ -345,9 +351,8 @@ def pull_bundle(
             raise
         if unchanged is not None:
             shutil.rmtree(staging, ignore_errors=True)
-            if not record_holds(
-                unchanged
-            ):  # none kept by an older localpers, or damaged: every command refused it
+            # none kept by an older localpers, or damaged (every command then refused the bundle): written again
+            if not record_holds(unchanged):
                 _record(bundle_source, unchanged, source, manifest_bytes)
             return PullResult(
                 directory=unchanged,
@@ -361,9 +366,8 @@ def pull_bundle(
             )
         previous = installed_bundle_dir()
         switch_current(root, version)
-        if (
-            on_installed is not None
-        ):  # told before the older versions are pruned: a stop from here is after it
+        # told before the older versions are pruned: a stop from here on comes after the install
+        if on_installed is not None:
             on_installed(versions / version)
         prune_versions(versions, keep={version} | ({previous.name} if previous else set()))
     return PullResult(

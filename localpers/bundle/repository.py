@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -129,8 +130,14 @@ def _newest_root(metadata_dir: Path, root: Any, fix: str) -> Any:
 
 
 @contextlib.contextmanager
-def locked_repository(directory: Path) -> Iterator[None]:
-    """Hold the repository's lock for the block (`repository_lock`), saying on standard error when it waits."""
+def locked_repository(directory: Path, *, made: bool = True) -> Iterator[None]:
+    """Hold the repository's lock for the block (`repository_lock`), saying on standard error when it waits.
+
+    A folder that is not a repository (`made`: it must be one already; `init` makes it) is refused first, as
+    `load_repository` refuses it, with no lock file left in it.
+    """
+    if made and not is_repository(Path(directory)):
+        load_repository(Path(directory))  # raises: no such file, create one with `localpers repo init`
 
     def told() -> None:
         print(f"waiting for another `localpers repo` command to finish with {directory} ...", file=sys.stderr)
@@ -236,7 +243,7 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     (directory / TARGETS_DIR).mkdir(exist_ok=True)
     for folder in ([directory] if created else []) + [directory / METADATA_DIR, directory / TARGETS_DIR]:
         _make_public(folder, 0o755)
-    with locked_repository(directory):
+    with locked_repository(directory, made=False):
         if (directory / METADATA_DIR / "root.json").exists():  # another init got here first
             raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
         # Written in a hidden folder and renamed into place: an init stopped halfway left a root.json that init
@@ -317,9 +324,13 @@ def _copy_target(repo: Repository, target_path: str, source: Path) -> Any:
 
 
 def _make_public(path: Path, mode: int) -> None:
-    """Give what a web server must read its public mode: a publisher's `umask 077` left targets 0600 and their
-    folders 0700, which the server then refused to every device (metadata was made 0644 already)."""
-    os.chmod(path, mode)
+    """Add the read (and for folders search) bits a web server needs: a publisher's `umask 077` left targets 0600
+    and their folders 0700, which the server then refused to every device. Bits already set (a shared group's
+    write, setgid) stay; a folder of another account that cannot be changed is left as it is."""
+    current = stat.S_IMODE(path.stat().st_mode)
+    if current | mode != current:
+        with contextlib.suppress(PermissionError):
+            os.chmod(path, current | mode)
 
 
 def add_bundle(
@@ -360,9 +371,8 @@ def add_file_target(
     """Publish one more file (e.g. the backbone GGUF as `backbone/<name>.gguf`) next to the bundle."""
     with locked_repository(repo_dir):
         repo = load_repository(Path(repo_dir))
-        signers = load_signers(
-            repo.directory, repo.root, keys_dir, PUBLISH_ROLES
-        )  # before the file is copied
+        # before the file is copied
+        signers = load_signers(repo.directory, repo.root, keys_dir, PUBLISH_ROLES)
         targets = dict(repo.targets.signed.targets)
         targets[target_path] = _copy_target(repo, target_path, Path(source))
         return publish_targets(repo, targets, signers, expiry_days)

@@ -95,17 +95,15 @@ def _rotate(
 ) -> int:
     check_keys_outside(repo.directory, new_keys_dir, "--new-keys")
     new_signers = {role: load_signer(new_keys_dir, role, "--new-keys") for role in ROLES}
-    try:
-        # the key devices trust now
-        old_root = load_signers(repo.directory, repo.root, old_keys_dir, ("root",))["root"]
-    except LocalpersError:
-        if new_signers["root"].public_key.keyid not in repo.root.signed.roles["root"].keyids:
-            raise
+    trusted = repo.root.signed.roles["root"].keyids
+    given = load_signer(old_keys_dir, "root").public_key.keyid  # a missing or unreadable key: its own error
+    if given not in trusted and new_signers["root"].public_key.keyid in trusted:
         raise LocalpersError(
-            f"the root of {repo.directory} already trusts the keys in {new_keys_dir}, not those in {old_keys_dir}"
-            " (a rotation stopped before it re-signed the other metadata): finish it with `localpers repo refresh"
-            f" {repo.directory} --all --keys {new_keys_dir}`"
-        ) from None
+            f"the root of {repo.directory} already trusts the keys in {new_keys_dir}, not those in {old_keys_dir}:"
+            " the rotation to them is done, or was stopped before it re-signed the other metadata;"
+            f" `localpers repo refresh {repo.directory} --all --keys {new_keys_dir}` finishes it either way"
+        )
+    old_root = load_signers(repo.directory, repo.root, old_keys_dir, ("root",))["root"]  # what devices trust
     root = repo.root.signed
     for role in ROLES:
         for keyid in list(root.roles[role].keyids):

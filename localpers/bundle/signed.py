@@ -204,15 +204,21 @@ def _start_store(store: Path, root_bytes: bytes) -> None:
             handle.write(root_bytes)
             handle.flush()
             os.fsync(handle.fileno())
+        if (
+            store / "root.json"
+        ).exists():  # another first pull of this publisher got here first: keep its store
+            shutil.rmtree(staging, ignore_errors=True)
+            return
         if store.exists():  # a folder without root.json: what an older localpers left when its write failed
             shutil.rmtree(store)
         os.rename(staging, store)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, OSError):
+            mend = "free some space there" if exc.errno == errno.ENOSPC else "check that folder"
             raise LocalpersError(
-                f"cannot keep the publisher's root in {store} ({reason(exc)}); nothing was installed: free some"
-                " space there and pull again"
+                f"cannot keep the publisher's root in {store} ({reason(exc)}); nothing was installed: {mend} and"
+                " pull again"
             ) from None
         raise
 
@@ -330,8 +336,8 @@ class SignedSource:
             if exc.errno == errno.ENOSPC:  # this device's disk, not the repository's file
                 raise LocalpersError(
                     f"no space left on this device while downloading {where} (python-tuf stages each file in"
-                    f" {tempfile.gettempdir()} before it is copied into the bundle cache); free some space and pull"
-                    " again"
+                    f" {tempfile.gettempdir()}, and keeps the metadata it trusts in {trust_store(self.fingerprint)});"
+                    " free some space there and pull again"
                 ) from None
             raise LocalpersError(f"{where}: {reason(exc)}") from None
         except http.client.HTTPException as exc:

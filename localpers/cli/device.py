@@ -87,12 +87,7 @@ def fit_command(
         current = None if refit else chosen.current_fit(personalizer, target, history_limit=history_limit)
         if current is not None:
             if as_json:
-                report = {
-                    "kept_without_history": False,
-                    **current.report,
-                    "unchanged": True,
-                }  # keys as a fit's
-                print_json(report, indent=None)
+                print_json({**current.report, "unchanged": True}, indent=None)
             else:
                 typer.echo(
                     f"user {target.name!r} is already fitted on this history with this bundle; nothing to do"

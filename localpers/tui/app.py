@@ -124,7 +124,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
         self.job_id = 0
         self._cache = ResultCache()
         self._cut_noted_job = 0
-        self._failure_noted: tuple[int, str] | None = None
+        self._failures_shown: dict[str, str] = {}
         self._debounce_timer: Timer | None = None
         self._refit_timer: Timer | None = None
         self._refit_again = False

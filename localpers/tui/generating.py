@@ -49,7 +49,8 @@ class GenerationMixin:
     _cache: ResultCache
     _debounce_timer: Timer | None
     _cut_noted_job: int  # the last job whose cut text was noted
-    _failure_noted: tuple[int, str] | None  # the last (job, error) told in a notice
+    # panel -> the error it failed with and was told, until it generates again
+    _failures_shown: dict[str, str]
     # It also calls Textual's `set_timer`, `notify`, `workers` and `is_running` and the app's `draft_text` and
     # `_run_engine_job`.
 
@@ -149,6 +150,7 @@ class GenerationMixin:
             return
         for target in message.targets:
             self.main.panel(target).finish(message.result.text, result_status(message.result))
+            self._failures_shown.pop(target, None)
         if "personal" in message.targets:
             self._set_personal(message.result, message.request.text)
         self._note_cut_text(message)
@@ -166,9 +168,11 @@ class GenerationMixin:
         if message.job == self.job_id:
             for target in message.targets:
                 self.main.panel(target).fail(message.error)
-            # whole, as `localpers rewrite` prints it (a panel's border cuts it); once when both outputs fail
-            if self._failure_noted != (message.job, message.error):
-                self._failure_noted = (message.job, message.error)
+            # whole, as `localpers rewrite` prints it (a panel's border cuts it): once while a panel keeps failing
+            # so (each pause in typing regenerates), and once when both outputs fail alike
+            told = message.error in self._failures_shown.values()
+            self._failures_shown.update(dict.fromkeys(message.targets, message.error))
+            if not told:
                 self.notify(message.error, title="Not generated", severity="error", timeout=15)
 
     def _set_personal(self, result: RewriteResult | None, input_text: str | None) -> None:

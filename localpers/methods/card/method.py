@@ -22,6 +22,7 @@ from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_format_of, fit_is_outdated
 from localpers.tasks import get_task
+from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User
 
@@ -252,8 +253,10 @@ class CardMethod(AdapterMethod):
             stored_choice(state, str(user.state_path), user.refit_advice)
             if cluster is not None and cluster >= personalizer.bundle.k:
                 return None
+            # the keys of a fit's report, this one among them
+            kept = bool(state.get(IMPORTED_WITHOUT_HISTORY))
             return Fitted(
-                {"user": user.name, **report.to_json(), "choice": choice},
+                {"user": user.name, **report.to_json(), "choice": choice, "kept_without_history": kept},
                 fit_summary(user.name, report, choice),
             )
         except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):

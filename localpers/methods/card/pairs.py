@@ -384,13 +384,10 @@ class PairBuilder:
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:
-    """The item id for its own plain prompt (as before conditioned bundles); id and prompt hash otherwise, also
-    for an item whose article the fit cut to the context (`fit_prompts.items_within_context`): how far it is cut
-    depends on the other items, so its prompt can change under the same id."""
-    if (
-        prompt == get_task(item.task).prompt_for(item.input)
-        and item_id(item.task, item.input, item.output) == item.id
-    ):
+    """The item id for its own plain prompt (as before conditioned bundles); id and prompt hash otherwise, also for
+    an item the fit cut to the context: how far depends on the other items, so its prompt can change."""
+    own = item_id(item.task, item.input, item.output) == item.id  # not cut: its input is the stored one
+    if own and prompt == get_task(item.task).prompt_for(item.input):
         return item.id
     return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"
 

@@ -87,9 +87,8 @@ class OutputPanel(VerticalScroll, can_focus=True):
         self.status = f"failed: {error}"
         self.complete = False
         self.text = ""
-        self.placeholder = (
-            error  # the whole reason, wrapped: the border's subtitle is cut at the panel's width
-        )
+        # the whole reason, wrapped, in the body: the border's subtitle is cut at the panel's width
+        self.placeholder = error
         self.set_class(False, "busy")
         self.set_class(True, "failed")
 
