@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from localpers.bundle.version_use import release_versions
 from localpers.engine.backbone import Backbone, cached_sha256, default_backbone_path
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "news-headlines"
@@ -29,12 +30,13 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
-def localpers_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def localpers_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Point LOCALPERS_HOME at a temp dir so no test reads or writes the real user folders."""
     home = tmp_path / "localpers-home"
     monkeypatch.setenv("LOCALPERS_HOME", str(home))
     monkeypatch.delenv("LOCALPERS_MODEL", raising=False)
-    return home
+    yield home
+    release_versions()  # the bundle versions this test opened, whose home is thrown away
 
 
 @pytest.fixture(scope="session")

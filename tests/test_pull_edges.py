@@ -198,3 +198,21 @@ def test_a_bundle_opens_with_the_backbone_it_names_that_pull_installed(
     assert chosen.path == named_path and chosen.sha256 == named and chosen.source == "pulled"
     assert backbone_for_bundle(str(backbone.path), bundle).path == backbone.path  # a named model still wins
     assert backbone_for_bundle(None, bundle_naming(backbone.sha256, "for-default")).sha256 == backbone.sha256
+
+
+def test_a_version_a_running_process_reads_is_not_pruned(tmp_path: Path) -> None:
+    """Two pulls deleted the version an API server or TUI had opened: its centroids and adapters, read later,
+    were gone (bundle audit)."""
+    from localpers.bundle.repository import add_bundle
+
+    repo_dir, keys = tmp_path / "repo", tmp_path / "keys"
+    fingerprint = publish(make_bundle(tmp_path / "first"), repo_dir, keys)
+    first = pull(repo_dir, trust=fingerprint)
+    opened = open_bundle()  # this process now reads the first version
+    for seed in ("second", "third"):
+        add_bundle(repo_dir, make_bundle(tmp_path / seed, seed=seed), keys)
+        pull(repo_dir)
+    assert opened.directory.is_dir() and all(
+        (opened.directory / name).is_file() for name in opened.manifest["files"]
+    )
+    assert first.directory.is_dir() and record_path(first.directory).is_file()

@@ -33,6 +33,7 @@ from localpers.bundle.manifest import (
     validate_manifest,
 )
 from localpers.bundle.record import check_installed_manifest, pull_command
+from localpers.bundle.version_use import hold_version
 from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.paths import cache_dir
 from localpers.strict_json import strict_json_text
@@ -390,5 +391,6 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
         with advising(repair_advice(directory)):
             return verify_bundle(directory, backbone_sha256=backbone_sha256)
     check_installed_manifest(installed)
+    hold_version(installed)  # kept by the next pulls while this process may still read it
     with advising(repair_advice(installed)):
         return verify_bundle(installed, backbone_sha256=backbone_sha256)

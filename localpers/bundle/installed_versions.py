@@ -17,6 +17,7 @@ from pathlib import Path
 
 from localpers.bundle.format import CURRENT_FILE, CURRENT_LINK, VERSIONS_DIR, write_bytes_atomically
 from localpers.bundle.record import RECORD_SUFFIX
+from localpers.bundle.version_use import IN_USE_SUFFIX, is_in_use
 
 
 def new_version_name(versions: Path, manifest_bytes: bytes) -> str:
@@ -51,9 +52,11 @@ def switch_current(root: Path, version: str) -> None:
 
 
 def prune_versions(versions: Path, keep: set[str]) -> None:
-    """Delete installed versions except `keep` (the new one and the one it replaced), with their records."""
+    """Delete installed versions except `keep` (the new one and the one it replaced) and those a running localpers
+    still reads (`version_use`), with their records."""
+    kept = set(keep) | {entry.name for entry in versions.iterdir() if entry.is_dir() and is_in_use(entry)}
     for entry in versions.iterdir():
-        if entry.name.removesuffix(RECORD_SUFFIX) in keep:
+        if entry.name.removesuffix(RECORD_SUFFIX).removesuffix(IN_USE_SUFFIX) in kept:
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
