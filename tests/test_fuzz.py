@@ -32,7 +32,7 @@ from localpers.bench.data import read_bench_file
 from localpers.bundle.format import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.serve import BundleServer, start_background_server
-from localpers.bundle.signed import root_fingerprint
+from localpers.bundle.trust import root_fingerprint
 from localpers.cli import app
 from localpers.engine.gguf_layout import gguf_layout
 from localpers.errors import InputError, LocalpersError

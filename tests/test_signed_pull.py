@@ -27,7 +27,7 @@ from localpers.bundle.keys import generate_keys
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, init_repository, root_keyid
 from localpers.bundle.resigning import refresh, rotate_keys
-from localpers.bundle.signed import demo_root_bytes, root_fingerprint, trust_store
+from localpers.bundle.trust import demo_root_bytes, root_fingerprint, trust_store
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
 from localpers.errors import InputError, LocalpersError

@@ -12,11 +12,11 @@ import pytest
 from test_serve_pull import make_bundle, publish
 from test_signed_pull import nothing_installed, pull
 
-from localpers.bundle import signed
+from localpers.bundle import trust
 from localpers.bundle.format import installed_bundle_dir
 from localpers.bundle.keys import generate_keys, load_signer
 from localpers.bundle.repository import add_bundle, init_repository, root_keyid
-from localpers.bundle.signed import trust_store
+from localpers.bundle.trust import trust_store
 from localpers.errors import InputError, LocalpersError
 
 
@@ -93,7 +93,7 @@ def test_a_trusted_root_is_written_whole_or_not_at_all(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     with monkeypatch.context() as patched:  # not monkeypatch.undo(): that would undo the isolated home too
-        patched.setattr(signed.os, "fsync", full_disk)
+        patched.setattr(trust.os, "fsync", full_disk)
         with pytest.raises(LocalpersError, match="cannot keep the publisher's root in .*No space left"):
             pull(repo_dir, trust=fingerprint)
     assert not store.exists() and not list(store.parent.glob(".trust-*"))

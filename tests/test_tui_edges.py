@@ -12,9 +12,10 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from test_tui_damage import fitted_service, notices
 from textual.widgets import HelpPanel
 from tui_fakes import FakeService
-from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
+from tui_helpers import DRAFT, SIZE, async_test, make_app, wait_idle
 
 from localpers.errors import LocalpersError, UserBusy
 from localpers.methods.reports import RewriteResult
@@ -26,23 +27,6 @@ from localpers.tui.service import EngineInfo, RewriteRequest, TextSink
 from localpers.tui.userdata import Profile, accept_output, import_history_file
 from localpers.users.history import MAX_HISTORY_ITEMS
 from localpers.users.store import User, UserStore
-
-
-def fitted_service(service_type: type[FakeService] = FakeService) -> FakeService:
-    """ann (4 items) and bob (6 items), both fitted, ann active."""
-    store = UserStore()
-    service = service_type(store)
-    for name, count in (("ann", 4), ("bob", 6)):
-        user = store.create(name)
-        user.save_history(examples(name, count))
-        service.fit(user, lambda *_: None)
-    store.use("ann")
-    service.fits.clear()
-    return service
-
-
-def notices(app: LocalpersApp) -> list[str]:
-    return [notice.message for notice in app._notifications]
 
 
 def history_file(path: Path, count: int, prefix: str = "Mine") -> Path:

@@ -20,7 +20,8 @@ from typing import BinaryIO, Protocol
 
 from localpers.bundle.fetcher import is_signed_repository
 from localpers.bundle.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, BundleProblem, advising
-from localpers.bundle.signed import SignedSource, checked_fingerprint
+from localpers.bundle.signed import SignedSource
+from localpers.bundle.trust import checked_fingerprint
 from localpers.errors import InputError, LocalpersError
 
 DEFAULT_TIMEOUT_S = 30.0
