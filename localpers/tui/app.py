@@ -287,10 +287,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
             controls.strength.set_value(message.info.default_strength)
             controls.top_k.set_value(message.info.default_top_k)
         self.refresh_user_views()
-        if self._refit_again and not self.fit_running:  # ctrl+f pressed while the model loaded
-            self._refit_again = False
-            self.start_refit()
-        else:
+        if not self.start_queued_refit():  # ctrl+f pressed while the model loaded: that fit, else one if due
             self.maybe_refit()
         self.regenerate()
 

@@ -32,7 +32,7 @@ class FirstRunMixin:
     fit_running: bool
     _refit_again: bool
     # It also calls Textual's `notify`, `push_screen`, `exit` and `is_running`, and the app's `select_user`,
-    # `refresh_user_views`, `start_refit`, `draft_text` and `_run_engine_job`.
+    # `refresh_user_views`, `start_refit`, `start_queued_refit`, `draft_text` and `_run_engine_job`.
 
     def _after_welcome(self, choice: str | None) -> None:
         if choice == "demo":
@@ -78,9 +78,7 @@ class FirstRunMixin:
             return
         if self.user is not None:  # a history imported while the demo was prepared: that user stays
             self.notify(f"The demo user is ready: pick {message.user!r} in the User list to try it.")
-            if self._refit_again:  # that user's fit waited for the demo's
-                self._refit_again = False
-                self.start_refit()
+            self.start_queued_refit()  # that user's fit waited for the demo's
             return
         self._refit_again = False
         if not self.draft_text.strip():

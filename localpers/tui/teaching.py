@@ -209,6 +209,14 @@ class TeachingMixin:
         self.main.progress.start(f"fitting {self.user.name}")
         self._run_engine_job("fit", engine_jobs.fit, self.user)
 
+    def start_queued_refit(self) -> bool:
+        """Start the fit asked for while another fit ran or the model loaded (`_refit_again`); False if none was."""
+        if not self._refit_again or self.fit_running:
+            return False
+        self._refit_again = False
+        self.start_refit()
+        return True
+
     def on_fit_progressed(self, message: FitProgressed) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
             return
@@ -260,10 +268,7 @@ class TeachingMixin:
         if self.user is not None and self.user.name == message.user:
             self.refresh_user_views()
             self.regenerate()
-        if self._refit_again:
-            self._refit_again = False
-            self.start_refit()
-        elif message.error is None or replaced:
+        if not self.start_queued_refit() and (message.error is None or replaced):
             self.maybe_refit()
 
 
