@@ -350,3 +350,41 @@ def test_the_one_at_a_time_loop_also_saves_as_it_goes(
     user.save_history(items(SHOUTY))
     _pair_pass_stopped_after(personalizer, user, 2)
     assert len(_cached_negatives(personalizer, user)) == 2
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_items_whose_negative_is_their_output_still_give_the_first_token_log_probability(
+    personalizer: Personalizer,  # noqa: F811
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+    batched: bool,
+) -> None:
+    # The opening habits average the model's first-token probability over every item; leaving out the items the
+    # model already writes as the user does overstated the habit's bias (5.2 nats instead of 2.75 in one audit).
+    if not batched:
+        monkeypatch.setattr(personalizer.engine, "batch_sequences", 0)
+    user = UserStore(tmp_path).create("identical")
+    history = items(SHOUTY)
+    user.save_history(history)
+    pairs = personalizer.pairs
+    prompts = pairs.training_prompts(history, 0, pairs_module.ordinals_of(user.dir, history))
+    keys = [pairs_module._negative_key(item, prompt) for item, prompt in zip(history, prompts, strict=True)]
+    # the model "wrote" items 0 and 2 exactly as the user did, and nothing at all for item 4
+    known = {keys[0]: history[0].output, keys[2]: history[2].output, keys[4]: ""}
+    assert pairs._write_negatives(user, 0, known, list(known))
+    negatives, differences, first_logprobs, _ = pairs.negatives_and_differences(user, history, 0, None)
+    assert [negatives[i] for i in (0, 2, 4)] == [history[0].output, history[2].output, ""]
+    assert differences.shape[0] == len(history) - 3  # the identical and empty pairs are no rows
+    assert all(lp is not None for lp in first_logprobs)
+    engine = personalizer.engine
+    for index in (0, 2, 4):
+        first = engine.tokenize(" " + history[index].output, add_bos=False)[:1]
+        (reference,) = engine.score(engine.tokenize(prompts[index]), [first], logprob_rows=1)
+        assert first_logprobs[index] == pytest.approx(float(reference.logprobs[0]), abs=LOGPROB_TOLERANCE)
+    # kept in the pair cache: the next pass scores nothing again
+    pairs._pair_memo.clear()
+    scored: list[int] = []
+    original = pairs._pair_difference
+    monkeypatch.setattr(pairs, "_pair_difference", lambda *a: scored.append(1) or original(*a))
+    again = pairs.negatives_and_differences(user, history, 0, None)
+    assert again[2] == pytest.approx(first_logprobs) and not scored

@@ -125,7 +125,10 @@ class PairBuilder:
     ) -> tuple[list[str], np.ndarray, list[float | None], dict[str, float]]:
         """y- per item (cached), `g(y+) - g(y-)` of the distinct pairs, and y+'s first-token log-probability.
 
-        The log-probability is the base model's, from the pair's scoring (None where y- equals y+).
+        The log-probability is the base model's at every item's prompt, from the pair's scoring; where y- is y+
+        itself or empty, only y+'s first token is scored (a zero difference is cached for it, never a row). The
+        opening habits average it over all the items: leaving out those the model already writes as the user
+        does would make a habit look rarer to the model than it is (and its bias too large).
 
         Generating y- and scoring the pair one item after the other lets the scoring reuse the prompt the
         generation just evaluated (the engine remembers its last prompt), so each article is run once.
@@ -159,7 +162,7 @@ class PairBuilder:
             negative = known.get(_negative_key(item, prompt))
             found = (
                 saved.features.get(pair_cache.pair_hash(cluster, prompt, item.output, negative))
-                if negative
+                if negative is not None
                 else None
             )
             if found is not None:
@@ -176,18 +179,16 @@ class PairBuilder:
                     seconds["negatives"] += time.perf_counter() - started
                 negative = known[key]
                 negatives.append(negative)
-                if negative and negative != item.output:
-                    started = time.perf_counter()
-                    memo_key = (cluster, prompt, item.output, negative)
-                    if memo_key not in self._pair_memo:
-                        self._remember(memo_key, self._pair_difference(item, negative, prompt))
-                        unsaved += 1
-                    difference, first_logprob = self._pair_memo[memo_key]
+                started = time.perf_counter()
+                memo_key = (cluster, prompt, item.output, negative)
+                if memo_key not in self._pair_memo:
+                    self._remember(memo_key, self._pair_difference(item, negative, prompt))
+                    unsaved += 1
+                difference, first_logprob = self._pair_memo[memo_key]
+                if _distinct(item, negative):
                     rows.append(difference)
-                    first_logprobs.append(first_logprob)
-                    seconds["features"] += time.perf_counter() - started
-                else:
-                    first_logprobs.append(None)
+                first_logprobs.append(first_logprob)
+                seconds["features"] += time.perf_counter() - started
                 if unsaved >= SAVE_EVERY:
                     save()
                     unsaved = 0
@@ -230,7 +231,7 @@ class PairBuilder:
         for item, prompt in zip(items, prompts, strict=True):
             negative = known.get(_negative_key(item, prompt))
             memo_key = (cluster, prompt, item.output, negative or "")
-            if negative and memo_key in self._pair_memo:
+            if negative is not None and memo_key in self._pair_memo:
                 used[pair_cache.pair_hash(cluster, prompt, item.output, negative)] = self._pair_memo[memo_key]
         if not set(used) <= set(saved.features):
             merged = {**used, **{k: v for k, v in saved.features.items() if k not in used}}
@@ -271,11 +272,7 @@ class PairBuilder:
         for item, prompt, block in zip(items, prompts, blocks, strict=True):
             key = _negative_key(item, prompt)
             cached = known.get(key)
-            if cached is not None and (
-                not cached
-                or cached == item.output
-                or (cluster, prompt, item.output, cached) in self._pair_memo
-            ):
+            if cached is not None and (cluster, prompt, item.output, cached) in self._pair_memo:
                 continue
             positive = self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
 
@@ -284,7 +281,7 @@ class PairBuilder:
             ) -> list[list[int]]:
                 negative = text if fixed is None else fixed
                 if not negative or negative == output:
-                    return []
+                    return [plus[:1]]  # only the first token's log-probability is wanted
                 return [plus, self.engine.tokenize(" " + negative, add_bos=False)]
 
             tokens = self.engine.tokenize(prompt)
@@ -315,13 +312,18 @@ class PairBuilder:
             ):
                 if job.generate:
                     known[key] = outcome.text
-                if outcome.scored:
+                if len(outcome.scored) == 2:
                     plus, minus = outcome.scored
                     difference = self.head.sequence_feature(
                         plus.tokens, plus.features
                     ) - self.head.sequence_feature(minus.tokens, minus.features)
                     self._remember(
                         (cluster, prompt, item.output, known[key]), (difference, float(plus.logprobs[0]))
+                    )
+                elif len(outcome.scored) == 1:
+                    self._remember(
+                        (cluster, prompt, item.output, known[key]),
+                        (self._no_difference(), float(outcome.scored[0].logprobs[0])),
                     )
             save()
             report(ready + start + len(group))
@@ -339,16 +341,23 @@ class PairBuilder:
     def _pair_difference(
         self, item: HistoryItem, negative: str, prompt_text: str | None = None
     ) -> tuple[np.ndarray, float]:
-        """`g(y+) - g(y-)` and the base model's log-probability of y+'s first token."""
+        """`g(y+) - g(y-)` and the base model's log-probability of y+'s first token; where y- is y+ or empty, a
+        zero difference and only that first token scored."""
         task = get_task(item.task)
         prompt = self.engine.tokenize(task.prompt_for(item.input) if prompt_text is None else prompt_text)
         positive_tokens = self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
+        if not _distinct(item, negative):
+            (first,) = self.engine.score(prompt, [positive_tokens[:1]], logprob_rows=1)
+            return self._no_difference(), float(first.logprobs[0])
         negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
         plus, minus = self.engine.score(prompt, [positive_tokens, negative_tokens], logprob_rows=1)
         difference = self.head.sequence_feature(plus.tokens, plus.features) - self.head.sequence_feature(
             minus.tokens, minus.features
         )
         return difference, float(plus.logprobs[0])
+
+    def _no_difference(self) -> np.ndarray:
+        return np.zeros(self.head.d, dtype=np.float32)
 
     def cached_negatives(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
@@ -381,6 +390,11 @@ class PairBuilder:
         """This fit's pairs come first in `pairs`, so they are the ones a full cache keeps; False if unwritten."""
         with user.locked():
             return pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
+
+
+def _distinct(item: HistoryItem, negative: str) -> bool:
+    """Whether the pair (y+ = the item's output, y- = `negative`) is one the head learns from."""
+    return bool(negative) and negative != item.output
 
 
 def _negative_key(item: HistoryItem, prompt: str) -> str:
