@@ -3,9 +3,12 @@
 `atomic_write_bytes` writes a temp file in the target's folder, fsyncs it, renames it over the
 target and fsyncs the folder so the rename survives a crash. It refuses to replace anything but a
 regular file (renaming over a device node such as /dev/null, a FIFO or a socket would destroy it).
-Temp files carry the writer's process id, and each write removes the temp files of writers that no
-longer run (a killed import leaves no `.partial` behind for long). It does not lock: two writers
-race and the last rename wins (a user's read-modify-writes hold `localpers.users.lock` for that).
+Temp files carry the target's name and the writer's process id, and each write of a file removes that
+file's temp files left by writers that no longer run (a killed import leaves no `.partial` behind for long).
+Other files' temp files are removed only in a folder localpers owns (`remove_stale_temp_files_in`: a user's
+folder, each time its lock is taken), never where the user chose to write (their own `.partial` files may be
+there). It does not lock: two writers race and the last rename wins (a user's read-modify-writes hold
+`localpers.users.lock` for that).
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from localpers.errors import LocalpersError, StorageError
 
 TEMP_SUFFIX = ".partial"
 ON_WINDOWS = os.name == "nt"
-# .<target name>.<pid>.<random>.partial
-_TEMP_NAME = re.compile(r"\..+\.(\d{1,10})\.[^.]+" + re.escape(TEMP_SUFFIX))
 
 
 def process_is_running(pid: int) -> bool:
@@ -41,15 +42,29 @@ def process_is_running(pid: int) -> bool:
     return True
 
 
-def remove_stale_temp_files(directory: Path) -> list[Path]:
-    """Delete temp files in `directory` whose writing process is gone; returns what was deleted."""
+def remove_stale_temp_files(target: Path) -> list[Path]:
+    """Delete the temp files of `target` (`.<name>.<pid>.<random>.partial` beside it) whose writing process is
+    gone; returns what was deleted."""
+    target = Path(target)
+    return _remove_dead_writers_files(target.parent, re.escape(f".{target.name}."))
+
+
+def remove_stale_temp_files_in(folder: Path) -> list[Path]:
+    """Delete every temp file in `folder` whose writing process is gone, whatever file it was for: only for a
+    folder localpers owns (a user's), where no one else names files `.X.<pid>.Y.partial`."""
+    return _remove_dead_writers_files(Path(folder), r"\..+\.")
+
+
+def _remove_dead_writers_files(folder: Path, name_pattern: str) -> list[Path]:
+    # <name_pattern><pid>.<random>.partial
+    temp_name = re.compile(name_pattern + r"(\d{1,10})\.[^.]+" + re.escape(TEMP_SUFFIX))
     removed: list[Path] = []
     try:
-        candidates = list(Path(directory).glob(f".*{TEMP_SUFFIX}"))
+        candidates = list(folder.glob(f".*{TEMP_SUFFIX}"))
     except OSError:
         return removed
     for candidate in candidates:
-        match = _TEMP_NAME.fullmatch(candidate.name)
+        match = temp_name.fullmatch(candidate.name)
         if match and not process_is_running(int(match[1])):
             with contextlib.suppress(OSError):
                 candidate.unlink()
@@ -76,7 +91,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace `path` with `data` all at once: temp file in the same folder, fsync, os.replace."""
     path = Path(path)
     refuse_non_regular(path)
-    remove_stale_temp_files(path.parent)
+    remove_stale_temp_files(path)
     try:
         fd, temp_name = tempfile.mkstemp(
             dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX

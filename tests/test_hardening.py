@@ -378,6 +378,23 @@ def test_f7_a_running_writers_temp_file_is_left_alone() -> None:
     assert mine.exists()
 
 
+def test_f7_an_export_leaves_other_files_temp_like_names_in_the_users_folder_alone(tmp_path: Path) -> None:
+    # the sweep took every `.X.<digits>.Y.partial` whose number was no running process: a user's own files too
+    UserStore().create("ann")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    downloads = tmp_path / "Downloads"
+    downloads.mkdir()
+    theirs = [downloads / f".backup.{dead.pid}.tar.partial", downloads / ".photos.2024.zip.partial"]
+    for path in theirs:
+        path.write_bytes(b"the user's own")
+    left_by_a_killed_export = downloads / f".ann.zip.{dead.pid}.k1ll3d.partial"
+    left_by_a_killed_export.write_bytes(b"half")
+    assert runner.invoke(app, ["user", "export", "ann", "-o", str(downloads / "ann.zip")]).exit_code == 0
+    assert all(path.read_bytes() == b"the user's own" for path in theirs)
+    assert not left_by_a_killed_export.exists()
+
+
 # -- F11 / F12: terminal escapes in history text, FIFOs ------------------------------------------------
 
 

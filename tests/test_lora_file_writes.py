@@ -19,6 +19,7 @@ import pytest
 
 from localpers.atomic import atomic_write_text
 from localpers.engine.adapters import write_lora_gguf
+from localpers.users.lock import user_lock
 
 TENSORS = {"blk.0.attn_q.weight": (np.ones((2, 8), np.float32), np.ones((8, 2), np.float32))}
 
@@ -57,6 +58,11 @@ def test_a_killed_writers_temp_file_is_swept_by_the_next_write(tmp_path: Path) -
     assert killed.returncode == 9, killed.stderr
     left = [p for p in tmp_path.iterdir()]
     assert len(left) == 1 and left[0].name.endswith(".partial") and _mode(left[0]) == 0o600
-    atomic_write_text(tmp_path / "state.json", "{}")  # any later write in the folder
-    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    atomic_write_text(
+        tmp_path / "state.json", "{}"
+    )  # another file's write leaves it (folders may be the user's)
+    assert os.path.exists(left[0])
+    with user_lock(tmp_path, who="user 'ann'"):  # the user's folder, locked for any read-modify-write: swept
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "state.json"]
     assert not os.path.exists(left[0])

@@ -66,14 +66,14 @@ def write_lora_gguf(
     """Write `tensors` as a GGUF LoRA adapter at `path` atomically (temp file, fsync, rename).
 
     The temp file carries this process's id, so one left by a killed writer is swept by the next atomic write
-    in that folder (`localpers.atomic.remove_stale_temp_files`); one left by an error is removed at once.
+    of that file (`localpers.atomic.remove_stale_temp_files`); one left by an error is removed at once.
     `private` keeps the file to its owner (0600, as every file in a user's folder); else it is 0644 like any
     published file.
     """
     gguf = _gguf()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(path.parent)
+    remove_stale_temp_files(path)
     fd, partial_name = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX
     )  # created 0600

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from localpers.atomic import remove_stale_temp_files_in
 from localpers.errors import LocalpersError, UserBusy
 from localpers.regular_files import read_regular_file
 
@@ -106,6 +107,8 @@ def user_lock(
             if identity is not None and read_identity(Path(key)) != identity:
                 _release(_descriptors.pop(key))
                 raise _gone(who)
+            # the folder is ours and locked: what a killed writer left here goes (its private bytes too)
+            remove_stale_temp_files_in(Path(key))
         _depth[key] = _depth.get(key, 0) + 1
         try:
             yield
