@@ -680,6 +680,30 @@ def test_user_show_prints_the_state_files_dates_escaped() -> None:
     )
 
 
+def test_user_show_escapes_the_fit_choice_and_habits_of_an_imported_state() -> None:
+    # these fields reached the terminal raw: a retitled window, a cleared screen, a fake `error:` line
+    user = UserStore().create("ann")
+    state = json.loads(user.state_path.read_text())
+    state["fit"] = {"mode": "\x1b]0;hijacked\x07vector", "habits": ["\x1b[5mblink\x1b[0m"]}
+    state["choice"] = {"label": "\x1b[2Jvector", "reason": "ok\nerror: your disk is failing"}
+    user.state_path.write_text(json.dumps(state))
+    shown = runner.invoke(app, ["user", "show", "ann"], color=True)  # color: click strips nothing
+    assert shown.exit_code == 0, shown.output
+    assert "\x1b" not in shown.stdout and "\\x1b]0;hijacked\\x07vector" in shown.stdout
+    assert not any(line.startswith("error:") for line in shown.stdout.splitlines())
+
+
+def test_history_import_escapes_the_user_id_it_names_in_a_skipped_line(tmp_path: Path) -> None:
+    UserStore().create("ann")
+    item = {"input": "Some article text", "output": "A headline"}
+    source = tmp_path / "h.jsonl"
+    source.write_text(json.dumps({"user_id": "u1\x1b[2J\nerror: fake", "history": [item, item]}) + "\n")
+    result = runner.invoke(app, ["history", "import", str(source)], color=True)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stderr and "skipped" in result.stderr
+    assert not any(line.startswith("error:") for line in result.stderr.splitlines())
+
+
 def test_a_blank_localpers_home_is_unset_and_a_relative_one_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -133,9 +133,9 @@ def history_import(
             }
         )
         return
-    skipped_lines = [f"skipped {d.where}: same text as {d.first_seen}" for d in parsed.duplicates] + [
-        f"skipped {one_line(str(item.source))}: already in the history as {item.id}" for item in already
-    ]
+    skipped_lines = [
+        f"skipped {one_line(d.where)}: same text as {one_line(d.first_seen)}" for d in parsed.duplicates
+    ] + [f"skipped {one_line(str(item.source))}: already in the history as {item.id}" for item in already]
     for line in skipped_lines[:SKIPPED_LINES_SHOWN]:
         typer.echo(line, err=True)
     if len(skipped_lines) > SKIPPED_LINES_SHOWN:  # a re-imported archive would print one line per item

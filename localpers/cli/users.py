@@ -143,7 +143,8 @@ def user_show(
     freshness = fit_freshness(state.get("fit"), history, user.name, imported_without_history=imported)
     typer.echo(f"fitted      {freshness}")
     for label, text in [*state_summary(state, user.name), *report["other_fits"].items()]:
-        typer.echo(f"{label:<11} {text}")
+        # escaped: an imported archive's state.json is kept as it is (a label or habit may hold terminal escapes)
+        typer.echo(f"{one_line(label):<11} {one_line(text)}")
     if report["rejected_outputs"]:
         typer.echo(
             f"rejected    {counted(report['rejected_outputs'], 'output')} turned down in the TUI, kept with their"
