@@ -145,3 +145,26 @@ def test_a_removed_items_input_stays_indexed_for_another_item_that_shares_it() -
     removed = CliRunner().invoke(app, ["history", "remove", negative.id[:8], "--user", "eve"])
     assert removed.exit_code == 0, removed.output
     assert [e.item_id for e in load_index(user).entries] == [other.id]
+
+
+def test_a_remove_stopped_midway_leaves_no_removed_text_that_nothing_would_prune(monkeypatch) -> None:
+    # before, the history was written first: a stop while the derived files were pruned left the removed input
+    # in EXACT's index, and a second `history remove` found no such item to remove
+    import localpers.methods.forget as forget
+
+    user, items = user_with_derived_files("eve")
+    original = forget.forget_removed_items
+    stops = iter([True])
+
+    def stopped_once(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if next(stops, False):
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(forget, "forget_removed_items", stopped_once)
+    first = CliRunner().invoke(app, ["history", "remove", items[1].id[:8], "--user", "eve"])
+    assert first.exit_code == 130
+    if any(item.id == items[1].id for item in user.history()):  # the stop came before the history changed
+        again = CliRunner().invoke(app, ["history", "remove", items[1].id[:8], "--user", "eve"])
+        assert again.exit_code == 0, again.output
+    assert_only_the_others_are_left(user, items)

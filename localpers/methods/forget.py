@@ -29,23 +29,26 @@ def remove_history_items(
     """Remove the items whose ids `choose` picks from the stored history, and what was derived from them.
 
     `choose` sees the history as read under the user's lock (it may raise to refuse); (removed, remaining).
-    The one way the CLI and the TUI remove items, so none forgets the derived files.
+    The one way the CLI and the TUI remove items, so none forgets the derived files. Those are pruned first:
+    a stop (Ctrl-C, a full disk) before the history is written leaves the items in it and their derived
+    entries to be made again by the next fit, never a removed text in a file no command would prune again.
     """
     with user.locked():
         items = user.history()
         chosen = choose(items)
         removed = [item for item in items if item.id in chosen]
         remaining = [item for item in items if item.id not in chosen]
+        forget_removed_items(user, {item.id for item in remaining})
         user.save_history(remaining, removing=True)
-        forget_removed_items(user)
     return removed, remaining
 
 
-def forget_removed_items(user: User) -> list[str]:
-    """Prune the user's derived files to the items still in the history; the names of the files changed."""
+def forget_removed_items(user: User, kept: Set[str] | None = None) -> list[str]:
+    """Prune the user's derived files to the items `kept` (by default those in the history); the names of the
+    files changed."""
     changed: list[str] = []
     with user.locked():
-        kept = user.history_ids()
+        kept = user.history_ids() if kept is None else kept
         if pair_cache.forget_negatives(user.dir, kept):
             changed.append(pair_cache.NEGATIVES_FILE)
         if exact_cache.forget_selections(user.dir, kept):
