@@ -145,6 +145,15 @@ def test_option_typos_are_refused_before_any_work(tmp_path: Path) -> None:
             "field 'output' is not Unicode",
         ),
         ("hello world", "not valid JSON"),
+        # a key named twice kept its last value silently
+        (
+            '{"user_id": "a", "history": [{"input": "x", "output": "first", "output": "second"}]}',
+            "duplicate key",
+        ),
+        (
+            '{"user_id": "a", "user_id": "b", "history": [{"input": "x", "output": "y"}]}',
+            "duplicate key 'user_id'",
+        ),
     ],
 )
 def test_a_malformed_corpus_is_an_input_error_naming_the_line(
@@ -156,6 +165,13 @@ def test_a_malformed_corpus_is_an_input_error_naming_the_line(
     path.write_text(line + "\n")
     with pytest.raises(InputError, match=rf"c.jsonl:1: .*{message}"):
         load_corpus(path)
+
+
+def test_a_corpus_path_that_is_no_regular_file_is_not_called_missing() -> None:
+    from localpers.publish.corpus import load_corpus
+
+    with pytest.raises(InputError, match="/dev/null is not a regular file"):
+        load_corpus("/dev/null")
 
 
 def test_a_corpus_saved_with_a_bom_is_read(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.errors import InputError
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,12 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
     """Read and validate a JSONL corpus; blank lines are skipped, user ids must be unique."""
     corpus_path = Path(path)
     if not corpus_path.is_file():
-        what = "is a directory" if corpus_path.is_dir() else "does not exist"
+        if corpus_path.is_dir():
+            what = "is a directory"
+        elif corpus_path.exists():
+            what = "is not a regular file (a device, FIFO or socket)"
+        else:
+            what = "does not exist"
         raise InputError(f"corpus file {corpus_path} {what}; give a JSONL file, one user per line")
     users: list[CorpusUser] = []
     first_line: dict[str, int] = {}
@@ -112,7 +117,8 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
                     continue
                 where = f"{corpus_path}:{number}"
                 try:
-                    record = parse_json(raw)
+                    # a key named twice would keep its last value silently (or blame another line's user_id)
+                    record = parse_json(raw, object_pairs_hook=reject_duplicate_keys)
                 except JSONProblem as problem:
                     raise InputError(f"{where}: not valid JSON ({problem})") from None
                 user = parse_user(record, where, number)
