@@ -531,3 +531,49 @@ def test_removing_the_indexed_one_of_two_items_with_one_input_leaves_the_index_a
     after_removal = stored()
     index_exact(personalizer, user, k=2, library=library)
     assert after_removal == stored()
+
+
+@pytest.mark.parametrize("text", ["市议会今天宣布在河边开辟一条新的自行车道，" * 70, "🚲🌉🎉" * 400])
+def test_a_dense_text_keeps_the_attribute_line_and_says_how_much_of_it_was_read(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    # the rewrite cut a too-dense text from its end after the line was appended: the line went, the result still
+    # named the attributes, and text_chars_read was the task's limit, not what the prompt carried
+    from localpers.engine.encoder import embed_texts
+    from localpers.methods.card import prompting
+    from localpers.tasks import get_task
+
+    example = item("The city opened a new bike lane.", "BIKE LANE OPENS!!!")
+    embedding = embed_texts([get_task("headline").content(example.input)])
+    index = ExactIndex(
+        [IndexEntry.of(example, ["Concise", "Vivid", "Humor"], 1.0, 0.0)],
+        embedding,
+        {"cluster": 0, "bundle_sha256": personalizer.bundle_sha256},
+    )
+    prompts: list[str] = []
+    original = prompting.prompt_tokens
+
+    def seen(engine, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        tokens, shared, read = original(engine, *args, **kwargs)
+        prompts.append(engine.detokenize(tokens))
+        return tokens, shared, read
+
+    monkeypatch.setattr(prompting, "prompt_tokens", seen)
+    result, retrieval = rewrite_exact(personalizer, index, text, max_tokens=1)
+    assert retrieval.attributes == ["Concise", "Vivid", "Humor"]
+    assert prompts[-1].rstrip().endswith(f"{attribute_line(retrieval.attributes)}\nHeadline:")
+    assert result.text_chars_read is not None and result.text_chars_read < len(text)
+    shown = prompts[-1].split("\nAttributes:")[0]
+    assert text[: result.text_chars_read - 5] in shown and text[: result.text_chars_read + 5] not in shown
+
+
+def test_one_dense_history_item_is_left_out_of_the_exact_fit_not_its_stop(personalizer: Personalizer) -> None:
+    # a Chinese article within the task's 1,500 characters is ~1,060 tokens: the fit stopped with "text too long"
+    user = UserStore().create("dense")
+    items = [item(article, headline) for article, headline in SHOUTED[:2]]
+    dense = item("市议会今天宣布在河边开辟一条新的自行车道，" * 70, "自行车道开通!!!")
+    user.save_history([*items, dense])
+    report = index_exact(personalizer, user, k=1, library=("Concise", "Vivid"))
+    assert report.n_too_long == 1 and report.n_items == 3
+    assert report.n_pairs + report.n_identical_skipped == 2
+    assert dense.id not in {entry.item_id for entry in load_index(user).entries}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from localpers import interrupts
+from localpers.engine import Engine
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_cache import (
@@ -106,13 +107,35 @@ def greedy_select(
 def attributed_input(task: str, text: str, attributes: Sequence[str]) -> str:
     """The input with EXACT's attribute line after it (unchanged when there are no attributes).
 
-    The input is cut first where the task cuts long inputs (`Task.prompt_for`), so the line always survives.
+    The input is cut first where the task cuts long inputs (`Task.prompt_for`), so the line survives the task's
+    character limit; a text too dense for the context at that length is cut shorter by the rewrite
+    (`exact_rewrite`) and left out of a fit (`pairs_within_context`).
     """
     if not attributes:
         return text
     chosen = get_task(task)
     line = attribute_line(attributes)
     return f"{cut_text(chosen.content(text), chosen.max_input_chars - len(line) - 1)}\n{line}"
+
+
+def pairs_within_context(
+    engine: Engine, items: Sequence[HistoryItem], library: Sequence[str], k: int
+) -> tuple[list[HistoryItem], int]:
+    """The items whose pairs a search can score within the engine's context, and how many were left out.
+
+    Counted for each item: its prompt with the longest attribute line `k` of `library` can make, and the longer of
+    its output and the y- the fit generates. A text the task's character limit lets in can still tokenize far
+    too densely (CJK, emoji), and one such item stopped the whole fit.
+    """
+    longest = sorted(library, key=len)[-k:] if k > 0 else []
+    kept = []
+    for item in items:
+        task = get_task(item.task)
+        output = len(engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
+        prompt = len(engine.tokenize(task.prompt_for(attributed_input(item.task, item.input, longest))))
+        if prompt + max(output, task.default_max_tokens) <= engine.n_ctx:
+            kept.append(item)
+    return kept, len(items) - len(kept)
 
 
 class PairMargins:
@@ -177,6 +200,9 @@ class ExactReport:
     seconds: dict[str, float]
     selections_cached: bool = (
         True  # False when the selection cache could not be written (a folder or FIFO there)
+    )
+    n_too_long: int = (
+        0  # items left out: with the longest attribute line their pair would not fit the context
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -245,6 +271,7 @@ def _index_exact(
 
     started = time.perf_counter()
     paired = items[-max_pairs:] if max_pairs is not None else items
+    paired, too_long = pairs_within_context(personalizer.engine, paired, library, k)
     negatives = personalizer.pairs.cached_negatives(user, paired, cluster, progress)
     seconds["negatives"] = time.perf_counter() - started
     pairs = [(i, n) for i, n in zip(paired, negatives, strict=True) if n and n != i.output]
@@ -329,6 +356,7 @@ def _index_exact(
             mean_gain=round(float(np.mean(gains)), 4) if gains else None,
             seconds={name: round(value, 3) for name, value in seconds.items()},
             selections_cached=not writes.failed,
+            n_too_long=too_long,
         )
         entries = [
             IndexEntry.of(item, sel.attributes, sel.margin, sel.base_margin) for item, sel in best.values()

@@ -78,6 +78,11 @@ class ExactMethod(Method):
             f" {_count(left_out, 'pair')} with negative gain left out)"
         )
         lines = [head, storage_line(report)]
+        if report.get("n_too_long"):
+            lines.append(
+                f"{_count(report['n_too_long'], 'history item')} left out: too long for the model's context once"
+                " tokenized, with an attribute line after it"
+            )
         if not report.get("selections_cached", True):
             lines.append(
                 f"note: {SELECTIONS_FILE} in the user's folder could not be written (a folder or FIFO where it goes,"
