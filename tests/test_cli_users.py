@@ -680,6 +680,23 @@ def test_user_show_prints_the_state_files_dates_escaped() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["history", "list"],
+        ["user", "show", "nobody"],
+        ["history", "import", "/no/such/file.jsonl"],
+        ["profile"],
+    ],
+)
+def test_a_refused_command_given_json_prints_its_verdict_as_json(args: list[str]) -> None:
+    # stdout stayed empty, which no script can parse as JSON (only `bundle info`/`verify` printed a verdict)
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code in (1, 2), result.output
+    error = result.stderr.strip().removeprefix("error: ")
+    assert json.loads(result.stdout) == {"ok": False, "error": error}
+
+
 def test_user_show_escapes_the_fit_choice_and_habits_of_an_imported_state() -> None:
     # these fields reached the terminal raw: a retitled window, a cleared screen, a fake `error:` line
     user = UserStore().create("ann")

@@ -180,6 +180,7 @@ def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbo
         "count": 6,
         "active": "current",
         "active_problem": None,
+        "folder_problem": None,
         "fitted_with_another_bundle": ["stale"],
         "unreadable": ["broken", "emptied", "texted"],
     }
@@ -196,6 +197,21 @@ def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbo
     store.active_path.write_text('{"user": 7}')
     shown = runner.invoke(app, ["doctor", "--model", str(backbone.path)]).stdout
     assert f"users         6\n  active      none: {store.active_path} is damaged (bad 'user')" in shown
+
+
+def test_doctor_names_a_file_where_the_users_folder_goes(backbone: Backbone) -> None:
+    """It said ok (exit 0) with no users, while every user command failed on the file (CLI audit)."""
+    import json
+
+    from localpers.users.store import UserStore
+
+    users_dir = UserStore().users_dir
+    users_dir.parent.mkdir(parents=True, exist_ok=True)
+    users_dir.write_text("not a folder")
+    result = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
+    assert result.exit_code == 1, result.output
+    problems = json.loads(result.stdout)["problems"]
+    assert any(p.startswith(f"users: {users_dir} is not a folder") for p in problems), problems
 
 
 def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(

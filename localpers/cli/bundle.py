@@ -12,14 +12,13 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from localpers.cli.numbers import float_option
-from localpers.errors import LocalpersError
 from localpers.untrusted import one_line
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
@@ -275,24 +274,11 @@ def _origin_of(directory: Path | None) -> str:
     return "pulled" if installed_bundle_dir() is not None else "embedded demo"
 
 
-@contextlib.contextmanager
-def _verdict_on_stdout(as_json: bool) -> Iterator[None]:
-    """With --json, a refusal also goes to stdout as `{"ok": false, "error": ...}` for scripts (the one-line
-    error on stderr and the exit code stay)."""
-    try:
-        yield
-    except LocalpersError as exc:
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "error": one_line(str(exc))}))
-        raise
-
-
 def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> None:
     """Show what a bundle contains (its files are verified; the backbone is not resolved)."""
     from localpers.bundle.format import open_bundle
 
-    with _verdict_on_stdout(as_json):
-        bundle = open_bundle(directory)
+    bundle = open_bundle(directory)  # a refusal: `one_line_errors` prints it, on stdout too with --json
     report = {"ok": True, **_describe(bundle, _origin_of(directory))}
     if as_json:
         typer.echo(json.dumps(report, indent=2))
@@ -337,15 +323,14 @@ def verify(
     from localpers.methods.card.bundle_content import check_bundle_content
 
     backbone = None
-    with _verdict_on_stdout(as_json):
-        if not skip_backbone:
-            from localpers.bundle.backbone_choice import backbone_for_bundle
+    if not skip_backbone:
+        from localpers.bundle.backbone_choice import backbone_for_bundle
 
-            backbone = backbone_for_bundle(model, directory)
-        started = time.perf_counter()
-        bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
-        with advising(repair_advice(bundle.directory)):
-            check_bundle_content(bundle, backbone.path if backbone else None)
+        backbone = backbone_for_bundle(model, directory)
+    started = time.perf_counter()
+    bundle = open_bundle(directory, backbone_sha256=backbone.sha256 if backbone else None)
+    with advising(repair_advice(bundle.directory)):
+        check_bundle_content(bundle, backbone.path if backbone else None)
     seconds = time.perf_counter() - started
     if as_json:
         payload = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import json
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -45,7 +46,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def one_line_errors(func: F) -> F:
     """Print a LocalpersError as `error: ...` on stderr and exit with its code, never a traceback.
 
-    Path arguments arrive with `~` expanded: the shell leaves it in `--out=~/x` and in quotes."""
+    A command given `--json` (its `as_json` argument) also prints `{"ok": false, "error": ...}` on stdout, so
+    a script reading its output gets JSON either way. Path arguments arrive with `~` expanded: the shell leaves
+    it in `--out=~/x` and in quotes."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -63,15 +66,15 @@ def one_line_errors(func: F) -> F:
         except LocalpersError as exc:
             # Messages quote outside input (file names, fields): escape anything that would break the
             # line (\n, U+2028) or drive the terminal (ESC).
-            typer.echo(f"error: {one_line(str(exc))}", err=True)
+            _refusal(one_line(str(exc)), as_json=kwargs.get("as_json") is True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM/SIGHUP (`interrupts.Terminated`)
             raise stopped_exit(stop) from None
         except BrokenPipeError:
             raise
         except OSError as exc:  # the file system said no (disk full, permissions) somewhere not wrapped
-            where = f" ({exc.filename})" if exc.filename else ""
-            typer.echo(f"error: {one_line(exc.strerror or str(exc))}{where}", err=True)
+            where = f" ({one_line(str(exc.filename))})" if exc.filename else ""
+            _refusal(f"{one_line(exc.strerror or str(exc))}{where}", as_json=kwargs.get("as_json") is True)
             raise typer.Exit(1) from None
         except ImportError as exc:
             # A Ctrl-C that lands while a C extension initialises (sklearn's, on a stage's first K-means) comes
@@ -86,6 +89,14 @@ def one_line_errors(func: F) -> F:
             _depth.reset(depth_now)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _refusal(message: str, *, as_json: bool) -> None:
+    """`error: message` on stderr; with --json also the verdict on stdout (only for the command itself: a command
+    another one runs as a step leaves its caller's output alone)."""
+    typer.echo(f"error: {message}", err=True)
+    if as_json and _depth.get() == 1:
+        typer.echo(json.dumps({"ok": False, "error": message}, ensure_ascii=False))
 
 
 def _expanded(value: Any) -> Any:

@@ -163,6 +163,8 @@ def _problems(report: dict[str, Any], backbone_problem: str | None) -> list[str]
         problems.append(f"bundle: {report['bundle']['content']}")
     if str(report["encoder"]).startswith("missing: "):
         problems.append(f"encoder: {report['encoder'].removeprefix('missing: ')}")
+    if report["users"]["folder_problem"]:
+        problems.append(f"users: {report['users']['folder_problem']}")
     data = paths.data_dir()
     if not os.access(data, os.W_OK):
         problems.append(f"data dir {data} cannot be written; users' histories and fits are kept there")
@@ -270,6 +272,11 @@ def _users_status(clusters: int | None = None) -> dict[str, Any]:
     from localpers.users.store import UserStore
 
     store = UserStore()
+    try:
+        store.check_folder()
+        folder_problem = None
+    except LocalpersError as exc:  # a file where the users' folder goes: every user command fails
+        folder_problem = str(exc)
     in_use = bundle_in_use_sha256()
     stale, unreadable = [], []
     names = store.list()
@@ -296,6 +303,7 @@ def _users_status(clusters: int | None = None) -> dict[str, Any]:
         "count": len(names),
         "active": active,
         "active_problem": active_problem,
+        "folder_problem": folder_problem,
         "fitted_with_another_bundle": stale,
         "unreadable": unreadable,
     }
