@@ -58,17 +58,29 @@ def test_chosen_tokens_are_always_plausible_under_the_user_model(decoder: CopeDe
     # Independent check: replay the output through the user model alone, one token at a time as decoding
     # evaluates it (a multi-token teacher-forced pass differs from one-token steps by llama.cpp's float noise,
     # up to ~0.3 nats on this backbone: enough to move a token across the plausibility threshold).
-    decoder.user.reset()
-    rows = [decoder.user.prefill(decoder.user.tokenize(PROMPT)).logits]
-    rows += [decoder.user.step(token).logits for token in result.tokens[:-1]]
+    rows = {}
+    for name, engine in (("user", decoder.user), ("base", decoder.base)):
+        engine.reset()
+        rows[name] = [engine.prefill(engine.tokenize(PROMPT)).logits]
+        rows[name] += [engine.step(token).logits for token in result.tokens[:-1]]
     left_argmax = 0
     for t, token in enumerate(result.tokens):
-        row = rows[t].astype(np.float64)
+        row = rows["user"][t].astype(np.float64)
         probs = np.exp(row - row.max())
         probs /= probs.sum()
         assert probs[token] >= tau * probs.max() - 1e-6, f"step {t} chose an implausible token"
         assert token in hook.steps[t].plausible
         left_argmax += token != int(np.argmax(row))
+        # and the contrast's best among them, `log p_user - alpha * log p_base`, from the replayed models (a sign
+        # flipped in the contrast passed the checks above)
+        base = rows["base"][t].astype(np.float64)
+        log_user = row - np.logaddexp.reduce(row)
+        log_base = base - np.logaddexp.reduce(base)
+        plausible = hook.steps[t].plausible
+        score = log_user[plausible] - alpha * log_base[plausible]
+        assert score[list(plausible).index(token)] >= score.max() - 1e-3, (
+            f"step {t} is not the contrast's best"
+        )
     assert left_argmax >= 1, "the contrast never changed a choice; the test would not notice a broken hook"
 
 
@@ -438,3 +450,25 @@ def test_a_user_deleted_while_its_lora_trains_stops_the_training_at_once(
     finally:
         personalizer.close()
     assert not (store.get("leaver2").dir / "cope.json").exists()
+
+
+def test_merging_the_base_adapter_for_a_fit_leaves_the_shared_backbone_bit_identical() -> None:
+    # the update was subtracted again: in float32 (w + d) - d is not w, so each fit changed the backbone a process
+    # shares with the next user's fit and the publisher's training
+    torch = pytest.importorskip("torch")
+    from localpers.methods.cope_train import merged
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    projection = torch.nn.Linear(64, 64, bias=False)
+    layer = types.SimpleNamespace(self_attn=types.SimpleNamespace(q_proj=projection))
+    causal_lm = types.SimpleNamespace(model=types.SimpleNamespace(layers=[layer]))
+    model = types.SimpleNamespace(get_base_model=lambda: causal_lm)
+    original = projection.weight.detach().clone()
+    for _ in range(3):
+        lora_a = rng.normal(0, 0.05, size=(4, 64)).astype(np.float32)
+        lora_b = rng.normal(0, 0.05, size=(64, 4)).astype(np.float32)
+        adapter = LoraFile({"blk.0.attn_q.weight": (lora_a, lora_b)}, alpha=8.0, architecture="gemma3")
+        with merged(model, adapter):
+            assert not torch.equal(projection.weight, original)  # the update is in while the block runs
+    assert torch.equal(projection.weight, original)

@@ -145,15 +145,18 @@ def merged(model: Any, adapter: LoraFile | None) -> Iterator[None]:
                 f"base adapter {name}: update {tuple(delta.shape)} does not fit weight {tuple(linear.weight.shape)}"
             )
         deltas.append((linear, delta))
-    with torch.no_grad():
-        for linear, delta in deltas:
-            linear.weight += delta
+    # restored from copies, not by subtracting: in float32 (w + d) - d is not w, so each fit left the backbone
+    # this process shares (the next user's fit, the publisher's training) slightly changed
+    saved = [linear.weight.detach().clone() for linear, _ in deltas]
     try:
+        with torch.no_grad():
+            for linear, delta in deltas:
+                linear.weight += delta
         yield
     finally:
         with torch.no_grad():
-            for linear, delta in deltas:
-                linear.weight -= delta
+            for (linear, _), original in zip(deltas, saved, strict=True):
+                linear.weight.copy_(original)
 
 
 def train_user_lora(
