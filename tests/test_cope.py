@@ -197,9 +197,18 @@ def test_device_sft_fits_stores_and_decodes(
         assert stored_bytes(user) > 10_000
         trained = read_lora_gguf(user.dir / state.adapter_file)
         assert trained.alpha == 4.0 and all(np.abs(b).max() > 0 for _, b in trained.tensors.values())
+        modes: list[int] = []
+        loading = CopeDecoder.__init__
+
+        def seen_loading(self, backbone_path, user_adapter, base_adapter, **options):  # noqa: ANN001, ANN003, ANN202
+            modes.append(os.stat(user_adapter).st_mode & 0o777)
+            return loading(self, backbone_path, user_adapter, base_adapter, **options)
+
+        monkeypatch.setattr(CopeDecoder, "__init__", seen_loading)
         decoder = CopeDecoder.for_user(personalizer, user, state)
         try:
-            assert not list(user.dir.glob(".cope-stacked-*")), "the temporary stacked adapter was left behind"
+            assert modes == [0o600]  # the user's weights, stacked: their own to read, as every file of theirs
+            assert not list(user.dir.glob(".cope-stacked*")), "the temporary stacked adapter was left behind"
             prompt = decoder.user.tokenize(PROMPT)
             user_logits = decoder.user.prefill(prompt).logits
             base_logits = decoder.base.prefill(prompt).logits

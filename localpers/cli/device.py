@@ -69,7 +69,7 @@ def fit_command(
             "--refit",
             help="Fit even when the stored fit was made from this same history, bundle and version (it is"
             " kept as it is by default: a new fit would reuse the model outputs cached for these items and come"
-            " out the same).",
+            " out the same). EXACT's index is always rebuilt, from its cached searches.",
         ),
     ] = False,
     bundle: BundleOption = None,

@@ -9,7 +9,7 @@ contrastive decoder and EXACT's attribute prompt are what each `rewrite` plugs i
 A method that decodes with machinery of its own (CoPe's two contexts, EXACT's index) says so with
 `own_decoder` and opens a `UserDecoder` for one user, which a server (`localpers api`) keeps open between
 requests; the other methods decode through the `Personalizer`'s adapters, which also take a ready prompt
-(a chat template) and stop strings.
+(a chat template). Every method takes a caller's stop strings.
 
 This module defines the shape only; `localpers.methods.registry` lists the methods and how the front ends
 show them.
@@ -150,5 +150,6 @@ class Method(ABC):
         return 0
 
     def open_decoder(self, personalizer: Personalizer, user: User) -> UserDecoder:
-        """The user's decoder, for a method with `own_decoder` (it takes no chat prompt and no stop strings)."""
+        """The user's decoder, for a method with `own_decoder` (it builds the task's prompt itself and takes a
+        caller's stop strings, as every method does)."""
         raise NotImplementedError(f"{self.name} decodes through the Personalizer's adapters")

@@ -10,7 +10,9 @@ step, with `p_user` and `p_base` the two next-token distributions:
 
 (tau = 0.1, alpha = 0.3 as in the CoPe paper). It costs a second forward pass per token. `rewrite_cope` is
 `Personalizer.rewrite`'s counterpart for a user with a CoPe fit. Fitting and the stored state are
-`localpers.methods.cope`; nothing here trains, writes user state or opens a network connection.
+`localpers.methods.cope`; nothing here trains, writes user state or opens a network connection. Opening a
+user's decoder writes their stacked adapter to a temporary file in their folder while llama.cpp loads it (0600;
+one a killed process left is swept the next time the user's folder is locked: `atomic.remove_stale_temp_files_in`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from localpers.atomic import TEMP_SUFFIX
 from localpers.engine import CONTEXT_TOKENS, Engine
 from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
@@ -138,12 +141,15 @@ class CopeDecoder:
                 f" one does not read; {refit}"
             )
         base_path = personalizer.bundle.adapter_path(state.base_adapter)
-        fd, temp_name = tempfile.mkstemp(dir=user.dir, prefix=".cope-stacked-", suffix=".gguf")
+        # named as atomic writes name their temp files (with this process's id), so a leftover is swept
+        fd, temp_name = tempfile.mkstemp(
+            dir=user.dir, prefix=f".cope-stacked.gguf.{os.getpid()}.", suffix=TEMP_SUFFIX
+        )
         os.close(fd)
         stacked = Path(temp_name)
         try:
             write_stacked_lora(
-                stacked, [read_lora_gguf(base_path), read_lora_gguf(adapter_path(user, state))]
+                stacked, [read_lora_gguf(base_path), read_lora_gguf(adapter_path(user, state))], private=True
             )
             # llama.cpp copies the adapter's tensors when loading it, so the file can go right after.
             return cls(personalizer.backbone.path, stacked, base_path)

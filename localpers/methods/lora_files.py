@@ -93,10 +93,17 @@ def stack_loras(adapters: Sequence[LoraFile]) -> Tensors:
     }
 
 
-def write_stacked_lora(path: Path, adapters: Sequence[LoraFile], *, name: str = "stacked") -> Path:
-    """Write the sum of `adapters` as one GGUF adapter at `path` (atomically)."""
+def write_stacked_lora(
+    path: Path, adapters: Sequence[LoraFile], *, name: str = "stacked", private: bool = False
+) -> Path:
+    """Write the sum of `adapters` as one GGUF adapter at `path` (atomically; `private`: 0600, a user's)."""
     if not adapters:
         raise ValueError("nothing to stack")
     return write_lora_gguf(
-        path, stack_loras(adapters), alpha=0.0, architecture=adapters[0].architecture, name=name
+        path,
+        stack_loras(adapters),
+        alpha=0.0,
+        architecture=adapters[0].architecture,
+        name=name,
+        private=private,
     )
