@@ -329,6 +329,34 @@ def test_a_fit_stored_before_conditioned_prompts_decodes_with_the_plain_prompt()
     assert CopeState(**stored).conditioned is False
 
 
+def test_rewrite_cope_shows_the_history_only_for_a_fit_trained_on_conditioned_prompts(
+    decoder: CopeDecoder,
+) -> None:
+    # the test above read a dataclass default only; a rewrite treating every fit as conditioned passed it
+    from localpers.methods.cope_decode import rewrite_cope
+    from localpers.users.history_index import HistoryIndex
+
+    history = HistoryIndex(get_task("headline"), [("A storm cut power.", "STORM CUTS POWER!!!")] * 3)
+    conditioned = PromptFormat(examples=2)
+    text = "The zoo welcomed two baby pandas."
+    plain_length = len(decoder.user.tokenize(get_task("headline").prompt_for(text)))
+    for fitted_on_conditioned in (False, True):
+        state = types.SimpleNamespace(conditioned=fitted_on_conditioned, cluster=0, base_adapter="base")
+        result = rewrite_cope(
+            decoder,  # type: ignore[arg-type]
+            state,  # type: ignore[arg-type]
+            text,
+            max_tokens=2,
+            history=history,
+            prompt_format=conditioned,
+            show_examples=True,
+        )
+        if fitted_on_conditioned:
+            assert result.examples and result.prompt_tokens > plain_length
+        else:
+            assert result.examples == [] and result.prompt_tokens == plain_length
+
+
 @pytest.mark.slow
 def test_device_sft_on_a_conditioned_bundle_trains_and_decodes_on_the_bases_prompt(
     backbone: Backbone, tmp_path: Path
