@@ -96,7 +96,7 @@ def _refusal(message: str, *, as_json: bool) -> None:
     another one runs as a step leaves its caller's output alone)."""
     typer.echo(f"error: {message}", err=True)
     if as_json and _depth.get() == 1:
-        typer.echo(json.dumps({"ok": False, "error": message}, ensure_ascii=False))
+        typer.echo(json.dumps({"ok": False, "error": message}))  # ASCII, as every --json output
 
 
 def _expanded(value: Any) -> Any:
