@@ -894,6 +894,18 @@ def test_a_damaged_backbone_download_is_refused_and_started_over(
     assert pulled_backbone_path(sha).read_bytes() == data
 
 
+def test_a_pull_without_the_backbone_checks_the_bundle_against_the_backbone_pulled_before(
+    repo_with_backbone: tuple[Path, str, bytes],
+) -> None:
+    # an update pulled without --with-backbone was checked against the default backbone and refused as "built
+    # for another backbone", though the device runs this bundle on the backbone it pulled
+    repo_dir, fingerprint, _ = repo_with_backbone
+    pull_bundle(str(repo_dir), with_backbone=True, trust=fingerprint)
+    assert pull_bundle(str(repo_dir)).directory.is_dir()  # type: ignore[attr-defined]
+    result = runner.invoke(app, ["pull", str(repo_dir)])
+    assert result.exit_code == 0, result.output
+
+
 def test_a_new_publisher_can_be_confirmed_once(repo: tuple[Path, Path, str]) -> None:
     repo_dir, _, fingerprint = repo
     asked: list[str] = []

@@ -39,6 +39,18 @@ def backbone_for_bundle(model: str | Path | None, bundle: str | Path | None = No
     return resolve_backbone()
 
 
+def backbone_sha256_for_manifest(named: object) -> str:
+    """The sha256 of the backbone a bundle naming `named` (its manifest's backbone sha256) opens with here: as
+    `backbone_for_bundle` chooses, so a pull checks a new bundle against the backbone it will run on."""
+    if (os.environ.get(MODEL_ENV_VAR) or "").strip() or configured_model_path():
+        return resolve_backbone().sha256
+    if isinstance(named, str) and len(named) == 64 and named != default_backbone_sha256():
+        pulled = pulled_backbone_path(named)
+        if pulled.is_file():
+            return cached_sha256(pulled)
+    return resolve_backbone().sha256
+
+
 def _named_backbone(bundle: str | Path | None) -> str | None:
     """The backbone sha256 the bundle's manifest names, or None where it cannot be read (`open_bundle` then says
     why, naming the file)."""

@@ -269,7 +269,9 @@ def pull_bundle(
     """Fetch, verify and install the bundle at `source` (a signed repository's URL or directory; a plain
     bundle directory only with `unsigned`).
 
-    `backbone_sha256` defaults to the sha256 of the backbone `resolve_backbone()` picks. `trust` is the
+    `backbone_sha256` defaults to the sha256 of the backbone the new bundle would open with
+    (`backbone_choice.backbone_sha256_for_manifest`: one an earlier `--with-backbone` pull installed, where the
+    bundle names it and no model is configured; else the one `resolve_backbone()` picks). `trust` is the
     root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
     answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
     backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
@@ -279,10 +281,6 @@ def pull_bundle(
     soon as `current` points at the new version. Raises LocalpersError naming the failing file; on any failure
     the installed bundle is unchanged.
     """
-    if backbone_sha256 is None and not with_backbone:
-        from localpers.engine.backbone import resolve_backbone
-
-        backbone_sha256 = resolve_backbone().sha256
     started = time.perf_counter()
     current: list[str] = []  # the file being downloaded, for progress
     done = 0
@@ -311,6 +309,13 @@ def pull_bundle(
             manifest_bytes = bundle_source.read_manifest()
             manifest_origin = bundle_source.where(MANIFEST_NAME)
             manifest = parse_manifest(manifest_bytes, manifest_origin)
+            if backbone_sha256 is None and not with_backbone:
+                from localpers.bundle.backbone_choice import backbone_sha256_for_manifest
+
+                backbone = manifest.get("backbone")
+                backbone_sha256 = backbone_sha256_for_manifest(
+                    backbone.get("sha256") if isinstance(backbone, dict) else None
+                )
             validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
             if with_backbone:
                 backbone_sha256 = _pull_backbone(bundle_source, manifest, current, on_progress)

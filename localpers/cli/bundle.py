@@ -140,7 +140,8 @@ def pull(
     from localpers.cli.common import note_saved
     from localpers.engine.backbone import resolve_backbone
 
-    backbone_sha256 = None if with_backbone and model is None else resolve_backbone(model).sha256
+    # without --model, the backbone the new bundle will open with (a pulled one it names, or the default)
+    backbone_sha256 = None if model is None else resolve_backbone(model).sha256
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
