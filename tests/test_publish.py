@@ -102,6 +102,29 @@ def test_resume_reuses_finished_stages(published: dict) -> None:
         assert f"stage {stage}: done in" in published["log"]
 
 
+def test_a_rerun_with_another_out_installs_the_bundle_there_and_out_inside_work_is_refused(
+    published: dict, tmp_path: Path
+) -> None:
+    # the bundle stage was cached: the run said "wrote B" and B did not exist (publish audit)
+    import dataclasses
+
+    from localpers.bundle.format import verify_bundle
+    from localpers.errors import InputError
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    elsewhere = dataclasses.replace(options, out=tmp_path / "B", work=options.work_dir)
+    result = publish(elsewhere)
+    assert verify_bundle(tmp_path / "B") is not None
+    assert result["stages"]["bundle"]["manifest_sha256"] == sha256_of_file(tmp_path / "B" / "manifest.json")
+    log = (options.work_dir / "publish.log").read_text()
+    assert "stage bundle: what it made is no longer where it put it" in log
+    # an --out among the stage folders was removed by a rerun whose inputs changed, before the new bundle's check
+    for inside in (options.work_dir / "bundle", options.work_dir):
+        with pytest.raises(InputError, match="is inside --work"):
+            publish(dataclasses.replace(options, out=inside, work=options.work_dir))
+
+
 def test_manifest_lists_every_bundle_file_with_its_hash(published: dict) -> None:
     out = published["options"].out
     manifest = json.loads((out / "manifest.json").read_text())
@@ -191,6 +214,31 @@ def test_from_stage_recomputes_only_that_stage_and_later(published: dict) -> Non
     assert (options.out / "manifest.json").exists()
 
 
+def test_from_stage_with_until_discards_the_stages_after_until_and_no_pairs_is_one_line(
+    published: dict, tmp_path: Path
+) -> None:
+    # the stages after --until kept their caches, made from the old stages, and the next run reused them
+    import dataclasses
+    import shutil
+
+    from localpers.errors import LocalpersError
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    work = tmp_path / "work"
+    shutil.copytree(options.work_dir, work)
+    copy = dataclasses.replace(options, work=work, out=tmp_path / "out")
+    publish(copy, from_stage="head", until="head")
+    assert (work / "head" / "done.json").exists() and not (work / "bundle").exists()
+    # every pair skipped (each y- empty or the author's own headline): the head's stage ended in a numpy traceback
+    for path in (work / "pairs").glob("user-*.json"):
+        record = json.loads(path.read_text())
+        record["pairs"] = []
+        path.write_text(json.dumps(record))
+    with pytest.raises(LocalpersError, match="no preference pairs to train the head on"):
+        publish(copy, from_stage="features")
+
+
 def test_a_bundle_devices_would_refuse_is_not_installed(published: dict) -> None:
     """A head stage that left NaN in the head: the bundle stage refuses to install it, OUT keeps its bundle."""
     from safetensors.numpy import load_file, save_file
@@ -237,7 +285,16 @@ def test_interrupted_sft_resumes_from_its_checkpoint(published: dict) -> None:
     assert "cluster-1: resuming at step 2/2" in log
     assert (sft_dir / "global" / "lora.pt").stat().st_mtime_ns == global_mtime
     assert (adapter / "lora.pt").exists() and (sft_dir / "done.json").exists()
-    assert len(saved) > 0
+    # resumed at its last step from the checkpoint: the same weights as the run that was not interrupted
+    import io
+
+    import torch
+
+    before = torch.load(io.BytesIO(saved), map_location="cpu", weights_only=False)
+    after = torch.load(adapter / "lora.pt", map_location="cpu", weights_only=False)
+    flat_before, flat_after = _tensors(before), _tensors(after)
+    assert flat_before.keys() == flat_after.keys() and flat_before
+    assert all(torch.equal(flat_before[name], flat_after[name]) for name in flat_before)
 
 
 def test_a_publish_without_validation_items_checks_its_adapters_on_training_items(
@@ -587,3 +644,16 @@ def test_pairs_and_features_are_the_same_under_ray(published: dict, ray_session,
             assert set(got.files) == set(expected.files)
             for name in expected.files:
                 np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{path.name} {name}")
+
+
+def _tensors(saved: object, prefix: str = "") -> dict:
+    """Every tensor of a saved object (nested dicts, lists), by its path."""
+    import torch
+
+    if isinstance(saved, torch.Tensor):
+        return {prefix: saved}
+    if isinstance(saved, dict):
+        return {k: v for key, value in saved.items() for k, v in _tensors(value, f"{prefix}/{key}").items()}
+    if isinstance(saved, list | tuple):
+        return {k: v for i, value in enumerate(saved) for k, v in _tensors(value, f"{prefix}/{i}").items()}
+    return {}

@@ -131,6 +131,10 @@ def test_option_typos_are_refused_before_any_work(tmp_path: Path) -> None:
     for seed in ("-1", str(2**32)):
         result = runner.invoke(app, ["publish", str(corpus), "--out", str(out), "--seed", seed])
         assert result.exit_code == 2 and "--seed" in result.output and not out.exists()
+    # values that make adapters without effect were found only after the training, blamed on the export
+    for flag in ("--lr", "--lora-alpha", "--global-epochs", "--cluster-epochs"):
+        result = runner.invoke(app, ["publish", str(corpus), "--out", str(out), flag, "0"])
+        assert result.exit_code == 2 and flag in result.output and not out.exists(), (flag, result.output)
 
 
 @pytest.mark.parametrize(

@@ -35,10 +35,11 @@ def publish_command(
         int, typer.Option(min=1, help="More users than this: MiniBatchKMeans and a sampled silhouette.")
     ] = 2000,
     global_epochs: Annotated[
-        float, float_option("--global-epochs", low=0.0, help="Epochs of the global adapter.")
+        float, float_option("--global-epochs", low=0.0, low_open=True, help="Epochs of the global adapter.")
     ] = 1.0,
     cluster_epochs: Annotated[
-        float, float_option("--cluster-epochs", low=0.0, help="Epochs of each cluster adapter.")
+        float,
+        float_option("--cluster-epochs", low=0.0, low_open=True, help="Epochs of each cluster adapter."),
     ] = 1.0,
     max_steps: Annotated[
         int | None, typer.Option(min=1, help="Cap on the SFT steps of every adapter.")
@@ -53,12 +54,14 @@ def publish_command(
         ),
     ] = "auto",
     rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = 16,
-    lora_alpha: Annotated[float, float_option("--lora-alpha", low=0.0, help="LoRA alpha.")] = 32.0,
+    lora_alpha: Annotated[
+        float, float_option("--lora-alpha", low=0.0, low_open=True, help="LoRA alpha.")
+    ] = 32.0,
     dropout: Annotated[float, float_option("--dropout", low=0.0, high=0.9, help="LoRA dropout.")] = 0.05,
     targets: Annotated[str, typer.Option(help="Comma-separated LoRA targets (GGUF names).")] = ",".join(
         DEFAULT_TARGETS
     ),
-    lr: Annotated[float, float_option("--lr", low=0.0, help="SFT learning rate.")] = 2e-4,
+    lr: Annotated[float, float_option("--lr", low=0.0, low_open=True, help="SFT learning rate.")] = 2e-4,
     batch_size: Annotated[int, typer.Option(min=1, help="SFT batch size.")] = 8,
     precision: Annotated[str, typer.Option(help="auto (measure), bf16 or fp32.")] = "auto",
     history_examples: Annotated[
@@ -148,10 +151,18 @@ def publish_command(
     ] = 0.1,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Random seed.")] = 0,
     threads: Annotated[
-        int, typer.Option(min=1, max=MAX_THREADS, help="CPU threads for torch and llama.cpp.")
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_THREADS,
+            help="CPU threads for torch (SFT, export, the head) and numpy/scikit-learn.",
+        ),
     ] = 2,
     engine_threads: Annotated[
-        int, typer.Option(min=1, max=MAX_THREADS, help="CPU threads for llama.cpp (pairs, features).")
+        int,
+        typer.Option(
+            min=1, max=MAX_THREADS, help="CPU threads for llama.cpp (the export check, pairs, features)."
+        ),
     ] = 2,
     executor: Annotated[
         str,
@@ -179,7 +190,12 @@ def publish_command(
         ),
     ] = None,
     until: Annotated[str | None, typer.Option(help=f"Stop after this stage ({', '.join(STAGES)}).")] = None,
-    from_stage: Annotated[str | None, typer.Option(help="Recompute this stage and all later ones.")] = None,
+    from_stage: Annotated[
+        str | None,
+        typer.Option(
+            help="Recompute this stage and all later ones (with --until, those after it are discarded, to be made anew by the next run)."
+        ),
+    ] = None,
     work: Annotated[Path | None, typer.Option(help="Stage cache directory (default OUT/.work).")] = None,
     model: Annotated[
         str | None, typer.Option("--model", envvar="LOCALPERS_MODEL", help="Backbone GGUF path.")

@@ -10,6 +10,7 @@ left with NaN, say) is not installed, and OUT keeps what it had. Nothing here tr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import shutil
@@ -154,7 +155,21 @@ def run(context: PublishContext, directory: Path, summaries: dict[str, dict[str,
         if p.is_file() and ".work" not in p.parts
     )
     total = sum((context.options.out / f).stat().st_size for f in files)
-    return {"files": files, "bytes": total}
+    return {"files": files, "bytes": total, "manifest_sha256": _manifest_sha256(context.options.out)}
+
+
+def installed(out: Path, summary: dict[str, Any]) -> bool:
+    """Whether `out` still holds the bundle this stage installed (its manifest unchanged): a cached stage with
+    another --out, or an OUT removed or edited since, is run again (it said "wrote OUT" and installed nothing)."""
+    recorded = summary.get("manifest_sha256")
+    return isinstance(recorded, str) and _manifest_sha256(out) == recorded
+
+
+def _manifest_sha256(out: Path) -> str | None:
+    try:
+        return hashlib.sha256((out / MANIFEST_NAME).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def check_as_devices_will(staging: Path, backbone: Path, out: Path) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localpers.errors import LocalpersError
 from localpers.publish.features import user_file
 from localpers.publish.pairs import load_pairs
 from localpers.publish.runner import PublishContext
@@ -52,6 +53,11 @@ def load_pair_data(context: PublishContext) -> PairData:
             n_pairs = len(data["lengths"]) // 2
             pair_user.extend([row] * n_pairs)
             pair_cluster.extend([record["cluster"]] * n_pairs)
+    if not lengths:
+        raise LocalpersError(
+            "no preference pairs to train the head on: every user's y- was empty or equal to their headline;"
+            " check the corpus's outputs, or raise --max-new-tokens / --pairs-per-user"
+        )
     all_lengths = np.concatenate(lengths)
     return PairData(
         features=np.concatenate(features),

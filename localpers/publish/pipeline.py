@@ -56,6 +56,7 @@ def publish(
 
     Every option is checked before anything is read, started or written (exit code 2 for a bad value)."""
     check_options(options, until=until, from_stage=from_stage)
+    _refuse_out_inside_work(options.out, options.work_dir)
     bundle_stage.check_output_directory(options.out)
     check_work_directory(options.work_dir)
     corpus = load_corpus(options.corpus, min_users=max(2, options.k or 2))
@@ -74,6 +75,17 @@ def publish(
             limits.restore_original_limits()
     finally:
         executor.close()
+
+
+def _refuse_out_inside_work(out: Path, work: Path) -> None:
+    """OUT inside the stage cache would be one of its folders or in one: a rerun whose inputs changed removed it
+    before the new bundle was checked, and OUT kept nothing (the cache inside OUT, the default, is fine)."""
+    out, work = out.expanduser().resolve(), work.expanduser().resolve()
+    if out == work or work in out.parents:
+        raise InputError(
+            f"--out {out} is inside --work {work}, whose folders a rerun replaces: choose an --out outside it"
+            " (the default --work is OUT/.work)"
+        )
 
 
 def check_options(options: PublishOptions, *, until: str | None, from_stage: str | None) -> None:
@@ -154,7 +166,12 @@ def _publish(
     }
 
     result = run_stages(
-        context, functions, until=until, from_stage=from_stage, on_summary=summaries.__setitem__
+        context,
+        functions,
+        until=until,
+        from_stage=from_stage,
+        on_summary=summaries.__setitem__,
+        still_in_place={"bundle": lambda summary: bundle_stage.installed(options.out, summary)},
     )
     return {
         "out": str(options.out),

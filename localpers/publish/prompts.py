@@ -9,8 +9,11 @@ adapters serve users with no history. Stages sft, pairs and features all take th
 `--example-pool others` (sft only) draws a training prompt's examples from all of the author's other items
 instead, nearest in time last, so that "recent" examples are the items written closest to it: every item but
 an author's only one gets a full prompt. Pairs and features always use earlier items, as the device does.
-Validation items' outputs may then appear among training prompts' examples, so the validation loss of such a
-run does not compare with an earlier-items run's.
+With either pool, a validation item's output appears among the examples of the author's later training prompts
+(with `earlier`, the ones written after it; with `others`, all of them), as a device shows every earlier item, so
+the reported validation loss (`training.val_loss`) is lower than on authors the adapters never saw; the pools'
+losses do not compare with each other. The held-out evaluation is the bench's (`localpers bench --dev-split`,
+`scripts/heldout_corpus.py`), not this loss.
 """
 
 from __future__ import annotations

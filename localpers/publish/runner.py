@@ -208,8 +208,13 @@ def run_stages(
     until: str | None = None,
     from_stage: str | None = None,
     on_summary: Callable[[str, dict[str, Any]], None] | None = None,
+    still_in_place: dict[str, Callable[[dict[str, Any]], bool]] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run the stages in `STAGES` order up to `until`; `from_stage` forces it and later ones to recompute."""
+    """Run the stages in `STAGES` order up to `until`; `from_stage` forces it and every later one to recompute
+    (also those after `until`: kept, they would be reused by the next run though made from the old ones).
+
+    `still_in_place[stage](summary)` says whether what a cached stage put outside its folder (the bundle stage's
+    install in OUT) is still there; where not, the stage runs again."""
     for name in (until, from_stage):
         if name is not None and name not in STAGES:
             raise LocalpersError(f"unknown stage {name!r}; stages are: {', '.join(STAGES)}")
@@ -222,14 +227,21 @@ def run_stages(
         "corpus": sha256_of_file(Path(context.options.corpus)),
         "backbone": context.backbone_sha256,
     }
-    for index, stage in enumerate(STAGES[: last + 1]):
+    for stage in STAGES[forced:]:
+        if context.stage_dir(stage).exists():
+            shutil.rmtree(context.stage_dir(stage))
+    for stage in STAGES[: last + 1]:
         key = stage_key(context.options, stage, dict(upstream))
         context.keys[stage] = key
         directory = context.stage_dir(stage)
         marker = directory / DONE_MARKER
-        if index >= forced and directory.exists():
-            shutil.rmtree(directory)
-        if marker.exists() and read_json(marker).get("key") == key:
+        check = (still_in_place or {}).get(stage)
+        cached = marker.exists() and read_json(marker).get("key") == key
+        if cached and check is not None and not check(read_json(marker).get("summary", {})):
+            context.log(f"stage {stage}: what it made is no longer where it put it, running it again")
+            marker.unlink()
+            cached = False
+        if cached:
             done = read_json(marker)
             context.stage_seconds[stage] = float(done.get("seconds", 0.0))
             context.log(f"stage {stage}: cached ({done.get('seconds', 0):.1f} s when it ran)")
