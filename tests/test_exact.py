@@ -577,3 +577,33 @@ def test_one_dense_history_item_is_left_out_of_the_exact_fit_not_its_stop(person
     assert report.n_too_long == 1 and report.n_items == 3
     assert report.n_pairs + report.n_identical_skipped == 2
     assert dense.id not in {entry.item_id for entry in load_index(user).entries}
+
+
+def test_an_item_whose_plain_prompt_alone_overflows_is_left_out_too(personalizer: Personalizer) -> None:
+    # the attribute line cuts a long text shorter: in a dense script its plain prompt (y-'s, the base margin's)
+    # can be the longer one, and an item let in by the attributed prompt's length stopped the fit
+    from localpers.methods.exact import attributed_input, pairs_within_context
+    from localpers.tasks import get_task
+
+    engine, task = personalizer.engine, get_task("headline")
+    headline = (
+        "City council says the long awaited riverside bike lane will open next spring after years of delays"
+    )
+    output = len(engine.tokenize(" " + task.scored_output(headline), add_bos=False))
+    budget = engine.n_ctx - max(output, task.default_max_tokens)
+
+    def length(text: str, attributes: tuple[str, ...]) -> int:
+        return len(engine.tokenize(task.prompt_for(attributed_input("headline", text, attributes))))
+
+    for ascii_chars in range(
+        600, 0, -3
+    ):  # English, then Chinese: where the cut falls, each character is a token
+        text = (" the city will open a new bike lane by the river" * 40)[
+            :ascii_chars
+        ] + "市议会今天宣布开辟自行车道，" * 150
+        if length(text, ("Vivid",)) <= budget < length(text, ()):
+            break
+    else:
+        pytest.skip("no text in the band on this tokenizer")
+    kept, left_out = pairs_within_context(engine, [item(text, headline)], ("Concise", "Vivid"), 1)
+    assert (kept, left_out) == ([], 1)

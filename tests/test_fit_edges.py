@@ -123,3 +123,29 @@ def test_the_fit_says_why_no_choice_was_made() -> None:
     assert "earlier items gave too few usable pairs" in fit_summary("ann", report, None)
     report.n_items = 5
     assert "too few items to choose a correction" in fit_summary("ann", report, None)
+
+
+def test_the_fit_summary_escapes_a_stored_fits_habits_and_choice() -> None:
+    # `fit` prints the stored fit when nothing is new: an imported or edited state.json's words reached the terminal
+    from localpers.methods.reports import FitReport
+
+    report = FitReport(
+        mode="vector",
+        cluster=0,
+        cluster_similarities=[1.0],
+        n_items=20,
+        n_pairs=20,
+        n_identical_skipped=0,
+        train_accuracy=1.0,
+        heldout_accuracy=None,
+        heldout_accuracy_default=None,
+        n_heldout=0,
+        regularisation=1.0,
+        vector_norm=1.0,
+        seconds={"fit": 0.1},
+        bundle_sha256="0" * 64,
+        habits=["\x1b]0;hijacked\x07opens with X", "ok\nerror: your disk is failing"],
+    )
+    shown = fit_summary("ann", report, {"label": "\x1b[2Jvector", "reason": "fine\nerror: fake"})
+    assert "\x1b" not in shown and "\\x1b]0;hijacked\\x07opens with X" in shown
+    assert not any(line.startswith("error:") for line in shown.splitlines())

@@ -123,16 +123,20 @@ def pairs_within_context(
 ) -> tuple[list[HistoryItem], int]:
     """The items whose pairs a search can score within the engine's context, and how many were left out.
 
-    Counted for each item: its prompt with the longest attribute line `k` of `library` can make, and the longer of
-    its output and the y- the fit generates. A text the task's character limit lets in can still tokenize far
-    too densely (CJK, emoji), and one such item stopped the whole fit.
+    Counted for each item: the longer of its plain prompt (y-'s and the base margin's; a cut text keeps more of
+    itself there, which in a dense script can outweigh the line) and its prompt with the longest attribute line `k`
+    of `library` can make, and the longer of its output and the y- the fit generates. A text the task's character
+    limit lets in can still tokenize far too densely (CJK, emoji), and one such item stopped the whole fit.
     """
     longest = sorted(library, key=len)[-k:] if k > 0 else []
     kept = []
     for item in items:
         task = get_task(item.task)
         output = len(engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
-        prompt = len(engine.tokenize(task.prompt_for(attributed_input(item.task, item.input, longest))))
+        prompt = max(
+            len(engine.tokenize(task.prompt_for(attributed_input(item.task, item.input, shown))))
+            for shown in ((), longest)
+        )
         if prompt + max(output, task.default_max_tokens) <= engine.n_ctx:
             kept.append(item)
     return kept, len(items) - len(kept)

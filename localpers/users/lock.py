@@ -15,7 +15,8 @@ folder holds a random `.identity` token, and a caller that read it when it start
 when the folder's token differs, instead of writing the old user's fit into the new one. Readers do not
 lock: they see the old file or the new one. A fit, which runs for seconds to minutes, also holds the folder's
 `.fit.lock` from start to end (`fit_lock`), so a second fit of the same user is refused at once instead of doing
-the same work beside it. This module knows nothing else of what is in the folder.
+the same work beside it. Taking a folder's lock also removes the temp files writers that died left in it
+(`atomic.remove_stale_temp_files_in`). This module knows nothing else of what is in the folder.
 """
 
 from __future__ import annotations

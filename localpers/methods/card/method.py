@@ -22,6 +22,7 @@ from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_format_of, fit_is_outdated
 from localpers.tasks import get_task
+from localpers.untrusted import one_line
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User
@@ -304,11 +305,14 @@ def fit_summary(user: str, report: FitReport, choice: dict[str, Any] | None = No
             f"{report.n_too_long} history item(s) left out: too long for the model's context once tokenized"
             " (emoji or dense scripts); shorten them to fit them too"
         )
+    # a stored fit's words are escaped: an imported archive's or a hand-edited state.json is kept as it is
     if report.habits:
-        lines.append("habits found in your outputs: " + "; ".join(report.habits))
+        lines.append(
+            "habits found in your outputs: " + "; ".join(one_line(str(habit)) for habit in report.habits)
+        )
     if report.mode == "vector":
         if choice:
-            lines.append(f"chose {choice['label']}: {choice['reason']}")
+            lines.append(f"chose {one_line(str(choice['label']))}: {one_line(str(choice['reason']))}")
         elif report.n_items < MIN_ITEMS_TO_CHOOSE:
             lines.append(
                 "too few items to choose a correction on your own recent items: the bundle's defaults apply"
