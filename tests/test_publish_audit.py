@@ -255,3 +255,15 @@ def test_a_repository_or_keys_that_cannot_sign_are_refused_before_training(tmp_p
         result = runner.invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
         assert result.exit_code != 0 and message in result.output, result.output
         assert not out.exists()
+
+
+def test_card_base_named_as_auto_would_choose_it_keys_the_stages_as_auto() -> None:
+    # switching between `auto` and the base it resolves to re-ran pairs, features, head and bundle for the same bundle
+    from dataclasses import replace
+
+    from localpers.publish.options import stage_fields
+
+    for history_examples, resolved, other in ((5, "global", "cluster"), (0, "cluster", "global")):
+        auto = PublishOptions(corpus=Path("c.jsonl"), out=Path("b"), history_examples=history_examples)
+        assert stage_fields(replace(auto, card_base=resolved), "pairs") == stage_fields(auto, "pairs")
+        assert stage_fields(replace(auto, card_base=other), "pairs") != stage_fields(auto, "pairs")

@@ -7,7 +7,7 @@ options that contradict each other.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,9 @@ KEY_ONLY_IF_CHANGED: dict[str, Any] = {
 
 def stage_fields(options: PublishOptions, stage: str) -> dict[str, Any]:
     values = options.as_dict()
+    # keyed as "auto" whenever it names what auto would choose: the same base made a needless new pairs stage
+    if values.get("card_base") == card_base(replace(options, card_base="auto")):
+        values["card_base"] = "auto"
     return {
         name: values[name]
         for name in STAGE_FIELDS[stage]
