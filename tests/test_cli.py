@@ -320,7 +320,7 @@ def test_fit_progress_without_a_terminal_logs_stage_lines(
             "--presence-penalty must be a finite number from -2",
         ),
         (["generate", "x"], "--repeated-word-penalty", "inf", "--repeated-word-penalty must be a finite"),
-        (["publish", "c.jsonl", "-o", "out"], "--lr", "inf", "--lr must be a finite number of 0 or more"),
+        (["publish", "c.jsonl", "-o", "out"], "--lr", "inf", "--lr must be a finite number above 0"),
     ],
 )
 def test_float_options_refuse_numbers_that_are_not_finite(
