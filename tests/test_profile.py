@@ -142,3 +142,19 @@ def test_profile_of_a_user_with_nothing_fitted_says_what_makes_one() -> None:
     assert "Series you repeat: none" in shown.stdout and "EXACT: no index" in shown.stdout
     profile = json.loads(CliRunner().invoke(app, ["profile", "--user", "newcomer", "--json"]).stdout)
     assert profile["card"] is None and profile["exact"] is None and profile["series"] == []
+
+
+def test_a_damaged_exact_index_is_named_and_the_rest_of_the_profile_shown() -> None:
+    # one damaged exact-index.safetensors made the whole profile exit 2, where `user show` reported the rest
+    from localpers.methods.exact_index import index_path
+
+    make_user("ann")
+    index_path(UserStore().get("ann")).write_bytes(b"not a safetensors file")
+    result = CliRunner().invoke(app, ["profile", "--user", "ann", "--json"])
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.stdout)
+    assert "exact-index.safetensors" in profile["exact"]["damaged"] and profile["series"]
+    shown = CliRunner().invoke(app, ["profile", "--user", "ann", "--text", "A new article."])
+    assert shown.exit_code == 0, shown.output
+    assert "EXACT: " in shown.stdout and "exact-index.safetensors" in shown.stdout
+    assert "for this text: no attributes (EXACT's index is damaged)" in shown.stdout

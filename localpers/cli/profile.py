@@ -104,6 +104,12 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
             console.print("for this text: no attributes (EXACT has no index to retrieve them from)")
         sys.stdout.flush()
         return
+    if "damaged" in exact:
+        console.print(f"EXACT: {escape(one_line(exact['damaged']))}")
+        if asked_for_text:
+            console.print("for this text: no attributes (EXACT's index is damaged)")
+        sys.stdout.flush()
+        return
     table = Table(title=f"EXACT attributes over {exact['indexed_inputs']} indexed inputs (k={exact['k']})")
     table.add_column("attribute")
     table.add_column("inputs", justify="right")

@@ -3,8 +3,8 @@
 `user_style_profile(user, text=None)` reads what the fits stored in the user's folder (the EXACT index,
 CARD's state.json: cluster, chosen correction, habits found), finds the series the history holds (the
 formulas the device's prompt shows in full for a text about them, `localpers.users.series`) and, given a text,
-retrieves the attributes EXACT would use for it (one sentence-encoder call). It loads no language model and
-writes nothing.
+retrieves the attributes EXACT would use for it (one sentence-encoder call). A damaged EXACT index is reported as
+`{"damaged": <why>}` in its place, the rest of the profile shown. It loads no language model and writes nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from localpers.bundle.format import bundle_in_use_sha256
+from localpers.errors import LocalpersError
 from localpers.methods.exact import index_path, load_index
 from localpers.methods.exact_rewrite import retrieve
 from localpers.methods.stored_files import fit_is_outdated
@@ -59,19 +60,22 @@ def user_style_profile(user: User, text: str | None = None, task: str = "headlin
     card = card_summary(user)
     series = [found.to_json() for found in history_series(user.history())]
     if not index_path(user).is_file():
-        exact = None  # the front end says which fit makes one (a user without any fit gets the same view)
-    else:
+        # the front end says which fit makes one (a user without any fit gets the same view)
+        return {"user": user.name, "exact": None, "card": card, "series": series}
+    try:
         index = load_index(user)
-        n = len(index.entries)
-        exact = {
-            "k": index.meta.get("k"),
-            "cluster": index.meta.get("cluster"),
-            "indexed_inputs": n,
-            "frequencies": [
-                {"attribute": name, "count": count, "share": round(count / n, 4)}
-                for name, count in index.frequencies()
-            ],
-        }
-        if text is not None:
-            exact["retrieved"] = retrieve(index, text, task).to_json()
+    except LocalpersError as exc:  # the rest of the profile is still the user's to see (as `user show` does)
+        return {"user": user.name, "exact": {"damaged": str(exc)}, "card": card, "series": series}
+    n = len(index.entries)
+    exact: dict[str, Any] = {
+        "k": index.meta.get("k"),
+        "cluster": index.meta.get("cluster"),
+        "indexed_inputs": n,
+        "frequencies": [
+            {"attribute": name, "count": count, "share": round(count / n, 4)}
+            for name, count in index.frequencies()
+        ],
+    }
+    if text is not None:
+        exact["retrieved"] = retrieve(index, text, task).to_json()
     return {"user": user.name, "exact": exact, "card": card, "series": series}
