@@ -31,24 +31,19 @@ def backbone_for_bundle(model: str | Path | None, bundle: str | Path | None = No
     """The backbone to open `bundle` (a directory; None: the pulled bundle, else the embedded demo's) with."""
     if model is not None or (os.environ.get(MODEL_ENV_VAR) or "").strip() or configured_model_path():
         return resolve_backbone(model)
-    named = _named_backbone(bundle)
-    pulled = pulled_backbone_path(named) if named is not None else None
+    return backbone_named_by(_named_backbone(bundle))
+
+
+def backbone_named_by(named: object) -> Backbone:
+    """The backbone a bundle whose manifest names backbone `named` (a sha256) opens with where no model is named:
+    the pulled one where this device has it (a pull checks a new bundle against it too), else the default."""
+    if (os.environ.get(MODEL_ENV_VAR) or "").strip() or configured_model_path():
+        return resolve_backbone()
+    pulled = pulled_backbone_path(named) if isinstance(named, str) and len(named) == 64 else None
     # the default's hash from its package: a device using a pulled backbone need not assemble the default
     if pulled is not None and pulled.is_file() and named != default_backbone_sha256():
         return Backbone(path=pulled, sha256=cached_sha256(pulled), source="pulled")
     return resolve_backbone()
-
-
-def backbone_sha256_for_manifest(named: object) -> str:
-    """The sha256 of the backbone a bundle naming `named` (its manifest's backbone sha256) opens with here: as
-    `backbone_for_bundle` chooses, so a pull checks a new bundle against the backbone it will run on."""
-    if (os.environ.get(MODEL_ENV_VAR) or "").strip() or configured_model_path():
-        return resolve_backbone().sha256
-    if isinstance(named, str) and len(named) == 64 and named != default_backbone_sha256():
-        pulled = pulled_backbone_path(named)
-        if pulled.is_file():
-            return cached_sha256(pulled)
-    return resolve_backbone().sha256
 
 
 def _named_backbone(bundle: str | Path | None) -> str | None:

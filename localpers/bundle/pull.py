@@ -270,7 +270,7 @@ def pull_bundle(
     bundle directory only with `unsigned`).
 
     `backbone_sha256` defaults to the sha256 of the backbone the new bundle would open with
-    (`backbone_choice.backbone_sha256_for_manifest`: one an earlier `--with-backbone` pull installed, where the
+    (`backbone_choice.backbone_named_by`: one an earlier `--with-backbone` pull installed, where the
     bundle names it and no model is configured; else the one `resolve_backbone()` picks). `trust` is the
     root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
     answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
@@ -310,12 +310,12 @@ def pull_bundle(
             manifest_origin = bundle_source.where(MANIFEST_NAME)
             manifest = parse_manifest(manifest_bytes, manifest_origin)
             if backbone_sha256 is None and not with_backbone:
-                from localpers.bundle.backbone_choice import backbone_sha256_for_manifest
+                from localpers.bundle.backbone_choice import backbone_named_by
 
                 backbone = manifest.get("backbone")
-                backbone_sha256 = backbone_sha256_for_manifest(
+                backbone_sha256 = backbone_named_by(
                     backbone.get("sha256") if isinstance(backbone, dict) else None
-                )
+                ).sha256
             validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
             if with_backbone:
                 backbone_sha256 = _pull_backbone(bundle_source, manifest, current, on_progress)
