@@ -13,7 +13,9 @@ from test_personalize import SHOUTY, bundle_dir, items, personalizer  # noqa: F4
 
 from localpers.engine.batch import GROUP_SIZE, PromptJob, run_jobs
 from localpers.engine.generation import generate
+from localpers.methods.card import pair_batches
 from localpers.methods.card import pairs as pairs_module
+from localpers.methods.card.pair_keys import negative_key
 from localpers.methods.card.personalizer import Personalizer
 from localpers.users.store import UserStore
 
@@ -323,13 +325,13 @@ def test_a_fit_stopped_after_a_group_keeps_its_work_and_the_next_one_goes_on_fro
     assert 0 < len(features) <= 3
 
     generated: list[int] = []
-    original = pairs_module.run_jobs
+    original = pair_batches.run_jobs
 
     def counting(engine, jobs, **options):  # noqa: ANN001, ANN003, ANN202
         generated.append(sum(job.generate for job in jobs))
         return original(engine, jobs, **options)
 
-    monkeypatch.setattr(pairs_module, "run_jobs", counting)
+    monkeypatch.setattr(pair_batches, "run_jobs", counting)
     negatives, *_ = personalizer.pairs.negatives_and_differences(user, items(SHOUTY), 0, None)
     assert sum(generated) == len(SHOUTY) - 3  # only what the stopped fit had not done
     assert {k: v for k, v in _cached_negatives(personalizer, user).items() if k in kept} == kept
@@ -368,7 +370,7 @@ def test_items_whose_negative_is_their_output_still_give_the_first_token_log_pro
     user.save_history(history)
     pairs = personalizer.pairs
     prompts = pairs.training_prompts(history, 0, pairs_module.ordinals_of(user.dir, history))
-    keys = [pairs_module._negative_key(item, prompt) for item, prompt in zip(history, prompts, strict=True)]
+    keys = [negative_key(item, prompt) for item, prompt in zip(history, prompts, strict=True)]
     # the model "wrote" items 0 and 2 exactly as the user did, and nothing at all for item 4
     known = {keys[0]: history[0].output, keys[2]: history[2].output, keys[4]: ""}
     assert pairs._write_negatives(user, 0, known, list(known))

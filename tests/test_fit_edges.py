@@ -16,7 +16,7 @@ from localpers.bundle.format import open_bundle
 from localpers.engine.backbone import Backbone
 from localpers.methods.card import choice as choice_module
 from localpers.methods.card.method import fit_summary, profile_for_rewrite
-from localpers.methods.card.pairs import _negative_key
+from localpers.methods.card.pair_keys import negative_key
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_fit import fit_report
 from localpers.tasks import get_task
@@ -93,11 +93,11 @@ def test_an_item_cut_to_the_context_keys_its_y_minus_by_its_prompt() -> None:
     on the other items: after a removal the longer prompt reused the shorter one's y-."""
     task = get_task("headline")
     item = HistoryItem.create("headline", INSTRUCTION + "word " * 300, "A HEADLINE")
-    assert _negative_key(item, task.prompt_for(item.input)) == item.id
+    assert negative_key(item, task.prompt_for(item.input)) == item.id
     cut = replace(item, input=task.content(item.input)[:200])
-    assert _negative_key(cut, task.prompt_for(cut.input)) != item.id
+    assert negative_key(cut, task.prompt_for(cut.input)) != item.id
     shorter = replace(item, input=task.content(item.input)[:100])
-    assert _negative_key(shorter, task.prompt_for(shorter.input)) != _negative_key(
+    assert negative_key(shorter, task.prompt_for(shorter.input)) != negative_key(
         cut, task.prompt_for(cut.input)
     )
 

@@ -98,11 +98,12 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
     personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A later fit (another process: nothing in memory) reads the pair features back and scores new pairs only."""
+    import localpers.methods.card.pair_batches as pair_batches
     import localpers.methods.card.pairs as pairs_module
     from localpers.methods.card.pair_cache import FEATURES_FILE
 
     scored: list[int] = []
-    batched = pairs_module.run_jobs
+    batched = pair_batches.run_jobs
     one_pair = pairs_module.PairBuilder._pair_difference
 
     def counting_run_jobs(engine: Any, jobs: Any, **kwargs: Any) -> Any:
@@ -113,7 +114,7 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
         scored.append(1)
         return one_pair(self, *args)
 
-    monkeypatch.setattr(pairs_module, "run_jobs", counting_run_jobs)
+    monkeypatch.setattr(pair_batches, "run_jobs", counting_run_jobs)
     monkeypatch.setattr(pairs_module.PairBuilder, "_pair_difference", counting_pair_difference)
     user = UserStore().create("features")
     user.save_history(items(SHOUTY[:5]))

@@ -10,13 +10,13 @@ the per-user choice's refit and cached beside them (both files: `pair_cache`), s
 only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
 each group of prompts and once more when a fit is stopped (Ctrl-C), so the next fit goes on from there; a write
 that failed is remembered (`cache_write_failed`), so the command does not say the work was kept. It also
-yields the base model's log-probability of each y+'s first token (the opening habits' calibration). It fits
-nothing and decides nothing: `user_fit.fit_items` turns its output into a vector and a token bias.
+yields the base model's log-probability of each y+'s first token (the opening habits' calibration). The batched
+pass is `pair_batches`'; the keys and the in-memory memo are `pair_keys`'. It fits nothing and decides nothing:
+`user_fit.fit_items` turns its output into a vector and a token bias.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,14 +24,14 @@ import numpy as np
 
 from localpers.bundle.format import Bundle
 from localpers.engine import Engine
-from localpers.engine.batch import PromptJob, fits, group_size, run_jobs
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods.card import fit_prompts, pair_cache
 from localpers.methods.card.head import CardHead
-from localpers.methods.scoring import common_prefix_length
+from localpers.methods.card.pair_batches import score_in_batches
+from localpers.methods.card.pair_keys import PairMemo, distinct, negative_key
 from localpers.tasks import get_task
-from localpers.users.history import HistoryItem, item_id
+from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.ordinals import ordinals_of
 from localpers.users.store import User
@@ -66,7 +66,7 @@ class PairBuilder:
         self.prompt_format = prompt_format
         # a cache write failed (or a stop cut the last one short) since `Personalizer.fit_user` reset it
         self.cache_write_failed = False
-        self._pair_memo: dict[tuple[int, str, str, str], tuple[np.ndarray, float]] = {}
+        self._pair_memo = PairMemo(PAIR_MEMO_SIZE)
 
     def _adapter(self, cluster: int | None) -> str:
         return self._base_adapter(cluster)
@@ -159,19 +159,31 @@ class PairBuilder:
             return self._save_pairs(user, cluster, items, prompts, known, saved)
 
         for item, prompt in zip(items, prompts, strict=True):
-            negative = known.get(_negative_key(item, prompt))
+            negative = known.get(negative_key(item, prompt))
             found = (
                 saved.features.get(pair_cache.pair_hash(cluster, prompt, item.output, negative))
                 if negative is not None
                 else None
             )
             if found is not None:
-                self._remember((cluster, prompt, item.output, negative), found)
+                self._pair_memo.remember((cluster, prompt, item.output, negative), found)
         try:
-            self._batched_pass(items, prompts, blocks, known, cluster, seconds, report, save)
+            score_in_batches(
+                self.engine,
+                self.head,
+                items,
+                prompts,
+                blocks,
+                known,
+                cluster,
+                self._pair_memo,
+                seconds,
+                report,
+                save,
+            )
             unsaved = 0
             for done, (item, prompt) in enumerate(zip(items, prompts, strict=True)):
-                key = _negative_key(item, prompt)
+                key = negative_key(item, prompt)
                 if key not in known:
                     started = time.perf_counter()
                     known[key] = self._generate_negative(item, prompt)
@@ -182,10 +194,10 @@ class PairBuilder:
                 started = time.perf_counter()
                 memo_key = (cluster, prompt, item.output, negative)
                 if memo_key not in self._pair_memo:
-                    self._remember(memo_key, self._pair_difference(item, negative, prompt))
+                    self._pair_memo.remember(memo_key, self._pair_difference(item, negative, prompt))
                     unsaved += 1
                 difference, first_logprob = self._pair_memo[memo_key]
-                if _distinct(item, negative):
+                if distinct(item, negative):
                     rows.append(difference)
                 first_logprobs.append(first_logprob)
                 seconds["features"] += time.perf_counter() - started
@@ -224,12 +236,12 @@ class PairBuilder:
         """
         written = True
         if len(known) > saved.negatives:
-            used_keys = [_negative_key(item, prompt) for item, prompt in zip(items, prompts, strict=True)]
+            used_keys = [negative_key(item, prompt) for item, prompt in zip(items, prompts, strict=True)]
             written &= self._write_negatives(user, cluster, known, used_keys)
             saved.negatives = len(known)
         used = {}
         for item, prompt in zip(items, prompts, strict=True):
-            negative = known.get(_negative_key(item, prompt))
+            negative = known.get(negative_key(item, prompt))
             memo_key = (cluster, prompt, item.output, negative or "")
             if negative is not None and memo_key in self._pair_memo:
                 used[pair_cache.pair_hash(cluster, prompt, item.output, negative)] = self._pair_memo[memo_key]
@@ -239,94 +251,6 @@ class PairBuilder:
             saved.features = merged
         self.cache_write_failed |= not written
         return written
-
-    def _remember(self, key: tuple[int, str, str, str], value: tuple[np.ndarray, float]) -> None:
-        if len(self._pair_memo) >= PAIR_MEMO_SIZE:
-            self._pair_memo.pop(next(iter(self._pair_memo)))
-        self._pair_memo[key] = value
-
-    def _batched_pass(
-        self,
-        items: Sequence[HistoryItem],
-        prompts: Sequence[str],
-        blocks: Sequence[str],
-        known: dict[str, str],
-        cluster: int,
-        seconds: dict[str, float],
-        report: Callable[[int], None],
-        save: Callable[[], bool],
-    ) -> None:
-        """Generate the missing y- and score the unscored pairs several prompts at a time (`engine.batch`).
-
-        Fills `known` and the pair memo, so the one-at-a-time loop after it finds them done; what does not fit
-        a batched sequence (or a mix of tasks) is left to that loop. After each group of prompts `save` writes
-        what it found, then `report` is told how many items are done (those found cached, then each group's).
-        """
-        tasks = {item.task for item in items}
-        if not self.engine.batch_sequences or len(tasks) != 1:
-            return
-        task = get_task(tasks.pop())
-        jobs: list[PromptJob] = []
-        owners: list[tuple[HistoryItem, str, str]] = []
-        left_to_the_loop = 0
-        for item, prompt, block in zip(items, prompts, blocks, strict=True):
-            key = _negative_key(item, prompt)
-            cached = known.get(key)
-            if cached is not None and (cluster, prompt, item.output, cached) in self._pair_memo:
-                continue
-            positive = self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
-
-            def continuations(
-                text: str, output: str = item.output, fixed: str | None = cached, plus: list[int] = positive
-            ) -> list[list[int]]:
-                negative = text if fixed is None else fixed
-                if not negative or negative == output:
-                    return [plus[:1]]  # only the first token's log-probability is wanted
-                return [plus, self.engine.tokenize(" " + negative, add_bos=False)]
-
-            tokens = self.engine.tokenize(prompt)
-            # a tokenizer may join the block's last token with what follows: share only what both agree on
-            shared = common_prefix_length(self.engine.tokenize(block), tokens) if block else 0
-            job = PromptJob(tokens, cached is None, continuations, shared=shared)
-            if fits(job, task.default_max_tokens, max(len(positive), task.default_max_tokens + 8)):
-                jobs.append(job)
-                owners.append((item, prompt, key))
-            else:
-                left_to_the_loop += 1
-        if not jobs:
-            return
-        ready = len(items) - len(jobs) - left_to_the_loop
-        report(ready)
-        size = group_size(self.engine)
-        for start in range(0, len(jobs), size):
-            group = jobs[start : start + size]
-            outcomes = run_jobs(
-                self.engine,
-                group,
-                max_tokens=task.default_max_tokens,
-                stop=task.stop_strings,
-                timings=seconds,
-            )
-            for (item, prompt, key), job, outcome in zip(
-                owners[start : start + size], group, outcomes, strict=True
-            ):
-                if job.generate:
-                    known[key] = outcome.text
-                if len(outcome.scored) == 2:
-                    plus, minus = outcome.scored
-                    difference = self.head.sequence_feature(
-                        plus.tokens, plus.features
-                    ) - self.head.sequence_feature(minus.tokens, minus.features)
-                    self._remember(
-                        (cluster, prompt, item.output, known[key]), (difference, float(plus.logprobs[0]))
-                    )
-                elif len(outcome.scored) == 1:
-                    self._remember(
-                        (cluster, prompt, item.output, known[key]),
-                        (self._no_difference(), float(outcome.scored[0].logprobs[0])),
-                    )
-            save()
-            report(ready + start + len(group))
 
     def _generate_negative(self, item: HistoryItem, prompt: str | None = None) -> str:
         task = get_task(item.task)
@@ -346,7 +270,7 @@ class PairBuilder:
         task = get_task(item.task)
         prompt = self.engine.tokenize(task.prompt_for(item.input) if prompt_text is None else prompt_text)
         positive_tokens = self.engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
-        if not _distinct(item, negative):
+        if not distinct(item, negative):
             (first,) = self.engine.score(prompt, [positive_tokens[:1]], logprob_rows=1)
             return self._no_difference(), float(first.logprobs[0])
         negative_tokens = self.engine.tokenize(" " + negative, add_bos=False)
@@ -390,20 +314,6 @@ class PairBuilder:
         """This fit's pairs come first in `pairs`, so they are the ones a full cache keeps; False if unwritten."""
         with user.locked():
             return pair_cache.write_features(user.dir, self._negatives_key(cluster), self.head.d, pairs)
-
-
-def _distinct(item: HistoryItem, negative: str) -> bool:
-    """Whether the pair (y+ = the item's output, y- = `negative`) is one the head learns from."""
-    return bool(negative) and negative != item.output
-
-
-def _negative_key(item: HistoryItem, prompt: str) -> str:
-    """The item id for its own plain prompt (as before conditioned bundles); id and prompt hash otherwise, also for
-    an item the fit cut to the context: how far depends on the other items, so its prompt can change."""
-    own = item_id(item.task, item.input, item.output) == item.id  # not cut: its input is the stored one
-    if own and prompt == get_task(item.task).prompt_for(item.input):
-        return item.id
-    return f"{item.id}:{hashlib.sha256(prompt.encode('utf-8')).hexdigest()[:12]}"
 
 
 class _SavedPairs:
