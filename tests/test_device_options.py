@@ -324,3 +324,38 @@ def test_a_seed_past_the_bound_is_a_usage_error_with_the_bound_in_help() -> None
     assert MAX_SEED == RANDOM_SEED - 1
     refused = runner.invoke(app, ["generate", "hi", "--seed", str(MAX_SEED + 1)])
     assert refused.exit_code == 2 and "--seed" in refused.output and "4294967294" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["rewrite", "--json", "--strength", "500", "An article."], "--strength must be a finite number"),
+        (["rewrite", "--json"], "Missing argument 'text'."),
+        (["user", "show", "--json", "--bogus"], "No such option: --bogus"),
+    ],
+)
+def test_a_command_line_typer_cannot_parse_still_gives_json_on_stdout_with_json(
+    args: list[str], error: str, tmp_path: Path
+) -> None:
+    """A script reading `--json` output got nothing on stdout for a usage error (only Typer's box on stderr)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "LOCALPERS_HOME": str(tmp_path), "HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "localpers.cli", *args]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["ok"] is False and verdict["error"].startswith(error)
+    assert "Usage:" in result.stderr  # Typer's message for people is still there
+    without_json = [arg for arg in args if arg != "--json"]
+    plain = subprocess.run(
+        [sys.executable, "-m", "localpers.cli", *without_json],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 2 and plain.stdout == ""  # no JSON asked for, none printed

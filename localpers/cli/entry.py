@@ -31,6 +31,7 @@ def main() -> None:
         swallowed = _ctrl_c_typer_swallowed(exit_)
         if swallowed is not None:
             _say_stopped(swallowed)
+        _usage_error_as_json(exit_)
         raise
     except BrokenPipeError:
         raise
@@ -95,6 +96,31 @@ def _ctrl_c_typer_swallowed(exit_: SystemExit) -> KeyboardInterrupt | None:
         return None
     cause = typer_exit.__cause__
     return cause if isinstance(cause, KeyboardInterrupt) else None
+
+
+def _usage_error_as_json(exit_: SystemExit) -> None:
+    """With `--json` on the command line, print the verdict on stdout for a command line Typer could not parse
+    (its usage box goes to stderr), as a command's own refusals do: a script reading stdout gets JSON either way.
+
+    Typer exits inside its handler of the usage error, so the error is the exit's context.
+    """
+    import typer
+
+    error = exit_.__context__  # Typer's click exceptions (usage errors, bad parameters) are TyperExceptions
+    if not isinstance(error, typer.TyperException) or "--json" not in _options_given(sys.argv[1:]):
+        return
+    import json
+
+    from localpers.untrusted import one_line
+
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.write(json.dumps({"ok": False, "error": one_line(error.format_message())}) + "\n")
+        sys.stdout.flush()
+
+
+def _options_given(arguments: list[str]) -> list[str]:
+    """The arguments before a `--` (after it, `--json` would be a value, not the option)."""
+    return arguments[: arguments.index("--")] if "--" in arguments else arguments
 
 
 def _say_stopped(stop: KeyboardInterrupt) -> None:
