@@ -60,11 +60,11 @@ def data_dir(*, create: bool = True) -> Path:
     return _made(path, root) if create else path
 
 
-def config_dir() -> Path:
-    """Settings such as the backbone path."""
+def config_dir(*, create: bool = True) -> Path:
+    """Settings such as the backbone path (not created with `create=False`: reading a setting makes no folder)."""
     root = _root_override()
     path = root / "config" if root else Path(platformdirs.user_config_dir(APP_NAME))
-    return _made(path, root)
+    return _made(path, root) if create else path
 
 
 def _check_creatable(directory: Path, option: str) -> None:

@@ -362,6 +362,26 @@ def test_a_folder_given_as_the_backbone_is_named_as_one(tmp_path: Path) -> None:
         resolve_backbone(tmp_path / "nope.gguf")
 
 
+def test_looking_for_settings_makes_no_config_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the config file's model (every command that opens a backbone, `publish` too), the trusted publishers
+    and `doctor` made an empty ~/.config/localpers on a machine that had never written a setting."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from localpers.bundle.trust import trusted_fingerprints
+    from localpers.cli import app
+    from localpers.engine.backbone import configured_model_path
+    from localpers.paths import config_dir
+
+    monkeypatch.setenv("LOCALPERS_HOME", str(tmp_path / "home"))
+    assert configured_model_path() is None and trusted_fingerprints() == []
+    report = CliRunner().invoke(app, ["doctor", "--json"])
+    assert json.loads(report.stdout)["dirs"]["config"] == str(config_dir(create=False))
+    assert not config_dir(create=False).exists()
+    assert config_dir().is_dir()  # made where something is to be written
+
+
 def test_the_config_files_model_is_read_only_when_nothing_before_it_names_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -72,7 +72,7 @@ def trust_store(fingerprint: str) -> Path:
 
 
 def trusted_fingerprints() -> list[str]:
-    root = config_dir() / TRUST_DIR
+    root = config_dir(create=False) / TRUST_DIR
     return sorted(p.name for p in root.iterdir() if (p / "root.json").exists()) if root.is_dir() else []
 
 

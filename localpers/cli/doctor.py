@@ -73,7 +73,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
         "dirs": {
             "data": str(paths.data_dir()),
             "cache": str(paths.cache_dir()),
-            "config": str(paths.config_dir()),
+            "config": str(paths.config_dir(create=False)),
         },
         "extras": {
             "publish": all(extras[n] for n in ("torch", "transformers", "peft", "sklearn", "gguf", "ray")),

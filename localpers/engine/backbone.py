@@ -75,7 +75,7 @@ def cached_sha256(path: Path) -> str:
 
 def configured_model_path() -> str | None:
     """The `model` entry of `config.json` in the config directory, if any."""
-    config_file = config_dir() / "config.json"
+    config_file = config_dir(create=False) / "config.json"
     if not config_file.exists():
         return None
     raw = read_regular_file(config_file, STATE_FILE_LIMIT, what="config file", stored=True)
@@ -95,7 +95,7 @@ def configured_model_path() -> str | None:
             f'{config_file}: "model" must be a GGUF file path in quotes, not {json.dumps(value)}'
         )
     # a relative path is read from the config folder, wherever the command runs
-    return str(config_dir() / Path(value).expanduser())
+    return str(config_dir(create=False) / Path(value).expanduser())
 
 
 def default_backbone_sha256() -> str | None:
@@ -149,9 +149,10 @@ def resolve_backbone(explicit: str | Path | None = None) -> Backbone:
         value = read()
         if value and str(value).strip():
             path = Path(value).expanduser()
-            named = {"environment": MODEL_ENV_VAR, "config": str(config_dir() / "config.json")}.get(
-                source, source
-            )
+            named = {
+                "environment": MODEL_ENV_VAR,
+                "config": str(config_dir(create=False) / "config.json"),
+            }.get(source, source)
             if not path.is_file():
                 what = "is not a file" if path.exists() else "does not exist"
                 # since relative paths there stopped following the working folder, say where they are read from
