@@ -304,6 +304,21 @@ def test_serve_refuses_a_tampered_bundle(bundle_dir: Path) -> None:
         start_background_server(bundle_dir)
 
 
+def test_a_bundle_file_rewritten_after_the_start_is_not_served_even_at_its_size(
+    plain_served: tuple[BundleServer, str], bundle_dir: Path
+) -> None:
+    """`serve` compared only a file's size with the manifest's: other bytes of the same size went out under the
+    verified file's ETag (an audit's low finding)."""
+    _, url = plain_served
+    target = bundle_dir / "adapters/global.gguf"
+    original = target.read_bytes()
+    target.write_bytes(bytes(len(original)))  # same size, other bytes
+    status, _, body = request(url, "GET", "/adapters/global.gguf")
+    assert status == 500 and body != bytes(len(original))
+    status, _, body = request(url, "GET", "/adapters/cluster-0.gguf")  # the others are served as before
+    assert status == 200 and body == (bundle_dir / "adapters/cluster-0.gguf").read_bytes()
+
+
 # -- pull --------------------------------------------------------------------------------------------
 
 

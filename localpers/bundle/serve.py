@@ -367,11 +367,14 @@ class BundleServer(ThreadingHTTPServer):
             )
         }
         for relative, entry in bundle.manifest["files"].items():
+            path = bundle.directory / relative
             files[relative] = ServedFile(
                 size=entry["size"],
                 sha256=entry["sha256"],
                 content_type="application/octet-stream",
-                path=bundle.directory / relative,
+                path=path,
+                # as verified: a file rewritten since, whatever its size, is not served under the manifest's hash
+                stamp=file_stamp(path.stat()),
             )
         return files
 

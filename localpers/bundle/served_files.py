@@ -36,7 +36,7 @@ class ServedFile:
     content_type: str
     path: Path | None = None
     data: bytes | None = None
-    stamp: tuple[int, int, int, int] | None = None  # a repository file's `file_stamp` when it was hashed
+    stamp: tuple[int, int, int, int] | None = None  # a file's `file_stamp` when it was hashed
 
 
 class RepositoryFiles:
