@@ -797,7 +797,15 @@ def test_a_date_that_is_not_one_is_refused_by_line(tmp_path: Path) -> None:
     """A "date" such as 2024/03/01 or "yesterday" turned off the date order of the whole file without a word
     (first-time-user audit, seventy-ninth session)."""
     run("user", "create", "ann")
-    for value in ("2024/03/01", "yesterday", 20240301, "2024-02-30"):
+    # the last two: a moment before or after what a datetime holds in UTC (a traceback until the 84th session)
+    for value in (
+        "2024/03/01",
+        "yesterday",
+        20240301,
+        "2024-02-30",
+        "0001-01-01T00:00+01:00",
+        "9999-12-31T23:59-01:00",
+    ):
         dated = tmp_path / "dated.jsonl"
         lines = [
             {"input": "article a", "output": "Headline A", "date": "2024-05-01"},

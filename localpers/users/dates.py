@@ -37,7 +37,10 @@ def item_time(record: Any) -> datetime | None:
             moment = datetime.fromisoformat(day)
         except ValueError:  # 2024-13-45
             return None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00: before the first moment a datetime can hold in UTC
+        return None
 
 
 def oldest_first(
