@@ -5,6 +5,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from localpers.errors import LocalpersError
 from localpers.users.history import (
@@ -192,6 +194,23 @@ def test_ids_are_stable_and_distinguish_fields() -> None:
     assert first.id == HistoryItem.create("headline", "x y", " Z").id
     assert len({first.id, item_id("title", "x y", "Z"), item_id("headline", "x y", "z")}) == 3
     assert normalize_text("a\n\n\n\nb  c ") == "a\n\nb c"
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+def test_normalizing_normalized_text_changes_nothing(text: str) -> None:
+    once = normalize_text(text)
+    assert normalize_text(once) == once
+
+
+def test_an_items_id_is_the_one_it_reads_back_with(tmp_path: Path) -> None:
+    """A control character between a letter and its accent: removed after NFC, it left the two apart, and reading
+    the stored item back composed them: `history add` printed an id that `history remove` did not know (store
+    audit, eighty-fourth session)."""
+    item = HistoryItem.create("headline", "An article.", "Cafe\x01\u0301 opens")
+    assert item.output == "Caf\u00e9 opens"
+    path = tmp_path / "history.jsonl"
+    path.write_text(serialize_history([item]), encoding="utf-8")
+    assert [stored.id for stored in read_stored_history(path)] == [item.id]
 
 
 def test_merge_and_stored_round_trip(tmp_path: Path) -> None:

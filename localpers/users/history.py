@@ -123,10 +123,12 @@ def normalize_text(text: str) -> str:
 
     normalize_text("  Big   news\\r\\n ") -> "Big news"
     """
-    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _CONTROL_CHARACTERS.sub("", text)
     lines = [_HORIZONTAL_SPACE.sub(" ", line).strip() for line in text.split("\n")]
-    return _MANY_NEWLINES.sub("\n\n", "\n".join(lines)).strip()
+    # NFC last: a control character removed after it could leave a letter and its accent side by side, which
+    # the next normalization (reading the stored item back) would compose, giving the item another id
+    return unicodedata.normalize("NFC", _MANY_NEWLINES.sub("\n\n", "\n".join(lines)).strip())
 
 
 def printable_name(path: Path) -> str:
