@@ -22,7 +22,7 @@ from localpers.users.history_prompt import (
     select_examples,
     shared_prefix,
 )
-from localpers.users.store import UserStore
+from localpers.users.store import User, UserStore
 
 HEADLINE = get_task("headline")
 INSTRUCTION = "Generate a headline for the following article: "
@@ -186,6 +186,85 @@ def test_user_index_is_written_with_the_history_and_rebuilt_when_stale() -> None
     assert len(user.history_index(HEADLINE).pool) == 1
     store.delete("ana")
     assert not cache.exists()
+
+
+def test_a_history_that_is_a_fifo_is_refused_by_the_index_not_waited_on(tmp_path: Path) -> None:
+    """`history_index` (every rewrite, the TUI, the API) read history.jsonl without the regular-file check the
+    other readers make: a FIFO there hung `rewrite`, a link to /dev/zero read until memory ran out (store audit)."""
+    import os
+    import threading
+    import time
+
+    user = UserStore().create("ana")
+    user.save_history(_items(POOL[:1]))  # its index matches the text the FIFO gives: nothing else reads it
+    line = user.history_path.read_bytes()
+    user.history_path.unlink()
+    os.mkfifo(user.history_path)
+
+    def write_once_a_reader_opens() -> None:  # what the old code waited for; gives up when no reader comes
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                descriptor = os.open(user.history_path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.02)
+                continue
+            os.write(descriptor, line)
+            os.close(descriptor)
+            return
+
+    writer = threading.Thread(target=write_once_a_reader_opens, daemon=True)
+    writer.start()
+    with pytest.raises(LocalpersError, match=r"history.jsonl is not a regular file"):
+        user.history_index(HEADLINE)
+    writer.join()
+
+
+def test_a_reader_does_not_write_back_the_index_of_a_history_changed_since_it_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader that parsed the history just before an item was removed wrote its index (every item's text) back
+    after the removal (store audit): the removed text was on disk again."""
+    user = UserStore().create("ana")
+    items = _items(POOL)
+    user.save_history(items)
+    (user.dir / INDEX_FILE).unlink()  # the reader rebuilds and writes it
+    read = User.history
+    removed: list[bool] = []
+
+    def removed_right_after_the_read(self: User) -> list[HistoryItem]:
+        parsed = read(self)
+        if not removed:
+            removed.append(True)
+            UserStore().get("ana").save_history(items[1:], removing=True)
+        return parsed
+
+    monkeypatch.setattr(User, "history", removed_right_after_the_read)
+    assert len(user.history_index(HEADLINE).pool) == len(POOL)  # what it read
+    assert items[0].output not in (user.dir / INDEX_FILE).read_text(encoding="utf-8")
+
+
+def test_a_remove_stopped_after_the_history_was_written_leaves_no_copy_of_the_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The index and the engine's kept states were pruned after the history was written: a stop in between left the
+    removed item's text in them, and a second remove found no such item (store audit)."""
+    user = UserStore().create("ana")
+    items = _items(POOL)
+    user.save_history(items)
+    kept = user.dir / "prefix-0123456789abcdef.kv"  # an engine state of a block showing the item
+    kept.write_text(items[0].output, encoding="utf-8")
+
+    def stopped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(HistoryIndex, "write", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        user.save_history(items[1:], removing=True)
+    assert [item.id for item in user.history()] == [item.id for item in items[1:]]
+    for path in user.dir.iterdir():
+        if path.is_file():
+            assert items[0].output not in path.read_text(encoding="utf-8", errors="replace"), path.name
 
 
 def test_an_index_cached_before_histories_were_read_once_per_item_is_rebuilt() -> None:

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +42,7 @@ from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, parse_json
 from localpers.users.history import (
+    MAX_HISTORY_FILE_BYTES,
     HistoryItem,
     check_history_bytes,
     check_history_size,
@@ -184,10 +185,14 @@ class User:
 
         with self.locked():
             ordinals = updated_ordinals(self.dir, self._stored_history_or_none, items)
+            # what is derived from the old history goes first (the index holds every item's text, the engine's
+            # kept states an examples block): a stop before the history is written then leaves only caches to
+            # rebuild, never a removed item's text
+            HistoryIndex.forget(self.dir)
+            remove_kept(self.dir)
             atomic_write_text(self.history_path, text)
             HistoryIndex.write(self.dir, text, items)
             write_ordinals(self.dir, ordinals)
-            remove_kept(self.dir)  # the engine's states of the old examples block: an item may be gone
 
     def _stored_history_or_none(self) -> list[HistoryItem]:
         """The history as stored, or none when it cannot be read (it is being replaced)."""
@@ -205,15 +210,27 @@ class User:
         from localpers.users.history_index import HistoryIndex
 
         stamp = _file_stamp(self.history_path)  # before reading: a file replaced meanwhile never matches
-        try:
-            text = self.history_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if self.history_path.exists():
+            # as every reader of the history: a FIFO or a link to /dev/zero is refused, not read until it ends
+            raw = read_regular_file(
+                self.history_path, MAX_HISTORY_FILE_BYTES, what="history file", stored=True
+            )
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.history()  # raises the history's own one-line error, naming the line and the fix
+                raise
+        else:
             refuse_dangling_link(self.history_path)
             text = ""
-        except (OSError, UnicodeDecodeError):
-            self.history()  # raises the history's own one-line error, naming the file and the fix
-            raise
-        index = HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task)
+
+        def write_cache(items: Sequence[HistoryItem]) -> None:
+            # only while the history is still the text read: a reader that parsed it before an item was removed
+            # (or the user was deleted and made anew) must not write the old texts back; busy: left to the next
+            with contextlib.suppress(LocalpersError), self._locked_while_history_is(stamp):
+                HistoryIndex.write(self.dir, text, items)
+
+        index = HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task, write_cache)
         index.user_dir, index.write_lock = self.dir, lambda: self._locked_while_history_is(stamp)
         return index
 

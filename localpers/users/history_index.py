@@ -92,13 +92,27 @@ class HistoryIndex:
             with contextlib.suppress(OSError):
                 (user_dir / INDEX_FILE).unlink()
 
+    @staticmethod
+    def forget(user_dir: Path) -> None:
+        """Remove the cache (before the history changes: a stop between the two must not leave a removed item's
+        text here); one that cannot be removed is stale from then on and rebuilt on read."""
+        with contextlib.suppress(OSError):
+            (user_dir / INDEX_FILE).unlink()
+
     @classmethod
     def load(
-        cls, user_dir: Path, history_text: str, read_items: Callable[[], Sequence[Any]], task: Task
+        cls,
+        user_dir: Path,
+        history_text: str,
+        read_items: Callable[[], Sequence[Any]],
+        task: Task,
+        write_cache: Callable[[Sequence[Any]], None] | None = None,
     ) -> HistoryIndex:
         """The index for `task`, from the cache when it matches `history_text`, else rebuilt (and rewritten).
 
-        `read_items` parses the history; it is called only when the cache is missing or stale.
+        `read_items` parses the history; it is called only when the cache is missing or stale. `write_cache`
+        writes the rebuilt cache (default: `write`, unconditionally); a reader passes one that writes only
+        while the history is still the text it read.
         """
         cached = _read_cache(user_dir / INDEX_FILE)
         if (
@@ -107,7 +121,10 @@ class HistoryIndex:
             or cached.get("history_sha256") != _sha256(history_text)
         ):
             items = read_items()
-            cls.write(user_dir, history_text, items)
+            if write_cache is None:
+                cls.write(user_dir, history_text, items)
+            else:
+                write_cache(items)
             pool = [(item.input, item.output) for item in items if item.task == task.name]
         else:
             pool = [(pair[0], pair[1]) for pair in cached["tasks"].get(task.name, [])]
