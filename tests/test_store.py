@@ -243,6 +243,44 @@ def test_damaged_vector_is_refused(data: bytes, fix_sha: bool, expected: str) ->
     assert_one_line(exc, str(path), expected, "run `localpers fit --user ann` again")
 
 
+def test_a_state_naming_a_vector_without_its_sha256_says_so() -> None:
+    """It was reported as a file that "does not match the sha256 recorded", where none was recorded (store audit)."""
+    ann = UserStore().create("ann")
+    ann.save_fit(np.zeros(8, np.float32), {"cluster": 1})
+    state = json.loads(ann.state_path.read_text())
+    del state["vector_sha256"]
+    ann.state_path.write_text(json.dumps(state))
+    with pytest.raises(LocalpersError) as exc:
+        ann.vector()
+    assert_one_line(
+        exc, "state.json is damaged", "has no field 'vector_sha256'", "run `localpers fit --user ann`"
+    )
+
+
+def test_an_imported_users_files_are_on_disk_before_the_user_appears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staged files were never flushed: a crash soon after the folder's rename could leave an imported user
+    with an empty history, which reads as no history without a word (store audit)."""
+    store = UserStore()
+    ann = store.create("ann")
+    ann.save_history([HistoryItem.create("headline", "An article.", "A headline")])
+    archive = store.export("ann", tmp_path / "ann.zip", with_history=True)
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    bob = store.import_(archive, "bob")
+    staged = {Path(name).name for name in synced if "/.importing-" in name}
+    assert {"history.jsonl", "state.json", ".identity"} <= staged
+    assert any(Path(name).name.startswith(".importing-") for name in synced)  # the folder, before its rename
+    assert [item.output for item in bob.history()] == ["A headline"]
+
+
 def test_missing_vector_file_is_refused() -> None:
     ann = UserStore().create("ann")
     ann.save_fit(np.zeros(8, np.float32), {})

@@ -245,8 +245,9 @@ class UserStore:
         try:
             try:
                 for member, data in members.items():
-                    (staging / member).write_bytes(data)
-                (staging / IDENTITY_FILE).write_text(new_identity() + "\n", encoding="ascii")
+                    _write_synced(staging / member, data)
+                _write_synced(staging / IDENTITY_FILE, (new_identity() + "\n").encode("ascii"))
+                fsync_directory(staging)  # the files on disk before the folder is renamed into place
             except OSError as exc:
                 raise StorageError(
                     f"cannot write user {target!r} into {self.users_dir} ({exc.strerror or exc}); nothing was"
@@ -358,3 +359,12 @@ def _remove_tree(path: Path) -> list[str]:
     else:
         shutil.rmtree(path, onerror=note)
     return failures
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """Write a new file of a staging folder and flush it to disk: a crash after the folder's rename must not
+    leave an imported user with an empty history (which reads as none, without an error)."""
+    with path.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())

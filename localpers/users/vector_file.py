@@ -57,6 +57,10 @@ def read_vector_file(
     import numpy as np
     from safetensors.numpy import load
 
+    if "vector_sha256" not in state:
+        raise InputError(
+            f"{state_path} is damaged: it names {path.name} but has no field 'vector_sha256'; {refit_advice}"
+        )
     if hashlib.sha256(data).hexdigest() != state.get("vector_sha256"):
         raise InputError(
             f"{path} does not match the sha256 recorded in {state_path.name} (changed or damaged); {refit_advice}"
