@@ -87,9 +87,15 @@ def refuse_non_regular(path: Path) -> None:
         )
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` all at once: temp file in the same folder, fsync, os.replace."""
+def atomic_write_bytes(path: Path, data: bytes, *, through_link: bool = False) -> None:
+    """Replace `path` with `data` all at once: temp file in the same folder, fsync, os.replace.
+
+    `through_link`: where `path` is a symbolic link, the file it points to is replaced (beside it), and the link
+    stays; otherwise the link itself is replaced by the file.
+    """
     path = Path(path)
+    if through_link and path.is_symlink():
+        path = path.resolve()
     refuse_non_regular(path)
     remove_stale_temp_files(path)
     try:
@@ -122,8 +128,8 @@ def _not_written(path: Path, exc: OSError) -> StorageError:
     )
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, through_link: bool = False) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), through_link=through_link)
 
 
 def write_cache_bytes(path: Path, data: bytes) -> bool:

@@ -8,6 +8,7 @@ Each is now refused in one line naming the file, or, for a cache, rebuilt, never
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -112,6 +113,23 @@ def test_a_history_linked_to_nothing_is_refused_not_read_as_empty_and_replaced(t
     assert user.history_path.is_symlink() and os.readlink(user.history_path) == str(elsewhere)
     with pytest.raises(LocalpersError, match="which does not exist"):
         user.history_index(get_task("headline"))
+
+
+def test_a_history_kept_elsewhere_through_a_link_stays_there_when_items_are_added(tmp_path: Path) -> None:
+    """The first save replaced the link by a file in the user's folder: the linked history (a synced copy, another
+    drive) silently stopped receiving items (store audit)."""
+    user = user_with_history("eve")
+    elsewhere = tmp_path / "synced" / "history.jsonl"
+    elsewhere.parent.mkdir()
+    os.rename(user.history_path, elsewhere)
+    user.history_path.symlink_to(elsewhere)
+    added = CliRunner().invoke(
+        app, ["history", "add", "-u", "eve", "-i", "A new article.", "-o", "A new headline"]
+    )
+    assert added.exit_code == 0, added.output
+    assert user.history_path.is_symlink() and os.readlink(user.history_path) == str(elsewhere)
+    assert "A new headline" in elsewhere.read_text(encoding="utf-8")
+    assert [p.name for p in elsewhere.parent.iterdir()] == ["history.jsonl"]  # no temp file left beside it
 
 
 def test_the_fits_caches_where_a_folder_or_fifo_stands_are_left_stale_not_an_error(tmp_path) -> None:

@@ -190,7 +190,8 @@ class User:
             # rebuild, never a removed item's text
             HistoryIndex.forget(self.dir)
             remove_kept(self.dir)
-            atomic_write_text(self.history_path, text)
+            # a history kept elsewhere through a link (a synced folder, another drive) stays there
+            atomic_write_text(self.history_path, text, through_link=True)
             HistoryIndex.write(self.dir, text, items)
             write_ordinals(self.dir, ordinals)
 
