@@ -25,6 +25,7 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.methods.forget import remove_history_items
 from localpers.methods.stored_files import fit_made_for
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import one_line
 from localpers.users.history import (
     MAX_HISTORY_ITEMS,
@@ -213,14 +214,11 @@ def read_rejected(user: User) -> list[RejectedOutput]:
     """The rejected outputs kept for `user` (none when the file is absent); a one-line error when damaged."""
     path = rejected_path(user)
     fix = "fix or delete that line, or remove the file"
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
+    if not path.exists():  # none kept yet (or a link to nothing, as the first rejection would replace it)
         return []
-    except IsADirectoryError:
-        raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away") from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); check its permissions") from None
+    try:
+        # a folder, FIFO or device is refused, never read: reading a FIFO on the UI thread froze the TUI
+        text = read_regular_file(path, STATE_FILE_LIMIT, what="rejected outputs", stored=True).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LocalpersError(f"{path}: not UTF-8 text (byte {exc.start}); remove the file") from None
     rows: list[RejectedOutput] = []
