@@ -127,7 +127,8 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
         self._failures_shown: dict[str, str] = {}
         self._debounce_timer: Timer | None = None
         self._refit_timer: Timer | None = None
-        self._refit_again = False
+        self._refit_timer_user: User | None = None
+        self._refit_queue: list[User] = []
         self._fit_failed: dict[str, str] = {}
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
         self._busy_noticed: set[str] = set()

@@ -30,7 +30,7 @@ class FirstRunMixin:
     store: UserStore
     user: User | None
     fit_running: bool
-    _refit_again: bool
+    _refit_queue: list[User]
     # It also calls Textual's `notify`, `push_screen`, `exit` and `is_running`, and the app's `select_user`,
     # `refresh_user_views`, `start_refit`, `start_queued_refit`, `draft_text` and `_run_engine_job`.
 
@@ -80,7 +80,7 @@ class FirstRunMixin:
             self.notify(f"The demo user is ready: pick {message.user!r} in the User list to try it.")
             self.start_queued_refit()  # that user's fit waited for the demo's
             return
-        self._refit_again = False
+        self._refit_queue.clear()
         if not self.draft_text.strip():
             article = first_demo_article()
             if article:

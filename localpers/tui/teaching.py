@@ -24,6 +24,7 @@ from localpers.tui.service import EngineInfo
 from localpers.tui.text import flatten_whitespace, shorten
 from localpers.tui.userdata import Profile, accept_output, reject_output, remove_history_item
 from localpers.tui.widgets.history_panel import HistoryPanel
+from localpers.users.lock import read_identity
 from localpers.users.store import User, UserStore
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ class TeachingMixin:
     fit_running: bool
     refit_delay: float
     _refit_timer: Timer | None
-    _refit_again: bool
+    _refit_timer_user: User | None  # whom the pending timer refits
+    _refit_queue: list[User]  # fits asked for while another fit ran or the model loaded, in order
     _fit_failed: dict[str, str]  # user -> why their last fit failed (no automatic refit until ctrl+f)
     busy_retry_delay: float = BUSY_RETRY_SECONDS  # a fit refused because another command held the user
     _busy_noticed: set[str]  # users whose busy refusal was told, until a fit of theirs ends otherwise
@@ -180,42 +182,67 @@ class TeachingMixin:
             self.maybe_refit()
 
     def schedule_refit(self) -> None:
-        """Refit after `refit_delay` seconds, so several accepts or removals share one fit."""
+        """Refit the current user after `refit_delay` seconds, so several accepts or removals share one fit.
+
+        The fit is of the user whose history changed, even if another is shown when the timer fires; a pending
+        refit of another user (one switched away from within the delay) starts now instead of being dropped.
+        """
+        user = self.user
+        pending = self._refit_timer_user
+        self._stop_refit_timer()
+        if pending is not None and (user is None or not _same_user(pending, user)):
+            self.start_refit(pending)
+        if user is not None:
+            self._refit_timer_user = user
+            self._refit_timer = self.set_timer(self.refit_delay, lambda: self.start_refit(user))
+
+    def _stop_refit_timer(self) -> None:
         if self._refit_timer is not None:
             self._refit_timer.stop()
-        self._refit_timer = self.set_timer(self.refit_delay, self.start_refit)
+        self._refit_timer = None
+        self._refit_timer_user = None
 
     def action_refit(self) -> None:
         if self.user is not None:
             self._fit_failed.pop(self.user.name, None)
         self.start_refit()
 
-    def start_refit(self) -> None:
-        if self._refit_timer is not None:
-            self._refit_timer.stop()
-            self._refit_timer = None
-        if self.user is None:
+    def start_refit(self, user: User | None = None) -> None:
+        """Fit `user` (the current one by default) now, or once the running fit or the model's loading ends."""
+        target = user if user is not None else self.user
+        if self._refit_timer_user is None or target is None or _same_user(self._refit_timer_user, target):
+            self._stop_refit_timer()  # this fit is the one the timer would start
+        if target is None:
             self.notify("No user to fit yet.", severity="warning")
             return
         if self.info is None:
             message = self.load_error or "The model is still loading; the fit starts when it is ready."
             self.notify(message, severity="error" if self.load_error else "information")
-            self._refit_again = self.load_error is None  # started by on_engine_loaded
+            if self.load_error is None:  # started by on_engine_loaded
+                self._queue_refit(target)
             return
         if self.fit_running:
-            self._refit_again = True
+            self._queue_refit(target)
             return
         self.fit_running = True
-        self.main.progress.start(f"fitting {self.user.name}")
-        self._run_engine_job("fit", engine_jobs.fit, self.user)
+        self.main.progress.start(f"fitting {target.name}")
+        self._run_engine_job("fit", engine_jobs.fit, target)
+
+    def _queue_refit(self, user: User) -> None:
+        if not any(_same_user(queued, user) for queued in self._refit_queue):
+            self._refit_queue.append(user)
 
     def start_queued_refit(self) -> bool:
-        """Start the fit asked for while another fit ran or the model loaded (`_refit_again`); False if none was."""
-        if not self._refit_again or self.fit_running:
+        """Start the first fit asked for while another fit ran or the model loaded whose user still exists (one
+        deleted or made anew since is dropped); False if none was started."""
+        if self.fit_running:
             return False
-        self._refit_again = False
-        self.start_refit()
-        return True
+        while self._refit_queue:
+            user = self._refit_queue.pop(0)
+            if user.dir.is_dir() and not user.made_anew():
+                self.start_refit(user)
+                return True
+        return False
 
     def on_fit_progressed(self, message: FitProgressed) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
@@ -227,12 +254,8 @@ class TeachingMixin:
             return
         self.fit_running = False
         self.main.progress.stop()
-        # a fit of a user deleted and made anew meanwhile (`UserWatchMixin`) says nothing of the new one
-        replaced = (
-            self.user is not None
-            and self.user.name == message.user
-            and self.user.identity != message.identity
-        )
+        # a fit of a user deleted (and perhaps made anew) meanwhile says nothing of a user of that name now
+        replaced = self._folder_replaced(message.user, message.identity)
         if message.busy:
             # a fit in a shell (or the API's user being written): not a failure, the same fit can follow it
             # told once while that command holds the user, not at every retry
@@ -243,8 +266,10 @@ class TeachingMixin:
                     f" it has finished, if a fit is still due (checked every {self.busy_retry_delay:.0f} s).",
                     timeout=10,
                 )
-            if self._refit_timer is not None:
-                self._refit_timer.stop()
+            pending = self._refit_timer_user
+            self._stop_refit_timer()
+            if pending is not None and pending.name != message.user:
+                self._queue_refit(pending)  # another user's promised refit, started below
             self._refit_timer = self.set_timer(
                 self.busy_retry_delay, lambda: self._refit_if_due(message.user)
             )
@@ -271,6 +296,13 @@ class TeachingMixin:
         if not self.start_queued_refit() and (message.error is None or replaced):
             self.maybe_refit()
 
+    def _folder_replaced(self, name: str, identity: str | None) -> bool:
+        """Whether the user folder a fit was made for is gone, or holds another identity token (made anew)."""
+        folder = self.store.users_dir / name
+        if not folder.is_dir():
+            return True
+        return identity is not None and read_identity(folder) != identity
+
 
 def fit_summary(report: dict[str, object]) -> str:
     """One line about a fit report, e.g. 'cluster 1, own vector from 24 pairs (held-out accuracy 0.80)'."""
@@ -286,3 +318,8 @@ def fit_summary(report: dict[str, object]) -> str:
     if isinstance(heldout, float):
         line += f" (held-out pair accuracy {heldout:.2f})"
     return line
+
+
+def _same_user(first: User, second: User) -> bool:
+    """One user folder: the same name and identity token (a user deleted and made anew is another)."""
+    return first.name == second.name and first.identity == second.identity

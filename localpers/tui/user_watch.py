@@ -85,6 +85,7 @@ class UserWatchMixin:
                 f"User {name!r} was deleted by another localpers command.", severity="warning", timeout=15
             )
             self.user = None
+            self._fit_failed.pop(name, None)  # a user made later under this name is another
             self.show_user_names(self._user_names())
             self._after_external_change(history_changed=False)
             return
