@@ -122,6 +122,55 @@ async def test_a_history_imported_while_the_demo_is_prepared_stays_the_user(tmp_
         assert any("The demo user is ready" in n for n in notices(app))
 
 
+@async_test
+async def test_cancelling_an_import_while_the_demo_is_prepared_does_not_bring_the_welcome_back() -> None:
+    """The welcome screen came back over the demo's preparation, and its Escape (closing what looked like a left
+    dialog) quit the app (TUI audit, eighty-fourth session)."""
+    service = SlowDemoService(UserStore())
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("d")
+        await pilot.pause()
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ImportScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.main
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.is_running
+        service.demo_gate.set()
+        await wait_idle(pilot)
+        assert app.user is not None and app.user.name == "demo"
+
+
+@async_test
+async def test_importing_only_items_already_there_writes_nothing_and_fits_nothing(tmp_path: Path) -> None:
+    """The dialog rewrote the history (dropping the engine's kept states) and ran a whole fit, saying "fitting…",
+    for a file whose every item was there; the command line writes nothing (TUI audit)."""
+    service = fitted_service()
+    ann = service.store.get("ann")
+    again = tmp_path / "again.jsonl"
+    again.write_text(
+        "".join(json.dumps({"input": i.input, "output": i.output}) + "\n" for i in ann.history()),
+        encoding="utf-8",
+    )
+    kept = ann.dir / "prefix-0123456789abcdef0123456789abcdef.kv"
+    kept.write_bytes(b"an engine state")
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+        before = ann.history_path.stat()
+        service.fits.clear()
+        await import_through_the_dialog(pilot, app, again, "ann")
+        await wait_idle(pilot)
+        assert ann.history_path.stat().st_ino == before.st_ino and kept.exists()
+        assert service.fits == []
+        assert any("Imported 0 items" in n and "fitting" not in n for n in notices(app))
+
+
 LONG_REASON = (
     "the text has 1,199 characters; the paraphrase task reads at most 1,000: split it into parts of up to"
     " 1,000 characters and rewrite each, or choose the headline task, which reads the start of a long text"

@@ -46,13 +46,14 @@ class FirstRunMixin:
 
     def _after_import(self, summary: ImportSummary | None) -> None:
         if summary is None:
-            if self.user is None:  # first run: back to the choice
+            # first run: back to the choice, unless the demo user is being prepared (its Escape would quit)
+            if self.user is None and not self.fit_running:
                 self.push_screen(WelcomeScreen(), self._after_welcome)
             return
         skipped = f", {_counted(summary.skipped, 'duplicate')} skipped" if summary.skipped else ""
         self.notify(
-            f"Imported {_counted(summary.added, 'item')} into {summary.user!r} ({summary.total} in all{skipped});"
-            " fitting…"
+            f"Imported {_counted(summary.added, 'item')} into {summary.user!r} ({summary.total} in all{skipped})"
+            + ("; fitting…" if summary.added else "; its fit stays as it was")
         )
         if self.user is None or self.user.name != summary.user:
             try:
@@ -65,7 +66,8 @@ class FirstRunMixin:
             self.select_user(summary.user)
         else:
             self.refresh_user_views()
-            self.start_refit()
+            if summary.added:
+                self.start_refit()
 
     def on_demo_ready(self, message: DemoReady) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down

@@ -312,6 +312,7 @@ def import_history_file(store: UserStore, user_name: str, path: Path | str) -> I
             what=f"user {user_name!r} would have",
             hint=tui_room_hint(user_name, len(merged) - MAX_HISTORY_ITEMS),
         )
-        user.save_history(merged)
+        if len(already) < len(parsed.items):  # as the CLI: a file of items already there changes nothing
+            user.save_history(merged)
     skipped = len(parsed.duplicates) + len(already)
     return ImportSummary(user_name, len(parsed.items) - len(already), skipped, len(merged), created)
