@@ -7,7 +7,7 @@ import json
 
 import pytest
 from textual.widgets import Static, TextArea
-from tui_fakes import FakeService
+from tui_fakes import FAKE_SHA, FakeService
 from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
 
 from localpers.errors import LocalpersError
@@ -133,6 +133,32 @@ def test_a_rejected_file_that_is_a_fifo_is_refused_not_waited_on() -> None:
     writer.join()
     assert profile.rejected_problem is not None and "not a regular file" in profile.rejected_problem
     assert profile.problem is None and profile.can_personalize
+
+
+@async_test
+@pytest.mark.parametrize("damage", ["state", "cluster"])
+async def test_a_state_a_fit_replaces_is_refitted_on_opening(damage: str) -> None:
+    """A damaged state.json (or one naming a cluster the bundle lacks, which `localpers rewrite` refuses and the
+    TUI used) was shown as damaged with the command line's advice and never refitted: the clause meant to refit
+    it could not fire (TUI audit, eighty-fourth session)."""
+    service = fitted_service()
+    ann = service.store.get("ann")
+    if damage == "state":
+        ann.state_path.write_text("{", encoding="utf-8")
+    else:
+        set_state(ann, cluster=5)  # the fake bundle has 2
+        profile = load_profile(ann, FAKE_SHA, clusters=2)
+        assert (
+            profile.problem is not None
+            and "field 'cluster' is 5, but the bundle has 2 clusters" in profile.problem
+        )
+        assert not profile.can_personalize and profile.refit_mends
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        assert service.fits == ["ann"]
+        assert app.profile is not None and app.profile.problem is None and app.profile.can_personalize
+        assert ann.state()["cluster"] == 0
 
 
 @async_test

@@ -63,7 +63,7 @@ class FakeService:
             self._active -= 1
 
     def load(self) -> EngineInfo:
-        return EngineInfo(FAKE_SHA, "fake-bundle (k=2)", 1.0, 10, compared_methods())
+        return EngineInfo(FAKE_SHA, "fake-bundle (k=2)", 1.0, 10, compared_methods(), clusters=2)
 
     def rewrite(self, request: RewriteRequest, on_text: TextSink) -> RewriteResult:
         self._enter()

@@ -225,7 +225,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
         items: list[HistoryItem] = []
         try:
             items = self.user.history()
-            self.profile = load_profile(self.user, self.info.bundle_sha256 if self.info else None)
+            info = self.info
+            self.profile = load_profile(
+                self.user, info.bundle_sha256 if info else None, info.clusters if info else None
+            )
         except LocalpersError as exc:
             self.notify(str(exc), severity="error", timeout=10)
             self.profile = Profile(self.user.name, len(items), problem=str(exc))

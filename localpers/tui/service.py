@@ -39,6 +39,7 @@ class EngineInfo:
     default_strength: float
     default_top_k: int
     methods: tuple[str, ...]  # offered in the method selector, in this order (the registry's compared ones)
+    clusters: int | None = None  # the bundle's k: a stored cluster at or past it is a damaged state
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class EngineService:
                     default_strength=float(config.default_strength),
                     default_top_k=int(config.top_k),
                     methods=compared_methods(),
+                    clusters=personalizer.bundle.k,
                 )
             return self._info
 

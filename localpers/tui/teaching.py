@@ -163,13 +163,17 @@ class TeachingMixin:
 
     # ------------------------------------------------------------------ fitting
     def maybe_refit(self) -> None:
-        """Refit when the profile is due (no fit, another bundle, history changed) and it has not failed."""
+        """Refit when the profile is due (no fit, another bundle, history changed, or a damaged state or vector
+        that a fit replaces) and it has not failed."""
         profile = self.profile
         if (
             self.info is not None
             and profile is not None
-            and profile.bundle_matches is not None
-            and (profile.needs_fit or profile.problem is not None)
+            # a user without items keeps the fit it came with: a fit would not replace its damaged state
+            and (
+                (profile.bundle_matches is not None and profile.needs_fit)
+                or (profile.refit_mends and profile.n_history)
+            )
             and profile.user not in self._fit_failed
         ):
             self.start_refit()

@@ -60,6 +60,9 @@ class Profile:
     # the fit serves the bundle in use (made with it, in this fit format); None until the bundle is known
     bundle_matches: bool | None = None
     problem: str | None = None  # a damaged file, shown instead of the fit
+    refit_mends: bool = (
+        False  # the problem is in what a fit writes (state.json, the vector): a fit replaces it
+    )
     bias: TokenBias | None = field(default=None, compare=False)
     bias_strength: float | None = None  # what `fit` chose on the user's recent items (None: the default)
     vector_strength: float | None = (
@@ -111,10 +114,11 @@ class Profile:
         return self.fit is not None and self.bundle_matches is True and self.cluster is not None
 
 
-def load_profile(user: User, bundle_sha256: str | None) -> Profile:
-    """The user's profile; a damaged state or vector becomes `problem`, so the app can offer a refit.
+def load_profile(user: User, bundle_sha256: str | None, clusters: int | None = None) -> Profile:
+    """The user's profile; a damaged state or vector becomes `problem` (`refit_mends`), so the app can refit.
 
-    A damaged rejected-outputs file becomes `rejected_problem` and leaves the history and fit in use.
+    A damaged rejected-outputs file becomes `rejected_problem` and leaves the history and fit in use. `clusters`
+    (the bundle's k, once known) refuses a fit for this bundle whose cluster it lacks, as `localpers rewrite` does.
     """
     history = user.history()
     n_history = len(history)
@@ -127,7 +131,28 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         bias = stored_token_bias(user, state)
         vector_strength, bias_strength, choice = stored_choice(state, str(user.state_path), user.refit_advice)
     except LocalpersError as exc:
-        return Profile(user.name, n_history, n_rejected, problem=str(exc), rejected_problem=rejected_problem)
+        return Profile(
+            user.name,
+            n_history,
+            n_rejected,
+            problem=str(exc),
+            refit_mends=True,
+            rejected_problem=rejected_problem,
+        )
+    bundle_matches = None if bundle_sha256 is None else fit_made_for(state, bundle_sha256)
+    if bundle_matches and clusters is not None and cluster is not None and cluster >= clusters:
+        problem = (
+            f"{user.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has {clusters} clusters;"
+            f" {user.refit_advice}"
+        )
+        return Profile(
+            user.name,
+            n_history,
+            n_rejected,
+            problem=problem,
+            refit_mends=True,
+            rejected_problem=rejected_problem,
+        )
     fit = state.get("fit") if isinstance(state.get("fit"), dict) else None
     return Profile(
         user=user.name,
@@ -138,7 +163,7 @@ def load_profile(user: User, bundle_sha256: str | None) -> Profile:
         vector_sha256=state.get("vector_sha256"),
         fit=fit,
         fitted_at=state.get("updated_at") if fit else None,
-        bundle_matches=None if bundle_sha256 is None else fit_made_for(state, bundle_sha256),
+        bundle_matches=bundle_matches,
         bias=chosen_bias(state, bias),
         bias_strength=bias_strength,
         vector_strength=vector_strength,

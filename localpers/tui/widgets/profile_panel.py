@@ -55,7 +55,8 @@ def status_line(profile: Profile, colors: StatusColors | None = None) -> Text:
     text colours when given (the named ones read poorly on a light theme)."""
     colors = colors or StatusColors()
     if profile.problem:
-        return Text(f"damaged: {profile.problem}", style=f"bold {colors.error}")
+        mend = " (ctrl+f fits again)" if profile.refit_mends else ""
+        return Text(f"damaged: {profile.problem}{mend}", style=f"bold {colors.error}")
     if profile.fit_error:
         return Text(
             f"the last fit failed: {flatten_whitespace(profile.fit_error)}; the fit shown is the one before (ctrl+f tries"
