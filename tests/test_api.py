@@ -883,6 +883,18 @@ def test_a_chat_or_prompt_longer_than_a_rewrites_text_is_bounded_by_the_context_
         json.dumps({"model": "localpers", "prompt": "word " * 600, "method": "global"}).encode(),
     )
     assert status == 400 and "exceed the model's context of 512" in json.loads(body)["error"]["message"]
+    # A text that cannot fit is refused from its beginning: tokenizing 100,000 characters of line breaks whole
+    # takes llama.cpp half a minute, during which every other client waited (API audit, eighty-fourth session).
+    for path, request in (
+        ("completions", {"prompt": "a\n" * 50_000}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi\n"}] * 30_000}),
+    ):
+        status, body = raw_request(
+            f"{server.base_url}/{path}",
+            json.dumps({"model": "localpers", "method": "global", **request}).encode(),
+        )
+        message = json.loads(body)["error"]["message"]
+        assert status == 400 and "characters alone are" in message and "context of 512" in message, message
 
 
 def test_an_assistant_turn_without_content_is_an_empty_turn(client: openai.OpenAI) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob, server_stopping
+from localpers.engine.context_bound import tokens_within_context
 from localpers.errors import LocalpersError, TextTooLong
 from localpers.methods.base import (
     Method,
@@ -249,7 +250,7 @@ class ApiBackend:
                 sampling=job.sampling,
                 on_text=on_text,
                 history=history,
-                prompt=self.personalizer.engine.tokenize(free.content(text)) if alone else None,
+                prompt=tokens_within_context(self.personalizer.engine, free.content(text)) if alone else None,
                 stop=stop,
                 candidates=job.candidates,
                 show_examples=True,  # the answer's `localpers.examples`, as `rewrite --json` lists them

@@ -29,6 +29,7 @@ import numpy as np
 
 from localpers.atomic import TEMP_SUFFIX
 from localpers.engine import CONTEXT_TOKENS, Engine
+from localpers.engine.context_bound import tokens_within_context
 from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
@@ -225,7 +226,7 @@ def rewrite_cope(
     started = time.perf_counter()
     used_format = prompt_format if state.conditioned and not alone else None
     if alone:
-        prompt, chars_read = decoder.user.tokenize(chosen.content(text)), None
+        prompt, chars_read = tokens_within_context(decoder.user, chosen.content(text)), None
     else:
         chosen.check_text(text)
         prompt, _, chars_read = prompt_tokens(decoder.user, chosen.name, text, used_format, history)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from localpers.engine.context_bound import tokens_within_context
 from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import attribute_line
@@ -92,7 +93,7 @@ def rewrite_exact(
     if alone:
         whole = get_task(task).content(text)
         line = attribute_line(retrieval.attributes) if retrieval.attributes else ""
-        prompt = personalizer.engine.tokenize(f"{whole}\n{line}" if line else whole)
+        prompt = tokens_within_context(personalizer.engine, f"{whole}\n{line}" if line else whole)
     elif retrieval.attributes:
         get_task(task).check_text(text, room=room)
     attributed, chars_read = attributed_input(task, text, retrieval.attributes), None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from localpers.engine import Engine
+from localpers.engine.context_bound import tokens_within_context
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import cut_text, get_task
 from localpers.users.history_index import (
@@ -103,11 +104,11 @@ def chat_prompt_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> l
     with `Assistant:`; its text is tokenized as plain text, so no message can smuggle in control tokens.
     """
     if engine.has_chat_template:
-        tokens = engine.tokenize(engine.chat_prompt(messages), add_bos=False, special=True)
+        tokens = tokens_within_context(engine, engine.chat_prompt(messages), add_bos=False, special=True)
         if not tokens or tokens[0] != engine.bos_token:
             tokens.insert(0, engine.bos_token)
         return tokens
-    return engine.tokenize(chat_transcript(messages))
+    return tokens_within_context(engine, chat_transcript(messages))
 
 
 def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
