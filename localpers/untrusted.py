@@ -52,13 +52,19 @@ def parse_json(
     *,
     object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
     max_depth: int = MAX_JSON_DEPTH,
+    allow_nan: bool = True,
 ) -> Any:
     """`json.loads`, with every way outside text can fail raised as `JSONProblem`; bytes may open with a UTF-8
-    byte-order mark (a state.json or config.json edited in Notepad)."""
+    byte-order mark (a state.json or config.json edited in Notepad). `allow_nan=False` refuses Python's extensions
+    `NaN`, `Infinity` and `-Infinity`, which are not JSON."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8-sig")  # a byte-order mark, as Windows editors save one, is not content
-        value = json.loads(text, object_pairs_hook=object_pairs_hook)
+        value = json.loads(
+            text,
+            object_pairs_hook=object_pairs_hook,
+            parse_constant=None if allow_nan else _not_json_constant,
+        )
     except UnicodeDecodeError:
         raise JSONProblem("not UTF-8 text") from None
     except JSONProblem:
@@ -78,6 +84,10 @@ def parse_json(
     if _depth_exceeds(value, max_depth):
         raise JSONProblem(f"nested deeper than {max_depth} levels")
     return value
+
+
+def _not_json_constant(name: str) -> Any:
+    raise JSONProblem(f"{name} is not a JSON value (write a number, or null)")
 
 
 def unencodable_field(value: Any, path: str = "") -> str | None:

@@ -801,6 +801,9 @@ def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(
     assert blank.exit_code == 2 and blank.output.strip() == (
         "error: the API key (--api-key or LOCALPERS_API_KEY) is blank; give a key, or unset it"
     )
+    monkeypatch.setenv("LOCALPERS_API_KEY", "cl\u00e9-s3cret")  # a client's header could never carry it
+    accented = CliRunner().invoke(cli_app, ["api"])
+    assert accented.exit_code == 2 and "other than printable ASCII" in accented.output
 
 
 def test_an_answer_cut_by_the_full_context_reaches_clients_as_length() -> None:
@@ -1359,3 +1362,49 @@ def test_a_request_still_waiting_for_the_engine_when_it_closes_is_refused(tmp_pa
     with pytest.raises(ApiError) as raised:
         backend.run(parse_completion({"model": "localpers", "prompt": "hi", "method": "global"}))
     assert raised.value.status == 503 and "stopping" in raised.value.message
+
+
+def test_what_the_second_api_audit_found_loose_is_refused_or_shaped_as_openai(server: LiveServer) -> None:
+    """The API audit of the eighty-fourth session: a list as a message's role was a 500; `NaN` (not JSON) was
+    accepted; `logit_bias` keys were read as Python reads numbers ("1_0" biased token 10); a 1 MB `task` came back
+    whole in its 400; a 405 called an endpoint no endpoint and dropped `Allow`; streamed chunks lacked the
+    `"usage": null` OpenAI sends on each with `include_usage`."""
+    from localpers.api.requests import parse_chat, parse_completion
+
+    def refused(parse, body: dict[str, object]) -> ApiError:  # type: ignore[no-untyped-def]
+        with pytest.raises(ApiError) as raised:
+            parse(body)
+        assert raised.value.status == 400
+        return raised.value
+
+    for role in (["user"], {"a": 1}):
+        error = refused(parse_chat, {"model": "localpers", "messages": [{"role": role, "content": "hi"}]})
+        assert error.param == "messages"
+    completion = {"model": "localpers", "prompt": "An article."}
+    for key in ("1_0", "+5", " 5 ", "\u0663", "12345678901"):
+        assert refused(parse_completion, {**completion, "logit_bias": {key: 5}}).param == "logit_bias"
+    assert parse_completion({**completion, "logit_bias": {"10": 5}}).sampling.logit_bias == ((10, 5.0),)
+    assert len(refused(parse_completion, {**completion, "task": "t" * 1_000_000}).message) < 300
+
+    status, body = raw_request(
+        f"{server.base_url}/completions", b'{"model": "localpers", "prompt": "hi", "x": NaN}'
+    )
+    assert status == 400 and "NaN is not a JSON value" in json.loads(body)["error"]["message"]
+    request = urllib.request.Request(f"{server.base_url}/completions")
+    with pytest.raises(urllib.error.HTTPError) as wrong_method:
+        urllib.request.urlopen(request, timeout=60)
+    assert wrong_method.value.code == 405 and wrong_method.value.headers["Allow"] == "POST"
+    assert "takes POST, not GET" in json.loads(wrong_method.value.read())["error"]["message"]
+
+    streamed = {**completion, "max_tokens": 3, "method": "global", "stream": True}
+    status, body = raw_request(
+        f"{server.base_url}/completions",
+        json.dumps({**streamed, "stream_options": {"include_usage": True}}).encode(),
+    )
+    chunks = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+    assert status == 200 and len(chunks) >= 2 and all("usage" in chunk for chunk in chunks)
+    assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
+    status, body = raw_request(f"{server.base_url}/completions", json.dumps(streamed).encode())
+    assert not any(
+        "usage" in json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")
+    )

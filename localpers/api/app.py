@@ -117,13 +117,16 @@ def _chunk(
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
-    return {
+    chunk = {
         "id": ident,
         "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
         "created": created,
         "model": job.model,
         "choices": [choice],
     }
+    if job.include_usage:  # as OpenAI: every chunk carries `usage`, null until the last one's
+        chunk["usage"] = None
+    return chunk
 
 
 def _event(payload: dict[str, Any] | str) -> str:
@@ -199,7 +202,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
 
     async def read_json(request: Request) -> Any:
         try:
-            body = parse_json(await read_body(request))
+            body = parse_json(await read_body(request), allow_nan=False)
         except JSONProblem as problem:
             raise ApiError(400, f"the request body is not valid JSON: {problem}") from None
         field = unencodable_field(body)
@@ -207,7 +210,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             raise ApiError(
                 400,
                 f"field {field!r} holds a lone UTF-16 surrogate (such as \\ud800), which is not text; send valid Unicode",
-                param=field,
+                param=None if field.endswith("(a key)") else field,  # a key is no field a client can name
             )
         return body
 
@@ -344,6 +347,14 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
+        if status == 405:  # the path is an endpoint, for other methods: say which, and keep Starlette's Allow
+            allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+            response = error_response(
+                ApiError(405, f"{request.url.path} takes {allowed or 'other methods'}, not {request.method}")
+            )
+            if allowed:
+                response.headers["Allow"] = allowed
+            return response
         return error_response(
             ApiError(status, f"{request.method} {request.url.path} is not an endpoint of localpers api")
         )

@@ -12,6 +12,7 @@ This module neither resolves users nor generates.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,15 @@ from localpers.methods.bounds import MAX_STRENGTH, MAX_TOP_K
 from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.registry import DEFAULT_METHOD, method_names, methods_taking
 from localpers.tasks import TASKS
+from localpers.untrusted import one_line
 
 MODEL_PREFIX = "localpers"
 METHODS = method_names()  # what `method` may name: the registry's methods
 MAX_TOKENS_LIMIT = CONTEXT_TOKENS  # the prompt and the output share the context
 MAX_STOP_STRINGS = 4
+_TOKEN_ID = re.compile(
+    r"[0-9]{1,10}"
+)  # a `logit_bias` key; past the vocabulary it is refused where that is known
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -86,6 +91,12 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def _shown(value: object) -> str:
+    """A client's value as a refusal quotes it: its repr, on one line, at most 80 characters (a 1 MB `task` came back
+    whole in its 400)."""
+    return one_line(repr(value), limit=80)
+
+
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
@@ -97,7 +108,7 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     ):
         raise _bad(f"`{name}` must be a number", name)
     if not low <= value <= high:  # compared before float(): an integer past float's range is refused here
-        raise _bad(f"`{name}` must be between {low} and {high}, got {value}", name)
+        raise _bad(f"`{name}` must be between {low} and {high}, got {_shown(value)}", name)
     return float(value)
 
 
@@ -108,7 +119,7 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"`{name}` must be an integer", name)
     if not low <= value <= high:
-        raise _bad(f"`{name}` must be between {low} and {high}, got {value}", name)
+        raise _bad(f"`{name}` must be between {low} and {high}, got {_shown(value)}", name)
     return value
 
 
@@ -130,7 +141,7 @@ def user_from_model(model: str) -> str | None:
         return model[len(prefix) :]
     raise ApiError(
         404,
-        f"model {model!r} does not exist: use `localpers` (the active user) or `localpers/<user>`; see /v1/models",
+        f"model {_shown(model)} does not exist: use `localpers` (the active user) or `localpers/<user>`; see /v1/models",
         param="model",
         code="model_not_found",
     )
@@ -172,10 +183,10 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         )
     task = _string(body, "task")
     if task is not None and task not in TASKS:
-        raise _bad(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}", "task")
+        raise _bad(f"unknown task {_shown(task)}; choose one of: {', '.join(TASKS)}", "task")
     method = _string(body, "method") or DEFAULT_METHOD
     if method not in METHODS:
-        raise _bad(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", "method")
+        raise _bad(f"unknown method {_shown(method)}; choose one of: {', '.join(METHODS)}", "method")
     if body.get("strength") is not None and method not in methods_taking("strength"):
         takers = ", ".join(methods_taking("strength"))
         raise _bad(f"`strength` applies to {takers}, not to method {method!r}; drop it", "strength")
@@ -234,12 +245,12 @@ def _sampling(body: dict[str, Any]) -> SamplerSettings:
         raise _bad("`logit_bias` must map token ids to numbers", "logit_bias")
     pairs = []
     for token, value in bias.items():
-        try:
-            token_id = int(token)
-        except (TypeError, ValueError):
-            raise _bad(f"`logit_bias` key {token!r} is not a token id", "logit_bias") from None
-        if token_id < 0:
-            raise _bad(f"`logit_bias` key {token!r} is not a token id (ids start at 0)", "logit_bias")
+        # digits only, as OpenAI's ids are written: Python's int() also reads "1_0", "+5", " 5 " and other scripts' digits
+        if not isinstance(token, str) or not _TOKEN_ID.fullmatch(token):
+            raise _bad(
+                f"`logit_bias` key {_shown(token)} is not a token id (up to 10 digits 0-9)", "logit_bias"
+            )
+        token_id = int(token)
         if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
             raise _bad("`logit_bias` values must be numbers between -100 and 100", "logit_bias")
         pairs.append((token_id, float(value) if value > -100 else float("-inf")))
@@ -306,9 +317,12 @@ def parse_chat(body: Any) -> GenerationJob:
         raise _bad("`messages` must be a non-empty list", "messages")
     messages = []
     for index, message in enumerate(raw):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if (
+            not isinstance(role, str) or role not in CHAT_ROLES
+        ):  # a list or object role is no key of the table
             raise _bad(f"message {index} needs a `role` of: {', '.join(CHAT_ROLES)}", "messages")
-        messages.append((CHAT_ROLES[message["role"]], unicodedata.normalize("NFC", _content(message, index))))
+        messages.append((CHAT_ROLES[role], unicodedata.normalize("NFC", _content(message, index))))
     user_messages = [content for role, content in messages if role == "user"]
     if not user_messages or not user_messages[-1].strip():
         raise _bad("the chat needs a non-empty user message", "messages")

@@ -73,6 +73,12 @@ def api_command(
         api_key = api_key.strip()
         if not api_key:
             raise InputError("the API key (--api-key or LOCALPERS_API_KEY) is blank; give a key, or unset it")
+        if not (api_key.isascii() and api_key.isprintable()):
+            # HTTP headers carry bytes a server reads as Latin-1: no client's header could ever match such a key
+            raise InputError(
+                "the API key (--api-key or LOCALPERS_API_KEY) holds characters other than printable ASCII, which"
+                " no client can send in a header; use letters, digits and punctuation (e.g. `openssl rand -hex 24`)"
+            )
     check_bind(host, allow_remote=allow_remote, api_key=api_key)
     check_port_free(host, port)
     store = UserStore()
