@@ -1408,3 +1408,26 @@ def test_what_the_second_api_audit_found_loose_is_refused_or_shaped_as_openai(se
     assert not any(
         "usage" in json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")
     )
+
+
+def test_a_users_damaged_files_are_the_servers_409_naming_the_file_within_the_user(
+    server: LiveServer, store: UserStore
+) -> None:
+    """A damaged history was a 400 (the client blamed) and a damaged state.json `user_not_fitted`, each quoting
+    the server's absolute path to the user's folder (API audit, eighty-fourth session)."""
+    dave = store.create("dave")
+    try:
+        dave.save_history([HistoryItem.create("headline", "A note about the harbour.", "The harbour opens.")])
+        dave.state_path.write_text("{", encoding="utf-8")
+        for damage in ("state", "history"):
+            if damage == "history":
+                dave.history_path.write_text("garbage\n", encoding="utf-8")
+            status, body = raw_request(
+                f"{server.base_url}/completions",
+                json.dumps({"model": "localpers/dave", "prompt": "An article.", "task": "headline"}).encode(),
+            )
+            error = json.loads(body)["error"]
+            assert status == 409 and error["code"] == "user_data_damaged" and error["param"] == "user", body
+            assert str(dave.dir) not in error["message"] and "user 'dave''s " in error["message"], body
+    finally:
+        store.delete("dave")

@@ -17,6 +17,7 @@ examples alone, bounded by the context only.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import numpy as np
 
 from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob, server_stopping
 from localpers.engine.context_bound import tokens_within_context
-from localpers.errors import LocalpersError, TextTooLong
+from localpers.errors import LocalpersError, TextTooLong, UserBusy
 from localpers.methods.base import (
     Method,
     RewriteOptions,
@@ -136,7 +137,9 @@ class ApiBackend:
         try:  # the same reading of the user's fit as `localpers rewrite`
             found = profile_for_rewrite(user, method.name, self.personalizer, history, strict=True)
         except LocalpersError as exc:
-            raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
+            raise _damaged_user_data(exc, user) or ApiError(
+                409, str(exc), param="user", code="user_not_fitted"
+            ) from None
         if found.note:
             notes.append(found.note)
         uses_choice = method.uses_choice and found.method == method.name
@@ -165,6 +168,9 @@ class ApiBackend:
             try:
                 result = self._generate(job, user, on_text, notes)
             except LocalpersError as exc:
+                damaged = _damaged_user_data(exc, user)
+                if damaged is not None:
+                    raise damaged from None
                 message = str(exc)
                 param = _field_named(message)
                 if param is None and isinstance(exc, TextTooLong):  # the text the client sent
@@ -322,3 +328,18 @@ _ENGINE_REFUSALS = {"the grammar": "grammar", "logit bias": "logit_bias"}
 def _field_named(message: str) -> str | None:
     """The request field an engine refusal is about (OpenAI's `param`), None when it is about none."""
     return next((field for opening, field in _ENGINE_REFUSALS.items() if message.startswith(opening)), None)
+
+
+def _damaged_user_data(exc: LocalpersError, user: User | None) -> ApiError | None:
+    """A 409 `user_data_damaged` for an error about a file in the user's folder (a damaged history or state: the
+    request is fine, the server's data is not), naming the file within the folder, not the server's path to it;
+    None for any other error."""
+    if user is None or isinstance(exc, UserBusy):  # busy names the lock file: not damage
+        return None
+    message, folder = str(exc), str(user.dir)
+    if folder not in message:
+        return None
+    shown = message.replace(folder + os.sep, f"user {user.name!r}'s ").replace(
+        folder, f"user {user.name!r}'s folder"
+    )
+    return ApiError(409, shown, param="user", code="user_data_damaged")
