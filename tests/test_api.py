@@ -1431,3 +1431,43 @@ def test_a_users_damaged_files_are_the_servers_409_naming_the_file_within_the_us
             assert str(dave.dir) not in error["message"] and "user 'dave''s " in error["message"], body
     finally:
         store.delete("dave")
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_request_whose_client_left_while_queued_is_never_run(
+    server: LiveServer, backend: ApiBackend, monkeypatch: pytest.MonkeyPatch, streamed: bool
+) -> None:
+    """A request queued behind a busy engine ran its tokenization and decode once the engine was free, though its
+    client had left long before (API audit, eighty-fourth session)."""
+    import time
+    import urllib.parse
+
+    ran: list[str] = []
+    generate = backend._generate
+    monkeypatch.setattr(backend, "_generate", lambda job, *rest: ran.append(job.text) or generate(job, *rest))
+    body = json.dumps(
+        {"model": "localpers", "prompt": "queued", "method": "global", "max_tokens": 2, "stream": streamed}
+    )
+    address = urllib.parse.urlsplit(server.base_url)
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address.hostname}:{address.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    with backend._lock:  # another request holds the engine
+        with socket.create_connection((address.hostname, address.port), timeout=10) as connection:
+            connection.sendall(request)
+            time.sleep(0.5)  # queued
+        time.sleep(1.0)  # the client has gone; the server notices while the engine is still held
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not ran:
+        time.sleep(0.1)
+    assert ran == []
+    assert client_still_served(server)
+
+
+def client_still_served(server: LiveServer) -> bool:
+    status, body = raw_request(
+        f"{server.base_url}/completions",
+        json.dumps({"model": "localpers", "prompt": "after", "method": "global", "max_tokens": 2}).encode(),
+    )
+    return status == 200 and bool(json.loads(body)["choices"])

@@ -171,3 +171,26 @@ def test_few_candidates_are_sampled_cooler_than_many(monkeypatch: pytest.MonkeyP
         assert result.text == "words 0"
     # RESULTS 0zb: up to 8 candidates agree best at 0.5, more at 0.7
     assert drawn == {3: 0.5, 4: 0.5, 8: 0.5, 9: 0.7, 16: 0.7}
+
+
+def test_a_candidates_decode_stops_at_the_step_its_sink_refuses(personalizer: Personalizer) -> None:  # noqa: F811
+    """With `candidates`, text reached the sink only once all were decoded: a client that left (or a TUI draft that
+    changed) could not stop the decode, which ran on for up to a minute (API and TUI audits)."""
+
+    class Gone(Exception):
+        pass
+
+    asked: list[str] = []
+
+    def on_text(piece: str) -> None:
+        if not piece:
+            asked.append(piece)
+            if len(asked) == 3:
+                raise Gone
+
+    text = "The council voted to rebuild the old bridge next spring."
+    with pytest.raises(Gone):
+        personalizer.rewrite(text, method="global", candidates=4, max_tokens=32, on_text=on_text)
+    assert len(asked) == 3
+    plain = personalizer.rewrite(text, method="global")
+    assert personalizer.rewrite(text, method="global", candidates=1).text == plain.text  # the engine is whole

@@ -274,7 +274,8 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
         def on_text(piece: str) -> None:
             if gone:
                 raise ClientGone()
-            loop.call_soon_threadsafe(queue.put_nowait, piece)
+            if piece:  # an empty piece only asks whether the client is still there
+                loop.call_soon_threadsafe(queue.put_nowait, piece)
 
         def work() -> None:
             try:
@@ -288,8 +289,20 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
         # A daemon thread, not the loop's executor: a stopped server's loop waits for its executor's threads,
         # and a generation stuck inside llama.cpp never ends (`localpers api` exits without it).
         threading.Thread(target=work, name="localpers-api-stream", daemon=True).start()
+
+        async def watch_for_disconnect() -> None:  # while queued for the engine, before any text
+            nonlocal gone
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+
         # Errors found before any text (unknown user, bad grammar, unfitted user) still get a 4xx status.
-        first = await queue.get()
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(watch_for_disconnect)
+            first = await queue.get()
+            watching.cancel_scope.cancel()
+        if isinstance(first, ClientGone):
+            return Response(status_code=499)  # nobody reads it
         if isinstance(first, BaseException):
             if isinstance(first, ApiError):
                 return error_response(first)

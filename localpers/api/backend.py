@@ -16,11 +16,12 @@ examples alone, bounded by the context only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,7 @@ from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
 TextSink = Callable[[str], None]
+QUEUE_POLL_SECONDS = 0.2  # how often a request waiting for the engine checks that its client is still there
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,15 @@ class ApiBackend:
 
     # ------------------------------------------------------------------ generation
     def run(self, job: GenerationJob, on_text: TextSink | None = None) -> Served:
-        """Generate for `job` (blocking; call from a worker thread)."""
-        with self._lock:
+        """Generate for `job` (blocking; call from a worker thread).
+
+        While another request holds the engine, `on_text("")` is asked every `QUEUE_POLL_SECONDS` whether to go
+        on waiting: a client that left while queued raises there, before its text is tokenized or evaluated.
+        """
+        while not self._lock.acquire(timeout=QUEUE_POLL_SECONDS):
+            if on_text is not None:
+                on_text("")
+        with _releasing(self._lock):
             if self._closing:
                 raise server_stopping()
             if job.user_tag is not None and job.user_tag in self.store.list():
@@ -312,6 +321,9 @@ def _without_leading_space(on_text: TextSink | None) -> TextSink | None:
 
     def forward(piece: str) -> None:
         nonlocal started
+        if not piece:  # no text: the sink is asked whether to go on
+            on_text(piece)
+            return
         if not started:
             piece = piece.lstrip()
             started = bool(piece)
@@ -343,3 +355,12 @@ def _damaged_user_data(exc: LocalpersError, user: User | None) -> ApiError | Non
         folder, f"user {user.name!r}'s folder"
     )
     return ApiError(409, shown, param="user", code="user_data_damaged")
+
+
+@contextlib.contextmanager
+def _releasing(lock: threading.Lock) -> Iterator[None]:
+    """Release `lock`, already taken, when the block ends."""
+    try:
+        yield
+    finally:
+        lock.release()

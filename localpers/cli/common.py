@@ -289,6 +289,8 @@ def stdout_stream(*, strip_leading: bool) -> Callable[[str], None]:
 
     def write(piece: str) -> None:
         nonlocal started
+        if not piece:  # no text, only a step of a decode that could be stopped here
+            return
         if not started:
             piece = piece.lstrip()
             if not piece:

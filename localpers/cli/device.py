@@ -279,6 +279,8 @@ def rewrite_command(
     def on_text(piece: str) -> None:
         nonlocal streaming
         assert sink is not None
+        if not piece:  # no text, only a step of a decode that could be stopped here
+            return
         streaming = True
         sink(piece)
 

@@ -37,10 +37,13 @@ def generate_candidates(
     stop: Sequence[str] = (),
     shared: int = 0,
     seed: int = 0,
+    on_step: Callable[[], None] | None = None,
 ) -> list[GenerationResult]:
     """`count` continuations of `prompt`: the greedy one first, then `count - 1` drawn with `sampling`.
 
-    `method` makes a fresh method sampler per candidate (its state follows that candidate's tokens).
+    `method` makes a fresh method sampler per candidate (its state follows that candidate's tokens). `on_step` is
+    called before each step of all candidates; what it raises stops the decode (a client that left, a draft
+    that changed), as a streamed generation's text sink does.
     Timings: each result carries the shared prompt time and the whole batched decode time.
     """
     if not 1 <= count <= engine.batch_sequences:
@@ -67,6 +70,8 @@ def generate_candidates(
         try:
             rows = {index: (first.logits, first.features) for index in range(count)}
             while rows:
+                if on_step is not None:
+                    on_step()
                 live: list[int] = []
                 for index, (logits, features) in rows.items():
                     pick = chains[index].sample(np.asarray(logits, dtype=np.float32), features)

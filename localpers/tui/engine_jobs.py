@@ -71,7 +71,8 @@ def generate(
         def stream(piece: str) -> None:
             if worker.is_cancelled:
                 raise Superseded()
-            post(GenerationPiece(job, targets, piece))
+            if piece:  # an empty piece only asks whether the generation is still wanted
+                post(GenerationPiece(job, targets, piece))
 
         return stream
 

@@ -69,7 +69,8 @@ def decode_rewrite(
 
     One candidate: `generate` with `sampling` and `correction` in the chain, streamed to `on_text`. More:
     `decode_consensus`, each candidate with a fresh `new_correction()` and `sampling`'s word rule, the chosen
-    text given to `on_text` once chosen.
+    text given to `on_text` once chosen, and an empty piece at each step before, which carries no text but lets
+    the sink stop the decode by raising (every sink takes an empty piece so).
     """
     # The head's small products must not wake a multi-threaded BLAS that would fight llama.cpp's threads.
     with threadpool_limits(limits=1, user_api="blas"):
@@ -83,6 +84,8 @@ def decode_rewrite(
                 shared,
                 new_correction,
                 repeated_word_penalty=sampling.word_penalty,
+                # an empty piece carries no text: it lets the sink stop the decode (a client gone) at each step
+                on_step=(lambda: on_text("")) if on_text else None,
             )
             if on_text:
                 on_text(result.text)
@@ -109,11 +112,12 @@ def decode_consensus(
     shared: int,
     new_correction: Callable[[], CardCorrection | None],
     repeated_word_penalty: float = 0.0,
+    on_step: Callable[[], None] | None = None,
 ) -> tuple[GenerationResult, CardCorrection | None]:
     """The candidate the others agree with most, and the correction that decoded it (its steps, for Why).
 
     `repeated_word_penalty` puts the word-only repetition rule (`localpers.engine.repeated_words`) in every
-    candidate's chain.
+    candidate's chain; `on_step` is called before each step and stops the decode by raising.
     """
     made: list[CardCorrection | None] = []
 
@@ -130,6 +134,7 @@ def decode_consensus(
         max_tokens=max_tokens,
         stop=stop,
         shared=shared,
+        on_step=on_step,
     )
     chosen = choose_consensus([r.text.strip() for r in results]).index
     return results[chosen], made[chosen]

@@ -280,6 +280,9 @@ class FinishingStream:
         self._sent = 0
 
     def __call__(self, piece: str) -> None:
+        if not piece:  # no text: the sink is asked whether to go on
+            self._sink(piece)
+            return
         self._text += piece
         end = max(self._text.rfind(" "), self._text.rfind("\n"))
         if end >= 0:
