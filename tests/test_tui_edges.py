@@ -317,6 +317,21 @@ def test_the_import_dialog_names_the_terminal_command_for_a_long_file(tmp_path: 
     )
 
 
+def test_the_import_dialog_names_the_terminal_command_for_a_file_of_several_users(tmp_path: Path) -> None:
+    """It said "choose one with --user-id", an option the dialog does not have (TUI audit, eighty-fourth session)."""
+    shared = tmp_path / "shared.jsonl"
+    lines = [
+        {"user_id": uid, "history": [{"input": f"{uid} article", "output": f"{uid} headline"}]}
+        for uid in "ab"
+    ]
+    shared.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    with pytest.raises(LocalpersError) as refused:
+        import_history_file(UserStore(), "cy", shared)
+    message = str(refused.value)
+    assert "holds 2 users (a, b)" in message
+    assert f"from a terminal: `localpers history import {shared} --user-id ID --user cy`" in message
+
+
 def test_the_demo_draft_is_the_article_without_the_corpus_instruction() -> None:
     article = first_demo_article()
     assert article is not None and not article.startswith("Generate a headline")

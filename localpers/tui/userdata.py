@@ -327,6 +327,10 @@ def import_history_file(store: UserStore, user_name: str, path: Path | str) -> I
             f"or import its latest from a terminal: `localpers history import {shlex.quote(str(file))}"
             f" --keep-latest {MAX_HISTORY_ITEMS} --user {user_name}`"
         ),
+        choose_user_hint=(  # nor --user-id
+            f"import one from a terminal: `localpers history import {shlex.quote(str(file))} --user-id ID"
+            f" --user {user_name}`"
+        ),
     )
     created = user_name not in store.list()
     user = store.create(user_name) if created else store.get(user_name)

@@ -67,6 +67,7 @@ def parse_history(
     keep_latest: int | None = None,
     data: bytes | None = None,
     too_many_hint: str | None = None,
+    choose_user_hint: str = "choose one with --user-id",
 ) -> ParsedHistory:
     """Like `parse_history_file`, also returning the duplicates that were skipped.
 
@@ -74,7 +75,8 @@ def parse_history(
     when every item has one and the file lists them otherwise (`sorted_by_date`). `keep_latest` keeps only the last
     that many unique items in that order, so a longer archive can be imported without editing it; every line is still validated. `data` is the
     file's content when it was read elsewhere (standard input); `path` then only names it in messages.
-    `too_many_hint` says how to import a file of more than `MAX_HISTORY_ITEMS` where `--keep-latest` is not offered.
+    `too_many_hint` says how to import a file of more than `MAX_HISTORY_ITEMS` where `--keep-latest` is not offered,
+    `choose_user_hint` how to pick one user of a file of several where `--user-id` is not.
     """
     path = Path(path)
     if keep_latest is not None and not 1 <= keep_latest <= MAX_HISTORY_ITEMS:
@@ -93,7 +95,7 @@ def parse_history(
             "(with 'user_id' and 'history'); use one format per file"
         )
     if user_lines:
-        candidates = _user_items(path, user_lines, user_id)
+        candidates = _user_items(path, user_lines, user_id, choose_user_hint)
     else:
         if user_id is not None:
             raise InputError(
@@ -146,7 +148,7 @@ def _check_dates(path: Path, candidates: list[tuple[str, dict[str, Any], str]]) 
 
 
 def _user_items(
-    path: Path, user_lines: list[tuple[int, dict[str, Any]]], user_id: str | None
+    path: Path, user_lines: list[tuple[int, dict[str, Any]]], user_id: str | None, choose_user_hint: str
 ) -> list[tuple[str, Any, str]]:
     """The history records of the chosen user in a per-user file, with where each one came from."""
     by_user: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -169,7 +171,7 @@ def _user_items(
     if user_id is None:
         if len(by_user) > 1:
             shown = ", ".join(list(by_user)[:5]) + (", ..." if len(by_user) > 5 else "")
-            raise InputError(f"{path} holds {len(by_user)} users ({shown}); choose one with --user-id")
+            raise InputError(f"{path} holds {len(by_user)} users ({shown}); {choose_user_hint}")
         user_id = next(iter(by_user))
     if user_id not in by_user:
         raise InputError(f"{path} has no user_id {user_id!r}; it holds: {', '.join(by_user)}")
