@@ -136,11 +136,17 @@ async def test_strength_top_k_and_method_controls(service: FakeService) -> None:
         assert app.main.controls.method == "global-history"
         assert app.main.personal_panel.text == f"History: {' '.join(DRAFT.split()[:5]).lower()}"
         assert app.main.controls.strength.disabled and app.main.controls.top_k.disabled
+        # said in words, not by a dimmer grey alone (TUI audit, eighty-fourth session)
+        assert [app.main.controls.strength.render().plain, app.main.controls.top_k.render().plain] == [
+            "α off",
+            "top-k off",
+        ]
 
         app.main.controls.method_select.focus()
         await pilot.press("enter", "up", "enter")  # back to card: α and top-k kept, served from the cache
         await wait_idle(pilot)
         assert app.main.personal_panel.text == card(DRAFT, 4, strength=1.5, top_k=5)
+        assert app.main.controls.top_k.render().plain == "top-k ‹5›"
         assert app.main.personal_panel.status.endswith("cached")
 
         count = len(service.rewrites)

@@ -19,7 +19,7 @@ _LESS_OR_MORE = Binding.Group("Adjust", compact=True)
 
 
 class Stepper(Widget, can_focus=True):
-    """`label ‹ value ›`; the value is one of `values`, chosen with the arrow keys."""
+    """`label ‹ value ›`; the value is one of `values`, chosen with the arrow keys; `label off` while disabled."""
 
     DEFAULT_CSS = """
     Stepper {
@@ -92,6 +92,8 @@ class Stepper(Widget, can_focus=True):
             self.post_message(self.Changed(self, self.value))
 
     def render(self) -> Text:
+        if self.disabled:  # said in words, not only by the dimmer colour (the value does not apply)
+            return Text.assemble((f"{self.label} ", "dim"), ("off", "dim italic"))
         left = "‹" if self.index > 0 else " "
         right = "›" if self.index < len(self.values) - 1 else " "
         return Text.assemble((f"{self.label} ", "dim"), f"{left}{self.formatter(self.value)}{right}")
