@@ -120,3 +120,30 @@ def test_a_demo_user_missing_some_shipped_items_gets_them_back_and_is_refitted()
     demo, fitted_now = ensure_demo_user(personalizer, store)  # type: ignore[arg-type]
     assert [item.id for item in demo.history()] == [item.id for item in shipped]
     assert fitted_now and fitted == ["demo"]
+
+
+def test_a_demo_user_taught_in_the_tui_stays_the_demo_user() -> None:
+    """An output accepted in the TUI and a shipped item removed in its History tab made `localpers demo` call the
+    demo user "a history of its own" and refuse it (TUI audit, eighty-fourth session); a history imported into it
+    from a file is still its own."""
+    from types import SimpleNamespace
+
+    from localpers.device.demo import ensure_demo_user
+    from localpers.errors import LocalpersError
+    from localpers.users.history import TUI_SOURCE, HistoryItem, demo_history_path
+    from localpers.users.history_import import parse_history_file
+    from localpers.users.store import UserStore
+
+    shipped = parse_history_file(demo_history_path())
+    accepted = HistoryItem.create(
+        "headline", "The river bike lane opens this week.", "Lane Change: Bikes Roll", TUI_SOURCE
+    )
+    store = UserStore()
+    store.create("demo").save_history([*shipped[1:], accepted])
+    personalizer = SimpleNamespace(bundle_sha256="b" * 64, fit_user=lambda user, progress=None: None)
+    demo, _ = ensure_demo_user(personalizer, store)  # type: ignore[arg-type]
+    assert [item.id for item in demo.history()] == [item.id for item in [*shipped[1:], accepted]]
+    imported = HistoryItem.create("headline", "An article of mine.", "My own headline", "mine.jsonl:1")
+    demo.save_history([*shipped[1:], imported])
+    with pytest.raises(LocalpersError, match="not the shipped demo user"):
+        ensure_demo_user(personalizer, store)  # type: ignore[arg-type]

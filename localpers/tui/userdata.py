@@ -29,6 +29,7 @@ from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import one_line
 from localpers.users.history import (
     MAX_HISTORY_ITEMS,
+    TUI_SOURCE,
     HistoryItem,
     check_history_size,
     history_digest,
@@ -39,7 +40,6 @@ from localpers.users.history_import import parse_history
 from localpers.users.series import history_series
 from localpers.users.store import User, UserStore, atomic_write_text
 
-TUI_SOURCE = "tui"
 # How long an accept, reject, removal or import waits for another command's hold on the user: on the UI thread,
 # so briefly, then it says the user is busy (a command changes a user's files in well under a second)
 TUI_LOCK_WAIT_SECONDS = 2.0

@@ -26,6 +26,7 @@ from localpers.tasks import TASKS
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
 
 MAX_HISTORY_ITEMS = 500
+TUI_SOURCE = "tui"  # the `source` of an output accepted in the TUI
 MAX_HISTORY_FILE_BYTES = 64 << 20  # 500 items of long articles fit many times over
 # A history item's input as stored: far more than any prompt reads (tasks.py's max_input_chars), far less than
 # what would let 500 items outgrow MAX_HISTORY_FILE_BYTES's 64 MiB in ASCII.
