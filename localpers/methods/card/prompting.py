@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from localpers.engine import Engine
 from localpers.engine.context_bound import tokens_within_context
+from localpers.errors import TextTooLong
 from localpers.methods.scoring import common_prefix_length
 from localpers.tasks import cut_text, get_task
 from localpers.users.history_index import (
@@ -101,14 +102,35 @@ def chat_prompt_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> l
     """`(role, content)` messages as a prompt: the backbone's chat template when it has one, else a transcript.
 
     The transcript (for base models) is the lone user message itself, or `Role: content` paragraphs ending
-    with `Assistant:`; its text is tokenized as plain text, so no message can smuggle in control tokens.
+    with `Assistant:`; its text is tokenized as plain text. A template is rendered around placeholders and only
+    its own text is parsed for control tokens (`<start_of_turn>`): the messages are tokenized as plain text, so
+    in neither case can a message smuggle in control tokens.
     """
     if engine.has_chat_template:
-        tokens = tokens_within_context(engine, engine.chat_prompt(messages), add_bos=False, special=True)
+        tokens = _templated_tokens(engine, messages)
         if not tokens or tokens[0] != engine.bos_token:
             tokens.insert(0, engine.bos_token)
+        if len(tokens) > engine.n_ctx:
+            raise TextTooLong(
+                f"text too long: {len(tokens)} tokens exceed the model's context of {engine.n_ctx}; shorten the chat"
+            )
         return tokens
     return tokens_within_context(engine, chat_transcript(messages))
+
+
+def _templated_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> list[int]:
+    """The chat template's text with control tokens parsed, each message's content as plain text between."""
+    marks = [f"\ue000{index}\ue001" for index in range(len(messages))]  # private-use: in no template
+    rendered = engine.chat_prompt([(role, mark) for (role, _), mark in zip(messages, marks, strict=True)])
+    tokens: list[int] = []
+    rest = rendered
+    for (_, content), mark in zip(messages, marks, strict=True):
+        before, found, rest = rest.partition(mark)
+        if not found:  # a template that changes its messages' text: render them in place, as llama.cpp would
+            return tokens_within_context(engine, engine.chat_prompt(messages), add_bos=False, special=True)
+        tokens += engine.tokenize(before, add_bos=False, special=True)
+        tokens += tokens_within_context(engine, content, add_bos=False)
+    return tokens + engine.tokenize(rest, add_bos=False, special=True)
 
 
 def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
