@@ -1282,6 +1282,9 @@ def test_a_host_with_anything_but_a_port_after_it_is_not_loopback(server: LiveSe
         assert status == 403 and "forbidden_origin" in answer, (host, origin)
     status, answer = raw_request(f"{models}/", headers={"Host": f"127.0.0.1:{server.port}"})
     assert status == 404 and json.loads(answer)["error"]["message"], answer
+    # an unknown path or method goes through the same guard (API audit, eighty-fourth session)
+    status, answer = raw_request(f"{server.base_url}/nothere", headers={"Host": "evil.com"})
+    assert status == 403 and "forbidden_origin" in answer, answer
 
 
 def test_the_busy_answer_is_an_openai_error_object() -> None:

@@ -359,6 +359,10 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
+        # through the guard, as every route: a foreign page or a client without the key learns no more here
+        return await guarded(lambda request: _not_routed(request, exc))(request)
+
+    async def _not_routed(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         if status == 405:  # the path is an endpoint, for other methods: say which, and keep Starlette's Allow
             allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
