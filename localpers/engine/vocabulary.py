@@ -103,23 +103,6 @@ class Vocabulary:
         self._piece_cache[token] = piece
         return piece
 
-    @property
-    def longest_piece_bytes(self) -> int:
-        """The most bytes one token stands for (48 in Gemma 3's vocabulary); measured once, in a few tenths of a
-        second, without keeping the pieces."""
-        longest = getattr(self, "_longest_piece", None)
-        if longest is None:
-            buffer = ctypes.create_string_buffer(256)
-            sizes = (
-                llama_cpp.llama_token_to_piece(self._vocab, t, buffer, 256, 0, False)
-                for t in range(self.n_vocab)
-            )
-            longest = max(
-                (abs(size) for size in sizes), default=1
-            )  # negative: a piece over 256 bytes, its size
-            self._longest_piece = longest
-        return longest
-
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of `tokens` (BOS/EOS and other control tokens are dropped)."""
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")

@@ -10,6 +10,7 @@ module's; it builds no sampler and decodes nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from localpers.engine import Engine
@@ -111,26 +112,38 @@ def chat_prompt_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> l
         if not tokens or tokens[0] != engine.bos_token:
             tokens.insert(0, engine.bos_token)
         if len(tokens) > engine.n_ctx:
-            raise TextTooLong(
-                f"text too long: {len(tokens)} tokens exceed the model's context of {engine.n_ctx}; shorten the chat"
-            )
+            raise _chat_too_long(len(tokens), engine.n_ctx)
         return tokens
     return tokens_within_context(engine, chat_transcript(messages))
 
 
 def _templated_tokens(engine: Engine, messages: Sequence[tuple[str, str]]) -> list[int]:
-    """The chat template's text with control tokens parsed, each message's content as plain text between."""
+    """The chat template's text with control tokens parsed, each message's content as plain text where the
+    template put it (a template may drop or move a message: Gemma's moves a system message into the next user
+    turn); a message is never parsed for control tokens."""
     marks = [f"\ue000{index}\ue001" for index in range(len(messages))]  # private-use: in no template
     rendered = engine.chat_prompt([(role, mark) for (role, _), mark in zip(messages, marks, strict=True)])
     tokens: list[int] = []
-    rest = rendered
-    for (_, content), mark in zip(messages, marks, strict=True):
-        before, found, rest = rest.partition(mark)
-        if not found:  # a template that changes its messages' text: render them in place, as llama.cpp would
-            return tokens_within_context(engine, engine.chat_prompt(messages), add_bos=False, special=True)
-        tokens += engine.tokenize(before, add_bos=False, special=True)
-        tokens += tokens_within_context(engine, content, add_bos=False)
-    return tokens + engine.tokenize(rest, add_bos=False, special=True)
+    position = 0
+    for found in _MARK.finditer(rendered):
+        tokens += engine.tokenize(rendered[position : found.start()], add_bos=False, special=True)
+        index = int(found[1])
+        if index < len(messages):
+            left = engine.n_ctx - len(tokens)  # a long chat is refused before all of it is tokenized
+            tokens += tokens_within_context(engine, messages[index][1], add_bos=False, limit=max(left, 0))
+            if len(tokens) > engine.n_ctx:
+                raise _chat_too_long(len(tokens), engine.n_ctx)
+        position = found.end()
+    return tokens + engine.tokenize(rendered[position:], add_bos=False, special=True)
+
+
+def _chat_too_long(tokens: int, context: int) -> TextTooLong:
+    return TextTooLong(
+        f"text too long: {tokens}+ tokens exceed the model's context of {context}; shorten the chat"
+    )
+
+
+_MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
 def chat_transcript(messages: Sequence[tuple[str, str]]) -> str:
