@@ -16,12 +16,11 @@ examples alone, bounded by the context only.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +44,7 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import get_method
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
+from localpers.untrusted import one_line
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
@@ -112,7 +112,10 @@ class ApiBackend:
         if name is not None:
             if name not in self.store.list():
                 raise ApiError(
-                    404, f"no local user {name!r}; see /v1/models", param="user", code="user_not_found"
+                    404,
+                    f"no local user {one_line(repr(name), limit=80)}; see /v1/models",
+                    param="user",
+                    code="user_not_found",
                 )
             return self.store.get(name)
         active = self.store.active_name()
@@ -163,7 +166,7 @@ class ApiBackend:
         while not self._lock.acquire(timeout=QUEUE_POLL_SECONDS):
             if on_text is not None:
                 on_text("")
-        with _releasing(self._lock):
+        try:
             if self._closing:
                 raise server_stopping()
             if job.user_tag is not None and job.user_tag in self.store.list():
@@ -186,6 +189,8 @@ class ApiBackend:
                     param = "messages" if job.kind == "chat" else "prompt"
                 raise ApiError(400 if exc.exit_code == 2 else 409, message, param=param) from None
             return Served(result, user.name if user else None, int(time.time()), tuple(notes))
+        finally:
+            self._lock.release()
 
     def _generate(
         self, job: GenerationJob, user: User | None, on_text: TextSink | None, notes: list[str]
@@ -297,7 +302,9 @@ class ApiBackend:
             try:  # what it refuses is the user's fit (none for this method, another bundle's), as for CARD
                 decoder = method.open_decoder(self.personalizer, user)
             except LocalpersError as exc:
-                raise ApiError(409, str(exc), param="user", code="user_not_fitted") from None
+                raise _damaged_user_data(exc, user) or ApiError(
+                    409, str(exc), param="user", code="user_not_fitted"
+                ) from None
             self._decoders[method.name] = decoder
         options = RewriteOptions(
             task=task,
@@ -355,12 +362,3 @@ def _damaged_user_data(exc: LocalpersError, user: User | None) -> ApiError | Non
         folder, f"user {user.name!r}'s folder"
     )
     return ApiError(409, shown, param="user", code="user_data_damaged")
-
-
-@contextlib.contextmanager
-def _releasing(lock: threading.Lock) -> Iterator[None]:
-    """Release `lock`, already taken, when the block ends."""
-    try:
-        yield
-    finally:
-        lock.release()
