@@ -91,11 +91,21 @@ def atomic_write_bytes(path: Path, data: bytes, *, through_link: bool = False) -
     """Replace `path` with `data` all at once: temp file in the same folder, fsync, os.replace.
 
     `through_link`: where `path` is a symbolic link, the file it points to is replaced (beside it), and the link
-    stays; otherwise the link itself is replaced by the file.
+    stays; otherwise the link itself is replaced by the file. A link to nothing, or one that loops, is refused
+    (its readers refuse it too).
     """
     path = Path(path)
     if through_link and path.is_symlink():
-        path = path.resolve()
+        try:
+            path = path.resolve(strict=True)
+        except (
+            OSError,
+            RuntimeError,
+        ):  # missing (an unmounted drive), or a loop (Python 3.11's RuntimeError)
+            raise LocalpersError(
+                f"{path} is a link to {os.readlink(path)}, which does not exist or loops; reconnect what it points"
+                " to, or remove the link"
+            ) from None
     refuse_non_regular(path)
     remove_stale_temp_files(path)
     try:

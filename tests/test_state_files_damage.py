@@ -132,6 +132,19 @@ def test_a_history_kept_elsewhere_through_a_link_stays_there_when_items_are_adde
     assert [p.name for p in elsewhere.parent.iterdir()] == ["history.jsonl"]  # no temp file left beside it
 
 
+def test_a_history_link_that_loops_or_leads_nowhere_is_refused_on_writing_it(tmp_path: Path) -> None:
+    """Written through, a link to itself raised Python's RuntimeError (a traceback) and one to nothing created its
+    target, which every reader refuses (the session's review)."""
+    user = user_with_history("fay")
+    items = user.history()
+    user.history_path.unlink()
+    for target in (user.history_path, tmp_path / "gone" / "history.jsonl"):
+        user.history_path.symlink_to(target)
+        with pytest.raises(LocalpersError, match="which does not exist or loops"):
+            user.save_history(items)
+        user.history_path.unlink()
+
+
 def test_the_fits_caches_where_a_folder_or_fifo_stands_are_left_stale_not_an_error(tmp_path) -> None:
     """A folder or FIFO at negatives.json, pair_features.safetensors or exact-selections.json ended every fit after
     its y- were generated or its first attribute search (seventy-eighth session's review): a cache that cannot be
