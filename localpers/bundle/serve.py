@@ -248,7 +248,8 @@ class BundleRequestHandler(BaseHTTPRequestHandler):
         handle = None
         if served.path is not None:
             handle, changed = self._open(served)
-            if changed and served.stamp is not None:  # a repository file replaced since listed: list it again
+            # a repository file replaced since listed: list it again (a plain bundle's listing stays as verified)
+            if changed and isinstance(self.server.files, RepositoryFiles):
                 if handle:
                     handle.close()
                 served = self.server.files.get(decoded[1:])

@@ -22,7 +22,7 @@ import numpy as np
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.card.user_state import refuse_cluster_past_bundle, stored_token_bias, user_profile
 from localpers.methods.forget import remove_history_items
 from localpers.methods.stored_files import fit_made_for
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
@@ -140,16 +140,15 @@ def load_profile(user: User, bundle_sha256: str | None, clusters: int | None = N
             rejected_problem=rejected_problem,
         )
     bundle_matches = None if bundle_sha256 is None else fit_made_for(state, bundle_sha256)
-    if bundle_matches and clusters is not None and cluster is not None and cluster >= clusters:
-        problem = (
-            f"{user.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has {clusters} clusters;"
-            f" {user.refit_advice}"
-        )
+    try:
+        if bundle_matches:
+            refuse_cluster_past_bundle(user, cluster, clusters)
+    except LocalpersError as exc:
         return Profile(
             user.name,
             n_history,
             n_rejected,
-            problem=problem,
+            problem=str(exc),
             refit_mends=True,
             rejected_problem=rejected_problem,
         )

@@ -18,7 +18,8 @@ A fit is committed in two steps: the vector goes to a new content-addressed file
 replaced to name it. State is the commit point: an interruption before it leaves the previous state
 naming the previous vector, which is still there; stale vector files are removed afterwards. Reading
 checks the vector's sha256 against state.json and refuses a mismatch. Every file is written to a
-temporary file in the same folder, fsynced, then `os.replace`d. Damaged files raise a one-line
+temporary file in the same folder (a linked history.jsonl: beside the file it links to), fsynced, then
+`os.replace`d. Damaged files raise a one-line
 `LocalpersError` naming the file and what to do. Methods keep their own files beside these, written
 through the same atomic helpers. This module does not fit or embed anything, and knows no other user.
 """

@@ -13,7 +13,8 @@ caller gets a one-line error instead of writing into a folder that is about to b
 created again under the same name while a long command (a fit) ran is a new folder at the same path: each
 folder holds a random `.identity` token, and a caller that read it when it started (`identity=`) is refused
 when the folder's token differs, instead of writing the old user's fit into the new one. Readers do not
-lock: they see the old file or the new one. A fit, which runs for seconds to minutes, also holds the folder's
+wait for the lock: they see the old file or the new one (one that writes a cache of what it read takes the lock
+only if it is free, `wait_seconds=0`). A fit, which runs for seconds to minutes, also holds the folder's
 `.fit.lock` from start to end (`fit_lock`), so a second fit of the same user is refused at once instead of doing
 the same work beside it. Taking a folder's lock also removes the temp files writers that died left in it
 (`atomic.remove_stale_temp_files_in`). This module knows nothing else of what is in the folder.

@@ -53,9 +53,15 @@ def check_stored_fit(user: User, bundle_sha256: str | None = None, clusters: int
     stored_token_bias(user, state)
     stored_choice(state, str(user.state_path), user.refit_advice)
     made_here = bundle_sha256 is not None and state.get("bundle_sha256") == bundle_sha256
-    if made_here and clusters is not None and cluster is not None and cluster >= clusters:
+    if made_here:
+        refuse_cluster_past_bundle(user, cluster, clusters)
+    user.history()
+
+
+def refuse_cluster_past_bundle(user: User, cluster: int | None, clusters: int | None) -> None:
+    """Refuse (InputError naming state.json) a fit for the bundle in use whose cluster it lacks (`clusters`: its k)."""
+    if clusters is not None and cluster is not None and cluster >= clusters:
         raise InputError(
             f"{user.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has {clusters} clusters;"
             f" {user.refit_advice}"
         )
-    user.history()
