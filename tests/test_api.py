@@ -1474,3 +1474,24 @@ def client_still_served(server: LiveServer) -> bool:
         json.dumps({"model": "localpers", "prompt": "after", "method": "global", "max_tokens": 2}).encode(),
     )
     return status == 200 and bool(json.loads(body)["choices"])
+
+
+def test_cope_refusing_a_damaged_user_file_does_not_quote_the_servers_path(store: UserStore) -> None:
+    """CoPe's (and EXACT's) own decoder refused a damaged cope.json as user_not_fitted with the server's absolute path
+    to it (the session's review)."""
+    from types import SimpleNamespace
+
+    from localpers.methods.cope import STATE_FILE
+    from localpers.methods.registry import get_method
+
+    ann = store.create("cope-damaged")
+    try:
+        (ann.dir / STATE_FILE).write_text("[1]", encoding="utf-8")  # not a JSON object
+        backend = ApiBackend(SimpleNamespace(prompt_format=None), store)  # type: ignore[arg-type]
+        job = SimpleNamespace(strength=None, correction_top_k=None, max_tokens=8, sampling=None)
+        with pytest.raises(ApiError) as refused:
+            backend._own_decoder(get_method("cope"), ann, "text", "headline", job, None, (), [])  # type: ignore[arg-type]
+        assert refused.value.status == 409 and refused.value.code == "user_data_damaged"
+        assert str(ann.dir) not in refused.value.message and "cope-damaged" in refused.value.message
+    finally:
+        store.delete("cope-damaged")
