@@ -27,10 +27,21 @@ class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Follow a redirect only to another http(s) URL (urllib would also follow one to ftp://)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
-        if scheme not in ("http", "https"):
-            raise LocalpersError(
-                f"{req.full_url}: the server redirects to {one_line(newurl, 200)}, which is not http(s);"
-                " refusing it"
-            )
+        _refuse_unless_http(req.full_url, newurl)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def http_error_302(self, req, fp, code, msg, headers):  # type: ignore[no-untyped-def]
+        # urllib refuses a redirect to file:// itself, before `redirect_request`, as a bare HTTP 302 error
+        location = headers.get("location") or headers.get("uri")
+        if location:
+            _refuse_unless_http(req.full_url, urllib.parse.urljoin(req.full_url, location))
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _refuse_unless_http(url: str, target: str) -> None:
+    if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
+        raise LocalpersError(
+            f"{url}: the server redirects to {one_line(target, 200)}, which is not http(s); refusing it"
+        )
