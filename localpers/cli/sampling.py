@@ -115,11 +115,25 @@ GrammarOption = Annotated[
 
 
 def read_grammar(path: Path | None) -> str | None:
-    """The text of a GBNF file, or a one-line error."""
+    """The text of a GBNF file, or a one-line error (a FIFO, a device or a file over what the engine takes is
+    refused without being read through)."""
+    import stat
+
+    from localpers.engine.decoding import MAX_GRAMMAR_CHARACTERS
+
     if path is None:
         return None
+    limit = MAX_GRAMMAR_CHARACTERS * 4  # bytes: up to 4 a character
     try:
-        return path.read_text(encoding="utf-8")
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            problem = "it is a directory"
+        elif not stat.S_ISREG(info.st_mode):
+            problem = "not a regular file (a FIFO or a device)"
+        elif info.st_size > limit:
+            problem = f"{info.st_size:,} bytes, more than the {limit:,} a grammar may have"
+        else:
+            return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         problem = "no such file"
     except IsADirectoryError:

@@ -33,6 +33,9 @@ from localpers.errors import LocalpersError
 # llama.cpp's own "pick a random seed" value (LLAMA_DEFAULT_SEED).
 RANDOM_SEED = 0xFFFFFFFF
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range; -inf (the API's -100) bans a token
+MAX_GRAMMAR_CHARACTERS = 64 * 1024
+MAX_GRAMMAR_NESTING = 256
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,44 @@ class SamplerSettings:
             if not ok:
                 raise LocalpersError(f"{name} must be {expected}, got {value}", exit_code=2)
         for token, bias in self.logit_bias:
-            if token < 0 or math.isnan(bias):
-                raise LocalpersError(f"logit bias ({token}, {bias}) is invalid", exit_code=2)
-        if self.grammar is not None and not self.grammar.strip():
-            raise LocalpersError("the grammar is empty; give GBNF text with a `root` rule", exit_code=2)
+            # -inf bans a token; +inf (or a bias past float32) made sampling's softmax NaN, picking the last id
+            if token < 0 or not (bias == -math.inf or -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise LocalpersError(
+                    f"logit bias ({token}, {bias}) is invalid: give a token id >= 0 and a bias from"
+                    f" -{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g} (or -inf to ban it)",
+                    exit_code=2,
+                )
+        if self.grammar is not None:
+            _check_grammar(self.grammar)
         return self
+
+
+def _check_grammar(grammar: str) -> None:
+    """Refuse a grammar llama.cpp's parser should not be given: an empty one, one over MAX_GRAMMAR_CHARACTERS, or
+    one nested deeper than MAX_GRAMMAR_NESTING (its parser recurses: 30,000 levels crashed the process)."""
+    if not grammar.strip():
+        raise LocalpersError("the grammar is empty; give GBNF text with a `root` rule", exit_code=2)
+    if len(grammar) > MAX_GRAMMAR_CHARACTERS:
+        raise LocalpersError(
+            f"the grammar has {len(grammar):,} characters, more than the {MAX_GRAMMAR_CHARACTERS:,} localpers takes;"
+            " give a shorter one",
+            exit_code=2,
+        )
+    depth = deepest = 0
+    for (
+        character
+    ) in grammar:  # a bound, not a parse: brackets in quoted text count too, which errs on the safe side
+        if character in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif character in ")]}":
+            depth = max(depth - 1, 0)
+    if deepest > MAX_GRAMMAR_NESTING:
+        raise LocalpersError(
+            f"the grammar nests {deepest} levels of brackets, more than the {MAX_GRAMMAR_NESTING} localpers takes;"
+            " write it with named rules instead",
+            exit_code=2,
+        )
 
 
 GREEDY = SamplerSettings()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -271,6 +272,13 @@ class SamplerChain:
             raise LocalpersError("the sampler chain chose no token")
         chosen = array.data[array.selected]  # samplers may have moved `data`; read through the array
         token, logit = int(chosen.id), float(chosen.logit)
+        if logit == -math.inf:
+            # every token is ruled out (a grammar beside logit-bias bans): accepting one would make llama.cpp's
+            # grammar throw across its C API, which aborts the process
+            raise LocalpersError(
+                "no token is allowed: the grammar and the logit bias together rule out every token; lift a ban",
+                exit_code=2,
+            )
         self.accept(token)
         return Pick(token, logit)
 

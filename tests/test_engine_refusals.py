@@ -1,0 +1,80 @@
+"""What the engine refuses before llama.cpp could abort the process or misbehave (engine audit, eighty-fourth
+session): a grammar and a logit bias that rule out every token (llama.cpp's grammar threw across its C API:
+SIGABRT), a grammar nested deep enough to overflow its recursive parser (SIGSEGV), a +inf bias (sampling picked
+the last id of the vocabulary), a grammar file that is a FIFO or too large."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.engine.backbone import Backbone
+from localpers.engine.decoding import MAX_GRAMMAR_CHARACTERS, MAX_GRAMMAR_NESTING, SamplerSettings
+from localpers.errors import LocalpersError
+
+EVERY_TOKEN_RULED_OUT = """
+import sys
+from localpers.engine import Engine
+from localpers.engine.decoding import SamplerSettings
+from localpers.engine.generation import generate
+from localpers.errors import LocalpersError
+
+engine = Engine(sys.argv[1], n_threads=1, tap_layers=None)
+ends = tuple((t, float("-inf")) for t in range(engine.n_vocab) if engine.is_end_of_generation(t))
+for temperature in (0.0, 0.7):  # after "x" the grammar allows only the end, which the bias bans
+    settings = SamplerSettings(grammar='root ::= "x"', logit_bias=ends, temperature=temperature, seed=3)
+    try:
+        generate(engine, "The quick brown fox", max_tokens=4, sampling=settings)
+    except LocalpersError as exc:
+        print(exc.exit_code, exc)
+"""
+
+
+def test_a_grammar_and_bans_that_rule_out_every_token_are_a_one_line_error(
+    backbone: Backbone, tmp_path: Path
+) -> None:
+    environment = {**os.environ, "LOCALPERS_HOME": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", EVERY_TOKEN_RULED_OUT, str(backbone.path)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]  # not -6 (SIGABRT)
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("2 no token is allowed") for line in lines), run.stdout
+
+
+def test_a_grammar_nested_too_deep_or_too_long_and_an_infinite_bias_are_refused() -> None:
+    nested = "root ::= " + "(" * (MAX_GRAMMAR_NESTING + 1) + '"x"' + ")" * (MAX_GRAMMAR_NESTING + 1)
+    with pytest.raises(LocalpersError, match="nests 257 levels") as refused:
+        SamplerSettings(grammar=nested).validated()
+    assert refused.value.exit_code == 2
+    SamplerSettings(grammar="root ::= " + "(" * 50 + '"x"' + ")" * 50).validated()  # deep enough to be usable
+    with pytest.raises(LocalpersError, match="characters, more than"):
+        SamplerSettings(grammar='root ::= "' + "x" * MAX_GRAMMAR_CHARACTERS + '"').validated()
+    for bias in (math.inf, 1e39, -101.0, math.nan):
+        with pytest.raises(LocalpersError, match="logit bias"):
+            SamplerSettings(logit_bias=((5, bias),)).validated()
+    for bias in (-math.inf, -100.0, 100.0, 0.5):
+        SamplerSettings(logit_bias=((5, bias),)).validated()
+
+
+def test_a_grammar_file_that_is_a_fifo_or_too_large_is_refused_unread(tmp_path: Path) -> None:
+    fifo = tmp_path / "grammar.fifo"
+    os.mkfifo(fifo)
+    large = tmp_path / "large.gbnf"
+    large.write_text('root ::= "' + "x" * (4 * MAX_GRAMMAR_CHARACTERS) + '"', encoding="utf-8")
+    for path, problem in ((fifo, "not a regular file"), (large, "262,155 bytes, more than the")):
+        result = CliRunner().invoke(app, ["generate", "hi", "--grammar", str(path)])
+        assert result.exit_code == 2 and f"cannot read grammar file {path}: {problem}" in result.output, (
+            result.output
+        )
