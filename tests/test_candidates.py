@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from localpers.bench.metrics import rouge
 from localpers.cli import app
 from localpers.engine.candidates import generate_candidates
+from localpers.engine.decoding import SamplerSettings
 from localpers.engine.generation import generate
 from localpers.errors import LocalpersError
 from localpers.methods.card import decoding_runs
@@ -194,3 +195,36 @@ def test_a_candidates_decode_stops_at_the_step_its_sink_refuses(personalizer: Pe
     assert len(asked) == 3
     plain = personalizer.rewrite(text, method="global")
     assert personalizer.rewrite(text, method="global", candidates=1).text == plain.text  # the engine is whole
+
+
+def test_candidates_refuse_what_their_own_chains_would_drop() -> None:
+    """A grammar, a logit bias or penalties beside `candidates` were accepted and silently dropped: each candidate
+    draws with its own chain (engine audit, eighty-fourth session)."""
+    for settings, named in (
+        (SamplerSettings(grammar='root ::= "x"'), "a grammar"),
+        (SamplerSettings(logit_bias=((5, -100.0),)), "a logit bias"),
+        (SamplerSettings(frequency_penalty=0.5), "repetition penalties"),
+        (SamplerSettings(dry_multiplier=0.8), "DRY"),
+    ):
+        with pytest.raises(LocalpersError, match=f"candidates decode without {named}") as refused:
+            decoding_runs.check_candidates(4, settings)
+        assert refused.value.exit_code == 2
+        decoding_runs.check_candidates(1, settings)  # one candidate keeps them
+
+
+def test_candidates_end_where_the_context_is_full(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`generate` ends with reason "context" when the prompt and output fill the context; the candidates ran past
+    it and the whole decode failed ("position 1344 is out of range")."""
+    engine = personalizer.engine
+    monkeypatch.setattr(
+        engine, "is_end_of_generation", lambda token: False
+    )  # a model that does not stop itself
+    prompt = engine.tokenize(" ".join(["word"] * 2000))[: engine.n_ctx - 24]
+    results = generate_candidates(
+        engine, prompt, count=2, sampling=CANDIDATE_SAMPLING, method=lambda: None, max_tokens=400
+    )
+    assert [r.stop_reason for r in results] == ["context", "context"]
+    assert all(len(prompt) + len(r.tokens) == engine.n_ctx for r in results)

@@ -37,6 +37,7 @@ from localpers.methods.base import (
     too_long_beside_examples,
 )
 from localpers.methods.card.choice import chosen_bias, stored_choice
+from localpers.methods.card.decoding_runs import check_candidates
 from localpers.methods.card.method import profile_for_rewrite
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.prompting import chat_transcript, transcript_stops
@@ -209,6 +210,10 @@ class ApiBackend:
                 " decoder)",
                 param="candidates",
             )
+        try:  # what the candidates' own chains do not carry (a grammar, a logit bias, penalties)
+            check_candidates(job.candidates, job.sampling)
+        except LocalpersError as exc:
+            raise ApiError(400, str(exc), param="candidates") from None
         task = job.task or "free"
         # the global adapter's plain prompt shows no history: a history it cannot read does not stop it
         history = user.history_index(get_task(task)) if user is not None and chosen.needs_user else None

@@ -86,7 +86,9 @@ def generate_candidates(
                         texts[index], reasons[index] = text[:cut], "stop"
                         continue
                     texts[index] = text
-                    if len(generated[index]) < max_tokens:
+                    if len(tokens) + len(generated[index]) >= engine.n_ctx:
+                        reasons[index] = "context"  # as `generate`: the context is full, the text ends here
+                    elif len(generated[index]) < max_tokens:
                         live.append(index)
                 if not live:
                     break

@@ -43,12 +43,31 @@ def candidate_sampling(count: int) -> SamplerSettings:
 
 
 def check_candidates(candidates: int, sampling: SamplerSettings | None) -> None:
-    """Refuse a candidate count out of range, or candidates with non-greedy `sampling` (they draw their own)."""
+    """Refuse a candidate count out of range, or candidates with non-greedy `sampling` (they draw their own), or
+    with settings the candidates' own chains do not carry (a grammar, a logit bias, penalties, DRY): they were
+    silently dropped."""
     if not 1 <= candidates <= MAX_CANDIDATES:
         raise LocalpersError(f"candidates must be 1..{MAX_CANDIDATES}, got {candidates}", exit_code=2)
-    if candidates > 1 and sampling is not None and not sampling.greedy:
+    if candidates <= 1 or sampling is None:
+        return
+    if not sampling.greedy:
         raise LocalpersError(
             "candidates need greedy decoding (temperature 0): they draw their own samples", exit_code=2
+        )
+    kept = [
+        name
+        for name, used in (
+            ("a grammar", sampling.grammar is not None),
+            ("a logit bias", bool(sampling.logit_bias)),
+            ("repetition penalties", sampling.penalties),
+            ("DRY", sampling.dry_multiplier > 0.0),
+        )
+        if used
+    ]
+    if kept:
+        raise LocalpersError(
+            f"candidates decode without {' or '.join(kept)}: ask for one candidate to use {'it' if len(kept) == 1 else 'them'}",
+            exit_code=2,
         )
 
 
