@@ -78,3 +78,49 @@ def test_a_grammar_file_that_is_a_fifo_or_too_large_is_refused_unread(tmp_path: 
         assert result.exit_code == 2 and f"cannot read grammar file {path}: {problem}" in result.output, (
             result.output
         )
+
+
+def test_a_text_of_exactly_the_context_is_not_refused_by_the_window_count(backbone: Backbone) -> None:
+    """The count of a long text's windows allowed 2 tokens a cut where a cut can add 3: a text of exactly the
+    context's tokens was refused (engine audit)."""
+    from localpers.engine import Engine
+    from localpers.engine.context_bound import WINDOW_CHARACTERS, tokens_within_context
+
+    engine = Engine(backbone.path, n_threads=1, tap_layers=None)
+    try:
+        exact = engine.detokenize(engine.tokenize(" ".join(["word"] * 3000))[1 : engine.n_ctx])
+        assert len(exact) > WINDOW_CHARACTERS and len(engine.tokenize(exact)) == engine.n_ctx
+        assert len(tokens_within_context(engine, exact)) == engine.n_ctx
+    finally:
+        engine.close()
+
+
+def test_a_hash_stamp_that_is_a_fifo_is_no_stamp(tmp_path: Path) -> None:
+    """`cached_sha256` read the stamp beside a model with read_text: a FIFO there blocked every command that opened
+    the backbone (engine audit)."""
+    import hashlib
+    import threading
+    import time
+
+    from localpers.engine.backbone import _stamp_path, cached_sha256
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    os.mkfifo(_stamp_path(model))
+
+    def write_once_a_reader_opens() -> None:  # what the old code waited for; gives up when no reader comes
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                descriptor = os.open(_stamp_path(model), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.02)
+                continue
+            os.write(descriptor, b'{"size": 64, "mtime_ns": 0, "sha256": "wrong"}')
+            os.close(descriptor)
+            return
+
+    writer = threading.Thread(target=write_once_a_reader_opens, daemon=True)
+    writer.start()
+    assert cached_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest()
+    writer.join()

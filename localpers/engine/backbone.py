@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from localpers.atomic import atomic_write_text
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import cache_dir, config_dir
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
@@ -43,6 +44,9 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+STAMP_LIMIT = 4096  # a stamp is a line of JSON
+
+
 def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256.json")
 
@@ -56,19 +60,19 @@ def cached_sha256(path: Path) -> str:
         cache_dir() / "hashes" / (hashlib.sha1(str(path).encode()).hexdigest()),
     ]
     for stamp in stamp_candidates:
-        try:
-            saved = json.loads(stamp.read_text())
+        try:  # a FIFO or device where a stamp goes is no stamp (it would block or never end)
+            saved = json.loads(read_regular_file(stamp, STAMP_LIMIT, what="hash stamp", stored=True))
             if saved.get("size") == key["size"] and saved.get("mtime_ns") == key["mtime_ns"]:
                 return str(saved["sha256"])
-        except (OSError, ValueError, KeyError):
+        except (LocalpersError, OSError, ValueError, KeyError, AttributeError):
             continue
     digest = sha256_file(path)
     for stamp in stamp_candidates:
         try:
             stamp.parent.mkdir(parents=True, exist_ok=True)
-            stamp.write_text(json.dumps({**key, "sha256": digest}))
+            atomic_write_text(stamp, json.dumps({**key, "sha256": digest}))
             break
-        except OSError:
+        except (LocalpersError, OSError):
             continue
     return digest
 

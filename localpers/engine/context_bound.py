@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 # Characters tokenized at a time while counting a long text: at 4 a token, a whole context's worth of prose.
 WINDOW_CHARACTERS = 4096
-# Tokens a window's cut can add (a word split in two there is one token in the whole text).
-CUT_SLACK_TOKENS = 2
+# Tokens a window's cut can add (a word split in two there is one token in the whole text; three were seen).
+CUT_SLACK_TOKENS = 8
 
 
 def tokens_within_context(
@@ -36,8 +36,13 @@ def tokens_within_context(
             counted += len(engine.tokenize(window, add_bos=add_bos and start == 0, special=special))
             counted -= CUT_SLACK_TOKENS if start else 0
             if counted > limit:
+                room = (
+                    f"the model's context of {engine.n_ctx}"
+                    if limit == engine.n_ctx
+                    else f"the {limit:,} tokens left of the model's context of {engine.n_ctx}"
+                )
                 raise TextTooLong(
                     f"text too long: its first {start + len(window):,} of {len(text):,} characters alone are over"
-                    f" {limit:,} tokens, more than the model's context of {engine.n_ctx} holds; shorten the text"
+                    f" {limit:,} tokens, more than {room} holds; shorten the text"
                 )
     return engine.tokenize(text, add_bos=add_bos, special=special)
