@@ -91,6 +91,12 @@ def test_a_text_of_exactly_the_context_is_not_refused_by_the_window_count(backbo
         exact = engine.detokenize(engine.tokenize(" ".join(["word"] * 3000))[1 : engine.n_ctx])
         assert len(exact) > WINDOW_CHARACTERS and len(engine.tokenize(exact)) == engine.n_ctx
         assert len(tokens_within_context(engine, exact)) == engine.n_ctx
+        # a cut inside " unprecedented" adds 3 tokens (" ", "un", "pre" for " unpre"): each shift of the text moves it
+        base = "The committee's unprecedented internationalization strategy " * 400
+        for shift in range(60):
+            text = base[shift:]
+            whole = len(engine.tokenize(text))
+            assert len(tokens_within_context(engine, text, limit=whole)) == whole, shift
     finally:
         engine.close()
 
