@@ -96,12 +96,9 @@ def atomic_write_bytes(path: Path, data: bytes, *, through_link: bool = False) -
     """
     path = Path(path)
     if through_link and path.is_symlink():
-        try:
+        try:  # missing (an unmounted drive), or a loop (Python 3.11 raises RuntimeError for one)
             path = path.resolve(strict=True)
-        except (
-            OSError,
-            RuntimeError,
-        ):  # missing (an unmounted drive), or a loop (Python 3.11's RuntimeError)
+        except (OSError, RuntimeError):
             raise LocalpersError(
                 f"{path} is a link to {os.readlink(path)}, which does not exist or loops; reconnect what it points"
                 " to, or remove the link"
