@@ -31,9 +31,10 @@ _DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
 def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any = None) -> tuple[User, bool]:
     """The demo user, created from the shipped history and fitted when missing or stale.
 
-    A user called `demo` is taken as the shipped one while every item of its history is a shipped one or an
-    output accepted in the TUI (whose History tab may also have removed shipped items); one with other items of
-    its own is refused, never fitted or written to. One that holds shipped items only, but not all of them (a
+    A user called `demo` is taken as the shipped one while its history holds every shipped item (items added
+    since may follow them), or while every item of it is a shipped one or an output accepted in the TUI (whose
+    History tab may also have removed shipped items); one with a history of its own is refused, never fitted or
+    written to. One that holds shipped items only, but not all of them (a
     damaged line deleted, as its error advised), gets the shipped history back and is fitted anew.
     """
     from localpers.users.history import TUI_SOURCE, demo_history_path
@@ -57,7 +58,7 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
         elif history_ids < shipped_ids:
             demo.save_history(shipped)
             restored = True
-        elif not own <= shipped_ids:
+        elif not (shipped_ids <= history_ids or own <= shipped_ids):
             raise LocalpersError(
                 f"a user named '{DEMO_USER}' exists with a history of its own, so it is not the shipped demo user and"
                 " the demo leaves it alone; rename it (`localpers user export demo --with-history -o FILE.zip`, `localpers"
