@@ -130,17 +130,7 @@ def load_profile(user: User, bundle_sha256: str | None, clusters: int | None = N
         cluster, vector, state = user_profile(user)  # the checks `localpers rewrite` makes
         bias = stored_token_bias(user, state)
         vector_strength, bias_strength, choice = stored_choice(state, str(user.state_path), user.refit_advice)
-    except LocalpersError as exc:
-        return Profile(
-            user.name,
-            n_history,
-            n_rejected,
-            problem=str(exc),
-            refit_mends=True,
-            rejected_problem=rejected_problem,
-        )
-    bundle_matches = None if bundle_sha256 is None else fit_made_for(state, bundle_sha256)
-    try:
+        bundle_matches = None if bundle_sha256 is None else fit_made_for(state, bundle_sha256)
         if bundle_matches:
             refuse_cluster_past_bundle(user, cluster, clusters)
     except LocalpersError as exc:
