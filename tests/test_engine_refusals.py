@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fifo_helpers import fed_fifo
 from typer.testing import CliRunner
 
 from localpers.cli import app
@@ -105,28 +106,11 @@ def test_a_hash_stamp_that_is_a_fifo_is_no_stamp(tmp_path: Path) -> None:
     """`cached_sha256` read the stamp beside a model with read_text: a FIFO there blocked every command that opened
     the backbone (engine audit)."""
     import hashlib
-    import threading
-    import time
 
     from localpers.engine.backbone import _stamp_path, cached_sha256
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF" + bytes(60))
-    os.mkfifo(_stamp_path(model))
 
-    def write_once_a_reader_opens() -> None:  # what the old code waited for; gives up when no reader comes
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            try:
-                descriptor = os.open(_stamp_path(model), os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:
-                time.sleep(0.02)
-                continue
-            os.write(descriptor, b'{"size": 64, "mtime_ns": 0, "sha256": "wrong"}')
-            os.close(descriptor)
-            return
-
-    writer = threading.Thread(target=write_once_a_reader_opens, daemon=True)
-    writer.start()
-    assert cached_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest()
-    writer.join()
+    with fed_fifo(_stamp_path(model), b'{"size": 64, "mtime_ns": 0, "sha256": "wrong"}'):
+        assert cached_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest()

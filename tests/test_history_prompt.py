@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fifo_helpers import fed_fifo
 
 from localpers.errors import LocalpersError
 from localpers.publish.corpus import CorpusUser
@@ -191,33 +192,17 @@ def test_user_index_is_written_with_the_history_and_rebuilt_when_stale() -> None
 def test_a_history_that_is_a_fifo_is_refused_by_the_index_not_waited_on(tmp_path: Path) -> None:
     """`history_index` (every rewrite, the TUI, the API) read history.jsonl without the regular-file check the
     other readers make: a FIFO there hung `rewrite`, a link to /dev/zero read until memory ran out (store audit)."""
-    import os
-    import threading
-    import time
 
     user = UserStore().create("ana")
     user.save_history(_items(POOL[:1]))  # its index matches the text the FIFO gives: nothing else reads it
     line = user.history_path.read_bytes()
     user.history_path.unlink()
-    os.mkfifo(user.history_path)
 
-    def write_once_a_reader_opens() -> None:  # what the old code waited for; gives up when no reader comes
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            try:
-                descriptor = os.open(user.history_path, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:
-                time.sleep(0.02)
-                continue
-            os.write(descriptor, line)
-            os.close(descriptor)
-            return
-
-    writer = threading.Thread(target=write_once_a_reader_opens, daemon=True)
-    writer.start()
-    with pytest.raises(LocalpersError, match=r"history.jsonl is not a regular file"):
+    with (
+        fed_fifo(user.history_path, line),
+        pytest.raises(LocalpersError, match=r"history.jsonl is not a regular file"),
+    ):
         user.history_index(HEADLINE)
-    writer.join()
 
 
 def test_a_reader_does_not_write_back_the_index_of_a_history_changed_since_it_read_it(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fifo_helpers import fed_fifo
 from textual.widgets import Static, TextArea
 from tui_fakes import FAKE_SHA, FakeService
 from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
@@ -107,30 +108,13 @@ def test_a_damaged_rejected_file_keeps_the_history_and_the_fit(content: bytes | 
 def test_a_rejected_file_that_is_a_fifo_is_refused_not_waited_on() -> None:
     """Read on the UI thread at start, a FIFO at negatives_user.jsonl froze the TUI for good (nothing drawn, ctrl+q
     dead), a link to /dev/zero read until memory ran out (TUI audit, eighty-fourth session)."""
-    import os
-    import threading
-    import time
 
     service = fitted_service()
     user = service.store.get("ann")
     path = user.dir / REJECTED_FILE
-    os.mkfifo(path)
 
-    def write_once_a_reader_opens() -> None:  # what the old code waited for; gives up when no reader comes
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            try:
-                descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:
-                time.sleep(0.02)
-                continue
-            os.close(descriptor)
-            return
-
-    writer = threading.Thread(target=write_once_a_reader_opens, daemon=True)
-    writer.start()
-    profile = load_profile(user, "f" * 64)
-    writer.join()
+    with fed_fifo(path):
+        profile = load_profile(user, "f" * 64)
     assert profile.rejected_problem is not None and "not a regular file" in profile.rejected_problem
     assert profile.problem is None and profile.can_personalize
 
