@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob, server_stopping
+from localpers.api.requests import MODEL_PREFIX, ApiError, GenerationJob, server_stopping, shown_value
 from localpers.engine.context_bound import tokens_within_context
 from localpers.errors import LocalpersError, TextTooLong, UserBusy
 from localpers.methods.base import (
@@ -45,7 +45,6 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.methods.registry import get_method
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
-from localpers.untrusted import one_line
 from localpers.users.history_index import HistoryIndex
 from localpers.users.store import User, UserStore
 
@@ -114,7 +113,7 @@ class ApiBackend:
             if name not in self.store.list():
                 raise ApiError(
                     404,
-                    f"no local user {one_line(repr(name), limit=80)}; see /v1/models",
+                    f"no local user {shown_value(name)}; see /v1/models",
                     param="user",
                     code="user_not_found",
                 )

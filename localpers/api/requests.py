@@ -91,7 +91,7 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _shown(value: object) -> str:
+def shown_value(value: object) -> str:
     """A client's value as a refusal quotes it: its repr, on one line, at most 80 characters (a 1 MB `task` came back
     whole in its 400)."""
     return one_line(repr(value), limit=80)
@@ -108,7 +108,7 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     ):
         raise _bad(f"`{name}` must be a number", name)
     if not low <= value <= high:  # compared before float(): an integer past float's range is refused here
-        raise _bad(f"`{name}` must be between {low} and {high}, got {_shown(value)}", name)
+        raise _bad(f"`{name}` must be between {low} and {high}, got {shown_value(value)}", name)
     return float(value)
 
 
@@ -119,7 +119,7 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"`{name}` must be an integer", name)
     if not low <= value <= high:
-        raise _bad(f"`{name}` must be between {low} and {high}, got {_shown(value)}", name)
+        raise _bad(f"`{name}` must be between {low} and {high}, got {shown_value(value)}", name)
     return value
 
 
@@ -141,7 +141,7 @@ def user_from_model(model: str) -> str | None:
         return model[len(prefix) :]
     raise ApiError(
         404,
-        f"model {_shown(model)} does not exist: use `localpers` (the active user) or `localpers/<user>`; see /v1/models",
+        f"model {shown_value(model)} does not exist: use `localpers` (the active user) or `localpers/<user>`; see /v1/models",
         param="model",
         code="model_not_found",
     )
@@ -183,10 +183,10 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         )
     task = _string(body, "task")
     if task is not None and task not in TASKS:
-        raise _bad(f"unknown task {_shown(task)}; choose one of: {', '.join(TASKS)}", "task")
+        raise _bad(f"unknown task {shown_value(task)}; choose one of: {', '.join(TASKS)}", "task")
     method = _string(body, "method") or DEFAULT_METHOD
     if method not in METHODS:
-        raise _bad(f"unknown method {_shown(method)}; choose one of: {', '.join(METHODS)}", "method")
+        raise _bad(f"unknown method {shown_value(method)}; choose one of: {', '.join(METHODS)}", "method")
     if body.get("strength") is not None and method not in methods_taking("strength"):
         takers = ", ".join(methods_taking("strength"))
         raise _bad(f"`strength` applies to {takers}, not to method {method!r}; drop it", "strength")
@@ -248,7 +248,7 @@ def _sampling(body: dict[str, Any]) -> SamplerSettings:
         # digits only, as OpenAI's ids are written: Python's int() also reads "1_0", "+5", " 5 " and other scripts' digits
         if not isinstance(token, str) or not _TOKEN_ID.fullmatch(token):
             raise _bad(
-                f"`logit_bias` key {_shown(token)} is not a token id (up to 10 digits 0-9)", "logit_bias"
+                f"`logit_bias` key {shown_value(token)} is not a token id (up to 10 digits 0-9)", "logit_bias"
             )
         token_id = int(token)
         if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
