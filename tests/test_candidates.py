@@ -228,3 +228,18 @@ def test_candidates_end_where_the_context_is_full(
     )
     assert [r.stop_reason for r in results] == ["context", "context"]
     assert all(len(prompt) + len(r.tokens) == engine.n_ctx for r in results)
+
+
+def test_no_token_asked_for_gives_none_in_the_batched_paths(personalizer: Personalizer) -> None:  # noqa: F811
+    """`generate` gives no token for max_tokens=0; candidates and batched jobs appended one before the check."""
+    from localpers.engine.batch import PromptJob, run_jobs
+
+    engine = personalizer.engine
+    prompt = engine.tokenize(PROMPTS[0])
+    assert generate(engine, prompt, max_tokens=0).tokens == []
+    results = generate_candidates(
+        engine, prompt, count=2, sampling=CANDIDATE_SAMPLING, method=lambda: None, max_tokens=0
+    )
+    assert [(r.tokens, r.text) for r in results] == [([], ""), ([], "")]
+    outcomes = run_jobs(engine, [PromptJob(prompt, True, lambda text: [])], max_tokens=0)
+    assert [outcome.text for outcome in outcomes] == [""]

@@ -491,3 +491,82 @@ def test_llama_log_is_on_only_for_a_value_that_means_yes(
 
     monkeypatch.setenv("LOCALPERS_LLAMA_LOG", value)
     assert llama_log_wanted() is wanted
+
+
+def test_a_stop_raised_after_llama_decode_returned_leaves_the_cache_as_n_past_says(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C during llama_decode is raised when the call returns, with the batch already in the cache: n_past
+    did not count it, so the next prefill of the same prompt (a memo hit) collided with that cell every time."""
+    from localpers.engine.llama import llama_cpp
+
+    prompt = engine.tokenize(PROMPT)
+    engine.prefill(prompt)
+    clean = engine.step(506).logits.copy()
+    real_decode = llama_cpp.llama_decode
+    armed = [True]
+
+    def decode_then_stop(context, batch):  # noqa: ANN001, ANN202
+        result = real_decode(context, batch)
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        return result
+
+    engine.prefill(prompt)
+    monkeypatch.setattr(llama_cpp, "llama_decode", decode_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        engine.step(506)
+    assert engine.n_past == len(prompt)
+    engine.prefill(prompt)
+    np.testing.assert_array_equal(engine.step(506).logits, clean)
+
+
+def test_logit_views_over_several_batches_keep_every_row(backbone: Backbone) -> None:
+    """`copy_logits=False` gave views of the first batches' rows, which the next batch overwrote."""
+    with Engine(backbone.path, tap_layers=None, n_batch=8) as small:
+        tokens = small.tokenize(PROMPT)[:18]
+        copied, _ = small.eval(tokens, all_positions=True)
+        small.reset()
+        viewed, _ = small.eval(tokens, all_positions=True, copy_logits=False)
+        np.testing.assert_array_equal(viewed, copied)
+
+
+def test_kept_prefixes_name_the_adapter_file_as_it_was_loaded(backbone: Backbone, tmp_path: Path) -> None:
+    """An adapter file replaced after it was loaded: the old weights' state was kept under the new file's key,
+    and an engine that loaded the new file restored it."""
+    import os
+
+    adapter = random_lora(backbone.path, tmp_path / "user.gguf", rank=4, std=0.05, seed=1)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with Engine(backbone.path, tap_layers=None) as first:
+        tokens = first.tokenize("Headlines this author wrote before:\n- One\n- Two\n- Three\n\nHeadline:")
+        first.set_adapter(first.load_adapter(adapter, "user"))
+        replacement = random_lora(backbone.path, tmp_path / "new.gguf", rank=4, std=0.05, seed=2)
+        os.replace(replacement, adapter)
+        with first.prefixes_kept_in(kept):
+            first.prefill(tokens, shared=12)
+    with Engine(backbone.path, tap_layers=None) as second:
+        second.set_adapter(second.load_adapter(adapter, "user"))
+        cold = second.prefill(tokens, shared=12).logits.copy()
+        second.reset()
+        second.prefix_snapshots.clear()
+        with second.prefixes_kept_in(kept):
+            warm = second.prefill(tokens, shared=12).logits
+    np.testing.assert_array_equal(warm, cold)
+
+
+def test_a_closed_engine_refuses_use_in_one_line(backbone: Backbone) -> None:
+    """A closed engine's freed handles aborted the process (std::out_of_range) on the next tokenize."""
+    closed = Engine(backbone.path, tap_layers=None)
+    closed.close()
+    for use in (
+        lambda: closed.tokenize("hello"),
+        lambda: closed.prefill([2, 9259]),
+        lambda: closed.has_chat_template,
+        lambda: closed.reset(),
+    ):
+        with pytest.raises(LocalpersError, match="was closed"):
+            use()
+    closed.close()  # still safe twice

@@ -239,6 +239,10 @@ def test_invalid_grammar_is_a_one_line_error(engine: Engine, capfd: pytest.Captu
         (SamplerSettings(temperature=-1.0), "temperature"),
         (SamplerSettings(seed=2**32 - 1), "seed"),
         (SamplerSettings(grammar="  "), "grammar"),
+        # llama.cpp takes int32 counts: top_k 2^32 + 1 wrapped to 1 and sampling became greedy
+        (SamplerSettings(top_k=2**32 + 1), "top_k"),
+        (SamplerSettings(penalty_last_n=2**32), "penalty_last_n"),
+        (SamplerSettings(seed=1.5), "seed"),  # type: ignore[arg-type]  # was a ctypes.ArgumentError
     ],
 )
 def test_out_of_range_settings_are_refused(settings: SamplerSettings, name: str) -> None:

@@ -280,7 +280,7 @@ def _greedy(
     walked_features: dict[int, list[np.ndarray]] = {i: [] for i in generated}
     scanners = {i: _StopScanner(stop) for i in generated}
     logits_of = {i: first_logits[i] for i in generated}
-    live = sorted(generated)
+    live = sorted(generated) if max_tokens > 0 else []  # no token asked for, as `generate` gives none
     while live:
         still: list[int] = []
         for index in live:

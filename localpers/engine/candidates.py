@@ -68,7 +68,8 @@ def generate_candidates(
             engine.forget_sequence(sequence)
             engine.branch_sequence(sequence, len(tokens))
         try:
-            rows = {index: (first.logits, first.features) for index in range(count)}
+            # max_tokens <= 0 asks for no token at all, as `generate` gives none
+            rows = {index: (first.logits, first.features) for index in range(count)} if max_tokens > 0 else {}
             while rows:
                 if on_step is not None:
                     on_step()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -30,6 +31,8 @@ import numpy as np
 
 from localpers.errors import LocalpersError
 
+# llama.cpp takes counts as int32: a larger one would wrap (top_k 2^32 + 1 became 1, greedy).
+INT32_MAX = 2**31 - 1
 # llama.cpp's own "pick a random seed" value (LLAMA_DEFAULT_SEED).
 RANDOM_SEED = 0xFFFFFFFF
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
@@ -90,7 +93,7 @@ class SamplerSettings:
                 math.isfinite(self.temperature) and self.temperature >= 0.0,
                 "a finite number >= 0",
             ),
-            ("top_k", self.top_k, self.top_k >= 0, ">= 0"),
+            ("top_k", self.top_k, 0 <= self.top_k <= INT32_MAX, f"in [0, {INT32_MAX}]"),
             ("top_p", self.top_p, 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("min_p", self.min_p, 0.0 <= self.min_p < 1.0, "in [0, 1)"),
             ("typical_p", self.typical_p, 0.0 < self.typical_p <= 1.0, "in (0, 1]"),
@@ -102,7 +105,12 @@ class SamplerSettings:
                 "in [-2, 2]",
             ),
             ("presence_penalty", self.presence_penalty, -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
-            ("penalty_last_n", self.penalty_last_n, self.penalty_last_n >= 0, ">= 0"),
+            (
+                "penalty_last_n",
+                self.penalty_last_n,
+                0 <= self.penalty_last_n <= INT32_MAX,
+                f"in [0, {INT32_MAX}]",
+            ),
             ("dry_multiplier", self.dry_multiplier, self.dry_multiplier >= 0.0, ">= 0"),
             (
                 "repeated_word_penalty",
@@ -110,7 +118,13 @@ class SamplerSettings:
                 self.repeated_word_penalty is None or 0.0 <= self.repeated_word_penalty <= 100.0,
                 "in [0, 100]",
             ),
-            ("seed", self.seed, self.seed is None or 0 <= self.seed < RANDOM_SEED, "in [0, 2^32 - 1)"),
+            (
+                "seed",
+                self.seed,
+                self.seed is None
+                or (isinstance(self.seed, numbers.Integral) and 0 <= self.seed < RANDOM_SEED),
+                "a whole number in [0, 2^32 - 1)",
+            ),
         )
         for name, value, ok, expected in checks:
             if not ok:

@@ -70,11 +70,14 @@ class Engine(Vocabulary):
         init_backend()
         self.model_path = Path(model_path)
         check_gguf_file(self.model_path)
-        self._model = None
+        # what the kept prefix states are keyed on: the file as loaded, not as it may be replaced later
+        self._model_identity = file_identity(self.model_path)
+        self._model_handle: ctypes.c_void_p | None = None
+        self._context: ctypes.c_void_p | None = None
         self.buffer_choice, self.weight_buffers = self._load_model()
-        if not self._model:
+        if not self._model_handle:
             raise InputError(f"llama.cpp could not load {self.model_path}: corrupt or unsupported GGUF")
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._vocab_handle = llama_cpp.llama_model_get_vocab(self._model_handle)
         self.n_vocab: int = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_embd: int = int(llama_cpp.llama_model_n_embd(self._model))
         self.n_layer: int = int(llama_cpp.llama_model_n_layer(self._model))
@@ -107,10 +110,10 @@ class Engine(Vocabulary):
         if self._taps is not None:
             ctx_params.cb_eval = self._taps.callback
             ctx_params.cb_eval_user_data = self._taps.user_data
-        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
-        if not self._ctx:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        self._context = llama_cpp.llama_init_from_model(self._model_handle, ctx_params) or None
+        if not self._context:
+            llama_cpp.llama_model_free(self._model_handle)
+            self._model_handle = None
             raise LocalpersError(
                 f"llama.cpp could not create a context for {self.model_path} (n_ctx={n_ctx})"
             )
@@ -127,6 +130,7 @@ class Engine(Vocabulary):
         self.batch_capacity = int(ctx_params.n_batch)  # tokens one llama_decode (eval_sequences) takes
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._adapter_paths: dict[str, Path] = {}
+        self._adapter_identities: dict[str, list[object]] = {}
         self.active_adapter: str | None = None
         self.active_scale: float = 1.0
         self.n_past = 0
@@ -150,7 +154,9 @@ class Engine(Vocabulary):
         model_params.n_gpu_layers = 0
         model_params.use_extra_bufts = choice.use_extra_buffers
         with recorded_llama_log() as pieces, only_extra_buffer_types(choice.allowed):
-            self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
+            self._model_handle = llama_cpp.llama_model_load_from_file(
+                str(self.model_path).encode(), model_params
+            )
         log = "".join(pieces)
         sizes = {name: float(mib) for name, mib in BUFFER_SIZE_LINE.findall(log)}
         return choice, sizes
@@ -166,19 +172,37 @@ class Engine(Vocabulary):
         return tuple(f"l_out-{layer}" for layer in self.tap_layers)
 
     # ----------------------------------------------------------------- lifecycle
+    # The llama.cpp handles, refused once `close()` freed them: a freed handle aborts or crashes the process.
+    @property
+    def _model(self) -> ctypes.c_void_p:
+        return self._open_handle(self._model_handle)
+
+    @property
+    def _vocab(self) -> ctypes.c_void_p:
+        return self._open_handle(self._model_handle and self._vocab_handle)
+
+    @property
+    def _ctx(self) -> ctypes.c_void_p:
+        return self._open_handle(self._context)
+
+    def _open_handle(self, handle: ctypes.c_void_p | None) -> ctypes.c_void_p:
+        if not handle:
+            raise LocalpersError(f"the engine of {self.model_path.name} was closed; load the model again")
+        return handle
+
     def close(self) -> None:
         """Free the context, adapters and model. Safe to call twice."""
-        if getattr(self, "_ctx", None):
+        if getattr(self, "_context", None):
             self.prefix_snapshots.clear()
             llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+            llama_cpp.llama_free(self._context)
+            self._context = None
         for handle in getattr(self, "_adapters", {}).values():
             llama_cpp.llama_adapter_lora_free(handle)
         self._adapters = {}
-        if getattr(self, "_model", None):
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        if getattr(self, "_model_handle", None):
+            llama_cpp.llama_model_free(self._model_handle)
+            self._model_handle = None
 
     def __enter__(self) -> Engine:
         return self
@@ -199,6 +223,7 @@ class Engine(Vocabulary):
         name = name or adapter_path.stem
         if name in self._adapters:
             raise LocalpersError(f"an adapter named {name!r} is already loaded")
+        identity = file_identity(adapter_path)
         handle = llama_cpp.llama_adapter_lora_init(self._model, str(adapter_path).encode())
         raise_pending_interrupt()
         if not handle:
@@ -208,6 +233,7 @@ class Engine(Vocabulary):
             )
         self._adapters[name] = handle
         self._adapter_paths[name] = adapter_path
+        self._adapter_identities[name] = identity
         return name
 
     @property
@@ -264,8 +290,9 @@ class Engine(Vocabulary):
 
         Returns `(logits, features)`: for the last position only, shapes `(n_vocab,)` and
         `(n_taps, n_embd)`, or with `all_positions` for every token, `(n, n_vocab)` and `(n, n_taps, n_embd)`.
-        `copy_logits=False` (one batch only) returns a read-only view of llama.cpp's logits buffer instead of
-        a copy: valid until the next evaluation, it saves the decode loop a 1 MB copy per token.
+        `copy_logits=False` returns a read-only view of llama.cpp's logits buffer instead of a copy (of the last
+        batch's rows; rows of earlier batches are copies): valid until the next evaluation, it saves the decode
+        loop a 1 MB copy per token.
         """
         if not tokens:
             raise ValueError("eval needs at least one token")
@@ -281,7 +308,8 @@ class Engine(Vocabulary):
             is_last_chunk = start + len(chunk) == len(tokens)
             n_out = self._decode(chunk, all_positions=all_positions, want_last=is_last_chunk)
             if n_out:
-                logit_rows.append(self._read_logits(n_out, copy=copy_logits))
+                # a view of an earlier batch's rows would be overwritten by the next batch: copy those
+                logit_rows.append(self._read_logits(n_out, copy=copy_logits or not is_last_chunk))
                 if self._taps is not None:
                     feature_rows.append(self._taps.collect(len(chunk), n_out))
         logits = logit_rows[0] if len(logit_rows) == 1 else np.concatenate(logit_rows, axis=0)
@@ -340,7 +368,7 @@ class Engine(Vocabulary):
         if self._state_fingerprint is None:
             self._state_fingerprint = json.dumps(
                 {
-                    "model": file_identity(self.model_path),
+                    "model": self._model_identity,
                     "llama_cpp": llama_cpp_version(),
                     "system": llama_system_info(),
                     "buffers": list(self.buffer_choice.allowed),
@@ -358,10 +386,7 @@ class Engine(Vocabulary):
         under `lock`; None: in memory only), so the next process that prefills the same prefix restores it
         instead of evaluating it."""
         before = self.prefix_snapshots.files
-        try:
-            fingerprint = self.state_fingerprint if folder is not None else ""
-        except OSError:
-            folder = None  # the backbone file is gone from under us: nothing to key a file on
+        fingerprint = self.state_fingerprint if folder is not None else ""
         self.prefix_snapshots.files = None if folder is None else PrefixStateFiles(folder, fingerprint, lock)
         try:
             yield
@@ -374,12 +399,7 @@ class Engine(Vocabulary):
         files = self.prefix_snapshots.files
         if files is None:
             return None
-        try:
-            adapter = None
-            if self.active_adapter is not None:
-                adapter = file_identity(self._adapter_paths[self.active_adapter])
-        except OSError:
-            return None
+        adapter = None if self.active_adapter is None else self._adapter_identities[self.active_adapter]
         return files.entry_for(adapter, self.active_scale, prefix)
 
     def score(
@@ -511,12 +531,21 @@ class Engine(Vocabulary):
         batch.n_tokens = len(tokens)
         if self._taps is not None:
             self._taps.clear()
-        result = llama_cpp.llama_decode(self._ctx, batch)
-        if result != 0:
-            raise LocalpersError(f"llama.cpp decode failed (code {result}) at position {self.n_past}")
-        if self._taps is not None and self._taps.error:
-            raise LocalpersError(f"layer tap failed: {self._taps.error}")
-        self.n_past += len(tokens)
+        start = self.n_past
+        try:
+            result = llama_cpp.llama_decode(self._ctx, batch)
+            if result != 0:
+                raise LocalpersError(f"llama.cpp decode failed (code {result}) at position {start}")
+            self.n_past = start + len(tokens)
+            if self._taps is not None and self._taps.error:
+                raise LocalpersError(f"layer tap failed: {self._taps.error}")
+        except BaseException:
+            # A Ctrl-C during the C call is raised only after it returned, when the cache already holds the
+            # batch; a failed tap leaves it there too. Drop it, or n_past and the cache disagree and the next
+            # prefill of the same prompt collides with those cells.
+            self.n_past = start
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, start, -1)
+            raise
         return n_out
 
     def _read_logits(self, n_out: int, *, copy: bool = True) -> np.ndarray:
