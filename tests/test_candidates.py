@@ -243,3 +243,5 @@ def test_no_token_asked_for_gives_none_in_the_batched_paths(personalizer: Person
     assert [(r.tokens, r.text) for r in results] == [([], ""), ([], "")]
     outcomes = run_jobs(engine, [PromptJob(prompt, True, lambda text: [])], max_tokens=0)
     assert [outcome.text for outcome in outcomes] == [""]
+    with pytest.raises(ValueError, match="no token given"):  # was an UnboundLocalError
+        run_jobs(engine, [PromptJob([], True, lambda text: [])], max_tokens=4)

@@ -570,3 +570,20 @@ def test_a_closed_engine_refuses_use_in_one_line(backbone: Backbone) -> None:
         with pytest.raises(LocalpersError, match="was closed"):
             use()
     closed.close()  # still safe twice
+
+
+def test_a_callers_bad_token_lists_are_refused_in_one_line(engine: Engine) -> None:
+    """An id past the vocabulary in a continuation was an IndexError, empty forced tokens a zip() error."""
+    from localpers.engine.generation import score_forced
+
+    prompt = engine.tokenize(PROMPT)
+    for use, message in (
+        (lambda: engine.eval([]), "no token given"),
+        (lambda: engine.score(prompt, [[506, engine.n_vocab]]), f"token id {engine.n_vocab} is outside"),
+        (lambda: engine.score(prompt, [[]]), "no token given"),
+        (lambda: score_forced(engine, prompt, [], [None]), "no token given"),
+        (lambda: score_forced(engine, prompt, [-1], [None]), "token id -1 is outside"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            use()
+    assert engine.score(prompt, [[506]])[0].tokens == [506]  # still usable

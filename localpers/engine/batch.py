@@ -34,7 +34,7 @@ import numpy as np
 
 from localpers.engine.generation import _StopScanner
 from localpers.engine.model import SEQUENCE_CELLS, Engine
-from localpers.engine.steps import ScoredContinuation, log_softmax_at
+from localpers.engine.steps import ScoredContinuation, check_tokens, log_softmax_at
 
 # Prompts evaluated side by side: the fit's group size, as many as the device engine's batched sequences (16,
 # for a rewrite's candidates). 16 instead of 8 saved ~4% of a 20-item fit with the same quality (dev split;
@@ -86,6 +86,8 @@ def run_jobs(
 
     A caller that wants to report or save after each group passes one group's jobs at a time.
     """
+    for job in jobs:
+        check_tokens(engine, job.prompt, "a job's prompt")
     size = group_size(engine)
     outcomes: list[PromptOutcome] = []
     for start in range(0, len(jobs), size):

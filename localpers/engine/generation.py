@@ -26,6 +26,7 @@ import numpy as np
 
 from localpers.engine import Engine
 from localpers.engine.decoding import GREEDY, MethodSampler, SamplerSettings
+from localpers.engine.steps import check_tokens
 
 TextCallback = Callable[[str], None]
 
@@ -209,6 +210,7 @@ def _score_forced(
     habits); every other token keeps its unchanged logit. The normaliser is the unchanged one with the
     candidates' terms swapped for their new values, so each method costs its candidates, not the vocabulary.
     """
+    check_tokens(engine, forced, "forced tokens")
     with contextlib.ExitStack() as stack:
         chains = [
             None

@@ -37,7 +37,7 @@ from localpers.engine.gguf_layout import check_gguf_file
 from localpers.engine.llama import llama_cpp
 from localpers.engine.prefix_files import KeptPrefix, PrefixStateFiles, file_identity
 from localpers.engine.prefix_snapshots import PrefixSnapshots
-from localpers.engine.steps import ScoredContinuation, Step, log_softmax_at
+from localpers.engine.steps import ScoredContinuation, Step, check_tokens, log_softmax_at
 from localpers.engine.taps import MAX_TAPS, LayerTaps
 from localpers.engine.threads import default_threads
 from localpers.engine.vocabulary import Vocabulary
@@ -294,8 +294,7 @@ class Engine(Vocabulary):
         batch's rows; rows of earlier batches are copies): valid until the next evaluation, it saves the decode
         loop a 1 MB copy per token.
         """
-        if not tokens:
-            raise ValueError("eval needs at least one token")
+        check_tokens(self, tokens, "eval's tokens")
         if self.n_past + len(tokens) > self.n_ctx:
             raise TextTooLong(
                 f"text too long: {self.n_past + len(tokens)} tokens exceed the model's context of"
@@ -422,8 +421,7 @@ class Engine(Vocabulary):
         results: list[ScoredContinuation] = []
         for continuation in continuations:
             cont = list(continuation)
-            if not cont:
-                raise ValueError("a continuation needs at least one token")
+            check_tokens(self, cont, "a continuation")
             self.truncate(n_prompt)
             logits_rows = [first.logits[None, :]]
             feature_rows = [first.features[None]] if first.features is not None else []

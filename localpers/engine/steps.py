@@ -1,13 +1,15 @@
 """What evaluating tokens gives back: a `Step` (the next-token logits and the tapped layers' features at the
 last position) and a `ScoredContinuation` (a teacher-forced continuation's per-token log-probs and features),
-and the log-softmax at chosen tokens both `model` and `batch` score with.
+the log-softmax at chosen tokens both `model` and `batch` score with, and the check of a caller's token list.
 
 It evaluates nothing and holds no llama.cpp handle.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,3 +38,14 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     peak = rows.max(axis=1, keepdims=True)
     log_norm = np.log(np.exp(rows - peak).sum(axis=1)) + peak[:, 0]
     return rows[np.arange(len(targets)), targets] - log_norm
+
+
+def check_tokens(vocabulary: Any, tokens: Sequence[int], what: str) -> None:
+    """Refuse, in one line, an empty token list or an id outside `vocabulary.n_vocab` (a Python caller's
+    mistake that otherwise surfaced as an IndexError, a zip() error or an unbound local deep in a loop)."""
+    if len(tokens) == 0:
+        raise ValueError(f"{what}: no token given (at least one is needed)")
+    n_vocab = vocabulary.n_vocab
+    for token in tokens:
+        if not 0 <= token < n_vocab:
+            raise ValueError(f"{what}: token id {token} is outside the vocabulary (0..{n_vocab - 1})")
