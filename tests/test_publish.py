@@ -657,3 +657,23 @@ def _tensors(saved: object, prefix: str = "") -> dict:
     if isinstance(saved, list | tuple):
         return {k: v for i, value in enumerate(saved) for k, v in _tensors(value, f"{prefix}/{i}").items()}
     return {}
+
+
+def test_a_damaged_out_is_installed_again_not_reported_as_written(published: dict) -> None:
+    """The cached bundle stage compared only OUT's manifest: a head file edited and an adapter deleted since, a
+    rerun said "wrote OUT", exit 0, and `bundle verify` refused what it left (audit85 F2)."""
+    from localpers.bundle.format import verify_bundle
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    publish(
+        options
+    )  # every stage cached from here (an earlier test may have left the bundle stage unfinished)
+    with (options.out / "head.safetensors").open("ab") as head:
+        head.write(b"edited")
+    (options.out / "adapters" / "cluster-1.gguf").unlink()
+    log = options.work_dir / "publish.log"
+    before = log.read_text()
+    publish(options)
+    assert "stage bundle: what it made is no longer where it put it" in log.read_text()[len(before) :]
+    verify_bundle(options.out)

@@ -267,3 +267,52 @@ def test_card_base_named_as_auto_would_choose_it_keys_the_stages_as_auto() -> No
         auto = PublishOptions(corpus=Path("c.jsonl"), out=Path("b"), history_examples=history_examples)
         assert stage_fields(replace(auto, card_base=resolved), "pairs") == stage_fields(auto, "pairs")
         assert stage_fields(replace(auto, card_base=other), "pairs") != stage_fields(auto, "pairs")
+
+
+def test_a_second_publish_on_a_busy_work_folder_is_refused_before_it_touches_it(tmp_path: Path) -> None:
+    """Two publishes on one --work wiped and refilled each other's stage folders, one installing the other's
+    manifest with exit 0 (audit85 F1); the second is now refused at once."""
+    import fcntl
+
+    from localpers.errors import LocalpersError
+    from localpers.publish.pipeline import publish
+
+    options = options_for(tmp_path)
+    options.work_dir.mkdir(parents=True)
+    (options.work_dir / "publish.log").write_text("the running publish's log\n")
+    holder = os.open(options.work_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # what the running publish holds
+        with pytest.raises(LocalpersError, match="another publish is using --work"):
+            publish(options, until="clusters")
+    finally:
+        os.close(holder)
+    assert sorted(p.name for p in options.work_dir.iterdir()) == ["publish.log"]
+    assert (options.work_dir / "publish.log").read_text() == "the running publish's log\n"
+
+
+def test_an_install_waits_for_another_into_the_same_out_before_sweeping_its_folders(tmp_path: Path) -> None:
+    """Each install swept every `.replaced-*` folder in OUT, another running install's included (audit85 F1)."""
+    import fcntl
+    import threading
+
+    from localpers.bundle.format import verify_bundle
+    from localpers.publish import bundle_stage
+
+    out = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "out"))
+    staging = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "staging"))
+    (staging / "plots").mkdir(exist_ok=True)
+    live = out / ".replaced-424242-deadbeef"  # the other install's old bundle, set aside
+    live.mkdir()
+    holder = os.open(out, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # the other install, still running
+    installing = threading.Thread(target=bundle_stage.install, args=(staging, out))
+    try:
+        installing.start()
+        installing.join(1.0)
+        assert installing.is_alive() and live.is_dir()
+    finally:
+        os.close(holder)
+    installing.join(30)
+    assert not installing.is_alive() and not live.exists()  # the other install is over: a leftover now
+    verify_bundle(out)

@@ -28,6 +28,7 @@ from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
 from localpers.publish.head_training import HEAD_FILE
 from localpers.publish.prompts import prompt_format
+from localpers.publish.publish_lock import locked
 from localpers.publish.runner import LOG_NAME, PublishContext
 from localpers.untrusted import JSONProblem, parse_json
 
@@ -149,20 +150,26 @@ def run(context: PublishContext, directory: Path, summaries: dict[str, dict[str,
     write_manifest(staging, manifest)
     check_as_devices_will(staging, context.backbone_path, context.options.out)
     install(staging, context.options.out)
+    out = context.options.out
     files = sorted(
-        p.relative_to(context.options.out).as_posix()
-        for p in context.options.out.rglob("*")
-        if p.is_file() and ".work" not in p.parts
+        p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and ".work" not in p.parts
     )
     total = sum((context.options.out / f).stat().st_size for f in files)
     return {"files": files, "bytes": total, "manifest_sha256": _manifest_sha256(context.options.out)}
 
 
 def installed(out: Path, summary: dict[str, Any]) -> bool:
-    """Whether `out` still holds the bundle this stage installed (its manifest unchanged): a cached stage with
-    another --out, or an OUT removed or edited since, is run again (it said "wrote OUT" and installed nothing)."""
+    """Whether `out` still holds the bundle this stage installed, whole: its manifest unchanged and every file
+    it lists as listed. A cached stage with another --out, or an OUT removed or edited since (a file damaged
+    or deleted), is run again: it said "wrote OUT" and installed nothing, or left a bundle devices refuse."""
     recorded = summary.get("manifest_sha256")
-    return isinstance(recorded, str) and _manifest_sha256(out) == recorded
+    if not (isinstance(recorded, str) and _manifest_sha256(out) == recorded):
+        return False
+    try:
+        verify_bundle(out)
+    except LocalpersError:
+        return False
+    return True
 
 
 def _manifest_sha256(out: Path) -> str | None:
@@ -191,7 +198,12 @@ def install(staging: Path, out: Path) -> None:
     manifest is in place, and put back if the move fails half-way: OUT keeps one whole bundle or the other.
     """
     out.mkdir(parents=True, exist_ok=True)
-    for leftover in out.glob(".*-*"):  # of an install killed before it could clean up
+    with locked(out, wait=True, busy=""):
+        _install_locked(staging, out)
+
+
+def _install_locked(staging: Path, out: Path) -> None:
+    for leftover in out.glob(".*-*"):  # of an install killed before it could clean up (none is running)
         if leftover.name.startswith((INSTALLING_PREFIX, REPLACED_PREFIX)):
             _remove(leftover)
     tag = f"{os.getpid()}-{secrets.token_hex(4)}"

@@ -17,7 +17,16 @@ from localpers.engine.backbone import resolve_backbone
 from localpers.engine.torch_model import PEFT_MODULES
 from localpers.errors import InputError
 from localpers.methods.card.head_spec import BASES
-from localpers.publish import bundle_stage, clusters, export, features, head_training, pairs, sft_stage
+from localpers.publish import (
+    bundle_stage,
+    clusters,
+    export,
+    features,
+    head_training,
+    pairs,
+    publish_lock,
+    sft_stage,
+)
 from localpers.publish.corpus import load_corpus
 from localpers.publish.executor import EXECUTORS, Executor, SequentialExecutor
 from localpers.publish.options import STAGES, PublishOptions
@@ -134,6 +143,23 @@ def _publish(
     console: Console | None,
 ) -> dict[str, Any]:
     options.work_dir.mkdir(parents=True, exist_ok=True)
+    busy = (
+        f"another publish is using --work {options.work_dir} (its stage cache, OUT/.work by default): wait for it"
+        " to finish, or give this one another --work"
+    )
+    with publish_lock.locked(options.work_dir, wait=False, busy=busy):
+        return _publish_locked(options, corpus, backbone, executor, until, from_stage, console)
+
+
+def _publish_locked(
+    options: PublishOptions,
+    corpus: Any,
+    backbone: Any,
+    executor: Any,
+    until: str | None,
+    from_stage: str | None,
+    console: Console | None,
+) -> dict[str, Any]:
     context = PublishContext(
         options=options,
         corpus=corpus,
