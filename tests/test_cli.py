@@ -447,3 +447,47 @@ def test_the_top_help_names_every_environment_variable_localpers_reads() -> None
     assert {"LOCALPERS_HOME", "LOCALPERS_MODEL", "LOCALPERS_THREADS"} <= read
     shown = " ".join(runner.invoke(app, ["--help"], env={"COLUMNS": "300"}).stdout.split())
     assert not [name for name in sorted(read) if name not in shown]
+
+
+def test_generate_json_with_an_adapter_names_it(backbone: Backbone) -> None:
+    """`generate --adapter FILE --json` ended in a TypeError traceback (a Path in the payload) after the work."""
+    adapter = Path(__file__).resolve().parents[1] / "models" / "demo-bundle" / "adapters" / "global.gguf"
+    result = runner.invoke(
+        app,
+        ["generate", "Rain is due.", "--max-tokens", "2", "--adapter", str(adapter), "--json"]
+        + ["--model", str(backbone.path)],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["adapter"] == str(adapter)
+
+
+def test_bundle_info_json_never_prints_a_bare_nan(tmp_path: Path) -> None:
+    import shutil
+
+    bundle = Path(
+        shutil.copytree(Path(__file__).resolve().parents[1] / "models" / "demo-bundle", tmp_path / "b")
+    )
+    manifest = (bundle / "manifest.json").read_text()
+    value = json.loads(manifest)["training"]["val_loss"]["global"]["val_loss_backbone"]
+    (bundle / "manifest.json").write_text(
+        manifest.replace(f'"val_loss_backbone": {value}', '"val_loss_backbone": NaN', 1)
+    )
+    result = runner.invoke(app, ["bundle", "info", str(bundle), "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout, parse_constant=lambda name: pytest.fail(name))
+    assert shown["training"]["val_loss"]["global"]["val_loss_backbone"] is None
+
+
+def test_json_with_a_path_of_non_utf8_bytes_stays_utf8(capsys: pytest.CaptureFixture[str]) -> None:
+    """A lone surrogate (a path's byte 0xff) reached a UTF-8 stdout raw: the output was no UTF-8, so no JSON."""
+    from localpers.cli.common import print_json
+
+    print_json({"archive": "z\udcff.zip"}, indent=None)
+    printed = capsys.readouterr().out
+    printed.encode("utf-8")
+    assert json.loads(printed) == {"archive": "z\udcff.zip"}
+
+
+def test_tui_refuses_a_draft_that_is_not_utf8_before_the_screen_opens() -> None:
+    result = runner.invoke(app, ["tui", "--text", "bad\udcffbyte draft"])
+    assert result.exit_code == 2 and "--text" in result.output and "UTF-8" in result.output, result.output

@@ -291,8 +291,11 @@ def test_rewrite_examples_lists_each_shown_item_on_one_line() -> None:
         [
             {"why": "recent", "id": "3f2a00000000", "output": "Dear team,\n\nthanks for today."},
             {"why": "closest", "id": "4b1c00000000", "output": "Storm Shuts Road"},
-        ]
+        ],
+        "demo",
     ).splitlines()
+    # item ids are content hashes users share: a bare `history remove` removed the active user's copy (audit85)
+    assert "`localpers history remove ID --user demo`" in listed[0]
     assert listed[1:] == [
         "  recent   3f2a00000000  Dear team,\\n\\nthanks for today.",
         "  closest  4b1c00000000  Storm Shuts Road",

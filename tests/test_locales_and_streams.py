@@ -121,6 +121,17 @@ def test_a_closed_stdout_and_a_full_disk_are_not_tracebacks(home: Path) -> None:
             env={name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"},
         )
     assert helped.returncode == 1 and helped.stderr == b"error: No space left on device\n"
+    with open(
+        "/dev/full", "wb"
+    ) as full:  # with --json the verdict's own write failed and the error came twice
+        shown = subprocess.run(
+            [sys.executable, "-m", "localpers.cli", "user", "list", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            check=False,
+            env={name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"},
+        )
+    assert shown.returncode == 1 and shown.stderr == b"error: No space left on device\n"
 
 
 def test_windows_device_names_are_refused_for_new_users_only() -> None:

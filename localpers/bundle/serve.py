@@ -436,8 +436,9 @@ def make_server(
     """Bind a server (not yet serving) for a repository directory, or a bundle directory it verifies."""
     directory = Path(bundle_dir)
     if not directory.is_dir():
+        problem = "not a directory" if directory.exists() else "no such directory"
         raise InputError(
-            f"{directory}: no such directory; give a repository (`localpers repo init`) or a bundle directory"
+            f"{directory}: {problem}; give a repository (`localpers repo init`) or a bundle directory"
         )
     if is_repository(directory):
         bundle, files = None, RepositoryFiles(directory)

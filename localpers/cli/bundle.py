@@ -8,7 +8,6 @@ only parse options, show progress and print results; the work is in `localpers.b
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localpers.cli.common import print_json
 from localpers.cli.numbers import float_option
 from localpers.untrusted import one_line
 
@@ -192,7 +192,7 @@ def pull(
             "previous": str(result.previous) if result.previous else None,
             "unchanged": result.unchanged,
         }
-        typer.echo(json.dumps(payload))
+        print_json(payload, indent=None)
         return
     if result.unchanged:
         typer.echo(
@@ -282,7 +282,7 @@ def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> No
     bundle = open_bundle(directory)  # a refusal: `one_line_errors` prints it, on stdout too with --json
     report = {"ok": True, **_describe(bundle, _origin_of(directory))}
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        print_json(report)  # strict: a manifest's NaN (which verify passes) is no bare NaN here
         return
     backbone = report["backbone"] or {}
     # every manifest value is shown escaped: an unsigned bundle's could move the cursor or retitle the window
@@ -343,7 +343,7 @@ def verify(
             "content_checked": True,
             "seconds": round(seconds, 3),
         }
-        typer.echo(json.dumps(payload))
+        print_json(payload, indent=None)
         return
     checked = (
         "backbone hash matches, adapters fit it"

@@ -96,7 +96,12 @@ def _refusal(message: str, *, as_json: bool) -> None:
     another one runs as a step leaves its caller's output alone)."""
     typer.echo(f"error: {message}", err=True)
     if as_json and _depth.get() == 1:
-        typer.echo(json.dumps({"ok": False, "error": message}))  # ASCII, as every --json output
+        try:
+            typer.echo(json.dumps({"ok": False, "error": message}))  # ASCII, as every --json output
+        except OSError:  # stdout itself failed (a full disk): the stderr line says it, once
+            from localpers.cli.entry import discard_unwritten_output
+
+            discard_unwritten_output()  # else written, failing and reported again at exit
 
 
 def _expanded(value: Any) -> Any:
@@ -266,7 +271,13 @@ def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any],
     whole and valid whatever the locale."""
     encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
     ensure_ascii = encoding not in ("utf8", "utf8sig")
-    typer.echo(strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii, default=default))
+    text = strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii, default=default)
+    if not ensure_ascii:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a path of non-UTF-8 bytes (a lone surrogate): written raw, not UTF-8
+            text = strict_json_text(payload, indent=indent, ensure_ascii=True, default=default)
+    typer.echo(text)
 
 
 def counted(count: int, noun: str) -> str:

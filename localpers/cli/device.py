@@ -322,15 +322,22 @@ def rewrite_command(
     else:
         typer.echo(payload["text"])
     if show_examples and not as_json:
-        typer.echo(shown_examples_text(payload.get("examples", [])), err=True)
+        typer.echo(
+            shown_examples_text(payload.get("examples", []), target.name if target else None), err=True
+        )
 
 
-def shown_examples_text(examples: list[dict[str, Any]]) -> str:
-    """`rewrite --examples`: one line per history item the prompt showed, e.g. `  recent   3f2a...  Text`."""
+def shown_examples_text(examples: list[dict[str, Any]], user_name: str | None) -> str:
+    """`rewrite --examples`: one line per history item the prompt showed, e.g. `  recent   3f2a...  Text`.
+
+    The removal hint names the user: item ids are content hashes two users share, and a bare `history remove`
+    removes from the active user."""
     if not examples:
         return "the prompt showed no history items (no history for this task, or a method without them)"
+    for_user = f" --user {user_name}" if user_name else ""
     lines = [
-        f"the prompt showed {len(examples)} of your history items (remove one: `localpers history remove ID`):"
+        f"the prompt showed {len(examples)} of your history items (remove one:"
+        f" `localpers history remove ID{for_user}`):"
     ]
     # one line each, as `history list` shows them: a stored output may hold line breaks (a free-text item)
     lines += [f"  {example['why']:<8} {example['id']}  {one_line(example['output'])}" for example in examples]

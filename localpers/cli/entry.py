@@ -33,17 +33,33 @@ def main() -> None:
         if swallowed is not None:
             _say_stopped(swallowed)
         _usage_error_as_json(exit_)
+        _write_out_or_fail(exit_)
         raise
     except BrokenPipeError:
         raise
     except OSError as exc:  # outside any command: `--help` or `--version` into a full disk
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: {exc.strerror or exc}\n")
-        _discard_unwritten_output()
+        discard_unwritten_output()
         raise SystemExit(1) from None
 
 
-def _discard_unwritten_output() -> None:
+def _write_out_or_fail(exit_: SystemExit) -> None:
+    """Write out what a finished command left in stdout's buffer (a short `--json` answer stays there): into a
+    full disk that failed only at exit, reported as "Exception ignored" with exit 120. Now it is one line and exit
+    1 (a reader that left, a broken pipe, is not reported)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:
+        discard_unwritten_output()
+        if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+            with contextlib.suppress(OSError):
+                sys.stderr.write(f"error: {exc.strerror or exc}\n")
+            if exit_.code in (0, None):
+                exit_.code = 1
+
+
+def discard_unwritten_output() -> None:
     """Point standard output at the null device, so what could not be written is not tried again at exit
     (Python would report that as "Exception ignored" and exit 120)."""
     with contextlib.suppress(OSError, ValueError):

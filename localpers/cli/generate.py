@@ -113,7 +113,7 @@ def generate(
         payload = {
             "text": result.text.strip() if chosen_task.one_line else result.text,
             "task": chosen_task.name,
-            "adapter": adapter,
+            "adapter": None if adapter is None else str(adapter),
             "backbone": str(backbone.path),
             "tokens": len(result.tokens),
             "stop_reason": result.stop_reason,

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from localpers.cli.common import BundleOption, ModelOption, UserOption
+from localpers.cli.common import BundleOption, ModelOption, UserOption, checked_utf8
 from localpers.cli.sampling import (
     GrammarOption,
     MinPOption,
@@ -55,6 +55,7 @@ def tui_command(
     from localpers.bundle.format import open_bundle
     from localpers.users.store import UserStore
 
+    text = checked_utf8(text, "--text")  # refused as `rewrite` refuses it, not shown as an encoding error
     sampling = sampler_settings(
         temperature=temperature,
         top_k=sample_top_k,
