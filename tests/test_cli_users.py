@@ -947,13 +947,15 @@ def test_doctor_names_a_user_whose_choice_or_cluster_a_rewrite_refuses(backbone:
     bundle's (device audit)."""
     from localpers.bundle.format import bundle_in_use_sha256, open_bundle
 
-    in_use, clusters = bundle_in_use_sha256(), open_bundle(None).k
+    bundle = open_bundle(None)
+    in_use, clusters, head_d = bundle_in_use_sha256(), bundle.k, bundle.manifest["head"]["d"]
     for name, extra in (
         ("badchoice", {"cluster": 1, "choice": "garbage"}),
         ("badcluster", {"cluster": clusters}),
     ):
-        UserStore().create(name).save_fit(np.ones(4, np.float32), {"bundle_sha256": in_use, **extra})
-    UserStore().create("fine").save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": in_use})
+        UserStore().create(name).save_fit(np.ones(head_d, np.float32), {"bundle_sha256": in_use, **extra})
+    # the vector as wide as the bundle's head (one of another width is damaged too: test_damage_exit_codes)
+    UserStore().create("fine").save_fit(np.ones(head_d, np.float32), {"cluster": 1, "bundle_sha256": in_use})
     result = runner.invoke(app, ["doctor", "--json", "--model", str(backbone.path)])
     assert sorted(json.loads(result.stdout)["users"]["unreadable"]) == ["badchoice", "badcluster"], (
         result.output

@@ -189,7 +189,9 @@ def test_a_cluster_the_bundle_does_not_have_exits_2() -> None:
     state = json.loads(user.state_path.read_text())
     state.update(cluster=7, fit={"mode": "vector"}, bundle_sha256="b" * 64)
     user.state_path.write_text(json.dumps(state))
-    bundle = SimpleNamespace(bundle_sha256="b" * 64, bundle=SimpleNamespace(k=3))
+    bundle = SimpleNamespace(
+        bundle_sha256="b" * 64, bundle=SimpleNamespace(k=3), head_config=SimpleNamespace(d=8)
+    )
     with pytest.raises(LocalpersError, match="field 'cluster' is 7, but the bundle has 3 clusters") as exc:
         profile_for_rewrite(user, "card", bundle, None)  # type: ignore[arg-type]
     assert exc.value.exit_code == MALFORMED
@@ -205,3 +207,47 @@ def test_a_token_bias_too_large_for_float32_is_damaged() -> None:
     with pytest.raises(LocalpersError, match="field 'token_bias' is damaged") as exc:
         stored_token_bias(user)
     assert exc.value.exit_code == MALFORMED
+
+
+def test_a_vector_of_another_width_than_the_head_is_damaged_for_rewrite_and_doctor() -> None:
+    """A vector whose sha256 and vector_dim were made to match, 8 values for a head of 16: every rewrite ended
+    in a numpy broadcast traceback and `doctor` passed the user (audit85)."""
+    from types import SimpleNamespace
+
+    from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.methods.card.method import profile_for_rewrite
+    from localpers.methods.card.user_state import check_stored_fit
+
+    user = fitted_user()
+    state = json.loads(user.state_path.read_text())
+    state.update(fit={"mode": "vector"}, bundle_sha256="b" * 64)
+    user.state_path.write_text(json.dumps(state))
+    bundle = SimpleNamespace(
+        bundle_sha256="b" * 64, bundle=SimpleNamespace(k=3), head_config=SimpleNamespace(d=16)
+    )
+    with pytest.raises(
+        LocalpersError, match="the vector has 8 values, but the bundle's head takes 16"
+    ) as exc:
+        profile_for_rewrite(user, "card", bundle, None)  # type: ignore[arg-type]
+    assert exc.value.exit_code == MALFORMED and "localpers fit --user ann" in str(exc.value)
+    with pytest.raises(LocalpersError, match="the vector has 8 values"):
+        check_stored_fit(user, "b" * 64, 3, 16)
+    check_stored_fit(user, "b" * 64, 3, 8)  # the width the head takes
+    state["bundle_sha256"] = bundle_in_use_sha256()  # the demo bundle's head takes 128 values
+    user.state_path.write_text(json.dumps(state))
+    doctor = CliRunner().invoke(app, ["doctor", "--json"])
+    assert json.loads(doctor.stdout)["users"]["unreadable"] == ["ann"]
+
+
+def test_a_token_id_past_int32_is_damaged_not_an_overflow_at_rewrite() -> None:
+    """A token id of 2^63 passed every check and every rewrite ended in an OverflowError traceback (audit85)."""
+    from localpers.methods.card.user_state import check_stored_fit, stored_token_bias
+
+    user = fitted_user()
+    state = json.loads(user.state_path.read_text())
+    state["token_bias"] = {"first": [], "rest": [[2**63, 1.0]]}
+    user.state_path.write_text(json.dumps(state))
+    for check in (lambda: stored_token_bias(user), lambda: check_stored_fit(user)):
+        with pytest.raises(LocalpersError, match="field 'token_bias' is damaged") as exc:
+            check()
+        assert exc.value.exit_code == MALFORMED

@@ -160,12 +160,13 @@ def test_doctor_names_the_users_whose_fit_is_for_another_bundle(backbone: Backbo
 
     import numpy as np
 
-    from localpers.bundle.format import bundle_in_use_sha256
+    from localpers.bundle.format import bundle_in_use_sha256, open_bundle
     from localpers.users.store import UserStore
 
     store = UserStore()
+    head_d = open_bundle(None).manifest["head"]["d"]  # a vector of another width is damaged
     store.create("current").save_fit(
-        np.ones(4, np.float32), {"fit": {}, "bundle_sha256": bundle_in_use_sha256()}
+        np.ones(head_d, np.float32), {"fit": {}, "bundle_sha256": bundle_in_use_sha256()}
     )
     store.create("stale").save_fit(np.ones(4, np.float32), {"fit": {}, "bundle_sha256": "ab" * 32})
     store.create("unfitted")

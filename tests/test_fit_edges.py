@@ -149,3 +149,44 @@ def test_the_fit_summary_escapes_a_stored_fits_habits_and_choice() -> None:
     shown = fit_summary("ann", report, {"label": "\x1b[2Jvector", "reason": "fine\nerror: fake"})
     assert "\x1b" not in shown and "\\x1b]0;hijacked\\x07opens with X" in shown
     assert not any(line.startswith("error:") for line in shown.splitlines())
+
+
+def test_cached_pair_features_a_fit_could_not_have_computed_read_as_absent(tmp_path) -> None:  # noqa: ANN001
+    """NaN differences made the fit store a zero vector without a word, exit 0 (audit85)."""
+    from localpers.methods.card import pair_cache
+
+    whole = {"a": (np.ones(4, np.float32), -1.5)}
+    assert pair_cache.write_features(tmp_path, "k", 4, whole)
+    assert list(pair_cache.read_features(tmp_path, "k", 4)) == ["a"]
+    for damaged in (
+        (np.full(4, np.nan, np.float32), -1.5),
+        (np.ones(4, np.float32), np.nan),
+        (np.ones(4), 3.0),
+    ):
+        pair_cache.write_features(tmp_path, "k", 4, {"a": damaged})
+        assert pair_cache.read_features(tmp_path, "k", 4) == {}
+
+
+def test_an_opening_habit_survives_a_first_token_far_below_any_probability() -> None:
+    """exp(-800) is 0, and logit(0) raised "math domain error" for any user with an opening habit (audit85)."""
+    from localpers.methods.card.token_bias import _opening_habits
+
+    habits = _opening_habits([[7, 1], [7, 2], [7, 3], [7, 4]], [-800.0, float("-inf"), -900.0, -1000.0])
+    assert 7 in habits and np.isfinite(habits[7])
+
+
+def test_a_cached_y_minus_longer_than_any_generation_is_generated_again(personalizer: Personalizer) -> None:  # noqa: F811
+    """A 3,000-word y- in negatives.json passed the batch's size test and the engine raised ValueError (audit85)."""
+    import json
+
+    user = UserStore().create("longminus")
+    user.save_history(items(SHOUTY[:4]))
+    personalizer.fit_user(user)
+    cache = json.loads((user.dir / "negatives.json").read_text())
+    for entries in cache.values():
+        for entry in entries:
+            entries[entry] = " ".join(["word"] * 3000)
+    (user.dir / "negatives.json").write_text(json.dumps(cache))
+    (user.dir / "pair_features.safetensors").unlink()
+    report = personalizer.fit_user(user)
+    assert report.n_pairs == 4 and report.mode == "vector"

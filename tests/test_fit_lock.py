@@ -160,7 +160,9 @@ def test_a_user_imported_without_history_keeps_its_fit_and_an_emptied_history_do
 
     sha = "0" * 64
     host = types.SimpleNamespace(
-        bundle_sha256=sha, pairs=types.SimpleNamespace(items_within_context=lambda items: (items, 0))
+        bundle_sha256=sha,
+        pairs=types.SimpleNamespace(items_within_context=lambda items: (items, 0)),
+        head=types.SimpleNamespace(d=4),  # as wide as the stored vectors
     )
     host.fit_user = lambda user, **kwargs: user_fit.fit_user(host, user, **kwargs)  # type: ignore[attr-defined]
     monkeypatch.setattr("localpers.methods.card.personalizer.Personalizer.open", lambda **_: host)

@@ -226,3 +226,14 @@ def test_whole_case_habits_stream_word_by_word_and_are_stored_and_described() ->
 def test_a_damaged_entry_names_the_field(entry: dict) -> None:
     with pytest.raises(ValueError, match="recasing field"):
         TokenBias.from_json({"recasing": entry})
+
+
+def test_names_with_inner_capitals_and_the_pronoun_i_keep_their_spelling() -> None:
+    """Sentence case wrote "i'm" and "mcdonald's", Title Case "IPhone" and "EBay" (audit85): a change of the word."""
+    lower, upper = Recasing("lower"), Recasing("upper")
+    assert lower.apply("Why I Quit And I'm Happy At McDonald's, Says YouTube Star") == (
+        "Why I quit and I'm happy at McDonald's, says YouTube star"
+    )
+    assert lower.apply("Opinion: I’ve Had Enough") == "Opinion: I’ve had enough"
+    assert lower.apply("Tesla Unveils Self-Driving E-Bikes") == "Tesla unveils self-driving e-bikes"
+    assert upper.apply("apple unveils new iPhone on eBay") == "apple Unveils New iPhone On eBay"

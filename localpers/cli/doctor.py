@@ -83,7 +83,7 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     # the publisher's torch loads llama.cpp first (`engine.torch_model`), so it is asked only where that loads
     report["training"] = _training_device() if report["extras"]["publish"] and llama_problem is None else None
     report["bundle"] = _bundle_status(backbone)
-    report["users"] = _users_status(report["bundle"].get("clusters"))
+    report["users"] = _users_status(report["bundle"].get("clusters"), report["bundle"].get("head_d"))
     if isinstance(loaded, str):
         backbone_problem = f"the backbone did not load: {loaded}"
     report["problems"] = (
@@ -258,10 +258,19 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
     except LocalpersError as exc:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"
-    return {**status, "ok": True, "content": fits, "pinned": _pinned(bundle.directory), "clusters": bundle.k}
+    from localpers.methods.card.user_state import head_dim_of
+
+    return {
+        **status,
+        "ok": True,
+        "content": fits,
+        "pinned": _pinned(bundle.directory),
+        "clusters": bundle.k,
+        "head_d": head_dim_of(bundle.manifest),
+    }
 
 
-def _users_status(clusters: int | None = None) -> dict[str, Any]:
+def _users_status(clusters: int | None = None, head_d: int | None = None) -> dict[str, Any]:
     """How many users this device has, whose files a rewrite would refuse (their state, vector, token bias, the
     fit's choice, a cluster past the bundle's `clusters`, or history), and whose CARD fit was made with another bundle than the one in use (after an upgrade or a pull:
     rewrites fall back for them). Reads their files as a rewrite does; writes nothing."""
@@ -285,7 +294,7 @@ def _users_status(clusters: int | None = None) -> dict[str, Any]:
             user = User(
                 name, store.users_dir / name
             )  # not store.get: it tidies the folder, doctor writes nothing
-            check_stored_fit(user, in_use, clusters)  # the checks `localpers rewrite` makes
+            check_stored_fit(user, in_use, clusters, head_d)  # the checks `localpers rewrite` makes
             state = user.state()
         except LocalpersError:
             unreadable.append(name)

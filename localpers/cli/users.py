@@ -179,18 +179,19 @@ def _fit_as_a_rewrite_reads_it() -> Callable[[User], None]:
     """The check `user import` gives the store: the user's fit read as a rewrite reads it, its cluster against
     the bundle in use where the fit was made for that bundle (an archive's state.json is outside input)."""
     from localpers.bundle.format import bundle_in_use_sha256, default_bundle_dir, read_manifest
-    from localpers.methods.card.user_state import check_stored_fit
+    from localpers.methods.card.user_state import check_stored_fit, head_dim_of
 
     in_use = bundle_in_use_sha256()
     try:  # the manifest alone (what `in_use` hashes): verifying every file only to count clusters is slow
-        clusters = (read_manifest(default_bundle_dir()).get("clusters") or {}).get("k")
+        manifest = read_manifest(default_bundle_dir())
+        clusters, head_d = (manifest.get("clusters") or {}).get("k"), head_dim_of(manifest)
     except LocalpersError:
-        clusters = None
+        clusters, head_d = None, None
     if not isinstance(clusters, int) or isinstance(clusters, bool) or clusters < 1:
         clusters = None  # no readable bundle: the cluster is judged when a rewrite opens one
 
     def check(user: User) -> None:
-        check_stored_fit(user, in_use, clusters)
+        check_stored_fit(user, in_use, clusters, head_d)
 
     return check
 

@@ -227,7 +227,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
             items = self.user.history()
             info = self.info
             self.profile = load_profile(
-                self.user, info.bundle_sha256 if info else None, info.clusters if info else None
+                self.user,
+                info.bundle_sha256 if info else None,
+                info.clusters if info else None,
+                info.head_d if info else None,
             )
         except LocalpersError as exc:
             self.notify(str(exc), severity="error", timeout=10)

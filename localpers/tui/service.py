@@ -40,6 +40,7 @@ class EngineInfo:
     default_top_k: int
     methods: tuple[str, ...]  # offered in the method selector, in this order (the registry's compared ones)
     clusters: int | None = None  # the bundle's k: a stored cluster at or past it is a damaged state
+    head_d: int | None = None  # the head's width: a stored vector of another length is damaged
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class EngineService:
                     default_top_k=int(config.top_k),
                     methods=compared_methods(),
                     clusters=personalizer.bundle.k,
+                    head_d=int(config.d),
                 )
             return self._info
 

@@ -22,7 +22,7 @@ import numpy as np
 from localpers.errors import LocalpersError
 from localpers.methods.card.choice import chosen_bias, stored_choice
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.card.user_state import refuse_cluster_past_bundle, stored_token_bias, user_profile
+from localpers.methods.card.user_state import refuse_fit_past_bundle, stored_token_bias, user_profile
 from localpers.methods.forget import remove_history_items
 from localpers.methods.stored_files import fit_made_for
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
@@ -114,11 +114,14 @@ class Profile:
         return self.fit is not None and self.bundle_matches is True and self.cluster is not None
 
 
-def load_profile(user: User, bundle_sha256: str | None, clusters: int | None = None) -> Profile:
+def load_profile(
+    user: User, bundle_sha256: str | None, clusters: int | None = None, head_d: int | None = None
+) -> Profile:
     """The user's profile; a damaged state or vector becomes `problem` (`refit_mends`), so the app can refit.
 
     A damaged rejected-outputs file becomes `rejected_problem` and leaves the history and fit in use. `clusters`
-    (the bundle's k, once known) refuses a fit for this bundle whose cluster it lacks, as `localpers rewrite` does.
+    and `head_d` (the bundle's k and head width, once known) refuse a fit for this bundle whose cluster it lacks
+    or whose vector has another length, as `localpers rewrite` does.
     """
     history = user.history()
     n_history = len(history)
@@ -132,7 +135,7 @@ def load_profile(user: User, bundle_sha256: str | None, clusters: int | None = N
         vector_strength, bias_strength, choice = stored_choice(state, str(user.state_path), user.refit_advice)
         bundle_matches = None if bundle_sha256 is None else fit_made_for(state, bundle_sha256)
         if bundle_matches:
-            refuse_cluster_past_bundle(user, cluster, clusters)
+            refuse_fit_past_bundle(user, cluster, vector, clusters, head_d)
     except LocalpersError as exc:
         return Profile(
             user.name,

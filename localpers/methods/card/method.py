@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from localpers.errors import InputError, LocalpersError
+from localpers.errors import LocalpersError
 from localpers.methods import stored_files
 from localpers.methods.base import Fitted, Method, Progress, RewriteOptions, note_cut_text
 from localpers.methods.card.choice import MIN_ITEMS_TO_CHOOSE, chosen_bias, stored_choice
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.token_bias import TokenBias
-from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.card.user_state import refuse_fit_past_bundle, stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_format_of, fit_is_outdated
 from localpers.tasks import get_task
@@ -119,12 +119,8 @@ def profile_for_rewrite(
         return RewriteProfile(
             "global", state=state, note="this user has no history yet; using the global adapter"
         )
-    elif cluster >= personalizer.bundle.k:
-        raise InputError(
-            f"{target.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has "
-            f"{personalizer.bundle.k} clusters; run {refit}"
-        )
     else:
+        refuse_fit_past_bundle(target, cluster, vector, personalizer.bundle.k, personalizer.head_config.d)
         return RewriteProfile(
             method,
             cluster,
@@ -249,11 +245,10 @@ class CardMethod(AdapterMethod):
         report, state = stored
         choice = state.get("choice")
         try:  # kept only if a rewrite can use all of it, read as a rewrite reads it; anything damaged: refit
-            cluster, _, _ = user_profile(user)  # the vector too, checked against its sha256
+            cluster, vector, _ = user_profile(user)  # the vector too, checked against its sha256
             stored_token_bias(user, state)
             stored_choice(state, str(user.state_path), user.refit_advice)
-            if cluster is not None and cluster >= personalizer.bundle.k:
-                return None
+            refuse_fit_past_bundle(user, cluster, vector, personalizer.bundle.k, personalizer.head_config.d)
             # the keys of a fit's report, this one among them
             kept = bool(state.get(IMPORTED_WITHOUT_HISTORY))
             return Fitted(

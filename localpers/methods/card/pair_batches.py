@@ -53,14 +53,24 @@ def score_in_batches(
         if cached is not None and (cluster, prompt, item.output, cached) in memo:
             continue
         positive = engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
+        cached_minus = engine.tokenize(" " + cached, add_bos=False) if cached else None
+        if cached_minus is not None and len(cached_minus) > task.default_max_tokens + 8:
+            cached = cached_minus = None  # longer than any generation: a damaged cache; generate y- again
 
         def continuations(
-            text: str, output: str = item.output, fixed: str | None = cached, plus: list[int] = positive
+            text: str,
+            output: str = item.output,
+            fixed: str | None = cached,
+            plus: list[int] = positive,
+            fixed_minus: list[int] | None = cached_minus,
         ) -> list[list[int]]:
             negative = text if fixed is None else fixed
             if not negative or negative == output:
                 return [plus[:1]]  # only the first token's log-probability is wanted
-            return [plus, engine.tokenize(" " + negative, add_bos=False)]
+            return [
+                plus,
+                fixed_minus if fixed_minus is not None else engine.tokenize(" " + negative, add_bos=False),
+            ]
 
         tokens = engine.tokenize(prompt)
         # a tokenizer may join the block's last token with what follows: share only what both agree on

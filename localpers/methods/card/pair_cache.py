@@ -93,6 +93,9 @@ def read_features(user_dir: Path, key: str, dimension: int) -> PairFeatures:
         or not isinstance(hashes, list)
         or differences.shape != (len(hashes), dimension)
         or logprobs.shape != (len(hashes),)
+        # values a fit computes: finite differences, log-probabilities <= 0 (NaN made the fit store a zero vector)
+        or not np.all(np.isfinite(differences))
+        or not np.all(np.isfinite(logprobs) & (logprobs <= 0.0))
     ):
         return {}
     return {

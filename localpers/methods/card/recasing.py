@@ -27,8 +27,9 @@ Fitted from the user's outputs against the cluster model's outputs for the same 
   like them, a model that falls short of the user's share by `STRONG_MARGIN`. They change every word, the
   first word and acronyms too ("nfl"), and have no exceptions or names.
 
-Words are whitespace-separated; under the *lower* and *upper* habits the first word of an output and
-acronyms ("NFL", two or more letters, all capitals) are never changed. The first word is the first one with
+Words are whitespace-separated; under the *lower* and *upper* habits the first word of an output,
+acronyms ("NFL", two or more letters, all capitals), words with a capital after their first letter
+("McDonald's", "iPhone") and the pronoun I ("I'm") are never changed. The first word is the first one with
 a letter or a digit: emoji, punctuation or symbols before it ("🔥", "«", "¿") are no word, so "🔥 Zoo opens"
 keeps "Zoo" as its first word (and a number is one: "5 things to know" starts with "5"). This module knows
 nothing of models or tokens: text in, text out.
@@ -65,6 +66,19 @@ def _core(word: str) -> str:
 def _is_acronym(core: str) -> bool:
     letters = [c for c in core if c.isalpha()]
     return len(letters) >= 2 and all(c.isupper() for c in letters)
+
+
+_PRONOUN_I = frozenset(f"i{ending}" for ending in ("", "'m", "'ve", "'ll", "'d", "’m", "’ve", "’ll", "’d"))
+
+
+def _keeps_its_case(core: str) -> bool:
+    """Whether a word is written one way whatever the sentence's case: a capital after its first letter (McDonald's,
+    YouTube, iPhone, eBay) or the pronoun I and its contractions. Recasing it would change the word itself."""
+    for part in re.split(r"[-‐‑/]", core):  # a compound's parts each start a word: Self-Driving is no name
+        letters = [c for c in part if c.isalpha()]
+        if any(c.isupper() for c in letters[1:]):
+            return True
+    return core.lower() in _PRONOUN_I
 
 
 def _case_of(word: str) -> str | None:
@@ -118,7 +132,7 @@ class Recasing:
         if case is None or case == self.mode:
             return word
         key = _core(word).lower()
-        if key in self.exceptions:
+        if key in self.exceptions or _keeps_its_case(_core(word)):
             return word
         if self.mode == "upper":
             start = len(word) - len(word.lstrip(EDGE_PUNCTUATION))

@@ -60,6 +60,7 @@ MIN_HABIT_RATE = 0.25  # ... and this share of the user's outputs
 MAX_OPENING_BIAS = 12.0
 MAX_CLOSING_SHARE = 0.95  # of the model's end-of-output probability moved to closing habits
 MAX_STORED_BIAS = 1000.0  # nats; a fit's habits are a few, a counted table's tens at most
+MAX_TOKEN_ID = 2**31  # a stored token id is below it (llama_token is int32)
 
 
 @dataclass
@@ -199,7 +200,7 @@ class TokenBias:
                     or len(row) != 2
                     or not isinstance(row[0], int)
                     or isinstance(row[0], bool)
-                    or row[0] < 0
+                    or not 0 <= row[0] < MAX_TOKEN_ID  # llama.cpp's ids are int32; 2^63 overflowed numpy
                     or not isinstance(row[1], int | float)
                     or not math.isfinite(row[1])
                     or abs(row[1]) > MAX_STORED_BIAS  # a float32 would overflow to inf long before 1e300
@@ -290,11 +291,11 @@ def _opening_habits(
     for token, count in counts.items():
         if count < MIN_HABIT_COUNT or count < MIN_HABIT_RATE * len(outputs):
             continue
-        seen = [math.exp(lp) for t, lp in outputs if t == token and lp is not None]
+        seen = [math.exp(min(lp, 0.0)) for t, lp in outputs if t == token and lp is not None]
         if not seen:
             continue
         rate = count / (len(outputs) + 1)  # shrunk: 20 of 20 is 0.95, not certainty
-        model = min(sum(seen) / len(seen), 1.0 - 1e-6)
+        model = min(max(sum(seen) / len(seen), 1e-12), 1.0 - 1e-6)  # exp() of a far-off log-prob is 0
         # log-odds: adding b to one logit turns probability p into r exactly when b = logit(r) - logit(p)
         bias = min(_logit(rate) - _logit(model), MAX_OPENING_BIAS)
         if bias >= MIN_BIAS:

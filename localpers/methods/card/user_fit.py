@@ -25,7 +25,7 @@ from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULAR
 from localpers.methods.card.recasing import fit_recasing
 from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
-from localpers.methods.card.user_state import stored_token_bias, user_profile
+from localpers.methods.card.user_state import refuse_fit_past_bundle, stored_token_bias, user_profile
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_is_outdated, fit_made_for, fit_mark, is_current_fit
 from localpers.tasks import get_task
@@ -82,7 +82,7 @@ def fit_user(
     recent items (`localpers.methods.card.choice`) and stored with the fit; `rewrite` applies them.
     """
     history = user.history()
-    if not history and (kept := fit_without_history(user, host.bundle_sha256)) is not None:
+    if not history and (kept := fit_without_history(user, host.bundle_sha256, host.head.d)) is not None:
         return kept
     items = history[-history_limit:] if history_limit is not None else history
     offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
@@ -138,13 +138,14 @@ def fit_user(
     return outcome.report
 
 
-def fit_without_history(user: User, bundle_sha256: str) -> FitReport | None:
+def fit_without_history(user: User, bundle_sha256: str, head_d: int | None = None) -> FitReport | None:
     """The fit a user imported without its history came with (`user export` marked it a fit of the history it left
     out), which a fit keeps until items are added: a fit of no history would replace it with the global adapter's
     cold start. None for any other user, and for one with items now: a history emptied by `history remove` or lost
     is fitted anew, so the fit forgets what those items taught it. A marked fit never learned from this device's
     items (any fit here writes a state without the mark).
 
+    A kept fit whose vector is not `head_d` long is damaged: None, and the fit replaces it.
     Raises for such a user whose fit no rewrite with this bundle can use: the imported fit may be the only copy,
     and a fit of nothing would only throw it away."""
     try:
@@ -164,7 +165,8 @@ def fit_without_history(user: User, bundle_sha256: str) -> FitReport | None:
             f" use; there is nothing to fit it anew from: add your items ({refit}){also}"
         )
     try:
-        user_profile(user)  # the vector checked against its sha256
+        cluster, vector, _ = user_profile(user)  # the vector checked against its sha256
+        refuse_fit_past_bundle(user, cluster, vector, None, head_d)  # and against the head it feeds
         stored_token_bias(user, state)
         stored_choice(state, str(user.state_path), user.refit_advice)
         return FitReport(**state["fit"], kept_without_history=True)

@@ -42,26 +42,47 @@ def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenB
         ) from None
 
 
-def check_stored_fit(user: User, bundle_sha256: str | None = None, clusters: int | None = None) -> None:
+def check_stored_fit(
+    user: User, bundle_sha256: str | None = None, clusters: int | None = None, head_d: int | None = None
+) -> None:
     """Refuse (InputError naming the file and field) what a rewrite would refuse of `user`'s stored files: the
-    vector, cluster, token bias, the fit's choice and the history; the cluster also against `clusters` where the
-    fit was made for the bundle whose manifest has `bundle_sha256` (the bundle in use). A damaged choice or
-    token bias is refused even in a fit of another bundle, which a rewrite would not read (it falls back)."""
+    vector, cluster, token bias, the fit's choice and the history; the cluster against `clusters` and the vector's
+    length against `head_d` where the fit was made for the bundle whose manifest has `bundle_sha256` (the bundle
+    in use). A damaged choice or token bias is refused even in a fit of another bundle, which a rewrite would not
+    read (it falls back)."""
     from localpers.methods.card.choice import stored_choice
 
-    cluster, _, state = user_profile(user)
+    cluster, vector, state = user_profile(user)
     stored_token_bias(user, state)
     stored_choice(state, str(user.state_path), user.refit_advice)
     made_here = bundle_sha256 is not None and state.get("bundle_sha256") == bundle_sha256
     if made_here:
-        refuse_cluster_past_bundle(user, cluster, clusters)
+        refuse_fit_past_bundle(user, cluster, vector, clusters, head_d)
     user.history()
 
 
-def refuse_cluster_past_bundle(user: User, cluster: int | None, clusters: int | None) -> None:
-    """Refuse (InputError naming state.json) a fit for the bundle in use whose cluster it lacks (`clusters`: its k)."""
+def refuse_fit_past_bundle(
+    user: User,
+    cluster: int | None,
+    vector: np.ndarray | None,
+    clusters: int | None,
+    head_d: int | None = None,
+) -> None:
+    """Refuse (InputError naming the file) a fit for the bundle in use whose cluster it lacks (`clusters`: its
+    k) or whose vector is not as long as its head's (`head_d`): each ended every rewrite in a traceback."""
     if clusters is not None and cluster is not None and cluster >= clusters:
         raise InputError(
             f"{user.state_path} is damaged: field 'cluster' is {cluster}, but the bundle has {clusters} clusters;"
             f" {user.refit_advice}"
         )
+    if head_d is not None and vector is not None and vector.shape != (head_d,):
+        raise InputError(
+            f"{user.vector_path() or user.state_path} is damaged: the vector has {vector.size} values, but the"
+            f" bundle's head takes {head_d}; {user.refit_advice}"
+        )
+
+
+def head_dim_of(manifest: dict[str, Any]) -> int | None:
+    """The head's D a bundle manifest states (`head.d`), or None where it states none usable."""
+    value = (manifest.get("head") or {}).get("d") if isinstance(manifest.get("head"), dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
