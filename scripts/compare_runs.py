@@ -40,7 +40,9 @@ def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
     table: dict[str, dict[str, dict[str, float]]] = {}
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
-        table[record["user"]] = {q["query_id"]: q for q in record["queries"]}
+        # results.json names authors by their user_id; the cache file by its store name ("Alice Smith" is
+        # alice-smith-8ae10dfc there), and an old record may hold only the latter
+        table[str(record.get("user_id", record["user"]))] = {q["query_id"]: q for q in record["queries"]}
     return _of_the_run(Path(run), method, table)
 
 

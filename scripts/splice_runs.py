@@ -39,9 +39,15 @@ def splice(base: Path, part: Path, out: Path) -> dict[str, list[str]]:
             shutil.copyfile(path, target / path.name)
         for name in authors:
             shutil.copyfile(part / "cache" / method / name, target / name)
-        replaced[method] = [name.removesuffix(".json") for name in authors]
+        # outputs.jsonl names an author by user_id, the cache file by store name ("Alice Smith": alice-smith-...)
+        replaced[method] = [_user_id(part / "cache" / method / name) for name in authors]
     _splice_outputs(base / "outputs.jsonl", part / "outputs.jsonl", out / "outputs.jsonl", replaced)
     return replaced
+
+
+def _user_id(cached: Path) -> str:
+    record = json.loads(cached.read_text(encoding="utf-8"))
+    return str(record.get("user_id", record["user"]))
 
 
 def _splice_outputs(base: Path, part: Path, out: Path, replaced: dict[str, list[str]]) -> None:

@@ -6,6 +6,7 @@ results.json shape the issue fixes, resumes from its cache, and refuses bad inpu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -307,6 +308,29 @@ def test_second_run_reuses_the_cache(
     assert third.results["methods"]["card"]["rouge1"] == written.results["methods"]["card"]["rouge1"]
 
 
+def test_a_run_resumed_on_other_kernels_computes_again(
+    first_run, personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Outputs change with the CPU's kernels (another CPU, LOCALPERS_CPU_BUFFERS): a resumed run mixed both
+    configurations' outputs without a note (audit85); the kernels are in the cache's fingerprint now."""
+    config, _, _ = first_run
+    calls = {"rewrite": 0}
+    real_rewrite = personalizer.rewrite
+
+    def counting_rewrite(*args, **kwargs):
+        calls["rewrite"] += 1
+        return real_rewrite(*args, **kwargs)
+
+    monkeypatch.setattr(personalizer, "rewrite", counting_rewrite)
+    kernels = {**personalizer.engine.kernels, "buffers": ["another CPU's"]}
+    monkeypatch.setattr(type(personalizer.engine), "kernels", property(lambda engine: kernels))
+    import shutil
+
+    copy = Path(shutil.copytree(config.out, tmp_path / "out"))  # the module's run stays as it is
+    run_and_write(dataclasses.replace(config, out=copy, methods=["global"]), personalizer=personalizer)
+    assert calls["rewrite"] > 0
+
+
 def test_a_run_resumed_with_other_threads_says_its_timings_mix_them(
     first_run, personalizer: Personalizer
 ) -> None:
@@ -432,6 +456,9 @@ def test_parse_and_canonical_method_names() -> None:
     )
     assert parse_method("card@strength=0.5,top_k=50").name == "card@strength=0.5,top_k=50"
     assert parse_method("rag@k=2,history=all").name == "rag@history=all,k=2"
+    # 6 significant digits named both alike: one cache file and one results entry, then a traceback (audit85)
+    assert parse_method("global@presence=0.1000001").name == "global@presence=0.1000001"
+    assert parse_method("global@presence=0.1").name == "global@presence=0.1"
     fake = SimpleNamespace(
         head_config=HeadConfig(alpha=1.0, top_k=20, u="factored"), prompt_format=PromptFormat(recent=4)
     )

@@ -215,3 +215,22 @@ def test_an_out_in_a_folder_that_cannot_be_written_is_refused_at_the_start(
     result = _bench(path, locked / "run", "-m", "global", "--model", absent_model)
     assert result.exit_code == 1, result.output
     assert f"error: --out {locked / 'run'} cannot be made: {locked} cannot be written" in result.output
+
+
+def test_a_second_run_into_a_busy_out_is_refused_and_leaves_the_first_ones_files(tmp_path: Path) -> None:
+    """Two runs into one --out deleted each other's staging folder and blamed disk space (audit85)."""
+    import fcntl
+    import os
+
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(_user()) + "\n")
+    out = tmp_path / "out"
+    (out / "cache").mkdir(parents=True)  # the running one's
+    holder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        result = _bench(path, out, "-m", "global")
+    finally:
+        os.close(holder)
+    assert result.exit_code == 1 and f"another localpers bench is running into --out {out}" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["cache"]

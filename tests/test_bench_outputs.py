@@ -128,3 +128,15 @@ def test_a_plot_that_cannot_be_written_leaves_no_empty_png_and_names_the_file(
     with pytest.raises(StorageError, match=r"cannot write .*bars\.png \(No space left on device\)"):
         write_plots(_results_with_intervals(), tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_author_id_that_reads_as_math_is_plotted_as_written(tmp_path: Path) -> None:
+    """A user id "$\\foo{$" was parsed as a formula and crashed plotting after the whole run (audit85)."""
+    from localpers.bench.plots import plot_authors
+
+    users = {
+        author: {"rouge1": {"global": 0.1, "card": gain}}
+        for author, gain in (("$\\foo{$", 0.05), ("u2", -0.02))
+    }
+    written = plot_authors({"users": users, "methods": {"global": {}, "card": {}}}, tmp_path / "authors.png")
+    assert written is not None and written.stat().st_size > 0

@@ -119,3 +119,21 @@ def test_ms_per_token_is_decode_time_over_tokens_as_the_report_computes_it(tmp_p
         (folder / "u0.json").write_text(json.dumps({"user": "u0", "queries": queries}))
     row = compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
     assert row["ms_per_token"] == [10.0, 13.0]  # (9 x 10 + 1 x 40) / 10, not the rates' mean of 25
+
+
+def test_authors_whose_user_id_is_no_store_name_are_compared(tmp_path: Path) -> None:
+    """results.json names authors by user_id and the cache by store name: every "Alice Smith" was left out as an
+    earlier run's, then "no queries to compare" (audit85)."""
+    for run, score in (("a", 0.1), ("b", 0.3)):
+        folder = tmp_path / run / "cache" / "m"
+        folder.mkdir(parents=True)
+        query = {"query_id": "q1", "rouge1": score, "ms_per_token": 10.0, "prompt_ms": 100.0}
+        record = {
+            "user": "alice-smith-8ae10dfc",
+            "user_id": "Alice Smith",
+            "queries": [query, {**query, "query_id": "q2"}],
+        }
+        (folder / "alice-smith-8ae10dfc.json").write_text(json.dumps(record))
+        results = {"users": {"Alice Smith": {"queries": 2}}}
+        (tmp_path / run / "results.json").write_text(json.dumps(results))
+    assert compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")["diff"] == 0.2

@@ -52,3 +52,21 @@ def test_refuses_new_authors_missing_methods_and_a_used_folder(tmp_path: Path) -
     other = make_run(tmp_path / "other", "n", {"u1": 0.5})
     assert "did not run n" in splice(base, other, tmp_path / "o2").stderr
     assert "not empty" in splice(base, base, base).stderr
+
+
+def test_authors_whose_user_id_is_no_store_name_are_spliced_once(tmp_path: Path) -> None:
+    """outputs.jsonl names authors by user_id, the cache files by store name: "Alice Smith"'s lines were kept from
+    both runs (audit85)."""
+    runs = {}
+    for name, score in (("base", 0.1), ("part", 0.9)):
+        folder = tmp_path / name
+        (folder / "cache" / "m").mkdir(parents=True)
+        record = {"user": "alice-smith-8ae10dfc", "user_id": "Alice Smith", "queries": [{"query_id": "q1"}]}
+        (folder / "cache" / "m" / "alice-smith-8ae10dfc.json").write_text(json.dumps(record))
+        line = {"user": "Alice Smith", "query_id": "q1", "method": "m", "rouge1": score}
+        (folder / "outputs.jsonl").write_text(json.dumps(line) + "\n")
+        runs[name] = folder
+    done = splice(runs["base"], runs["part"], tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out" / "outputs.jsonl").read_text().splitlines()]
+    assert [(r["user"], r["rouge1"]) for r in lines] == [("Alice Smith", 0.9)]

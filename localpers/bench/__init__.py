@@ -17,6 +17,7 @@ every output beside it is from the same run; without one, the other outputs ther
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -60,20 +61,21 @@ def run_and_write(
     from localpers.bench.report import render_report
     from localpers.bench.results import build_results, write_outputs, write_results
 
-    run = run_bench(config, personalizer=personalizer, progress=progress, notify=notify)
-    results = build_results(run)
-    out = config.out
-    staging = out / STAGING_NAME
-    shutil.rmtree(staging, ignore_errors=True)  # a killed run's
-    try:
-        staging.mkdir()
-        write_results(results, staging / RESULTS_NAME)
-        write_outputs(run, staging / OUTPUTS_NAME)
-        plots = write_plots(results, staging)
-        atomic_write_text(staging / REPORT_NAME, render_report(results, images=[p.name for p in plots]))
-        publish_outputs(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.ExitStack() as hold:  # --out stays locked until the outputs are in place
+        run = run_bench(config, personalizer=personalizer, progress=progress, notify=notify, hold=hold)
+        results = build_results(run)
+        out = config.out
+        staging = out / STAGING_NAME
+        shutil.rmtree(staging, ignore_errors=True)  # a killed run's (none runs beside us: the lock)
+        try:
+            staging.mkdir()
+            write_results(results, staging / RESULTS_NAME)
+            write_outputs(run, staging / OUTPUTS_NAME)
+            plots = write_plots(results, staging)
+            atomic_write_text(staging / REPORT_NAME, render_report(results, images=[p.name for p in plots]))
+            publish_outputs(staging, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return BenchOutputs(
         results,
         out / RESULTS_NAME,

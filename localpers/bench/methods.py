@@ -84,7 +84,11 @@ def _format_value(value: ParamValue) -> str:
         return "all"
     if isinstance(value, float) and value.is_integer():
         return f"{value:.1f}"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        short = f"{value:g}"
+        # 6 digits named 0.1 and 0.1000001 alike: one cache file and one results entry for two settings
+        return short if float(short) == value else repr(value)
+    return str(value)
 
 
 @dataclass

@@ -229,7 +229,10 @@ def plot_authors(results: dict[str, Any], path: Path) -> Path | None:
         label = f"{name} ({counted['improved']}/{counted['authors']} improved)" if counted else name
         axis.bar(positions, [table.get(user, 0.0) for user in authors], width, label=label)
     axis.axhline(0.0, color="black", linewidth=0.8)
-    axis.set_xticks(range(len(authors)), authors, ha="right", fontsize=7)
+    # an author id is any text: "$...$" in it was read as math, and a bad formula crashed the whole run's plotting
+    axis.set_xticks(
+        range(len(authors)), [user.replace("$", r"\$") for user in authors], ha="right", fontsize=7
+    )
     axis.set_ylabel("ROUGE-1 minus global's (author's mean)")
     axis.set_title("Per-author ROUGE-1 gain over global")
     axis.legend(fontsize=8)

@@ -18,6 +18,7 @@ through the benchmark's user store (`fits.FitStore`). This module does not aggre
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -42,6 +43,7 @@ from localpers.bench.metrics import rouge
 from localpers.bench.registry import get_method
 from localpers.bench.styles import Style, get_style, restyle_users
 from localpers.errors import LocalpersError
+from localpers.folder_lock import locked
 from localpers.methods.card.personalizer import Personalizer
 from localpers.paths import check_own_directory
 from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size, serialize_history
@@ -140,11 +142,13 @@ def run_bench(
     personalizer: Personalizer | None = None,
     progress: Progress | None = None,
     notify: Callable[[str], None] | None = None,
+    hold: contextlib.ExitStack | None = None,
 ) -> BenchRun:
     """Evaluate every method on every user (from the cache where possible) and return the raw records.
 
     `notify` is told, before the model loads, each note on how the data file was read (also kept in
-    results.json's config as `data_notes`).
+    results.json's config as `data_notes`). `--out` is locked from its creation (a second run into it is refused)
+    until the run returns, or until `hold` closes (`run_and_write`, which writes the outputs meanwhile).
     """
     from localpers.bench.extra_methods import MethodStateRoot
 
@@ -165,6 +169,7 @@ def run_bench(
     owned = personalizer is None
     if personalizer is None:
         personalizer = Personalizer.open(model=config.model, bundle=config.bundle, n_threads=config.threads)
+    own_hold = contextlib.ExitStack()
     try:
         specs = expand_methods(config.methods, personalizer, config.history_limit)
         try:
@@ -173,6 +178,11 @@ def run_bench(
             raise LocalpersError(
                 f"--out {config.out}: cannot create the output directory ({exc.strerror}); give another path"
             ) from None
+        busy = (
+            f"another localpers bench is running into --out {config.out} (runs into one folder replace each"
+            " other's outputs): wait for it to finish, or give this one another --out"
+        )
+        (hold or own_hold).enter_context(locked(config.out, wait=False, busy=busy))
         MethodStateRoot.path = config.out / "method-state"  # CoPe's LoRA files, EXACT's indexes
         fits = FitStore(config.out / "users", personalizer)
         cache = ResultCache(config.out / "cache")
@@ -216,6 +226,7 @@ def run_bench(
             context["run_notes"] = [mixed]
         return BenchRun(config, users, specs, params, records, context)
     finally:
+        own_hold.close()
         if owned:
             personalizer.close()
 
@@ -274,6 +285,9 @@ def _run_user(
             BENCH_VERSION,
             personalizer.bundle_sha256,
             personalizer.backbone.sha256,
+            # outputs change with the CPU's kernels: a run resumed on another CPU (or LOCALPERS_CPU_BUFFERS)
+            # mixed both configurations' outputs without a note
+            personalizer.engine.kernels,
             spec.name,
             params,
             [item.id for item in items],

@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import os
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -99,9 +100,16 @@ def _refusal(message: str, *, as_json: bool) -> None:
         try:
             typer.echo(json.dumps({"ok": False, "error": message}))  # ASCII, as every --json output
         except OSError:  # stdout itself failed (a full disk): the stderr line says it, once
-            from localpers.cli.entry import discard_unwritten_output
-
             discard_unwritten_output()  # else written, failing and reported again at exit
+
+
+def discard_unwritten_output() -> None:
+    """Point standard output at the null device, so what could not be written is not tried again at exit
+    (Python would report that as "Exception ignored" and exit 120)."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 def _expanded(value: Any) -> Any:

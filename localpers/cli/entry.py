@@ -40,6 +40,8 @@ def main() -> None:
     except OSError as exc:  # outside any command: `--help` or `--version` into a full disk
         with contextlib.suppress(OSError):
             sys.stderr.write(f"error: {exc.strerror or exc}\n")
+        from localpers.cli.common import discard_unwritten_output
+
         discard_unwritten_output()
         raise SystemExit(1) from None
 
@@ -51,21 +53,14 @@ def _write_out_or_fail(exit_: SystemExit) -> None:
     try:
         sys.stdout.flush()
     except (OSError, ValueError) as exc:
+        from localpers.cli.common import discard_unwritten_output
+
         discard_unwritten_output()
         if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
             with contextlib.suppress(OSError):
                 sys.stderr.write(f"error: {exc.strerror or exc}\n")
             if exit_.code in (0, None):
                 exit_.code = 1
-
-
-def discard_unwritten_output() -> None:
-    """Point standard output at the null device, so what could not be written is not tried again at exit
-    (Python would report that as "Exception ignored" and exit 120)."""
-    with contextlib.suppress(OSError, ValueError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
 
 
 def usable_standard_streams() -> None:

@@ -366,16 +366,20 @@ class Engine(Vocabulary):
         llama.cpp's version and CPU features, the buffer types and the context's shape (`prefix_files`)."""
         if self._state_fingerprint is None:
             self._state_fingerprint = json.dumps(
-                {
-                    "model": self._model_identity,
-                    "llama_cpp": llama_cpp_version(),
-                    "system": llama_system_info(),
-                    "buffers": list(self.buffer_choice.allowed),
-                    "context": self._context_shape,
-                },
+                {"model": self._model_identity, **self.kernels, "context": self._context_shape},
                 sort_keys=True,
             )
         return self._state_fingerprint
+
+    @property
+    def kernels(self) -> dict[str, object]:
+        """What picks llama.cpp's kernels, and with them the float rounding of every result (a greedy output
+        may change with them): its version, the CPU features it uses and the buffer types allowed."""
+        return {
+            "llama_cpp": llama_cpp_version(),
+            "system": llama_system_info(),
+            "buffers": list(self.buffer_choice.allowed),
+        }
 
     @contextlib.contextmanager
     def prefixes_kept_in(

@@ -22,13 +22,13 @@ from localpers.bundle.format import FORMAT, MANIFEST_NAME, verify_bundle, write_
 from localpers.engine.backbone import DEFAULT_BACKBONE_NAME
 from localpers.engine.encoder import ENCODER_DIM, ENCODER_ID, ENCODER_PACKAGE
 from localpers.errors import LocalpersError
+from localpers.folder_lock import locked
 from localpers.methods.card.bundle_content import check_bundle_content
 from localpers.paths import check_own_directory
 from localpers.publish import plots
 from localpers.publish.clusters import CENTROIDS_FILE
 from localpers.publish.head_training import HEAD_FILE
 from localpers.publish.prompts import prompt_format
-from localpers.publish.publish_lock import locked
 from localpers.publish.runner import LOG_NAME, PublishContext
 from localpers.untrusted import JSONProblem, parse_json
 

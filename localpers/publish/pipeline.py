@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 from localpers.engine.backbone import resolve_backbone
 from localpers.engine.torch_model import PEFT_MODULES
 from localpers.errors import InputError
+from localpers.folder_lock import locked
 from localpers.methods.card.head_spec import BASES
 from localpers.publish import (
     bundle_stage,
@@ -24,7 +25,6 @@ from localpers.publish import (
     features,
     head_training,
     pairs,
-    publish_lock,
     sft_stage,
 )
 from localpers.publish.corpus import load_corpus
@@ -147,7 +147,7 @@ def _publish(
         f"another publish is using --work {options.work_dir} (its stage cache, OUT/.work by default): wait for it"
         " to finish, or give this one another --work"
     )
-    with publish_lock.locked(options.work_dir, wait=False, busy=busy):
+    with locked(options.work_dir, wait=False, busy=busy):
         return _publish_locked(options, corpus, backbone, executor, until, from_stage, console)
 
 

@@ -1,14 +1,13 @@
-"""One publish at a time per stage cache, one install at a time per bundle folder (POSIX advisory locks).
+"""An exclusive advisory lock on a folder, for commands that must not run twice on one folder at once.
 
-Two publishes on one `--work` (also what two publishes into one `--out` share by default: `--work` is OUT/.work)
-wiped and refilled each other's stage folders: one resumed from the other's checkpoints, installed the other's
-manifest, exited 0 and left a cache later runs trusted. A publish holds a lock on the `--work` folder from start
-to end, and a second one is refused at once. Installs into one OUT from different `--work`s wait for each other on
-a lock on the OUT folder: an install sweeps the folders a killed install left, and without the lock it swept a
-live one. The folders themselves are locked (neither is ever replaced, only what is in them), so no lock file
-appears in a bundle. A lock goes with its process, however it ends. Where `fcntl` does not exist (Windows), or a
-file system cannot lock a folder (some network mounts), nothing is locked. This module knows nothing of what the
-folders hold.
+`localpers publish` holds its `--work` folder's for a whole run (two publishes on one stage cache wiped and
+refilled each other's stages, one installing the other's manifest with exit 0) and its `--out` folder's around an
+install (an install sweeps what a killed install left, and without the lock it swept a running one's);
+`localpers bench` holds its `--out` folder's for a whole run (two runs deleted each other's staging folder). The
+folder itself is locked (none of these is ever replaced, only what is in it), so no lock file appears in a
+bundle or a run's folder. A lock goes with its process, however it ends. Where `fcntl` does not exist (Windows),
+or a file system cannot lock a folder (some network mounts), nothing is locked. This module knows nothing of
+what the folders hold.
 """
 
 from __future__ import annotations
