@@ -119,6 +119,13 @@ def test_write_manifest_twice_does_not_list_the_manifest(fake_bundle: Path) -> N
     verify_bundle(fake_bundle)
 
 
+def test_a_written_manifest_is_readable_like_the_bundles_other_files(fake_bundle: Path) -> None:
+    """The atomic write left manifest.json 0600: another account could read every bundle file but the one that
+    makes it a bundle (audit85)."""
+    write_manifest(fake_bundle, load_manifest(fake_bundle))
+    assert (fake_bundle / MANIFEST_NAME).stat().st_mode & 0o777 == 0o644
+
+
 def test_round_trip_and_accessors(fake_bundle: Path) -> None:
     bundle = verify_bundle(fake_bundle, backbone_sha256=BACKBONE_SHA)
     assert bundle.directory == fake_bundle

@@ -677,3 +677,27 @@ def test_a_damaged_out_is_installed_again_not_reported_as_written(published: dic
     publish(options)
     assert "stage bundle: what it made is no longer where it put it" in log.read_text()[len(before) :]
     verify_bundle(options.out)
+
+
+def test_a_damaged_stage_file_is_named_with_the_stage_that_mends_it(published: dict, tmp_path: Path) -> None:
+    """A cut features file ended in a zipfile traceback and a cut lora.pt in torch's, naming no file, on every
+    rerun (audit85)."""
+    import dataclasses
+    import shutil
+
+    from localpers.errors import LocalpersError
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    work = Path(shutil.copytree(options.work_dir, tmp_path / "work"))
+    copy = dataclasses.replace(options, work=work, out=tmp_path / "out")
+    features = sorted((work / "features").glob("user-*.npz"))[0]
+    features.write_bytes(features.read_bytes()[:100])
+    with pytest.raises(LocalpersError, match="unreadable stage file") as cut:
+        publish(copy, from_stage="head")
+    assert str(features) in str(cut.value) and "--from-stage features" in str(cut.value)
+    lora = work / "sft" / "global" / "lora.pt"
+    lora.write_bytes(lora.read_bytes()[:3000])
+    with pytest.raises(LocalpersError, match="unreadable stage file") as cut:
+        publish(copy, from_stage="export")
+    assert str(lora) in str(cut.value) and "--from-stage sft" in str(cut.value)

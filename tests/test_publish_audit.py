@@ -255,6 +255,21 @@ def test_a_repository_or_keys_that_cannot_sign_are_refused_before_training(tmp_p
         result = runner.invoke(app, ["publish", str(corpus), "--out", str(out), *flags])
         assert result.exit_code != 0 and message in result.output, result.output
         assert not out.exists()
+    signing = ["--repo", str(repo), "--keys", str(keys)]
+    for flags, message in (
+        # the bundle or its stage cache (the authors' ids and headlines) in the folder that is uploaded whole
+        (["--out", str(repo / "bundle")], f"--out {repo / 'bundle'} is inside the repository"),
+        (["--out", str(out), "--work", str(repo / "w")], f"--work {repo / 'w'} is inside the repository"),
+        # signed nothing, exit 0, not a word (audit85)
+        (["--out", str(out), "--until", "head"], "--repo signs the bundle, and --until head stops before"),
+        (
+            ["--out", str(out), "--head-d", "5000"],
+            "--head-d",
+        ),  # devices refuse it, found only after every stage
+    ):
+        result = runner.invoke(app, ["publish", str(corpus), *flags, *signing])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert not out.exists() and not (repo / "bundle").exists() and not (repo / "w").exists()
 
 
 def test_card_base_named_as_auto_would_choose_it_keys_the_stages_as_auto() -> None:

@@ -242,6 +242,21 @@ def test_repo_commands_print_expiry_dates_and_warn_before_the_root_expires(
     assert rotated.exit_code == 0 and "expires (UTC): root " in rotated.stdout, rotated.output
 
 
+def test_a_timestamp_refresh_warns_when_the_snapshot_it_cannot_renew_runs_out(
+    repo: tuple[Path, Path, str],
+) -> None:
+    """The documented cron job (timestamp only) cannot re-sign the snapshot, which expired after 30 days without a
+    word; then every device refused the repository (audit85)."""
+    repo_dir, keys, _ = repo
+    refresh(repo_dir, keys, {"snapshot": 3}, everything=True)
+    refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys)])
+    assert refreshed.exit_code == 0, refreshed.output
+    assert f"snapshot metadata of {repo_dir} expires in 2 days" in refreshed.stderr
+    assert "--all` (needs targets.key and snapshot.key)" in refreshed.stderr
+    renewed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys), "--all"])
+    assert renewed.exit_code == 0 and "snapshot metadata" not in renewed.stderr, renewed.output
+
+
 def test_repo_days_beyond_a_century_is_a_usage_error(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     generate_keys(keys)

@@ -109,6 +109,8 @@ def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> Path:
     target = bundle_dir / MANIFEST_NAME
     # Strict JSON: a loss nothing was measured on (no validation items) is null, not a bare NaN.
     write_bytes_atomically(target, (strict_json_text(complete, indent=2, ensure_ascii=True) + "\n").encode())
+    # the atomic write's temp file is 0600: a bundle is published content, readable like its other files
+    os.chmod(target, 0o644)
     return target
 
 

@@ -1,5 +1,7 @@
 """What every command that signs a repository says afterwards: when each role's metadata expires, and a warning
-in the root's last RENEW_ROOT_WITHIN_DAYS days (devices refuse the whole repository once it has expired).
+in the root's last RENEW_ROOT_WITHIN_DAYS days, and in the targets' and snapshot's last RENEW_SIGNED_WITHIN_DAYS
+(devices refuse the whole repository once any has expired; a timestamp-only refresh, the cron job, cannot renew
+those two, so it must say when they run out).
 
 It only reads the repository's metadata; the signing is in `localpers.bundle.repository`.
 """
@@ -12,6 +14,7 @@ from pathlib import Path
 import typer
 
 RENEW_ROOT_WITHIN_DAYS = 30
+RENEW_SIGNED_WITHIN_DAYS = 7  # the timestamp's default lifetime: a weekly refresh still sees it coming
 
 
 def expiry_json(repo: Path) -> dict[str, str]:
@@ -31,7 +34,20 @@ def expiry_report(repo: Path, *, dates: bool = True) -> None:
         typer.echo(
             "expires (UTC): " + ", ".join(f"{role} {date:%Y-%m-%d %H:%M}" for role, date in expires.items())
         )
-    left = expires["root"] - datetime.now(UTC)
+    now = datetime.now(UTC)
+    for role in ("targets", "snapshot"):
+        left = expires[role] - now
+        if left < timedelta(days=RENEW_SIGNED_WITHIN_DAYS):
+            renew = f"`localpers repo refresh {repo} --keys KEYS --all` (needs targets.key and snapshot.key)"
+            typer.echo(
+                f"warning: the {role} metadata of {repo} has expired: devices refuse the repository until it is"
+                f" re-signed with {renew}"
+                if left <= timedelta(0)
+                else f"warning: the {role} metadata of {repo} expires in {left.days} days, and devices then refuse"
+                f" the repository (a timestamp refresh does not renew it): re-sign it before with {renew}",
+                err=True,
+            )
+    left = expires["root"] - now
     if left >= timedelta(days=RENEW_ROOT_WITHIN_DAYS):
         return
     renew = f"`localpers repo refresh {repo} --keys KEYS --root` (needs root.key)"

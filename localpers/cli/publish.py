@@ -22,6 +22,7 @@ from localpers.engine.lora_targets import DEFAULT_TARGETS
 from localpers.engine.threads import MAX_THREADS
 from localpers.errors import PUBLISH_EXTRA_HINT, InputError, LocalpersError
 from localpers.methods.bounds import MAX_TOP_K
+from localpers.methods.card.head_spec import MAX_D
 from localpers.publish.options import STAGES, PublishOptions
 
 
@@ -98,7 +99,7 @@ def publish_command(
     checkpoint_every: Annotated[int, typer.Option(min=1, help="SFT checkpoint interval in steps.")] = 25,
     pairs_per_user: Annotated[int | None, typer.Option(min=1, help="Cap on preference pairs per user.")] = 30,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Token limit of the greedy y-.")] = 32,
-    head_d: Annotated[int, typer.Option(min=1, help="Head dimension D.")] = 128,
+    head_d: Annotated[int, typer.Option(min=1, max=MAX_D, help="Head dimension D.")] = 128,
     head_steps: Annotated[int, typer.Option(min=1, help="Full-batch steps of head training.")] = 300,
     head_lr: Annotated[float, float_option("--head-lr", low=0.0, help="Head learning rate.")] = 5e-3,
     head_weight_decay: Annotated[
@@ -278,6 +279,8 @@ def publish_command(
         data_source=data_source,
         data_licence=data_licence,
     )
+    if repo is not None:
+        _check_repository_use(repo, options, until)
     result = publish(options, until=until, from_stage=from_stage)
     if repo is not None and keys is not None and "bundle" in result["stages"]:
         from localpers.bundle.repository import add_bundle
@@ -299,6 +302,24 @@ def publish_command(
         typer.echo(f"signed into {repo} (targets version {result['repository']['targets_version']})")
     if repo is not None and "repository" in result:
         expiry_report(repo)
+
+
+def _check_repository_use(repo: Path, options: PublishOptions, until: str | None) -> None:
+    """Refuse, before any work, a publish that would sign nothing (`--until` before the bundle: it exited 0 and
+    said nothing) or put its bundle or stage cache in the repository folder, which is uploaded whole: the cache
+    holds the authors' ids and headlines."""
+    if until is not None and until != "bundle":
+        raise InputError(
+            f"--repo signs the bundle, and --until {until} stops before it is made: drop --until, or --repo and"
+            " --keys (sign later with `localpers repo add`)"
+        )
+    for option, folder in (("--out", options.out), ("--work", options.work_dir)):
+        repository, inside = repo.expanduser().resolve(), folder.expanduser().resolve()
+        if inside == repository or repository in inside.parents:
+            raise InputError(
+                f"{option} {folder} is inside the repository {repo}, which is uploaded whole (the stage cache holds"
+                " the authors' ids and headlines): give a folder outside it; `--repo` copies the bundle in"
+            )
 
 
 def register(app: typer.Typer) -> None:

@@ -23,7 +23,14 @@ from localpers.engine import torch_model
 from localpers.engine.adapters import backbone_architecture, write_lora_gguf
 from localpers.errors import LocalpersError
 from localpers.publish.executor import Task
-from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
+from localpers.publish.runner import (
+    ContextSpec,
+    PublishContext,
+    read_json,
+    read_stage_file,
+    task_context,
+    write_json_atomic,
+)
 from localpers.publish.sft import adapter_names
 from localpers.publish.sft_stage import prepared, task_resources
 
@@ -99,7 +106,9 @@ def export_task(spec: ContextSpec, name: str) -> dict[str, Any]:
         return read_json(check_file)
     model, _, train, val, clusters = prepared(context)
     engine = _engine(context)
-    state = torch.load(context.stage_dir("sft") / name / "lora.pt", weights_only=False)
+    state = read_stage_file(
+        context.stage_dir("sft") / name / "lora.pt", lambda path: torch.load(path, weights_only=False), "sft"
+    )
     path = write_lora_gguf(
         directory / f"{name}.gguf",
         gguf_tensors(state, engine.n_layer),

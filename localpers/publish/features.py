@@ -19,7 +19,7 @@ from localpers.methods.card.head import normalise_features
 from localpers.publish.executor import Task, shards
 from localpers.publish.pairs import base_adapter, cluster_engine, load_pairs, release_engines, shard_resources
 from localpers.publish.prompts import user_prompts
-from localpers.publish.runner import ContextSpec, PublishContext, task_context
+from localpers.publish.runner import ContextSpec, PublishContext, read_npz, task_context
 
 
 def user_file(directory: Path, index: int) -> Path:
@@ -56,6 +56,8 @@ def features_shard(spec: ContextSpec, records: list[dict[str, Any]]) -> dict[str
         }
         partial = user_file(directory, record["user"]).with_suffix(".partial.npz")
         np.savez(partial, **payload)
+        with partial.open("rb+") as written:  # on disk before the rename: a power cut leaves no empty file
+            os.fsync(written.fileno())
         os.replace(partial, user_file(directory, record["user"]))
     return {"tap_layers": list(engine.tap_layers), "n_embd": engine.n_embd}
 
@@ -76,8 +78,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     release_engines()
     tokens_total = 0
     for record in users:
-        with np.load(user_file(directory, record["user"])) as data:
-            tokens_total += int(data["tokens"].size)
+        tokens_total += int(read_npz(user_file(directory, record["user"]), "features")["tokens"].size)
     return {
         "tap_layers": results[0]["tap_layers"],
         "n_embd": results[0]["n_embd"],

@@ -16,7 +16,7 @@ import numpy as np
 from localpers.errors import LocalpersError
 from localpers.publish.features import user_file
 from localpers.publish.pairs import load_pairs
-from localpers.publish.runner import PublishContext
+from localpers.publish.runner import PublishContext, read_npz
 
 
 @dataclass
@@ -41,18 +41,18 @@ def load_pair_data(context: PublishContext) -> PairData:
     directory = context.stage_dir("features")
     features, tokens, lengths, pair_user, pair_cluster, user_ids, user_cluster = [], [], [], [], [], [], []
     for record in load_pairs(context):
-        with np.load(user_file(directory, record["user"])) as data:
-            if data["tokens"].size == 0:
-                continue
-            row = len(user_ids)
-            user_ids.append(record["user_id"])
-            user_cluster.append(record["cluster"])
-            features.append(data["features"])
-            tokens.append(data["tokens"])
-            lengths.append(data["lengths"])
-            n_pairs = len(data["lengths"]) // 2
-            pair_user.extend([row] * n_pairs)
-            pair_cluster.extend([record["cluster"]] * n_pairs)
+        data = read_npz(user_file(directory, record["user"]), "features")
+        if data["tokens"].size == 0:
+            continue
+        row = len(user_ids)
+        user_ids.append(record["user_id"])
+        user_cluster.append(record["cluster"])
+        features.append(data["features"])
+        tokens.append(data["tokens"])
+        lengths.append(data["lengths"])
+        n_pairs = len(data["lengths"]) // 2
+        pair_user.extend([row] * n_pairs)
+        pair_cluster.extend([record["cluster"]] * n_pairs)
     if not lengths:
         raise LocalpersError(
             "no preference pairs to train the head on: every user's y- was empty or equal to their headline;"

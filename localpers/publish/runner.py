@@ -42,6 +42,7 @@ from localpers.paths import check_own_directory
 from localpers.publish.corpus import Corpus, load_corpus
 from localpers.publish.executor import Executor, SequentialExecutor
 from localpers.publish.options import STAGES, PublishOptions, stage_fields
+from localpers.untrusted import one_line
 
 DONE_MARKER = "done.json"
 KEY_FILE = "key.txt"
@@ -76,6 +77,31 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise LocalpersError(f"{path}: unreadable stage file ({exc}); re-run with --from-stage") from exc
+
+
+def read_stage_file(path: Path, load: Callable[[Path], Any], stage: str) -> Any:
+    """`load(path)` of a stage's torch or numpy file, or a one-line error naming it and the stage that writes it.
+
+    A damaged file (cut short by a crash, a full disk) raised whatever its reader raises: torch's EOFError, which
+    Click turned into a bare "Aborted.", or a zip error's traceback, naming no file, on every rerun."""
+    try:
+        return load(path)
+    except Exception as exc:  # any reader's error on damaged bytes: the file is what the user can act on
+        raise LocalpersError(
+            f"{path}: unreadable stage file ({type(exc).__name__}: {one_line(str(exc), 120)}); remove it, or re-run"
+            f" with --from-stage {stage}"
+        ) from None
+
+
+def read_npz(path: Path, stage: str) -> dict[str, Any]:
+    """Every array of a stage's .npz file, read now (numpy reads them lazily, so damage surfaced later)."""
+    import numpy as np
+
+    def load(file: Path) -> dict[str, Any]:
+        with np.load(file) as data:
+            return {name: data[name] for name in data.files}
+
+    return read_stage_file(path, load, stage)
 
 
 @dataclass

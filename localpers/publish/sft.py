@@ -176,8 +176,18 @@ def train_adapter(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     step, losses, tokens_seen, seconds = 0, [], 0, 0.0
     torch.manual_seed(adapter_seed(options.seed, name))  # dropout: the same masks in any process
+    saved = None
     if checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=False, map_location=torch_model.model_device(model))
+        try:
+            saved = torch.load(
+                checkpoint_path, weights_only=False, map_location=torch_model.model_device(model)
+            )
+        except Exception as exc:  # cut short by a crash or a full disk: only this adapter's steps are lost
+            context.log(
+                f"{name}: checkpoint {checkpoint_path} is damaged ({type(exc).__name__}); training it anew"
+            )
+            checkpoint_path.unlink(missing_ok=True)
+    if saved is not None:
         torch_model.load_lora_state(model, saved["lora"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
@@ -235,6 +245,10 @@ def _atomic_torch_save(payload: Any, path: Path) -> None:
 
     partial = path.with_name(path.name + ".partial")
     torch.save(payload, partial)
+    with partial.open(
+        "rb+"
+    ) as written:  # on disk before the rename: a power cut leaves the old file or this one
+        os.fsync(written.fileno())
     os.replace(partial, path)
 
 

@@ -19,7 +19,14 @@ from typing import Any
 from localpers.engine import torch_model
 from localpers.engine.torch_model import Example
 from localpers.publish.executor import GIB, Resources, Task
-from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
+from localpers.publish.runner import (
+    ContextSpec,
+    PublishContext,
+    read_json,
+    read_stage_file,
+    task_context,
+    write_json_atomic,
+)
 from localpers.publish.sft import (
     GLOBAL,
     adapter_names,
@@ -112,7 +119,9 @@ def adapter_task(spec: ContextSpec, name: str, precision: str) -> dict[str, Any]
         users = {u for u, c in enumerate(clusters) if c == cluster}
         epochs = options.cluster_epochs
         if options.cluster_init == "global":
-            initial = torch.load(directory / GLOBAL / "lora.pt", weights_only=False)
+            initial = read_stage_file(
+                directory / GLOBAL / "lora.pt", lambda path: torch.load(path, weights_only=False), "sft"
+            )
             init_name = GLOBAL
         else:
             initial, init_name = fresh, "backbone"
