@@ -87,6 +87,31 @@ def test_delete_asks_first() -> None:
     assert run_json("user", "list") == {"users": [], "active": None}
 
 
+def test_a_ctrl_c_at_the_delete_question_is_an_interrupt_and_an_ended_input_a_no(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Click turned a Ctrl-C at the question into "Aborted." and exit 1; README promises `interrupted`, 130."""
+    import typer
+
+    run("user", "create", "ann")
+    real_confirm = typer.confirm
+
+    def stopped(
+        *args: object, **kwargs: object
+    ) -> bool:  # what click.confirm does with a Ctrl-C at its prompt
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise typer.Abort() from None
+
+    monkeypatch.setattr(typer, "confirm", stopped)
+    interrupted = run("user", "delete", "ann", code=130)
+    assert "interrupted" in interrupted.stderr and UserStore().list() == ["ann"]
+    monkeypatch.setattr(typer, "confirm", real_confirm)
+    ended = run("user", "delete", "ann", input="", code=1)
+    assert "user 'ann' was not deleted" in ended.stderr and UserStore().list() == ["ann"]
+
+
 def test_history_import_add_list_remove(tmp_path: Path) -> None:
     run("user", "create", "ann")
     demo = str(demo_history_path())

@@ -428,7 +428,9 @@ def test_publish_json_with_a_repository_gives_its_expiry_dates(
     signing = ["--repo", str(tmp_path / "repo"), "--keys", str(tmp_path / "keys"), "--json"]
     result = CliRunner().invoke(app, [*command, *signing])
     assert result.exit_code == 0, result.output
-    repository = json.loads(result.stdout)["repository"]
+    shown = json.loads(result.stdout)
+    assert shown["ok"] is True  # as every other --json verdict (audit85)
+    repository = shown["repository"]
     assert repository["targets_version"] == 2
     assert set(repository["expires"]) == {"root", "targets", "snapshot", "timestamp"}
     assert all(date.endswith("Z") for date in repository["expires"].values())

@@ -872,3 +872,9 @@ def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None
     assert stamp, logged
     shown = datetime.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
     assert abs((datetime.now(UTC) - shown).total_seconds()) < 120
+
+
+def test_an_unsigned_folder_pulled_without_the_flag_is_a_usage_error(tmp_path: Path) -> None:
+    """A flag the argument needs is a usage error (exit 2), as --unsigned given for a repository is; it was 1."""
+    code, _, err = run_cli("pull", str(make_bundle(tmp_path / "plain")))
+    assert code == 2 and "an unsigned bundle directory" in err and "--unsigned" in err

@@ -105,8 +105,8 @@ def open_source(
         raise InputError(f"{source}: no such directory; give a repository directory or an http(s) URL")
     with advising("give a signed repository's directory (`localpers repo`) or a bundle directory"):
         directory = DirectorySource(path)
-    if not unsigned:
-        raise LocalpersError(
+    if not unsigned:  # a flag the argument needs: a usage error, as --unsigned given for a repository is
+        raise InputError(
             f"{source}: an unsigned bundle directory; publish it into a signed repository with"
             " `localpers repo add`, or install it anyway with --unsigned (nothing vouches for it)"
         )

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import print_json
+from localpers.cli.common import ask_yes_no, print_json
 from localpers.cli.numbers import float_option
 from localpers.untrusted import one_line
 
@@ -227,10 +227,9 @@ def _ask_to_trust(progress: Any) -> Any:
 
     def ask(fingerprint: str) -> bool:
         progress.stop()
-        answer = typer.confirm(
+        answer = ask_yes_no(
             f"This repository is signed by publisher key {fingerprint}, which this device does not trust yet."
-            " Compare it with the fingerprint your publisher gave you. Trust it",
-            default=False,
+            " Compare it with the fingerprint your publisher gave you. Trust it"
         )
         progress.start()
         return answer

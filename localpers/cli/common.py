@@ -112,6 +112,19 @@ def discard_unwritten_output() -> None:
         os.close(null)
 
 
+def ask_yes_no(question: str, *, default: bool = False) -> bool:
+    """`typer.confirm`, except that a Ctrl-C stays a Ctrl-C: Click turned it into "Aborted." and exit 1, where
+    every other stop says `interrupted` (exit 130). Standard input at its end is a no."""
+    try:
+        return bool(typer.confirm(question, default=default))
+    except EOFError:
+        return False
+    except typer.Abort as abort:
+        if isinstance(abort.__context__, KeyboardInterrupt):
+            raise abort.__context__ from None
+        return False
+
+
 def _expanded(value: Any) -> Any:
     """A Path with a leading `~` expanded (as given when no home folder is known); anything else as it is."""
     if not isinstance(value, Path):

@@ -16,7 +16,15 @@ from typing import Annotated, Any
 import typer
 
 from localpers.cli import completion
-from localpers.cli.common import JsonOption, counted, items_phrase, note_saved, one_line_errors, print_json
+from localpers.cli.common import (
+    JsonOption,
+    ask_yes_no,
+    counted,
+    items_phrase,
+    note_saved,
+    one_line_errors,
+    print_json,
+)
 from localpers.cli.user_show import cluster_text, fit_freshness, other_fits, rejected_count, state_summary
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.stored_files import refit_advice
@@ -168,9 +176,9 @@ def user_delete(
             contents = f"{items_phrase(len(user.history()))} of history"
         except LocalpersError:
             contents = "a damaged history"  # deleting must still work when the files are damaged
-        typer.confirm(
-            f"Delete user {name!r} ({contents}, its vector and state)? This cannot be undone", abort=True
-        )
+        question = f"Delete user {name!r} ({contents}, its vector and state)? This cannot be undone"
+        if not ask_yes_no(question):
+            raise LocalpersError(f"user {name!r} was not deleted")
     store.delete(name)
     typer.echo(f"deleted user {name!r}")
 
