@@ -117,6 +117,13 @@ def test_what_the_run_cannot_judge_is_not_judged() -> None:
     del no_gold["deltas_vs_global"]["card-auto"]["gold_logprob"]
     assert _met(no_gold)[2] is None
     assert targets_summary(check_targets(no_gold)) == "6 met, 0 not met, 1 not judged"
+    # a resumed run whose timings mix thread counts (its own note says so) judged the costs anyway (audit85)
+    mixed = _results()
+    mixed["config"]["run_notes"] = [
+        "timings mix llama.cpp thread counts (3 with 2 threads, 1 with 4 threads ...)"
+    ]
+    assert _met(mixed)[3] is None and _met(mixed)[4] is None
+    assert "not judged: the timings mix thread counts" in check_targets(mixed)[3].measured
 
 
 def test_a_ratio_to_a_global_scoring_zero_is_not_judged() -> None:

@@ -42,6 +42,7 @@ from localpers.bench.methods import Method, MethodSpec
 from localpers.bench.metrics import rouge
 from localpers.bench.registry import get_method
 from localpers.bench.styles import Style, get_style, restyle_users
+from localpers.bench.targets import MIXED_TIMINGS
 from localpers.errors import LocalpersError
 from localpers.folder_lock import locked
 from localpers.methods.card.personalizer import Personalizer
@@ -247,7 +248,7 @@ def mixed_threads_note(records: dict[str, list[dict[str, Any]]], threads: int) -
         for used, count in sorted(counts.items(), key=lambda entry: (entry[0] is None, entry[0] or 0))
     )
     return (
-        f"timings mix llama.cpp thread counts ({parts} of the (method, user) results; this run has {threads}): "
+        f"{MIXED_TIMINGS} ({parts} of the (method, user) results; this run has {threads}): "
         "it reused an earlier run's finished results, so its costs mix both; for costs, run again into a new --out"
     )
 
