@@ -1495,3 +1495,18 @@ def test_cope_refusing_a_damaged_user_file_does_not_quote_the_servers_path(store
         assert str(ann.dir) not in refused.value.message and "cope-damaged" in refused.value.message
     finally:
         store.delete("cope-damaged")
+
+
+def test_a_port_another_program_holds_is_refused_as_serve_refuses_it() -> None:
+    """`api` exited 2 with a shorter line where `serve` exits 1 and says what to do (audit85)."""
+    import socket
+
+    from localpers.api.server import check_port_free
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(LocalpersError) as refused:
+            check_port_free("127.0.0.1", port)
+    assert refused.value.exit_code == 1 and str(refused.value).endswith("pick another --port or --host")

@@ -93,8 +93,8 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host.strip("[]"), port))
         except OSError as exc:
-            raise LocalpersError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}", exit_code=2
+            raise LocalpersError(  # worded and coded as `localpers serve` says it: another program holds the port
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port or --host"
             ) from None
 
 

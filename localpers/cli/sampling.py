@@ -173,5 +173,6 @@ def sampler_settings(
         frequency_penalty=frequency_penalty,
         seed=seed,
         grammar=read_grammar(grammar),
+        grammar_label=f"the grammar in {grammar}" if grammar is not None else "the grammar",
         repeated_word_penalty=repeated_word_penalty,
     ).validated()

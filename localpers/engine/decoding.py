@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -63,6 +63,8 @@ class SamplerSettings:
     dry_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
     # nats off a word the output already holds (`repeated_words`); 0 = off, None = the task's default (`for_task`)
     repeated_word_penalty: float | None = None
+    # what a refusal of the grammar calls it: the CLI names its file (not part of the settings' equality)
+    grammar_label: str = field(default="the grammar", compare=False)
 
     @property
     def greedy(self) -> bool:

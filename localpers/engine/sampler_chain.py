@@ -165,7 +165,7 @@ class SamplerChain:
                 detail = detail.split("error parsing grammar:", 1)[-1].strip()
                 if detail.endswith(" at"):  # the parser quotes the text left from there: none
                     detail += " the end of the grammar"
-                raise LocalpersError(f"the grammar is not valid GBNF: {detail}", exit_code=2)
+                raise LocalpersError(f"{settings.grammar_label} is not valid GBNF: {detail}", exit_code=2)
             self._add(grammar, "grammar")
         if settings.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(settings.logit_bias))()
