@@ -600,6 +600,16 @@ def test_a_file_from_elsewhere_is_read_as_the_protocol_says_and_every_repair_is_
         "1 user(s) without queries left out (user bob)",
     ):
         assert expected in notes
+    # the query's exact headline for another article: kept (an author may repeat one), but said (audit85)
+    repeat = {**item(4, "2021-04-01"), "output": answer["output"]}
+    lines[0]["history"].append(repeat)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    again = read_bench_file(path)
+    assert any(
+        note.startswith("1 history item(s) hold one of their author's query headlines word for word")
+        for note in again.notes
+    ), again.notes
+    assert answer["output"] in [h.output for h in again.users[0].history]
 
 
 def test_a_history_too_long_for_a_user_is_refused_before_the_model_loads(tmp_path: Path) -> None:

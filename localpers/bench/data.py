@@ -97,6 +97,8 @@ class _Repairs:
     leaked: dict[str, int] = field(default_factory=dict)  # history items equal to one of the user's queries
     duplicates: dict[str, int] = field(default_factory=dict)
     early_queries: dict[str, int] = field(default_factory=dict)
+    # history items holding one of the author's query headlines exactly, for another article (kept)
+    repeated_answers: dict[str, int] = field(default_factory=dict)
     without_queries: list[str] = field(default_factory=list)
     unscorable: dict[str, int] = field(default_factory=dict)  # references ROUGE cannot count a word of
     queries: int = 0  # read, in all
@@ -111,6 +113,13 @@ class _Repairs:
             notes.append(
                 f"{sum(self.leaked.values())} history item(s) equal to one of their author's queries left out "
                 f"of the history, so no method is fitted on the answer ({_users(list(self.leaked))})"
+            )
+        if self.repeated_answers:
+            notes.append(
+                f"{sum(self.repeated_answers.values())} history item(s) hold one of their author's query headlines"
+                f" word for word, written for another article ({_users(list(self.repeated_answers))}): kept, as an"
+                " author may repeat a headline; where a file's history is not all older than its queries, that"
+                " is the answer in the prompt"
             )
         if self.duplicates:
             notes.append(
@@ -277,6 +286,7 @@ def _user_from_record(
         query_ids.add(query_id)
         queries.append(BenchQuery(query_id, normalize_text(text["input"]), normalize_text(text["output"])))
     answers = {HistoryItem.create(task, query.input, query.reference).id for query in queries}
+    headlines = {query.reference for query in queries}
     repairs.queries += len(queries)
     unscorable = sum(1 for query in queries if not scorable(query.reference))
     if unscorable:
@@ -289,11 +299,14 @@ def _user_from_record(
         item = HistoryItem.create(task, text["input"], text["output"], source=text["id"])
         if item.id in answers:
             repairs.leaked[user_id] = repairs.leaked.get(user_id, 0) + 1
-        elif item.id in known:
+            continue
+        if item.id in known:
             repairs.duplicates[user_id] = repairs.duplicates.get(user_id, 0) + 1
-        else:
-            known.add(item.id)
-            history.append(item)
+            continue
+        if normalize_text(text["output"]) in headlines:
+            repairs.repeated_answers[user_id] = repairs.repeated_answers.get(user_id, 0) + 1
+        known.add(item.id)
+        history.append(item)
 
     latest = max((item_date(entry) or "" for entry in history_records), default="")
     early = sum(1 for entry in query_records if (date := item_date(entry)) and latest and date < latest)
