@@ -219,6 +219,13 @@ def test_costs_per_method_are_measured(first_run) -> None:
     truncated = written.run.records["card@history=2"]
     assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "too-few-pairs" for r in truncated)
     assert all(r["history_items"] == 2 for r in truncated)
+    # the per-user table showed the file's whole history under --history-limit (audit85)
+    from localpers.bench.results import build_results
+
+    limited = dataclasses.replace(
+        written.run, config=dataclasses.replace(written.run.config, history_limit=2)
+    )
+    assert {row["history_items"] for row in build_results(limited)["users"].values()} == {2}
     assert rows["card@history=2"]["fit_shared_negatives"] and not rows["card"]["fit_shared_negatives"]
     for name, row in rows.items():
         queries = [q for record in written.run.records[name] for q in record["queries"]]

@@ -213,7 +213,8 @@ def _user_table(run: BenchRun) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for index, user in enumerate(run.users):
         row: dict[str, Any] = {
-            "history_items": len(user.history),
+            # what the run's --history-limit let the methods use (the whole file's history was shown before)
+            "history_items": len(user.history_up_to(run.config.history_limit)),
             "queries": len(user.queries),
             "rouge1": {
                 spec.name: round(float(np.mean(scores)), DIGITS)
