@@ -150,6 +150,10 @@ def test_probes_run_end_to_end(data_file: Path, personalizer, tmp_path: Path) ->
     assert json.loads((config.out / "probes.json").read_text()) == probes
     assert "## kicker (prefix)" in (config.out / "probes.md").read_text()
     assert "vs global |" in (config.out / "probes.md").read_text()
+    # a limit, not a count: users with fewer queries were said to have as many (audit85)
+    assert (
+        f"up to {probes['config']['queries_per_user']} queries each" in (config.out / "probes.md").read_text()
+    )
     assert (config.out / "probes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # resumable: a second run is served from each style's cache and gives the same figures
     assert run_probes(config, personalizer=personalizer) == probes

@@ -249,7 +249,7 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
     lines = [
         "# Style probes",
         "",
-        f"{config['n_users']} users, {config['queries_per_user']} queries each ({config['n_queries']} in all); "
+        f"{config['n_users']} users, up to {config['queries_per_user']} queries each ({config['n_queries']} in all); "
         f"bundle `{config['bundle']}`.",
         f"Command: `{config['command']}`" if config.get("command") else "",
         "",
