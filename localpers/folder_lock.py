@@ -17,6 +17,7 @@ import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from localpers.errors import LocalpersError
 
@@ -40,10 +41,22 @@ def locked(folder: Path, *, wait: bool, busy: str) -> Iterator[None]:
         except BlockingIOError:
             if not wait:
                 raise LocalpersError(busy) from None
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            _lock_or_not(fcntl, descriptor, fcntl.LOCK_EX)
         except OSError as exc:
-            if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
+            _unlockable(exc)
         yield
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def _lock_or_not(fcntl: Any, descriptor: int, operation: int) -> None:
+    try:
+        fcntl.flock(descriptor, operation)
+    except OSError as exc:
+        _unlockable(exc)
+
+
+def _unlockable(exc: OSError) -> None:
+    """Go on unlocked where the file system cannot lock a folder; raise anything else."""
+    if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+        raise exc

@@ -1510,3 +1510,6 @@ def test_a_port_another_program_holds_is_refused_as_serve_refuses_it() -> None:
         with pytest.raises(LocalpersError) as refused:
             check_port_free("127.0.0.1", port)
     assert refused.value.exit_code == 1 and str(refused.value).endswith("pick another --port or --host")
+    with pytest.raises(LocalpersError) as elsewhere:  # a --host not on this machine: the argument's fault
+        check_port_free("192.0.2.123", port)
+    assert elsewhere.value.exit_code == 2

@@ -237,6 +237,9 @@ def test_a_vector_of_another_width_than_the_head_is_damaged_for_rewrite_and_doct
     user.state_path.write_text(json.dumps(state))
     doctor = CliRunner().invoke(app, ["doctor", "--json"])
     assert json.loads(doctor.stdout)["users"]["unreadable"] == ["ann"]
+    # no backbone found: the bundle's files are still read, and the fits checked against them (review, audit85)
+    blind = CliRunner().invoke(app, ["doctor", "--json", "--model", "/nonexistent/backbone.gguf"])
+    assert json.loads(blind.stdout)["users"]["unreadable"] == ["ann"], blind.output
 
 
 def test_a_token_id_past_int32_is_damaged_not_an_overflow_at_rewrite() -> None:

@@ -566,6 +566,10 @@ def test_a_closed_engine_refuses_use_in_one_line(backbone: Backbone) -> None:
         lambda: closed.prefill([2, 9259]),
         lambda: closed.has_chat_template,
         lambda: closed.reset(),
+        # these filled the freed llama_batch before any handle was checked (a bus error under MALLOC_PERTURB_)
+        lambda: closed.step(2),
+        lambda: closed.eval([2, 9259]),
+        lambda: closed.eval_sequences([2], [0], [1], all_outputs=False),
     ):
         with pytest.raises(LocalpersError, match="was closed"):
             use()

@@ -190,3 +190,5 @@ def test_a_cached_y_minus_longer_than_any_generation_is_generated_again(personal
     (user.dir / "pair_features.safetensors").unlink()
     report = personalizer.fit_user(user)
     assert report.n_pairs == 4 and report.mode == "vector"
+    regenerated = json.loads((user.dir / "negatives.json").read_text())  # replaced, for the loop's path too
+    assert all(len(text) < 1000 for entries in regenerated.values() for text in entries.values())

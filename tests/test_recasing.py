@@ -237,3 +237,6 @@ def test_names_with_inner_capitals_and_the_pronoun_i_keep_their_spelling() -> No
     assert lower.apply("Opinion: I’ve Had Enough") == "Opinion: I’ve had enough"
     assert lower.apply("Tesla Unveils Self-Driving E-Bikes") == "Tesla unveils self-driving e-bikes"
     assert upper.apply("apple unveils new iPhone on eBay") == "apple Unveils New iPhone On eBay"
+    assert (
+        upper.apply("zoo opens as i watch and i'm glad") == "zoo Opens As I Watch And I'm Glad"
+    )  # still mended

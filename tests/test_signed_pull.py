@@ -251,7 +251,7 @@ def test_a_timestamp_refresh_warns_when_the_snapshot_it_cannot_renew_runs_out(
     refresh(repo_dir, keys, {"snapshot": 3}, everything=True)
     refreshed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys)])
     assert refreshed.exit_code == 0, refreshed.output
-    assert f"snapshot metadata of {repo_dir} expires in 2 days" in refreshed.stderr
+    assert f"snapshot metadata of {repo_dir} expires in 3 days, before the timestamp does" in refreshed.stderr
     assert "--all` (needs targets.key and snapshot.key)" in refreshed.stderr
     renewed = runner.invoke(app, ["repo", "refresh", str(repo_dir), "--keys", str(keys), "--all"])
     assert renewed.exit_code == 0 and "snapshot metadata" not in renewed.stderr, renewed.output

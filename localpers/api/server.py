@@ -13,6 +13,7 @@ what the server sends it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import socket
 import time
@@ -93,8 +94,11 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host.strip("[]"), port))
         except OSError as exc:
-            raise LocalpersError(  # worded and coded as `localpers serve` says it: another program holds the port
-                f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port or --host"
+            # a port another program holds is a state (exit 1, as `localpers serve` says it); a --host not on this
+            # machine or a port below 1024 is the argument's (exit 2)
+            raise LocalpersError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port or --host",
+                exit_code=1 if exc.errno == errno.EADDRINUSE else 2,
             ) from None
 
 

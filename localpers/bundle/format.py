@@ -109,8 +109,11 @@ def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> Path:
     target = bundle_dir / MANIFEST_NAME
     # Strict JSON: a loss nothing was measured on (no validation items) is null, not a bare NaN.
     write_bytes_atomically(target, (strict_json_text(complete, indent=2, ensure_ascii=True) + "\n").encode())
-    # the atomic write's temp file is 0600: a bundle is published content, readable like its other files
-    os.chmod(target, 0o644)
+    # the atomic write's temp file is 0600: a bundle is published content, as readable as the umask lets the
+    # files copied beside it be
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(target, 0o666 & ~mask)
     return target
 
 

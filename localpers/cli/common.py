@@ -117,9 +117,7 @@ def ask_yes_no(question: str, *, default: bool = False) -> bool:
     every other stop says `interrupted` (exit 130). Standard input at its end is a no."""
     try:
         return bool(typer.confirm(question, default=default))
-    except EOFError:
-        return False
-    except typer.Abort as abort:
+    except typer.Abort as abort:  # Click's for a Ctrl-C and for an ended input alike
         if isinstance(abort.__context__, KeyboardInterrupt):
             raise abort.__context__ from None
         return False

@@ -245,21 +245,26 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
         repair_advice,
     )
     from localpers.methods.card.bundle_content import check_bundle_content
+    from localpers.methods.card.user_state import head_dim_of
 
     status: dict[str, Any] = {"directory": "?", "origin": "?"}
     try:
         status["origin"] = _origin()
         status["directory"] = str(default_bundle_dir())
         bundle = open_bundle(None, backbone_sha256=None if backbone is None else backbone.sha256)
-        if backbone is None:
-            return {**status, "ok": True, "content": "files verified; content not checked (no backbone)"}
+        if backbone is None:  # the users' fits are still checked against its k and head width
+            return {
+                **status,
+                "ok": True,
+                "content": "files verified; content not checked (no backbone)",
+                "clusters": bundle.k,
+                "head_d": head_dim_of(bundle.manifest),
+            }
         with advising(repair_advice(bundle.directory)):
             check_bundle_content(bundle, backbone.path)
     except LocalpersError as exc:
         return {**status, "ok": False, "content": f"refused: {exc}"}
     fits = "ok: files verified; head, centroids and adapters fit this backbone"
-    from localpers.methods.card.user_state import head_dim_of
-
     return {
         **status,
         "ok": True,

@@ -1,7 +1,7 @@
 """What every command that signs a repository says afterwards: when each role's metadata expires, and a warning
-in the root's last RENEW_ROOT_WITHIN_DAYS days, and in the targets' and snapshot's last RENEW_SIGNED_WITHIN_DAYS
+in the root's last RENEW_ROOT_WITHIN_DAYS days and whenever the targets or the snapshot expire before the timestamp
 (devices refuse the whole repository once any has expired; a timestamp-only refresh, the cron job, cannot renew
-those two, so it must say when they run out).
+those two, so it must say when they run out: with the default lifetimes, in their last week).
 
 It only reads the repository's metadata; the signing is in `localpers.bundle.repository`.
 """
@@ -14,7 +14,6 @@ from pathlib import Path
 import typer
 
 RENEW_ROOT_WITHIN_DAYS = 30
-RENEW_SIGNED_WITHIN_DAYS = 7  # the timestamp's default lifetime: a weekly refresh still sees it coming
 
 
 def expiry_json(repo: Path) -> dict[str, str]:
@@ -24,9 +23,15 @@ def expiry_json(repo: Path) -> dict[str, str]:
     return {role: f"{date:%Y-%m-%dT%H:%M:%SZ}" for role, date in expiry_dates(repo).items()}
 
 
+def _time_left(left: timedelta) -> str:
+    hours = round(left.total_seconds() / 3600)
+    return f"{hours} hours" if hours < 48 else f"{round(hours / 24)} days"
+
+
 def expiry_report(repo: Path, *, dates: bool = True) -> None:
     """Print each role's expiry date on stdout (unless `dates` is False: a `--json` command prints its own), and
-    the root's warning on stderr whenever it is due."""
+    on stderr the warnings that are due: targets or snapshot expiring before the timestamp, the root in its last
+    RENEW_ROOT_WITHIN_DAYS days."""
     from localpers.bundle.resigning import expiry_dates
 
     expires = expiry_dates(repo)
@@ -37,14 +42,16 @@ def expiry_report(repo: Path, *, dates: bool = True) -> None:
     now = datetime.now(UTC)
     for role in ("targets", "snapshot"):
         left = expires[role] - now
-        if left < timedelta(days=RENEW_SIGNED_WITHIN_DAYS):
+        # due when the timestamp (which a refresh renews) outlives it: the next refreshes cannot help then
+        if expires[role] < expires["timestamp"]:
             renew = f"`localpers repo refresh {repo} --keys KEYS --all` (needs targets.key and snapshot.key)"
             typer.echo(
                 f"warning: the {role} metadata of {repo} has expired: devices refuse the repository until it is"
                 f" re-signed with {renew}"
                 if left <= timedelta(0)
-                else f"warning: the {role} metadata of {repo} expires in {left.days} days, and devices then refuse"
-                f" the repository (a timestamp refresh does not renew it): re-sign it before with {renew}",
+                else f"warning: the {role} metadata of {repo} expires in {_time_left(left)}, before the timestamp"
+                f" does, and devices then refuse the repository (a timestamp refresh does not renew it): re-sign"
+                f" it before with {renew}",
                 err=True,
             )
     left = expires["root"] - now

@@ -195,11 +195,13 @@ class Engine(Vocabulary):
         if getattr(self, "_context", None):
             self.prefix_snapshots.clear()
             llama_cpp.llama_batch_free(self._batch)
+            self._batch = None  # freed: `_decode` and `eval_sequences` check the context before they fill it
             llama_cpp.llama_free(self._context)
             self._context = None
         for handle in getattr(self, "_adapters", {}).values():
             llama_cpp.llama_adapter_lora_free(handle)
         self._adapters = {}
+        self._adapter_paths, self._adapter_identities = {}, {}
         if getattr(self, "_model_handle", None):
             llama_cpp.llama_model_free(self._model_handle)
             self._model_handle = None
@@ -290,9 +292,9 @@ class Engine(Vocabulary):
 
         Returns `(logits, features)`: for the last position only, shapes `(n_vocab,)` and
         `(n_taps, n_embd)`, or with `all_positions` for every token, `(n, n_vocab)` and `(n, n_taps, n_embd)`.
-        `copy_logits=False` returns a read-only view of llama.cpp's logits buffer instead of a copy (of the last
-        batch's rows; rows of earlier batches are copies): valid until the next evaluation, it saves the decode
-        loop a 1 MB copy per token.
+        `copy_logits=False` returns a read-only view of llama.cpp's logits buffer instead of a copy when the tokens
+        fit one batch (over several, a new array): valid until the next evaluation, it saves the decode loop a 1 MB
+        copy per token.
         """
         check_tokens(self, tokens, "eval's tokens")
         if self.n_past + len(tokens) > self.n_ctx:
@@ -465,6 +467,7 @@ class Engine(Vocabulary):
         """
         if not 0 < len(tokens) <= self.batch_capacity:
             raise ValueError(f"eval_sequences takes 1 to {self.batch_capacity} tokens")
+        context = self._ctx  # refused once closed, before the (then freed) batch is touched
         batch = self._batch
         for i, (token, position, sequence) in enumerate(zip(tokens, positions, sequences, strict=True)):
             if not 0 < sequence <= self.batch_sequences or position >= self.n_ctx + SEQUENCE_CELLS:
@@ -478,7 +481,7 @@ class Engine(Vocabulary):
             self._taps.clear()
             self._taps.stop_after_deepest(skip_logits)
         try:
-            if llama_cpp.llama_decode(self._ctx, batch) != 0:
+            if llama_cpp.llama_decode(context, batch) != 0:
                 raise LocalpersError("llama.cpp decode of a batch of sequences failed")
         finally:
             if skip_logits:
@@ -520,6 +523,7 @@ class Engine(Vocabulary):
 
     # ----------------------------------------------------------------- internals
     def _decode(self, tokens: Sequence[int], *, all_positions: bool, want_last: bool) -> int:
+        context = self._ctx  # refused once closed, before the (then freed) batch is touched
         batch = self._batch
         n_out = 0
         for i, token in enumerate(tokens):
@@ -535,7 +539,7 @@ class Engine(Vocabulary):
             self._taps.clear()
         start = self.n_past
         try:
-            result = llama_cpp.llama_decode(self._ctx, batch)
+            result = llama_cpp.llama_decode(context, batch)
             if result != 0:
                 raise LocalpersError(f"llama.cpp decode failed (code {result}) at position {start}")
             self.n_past = start + len(tokens)

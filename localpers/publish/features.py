@@ -78,7 +78,9 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     release_engines()
     tokens_total = 0
     for record in users:
-        tokens_total += int(read_npz(user_file(directory, record["user"]), "features")["tokens"].size)
+        tokens_total += int(
+            read_npz(user_file(directory, record["user"]), "features", ("tokens",))["tokens"].size
+        )
     return {
         "tap_layers": results[0]["tap_layers"],
         "n_embd": results[0]["n_embd"],

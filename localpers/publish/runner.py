@@ -93,13 +93,14 @@ def read_stage_file(path: Path, load: Callable[[Path], Any], stage: str) -> Any:
         ) from None
 
 
-def read_npz(path: Path, stage: str) -> dict[str, Any]:
-    """Every array of a stage's .npz file, read now (numpy reads them lazily, so damage surfaced later)."""
+def read_npz(path: Path, stage: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The arrays `names` (None: every one) of a stage's .npz file, read now (numpy reads them lazily, so damage
+    surfaced later, in a traceback)."""
     import numpy as np
 
     def load(file: Path) -> dict[str, Any]:
         with np.load(file) as data:
-            return {name: data[name] for name in data.files}
+            return {name: data[name] for name in (data.files if names is None else names)}
 
     return read_stage_file(path, load, stage)
 

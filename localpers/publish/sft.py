@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -182,11 +184,16 @@ def train_adapter(
             saved = torch.load(
                 checkpoint_path, weights_only=False, map_location=torch_model.model_device(model)
             )
-        except Exception as exc:  # cut short by a crash or a full disk: only this adapter's steps are lost
+        except (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "PytorchStreamReader" not in str(exc):
+                raise  # not the file's bytes (say a GPU out of memory): the checkpoint is kept
+            # cut short by a crash or a full disk: set aside, and only this adapter's steps are trained again
+            aside = checkpoint_path.with_name(checkpoint_path.name + ".damaged")
             context.log(
-                f"{name}: checkpoint {checkpoint_path} is damaged ({type(exc).__name__}); training it anew"
+                f"{name}: checkpoint {checkpoint_path} is damaged ({type(exc).__name__}), moved to {aside};"
+                " training it anew"
             )
-            checkpoint_path.unlink(missing_ok=True)
+            checkpoint_path.replace(aside)
     if saved is not None:
         torch_model.load_lora_state(model, saved["lora"])
         optimizer.load_state_dict(saved["optimizer"])

@@ -54,8 +54,6 @@ def score_in_batches(
             continue
         positive = engine.tokenize(" " + task.scored_output(item.output), add_bos=False)
         cached_minus = engine.tokenize(" " + cached, add_bos=False) if cached else None
-        if cached_minus is not None and len(cached_minus) > task.default_max_tokens + 8:
-            cached = cached_minus = None  # longer than any generation: a damaged cache; generate y- again
 
         def continuations(
             text: str,

@@ -45,6 +45,10 @@ PAIR_MEMO_SIZE = 4096
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
+# no token of the vocabulary is longer: a cached y- past this many characters a token is no generation's
+MAX_NEGATIVE_CHARACTERS_PER_TOKEN = 64
+
+
 class PairBuilder:
     """y- generation (cached per user), pair features and first-token log-probabilities on one engine."""
 
@@ -146,6 +150,7 @@ class PairBuilder:
         )
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
+        self._drop_impossible_negatives(items, prompts, known)
         saved = _SavedPairs(len(known), self._read_features(user, cluster))
         reported = 0
 
@@ -218,6 +223,24 @@ class PairBuilder:
             raise
         differences = np.asarray(rows, dtype=np.float32).reshape(-1, self.head.d)
         return negatives, differences, first_logprobs, seconds
+
+    def _drop_impossible_negatives(
+        self, items: Sequence[HistoryItem], prompts: Sequence[str], known: dict[str, str]
+    ) -> None:
+        """Drop from `known` a cached y- longer than any generation of its task (a damaged cache): kept, it failed
+        every fit ("text too long", blaming the history) and was never replaced; dropped, it is generated again."""
+        for item, prompt in zip(items, prompts, strict=True):
+            key = negative_key(item, prompt)
+            cached = known.get(key)
+            if (
+                cached
+                and len(cached) > MAX_NEGATIVE_CHARACTERS_PER_TOKEN * get_task(item.task).default_max_tokens
+            ):
+                del known[key]
+            elif cached:
+                limit = get_task(item.task).default_max_tokens + 8
+                if len(self.engine.tokenize(" " + cached, add_bos=False)) > limit:
+                    del known[key]
 
     def _save_pairs(
         self,

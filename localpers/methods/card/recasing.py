@@ -78,7 +78,7 @@ def _keeps_its_case(core: str) -> bool:
         letters = [c for c in part if c.isalpha()]
         if any(c.isupper() for c in letters[1:]):
             return True
-    return core.lower() in _PRONOUN_I
+    return core[:1] == "I" and core.lower() in _PRONOUN_I  # a lower-case "i" is Title Case's to mend
 
 
 def _case_of(word: str) -> str | None:

@@ -1,8 +1,10 @@
 """What CARD reads back from a user's stored fit: cluster, vector, state and token bias.
 
 The fit itself (`user_fit.fit_user`) writes these through `localpers.users.store`; this module only
-reads them, for `rewrite`, the TUI, the API and the benchmark alike, and `check_stored_fit` refuses what a
-rewrite would, for `doctor` and `user import`.
+reads them, for `rewrite`, the TUI, the API and the benchmark alike. `refuse_fit_past_bundle` refuses a fit
+for the bundle in use whose cluster it lacks or whose vector its head cannot take (rewrite, fit, the TUI), and
+`check_stored_fit` refuses what a rewrite would, for `doctor` and `user import` (with `head_dim_of`, the
+head width a manifest states).
 """
 
 from __future__ import annotations
@@ -84,5 +86,6 @@ def refuse_fit_past_bundle(
 
 def head_dim_of(manifest: dict[str, Any]) -> int | None:
     """The head's D a bundle manifest states (`head.d`), or None where it states none usable."""
-    value = (manifest.get("head") or {}).get("d") if isinstance(manifest.get("head"), dict) else None
+    head = manifest.get("head")
+    value = head.get("d") if isinstance(head, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
