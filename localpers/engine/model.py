@@ -14,7 +14,7 @@ Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32
 stream after each tapped layer, at the position whose next token the logits predict.
 
 What an evaluation returns (`Step`, `ScoredContinuation`) is `localpers.engine.steps`'s. The rest is one module of
-some 530 lines because everything in it shares one KV cache: evaluation, truncation, the
+some 560 lines because everything in it shares one KV cache: evaluation, truncation, the
 remembered prompt, adapter switches (which clear it) and the batched sequences (`eval_sequences`) all keep the
 same positions and `n_past` bookkeeping true, and a reader checking that should find it in one place.
 """
