@@ -492,7 +492,7 @@ def test_show_says_when_the_exact_index_is_one_rewrites_refuse() -> None:
         ({"bundle_sha256": "0" * 64}, "; made with another bundle than the one in use: refit due, run"),
         ({"bundle_sha256": in_use, "fitted_by": "localpers 0.1.0, fit format 9"}, "; made by a localpers of"),
     ):
-        ExactIndex([], np.zeros((0, 8), np.float32), meta).save(index_path(user))
+        ExactIndex([], np.zeros((0, 384), np.float32), meta).save(index_path(user))
         line = next(line for line in run("user", "show").stdout.splitlines() if line.startswith("exact "))
         assert line.startswith("exact       attribute index stored (`localpers profile` shows it)" + due), (
             line

@@ -509,3 +509,52 @@ def test_merging_the_base_adapter_for_a_fit_leaves_the_shared_backbone_bit_ident
         with merged(model, adapter):
             assert not torch.equal(projection.weight, original)  # the update is in while the block runs
     assert torch.equal(projection.weight, original)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"seconds": {"train": "3.0"}}, "seconds"),  # summed by the fit's summary: a TypeError traceback
+        ({"seconds": {"train": None}}, "seconds"),
+        ({"conditioned": "no"}, "conditioned"),  # taken as true
+        ({"rank": -5}, "rank"),
+    ],
+)
+def test_a_cope_state_field_no_fit_writes_is_damaged(change: dict, field: str) -> None:
+    """audit85: these passed the type check of cope.json."""
+    user = UserStore().create("tampered")
+    state = {"adapter_file": "cope-0000000000000000.gguf", "rank": 8, "n_items": 3, "steps": 3}
+    state |= {"bundle_sha256": "0" * 64, "base_adapter": "global", "adapter_sha256": "0" * 64, "version": 1}
+    state |= {
+        "alpha": 16.0,
+        "cluster": None,
+        "seconds": {"train": 1.5},
+        "precision": "fp32",
+        "final_loss": None,
+    }
+    state |= {"train_tokens": 30, "conditioned": True, **change}
+    (user.dir / "cope.json").write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(LocalpersError, match=f"is damaged \\(field '{field}'\\)"):
+        load_state(user)
+
+
+def test_a_lora_file_whose_tensors_do_not_pair_or_are_not_finite_is_named(tmp_path: Path) -> None:
+    """Shapes that do not stack ended a CoPe rewrite in numpy's ValueError; NaN in a sampler's "dropped every
+    candidate token", naming no file (audit85)."""
+    from localpers.engine.adapters import write_lora_gguf
+    from localpers.methods.lora_files import read_lora_gguf, stack_loras
+
+    a, b = np.ones((4, 640), np.float32), np.ones((640, 4), np.float32)
+    good = read_lora_gguf(write_lora_gguf(tmp_path / "good.gguf", {"blk.0.attn_q.weight": (a, b)}, alpha=8.0))
+    path = write_lora_gguf(tmp_path / "nan.gguf", {"blk.0.attn_q.weight": (a * np.nan, b)}, alpha=8.0)
+    with pytest.raises(LocalpersError, match=f"{path}: .* not finite"):
+        read_lora_gguf(path)
+    other = read_lora_gguf(
+        write_lora_gguf(
+            tmp_path / "other.gguf",
+            {"blk.0.attn_q.weight": (np.ones((4, 100), np.float32), np.ones((640, 4), np.float32))},
+            alpha=8.0,
+        )
+    )
+    with pytest.raises(LocalpersError, match="different models"):
+        stack_loras([good, other])

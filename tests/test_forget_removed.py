@@ -33,9 +33,9 @@ def user_with_derived_files(name: str) -> tuple[User, list[HistoryItem]]:
     user = UserStore().create(name)
     items = [HistoryItem.create("headline", text, headline) for text, headline in PAIRS]
     user.save_history(items)
-    entries = [IndexEntry(item.id, "headline", item.input, ["short"], 0.5, 0.1) for item in items]
-    embeddings = np.eye(len(items), 8, dtype=np.float32)
-    ExactIndex(entries, embeddings, {"cluster": 0, "library": ["short"]}).save(index_path(user))
+    entries = [IndexEntry(item.id, "headline", item.input, ["Base"], 0.5, 0.1) for item in items]
+    embeddings = np.eye(len(items), 384, dtype=np.float32)
+    ExactIndex(entries, embeddings, {"cluster": 0, "library": ["Base"]}).save(index_path(user))
     negatives = {item.id: f"model's rewrite of {item.input}" for item in items}
     negatives |= {f"{item.id}:0123456789ab": f"conditioned rewrite of {item.input}" for item in items}
     (user.dir / NEGATIVES_FILE).write_text(json.dumps({CACHE_KEY: negatives}), encoding="utf-8")
@@ -52,8 +52,10 @@ def assert_only_the_others_are_left(user: User, items: list[HistoryItem]) -> Non
     kept = {items[0].id, items[2].id}
     index = load_index(user)
     assert {entry.item_id for entry in index.entries} == kept
-    assert index.embeddings.shape == (2, 8)
-    assert np.allclose(index.embeddings, np.eye(3, 8, dtype=np.float32)[[0, 2]])  # rows follow their entries
+    assert index.embeddings.shape == (2, 384)
+    assert np.allclose(
+        index.embeddings, np.eye(3, 384, dtype=np.float32)[[0, 2]]
+    )  # rows follow their entries
     assert {key.split(":")[0] for key in read_negatives(user.dir, CACHE_KEY)} == kept
     assert len(read_negatives(user.dir, CACHE_KEY)) == 4
 
@@ -74,13 +76,15 @@ def test_the_tuis_remove_forgets_it_too() -> None:
     assert_only_the_others_are_left(user, items)
 
 
-def test_nothing_is_rewritten_when_nothing_was_removed_and_a_damaged_index_is_left_to_the_rewrite() -> None:
+def test_nothing_is_rewritten_when_nothing_was_removed_and_a_damaged_index_is_deleted() -> None:
+    """A damaged index was left to the rewrite; it cannot be pruned and may hold the removed item's text, so a
+    removal deletes it (the next `fit --method exact` builds it again; audit85)."""
     user, _ = user_with_derived_files("cay")
     assert forget_removed_items(user) == []
     index_path(user).write_bytes(b"not a safetensors file")
     user.save_history(user.history()[:1])
-    assert forget_removed_items(user) == [NEGATIVES_FILE]  # the y- cache pruned, the damaged index untouched
-    assert index_path(user).read_bytes() == b"not a safetensors file"
+    assert forget_removed_items(user) == [NEGATIVES_FILE, index_path(user).name]  # the y- cache pruned
+    assert not index_path(user).exists()
 
 
 def test_the_refit_advice_names_cope_only_for_a_user_with_a_cope_adapter() -> None:
@@ -107,22 +111,22 @@ def test_a_removed_items_input_stays_indexed_for_another_item_that_shares_it() -
     )
     lone = HistoryItem.create("headline", "Rain is expected all week, again.", "Wetter Still")
     user.save_history([best, other, negative, lone])
-    meta = {"bundle_sha256": "b" * 64, "adapter": "cluster-0", "k": 2, "library": ["short", "shout"]}
+    meta = {"bundle_sha256": "b" * 64, "adapter": "cluster-0", "k": 2, "library": ["Base", "Formal"]}
     meta["fitted_by"] = "localpers test"
     entries = [
-        IndexEntry(best.id, "headline", shared, ["shout"], 0.9, 0.2),
-        IndexEntry(negative.id, "headline", negative.input, ["short"], 0.5, 0.1),
+        IndexEntry(best.id, "headline", shared, ["Formal"], 0.9, 0.2),
+        IndexEntry(negative.id, "headline", negative.input, ["Base"], 0.5, 0.1),
     ]
-    embeddings = np.eye(2, 8, dtype=np.float32)
+    embeddings = np.eye(2, 384, dtype=np.float32)
     ExactIndex(entries, embeddings, meta).save(index_path(user))
     key = exact_cache.selections_key(
         meta["bundle_sha256"], "cluster-0", 2, meta["library"], meta["fitted_by"]
     )
     records = {
-        best.id: exact_cache.SelectionRecord("d1", ("shout",), 0.9, 0.2),
-        other.id: exact_cache.SelectionRecord("d2", ("short", "shout"), 0.6, 0.2),
-        negative.id: exact_cache.SelectionRecord("d3", ("short",), 0.5, 0.1),
-        lone.id: exact_cache.SelectionRecord("d4", ("short",), 0.3, 0.1),
+        best.id: exact_cache.SelectionRecord("d1", ("Formal",), 0.9, 0.2),
+        other.id: exact_cache.SelectionRecord("d2", ("Base", "Formal"), 0.6, 0.2),
+        negative.id: exact_cache.SelectionRecord("d3", ("Base",), 0.5, 0.1),
+        lone.id: exact_cache.SelectionRecord("d4", ("Base",), 0.3, 0.1),
     }
     assert exact_cache.write_selections(user.dir, key, records)
 
@@ -130,17 +134,17 @@ def test_a_removed_items_input_stays_indexed_for_another_item_that_shares_it() -
     assert result.exit_code == 0, result.output
     index = load_index(user)
     assert [(e.item_id, e.attributes, e.margin) for e in index.entries] == [
-        (other.id, ["short", "shout"], 0.6),  # in the removed entry's place, with the shared input's row
-        (negative.id, ["short"], 0.5),
+        (other.id, ["Base", "Formal"], 0.6),  # in the removed entry's place, with the shared input's row
+        (negative.id, ["Base"], 0.5),
     ]
-    assert np.allclose(index.embeddings, np.eye(2, 8, dtype=np.float32))
+    assert np.allclose(index.embeddings, np.eye(2, 384, dtype=np.float32))
 
     # a remaining duplicate whose attributes lowered its margin stays out, as the fit's gain filter leaves it
-    records[other.id] = exact_cache.SelectionRecord("d2", ("short",), 0.1, 0.2)
+    records[other.id] = exact_cache.SelectionRecord("d2", ("Base",), 0.1, 0.2)
     exact_cache.write_selections(user.dir, key, {k: v for k, v in records.items() if k != best.id})
     duplicate = HistoryItem.create("headline", negative.input, "Rain, Rain, Rain")
     user.save_history([*user.history(), duplicate])
-    records[duplicate.id] = exact_cache.SelectionRecord("d5", ("short",), 0.05, 0.1)
+    records[duplicate.id] = exact_cache.SelectionRecord("d5", ("Base",), 0.05, 0.1)
     exact_cache.write_selections(user.dir, key, {k: v for k, v in records.items() if k != best.id})
     removed = CliRunner().invoke(app, ["history", "remove", negative.id[:8], "--user", "eve"])
     assert removed.exit_code == 0, removed.output

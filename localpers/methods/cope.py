@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -116,8 +117,15 @@ def _wrongly_typed(state: CopeState) -> str | None:
         return "alpha"
     if state.cluster is not None and (not isinstance(state.cluster, int) or isinstance(state.cluster, bool)):
         return "cluster"
-    if not isinstance(state.seconds, dict):
-        return "seconds"
+    if not isinstance(state.seconds, dict) or not all(
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        for value in state.seconds.values()
+    ):
+        return "seconds"  # summed in the fit's summary: a text or null there ended `fit` in a traceback
+    if not isinstance(state.conditioned, bool):
+        return "conditioned"  # "no" or [1] was taken as true
+    if state.rank < 1 or state.n_items < 0 or state.steps < 0:
+        return "rank" if state.rank < 1 else ("n_items" if state.n_items < 0 else "steps")
     for name in ("history_sha256", "fitted_by"):
         if getattr(state, name) is not None and not isinstance(getattr(state, name), str):
             return name

@@ -32,7 +32,7 @@ from localpers.engine import CONTEXT_TOKENS, Engine
 from localpers.engine.context_bound import tokens_within_context
 from localpers.engine.decoding import GREEDY, Candidates, SamplerSettings
 from localpers.engine.generation import generate
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.prompting import prompt_tokens, shown_in_prompt
 from localpers.methods.cope import CopeState, adapter_path, load_state
@@ -149,9 +149,12 @@ class CopeDecoder:
         os.close(fd)
         stacked = Path(temp_name)
         try:
-            write_stacked_lora(
-                stacked, [read_lora_gguf(base_path), read_lora_gguf(adapter_path(user, state))], private=True
-            )
+            own = adapter_path(user, state)
+            base_lora, own_lora = read_lora_gguf(base_path), read_lora_gguf(own)
+            try:
+                write_stacked_lora(stacked, [base_lora, own_lora], private=True)
+            except LocalpersError as exc:  # shapes that do not stack: the user's file is the one that changed
+                raise InputError(f"{own} does not fit {base_path.name} ({exc}); {refit}") from None
             # llama.cpp copies the adapter's tensors when loading it, so the file can go right after.
             return cls(personalizer.backbone.path, stacked, base_path)
         finally:

@@ -129,9 +129,14 @@ def _fitted(user: User, state: CopeState) -> Fitted:
     head = (
         f"user {user.name}: CoPe LoRA (rank {report['rank']}) on {report['base_adapter']},"
         f" {'your history in the prompt' if state.conditioned else 'plain prompt'},"
-        f" {report['n_items']} items, {report['steps']} steps, final loss {report['final_loss']}"
+        f" {counted(report['n_items'], 'item')}, {counted(report['steps'], 'step')}, final loss {report['final_loss']}"
     )
     return Fitted(report, head + "\n" + storage_line(report))
+
+
+def counted(number: int, noun: str) -> str:
+    """ "1 pair", "3 pairs" (the fit summaries of CoPe and EXACT)."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def storage_line(report: dict[str, Any]) -> str:

@@ -98,6 +98,9 @@ class ExactIndex:
             raise InputError(
                 f"{path} is damaged ({len(entries)} entries, {embeddings.shape} embeddings); {fix}"
             )
+        problem = _damage(entries, meta, embeddings)
+        if problem:
+            raise InputError(f"{path} is damaged ({problem}); {fix}")
         return cls(entries, embeddings.astype(np.float32), meta)
 
     def keeping(self, item_ids: Set[str], successors: Mapping[int, IndexEntry] | None = None) -> ExactIndex:
@@ -128,6 +131,41 @@ class ExactIndex:
 
 def index_path(user: User) -> Path:
     return user.dir / INDEX_FILE
+
+
+def _damage(entries: Sequence[IndexEntry], meta: dict[str, Any], embeddings: np.ndarray) -> str | None:
+    """What in a loaded index no fit writes, or None: the entries' fields go into prompts and the profile (a text
+    outside the attribute library reached the prompt as the user's "style"), into set look-ups (a list as an item
+    id blocked `history remove`) and arithmetic (a string cluster, another embedding width)."""
+    from localpers.engine.encoder import ENCODER_DIM
+
+    library = meta.get("library", ATTRIBUTES)
+    if not isinstance(library, list | tuple) or not all(
+        isinstance(name, str) and name in ATTRIBUTES for name in library
+    ):
+        return "field 'meta.library' names no attribute set of this localpers"
+    cluster = meta.get("cluster")
+    if cluster is not None and (not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 0):
+        return "field 'meta.cluster' is not a cluster number"
+    if embeddings.shape[1] != ENCODER_DIM or not np.all(np.isfinite(embeddings)):
+        return f"the embeddings are not {ENCODER_DIM} finite numbers a row"
+    known = set(library)
+    for row, entry in enumerate(entries):
+        texts = (entry.item_id, entry.task, entry.input)
+        names = entry.attributes
+        if not all(isinstance(text, str) for text in texts):
+            return f"entry {row}: item_id, task and input must be text"
+        if (
+            not isinstance(names, list)
+            or not all(isinstance(name, str) for name in names)
+            or len(set(names)) != len(names)
+            or not set(names) <= known
+        ):
+            return f"entry {row}: 'attributes' must be distinct names of the attribute library"
+        for margin in (entry.margin, entry.base_margin):
+            if not isinstance(margin, int | float) or isinstance(margin, bool) or not np.isfinite(margin):
+                return f"entry {row}: a margin is not a finite number"
+    return None
 
 
 def load_index(user: User) -> ExactIndex:

@@ -18,6 +18,7 @@ from localpers.methods.base import (
     note_cut_text,
 )
 from localpers.methods.card.personalizer import Personalizer
+from localpers.methods.cope_method import counted as _count
 from localpers.methods.cope_method import storage_line
 from localpers.methods.exact import ExactIndex, index_exact, index_path, load_index
 from localpers.methods.exact_cache import SELECTIONS_FILE
@@ -104,8 +105,3 @@ class ExactMethod(Method):
     def stored_bytes(self, user: User) -> int:
         path = index_path(user)
         return path.stat().st_size if path.exists() else 0
-
-
-def _count(number: int, noun: str) -> str:
-    """ "1 pair", "3 pairs"."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Set
 
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 from localpers.methods import exact_cache
 from localpers.methods.card import pair_cache
 from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path
@@ -57,8 +57,14 @@ def forget_removed_items(user: User, kept: Set[str] | None = None) -> list[str]:
         if path.is_file():
             try:
                 index = ExactIndex.load(path, user.name)
+            except (
+                InputError
+            ):  # damaged: it cannot be pruned and may hold the removed item's text, so it goes
+                path.unlink(missing_ok=True)  # (derived data: the next `fit --method exact` builds it again)
+                changed.append(path.name)
+                return changed
             except LocalpersError:
-                return changed  # a damaged index is refused by the rewrite itself, with how to rebuild it
+                return changed  # another version's: refused by the rewrite itself, with how to rebuild it
             if any(entry.item_id not in kept for entry in index.entries):
                 index.keeping(kept, _successors(user, index, kept)).save(path)
                 changed.append(path.name)

@@ -10,6 +10,7 @@ This module reads and writes files only; it trains nothing and loads nothing int
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,14 @@ def read_lora_gguf(path: Path) -> LoraFile:
     if broken:
         raise LocalpersError(f"{path}: {broken[0]} lacks its lora_a or lora_b tensor")
     tensors = {name: (pair["lora_a"], pair["lora_b"]) for name, pair in halves.items()}
+    for name, (a, b) in tensors.items():  # what stacking and llama.cpp need: B (out, r) after A (r, in)
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+            raise LocalpersError(f"{path}: {name}'s lora_a {a.shape} and lora_b {b.shape} do not pair up")
+        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+            raise LocalpersError(f"{path}: {name} holds numbers that are not finite")
     alpha = field_value("adapter.lora.alpha")
+    if alpha is not None and not math.isfinite(float(alpha)):
+        raise LocalpersError(f"{path}: its LoRA alpha is not a finite number")
     architecture = field_value("general.architecture")
     return LoraFile(tensors, float(alpha or 0.0), str(architecture or "gemma3"))
 
@@ -86,6 +94,15 @@ def stack_loras(adapters: Sequence[LoraFile]) -> Tensors:
     stacked: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for adapter in adapters:
         for name, pair in adapter.scaled().items():
+            earlier = stacked.get(name)
+            if earlier and (earlier[0][0].shape[1], earlier[0][1].shape[0]) != (
+                pair[0].shape[1],
+                pair[1].shape[0],
+            ):
+                raise LocalpersError(
+                    f"LoRA weight {name} of one adapter is {pair[1].shape[0]}x{pair[0].shape[1]}, of another"
+                    f" {earlier[0][1].shape[0]}x{earlier[0][0].shape[1]}: the adapters are for different models"
+                )
             stacked.setdefault(name, []).append(pair)
     return {
         name: (np.concatenate([a for a, _ in pairs], axis=0), np.concatenate([b for _, b in pairs], axis=1))
