@@ -21,8 +21,7 @@ from localpers.cli.numbers import float_option
 from localpers.engine.lora_targets import DEFAULT_TARGETS
 from localpers.engine.threads import MAX_THREADS
 from localpers.errors import PUBLISH_EXTRA_HINT, InputError, LocalpersError
-from localpers.methods.bounds import MAX_TOP_K
-from localpers.methods.card.head_spec import MAX_D
+from localpers.methods.bounds import MAX_D, MAX_TOP_K
 from localpers.publish.options import STAGES, PublishOptions
 
 

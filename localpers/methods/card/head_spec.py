@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from localpers.errors import LocalpersError
-from localpers.methods.bounds import MAX_TOP_K
+from localpers.methods.bounds import MAX_D, MAX_TOP_K
 
 BASES = ("cluster", "global")  # the adapters CARD's correction can sit on (`HeadConfig.base`)
 # What a manifest's head may ask for (its top-k: `bounds.MAX_TOP_K`). Calibrated scales are well under 1 (the
 # demo bundle's alpha: 0.066).
-MAX_D, MAX_SCALE = 4096, 1000.0
+MAX_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
