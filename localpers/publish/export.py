@@ -27,7 +27,7 @@ from localpers.publish.runner import (
     ContextSpec,
     PublishContext,
     read_json,
-    read_stage_file,
+    read_torch,
     task_context,
     write_json_atomic,
 )
@@ -96,7 +96,6 @@ def _engine(context: PublishContext) -> Any:
 
 def export_task(spec: ContextSpec, name: str) -> dict[str, Any]:
     """Task: write one adapter's GGUF and check it against torch (skipped when its check file exists)."""
-    import torch
 
     context = task_context(spec)
     options = context.options
@@ -106,9 +105,7 @@ def export_task(spec: ContextSpec, name: str) -> dict[str, Any]:
         return read_json(check_file)
     model, _, train, val, clusters = prepared(context)
     engine = _engine(context)
-    state = read_stage_file(
-        context.stage_dir("sft") / name / "lora.pt", lambda path: torch.load(path, weights_only=False), "sft"
-    )
+    state = read_torch(context.stage_dir("sft") / name / "lora.pt", "sft")
     path = write_lora_gguf(
         directory / f"{name}.gguf",
         gguf_tensors(state, engine.n_layer),

@@ -79,11 +79,21 @@ def publish(
     try:
         limits = threadpool_limits(limits=options.threads)  # as in every task process (runner.task_context)
         try:
-            return _publish(options, corpus, backbone, executor, until, from_stage, console)
+            options.work_dir.mkdir(parents=True, exist_ok=True)
+            with locked(options.work_dir, wait=False, busy=_busy(options.work_dir)):
+                return _publish(options, corpus, backbone, executor, until, from_stage, console)
         finally:
             limits.restore_original_limits()
     finally:
         executor.close()
+
+
+def _busy(work: Path) -> str:
+    """The refusal of a second publish on one --work (two wiped and refilled each other's stages)."""
+    return (
+        f"another publish is using --work {work} (its stage cache, OUT/.work by default): wait for it to finish,"
+        " or give this one another --work"
+    )
 
 
 def _refuse_out_inside_work(out: Path, work: Path) -> None:
@@ -134,24 +144,6 @@ def check_options(options: PublishOptions, *, until: str | None, from_stage: str
 
 
 def _publish(
-    options: PublishOptions,
-    corpus: Any,
-    backbone: Any,
-    executor: Any,
-    until: str | None,
-    from_stage: str | None,
-    console: Console | None,
-) -> dict[str, Any]:
-    options.work_dir.mkdir(parents=True, exist_ok=True)
-    busy = (
-        f"another publish is using --work {options.work_dir} (its stage cache, OUT/.work by default): wait for it"
-        " to finish, or give this one another --work"
-    )
-    with locked(options.work_dir, wait=False, busy=busy):
-        return _publish_locked(options, corpus, backbone, executor, until, from_stage, console)
-
-
-def _publish_locked(
     options: PublishOptions,
     corpus: Any,
     backbone: Any,

@@ -93,6 +93,13 @@ def read_stage_file(path: Path, load: Callable[[Path], Any], stage: str) -> Any:
         ) from None
 
 
+def read_torch(path: Path, stage: str) -> Any:
+    """A stage's torch file (LoRA weights), or a one-line error naming it (`read_stage_file`)."""
+    import torch
+
+    return read_stage_file(path, lambda file: torch.load(file, weights_only=False), stage)
+
+
 def read_npz(path: Path, stage: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The arrays `names` (None: every one) of a stage's .npz file, read now (numpy reads them lazily, so damage
     surfaced later, in a traceback)."""

@@ -23,7 +23,7 @@ from localpers.publish.runner import (
     ContextSpec,
     PublishContext,
     read_json,
-    read_stage_file,
+    read_torch,
     task_context,
     write_json_atomic,
 )
@@ -97,7 +97,6 @@ def _val_totals(path: Path) -> dict[int, tuple[float, int]]:
 
 def adapter_task(spec: ContextSpec, name: str, precision: str) -> dict[str, Any]:
     """Task: train one adapter (unless its record exists), measure its validation loss, write its record."""
-    import torch
 
     context = task_context(spec)
     options = context.options
@@ -119,9 +118,7 @@ def adapter_task(spec: ContextSpec, name: str, precision: str) -> dict[str, Any]
         users = {u for u, c in enumerate(clusters) if c == cluster}
         epochs = options.cluster_epochs
         if options.cluster_init == "global":
-            initial = read_stage_file(
-                directory / GLOBAL / "lora.pt", lambda path: torch.load(path, weights_only=False), "sft"
-            )
+            initial = read_torch(directory / GLOBAL / "lora.pt", "sft")
             init_name = GLOBAL
         else:
             initial, init_name = fresh, "backbone"
