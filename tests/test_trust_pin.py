@@ -27,16 +27,35 @@ def genuine(tmp_path: Path) -> tuple[Path, str]:
     return repo_dir, publish(make_bundle(tmp_path / "genuine-bundle"), repo_dir, tmp_path / "genuine-keys")
 
 
+@pytest.fixture
+def genuine_low(tmp_path: Path) -> tuple[Path, str]:
+    """(repository, fingerprint) of a genuine publisher whose root key id starts with 0-7, so that an attacker's
+    key sorts after it one try in two or more (a fingerprint such as fe99... left 64 tries short one run in three)."""
+    for attempt in range(256):
+        keys = tmp_path / f"genuine-keys-{attempt}"
+        generate_keys(keys)
+        if load_signer(keys, "root").public_key.keyid < "8":
+            break
+    else:
+        raise AssertionError("no root key id below 8 in 256 tries")
+    repo_dir = tmp_path / "genuine"
+    fingerprint = init_repository(repo_dir, keys)
+    add_bundle(repo_dir, make_bundle(tmp_path / "genuine-bundle"), keys)
+    return repo_dir, fingerprint
+
+
 def attackers_repository(tmp_path: Path, fingerprint: str) -> Path:
     """A repository whose first root lists the genuine root key beside the attacker's (threshold 1), signed by the
     attacker's key alone: its first key id, the fingerprint, is the genuine publisher's."""
     from tuf.api.metadata import Metadata, Root
 
-    for attempt in range(64):  # keys whose root key id sorts after the genuine one (one try in two)
+    for attempt in range(64):  # root key ids sorting after the genuine one (genuine_low: one try in two)
         keys = tmp_path / f"evil-keys-{attempt}"
         generate_keys(keys)
         if load_signer(keys, "root").public_key.keyid > fingerprint:
             break
+    else:
+        raise AssertionError(f"no attacker's root key id above {fingerprint} in 64 tries")
     evil = tmp_path / "evil"
     init_repository(evil, keys)
     add_bundle(evil, make_bundle(tmp_path / "evil-bundle", seed="evil"), keys)
@@ -52,16 +71,16 @@ def attackers_repository(tmp_path: Path, fingerprint: str) -> Path:
 
 
 def test_a_first_root_carrying_the_trusted_key_beside_another_is_refused(
-    tmp_path: Path, genuine: tuple[Path, str]
+    tmp_path: Path, genuine_low: tuple[Path, str]
 ) -> None:
     """A hostile mirror's root listed the publisher's public root key and its own, threshold 1, signed by its own:
     `pull --trust FP` installed the attacker's bundle and kept the attacker's root as the publisher's."""
-    _, fingerprint = genuine
+    genuine_repository, fingerprint = genuine_low
     evil = attackers_repository(tmp_path, fingerprint)
     with pytest.raises(InputError, match="its root role lists 2 keys"):
         pull(evil, trust=fingerprint)
     assert nothing_installed() and not trust_store(fingerprint).exists()
-    pull(genuine[0], trust=fingerprint)  # the genuine repository is still trusted on first contact
+    pull(genuine_repository, trust=fingerprint)  # the genuine repository is still trusted on first contact
 
 
 def test_trust_naming_another_publisher_is_refused_even_when_the_repository_is_trusted(
