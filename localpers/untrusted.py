@@ -10,6 +10,7 @@ cannot drive the terminal. This module reads no files and raises no `LocalpersEr
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,7 @@ def parse_json(
 ) -> Any:
     """`json.loads`, with every way outside text can fail raised as `JSONProblem`; bytes may open with a UTF-8
     byte-order mark (a state.json or config.json edited in Notepad). `allow_nan=False` refuses Python's extensions
-    `NaN`, `Infinity` and `-Infinity`, which are not JSON."""
+    `NaN`, `Infinity` and `-Infinity`, which are not JSON, and numbers past a float's range (1e999)."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8-sig")  # a byte-order mark, as Windows editors save one, is not content
@@ -64,6 +65,7 @@ def parse_json(
             text,
             object_pairs_hook=object_pairs_hook,
             parse_constant=None if allow_nan else _not_json_constant,
+            parse_float=None if allow_nan else _finite_float,
         )
     except UnicodeDecodeError:
         raise JSONProblem("not UTF-8 text") from None
@@ -88,6 +90,16 @@ def parse_json(
 
 def _not_json_constant(name: str) -> Any:
     raise JSONProblem(f"{name} is not a JSON value (write a number, or null)")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one past a float's range (1e999) is refused, not read as infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONProblem(
+            f"the number {one_line(text, limit=40)} is out of range (write a smaller one, or null)"
+        )
+    return value
 
 
 def unencodable_field(value: Any, path: str = "") -> str | None:

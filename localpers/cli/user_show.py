@@ -7,13 +7,14 @@ It reads the user's files and the bundle in use's manifest; it writes nothing an
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from localpers.cli.common import items_phrase
 from localpers.errors import LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, fit_is_outdated, refit_advice
-from localpers.regular_files import read_regular_file
+from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import one_line, parse_json
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
 from localpers.users.history import MAX_HISTORY_FILE_BYTES, HistoryItem, history_digest
@@ -123,7 +124,8 @@ def other_fits(folder: Path, history: list[HistoryItem] | None = None) -> list[t
     cope_state = folder / COPE_STATE_FILE
     if cope_state.is_file():
         try:
-            cope = parse_json(cope_state.read_bytes())
+            raw = read_regular_file(cope_state, STATE_FILE_LIMIT, what="CoPe state", stored=True)
+            cope = parse_json(raw)
             line = f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}"
             due = _refit_due(cope, "cope", folder.name)
             digest = cope.get("history_sha256")
@@ -135,7 +137,14 @@ def other_fits(folder: Path, history: list[HistoryItem] | None = None) -> list[t
             ):
                 due = f", but the history has changed since ({refit_advice('cope', folder.name)} to refit)"
             lines.append(("cope", line + due))
-        except (OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem is a ValueError
+        except (
+            LocalpersError,
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+            ArithmeticError,
+        ):  # JSONProblem: ValueError
             lines.append(("cope", f"{cope_state.name} is damaged; {refit_advice('cope', folder.name)}"))
     if (folder / EXACT_INDEX_FILE).is_file():
         from localpers.methods.exact_index import ExactIndex
@@ -169,18 +178,31 @@ def _fit_line(fit: dict[str, Any]) -> str:
     parts = [str(fit.get("mode", "unknown mode"))]
     if isinstance(fit.get("n_pairs"), int):
         pairs = f"{fit['n_pairs']} pair{'' if fit['n_pairs'] == 1 else 's'}"
-        accuracy, n_heldout = fit.get("heldout_accuracy"), fit.get("n_heldout")
-        if isinstance(accuracy, int | float) and isinstance(n_heldout, int) and n_heldout:
+        accuracy, n_heldout = _finite(fit.get("heldout_accuracy")), fit.get("n_heldout")
+        if accuracy is not None and isinstance(n_heldout, int) and n_heldout:
             pairs += f", held-out pair accuracy {accuracy:.2f} on {n_heldout}"
-            default = fit.get("heldout_accuracy_default")
-            if isinstance(default, int | float):
+            default = _finite(fit.get("heldout_accuracy_default"))
+            if default is not None:
                 pairs += f" (cluster default {default:.2f})"
         parts.append(pairs)
     seconds = fit.get("seconds")
     if isinstance(seconds, dict):
-        total = sum(value for value in seconds.values() if isinstance(value, int | float))
-        parts.append(f"{total:.1f} s")
+        total = _finite(sum(value for value in map(_finite, seconds.values()) if value is not None))
+        if total is not None:
+            parts.append(f"{total:.1f} s")
     return "; ".join(parts)
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a float where it is a number a float holds; None for anything else (an imported state may carry
+    an integer of 400 digits, which no float holds: `user show` ended in an OverflowError)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _token_bias_line(bias: dict[str, Any]) -> str:

@@ -59,7 +59,7 @@ def user_create(
     user = store.create(name)
     if use:
         store.use(name)
-    active = store.active_name() == name
+    active = _is_active(store, name)
     if as_json:
         print_json({"name": user.name, "dir": str(user.dir), "active": active})
         return
@@ -117,7 +117,7 @@ def user_show(
     history = user.history()
     report: dict[str, Any] = {
         "name": user.name,
-        "active": store.active_name() == user.name,
+        "active": _is_active(store, user.name),
         "dir": str(user.dir),
         "history_items": len(history),
         "tasks": dict(Counter(item.task for item in history)),
@@ -308,8 +308,17 @@ def user_import(
     if use:
         store.use(user.name)
     note_saved(f"user {user.name!r} was imported{' and made active' if use else ''}")
-    active = store.active_name() == user.name
+    active = _is_active(store, user.name)
     if as_json:
         print_json({"name": user.name, "dir": str(user.dir), "active": active})
         return
     typer.echo(f"imported user {user.name!r}{' (active)' if active else ''}")
+
+
+def _is_active(store: UserStore, name: str) -> bool:
+    """Whether `name` is the active user, for display: a damaged active.json (which `user list` reports and `user
+    use` repairs) made `user create` and `user import` exit 2 after making the user, and `user show NAME` refuse."""
+    try:
+        return store.active_name() == name
+    except LocalpersError:
+        return False

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,14 @@ from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import JSONProblem, one_line, parse_json
 from localpers.users import folder
 from localpers.users.folder import VECTOR_FILE_PATTERN
+
+try:
+    from lzma import LZMAError
+except ImportError:  # a Python built without lzma: zipfile then refuses LZMA members with NotImplementedError
+
+    class LZMAError(Exception):  # type: ignore[no-redef]
+        """Never raised."""
+
 
 ARCHIVE_FORMAT = "localpers-user"
 ARCHIVE_VERSION = 1
@@ -100,6 +109,11 @@ def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
                     raise InputError(f"{archive}: member {shown} appears twice; not a localpers user archive")
                 if info.file_size > MAX_ARCHIVE_MEMBER_BYTES:
                     raise InputError(f"{archive}: {info.filename} is too large for a user archive")
+                if info.flag_bits & 0x1:  # zipfile asks a password with a RuntimeError; localpers writes none
+                    raise InputError(
+                        f"{archive}: {info.filename} is encrypted; a localpers user archive never is: export the"
+                        " user again with `localpers user export`"
+                    )
             if sum(1 for n in names if VECTOR_FILE_PATTERN.fullmatch(n)) > 1:
                 raise InputError(f"{archive}: more than one vector file; not a localpers user archive")
             declared = sum(info.file_size for info in infos)
@@ -122,6 +136,8 @@ def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
         EOFError,
         NotImplementedError,
         ValueError,
+        zlib.error,  # a damaged deflate stream (a truncated or bit-flipped download)
+        LZMAError,  # a damaged LZMA member
     ) as exc:
         reason = one_line(str(exc), 120)
         raise InputError(f"{archive} is not a localpers user archive ({reason})") from None

@@ -9,6 +9,7 @@ reading the zip itself is `localpers.users.archive`'s; where an imported user la
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,13 @@ def fit_members(user: User) -> dict[str, bytes]:
     for _ in range(3):
         members: dict[str, bytes] = {}
         if not user.state_path.exists():
+            if (
+                user.state_path.is_symlink()
+            ):  # read as no fit elsewhere; an export would leave the fit out unsaid
+                raise LocalpersError(
+                    f"{user.state_path} is a link to {os.readlink(user.state_path)}, which does not exist; reconnect"
+                    " what it points to before exporting, or remove the link (the user then has no fit)"
+                )
             user.state()  # a missing state is a user never fitted, unless the user was deleted meanwhile
             return members
         # a FIFO, a folder or a device there is refused in one line, never read

@@ -30,9 +30,12 @@ def item_time(record: Any) -> datetime | None:
     day = item_date(record)
     if day is None:
         return None
+    text = record["date"].strip()
     try:
-        moment = datetime.fromisoformat(record["date"].strip())
+        moment = datetime.fromisoformat(text)
     except ValueError:
+        if text[10:11] not in ("T", " "):  # "2024-01-01garbage" is no date; "2024-01-01 12:30 UTC" is that day
+            return None
         try:
             moment = datetime.fromisoformat(day)
         except ValueError:  # 2024-13-45

@@ -88,7 +88,9 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
             raise
         raise type(exc)(f"{exc}; {fix}") from None
     try:
-        value = parse_json(raw)
+        # NaN or 1e999 are no value localpers writes (json.dumps(allow_nan=False)); read, they made `user export`
+        # end in a traceback rewriting the state
+        value = parse_json(raw, allow_nan=False)
     except JSONProblem as exc:
         raise InputError(f"{path} is damaged (not valid JSON: {exc}); {fix}") from None
     if not isinstance(value, dict):

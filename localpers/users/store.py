@@ -18,6 +18,7 @@ reach a user through the store.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -30,6 +31,7 @@ from typing import Any
 from localpers import paths
 from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory, process_is_running
 from localpers.errors import InputError, LocalpersError, StorageError
+from localpers.regular_files import read_regular_file
 from localpers.untrusted import one_line, parse_json
 from localpers.users import folder
 from localpers.users.archive import pack_archive, read_archive
@@ -39,7 +41,7 @@ from localpers.users.folder import (
     history_for,
     read_json_object,
 )
-from localpers.users.history import MAX_HISTORY_ITEMS, check_history_size
+from localpers.users.history import MAX_HISTORY_FILE_BYTES, MAX_HISTORY_ITEMS, check_history_size
 from localpers.users.lock import IDENTITY_FILE, new_identity, read_identity, user_lock
 from localpers.users.names import NAME_PATTERN, validate_name, validate_new_name
 
@@ -191,20 +193,35 @@ class UserStore:
         dest = Path(dest)
         if dest.is_dir():
             dest = dest / f"localpers-user-{name}.zip"
-        if dest.resolve().is_relative_to(self.users_dir.resolve()):
+        try:
+            resolved = dest.resolve()
+            # a history kept elsewhere through a link (a layout localpers supports): --force replaced it with a zip
+            kept = {
+                self.active_path.resolve(): "localpers' own active.json",
+                user.history_path.resolve(): f"the file user {name!r} keeps its history in",
+            }
+        except (OSError, RuntimeError):  # Python 3.11 raises RuntimeError for a link that loops
+            raise InputError(f"{dest}: a link that loops or cannot be followed; choose a file path") from None
+        if resolved.is_relative_to(self.users_dir.resolve()):
             raise InputError(
                 f"{dest} is inside localpers' users folder {self.users_dir}, whose files it would replace or"
                 " mix with; choose a path outside it"
+            )
+        if resolved in kept:
+            raise InputError(
+                f"{dest} is {kept[resolved]}, which the archive would replace; choose another path"
             )
         if dest.exists() and not dest.is_file():
             raise LocalpersError(
                 f"{dest} exists and is not a regular file (a device, FIFO or socket); it is never replaced:"
                 " choose a file path"
             )
-        if dest.exists() and not overwrite:
+        if os.path.lexists(dest) and not overwrite:  # a link to nothing too: the export would replace it
             raise LocalpersError(f"{dest} already exists; choose another path or pass --force")
         members = fit_members(user)
-        if with_history and user.history_path.exists():
+        # lexists: a history behind a link to nothing (an unmounted drive) is refused by history(), not left out
+        # of an archive that says it holds the history
+        if with_history and os.path.lexists(user.history_path):
             count = len(user.history())  # validated before exporting
             # a history made longer by hand works here, but an import would refuse the archive
             check_history_size(
@@ -213,7 +230,9 @@ class UserStore:
                 hint=f"e.g. `localpers history remove --oldest {count - MAX_HISTORY_ITEMS} --user {user.name}`,"
                 " then export: an import refuses more",
             )
-            members["history.jsonl"] = user.history_path.read_bytes()
+            members["history.jsonl"] = read_regular_file(
+                user.history_path, MAX_HISTORY_FILE_BYTES, what="history file", stored=True
+            )
         # the manifest's cluster from the state archived, not from a later read of a fit committed meanwhile
         archived = parse_json(members["state.json"]) if "state.json" in members else {}
         if isinstance(archived, dict) and archived:
@@ -316,8 +335,13 @@ class UserStore:
         target = self._user(name).dir
         try:
             os.rename(staging, target)
-        except OSError:
-            raise LocalpersError(f"user {name!r} already exists; pick another name") from None
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(target):  # made meanwhile
+                raise LocalpersError(f"user {name!r} already exists; pick another name") from None
+            raise StorageError(
+                f"cannot put user {name!r} into {self.users_dir} ({exc.strerror or exc}); nothing was saved: free"
+                " some disk space or fix the folder's permissions, then try again"
+            ) from None
         fsync_directory(self.users_dir)
 
     def _sweep(self) -> None:
