@@ -180,7 +180,9 @@ def test_a_failed_rename_is_not_called_a_taken_name(monkeypatch: pytest.MonkeyPa
 
     with monkeypatch.context() as patched:  # not monkeypatch.undo(): that would undo the isolated home too
         patched.setattr(store_module.os, "rename", full_disk)
-        with pytest.raises(StorageError, match="cannot put user 'ann' into .*No space left.*nothing was saved"):
+        with pytest.raises(
+            StorageError, match="cannot put user 'ann' into .*No space left.*nothing was saved"
+        ):
             store.create("ann")
     assert store.list() == []
     store.create("ann")  # and it works once the disk has room
