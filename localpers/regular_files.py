@@ -19,7 +19,13 @@ STATE_FILE_LIMIT = 64 << 20
 
 
 def read_regular_file(
-    path: Path, limit: int, *, what: str, stored: bool = False, follow_links: bool = True
+    path: Path,
+    limit: int,
+    *,
+    what: str,
+    stored: bool = False,
+    follow_links: bool = True,
+    too_big: str | None = None,
 ) -> bytes:
     """The bytes of `path`, refusing anything but a regular file of at most `limit` bytes.
 
@@ -28,13 +34,14 @@ def read_regular_file(
 
     A FIFO, device or socket is refused without being opened for reading (reading one blocks or never
     ends); the file is opened with O_NONBLOCK so a FIFO swapped in after the check cannot block either.
+    `too_big`: what to do about a file over the limit (default: split a file passed in, move a stored one away).
     Every refusal of a file passed in from outside exits 2 (a bad argument); for a file localpers
     keeps (`stored`), one it cannot open or that is not a file exits 1 and only an oversized one 2.
     """
     unusable: type[LocalpersError] = LocalpersError if stored else InputError
     fix = "move it away" if stored else f"pass a {what}"
     # localpers never writes a file over its limit: one grew by hand (files joined, a link to something else)
-    too_big = (
+    too_big = too_big or (
         "localpers never writes one so large (joined or edited by hand?): move it away"
         if stored
         else "split it"

@@ -210,3 +210,15 @@ def test_a_date_with_a_time_python_cannot_read_is_still_that_day(tmp_path: Path)
     dated.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert invoke("history", "import", str(dated)).exit_code == 0
     assert [item.output for item in UserStore().get("ann").history()] == ["Headline A", "Headline B"]
+
+
+def test_an_archive_too_large_is_not_told_to_be_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.users import archive as archive_module
+
+    path = archive(tmp_path / "a.zip", b'{"created_at":"x"}')
+    monkeypatch.setattr(archive_module, "MAX_ARCHIVE_FILE_BYTES", 100)
+    result = invoke("user", "import", str(path))
+    one_line_error(result, "`localpers user export` writes none so large: not a localpers user archive")
+    assert "split" not in result.stderr

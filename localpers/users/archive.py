@@ -90,7 +90,12 @@ def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     """
     from localpers.regular_files import read_regular_file
 
-    raw_archive = read_regular_file(archive, MAX_ARCHIVE_FILE_BYTES, what="user archive (.zip)")
+    raw_archive = read_regular_file(
+        archive,
+        MAX_ARCHIVE_FILE_BYTES,
+        what="user archive (.zip)",
+        too_big="`localpers user export` writes none so large: not a localpers user archive",
+    )
     allowed = {"manifest.json", "state.json", "history.jsonl"}
     try:
         with zipfile.ZipFile(io.BytesIO(raw_archive)) as zipped:
