@@ -17,6 +17,7 @@ import ctypes
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 
 from localpers import interrupts
@@ -62,8 +63,12 @@ def init_backend() -> None:
 
 
 def raise_pending_interrupt() -> None:
-    """Raise a Ctrl-C that C code swallowed (in llama.cpp's log callback, or llama-cpp-python's before it)."""
-    interrupts.raise_pending()
+    """Raise a Ctrl-C that C code swallowed (in llama.cpp's log callback, or llama-cpp-python's before it).
+
+    Only in the main thread, where Python runs signal handlers, so where a callback can have swallowed one: a worker
+    thread (the API's generations) took the server's stop for itself, and the server then exited as if none came."""
+    if threading.current_thread() is threading.main_thread():
+        interrupts.raise_pending()
 
 
 @contextlib.contextmanager

@@ -6,8 +6,9 @@ llama.cpp sampler chain: candidate 0 greedy, candidate i sampled with the seed `
 llama_decode of one token per live candidate, which on a CPU costs a few single steps rather than n. A
 method's sampler (CARD's correction) runs in each chain with that candidate's own tap features.
 
-Stop rules are `generate`'s (end-of-generation token, stop strings, `max_tokens`); nothing is streamed. This
-module chooses nothing: `localpers.methods.consensus` picks among the candidates.
+Stop rules are `generate`'s (end-of-generation token, stop strings, `max_tokens`, the context), each candidate
+within an even part of the cache's cells; nothing is streamed. This module chooses nothing:
+`localpers.methods.consensus` picks among the candidates.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def generate_candidates(
     if not 1 <= count <= engine.batch_sequences:
         raise ValueError(f"count must be 1..{engine.batch_sequences} (the engine's batched sequences)")
     tokens = list(prompt)
+    # Each candidate's own tokens take cells of the unified KV cache beside the prompt's, which they share: an
+    # even part each, or 16 candidates of 1,024 tokens (which the API accepts) ran out of cells after minutes of
+    # work and lost every candidate. Within it a candidate evaluates at most what sequence 0 could.
+    evaluable = min(engine.n_ctx - len(tokens), (engine.cache_cells - len(tokens)) // count)
     started = time.perf_counter()
     first = engine.prefill(tokens, shared=shared)
     prompt_seconds = time.perf_counter() - started
@@ -87,8 +92,8 @@ def generate_candidates(
                         texts[index], reasons[index] = text[:cut], "stop"
                         continue
                     texts[index] = text
-                    if len(tokens) + len(generated[index]) >= engine.n_ctx:
-                        reasons[index] = "context"  # as `generate`: the context is full, the text ends here
+                    if len(generated[index]) >= evaluable:  # the context, or its part of the cells, is full
+                        reasons[index] = "context"
                     elif len(generated[index]) < max_tokens:
                         live.append(index)
                 if not live:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from localpers.engine import cpu_buffers
 from localpers.engine.backend import init_backend, raise_pending_interrupt, recorded_llama_log
-from localpers.engine.context import CONTEXT_TOKENS
+from localpers.engine.context import CONTEXT_TOKENS, check_engine_sizes
 from localpers.engine.ggml_buffers import BUFFER_SIZE_LINE, cpu_extra_buffer_types, only_extra_buffer_types
 from localpers.engine.gguf_layout import check_gguf_file
 from localpers.engine.llama import llama_cpp
@@ -68,12 +69,34 @@ class Engine(Vocabulary):
         batch_sequences: int = 0,
     ) -> None:
         init_backend()
+        check_engine_sizes(
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_batch=n_batch,
+            batch_sequences=batch_sequences,
+            sequence_cells=SEQUENCE_CELLS,
+        )
         self.model_path = Path(model_path)
         check_gguf_file(self.model_path)
         # what the kept prefix states are keyed on: the file as loaded, not as it may be replaced later
         self._model_identity = file_identity(self.model_path)
         self._model_handle: ctypes.c_void_p | None = None
         self._context: ctypes.c_void_p | None = None
+        self._open_chains = weakref.WeakSet()
+        try:
+            self._construct(n_ctx, n_threads, tap_layers, n_batch, batch_sequences)
+        except BaseException:
+            self.close()  # a Ctrl-C or a refusal halfway: what was loaded so far is freed now, not kept
+            raise
+
+    def _construct(
+        self,
+        n_ctx: int,
+        n_threads: int | None,
+        tap_layers: Sequence[int] | None,
+        n_batch: int,
+        batch_sequences: int,
+    ) -> None:
         self.buffer_choice, self.weight_buffers = self._load_model()
         if not self._model_handle:
             raise InputError(f"llama.cpp could not load {self.model_path}: corrupt or unsupported GGUF")
@@ -112,8 +135,6 @@ class Engine(Vocabulary):
             ctx_params.cb_eval_user_data = self._taps.user_data
         self._context = llama_cpp.llama_init_from_model(self._model_handle, ctx_params) or None
         if not self._context:
-            llama_cpp.llama_model_free(self._model_handle)
-            self._model_handle = None
             raise LocalpersError(
                 f"llama.cpp could not create a context for {self.model_path} (n_ctx={n_ctx})"
             )
@@ -162,6 +183,11 @@ class Engine(Vocabulary):
         return choice, sizes
 
     @property
+    def cache_cells(self) -> int:
+        """Cells of the KV cache: sequence 0's `n_ctx` and, with batched sequences, theirs (one unified cache)."""
+        return int(self._context_shape["n_ctx"])
+
+    @property
     def tap_implementation(self) -> str | None:
         """`c` (compiled callback), `python` (fallback) or None when no layer is tapped."""
         return self._taps.implementation if self._taps is not None else None
@@ -191,20 +217,34 @@ class Engine(Vocabulary):
         return handle
 
     def close(self) -> None:
-        """Free the context, adapters and model. Safe to call twice."""
-        if getattr(self, "_context", None):
-            self.prefix_snapshots.clear()
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None  # freed: `_decode` and `eval_sequences` check the context before they fill it
-            llama_cpp.llama_free(self._context)
-            self._context = None
-        for handle in getattr(self, "_adapters", {}).values():
-            llama_cpp.llama_adapter_lora_free(handle)
-        self._adapters = {}
+        """Free the context, adapters and model. Safe to call twice, and on an engine whose construction stopped.
+
+        Every handle leaves the object before it is freed: a Ctrl-C during a free is raised as the free returns,
+        and a handle still held then was freed again by `__del__` (a segfault). The frees after an interrupted one
+        still run. The prompt memo goes too: a closed engine answered `prefill` and `score` from it."""
+        context, self._context = getattr(self, "_context", None), None
+        batch, self._batch = getattr(self, "_batch", None), None
+        adapters, self._adapters = getattr(self, "_adapters", {}), {}
         self._adapter_paths, self._adapter_identities = {}, {}
-        if getattr(self, "_model_handle", None):
-            llama_cpp.llama_model_free(self._model_handle)
-            self._model_handle = None
+        model, self._model_handle = getattr(self, "_model_handle", None), None
+        self.n_past, self._prompt_memo, self._shared_prefix = 0, None, None
+        snapshots = getattr(self, "prefix_snapshots", None)
+        try:
+            if hasattr(self, "_open_chains"):
+                self.close_sampler_chains()
+            if snapshots is not None:
+                snapshots.clear()
+            if batch is not None:
+                llama_cpp.llama_batch_free(batch)
+            if context:
+                llama_cpp.llama_free(context)
+        finally:
+            try:
+                for handle in adapters.values():
+                    llama_cpp.llama_adapter_lora_free(handle)
+            finally:
+                if model:
+                    llama_cpp.llama_model_free(model)
 
     def __enter__(self) -> Engine:
         return self
@@ -249,14 +289,24 @@ class Engine(Vocabulary):
         if name is not None and name not in self._adapters:
             known = ", ".join(self._adapters) or "none"
             raise LocalpersError(f"no adapter named {name!r} is loaded (loaded: {known})")
-        if name is None:
-            result = llama_cpp.llama_set_adapters_lora(self._ctx, None, 0, None)
-        else:
-            handles = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapters[name])
-            scales = (ctypes.c_float * 1)(scale)
-            result = llama_cpp.llama_set_adapters_lora(self._ctx, handles, 1, scales)
-        if result != 0:
-            raise LocalpersError(f"llama.cpp could not activate adapter {name!r} (code {result})")
+        context = self._ctx
+        try:
+            if name is None:
+                result = llama_cpp.llama_set_adapters_lora(context, None, 0, None)
+            else:
+                handles = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapters[name])
+                scales = (ctypes.c_float * 1)(scale)
+                result = llama_cpp.llama_set_adapters_lora(context, handles, 1, scales)
+            if result != 0:
+                raise LocalpersError(f"llama.cpp could not activate adapter {name!r} (code {result})")
+        except BaseException:
+            # A Ctrl-C is raised as the call returns, with the new adapter applied and `active_adapter` naming
+            # the old one: the next set_adapter(old) returned early and outputs came from the wrong adapter.
+            # Back to a state that is known: the plain backbone on an empty cache.
+            llama_cpp.llama_set_adapters_lora(context, None, 0, None)
+            self.active_adapter, self.active_scale = None, 1.0
+            self.reset()
+            raise
         self.active_adapter = name
         self.active_scale = scale
         self.reset()
@@ -264,10 +314,10 @@ class Engine(Vocabulary):
     # ----------------------------------------------------------------- evaluation
     def reset(self) -> None:
         """Forget everything in the KV cache."""
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
-        self.n_past = 0
-        self._prompt_memo = None
-        self._shared_prefix = None
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        # first: a Ctrl-C is raised as the clear returns, and a memo kept then matched a prompt the cache had lost
+        self.n_past, self._prompt_memo, self._shared_prefix = 0, None, None
+        llama_cpp.llama_memory_clear(memory, True)
 
     def truncate(self, n_keep: int) -> None:
         """Drop KV positions >= n_keep so evaluation continues from there (shared-prefix reuse)."""
@@ -280,10 +330,11 @@ class Engine(Vocabulary):
             self._prompt_memo = None
         if self._shared_prefix is not None and n_keep < len(self._shared_prefix):
             self._shared_prefix = None
-        ok = llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n_keep, -1)
-        if not ok:
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_past = n_keep  # first: a Ctrl-C is raised as the removal returns, the positions already gone
+        if not llama_cpp.llama_memory_seq_rm(memory, 0, n_keep, -1):
+            self.reset()  # what the cache still holds is not known
             raise LocalpersError("llama.cpp could not truncate the KV cache")
-        self.n_past = n_keep
 
     def eval(
         self, tokens: Sequence[int], *, all_positions: bool = False, copy_logits: bool = True
@@ -481,7 +532,9 @@ class Engine(Vocabulary):
             self._taps.clear()
             self._taps.stop_after_deepest(skip_logits)
         try:
-            if llama_cpp.llama_decode(context, batch) != 0:
+            result = llama_cpp.llama_decode(context, batch)
+            raise_pending_interrupt()  # as in `_decode`
+            if result != 0:
                 raise LocalpersError("llama.cpp decode of a batch of sequences failed")
         finally:
             if skip_logits:
@@ -540,6 +593,9 @@ class Engine(Vocabulary):
         start = self.n_past
         try:
             result = llama_cpp.llama_decode(context, batch)
+            # a Ctrl-C the Python tap callback swallowed (ctypes reports it and answers 0, which stops the graph):
+            # raised here, not taken for an empty tap or returned with stale logits
+            raise_pending_interrupt()
             if result != 0:
                 raise LocalpersError(f"llama.cpp decode failed (code {result}) at position {start}")
             self.n_past = start + len(tokens)

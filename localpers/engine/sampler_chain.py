@@ -313,9 +313,12 @@ class SamplerChain:
 
     def close(self) -> None:
         """Free the chain and every sampler in it. Safe to call twice."""
-        if getattr(self, "_chain", None):
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
+        chain, self._chain = (
+            getattr(self, "_chain", None),
+            None,
+        )  # off the object first, as `Engine.close` does
+        if chain:
+            llama_cpp.llama_sampler_free(chain)
 
     def __enter__(self) -> SamplerChain:
         return self

@@ -1,13 +1,15 @@
 """The vocabulary half of the `Engine`: tokens <-> text, the chat template, a sampler chain over the vocabulary.
 
 `Vocabulary` is a base class of `localpers.engine.model.Engine` and needs only the loaded model (`_model`,
-`_vocab`, `n_vocab`, `model_path`, set by `Engine.__init__`), never the context: it evaluates nothing,
-holds no KV cache and knows nothing of adapters.
+`_vocab`, `n_vocab`, `model_path`, `_open_chains`, set by `Engine.__init__`), never the context: it evaluates
+nothing, holds no KV cache and knows nothing of adapters. The sampler chains it makes are closed with the engine
+(`close_sampler_chains`): a chain holds the vocabulary, and one used after the model was freed aborted.
 """
 
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ class Vocabulary:
     n_vocab: int
     model_path: Path
     _piece_cache: dict[int, bytes]
+    _open_chains: weakref.WeakSet[SamplerChain]
 
     @property
     def bos_token(self) -> int:
@@ -36,6 +39,8 @@ class Vocabulary:
         return int(llama_cpp.llama_vocab_eos(self._vocab))
 
     def is_end_of_generation(self, token: int) -> bool:
+        if not 0 <= token < self.n_vocab:  # llama.cpp throws std::out_of_range across its C API: an abort
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -85,15 +90,25 @@ class Vocabulary:
         self, settings: SamplerSettings, method: MethodSampler | None = None, *, final_pick: bool = True
     ) -> SamplerChain:
         """A llama.cpp sampler chain over this model's vocabulary (close it, or use it as a context manager)."""
-        return SamplerChain(
+        chain = SamplerChain(
             self._vocab, self.n_vocab, settings, method, final_pick=final_pick, token_bytes=self.token_bytes
         )
+        self._open_chains.add(chain)
+        return chain
+
+    def close_sampler_chains(self) -> None:
+        """Close every sampler chain still open on this vocabulary (before the model is freed)."""
+        for chain in list(self._open_chains):
+            chain.close()
+        self._open_chains.clear()
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes one token stands for (special tokens render as empty)."""
         cached = self._piece_cache.get(token)
         if cached is not None:
             return cached
+        if not 0 <= token < self.n_vocab:  # llama.cpp throws std::out_of_range across its C API: an abort
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         buffer = ctypes.create_string_buffer(64)
         size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
         if size < 0:
