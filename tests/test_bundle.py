@@ -122,7 +122,11 @@ def test_write_manifest_twice_does_not_list_the_manifest(fake_bundle: Path) -> N
 def test_a_written_manifest_is_readable_like_the_bundles_other_files(fake_bundle: Path) -> None:
     """The atomic write left manifest.json 0600: another account could read every bundle file but the one that
     makes it a bundle (audit85)."""
-    write_manifest(fake_bundle, load_manifest(fake_bundle))
+    mask = os.umask(0o022)  # the mode follows the umask (0o666 & ~umask); the CI image's own is not known
+    try:
+        write_manifest(fake_bundle, load_manifest(fake_bundle))
+    finally:
+        os.umask(mask)
     assert (fake_bundle / MANIFEST_NAME).stat().st_mode & 0o777 == 0o644
 
 
