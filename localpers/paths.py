@@ -46,11 +46,11 @@ def _made(path: Path, root: Path | None) -> Path:
     return path
 
 
-def cache_dir() -> Path:
-    """Rebuildable data: the assembled backbone GGUF, pulled bundles."""
+def cache_dir(*, create: bool = True) -> Path:
+    """Rebuildable data: the assembled backbone GGUF, pulled bundles (not created with `create=False`)."""
     root = _root_override()
     path = root / "cache" if root else Path(platformdirs.user_cache_dir(APP_NAME))
-    return _made(path, root)
+    return _made(path, root) if create else path
 
 
 def data_dir(*, create: bool = True) -> Path:

@@ -202,9 +202,19 @@ class Fetcher:
 def repository_base(source: str) -> str:
     """The base URL (ending in /) of a repository given as an http(s) URL or a local directory."""
     if source.startswith(("http://", "https://")):
-        parsed = urllib.parse.urlsplit(source)
-        if not parsed.hostname:
-            raise LocalpersError(f"{source}: not an http(s) URL of a repository")
+        try:
+            parsed = urllib.parse.urlsplit(source)
+            hostname, _ = parsed.hostname, parsed.port  # both raise ValueError on a malformed [IPv6] or port
+        except ValueError as exc:
+            raise InputError(f"{one_line(source, 200)}: not a valid http(s) URL ({exc})") from None
+        if not hostname:
+            raise InputError(f"{one_line(source, 200)}: not an http(s) URL of a repository")
+        if (
+            "@" in parsed.netloc
+        ):  # urllib would look `user:password@host` up as a host name, and echo the password
+            raise InputError(
+                "a repository URL with a user name or password is not supported: give the URL without them"
+            )
         path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
         return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
     if "://" in source:

@@ -314,6 +314,16 @@ def installed_bundle_dir(*, strict: bool = False) -> Path | None:
     return None
 
 
+def _pulled_version(directory: Path) -> Path | None:
+    """`versions/<id>` when `directory` is (or links to) a version `pull` installed, else None."""
+    versions = cache_dir(create=False) / "bundles" / VERSIONS_DIR
+    try:
+        resolved = directory.resolve()
+        return resolved if resolved.parent == versions.resolve() else None
+    except (OSError, RuntimeError):
+        return None
+
+
 def embedded_bundle_dir() -> Path:
     """Where the demo bundle shipped inside the package lives (it may not exist)."""
     try:
@@ -381,6 +391,13 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
             raise InputError(
                 f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"
             )
+        pulled = _pulled_version(directory)
+        if pulled is not None:
+            # a pulled version given by its path, often `bundles/current`, which the next pull moves on: the
+            # version itself is read and held as the default bundle is (through the link, this process read
+            # another version's files beside those it had verified, and a pull could prune the one it verified)
+            directory = pulled
+            hold_version(directory)
         if repair_advice(directory) == GIVEN_BUNDLE_ADVICE:  # neither the pulled bundle nor the demo's
             check_given_bundle_dir(directory)
         with advising(repair_advice(directory)):

@@ -59,10 +59,12 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
             f"{keys_dir} is a file, not a directory; give a new directory for the keys"
             " (`localpers repo keygen DIR` creates it)"
         )
-    existing = [role for role in ROLES if (keys_dir / f"{role}{KEY_SUFFIX}").exists()]
+    # lexists: a link to nothing there passed, and the set was left half written
+    names = [f"{role}{suffix}" for role in ROLES for suffix in (KEY_SUFFIX, PUBLIC_SUFFIX)]
+    existing = [name for name in names if os.path.lexists(keys_dir / name)]
     if existing:
         raise LocalpersError(
-            f"{keys_dir} already holds keys ({', '.join(existing)}); use another directory, keys are never"
+            f"{keys_dir} already holds key files ({', '.join(existing)}); use another directory, keys are never"
             " overwritten"
         )
     try:
@@ -71,15 +73,35 @@ def generate_keys(keys_dir: Path) -> dict[str, str]:
         raise InputError(
             f"{keys_dir}: a part of this path is a file, not a directory; give a new directory for the keys"
         ) from None
+    if os.name == "posix" and keys_dir.stat().st_mode & 0o022:  # another account could swap root.key first
+        raise InputError(
+            f"{keys_dir} can be written by other accounts (mode {keys_dir.stat().st_mode & 0o777:o}); give a"
+            " folder only you can write in (`chmod go-w` it, or a new one)"
+        )
     keyids: dict[str, str] = {}
-    for role in ROLES:
-        signer = CryptoSigner.generate_ed25519()
-        _write_new_file(keys_dir / f"{role}{KEY_SUFFIX}", signer.private_bytes, 0o600)
-        public = signer.public_key
-        document = json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
-        _write_new_file(keys_dir / f"{role}{PUBLIC_SUFFIX}", document.encode(), 0o644)
-        keyids[role] = public.keyid
-    fsync_directory(keys_dir)
+    written: list[Path] = []
+    try:
+        for role in ROLES:
+            signer = CryptoSigner.generate_ed25519()
+            public = signer.public_key
+            document = json.dumps({"keyid": public.keyid, **public.to_dict()}, indent=2) + "\n"
+            for name, data, mode in (
+                (f"{role}{KEY_SUFFIX}", signer.private_bytes, 0o600),
+                (f"{role}{PUBLIC_SUFFIX}", document.encode(), 0o644),
+            ):
+                _write_new_file(keys_dir / name, data, mode)
+                written.append(keys_dir / name)
+            keyids[role] = public.keyid
+        fsync_directory(keys_dir)
+    except BaseException as exc:
+        for path in written:  # never half a key set: the next keygen in this folder would be refused
+            path.unlink(missing_ok=True)
+        if isinstance(exc, FileExistsError):  # a file that appeared meanwhile: named, not its temporary
+            raise LocalpersError(
+                f"{keys_dir}: a key file appeared while the keys were written; nothing was kept, use another"
+                " directory"
+            ) from None
+        raise
     return keyids
 
 

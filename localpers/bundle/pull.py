@@ -51,7 +51,7 @@ from localpers.bundle.format import (
     verify_bundle,
 )
 from localpers.bundle.installed_versions import new_version_name, prune_versions, switch_current
-from localpers.bundle.record import record_holds, write_record
+from localpers.bundle.record import record_holds, recorded_publisher, write_record
 from localpers.bundle.signed import SignedSource
 from localpers.bundle.sources import (
     DEFAULT_TIMEOUT_S,
@@ -250,7 +250,22 @@ def _record(
     signed = isinstance(source, SignedSource)
     sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
     where = given if "://" in given else str(Path(given).expanduser().resolve())
-    write_record(version_dir, sha256, where, signed=signed)
+    publisher = source.fingerprint if isinstance(source, SignedSource) else None
+    write_record(version_dir, sha256, where, signed=signed, publisher=publisher)
+
+
+def _refuse_another_publisher(source: SignedSource) -> None:
+    """Refuse, without --trust, a repository of another publisher than the installed bundle's. The device trusts
+    several (the demo publisher's root ships with it): a hostile mirror, or whoever sits on an http:// pull, served
+    another trusted publisher's genuine repository at the usual address, and its bundle replaced the one in use."""
+    installed = installed_bundle_dir()
+    publisher = recorded_publisher(installed) if installed is not None else None
+    if publisher is not None and publisher != source.fingerprint:
+        raise LocalpersError(
+            f"{source.base} is signed by publisher key {source.fingerprint}, but the bundle in use came from"
+            f" publisher {publisher}; nothing was installed. To switch publishers, pull again with --trust and the"
+            " fingerprint of the publisher you mean (from them, not from this repository)"
+        )
 
 
 def pull_bundle(
@@ -297,6 +312,8 @@ def pull_bundle(
     bundle_source = open_source(
         source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance, confirm=confirm_trust
     )
+    if isinstance(bundle_source, SignedSource) and trust is None:
+        _refuse_another_publisher(bundle_source)
     root = bundles_root()
     versions = root / VERSIONS_DIR
     # A signed manifest's faults are the publisher's; a plain directory's, its copy's.

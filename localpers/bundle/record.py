@@ -2,7 +2,8 @@
 
 The per-file sha256 checks cover the files a manifest lists, not the manifest itself: an installed
 `manifest.json` edited on disk (new hashes, a changed `head.alpha`) would pass them. `pull` therefore writes
-`versions/<id>.pulled.json` (the signed manifest's sha256, the TUF target hash, and where it came from) before it
+`versions/<id>.pulled.json` (the signed manifest's sha256, the TUF target hash, where it came from and its
+publisher's fingerprint) before it
 renames the staged bundle into `versions/<id>`, and `check_installed_manifest` refuses the installed bundle when
 its manifest no longer has that hash. A version pulled by a localpers that wrote no record is not checked (the
 next pull that finds it up to date writes one). Bundles given as a directory have no record: they are checked
@@ -30,10 +31,26 @@ def record_path(version_dir: Path) -> Path:
     return version_dir.with_name(version_dir.name + RECORD_SUFFIX)
 
 
-def write_record(version_dir: Path, manifest_sha256: str, source: str, *, signed: bool) -> None:
-    """Record which manifest `pull` installed as `version_dir` (written before the directory is renamed in)."""
-    document = {"manifest_sha256": manifest_sha256, "source": source, "signed": signed}
+def write_record(
+    version_dir: Path, manifest_sha256: str, source: str, *, signed: bool, publisher: str | None = None
+) -> None:
+    """Record which manifest `pull` installed as `version_dir` (written before the directory is renamed in), and
+    for a signed one the fingerprint of its publisher."""
+    document: dict[str, object] = {"manifest_sha256": manifest_sha256, "source": source, "signed": signed}
+    if publisher is not None:
+        document["publisher"] = publisher
     atomic_write_bytes(record_path(version_dir), json.dumps(document).encode())
+
+
+def recorded_publisher(version_dir: Path) -> str | None:
+    """The publisher fingerprint `pull` recorded for the installed version, or None (unsigned, an older record,
+    or none readable: `check_installed_manifest` speaks of a damaged one)."""
+    try:
+        record = parse_json(record_path(version_dir).read_bytes())
+    except (OSError, JSONProblem):
+        return None
+    publisher = record.get("publisher") if isinstance(record, dict) else None
+    return publisher if isinstance(publisher, str) and _SHA256.fullmatch(publisher) else None
 
 
 def _pull_command(record: object) -> str:

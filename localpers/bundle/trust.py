@@ -52,13 +52,23 @@ def root_fingerprint(root_bytes: bytes, origin: str) -> str:
             raise ValueError("no root keys")
     except Exception as exc:  # python-tuf raises several types for malformed metadata
         raise InputError(f"{origin}: not valid TUF root metadata ({reason(exc)})") from None
+    if not _FINGERPRINT.fullmatch(keyids[0]):
+        # the fingerprint names a folder of the trust store: "../../Downloads/x/metadata" made any root.json on
+        # this device a trusted publisher's, without --trust
+        raise InputError(
+            f"{origin}: its root key id {one_line(repr(keyids[0]), 80)} is not a fingerprint (64 hex digits);"
+            " not a localpers repository"
+        )
     return keyids[0]
+
+
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 
 
 def checked_fingerprint(trust: str) -> str:
     """`--trust`'s argument as a lowercase fingerprint; InputError unless it is 64 hex digits."""
     fingerprint = trust.strip().lower()
-    if not re.fullmatch(r"[0-9a-f]{64}", fingerprint):
+    if not _FINGERPRINT.fullmatch(fingerprint):
         raise InputError(
             f"--trust {one_line(trust, 80)!r} is not a fingerprint: give the 64 hex digits your publisher's"
             " `localpers repo fingerprint` printed"
@@ -68,12 +78,18 @@ def checked_fingerprint(trust: str) -> str:
 
 def trust_store(fingerprint: str) -> Path:
     """Where the trusted metadata of the publisher with this root fingerprint lives on this device."""
+    if not _FINGERPRINT.fullmatch(fingerprint):
+        raise ValueError(f"not a fingerprint: {fingerprint!r}")  # never a path outside the trust store
     return config_dir() / TRUST_DIR / fingerprint
 
 
 def trusted_fingerprints() -> list[str]:
     root = config_dir(create=False) / TRUST_DIR
-    return sorted(p.name for p in root.iterdir() if (p / "root.json").exists()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name for p in root.iterdir() if _FINGERPRINT.fullmatch(p.name) and (p / "root.json").exists()
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,7 +175,9 @@ def _check_first_root(claimed: bytes, fingerprint: str, where: str) -> None:
             f"{where}: its root role lists {len(keyids)} keys; a publisher's root is held by the one key you"
             " trust, so this is not your publisher's repository; refusing it"
         )
-    key = root.signed.keys[fingerprint]
+    key = root.signed.keys.get(fingerprint)
+    if key is None:  # python-tuf accepts a root role naming a key the file does not hold
+        raise InputError(f"{where}: its root key {fingerprint} is not in the file; refusing it")
     if key_fingerprint(key.keytype, key.scheme, key.keyval) != fingerprint:
         # a key id is only a label in the metadata: another key filed under the publisher's id signs as "it"
         raise InputError(
