@@ -101,7 +101,13 @@ def pull(
     ],
     model: ModelOption = None,
     timeout: Annotated[
-        float, float_option("--timeout", low=1.0, high=3600.0, help="Network timeout in seconds.")
+        float,
+        float_option(
+            "--timeout",
+            low=1.0,
+            high=3600.0,
+            help="Seconds one network read may wait (each read: a server that trickles is not cut off).",
+        ),
     ] = 30.0,
     trust: Annotated[
         str | None,
