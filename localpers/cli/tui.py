@@ -53,9 +53,11 @@ def tui_command(
     """Write a draft and watch your personalized rewrite stream beside the plain one; see why; teach it."""
     from localpers.bundle.backbone_choice import backbone_for_bundle
     from localpers.bundle.format import open_bundle
+    from localpers.tui.text import drop_control_codes
     from localpers.users.store import UserStore
 
-    text = checked_utf8(text, "--text")  # refused as `rewrite` refuses it, not shown as an encoding error
+    # refused as `rewrite` refuses it, not shown as an encoding error; escape codes dropped, never drawn
+    text = drop_control_codes(checked_utf8(text, "--text"))
     sampling = sampler_settings(
         temperature=temperature,
         top_k=sample_top_k,

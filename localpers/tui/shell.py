@@ -96,6 +96,14 @@ class ShellMixin:
             message, title=title, severity=severity, timeout=shown, markup=markup
         )
 
+    def action_help_quit(self) -> None:
+        """Textual's own hint for ctrl+c, without its markup: every notice here is shown as it is, and Textual's
+        showed "Press [b]ctrl+q[/b]"."""
+        for key, active in self.active_bindings.items():  # type: ignore[attr-defined]
+            if active.binding.action in ("quit", "app.quit"):
+                self.notify(f"Press {key} to quit the app", title="Do you want to quit?")
+                return
+
     def _stop_on_signals(self) -> None:
         """Let SIGTERM and SIGHUP (`kill`, a closed terminal) close the app as ctrl+q does, the terminal
         restored and the engine closed, instead of ending the process inside the alternate screen."""

@@ -1,14 +1,45 @@
-"""Text fitting for the TUI: cut a string to a column's width, and a colour that reads on a background.
-Knows nothing of widgets."""
+"""Text fitting for the TUI: cut a string to a column's width, make outside text safe to draw (no markup, no
+terminal control codes), and a colour that reads on a background. Knows nothing of widgets."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.color import Color
 
 
 def shorten(text: str, width: int) -> str:
     """`text`, or its first `width - 1` characters and an ellipsis when it is longer than `width`."""
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def without_control_codes(text: str) -> str:
+    """`text` with C0 and C1 control characters other than newline and tab as visible stand-ins (ESC as ␛):
+    Rich passes ESC through, so a draft, a model's output or a file's text could retitle or recolour the
+    terminal, or reach its clipboard (OSC 52)."""
+    if text.isprintable():
+        return text
+    return "".join(_STAND_INS.get(ord(character), character) for character in text)
+
+
+_STAND_INS = {
+    **{code: chr(0x2400 + code) for code in range(0x20) if code not in (0x09, 0x0A)},  # ␀ ... ␟
+    0x7F: "\u2421",  # ␡
+    **{code: "\ufffd" for code in range(0x80, 0xA0)},  # C1: no picture of their own
+}
+
+
+def drop_control_codes(text: str) -> str:
+    """`text` without the C0 and C1 control characters other than newline and tab (a draft given with `--text`
+    from a log file: its escape codes are no one's writing, and the model would see them)."""
+    if text.isprintable():
+        return text
+    return "".join(character for character in text if ord(character) not in _STAND_INS)
+
+
+def plain(text: str) -> Text:
+    """`text` to draw as it is: never read as Textual markup (`[/s]` in a headline raised MarkupError, `[b]`
+    turned bold, `[@click=app.quit]` became a link) and without control codes."""
+    return Text(without_control_codes(text))
 
 
 def flatten_whitespace(text: str) -> str:

@@ -270,6 +270,15 @@ def reject_output(
         raise LocalpersError("the draft is empty; there is nothing to reject an output for")
     # NFC as history items are stored: the same text in NFD was otherwise kept twice
     input_text, output = (unicodedata.normalize("NFC", text.strip()) for text in (input_text, output))
+    for what, text in (("the draft", input_text), ("the output", output)):
+        try:
+            text.encode("utf-8")
+        except (
+            UnicodeEncodeError
+        ):  # a lone surrogate: the record's id and file could not be written (a crash)
+            raise LocalpersError(
+                f"cannot reject this output: {what} holds a lone surrogate, no text"
+            ) from None
     record = RejectedOutput(
         id=item_id(task, input_text, output),
         task=task,

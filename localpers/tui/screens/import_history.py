@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from localpers.errors import LocalpersError
+from localpers.tui.text import plain
 from localpers.tui.userdata import ImportSummary, import_history_file
 from localpers.tui.widgets.key_footer import KeyFooter
 from localpers.users.store import UserStore
@@ -108,10 +109,15 @@ class ImportScreen(ModalScreen[ImportSummary | None]):
             self.error.update("give the path of a JSONL file")
             self.path_input.focus()
             return
+        if "\x00" in path:  # os.stat raised ValueError: a crash
+            self.error.update("the path holds a NUL character; give the path of a JSONL file")
+            return
         try:
             summary = import_history_file(self.store, name, path)
         except LocalpersError as exc:
-            self.error.update(str(exc))
+            self.error.update(
+                plain(str(exc))
+            )  # never markup: a path "[@click=app.quit]" was a link that quit
             return
         self.dismiss(summary)
 

@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from localpers.tasks import TASKS
-from localpers.tui.text import flatten_whitespace, shorten
+from localpers.tui.text import flatten_whitespace, plain, shorten
 from localpers.users.history import HistoryItem
 
 
@@ -85,13 +85,14 @@ class HistoryPanel(Vertical):
             self.caption.update("No user yet.")
             return
         for item in reversed(self.items):
+            # plain Text cells: a str cell is read as markup, and a headline ending "[/s]" ended the app
             table.add_row(
-                item.id,
-                item.task,
-                shorten(flatten_whitespace(item.output), 60),
-                shorten(
-                    flatten_whitespace(TASKS[item.task].content(item.input)), 70
-                ),  # without the instruction
+                plain(item.id),
+                plain(item.task),
+                plain(shorten(flatten_whitespace(item.output), 60)),
+                plain(
+                    shorten(flatten_whitespace(TASKS[item.task].content(item.input)), 70)
+                ),  # no instruction
                 key=item.id,
             )
         count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"

@@ -15,6 +15,8 @@ from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from localpers.tui.text import plain, without_control_codes
+
 
 class OutputPanel(VerticalScroll, can_focus=True):
     """A bordered block of generated text; the border subtitle says whether it is complete."""
@@ -100,7 +102,9 @@ class OutputPanel(VerticalScroll, can_focus=True):
         self.set_class(False, "busy", "failed")
 
     def watch_status(self, status: str) -> None:
-        self.border_subtitle = status
+        self.border_subtitle = plain(
+            status
+        )  # an error quoting "[/i]" from a file was read as markup: a crash
 
     def compose(self) -> ComposeResult:
         yield Static(classes="output-text")
@@ -119,4 +123,8 @@ class OutputPanel(VerticalScroll, can_focus=True):
             body = self.query_one(".output-text", Static)
         except NoMatches:  # not composed yet: on_mount shows it
             return
-        body.update(Text(self.text) if self.text else Text(self.placeholder, style="dim italic"))
+        body.update(
+            plain(self.text)
+            if self.text
+            else Text(without_control_codes(self.placeholder), style="dim italic")
+        )

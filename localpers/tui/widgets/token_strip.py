@@ -19,6 +19,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from localpers.methods.reports import RewriteStep
+from localpers.tui.text import without_control_codes
 
 NEUTRAL = (48, 48, 56)
 PUSHED_UP = (24, 150, 72)
@@ -48,7 +49,7 @@ def visible_piece(piece: str) -> str:
     """The piece as shown in the strip: newlines as ⏎, an empty piece as ∅."""
     if not piece:
         return "∅"
-    return piece.replace("\n", "⏎")
+    return without_control_codes(piece.replace("\n", "⏎"))
 
 
 _ARROWS = Binding.Group("Token", compact=True)
