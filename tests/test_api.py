@@ -1362,6 +1362,49 @@ def test_a_stopped_server_exits_past_a_streamed_generation_stuck_in_llama_cpp(tm
     assert time.monotonic() - started < 60  # the generation itself would take 120 s
 
 
+SLOW_SERVER = (
+    STUCK_SERVER.replace(
+        """def stuck(self, job, on_text=None):  # a generation inside llama.cpp that does not return
+    with self._lock:
+        time.sleep(120)
+""",
+        """def stuck(self, job, on_text=None):  # a long generation that asks its client between tokens, sends no text
+    with self._lock:
+        for _ in range(2400):
+            on_text("")
+            time.sleep(0.05)
+""",
+    )
+    .replace('"stream": True', '"stream": STREAM')
+    .replace(
+        "    os.kill(os.getpid(), signal.SIGTERM)\n",
+        "    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(60)  # the client waits on, its connection open\n",
+    )
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stopped_server_tells_a_generation_without_text_yet_to_stop(tmp_path: Path, stream: bool) -> None:
+    """A plain request, or a stream before its first text (queued, or a candidates decode), was never told to stop
+    when the server stopped: its generation ran on, and the server always ended by the forced exit of a generation
+    "still running inside llama.cpp", its model never closed (third API audit)."""
+    import subprocess
+    import sys
+
+    assert (
+        "for _ in range(2400)" in SLOW_SERVER and "STREAM" in SLOW_SERVER and "time.sleep(60)" in SLOW_SERVER
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "LOCALPERS_HOME": str(tmp_path / "home")}
+    script = SLOW_SERVER.replace("STREAM", str(stream))
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(free_port())], capture_output=True, text=True, env=env, timeout=90
+    )
+    assert done.returncode == 143, done.stderr
+    assert (
+        "terminated; the API stopped" in done.stderr and "still running inside llama.cpp" not in done.stderr
+    )
+
+
 def test_a_request_still_waiting_for_the_engine_when_it_closes_is_refused(tmp_path: Path) -> None:
     """Requests queued on the engine's lock when the server stopped could take it after `close` freed the model
     and run on freed llama.cpp handles (the session's diff review)."""
@@ -1522,3 +1565,44 @@ def test_a_port_another_program_holds_is_refused_as_serve_refuses_it() -> None:
     with pytest.raises(LocalpersError) as elsewhere:  # a --host not on this machine: the argument's fault
         check_port_free("192.0.2.123", port)
     assert elsewhere.value.exit_code == 2
+
+
+def test_a_damaged_active_pointer_is_a_409_naming_it_within_the_store(
+    server: LiveServer, store: UserStore
+) -> None:
+    """Every request for the active user (model `localpers`, even with method global) was a 500 saying only
+    "internal error (InputError)" when active.json was damaged (third API audit)."""
+    kept = store.active_path.read_bytes() if store.active_path.exists() else None
+    try:
+        store.active_path.write_text("{", encoding="utf-8")
+        status, body = raw_request(
+            f"{server.base_url}/completions",
+            json.dumps({"model": "localpers", "prompt": "Hi", "max_tokens": 2, "method": "global"}).encode(),
+        )
+        error = json.loads(body)["error"]
+        assert status == 409 and error["code"] == "user_data_damaged" and error["param"] == "model", body
+        assert (
+            str(store.root) not in error["message"] and "the user store's active.json" in error["message"]
+        ), body
+    finally:
+        if kept is None:
+            store.active_path.unlink()
+        else:
+            store.active_path.write_bytes(kept)
+
+
+def test_a_long_key_holding_a_surrogate_is_not_echoed_whole_and_a_null_stream_is_no_stream(
+    server: LiveServer,
+) -> None:
+    """A 100,000-character key holding a lone surrogate came back twice in its 400 (200 KB; ~8 MB for a body near
+    the limit); OpenAI's nullable `stream` and `stream_options.include_usage` were refused when null."""
+    key = "k" * 100_000
+    body = '{"model": "localpers", "prompt": "x", "' + key + '": "\\ud800"}'
+    status, answer = raw_request(f"{server.base_url}/completions", body.encode())
+    assert status == 400 and len(answer) < 1_000, len(answer)
+    for extra in ({"stream": None}, {"stream": True, "stream_options": {"include_usage": None}}):
+        request = {"model": "localpers", "prompt": "Hi", "max_tokens": 2, "method": "global", **extra}
+        status, answer = raw_request(f"{server.base_url}/completions", json.dumps(request).encode())
+        assert status == 200, answer
+    status, answer = raw_request(f"{server.base_url}/models/" + "m" * 5_000)  # a GET
+    assert status == 404 and len(answer) < 1_000, len(answer)

@@ -33,13 +33,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from localpers.api.backend import ApiBackend, Served
-from localpers.api.requests import ApiError, GenerationJob, parse_chat, parse_completion, server_stopping
+from localpers.api.requests import (
+    ApiError,
+    GenerationJob,
+    parse_chat,
+    parse_completion,
+    server_stopping,
+    shown_value,
+)
 from localpers.api.server import foreign_request
 from localpers.untrusted import JSONProblem, parse_json, unencodable_field
 
 # A request is a prompt of at most the context's few thousand tokens: 4 MB is far beyond any real one, and keeps
 # a client from making the server hold gigabytes (it read whole bodies before this limit).
 MAX_BODY_BYTES = 4 << 20
+SHOWN_FIELD_CHARS = 200  # a field path longer than this is not echoed back as `param`
 FINISH_REASONS = {
     "eos": "stop",
     "stop": "stop",
@@ -207,10 +215,12 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             raise ApiError(400, f"the request body is not valid JSON: {problem}") from None
         field = unencodable_field(body)
         if field is not None:
+            shown = shown_value(field)  # a 100,000-character key came back twice, whole
             raise ApiError(
                 400,
-                f"field {field!r} holds a lone UTF-16 surrogate (such as \\ud800), which is not text; send valid Unicode",
-                param=None if field.endswith("(a key)") else field,  # a key is no field a client can name
+                f"field {shown} holds a lone UTF-16 surrogate (such as \\ud800), which is not text; send valid Unicode",
+                # a key is no field a client can name, nor is a path too long to quote
+                param=None if field.endswith("(a key)") or len(field) > SHOWN_FIELD_CHARS else field,
             )
         return body
 
@@ -225,7 +235,10 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
         ident = request.path_params["model"]
         if ident not in backend.model_ids():
             raise ApiError(
-                404, f"model {ident!r} does not exist; see /v1/models", param="model", code="model_not_found"
+                404,
+                f"model {shown_value(ident)} does not exist; see /v1/models",
+                param="model",
+                code="model_not_found",
             )
         return JSONResponse({"id": ident, "object": "model", "created": 0, "owned_by": "local"})
 
@@ -253,13 +266,20 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             gone.set()
 
         outcome: Served | Exception
-        async with anyio.create_task_group() as watching:
-            watching.start_soon(watch_for_disconnect)
-            try:
-                outcome = await anyio.to_thread.run_sync(backend.run, job, on_text)
-            except Exception as exc:  # raised below, outside the group (which would wrap it)
-                outcome = exc
-            watching.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(watch_for_disconnect)
+                try:
+                    # abandoned on cancel: a stopping server cancels this handler, and a shielded wait held it
+                    # (and the generation, never told) until the forced exit of a "stuck" generation
+                    outcome = await anyio.to_thread.run_sync(
+                        backend.run, job, on_text, abandon_on_cancel=True
+                    )
+                except Exception as exc:  # raised below, outside the group (which would wrap it)
+                    outcome = exc
+                watching.cancel_scope.cancel()
+        finally:
+            gone.set()  # after an answer, nothing; after a cancel, the generation stops at its next token
         if isinstance(outcome, ClientGone):
             return Response(status_code=499)  # nobody reads it
         if isinstance(outcome, Exception):
@@ -297,10 +317,16 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             gone = True
 
         # Errors found before any text (unknown user, bad grammar, unfitted user) still get a 4xx status.
-        async with anyio.create_task_group() as watching:
-            watching.start_soon(watch_for_disconnect)
-            first = await queue.get()
-            watching.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(watch_for_disconnect)
+                first = await queue.get()
+                watching.cancel_scope.cancel()
+        except (
+            BaseException
+        ):  # the server stopping cancelled the wait: the generation stops at its next token
+            gone = True
+            raise
         if isinstance(first, ClientGone):
             return Response(status_code=499)  # nobody reads it
         if isinstance(first, BaseException):

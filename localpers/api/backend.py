@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -175,7 +176,12 @@ class ApiBackend:
                     f"`user` {job.user_tag!r} and model {job.model!r} name different users; give one of them",
                     param="user",
                 )
-            user = self.resolve_user(job.user)
+            try:
+                user = self.resolve_user(job.user)
+            except ApiError:
+                raise
+            except LocalpersError as exc:  # a damaged active.json: a 500 that said only "InputError" before
+                raise _damaged_store(exc, self.store.root) from None
             notes: list[str] = []
             try:
                 result = self._generate(job, user, on_text, notes)
@@ -351,6 +357,13 @@ _ENGINE_REFUSALS = {"the grammar": "grammar", "logit bias": "logit_bias"}
 def _field_named(message: str) -> str | None:
     """The request field an engine refusal is about (OpenAI's `param`), None when it is about none."""
     return next((field for opening, field in _ENGINE_REFUSALS.items() if message.startswith(opening)), None)
+
+
+def _damaged_store(exc: LocalpersError, root: Path) -> ApiError:
+    """A 409 `user_data_damaged` for the store's own files (active.json), naming them within the store, not by the
+    server's path."""
+    shown = str(exc).replace(str(root) + os.sep, "the user store's ")
+    return ApiError(409, shown, param="model", code="user_data_damaged")
 
 
 def _damaged_user_data(exc: LocalpersError, user: User | None) -> ApiError | None:

@@ -211,13 +211,13 @@ def _common(body: dict[str, Any], kind: str) -> dict[str, Any]:
         stops = tuple(stop)
     else:
         raise _bad(f"`stop` must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop")
-    stream = body.get("stream", False)
+    stream = False if body.get("stream") is None else body["stream"]  # OpenAI's `stream` is nullable
     if not isinstance(stream, bool):
         raise _bad("`stream` must be true or false", "stream")
     options = body.get("stream_options") or {}  # ignored without `stream`, as some clients always send it
     if not isinstance(options, dict):
         raise _bad("`stream_options` must be an object", "stream_options")
-    include_usage = options.get("include_usage", False)
+    include_usage = False if options.get("include_usage") is None else options["include_usage"]
     if not isinstance(include_usage, bool):
         raise _bad("`stream_options.include_usage` must be true or false", "stream_options")
     return {
