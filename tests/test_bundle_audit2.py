@@ -127,3 +127,33 @@ def test_keygen_refuses_a_folder_other_accounts_can_write(tmp_path: Path) -> Non
     with pytest.raises(InputError, match="can be written by other accounts \\(mode 777\\)"):
         generate_keys(keys)
     assert list(keys.iterdir()) == []
+
+
+def test_a_publisher_confirmed_at_the_prompt_may_replace_the_bundle_in_use(tmp_path: Path) -> None:
+    """The publisher binding refused a publisher the user had just accepted at the terminal's question (session
+    review): answering yes is the user's word, as --trust is; answering no installs nothing."""
+    first, first_fingerprint = publisher(tmp_path, "a")
+    other, other_fingerprint = publisher(tmp_path, "b")
+    pull(first, trust=first_fingerprint)
+    in_use = installed_bundle_dir()
+    with pytest.raises(LocalpersError, match="which this device does not trust yet"):
+        pull(other, confirm_trust=lambda fingerprint: False)
+    assert installed_bundle_dir() == in_use
+    switched = pull(other, confirm_trust=lambda fingerprint: fingerprint == other_fingerprint)
+    assert installed_bundle_dir() == switched.directory != in_use  # type: ignore[attr-defined]
+
+
+def test_an_older_record_gets_its_publisher_on_an_up_to_date_pull(tmp_path: Path) -> None:
+    """A record an older localpers wrote has no publisher, and an up-to-date pull kept it so: the binding never
+    started on such a device until a new version came (session review)."""
+    from localpers.bundle.record import record_path, recorded_publisher
+
+    repository, fingerprint = publisher(tmp_path, "a")
+    installed = pull(repository, trust=fingerprint).directory  # type: ignore[attr-defined]
+    record = record_path(installed)
+    older = json.loads(record.read_text())
+    del older["publisher"]
+    record.write_text(json.dumps(older))
+    assert recorded_publisher(installed) is None
+    assert pull(repository).unchanged  # type: ignore[attr-defined]
+    assert recorded_publisher(installed) == fingerprint

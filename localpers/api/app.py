@@ -322,9 +322,8 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
                 watching.start_soon(watch_for_disconnect)
                 first = await queue.get()
                 watching.cancel_scope.cancel()
-        except (
-            BaseException
-        ):  # the server stopping cancelled the wait: the generation stops at its next token
+        # the server stopping cancelled the wait: the generation stops at its next token
+        except BaseException:
             gone = True
             raise
         if isinstance(first, ClientGone):

@@ -178,10 +178,8 @@ class ApiBackend:
                 )
             try:
                 user = self.resolve_user(job.user)
-            except ApiError:
-                raise
             except LocalpersError as exc:  # a damaged active.json: a 500 that said only "InputError" before
-                raise _damaged_store(exc, self.store.root) from None
+                raise _damaged_store(exc, self.store.root, "model" if job.user is None else "user") from None
             notes: list[str] = []
             try:
                 result = self._generate(job, user, on_text, notes)
@@ -359,11 +357,11 @@ def _field_named(message: str) -> str | None:
     return next((field for opening, field in _ENGINE_REFUSALS.items() if message.startswith(opening)), None)
 
 
-def _damaged_store(exc: LocalpersError, root: Path) -> ApiError:
-    """A 409 `user_data_damaged` for the store's own files (active.json), naming them within the store, not by the
-    server's path."""
+def _damaged_store(exc: LocalpersError, root: Path, param: str) -> ApiError:
+    """A 409 `user_data_damaged` for the store's own files (active.json) or a user's folder met while finding the
+    user, naming them within the store, not by the server's path."""
     shown = str(exc).replace(str(root) + os.sep, "the user store's ")
-    return ApiError(409, shown, param="model", code="user_data_damaged")
+    return ApiError(409, shown, param=param, code="user_data_damaged")
 
 
 def _damaged_user_data(exc: LocalpersError, user: User | None) -> ApiError | None:

@@ -209,9 +209,8 @@ def repository_base(source: str) -> str:
             raise InputError(f"{one_line(source, 200)}: not a valid http(s) URL ({exc})") from None
         if not hostname:
             raise InputError(f"{one_line(source, 200)}: not an http(s) URL of a repository")
-        if (
-            "@" in parsed.netloc
-        ):  # urllib would look `user:password@host` up as a host name, and echo the password
+        # urllib would look `user:password@host` up as a host name, and echo the password
+        if "@" in parsed.netloc:
             raise InputError(
                 "a repository URL with a user name or password is not supported: give the URL without them"
             )

@@ -252,10 +252,12 @@ def verify_bundle(bundle_dir: Path, *, backbone_sha256: str | None = None) -> Bu
 # Where bundles live
 
 
-def bundles_root() -> Path:
-    """cache_dir()/bundles: pulled versions, the `current` pointer and pull staging directories."""
-    path = cache_dir() / "bundles"
-    path.mkdir(parents=True, exist_ok=True)
+def bundles_root(*, create: bool = True) -> Path:
+    """cache_dir()/bundles: pulled versions, the `current` pointer and pull staging directories (not created with
+    `create=False`)."""
+    path = cache_dir(create=create) / "bundles"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -316,7 +318,7 @@ def installed_bundle_dir(*, strict: bool = False) -> Path | None:
 
 def _pulled_version(directory: Path) -> Path | None:
     """`versions/<id>` when `directory` is (or links to) a version `pull` installed, else None."""
-    versions = cache_dir(create=False) / "bundles" / VERSIONS_DIR
+    versions = bundles_root(create=False) / VERSIONS_DIR
     try:
         resolved = directory.resolve()
         return resolved if resolved.parent == versions.resolve() else None

@@ -255,9 +255,10 @@ def _record(
 
 
 def _refuse_another_publisher(source: SignedSource) -> None:
-    """Refuse, without --trust, a repository of another publisher than the installed bundle's. The device trusts
-    several (the demo publisher's root ships with it): a hostile mirror, or whoever sits on an http:// pull, served
-    another trusted publisher's genuine repository at the usual address, and its bundle replaced the one in use."""
+    """Refuse a repository of another publisher than the installed bundle's, unless the user named (--trust) or
+    confirmed it for this pull. The device trusts several (the demo publisher's root ships with it): a hostile
+    mirror, or whoever sits on an http:// pull, served another trusted publisher's genuine repository at the usual
+    address, and its bundle replaced the one in use."""
     installed = installed_bundle_dir()
     publisher = recorded_publisher(installed) if installed is not None else None
     if publisher is not None and publisher != source.fingerprint:
@@ -312,7 +313,7 @@ def pull_bundle(
     bundle_source = open_source(
         source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance, confirm=confirm_trust
     )
-    if isinstance(bundle_source, SignedSource) and trust is None:
+    if isinstance(bundle_source, SignedSource) and not bundle_source.chosen:
         _refuse_another_publisher(bundle_source)
     root = bundles_root()
     versions = root / VERSIONS_DIR
@@ -374,7 +375,9 @@ def pull_bundle(
         if unchanged is not None:
             shutil.rmtree(staging, ignore_errors=True)
             # none kept by an older localpers, or damaged (every command then refused the bundle): written again
-            if not record_holds(unchanged):
+            # and one without its publisher (an older localpers): the publisher binding starts from here
+            publisher_missing = signed and recorded_publisher(unchanged) is None
+            if not record_holds(unchanged) or publisher_missing:
                 _record(bundle_source, unchanged, source, manifest_bytes)
             return PullResult(
                 directory=unchanged,

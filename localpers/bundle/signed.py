@@ -49,7 +49,8 @@ class SignedSource:
         self.description = self.base
         self.manifest_sha256 = ""  # the signed target hash of bundle/manifest.json, once read
         self.fetcher = Fetcher(timeout, on_bytes)
-        self.fingerprint, store = choose_trusted_root(self.fetcher, self.base, trust, confirm)
+        # chosen: the user named (--trust) or confirmed this publisher for this pull, which may switch publishers
+        self.fingerprint, store, self.chosen = choose_trusted_root(self.fetcher, self.base, trust, confirm)
         with self._tuf_errors(str(store / "root.json")):  # the root this device trusts, damaged on disk
             self._updater = Updater(
                 metadata_dir=str(store),

@@ -118,8 +118,9 @@ def _fetch_first_root(fetcher: Fetcher, base: str) -> bytes:
 
 def choose_trusted_root(
     fetcher: Fetcher, base: str, trust: str | None, confirm: Callable[[str], bool] | None = None
-) -> tuple[str, Path]:
-    """(fingerprint, trust store) for the repository at `base`; refuses an untrusted publisher.
+) -> tuple[str, Path, bool]:
+    """(fingerprint, trust store, whether the user named or confirmed this publisher for this pull) for the
+    repository at `base`; refuses an untrusted publisher.
 
     The repository's own 1.root.json only says which publisher it claims to be; what is trusted is
     the root already on this device, the shipped demo root, or the root whose fingerprint the user
@@ -138,11 +139,11 @@ def choose_trusted_root(
     store = trust_store(fingerprint)
     if (store / "root.json").exists():
         _check_kept_root(store, fingerprint)
-        return fingerprint, store
+        return fingerprint, store, trust is not None
     demo = demo_root_bytes()
     if fingerprint == root_fingerprint(demo, DEMO_ROOT_RESOURCE):
         _start_store(store, demo)
-        return fingerprint, store
+        return fingerprint, store, trust is not None
     if trust is None and confirm is not None and confirm(fingerprint):
         trust = fingerprint
     if trust is None:
@@ -155,7 +156,7 @@ def choose_trusted_root(
         )
     _check_first_root(claimed, fingerprint, f"{base}{METADATA_DIR}/1.root.json")
     _start_store(store, claimed)
-    return fingerprint, store
+    return fingerprint, store, True
 
 
 def _check_first_root(claimed: bytes, fingerprint: str, where: str) -> None:

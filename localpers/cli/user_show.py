@@ -137,14 +137,7 @@ def other_fits(folder: Path, history: list[HistoryItem] | None = None) -> list[t
             ):
                 due = f", but the history has changed since ({refit_advice('cope', folder.name)} to refit)"
             lines.append(("cope", line + due))
-        except (
-            LocalpersError,
-            OSError,
-            ValueError,
-            TypeError,
-            KeyError,
-            ArithmeticError,
-        ):  # JSONProblem: ValueError
+        except (LocalpersError, OSError, ValueError, TypeError, KeyError, ArithmeticError):  # JSONProblem too
             lines.append(("cope", f"{cope_state.name} is damaged; {refit_advice('cope', folder.name)}"))
     if (folder / EXACT_INDEX_FILE).is_file():
         from localpers.methods.exact_index import ExactIndex

@@ -236,15 +236,17 @@ class Engine(Vocabulary):
                 snapshots.clear()
             if batch is not None:
                 llama_cpp.llama_batch_free(batch)
-            if context:
-                llama_cpp.llama_free(context)
         finally:
             try:
-                for handle in adapters.values():
-                    llama_cpp.llama_adapter_lora_free(handle)
+                if context:
+                    llama_cpp.llama_free(context)
             finally:
-                if model:
-                    llama_cpp.llama_model_free(model)
+                try:
+                    for handle in adapters.values():
+                        llama_cpp.llama_adapter_lora_free(handle)
+                finally:
+                    if model:
+                        llama_cpp.llama_model_free(model)
 
     def __enter__(self) -> Engine:
         return self

@@ -313,10 +313,8 @@ class SamplerChain:
 
     def close(self) -> None:
         """Free the chain and every sampler in it. Safe to call twice."""
-        chain, self._chain = (
-            getattr(self, "_chain", None),
-            None,
-        )  # off the object first, as `Engine.close` does
+        # off the object first, as `Engine.close` does
+        chain, self._chain = getattr(self, "_chain", None), None
         if chain:
             llama_cpp.llama_sampler_free(chain)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import os
 import time
@@ -33,6 +32,7 @@ from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.cope_train import SftConfig, train_user_lora, training_examples
 from localpers.methods.lora_files import read_lora_gguf
 from localpers.methods.stored_files import COPE_STATE_FILE, fit_mark, refit_advice
+from localpers.strict_json import strict_json_text
 from localpers.users.folder import read_json_object
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import User, atomic_write_text, history_for
@@ -218,7 +218,8 @@ def fit_cope(
         )
         seconds["export"] = time.perf_counter() - started
         state.seconds = {k: round(v, 3) for k, v in seconds.items()}
-        atomic_write_text(user.dir / STATE_FILE, json.dumps(state.to_json(), indent=2) + "\n")
+        # NaN or inf (a loss after a bf16 overflow) written as null: state files are read without them
+        atomic_write_text(user.dir / STATE_FILE, strict_json_text(state.to_json(), indent=2) + "\n")
         for stale in user.dir.glob(f"{ADAPTER_PREFIX}*.gguf"):
             if stale.name != final.name:
                 with contextlib.suppress(FileNotFoundError):

@@ -273,9 +273,8 @@ def reject_output(
     for what, text in (("the draft", input_text), ("the output", output)):
         try:
             text.encode("utf-8")
-        except (
-            UnicodeEncodeError
-        ):  # a lone surrogate: the record's id and file could not be written (a crash)
+        # a lone surrogate: the record's id and file could not be written (a crash)
+        except UnicodeEncodeError:
             raise LocalpersError(
                 f"cannot reject this output: {what} holds a lone surrogate, no text"
             ) from None

@@ -64,9 +64,8 @@ def fit_members(user: User) -> dict[str, bytes]:
     for _ in range(3):
         members: dict[str, bytes] = {}
         if not user.state_path.exists():
-            if (
-                user.state_path.is_symlink()
-            ):  # read as no fit elsewhere; an export would leave the fit out unsaid
+            # read as no fit elsewhere; an export would leave the fit out unsaid
+            if user.state_path.is_symlink():
                 raise LocalpersError(
                     f"{user.state_path} is a link to {os.readlink(user.state_path)}, which does not exist; reconnect"
                     " what it points to before exporting, or remove the link (the user then has no fit)"

@@ -34,10 +34,8 @@ def item_time(record: Any) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        if text[10:11] not in (
-            "T",
-            " ",
-        ):  # "2024-01-01garbage" is no date; "2024-01-01 12:30 UTC" is that day
+        # "2024-01-01garbage" is no date; "2024-01-01 12:30 UTC" is that day
+        if text[10:11] not in ("T", " "):
             return None
         try:
             moment = datetime.fromisoformat(day)

@@ -115,9 +115,8 @@ class ImportScreen(ModalScreen[ImportSummary | None]):
         try:
             summary = import_history_file(self.store, name, path)
         except LocalpersError as exc:
-            self.error.update(
-                plain(str(exc))
-            )  # never markup: a path "[@click=app.quit]" was a link that quit
+            # never markup: a path "[@click=app.quit]" was a link that quit
+            self.error.update(plain(str(exc)))
             return
         self.dismiss(summary)
 

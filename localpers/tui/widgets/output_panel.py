@@ -102,9 +102,8 @@ class OutputPanel(VerticalScroll, can_focus=True):
         self.set_class(False, "busy", "failed")
 
     def watch_status(self, status: str) -> None:
-        self.border_subtitle = plain(
-            status
-        )  # an error quoting "[/i]" from a file was read as markup: a crash
+        # an error quoting "[/i]" from a file was read as markup: a crash
+        self.border_subtitle = plain(status)
 
     def compose(self) -> ComposeResult:
         yield Static(classes="output-text")
