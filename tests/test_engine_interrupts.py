@@ -60,6 +60,18 @@ def interrupted_after(monkeypatch: pytest.MonkeyPatch, name: str) -> Callable[[]
     return lambda: context.__exit__(None, None, None)
 
 
+def run_script(script: str, backbone: Backbone, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`script` in a process of its own (an abort or a segfault there is a return code here, not a lost session),
+    given the backbone's path."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(backbone.path)],
+        env={**os.environ, "LOCALPERS_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 DOUBLE_FREE = """
 import gc, sys
 from localpers.engine import Engine
@@ -90,13 +102,7 @@ print("done")
 
 
 def test_a_ctrl_c_inside_close_frees_nothing_twice(backbone: Backbone, tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-c", DOUBLE_FREE, str(backbone.path)],
-        env={**os.environ, "LOCALPERS_HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_script(DOUBLE_FREE, backbone, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["interrupted", "done"]
 
@@ -206,13 +212,7 @@ except Exception as exc:
 def test_an_id_outside_the_vocabulary_and_a_chain_of_a_closed_engine_are_refused(
     backbone: Backbone, tmp_path: Path
 ) -> None:
-    run = subprocess.run(
-        [sys.executable, "-c", ABORTS, str(backbone.path)],
-        env={**os.environ, "LOCALPERS_HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_script(ABORTS, backbone, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]  # not -6 (std::out_of_range, std::bad_alloc)
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 4 and all(line.startswith("refused:") for line in lines), run.stdout

@@ -73,8 +73,7 @@ async def test_an_error_quoting_markup_tags_is_shown_in_the_panel() -> None:
 
 @async_test
 async def test_the_import_dialog_shows_its_errors_as_written_and_refuses_a_nul() -> None:
-    service = fitted_user()
-    app = make_app(service)
+    app = make_app(fitted_user())
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
         for path, expected in (
@@ -99,8 +98,7 @@ async def test_the_import_dialog_shows_its_errors_as_written_and_refuses_a_nul()
 
 @async_test
 async def test_rejecting_a_draft_holding_a_lone_surrogate_is_refused_in_one_notice() -> None:
-    service = fitted_user()
-    app = make_app(service)
+    app = make_app(fitted_user())
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
         app.main.draft.text = "Hello \ud800 world of bikes"
