@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.color import Color
 
+from localpers.users.history import CONTROL_CHARACTERS
+
 
 def shorten(text: str, width: int) -> str:
     """`text`, or its first `width - 1` characters and an ellipsis when it is longer than `width`."""
@@ -29,11 +31,9 @@ _STAND_INS = {
 
 
 def drop_control_codes(text: str) -> str:
-    """`text` without the C0 and C1 control characters other than newline and tab (a draft given with `--text`
+    """`text` without the C0 and C1 control characters other than newline and tab, nor line separators (a `--text`
     from a log file: its escape codes are no one's writing, and the model would see them)."""
-    if text.isprintable():
-        return text
-    return "".join(character for character in text if ord(character) not in _STAND_INS)
+    return CONTROL_CHARACTERS.sub("", text)  # what a history import removes too
 
 
 def plain(text: str) -> Text:

@@ -38,7 +38,7 @@ _HORIZONTAL_SPACE = re.compile(r"[^\S\n]+")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
 # C0 and C1 control characters other than tab and newline (ESC starts terminal escape sequences), and
 # the Unicode line and paragraph separators: never part of anyone's writing, removed on import.
-_CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def normalize_text(text: str) -> str:
     normalize_text("  Big   news\\r\\n ") -> "Big news"
     """
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL_CHARACTERS.sub("", text)
+    text = CONTROL_CHARACTERS.sub("", text)
     lines = [_HORIZONTAL_SPACE.sub(" ", line).strip() for line in text.split("\n")]
     # NFC last: a control character removed after it could leave a letter and its accent side by side, which
     # the next normalization (reading the stored item back) would compose, giving the item another id
