@@ -15,6 +15,7 @@ import html
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import textual
 from textual.pilot import Pilot
 
 from localpers.tui.app import LocalpersApp
+from localpers.tui.job_threads import THREAD_PREFIX
 from localpers.users.history import HistoryItem
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots" / "tui"
@@ -56,9 +58,21 @@ def async_test(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., 
 
     @functools.wraps(test)
     def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
+        try:
+            asyncio.run(test(*args, **kwargs))
+        finally:
+            join_job_threads()
 
     return run
+
+
+def join_job_threads(timeout: float = 120.0) -> None:
+    """Wait for the engine jobs a test's app left running (quitting does not wait for them): the next test
+    must not share an engine with one."""
+    for thread in threading.enumerate():
+        if thread.name.startswith(THREAD_PREFIX):
+            thread.join(timeout)
+            assert not thread.is_alive(), f"{thread.name} still runs after {timeout} s"
 
 
 async def wait_idle(pilot: Pilot[None], timeout: float = 30.0) -> None:

@@ -3,9 +3,10 @@
 The app owns the behaviour; `MainScreen` owns the layout and each widget lives in its own module.
 
 Threading. The engine is not thread-safe: every engine call (load, rewrite, fit, demo fit) is a job of
-`localpers.tui.engine_jobs`, run in a Textual thread worker, holding `engine_lock` for all of its engine
-calls, so calls never overlap whichever worker they come from. A newer generation cancels the older worker
-(`exclusive=True`), which stops at its next streamed piece. Jobs talk back only through messages, each
+`localpers.tui.engine_jobs`, run on a daemon thread of its own (`localpers.tui.job_threads`, not a Textual
+worker: quitting must not wait for the engine), holding `engine_lock` for all of its engine calls, so calls
+never overlap whichever thread they come from. A newer job of a group cancels the older one (a newer
+generation the older, which stops at its next streamed piece). Jobs talk back only through messages, each
 generation message tagged with its job id so pieces of a superseded job are dropped.
 
 Generation. Typing or changing a control re-generates after `debounce` seconds (ctrl+r at once, bypassing
@@ -24,7 +25,7 @@ This module starts the app, picks the user, loads the engine and wires the contr
 from __future__ import annotations
 
 import dataclasses
-import functools
+import sys
 import threading
 import unicodedata
 from collections.abc import Callable
@@ -40,9 +41,11 @@ from localpers.methods.reports import RewriteResult
 from localpers.tui import engine_jobs
 from localpers.tui.first_run import FirstRunMixin
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
+from localpers.tui.job_threads import JobThread, JobThreads
 from localpers.tui.messages import (
     EngineFailed,
     EngineLoaded,
+    JobCrashed,
 )
 from localpers.tui.runs import ResultCache
 from localpers.tui.screens.main import TAB_SCROLLERS, MainScreen
@@ -113,6 +116,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
         self.refit_delay = refit_delay
         self.main = MainScreen(text)
         self.engine_lock = threading.Lock()
+        self.engine_jobs = JobThreads(on_crash=self._job_crashed)
         self.info: EngineInfo | None = None
         self.load_error: str | None = None
         self.user: User | None = None
@@ -189,7 +193,7 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
             self._debounce_timer is not None
             or self._refit_timer is not None
             or self.fit_running
-            or any(worker.is_running for worker in self.workers)
+            or self.engine_jobs.any_running
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -276,11 +280,21 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
 
     # ------------------------------------------------------------------ engine loading
     def _run_engine_job(self, group: str, job: Callable[..., None], *args: object) -> None:
-        """Run `job(service, engine_lock, post_message, *args)` in a thread worker; newer jobs cancel older."""
-        work = functools.partial(job, self.service, self.engine_lock, self.post_message, *args)
-        self.run_worker(
-            work, name=job.__name__, group=group, thread=True, exclusive=True, exit_on_error=False
-        )
+        """Run `job(thread, service, engine_lock, post_message, *args)` on a job thread; it cancels the group's
+        older jobs."""
+
+        def work(thread: JobThread) -> None:
+            job(thread, self.service, self.engine_lock, self.post_message, *args)
+
+        self.engine_jobs.start(group, job.__name__, work)
+
+    def _job_crashed(self, job: JobThread, error: Exception) -> None:
+        """A job's own defect (its engine errors are messages): said in a notice, from the job's thread."""
+        self.post_message(JobCrashed(f"{job.name}: {type(error).__name__}: {error}"))
+
+    def on_job_crashed(self, message: JobCrashed) -> None:
+        if self.is_running:
+            self.notify(message.description, title="An engine job failed", severity="error", timeout=30)
 
     def on_engine_loaded(self, message: EngineLoaded) -> None:
         if not self.is_running:  # a worker's message arriving while the app shuts down
@@ -359,14 +373,36 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
             (controls or focusable)[0].focus()
 
     # ------------------------------------------------------------------ shutdown
-    def close_service(self, timeout: float = 60.0) -> None:
-        """After the app has exited: wait for the engine to be free, then close it."""
-        self.workers.cancel_all()
-        if self.engine_lock.acquire(timeout=timeout):
-            try:
-                self.service.close()
-            finally:
-                self.engine_lock.release()
+    def close_service(
+        self, timeout: float = 60.0, *, on_wait: Callable[[], None] | None = None, patience: float = 0.5
+    ) -> bool:
+        """After the app has exited: cancel the engine's jobs, wait for the engine to be free, then close it.
+
+        A job stops at its next check, which a step of the engine (loading a model, a CoPe fit's torch load)
+        can hold off for seconds: after `patience` seconds `on_wait` is called (the command says why it has not
+        ended yet) and the wait goes on up to `timeout`. Past it the engine is left to the process's end, still
+        in use (freeing it under the job would crash). Returns whether the engine was closed."""
+        self.engine_jobs.cancel_all()
+        free = self.engine_lock.acquire(timeout=min(patience, timeout))
+        if not free:
+            if on_wait is not None:
+                on_wait()
+            free = self.engine_lock.acquire(timeout=max(timeout - patience, 0.0))
+        if not free:
+            return False
+        try:
+            self.service.close()
+        finally:
+            self.engine_lock.release()
+        return True
+
+
+def _say_waiting() -> None:
+    print(
+        "localpers: waiting for the model's current step to end before closing it (Ctrl-C leaves at once)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_app(service: WritingService, *, user: str | None = None, text: str = "") -> None:
@@ -378,6 +414,6 @@ def run_app(service: WritingService, *, user: str | None = None, text: str = "")
         # The app's loop set SIGTERM/SIGHUP back to the default when it closed: ours again, so a stop while the
         # engine closes still ends cleanly.
         interrupts.install_stop_handlers()
-        app.close_service()
+        app.close_service(on_wait=_say_waiting)
     if app.stopped_by_signal is not None:  # the command line reports it and exits 128 + its number
         raise interrupts.Terminated(app.stopped_by_signal)

@@ -1,7 +1,7 @@
-"""The engine work of the TUI, as functions that run inside Textual thread workers.
+"""The engine work of the TUI, as functions that run on the app's job threads (`localpers.tui.job_threads`).
 
 The engine is not thread-safe, so each function holds `lock` for all of its engine calls: two jobs never
-overlap, whichever worker they run in. A thread cannot be killed, so a cancelled worker (a newer
+overlap, whichever thread they run on. A thread cannot be killed, so a cancelled job (a newer
 generation, or quitting) notices at its next streamed piece or progress step, raises `Superseded` and
 gives the lock up. Jobs report only by posting messages (`localpers.tui.messages`, thread-safe); they never
 touch widgets. Errors become messages too: a `LocalpersError` keeps its one-line text, anything else is
@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable
 
 from textual.message import Message
-from textual.worker import Worker, get_current_worker
 
 from localpers.errors import LocalpersError, UserBusy
+from localpers.tui.job_threads import JobThread
 from localpers.tui.messages import (
     DemoReady,
     EngineFailed,
@@ -43,7 +43,7 @@ def describe(error: Exception) -> str:
     return str(error) if isinstance(error, LocalpersError) else f"{type(error).__name__}: {error}"
 
 
-def _progress(worker: Worker[None], post: Post) -> Progress:
+def _progress(worker: JobThread, post: Post) -> Progress:
     def report(stage: str, done: int, total: int) -> None:
         if worker.is_cancelled:
             raise Superseded()
@@ -52,8 +52,10 @@ def _progress(worker: Worker[None], post: Post) -> Progress:
     return report
 
 
-def load_engine(service: WritingService, lock: threading.Lock, post: Post) -> None:
+def load_engine(worker: JobThread, service: WritingService, lock: threading.Lock, post: Post) -> None:
     with lock:
+        if worker.is_cancelled:  # the app quit before the model began to load
+            return
         try:
             info = service.load()
         except Exception as exc:  # a broken model file is reported in the panels
@@ -63,10 +65,13 @@ def load_engine(service: WritingService, lock: threading.Lock, post: Post) -> No
 
 
 def generate(
-    service: WritingService, lock: threading.Lock, post: Post, job: int, runs: tuple[Run, ...]
+    worker: JobThread,
+    service: WritingService,
+    lock: threading.Lock,
+    post: Post,
+    job: int,
+    runs: tuple[Run, ...],
 ) -> None:
-    worker = get_current_worker()
-
     def sink(targets: tuple[str, ...]) -> Callable[[str], None]:
         def stream(piece: str) -> None:
             if worker.is_cancelled:
@@ -92,10 +97,11 @@ def generate(
             post(GenerationDone(job, run.targets, run.key, run.request, result))
 
 
-def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -> None:
-    worker = get_current_worker()
+def fit(worker: JobThread, service: WritingService, lock: threading.Lock, post: Post, user: User) -> None:
     with lock:
         try:
+            if worker.is_cancelled:  # quitting, or a newer fit, while this one waited for the engine
+                raise Superseded()
             report = service.fit(user, _progress(worker, post))
         except Superseded:
             post(FitDone(user.name, None, "cancelled", identity=user.identity))
@@ -109,10 +115,11 @@ def fit(service: WritingService, lock: threading.Lock, post: Post, user: User) -
     post(FitDone(user.name, report, identity=user.identity, kept=report.kept_without_history))
 
 
-def prepare_demo(service: WritingService, lock: threading.Lock, post: Post) -> None:
-    worker = get_current_worker()
+def prepare_demo(worker: JobThread, service: WritingService, lock: threading.Lock, post: Post) -> None:
     with lock:
         try:
+            if worker.is_cancelled:
+                raise Superseded()
             user = service.ensure_demo_user(_progress(worker, post))
         except Superseded:
             return

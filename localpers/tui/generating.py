@@ -20,6 +20,7 @@ from localpers.methods.registry import BASELINE_METHOD
 from localpers.methods.reports import RewriteResult
 from localpers.tasks import get_task
 from localpers.tui import engine_jobs
+from localpers.tui.job_threads import JobThreads
 from localpers.tui.messages import GenerationDone, GenerationFailed, GenerationPiece, GenerationStarted
 from localpers.tui.runs import ResultCache, personal_request, plan_runs, result_status
 from localpers.tui.service import EngineInfo, RewriteRequest
@@ -51,7 +52,8 @@ class GenerationMixin:
     _cut_noted_job: int  # the last job whose cut text was noted
     # panel -> the error it failed with and was told, until it generates again
     _failures_shown: dict[str, str]
-    # It also calls Textual's `set_timer`, `notify`, `workers` and `is_running` and the app's `draft_text` and
+    engine_jobs: JobThreads
+    # It also calls Textual's `set_timer`, `notify` and `is_running` and the app's `draft_text` and
     # `_run_engine_job`.
 
     def schedule_generation(self) -> None:
@@ -72,7 +74,7 @@ class GenerationMixin:
         text = self.draft_text
         self.job_id += 1
         if not text.strip():
-            self.workers.cancel_group(self, "generate")
+            self.engine_jobs.cancel_group("generate")
             main.baseline_panel.clear(EMPTY_DRAFT_HINT)
             main.personal_panel.clear(EMPTY_DRAFT_HINT)
             self._set_personal(None, None)
@@ -107,7 +109,7 @@ class GenerationMixin:
             if target == "personal":
                 self._set_personal(result, text)
         if not runs:
-            self.workers.cancel_group(self, "generate")
+            self.engine_jobs.cancel_group("generate")
             return
         if self.load_error is not None:
             for run in runs:

@@ -79,3 +79,10 @@ class FitDone(Message):
 class DemoReady(Message):
     user: str | None
     error: str | None = None
+
+
+@dataclass
+class JobCrashed(Message):
+    """An engine job let an exception through (a defect: its engine errors come as the messages above)."""
+
+    description: str
