@@ -51,7 +51,9 @@ def test_quitting_during_a_step_returns_at_once_and_closes_when_the_step_ends() 
     asyncio.run(quit_while_loading())
     left_after = time.monotonic() - began
     try:
-        assert left_after < STEP_SECONDS - 1, f"the app's loop waited {left_after:.1f} s for the engine's step"
+        assert left_after < STEP_SECONDS - 1, (
+            f"the app's loop waited {left_after:.1f} s for the engine's step"
+        )
         told: list[bool] = []
         # the step still runs: the engine is not closed under it, and the command says why it waits
         assert not app.close_service(timeout=0.3, on_wait=lambda: told.append(True), patience=0.1)
