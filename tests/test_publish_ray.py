@@ -151,6 +151,19 @@ def test_minibatch_kmeans_above_the_threshold_has_the_same_interface() -> None:
     assert best == 3 and set(scores) == {2, 3, 4}
 
 
+@pytest.fixture
+def fake_ray_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a fake Ray: the settings a real one would re-read stay as they are (this process may hold the test
+    session's Ray), and the token variables the executor sets are undone after the test."""
+    from localpers.publish import ray_executor
+
+    monkeypatch.setattr(ray_executor, "_reread_ray_settings", lambda: None)
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.setenv(name, "")  # recorded, so what the executor sets is undone
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.usefixtures("fake_ray_settings")
 def test_a_local_ray_is_started_with_its_usage_statistics_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray reports usage to usage-stats.ray.io after a minute unless RAY_USAGE_STATS_ENABLED=0 (publisher audit,
     eightieth session); a value the publisher set is kept."""
@@ -237,3 +250,63 @@ def test_a_task_the_ray_cluster_cannot_run_is_refused_before_the_first_stage(
     with pytest.raises(LocalpersError, match=message):
         publish(options)
     assert not (options.work_dir / "clusters").exists()  # found before, not after, the clusters stage
+
+
+def _fake_ray(started: list[dict[str, object]]) -> object:
+    import types
+
+    def init(**kwargs: object) -> None:
+        started.append({name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")})
+
+    return types.SimpleNamespace(
+        is_initialized=lambda: bool(started),
+        init=init,
+        shutdown=lambda: None,
+        cluster_resources=lambda: {"CPU": 2.0},
+        nodes=lambda: [{"Alive": True}],
+    )
+
+
+@pytest.mark.usefixtures("fake_ray_settings")
+def test_a_local_ray_gets_a_token_of_its_own_and_none_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray wrote its token to ~/.ray/auth_token readable by every account, and its processes listen on every
+    interface: whoever read the file ran code as the publisher (eighty-seventh session's publish audit)."""
+    from localpers.publish import ray_executor
+
+    started: list[dict[str, object]] = []
+    monkeypatch.setattr(ray_executor, "_import_ray", lambda: _fake_ray(started))
+    executor = ray_executor.RayExecutor(workers=2)
+    token = started[-1]["RAY_AUTH_TOKEN"]
+    assert started[-1]["RAY_AUTH_MODE"] == "token" and isinstance(token, str) and len(token) == 64
+    executor.close()
+    assert "RAY_AUTH_TOKEN" not in os.environ and "RAY_AUTH_MODE" not in os.environ
+
+    started.clear()
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the publisher's own")
+    ray_executor.RayExecutor(workers=2).close()
+    assert started[-1] == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "the publisher's own"}
+
+    started.clear()
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(LocalpersError, match="RAY_AUTH_MODE=disabled: a local Ray without token"):
+        ray_executor.RayExecutor(workers=2)
+    assert not started
+
+
+@pytest.mark.slow
+def test_a_local_ray_leaves_no_token_file_for_other_accounts(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    code = (
+        "from localpers.publish.ray_executor import RayExecutor\n"
+        "executor = RayExecutor(workers=1)\n"
+        "executor.close()\n"
+    )
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("RAY_AUTH")} | {
+        "HOME": str(tmp_path),
+        "LOCALPERS_HOME": str(tmp_path / "lp"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    subprocess.run(
+        [sys.executable, "-c", code], env=environment, check=True, timeout=300, capture_output=True
+    )
+    assert not (tmp_path / ".ray" / "auth_token").exists()

@@ -8,12 +8,18 @@ task order. A Ray this module started is shut down by `close`; one that was alre
 session, a notebook) is left alone. Workers must import the same `localpers` (installed on every node)
 and, on more than one node, see the work directory at the same path (a shared filesystem).
 This is the only module that imports `ray`, and it does so only when a Ray executor is made.
+
+A local Ray's processes listen on every interface, and whoever can talk to them runs code as the publisher (who
+holds the signing keys). Ray guards them with a token, which it wrote to ~/.ray/auth_token readable by every
+account (mode 0644 under umask 022); a Ray started here gets a fresh random token through the environment its
+processes inherit (readable by this account only) and no file, and a local Ray without a token is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +56,44 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+AUTH_MODE = "RAY_AUTH_MODE"
+AUTH_TOKEN = "RAY_AUTH_TOKEN"
+AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+
+
+def use_private_auth_token() -> dict[str, str | None]:
+    """Token authentication for a local Ray, with a fresh token in the environment unless one is given
+    (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH naming the publisher's own file). Returns the variables as they were."""
+    before = {name: os.environ.get(name) for name in (AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH)}
+    mode = before[AUTH_MODE]
+    if mode is not None and mode.strip().lower() != "token":
+        raise LocalpersError(
+            f"{AUTH_MODE}={mode}: a local Ray without token authentication runs code for anyone who can reach"
+            f" this machine's ports; unset {AUTH_MODE} (localpers gives its Ray a token of its own)"
+        )
+    os.environ[AUTH_MODE] = "token"
+    if not before[AUTH_TOKEN] and not before[AUTH_TOKEN_PATH]:
+        os.environ[AUTH_TOKEN] = secrets.token_hex(32)
+    return before
+
+
+def restore_environment(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _reread_ray_settings() -> None:
+    """Ray reads RAY_AUTH_MODE and its token once per process (at import or a first ray.init); a mode set after
+    that left this driver without the token its new local processes asked for (`Failed to start GCS`)."""
+    from ray._raylet import AuthenticationTokenLoader, Config  # ray is pinned (pyproject.toml)
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 class RayExecutor:
     """Tasks as Ray tasks; `workers` = CPUs of a local Ray (default: all cores), ignored with `address`."""
 
@@ -59,6 +103,7 @@ class RayExecutor:
         self._retries = retries
         self._remote: dict[Callable[..., Any], Any] = {}
         self._started_here = False
+        self._environment_before: dict[str, str | None] | None = None
         if workers is not None and workers < 1:
             raise LocalpersError(f"--workers must be at least 1, not {workers}")
         if not ray.is_initialized():
@@ -81,6 +126,9 @@ class RayExecutor:
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         # Ray reports usage to usage-stats.ray.io unless told not to: a publish sends nothing it was not asked to
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if address is None:
+            self._environment_before = use_private_auth_token()
+            _reread_ray_settings()
         try:
             if address is None:
                 ray.init(
@@ -95,8 +143,10 @@ class RayExecutor:
             # A Ctrl-C during ray.init leaves a half-started local Ray (its agents outlived the command).
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            self._restore_environment()
             raise
         except (ConnectionError, TimeoutError, RuntimeError, ValueError, OSError) as exc:
+            self._restore_environment()
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LocalpersError(
@@ -191,6 +241,12 @@ class RayExecutor:
                 f" {lines[0] if lines else type(exc).__name__}"
             ) from None
 
+    def _restore_environment(self) -> None:
+        if self._environment_before is not None:
+            restore_environment(self._environment_before)
+            self._environment_before = None
+
     def close(self) -> None:
         if self._started_here and self._ray.is_initialized():
             self._ray.shutdown()
+        self._restore_environment()
