@@ -53,10 +53,17 @@ class Task:
             stripped = stripped[len(self.instruction) :].strip()
         return stripped
 
-    def prompt_for(self, text: str) -> str:
-        """The prompt for `text` (its instruction, if it has one, not repeated), cut to `max_input_chars`."""
+    def prompt_for(self, text: str, note: str = "") -> str:
+        """The prompt for `text` (its instruction, if it has one, not repeated), cut to `max_input_chars`.
+
+        `note`: a line a method puts after the text (EXACT's attributes), kept whole (the text is cut to leave it
+        room) and on a line of its own even where the task joins the text's lines (paraphrase): joined, it became
+        part of the text to rewrite.
+        """
         content = " ".join(self.content(text).split()) if self.joins_lines else self.content(text)
-        return self.template.format(text=cut_text(content, self.max_input_chars))
+        if not note:
+            return self.template.format(text=cut_text(content, self.max_input_chars))
+        return self.template.format(text=f"{cut_text(content, self.max_input_chars - len(note) - 1)}\n{note}")
 
     def check_text(self, text: str, what: str = "the text", *, room: int = 0) -> None:
         """Refuse a text this task would have to cut (headline and title cut it instead, and accept it).

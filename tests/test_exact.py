@@ -567,6 +567,69 @@ def test_a_dense_text_keeps_the_attribute_line_and_says_how_much_of_it_was_read(
     assert text[: result.text_chars_read - 5] in shown and text[: result.text_chars_read + 5] not in shown
 
 
+def test_the_attribute_line_stays_a_line_of_its_own_where_the_task_joins_the_texts_lines(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # paraphrase joins its text's lines into one paragraph: the line was joined with them, and the model was asked
+    # to rewrite "... It approved the budget. Attributes: <Concise, Vivid, Humor>" (eighty-seventh session's audit)
+    from localpers.engine.encoder import embed_texts
+    from localpers.methods.card import prompting
+    from localpers.methods.exact import attributed_prompt
+    from localpers.tasks import get_task
+
+    text = "The council met on Monday.\nIt approved the budget."
+    line = attribute_line(["Concise", "Vivid", "Humor"])
+    for task in ("headline", "title", "paraphrase", "free"):
+        prompt = attributed_prompt(task, text, ["Concise", "Vivid", "Humor"])
+        assert f"\n{line}" in prompt and f"budget. {line}" not in prompt, task
+    expected = (
+        "Rewrite the following text in your own words: The council met on Monday. It approved the budget."
+    )
+    assert attributed_prompt("paraphrase", text, ["Concise", "Vivid", "Humor"]).startswith(
+        f"{expected}\n{line}"
+    )
+
+    example = item("The city opened a new bike lane.", "BIKE LANE OPENS!!!")
+    embedding = embed_texts([get_task("paraphrase").content(example.input)])
+    index = ExactIndex(
+        [IndexEntry.of(example, ["Concise", "Vivid", "Humor"], 1.0, 0.0)],
+        embedding,
+        {"cluster": 0, "bundle_sha256": personalizer.bundle_sha256},
+    )
+    prompts: list[str] = []
+    original = prompting.prompt_tokens
+
+    def seen(engine, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        tokens, shared, read = original(engine, *args, **kwargs)
+        prompts.append(engine.detokenize(tokens))
+        return tokens, shared, read
+
+    monkeypatch.setattr(prompting, "prompt_tokens", seen)
+    rewrite_exact(personalizer, index, text, task="paraphrase", max_tokens=1)
+    assert f"budget.\n{line}" in prompts[-1]
+
+
+def test_a_cached_negative_no_generation_could_write_is_made_again_not_every_fits_stop(
+    personalizer: Personalizer,
+) -> None:
+    # CARD's pairs dropped such a y- (a damaged cache); EXACT's took it and every `fit --method exact` failed with
+    # "text too long ... shorten the text", never replacing it (eighty-seventh session's methods audit)
+    import json
+
+    user = UserStore().create("damaged-cache")
+    items = [item(article, headline) for article, headline in SHOUTED[:2]]
+    user.save_history(items)
+    cluster, _ = personalizer.assign_cluster([entry.output for entry in items])
+    key = personalizer.pairs._negatives_key(cluster)
+    (user.dir / "negatives.json").write_text(
+        json.dumps({key: {items[0].id: "word " * 4000}}), encoding="utf-8"
+    )
+    report = index_exact(personalizer, user, k=1, library=("Concise", "Vivid"))
+    assert report.n_items == 2
+    stored = json.loads((user.dir / "negatives.json").read_text(encoding="utf-8"))[key]
+    assert len(stored[items[0].id]) < 1000
+
+
 def test_one_dense_history_item_is_left_out_of_the_exact_fit_not_its_stop(personalizer: Personalizer) -> None:
     # a Chinese article within the task's 1,500 characters is ~1,060 tokens: the fit stopped with "text too long"
     user = UserStore().create("dense")
@@ -582,7 +645,7 @@ def test_one_dense_history_item_is_left_out_of_the_exact_fit_not_its_stop(person
 def test_an_item_whose_plain_prompt_alone_overflows_is_left_out_too(personalizer: Personalizer) -> None:
     # the attribute line cuts a long text shorter: in a dense script its plain prompt (y-'s, the base margin's)
     # can be the longer one, and an item let in by the attributed prompt's length stopped the fit
-    from localpers.methods.exact import attributed_input, pairs_within_context
+    from localpers.methods.exact import attributed_prompt, pairs_within_context
     from localpers.tasks import get_task
 
     engine, task = personalizer.engine, get_task("headline")
@@ -593,7 +656,7 @@ def test_an_item_whose_plain_prompt_alone_overflows_is_left_out_too(personalizer
     budget = engine.n_ctx - max(output, task.default_max_tokens)
 
     def length(text: str, attributes: tuple[str, ...]) -> int:
-        return len(engine.tokenize(task.prompt_for(attributed_input("headline", text, attributes))))
+        return len(engine.tokenize(attributed_prompt("headline", text, attributes)))
 
     for ascii_chars in range(
         600, 0, -3

@@ -44,7 +44,7 @@ from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.scoring import PrefixScorer
 from localpers.methods.stored_files import fit_mark
-from localpers.tasks import cut_text, get_task
+from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.store import User, history_for
 
@@ -104,18 +104,15 @@ def greedy_select(
 # --------------------------------------------------------------------------------------- prompts and scoring
 
 
-def attributed_input(task: str, text: str, attributes: Sequence[str]) -> str:
-    """The input with EXACT's attribute line after it (unchanged when there are no attributes).
+def attributed_prompt(task: str, text: str, attributes: Sequence[str]) -> str:
+    """The task's plain prompt for `text` with EXACT's attribute line after the text (none without attributes).
 
-    The input is cut first where the task cuts long inputs (`Task.prompt_for`), so the line survives the task's
-    character limit; a text too dense for the context at that length is cut shorter by the rewrite
-    (`exact_rewrite`) and left out of a fit (`pairs_within_context`).
+    The line is the prompt's note (`Task.prompt_for`): whole and on its own line, the text cut to leave it room,
+    never joined into the text a task joins the lines of (paraphrase); a text too dense for the context at that
+    length is cut shorter by the rewrite (`prompting.prompt_tokens`) and left out of a fit
+    (`pairs_within_context`).
     """
-    if not attributes:
-        return text
-    chosen = get_task(task)
-    line = attribute_line(attributes)
-    return f"{cut_text(chosen.content(text), chosen.max_input_chars - len(line) - 1)}\n{line}"
+    return get_task(task).prompt_for(text, attribute_line(attributes) if attributes else "")
 
 
 def pairs_within_context(
@@ -134,8 +131,7 @@ def pairs_within_context(
         task = get_task(item.task)
         output = len(engine.tokenize(" " + task.scored_output(item.output), add_bos=False))
         prompt = max(
-            len(engine.tokenize(task.prompt_for(attributed_input(item.task, item.input, shown))))
-            for shown in ((), longest)
+            len(engine.tokenize(attributed_prompt(item.task, item.input, shown))) for shown in ((), longest)
         )
         if prompt + max(output, task.default_max_tokens) <= engine.n_ctx:
             kept.append(item)
@@ -153,9 +149,7 @@ class PairMargins:
         self.negative = engine.tokenize(" " + negative, add_bos=False)
 
     def __call__(self, attributes: tuple[str, ...]) -> float:
-        prompt = get_task(self.item.task).prompt_for(
-            attributed_input(self.item.task, self.item.input, attributes)
-        )
+        prompt = attributed_prompt(self.item.task, self.item.input, attributes)
         plus, minus = self.scorer.score(self.scorer.engine.tokenize(prompt), [self.positive, self.negative])
         return plus - minus
 
@@ -377,8 +371,8 @@ def _scored_texts_digest(item: HistoryItem, negative: str, probe: Sequence[str])
     task = get_task(item.task)
     return scored_digest(
         [
-            task.prompt_for(attributed_input(item.task, item.input, ())),
-            task.prompt_for(attributed_input(item.task, item.input, probe)),
+            attributed_prompt(item.task, item.input, ()),
+            attributed_prompt(item.task, item.input, probe),
             task.scored_output(item.output),
             negative,
         ]

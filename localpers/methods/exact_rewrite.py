@@ -1,7 +1,7 @@
 """EXACT at inference: retrieve the attributes of the nearest indexed input, and rewrite with them.
 
 `retrieve` embeds the new input and takes the nearest input of the user's index (cosine); `rewrite_exact`
-generates with the cluster model on the prompt carrying that input's attribute line (`exact.attributed_input`).
+generates with the cluster model on the prompt carrying that input's attribute line (`exact.attributed_prompt`).
 `check_bundle` refuses an index made with another bundle or fit format. Building the index is
 `localpers.methods.exact`; the index file is `localpers.methods.exact_index`.
 """
@@ -18,13 +18,10 @@ from localpers.engine.decoding import SamplerSettings
 from localpers.errors import LocalpersError
 from localpers.methods.attributes import attribute_line
 from localpers.methods.card.personalizer import Personalizer
-from localpers.methods.card.prompting import read_within
-from localpers.methods.exact import attributed_input
 from localpers.methods.exact_index import ExactIndex, refit_hint
 from localpers.methods.reports import RewriteResult
 from localpers.methods.stored_files import fit_is_outdated
-from localpers.tasks import cut_text, get_task
-from localpers.users.history_index import prompt_for_user
+from localpers.tasks import get_task
 
 
 @dataclass
@@ -87,21 +84,17 @@ def rewrite_exact(
     started = time.perf_counter()
     retrieval = retrieve(index, text, task)
     retrieval_ms = 1000 * (time.perf_counter() - started)
-    room = len(attribute_line(retrieval.attributes)) + 1 if retrieval.attributes else 0
-    alone = alone_over is not None and alone_over(room)
+    line = attribute_line(retrieval.attributes) if retrieval.attributes else ""
+    alone = alone_over is not None and alone_over(len(line) + 1 if line else 0)
     prompt = None
     if alone:
         whole = get_task(task).content(text)
-        line = attribute_line(retrieval.attributes) if retrieval.attributes else ""
         prompt = tokens_within_context(personalizer.engine, f"{whole}\n{line}" if line else whole)
-    elif retrieval.attributes:
-        get_task(task).check_text(text, room=room)
-    attributed, chars_read = attributed_input(task, text, retrieval.attributes), None
-    if retrieval.attributes and not alone and get_task(task).cuts_long_input:
-        attributed, chars_read = _attributed_within_context(personalizer, task, text, retrieval.attributes)
     cluster = index.meta.get("cluster")
+    # the line is the prompt's note: a text too dense for the context is cut from its end, never the line
     result = personalizer.rewrite(
-        attributed,
+        text,
+        note="" if alone else line,
         task=task,
         method="cluster",
         cluster=cluster,
@@ -111,8 +104,6 @@ def rewrite_exact(
         prompt=prompt,
         stop=stop,
     )
-    if retrieval.attributes and not alone and get_task(task).cuts_long_input:
-        result = replace(result, text_chars_read=chars_read)  # of the text, not of the text and the line
     # Retrieval (one encoder call) is part of EXACT's prompt cost.
     result = replace(
         result,
@@ -121,26 +112,3 @@ def rewrite_exact(
         total_ms=round(result.total_ms + retrieval_ms, 2),
     )
     return result, retrieval
-
-
-def _attributed_within_context(
-    personalizer: Personalizer, task: str, text: str, attributes: Sequence[str]
-) -> tuple[str, int | None]:
-    """The input with the attribute line after a start of the text short enough for the prompt to fit the
-    context, and how many characters of the text it carries (None: all).
-
-    The rewrite cuts a too-dense text (CJK, emoji) from its end to fit (`prompting.read_within`): cut after the
-    line was appended, the line was what went, while the result still named the attributes.
-    """
-    chosen = get_task(task)
-    content = chosen.content(text)
-    line = attribute_line(attributes)
-    engine, prompt_format = personalizer.engine, personalizer.format_for("cluster")
-
-    def tokens_reading(count: int) -> list[int]:  # the prompt the rewrite below builds
-        shown = f"{cut_text(content, count)}\n{line}"
-        return engine.tokenize(prompt_for_user(task, shown, prompt_format, None))
-
-    start = min(len(content), chosen.max_input_chars - len(line) - 1)
-    read, _ = read_within(engine, content, start, engine.n_ctx - chosen.default_max_tokens, tokens_reading)
-    return f"{cut_text(content, read)}\n{line}", (read if read < len(content) else None)

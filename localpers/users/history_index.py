@@ -152,12 +152,20 @@ def _read_cache(path: Path) -> dict[str, Any] | None:
 
 
 def prompt_for_user(
-    task_name: str, text: str, prompt_format: PromptFormat | None, index: HistoryIndex | None
+    task_name: str,
+    text: str,
+    prompt_format: PromptFormat | None,
+    index: HistoryIndex | None,
+    note: str = "",
 ) -> str:
-    """The one way every entry point builds a rewrite prompt: conditioned when the bundle and history allow."""
+    """The one way every entry point builds a rewrite prompt: conditioned when the bundle and history allow.
+
+    `note` (a plain prompt's line after the text, `Task.prompt_for`) is for plain prompts only."""
     task = get_task(task_name)
     if prompt_format is None or index is None:
-        return task.prompt_for(text)
+        return task.prompt_for(text, note)
+    if note:
+        raise ValueError("a note after the text is for plain prompts only")
     return index.prompt_for(text, prompt_format)
 
 

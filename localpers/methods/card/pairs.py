@@ -150,7 +150,9 @@ class PairBuilder:
         )
         prompts = [prompt for prompt, _ in prompts_and_blocks]
         blocks = [block for _, block in prompts_and_blocks]
-        self._drop_impossible_negatives(items, prompts, known)
+        self._drop_impossible_negatives(
+            items, [negative_key(item, prompt) for item, prompt in zip(items, prompts, strict=True)], known
+        )
         saved = _SavedPairs(len(known), self._read_features(user, cluster))
         reported = 0
 
@@ -225,12 +227,12 @@ class PairBuilder:
         return negatives, differences, first_logprobs, seconds
 
     def _drop_impossible_negatives(
-        self, items: Sequence[HistoryItem], prompts: Sequence[str], known: dict[str, str]
+        self, items: Sequence[HistoryItem], keys: Sequence[str], known: dict[str, str]
     ) -> None:
-        """Drop from `known` a cached y- longer than any generation of its task (a damaged cache): kept, it failed
-        every fit ("text too long", blaming the history) and was never replaced; dropped, it is generated again."""
-        for item, prompt in zip(items, prompts, strict=True):
-            key = negative_key(item, prompt)
+        """Drop from `known` a cached y- (under each item's key) longer than any generation of its task (a damaged
+        cache): kept, it failed every fit ("text too long", blaming the history) and was never replaced; dropped,
+        it is generated again. CARD's pairs and EXACT's (`cached_negatives`) both."""
+        for item, key in zip(items, keys, strict=True):
             cached = known.get(key)
             if (
                 cached
@@ -311,6 +313,7 @@ class PairBuilder:
     ) -> list[str]:
         """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
         known = self._read_negatives(user, cluster)
+        self._drop_impossible_negatives(items, [item.id for item in items], known)
         missing = [item for item in items if item.id not in known]
         if missing:
             for item, negative in zip(missing, self.negatives(missing, cluster, progress), strict=True):

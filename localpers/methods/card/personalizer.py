@@ -166,6 +166,7 @@ class Personalizer:
         reference: str | None = None,
         candidates: int = 1,
         show_examples: bool = False,
+        note: str = "",
     ) -> RewriteResult:
         """Generate for `text` with the chosen method; CARD corrects the top-k logits at every step.
 
@@ -188,6 +189,7 @@ class Personalizer:
         the one that agrees most with the others is returned (`localpers.methods.consensus`); it is streamed
         once chosen.
         With `show_examples`, the result lists the history items the prompt showed (`history_prompt.ShownExample`).
+        `note`: a line after the text in a plain prompt (EXACT's attributes; `Task.prompt_for`), never cut.
         """
         chosen_task = get_task(task)
         decoding_runs.check_candidates(candidates, sampling)
@@ -200,9 +202,9 @@ class Personalizer:
         )
         shared, chars_read, from_text = 0, None, prompt is None
         if prompt is None:
-            chosen_task.check_text(text)
+            chosen_task.check_text(text, room=len(note) + 1 if note else 0)
             prompt, shared, chars_read = self.prompt_tokens(
-                chosen_task.name, text, method, history, prompt_format, prompt_prefix
+                chosen_task.name, text, method, history, prompt_format, prompt_prefix, note
             )
             stop = (*chosen_task.stop_strings, *stop)
 
@@ -374,6 +376,7 @@ class Personalizer:
         history: HistoryIndex | None,
         prompt_format: PromptFormat | None = None,
         prompt_prefix: str = "",
+        note: str = "",
     ) -> tuple[list[int], int, int | None]:
         """`prompt_prefix` + `prompt_for`'s prompt as tokens, how many of them the user's prompts share,
         and how many characters of a long text it carries (`prompting.prompt_tokens`; None: all of it).
@@ -381,7 +384,7 @@ class Personalizer:
         The shared tokens (the user's recent examples) stay in the engine's cache from one rewrite to the next.
         """
         chosen = self.format_for(method, prompt_format)
-        return prompting.prompt_tokens(self.engine, task, text, chosen, history, prompt_prefix)
+        return prompting.prompt_tokens(self.engine, task, text, chosen, history, prompt_prefix, note)
 
     def format_for(self, method: str, prompt_format: PromptFormat | None = None) -> PromptFormat | None:
         """The history format `method`'s prompts use (`prompt_format` or the bundle's), None for a plain prompt."""

@@ -38,9 +38,11 @@ def prompt_tokens(
     prompt_format: PromptFormat | None,
     history: HistoryIndex | None,
     prompt_prefix: str = "",
+    note: str = "",
 ) -> tuple[list[int], int, int | None]:
     """`prompt_prefix` + the task's prompt as tokens, how many of them the user's prompts share, and how many
-    characters of the text the prompt carries (None: all of it).
+    characters of the text the prompt carries (None: all of it). `note`: a line after the text
+    (`Task.prompt_for`), always whole: a cut takes the text's characters, never the note's.
 
     A task that writes from a text's start (headline, title) reads at most its `max_input_chars`, and fewer
     where the text tokenizes so densely that the prompt would leave no room for the output in the context
@@ -48,11 +50,12 @@ def prompt_tokens(
     """
     chosen = get_task(task)
     content = chosen.content(text)
-    read = min(len(content), chosen.max_input_chars) if chosen.cuts_long_input else len(content)
+    room = len(note) + 1 if note else 0
+    read = min(len(content), chosen.max_input_chars - room) if chosen.cuts_long_input else len(content)
 
     def tokens_reading(count: int) -> list[int]:
         shown = text if count >= len(content) else cut_text(content, count)
-        return engine.tokenize(prompt_prefix + prompt_for_user(task, shown, prompt_format, history))
+        return engine.tokenize(prompt_prefix + prompt_for_user(task, shown, prompt_format, history, note))
 
     budget = engine.n_ctx - chosen.default_max_tokens
     if chosen.cuts_long_input:
