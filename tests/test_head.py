@@ -128,6 +128,33 @@ def test_head_base_is_read_from_the_manifest_and_checked() -> None:
         HeadConfig.from_manifest({**entry, "base": "user"})
 
 
+def test_a_head_flag_written_as_text_and_a_normalisation_the_device_lacks_are_refused() -> None:
+    # bool("false") was True: every g(y) was divided by its length; any layer_norm passed while the device only
+    # RMS-normalises (eighty-seventh session's methods audit)
+    entry = HeadConfig(d=8).to_manifest()
+    assert HeadConfig.from_manifest({**entry, "length_normalised": True}).length_normalised is True
+    with pytest.raises(
+        LocalpersError, match=r"'head.length_normalised' is 'false'; it must be true or false"
+    ):
+        HeadConfig.from_manifest({**entry, "length_normalised": "false"})
+    with pytest.raises(LocalpersError, match=r"'head.layer_norm' is 'none'"):
+        HeadConfig.from_manifest({**entry, "layer_norm": "none"})
+
+
+def test_a_saved_head_is_synced_before_it_replaces_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    head = small_head()
+    path = head.save(tmp_path / "head.safetensors")
+    assert synced and not [p for p in tmp_path.iterdir() if p.name != "head.safetensors"]
+    np.testing.assert_array_equal(CardHead.load(path, head.config, head.embeddings).P, head.P)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -14,11 +14,11 @@ must be (its manifest fields, its file's tensors) is `localpers.methods.card.hea
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from localpers.atomic import atomic_write_bytes
 from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 from localpers.methods.card.head_spec import HeadConfig, check_head_tensors, read_head_file
@@ -108,7 +108,9 @@ class CardHead:
             raise LocalpersError(f"{path}: {exc}") from exc
 
     def save(self, path: Path) -> Path:
-        from safetensors.numpy import save_file
+        """Write the head's tensors to `path` all at once, synced to disk (the publisher's head stage is kept and
+        reused: a rename that outlived a power cut without its data left a short file the next publish took)."""
+        from safetensors.numpy import save
 
         tensors: dict[str, np.ndarray] = {"P": self.P, "default_vectors": self.default_vectors}
         if self.Q is not None:
@@ -117,9 +119,7 @@ class CardHead:
             tensors["U_rows"] = self.U_rows
             tensors["U_ids"] = self.U_ids
         path = Path(path)
-        partial = path.with_name(path.name + ".partial")
-        save_file(tensors, str(partial))
-        os.replace(partial, path)
+        atomic_write_bytes(path, save(tensors))
         return path
 
     # ------------------------------------------------------------------ maths

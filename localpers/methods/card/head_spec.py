@@ -20,6 +20,7 @@ from localpers.errors import LocalpersError
 from localpers.methods.bounds import MAX_D, MAX_TOP_K
 
 BASES = ("cluster", "global")  # the adapters CARD's correction can sit on (`HeadConfig.base`)
+LAYER_NORMS = ("rms",)  # how the device normalises the tapped states (`head.normalise_features`)
 # What a manifest's head may ask for (its top-k: `bounds.MAX_TOP_K`). Calibrated scales are well under 1 (the
 # demo bundle's alpha: 0.066).
 MAX_SCALE = 1000.0
@@ -48,6 +49,12 @@ class HeadConfig:
 
     @classmethod
     def from_manifest(cls, entry: dict[str, Any]) -> HeadConfig:
+        # bool("false") is True: a flag written as a string divided every g(y) by its length without a word
+        flag = entry.get("length_normalised", False)
+        if not isinstance(flag, bool):
+            raise LocalpersError(
+                f"bundle manifest field 'head.length_normalised' is {flag!r}; it must be true or false"
+            )
         try:
             config = cls(
                 d=int(entry["d"]),
@@ -55,7 +62,7 @@ class HeadConfig:
                 u=str(entry.get("u", "factored")),
                 alpha=float(entry.get("alpha", 1.0)),
                 top_k=int(entry.get("top_k", 20)),
-                length_normalised=bool(entry.get("length_normalised", False)),
+                length_normalised=flag,
                 layer_norm=str(entry.get("layer_norm", "rms")),
                 strength=None if entry.get("strength") is None else float(entry["strength"]),
                 base=str(entry.get("base", "cluster")),
@@ -66,6 +73,11 @@ class HeadConfig:
             raise LocalpersError(
                 f"bundle manifest field 'head.base' is {config.base!r}, not one of {', '.join(BASES)} (a newer"
                 " localpers may read it)"
+            )
+        if config.layer_norm not in LAYER_NORMS:
+            raise LocalpersError(
+                f"bundle manifest field 'head.layer_norm' is {config.layer_norm!r}; this localpers normalises the"
+                f" tapped states only as {', '.join(LAYER_NORMS)} (a newer localpers may read it)"
             )
         problem = config._out_of_range()
         if problem:
