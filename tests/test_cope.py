@@ -84,6 +84,19 @@ def test_chosen_tokens_are_always_plausible_under_the_user_model(decoder: CopeDe
     assert left_argmax >= 1, "the contrast never changed a choice; the test would not notice a broken hook"
 
 
+def test_the_contrast_is_not_scored_teacher_forced(decoder: CopeDecoder) -> None:
+    # its plausible tokens get log-probabilities while every other token keeps its raw logit (tens of nats higher
+    # on Gemma): a gold likelihood scored so was meaningless, and the engine's docstring said it worked
+    from localpers.engine.generation import score_forced
+    from localpers.methods.cope_decode import ContrastiveSampler
+
+    tokens = decoder.user.tokenize(PROMPT)
+    contrast = ContrastiveSampler(decoder.base, tokens)
+    forced = decoder.user.tokenize(" BIKE LANE OPENS", add_bos=False)
+    with pytest.raises(ValueError, match="cope sampler's values are not logits"):
+        score_forced(decoder.user, tokens, forced, [contrast])
+
+
 def test_alpha_zero_is_plain_greedy_decoding_of_the_user_model(decoder: CopeDecoder) -> None:
     contrastive, _ = decoder.generate(PROMPT, max_tokens=12, alpha=0.0)
     plain = generate(decoder.user, PROMPT, max_tokens=12)

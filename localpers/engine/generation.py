@@ -10,9 +10,10 @@ headline that starts with a newline is not an empty headline). This module does 
 the given tokens and records each one's log-probability under the method's logits (the gold likelihood of
 the benchmark). Since every input is known, the forced tokens are evaluated in one batch and the chain then
 runs over each position's logits and features in order (batch-vs-single float noise only). The method
-changes only the candidates it is given (CARD: the cluster model's top k; CoPe: its plausibility set); every
-other token keeps its unchanged logit, so the correction moves the top k and every method is scored over the
-whole vocabulary.
+changes only the candidates it is given (CARD: the cluster model's top k); every other token keeps its
+unchanged logit, so the correction moves the top k and the method is scored over the whole vocabulary. A method
+whose new values are not on the logits' scale cannot be scored so, and says so (`forced_scoring = False`: CoPe,
+whose plausible tokens get normalised log-probabilities beside the other tokens' raw logits); it is refused.
 """
 
 from __future__ import annotations
@@ -211,6 +212,11 @@ def _score_forced(
     candidates' terms swapped for their new values, so each method costs its candidates, not the vocabulary.
     """
     check_tokens(engine, forced, "forced tokens")
+    for method in methods:
+        if method is not None and not getattr(method, "forced_scoring", True):
+            raise ValueError(
+                f"the {method.name} sampler's values are not logits: it cannot be scored teacher-forced"
+            )
     with contextlib.ExitStack() as stack:
         chains = [
             None

@@ -67,6 +67,8 @@ class ContrastiveSampler:
 
     name = "cope"
     candidate_limit = None
+    # its plausible tokens get log-probabilities, the others keep raw logits: no whole-vocabulary score means anything
+    forced_scoring = False
 
     def __init__(
         self,
