@@ -7,9 +7,10 @@ with `--precision auto` a few steps are timed in fp32 and under bf16 autocast an
 warning in the log, since torch then emulates it several times slower.
 Cluster adapters start from the trained global adapter (`--cluster-init global`) or from scratch.
 Each adapter checkpoints every `checkpoint_every` steps to `<adapter>/checkpoint.pt` (LoRA weights,
-optimiser, scheduler, step, losses) so an interrupted run resumes where it stopped, and its final
-weights go to `<adapter>/lora.pt`. Validation loss (mean per target token over the users' held-out
-items) is measured for the backbone, the starting point and the trained adapter.
+optimiser, scheduler, step, losses, random states) so an interrupted run resumes where it stopped and
+draws the dropout masks an uninterrupted run would; its final weights go to `<adapter>/lora.pt`.
+Validation loss (mean per target token over the users' held-out items) is measured for the backbone, the
+starting point and the trained adapter.
 Every adapter's dropout is seeded from (seed, adapter name), so it trains the same in whichever process
 runs it. This module holds the training mechanics; `sft_stage` schedules the adapters as tasks.
 This stage does not write GGUF (stage `export` does).
@@ -200,6 +201,13 @@ def train_adapter(
         scheduler.load_state_dict(saved["scheduler"])
         step, losses, tokens_seen, seconds = saved["step"], saved["losses"], saved["tokens"], saved["seconds"]
         context.log(f"{name}: resuming at step {step}/{steps}")
+        if not _restore_rng(saved, torch_model.model_device(model)):
+            # Kept rather than refused: the steps done are valid training, and the only difference from an
+            # uninterrupted run is which dropout masks the remaining steps draw (as another seed would).
+            context.log(
+                f"{name}: checkpoint {checkpoint_path} predates saved random states; the remaining steps draw"
+                " other dropout masks than an uninterrupted run would"
+            )
     order = _batch_order(len(examples), steps, options.batch_size, options.seed, name)
     model.train()
     with context.progress(f"sft {name}", steps) as advance:
@@ -278,6 +286,32 @@ def _save_checkpoint(
             "losses": losses,
             "tokens": tokens,
             "seconds": seconds,
+            "rng": _rng_state(torch_model.model_device(model)),
         },
         path,
     )
+
+
+def _rng_state(device: Any) -> dict[str, Any]:
+    """The random states the next steps' dropout draws from: the CPU's, and the GPU's when training on one."""
+    import torch
+
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _restore_rng(saved: dict[str, Any], device: Any) -> bool:
+    """Put back the random states a checkpoint saved, so a resumed run draws the masks an uninterrupted one
+    would; False for a checkpoint written before they were saved."""
+    import torch
+
+    state = saved.get("rng")
+    if state is None:
+        return False
+    # torch.load's map_location may have moved these byte tensors to the GPU; the setters take CPU tensors.
+    torch.set_rng_state(state["cpu"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+    return True

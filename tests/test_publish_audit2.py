@@ -1,0 +1,128 @@
+"""The publisher's reproducibility and integrity (a second audit of `localpers publish`).
+
+Each test is a case that failed before: a resumed SFT run whose dropout masks restarted from step 0's random
+state (other weights than an uninterrupted run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from localpers.publish.corpus import Corpus
+from localpers.publish.options import PublishOptions
+from localpers.publish.runner import PublishContext
+
+
+def _context(root: Path, **changes: object) -> PublishContext:
+    options = PublishOptions(
+        corpus=root / "corpus.jsonl",
+        out=root / "out",
+        lr=1e-2,
+        batch_size=4,
+        checkpoint_every=2,
+        seed=0,
+        **changes,  # type: ignore[arg-type]
+    )
+    return PublishContext(
+        options=options,
+        corpus=Corpus(root / "corpus.jsonl", ()),
+        backbone_path=root / "backbone.gguf",
+        backbone_sha256="0" * 64,
+        console=Console(stderr=True, quiet=True),
+        log_file=root / "publish.log",
+    )
+
+
+def _tiny_lora_model(dropout: float) -> tuple[Any, dict[str, Any], list[Any]]:
+    """A 2-layer random Llama with a LoRA of `dropout`, its fresh LoRA state, and 24 random examples."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from localpers.engine import torch_model
+    from localpers.engine.torch_model import Example
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = torch_model.wrap_lora(
+        transformers.LlamaForCausalLM(config), 4, 8.0, dropout, ("attn_q", "attn_v", "ffn_up")
+    )
+    generator = torch.Generator().manual_seed(1)
+    examples = [
+        Example(
+            prompt=tuple(torch.randint(1, 64, (6,), generator=generator).tolist()),
+            target=tuple(torch.randint(1, 64, (3,), generator=generator).tolist()),
+            user=i % 3,
+        )
+        for i in range(24)
+    ]
+    return model, torch_model.lora_state(model), examples
+
+
+class _Killed(BaseException):
+    """A kill right after a checkpoint was written."""
+
+
+def _train_killed_after_step(
+    monkeypatch: pytest.MonkeyPatch, kill_step: int, train: Any, *, drop_rng: bool = False
+) -> None:
+    from localpers.publish import sft
+
+    real_save = sft._save_checkpoint
+
+    def save_then_die(path: Path, model: Any, *rest: Any) -> None:
+        real_save(path, model, *rest)
+        if rest[2] == kill_step:  # (optimizer, scheduler, step, ...)
+            if drop_rng:  # as a checkpoint written before the random states were saved
+                import torch
+
+                saved = torch.load(path, weights_only=False)
+                del saved["rng"]
+                torch.save(saved, path)
+            raise _Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sft, "_save_checkpoint", save_then_die)
+        with pytest.raises(_Killed):
+            train()
+
+
+@pytest.mark.slow
+def test_a_resumed_sft_run_with_dropout_trains_the_weights_of_an_uninterrupted_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from localpers.publish import sft
+
+    model, fresh, examples = _tiny_lora_model(dropout=0.05)
+    context = _context(tmp_path)
+    steps = 6
+
+    def train(folder: str) -> dict[str, Any]:
+        return sft.train_adapter(context, model, "global", examples, steps, fresh, "fp32", tmp_path / folder)
+
+    train("whole")
+    _train_killed_after_step(monkeypatch, 2, lambda: train("resumed"))
+    train("resumed")
+    whole = torch.load(tmp_path / "whole" / "lora.pt")
+    resumed = torch.load(tmp_path / "resumed" / "lora.pt")
+    assert "global: resuming at step 2/6" in context.log_file.read_text()
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+
+    # a checkpoint from before the random states were saved still resumes, and the log says what differs
+    _train_killed_after_step(monkeypatch, 4, lambda: train("old"), drop_rng=True)
+    record = train("old")
+    assert record["steps"] == steps and len(record["train_loss"]) == steps
+    assert "predates saved random states" in context.log_file.read_text()
