@@ -1,11 +1,14 @@
 """The publisher's reproducibility and integrity (a second audit of `localpers publish`).
 
 Each test is a case that failed before: a resumed SFT run whose dropout masks restarted from step 0's random
-state (other weights than an uninterrupted run).
+state (other weights than an uninterrupted run); stage keys that hashed the corpus file after it was parsed, and
+tasks in other processes that read it again unchecked (an edit during a publish mixed two corpora).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +129,48 @@ def test_a_resumed_sft_run_with_dropout_trains_the_weights_of_an_uninterrupted_o
     record = train("old")
     assert record["steps"] == steps and len(record["train_loss"]) == steps
     assert "predates saved random states" in context.log_file.read_text()
+
+
+def _write_users(path: Path, tag: str) -> Path:
+    rows = [{"user_id": user, "history": [{"input": "x", "output": f"{tag} {user}"}]} for user in "ab"]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_the_stage_keys_hash_the_corpus_bytes_that_were_parsed(tmp_path: Path) -> None:
+    from localpers.publish.corpus import load_corpus
+    from localpers.publish.runner import run_stages, stage_key
+
+    path = _write_users(tmp_path / "corpus.jsonl", "v1")
+    parsed = hashlib.sha256(path.read_bytes()).hexdigest()
+    context = _context(tmp_path)
+    context.corpus = load_corpus(path, min_users=2)
+    _write_users(path, "v2-edited")  # edited after the parse, before the stages are keyed
+    run_stages(context, {"clusters": lambda *_: {}}, until="clusters")
+    expected = stage_key(context.options, "clusters", {"corpus": parsed, "backbone": context.backbone_sha256})
+    assert context.keys["clusters"] == expected
+
+
+def test_a_task_refuses_a_corpus_that_changed_during_the_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localpers.errors import LocalpersError
+    from localpers.publish import runner
+    from localpers.publish.corpus import load_corpus
+
+    monkeypatch.setattr(runner, "threadpool_limits", lambda **_: None)  # not this test process's BLAS threads
+    monkeypatch.setattr(runner, "_corpora", {})
+    path = _write_users(tmp_path / "corpus.jsonl", "v1")
+    context = _context(tmp_path)
+    context.corpus = load_corpus(path, min_users=2)
+    spec = context.spec()
+    runner._local_contexts.clear()  # as in another process (a Ray worker), which reads the corpus itself
+    assert runner.task_context(spec).corpus.users[0].history[0].output == "v1 a"
+
+    monkeypatch.setattr(runner, "_corpora", {})
+    _write_users(path, "v2-edited")
+    with pytest.raises(LocalpersError) as refused:
+        runner.task_context(spec)
+    message = str(refused.value)
+    assert str(path) in message and "the corpus changed during the publish; run it again" in message
+    assert "\n" not in message

@@ -9,6 +9,9 @@ cluster or split anything.
 
 from __future__ import annotations
 
+import codecs
+import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +40,12 @@ class CorpusUser:
 
 @dataclass(frozen=True)
 class Corpus:
-    """Validated users of one corpus file."""
+    """Validated users of one corpus file, and the SHA-256 of the very bytes they were parsed from ("" for a
+    corpus built in memory): what the stage keys hash, and what a task that reads the file again must find."""
 
     path: Path
     users: tuple[CorpusUser, ...]
+    sha256: str = ""
 
     @property
     def n_items(self) -> int:
@@ -108,29 +113,36 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
         else:
             what = "does not exist"
         raise InputError(f"corpus file {corpus_path} {what}; give a JSONL file, one user per line")
-    users: list[CorpusUser] = []
-    first_line: dict[str, int] = {}
+    # Read once, hashed and parsed from the same bytes: hashing the file again after the parse would key the
+    # stages by whatever the file held by then (an edit during the parse went unnoticed).
+    data = corpus_path.read_bytes()
+    body = (
+        data[len(codecs.BOM_UTF8) :] if data.startswith(codecs.BOM_UTF8) else data
+    )  # an editor's BOM, not data
     try:
-        with corpus_path.open(encoding="utf-8-sig") as handle:  # a leading BOM is an editor's, not data
-            for number, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                where = f"{corpus_path}:{number}"
-                try:
-                    # a key named twice would keep its last value silently (or blame another line's user_id)
-                    record = parse_json(raw, object_pairs_hook=reject_duplicate_keys)
-                except JSONProblem as problem:
-                    raise InputError(f"{where}: not valid JSON ({problem})") from None
-                user = parse_user(record, where, number)
-                if user.user_id in first_line:
-                    raise InputError(
-                        f"{where}: user_id {user.user_id!r} already appears on line {first_line[user.user_id]}"
-                    )
-                first_line[user.user_id] = number
-                users.append(user)
+        text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{corpus_path}: not UTF-8 text ({exc.reason}); re-encode the file") from None
+    users: list[CorpusUser] = []
+    first_line: dict[str, int] = {}
+    # newline=None: lines end at \n, \r\n or a lone \r, as when the file was read in text mode
+    for number, raw in enumerate(io.StringIO(text, newline=None), start=1):
+        if not raw.strip():
+            continue
+        where = f"{corpus_path}:{number}"
+        try:
+            # a key named twice would keep its last value silently (or blame another line's user_id)
+            record = parse_json(raw, object_pairs_hook=reject_duplicate_keys)
+        except JSONProblem as problem:
+            raise InputError(f"{where}: not valid JSON ({problem})") from None
+        user = parse_user(record, where, number)
+        if user.user_id in first_line:
+            raise InputError(
+                f"{where}: user_id {user.user_id!r} already appears on line {first_line[user.user_id]}"
+            )
+        first_line[user.user_id] = number
+        users.append(user)
     if len(users) < min_users:
         fix = "add users" + (" or lower --k" if min_users > 2 else "")  # two users is the least any --k needs
         raise InputError(f"{corpus_path}: {len(users)} user(s) found, at least {min_users} needed; {fix}")
-    return Corpus(path=corpus_path, users=tuple(users))
+    return Corpus(path=corpus_path, users=tuple(users), sha256=hashlib.sha256(data).hexdigest())

@@ -6,7 +6,8 @@ is skipped when its `done.json` carries the current key; a directory whose `key.
 back to the stage, which resumes what it can (SFT checkpoints, per-user pair and feature files).
 A stage's independent work goes through `context.executor` (`localpers.publish.executor`); a task
 rebuilds its own `PublishContext` from a picklable `ContextSpec` (`task_context`), in whatever process
-or machine runs it. This module does not know what the stages compute; `localpers.publish.pipeline`
+or machine runs it; one that reads the corpus again refuses it unless its bytes hash as those the publish
+parsed (the hash every stage key chains from). This module does not know what the stages compute; `localpers.publish.pipeline`
 wires them up.
 """
 
@@ -36,7 +37,6 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
-from localpers.bundle.format import sha256_of_file
 from localpers.errors import LocalpersError
 from localpers.paths import check_own_directory
 from localpers.publish.corpus import Corpus, load_corpus
@@ -134,7 +134,14 @@ class PublishContext:
         token = uuid.uuid4().hex
         _local_contexts.clear()
         _local_contexts[token] = self
-        return ContextSpec(self.options, self.backbone_path, self.backbone_sha256, dict(self.keys), token)
+        return ContextSpec(
+            self.options,
+            self.backbone_path,
+            self.backbone_sha256,
+            dict(self.keys),
+            token,
+            corpus_sha256=self.corpus.sha256,
+        )
 
     @property
     def work(self) -> Path:
@@ -195,6 +202,9 @@ class ContextSpec:
     backbone_sha256: str
     keys: dict[str, str]
     token: str = ""
+    corpus_sha256: str = (
+        ""  # of the bytes the publish parsed: a task that reads the corpus again must find them
+    )
 
 
 _local_contexts: dict[str, PublishContext] = {}
@@ -202,7 +212,8 @@ _corpora: dict[tuple[str, int, int], Corpus] = {}
 
 
 def task_context(spec: ContextSpec) -> PublishContext:
-    """A `PublishContext` for a task: the corpus is read once per process (keyed by path, size, mtime)."""
+    """A `PublishContext` for a task: the corpus is read once per process (keyed by path, size, mtime), and refused
+    unless its bytes are those the publish parsed (`spec.corpus_sha256`)."""
     if spec.token in _local_contexts:
         return _local_contexts[spec.token]
     # numpy/BLAS with the run's thread count in every process: sums come out bit-identical everywhere.
@@ -216,9 +227,16 @@ def task_context(spec: ContextSpec) -> PublishContext:
     if key not in _corpora:
         _corpora.clear()
         _corpora[key] = load_corpus(path)
+    corpus = _corpora[key]
+    if spec.corpus_sha256 and corpus.sha256 != spec.corpus_sha256:
+        # the stages are keyed by the bytes the publish read: a task trained or scored on others would mix two corpora
+        raise LocalpersError(
+            f"corpus {path}: its bytes differ from those the publish read (SHA-256 {corpus.sha256[:12]}, not"
+            f" {spec.corpus_sha256[:12]}): the corpus changed during the publish; run it again"
+        )
     return PublishContext(
         options=spec.options,
-        corpus=_corpora[key],
+        corpus=corpus,
         backbone_path=spec.backbone_path,
         backbone_sha256=spec.backbone_sha256,
         console=Console(stderr=True),
@@ -258,7 +276,7 @@ def run_stages(
     # Every stage's key chains from the inputs: a corpus edited in place or another backbone makes them all new
     # (the clusters key held only options, so an edited corpus found every stage cached and its old bundle kept).
     upstream: dict[str, str] = {
-        "corpus": sha256_of_file(Path(context.options.corpus)),
+        "corpus": context.corpus.sha256,  # of the bytes parsed, not of the file as it is by now
         "backbone": context.backbone_sha256,
     }
     for stage in STAGES[forced:]:
