@@ -174,3 +174,48 @@ def test_a_task_refuses_a_corpus_that_changed_during_the_publish(
     message = str(refused.value)
     assert str(path) in message and "the corpus changed during the publish; run it again" in message
     assert "\n" not in message
+
+
+def test_the_fresh_lora_start_follows_the_seed_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from localpers.engine import torch_model
+
+    monkeypatch.setattr(torch_model, "_cache", {})
+    monkeypatch.setattr(torch_model, "_fresh_states", {})
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    backbones: dict[str, Any] = {}
+
+    def load_backbone(path: Path, device: str = "cpu") -> Any:
+        if str(path) not in backbones:  # drawn from the global generator, as a first load does
+            backbones[str(path)] = transformers.LlamaForCausalLM(config)
+        return backbones[str(path)]
+
+    monkeypatch.setattr(torch_model, "load_backbone", load_backbone)
+    shape = (4, 8.0, 0.05, ("attn_q",))
+    backbone = Path("backbone.gguf")
+
+    def fresh(seed: int) -> dict[str, Any]:
+        torch.manual_seed(
+            1000 + seed
+        )  # whatever the global generator held before: not what the start is drawn from
+        torch_model.shared_lora_model(backbone, *shape, seed=seed)
+        return torch_model.fresh_lora_state(backbone, *shape, seed=seed)
+
+    first, second, first_again = (
+        fresh(0),
+        fresh(1),
+        fresh(0),
+    )  # two publishes in one process, then the first again
+    a_matrices = [name for name in first if "lora_A" in name]
+    assert a_matrices
+    assert not any(torch.equal(first[name], second[name]) for name in a_matrices)
+    assert all(torch.equal(first[name], first_again[name]) for name in first)

@@ -229,16 +229,31 @@ def backbone_config(path: Path) -> Any:
 
 
 def shared_lora_model(
-    path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], device: str = "cpu"
+    path: Path,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: tuple[str, ...],
+    device: str = "cpu",
+    *,
+    seed: int,
 ) -> Any:
-    """One peft LoRA model per (backbone, LoRA shape, device) and process; weights are swapped per adapter."""
-    key = ("lora", str(path), rank, alpha, dropout, targets, device)
+    """One peft LoRA model per (backbone, LoRA shape, device, seed) and process; weights are swapped per adapter.
+
+    peft draws the initial LoRA A matrices from torch's global generator, seeded here with `seed` (after the
+    backbone is loaded, which draws random numbers the first time): the same start in every process, and
+    another seed's start for another seed (the cache held the first seed's for every later one)."""
+    import torch
+
+    key = ("lora", str(path), rank, alpha, dropout, targets, device, seed)
     if key not in _cache:
         # peft wraps the model in place, so drop any earlier wrapping of the same backbone first.
         for old in [k for k in _cache if k[0] == "lora" and k[1] == str(path)]:
             _cache.pop(old).unload()
             _fresh_states.pop(old, None)
-        model = wrap_lora(load_backbone(path, device), rank, alpha, dropout, targets)
+        backbone = load_backbone(path, device)
+        torch.manual_seed(seed)
+        model = wrap_lora(backbone, rank, alpha, dropout, targets)
         _cache[key] = model
         _fresh_states[key] = lora_state(model)
     return _cache[key]
@@ -281,11 +296,18 @@ def load_lora_state(model: Any, state: dict[str, Any]) -> None:
 
 
 def fresh_lora_state(
-    path: Path, rank: int, alpha: float, dropout: float, targets: tuple[str, ...], device: str = "cpu"
+    path: Path,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: tuple[str, ...],
+    device: str = "cpu",
+    *,
+    seed: int,
 ) -> dict:
-    """The LoRA weights as peft initialised them (B = 0, so the adapter starts as the backbone)."""
-    shared_lora_model(path, rank, alpha, dropout, targets, device)
-    return _fresh_states[("lora", str(path), rank, alpha, dropout, targets, device)]
+    """The LoRA weights as peft initialised them under `seed` (B = 0, so the adapter starts as the backbone)."""
+    shared_lora_model(path, rank, alpha, dropout, targets, device, seed=seed)
+    return _fresh_states[("lora", str(path), rank, alpha, dropout, targets, device, seed)]
 
 
 def make_batch(examples: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:

@@ -105,15 +105,17 @@ def _require_training_extra() -> None:
 def lora_model(backbone: Path, config: SftConfig) -> Any:
     """The peft-wrapped fp32 backbone for `config`'s LoRA shape: the publisher's per-process shared model."""
     _require_training_extra()
-    import torch
-
-    torch.manual_seed(config.seed)  # peft's LoRA initialisation, when this shape is first built
-    return shared_lora_model(backbone, config.rank, config.alpha, config.dropout, config.targets)
+    return shared_lora_model(
+        backbone, config.rank, config.alpha, config.dropout, config.targets, seed=config.seed
+    )
 
 
 def _reset_lora(model: Any, backbone: Path, config: SftConfig) -> None:
     load_lora_state(
-        model, fresh_lora_state(backbone, config.rank, config.alpha, config.dropout, config.targets)
+        model,
+        fresh_lora_state(
+            backbone, config.rank, config.alpha, config.dropout, config.targets, seed=config.seed
+        ),
     )
 
 

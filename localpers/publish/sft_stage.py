@@ -62,10 +62,9 @@ def prepared(context: PublishContext) -> tuple[Any, dict[str, Any], list[Example
         torch.set_num_threads(options.threads)
         device = torch_model.training_device()
         shape = (options.rank, options.lora_alpha, options.dropout, tuple(options.targets))
-        torch_model.load_backbone(context.backbone_path, device)  # first: loading draws random numbers
-        torch.manual_seed(options.seed)  # peft's random LoRA A: the same in every process
-        model = torch_model.shared_lora_model(context.backbone_path, *shape, device=device)
-        fresh = torch_model.fresh_lora_state(context.backbone_path, *shape, device=device)
+        # peft's random LoRA A drawn under --seed: the same in every process
+        model = torch_model.shared_lora_model(context.backbone_path, *shape, device=device, seed=options.seed)
+        fresh = torch_model.fresh_lora_state(context.backbone_path, *shape, device=device, seed=options.seed)
         train, val, clusters = split_examples(context)
         _prepared[key] = (model, fresh, train, val, clusters)
     return _prepared[key]
