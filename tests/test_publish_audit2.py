@@ -2,7 +2,9 @@
 
 Each test is a case that failed before: a resumed SFT run whose dropout masks restarted from step 0's random
 state (other weights than an uninterrupted run); stage keys that hashed the corpus file after it was parsed, and
-tasks in other processes that read it again unchecked (an edit during a publish mixed two corpora).
+tasks in other processes that read it again unchecked (an edit during a publish mixed two corpora); a cached
+fresh LoRA start that kept the first seed's for a second publish in one process; stage JSON files renamed into
+place unsynced, and an empty per-user pairs file or adapter record that failed its stage instead of being redone.
 """
 
 from __future__ import annotations
@@ -219,3 +221,79 @@ def test_the_fresh_lora_start_follows_the_seed_in_one_process(monkeypatch: pytes
     assert a_matrices
     assert not any(torch.equal(first[name], second[name]) for name in a_matrices)
     assert all(torch.equal(first[name], first_again[name]) for name in first)
+
+
+def test_stage_json_files_are_on_disk_before_they_are_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from localpers.publish.runner import write_json_atomic
+
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda *paths: (events.append("replace"), real_replace(*paths))[1])
+    target = tmp_path / "sft" / "record.json"
+    write_json_atomic(target, {"steps": 2})
+    assert json.loads(target.read_text()) == {"steps": 2}
+    assert "replace" in events and "fsync" in events[: events.index("replace")]
+    assert [path.name for path in target.parent.iterdir()] == ["record.json"]  # no temp file left
+
+
+def test_a_damaged_pairs_user_file_is_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpers.publish import pairs
+    from localpers.publish.corpus import load_corpus
+
+    context = _context(tmp_path)
+    context.corpus = load_corpus(_write_users(tmp_path / "corpus.jsonl", "v1"), min_users=2)
+    monkeypatch.setattr(pairs, "load_assignment", lambda _: {"users": [{"cluster": 0, "val": []}] * 2})
+    directory = context.stage_dir("pairs")
+    directory.mkdir(parents=True)
+    done = {"user": 0, "user_id": "a", "cluster": 0, "pairs": [{"item": 0, "chosen": "y", "rejected": "n"}]}
+    pairs.user_file(directory, 0).write_text(json.dumps(done))
+    pairs.user_file(directory, 1).write_text(
+        ""
+    )  # as a power cut could leave a file renamed before it was synced
+    made: list[int] = []
+
+    def shard(spec: Any, rows: list[tuple[int, int, list[int]]]) -> dict[str, float]:
+        for index, cluster, _ in rows:
+            made.append(index)
+            pairs.write_json_atomic(
+                pairs.user_file(directory, index),
+                {"user": index, "user_id": "b", "cluster": cluster, "pairs": []},
+            )
+        return {"generated": 1, "skipped": 1, "new_tokens": 0, "decode_seconds": 0.0}
+
+    monkeypatch.setattr(pairs, "pairs_shard", shard)
+    summary = pairs.run(context, directory)
+    assert made == [1] and summary["users"] == 2 and summary["pairs"] == 1
+    assert f"{pairs.user_file(directory, 1)}: damaged" in context.log_file.read_text()
+
+
+def test_a_damaged_adapter_record_is_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpers.engine import torch_model
+    from localpers.publish import sft_stage
+
+    context = _context(tmp_path)
+    directory = context.stage_dir("sft")
+    (directory / "global").mkdir(parents=True)
+    (directory / "val_backbone.json").write_text("{}")
+    (directory / "global" / "record.json").write_text('{"steps": 2, "train_lo')  # cut short
+    monkeypatch.setattr(sft_stage, "prepared", lambda _: (None, {}, [], [], [0, 0]))
+    trained: list[str] = []
+
+    def train_adapter(context: Any, model: Any, name: str, *rest: Any) -> dict[str, Any]:
+        trained.append(name)
+        return {"steps": 1, "examples": 0, "train_loss": [0.5], "tokens": 0, "tokens_per_second": 0.0}
+
+    monkeypatch.setattr(sft_stage, "train_adapter", train_adapter)
+    monkeypatch.setattr(sft_stage, "evaluate", lambda *_: {})
+    monkeypatch.setattr(torch_model, "model_device", lambda _: "cpu")
+    record = sft_stage.adapter_task(context.spec(), "global", "fp32")
+    assert trained == ["global"] and record["train_loss"] == [0.5]
+    assert json.loads((directory / "global" / "record.json").read_text())["train_loss"] == [0.5]
+    assert "record.json: damaged" in context.log_file.read_text()
+    again = sft_stage.adapter_task(context.spec(), "global", "fp32")  # a whole record: not trained again
+    assert again["train_loss"] == [0.5] and trained == ["global"]

@@ -23,9 +23,17 @@ from localpers.publish.clusters import load_assignment
 from localpers.publish.executor import GIB, Resources, Task, shards
 from localpers.publish.options import card_base
 from localpers.publish.prompts import user_prompts
-from localpers.publish.runner import ContextSpec, PublishContext, read_json, task_context, write_json_atomic
+from localpers.publish.runner import (
+    ContextSpec,
+    PublishContext,
+    read_finished_json,
+    read_json,
+    task_context,
+    write_json_atomic,
+)
 
 _engines: dict[tuple[Any, ...], Any] = {}
+USER_FIELDS = ("user", "user_id", "cluster", "pairs")  # what a user's file holds once written
 
 
 def chosen_items(user_id: str, candidates: list[int], limit: int | None, seed: int) -> list[int]:
@@ -133,7 +141,10 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
             )
         )
     plan.sort(key=lambda row: (row[1], row[0]))  # group by cluster: fewer adapter switches
-    todo = [row for row in plan if not user_file(directory, row[0]).exists()]
+    # a damaged user file is removed here and made again; the shards then skip the users whose files exist
+    todo = [
+        row for row in plan if read_finished_json(context, user_file(directory, row[0]), USER_FIELDS) is None
+    ]
     parts = shards(todo, options.shard_users)
     spec = context.spec()
     tasks = [Task(pairs_shard, (spec, part), f"pairs users {part[0][0]}..{part[-1][0]}") for part in parts]

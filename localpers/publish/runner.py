@@ -13,9 +13,9 @@ wires them up.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import shutil
 import time
 import uuid
@@ -37,6 +37,7 @@ from rich.progress import (
 )
 from threadpoolctl import threadpool_limits
 
+from localpers.atomic import atomic_write_text
 from localpers.errors import LocalpersError
 from localpers.paths import check_own_directory
 from localpers.publish.corpus import Corpus, load_corpus
@@ -65,18 +66,37 @@ def check_work_directory(work: Path) -> None:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON via a temp file and `os.replace`, so readers never see half a file."""
+    """Write JSON via a temp file, fsynced before `os.replace`: readers never see half a file, and a power cut
+    leaves the old file or the new one (without the fsync, a renamed file could be empty after one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    os.replace(partial, path)
+    atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise LocalpersError(f"{path}: unreadable stage file ({exc}); re-run with --from-stage") from exc
+
+
+def read_finished_json(context: PublishContext, path: Path, fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """A per-user or per-adapter result a stage resumes from, or None where it is still to be made: missing, or
+    damaged (empty, cut short, not a JSON object with `fields`), which is logged and removed so it is made again
+    (it is one user's or adapter's work: failing the whole stage over it cost every other result)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        problem = f"{type(exc).__name__}: {one_line(str(exc), 120)}"
+    else:
+        if isinstance(value, dict) and all(name in value for name in fields):
+            return value
+        problem = f"not a JSON object with {', '.join(fields)}"
+    context.log(f"{path}: damaged ({problem}); making it again")
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return None
 
 
 def read_stage_file(path: Path, load: Callable[[Path], Any], stage: str) -> Any:

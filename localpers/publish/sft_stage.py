@@ -22,6 +22,7 @@ from localpers.publish.executor import GIB, Resources, Task
 from localpers.publish.runner import (
     ContextSpec,
     PublishContext,
+    read_finished_json,
     read_json,
     read_torch,
     task_context,
@@ -38,6 +39,8 @@ from localpers.publish.sft import (
     train_adapter,
 )
 
+# what an adapter's record.json holds once written (the stage summary and the bundle stage read these)
+RECORD_FIELDS = ("steps", "train_loss", "tokens_per_second", "val_loss")
 _prepared: dict[tuple[str, str], tuple[Any, dict[str, Any], list[Example], list[Example], list[int]]] = {}
 
 
@@ -102,8 +105,9 @@ def adapter_task(spec: ContextSpec, name: str, precision: str) -> dict[str, Any]
     directory = context.stage_dir("sft")
     adapter_dir = directory / name
     record_path = adapter_dir / "record.json"
-    if record_path.exists():
-        return read_json(record_path)
+    record = read_finished_json(context, record_path, RECORD_FIELDS)  # a damaged one is made again
+    if record is not None:
+        return record
     model, fresh, train, val, clusters = prepared(context)
     if name == GLOBAL:
         users, epochs, init_name, initial = (
