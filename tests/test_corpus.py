@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,18 @@ def test_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_bytes(b'{"user_id": "\xff"}\n')
     with pytest.raises(LocalpersError, match="not UTF-8"):
+        load_corpus(path)
+
+
+def test_not_utf8_names_the_line(tmp_path: Path) -> None:
+    """A Latin-1 byte on line 3 named the file only (a corpus has thousands of lines); lines end as the parser
+    counts them, at \\r\\n or a lone \\r too."""
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps(GOOD_USER).encode()
+    path.write_bytes(good + b"\r\n" + good.replace(b'"a"', b'"b"', 1) + b'\r{"user_id": "Andr\xe9"}\n')
+    with pytest.raises(
+        LocalpersError, match=re.escape(f"{path}:3: not UTF-8 text (invalid continuation byte at byte 18")
+    ):
         load_corpus(path)
 
 

@@ -102,6 +102,14 @@ def parse_user(record: Any, where: str, line: int) -> CorpusUser:
     return CorpusUser(user_id=user_id, history=tuple(items), line=line)
 
 
+def _line_and_column(data: bytes, offset: int) -> tuple[int, int]:
+    """The 1-based line and byte column of `offset` in `data`, lines ending as the parser splits them (at \n,
+    \r\n or a lone \r)."""
+    before = data[:offset]
+    line_start = max(before.rfind(b"\n"), before.rfind(b"\r")) + 1
+    return before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1, offset - line_start + 1
+
+
 def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
     """Read and validate a JSONL corpus; blank lines are skipped, user ids must be unique."""
     corpus_path = Path(path)
@@ -122,7 +130,10 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{corpus_path}: not UTF-8 text ({exc.reason}); re-encode the file") from None
+        line, column = _line_and_column(body, exc.start)
+        raise InputError(
+            f"{corpus_path}:{line}: not UTF-8 text ({exc.reason} at byte {column} of the line); re-encode the file"
+        ) from None
     users: list[CorpusUser] = []
     first_line: dict[str, int] = {}
     # newline=None: lines end at \n, \r\n or a lone \r, as when the file was read in text mode
