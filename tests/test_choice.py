@@ -29,6 +29,35 @@ from localpers.methods.card.token_bias import TokenBias
 from localpers.users.store import UserStore
 
 
+def test_the_choice_compares_candidates_on_the_stored_fits_cluster(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the choice fitted the earlier items alone, assigned to whichever cluster they were closest to: on a cluster
+    # bundle its candidates were compared on an adapter the user's rewrites never use (methods audit, s87)
+    user = UserStore().create("between")
+    history = items(SHOUTY)
+    user.save_history(history)
+    real = personalizer.assign_cluster
+
+    def closer_to_the_other(outputs: list[str]) -> tuple[int, list[float]]:
+        cluster, similarities = real(outputs)
+        return (cluster if len(outputs) == len(history) else 1 - cluster), similarities
+
+    monkeypatch.setattr(personalizer, "assign_cluster", closer_to_the_other)
+    scored_on: list[object] = []
+    real_scoring = personalizer.score_reference_variants
+
+    def scoring(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        scored_on.append(kwargs.get("cluster"))
+        return real_scoring(*args, **kwargs)
+
+    monkeypatch.setattr(personalizer, "score_reference_variants", scoring)
+    personalizer.fit_user(user)
+    stored = user.state()["cluster"]
+    assert "choice" in user.state() and scored_on and set(scored_on) == {stored}
+
+
 def test_split_holds_out_the_most_recent_fifth_between_3_and_10() -> None:
     for n, held in ((8, 3), (20, 4), (40, 8), (100, 10)):
         earlier, recent = split_recent(list(range(n)))

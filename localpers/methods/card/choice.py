@@ -59,6 +59,7 @@ class Scorer(Protocol):
         regularisation: float,
         prior_weight: float,
         history_offset: int = 0,
+        cluster: int | None = None,
     ) -> Any: ...
 
     def score_reference_variants(
@@ -197,17 +198,25 @@ def choose_correction(
     prior_weight: float,
     progress: Callable[[str, int, int], None] | None = None,
     history_offset: int = 0,
+    cluster: int | None = None,
 ) -> Choice | None:
     """The best candidate on the user's recent items, or None when the history is too short to choose.
 
-    `history_offset` is `fit_items`'s: how many of the user's items come before `items`.
+    `history_offset` is `fit_items`'s: how many of the user's items come before `items`. `cluster`: the stored
+    fit's (its rewrites' adapter); the earlier items alone may sit closer to another cluster, and the candidates
+    were then compared on an adapter the user's rewrites never use (and the y- caches rewritten under its key).
     """
     if len(items) < MIN_ITEMS_TO_CHOOSE:
         return None
     started = time.perf_counter()
     earlier, recent = split_recent(items)
     outcome = personalizer.fit_items(
-        user, earlier, regularisation=regularisation, prior_weight=prior_weight, history_offset=history_offset
+        user,
+        earlier,
+        regularisation=regularisation,
+        prior_weight=prior_weight,
+        history_offset=history_offset,
+        cluster=cluster,
     )
     if outcome.report.mode != "vector":
         return None

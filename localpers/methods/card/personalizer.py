@@ -427,6 +427,7 @@ class Personalizer:
         regularisation: float = DEFAULT_REGULARISATION,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         history_offset: int = 0,
+        cluster: int | None = None,
     ) -> FitOutcome:
         """The fit of `items`, stored nowhere (`user_fit.fit_items`; the per-user choice calls it)."""
         return user_fit.fit_items(
@@ -437,4 +438,5 @@ class Personalizer:
             regularisation=regularisation,
             prior_weight=prior_weight,
             history_offset=history_offset,
+            cluster=cluster,
         )

@@ -129,6 +129,7 @@ def fit_user(
             prior_weight=prior_weight,
             progress=progress,
             history_offset=offset,
+            cluster=outcome.cluster,
         )
         if choice is not None:
             state["choice"] = choice.to_json()
@@ -218,14 +219,17 @@ def fit_items(
     regularisation: float = DEFAULT_REGULARISATION,
     prior_weight: float = DEFAULT_PRIOR_WEIGHT,
     history_offset: int = 0,
+    cluster: int | None = None,
 ) -> FitOutcome:
     """The fit of `items` (non-empty), stored nowhere (y- are cached in the user's folder).
 
-    `history_offset`: how many of the user's items come before `items` (a history limit's window).
+    `history_offset`: how many of the user's items come before `items` (a history limit's window). `cluster`:
+    the cluster to fit on (the per-user choice's, the whole history's), else the one `items` are closest to.
     """
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    cluster, similarities = host.assign_cluster([item.output for item in items])
+    assigned, similarities = host.assign_cluster([item.output for item in items])
+    cluster = assigned if cluster is None else cluster
     seconds["cluster"] = time.perf_counter() - started
 
     negatives, differences, first_logprobs, pair_seconds = host.pairs.negatives_and_differences(
