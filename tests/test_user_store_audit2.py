@@ -222,3 +222,17 @@ def test_an_archive_too_large_is_not_told_to_be_split(
     result = invoke("user", "import", str(path))
     one_line_error(result, "`localpers user export` writes none so large: not a localpers user archive")
     assert "split" not in result.stderr
+
+
+def test_a_history_limit_below_one_is_refused_not_read_as_every_item() -> None:
+    # items[-0:] is every item: a caller asking for none (a script, the API's code) fitted on the whole history
+    # (eighty-seventh session's methods audit); the command line already takes 1 or more
+    from localpers.users.folder import history_for
+    from localpers.users.history import HistoryItem
+    from localpers.users.store import UserStore
+
+    user = UserStore().create("limited")
+    user.save_history([HistoryItem.create("headline", f"article {i}", f"HEADLINE {i}") for i in range(3)])
+    assert [item.output for item in history_for(user, 2, "CoPe")] == ["HEADLINE 1", "HEADLINE 2"]
+    with pytest.raises(ValueError, match="history_limit must be at least 1"):
+        history_for(user, 0, "CoPe")

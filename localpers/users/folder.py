@@ -380,11 +380,18 @@ def _file_stamp(path: Path) -> tuple[int, int, int] | None:
     return info.st_ino, info.st_mtime_ns, info.st_size
 
 
+def check_history_limit(history_limit: int) -> int:
+    """`history_limit` if it is at least 1: `items[-0:]` is every item, the opposite of what 0 asks for."""
+    if history_limit < 1:
+        raise ValueError(f"history_limit must be at least 1 (None: every item), not {history_limit}")
+    return history_limit
+
+
 def history_for(user: User, history_limit: int | None, method: str) -> list[HistoryItem]:
     """The user's history (the `history_limit` most recent items), refusing an empty one for `method`."""
     items = user.history()
     if history_limit is not None:
-        items = items[-history_limit:]
+        items = items[-check_history_limit(history_limit) :]
     if not items:
         raise LocalpersError(
             f"user {user.name!r} has no history: {method} learns from it; add items with `localpers history import`"

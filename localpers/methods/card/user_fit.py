@@ -29,7 +29,7 @@ from localpers.methods.card.user_state import refuse_fit_past_bundle, stored_tok
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_is_outdated, fit_made_for, fit_mark, is_current_fit
 from localpers.tasks import get_task
-from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
+from localpers.users.folder import IMPORTED_WITHOUT_HISTORY, check_history_limit
 from localpers.users.history import history_digest
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def fit_user(
     history = user.history()
     if not history and (kept := fit_without_history(user, host.bundle_sha256, host.head.d)) is not None:
         return kept
-    items = history[-history_limit:] if history_limit is not None else history
+    items = history[-check_history_limit(history_limit) :] if history_limit is not None else history
     offset = len(history) - len(items)  # items before the window: the fit's block groups count from there
     items, too_long = host.pairs.items_within_context(items)
     if not items:
