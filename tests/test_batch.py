@@ -369,7 +369,12 @@ def test_items_whose_negative_is_their_output_still_give_the_first_token_log_pro
     history = items(SHOUTY)
     user.save_history(history)
     pairs = personalizer.pairs
-    prompts = pairs.training_prompts(history, 0, pairs_module.ordinals_of(user.dir, history))
+    prompts = [
+        prompt
+        for prompt, _ in pairs.training_prompts_and_blocks(
+            history, 0, pairs_module.ordinals_of(user.dir, history)
+        )
+    ]
     keys = [negative_key(item, prompt) for item, prompt in zip(history, prompts, strict=True)]
     # the model "wrote" items 0 and 2 exactly as the user did, and nothing at all for item 4
     known = {keys[0]: history[0].output, keys[2]: history[2].output, keys[4]: ""}

@@ -540,7 +540,7 @@ def test_fit_on_a_conditioned_bundle_builds_pairs_from_the_earlier_items_only(
     loaded = Personalizer(open_bundle(conditioned, backbone_sha256=backbone.sha256), backbone)
     try:
         history = items(SHOUTY[:5])
-        prompts = loaded.pairs.training_prompts(history)
+        prompts = [prompt for prompt, _ in loaded.pairs.training_prompts_and_blocks(history)]
         plain = [get_task("headline").prompt_for(item.input) for item in history]
         assert prompts[0] == plain[0]  # nothing written before the first item
         assert prompts[1].count("\n- ") == 1 and prompts[2].count("\n- ") == 2

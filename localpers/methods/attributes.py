@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localpers.errors import LocalpersError
-
 # Table 4 of the EXACT paper, read column by column (left column first).
 ATTRIBUTES: tuple[str, ...] = (
     "Base",
@@ -63,14 +61,3 @@ ATTRIBUTE_LINE_PREFIX = "Attributes: "
 def attribute_line(attributes: Sequence[str]) -> str:
     """The line EXACT adds to a prompt: attribute_line(["Concise", "Vivid"]) -> "Attributes: <Concise, Vivid>"."""
     return f"{ATTRIBUTE_LINE_PREFIX}<{', '.join(attributes)}>"
-
-
-def check_attributes(attributes: Sequence[str], library: Sequence[str] = ATTRIBUTES) -> list[str]:
-    """`attributes` as a list if every name is in `library`, else a one-line error naming the stranger."""
-    known = set(library)
-    for name in attributes:
-        if name not in known:
-            raise LocalpersError(
-                f"unknown attribute {name!r}; the library has {len(library)} names (see `localpers profile`)"
-            )
-    return list(attributes)

@@ -94,7 +94,9 @@ class PairBuilder:
         cluster: int | None,
         progress: Progress | None = None,
     ) -> np.ndarray:
-        """`g(y+) - g(y-)` per pair, teacher-forced through the base model; `(n, D)`."""
+        """`g(y+) - g(y-)` per pair, teacher-forced through the base model, one pair at a time on plain prompts and
+        cached nowhere; `(n, D)`. What the fit computes is `negatives_and_differences`: this is its independent
+        check (the tests score held-out items with it)."""
         self.engine.set_adapter(self._adapter(cluster))
         rows = []
         for done, (item, negative) in enumerate(zip(items, negatives, strict=True)):
@@ -106,12 +108,6 @@ class PairBuilder:
     def items_within_context(self, items: Sequence[HistoryItem]) -> tuple[list[HistoryItem], int]:
         """The items whose pairs fit the engine's context, and how many were left out (`fit_prompts`)."""
         return fit_prompts.items_within_context(self.engine, items, self.prompt_format)
-
-    def training_prompts(
-        self, items: Sequence[HistoryItem], history_offset: int = 0, ordinals: Sequence[int] | None = None
-    ) -> list[str]:
-        """The prompt of each item as the publisher trained the head: conditioned on the items before it."""
-        return [prompt for prompt, _ in self.training_prompts_and_blocks(items, history_offset, ordinals)]
 
     def training_prompts_and_blocks(
         self, items: Sequence[HistoryItem], history_offset: int = 0, ordinals: Sequence[int] | None = None
