@@ -703,3 +703,33 @@ def test_a_damaged_stage_file_is_named_with_the_stage_that_mends_it(published: d
     with pytest.raises(LocalpersError, match="unreadable stage file") as cut:
         publish(copy, from_stage="export")
     assert str(lora) in str(cut.value) and "--from-stage sft" in str(cut.value)
+
+
+def test_an_item_too_dense_for_the_context_is_left_out_of_the_pairs_not_the_stages_stop(
+    published: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text that tokenizes densely (Amharic, hex, URLs: ~1,050-1,500 tokens within the character limits) passed
+    the corpus checks and SFT (which trims), then stopped the pairs stage with "text too long", hours in and at
+    every rerun (eighty-seventh session's publish audit). Here the context is made small instead."""
+    import dataclasses
+    import json
+    import shutil
+
+    import localpers.engine
+    from localpers.publish.pipeline import publish
+
+    options = published["options"]
+    work = tmp_path / "work"
+    shutil.copytree(options.work_dir, work)
+    # the synthetic prompts are 24-27 tokens and y- gets 32: some items fit, some do not
+    monkeypatch.setattr(localpers.engine, "CONTEXT_TOKENS", 57)
+    result = publish(
+        dataclasses.replace(options, work=work, out=tmp_path / "bundle"), from_stage="pairs", until="pairs"
+    )
+    summary = json.loads((work / "pairs" / "done.json").read_text(encoding="utf-8"))
+    assert list(result["stages"])[-1] == "pairs"
+    left_out = summary["summary"]["too_long_this_run"]
+    assert 0 < left_out < 12, "the context should leave some items out, not all"
+    log = (work / "publish.log").read_text(encoding="utf-8")
+    assert log.count("leaves no room in the model's context for its y-") == left_out
+    assert f"{options.corpus}:" in log

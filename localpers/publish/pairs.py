@@ -98,7 +98,7 @@ def pairs_shard(spec: ContextSpec, rows: list[tuple[int, int, list[int]]]) -> di
     directory = context.stage_dir("pairs")
     task = get_task(options.task)
     engine = cluster_engine(context, taps=False)
-    stats = {"generated": 0, "skipped": 0, "new_tokens": 0, "decode_seconds": 0.0}
+    stats = {"generated": 0, "skipped": 0, "too_long": 0, "new_tokens": 0, "decode_seconds": 0.0}
     for index, cluster, items in rows:
         if user_file(directory, index).exists():
             continue
@@ -108,6 +108,15 @@ def pairs_shard(spec: ContextSpec, rows: list[tuple[int, int, list[int]]]) -> di
         pairs = []
         for item_index in items:
             item = user.history[item_index]
+            if not fits_context(engine, prompts[item_index], item.output, options.max_new_tokens):
+                # a text that tokenizes densely (another script, a URL, many examples) stopped the whole stage
+                # with "text too long", hours in and at every rerun; left out as the device's fit leaves it out
+                context.log(
+                    f"{context.corpus.path}:{user.line}: history[{item_index}] of user {user.user_id!r} leaves no"
+                    f" room in the model's context for its y- ({engine.n_ctx} tokens); left out of the pairs"
+                )
+                stats["too_long"] += 1
+                continue
             result = generate(
                 engine, prompts[item_index], max_tokens=options.max_new_tokens, stop=task.stop_strings
             )
@@ -124,6 +133,13 @@ def pairs_shard(spec: ContextSpec, rows: list[tuple[int, int, list[int]]]) -> di
             {"user": index, "user_id": user.user_id, "cluster": cluster, "pairs": pairs},
         )
     return stats
+
+
+def fits_context(engine: Any, prompt: str, chosen: str, max_new_tokens: int) -> bool:
+    """Whether the item's prompt leaves room for its y- (`max_new_tokens`) and its own output, which the features
+    stage scores after the same prompt."""
+    room = max(max_new_tokens, len(engine.tokenize(" " + chosen.strip(), add_bos=False)))
+    return len(engine.tokenize(prompt, add_bos=True)) + room <= engine.n_ctx
 
 
 def run(context: PublishContext, directory: Path) -> dict[str, Any]:
@@ -161,6 +177,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
         "pairs": int(sum(per_user)),
         "generated_this_run": generated,
         "skipped_identical_this_run": sum(int(r["skipped"]) for r in results),
+        "too_long_this_run": sum(int(r.get("too_long", 0)) for r in results),
         "generated_tokens_this_run": new_tokens,
         "ms_per_generated_token": round(1000 * decode_seconds / max(1, new_tokens), 1),
         "users": len(per_user),
