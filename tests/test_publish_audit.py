@@ -111,6 +111,46 @@ def test_an_install_that_fails_half_way_puts_the_old_bundle_back(tmp_path: Path)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("killed_while", ["moving the old bundle aside", "placing the new one"])
+def test_a_bundle_an_install_killed_half_way_moved_aside_is_put_back_before_the_next(
+    tmp_path: Path, killed_while: str
+) -> None:
+    """A SIGKILL or a power cut mid-install left OUT without a manifest and the old bundle in `.replaced-*`; the
+    next install deleted it, and when that install failed in turn OUT had no bundle at all (publish audit, s87)."""
+    from localpers.bundle.format import verify_bundle
+    from localpers.publish import bundle_stage
+
+    out = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "out"))
+    (out / "plots").mkdir(exist_ok=True)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    aside = out / ".replaced-4242-00c0ffee"
+    aside.mkdir()
+    os.replace(out / "manifest.json", aside / "manifest.json")
+    os.replace(out / "adapters", aside / "adapters")
+    if killed_while == "placing the new one":
+        for entry in ("plots", "centroids.safetensors", "head.safetensors"):
+            os.replace(out / entry, aside / entry)
+        (aside / bundle_stage.ALL_MOVED).touch()
+        shutil.copytree(DEMO_BUNDLE / "adapters", out / "adapters")
+        (out / "adapters" / "new-only.gguf").write_bytes(b"a file of the killed install")
+    staging = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "staging"))
+    (staging / "plots").mkdir(exist_ok=True)
+    replace = os.replace
+
+    def fail_on_head(src: object, dst: object) -> None:
+        if Path(str(src)) == staging / "head.safetensors":
+            raise OSError(5, "Input/output error")
+        replace(src, dst)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bundle_stage.os, "replace", fail_on_head)
+        with pytest.raises(OSError, match="Input/output"):
+            bundle_stage.install(staging, out)
+    verify_bundle(out)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not [p for p in out.iterdir() if p.name.startswith((".installing-", ".replaced-"))]
+
+
 def test_option_typos_are_refused_before_any_work(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     out = tmp_path / "bundle"

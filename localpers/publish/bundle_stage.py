@@ -37,6 +37,9 @@ WORK_ENTRY = ".work"  # the default stage cache (`PublishOptions.work_dir`)
 # Temporary folders of `install` inside OUT: the staged bundle copied from another filesystem, the old one aside.
 INSTALLING_PREFIX = ".installing-"
 REPLACED_PREFIX = ".replaced-"
+ALL_MOVED = (
+    ".all-moved"  # in a `.replaced-*` folder: every old entry is in it (what OUT holds beside it is new)
+)
 
 
 def check_output_directory(out: Path) -> None:
@@ -202,7 +205,31 @@ def install(staging: Path, out: Path) -> None:
         _install_locked(staging, out)
 
 
+def _restore_killed_install(out: Path) -> None:
+    """Put back the bundle an install killed half-way (SIGKILL, a power cut) had moved aside, when OUT lacks a
+    manifest: removing it, the next install left OUT with no bundle at all if it failed in turn."""
+    if os.path.lexists(out / MANIFEST_NAME):
+        return
+    asides = [
+        path
+        for path in out.glob(f"{REPLACED_PREFIX}*")
+        if path.is_dir() and not path.is_symlink() and (path / MANIFEST_NAME).is_file()
+    ]
+    if not asides:
+        return
+    aside = max(asides, key=lambda path: path.stat().st_mtime_ns)
+    all_moved = (aside / ALL_MOVED).exists()
+    for entry in BUNDLE_ENTRIES:
+        if os.path.lexists(aside / entry):
+            _remove(out / entry)
+            os.replace(aside / entry, out / entry)
+        elif all_moved:  # the old bundle had no such entry: what OUT has there is the killed install's
+            _remove(out / entry)
+    os.replace(aside / MANIFEST_NAME, out / MANIFEST_NAME)
+
+
 def _install_locked(staging: Path, out: Path) -> None:
+    _restore_killed_install(out)
     for leftover in out.glob(".*-*"):  # of an install killed before it could clean up (none is running)
         if leftover.name.startswith((INSTALLING_PREFIX, REPLACED_PREFIX)):
             _remove(leftover)
@@ -224,6 +251,7 @@ def _install_locked(staging: Path, out: Path) -> None:
             if os.path.lexists(out / entry):
                 os.replace(out / entry, aside / entry)
                 moved.append(entry)
+        (aside / ALL_MOVED).touch()
         for entry in BUNDLE_ENTRIES:
             os.replace(source / entry, out / entry)
             placed.append(entry)
@@ -234,6 +262,8 @@ def _install_locked(staging: Path, out: Path) -> None:
         for entry in moved:
             with contextlib.suppress(OSError):
                 os.replace(aside / entry, out / entry)
+        with contextlib.suppress(OSError):
+            (aside / ALL_MOVED).unlink()
         with contextlib.suppress(OSError):
             aside.rmdir()  # only when every old file is back
         raise
