@@ -63,7 +63,13 @@ def publish_command(
     ),
     lr: Annotated[float, float_option("--lr", low=0.0, low_open=True, help="SFT learning rate.")] = 2e-4,
     batch_size: Annotated[int, typer.Option(min=1, help="SFT batch size.")] = 8,
-    precision: Annotated[str, typer.Option(help="auto (measure), bf16 or fp32.")] = "auto",
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="auto (fp32 on a CPU without bf16 instructions, else the faster of the two, timed once and kept"
+            " for a resumed run: give bf16 or fp32 for a run that must repeat exactly), bf16 or fp32."
+        ),
+    ] = "auto",
     history_examples: Annotated[
         int,
         typer.Option(
