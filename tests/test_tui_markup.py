@@ -121,6 +121,27 @@ async def test_the_ctrl_c_hint_shows_no_markup_tags() -> None:
         assert "Press ctrl+q to quit the app" in notices(app), notices(app)
 
 
+@async_test
+async def test_a_pasted_escape_sequence_is_dropped_from_the_draft() -> None:
+    # the draft drew a paste's escape codes as they were (an OSC retitled the terminal, SGR recoloured it) and the
+    # model was shown them (eighty-seventh session); newlines and tabs stay
+    from textual import events
+
+    service = FakeService(UserStore())
+    app = make_app(service)
+    async with app.run_test(size=SIZE) as pilot:
+        draft = app.main.draft
+        draft.focus()
+        await pilot.pause()
+        draft.post_message(events.Paste("City \x1b]0;HACKED\x07council\n\tmeets \x1b[31mtoday\x00"))
+        await wait_idle(pilot)
+        assert draft.text == "City ]0;HACKEDcouncil\n\tmeets [31mtoday"
+        drawn = "".join(segment.text for y in range(3) for segment in draft.render_line(y))
+        assert "\x1b" not in drawn and "\x07" not in drawn
+        assert service.rewrites and service.rewrites[-1].text == draft.text
+    assert app._exception is None
+
+
 def test_escape_codes_are_never_drawn_and_markup_is_never_read() -> None:
     draft = "Start \x1b]0;TITLE\x07 and \x1b[31mRED\x1b[0m end\x9b\tok\n"
     shown = without_control_codes(draft)

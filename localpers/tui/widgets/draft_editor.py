@@ -1,12 +1,17 @@
 """`DraftEditor`: the multi-line text the user wants rewritten (a `TextArea` with the app's defaults).
 
-Tab moves focus on (it does not indent), so every control stays reachable from the keyboard. The app
+Tab moves focus on (it does not indent), so every control stays reachable from the keyboard. A paste loses
+its control characters other than newline and tab (text copied from a log or a terminal): the editor drew them
+as they were, so an escape sequence retitled or recoloured the terminal, and the model was shown them. The app
 listens to `TextArea.Changed` for the debounce; this widget does not trigger generation itself.
 """
 
 from __future__ import annotations
 
+from textual import events
 from textual.widgets import TextArea
+
+from localpers.tui.text import drop_control_codes
 
 PLACEHOLDER = "Type or paste a text (an article for the headline task), then wait a moment or press ctrl+r."
 
@@ -30,3 +35,10 @@ class DraftEditor(TextArea):
 
     def on_mount(self) -> None:
         self.border_title = "Draft (F1)"
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        # Textual runs TextArea's own handler after this one unless the default is prevented
+        cleaned = drop_control_codes(event.text)
+        if cleaned != event.text:
+            event.prevent_default()
+            await super()._on_paste(events.Paste(cleaned))
