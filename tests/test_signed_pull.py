@@ -126,6 +126,22 @@ def test_a_repository_claiming_the_demo_publisher_is_checked_against_the_shipped
     assert trust_store(fingerprint).exists()  # seeded from the package, not from the server
 
 
+def test_a_damaged_stored_demo_root_starts_again_from_the_shipped_one(tmp_path: Path) -> None:
+    # it was refused with "delete the folder and pull again with --trust": a fingerprint the device ships with
+    demo = demo_root_bytes()
+    fingerprint = root_fingerprint(demo, "demo")
+    evil = tmp_path / "evil"
+    publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
+    (evil / "metadata/1.root.json").write_bytes(demo)
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(evil)  # the store is made from the package
+    (trust_store(fingerprint) / "root.json").write_bytes(b'{"signed": {"_type": "root"')  # a write cut short
+    with pytest.raises(InputError, match="signed metadata refused"):
+        pull(evil)
+    assert (trust_store(fingerprint) / "root.json").read_bytes() == demo
+    assert nothing_installed()
+
+
 def test_the_shipped_demo_root_is_self_signed_and_not_about_to_expire() -> None:
     from tuf.api.metadata import Metadata, Root
 

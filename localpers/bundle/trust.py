@@ -3,7 +3,8 @@
 `pull` never trusts what a server says about who signed a repository. It starts from a root this device already
 trusts:
 
-- the demo publisher's root, shipped in the package (`localpers/trust/demo-publisher-root.json`);
+- the demo publisher's root, shipped in the package (`localpers/trust/demo-publisher-root.json`), which also
+  replaces a stored demo root found damaged (another publisher's damaged root is refused, naming the mend);
 - a root stored by an earlier pull under `config_dir()/trust/<fingerprint>/` (python-tuf's metadata cache: the
   newest trusted root, timestamp, snapshot and targets, so rollbacks are refused);
 - a new publisher's version-1 root, accepted only when its one root key is the key whose fingerprint the user gave
@@ -24,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from localpers.atomic import atomic_write_bytes
 from localpers.bundle.fetcher import Fetcher, reason
 from localpers.bundle.keys import key_fingerprint
 from localpers.bundle.repository import METADATA_DIR
@@ -137,11 +139,16 @@ def choose_trusted_root(
             " `localpers repo fingerprint` prints)"
         )
     store = trust_store(fingerprint)
+    demo = demo_root_bytes()
+    is_demo = fingerprint == root_fingerprint(demo, DEMO_ROOT_RESOURCE)
     if (store / "root.json").exists():
+        if is_demo and not _is_root_metadata(store / "root.json"):
+            # the package ships this publisher's first root: trust starts from it again, and the update goes
+            # through every root since, each signed by the one before (no --trust to ask the user for)
+            atomic_write_bytes(store / "root.json", demo)
         _check_kept_root(store, fingerprint)
         return fingerprint, store, trust is not None
-    demo = demo_root_bytes()
-    if fingerprint == root_fingerprint(demo, DEMO_ROOT_RESOURCE):
+    if is_demo:
         _start_store(store, demo)
         return fingerprint, store, trust is not None
     if trust is None and confirm is not None and confirm(fingerprint):
@@ -189,6 +196,16 @@ def _check_first_root(claimed: bytes, fingerprint: str, where: str) -> None:
         root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
     except Exception as exc:
         raise InputError(f"{where}: not signed by its root key ({reason(exc)})") from None
+
+
+def _is_root_metadata(path: Path) -> bool:
+    from tuf.api.metadata import Metadata, Root
+
+    try:
+        Metadata[Root].from_bytes(path.read_bytes())
+    except Exception:  # python-tuf raises several types for malformed metadata
+        return False
+    return True
 
 
 def _check_kept_root(store: Path, fingerprint: str) -> None:
