@@ -153,7 +153,13 @@ def load_signer(
         private_key = load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as exc:
         raise InputError(f"{path}: not a PEM private key ({exc})") from None
-    public = SSlibKey.from_crypto(private_key.public_key())
+    try:  # an X25519, Ed448 or DSA key loads as PEM but is no TUF signing key: securesystemslib raises ValueError
+        public = SSlibKey.from_crypto(private_key.public_key())
+    except ValueError as exc:
+        raise InputError(
+            f"{path}: a {type(private_key).__name__.lstrip('_')} key, which cannot sign TUF metadata ({exc}); give"
+            " the key `localpers repo keygen` made"
+        ) from None
     return CryptoSigner(private_key, public)
 
 

@@ -11,6 +11,8 @@ does not exist (Windows) nothing is locked. This module signs and writes nothing
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,10 +30,17 @@ def repository_lock(directory: Path, on_wait: Callable[[], None] | None = None) 
     except ImportError:  # Windows
         yield
         return
+    path = Path(directory) / LOCK_NAME
     try:
-        handle = (Path(directory) / LOCK_NAME).open("a")
+        # never through a link: one at the lock's name made the command create the file it pointed to, anywhere
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LocalpersError(
+                f"{path} is a link; the repository's lock must be a file of its own: remove the link"
+            ) from None
         raise LocalpersError(f"{directory}: cannot lock the repository ({exc.strerror})") from None
+    handle = os.fdopen(descriptor, "a")
     with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
