@@ -49,3 +49,79 @@ def test_a_link_at_the_repository_lock_is_refused_not_followed(
     with pytest.raises(LocalpersError, match=r"\.repo\.lock is a link"):
         refresh(repo_dir, keys)
     assert not target.exists()
+
+
+def _target_files(repo_dir: Path, suffix: str) -> list[Path]:
+    return [path for path in (repo_dir / "targets").rglob(f"*{suffix}") if not path.name.startswith(".")]
+
+
+def test_a_damaged_target_is_copied_again_not_kept(published: tuple[Path, Path, str], tmp_path: Path) -> None:
+    # a zero-byte file under a target's hash name (a copy a power cut left empty) was kept by every `repo add`,
+    # exit 0, and every device refused the repository
+    from test_signed_pull import nothing_installed, pull
+
+    from localpers.bundle.repository import add_bundle
+
+    repo_dir, keys, fingerprint = published
+    (head,) = _target_files(repo_dir, ".head.safetensors")
+    good = head.read_bytes()
+    head.write_bytes(b"")
+    add_bundle(repo_dir, tmp_path / "bundle", keys)
+    assert head.read_bytes() == good
+    pull(repo_dir, trust=fingerprint)
+    assert not nothing_installed()
+
+
+def test_a_file_changed_between_its_check_and_its_copy_is_refused_not_signed(
+    published: tuple[Path, Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the bundle was verified, then each file hashed and copied in separate reads: a publish into the same folder
+    # meanwhile signed a manifest and targets that disagreed
+    import shutil
+
+    from localpers.bundle import repository
+    from localpers.bundle.repository import add_bundle, load_repository
+
+    repo_dir, keys, _ = published
+    version = load_repository(repo_dir).targets.signed.version
+    copy = shutil.copyfile
+
+    def changed_meanwhile(source: object, destination: object) -> object:
+        if str(source).endswith("head.safetensors"):
+            Path(str(source)).write_bytes(Path(str(source)).read_bytes() + b"x")
+        return copy(source, destination)
+
+    monkeypatch.setattr(repository.shutil, "copyfile", changed_meanwhile)
+    with pytest.raises(InputError, match="head.safetensors: its bytes changed while they were published"):
+        add_bundle(repo_dir, tmp_path / "bundle", keys)
+    assert load_repository(repo_dir).targets.signed.version == version
+    assert not [path for path in (repo_dir / "targets").rglob("*.partial")]
+
+
+def test_add_backbone_names_the_target_by_the_bytes_it_copies(
+    published: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    # the name took the hash a stamp remembered for the file's size and mtime: a file changed in place under the
+    # same mtime was signed under the old hash, and devices refused the download
+    import hashlib
+    import os
+
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+    from localpers.engine.backbone import cached_sha256
+
+    repo_dir, keys, _ = published
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(4096))
+    stamp = model.stat()
+    cached_sha256(model)  # the stamp is written
+    model.write_bytes(b"GGUF" + bytes(4095) + b"\x01")
+    os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    result = CliRunner().invoke(
+        app, ["repo", "add-backbone", str(repo_dir), "--keys", str(keys), "--model", str(model)]
+    )
+    assert result.exit_code == 0, result.output
+    actual = hashlib.sha256(model.read_bytes()).hexdigest()
+    (copied,) = (repo_dir / "targets" / "backbone").iterdir()
+    assert copied.name == f"{actual}.{actual}.gguf" and actual in result.output

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -32,7 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from localpers.atomic import atomic_write_bytes
+from localpers.atomic import atomic_write_bytes, fsync_directory
+from localpers.bundle.format import sha256_of_file
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
 from localpers.bundle.repository_lock import repository_lock
 from localpers.errors import InputError, LocalpersError
@@ -297,30 +299,59 @@ def root_keyid(repo_dir: Path) -> str:
     return sorted(root.signed.roles["root"].keyids)[0]
 
 
-def _copy_target(repo: Repository, target_path: str, source: Path) -> Any:
-    """Copy `source` into targets/ under its hash-prefixed name; return its TargetFile."""
+def _copy_target(repo: Repository, target_path: str, source: Path, expected_sha256: str | None = None) -> Any:
+    """Copy `source` into targets/ under its hash-prefixed name; return the TargetFile of the bytes copied.
+
+    The copy is hashed, not the source: read twice, a source changed between the reads (another publish into the
+    same folder) was signed with one hash and stored with other bytes, and devices refused the repository.
+    `expected_sha256` (what was verified, or the hash a target's name carries) must match the copy. A file already
+    under the name is kept only when its bytes are right: one a power cut left empty was kept by every later add.
+    The copy is on disk before the metadata naming it is written.
+    """
     metadata = _tuf()
     if not source.is_file():
         raise LocalpersError(f"{source}: no such file to publish as {target_path}")
-    info = metadata.TargetFile.from_file(target_path, str(source), ["sha256"])
     directory, _, name = target_path.rpartition("/")
-    destination = repo.targets_dir / directory / f"{info.hashes['sha256']}.{name}"
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    for folder in (destination.parent, *destination.parent.parents):
-        if folder == repo.directory:
+    folder = repo.targets_dir / directory
+    folder.mkdir(parents=True, exist_ok=True)
+    for parent in (folder, *folder.parents):
+        if parent == repo.directory:
             break
-        _make_public(folder, 0o755)
-    if not destination.exists():
-        partial = destination.with_name(destination.name + ".partial")
-        try:
-            shutil.copyfile(source, partial)
+        _make_public(parent, 0o755)
+    partial = folder / f".{name}.{os.getpid()}.partial"  # hidden and .partial: never served
+    try:
+        shutil.copyfile(source, partial)
+        with partial.open("rb+") as written:
+            os.fsync(written.fileno())
+        info = metadata.TargetFile.from_file(target_path, str(partial), ["sha256"])
+        sha256 = info.hashes["sha256"]
+        if expected_sha256 is not None and sha256 != expected_sha256:
+            raise InputError(
+                f"{source}: its bytes changed while they were published (sha256 {sha256[:12]}, not the"
+                f" {expected_sha256[:12]} checked before); publish it again"
+            )
+        destination = folder / f"{sha256}.{name}"
+        if _holds(destination, info.length, sha256):
+            partial.unlink()
+        else:
             _make_public(partial, 0o644)
             os.replace(partial, destination)
-        except BaseException:  # Ctrl-C or a full disk: no half copy stays in what is uploaded
-            with contextlib.suppress(OSError):
-                partial.unlink()
-            raise
+            fsync_directory(folder)
+    except BaseException:  # Ctrl-C or a full disk: no half copy stays in what is uploaded
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
     return info
+
+
+def _holds(path: Path, length: int, sha256: str) -> bool:
+    """Whether `path` is a regular file of `length` bytes hashing to `sha256`."""
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode) or path.stat().st_size != length:
+            return False
+    except OSError:
+        return False
+    return sha256_of_file(path) == sha256
 
 
 def _make_public(path: Path, mode: int) -> None:
@@ -358,23 +389,39 @@ def add_bundle(
             for path, info in repo.targets.signed.targets.items()
             if not path.startswith(BUNDLE_PREFIX)
         }
-        for relative in [MANIFEST_NAME, *bundle.manifest["files"]]:
+        # each file as verified, or refused: a publish into the same folder meanwhile signed a manifest and targets
+        # that disagreed (every device refused the repository)
+        for relative, entry in bundle.manifest["files"].items():
             kept[BUNDLE_PREFIX + relative] = _copy_target(
-                repo, BUNDLE_PREFIX + relative, bundle.directory / relative
+                repo, BUNDLE_PREFIX + relative, bundle.directory / relative, entry["sha256"]
+            )
+        manifest_target = BUNDLE_PREFIX + MANIFEST_NAME
+        kept[manifest_target] = _copy_target(repo, manifest_target, bundle.directory / MANIFEST_NAME)
+        directory, _, name = manifest_target.rpartition("/")
+        copied = repo.targets_dir / directory / f"{kept[manifest_target].hashes['sha256']}.{name}"
+        if json.loads(copied.read_bytes()) != bundle.manifest:
+            raise InputError(
+                f"{bundle.directory / MANIFEST_NAME}: changed while it was published; publish the bundle again"
             )
         return publish_targets(repo, kept, signers, expiry_days)
 
 
 def add_file_target(
-    repo_dir: Path, target_path: str, source: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None
+    repo_dir: Path,
+    target_path: str,
+    source: Path,
+    keys_dir: Path,
+    expiry_days: dict[str, int] | None = None,
+    expected_sha256: str | None = None,
 ) -> int:
-    """Publish one more file (e.g. the backbone GGUF as `backbone/<name>.gguf`) next to the bundle."""
+    """Publish one more file (e.g. the backbone GGUF as `backbone/<sha256>.gguf`) next to the bundle;
+    `expected_sha256`: the hash its bytes must have (the one its target name carries)."""
     with locked_repository(repo_dir):
         repo = load_repository(Path(repo_dir))
         # before the file is copied
         signers = load_signers(repo.directory, repo.root, keys_dir, PUBLISH_ROLES)
         targets = dict(repo.targets.signed.targets)
-        targets[target_path] = _copy_target(repo, target_path, Path(source))
+        targets[target_path] = _copy_target(repo, target_path, Path(source), expected_sha256)
         return publish_targets(repo, targets, signers, expiry_days)
 
 

@@ -125,13 +125,17 @@ def add_backbone(
     model: ModelOption = None,
 ) -> None:
     """Publish the backbone GGUF as a signed target (`backbone/<sha256>.gguf`) for devices without PyPI."""
+    from localpers.bundle.format import sha256_of_file
     from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target, check_keys
     from localpers.engine.backbone import resolve_backbone
 
     check_keys(repo, keys)  # before the backbone is hashed
     backbone = resolve_backbone(model)
-    add_file_target(repo, f"{BACKBONE_PREFIX}{backbone.sha256}.gguf", backbone.path, keys)
-    typer.echo(f"published backbone {backbone.path.name} (sha256 {backbone.sha256}) in {repo}")
+    # hashed here, not the stamp's hash (size and mtime): a file changed in place under the same mtime was signed
+    # under a name carrying the old hash, which devices then checked its bytes against, and refused
+    sha256 = sha256_of_file(backbone.path)
+    add_file_target(repo, f"{BACKBONE_PREFIX}{sha256}.gguf", backbone.path, keys, expected_sha256=sha256)
+    typer.echo(f"published backbone {backbone.path.name} (sha256 {sha256}) in {repo}")
     expiry_report(repo)
 
 
