@@ -125,3 +125,92 @@ def test_add_backbone_names_the_target_by_the_bytes_it_copies(
     actual = hashlib.sha256(model.read_bytes()).hexdigest()
     (copied,) = (repo_dir / "targets" / "backbone").iterdir()
     assert copied.name == f"{actual}.{actual}.gguf" and actual in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "target", "refusal"),
+    [
+        (
+            "https://bundles.example.org/metadata/1.root.json",
+            "http://bundles.example.org/x",
+            "plain http from https",
+        ),
+        (
+            "http://93.184.216.34/metadata/root.json",
+            "http://127.0.0.2:8080/router/reboot",
+            "on this machine or its",
+        ),
+        ("http://93.184.216.34/metadata/root.json", "http://192.168.1.1/admin", "on this machine or its"),
+        ("http://93.184.216.34/metadata/root.json", "http://[fe80::1]/x", "on this machine or its"),
+        (
+            "http://93.184.216.34/metadata/root.json",
+            "http://169.254.169.254/latest/meta-data",
+            "on this machine",
+        ),
+        ("http://93.184.216.34/x", "ftp://93.184.216.34/x", "not http"),
+    ],
+)
+def test_a_redirect_to_plain_http_or_into_the_local_network_is_refused(
+    url: str, target: str, refusal: str
+) -> None:
+    # only the scheme was checked: a hostile repository could make a device request its router's pages, or read
+    # a pull in clear (eighty-seventh session's repository audit)
+    from localpers.bundle.transport import check_redirect
+
+    with pytest.raises(LocalpersError, match=refusal):
+        check_redirect(url, target)
+
+
+@pytest.mark.parametrize(
+    ("url", "target"),
+    [
+        ("http://bundles.example.org/x", "https://bundles.example.org/x"),  # an upgrade
+        ("http://93.184.216.34/x", "https://93.184.216.35/y"),  # a mirror elsewhere on the internet
+        ("http://127.0.0.1:8765/x", "http://127.0.0.1:8766/x"),  # a local repository, within this machine
+        ("http://192.168.1.10/x", "http://192.168.1.11/x"),  # within the local network it was pulled from
+    ],
+)
+def test_redirects_to_public_mirrors_upgrades_and_within_a_local_network_are_followed(
+    url: str, target: str
+) -> None:
+    from localpers.bundle.transport import check_redirect
+
+    check_redirect(url, target)
+
+
+def test_a_server_that_trickles_is_given_up_on_not_waited_for() -> None:
+    # each read waited up to --timeout, and a byte a second never let one time out: a 1,000-byte file held a pull
+    # (and its lock) for 25 minutes, a metadata file for days (eighty-seventh session's repository audit)
+    import http.server
+    import threading
+    import time
+
+    from localpers.bundle.fetcher import Fetcher
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(40):  # 12 s at most, then the connection closes
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.3)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(LocalpersError, match="slower than 4 KB/s on average; try again"):
+            for _ in Fetcher(timeout=1.0).chunks(f"http://127.0.0.1:{server.server_address[1]}/x"):
+                pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - started < 5

@@ -6,12 +6,17 @@ through here. `repository_base` normalises the repository a user names and `is_s
 signed one from an unsigned bundle directory. It verifies nothing: signatures, lengths and hashes are
 python-tuf's, driven by `localpers.bundle.signed`; it only tells a body cut short by a closed connection
 (fewer bytes than the server announced: a network failure, try again) from a whole file that is wrong.
+
+Each read waits at most the pull's timeout, and a download must also keep an average of `MIN_RATE` past its first
+timeout's worth of seconds: a server sending a byte a second never let a read time out, and held the pull (and its
+lock) for as long as it liked, days for one metadata file.
 """
 
 from __future__ import annotations
 
 import http.client
 import stat
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +31,23 @@ from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 
 CHUNK = 1 << 20
+MIN_RATE = 4096  # bytes a second a download keeps on average, once its first `timeout` seconds are spent
+
+
+class Pace:
+    """Gives up on a download that still sends, but too slowly ever to end."""
+
+    def __init__(self, url: str, timeout: float, advice: str) -> None:
+        self.url, self.timeout, self.advice = url, timeout, advice
+        self.started = time.monotonic()
+
+    def check(self, received: int) -> None:
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.timeout + received / MIN_RATE:
+            raise LocalpersError(
+                f"{self.url}: the server sent {received:,} bytes in {elapsed:.0f} s, slower than"
+                f" {MIN_RATE // 1024} KB/s on average; {self.advice}"
+            )
 
 
 def reason(exc: BaseException) -> str:
@@ -90,14 +112,16 @@ class Fetcher:
                 raise DownloadHTTPError(f"{url}: HTTP {response.status}", response.status)
             announced = announced_length(response)
             received = 0
+            pace = Pace(url, self.timeout, "try again, or pull from another mirror")
             while True:
-                try:
-                    block = response.read(CHUNK)
+                try:  # read1: one socket read at most, so a trickle is measured as it comes
+                    block = response.read1(CHUNK)
                 except (OSError, http.client.HTTPException) as exc:
                     raise LocalpersError(f"{url}: download failed ({reason(exc)}); try again") from None
                 if not block:
                     break
                 received += len(block)
+                pace.check(received)
                 if self.on_bytes:
                     self.on_bytes(len(block))
                 yield block
@@ -161,17 +185,19 @@ class Fetcher:
             remaining = length - have if resumed else length
             announced = announced_length(response)
             with partial.open(mode) as out:
-                copied = self._copy_capped(response, out, remaining, url)
+                pace = Pace(url, self.timeout, "pull again to resume, or pull from another mirror")
+                copied = self._copy_capped(response, out, remaining, url, pace)
         if announced is not None and copied < announced:  # the .partial stays for the next pull
             start = have if resumed else 0
             raise LocalpersError(cut_short(url, start + copied, length, "pull again to resume"))
 
-    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str) -> int:
-        """Copy `stream` to `out` until it ends; refuses more than `remaining` bytes. Returns the count."""
+    def _copy_capped(self, stream: Any, out: Any, remaining: int, url: str, pace: Pace | None = None) -> int:
+        """Copy `stream` to `out` until it ends; refuses more than `remaining` bytes (and, with `pace`, a stream
+        too slow ever to end). Returns the count."""
         copied = 0
         while True:
             try:
-                block = stream.read(min(CHUNK, remaining + 1))
+                block = stream.read1(min(CHUNK, remaining + 1))
             except (OSError, http.client.HTTPException) as exc:
                 raise LocalpersError(
                     f"{url}: download failed ({reason(exc)}); pull again to resume"
@@ -184,6 +210,8 @@ class Fetcher:
             out.flush()
             remaining -= len(block)
             copied += len(block)
+            if pace is not None:
+                pace.check(copied)
             if self.on_bytes:
                 self.on_bytes(len(block))
 

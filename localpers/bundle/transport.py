@@ -1,4 +1,8 @@
-"""The device's HTTP rules for fetching bundles: follow no redirect off http(s), use no proxy for loopback.
+"""The device's HTTP rules for fetching bundles: follow no redirect off http(s), from https to plain http, or from
+a public address to this machine or its local network; use no proxy for loopback.
+
+TUF checks every byte a redirect leads to, so these rules are not about content: a hostile repository could
+otherwise make the device send requests to its own network (a router's page) or read a pull in clear.
 
 `fetcher.Fetcher` (python-tuf's fetcher, the only path that downloads over the network) opens every connection
 with these two helpers. Kept apart from `pull` so that `pull` -> `signed` -> `fetcher` -> `transport` runs one way.
@@ -7,6 +11,7 @@ with these two helpers. Kept apart from `pull` so that `pull` -> `signed` -> `fe
 from __future__ import annotations
 
 import ipaddress
+import socket
 import urllib.parse
 import urllib.request
 
@@ -27,21 +32,44 @@ class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Follow a redirect only to another http(s) URL (urllib would also follow one to ftp://)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        _refuse_unless_http(req.full_url, newurl)
+        check_redirect(req.full_url, newurl)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     def http_error_302(self, req, fp, code, msg, headers):  # type: ignore[no-untyped-def]
         # urllib refuses a redirect to file:// itself, before `redirect_request`, as a bare HTTP 302 error
         location = headers.get("location") or headers.get("uri")
         if location:
-            _refuse_unless_http(req.full_url, urllib.parse.urljoin(req.full_url, location))
+            check_redirect(req.full_url, urllib.parse.urljoin(req.full_url, location))
         return super().http_error_302(req, fp, code, msg, headers)
 
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
-def _refuse_unless_http(url: str, target: str) -> None:
-    if urllib.parse.urlsplit(target).scheme.lower() not in ("http", "https"):
+def check_redirect(url: str, target: str) -> None:
+    """Refuse a redirect from `url` to `target` off http(s), from https to http, or to an address on this machine
+    or its local network when `url`'s host is not one (a local repository may redirect within its network)."""
+    old, new = urllib.parse.urlsplit(url), urllib.parse.urlsplit(target)
+    scheme = new.scheme.lower()
+    shown = one_line(target, 200)
+    if scheme not in ("http", "https"):
+        raise LocalpersError(f"{url}: the server redirects to {shown}, which is not http(s); refusing it")
+    if old.scheme.lower() == "https" and scheme == "http":
+        raise LocalpersError(f"{url}: the server redirects to {shown}, plain http from https; refusing it")
+    leaves_public = not (old.hostname and is_internal(old.hostname))
+    if new.hostname and new.hostname != old.hostname and leaves_public and is_internal(new.hostname):
         raise LocalpersError(
-            f"{url}: the server redirects to {one_line(target, 200)}, which is not http(s); refusing it"
+            f"{url}: the server redirects to {shown}, an address on this machine or its local network; refusing it"
         )
+
+
+def is_internal(host: str) -> bool:
+    """Whether `host` is, or resolves to, a loopback, private, link-local or otherwise non-public address."""
+    try:
+        addresses = {ipaddress.ip_address(host.strip("[]"))}
+    except ValueError:
+        try:
+            found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return False  # not resolvable here: the connection that follows fails on its own
+        addresses = {ipaddress.ip_address(str(entry[4][0]).split("%")[0]) for entry in found}
+    return any(not address.is_global for address in addresses)

@@ -106,7 +106,7 @@ def pull(
             "--timeout",
             low=1.0,
             high=3600.0,
-            help="Seconds one network read may wait (each read: a server that trickles is not cut off).",
+            help="Seconds one network read may wait; past them, a download that averages under 4 KB/s is given up.",
         ),
     ] = 30.0,
     trust: Annotated[
