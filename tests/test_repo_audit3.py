@@ -214,3 +214,58 @@ def test_a_server_that_trickles_is_given_up_on_not_waited_for() -> None:
         server.shutdown()
         server.server_close()
     assert time.monotonic() - started < 5
+
+
+def test_metadata_changed_behind_the_publisher_is_refused_before_anything_is_signed(
+    published: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    # the commands re-signed whatever the files said: an edited targets.json pointing at another bundle's files
+    # was signed by `repo refresh --all`, and a fresh device installed that bundle (repository audit, s87)
+    import json
+
+    from localpers.bundle.repository import add_bundle
+
+    repo_dir, keys, _ = published
+    targets = repo_dir / "metadata" / "targets.json"
+    original = targets.read_bytes()
+    document = json.loads(original)
+    entry = next(iter(document["signed"]["targets"].values()))
+    entry["hashes"]["sha256"] = "0" * 64
+    targets.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=r"targets.json: not signed by this repository's targets key"):
+        refresh(repo_dir, keys, everything=True)
+    with pytest.raises(InputError, match=r"targets.json: not signed"):
+        add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
+    targets.write_bytes(original)
+    refresh(repo_dir, keys, everything=True)  # as signed, it signs again
+
+
+def test_a_root_given_another_key_behind_the_publisher_is_refused(published: tuple[Path, Path, str]) -> None:
+    # `repo refresh --root` signed a root.json that trusted a second root key, which could then sign roots alone
+    import json
+
+    repo_dir, keys, _ = published
+    root = repo_dir / "metadata" / "root.json"
+    document = json.loads(root.read_text())
+    keyid = next(iter(document["signed"]["roles"]["root"]["keyids"]))
+    document["signed"]["keys"]["f" * 64] = document["signed"]["keys"][keyid]
+    document["signed"]["roles"]["root"]["keyids"].append("f" * 64)
+    root.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=r"root.json: not the root 1.root.json holds"):
+        refresh(repo_dir, keys, root=True)
+
+
+def test_an_older_signed_targets_file_put_back_is_refused_as_a_rollback(
+    published: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    from localpers.bundle.repository import add_bundle
+
+    repo_dir, keys, _ = published
+    add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
+    metadata = repo_dir / "metadata"
+    (metadata / "targets.json").write_bytes((metadata / "1.targets.json").read_bytes())
+    with pytest.raises(
+        InputError,
+        match=r"targets.json: version 1 is older than the version \d the snapshot names \(a rollback\)",
+    ):
+        refresh(repo_dir, keys, everything=True)

@@ -36,6 +36,7 @@ from typing import Any
 from localpers.atomic import atomic_write_bytes, fsync_directory
 from localpers.bundle.format import sha256_of_file
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
+from localpers.bundle.repository_check import check_signed_metadata
 from localpers.bundle.repository_lock import repository_lock
 from localpers.errors import InputError, LocalpersError
 
@@ -111,11 +112,15 @@ def read_metadata(path: Path, fix: str) -> Any:
 
 
 def load_repository(directory: Path) -> Repository:
-    """The latest root, targets, snapshot and timestamp of the repository at `directory`."""
+    """The latest root, targets, snapshot and timestamp of the repository at `directory`, each checked to be
+    what this repository's keys signed (`repository_check`): every command that signs anew starts here."""
     directory = Path(directory)
     fix = "it is not a repository: create one with `localpers repo init`"
     loaded = {role: read_metadata(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
     root = _newest_root(directory / METADATA_DIR, loaded["root"], fix)
+    check_signed_metadata(
+        directory / METADATA_DIR, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"]
+    )
     return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"])
 
 
