@@ -142,7 +142,7 @@ def main() -> None:
     examples = torch_model.tokenise_examples(backbone, texts, 256)
     chosen_examples, rejected_examples = examples[: len(pairs)], examples[len(pairs) :]
     # dropout 0: the policy at step 0 must equal the reference
-    model = torch_model.shared_lora_model(backbone, args.rank, args.alpha, 0.0, TARGETS)
+    model = torch_model.shared_lora_model(backbone, args.rank, args.alpha, 0.0, TARGETS, seed=args.seed)
     torch_model.load_lora_state(model, torch.load(args.init, weights_only=False))
 
     def logprobs(indices: list[int]) -> tuple[Any, Any, Any]:
