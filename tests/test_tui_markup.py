@@ -139,6 +139,12 @@ async def test_a_pasted_escape_sequence_is_dropped_from_the_draft() -> None:
         drawn = "".join(segment.text for y in range(3) for segment in draft.render_line(y))
         assert "\x1b" not in drawn and "\x07" not in drawn
         assert service.rewrites and service.rewrites[-1].text == draft.text
+        draft.clear()
+        draft.post_message(
+            events.Paste("First paragraph.\rSecond one.\r\rThird.\r\nFourth.")
+        )  # as VTE sends it
+        await wait_idle(pilot)
+        assert draft.text == "First paragraph.\nSecond one.\n\nThird.\nFourth."
     assert app._exception is None
 
 

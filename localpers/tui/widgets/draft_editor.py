@@ -37,8 +37,9 @@ class DraftEditor(TextArea):
         self.border_title = "Draft (F1)"
 
     async def _on_paste(self, event: events.Paste) -> None:
-        # Textual runs TextArea's own handler after this one unless the default is prevented
-        cleaned = drop_control_codes(event.text)
+        # Textual runs TextArea's own handler after this one unless the default is prevented. Line ends first:
+        # VTE terminals and xterm paste a newline as CR, which is a control character to drop
+        cleaned = drop_control_codes(event.text.replace("\r\n", "\n").replace("\r", "\n"))
         if cleaned != event.text:
             event.prevent_default()
             await super()._on_paste(events.Paste(cleaned))
