@@ -183,6 +183,7 @@ def test_a_local_ray_is_started_with_its_usage_statistics_off(monkeypatch: pytes
     monkeypatch.delenv("RAY_USAGE_STATS_ENABLED")
     ray_executor.RayExecutor(workers=2)
     assert started[-1]["usage"] == "0" and started[-1]["include_dashboard"] is False
+    assert started[-1]["address"] == "local"  # a Ray of its own, never one RAY_ADDRESS or `ray start` left
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")
     ray_executor.RayExecutor(workers=2)
     assert started[-1]["usage"] == "1"

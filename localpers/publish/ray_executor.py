@@ -131,7 +131,10 @@ class RayExecutor:
             _reread_ray_settings()
         try:
             if address is None:
+                # "local": a new Ray of its own, never a cluster RAY_ADDRESS or `ray start` left on this machine
+                # (which would not know the fresh token, and would not be this command's to size or to stop)
                 ray.init(
+                    address="local",
                     num_cpus=workers,
                     include_dashboard=False,
                     logging_level="ERROR",
