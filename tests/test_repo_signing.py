@@ -154,3 +154,16 @@ def test_publishing_adds_read_bits_and_keeps_a_shared_groups_write(
     targets.chmod(0o2775)
     add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
     assert stat.S_IMODE(targets.stat().st_mode) == 0o2775
+
+
+def test_a_root_renewed_after_a_stopped_rotation_can_still_be_finished(
+    tmp_path: Path, published: tuple[Path, Path, str]
+) -> None:
+    """A rotation stopped before re-signing, then `refresh --root` (root 3, the new keys): the metadata check took
+    the roles still signed by the old keys for a stranger's, and refused the documented repair (session review)."""
+    repo_dir, keys, fingerprint = published
+    pull(repo_dir, trust=fingerprint)
+    new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json", "root.json"))
+    refresh(repo_dir, new_keys, root=True)
+    refresh(repo_dir, new_keys, everything=True)
+    pull(repo_dir)  # the device follows both roots

@@ -7,8 +7,9 @@ targets, or a `repo refresh --root` trust their root key beside the publisher's.
 
 What it checks, as a device would: every numbered root from `1.root.json` is signed by the root before it and by
 itself, `root.json` is one of them; targets, snapshot and timestamp are signed by the keys the newest root trusts
-(or the root before it: a key rotation stopped before the other roles were re-signed, which `repo refresh --all
---keys NEW` finishes); and no role is older than what the role above it names (a rollback). It does not check
+for them, or by the keys they had before the last rotation of those keys (a rotation stopped before the other
+roles were re-signed, perhaps followed by a `refresh --root`, which `repo refresh --all --keys NEW` finishes); and
+no role is older than what the role above it names (a rollback). It does not check
 expiry (renewing expired metadata is what `refresh` is for), nor the targets' files (`serve` and devices do).
 """
 
@@ -28,9 +29,8 @@ MEND = (
 def check_signed_metadata(metadata_dir: Path, root: Any, targets: Any, snapshot: Any, timestamp: Any) -> None:
     """Refuse, naming the file, metadata this repository's own keys did not sign (see the module docstring)."""
     roots = _verified_roots(metadata_dir, root)
-    trusted = roots[-2:]  # the newest root, and the one before it while a rotation is finished
     for role, metadata in (("targets", targets), ("snapshot", snapshot), ("timestamp", timestamp)):
-        if not any(_signed_by(candidate, role, metadata) for candidate in trusted):
+        if not any(_signed_by(candidate, role, metadata) for candidate in _trusted_for(roots, role)):
             raise InputError(
                 f"{metadata_dir / f'{role}.json'}: not signed by this repository's {role} key; {MEND}"
             )
@@ -71,6 +71,17 @@ def _verified_roots(metadata_dir: Path, newest: Any) -> list[Any]:
             f"{metadata_dir / 'root.json'}: not the root {newest.signed.version}.root.json holds; {MEND}"
         )
     return chain
+
+
+def _trusted_for(roots: list[Any], role: str) -> list[Any]:
+    """The newest root, and the newest older one that names other keys for `role` (its keys before their last
+    rotation): renewing the root (`refresh --root`) after a stopped rotation keeps the new keys, and must not make
+    the old ones, which the roles still carry until `refresh --all`, look like a stranger's."""
+    keys = set(roots[-1].signed.roles[role].keyids)
+    for older in reversed(roots[:-1]):
+        if set(older.signed.roles[role].keyids) != keys:
+            return [roots[-1], older]
+    return [roots[-1]]
 
 
 def _signed_by(root: Any, role: str, metadata: Any) -> bool:
