@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from pathlib import Path
@@ -94,3 +95,24 @@ def test_shared_training_data_loads_when_present() -> None:
         pytest.skip("shared news-headlines data not present")
     corpus = load_corpus(path)
     assert len(corpus.users) == 55 and corpus.n_items == 3631
+
+
+@pytest.mark.parametrize("read_size", [1, 2, 3, 1 << 20])
+def test_the_corpus_is_read_in_pieces_with_text_modes_line_ends_and_hashed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int
+) -> None:
+    """Read whole, decoded and split, a corpus took ~5x its size in memory in every Ray worker (session review);
+    read a piece at a time, a CR ending one piece and an LF starting the next are still one line end."""
+    import hashlib
+
+    from localpers.publish import corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module, "_READ_SIZE", read_size)
+    good = json.dumps(GOOD_USER).encode()
+    other = good.replace(b'"a"', b'"b"', 1)
+    data = codecs.BOM_UTF8 + good + b"\r\n\r\n" + other + b"\r" + good.replace(b'"a"', b'"c"', 1) + b"\r"
+    path = tmp_path / "pieces.jsonl"
+    path.write_bytes(data)
+    loaded = load_corpus(path)
+    assert [user.line for user in loaded.users] == [1, 3, 4]
+    assert loaded.sha256 == hashlib.sha256(data).hexdigest()

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import io
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from localpers.errors import InputError
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
@@ -102,12 +103,26 @@ def parse_user(record: Any, where: str, line: int) -> CorpusUser:
     return CorpusUser(user_id=user_id, history=tuple(items), line=line)
 
 
-def _line_and_column(data: bytes, offset: int) -> tuple[int, int]:
-    """The 1-based line and byte column of `offset` in `data`, lines ending as the parser splits them (at \n,
-    \r\n or a lone \r)."""
-    before = data[:offset]
-    line_start = max(before.rfind(b"\n"), before.rfind(b"\r")) + 1
-    return before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1, offset - line_start + 1
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # where text mode ends a line
+_READ_SIZE = 1 << 20
+
+
+def _lines(handle: BinaryIO, digest: Any) -> Iterator[bytes]:
+    """The file's lines as bytes (without their ends, which are \\n, \\r\\n or a lone \\r, as text mode reads them),
+    read a megabyte at a time, every byte also given to `digest`: one pass, and never the whole file in memory (a
+    copy of it per Ray worker)."""
+    pending = b""
+    while chunk := handle.read(_READ_SIZE):
+        digest.update(chunk)
+        pending += chunk
+        cut = len(pending) - 1 if pending.endswith(b"\r") else len(pending)  # a CR may be half of a CRLF
+        parts = _LINE_END.split(pending[:cut])
+        pending = parts.pop() + pending[cut:]
+        yield from parts
+    parts = _LINE_END.split(pending)
+    if parts[-1] == b"":  # the file ended with a line end
+        parts.pop()
+    yield from parts
 
 
 def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
@@ -121,39 +136,37 @@ def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
         else:
             what = "does not exist"
         raise InputError(f"corpus file {corpus_path} {what}; give a JSONL file, one user per line")
-    # Read once, hashed and parsed from the same bytes: hashing the file again after the parse would key the
+    # Hashed and parsed from the same bytes in one pass: hashing the file again after the parse would key the
     # stages by whatever the file held by then (an edit during the parse went unnoticed).
-    data = corpus_path.read_bytes()
-    body = (
-        data[len(codecs.BOM_UTF8) :] if data.startswith(codecs.BOM_UTF8) else data
-    )  # an editor's BOM, not data
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line, column = _line_and_column(body, exc.start)
-        raise InputError(
-            f"{corpus_path}:{line}: not UTF-8 text ({exc.reason} at byte {column} of the line); re-encode the file"
-        ) from None
+    digest = hashlib.sha256()
     users: list[CorpusUser] = []
     first_line: dict[str, int] = {}
-    # newline=None: lines end at \n, \r\n or a lone \r, as when the file was read in text mode
-    for number, raw in enumerate(io.StringIO(text, newline=None), start=1):
-        if not raw.strip():
-            continue
-        where = f"{corpus_path}:{number}"
-        try:
-            # a key named twice would keep its last value silently (or blame another line's user_id)
-            record = parse_json(raw, object_pairs_hook=reject_duplicate_keys)
-        except JSONProblem as problem:
-            raise InputError(f"{where}: not valid JSON ({problem})") from None
-        user = parse_user(record, where, number)
-        if user.user_id in first_line:
-            raise InputError(
-                f"{where}: user_id {user.user_id!r} already appears on line {first_line[user.user_id]}"
-            )
-        first_line[user.user_id] = number
-        users.append(user)
+    with corpus_path.open("rb") as handle:
+        for number, raw_bytes in enumerate(_lines(handle, digest), start=1):
+            if number == 1 and raw_bytes.startswith(codecs.BOM_UTF8):  # an editor's BOM, not data
+                raw_bytes = raw_bytes[len(codecs.BOM_UTF8) :]
+            where = f"{corpus_path}:{number}"
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start + 1} of the line); re-encode the file"
+                ) from None
+            if not raw.strip():
+                continue
+            try:
+                # a key named twice would keep its last value silently (or blame another line's user_id)
+                record = parse_json(raw, object_pairs_hook=reject_duplicate_keys)
+            except JSONProblem as problem:
+                raise InputError(f"{where}: not valid JSON ({problem})") from None
+            user = parse_user(record, where, number)
+            if user.user_id in first_line:
+                raise InputError(
+                    f"{where}: user_id {user.user_id!r} already appears on line {first_line[user.user_id]}"
+                )
+            first_line[user.user_id] = number
+            users.append(user)
     if len(users) < min_users:
         fix = "add users" + (" or lower --k" if min_users > 2 else "")  # two users is the least any --k needs
         raise InputError(f"{corpus_path}: {len(users)} user(s) found, at least {min_users} needed; {fix}")
-    return Corpus(path=corpus_path, users=tuple(users), sha256=hashlib.sha256(data).hexdigest())
+    return Corpus(path=corpus_path, users=tuple(users), sha256=digest.hexdigest())
