@@ -146,12 +146,14 @@ def test_a_saved_head_is_synced_before_it_replaces_the_file(
 ) -> None:
     import os
 
-    synced: list[int] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda *a: (events.append("replace"), real_replace(*a))[1])
     head = small_head()
     path = head.save(tmp_path / "head.safetensors")
-    assert synced and not [p for p in tmp_path.iterdir() if p.name != "head.safetensors"]
+    assert "replace" in events and "fsync" in events[: events.index("replace")]
+    assert not [p for p in tmp_path.iterdir() if p.name != "head.safetensors"]
     np.testing.assert_array_equal(CardHead.load(path, head.config, head.embeddings).P, head.P)
 
 

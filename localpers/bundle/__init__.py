@@ -7,8 +7,8 @@
   `sources`: which source a pull reads; `installed_versions`, `version_use`: the installed bundle versions and
   which ones a running localpers still reads; `backbone_choice`: the backbone a bundle names.
 - `fetcher`: the bytes of a signed pull, over http(s) or from a local repository directory.
-- `transport`: the HTTP rules of a signed pull over the network (redirects only to http(s), no proxy for
-  loopback).
+- `transport`: the HTTP rules of a signed pull over the network (redirects only to http(s), never from https to
+  http nor from a public address into the local network; no proxy for loopback).
 - `keys`: the publisher's signing keys; `resigning`: renewing its metadata; `repository_lock`: one repo command
   at a time; `record`: what a pull installed (`.pulled.json`).
 - `pull`: fetch a bundle (signed, or a local directory with --unsigned) and install it atomically.

@@ -36,6 +36,7 @@ from typing import Any
 from localpers.atomic import atomic_write_bytes, fsync_directory
 from localpers.bundle.format import sha256_of_file
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
+from localpers.bundle.manifest import parse_manifest
 from localpers.bundle.repository_check import check_signed_metadata
 from localpers.bundle.repository_lock import repository_lock
 from localpers.errors import InputError, LocalpersError
@@ -404,7 +405,9 @@ def add_bundle(
         kept[manifest_target] = _copy_target(repo, manifest_target, bundle.directory / MANIFEST_NAME)
         directory, _, name = manifest_target.rpartition("/")
         copied = repo.targets_dir / directory / f"{kept[manifest_target].hashes['sha256']}.{name}"
-        if json.loads(copied.read_bytes()) != bundle.manifest:
+        # compared as the manifest's own parser reads it, written out the same way (a NaN equals itself there)
+        as_copied = parse_manifest(copied.read_bytes(), str(copied))
+        if json.dumps(as_copied, sort_keys=True) != json.dumps(bundle.manifest, sort_keys=True):
             raise InputError(
                 f"{bundle.directory / MANIFEST_NAME}: changed while it was published; publish the bundle again"
             )

@@ -29,7 +29,8 @@ def is_loopback(host: str) -> bool:
 
 
 class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    """Follow a redirect only to another http(s) URL (urllib would also follow one to ftp://)."""
+    """Follow a redirect only as `check_redirect` allows (urllib would also follow one to ftp://, or from https to
+    plain http)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
         check_redirect(req.full_url, newurl)

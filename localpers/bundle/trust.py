@@ -198,29 +198,31 @@ def _check_first_root(claimed: bytes, fingerprint: str, where: str) -> None:
         raise InputError(f"{where}: not signed by its root key ({reason(exc)})") from None
 
 
-def _is_root_metadata(path: Path) -> bool:
+def _root_problem(path: Path) -> str | None:
+    """Why the file at `path` is not root metadata, or None when it is."""
     from tuf.api.metadata import Metadata, Root
 
     try:
         Metadata[Root].from_bytes(path.read_bytes())
-    except Exception:  # python-tuf raises several types for malformed metadata
-        return False
-    return True
+    except Exception as exc:  # python-tuf raises several types for malformed metadata
+        return reason(exc)
+    return None
+
+
+def _is_root_metadata(path: Path) -> bool:
+    return _root_problem(path) is None
 
 
 def _check_kept_root(store: Path, fingerprint: str) -> None:
     """Refuse, naming it and the mend, a trusted root on this device that is not root metadata (a write cut
     short by a full disk in an older localpers): python-tuf's refusal read as the repository's fault."""
-    from tuf.api.metadata import Metadata, Root
-
     path = store / "root.json"
-    try:
-        Metadata[Root].from_bytes(path.read_bytes())
-    except Exception as exc:  # python-tuf raises several types for malformed metadata
+    problem = _root_problem(path)
+    if problem is not None:
         raise InputError(
-            f"{path}: this device's trusted root for publisher {fingerprint} is damaged ({reason(exc)}); delete"
+            f"{path}: this device's trusted root for publisher {fingerprint} is damaged ({problem}); delete"
             f" {store} and pull again with --trust and the fingerprint your publisher gave you"
-        ) from None
+        )
 
 
 def _start_store(store: Path, root_bytes: bytes) -> None:

@@ -406,7 +406,8 @@ def _say_waiting() -> None:
 
 
 def run_app(service: WritingService, *, user: str | None = None, text: str = "") -> None:
-    """Run the TUI until the user quits, then close the engine once no worker uses it."""
+    """Run the TUI until the user quits, then close the engine once no job uses it (`close_service`: after 60 s of
+    waiting for a job's step it is left to the process's end)."""
     app = LocalpersApp(service, user=user, text=text)
     try:
         app.run()
