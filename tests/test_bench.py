@@ -338,6 +338,36 @@ def test_a_run_resumed_on_other_kernels_computes_again(
     assert calls["rewrite"] > 0
 
 
+@pytest.mark.parametrize("changed", ["kernels", "code"])
+def test_a_run_resumed_on_other_kernels_or_code_fits_again_from_fresh_y_minus(
+    first_run, personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, changed: str
+) -> None:
+    """The fits' fingerprint held neither the CPU's kernels nor the code: a run resumed on another CPU recomputed
+    card-auto's outputs on the old CPU's y-, vector and choice, and results and fits outlived commits that changed
+    what they compute (eighty-seventh session's bench audit)."""
+    import shutil
+
+    from localpers.bench import fits
+
+    config, _, _ = first_run
+    if changed == "kernels":
+        kernels = {**personalizer.engine.kernels, "system": "another CPU"}
+        monkeypatch.setattr(type(personalizer.engine), "kernels", property(lambda engine: kernels))
+    else:
+        monkeypatch.setattr(fits, "code_sha256", lambda: "another commit")
+    y_minus_at_fit: list[bool] = []
+    real_fit = personalizer.fit_user
+
+    def fit_user(user, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        y_minus_at_fit.append((user.dir / "negatives.json").exists())
+        return real_fit(user, **kwargs)
+
+    monkeypatch.setattr(personalizer, "fit_user", fit_user)
+    copy = Path(shutil.copytree(config.out, tmp_path / "out"))
+    run_and_write(dataclasses.replace(config, out=copy, methods=["card-auto"]), personalizer=personalizer)
+    assert y_minus_at_fit and not any(y_minus_at_fit)  # every fit again, none from the other run's y-
+
+
 def test_a_run_resumed_with_other_threads_says_its_timings_mix_them(
     first_run, personalizer: Personalizer
 ) -> None:

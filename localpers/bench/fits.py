@@ -3,12 +3,17 @@
 `FitStore.profile` hands a method what it `needs`: nothing, the user's cluster, or the full CARD vector
 fit (cluster, y-, pair features, lambda) made by `Personalizer.fit_user` in the benchmark's own user
 store under `DIR/users/`, never the real one. A fit is redone only when its fingerprint (bundle, item
-ids, fit options, BENCH_VERSION) changes; y- already generated for the same author in another folder
-are shared. This module neither generates queries nor scores them (see `runner`).
+ids, fit options, BENCH_VERSION, and `configuration`: the CPU's kernels and the code that computes outputs)
+changes; y- already generated for the same author in another folder under the same configuration are shared,
+and a folder refitted under another configuration first drops its y- and pair caches (another CPU's greedy y-,
+or an older code's, would have gone into the new fit). This module neither generates queries nor scores them
+(see `runner`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import time
@@ -20,7 +25,7 @@ from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser
 from localpers.bench.methods import Method, UserProfile
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
-from localpers.methods.card.pair_cache import NEGATIVES_FILE
+from localpers.methods.card.pair_cache import FEATURES_FILE, NEGATIVES_FILE
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.card.user_state import stored_token_bias, user_profile
 from localpers.users.store import User, UserStore
@@ -30,8 +35,41 @@ from localpers.users.store import User, UserStore
 BENCH_VERSION = 6
 
 
+# what computes a method's outputs: a change here can change them, and a cached result must not outlive it
+OUTPUT_CODE = (
+    "methods",
+    "engine",
+    "users",
+    "tasks.py",
+    "bench/methods.py",
+    "bench/card_methods.py",
+    "bench/prompt_methods.py",
+    "bench/extra_methods.py",
+)
+
+
 def sha256_text(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+@functools.cache
+def code_sha256() -> str:
+    """sha256 over the sources that compute outputs (`OUTPUT_CODE`): results and fits were reused after commits
+    that changed what they compute, as long as nobody bumped BENCH_VERSION by hand."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for entry in OUTPUT_CODE:
+        path = package / entry
+        for source in sorted(path.rglob("*.py") if path.is_dir() else [path]):
+            digest.update(
+                source.relative_to(package).as_posix().encode() + b"\0" + source.read_bytes() + b"\0"
+            )
+    return digest.hexdigest()
+
+
+def configuration(personalizer: Personalizer) -> str:
+    """What a cached output depends on besides its inputs: the CPU's kernels and the code (`code_sha256`)."""
+    return sha256_text([personalizer.engine.kernels, code_sha256()])
 
 
 class FitStore:
@@ -93,8 +131,9 @@ class FitStore:
                 self._clusters[key] = (cluster, time.perf_counter() - started)
         return self._clusters[key]
 
-    def _share_negatives(self, stored: User) -> bool:
-        """Seed a new fit folder with y- already generated for this user in the other folders.
+    def _share_negatives(self, stored: User, config: str) -> bool:
+        """Seed a new fit folder with y- already generated for this user in the other folders whose fits were made
+        under the same `configuration`.
 
         y- is the cluster model's greedy output, fixed by (bundle, cluster, item), and the file keys
         them by exactly that, so history truncations and regularisation variants need not regenerate
@@ -106,8 +145,11 @@ class FitStore:
         merged: dict[str, dict[str, str]] = {}
         for sibling in sorted(self.root.glob(f"*/users/{stored.name}/{NEGATIVES_FILE}")):
             try:
+                state = json.loads((sibling.parent / "state.json").read_text(encoding="utf-8"))
+                if (state.get("bench") or {}).get("configuration") != config:
+                    continue
                 known = json.loads(sibling.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):  # a folder without a fit, or a damaged state
                 continue
             if isinstance(known, dict):
                 for key, negatives in known.items():
@@ -131,6 +173,7 @@ class FitStore:
         stored = self._user(user, limit, regularisation, prior)
         items = list(profile.items)
         prior_weight = DEFAULT_PRIOR_WEIGHT if prior is None else prior
+        config = configuration(self.personalizer)
         fingerprint = sha256_text(
             [
                 BENCH_VERSION,
@@ -138,14 +181,19 @@ class FitStore:
                 [item.id for item in items],
                 regularisation,
                 {"prior_weight": prior_weight},
+                config,
             ]
         )
         state = stored.state()
         bench = state.get("bench") if isinstance(state.get("bench"), dict) else {}
         if bench.get("fingerprint") != fingerprint or not state.get("fit"):
+            if bench.get("configuration") != config:
+                for name in (NEGATIVES_FILE, FEATURES_FILE):  # made by another CPU's kernels or older code
+                    with contextlib.suppress(FileNotFoundError):
+                        (stored.dir / name).unlink()
             if [item.id for item in stored.history()] != [item.id for item in items]:
                 stored.save_history(items)
-            shared = self._share_negatives(stored)
+            shared = self._share_negatives(stored, config)
             self._warm_encoder()
 
             def stage(name: str, done: int, total: int) -> None:
@@ -166,6 +214,7 @@ class FitStore:
                     **stored.state(),
                     "bench": {
                         "fingerprint": fingerprint,
+                        "configuration": config,
                         "stored_bytes": stored_bytes,
                         "shared_negatives": shared,
                     },

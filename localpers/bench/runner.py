@@ -31,7 +31,7 @@ from typing import Any
 
 from localpers.atomic import atomic_write_text
 from localpers.bench.data import BenchUser, read_bench_file
-from localpers.bench.fits import BENCH_VERSION, FitStore, sha256_text
+from localpers.bench.fits import BENCH_VERSION, FitStore, code_sha256, sha256_text
 from localpers.bench.method_names import (
     DEFAULT_PRESET,
     check_method_names,
@@ -196,6 +196,7 @@ def run_bench(
             "threads": personalizer.engine.n_threads,
             "data": str(config.data),
             "data_sha256": _file_sha256(Path(config.data)),
+            "code_sha256": code_sha256(),  # the sources that compute outputs (`fits.OUTPUT_CODE`)
             "style": config.style,
             "data_notes": notes,
         }
@@ -287,8 +288,9 @@ def _run_user(
             personalizer.bundle_sha256,
             personalizer.backbone.sha256,
             # outputs change with the CPU's kernels: a run resumed on another CPU (or LOCALPERS_CPU_BUFFERS)
-            # mixed both configurations' outputs without a note
+            # mixed both configurations' outputs without a note; and with the code that computes them
             personalizer.engine.kernels,
+            code_sha256(),
             spec.name,
             params,
             [item.id for item in items],
