@@ -99,6 +99,7 @@ REQUIRED_METHOD_FIELDS = {
     "ms_per_token": float,
     "fit_s_per_user": float,
     "bytes_per_user": int,
+    "max_bytes_per_user": int,
 }
 
 

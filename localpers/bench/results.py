@@ -66,6 +66,7 @@ def method_summary(records: list[dict[str, Any]], *, n_resamples: int, seed: int
         # y- reused from another fit of the same user: the fit time then leaves their generation out
         "fit_shared_negatives": any((r.get("fit") or {}).get("shared_negatives") for r in records),
         "bytes_per_user": int(round(float(np.mean([r["stored_bytes"] for r in records])))),
+        "max_bytes_per_user": int(max(r["stored_bytes"] for r in records)),  # what the state target judges
         "history_bytes_per_user": int(round(float(np.mean([r["history_bytes"] for r in records])))),
         "users": len(records),
         "rouge1_ci": mean_interval(r1, n_resamples=n_resamples, seed=seed).as_list(DIGITS),

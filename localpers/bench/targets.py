@@ -82,14 +82,28 @@ def check_targets(results: dict[str, Any], method: str = DEFAULT_METHOD) -> list
             "ms",
             mixed,
         ),
-        TargetCheck(
-            "per-user state",
-            f"per-user state <= {STATE_BYTES:,} bytes besides the history",
-            f"{row['bytes_per_user']:,} bytes",
-            row["bytes_per_user"] <= STATE_BYTES,
-        ),
+        _state_check(row),
         _fit_check(row, results.get("config", {})),
     ]
+
+
+def _state_check(row: dict[str, Any]) -> TargetCheck:
+    """Every user's state within the limit (the mean let one user far above it pass); results written before the
+    largest was recorded are judged on their mean, and say so."""
+    largest = row.get("max_bytes_per_user")
+    if largest is None:
+        return TargetCheck(
+            "per-user state",
+            f"per-user state <= {STATE_BYTES:,} bytes besides the history",
+            f"{row['bytes_per_user']:,} bytes on average (this run did not record the largest)",
+            row["bytes_per_user"] <= STATE_BYTES,
+        )
+    return TargetCheck(
+        "per-user state",
+        f"every user's state <= {STATE_BYTES:,} bytes besides the history",
+        f"{largest:,} bytes at most, {row['bytes_per_user']:,} on average",
+        largest <= STATE_BYTES,
+    )
 
 
 def _rouge_check(delta: dict[str, Any]) -> TargetCheck:
