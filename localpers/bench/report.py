@@ -313,7 +313,8 @@ def render_report(results: dict[str, Any], *, images: list[str] = (), image_pref
             "Mean per-token natural-log probability of ` <reference>\\n` under each method's final next-token "
             "distribution, computed by the same sampler chain and correction hook that generate, the reference's "
             "tokens evaluated in one batch (CARD's correction moves its top k; tokens outside the top k keep the "
-            "adapter's logits, for every method alike). "
+            "adapter's logits, for every method alike), without the decoding rules that are not the model's (the "
+            "task's word-only repetition rule, llama.cpp's penalties) or habits applied to the finished text. "
             "Higher is better; Δ is paired over queries.",
             "",
             *table,
