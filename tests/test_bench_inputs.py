@@ -234,3 +234,31 @@ def test_a_second_run_into_a_busy_out_is_refused_and_leaves_the_first_ones_files
         os.close(holder)
     assert result.exit_code == 1 and f"another localpers bench is running into --out {out}" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["cache"]
+
+
+def test_the_dev_split_leaves_out_an_item_listed_twice_and_names_authors_too_short(tmp_path: Path) -> None:
+    # an item listed twice and moved into the queries stopped the whole run ("duplicate id"); a file whose
+    # authors were all too short was "holds no users" (eighty-seventh session's bench audit)
+    prefix = "Generate a headline for the following article: "
+
+    def item(number: int) -> dict[str, str]:
+        return {
+            "id": f"n{number}",
+            "date": f"2018-01-{number:02d}",
+            "input": f"{prefix}Article number {number} about things.",
+            "output": f"Headline {number} Here",
+        }
+
+    repeated = tmp_path / "repeated.jsonl"
+    history = [item(number) for number in range(1, 20)] + [item(19)]
+    repeated.write_text(json.dumps({"user_id": "a", "history": history}) + "\n", encoding="utf-8")
+    read = read_bench_file(repeated, dev_split=True)
+    (user,) = read.users
+    ids = [query.id for query in user.queries] + [entry.source for entry in user.history]
+    assert len(ids) == len(set(ids)) == 19
+    assert any("duplicate" in note for note in read.notes)
+
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"user_id": "b", "history": [item(1), item(2)]}) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"every author is too short for the dev split .*\bb\b"):
+        read_bench_file(short, dev_split=True)

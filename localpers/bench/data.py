@@ -230,6 +230,11 @@ def read_bench_file(
             raise InputError(
                 f"{path}: no user has queries; for a file of histories only (like train.jsonl) add --dev-split"
             )
+        if repairs.without_queries:
+            raise InputError(
+                f"{path}: every author is too short for the dev split ({DEV_MIN_QUERIES} queries and 1 history"
+                f" item at least): {_users(repairs.without_queries)}"
+            )
         raise InputError(f"{path} holds no users; expected JSONL lines with user_id, history, queries")
     return BenchFile(users, repairs.notes(dev_split))
 
@@ -266,6 +271,10 @@ def _user_from_record(
         )
     if dev_split:
         merged, resorted = oldest_first([*history_records, *(query_records or [])])
+        # an item listed twice: moved into the queries, the second copy stopped the whole run ("duplicate id")
+        merged, repeats = _first_of_each(merged)
+        if repeats:
+            repairs.duplicates[user_id] = repeats
         history_records, query_records = _dev_split(merged)
     else:
         history_records, resorted = oldest_first(history_records)
@@ -319,6 +328,26 @@ def dev_query_count(n_items: int) -> int:
     """How many of an author's `n_items` the dev split takes as queries (0 when the author is too short)."""
     count = min(DEV_MAX_QUERIES, max(DEV_MIN_QUERIES, round(DEV_QUERY_FRACTION * n_items)))
     return count if n_items >= count + 1 else 0
+
+
+def _first_of_each(records: list[Any]) -> tuple[list[Any], int]:
+    """`records` without the repeats of an item (the same `id`, or without one the same input and output), and how
+    many were left out. What is not an item object is kept, for `_fields` to refuse by its place."""
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for entry in records:
+        if isinstance(entry, dict):
+            given = entry.get("id")
+            key = (
+                ("id", str(given))
+                if given not in (None, "")
+                else ("", str(entry.get("input")), str(entry.get("output")))
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(entry)
+    return kept, len(records) - len(kept)
 
 
 def _dev_split(records: list[Any]) -> tuple[list[Any], list[Any]]:
