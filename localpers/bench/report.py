@@ -196,6 +196,13 @@ def sibling_lines(results: dict[str, Any]) -> list[str]:
                 f"| {method} | {cell['bin']} | {cell['n']} | {cell['baseline_rouge1']:.4f} | {cell['rouge1']:.4f} "
                 f"| {ratio} | {_interval(cell['delta'])} |"
             )
+    if entry.get("left_out"):
+        lines += [
+            "",
+            "Not binned (fitted on another window of the history than the bins): "
+            + "; ".join(f"`{name}` {why}" for name, why in entry["left_out"].items())
+            + ".",
+        ]
     needed = [
         f"`{method}` {row['top_share_for_target']:.1%}"
         for method, row in entry["methods"].items()

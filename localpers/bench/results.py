@@ -33,7 +33,7 @@ import numpy as np
 from localpers.atomic import atomic_write_text
 from localpers.bench.authors import AuthorComparison, compare_authors
 from localpers.bench.metrics import mean_interval, paired_bootstrap, paired_ratio_bootstrap
-from localpers.bench.registry import BASELINE
+from localpers.bench.registry import BASELINE, get_method
 from localpers.bench.runner import BenchRun
 from localpers.bench.siblings import gain_by_sibling
 from localpers.bench.targets import DEFAULT_METHOD, ROUGE_RATIO, check_targets, targets_summary
@@ -192,6 +192,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             target=ROUGE_RATIO,
             n_resamples=n,
             seed=seed,
+            other_windows=_other_windows(run),
         ),
     }
     checks = check_targets(results)
@@ -228,6 +229,17 @@ def _user_table(run: BenchRun) -> dict[str, Any]:
             row.update({"cluster": record["cluster"], "fit_method": fitted, **(record["fit"] or {})})
         table[user.user_id] = row
     return table
+
+
+def _other_windows(run: BenchRun) -> dict[str, int | None]:
+    """The methods fitted on another window of each author's history than the run's (`card@history=1`), by limit."""
+    windows = {}
+    for spec in run.specs:
+        if get_method(spec.base).uses_history:
+            limit = run.params[spec.name].get("history")
+            if limit != run.config.history_limit:
+                windows[spec.name] = limit
+    return windows
 
 
 def write_outputs(run: BenchRun, path: Path) -> int:

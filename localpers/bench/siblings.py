@@ -103,8 +103,13 @@ def gain_by_sibling(
     edges: Sequence[float] = EDGES,
     n_resamples: int,
     seed: int,
+    other_windows: dict[str, int | None] | None = None,
 ) -> dict[str, Any]:
-    """The results.json entry: the bins (queries, authors) and, per method, each bin's figures."""
+    """The results.json entry: the bins (queries, authors) and, per method, each bin's figures.
+
+    The bins are by the history the run's `history_limit` keeps; a method fitted on another window of it
+    (`other_windows`: its name and limit, `card@history=1`) never saw those siblings, so it is left out of the
+    bins and named under `left_out`."""
     bins = query_bins(users, history_limit, edges)
     names = bin_names(edges)
     counts = np.bincount(list(bins.values()), minlength=len(names)) if bins else np.zeros(len(names))
@@ -122,10 +127,14 @@ def gain_by_sibling(
             for index, name in enumerate(names)
         ],
         "methods": {},
+        "left_out": {
+            name: f"fitted on {'all' if limit is None else limit} history item(s), not the run's window"
+            for name, limit in (other_windows or {}).items()
+        },
     }
     baseline_scores = _scores(records[baseline])
     for method, method_records in records.items():
-        if method == baseline:
+        if method == baseline or method in (other_windows or {}):
             continue
         scores = _scores(method_records)
         rows = []
