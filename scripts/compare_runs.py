@@ -38,18 +38,28 @@ def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
     if not folder.is_dir():
         raise SystemExit(f"{folder} does not exist: run the bench with -m {method} --out {run} first")
     table: dict[str, dict[str, dict[str, float]]] = {}
+    fingerprints: dict[str, str | None] = {}
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
         # results.json names authors by their user_id; the cache file by its store name ("Alice Smith" is
         # alice-smith-8ae10dfc there), and an old record may hold only the latter
-        table[str(record.get("user_id", record["user"]))] = {q["query_id"]: q for q in record["queries"]}
-    return _of_the_run(Path(run), method, table)
+        user = str(record.get("user_id", record["user"]))
+        table[user] = {q["query_id"]: q for q in record["queries"]}
+        fingerprints[user] = record.get("fingerprint")
+    return _of_the_run(Path(run), method, table, fingerprints)
 
 
-def _of_the_run(run: Path, method: str, table: dict[str, dict[str, dict[str, float]]]) -> dict:
+def _of_the_run(
+    run: Path,
+    method: str,
+    table: dict[str, dict[str, dict[str, float]]],
+    fingerprints: dict[str, str | None] | None = None,
+) -> dict:
     """`table` cut to the users of the run's results.json: the cache also keeps an earlier run's users (another
     --max-users or data file), which would mix into the figures; a user cached with another number of queries
-    than the run scored is refused. Without a results.json (a run stopped early) the cache is taken whole."""
+    than the run scored, or whose record is not the one results.json's figures came from (a later run into the
+    same folder with another configuration rewrote it), is refused. Without a results.json (a run stopped
+    early) the cache is taken whole."""
     results = run / "results.json"
     if not results.is_file():
         print(
@@ -69,6 +79,12 @@ def _of_the_run(run: Path, method: str, table: dict[str, dict[str, dict[str, flo
             raise SystemExit(
                 f"{run}/cache/{method}/{user}.json holds {len(table[user])} queries, the run scored"
                 f" {summary['queries']}: rerun the bench with -m {method} --out {run}"
+            )
+        expected = (summary.get("fingerprints") or {}).get(method)
+        if user in table and expected and (fingerprints or {}).get(user) != expected:
+            raise SystemExit(
+                f"{run}/cache/{method}/{user}.json is not the record results.json's figures came from (a later run"
+                f" into {run} with another configuration rewrote it): rerun the bench with -m {method} --out {run}"
             )
     return {user: queries for user, queries in table.items() if user in users}
 

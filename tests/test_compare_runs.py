@@ -137,3 +137,28 @@ def test_authors_whose_user_id_is_no_store_name_are_compared(tmp_path: Path) -> 
         results = {"users": {"Alice Smith": {"queries": 2}}}
         (tmp_path / run / "results.json").write_text(json.dumps(results))
     assert compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")["diff"] == 0.2
+
+
+def test_a_cache_record_a_later_run_rewrote_is_refused(tmp_path: Path) -> None:
+    """Bench audit (eighty-seventh session): a run with another --history-limit into the same --out rewrote a
+    cache file under the same method name; the scripts mixed it with the figures results.json has."""
+    for run in ("a", "b"):
+        write_run(tmp_path / run, "m", [0.1, 0.3], [None, None])
+        for user in ("u0", "u1"):
+            record_path = tmp_path / run / "cache" / "m" / f"{user}.json"
+            record = json.loads(record_path.read_text())
+            record_path.write_text(json.dumps({**record, "fingerprint": f"fp-{user}"}))
+        users = {user: {"queries": 2, "fingerprints": {"m": f"fp-{user}"}} for user in ("u0", "u1")}
+        (tmp_path / run / "results.json").write_text(json.dumps({"users": users}))
+    assert compare(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")["authors"] == 2
+    rewritten = tmp_path / "b" / "cache" / "m" / "u1.json"
+    rewritten.write_text(json.dumps({**json.loads(rewritten.read_text()), "fingerprint": "another run's"}))
+    refused = subprocess.run(
+        [sys.executable, str(SCRIPT), f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        refused.returncode != 0
+        and "u1.json is not the record results.json's figures came from" in refused.stderr
+    )

@@ -223,6 +223,11 @@ def _user_table(run: BenchRun) -> dict[str, Any]:
                 for spec in run.specs
                 if (scores := [q["rouge1"] for q in run.records[spec.name][index]["queries"]])
             },
+            # which cache record each figure came from: a later run into the same --out (another --history-limit)
+            # rewrites cache files, and scripts reading the cache must not mix its records with these figures
+            "fingerprints": {
+                spec.name: run.records[spec.name][index].get("fingerprint") for spec in run.specs
+            },
         }
         if fitted is not None:
             record = run.records[fitted][index]
