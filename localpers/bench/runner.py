@@ -7,8 +7,9 @@ Layout under the output directory:
     cache/<method>/<user>.json            one finished (method, user): outputs, scores, timings
     outputs.jsonl, results.json, report.md, *.png   written at the end from the cache
 
-A (method, user) cache file is reused only when its fingerprint (bundle, backbone, method and its
-parameters, the history item ids and the queries) matches, so an interrupted run resumes where it
+A (method, user) cache file is reused only when its fingerprint (bundle, backbone, the CPU's kernels, the code
+that computes outputs (`fits.code_sha256`), method and its parameters, the history item ids and the queries)
+matches, so an interrupted run resumes where it
 stopped and a changed bundle or data file recomputes (the llama.cpp threads are not in it: a record keeps
 the threads it was timed with, and a run that mixes them says so in a note). Users are taken one at a time,
 every method in turn, so the methods' timings share the machine's drift. Fits are shared between methods
