@@ -269,3 +269,26 @@ def test_an_older_signed_targets_file_put_back_is_refused_as_a_rollback(
         match=r"targets.json: version 1 is older than the version \d the snapshot names \(a rollback\)",
     ):
         refresh(repo_dir, keys, everything=True)
+
+
+def test_rotated_out_keys_sign_nothing_the_next_command_carries_forward(
+    published: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    # once a rotation is finished, a targets.json the old (perhaps leaked) keys signed is refused by every command
+    # but the ones that finish a rotation (session review: it was trusted after any number of root renewals)
+    from localpers.bundle.keys import generate_keys, load_signer
+    from localpers.bundle.repository import add_bundle, load_repository
+    from localpers.bundle.resigning import rotate_keys
+
+    repo_dir, keys, _ = published
+    new_keys = tmp_path / "new-keys"
+    generate_keys(new_keys)
+    rotate_keys(repo_dir, keys, new_keys)
+    refresh(repo_dir, new_keys, root=True)  # a renewal after the finished rotation
+    forged = load_repository(repo_dir).targets
+    forged.signed.version += 1
+    forged.signatures.clear()
+    forged.sign(load_signer(keys, "targets"))
+    (repo_dir / "metadata" / "targets.json").write_bytes(forged.to_bytes())
+    with pytest.raises(InputError, match=r"targets.json: not signed by this repository's targets key"):
+        add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), new_keys)

@@ -112,15 +112,21 @@ def read_metadata(path: Path, fix: str) -> Any:
         raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
 
 
-def load_repository(directory: Path) -> Repository:
+def load_repository(directory: Path, *, finishing_rotation: bool = False) -> Repository:
     """The latest root, targets, snapshot and timestamp of the repository at `directory`, each checked to be
-    what this repository's keys signed (`repository_check`): every command that signs anew starts here."""
+    what this repository's keys signed (`repository_check`; `finishing_rotation` for the commands that re-sign
+    every role with the newest keys): every command that signs anew starts here."""
     directory = Path(directory)
     fix = "it is not a repository: create one with `localpers repo init`"
     loaded = {role: read_metadata(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
     root = _newest_root(directory / METADATA_DIR, loaded["root"], fix)
     check_signed_metadata(
-        directory / METADATA_DIR, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"]
+        directory / METADATA_DIR,
+        root,
+        loaded["targets"],
+        loaded["snapshot"],
+        loaded["timestamp"],
+        finishing_rotation=finishing_rotation,
     )
     return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"])
 

@@ -7,9 +7,11 @@ targets, or a `repo refresh --root` trust their root key beside the publisher's.
 
 What it checks, as a device would: every numbered root from `1.root.json` is signed by the root before it and by
 itself, `root.json` is one of them; targets, snapshot and timestamp are signed by the keys the newest root trusts
-for them, or by the keys they had before the last rotation of those keys (a rotation stopped before the other
-roles were re-signed, perhaps followed by a `refresh --root`, which `repo refresh --all --keys NEW` finishes); and
-no role is older than what the role above it names (a rollback). It does not check
+for them, or, when the newest root is the one that rotated those keys, by the keys before it (a rotation stopped
+before the other roles were re-signed); and no role is older than what the role above it names (a rollback).
+Commands that finish a rotation (`repo refresh --all`, `repo rotate`) take metadata signed by the keys of any root
+of the chain (`finishing_rotation`): a stopped rotation then renewed with `refresh --root` can still be finished,
+while no other command re-signs what rotated-out keys, perhaps leaked ones, signed. It does not check
 expiry (renewing expired metadata is what `refresh` is for), nor the targets' files (`serve` and devices do).
 """
 
@@ -26,13 +28,24 @@ MEND = (
 )
 
 
-def check_signed_metadata(metadata_dir: Path, root: Any, targets: Any, snapshot: Any, timestamp: Any) -> None:
+def check_signed_metadata(
+    metadata_dir: Path,
+    root: Any,
+    targets: Any,
+    snapshot: Any,
+    timestamp: Any,
+    *,
+    finishing_rotation: bool = False,
+) -> None:
     """Refuse, naming the file, metadata this repository's own keys did not sign (see the module docstring)."""
     roots = _verified_roots(metadata_dir, root)
     for role, metadata in (("targets", targets), ("snapshot", snapshot), ("timestamp", timestamp)):
-        if not any(_signed_by(candidate, role, metadata) for candidate in _trusted_for(roots, role)):
+        trusted = roots if finishing_rotation else _trusted_for(roots, role)
+        if not any(_signed_by(candidate, role, metadata) for candidate in trusted):
             raise InputError(
-                f"{metadata_dir / f'{role}.json'}: not signed by this repository's {role} key; {MEND}"
+                f"{metadata_dir / f'{role}.json'}: not signed by this repository's {role} key; if a key rotation"
+                f" was stopped, finish it with `localpers repo refresh {metadata_dir.parent} --all --keys NEW`;"
+                f" otherwise {MEND}"
             )
     named = snapshot.signed.meta.get("targets.json")
     if named is not None and targets.signed.version < named.version:
@@ -74,14 +87,12 @@ def _verified_roots(metadata_dir: Path, newest: Any) -> list[Any]:
 
 
 def _trusted_for(roots: list[Any], role: str) -> list[Any]:
-    """The newest root, and the newest older one that names other keys for `role` (its keys before their last
-    rotation): renewing the root (`refresh --root`) after a stopped rotation keeps the new keys, and must not make
-    the old ones, which the roles still carry until `refresh --all`, look like a stranger's."""
-    keys = set(roots[-1].signed.roles[role].keyids)
-    for older in reversed(roots[:-1]):
-        if set(older.signed.roles[role].keyids) != keys:
-            return [roots[-1], older]
-    return [roots[-1]]
+    """The newest root, and the one before it when the newest rotated `role`'s keys (a rotation just made)."""
+    if len(roots) > 1 and set(roots[-2].signed.roles[role].keyids) != set(
+        roots[-1].signed.roles[role].keyids
+    ):
+        return roots[-2:]
+    return roots[-1:]
 
 
 def _signed_by(root: Any, role: str, metadata: Any) -> bool:

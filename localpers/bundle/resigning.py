@@ -41,7 +41,7 @@ def refresh(
     an expired timestamp (freeze protection), and likewise the root after its year. Returns role -> version.
     """
     with locked_repository(repo_dir):
-        repo = load_repository(Path(repo_dir))
+        repo = load_repository(Path(repo_dir), finishing_rotation=everything)
         roles = PUBLISH_ROLES if everything else ("timestamp",)
         signers = load_signers(repo.directory, repo.root, keys_dir, (*roles, "root") if root else roles)
         if root:
@@ -87,7 +87,9 @@ def rotate_keys(
     re-signed with the new keys. Returns the new root version.
     """
     with locked_repository(repo_dir):
-        return _rotate(load_repository(Path(repo_dir)), old_keys_dir, new_keys_dir, expiry_days)
+        return _rotate(
+            load_repository(Path(repo_dir), finishing_rotation=True), old_keys_dir, new_keys_dir, expiry_days
+        )
 
 
 def _rotate(
