@@ -359,7 +359,18 @@ def test_a_run_resumed_on_other_kernels_or_code_fits_again_from_fresh_y_minus(
         kernels = {**personalizer.engine.kernels, "system": "another CPU"}
         monkeypatch.setattr(type(personalizer.engine), "kernels", property(lambda engine: kernels))
     else:
+        from localpers.bench import runner
+
         monkeypatch.setattr(fits, "code_sha256", lambda: "another commit")
+        monkeypatch.setattr(runner, "code_sha256", lambda: "another commit")
+    rewrites: list[bool] = []
+    real_rewrite = personalizer.rewrite
+
+    def rewrite(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        rewrites.append(True)
+        return real_rewrite(*args, **kwargs)
+
+    monkeypatch.setattr(personalizer, "rewrite", rewrite)
     y_minus_at_fit: list[bool] = []
     real_fit = personalizer.fit_user
 
@@ -371,6 +382,45 @@ def test_a_run_resumed_on_other_kernels_or_code_fits_again_from_fresh_y_minus(
     copy = Path(shutil.copytree(config.out, tmp_path / "out"))
     run_and_write(dataclasses.replace(config, out=copy, methods=["card-auto"]), personalizer=personalizer)
     assert y_minus_at_fit and not any(y_minus_at_fit)  # every fit again, none from the other run's y-
+    assert rewrites  # and the results too, not only the fits
+
+
+def test_a_fit_stopped_midway_keeps_its_saved_y_minus_for_the_resumed_run(
+    first_run, personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The configuration was recorded only once a fit ended: a fit stopped after saving y- (which it does so that
+    the next fit starts from there) had them deleted as another configuration's on the resumed run (session
+    review)."""
+    import json
+    import shutil
+
+    from localpers.bench import fits
+
+    config, _, _ = first_run
+    monkeypatch.setattr(fits, "code_sha256", lambda: "a new commit")  # every fit is due again
+    real_fit = personalizer.fit_user
+
+    def stopped(user, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        (user.dir / "negatives.json").write_text(
+            json.dumps({"saved": {"item": "a y- saved before the stop"}})
+        )
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(personalizer, "fit_user", stopped)
+    copy = Path(shutil.copytree(config.out, tmp_path / "out"))
+    resumed = dataclasses.replace(config, out=copy, methods=["card-auto"])
+    with pytest.raises(KeyboardInterrupt):
+        run_and_write(resumed, personalizer=personalizer)
+    found: list[bool] = []
+
+    def resumed_fit(user, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        path = user.dir / "negatives.json"
+        found.append(path.exists() and "saved" in json.loads(path.read_text()))
+        return real_fit(user, **kwargs)
+
+    monkeypatch.setattr(personalizer, "fit_user", resumed_fit)
+    run_and_write(resumed, personalizer=personalizer)
+    assert found and found[0]
 
 
 def test_a_run_resumed_with_other_threads_says_its_timings_mix_them(

@@ -331,18 +331,14 @@ def dev_query_count(n_items: int) -> int:
 
 
 def _first_of_each(records: list[Any]) -> tuple[list[Any], int]:
-    """`records` without the repeats of an item (the same `id`, or without one the same input and output), and how
-    many were left out. What is not an item object is kept, for `_fields` to refuse by its place."""
+    """`records` without the repeats of an item (the same id, input and output; another article under a reused id
+    is not a repeat), and how many were left out. What is not an item object is kept, for `_fields` to refuse by
+    its place."""
     seen: set[tuple[str, ...]] = set()
     kept = []
     for entry in records:
         if isinstance(entry, dict):
-            given = entry.get("id")
-            key = (
-                ("id", str(given))
-                if given not in (None, "")
-                else ("", str(entry.get("input")), str(entry.get("output")))
-            )
+            key = (str(entry.get("id") or ""), str(entry.get("input")), str(entry.get("output")))
             if key in seen:
                 continue
             seen.add(key)

@@ -45,6 +45,11 @@ OUTPUT_CODE = (
     "bench/card_methods.py",
     "bench/prompt_methods.py",
     "bench/extra_methods.py",
+    "bench/runner.py",  # builds the cached record
+    "bench/metrics.py",  # the ROUGE figures in it
+    "bench/styles.py",  # a probe's transformed references
+    "bench/data.py",  # the queries' text as read and normalised
+    "bench/fits.py",  # the fits' options and fingerprints
 )
 
 
@@ -187,10 +192,14 @@ class FitStore:
         state = stored.state()
         bench = state.get("bench") if isinstance(state.get("bench"), dict) else {}
         if bench.get("fingerprint") != fingerprint or not state.get("fit"):
-            if bench.get("configuration") != config:
-                for name in (NEGATIVES_FILE, FEATURES_FILE):  # made by another CPU's kernels or older code
+            # caches made under another configuration (another CPU's kernels, older code; a fit from before the
+            # configuration was recorded counts as one) go; an interrupted fit's under this one are its saved work
+            if bench and bench.get("configuration") != config:
+                for name in (NEGATIVES_FILE, FEATURES_FILE):
                     with contextlib.suppress(FileNotFoundError):
                         (stored.dir / name).unlink()
+            # said before the fit starts: what it saves is this configuration's, to resume or to share
+            stored.save_state({**state, "bench": {"configuration": config}})
             if [item.id for item in stored.history()] != [item.id for item in items]:
                 stored.save_history(items)
             shared = self._share_negatives(stored, config)

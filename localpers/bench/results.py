@@ -2,14 +2,16 @@
 
 results.json keeps exactly the shape the issue fixes, plus extra fields:
 
-    {"methods": {"<name>": {"rouge1", "rougeL", "n", "ms_per_token", "fit_s_per_user", "bytes_per_user", ...}},
+    {"methods": {"<name>": {"rouge1", "rougeL", "n", "ms_per_token", "fit_s_per_user", "bytes_per_user",
+                            "max_bytes_per_user", ...}},
      "deltas_vs_global": {"<name>": {"rouge1": [low, mean, high], "rougeL": [...], "rouge1_ratio": [...]}},
      "deltas_vs": {"rag": {...}, "cluster": {...}}, "config": {...},
      "authors_vs_global": {"<name>": {"authors", "improved", "unchanged", "worse", "rouge1_ratio", "rouge1"}},
-     "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean}, ...}},
+     "users": {"<user id>": {"history_items", "queries", "rouge1": {"<name>": the user's mean},
+                             "fingerprints": {"<name>": its cache record's}, ...}},
      "targets": {"method": "card-auto", "summary", "checks": [{"target", "measured", "met"}]},
      "by_sibling": {"baseline", "edges", "bins": [{"name", "queries", "authors"}], "methods": {"<name>": {"bins": [...],
-                    "top_share_for_target"}}, "target", "history_limit"}}
+                    "top_share_for_target"}}, "target", "history_limit", "left_out": {"<name>": why}}}
 
 Deltas pair the two methods' scores on the same (user, query); intervals are paired bootstrap 95%
 percentile intervals over queries, and in `authors_vs_global` over authors (`localpers.bench.authors`).

@@ -110,19 +110,23 @@ _READ_SIZE = 1 << 20
 def _lines(handle: BinaryIO, digest: Any) -> Iterator[bytes]:
     """The file's lines as bytes (without their ends, which are \\n, \\r\\n or a lone \\r, as text mode reads them),
     read a megabyte at a time, every byte also given to `digest`: one pass, and never the whole file in memory (a
-    copy of it per Ray worker)."""
-    pending = b""
+    copy of it per Ray worker). Each piece is searched once, so a line of many megabytes costs what it reads."""
+    partial: list[bytes] = []  # the start of a line the pieces read so far have not ended
+    carry = b""  # a CR that ended a piece: half of a CRLF, or a line end of its own
     while chunk := handle.read(_READ_SIZE):
         digest.update(chunk)
-        pending += chunk
-        cut = len(pending) - 1 if pending.endswith(b"\r") else len(pending)  # a CR may be half of a CRLF
-        parts = _LINE_END.split(pending[:cut])
-        pending = parts.pop() + pending[cut:]
-        yield from parts
-    parts = _LINE_END.split(pending)
-    if parts[-1] == b"":  # the file ended with a line end
-        parts.pop()
-    yield from parts
+        chunk, carry = carry + chunk, b""
+        if chunk.endswith(b"\r"):
+            chunk, carry = chunk[:-1], b"\r"
+        parts = _LINE_END.split(chunk)
+        partial.append(parts[0])
+        if len(parts) > 1:
+            yield b"".join(partial)
+            yield from parts[1:-1]
+            partial = [parts[-1]]
+    rest = b"".join(partial)
+    if carry or rest:  # a last line, ended by a CR or by the end of the file
+        yield rest
 
 
 def load_corpus(path: str | Path, *, min_users: int = 1) -> Corpus:
