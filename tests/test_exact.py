@@ -533,21 +533,19 @@ def test_removing_the_indexed_one_of_two_items_with_one_input_leaves_the_index_a
     assert after_removal == stored()
 
 
-@pytest.mark.parametrize("text", ["市议会今天宣布在河边开辟一条新的自行车道，" * 70, "🚲🌉🎉" * 400])
-def test_a_dense_text_keeps_the_attribute_line_and_says_how_much_of_it_was_read(
-    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, text: str
-) -> None:
-    # the rewrite cut a too-dense text from its end after the line was appended: the line went, the result still
-    # named the attributes, and text_chars_read was the task's limit, not what the prompt carried
+def one_entry_index_and_prompts_seen(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, task: str
+) -> tuple[ExactIndex, list[str]]:
+    """An EXACT index of one item (attributes Concise, Vivid, Humor) for `task`, and the list every rewrite prompt
+    built after this call is appended to, as text."""
     from localpers.engine.encoder import embed_texts
     from localpers.methods.card import prompting
     from localpers.tasks import get_task
 
     example = item("The city opened a new bike lane.", "BIKE LANE OPENS!!!")
-    embedding = embed_texts([get_task("headline").content(example.input)])
     index = ExactIndex(
         [IndexEntry.of(example, ["Concise", "Vivid", "Humor"], 1.0, 0.0)],
-        embedding,
+        embed_texts([get_task(task).content(example.input)]),
         {"cluster": 0, "bundle_sha256": personalizer.bundle_sha256},
     )
     prompts: list[str] = []
@@ -559,6 +557,16 @@ def test_a_dense_text_keeps_the_attribute_line_and_says_how_much_of_it_was_read(
         return tokens, shared, read
 
     monkeypatch.setattr(prompting, "prompt_tokens", seen)
+    return index, prompts
+
+
+@pytest.mark.parametrize("text", ["市议会今天宣布在河边开辟一条新的自行车道，" * 70, "🚲🌉🎉" * 400])
+def test_a_dense_text_keeps_the_attribute_line_and_says_how_much_of_it_was_read(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    # the rewrite cut a too-dense text from its end after the line was appended: the line went, the result still
+    # named the attributes, and text_chars_read was the task's limit, not what the prompt carried
+    index, prompts = one_entry_index_and_prompts_seen(personalizer, monkeypatch, "headline")
     result, retrieval = rewrite_exact(personalizer, index, text, max_tokens=1)
     assert retrieval.attributes == ["Concise", "Vivid", "Humor"]
     assert prompts[-1].rstrip().endswith(f"{attribute_line(retrieval.attributes)}\nHeadline:")
@@ -572,10 +580,7 @@ def test_the_attribute_line_stays_a_line_of_its_own_where_the_task_joins_the_tex
 ) -> None:
     # paraphrase joins its text's lines into one paragraph: the line was joined with them, and the model was asked
     # to rewrite "... It approved the budget. Attributes: <Concise, Vivid, Humor>" (eighty-seventh session's audit)
-    from localpers.engine.encoder import embed_texts
-    from localpers.methods.card import prompting
     from localpers.methods.exact import attributed_prompt
-    from localpers.tasks import get_task
 
     text = "The council met on Monday.\nIt approved the budget."
     line = attribute_line(["Concise", "Vivid", "Humor"])
@@ -589,22 +594,7 @@ def test_the_attribute_line_stays_a_line_of_its_own_where_the_task_joins_the_tex
         f"{expected}\n{line}"
     )
 
-    example = item("The city opened a new bike lane.", "BIKE LANE OPENS!!!")
-    embedding = embed_texts([get_task("paraphrase").content(example.input)])
-    index = ExactIndex(
-        [IndexEntry.of(example, ["Concise", "Vivid", "Humor"], 1.0, 0.0)],
-        embedding,
-        {"cluster": 0, "bundle_sha256": personalizer.bundle_sha256},
-    )
-    prompts: list[str] = []
-    original = prompting.prompt_tokens
-
-    def seen(engine, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        tokens, shared, read = original(engine, *args, **kwargs)
-        prompts.append(engine.detokenize(tokens))
-        return tokens, shared, read
-
-    monkeypatch.setattr(prompting, "prompt_tokens", seen)
+    index, prompts = one_entry_index_and_prompts_seen(personalizer, monkeypatch, "paraphrase")
     rewrite_exact(personalizer, index, text, task="paraphrase", max_tokens=1)
     assert f"budget.\n{line}" in prompts[-1]
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from file_events import record_fsyncs_and_renames
 from safetensors.numpy import save_file
 
 from localpers.errors import LocalpersError
@@ -144,12 +145,8 @@ def test_a_head_flag_written_as_text_and_a_normalisation_the_device_lacks_are_re
 def test_a_saved_head_is_synced_before_it_replaces_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import os
 
-    events: list[str] = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda *a: (events.append("replace"), real_replace(*a))[1])
+    events = record_fsyncs_and_renames(monkeypatch)
     head = small_head()
     path = head.save(tmp_path / "head.safetensors")
     assert "replace" in events and "fsync" in events[: events.index("replace")]

@@ -87,13 +87,10 @@ def test_install_from_another_filesystem_keeps_a_whole_bundle(tmp_path: Path) ->
     assert not [p for p in out.iterdir() if p.name.startswith((".installing-", ".replaced-"))]
 
 
-def test_an_install_that_fails_half_way_puts_the_old_bundle_back(tmp_path: Path) -> None:
-    from localpers.bundle.format import verify_bundle
+def install_failing_at_its_head(tmp_path: Path, out: Path) -> None:
+    """Install a copy of the demo bundle into `out`, the move of its head failing with an I/O error."""
     from localpers.publish import bundle_stage
 
-    out = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "out"))
-    (out / "plots").mkdir(exist_ok=True)
-    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     staging = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "staging"))
     (staging / "plots").mkdir(exist_ok=True)
     replace = os.replace
@@ -107,6 +104,15 @@ def test_an_install_that_fails_half_way_puts_the_old_bundle_back(tmp_path: Path)
         patch.setattr(bundle_stage.os, "replace", fail_on_head)
         with pytest.raises(OSError, match="Input/output"):
             bundle_stage.install(staging, out)
+
+
+def test_an_install_that_fails_half_way_puts_the_old_bundle_back(tmp_path: Path) -> None:
+    from localpers.bundle.format import verify_bundle
+
+    out = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "out"))
+    (out / "plots").mkdir(exist_ok=True)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    install_failing_at_its_head(tmp_path, out)
     verify_bundle(out)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
@@ -133,19 +139,7 @@ def test_a_bundle_an_install_killed_half_way_moved_aside_is_put_back_before_the_
         (aside / bundle_stage.ALL_MOVED).touch()
         shutil.copytree(DEMO_BUNDLE / "adapters", out / "adapters")
         (out / "adapters" / "new-only.gguf").write_bytes(b"a file of the killed install")
-    staging = Path(shutil.copytree(DEMO_BUNDLE, tmp_path / "staging"))
-    (staging / "plots").mkdir(exist_ok=True)
-    replace = os.replace
-
-    def fail_on_head(src: object, dst: object) -> None:
-        if Path(str(src)) == staging / "head.safetensors":
-            raise OSError(5, "Input/output error")
-        replace(src, dst)  # type: ignore[arg-type]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bundle_stage.os, "replace", fail_on_head)
-        with pytest.raises(OSError, match="Input/output"):
-            bundle_stage.install(staging, out)
+    install_failing_at_its_head(tmp_path, out)
     verify_bundle(out)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not [p for p in out.iterdir() if p.name.startswith((".installing-", ".replaced-"))]

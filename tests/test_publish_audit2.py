@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from file_events import record_fsyncs_and_renames
 from rich.console import Console
 
 from localpers.publish.corpus import Corpus
@@ -42,6 +43,19 @@ def _context(root: Path, **changes: object) -> PublishContext:
     )
 
 
+def _tiny_llama_config(transformers: Any, layers: int) -> Any:
+    """A random Llama's config small enough to train in a test: vocabulary 64, width 32, 2 heads."""
+    return transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+
+
 def _tiny_lora_model(dropout: float) -> tuple[Any, dict[str, Any], list[Any]]:
     """A 2-layer random Llama with a LoRA of `dropout`, its fresh LoRA state, and 24 random examples."""
     torch = pytest.importorskip("torch")
@@ -51,15 +65,7 @@ def _tiny_lora_model(dropout: float) -> tuple[Any, dict[str, Any], list[Any]]:
     from localpers.engine.torch_model import Example
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = _tiny_llama_config(transformers, layers=2)
     model = torch_model.wrap_lora(
         transformers.LlamaForCausalLM(config), 4, 8.0, dropout, ("attn_q", "attn_v", "ffn_up")
     )
@@ -186,14 +192,7 @@ def test_the_fresh_lora_start_follows_the_seed_in_one_process(monkeypatch: pytes
 
     monkeypatch.setattr(torch_model, "_cache", {})
     monkeypatch.setattr(torch_model, "_fresh_states", {})
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
+    config = _tiny_llama_config(transformers, layers=1)
     backbones: dict[str, Any] = {}
 
     def load_backbone(path: Path, device: str = "cpu") -> Any:
@@ -226,14 +225,10 @@ def test_the_fresh_lora_start_follows_the_seed_in_one_process(monkeypatch: pytes
 def test_stage_json_files_are_on_disk_before_they_are_renamed_into_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import os
 
     from localpers.publish.runner import write_json_atomic
 
-    events: list[str] = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda *paths: (events.append("replace"), real_replace(*paths))[1])
+    events = record_fsyncs_and_renames(monkeypatch)
     target = tmp_path / "sft" / "record.json"
     write_json_atomic(target, {"steps": 2})
     assert json.loads(target.read_text()) == {"steps": 2}

@@ -114,12 +114,17 @@ def test_an_attackers_self_consistent_repository_is_refused(
     assert installed_bundle_dir() == installed
 
 
-def test_a_repository_claiming_the_demo_publisher_is_checked_against_the_shipped_root(tmp_path: Path) -> None:
-    demo = demo_root_bytes()
-    fingerprint = root_fingerprint(demo, "demo")
+def repository_claiming_the_demo_publisher(tmp_path: Path) -> Path:
+    """Another key's repository whose first root is the shipped demo root (its later metadata is not signed by it)."""
     evil = tmp_path / "evil"
     publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
-    (evil / "metadata/1.root.json").write_bytes(demo)
+    (evil / "metadata/1.root.json").write_bytes(demo_root_bytes())
+    return evil
+
+
+def test_a_repository_claiming_the_demo_publisher_is_checked_against_the_shipped_root(tmp_path: Path) -> None:
+    fingerprint = root_fingerprint(demo_root_bytes(), "demo")
+    evil = repository_claiming_the_demo_publisher(tmp_path)
     with pytest.raises(InputError, match="signed metadata refused"):
         pull(evil)
     assert nothing_installed()
@@ -130,9 +135,7 @@ def test_a_damaged_stored_demo_root_starts_again_from_the_shipped_one(tmp_path: 
     # it was refused with "delete the folder and pull again with --trust": a fingerprint the device ships with
     demo = demo_root_bytes()
     fingerprint = root_fingerprint(demo, "demo")
-    evil = tmp_path / "evil"
-    publish(make_bundle(tmp_path / "evil-bundle", seed="evil"), evil, tmp_path / "evil-keys")
-    (evil / "metadata/1.root.json").write_bytes(demo)
+    evil = repository_claiming_the_demo_publisher(tmp_path)
     with pytest.raises(InputError, match="signed metadata refused"):
         pull(evil)  # the store is made from the package
     (trust_store(fingerprint) / "root.json").write_bytes(b'{"signed": {"_type": "root"')  # a write cut short

@@ -245,7 +245,7 @@ def shared_lora_model(
     another seed's start for another seed (the cache held the first seed's for every later one)."""
     import torch
 
-    key = ("lora", str(path), rank, alpha, dropout, targets, device, seed)
+    key = _lora_key(path, rank, alpha, dropout, targets, device, seed)
     if key not in _cache:
         # peft wraps the model in place, so drop any earlier wrapping of the same backbone first.
         for old in [k for k in _cache if k[0] == "lora" and k[1] == str(path)]:
@@ -307,7 +307,12 @@ def fresh_lora_state(
 ) -> dict:
     """The LoRA weights as peft initialised them under `seed` (B = 0, so the adapter starts as the backbone)."""
     shared_lora_model(path, rank, alpha, dropout, targets, device, seed=seed)
-    return _fresh_states[("lora", str(path), rank, alpha, dropout, targets, device, seed)]
+    return _fresh_states[_lora_key(path, rank, alpha, dropout, targets, device, seed)]
+
+
+def _lora_key(path: Path, *shape_device_and_seed: object) -> tuple[object, ...]:
+    """The cache key of a shared LoRA model and its fresh state: backbone, LoRA shape, device and seed."""
+    return ("lora", str(path), *shape_device_and_seed)
 
 
 def make_batch(examples: Sequence[Example], pad_id: int = 0) -> dict[str, Any]:
