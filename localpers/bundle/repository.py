@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -33,18 +32,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from localpers.atomic import atomic_write_bytes, fsync_directory
-from localpers.bundle.format import sha256_of_file
+from localpers.atomic import atomic_write_bytes
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
 from localpers.bundle.manifest import parse_manifest
 from localpers.bundle.repository_check import check_signed_metadata
+from localpers.bundle.repository_files import TARGETS_DIR, copy_target, make_public
 from localpers.bundle.repository_lock import repository_lock
 from localpers.errors import InputError, LocalpersError
 
 BUNDLE_PREFIX = "bundle/"
 BACKBONE_PREFIX = "backbone/"  # backbone/<sha256>.gguf
 METADATA_DIR = "metadata"
-TARGETS_DIR = "targets"
 DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
 PUBLISH_ROLES = ("targets", "snapshot", "timestamp")  # the keys that `repo add` and `refresh --all` sign with
 
@@ -256,7 +254,7 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
     (directory / METADATA_DIR).mkdir(parents=True, exist_ok=True)
     (directory / TARGETS_DIR).mkdir(exist_ok=True)
     for folder in ([directory] if created else []) + [directory / METADATA_DIR, directory / TARGETS_DIR]:
-        _make_public(folder, 0o755)
+        make_public(folder, 0o755)
     with locked_repository(directory, made=False):
         if (directory / METADATA_DIR / "root.json").exists():  # another init got here first
             raise LocalpersError(f"{directory} is already a repository; use `localpers repo add` to publish")
@@ -268,7 +266,7 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
         try:
             (staging / METADATA_DIR).mkdir(parents=True)
             fingerprint = _init(staging, signers, expiry_days)
-            _make_public(staging / METADATA_DIR, 0o755)
+            make_public(staging / METADATA_DIR, 0o755)
             os.replace(staging / METADATA_DIR, directory / METADATA_DIR)  # over the empty folder made above
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -311,71 +309,6 @@ def root_keyid(repo_dir: Path) -> str:
     return sorted(root.signed.roles["root"].keyids)[0]
 
 
-def _copy_target(repo: Repository, target_path: str, source: Path, expected_sha256: str | None = None) -> Any:
-    """Copy `source` into targets/ under its hash-prefixed name; return the TargetFile of the bytes copied.
-
-    The copy is hashed, not the source: read twice, a source changed between the reads (another publish into the
-    same folder) was signed with one hash and stored with other bytes, and devices refused the repository.
-    `expected_sha256` (what was verified, or the hash a target's name carries) must match the copy. A file already
-    under the name is kept only when its bytes are right: one a power cut left empty was kept by every later add.
-    The copy is on disk before the metadata naming it is written.
-    """
-    metadata = _tuf()
-    if not source.is_file():
-        raise LocalpersError(f"{source}: no such file to publish as {target_path}")
-    directory, _, name = target_path.rpartition("/")
-    folder = repo.targets_dir / directory
-    folder.mkdir(parents=True, exist_ok=True)
-    for parent in (folder, *folder.parents):
-        if parent == repo.directory:
-            break
-        _make_public(parent, 0o755)
-    partial = folder / f".{name}.{os.getpid()}.partial"  # hidden and .partial: never served
-    try:
-        shutil.copyfile(source, partial)
-        with partial.open("rb+") as written:
-            os.fsync(written.fileno())
-        info = metadata.TargetFile.from_file(target_path, str(partial), ["sha256"])
-        sha256 = info.hashes["sha256"]
-        if expected_sha256 is not None and sha256 != expected_sha256:
-            raise InputError(
-                f"{source}: its bytes changed while they were published (sha256 {sha256[:12]}, not the"
-                f" {expected_sha256[:12]} checked before); publish it again"
-            )
-        destination = folder / f"{sha256}.{name}"
-        if _holds(destination, info.length, sha256):
-            partial.unlink()
-        else:
-            _make_public(partial, 0o644)
-            os.replace(partial, destination)
-            fsync_directory(folder)
-    except BaseException:  # Ctrl-C or a full disk: no half copy stays in what is uploaded
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        raise
-    return info
-
-
-def _holds(path: Path, length: int, sha256: str) -> bool:
-    """Whether `path` is a regular file of `length` bytes hashing to `sha256`."""
-    try:
-        if not stat.S_ISREG(path.lstat().st_mode) or path.stat().st_size != length:
-            return False
-    except OSError:
-        return False
-    return sha256_of_file(path) == sha256
-
-
-def _make_public(path: Path, mode: int) -> None:
-    """Add the read (and for folders search) bits a web server needs: a publisher's `umask 077` left targets 0600
-    and their folders 0700, which the server then refused to every device. Bits already set (a shared group's
-    write, setgid) stay; a folder of another account that cannot be changed is left as it is."""
-    current = stat.S_IMODE(path.stat().st_mode)
-    if current | mode != current:
-        with contextlib.suppress(PermissionError):
-            os.chmod(path, current | mode)
-
-
 def add_bundle(
     repo_dir: Path, bundle_dir: Path, keys_dir: Path, expiry_days: dict[str, int] | None = None
 ) -> int:
@@ -404,11 +337,11 @@ def add_bundle(
         # each file as verified, or refused: a publish into the same folder meanwhile signed a manifest and targets
         # that disagreed (every device refused the repository)
         for relative, entry in bundle.manifest["files"].items():
-            kept[BUNDLE_PREFIX + relative] = _copy_target(
-                repo, BUNDLE_PREFIX + relative, bundle.directory / relative, entry["sha256"]
+            kept[BUNDLE_PREFIX + relative] = copy_target(
+                repo.directory, BUNDLE_PREFIX + relative, bundle.directory / relative, entry["sha256"]
             )
         manifest_target = BUNDLE_PREFIX + MANIFEST_NAME
-        kept[manifest_target] = _copy_target(repo, manifest_target, bundle.directory / MANIFEST_NAME)
+        kept[manifest_target] = copy_target(repo.directory, manifest_target, bundle.directory / MANIFEST_NAME)
         directory, _, name = manifest_target.rpartition("/")
         copied = repo.targets_dir / directory / f"{kept[manifest_target].hashes['sha256']}.{name}"
         # compared as the manifest's own parser reads it, written out the same way (a NaN equals itself there)
@@ -435,7 +368,7 @@ def add_file_target(
         # before the file is copied
         signers = load_signers(repo.directory, repo.root, keys_dir, PUBLISH_ROLES)
         targets = dict(repo.targets.signed.targets)
-        targets[target_path] = _copy_target(repo, target_path, Path(source), expected_sha256)
+        targets[target_path] = copy_target(repo.directory, target_path, Path(source), expected_sha256)
         return publish_targets(repo, targets, signers, expiry_days)
 
 
