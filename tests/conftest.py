@@ -76,11 +76,13 @@ except ImportError:  # hypothesis is in the test extra; without it only tests/te
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
-    """One local Ray (2 CPUs) for the whole test session, shut down at its end; skips without ray."""
+    """One local Ray (2 CPUs) for the whole test session, shut down at its end; skips without ray. Started as the
+    executor starts its own (a private token in the environment), so no `~/.ray/auth_token` lands in the HOME the
+    tests run under."""
     ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    from localpers.publish.ray_executor import RayExecutor
+
+    executor = None if ray.is_initialized() else RayExecutor(workers=2)
     yield ray
-    if started:
-        ray.shutdown()
+    if executor is not None:
+        executor.close()
