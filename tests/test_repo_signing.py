@@ -16,6 +16,7 @@ from localpers.bundle.keys import generate_keys
 from localpers.bundle.repository import add_bundle, load_repository
 from localpers.bundle.repository_lock import repository_lock
 from localpers.bundle.resigning import refresh, rotate_keys
+from localpers.bundle.rotation_pending import pending_role_files
 from localpers.errors import LocalpersError
 
 
@@ -54,15 +55,30 @@ def test_a_refresh_waits_for_an_add_that_holds_the_repository(published: tuple[P
 
 
 def stopped_rotation(tmp_path: Path, repo_dir: Path, keys: Path, files: tuple[str, ...]) -> Path:
-    """New keys, and of a rotation done on a copy of the repository only `files` copied back: what a rotation
-    killed after writing them leaves."""
+    """New keys, and a rotation to them stopped (as by a kill) once it has written `files` of the new root (its
+    record of the role files it verified is left in the new keys' folder, as a kill leaves it)."""
+    from localpers.bundle import resigning
+
     new_keys = tmp_path / "new-keys"
     generate_keys(new_keys)
-    rotated = tmp_path / "rotated"
-    shutil.copytree(repo_dir, rotated)
-    rotate_keys(rotated, keys, new_keys)
-    for name in files:
-        shutil.copyfile(rotated / "metadata" / name, repo_dir / "metadata" / name)
+    written: list[str] = []
+    write = resigning.write_public
+
+    def killed_after_files(path: Path, data: bytes) -> None:
+        if tuple(written) == files:
+            raise KeyboardInterrupt
+        write(path, data)
+        written.append(path.name)
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(resigning, "write_public", killed_after_files)
+        patched.setattr(resigning, "publish_targets", killed)
+        with pytest.raises(KeyboardInterrupt):
+            rotate_keys(repo_dir, keys, new_keys)
+    assert tuple(written) == files
     return new_keys
 
 
@@ -72,9 +88,9 @@ def test_a_rotation_stopped_after_its_numbered_root_refuses_the_old_keys(
     """Stopped after `2.root.json` and before `root.json`: `repo add --keys OLD` read root.json, signed with keys
     the root devices fetch no longer trusts, and exited 0; every device then refused the repository."""
     repo_dir, keys, _ = published
-    stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json",))
-    assert load_repository(repo_dir).root.signed.version == 2
-    with pytest.raises(LocalpersError, match="is not one this repository.s root trusts"):
+    new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json",))
+    assert load_repository(repo_dir, pending=pending_role_files(new_keys, repo_dir)).root.signed.version == 2
+    with pytest.raises(LocalpersError, match="if a key rotation was stopped, finish it with"):
         add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
 
 

@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,8 @@ class Repository:
     targets: Any
     snapshot: Any
     timestamp: Any
+    # sha256 of each role file as read and verified (role -> hex; `load_repository`): what a rotation records
+    verified_sha256: dict[str, str] = field(default_factory=dict)
 
     @property
     def metadata_dir(self) -> Path:
@@ -98,6 +100,10 @@ def _write_metadata(path: Path, metadata: Any) -> bytes:
 
 def read_metadata(path: Path, fix: str) -> Any:
     """The signed metadata file at `path`; one-line errors for a missing, unreadable or malformed file."""
+    return _read_metadata_and_bytes(path, fix)[0]
+
+
+def _read_metadata_and_bytes(path: Path, fix: str) -> tuple[Any, bytes]:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -105,18 +111,19 @@ def read_metadata(path: Path, fix: str) -> Any:
     except OSError as exc:
         raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
     try:
-        return _tuf().Metadata.from_bytes(data)
+        return _tuf().Metadata.from_bytes(data), data
     except Exception as exc:  # python-tuf raises several types for malformed metadata
         raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
 
 
-def load_repository(directory: Path, *, finishing_rotation: bool = False) -> Repository:
+def load_repository(directory: Path, *, pending: dict[str, str] | None = None) -> Repository:
     """The latest root, targets, snapshot and timestamp of the repository at `directory`, each checked to be
-    what this repository's keys signed (`repository_check`; `finishing_rotation` for the commands that re-sign
-    every role with the newest keys): every command that signs anew starts here."""
+    what this repository's keys signed (`repository_check`; `pending` for the commands that finish a stopped
+    key rotation: the role files its record lets them re-sign): every command that signs anew starts here."""
     directory = Path(directory)
     fix = "it is not a repository: create one with `localpers repo init`"
-    loaded = {role: read_metadata(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
+    read = {role: _read_metadata_and_bytes(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
+    loaded = {role: metadata for role, (metadata, _) in read.items()}
     root = _newest_root(directory / METADATA_DIR, loaded["root"], fix)
     check_signed_metadata(
         directory / METADATA_DIR,
@@ -124,9 +131,20 @@ def load_repository(directory: Path, *, finishing_rotation: bool = False) -> Rep
         loaded["targets"],
         loaded["snapshot"],
         loaded["timestamp"],
-        finishing_rotation=finishing_rotation,
+        role_bytes={role: data for role, (_, data) in read.items()},
+        pending=pending,
     )
-    return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"])
+    hashes = {role: hashlib.sha256(data).hexdigest() for role, (_, data) in read.items()}
+    return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"], hashes)
+
+
+def read_dates(directory: Path) -> dict[str, datetime]:
+    """When each role's newest metadata in the repository at `directory` expires (UTC), read without checking
+    signatures: it signs nothing, and a rotation under way is read as it stands."""
+    fix = "it is not a repository: create one with `localpers repo init`"
+    loaded = {role: read_metadata(Path(directory) / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
+    loaded["root"] = _newest_root(Path(directory) / METADATA_DIR, loaded["root"], fix)
+    return {role: metadata.signed.expires for role, metadata in loaded.items()}
 
 
 def _newest_root(metadata_dir: Path, root: Any, fix: str) -> Any:

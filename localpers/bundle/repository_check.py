@@ -6,17 +6,18 @@ shared or synced folder, a copy fetched back from the web host) had a `repo refr
 targets, or a `repo refresh --root` trust their root key beside the publisher's.
 
 What it checks, as a device would: every numbered root from `1.root.json` is signed by the root before it and by
-itself, `root.json` is one of them; targets, snapshot and timestamp are signed by the keys the newest root trusts
-for them, or, when the newest root is the one that rotated those keys, by the keys before it (a rotation stopped
-before the other roles were re-signed); and no role is older than what the role above it names (a rollback).
-Commands that finish a rotation (`repo refresh --all`, `repo rotate`) take metadata signed by the keys of any root
-of the chain (`finishing_rotation`): a stopped rotation then renewed with `refresh --root` can still be finished,
-while no other command re-signs what rotated-out keys, perhaps leaked ones, signed. It does not check
+itself, `root.json` is one of them; targets, snapshot and timestamp are signed by the keys the newest root trusts for
+them; and no role is older than what the role above it names (a rollback). The one exception is a rotation stopped
+before it re-signed the other roles (`localpers.bundle.rotation_pending`): the commands that finish it pass the role
+files the rotation verified (`pending`, name -> sha256), and a role signed by an earlier root's keys is taken when
+its bytes are exactly those, never other metadata the rotated-out (perhaps leaked) keys signed. It does not check
 expiry (renewing expired metadata is what `refresh` is for), nor the targets' files (`serve` and devices do).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,28 @@ def check_signed_metadata(
     snapshot: Any,
     timestamp: Any,
     *,
-    finishing_rotation: bool = False,
+    role_bytes: Mapping[str, bytes],
+    pending: Mapping[str, str] | None = None,
 ) -> None:
-    """Refuse, naming the file, metadata this repository's own keys did not sign (see the module docstring)."""
+    """Refuse, naming the file, metadata this repository's own keys did not sign (see the module docstring).
+
+    `role_bytes` are the files' bytes the metadata was parsed from (role -> bytes), `pending` what a stopped
+    rotation's record lets the finishing command re-sign (file name -> sha256)."""
     roots = _verified_roots(metadata_dir, root)
     for role, metadata in (("targets", targets), ("snapshot", snapshot), ("timestamp", timestamp)):
-        trusted = roots if finishing_rotation else _trusted_for(roots, role)
-        if not any(_signed_by(candidate, role, metadata) for candidate in trusted):
+        if _signed_by(roots[-1], role, metadata):
+            continue
+        recorded = (pending or {}).get(f"{role}.json")
+        if recorded is None or hashlib.sha256(role_bytes[role]).hexdigest() != recorded:
             raise InputError(
                 f"{metadata_dir / f'{role}.json'}: not signed by this repository's {role} key; if a key rotation"
                 f" was stopped, finish it with `localpers repo refresh {metadata_dir.parent} --all --keys NEW`;"
                 f" otherwise {MEND}"
+            )
+        if not any(_signed_by(earlier, role, metadata) for earlier in roots[:-1]):
+            raise InputError(
+                f"{metadata_dir / f'{role}.json'}: not signed by any key this repository's roots have trusted"
+                f" for {role}; {MEND}"
             )
     named = snapshot.signed.meta.get("targets.json")
     if named is not None and targets.signed.version < named.version:
@@ -84,15 +96,6 @@ def _verified_roots(metadata_dir: Path, newest: Any) -> list[Any]:
             f"{metadata_dir / 'root.json'}: not the root {newest.signed.version}.root.json holds; {MEND}"
         )
     return chain
-
-
-def _trusted_for(roots: list[Any], role: str) -> list[Any]:
-    """The newest root, and the one before it when the newest rotated `role`'s keys (a rotation just made)."""
-    if len(roots) > 1 and set(roots[-2].signed.roles[role].keyids) != set(
-        roots[-1].signed.roles[role].keyids
-    ):
-        return roots[-2:]
-    return roots[-1:]
 
 
 def _signed_by(root: Any, role: str, metadata: Any) -> bool:

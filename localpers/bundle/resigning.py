@@ -20,8 +20,14 @@ from localpers.bundle.repository import (
     load_repository,
     locked_repository,
     publish_targets,
+    read_dates,
     refresh_timestamp,
     write_public,
+)
+from localpers.bundle.rotation_pending import (
+    clear_pending,
+    pending_role_files,
+    record_pending,
 )
 from localpers.errors import LocalpersError
 
@@ -38,16 +44,19 @@ def refresh(
     `root` a new root version with the same keys, signed by the root key).
 
     Run the timestamp refresh more often than the timestamp expires (default 7 days): a device refuses
-    an expired timestamp (freeze protection), and likewise the root after its year. Returns role -> version.
+    an expired timestamp (freeze protection), and likewise the root after its year. With `everything` it also
+    finishes a stopped rotation to the keys in `keys_dir` (`localpers.bundle.rotation_pending`). Returns role ->
+    version.
     """
     with locked_repository(repo_dir):
-        repo = load_repository(Path(repo_dir), finishing_rotation=everything)
+        repo = load_repository(Path(repo_dir), pending=pending_role_files(keys_dir, repo_dir))
         roles = PUBLISH_ROLES if everything else ("timestamp",)
         signers = load_signers(repo.directory, repo.root, keys_dir, (*roles, "root") if root else roles)
         if root:
             _renew_root(repo, signers["root"], expiry_days)
         if everything:
             publish_targets(repo, dict(repo.targets.signed.targets), signers, expiry_days)
+            clear_pending(keys_dir, repo_dir)
         else:
             snapshot_bytes = (repo.metadata_dir / "snapshot.json").read_bytes()
             refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
@@ -73,8 +82,7 @@ def _renew_root(repo: Repository, root_signer: Any, expiry_days: dict[str, int] 
 
 def expiry_dates(repo_dir: Path) -> dict[str, datetime]:
     """When each role's newest metadata expires (UTC)."""
-    repo = load_repository(Path(repo_dir))
-    return {role: getattr(repo, role).signed.expires for role in ROLES}
+    return read_dates(Path(repo_dir))
 
 
 def rotate_keys(
@@ -84,12 +92,16 @@ def rotate_keys(
 
     The new root version is signed by the old and the new root key, so devices that trust the old
     root accept it and from then on trust only the new keys; targets, snapshot and timestamp are
-    re-signed with the new keys. Returns the new root version.
+    re-signed with the new keys. Before the new root is written, the role files as verified are recorded in
+    `new_keys_dir` (`localpers.bundle.rotation_pending`), so a rotation stopped halfway can be finished and nothing
+    else the old keys sign is. Returns the new root version.
     """
     with locked_repository(repo_dir):
-        return _rotate(
-            load_repository(Path(repo_dir), finishing_rotation=True), old_keys_dir, new_keys_dir, expiry_days
-        )
+        # a stopped rotation to the old keys, finished by this one
+        repo = load_repository(Path(repo_dir), pending=pending_role_files(old_keys_dir, repo_dir))
+        version = _rotate(repo, old_keys_dir, new_keys_dir, expiry_days)
+        clear_pending(old_keys_dir, repo_dir)
+        return version
 
 
 def _rotate(
@@ -116,8 +128,12 @@ def _rotate(
     repo.root.signatures.clear()
     repo.root.sign(old_root, append=True)
     repo.root.sign(new_signers["root"], append=True)
+    record_pending(
+        new_keys_dir, repo.directory, {f"{r}.json": repo.verified_sha256[r] for r in PUBLISH_ROLES}
+    )
     root_bytes = repo.root.to_bytes()
     write_public(repo.metadata_dir / f"{root.version}.root.json", root_bytes)
     write_public(repo.metadata_dir / "root.json", root_bytes)
     publish_targets(repo, dict(repo.targets.signed.targets), new_signers, expiry_days)
+    clear_pending(new_keys_dir, repo.directory)
     return int(root.version)
