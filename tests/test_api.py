@@ -1611,3 +1611,58 @@ def test_a_long_key_holding_a_surrogate_is_not_echoed_whole_and_a_null_stream_is
         assert status == 200, answer
     status, answer = raw_request(f"{server.base_url}/models/" + "m" * 5_000)  # a GET
     assert status == 404 and len(answer) < 1_000, len(answer)
+
+
+def test_a_page_on_another_port_of_this_machine_is_refused(server: LiveServer) -> None:
+    """A page at http://localhost:3000 (a dev server, a notebook) is another site to the browser: its text/plain
+    POST needs no preflight, and a loopback Origin was served, so any local page had the server generate for it
+    (eighty-eighth session's API audit). The server's own origin is still served."""
+    from localpers.api.server import origin_port
+
+    assert origin_port("http://localhost") == 80 and origin_port("https://[::1]:8443") == 8443
+    assert origin_port("http://localhost:99999") is None
+    body = b'{"model": "localpers", "prompt": "hi", "max_tokens": 2}'
+    for origin in ("http://localhost:3000", "http://127.0.0.1", f"https://localhost:{server.port + 1}"):
+        status, answer = raw_request(
+            f"{server.base_url}/completions", body, headers={"Origin": origin, "content-type": "text/plain"}
+        )
+        assert status == 403 and "another port of this machine" in answer, (origin, answer)
+    status, answer = raw_request(
+        f"{server.base_url}/models", headers={"Origin": f"http://localhost:{server.port}"}
+    )
+    assert status == 200, answer
+
+
+def test_an_open_decoder_whose_fit_is_gone_is_refused_as_a_first_request_is(store: UserStore) -> None:
+    """The CoPe decoder a request left open re-reads the fit to say whether it still serves the user; with the fit
+    gone that refusal got `param` and `code` null, where a first request gets `user` and `user_not_fitted`
+    (eighty-eighth session's API audit)."""
+    from localpers.methods.base import UserDecoder
+    from localpers.methods.cope import load_state
+    from localpers.methods.registry import get_method
+
+    class LeftOpen(UserDecoder):  # what CopeUserDecoder.serves does: the user's state read afresh
+        closed = False
+
+        def rewrite(self, text: str, options: object) -> Any:  # type: ignore[override]
+            raise AssertionError("not reached")
+
+        def serves(self, user: Any) -> bool:
+            load_state(user)
+            return True
+
+        def close(self) -> None:
+            LeftOpen.closed = True
+
+    ann = store.create("cope-gone")
+    try:
+        backend = ApiBackend(SimpleNamespace(prompt_format=None), store)  # type: ignore[arg-type]
+        job = SimpleNamespace(strength=None, correction_top_k=None, max_tokens=8, sampling=None)
+        backend._decoders["cope"] = LeftOpen()
+        with pytest.raises(ApiError) as refused:
+            backend._own_decoder(get_method("cope"), ann, "text", "headline", job, None, (), [])  # type: ignore[arg-type]
+        assert refused.value.status == 409
+        assert (refused.value.param, refused.value.code) == ("user", "user_not_fitted")
+        assert LeftOpen.closed and "cope" not in backend._decoders
+    finally:
+        store.delete("cope-gone")

@@ -304,7 +304,7 @@ class ApiBackend:
         """Rewrite with the method's own decoder for `user`, reusing the open one while it serves them. A `free`
         text too long to carry beside the user's examples is given alone, as to the other methods."""
         decoder = self._decoders.get(method.name)
-        if decoder is None or not decoder.serves(user):
+        if decoder is None or not _still_serves(decoder, user):
             if decoder is not None:
                 self._decoders.pop(method.name).close()
             try:  # what it refuses is the user's fit (none for this method, another bundle's), as for CARD
@@ -377,3 +377,12 @@ def _damaged_user_data(exc: LocalpersError, user: User | None) -> ApiError | Non
         folder, f"user {user.name!r}'s folder"
     )
     return ApiError(409, shown, param="user", code="user_data_damaged")
+
+
+def _still_serves(decoder: UserDecoder, user: User) -> bool:
+    """Whether the open decoder still serves `user`; False when asking re-reads a fit that is gone or damaged, so
+    the decoder is opened again and refuses it as for a first request (409 `user_not_fitted`, API audit s88)."""
+    try:
+        return decoder.serves(user)
+    except LocalpersError:
+        return False

@@ -18,6 +18,7 @@ import ipaddress
 import socket
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from localpers.errors import LocalpersError
 
@@ -66,9 +67,25 @@ def foreign_request(request: Request) -> str | None:
     if host is not None and not is_loopback(host_of(host)):
         return f"Host {host!r} is not a loopback name or address"
     origin = request.headers.get("origin")
-    if origin is not None and (origin == "null" or not is_loopback(host_of(origin))):
+    if origin is None:
+        return None
+    if origin == "null" or not is_loopback(host_of(origin)):
         return f"requests from web pages of origin {origin!r} are not served"
+    # A page on another port of this machine (a dev server, a notebook) is another site to the browser: its
+    # text/plain POST needs no preflight, so without this it had the server generate for it (API audit, s88).
+    server = request.scope.get("server")
+    if server is not None and server[1] is not None and origin_port(origin) != int(server[1]):
+        return f"requests from web pages of origin {origin!r}, another port of this machine, are not served"
     return None
+
+
+def origin_port(origin: str) -> int | None:
+    """The port an origin names, or its scheme's default (`http://localhost` -> 80); None when it names none."""
+    try:
+        parts = urlsplit(origin)
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
 
 
 def check_bind(host: str, *, allow_remote: bool, api_key: str | None) -> None:
