@@ -180,3 +180,30 @@ async def test_ctrl_q_on_another_question_still_asks_about_the_draft(service: Fa
         await pilot.press("y")
         await pilot.pause()
         assert not app.is_running
+
+
+@async_test
+async def test_quitting_from_an_edit_says_the_edit_is_lost(service: FakeService) -> None:
+    """ctrl+q in the Edit dialog asked only about the draft ("your history and accepted outputs are" kept) and `y`
+    threw the edited output away unsaid (eighty-eighth session's TUI audit)."""
+    from localpers.tui.screens.edit_accept import EditAcceptScreen
+
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert isinstance(app.screen, EditAcceptScreen)
+        await pilot.press(*" by me")
+        app.main.draft.text = ""  # with no draft it did not even ask: the edit was lost at once
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert app.is_running and isinstance(app.screen, ConfirmScreen)
+        assert "edit of the output is not accepted or kept" in app.screen.question
+        await pilot.press("n")
+        await pilot.pause()
+        editor = app.screen
+        assert isinstance(editor, EditAcceptScreen) and editor.editor.text.endswith(" by me")
+        await pilot.press("ctrl+q", "ctrl+q")  # twice: quits
+        await pilot.pause()
+        assert not app.is_running

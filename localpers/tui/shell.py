@@ -2,7 +2,7 @@
 
 The theme chosen last time (`localpers.tui.settings`), the key list (F10 shows and hides it, Escape closes it),
 notices (at least `NOTICE_SECONDS` on screen, an error or warning titled in words, never markup), quitting (with
-a draft written it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored),
+a draft written or an output being edited it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored),
 and Textual's crash report without the frames' local variables. `ShellMixin` is a base of
 `localpers.tui.app.LocalpersApp`, before Textual's `App`, whose methods it extends; it draws no widget of its own.
 """
@@ -20,12 +20,17 @@ from textual.theme import Theme
 from localpers import interrupts
 from localpers.tui.crash_report import tracebacks_without_locals
 from localpers.tui.screens.confirm import ConfirmScreen
+from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.settings import load_settings, save_theme
 
 if TYPE_CHECKING:
     from localpers.tui.screens.main import MainScreen
 
 QUIT_QUESTION = "Quit localpers? The draft is not kept (your history and accepted outputs are)."
+QUIT_EDIT_QUESTION = (
+    "Quit localpers? Your edit of the output is not accepted or kept, nor the draft (your history and accepted"
+    " outputs are)."
+)
 NOTICE_SECONDS = 10.0  # the shortest a notice stays: long enough to read, also with a magnifier
 
 
@@ -117,8 +122,12 @@ class ShellMixin:
 
     async def action_quit(self) -> None:
         """Quit; with a draft written, first ask (it is not kept), and a second ctrl+q on the question quits."""
-        asked = isinstance(self.screen, ConfirmScreen) and self.screen.question == QUIT_QUESTION
-        if asked or not self.main.draft.text.strip():
+        asked = isinstance(self.screen, ConfirmScreen) and self.screen.question in (
+            QUIT_QUESTION,
+            QUIT_EDIT_QUESTION,
+        )
+        edited = self._edit_under_way()
+        if asked or not (edited or self.main.draft.text.strip()):
             self.exit()
             return
 
@@ -126,7 +135,14 @@ class ShellMixin:
             if quit_now:
                 self.exit()
 
-        self.push_screen(ConfirmScreen(QUIT_QUESTION), answered)
+        self.push_screen(ConfirmScreen(QUIT_EDIT_QUESTION if edited else QUIT_QUESTION), answered)
+
+    def _edit_under_way(self) -> bool:
+        """Whether an Edit dialog holds a text changed from the output it opened with (quitting loses it)."""
+        return any(
+            isinstance(screen, EditAcceptScreen) and screen.editor.text != screen.initial_text
+            for screen in self.screen_stack  # type: ignore[attr-defined]
+        )
 
     def _stop_by_signal(self, signum: int) -> None:
         self.stopped_by_signal = signum
