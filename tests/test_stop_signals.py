@@ -375,3 +375,54 @@ def test_a_stop_still_ends_the_wait_for_a_worker_left_running() -> None:
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert time.monotonic() - started < 30, done.stderr  # the worker alone would hold it for 60 s
+
+
+def test_a_draft_the_signal_stopped_opens_again_at_the_next_start(tmp_path: Path) -> None:
+    """SIGTERM and SIGHUP (a closed terminal) closed the TUI without asking, and the draft was gone (eighty-eighth
+    session's TUI audit): it is kept in the data folder and the next start without --text opens with it."""
+    code = textwrap.dedent(
+        f"""
+        import asyncio, os, signal, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from tui_fakes import FakeService
+        from localpers.tui.app import LocalpersApp
+        from localpers.tui.kept_draft import kept_draft_path
+        from localpers.users.store import UserStore
+
+        async def stopped(app):
+            async with app.run_test() as pilot:
+                await pilot.pause()
+                os.kill(os.getpid(), signal.SIGHUP)
+                for _ in range(100):
+                    await pilot.pause(0.05)
+                    if app.stopped_by_signal is not None:
+                        break
+
+        async def opened(app):
+            async with app.run_test() as pilot:
+                await pilot.pause()
+                await pilot.pause()
+                return app.main.draft.text
+
+        first = LocalpersApp(FakeService(UserStore()), text="Half a page of my own words")
+        asyncio.run(stopped(first))
+        first.close_service()
+        print(first.draft_kept, repr(kept_draft_path().read_text()))
+        given = LocalpersApp(FakeService(UserStore()), text="a text of its own")
+        print(repr(asyncio.run(opened(given))), kept_draft_path().exists())
+        given.close_service()
+        later = LocalpersApp(FakeService(UserStore()))
+        print(repr(asyncio.run(opened(later))), kept_draft_path().exists())
+        later.close_service()
+        """
+    )
+    env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "True 'Half a page of my own words'",
+        "'a text of its own' True",
+        "'Half a page of my own words' False",
+    ], result.stderr[-2000:]

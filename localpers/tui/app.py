@@ -42,6 +42,7 @@ from localpers.tui import engine_jobs
 from localpers.tui.first_run import FirstRunMixin
 from localpers.tui.generating import EMPTY_DRAFT_HINT, GenerationMixin
 from localpers.tui.job_threads import JobThread, JobThreads
+from localpers.tui.kept_draft import kept_draft_path
 from localpers.tui.messages import (
     EngineFailed,
     EngineLoaded,
@@ -125,6 +126,8 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
         self.personal_input: str | None = None
         self.fit_running = False
         self.stopped_by_signal: int | None = None
+        self.draft_kept = False
+        self.draft_keep_problem: str | None = None
         self.job_id = 0
         self._cache = ResultCache()
         self._cut_noted_job = 0
@@ -148,7 +151,9 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
         self.call_after_refresh(self.start)
 
     def start(self) -> None:
-        """Load the engine in the background, then open the user (or the first-run welcome)."""
+        """Load the engine in the background, then open the user (or the first-run welcome), with the draft a stop
+        signal kept if the command gave no text."""
+        self._reopen_kept_draft()
         self.sub_title = "loading the model…"
         self.main.progress.start("loading the model")
         self.main.personal_panel.clear(EMPTY_DRAFT_HINT)
@@ -416,5 +421,12 @@ def run_app(service: WritingService, *, user: str | None = None, text: str = "")
         # engine closes still ends cleanly.
         interrupts.install_stop_handlers()
         app.close_service(on_wait=_say_waiting)
+    if app.draft_kept:
+        print(
+            f"localpers: your draft was kept in {kept_draft_path()}; the next `localpers tui` opens with it",
+            file=sys.stderr,
+        )
+    elif app.draft_keep_problem:
+        print(f"localpers: {app.draft_keep_problem}", file=sys.stderr)
     if app.stopped_by_signal is not None:  # the command line reports it and exits 128 + its number
         raise interrupts.Terminated(app.stopped_by_signal)

@@ -2,7 +2,7 @@
 
 The theme chosen last time (`localpers.tui.settings`), the key list (F10 shows and hides it, Escape closes it),
 notices (at least `NOTICE_SECONDS` on screen, an error or warning titled in words, never markup), quitting (with
-a draft written or an output being edited it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored),
+a draft written or an output being edited it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored, and keep the draft for the next start),
 and Textual's crash report without the frames' local variables. `ShellMixin` is a base of
 `localpers.tui.app.LocalpersApp`, before Textual's `App`, whose methods it extends; it draws no widget of its own.
 """
@@ -19,6 +19,7 @@ from textual.theme import Theme
 
 from localpers import interrupts
 from localpers.tui.crash_report import tracebacks_without_locals
+from localpers.tui.kept_draft import keep_draft, take_kept_draft
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.settings import load_settings, save_theme
@@ -39,6 +40,8 @@ class ShellMixin:
 
     main: MainScreen
     stopped_by_signal: int | None  # the signal that closed the app (None: the user quit); set in __init__
+    draft_kept: bool  # whether that signal's stop kept the draft (`keep_draft`); set in __init__
+    draft_keep_problem: str | None  # why it could not; set in __init__
     _saved_theme: str | None  # the theme `tui.json` holds (`localpers.tui.settings`); set in __init__
     # It also calls Textual's `exit`, `screen`, `push_screen`, `theme`, `available_themes`, `theme_changed_signal`
     # and the key list's actions, and extends `notify` and `_fatal_error`.
@@ -145,5 +148,22 @@ class ShellMixin:
         )
 
     def _stop_by_signal(self, signum: int) -> None:
+        """Close as ctrl+q does, without asking (no one may be there to answer): a draft is kept for the next start
+        (`localpers.tui.kept_draft`), which a closed terminal lost before."""
         self.stopped_by_signal = signum
+        draft = self.main.draft.text
+        if draft.strip():
+            self.draft_keep_problem = keep_draft(draft)
+            self.draft_kept = self.draft_keep_problem is None
         self.exit()
+
+    def _reopen_kept_draft(self) -> None:
+        """Open with the draft the last stop signal kept, unless the command gave a text of its own."""
+        if self.main.draft.text:
+            return
+        text, problem = take_kept_draft()
+        if problem is not None:
+            self.notify(problem, severity="warning")
+        if text:
+            self.main.draft.text = text
+            self.notify("the draft you were writing when the app was last closed by a signal is back")
