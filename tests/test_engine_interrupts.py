@@ -257,7 +257,8 @@ def test_candidates_share_the_cache_cells_instead_of_running_out(
         )
         room = (small.cache_cells - len(tokens)) // 4
         assert room < 64 - len(tokens)
-        assert [len(result.tokens) for result in results] == [room] * 4
+        # `room` tokens evaluated each, and one more drawn (it needs no cell), as `generate` ends (s88)
+        assert [len(result.tokens) for result in results] == [room + 1] * 4
         assert {result.stop_reason for result in results} == {"context"}
 
 

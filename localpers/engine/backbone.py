@@ -57,7 +57,7 @@ def cached_sha256(path: Path) -> str:
     key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     stamp_candidates = [
         _stamp_path(path),
-        cache_dir() / "hashes" / (hashlib.sha1(str(path).encode()).hexdigest()),
+        cache_dir() / "hashes" / (hashlib.sha1(os.fsencode(path)).hexdigest()),
     ]
     for stamp in stamp_candidates:
         try:  # a FIFO or device where a stamp goes is no stamp (it would block or never end)

@@ -88,6 +88,8 @@ def run_jobs(
     """
     for job in jobs:
         check_tokens(engine, job.prompt, "a job's prompt")
+    if logprob_rows < 1:
+        raise ValueError(f"logprob_rows must be at least 1, not {logprob_rows}")
     size = group_size(engine)
     outcomes: list[PromptOutcome] = []
     for start in range(0, len(jobs), size):
@@ -126,6 +128,9 @@ def _run_group(
         generated_at = time.perf_counter()
         outcomes = [PromptOutcome(text, []) for text in texts]
         wanted = [job.continuations(text) for job, text in zip(jobs, texts, strict=True)]
+        for continuations in wanted:
+            for continuation in continuations:
+                check_tokens(engine, continuation, "a continuation")
         # A continuation that is the generated text's own tokens was evaluated by the generation already: its
         # features are reused (when only the first row's log-probability is asked, which the prompt's logits give).
         reused = [
@@ -174,8 +179,9 @@ def _evaluate(
     engine: Engine, prompt: list[int], start: int, end: int, sequence: int
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Evaluate `prompt[start:end]` into `sequence`; the last token's logits and features."""
-    for offset in range(start, end, 256):
-        chunk = prompt[offset : min(offset + 256, end)]
+    step = min(256, engine.batch_capacity)  # an engine made with a smaller n_batch takes no more at once
+    for offset in range(start, end, step):
+        chunk = prompt[offset : min(offset + step, end)]
         logits, features = engine.eval_sequences(
             chunk, range(offset, offset + len(chunk)), [sequence] * len(chunk), all_outputs=False
         )

@@ -92,9 +92,13 @@ def generate_candidates(
                         texts[index], reasons[index] = text[:cut], "stop"
                         continue
                     texts[index] = text
-                    if len(generated[index]) >= evaluable:  # the context, or its part of the cells, is full
+                    # As `generate`: max_tokens first, then the context (or the candidate's part of the cells) when
+                    # the token just drawn could not be evaluated; the last token drawn needs no cell.
+                    if len(generated[index]) >= max_tokens:
+                        continue
+                    if len(generated[index]) > evaluable:
                         reasons[index] = "context"
-                    elif len(generated[index]) < max_tokens:
+                    else:
                         live.append(index)
                 if not live:
                     break

@@ -26,8 +26,10 @@ CUT_SLACK_TOKENS = 8
 def tokens_within_context(
     engine: Engine, text: str, *, add_bos: bool = True, special: bool = False, limit: int | None = None
 ) -> list[int]:
-    """`engine.tokenize(text)`; `TextTooLong` (exit 2), without tokenizing it all, when it has more than `limit`
-    tokens (default: the context). A caller assembling a prompt from pieces passes each what is left of it."""
+    """`engine.tokenize(text)`; for a text over WINDOW_CHARACTERS, `TextTooLong` (exit 2) as soon as its windows
+    count more than `limit` tokens (default: the context), without tokenizing it all. A shorter text is tokenized
+    whole and not checked here: the caller checks the tokens against what is left, with its own words (every caller
+    does). A caller assembling a prompt from pieces passes each what is left of it."""
     limit = engine.n_ctx if limit is None else limit
     if len(text) > WINDOW_CHARACTERS:
         counted = 0

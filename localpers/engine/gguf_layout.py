@@ -84,9 +84,13 @@ class GGUFLayout:
 def check_gguf_file(path: Path, what: str = "model") -> None:
     """Refuse a missing, empty or non-GGUF file with a one-line error (exit 2) before llama.cpp sees it."""
     if not path.is_file():
-        raise InputError(f"{what} file {path} does not exist")
-    with path.open("rb") as handle:
-        magic = handle.read(4)
+        there = path.exists()
+        raise InputError(f"{what} file {path} {'is not a regular file' if there else 'does not exist'}")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise InputError(f"{what} file {path} cannot be read ({exc.strerror or exc})") from None
     if magic != GGUF_MAGIC:
         raise InputError(f"{what} file {path} is not a GGUF file (bad magic {magic!r}); give a .gguf file")
 

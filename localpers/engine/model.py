@@ -14,7 +14,7 @@ Shapes: logits are `(n_vocab,)` float32; features are `(n_taps, n_embd)` float32
 stream after each tapped layer, at the position whose next token the logits predict.
 
 What an evaluation returns (`Step`, `ScoredContinuation`) is `localpers.engine.steps`'s. The rest is one module of
-some 560 lines because everything in it shares one KV cache: evaluation, truncation, the
+some 630 lines because everything in it shares one KV cache: evaluation, truncation, the
 remembered prompt, adapter switches (which clear it) and the batched sequences (`eval_sequences`) all keep the
 same positions and `n_past` bookkeeping true, and a reader checking that should find it in one place.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -106,6 +107,12 @@ class Engine(Vocabulary):
         self.n_layer: int = int(llama_cpp.llama_model_n_layer(self._model))
         self.n_ctx = n_ctx
         self.n_threads = n_threads or default_threads()
+        outside = [layer for layer in tap_layers or () if not -self.n_layer <= layer < self.n_layer]
+        if outside:  # `layer % n_layer` took 18 for layer 0 of an 18-layer model, silently
+            raise LocalpersError(
+                f"tap layer {outside[0]} does not exist: {self.model_path.name} has {self.n_layer} layers"
+                f" (0..{self.n_layer - 1}, or -1..-{self.n_layer} from the last)"
+            )
         self.tap_layers: tuple[int, ...] = tuple(
             sorted({layer % self.n_layer for layer in tap_layers}) if tap_layers else ()
         )
@@ -176,7 +183,7 @@ class Engine(Vocabulary):
         model_params.use_extra_bufts = choice.use_extra_buffers
         with recorded_llama_log() as pieces, only_extra_buffer_types(choice.allowed):
             self._model_handle = llama_cpp.llama_model_load_from_file(
-                str(self.model_path).encode(), model_params
+                os.fsencode(self.model_path), model_params
             )
         log = "".join(pieces)
         sizes = {name: float(mib) for name, mib in BUFFER_SIZE_LINE.findall(log)}
@@ -268,7 +275,7 @@ class Engine(Vocabulary):
         if name in self._adapters:
             raise LocalpersError(f"an adapter named {name!r} is already loaded")
         identity = file_identity(adapter_path)
-        handle = llama_cpp.llama_adapter_lora_init(self._model, str(adapter_path).encode())
+        handle = llama_cpp.llama_adapter_lora_init(self._model, os.fsencode(adapter_path))
         raise_pending_interrupt()
         if not handle:
             raise InputError(
@@ -346,7 +353,7 @@ class Engine(Vocabulary):
         Returns `(logits, features)`: for the last position only, shapes `(n_vocab,)` and
         `(n_taps, n_embd)`, or with `all_positions` for every token, `(n, n_vocab)` and `(n, n_taps, n_embd)`.
         `copy_logits=False` returns a read-only view of llama.cpp's logits buffer instead of a copy when the tokens
-        fit one batch (over several, a new array): valid until the next evaluation, it saves the decode loop a 1 MB
+        fit one batch (over several with `all_positions`, a new array): valid until the next evaluation, it saves the decode loop a 1 MB
         copy per token.
         """
         check_tokens(self, tokens, "eval's tokens")
@@ -475,6 +482,8 @@ class Engine(Vocabulary):
         before choosing it. `logprob_rows` limits the log-probabilities to the first rows (a full-vocabulary
         softmax per token is a large share of the cost when only the features are wanted).
         """
+        if logprob_rows is not None and logprob_rows < 1:
+            raise ValueError(f"logprob_rows must be at least 1 (or None for every row), not {logprob_rows}")
         first = self.prefill(prompt_tokens)
         n_prompt = self.n_past
         results: list[ScoredContinuation] = []

@@ -300,11 +300,6 @@ class SamplerChain:
         llama_cpp.llama_sampler_accept(self._chain, token)
         self._raise_link_error()
 
-    def reset(self) -> None:
-        """Forget accepted tokens (penalties, grammar state, the method's own state)."""
-        if self._chain is not None:
-            llama_cpp.llama_sampler_reset(self._chain)
-
     def _raise_link_error(self) -> None:
         for link in (self._link, self._word_link):
             if link is not None and link.error is not None:

@@ -41,11 +41,13 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def check_tokens(vocabulary: Any, tokens: Sequence[int], what: str) -> None:
-    """Refuse, in one line, an empty token list or an id outside `vocabulary.n_vocab` (a Python caller's
+    """Refuse, in one line, an empty token list, a token that is not an integer or an id outside `vocabulary.n_vocab` (a Python caller's
     mistake that otherwise surfaced as an IndexError, a zip() error or an unbound local deep in a loop)."""
     if len(tokens) == 0:
         raise ValueError(f"{what}: no token given (at least one is needed)")
     n_vocab = vocabulary.n_vocab
     for token in tokens:
+        if isinstance(token, bool) or not isinstance(token, int | np.integer):
+            raise ValueError(f"{what}: {token!r} is not a token id (an integer)")
         if not 0 <= token < n_vocab:
             raise ValueError(f"{what}: token id {token} is outside the vocabulary (0..{n_vocab - 1})")
