@@ -3,7 +3,6 @@ path): one signing command at a time, and a rotation stopped halfway signs for t
 
 from __future__ import annotations
 
-import shutil
 import stat
 import threading
 from pathlib import Path
