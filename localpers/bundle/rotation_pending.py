@@ -51,6 +51,8 @@ def clear_pending(keys_dir: Path, repo_dir: Path) -> None:
 
 
 def _read(keys_dir: Path) -> dict[str, dict[str, str]]:
+    if not Path(keys_dir).is_dir():
+        return {}  # no keys folder: what the command says about that is `localpers.bundle.keys`'s
     path = Path(keys_dir) / PENDING_FILE
     fix = (
         "restore the repository's metadata folder from a copy made before the rotation, delete this file and run"
