@@ -23,7 +23,7 @@ from typing import Any
 
 from localpers.bundle.fetcher import Fetcher, reason, repository_base
 from localpers.bundle.repository import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
-from localpers.bundle.trust import choose_trusted_root, trust_store
+from localpers.bundle.trust import choose_trusted_root, trust_store, trust_store_lock
 from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 
@@ -49,18 +49,21 @@ class SignedSource:
         self.description = self.base
         self.manifest_sha256 = ""  # the signed target hash of bundle/manifest.json, once read
         self.fetcher = Fetcher(timeout, on_bytes)
-        # chosen: the user named (--trust) or confirmed this publisher for this pull, which may switch publishers
-        self.fingerprint, store, self.chosen = choose_trusted_root(self.fetcher, self.base, trust, confirm)
-        with self._tuf_errors(str(store / "root.json")):  # the root this device trusts, damaged on disk
-            self._updater = Updater(
-                metadata_dir=str(store),
-                metadata_base_url=f"{self.base}{METADATA_DIR}/",
-                target_base_url=f"{self.base}{TARGETS_DIR}/",
-                fetcher=self.fetcher.as_tuf_fetcher(),
-                bootstrap=None,
+        with trust_store_lock():  # the trusted metadata is read and rewritten by one pull at a time
+            # chosen: the user named (--trust) or confirmed this publisher for this pull, which may switch publishers
+            self.fingerprint, store, self.chosen = choose_trusted_root(
+                self.fetcher, self.base, trust, confirm
             )
-        with self._tuf_errors(f"{self.base}{METADATA_DIR}/"):
-            self._updater.refresh()
+            with self._tuf_errors(str(store / "root.json")):  # the root this device trusts, damaged on disk
+                self._updater = Updater(
+                    metadata_dir=str(store),
+                    metadata_base_url=f"{self.base}{METADATA_DIR}/",
+                    target_base_url=f"{self.base}{TARGETS_DIR}/",
+                    fetcher=self.fetcher.as_tuf_fetcher(),
+                    bootstrap=None,
+                )
+            with self._tuf_errors(f"{self.base}{METADATA_DIR}/"):
+                self._updater.refresh()
 
     def _failed_file(self, where: str) -> str:
         """`where`, or for the metadata folder the metadata file python-tuf fetched last (the one it refused:

@@ -16,26 +16,30 @@ This module reads the repository's first root only; following the repository fro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.resources
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from localpers.atomic import atomic_write_bytes
+from localpers.atomic import atomic_write_bytes, fsync_directory
 from localpers.bundle.fetcher import Fetcher, reason
 from localpers.bundle.keys import key_fingerprint
 from localpers.bundle.repository import METADATA_DIR
 from localpers.errors import InputError, LocalpersError
+from localpers.folder_lock import locked
 from localpers.paths import config_dir
+from localpers.regular_files import read_regular_file
 from localpers.untrusted import one_line
 
 ROOT_MAX_BYTES = 512_000  # python-tuf's own cap on a root file
 DEMO_ROOT_RESOURCE = "demo-publisher-root.json"
 TRUST_DIR = "trust"
+ROOT_HISTORY = "root_history"  # python-tuf's folder of every trusted root version, which root.json links to
 
 
 def demo_root_bytes() -> bytes:
@@ -89,9 +93,50 @@ def trusted_fingerprints() -> list[str]:
     root = config_dir(create=False) / TRUST_DIR
     if not root.is_dir():
         return []
-    return sorted(
-        p.name for p in root.iterdir() if _FINGERPRINT.fullmatch(p.name) and (p / "root.json").exists()
-    )
+    return sorted(p.name for p in root.iterdir() if _FINGERPRINT.fullmatch(p.name) and _holds_a_root(p))
+
+
+def _holds_a_root(store: Path) -> bool:
+    """Whether `store` keeps a trusted root: root.json, or the root history python-tuf links it to (a pull stopped
+    between python-tuf's removing the link and making it again leaves only the history)."""
+    return (store / "root.json").exists() or _newest_kept_root(store) is not None
+
+
+def _newest_kept_root(store: Path) -> Path | None:
+    """The newest `root_history/N.root.json` python-tuf kept in `store`, or None."""
+    history = store / ROOT_HISTORY
+    if not history.is_dir():
+        return None
+    versions = [
+        int(name.split(".")[0])
+        for name in os.listdir(history)
+        if name.endswith(".root.json") and name.split(".")[0].isdigit()
+    ]
+    return history / f"{max(versions)}.root.json" if versions else None
+
+
+def _mend_root_link(store: Path) -> None:
+    """Put back the root.json link a stopped pull left out (python-tuf removes it, then links it to the newest kept
+    root): without it the store read as untrusted, and was started over, newest metadata and all (rollbacks then
+    went through: a pull with --trust, or for the demo publisher none, installed an older repository state)."""
+    link = store / "root.json"
+    newest = _newest_kept_root(store)
+    if link.exists() or newest is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()  # a link to a root that is gone
+    os.symlink(os.path.join(ROOT_HISTORY, newest.name), link)
+
+
+@contextlib.contextmanager
+def trust_store_lock() -> Iterator[None]:
+    """Hold the trust store's lock: one pull at a time chooses a root and updates what python-tuf keeps (a second
+    pull in the moment python-tuf relinks root.json read the publisher as untrusted, and two first pulls of one
+    publisher removed each other's new store)."""
+    folder = config_dir() / TRUST_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    with locked(folder, wait=True, busy=f"another `localpers pull` is updating {folder}"):
+        yield
 
 
 # --------------------------------------------------------------------------------------------------
@@ -141,10 +186,13 @@ def choose_trusted_root(
     store = trust_store(fingerprint)
     demo = demo_root_bytes()
     is_demo = fingerprint == root_fingerprint(demo, DEMO_ROOT_RESOURCE)
+    _mend_root_link(store)
     if (store / "root.json").exists():
         if is_demo and not _is_root_metadata(store / "root.json"):
             # the package ships this publisher's first root: trust starts from it again, and the update goes
             # through every root since, each signed by the one before (no --trust to ask the user for)
+            if not (store / "root.json").is_dir():  # a FIFO or device is not written through: replaced
+                (store / "root.json").unlink()
             atomic_write_bytes(store / "root.json", demo)
         _check_kept_root(store, fingerprint)
         return fingerprint, store, trust is not None
@@ -202,8 +250,12 @@ def _root_problem(path: Path) -> str | None:
     """Why the file at `path` is not root metadata, or None when it is."""
     from tuf.api.metadata import Metadata, Root
 
+    try:  # a FIFO there hung every pull, a link to /dev/zero read until memory ran out
+        data = read_regular_file(path, ROOT_MAX_BYTES, what="trusted root", stored=True)
+    except (LocalpersError, OSError) as exc:
+        return one_line(str(exc), 200)
     try:
-        Metadata[Root].from_bytes(path.read_bytes())
+        Metadata[Root].from_bytes(data)
     except Exception as exc:  # python-tuf raises several types for malformed metadata
         return reason(exc)
     return None
@@ -243,6 +295,7 @@ def _start_store(store: Path, root_bytes: bytes) -> None:
         if store.exists():  # a folder without root.json: what an older localpers left when its write failed
             shutil.rmtree(store)
         os.rename(staging, store)
+        fsync_directory(store.parent)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, OSError):
