@@ -128,7 +128,8 @@ class UserStore:
             return None
         name = pointer.get("user")
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-            raise LocalpersError(
+            # malformed content, as `[]` there is: exit 2 whichever way the file is damaged
+            raise InputError(
                 f"{self.active_path} is damaged (bad 'user'); run `localpers user use NAME` to choose the active user"
             )
         return name if self._user(name).dir.is_dir() else None
