@@ -129,6 +129,15 @@ def test_errors_inside_a_shared_user_line_name_the_item(tmp_path: Path) -> None:
         parse_history_file(path)
 
 
+def test_a_shared_user_line_with_an_empty_history_is_refused_as_an_empty_file_is(tmp_path: Path) -> None:
+    """It imported nothing and exited 0 ("imported 0 items"), while an empty plain file is refused (audit88)."""
+    path = write_lines(tmp_path / "u.jsonl", [shared_user("u1", 2), {"user_id": "u2", "history": []}])
+    with pytest.raises(LocalpersError, match=r"line 2 \(user u2\) has no history items") as raised:
+        parse_history_file(path, user_id="u2")
+    assert str(path) in str(raised.value) and raised.value.exit_code == 2
+    assert len(parse_history_file(path, user_id="u1")) == 2
+
+
 def test_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(LocalpersError, match="no such file"):
         parse_history_file(tmp_path / "absent.jsonl")
