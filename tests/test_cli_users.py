@@ -937,9 +937,11 @@ def test_import_refuses_a_fit_every_rewrite_would_refuse(tmp_path: Path) -> None
     from localpers.bundle.format import bundle_in_use_sha256, open_bundle
     from localpers.users.archive import pack_archive, read_archive
 
-    in_use, clusters = bundle_in_use_sha256(), open_bundle(None).k
+    bundle = open_bundle(None)
+    in_use, clusters, head_d = bundle_in_use_sha256(), bundle.k, bundle.manifest["head"]["d"]
     run("user", "create", "ann")
-    UserStore().get("ann").save_fit(np.ones(4, np.float32), {"cluster": 1, "bundle_sha256": in_use})
+    # a vector the head takes: the export refuses one it does not (test_export_refuses_a_fit_its_import_would)
+    UserStore().get("ann").save_fit(np.ones(head_d, np.float32), {"cluster": 1, "bundle_sha256": in_use})
     archive = Path(run_json("user", "export", "-o", str(tmp_path))["archive"])
     _, members = read_archive(archive)
     state = json.loads(members["state.json"])
@@ -965,6 +967,32 @@ def test_import_refuses_a_fit_every_rewrite_would_refuse(tmp_path: Path) -> None
     )
     run("user", "import", str(other))
     assert "other" in UserStore().list()
+
+
+def test_export_refuses_a_fit_its_import_would_and_writes_nothing(tmp_path: Path) -> None:
+    """With state.json's cluster past the bundle's, export wrote an archive (exit 0) that import refused (exit 2),
+    telling the user to export it again on the device it came from: a loop (audit88)."""
+    from localpers.bundle.format import bundle_in_use_sha256, open_bundle
+
+    bundle = open_bundle(None)
+    in_use, head_d = bundle_in_use_sha256(), bundle.manifest["head"]["d"]
+    run("user", "create", "ann")
+    out = tmp_path / "out"
+    out.mkdir()
+    user = UserStore().get("ann")
+    user.save_fit(np.ones(head_d, np.float32), {"cluster": bundle.k + 96, "bundle_sha256": in_use})
+    user.history_path.write_text('{"input": "An article."}\n')  # damaged, but only exported when asked
+    for extra in ([], ["--with-history"]):
+        refused = run("user", "export", "-o", str(out / "ann.zip"), *extra, code=2)
+        assert_one_line_error(
+            refused, f"user 'ann' was not exported: {user.state_path} is damaged: field 'cluster'"
+        )
+        assert refused.stderr.rstrip().endswith("run `localpers fit --user ann` again")
+        assert list(out.iterdir()) == []  # no archive, no partial one
+    user.save_fit(np.ones(head_d, np.float32), {"cluster": 1, "bundle_sha256": in_use})
+    archive = Path(run_json("user", "export", "-o", str(out))["archive"])  # the history is not read
+    run("user", "import", str(archive), "--as", "bob")
+    assert UserStore().get("bob").state()["cluster"] == 1
 
 
 def test_doctor_names_a_user_whose_choice_or_cluster_a_rewrite_refuses(backbone: Backbone) -> None:

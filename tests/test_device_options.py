@@ -215,6 +215,44 @@ def test_doctor_names_a_file_where_the_users_folder_goes(backbone: Backbone) -> 
     assert any(p.startswith(f"users: {users_dir} is not a folder") for p in problems), problems
 
 
+def test_doctor_fails_on_a_damaged_active_pointer_or_active_user_but_not_another_user(
+    backbone: Backbone,
+) -> None:
+    """A damaged active.json or active user stops `fit` and `rewrite` without --user, and doctor said ok (exit 0),
+    naming them only under `users` (audit88); another user's damage stays a report line, not a problem."""
+    import json
+
+    from localpers.users.store import UserStore
+
+    store = UserStore()
+    ann, bob = store.create("ann"), store.create("bob")  # ann is active
+    model = ["--model", str(backbone.path)]
+    bob.state_path.write_text("")
+    result = runner.invoke(app, ["doctor", "--json", *model])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and report["users"]["unreadable"] == ["bob"], report
+
+    ann.state_path.write_text("")
+    result = runner.invoke(app, ["doctor", "--json", *model])
+    assert result.exit_code == 1, result.output
+    problems = json.loads(result.stdout)["problems"]
+    assert len(problems) == 1 and problems[0].startswith(f"active user 'ann': {ann.state_path} is damaged"), (
+        problems
+    )
+    shown = runner.invoke(app, ["doctor", *model])
+    assert shown.exit_code == 1 and "problem       active user 'ann': " in shown.stdout
+
+    ann.state_path.unlink()
+    for damaged in ("[]", '{"user": 7}'):
+        store.active_path.write_text(damaged)
+        result = runner.invoke(app, ["doctor", "--json", *model])
+        assert result.exit_code == 1, result.output
+        problems = json.loads(result.stdout)["problems"]
+        assert problems == [f"active user: {json.loads(result.stdout)['users']['active_problem']}"], problems
+        assert str(store.active_path) in problems[0]
+
+
 def test_doctor_reports_a_backbone_llama_cpp_cannot_load_as_a_problem(
     backbone: Backbone, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -115,6 +115,46 @@ def test_a_state_or_active_file_saved_with_a_byte_order_mark_is_read() -> None:
     assert result.exit_code == 0 and "cluster     1" in result.stdout
 
 
+def test_a_key_named_twice_in_state_active_or_an_archive_manifest_is_refused(tmp_path: Path) -> None:
+    """History files refused a key named twice, but state.json, active.json and an archive's manifest took the last
+    one silently (audit88): which was meant is unknown, so each is refused as damaged (exit 2)."""
+    store = UserStore()
+    ann = store.create("ann")
+    ann.state_path.write_text('{"cluster": 0, "cluster": 2}')
+    result = runner.invoke(app, ["user", "show", "ann"])
+    assert result.exit_code == 2, result.output
+    one_line_error(result, f"{ann.state_path} is damaged (not valid JSON: duplicate key 'cluster')")
+    ann.state_path.write_text('{"cluster": 0}')
+
+    store.active_path.write_text('{"user": "bob", "user": "ann"}')
+    result = runner.invoke(app, ["user", "show"])
+    assert result.exit_code == 2, result.output
+    one_line_error(result, f"{store.active_path} is damaged (not valid JSON: duplicate key 'user')")
+    store.use("ann")
+
+    state = b'{"cluster": 0}'
+    files = json.dumps({"state.json": hashlib.sha256(state).hexdigest()})
+    head = '{"format": "localpers-user", "format_version": 1, "name": "bob", "name": "eve", "files": '
+    manifest = head + files + "}"
+    archive = tmp_path / "twice.zip"
+    archive.write_bytes(archive_bytes({"manifest.json": manifest.encode(), "state.json": state}))
+    result = runner.invoke(app, ["user", "import", str(archive)])
+    assert result.exit_code == 2, result.output
+    one_line_error(result, "manifest.json is not valid JSON (duplicate key 'name')")
+    assert store.list() == ["ann"]
+
+
+@pytest.mark.parametrize("pointer", ["[]", '{"user": 7}', '{"user": "../ann"}'])
+def test_an_active_pointer_damaged_either_way_exits_2(pointer: str) -> None:
+    """A bad 'user' value exited 1 while `[]` exited 2: both are malformed content of the same file (audit88)."""
+    store = UserStore()
+    store.create("ann")
+    store.active_path.write_text(pointer)
+    result = runner.invoke(app, ["user", "show"])
+    assert result.exit_code == 2, result.output
+    one_line_error(result, f"{store.active_path} is damaged")
+
+
 # -- serve: F1 (AttributeError in logging), F2 (400/414/505), F9 (slowloris, cap), F10 (log) -----------
 
 

@@ -129,6 +129,15 @@ def test_errors_inside_a_shared_user_line_name_the_item(tmp_path: Path) -> None:
         parse_history_file(path)
 
 
+def test_a_shared_user_line_with_an_empty_history_is_refused_as_an_empty_file_is(tmp_path: Path) -> None:
+    """It imported nothing and exited 0 ("imported 0 items"), while an empty plain file is refused (audit88)."""
+    path = write_lines(tmp_path / "u.jsonl", [shared_user("u1", 2), {"user_id": "u2", "history": []}])
+    with pytest.raises(LocalpersError, match=r"line 2 \(user u2\) has no history items") as raised:
+        parse_history_file(path, user_id="u2")
+    assert str(path) in str(raised.value) and raised.value.exit_code == 2
+    assert len(parse_history_file(path, user_id="u1")) == 2
+
+
 def test_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(LocalpersError, match="no such file"):
         parse_history_file(tmp_path / "absent.jsonl")
@@ -327,6 +336,37 @@ def test_a_dated_file_is_ordered_by_its_times_too_and_impossible_dates_count_as_
     assert oldest_first(zoned) == (zoned, False)
     impossible = [{"date": "2024-02-01"}, {"date": "2024-13-45"}]
     assert oldest_first(impossible) == (impossible, False)
+
+
+def test_the_iso_forms_a_date_takes_and_a_clock_time_that_is_none() -> None:
+    """A time after the day was dropped whenever Python could not read the whole text, so T25:30 read as midnight
+    (audit88); a valid clock time is read, a zone name after it left, and a day followed by words is that day."""
+    from datetime import UTC, datetime
+
+    from localpers.users.dates import item_time
+
+    def utc(*parts: int) -> datetime:
+        return datetime(*parts, tzinfo=UTC)
+
+    read = {
+        "2024-01-01": utc(2024, 1, 1),
+        "2024-01-01T23:00": utc(2024, 1, 1, 23),
+        "2024-01-01T23:00:05Z": utc(2024, 1, 1, 23, 0, 5),
+        "2024-01-01 23:00": utc(2024, 1, 1, 23),
+        "2024-01-01T23:00:00+02:00": utc(2024, 1, 1, 21),
+        "2024-01-01T23:00:00.250": utc(2024, 1, 1, 23, 0, 0, 250000),
+        "2024-01-01T23:00:00,5Z": utc(2024, 1, 1, 23, 0, 0, 500000),
+        "2024-01-01T2300": utc(2024, 1, 1, 23),
+        "2024-05-02 09:00 UTC": utc(2024, 5, 2, 9),
+        "2024-05-02 9:30": utc(2024, 5, 2, 9, 30),
+        "2024-05-02T09:30:00.000Z[UTC]": utc(2024, 5, 2, 9, 30),
+        "2024-05-02 (evening)": utc(2024, 5, 2),
+    }
+    assert {text: item_time({"date": text}) for text in read} == read
+    for none in ("2024-01-01T25:30", "2024-01-01T10:00+25:00", "2024-01-01 10:00 -24:30", "2024-01-01T10:61"):
+        assert item_time({"date": none}) is None, none
+    for none in ("2024-01-01 12:30garbage", "2024-01-01 9:3", "2024-01-01garbage", "2024-13-45 10:00"):
+        assert item_time({"date": none}) is None, none
 
 
 def test_a_json_document_is_refused_with_the_jq_command_that_makes_it_jsonl(tmp_path: Path) -> None:

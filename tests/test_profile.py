@@ -158,3 +158,32 @@ def test_a_damaged_exact_index_is_named_and_the_rest_of_the_profile_shown() -> N
     assert shown.exit_code == 0, shown.output
     assert "EXACT: " in shown.stdout and "exact-index.safetensors" in shown.stdout
     assert "for this text: no attributes (EXACT's index is damaged)" in shown.stdout
+
+
+def test_a_fit_whose_vector_is_gone_or_cut_is_named_damaged_as_a_rewrite_refuses_it() -> None:
+    """With the vector state.json names deleted or truncated, profile showed the fit as current (exit 0) while
+    every rewrite refused the user (audit88): CARD's part is now its `damaged` note, as EXACT's is."""
+    import numpy as np
+    import pytest
+
+    from localpers.errors import LocalpersError
+
+    make_user("ann")
+    user = UserStore().get("ann")
+    user.save_fit(
+        np.ones(8, np.float32), {"cluster": 1, "fit": {"mode": "vector", "cluster_similarities": [0.2]}}
+    )
+    vector = user.vector_path()
+    assert vector is not None
+    for damage in (vector.unlink, lambda: vector.write_bytes(b"cut")):
+        damage()
+        with pytest.raises(LocalpersError) as refused:  # what a rewrite reads (`user_profile`)
+            user.fit_files()
+        result = CliRunner().invoke(app, ["profile", "--user", "ann", "--json"])
+        assert result.exit_code == 0, result.output
+        profile = json.loads(result.stdout)
+        assert profile["card"] == {"damaged": str(refused.value)} and profile["series"]
+        assert "localpers fit --user ann" in profile["card"]["damaged"]
+        shown = CliRunner().invoke(app, ["profile", "--user", "ann"], terminal_width=1000)
+        assert shown.exit_code == 0, shown.output
+        assert f"CARD: {refused.value}" in shown.stdout and "cluster 1" not in shown.stdout

@@ -200,6 +200,24 @@ def test_a_date_that_only_starts_like_one_is_refused(tmp_path: Path, value: str)
     one_line_error(invoke("history", "import", str(dated)), f"line 2: field 'date' is {value!r}")
 
 
+@pytest.mark.parametrize(
+    "value", ["2024-01-01T25:30", "2024-01-01 10:61", "2024-01-01T10:00+25:00", "2024-01-01 12:30garbage"]
+)
+def test_a_date_whose_clock_time_or_offset_is_none_is_refused(tmp_path: Path, value: str) -> None:
+    """It was read as that day's midnight, silently reordering the history (audit88)."""
+    UserStore().create("ann")
+    dated = tmp_path / "dated.jsonl"
+    lines = [
+        {"input": "article a", "output": "Headline A", "date": "2024-01-01T12:00"},
+        {"input": "article b", "output": "Headline B", "date": value},
+    ]
+    dated.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = invoke("history", "import", str(dated))
+    assert result.exit_code == 2
+    one_line_error(result, f"dated.jsonl line 2: field 'date' is {value!r}, not a valid ISO 8601 date")
+    assert UserStore().get("ann").history() == []
+
+
 def test_a_date_with_a_time_python_cannot_read_is_still_that_day(tmp_path: Path) -> None:
     UserStore().create("ann")
     dated = tmp_path / "dated.jsonl"

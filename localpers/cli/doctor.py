@@ -3,7 +3,9 @@
 It reports the backbone, the bundle in use (its content checked, whether a pulled one is pinned), llama.cpp's
 build, threads and weight buffers, the data directories, the installed extras with where `publish` would train,
 and the users (those whose fit is for another bundle, those whose files a rewrite refuses, a damaged active
-pointer); each problem of the set-up is a line and exit code 1 (a user's files are that user's, not the set-up's).
+pointer); each problem of the set-up is a line and exit code 1. A user's files are that user's, not the set-up's,
+except the active pointer's and the active user's: `fit` and `rewrite` without `--user` read them, so a damage
+there is a problem too.
 It reads the users' files and loads the backbone once; it writes nothing and opens no network connection.
 """
 
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     """Show the backbone, the bundle in use, llama.cpp, threads, directories, extras and users; name problems.
 
-    Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle)."""
+    Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle, a damaged
+    active user)."""
 
     from localpers import paths
 
@@ -83,13 +86,14 @@ def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     # the publisher's torch loads llama.cpp first (`engine.torch_model`), so it is asked only where that loads
     report["training"] = _training_device() if report["extras"]["publish"] and llama_problem is None else None
     report["bundle"] = _bundle_status(backbone)
-    report["users"] = _users_status(report["bundle"].get("clusters"), report["bundle"].get("head_d"))
+    report["users"], refused = _users_status(report["bundle"].get("clusters"), report["bundle"].get("head_d"))
     if isinstance(loaded, str):
         backbone_problem = f"the backbone did not load: {loaded}"
     report["problems"] = (
         ([llama_problem] if llama_problem else [])
         + ([threads_problem] if threads_problem else [])
         + _problems(report, backbone_problem)
+        + _active_user_problems(report["users"], refused)
     )
     report["ok"] = not report["problems"]
     if as_json:
@@ -169,6 +173,17 @@ def _problems(report: dict[str, Any], backbone_problem: str | None) -> list[str]
     if not os.access(data, os.W_OK):
         problems.append(f"data dir {data} cannot be written; users' histories and fits are kept there")
     return problems
+
+
+def _active_user_problems(users: dict[str, Any], refused: dict[str, str]) -> list[str]:
+    """A damaged active pointer, or an active user whose files a rewrite refuses (`refused`: why, by name), as
+    problem lines: `fit` and `rewrite` without `--user` stop on either. Other users' damage stays a report line."""
+    if users["active_problem"]:
+        return [f"active user: {users['active_problem']}"]
+    active = users["active"]
+    if active is not None and active in refused:
+        return [f"active user {active!r}: {refused[active]}"]
+    return []
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -275,10 +290,13 @@ def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
     }
 
 
-def _users_status(clusters: int | None = None, head_d: int | None = None) -> dict[str, Any]:
+def _users_status(
+    clusters: int | None = None, head_d: int | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """How many users this device has, whose files a rewrite would refuse (their state, vector, token bias, the
-    fit's choice, a cluster past the bundle's `clusters`, or history), and whose CARD fit was made with another bundle than the one in use (after an upgrade or a pull:
-    rewrites fall back for them). Reads their files as a rewrite does; writes nothing."""
+    fit's choice, a cluster past the bundle's `clusters`, or history), and whose CARD fit was made with another
+    bundle than the one in use (after an upgrade or a pull: rewrites fall back for them); with it, why each
+    refused user is refused, by name. Reads their files as a rewrite does; writes nothing."""
     from localpers.bundle.format import bundle_in_use_sha256
     from localpers.methods.card.user_state import check_stored_fit
     from localpers.methods.stored_files import fit_is_outdated, fit_made_for
@@ -293,6 +311,7 @@ def _users_status(clusters: int | None = None, head_d: int | None = None) -> dic
         folder_problem = str(exc)
     in_use = bundle_in_use_sha256()
     stale, unreadable = [], []
+    refused: dict[str, str] = {}
     names = store.list()
     for name in names:
         try:
@@ -301,8 +320,9 @@ def _users_status(clusters: int | None = None, head_d: int | None = None) -> dic
             )  # not store.get: it tidies the folder, doctor writes nothing
             check_stored_fit(user, in_use, clusters, head_d)  # the checks `localpers rewrite` makes
             state = user.state()
-        except LocalpersError:
+        except LocalpersError as exc:
             unreadable.append(name)
+            refused[name] = str(exc)
             continue
         # without a bundle in use to compare with, only the fit's format can be judged
         unusable = fit_is_outdated(state) if in_use is None else not fit_made_for(state, in_use)
@@ -313,7 +333,7 @@ def _users_status(clusters: int | None = None, head_d: int | None = None) -> dic
         active = store.active_name()
     except LocalpersError as exc:
         active, active_problem = None, str(exc)
-    return {
+    status = {
         "count": len(names),
         "active": active,
         "active_problem": active_problem,
@@ -321,6 +341,7 @@ def _users_status(clusters: int | None = None, head_d: int | None = None) -> dic
         "fitted_with_another_bundle": stale,
         "unreadable": unreadable,
     }
+    return status, refused
 
 
 def _pinned(directory: Path) -> bool | None:

@@ -61,6 +61,9 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     refit = f"`localpers fit --user {profile['user']}`"
     if card is None:
         console.print(f"CARD: not fitted (run {refit})")
+    elif "damaged" in card:
+        # soft_wrap: a path in the message is not broken mid-name, and can be copied
+        console.print(one_line(f"CARD: {card['damaged']}"), markup=False, highlight=False, soft_wrap=True)
     elif card["cluster"] is None:
         console.print(f"CARD: fitted with no history (cold start); run {refit} again once you have some")
     else:

@@ -183,9 +183,10 @@ def user_delete(
     typer.echo(f"deleted user {name!r}")
 
 
-def _fit_as_a_rewrite_reads_it() -> Callable[[User], None]:
-    """The check `user import` gives the store: the user's fit read as a rewrite reads it, its cluster against
-    the bundle in use where the fit was made for that bundle (an archive's state.json is outside input)."""
+def _fit_as_a_rewrite_reads_it(with_history: bool = True) -> Callable[[User], None]:
+    """The check `user import` and `user export` give the store: the user's fit read as a rewrite reads it, its
+    cluster against the bundle in use where the fit was made for that bundle (an archive's state.json is outside
+    input; an export the import refuses could only be refused again). `with_history`: the history is read too."""
     from localpers.bundle.format import bundle_in_use_sha256, default_bundle_dir, read_manifest
     from localpers.methods.card.user_state import check_stored_fit, head_dim_of
 
@@ -199,7 +200,7 @@ def _fit_as_a_rewrite_reads_it() -> Callable[[User], None]:
         clusters = None  # no readable bundle: the cluster is judged when a rewrite opens one
 
     def check(user: User) -> None:
-        check_stored_fit(user, in_use, clusters, head_d)
+        check_stored_fit(user, in_use, clusters, head_d, with_history=with_history)
 
     return check
 
@@ -250,7 +251,9 @@ def user_export(
     CoPe's LoRA and EXACT's index are not in it (they are refitted from the history after an import)."""
     store = UserStore()
     user = store.resolve(name)
-    dest = store.export(user.name, _export_destination(output), with_history, overwrite=force)
+    # the history is checked by the export itself, and only where it goes in the archive
+    check = _fit_as_a_rewrite_reads_it(with_history=False)
+    dest = store.export(user.name, _export_destination(output), with_history, overwrite=force, check=check)
     left_out = [
         method for method, _ in other_fits(user.dir)
     ]  # CoPe's LoRA and EXACT's index are not archived

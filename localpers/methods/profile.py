@@ -3,8 +3,9 @@
 `user_style_profile(user, text=None)` reads what the fits stored in the user's folder (the EXACT index,
 CARD's state.json: cluster, chosen correction, habits found), finds the series the history holds (the
 formulas the device's prompt shows in full for a text about them, `localpers.users.series`) and, given a text,
-retrieves the attributes EXACT would use for it (one sentence-encoder call). A damaged EXACT index is reported as
-`{"damaged": <why>}` in its place, the rest of the profile shown. It loads no language model and writes nothing.
+retrieves the attributes EXACT would use for it (one sentence-encoder call). A damaged EXACT index, or a CARD fit
+whose state.json or vector a rewrite refuses, is reported as `{"damaged": <why>}` in its place, the rest of the
+profile shown. It loads no language model and writes nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ from localpers.users.store import User
 def card_summary(user: User) -> dict[str, Any] | None:
     """CARD's cluster and fit mode from state.json, or None when the user was never fitted; `bundle_in_use`
     says whether the fit was made with the bundle rewrites use now (None: no bundle to compare with),
-    `outdated_format` whether a localpers of another fit format made it (rewrites cannot use it either)."""
-    state = user.state()
+    `outdated_format` whether a localpers of another fit format made it (rewrites cannot use it either).
+    `{"damaged": <why>}` when state.json, or the vector it names, is refused as a rewrite refuses it."""
+    try:
+        state, _ = user.fit_files()  # the pair a rewrite reads: a fit whose vector is gone is no fit to show
+    except LocalpersError as exc:
+        return {"damaged": str(exc)}
     fit = state.get("fit")
     if not isinstance(fit, dict):
         return None

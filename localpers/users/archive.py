@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.errors import InputError, LocalpersError
-from localpers.untrusted import JSONProblem, one_line, parse_json
+from localpers.untrusted import JSONProblem, one_line, parse_json, reject_duplicate_keys
 from localpers.users import folder
 from localpers.users.folder import VECTOR_FILE_PATTERN
 
@@ -149,7 +149,8 @@ def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     if "manifest.json" not in raw:
         raise InputError(f"{archive} has no manifest.json; not a localpers user archive")
     try:
-        manifest = parse_json(raw["manifest.json"])
+        # a key given twice (two names, two file lists): which was meant is unknown, so refused, not the last taken
+        manifest = parse_json(raw["manifest.json"], object_pairs_hook=reject_duplicate_keys)
     except JSONProblem as exc:
         raise InputError(f"{archive}: manifest.json is not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:

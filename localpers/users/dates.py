@@ -13,6 +13,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+# a clock time after the day, with its offset if any: "T09:30", " 9:30:05.5", "T0930Z", " 09:30 +02:00"
+_CLOCK = re.compile(
+    r"[T ](?P<hour>\d{1,2})(?P<rest>(?::?\d{2}(?::?\d{2}(?:[.,]\d+)?)?)?"
+    r"(?:\s*(?:Z|[+-]\d{2}(?::?\d{2}(?::?\d{2}(?:[.,]\d+)?)?)?))?)"
+)
 T = TypeVar("T")
 
 
@@ -26,7 +31,7 @@ def item_date(record: Any) -> str | None:
 
 def item_time(record: Any) -> datetime | None:
     """When a record's "date" field says it was written (UTC; a date alone is its midnight, a time without a zone is
-    read as UTC), else None."""
+    read as UTC), else None: not a date, or a date with a clock time or offset that is none (25:30, +25:00)."""
     day = item_date(record)
     if day is None:
         return None
@@ -34,16 +39,36 @@ def item_time(record: Any) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        # "2024-01-01garbage" is no date; "2024-01-01 12:30 UTC" is that day
-        if text[10:11] not in ("T", " "):
-            return None
-        try:
-            moment = datetime.fromisoformat(day)
-        except ValueError:  # 2024-13-45
+        moment = _day_and_clock(text, day)
+        if moment is None:
             return None
     try:
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
     except OverflowError:  # 0001-01-01T00:00+01:00: before the first moment a datetime can hold in UTC
+        return None
+
+
+def _day_and_clock(text: str, day: str) -> datetime | None:
+    """The moment of a "date" Python's parser refused whole: its day and clock time when a clock time follows the
+    day (a zone name after it, "09:30 UTC", is left unread: the time is taken as UTC), its midnight when other
+    words do ("2024-01-01 (evening)"); None for a clock time or offset that is none (T25:30, 10:00+25:00) and for
+    text run on after the day or the time ("2024-01-01garbage", "2024-01-01 12:30pm")."""
+    if text[10:11] not in ("T", " "):
+        return None
+    clock = _CLOCK.match(text, 10)
+    if clock is None:
+        return _parse(day)
+    # a zone name may follow ("09:30 UTC", "Z[UTC]"); letters or digits run on ("12:30pm") make it no clock time
+    if text[clock.end() : clock.end() + 1] not in ("", " ", "\t", "["):
+        return None
+    return _parse(f"{day}T{clock['hour']:0>2}{clock['rest']}")
+
+
+def _parse(text: str) -> datetime | None:
+    """`datetime.fromisoformat(text)`, or None where it refuses the text (2024-13-45, 25:30)."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
         return None
 
 

@@ -41,7 +41,7 @@ from localpers.engine.prefix_files import remove_kept
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.tasks import Task
-from localpers.untrusted import JSONProblem, parse_json
+from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
 from localpers.users.history import (
     MAX_HISTORY_FILE_BYTES,
     HistoryItem,
@@ -89,8 +89,9 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
         raise type(exc)(f"{exc}; {fix}") from None
     try:
         # NaN or 1e999 are no value localpers writes (json.dumps(allow_nan=False)); read, they made `user export`
-        # end in a traceback rewriting the state
-        value = parse_json(raw, allow_nan=False)
+        # end in a traceback rewriting the state. A key named twice is no file localpers wrote either: which was
+        # meant is unknown, so it is refused rather than the last one taken.
+        value = parse_json(raw, allow_nan=False, object_pairs_hook=reject_duplicate_keys)
     except JSONProblem as exc:
         raise InputError(f"{path} is damaged (not valid JSON: {exc}); {fix}") from None
     if not isinstance(value, dict):

@@ -180,6 +180,11 @@ def _user_items(
     history = record.get("history")
     if not isinstance(history, list):
         raise InputError(f"{path} line {line_number}: field 'history' must be a list of items")
+    if not history:  # refused as an empty plain file is: "imported 0 items" looked like success
+        raise InputError(
+            f"{path} line {line_number} (user {one_line(user_id, 40)}) has no history items; expected a"
+            " 'history' list of objects with 'input' and 'output'"
+        )
     candidates = []
     for index, entry in enumerate(history, start=1):
         where = f"line {line_number} (user {user_id}) history item {index}"

@@ -128,7 +128,8 @@ class UserStore:
             return None
         name = pointer.get("user")
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-            raise LocalpersError(
+            # malformed content, as `[]` there is: exit 2 whichever way the file is damaged
+            raise InputError(
                 f"{self.active_path} is damaged (bad 'user'); run `localpers user use NAME` to choose the active user"
             )
         return name if self._user(name).dir.is_dir() else None
@@ -183,11 +184,17 @@ class UserStore:
         self._sweep()
 
     def export(
-        self, name: str, dest: Path | str, with_history: bool = False, overwrite: bool = False
+        self,
+        name: str,
+        dest: Path | str,
+        with_history: bool = False,
+        overwrite: bool = False,
+        check: Callable[[User], None] | None = None,
     ) -> Path:
         """Write one .zip with the user's state (cluster, fit report) and vector; history only if asked.
 
-        `dest` is the zip's path, or an existing folder to write `localpers-user-<name>.zip` into.
+        `dest` is the zip's path, or an existing folder to write `localpers-user-<name>.zip` into. `check` (the
+        command line gives the one `import_` is given) refuses the user's fit before anything is written.
         """
         user = self.get(name)
         dest = Path(dest)
@@ -219,6 +226,8 @@ class UserStore:
         if os.path.lexists(dest) and not overwrite:  # a link to nothing too: the export would replace it
             raise LocalpersError(f"{dest} already exists; choose another path or pass --force")
         members = fit_members(user)
+        if check is not None:
+            _check_before_export(user, check)
         # lexists: a history behind a link to nothing (an unmounted drive) is refused by history(), not left out
         # of an archive that says it holds the history
         if with_history and os.path.lexists(user.history_path):
@@ -366,6 +375,15 @@ class UserStore:
             return  # leave a damaged pointer for `user use` to repair, rather than guess
         if active is None:
             self.use(name)
+
+
+def _check_before_export(user: User, check: Callable[[User], None]) -> None:
+    """Run `check` on `user`, refusing the export in one line (nothing written) where it refuses: an archive
+    `import_` refuses, with advice to export it again, would send the user round in a loop."""
+    try:
+        check(user)
+    except LocalpersError as exc:  # the message names the file and ends with `localpers fit --user NAME`
+        raise type(exc)(f"user {user.name!r} was not exported: {exc}", exit_code=exc.exit_code) from None
 
 
 def _remove_tree(path: Path) -> list[str]:

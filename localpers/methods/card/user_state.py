@@ -3,8 +3,8 @@
 The fit itself (`user_fit.fit_user`) writes these through `localpers.users.store`; this module only
 reads them, for `rewrite`, the TUI, the API and the benchmark alike. `refuse_fit_past_bundle` refuses a fit
 for the bundle in use whose cluster it lacks or whose vector its head cannot take (rewrite, fit, the TUI), and
-`check_stored_fit` refuses what a rewrite would, for `doctor` and `user import` (with `head_dim_of`, the
-head width a manifest states).
+`check_stored_fit` refuses what a rewrite would, for `doctor`, `user import` and `user export` (with
+`head_dim_of`, the head width a manifest states).
 """
 
 from __future__ import annotations
@@ -45,13 +45,18 @@ def stored_token_bias(user: User, state: dict[str, Any] | None = None) -> TokenB
 
 
 def check_stored_fit(
-    user: User, bundle_sha256: str | None = None, clusters: int | None = None, head_d: int | None = None
+    user: User,
+    bundle_sha256: str | None = None,
+    clusters: int | None = None,
+    head_d: int | None = None,
+    *,
+    with_history: bool = True,
 ) -> None:
     """Refuse (InputError naming the file and field) what a rewrite would refuse of `user`'s stored files: the
-    vector, cluster, token bias, the fit's choice and the history; the cluster against `clusters` and the vector's
-    length against `head_d` where the fit was made for the bundle whose manifest has `bundle_sha256` (the bundle
-    in use). A damaged choice or token bias is refused even in a fit of another bundle, which a rewrite would not
-    read (it falls back)."""
+    vector, cluster, token bias, the fit's choice and, `with_history`, the history; the cluster against `clusters`
+    and the vector's length against `head_d` where the fit was made for the bundle whose manifest has
+    `bundle_sha256` (the bundle in use). A damaged choice or token bias is refused even in a fit of another bundle,
+    which a rewrite would not read (it falls back)."""
     from localpers.methods.card.choice import stored_choice
 
     cluster, vector, state = user_profile(user)
@@ -60,7 +65,8 @@ def check_stored_fit(
     made_here = bundle_sha256 is not None and state.get("bundle_sha256") == bundle_sha256
     if made_here:
         refuse_fit_past_bundle(user, cluster, vector, clusters, head_d)
-    user.history()
+    if with_history:
+        user.history()
 
 
 def refuse_fit_past_bundle(
