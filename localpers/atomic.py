@@ -14,6 +14,7 @@ there). It does not lock: two writers race and the last rename wins (a user's re
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -23,6 +24,7 @@ from pathlib import Path
 from localpers.errors import LocalpersError, StorageError
 
 TEMP_SUFFIX = ".partial"
+TEMP_STEM_BYTES = 200  # of a target's name in its temp files: with pid, random part and suffix, under 255
 ON_WINDOWS = os.name == "nt"
 
 
@@ -46,7 +48,15 @@ def remove_stale_temp_files(target: Path) -> list[Path]:
     """Delete the temp files of `target` (`.<name>.<pid>.<random>.partial` beside it) whose writing process is
     gone; returns what was deleted."""
     target = Path(target)
-    return _remove_dead_writers_files(target.parent, re.escape(f".{target.name}."))
+    return _remove_dead_writers_files(target.parent, re.escape(f".{_temp_stem(target.name)}."))
+
+
+def _temp_stem(name: str) -> str:
+    """`name` as its temp files start, cut to TEMP_STEM_BYTES: a legal name of 230-255 bytes made a temp name over
+    the file system's 255 and every write of it failed."""
+    while len(os.fsencode(name)) > TEMP_STEM_BYTES:
+        name = name[:-1]
+    return name
 
 
 def remove_stale_temp_files_in(folder: Path) -> list[Path]:
@@ -107,7 +117,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, through_link: bool = False) -
     remove_stale_temp_files(path)
     try:
         fd, temp_name = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX
+            dir=path.parent, prefix=f".{_temp_stem(path.name)}.{os.getpid()}.", suffix=TEMP_SUFFIX
         )
     except OSError as exc:
         raise _not_written(path, exc) from None
@@ -129,9 +139,12 @@ def atomic_write_bytes(path: Path, data: bytes, *, through_link: bool = False) -
 def _not_written(path: Path, exc: OSError) -> StorageError:
     """A full disk or a read-only folder: one line, and the promise that the old file is intact."""
     reason = exc.strerror or str(exc) or type(exc).__name__
+    mend = {
+        errno.ENAMETOOLONG: "choose a shorter name",
+        errno.ENOENT: "create its folder or choose another",
+    }.get(exc.errno or 0, "free some disk space or fix the folder's permissions")
     return StorageError(
-        f"cannot write {path} ({reason}); it was left as it was: free some disk space or fix the folder's"
-        " permissions, then run the command again"
+        f"cannot write {path} ({reason}); it was left as it was: {mend}, then run the command again"
     )
 
 

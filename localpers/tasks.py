@@ -173,6 +173,8 @@ def cut_text(text: str, limit: int) -> str:
     """
     if len(text) <= limit:
         return text
+    if limit < len(CUT_MARK):  # no room for the mark: a negative end kept nearly the whole text
+        return text[: max(limit, 0)]
     end = limit - len(CUT_MARK)
     start = text[:end]
     space = start.rfind(" ")
