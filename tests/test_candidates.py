@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -248,3 +249,30 @@ def test_no_token_asked_for_gives_none_in_the_batched_paths(personalizer: Person
     assert [outcome.text for outcome in outcomes] == [""]
     with pytest.raises(ValueError, match="no token given"):  # was an UnboundLocalError
         run_jobs(engine, [PromptJob([], True, lambda text: [])], max_tokens=4)
+
+
+def test_a_rewrites_seed_picks_the_candidates_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rewrite --candidates N --seed S` accepted the seed and drew with seed 0 whatever it was (engine audit s88);
+    without a seed the draws stay the same from run to run."""
+    from localpers.engine.decoding import GREEDY
+
+    seeds: list[int] = []
+
+    def fake_candidates(engine, prompt, *, count, method, seed, **_):  # noqa: ANN001, ANN003, ANN202
+        seeds.append(seed)
+        return [SimpleNamespace(text="words", correction=method()) for _ in range(count)]
+
+    monkeypatch.setattr(decoding_runs, "generate_candidates", fake_candidates)
+    for seed in (7, None):
+        decoding_runs.decode_rewrite(
+            None,  # type: ignore[arg-type]
+            [1],
+            max_tokens=8,
+            stop=(),
+            shared=0,
+            sampling=dataclasses.replace(GREEDY, seed=seed),
+            correction=None,
+            new_correction=lambda: None,
+            candidates=4,
+        )
+    assert seeds == [7, 0]

@@ -105,6 +105,8 @@ def decode_rewrite(
                 repeated_word_penalty=sampling.word_penalty,
                 # an empty piece carries no text: it lets the sink stop the decode (a client gone) at each step
                 on_step=(lambda: on_text("")) if on_text else None,
+                # `--seed` picks the candidates' draws (they ignored it); without one they stay the same each run
+                seed=sampling.seed if sampling.seed is not None else 0,
             )
             if on_text:
                 on_text(result.text)
@@ -132,11 +134,13 @@ def decode_consensus(
     new_correction: Callable[[], CardCorrection | None],
     repeated_word_penalty: float = 0.0,
     on_step: Callable[[], None] | None = None,
+    seed: int = 0,
 ) -> tuple[GenerationResult, CardCorrection | None]:
     """The candidate the others agree with most, and the correction that decoded it (its steps, for Why).
 
     `repeated_word_penalty` puts the word-only repetition rule (`localpers.engine.repeated_words`) in every
-    candidate's chain; `on_step` is called before each step and stops the decode by raising.
+    candidate's chain; `on_step` is called before each step and stops the decode by raising; candidate i draws
+    with `seed + i`.
     """
     made: list[CardCorrection | None] = []
 
@@ -154,6 +158,7 @@ def decode_consensus(
         stop=stop,
         shared=shared,
         on_step=on_step,
+        seed=seed,
     )
     chosen = choose_consensus([r.text.strip() for r in results]).index
     return results[chosen], made[chosen]
