@@ -10,6 +10,9 @@ trusts:
 - a new publisher's version-1 root, accepted only when its one root key is the key whose fingerprint the user gave
   (`localpers pull URL --trust FINGERPRINT`), computed from the key itself, and signed it; then stored whole.
 
+A pull chooses its root and lets python-tuf update the store under the trust store's lock (`trust_store_lock`),
+and a store a stopped pull left without its `root.json` link (python-tuf removes and remakes it on every pull) is
+mended from python-tuf's root history, never started over: the newest metadata it keeps is what refuses rollbacks.
 This module reads the repository's first root only; following the repository from there is
 `localpers.bundle.signed`'s.
 """
