@@ -367,6 +367,10 @@ def test_the_iso_forms_a_date_takes_and_a_clock_time_that_is_none() -> None:
         assert item_time({"date": none}) is None, none
     for none in ("2024-01-01 12:30garbage", "2024-01-01 9:3", "2024-01-01garbage", "2024-13-45 10:00"):
         assert item_time({"date": none}) is None, none
+    # a number after a space is words, not an hour; a zone other than UTC would be read hours off (session review)
+    assert item_time({"date": "2024-05-02 3 pages"}) == utc(2024, 5, 2)
+    for none in ("2024-01-01 09:30:00 GMT+2", "2024-01-01 09:30 CET", "2024-01-01T0930 x"):
+        assert item_time({"date": none}) is None, none
 
 
 def test_a_json_document_is_refused_with_the_jq_command_that_makes_it_jsonl(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ _CLOCK = re.compile(
     r"[T ](?P<hour>\d{1,2})(?P<rest>(?::?\d{2}(?::?\d{2}(?:[.,]\d+)?)?)?"
     r"(?:\s*(?:Z|[+-]\d{2}(?::?\d{2}(?::?\d{2}(?:[.,]\d+)?)?)?))?)"
 )
+_SPACED_CLOCK = re.compile(r" \d{1,2}:")
+_UTC_NAME = re.compile(r"(?:UTC|GMT|Z)?(?:\[(?:UTC|GMT|Etc/UTC)\])?", re.IGNORECASE)
 T = TypeVar("T")
 
 
@@ -50,16 +52,22 @@ def item_time(record: Any) -> datetime | None:
 
 def _day_and_clock(text: str, day: str) -> datetime | None:
     """The moment of a "date" Python's parser refused whole: its day and clock time when a clock time follows the
-    day (a zone name after it, "09:30 UTC", is left unread: the time is taken as UTC), its midnight when other
-    words do ("2024-01-01 (evening)"); None for a clock time or offset that is none (T25:30, 10:00+25:00) and for
-    text run on after the day or the time ("2024-01-01garbage", "2024-01-01 12:30pm")."""
+    day ("T0930", or after a space "9:30"), with a zone name after it only if that says UTC ("09:30 UTC"); its
+    midnight when words do ("2024-01-01 (evening)", "2024-05-02 3 pages"); None for a clock time or offset that is
+    none (T25:30, 10:00+25:00), another zone's name ("09:30 CET", "GMT+2") and text run on after the day or the
+    time ("2024-01-01garbage", "2024-01-01 12:30pm")."""
     if text[10:11] not in ("T", " "):
         return None
+    if text[10] == " " and not _SPACED_CLOCK.match(text, 10):
+        return _parse(
+            day
+        )  # after a space only "H:" starts a clock time: "2024-05-02 3 pages" is a day and words
     clock = _CLOCK.match(text, 10)
     if clock is None:
         return _parse(day)
-    # a zone name may follow ("09:30 UTC", "Z[UTC]"); letters or digits run on ("12:30pm") make it no clock time
-    if text[clock.end() : clock.end() + 1] not in ("", " ", "\t", "["):
+    # only a zone name that says UTC may follow ("09:30 UTC", "Z[UTC]"): another zone ("GMT+2", "CET") would be
+    # read hours off, and letters or digits run on ("12:30pm") make it no clock time
+    if not _UTC_NAME.fullmatch(text[clock.end() :].strip()):
         return None
     return _parse(f"{day}T{clock['hour']:0>2}{clock['rest']}")
 
