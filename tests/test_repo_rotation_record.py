@@ -59,7 +59,7 @@ def test_a_stopped_rotation_finishes_only_with_the_files_it_verified(
     repo_dir, keys, fingerprint = published
     pull(repo_dir, trust=fingerprint)
     new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json", "root.json"))
-    pending = pending_role_files(new_keys, repo_dir)
+    pending = pending_role_files(new_keys, repo_dir / "metadata")
     assert set(pending) == {"targets.json", "snapshot.json", "timestamp.json"}
     targets = repo_dir / "metadata" / "targets.json"
     verified = targets.read_bytes()
@@ -83,21 +83,43 @@ def test_a_record_of_another_repository_neither_applies_nor_is_cleared(
     repo_dir, keys, _ = published
     new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json", "root.json"))
     record = json.loads((new_keys / PENDING_FILE).read_text())
-    elsewhere = str((tmp_path / "elsewhere").resolve())
-    (new_keys / PENDING_FILE).write_text(
-        json.dumps({"rotations": {elsewhere: record["rotations"][str(repo_dir.resolve())]}})
-    )
-    with pytest.raises(InputError, match=r"not signed by this repository's"):
+    ((this_root, rotation),) = record["rotations"].items()
+    another = {
+        "root_version": 2,
+        "role_files": {"targets.json": "1" * 64},
+    }  # a root this repository does not hold
+    (new_keys / PENDING_FILE).write_text(json.dumps({"rotations": {"f" * 64: rotation}}))
+    with pytest.raises(InputError, match=r"rotation-pending.json records no rotation of this repository"):
         refresh(repo_dir, new_keys, everything=True)
-    record["rotations"][elsewhere] = {"targets.json": "1" * 64}
-    (new_keys / PENDING_FILE).write_text(json.dumps(record))
+    (new_keys / PENDING_FILE).write_text(json.dumps({"rotations": {this_root: rotation, "f" * 64: another}}))
     refresh(repo_dir, new_keys, everything=True)
-    assert json.loads((new_keys / PENDING_FILE).read_text()) == {
-        "rotations": {elsewhere: {"targets.json": "1" * 64}}
-    }
+    assert json.loads((new_keys / PENDING_FILE).read_text()) == {"rotations": {"f" * 64: another}}
 
 
-@pytest.mark.parametrize("content", [b"{not json", b'{"rotations": {"/r": {"root.json": "x"}}}', b"\xff\xfe"])
+def test_a_stopped_rotation_is_finished_wherever_the_folder_went(
+    published: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    # the record named the folder's path: moved, renamed or mounted elsewhere, the rotation could not be finished,
+    # and the refusal advised the very command that failed (session review)
+    repo_dir, keys, fingerprint = published
+    pull(repo_dir, trust=fingerprint)
+    new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json", "root.json"))
+    moved = tmp_path / "moved-repo"
+    repo_dir.rename(moved)
+    refresh(moved, new_keys, everything=True)
+    assert not (new_keys / PENDING_FILE).exists()
+    pull(moved)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"rotations": {"ab": {"root_version": 2, "role_files": {"root.json": "x"}}}}',
+        b'{"rotations": {"ab": {"root_version": true, "role_files": {}}}}',
+        b"\xff\xfe",
+    ],
+)
 def test_a_damaged_record_is_one_line_naming_it(
     published: tuple[Path, Path, str], tmp_path: Path, content: bytes
 ) -> None:

@@ -88,7 +88,12 @@ def test_a_rotation_stopped_after_its_numbered_root_refuses_the_old_keys(
     the root devices fetch no longer trusts, and exited 0; every device then refused the repository."""
     repo_dir, keys, _ = published
     new_keys = stopped_rotation(tmp_path, repo_dir, keys, ("2.root.json",))
-    assert load_repository(repo_dir, pending=pending_role_files(new_keys, repo_dir)).root.signed.version == 2
+    assert (
+        load_repository(
+            repo_dir, pending=pending_role_files(new_keys, repo_dir / "metadata")
+        ).root.signed.version
+        == 2
+    )
     with pytest.raises(LocalpersError, match="if a key rotation was stopped, finish it with"):
         add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), keys)
 

@@ -116,10 +116,13 @@ def _read_metadata_and_bytes(path: Path, fix: str) -> tuple[Any, bytes]:
         raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
 
 
-def load_repository(directory: Path, *, pending: dict[str, str] | None = None) -> Repository:
+def load_repository(
+    directory: Path, *, pending: dict[str, str] | None = None, finishing_with: Path | None = None
+) -> Repository:
     """The latest root, targets, snapshot and timestamp of the repository at `directory`, each checked to be
     what this repository's keys signed (`repository_check`; `pending` for the commands that finish a stopped
-    key rotation: the role files its record lets them re-sign): every command that signs anew starts here."""
+    key rotation: the role files its record lets them re-sign, and `finishing_with` the keys folder they were given,
+    whose missing record a refusal names): every command that signs anew starts here."""
     directory = Path(directory)
     fix = "it is not a repository: create one with `localpers repo init`"
     read = {role: _read_metadata_and_bytes(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
@@ -133,6 +136,7 @@ def load_repository(directory: Path, *, pending: dict[str, str] | None = None) -
         loaded["timestamp"],
         role_bytes={role: data for role, (_, data) in read.items()},
         pending=pending,
+        finishing_with=finishing_with,
     )
     hashes = {role: hashlib.sha256(data).hexdigest() for role, (_, data) in read.items()}
     return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"], hashes)

@@ -8,10 +8,11 @@ targets, or a `repo refresh --root` trust their root key beside the publisher's.
 What it checks, as a device would: every numbered root from `1.root.json` is signed by the root before it and by
 itself, `root.json` is one of them; targets, snapshot and timestamp are signed by the keys the newest root trusts for
 them; and no role is older than what the role above it names (a rollback). The one exception is a rotation stopped
-before it re-signed the other roles (`localpers.bundle.rotation_pending`): the commands that finish it pass the role
-files the rotation verified (`pending`, name -> sha256), and a role signed by an earlier root's keys is taken when
-its bytes are exactly those, never other metadata the rotated-out (perhaps leaked) keys signed. It does not check
-expiry (renewing expired metadata is what `refresh` is for), nor the targets' files (`serve` and devices do).
+before it re-signed the other roles (`localpers.bundle.rotation_pending`): a command given the new keys passes the
+role files the rotation verified (`pending`, name -> sha256; `finishing_with`, the keys folder holding its record),
+and a role signed by an earlier root's keys is taken when its bytes are exactly those, never other metadata the
+rotated-out (perhaps leaked) keys signed. It does not check expiry (renewing expired metadata is what `refresh` is
+for), nor the targets' files (`serve` and devices do).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from localpers.bundle.rotation_pending import PENDING_FILE
 from localpers.errors import InputError
 
 MEND = (
@@ -38,6 +40,7 @@ def check_signed_metadata(
     *,
     role_bytes: Mapping[str, bytes],
     pending: Mapping[str, str] | None = None,
+    finishing_with: Path | None = None,
 ) -> None:
     """Refuse, naming the file, metadata this repository's own keys did not sign (see the module docstring).
 
@@ -49,10 +52,16 @@ def check_signed_metadata(
             continue
         recorded = (pending or {}).get(f"{role}.json")
         if recorded is None or hashlib.sha256(role_bytes[role]).hexdigest() != recorded:
+            where = f"{metadata_dir / f'{role}.json'}: not signed by this repository's {role} key"
+            if finishing_with is not None and not pending:  # the command that finishes a rotation: no record
+                raise InputError(
+                    f"{where}, and {finishing_with / PENDING_FILE} records no rotation of this repository to those"
+                    " keys; if a rotation was stopped, restore the metadata folder from a copy made before it and"
+                    f" rotate again; otherwise {MEND}"
+                )
             raise InputError(
-                f"{metadata_dir / f'{role}.json'}: not signed by this repository's {role} key; if a key rotation"
-                f" was stopped, finish it with `localpers repo refresh {metadata_dir.parent} --all --keys NEW`;"
-                f" otherwise {MEND}"
+                f"{where}; if a key rotation was stopped, finish it with `localpers repo refresh"
+                f" {metadata_dir.parent} --all --keys NEW`; otherwise {MEND}"
             )
         if not any(_signed_by(earlier, role, metadata) for earlier in roots[:-1]):
             raise InputError(

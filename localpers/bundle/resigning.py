@@ -14,6 +14,7 @@ from typing import Any
 
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
 from localpers.bundle.repository import (
+    METADATA_DIR,
     PUBLISH_ROLES,
     Repository,
     expiry_from_now,
@@ -49,14 +50,17 @@ def refresh(
     version.
     """
     with locked_repository(repo_dir):
-        repo = load_repository(Path(repo_dir), pending=pending_role_files(keys_dir, repo_dir))
+        metadata_dir = Path(repo_dir) / METADATA_DIR
+        repo = load_repository(
+            Path(repo_dir), pending=pending_role_files(keys_dir, metadata_dir), finishing_with=keys_dir
+        )
         roles = PUBLISH_ROLES if everything else ("timestamp",)
         signers = load_signers(repo.directory, repo.root, keys_dir, (*roles, "root") if root else roles)
         if root:
             _renew_root(repo, signers["root"], expiry_days)
         if everything:
             publish_targets(repo, dict(repo.targets.signed.targets), signers, expiry_days)
-            clear_pending(keys_dir, repo_dir)
+            clear_pending(keys_dir, metadata_dir)
         else:
             snapshot_bytes = (repo.metadata_dir / "snapshot.json").read_bytes()
             refresh_timestamp(repo, signers, expiry_days, snapshot_bytes)
@@ -98,9 +102,10 @@ def rotate_keys(
     """
     with locked_repository(repo_dir):
         # a stopped rotation to the old keys, finished by this one
-        repo = load_repository(Path(repo_dir), pending=pending_role_files(old_keys_dir, repo_dir))
+        metadata_dir = Path(repo_dir) / METADATA_DIR
+        repo = load_repository(Path(repo_dir), pending=pending_role_files(old_keys_dir, metadata_dir))
         version = _rotate(repo, old_keys_dir, new_keys_dir, expiry_days)
-        clear_pending(old_keys_dir, repo_dir)
+        clear_pending(old_keys_dir, metadata_dir)
         return version
 
 
@@ -128,12 +133,11 @@ def _rotate(
     repo.root.signatures.clear()
     repo.root.sign(old_root, append=True)
     repo.root.sign(new_signers["root"], append=True)
-    record_pending(
-        new_keys_dir, repo.directory, {f"{r}.json": repo.verified_sha256[r] for r in PUBLISH_ROLES}
-    )
     root_bytes = repo.root.to_bytes()
+    verified = {f"{role}.json": repo.verified_sha256[role] for role in PUBLISH_ROLES}
+    record_pending(new_keys_dir, root.version, root_bytes, verified)
     write_public(repo.metadata_dir / f"{root.version}.root.json", root_bytes)
     write_public(repo.metadata_dir / "root.json", root_bytes)
     publish_targets(repo, dict(repo.targets.signed.targets), new_signers, expiry_days)
-    clear_pending(new_keys_dir, repo.directory)
+    clear_pending(new_keys_dir, repo.metadata_dir)
     return int(root.version)
