@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,11 @@ from localpers.errors import LocalpersError
 
 
 @contextlib.contextmanager
-def locked(folder: Path, *, wait: bool, busy: str) -> Iterator[None]:
+def locked(
+    folder: Path, *, wait: bool, busy: str, on_wait: Callable[[], None] | None = None
+) -> Iterator[None]:
     """Hold an exclusive lock on the existing `folder` for the block; when another process holds it, wait for it
-    (`wait`) or raise `busy` as a one-line error."""
+    (`wait`, calling `on_wait` first: say so) or raise `busy` as a one-line error."""
     try:
         import fcntl
     except ImportError:  # Windows
@@ -41,6 +43,8 @@ def locked(folder: Path, *, wait: bool, busy: str) -> Iterator[None]:
         except BlockingIOError:
             if not wait:
                 raise LocalpersError(busy) from None
+            if on_wait is not None:
+                on_wait()
             _lock_or_not(fcntl, descriptor, fcntl.LOCK_EX)
         except OSError as exc:
             _unlockable(exc)

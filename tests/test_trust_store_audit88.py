@@ -112,3 +112,55 @@ def test_a_pull_chooses_and_updates_its_root_under_the_trust_stores_lock(
     monkeypatch.setattr(signed, "choose_trusted_root", observed)
     pull(repo, trust=fingerprint)
     assert held == [True]
+
+
+def test_a_pull_waiting_for_the_trust_store_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # a second pull waited without a word while the first sat at the trust question (session review)
+    folder = config_dir() / trust.TRUST_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    holder = os.open(folder, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    entered = threading.Event()
+
+    def second_pull() -> None:
+        with trust.trust_store_lock():
+            entered.set()
+
+    waiting = threading.Thread(target=second_pull, daemon=True)
+    try:
+        waiting.start()
+        for _ in range(200):
+            if "waiting for another `localpers pull`" in capsys.readouterr().err:
+                break
+            entered.wait(0.05)
+        else:
+            pytest.fail("nothing said while waiting")
+        assert not entered.is_set()
+    finally:
+        os.close(holder)  # releases the lock
+    waiting.join(timeout=30)
+    assert entered.is_set()
+
+
+def test_the_trust_question_is_asked_before_the_trust_stores_lock(tmp_path: Path) -> None:
+    repo, keys = tmp_path / "repo", tmp_path / "keys"
+    publish(make_bundle(tmp_path / "a"), repo, keys)
+    held: list[bool] = []
+
+    def answer(fingerprint: str) -> bool:
+        folder = config_dir() / trust.TRUST_DIR
+        if not folder.is_dir():  # not made yet: nothing can hold its lock
+            held.append(False)
+            return True
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(descriptor)
+        return True
+
+    pull(repo, confirm_trust=answer)
+    assert held == [False]

@@ -23,7 +23,13 @@ from typing import Any
 
 from localpers.bundle.fetcher import Fetcher, reason, repository_base
 from localpers.bundle.repository import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
-from localpers.bundle.trust import choose_trusted_root, trust_store, trust_store_lock
+from localpers.bundle.trust import (
+    choose_trusted_root,
+    claimed_root,
+    is_trusted,
+    trust_store,
+    trust_store_lock,
+)
 from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line
 
@@ -49,10 +55,13 @@ class SignedSource:
         self.description = self.base
         self.manifest_sha256 = ""  # the signed target hash of bundle/manifest.json, once read
         self.fetcher = Fetcher(timeout, on_bytes)
+        claimed = claimed_root(self.fetcher, self.base)
+        if trust is None and confirm is not None and not is_trusted(claimed[1]) and confirm(claimed[1]):
+            trust = claimed[1]  # asked before the lock: another pull waits for no one's answer
         with trust_store_lock():  # the trusted metadata is read and rewritten by one pull at a time
             # chosen: the user named (--trust) or confirmed this publisher for this pull, which may switch publishers
             self.fingerprint, store, self.chosen = choose_trusted_root(
-                self.fetcher, self.base, trust, confirm
+                self.fetcher, self.base, trust, claimed=claimed
             )
             with self._tuf_errors(str(store / "root.json")):  # the root this device trusts, damaged on disk
                 self._updater = Updater(

@@ -25,6 +25,7 @@ import importlib.resources
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -138,8 +139,21 @@ def trust_store_lock() -> Iterator[None]:
     publisher removed each other's new store)."""
     folder = config_dir() / TRUST_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    with locked(folder, wait=True, busy=f"another `localpers pull` is updating {folder}"):
+
+    def told() -> None:
+        print(
+            f"waiting for another `localpers pull` to finish with {folder} ...", file=sys.stderr, flush=True
+        )
+
+    with locked(folder, wait=True, busy="", on_wait=told):
         yield
+
+
+def is_trusted(fingerprint: str) -> bool:
+    """Whether this device trusts the publisher with this root fingerprint without asking (the demo publisher's,
+    or one an earlier pull stored)."""
+    demo = root_fingerprint(demo_root_bytes(), DEMO_ROOT_RESOURCE)
+    return fingerprint == demo or _holds_a_root(trust_store(fingerprint))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,8 +180,19 @@ def _fetch_first_root(fetcher: Fetcher, base: str) -> bytes:
     return bytes(received)
 
 
+def claimed_root(fetcher: Fetcher, base: str) -> tuple[bytes, str]:
+    """The repository's own 1.root.json and the publisher fingerprint it claims (not yet trusted)."""
+    claimed = _fetch_first_root(fetcher, base)
+    return claimed, root_fingerprint(claimed, f"{base}{METADATA_DIR}/1.root.json")
+
+
 def choose_trusted_root(
-    fetcher: Fetcher, base: str, trust: str | None, confirm: Callable[[str], bool] | None = None
+    fetcher: Fetcher,
+    base: str,
+    trust: str | None,
+    confirm: Callable[[str], bool] | None = None,
+    *,
+    claimed: tuple[bytes, str] | None = None,
 ) -> tuple[str, Path, bool]:
     """(fingerprint, trust store, whether the user named or confirmed this publisher for this pull) for the
     repository at `base`; refuses an untrusted publisher.
@@ -178,8 +203,7 @@ def choose_trusted_root(
     signed by it, `_check_first_root`). A `trust` that names another publisher than the repository's is refused,
     even one this device trusts already.
     """
-    claimed = _fetch_first_root(fetcher, base)
-    fingerprint = root_fingerprint(claimed, f"{base}{METADATA_DIR}/1.root.json")
+    claimed_bytes, fingerprint = claimed if claimed is not None else claimed_root(fetcher, base)
     if trust is not None and trust.strip().lower() != fingerprint:
         raise LocalpersError(
             f"{base} is signed by publisher key {fingerprint}, not {one_line(trust, 80)}; refusing it (a repository"
@@ -212,8 +236,8 @@ def choose_trusted_root(
             " from this repository) and only if they match, pull again with --trust and the fingerprint from your"
             " publisher"
         )
-    _check_first_root(claimed, fingerprint, f"{base}{METADATA_DIR}/1.root.json")
-    _start_store(store, claimed)
+    _check_first_root(claimed_bytes, fingerprint, f"{base}{METADATA_DIR}/1.root.json")
+    _start_store(store, claimed_bytes)
     return fingerprint, store, True
 
 
