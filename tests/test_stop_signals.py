@@ -393,7 +393,7 @@ def test_a_draft_the_signal_stopped_opens_again_at_the_next_start(tmp_path: Path
             async with app.run_test() as pilot:
                 await pilot.pause()
                 os.kill(os.getpid(), signal.SIGHUP)
-                for _ in range(100):
+                for _ in range(600):  # up to 30 s on a loaded machine
                     await pilot.pause(0.05)
                     if app.stopped_by_signal is not None:
                         break

@@ -353,8 +353,8 @@ class Engine(Vocabulary):
         Returns `(logits, features)`: for the last position only, shapes `(n_vocab,)` and
         `(n_taps, n_embd)`, or with `all_positions` for every token, `(n, n_vocab)` and `(n, n_taps, n_embd)`.
         `copy_logits=False` returns a read-only view of llama.cpp's logits buffer instead of a copy when the tokens
-        fit one batch (over several with `all_positions`, a new array): valid until the next evaluation, it saves the decode loop a 1 MB
-        copy per token.
+        fit one batch (over several with `all_positions`, a new array): valid until the next evaluation, it saves
+        the decode loop a 1 MB copy per token.
         """
         check_tokens(self, tokens, "eval's tokens")
         if self.n_past + len(tokens) > self.n_ctx:

@@ -41,8 +41,9 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def check_tokens(vocabulary: Any, tokens: Sequence[int], what: str) -> None:
-    """Refuse, in one line, an empty token list, a token that is not an integer or an id outside `vocabulary.n_vocab` (a Python caller's
-    mistake that otherwise surfaced as an IndexError, a zip() error or an unbound local deep in a loop)."""
+    """Refuse, in one line, an empty token list, a token that is not an integer or an id outside
+    `vocabulary.n_vocab` (a Python caller's mistake that otherwise surfaced as an IndexError, a zip() error, an
+    unbound local deep in a loop or a ctypes error)."""
     if len(tokens) == 0:
         raise ValueError(f"{what}: no token given (at least one is needed)")
     n_vocab = vocabulary.n_vocab

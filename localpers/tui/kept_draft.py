@@ -21,6 +21,7 @@ DRAFT_LIMIT = 4 << 20  # far more than any draft a rewrite takes; anything large
 
 
 def kept_draft_path() -> Path:
+    """Where a stop signal keeps the draft: the data folder, beside the users' histories."""
     return data_dir() / DRAFT_FILE
 
 
@@ -45,7 +46,7 @@ def take_kept_draft() -> tuple[str | None, str | None]:
     except UnicodeDecodeError:
         return (
             None,
-            f"{DRAFT_FILE} in the data folder is not UTF-8 text; it was not opened (remove it when done)",
+            f"{kept_draft_path()} is not UTF-8 text; it was not opened (remove it when done)",
         )
     except (LocalpersError, OSError) as exc:
         return None, f"the draft kept at the last stop cannot be opened ({one_line(str(exc), limit=200)})"

@@ -2,8 +2,9 @@
 
 The theme chosen last time (`localpers.tui.settings`), the key list (F10 shows and hides it, Escape closes it),
 notices (at least `NOTICE_SECONDS` on screen, an error or warning titled in words, never markup), quitting (with
-a draft written or an output being edited it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does, the terminal restored, and keep the draft for the next start),
-and Textual's crash report without the frames' local variables. `ShellMixin` is a base of
+a draft written or an output being edited it asks first), SIGTERM and SIGHUP (they close the app as ctrl+q does,
+the terminal restored, and keep the draft for the next start), and Textual's crash report without the frames'
+local variables. `ShellMixin` is a base of
 `localpers.tui.app.LocalpersApp`, before Textual's `App`, whose methods it extends; it draws no widget of its own.
 """
 
