@@ -73,7 +73,7 @@ def test_jobs_without_generation_only_score_and_sequences_are_left_empty(persona
     assert np.allclose(outcomes[0].scored[0].features, outcomes[0].scored[1].features, atol=1e-4)
     # the jobs started from an empty cache, and sequence 0's prompt gives the same numbers evaluated again
     assert np.array_equal(engine.prefill(engine.tokenize(PROMPTS[0])).logits, before)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sequence 0 is not a batched sequence"):
         engine.forget_sequence(0)
 
 

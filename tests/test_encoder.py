@@ -71,7 +71,7 @@ def test_embeddings_are_normalised_rows_and_independent_of_batching() -> None:
     # Padding is masked: a text's vector does not depend on its batch-mates.
     assert np.abs(together - one_by_one).max() < 1e-5
     assert embed_texts([]).shape == (0, ENCODER_DIM)
-    with pytest.raises(LocalpersError):
+    with pytest.raises(LocalpersError, match="a user embedding needs at least one history item"):
         user_embedding([])
 
 

@@ -190,3 +190,49 @@ def test_without_a_fitted_vector_the_correction_is_the_prior_weights() -> None:
     from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT
 
     assert np.array_equal(correction.vector, DEFAULT_PRIOR_WEIGHT * np.ones(4))
+
+
+@pytest.mark.parametrize("lock", ["user_lock", "fit_lock"])
+def test_a_lock_taken_after_its_folder_was_renamed_away_says_the_user_is_gone(
+    tmp_path: Path, lock: str
+) -> None:
+    # folders made before identity tokens, and every fit's lock, rest on the lock file still being the folder's
+    import fcntl
+    import threading
+
+    from localpers.users import lock as lock_module
+
+    folder = tmp_path / "ann"
+    folder.mkdir()
+    name = lock_module.LOCK_FILE if lock == "user_lock" else lock_module.FIT_LOCK_FILE
+    holder = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)  # another command holds it
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    outcome: list[BaseException | None] = []
+
+    def waiting() -> None:
+        try:
+            with getattr(lock_module, lock)(folder, who="user 'ann'", wait_seconds=20):
+                outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what the lock ended with is the point
+            outcome.append(exc)
+
+    polling = threading.Event()
+    sleep = lock_module.time.sleep
+
+    def polled(seconds: float) -> None:  # the waiter opened the lock file and found it held
+        polling.set()
+        sleep(seconds)
+
+    waiter = threading.Thread(target=waiting)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(lock_module.time, "sleep", polled)
+        waiter.start()
+        try:
+            assert polling.wait(timeout=20)
+            folder.rename(tmp_path / "ann-deleted")  # `user delete` moves the folder away first
+            folder.mkdir()  # and a user of the same name is made anew
+        finally:
+            os.close(holder)
+        waiter.join(timeout=30)
+    (ended,) = outcome
+    assert isinstance(ended, LocalpersError) and "user 'ann' no longer exists" in str(ended)
