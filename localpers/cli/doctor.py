@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 def doctor(model: ModelOption = None, as_json: JsonOption = False) -> None:
     """Show the backbone, the bundle in use, llama.cpp, threads, directories, extras and users; name problems.
 
-    Exit 1, naming each problem, when something would stop demo, fit or rewrite (e.g. a refused bundle, a damaged
-    active user)."""
+    Exit 1, naming each problem, when something would stop demo, fit or rewrite (a bad bundle, a damaged active user).
+    """
 
     from localpers import paths
 
