@@ -30,6 +30,25 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
+def stop_signals_as_they_were() -> Iterator[None]:
+    """Put SIGINT, SIGTERM and SIGHUP back as they were after each test, and `interrupts`' settle flag: a test
+    that runs the console script in-process sets the flag, and a command finishing after it may set the signals
+    to be ignored, which every later child process inherits."""
+    import signal
+
+    from localpers import interrupts
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in signals}
+    settle = interrupts._settle_when_done
+    yield
+    interrupts._settle_when_done = settle
+    for signum, handler in before.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
+@pytest.fixture(autouse=True)
 def localpers_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Point LOCALPERS_HOME at a temp dir so no test reads or writes the real user folders."""
     home = tmp_path / "localpers-home"

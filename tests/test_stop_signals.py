@@ -27,10 +27,22 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX sig
 TESTS = Path(__file__).parent
 
 
+def _default_stop_signals() -> None:
+    """In the child before it starts: Ctrl-C, SIGTERM and SIGHUP with their default actions, whatever the test
+    process left them at (a child inherits an ignored signal, and Python then never raises KeyboardInterrupt: a
+    full run once left SIGINT ignored and `serve` waited out the test's 60 s)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _cli(home: Path, *args: str, **popen: object) -> subprocess.Popen[str]:
     env = {**os.environ, "LOCALPERS_HOME": str(home)}
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
-        [sys.executable, "-m", "localpers.cli", *args], text=True, env=env, **popen
+        [sys.executable, "-m", "localpers.cli", *args],
+        text=True,
+        env=env,
+        preexec_fn=_default_stop_signals,  # noqa: PLW1509 - only signal dispositions, no threads touched
+        **popen,
     )
 
 
