@@ -276,8 +276,10 @@ def test_rotated_out_keys_sign_nothing_the_next_command_carries_forward(
 ) -> None:
     # once a rotation is finished, a targets.json the old (perhaps leaked) keys signed is refused by every command
     # but the ones that finish a rotation (session review: it was trusted after any number of root renewals)
-    from localpers.bundle.keys import generate_keys, load_signer
-    from localpers.bundle.repository import add_bundle, load_repository
+    from test_repo_rotation_record import forge_targets
+
+    from localpers.bundle.keys import generate_keys
+    from localpers.bundle.repository import add_bundle
     from localpers.bundle.resigning import rotate_keys
 
     repo_dir, keys, _ = published
@@ -285,10 +287,6 @@ def test_rotated_out_keys_sign_nothing_the_next_command_carries_forward(
     generate_keys(new_keys)
     rotate_keys(repo_dir, keys, new_keys)
     refresh(repo_dir, new_keys, root=True)  # a renewal after the finished rotation
-    forged = load_repository(repo_dir).targets
-    forged.signed.version += 1
-    forged.signatures.clear()
-    forged.sign(load_signer(keys, "targets"))
-    (repo_dir / "metadata" / "targets.json").write_bytes(forged.to_bytes())
+    forge_targets(repo_dir, keys)  # signed by the rotated-out targets key
     with pytest.raises(InputError, match=r"targets.json: not signed by this repository's targets key"):
         add_bundle(repo_dir, make_bundle(tmp_path / "next", seed="next"), new_keys)

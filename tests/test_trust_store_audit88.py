@@ -90,6 +90,21 @@ def test_a_fifo_at_a_trusted_root_is_refused_not_waited_on(tmp_path: Path) -> No
     )
 
 
+def _trust_store_locked() -> bool:
+    """Whether someone holds the trust store's lock now (a folder not made yet: no one can)."""
+    folder = config_dir() / trust.TRUST_DIR
+    if not folder.is_dir():
+        return False
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+
+
 def test_a_pull_chooses_and_updates_its_root_under_the_trust_stores_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,14 +114,7 @@ def test_a_pull_chooses_and_updates_its_root_under_the_trust_stores_lock(
     choose = signed.choose_trusted_root
 
     def observed(*args: object, **kwargs: object) -> object:
-        descriptor = os.open(config_dir() / trust.TRUST_DIR, os.O_RDONLY)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(descriptor)
+        held.append(_trust_store_locked())
         return choose(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(signed, "choose_trusted_root", observed)
@@ -148,18 +156,7 @@ def test_the_trust_question_is_asked_before_the_trust_stores_lock(tmp_path: Path
     held: list[bool] = []
 
     def answer(fingerprint: str) -> bool:
-        folder = config_dir() / trust.TRUST_DIR
-        if not folder.is_dir():  # not made yet: nothing can hold its lock
-            held.append(False)
-            return True
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(descriptor)
+        held.append(_trust_store_locked())
         return True
 
     pull(repo, confirm_trust=answer)
