@@ -68,7 +68,8 @@ def test_a_first_root_whose_signature_does_not_verify_is_not_trusted(tmp_path: P
 
 def test_a_signed_backbone_whose_hash_is_not_its_name_is_refused(tmp_path: Path) -> None:
     from localpers.bundle.pull import pull_bundle
-    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
+    from localpers.bundle.repository import add_file_target
+    from localpers.bundle.repository_metadata import BACKBONE_PREFIX
     from localpers.bundle.serve import start_background_server
 
     named = hashlib.sha256(b"the backbone the bundle names").hexdigest()

@@ -80,7 +80,8 @@ def test_a_file_changed_between_its_check_and_its_copy_is_refused_not_signed(
     import shutil
 
     from localpers.bundle import repository
-    from localpers.bundle.repository import add_bundle, load_repository
+    from localpers.bundle.repository import add_bundle
+    from localpers.bundle.repository_metadata import load_repository
 
     repo_dir, keys, _ = published
     version = load_repository(repo_dir).targets.signed.version

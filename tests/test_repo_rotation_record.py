@@ -12,7 +12,8 @@ from test_serve_pull import make_bundle, publish
 from test_signed_pull import pull
 
 from localpers.bundle.keys import generate_keys, load_signer
-from localpers.bundle.repository import add_bundle, load_repository
+from localpers.bundle.repository import add_bundle
+from localpers.bundle.repository_metadata import load_repository
 from localpers.bundle.resigning import refresh, rotate_keys
 from localpers.bundle.rotation_pending import PENDING_FILE, pending_role_files
 from localpers.errors import InputError

@@ -12,8 +12,9 @@ from test_serve_pull import make_bundle, publish
 from test_signed_pull import pull
 
 from localpers.bundle.keys import generate_keys
-from localpers.bundle.repository import add_bundle, load_repository
+from localpers.bundle.repository import add_bundle
 from localpers.bundle.repository_lock import repository_lock
+from localpers.bundle.repository_metadata import load_repository
 from localpers.bundle.resigning import refresh, rotate_keys
 from localpers.bundle.rotation_pending import pending_role_files
 from localpers.errors import LocalpersError
@@ -114,7 +115,8 @@ def test_an_init_stopped_halfway_can_be_run_again(tmp_path: Path, monkeypatch: p
     """A stopped `repo init` left a root.json: init then said "already a repository" and `repo add` "not a
     repository", and only deleting the folder by hand mended it."""
     from localpers.bundle import repository
-    from localpers.bundle.repository import init_repository, is_repository
+    from localpers.bundle.repository import init_repository
+    from localpers.bundle.repository_metadata import is_repository
 
     keys, repo_dir = tmp_path / "keys", tmp_path / "repo"
     generate_keys(keys)

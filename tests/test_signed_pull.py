@@ -817,7 +817,8 @@ def repo_with_backbone(tmp_path: Path) -> tuple[Path, str, bytes]:
     """A repository whose bundle names a 3 MiB "backbone" published as a signed target."""
     import hashlib
 
-    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
+    from localpers.bundle.repository import add_file_target
+    from localpers.bundle.repository_metadata import BACKBONE_PREFIX
 
     backbone = hashlib.shake_256(b"backbone").digest(3 << 20)
     sha = hashlib.sha256(backbone).hexdigest()
@@ -875,7 +876,8 @@ def test_an_interrupted_add_backbone_leaves_no_partial_copy_in_the_repository(
     """Publisher audit: Ctrl-C during `repo add-backbone` said no file was left half-written but kept a 199 MB
     `.partial` in targets/backbone/, which the documented `rsync -a my-repo/ host:` uploads."""
     from localpers.bundle import repository
-    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target
+    from localpers.bundle.repository import add_file_target
+    from localpers.bundle.repository_metadata import BACKBONE_PREFIX
 
     repo_dir, keys, _ = repo
     source = tmp_path / "backbone.gguf"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers import __version__
-from localpers.bundle.repository import is_repository
+from localpers.bundle.repository_metadata import is_repository
 from localpers.bundle.transport import HttpOnlyRedirects, is_loopback
 from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line

@@ -14,170 +14,46 @@ length and sha256, so a device downloads no more than the signed length of any f
 (one per top-level role, threshold 1), kept by the publisher as PEM files in a keys directory that is
 never part of the repository (`localpers.bundle.keys`). This module signs and writes files; it never opens a
 network connection and never installs anything (see `localpers.bundle.signed` for the device's side).
-Re-signing with new expiry dates or new keys is `localpers.bundle.resigning`'s; every command that writes
-metadata holds the repository's lock (`localpers.bundle.repository_lock`).
+Reading the metadata back, checked, is `localpers.bundle.repository_metadata`'s; re-signing with new expiry dates
+or new keys is `localpers.bundle.resigning`'s; every command that writes metadata holds the repository's lock
+(`localpers.bundle.repository_lock`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import sys
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from localpers.atomic import atomic_write_bytes
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
 from localpers.bundle.manifest import parse_manifest
-from localpers.bundle.repository_check import check_signed_metadata
 from localpers.bundle.repository_files import TARGETS_DIR, copy_target, make_public
-from localpers.bundle.repository_lock import repository_lock
+from localpers.bundle.repository_metadata import (
+    BUNDLE_PREFIX,
+    METADATA_DIR,
+    Repository,
+    is_repository,
+    load_repository,
+    locked_repository,
+    read_metadata,
+    tuf_metadata,
+    write_metadata,
+    write_public,
+)
 from localpers.errors import InputError, LocalpersError
 
-BUNDLE_PREFIX = "bundle/"
-BACKBONE_PREFIX = "backbone/"  # backbone/<sha256>.gguf
-METADATA_DIR = "metadata"
 DEFAULT_EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
 PUBLISH_ROLES = ("targets", "snapshot", "timestamp")  # the keys that `repo add` and `refresh --all` sign with
-
-
-def _tuf() -> Any:
-    """Import python-tuf lazily (it is only needed to publish and to pull)."""
-    try:
-        from tuf.api import metadata
-    except ImportError:  # pragma: no cover - tuf is a declared dependency
-        raise LocalpersError("signed repositories need the `tuf` package: pip install tuf") from None
-    return metadata
 
 
 def expiry_from_now(role: str, days: dict[str, int] | None) -> datetime:
     count = (days or {}).get(role, DEFAULT_EXPIRY_DAYS[role])
     return datetime.now(UTC).replace(microsecond=0) + timedelta(days=count)
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading and writing repository metadata
-
-
-@dataclass
-class Repository:
-    """The latest metadata of a repository directory, loaded for editing and re-signing."""
-
-    directory: Path
-    root: Any
-    targets: Any
-    snapshot: Any
-    timestamp: Any
-    # sha256 of each role file as read and verified (role -> hex; `load_repository`): what a rotation records
-    verified_sha256: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def metadata_dir(self) -> Path:
-        return self.directory / METADATA_DIR
-
-    @property
-    def targets_dir(self) -> Path:
-        return self.directory / TARGETS_DIR
-
-
-def write_public(path: Path, data: bytes) -> None:
-    """Write a repository file atomically, readable by the web server that will host it."""
-    atomic_write_bytes(path, data)
-    os.chmod(path, 0o644)
-
-
-def _write_metadata(path: Path, metadata: Any) -> bytes:
-    data = metadata.to_bytes()
-    write_public(path, data)
-    return data
-
-
-def read_metadata(path: Path, fix: str) -> Any:
-    """The signed metadata file at `path`; one-line errors for a missing, unreadable or malformed file."""
-    return _read_metadata_and_bytes(path, fix)[0]
-
-
-def _read_metadata_and_bytes(path: Path, fix: str) -> tuple[Any, bytes]:
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise LocalpersError(f"{path}: no such file; {fix}") from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
-    try:
-        return _tuf().Metadata.from_bytes(data), data
-    except Exception as exc:  # python-tuf raises several types for malformed metadata
-        raise InputError(f"{path}: not valid TUF metadata ({type(exc).__name__}: {exc})") from None
-
-
-def load_repository(
-    directory: Path, *, pending: dict[str, str] | None = None, finishing_with: Path | None = None
-) -> Repository:
-    """The latest root, targets, snapshot and timestamp of the repository at `directory`, each checked to be
-    what this repository's keys signed (`repository_check`; `pending` for the commands that finish a stopped
-    key rotation: the role files its record lets them re-sign, and `finishing_with` the keys folder they were given,
-    whose missing record a refusal names): every command that signs anew starts here."""
-    directory = Path(directory)
-    fix = "it is not a repository: create one with `localpers repo init`"
-    read = {role: _read_metadata_and_bytes(directory / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
-    loaded = {role: metadata for role, (metadata, _) in read.items()}
-    root = _newest_root(directory / METADATA_DIR, loaded["root"], fix)
-    check_signed_metadata(
-        directory / METADATA_DIR,
-        root,
-        loaded["targets"],
-        loaded["snapshot"],
-        loaded["timestamp"],
-        role_bytes={role: data for role, (_, data) in read.items()},
-        pending=pending,
-        finishing_with=finishing_with,
-    )
-    hashes = {role: hashlib.sha256(data).hexdigest() for role, (_, data) in read.items()}
-    return Repository(directory, root, loaded["targets"], loaded["snapshot"], loaded["timestamp"], hashes)
-
-
-def read_dates(directory: Path) -> dict[str, datetime]:
-    """When each role's newest metadata in the repository at `directory` expires (UTC), read without checking
-    signatures: it signs nothing, and a rotation under way is read as it stands."""
-    fix = "it is not a repository: create one with `localpers repo init`"
-    loaded = {role: read_metadata(Path(directory) / METADATA_DIR / f"{role}.json", fix) for role in ROLES}
-    loaded["root"] = _newest_root(Path(directory) / METADATA_DIR, loaded["root"], fix)
-    return {role: metadata.signed.expires for role, metadata in loaded.items()}
-
-
-def _newest_root(metadata_dir: Path, root: Any, fix: str) -> Any:
-    """`root` (root.json), or the newest `N.root.json` where that is newer: devices walk the numbered roots, so
-    a command stopped between writing `N.root.json` and `root.json` (a rotation) must sign for what they trust."""
-    versions = [
-        int(p.name.split(".")[0]) for p in metadata_dir.glob("*.root.json") if p.name.split(".")[0].isdigit()
-    ]
-    newest = max(versions, default=0)
-    if newest <= root.signed.version:
-        return root
-    return read_metadata(metadata_dir / f"{newest}.root.json", fix)
-
-
-@contextlib.contextmanager
-def locked_repository(directory: Path, *, made: bool = True) -> Iterator[None]:
-    """Hold the repository's lock for the block (`repository_lock`), saying on standard error when it waits.
-
-    A folder that is not a repository (`made`: it must be one already; `init` makes it) is refused first, as
-    `load_repository` refuses it, with no lock file left in it.
-    """
-    if made and not is_repository(Path(directory)):
-        load_repository(Path(directory))  # raises: no such file, create one with `localpers repo init`
-
-    def told() -> None:
-        print(f"waiting for another `localpers repo` command to finish with {directory} ...", file=sys.stderr)
-
-    with repository_lock(Path(directory), on_wait=told):
-        yield
 
 
 def check_keys(repo_dir: Path, keys_dir: Path, roles: Iterable[str] = PUBLISH_ROLES) -> None:
@@ -194,7 +70,7 @@ def _publish_snapshot_and_timestamp(
     new_targets: bytes | None,
 ) -> None:
     """Write a new snapshot (if targets changed or it is re-signed) and always a new timestamp."""
-    metadata = _tuf()
+    metadata = tuf_metadata()
     if new_targets is not None:
         repo.snapshot.signed.meta["targets.json"] = metadata.MetaFile(
             version=repo.targets.signed.version,
@@ -214,7 +90,7 @@ def refresh_timestamp(
     repo: Repository, signers: dict[str, Any], expiry_days: dict[str, int] | None, snapshot_bytes: bytes
 ) -> None:
     """Sign a new timestamp naming `snapshot_bytes` (the snapshot just written, or the one on disk)."""
-    metadata = _tuf()
+    metadata = tuf_metadata()
     repo.timestamp.signed.snapshot_meta = metadata.MetaFile(
         version=repo.snapshot.signed.version,
         length=len(snapshot_bytes),
@@ -223,12 +99,7 @@ def refresh_timestamp(
     repo.timestamp.signed.version += 1
     repo.timestamp.signed.expires = expiry_from_now("timestamp", expiry_days)
     repo.timestamp.sign(signers["timestamp"])
-    _write_metadata(repo.metadata_dir / "timestamp.json", repo.timestamp)
-
-
-def is_repository(directory: Path) -> bool:
-    """Whether `directory` is a signed repository (it holds the first root, `metadata/1.root.json`)."""
-    return (Path(directory) / METADATA_DIR / "1.root.json").is_file()
+    write_metadata(repo.metadata_dir / "timestamp.json", repo.timestamp)
 
 
 def refuse_keys_inside_a_repository(keys_dir: Path) -> None:
@@ -297,7 +168,7 @@ def init_repository(directory: Path, keys_dir: Path, expiry_days: dict[str, int]
 
 def _init(directory: Path, signers: dict[str, Any], expiry_days: dict[str, int] | None) -> str:
     """Sign and write the first metadata of every role into `directory`'s metadata folder; the root keyid."""
-    metadata = _tuf()
+    metadata = tuf_metadata()
     root = metadata.Root(expires=expiry_from_now("root", expiry_days), consistent_snapshot=True)
     for role, signer in signers.items():
         root.add_key(signer.public_key, role)

@@ -13,16 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from localpers.bundle.keys import ROLES, check_keys_outside, load_signer, load_signers
-from localpers.bundle.repository import (
+from localpers.bundle.repository import PUBLISH_ROLES, expiry_from_now, publish_targets, refresh_timestamp
+from localpers.bundle.repository_metadata import (
     METADATA_DIR,
-    PUBLISH_ROLES,
     Repository,
-    expiry_from_now,
     load_repository,
     locked_repository,
-    publish_targets,
     read_dates,
-    refresh_timestamp,
     write_public,
 )
 from localpers.bundle.rotation_pending import (

@@ -48,7 +48,7 @@ from localpers.bundle.format import (
     check_given_bundle_dir,
     verify_bundle,
 )
-from localpers.bundle.repository import is_repository
+from localpers.bundle.repository_metadata import is_repository
 from localpers.bundle.served_files import RepositoryFiles, ServedFile, file_stamp
 from localpers.errors import InputError, LocalpersError
 from localpers.untrusted import one_line

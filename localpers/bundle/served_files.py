@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localpers.bundle.format import path_problem, sha256_of_file
-from localpers.bundle.repository import METADATA_DIR, TARGETS_DIR
+from localpers.bundle.repository_files import TARGETS_DIR
+from localpers.bundle.repository_metadata import METADATA_DIR
 from localpers.errors import InputError
 
 logger = logging.getLogger("localpers.bundle.serve")

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from localpers.bundle.fetcher import Fetcher, reason, repository_base
-from localpers.bundle.repository import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR, TARGETS_DIR
+from localpers.bundle.repository_files import TARGETS_DIR
+from localpers.bundle.repository_metadata import BACKBONE_PREFIX, BUNDLE_PREFIX, METADATA_DIR
 from localpers.bundle.trust import (
     choose_trusted_root,
     claimed_root,

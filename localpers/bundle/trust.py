@@ -33,7 +33,7 @@ from pathlib import Path
 from localpers.atomic import atomic_write_bytes, fsync_directory
 from localpers.bundle.fetcher import Fetcher, reason
 from localpers.bundle.keys import key_fingerprint
-from localpers.bundle.repository import METADATA_DIR
+from localpers.bundle.repository_metadata import METADATA_DIR
 from localpers.errors import InputError, LocalpersError
 from localpers.folder_lock import locked
 from localpers.paths import config_dir

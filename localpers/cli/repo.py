@@ -126,7 +126,8 @@ def add_backbone(
 ) -> None:
     """Publish the backbone GGUF as a signed target (`backbone/<sha256>.gguf`) for devices without PyPI."""
     from localpers.bundle.format import sha256_of_file
-    from localpers.bundle.repository import BACKBONE_PREFIX, add_file_target, check_keys
+    from localpers.bundle.repository import add_file_target, check_keys
+    from localpers.bundle.repository_metadata import BACKBONE_PREFIX
     from localpers.engine.backbone import resolve_backbone
 
     check_keys(repo, keys)  # before the backbone is hashed
