@@ -1,20 +1,22 @@
 """The benchmark's statistics: report.md's significance star, the bootstrap intervals' tails, the ratio
-interval's dropped infinities, `Interval.excludes_zero`, the pairing check in `deltas` and the seed of
-`mean_interval`.
+interval's dropped infinities, `Interval.excludes_zero`, the pairing check in `deltas`, the seed of
+`mean_interval`, the gold perplexity's token weights and the gold delta's sign.
 
 Each case is a mutation of localpers/bench/ (report.py, metrics.py, results.py) that the rest of the suite
-let through, found by a mutation audit in the eighty-eighth session; each test fails with its mutation applied.
+let through, found by mutation audits in the eighty-eighth and eighty-ninth sessions; each test fails with its
+mutation applied.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
 from localpers.bench.metrics import Interval, mean_interval, paired_bootstrap, paired_ratio_bootstrap
 from localpers.bench.report import _interval
-from localpers.bench.results import deltas
+from localpers.bench.results import _gold_summary, deltas
 
 
 @pytest.mark.parametrize(
@@ -81,3 +83,31 @@ def test_mean_interval_follows_its_seed() -> None:
 
     assert bounds(1) == bounds(1)
     assert bounds(1) != bounds(2)
+
+
+def test_gold_perplexity_weighs_each_query_by_its_reference_tokens() -> None:
+    # -1 nat/token over 1 token and -3 over 3: per query the mean is -2, over all 4 tokens it is -10/4 = -2.5
+    queries = [
+        {"gold_logprob": -1.0, "gold_tokens": 1},
+        {"gold_logprob": -3.0, "gold_tokens": 3},
+    ]
+    summary = _gold_summary(queries, n_resamples=100, seed=0)
+    assert summary["gold_logprob"] == pytest.approx(-2.0)
+    assert summary["gold_perplexity"] == pytest.approx(math.exp(2.5), abs=1e-3)
+
+
+def test_gold_delta_is_the_candidate_minus_the_baseline() -> None:
+    candidate = [
+        {
+            "user": "u1",
+            "queries": [dict(q, gold_logprob=-1.0) for q in _records(["a", "b"], 0.5)[0]["queries"]],
+        }
+    ]
+    baseline = [
+        {
+            "user": "u1",
+            "queries": [dict(q, gold_logprob=-1.5) for q in _records(["a", "b"], 0.5)[0]["queries"]],
+        }
+    ]
+    low, mean, high = deltas(candidate, baseline, n_resamples=100, seed=0)["gold_logprob"]
+    assert (low, mean, high) == pytest.approx((0.5, 0.5, 0.5))
