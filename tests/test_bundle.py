@@ -18,11 +18,11 @@ from localpers.bundle.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     default_bundle_dir,
-    embedded_bundle_dir,
     open_bundle,
     verify_bundle,
     write_manifest,
 )
+from localpers.bundle.locations import embedded_bundle_dir
 from localpers.errors import InputError, LocalpersError
 
 BACKBONE_SHA = hashlib.sha256(b"fake backbone").hexdigest()

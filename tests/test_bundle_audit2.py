@@ -18,8 +18,9 @@ import pytest
 from test_serve_pull import BACKBONE_SHA, make_bundle, publish
 from test_signed_pull import nothing_installed, pull
 
-from localpers.bundle.format import bundles_root, installed_bundle_dir, open_bundle
+from localpers.bundle.format import open_bundle
 from localpers.bundle.keys import generate_keys
+from localpers.bundle.locations import bundles_root, installed_bundle_dir
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import config_dir
 

@@ -19,14 +19,8 @@ from safetensors.numpy import load_file, save_file
 from synthetic_bundle import make_bundle
 from typer.testing import CliRunner
 
-from localpers.bundle.format import (
-    MANIFEST_NAME,
-    embedded_bundle_dir,
-    installed_bundle_dir,
-    repair_advice,
-    verify_bundle,
-    write_manifest,
-)
+from localpers.bundle.format import MANIFEST_NAME, repair_advice, verify_bundle, write_manifest
+from localpers.bundle.locations import embedded_bundle_dir, installed_bundle_dir
 from localpers.cli import app
 from localpers.engine.adapters import check_lora_adapter, linear_shapes, write_lora_gguf
 from localpers.engine.backbone import Backbone
@@ -332,7 +326,8 @@ def test_a_bundle_an_older_pull_installed_unchecked_is_refused_at_its_first_use(
 def test_the_installed_bundle_is_read_once_per_manifest_backbone_and_revision(
     bundle: Path, backbone: Backbone, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from localpers.bundle.format import bundles_root, open_bundle
+    from localpers.bundle.format import open_bundle
+    from localpers.bundle.locations import bundles_root
     from localpers.methods.card import bundle_content
 
     reads: list[Path] = []

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from localpers.bundle.format import embedded_bundle_dir
+from localpers.bundle.locations import embedded_bundle_dir
 from localpers.cli import app
 from localpers.engine.backbone import Backbone
 

@@ -277,7 +277,7 @@ def test_doctor_exits_1_and_names_each_problem_of_a_broken_setup(
     import json
     import sys
 
-    from localpers.bundle.format import bundles_root
+    from localpers.bundle.locations import bundles_root
 
     healthy = runner.invoke(app, ["doctor", "--json"])
     assert healthy.exit_code == 0, healthy.output

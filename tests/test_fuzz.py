@@ -29,7 +29,8 @@ from test_serve_pull import BACKBONE_SHA, make_bundle, publish
 from typer.testing import CliRunner
 
 from localpers.bench.data import read_bench_file
-from localpers.bundle.format import bundles_root, installed_bundle_dir, parse_manifest, validate_manifest
+from localpers.bundle.format import parse_manifest, validate_manifest
+from localpers.bundle.locations import bundles_root, installed_bundle_dir
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.serve import BundleServer, start_background_server
 from localpers.bundle.trust import root_fingerprint

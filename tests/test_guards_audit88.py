@@ -15,7 +15,8 @@ from test_serve_pull import BACKBONE_SHA, make_bundle, publish
 from test_signed_pull import nothing_installed, pull
 
 from localpers.bundle import format as bundle_module
-from localpers.bundle.format import installed_bundle_dir, open_bundle
+from localpers.bundle.format import open_bundle
+from localpers.bundle.locations import installed_bundle_dir
 from localpers.engine.decoding import Candidates
 from localpers.engine.sampler_chain import TOKEN_DATA
 from localpers.errors import LocalpersError

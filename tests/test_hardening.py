@@ -28,14 +28,8 @@ import pytest
 from test_serve_pull import BACKBONE_SHA, make_bundle
 from typer.testing import CliRunner
 
-from localpers.bundle.format import (
-    CURRENT_LINK,
-    MANIFEST_NAME,
-    bundles_root,
-    open_bundle,
-    verify_bundle,
-    write_manifest,
-)
+from localpers.bundle.format import MANIFEST_NAME, open_bundle, verify_bundle, write_manifest
+from localpers.bundle.locations import CURRENT_LINK, bundles_root
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.serve import BundleServer, start_background_server
 from localpers.cli import app

@@ -119,7 +119,7 @@ def test_a_full_disk_during_a_signed_pull_is_named_as_this_devices(
 
     from tuf.ngclient import Updater
 
-    from localpers.bundle.format import bundles_root
+    from localpers.bundle.locations import bundles_root
     from localpers.errors import LocalpersError
 
     bundle = make_bundle(tmp_path / "bundle")

@@ -23,17 +23,14 @@ from typer.testing import CliRunner
 
 from localpers.bundle import pull as pull_module
 from localpers.bundle.format import (
-    CURRENT_FILE,
-    CURRENT_LINK,
     MANIFEST_NAME,
-    bundles_root,
     default_bundle_dir,
-    installed_bundle_dir,
     open_bundle,
     verify_bundle,
     write_manifest,
 )
 from localpers.bundle.keys import generate_keys
+from localpers.bundle.locations import CURRENT_FILE, CURRENT_LINK, bundles_root, installed_bundle_dir
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, add_file_target, init_repository
 from localpers.bundle.serve import BundleServer, parse_range, start_background_server
@@ -833,7 +830,7 @@ def test_the_bundle_servers_log_times_are_utc_and_say_so(tmp_path: Path) -> None
     import urllib.request
     from datetime import UTC, datetime
 
-    from localpers.bundle.format import embedded_bundle_dir
+    from localpers.bundle.locations import embedded_bundle_dir
 
     env = {**os.environ, "LOCALPERS_HOME": str(tmp_path / "home"), "TZ": "Asia/Kolkata"}  # UTC+05:30
     if not hasattr(time, "tzset"):

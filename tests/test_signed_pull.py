@@ -22,8 +22,9 @@ from synthetic_bundle import make_bundle as make_real_bundle
 from test_serve_pull import BACKBONE_SHA, FILES, make_bundle, publish, request
 from typer.testing import CliRunner
 
-from localpers.bundle.format import MANIFEST_NAME, bundles_root, installed_bundle_dir
+from localpers.bundle.format import MANIFEST_NAME
 from localpers.bundle.keys import generate_keys
+from localpers.bundle.locations import bundles_root, installed_bundle_dir
 from localpers.bundle.pull import pull_bundle
 from localpers.bundle.repository import add_bundle, init_repository, root_keyid
 from localpers.bundle.resigning import refresh, rotate_keys

@@ -269,7 +269,7 @@ def test_a_stop_mid_streamed_line_reports_on_a_line_of_its_own(capsys: pytest.Ca
 def test_the_bundle_server_stops_on_ctrl_c_normally_and_on_a_signal_with_its_code(
     tmp_path: Path, signum: int, code: int
 ) -> None:
-    from localpers.bundle.format import embedded_bundle_dir
+    from localpers.bundle.locations import embedded_bundle_dir
 
     serving = _cli(
         tmp_path / "home",

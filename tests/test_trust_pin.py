@@ -13,8 +13,8 @@ from test_serve_pull import make_bundle, publish
 from test_signed_pull import nothing_installed, pull
 
 from localpers.bundle import trust
-from localpers.bundle.format import installed_bundle_dir
 from localpers.bundle.keys import generate_keys, load_signer
+from localpers.bundle.locations import installed_bundle_dir
 from localpers.bundle.repository import add_bundle, init_repository, root_keyid
 from localpers.bundle.trust import trust_store
 from localpers.errors import InputError, LocalpersError

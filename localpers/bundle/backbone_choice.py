@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from localpers.bundle.format import MANIFEST_NAME, embedded_bundle_dir, installed_bundle_dir
+from localpers.bundle.format import MANIFEST_NAME
+from localpers.bundle.locations import embedded_bundle_dir, installed_bundle_dir
 from localpers.engine.backbone import (
     MODEL_ENV_VAR,
     Backbone,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.resources
 import os
 import stat
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_bytes as write_bytes_atomically
+from localpers.bundle.locations import embedded_bundle_dir, installed_bundle_dir, pulled_version
 from localpers.bundle.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -35,9 +35,7 @@ from localpers.bundle.manifest import (
 from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.bundle.version_use import hold_version
 from localpers.errors import InputError, LocalpersError, StorageError
-from localpers.paths import cache_dir
 from localpers.strict_json import strict_json_text
-from localpers.untrusted import JSONProblem, parse_json
 
 __all__ = [
     "FORMAT",
@@ -249,21 +247,7 @@ def verify_bundle(bundle_dir: Path, *, backbone_sha256: str | None = None) -> Bu
 
 
 # --------------------------------------------------------------------------------------------------
-# Where bundles live
-
-
-def bundles_root(*, create: bool = True) -> Path:
-    """cache_dir()/bundles: pulled versions, the `current` pointer and pull staging directories (not created with
-    `create=False`)."""
-    path = cache_dir(create=create) / "bundles"
-    if create:
-        path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-CURRENT_LINK = "current"  # a symlink to versions/<id>
-CURRENT_FILE = "current.json"  # fallback pointer where symlinks cannot be made: {"version": "<id>"}
-VERSIONS_DIR = "versions"
+# The bundle commands use (where bundles live is `localpers.bundle.locations`)
 
 
 def installed_bundle_with(manifest_bytes: bytes, backbone_sha256: str | None) -> Path | None:
@@ -282,57 +266,6 @@ def installed_bundle_with(manifest_bytes: bytes, backbone_sha256: str | None) ->
     except (OSError, LocalpersError):
         return None
     return installed
-
-
-def installed_bundle_dir(*, strict: bool = False) -> Path | None:
-    """The directory of the pulled bundle `current` points to, or None when nothing was pulled.
-
-    A `current` link or `current.json` that names a missing or unreadable version is None, or with
-    `strict` a one-line error saying so (the device must not silently fall back to the demo bundle).
-    """
-    root = bundles_root()
-    link = root / CURRENT_LINK
-    fix = f"run `localpers pull URL` again, or delete {link} to use the embedded demo bundle"
-    if link.is_symlink() or link.is_dir():
-        if link.is_dir():
-            return link.resolve()
-        if strict:
-            raise LocalpersError(f"{link} points to {os.readlink(link)}, which is missing; {fix}")
-        return None
-    pointer = root / CURRENT_FILE
-    if not pointer.is_file():
-        return None
-    try:
-        version = parse_json(pointer.read_bytes()).get("version")
-    except (OSError, JSONProblem, AttributeError):
-        version = None
-    candidate = None
-    if isinstance(version, str) and path_problem(version) is None and "/" not in version:
-        candidate = root / VERSIONS_DIR / version
-    if candidate is not None and candidate.is_dir():
-        return candidate
-    if strict:
-        raise LocalpersError(f"{pointer} names a bundle version that is missing or unreadable; {fix}")
-    return None
-
-
-def _pulled_version(directory: Path) -> Path | None:
-    """`versions/<id>` when `directory` is (or links to) a version `pull` installed, else None."""
-    versions = bundles_root(create=False) / VERSIONS_DIR
-    try:
-        resolved = directory.resolve()
-        return resolved if resolved.parent == versions.resolve() else None
-    except (OSError, RuntimeError):
-        return None
-
-
-def embedded_bundle_dir() -> Path:
-    """Where the demo bundle shipped inside the package lives (it may not exist)."""
-    try:
-        return Path(str(importlib.resources.files("localpers.models"))) / "demo-bundle"
-    except ModuleNotFoundError:
-        # Running from a source checkout: the `localpers.models` package is the repository's models/.
-        return Path(__file__).resolve().parents[2] / "models" / "demo-bundle"
 
 
 def default_bundle_dir() -> Path:
@@ -393,7 +326,7 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
             raise InputError(
                 f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"
             )
-        pulled = _pulled_version(directory)
+        pulled = pulled_version(directory)
         if pulled is not None:
             # a pulled version given by its path, often `bundles/current`, which the next pull moves on: the
             # version itself is read and held as the default bundle is (through the link, this process read

@@ -15,7 +15,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from localpers.bundle.format import CURRENT_FILE, CURRENT_LINK, VERSIONS_DIR, write_bytes_atomically
+from localpers.bundle.format import write_bytes_atomically
+from localpers.bundle.locations import CURRENT_FILE, CURRENT_LINK, VERSIONS_DIR
 from localpers.bundle.record import RECORD_SUFFIX
 from localpers.bundle.version_use import IN_USE_SUFFIX, is_in_use
 

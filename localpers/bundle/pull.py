@@ -39,18 +39,16 @@ from localpers.bundle.format import (
     CHUNK_SIZE,
     GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
-    VERSIONS_DIR,
     Bundle,
     BundleProblem,
     advising,
-    bundles_root,
-    installed_bundle_dir,
     installed_bundle_with,
     parse_manifest,
     validate_manifest,
     verify_bundle,
 )
 from localpers.bundle.installed_versions import new_version_name, prune_versions, switch_current
+from localpers.bundle.locations import VERSIONS_DIR, bundles_root, installed_bundle_dir
 from localpers.bundle.record import record_holds, recorded_publisher, write_record
 from localpers.bundle.signed import SignedSource
 from localpers.bundle.sources import (

@@ -273,7 +273,7 @@ def _describe(bundle: Any, origin: str) -> dict[str, Any]:
 
 
 def _origin_of(directory: Path | None) -> str:
-    from localpers.bundle.format import installed_bundle_dir
+    from localpers.bundle.locations import installed_bundle_dir
 
     if directory is not None:
         return "argument"

@@ -253,12 +253,7 @@ def _print_report(report: dict[str, Any]) -> None:
 def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:
     """The bundle commands would use, and whether its files and content pass what `pull` checks (its files
     only, when there is no backbone to check its content against)."""
-    from localpers.bundle.format import (
-        advising,
-        default_bundle_dir,
-        open_bundle,
-        repair_advice,
-    )
+    from localpers.bundle.format import advising, default_bundle_dir, open_bundle, repair_advice
     from localpers.methods.card.bundle_content import check_bundle_content
     from localpers.methods.card.user_state import head_dim_of
 
@@ -347,7 +342,7 @@ def _users_status(
 def _pinned(directory: Path) -> bool | None:
     """Whether the pulled bundle at `directory` has the record of its signed manifest that later commands check
     its manifest against; None for a bundle that was not pulled (the embedded one, `--bundle DIR`)."""
-    from localpers.bundle.format import installed_bundle_dir
+    from localpers.bundle.locations import installed_bundle_dir
     from localpers.bundle.record import record_path
 
     installed = installed_bundle_dir()
@@ -358,7 +353,7 @@ def _pinned(directory: Path) -> bool | None:
 
 def _origin() -> str:
     """Where the bundle in use comes from; a pulled one whose version is gone is named so, not the demo."""
-    from localpers.bundle.format import installed_bundle_dir
+    from localpers.bundle.locations import installed_bundle_dir
 
     try:
         return "pulled" if installed_bundle_dir(strict=True) is not None else "embedded demo"

@@ -22,16 +22,14 @@ from pathlib import Path
 
 from localpers.atomic import atomic_write_bytes
 from localpers.bundle.format import (
-    CURRENT_LINK,
     MANIFEST_NAME,
     Bundle,
     BundleProblem,
     advising,
-    bundles_root,
-    installed_bundle_dir,
     repair_advice,
     sha256_of_file,
 )
+from localpers.bundle.locations import CURRENT_LINK, bundles_root, installed_bundle_dir
 from localpers.engine.adapters import check_lora_adapter
 from localpers.engine.gguf_layout import GGUFLayout, gguf_layout
 from localpers.errors import InputError, LocalpersError
