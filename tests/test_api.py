@@ -819,8 +819,8 @@ def test_the_api_key_is_compared_stripped_and_a_blank_one_is_refused(
 def test_an_answer_cut_by_the_full_context_reaches_clients_as_length() -> None:
     """A generation stopped by the full context ("context") reached OpenAI clients as finish_reason "stop", which
     reads as a complete answer."""
-    from localpers.api.app import FINISH_REASONS
     from localpers.api.requests import MAX_TOKENS_LIMIT
+    from localpers.api.responses import FINISH_REASONS
     from localpers.engine import CONTEXT_TOKENS
 
     assert FINISH_REASONS["context"] == "length" and MAX_TOKENS_LIMIT == CONTEXT_TOKENS

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from localpers.api import responses
 from localpers.api.backend import ApiBackend, Served
 from localpers.api.requests import (
     ApiError,
@@ -48,12 +48,6 @@ from localpers.untrusted import JSONProblem, parse_json, unencodable_field
 # a client from making the server hold gigabytes (it read whole bodies before this limit).
 MAX_BODY_BYTES = 4 << 20
 SHOWN_FIELD_CHARS = 200  # a field path longer than this is not echoed back as `param`
-FINISH_REASONS = {
-    "eos": "stop",
-    "stop": "stop",
-    "length": "length",
-    "context": "length",
-}  # cut short: "length"
 _DONE = object()
 
 
@@ -72,73 +66,6 @@ GRAMMAR_OFF = (
 
 def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
-
-
-def _usage(served: Served) -> dict[str, int]:
-    prompt, completion = served.result.prompt_tokens, served.result.tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _completion_body(job: GenerationJob, served: Served, ident: str) -> dict[str, Any]:
-    finish = FINISH_REASONS.get(served.result.stop_reason, "stop")
-    if job.kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": served.result.text},
-            "finish_reason": finish,
-        }
-    else:
-        choice = {"index": 0, "text": served.result.text, "finish_reason": finish, "logprobs": None}
-    return {
-        "id": ident,
-        "object": "chat.completion" if job.kind == "chat" else "text_completion",
-        "created": served.created,
-        "model": job.model,
-        "choices": [choice],
-        "usage": _usage(served),
-        "localpers": _extension(served),
-    }
-
-
-def _extension(served: Served) -> dict[str, Any]:
-    """What `localpers rewrite --json` says beside the text: who and how, the history items shown, notes."""
-    result = served.result
-    return {
-        "user": served.user,
-        "method": result.method,
-        "adapter": result.adapter,
-        "strength": result.strength,
-        "bias_strength": result.bias_strength,
-        "top_k": result.top_k,
-        "examples": [example.id for example in result.examples],
-        "notes": list(served.notes),
-    }
-
-
-def _chunk(
-    job: GenerationJob, ident: str, created: int, piece: str | None, finish: str | None
-) -> dict[str, Any]:
-    if job.kind == "chat":
-        delta: dict[str, Any] = {} if piece is None else {"content": piece}
-        if piece is not None and not piece and finish is None:
-            delta = {"role": "assistant", "content": ""}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
-    chunk = {
-        "id": ident,
-        "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
-        "created": created,
-        "model": job.model,
-        "choices": [choice],
-    }
-    if job.include_usage:  # as OpenAI: every chunk carries `usage`, null until the last one's
-        chunk["usage"] = None
-    return chunk
-
-
-def _event(payload: dict[str, Any] | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 async def read_body(request: Request) -> bytes:
@@ -284,7 +211,7 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             return Response(status_code=499)  # nobody reads it
         if isinstance(outcome, Exception):
             raise outcome
-        return JSONResponse(_completion_body(job, outcome, ident))
+        return JSONResponse(responses.completion_body(job, outcome, ident))
 
     async def stream(request: Request, job: GenerationJob, ident: str) -> Response:
         loop = asyncio.get_running_loop()
@@ -340,30 +267,33 @@ def create_app(backend: ApiBackend, *, api_key: str | None = None, allow_grammar
             item = first
             try:
                 if job.kind == "chat":
-                    yield _event(_chunk(job, ident, created, "", None))
+                    yield responses.event(responses.chunk(job, ident, created, "", None))
                 while item is not _DONE:
                     if isinstance(item, str):
-                        yield _event(_chunk(job, ident, created, item, None))
+                        yield responses.event(responses.chunk(job, ident, created, item, None))
                     elif isinstance(item, Served):
-                        finish = FINISH_REASONS.get(item.result.stop_reason, "stop")
-                        yield _event(
-                            {**_chunk(job, ident, created, None, finish), "localpers": _extension(item)}
+                        finish = responses.FINISH_REASONS.get(item.result.stop_reason, "stop")
+                        yield responses.event(
+                            {
+                                **responses.chunk(job, ident, created, None, finish),
+                                "localpers": responses.extension(item),
+                            }
                         )
                         if job.include_usage:
-                            yield _event(
+                            yield responses.event(
                                 {
-                                    **_chunk(job, ident, created, None, None),
+                                    **responses.chunk(job, ident, created, None, None),
                                     "choices": [],
-                                    "usage": _usage(item),
+                                    "usage": responses.usage(item),
                                 }
                             )
                     elif isinstance(item, ApiError):
-                        yield _event(item.body())
+                        yield responses.event(item.body())
                     elif isinstance(item, BaseException):
                         print(f"localpers api: internal error {type(item).__name__}", file=sys.stderr)
-                        yield _event(ApiError(500, f"internal error ({type(item).__name__})").body())
+                        yield responses.event(ApiError(500, f"internal error ({type(item).__name__})").body())
                     item = await queue.get()
-                yield _event("[DONE]")
+                yield responses.event("[DONE]")
             finally:
                 gone = True  # the generation stops at its next piece if the client left early
 
