@@ -124,6 +124,11 @@ def main() -> None:
     chosen = choices(args.run, args.history, user_ids(args.run, f"card-auto{suffix}"))
     users = sorted(set(plain) & set(corrected) & set(chosen))
     rows = [(user, query) for user in users for query in sorted(set(plain[user]) & set(corrected[user]))]
+    if not rows:
+        raise SystemExit(
+            f"{args.run}: no user has a stored choice and queries scored by both global-history{suffix} and"
+            f" card-auto{suffix}: give a `localpers bench` run of both methods (and --history as its fits had)"
+        )
     mismatched = sum(
         1
         for user, query in rows

@@ -113,3 +113,14 @@ def test_a_user_whose_id_is_no_store_name_is_read(tmp_path: Path) -> None:
     assert report["users"] == 2 and report["queries"] == 2
     assert report["rules"]["any lead"]["users_corrected"] == 1
     assert report["rules"]["any lead"]["rouge1"] == 0.3
+
+
+def test_no_user_in_common_is_one_line(tmp_path: Path) -> None:
+    """It was compare_authors' "no queries to compare" traceback (audit89 L1)."""
+    write_method(tmp_path, "global-history", {"u1": (0.2, -3.0)})
+    write_method(tmp_path, "card-auto", {"u2": (0.3, -3.0)})
+    write_choice(tmp_path, "u1", "adapter", [0.0] * 4)
+    write_choice(tmp_path, "u2", "bias", [0.02] * 4)
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith(f"{tmp_path}: no user has a stored choice and queries")
