@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from compare_runs import load
+from compare_runs import cache_records, load, user_id
 
 from localpers.bench.authors import compare_authors
 from localpers.bench.metrics import paired_bootstrap
@@ -37,17 +37,22 @@ from localpers.methods.card.choice import keeps_correction, steadiness
 Rule = Callable[[dict], bool]
 
 
-def choices(run: Path, history: str = "all") -> dict[str, dict]:
+def choices(run: Path, history: str = "all", ids: dict[str, str] | None = None) -> dict[str, dict]:
     """Each user's stored choice (`state.json`'s `choice`) from the run's fits on `history` items ("all", or
-    the probes' 20)."""
+    the probes' 20), by user_id: the fits' folders are named by store name, which `ids` maps to it."""
     found = {}
     for state in sorted((run / "users" / f"history-{history}" / "users").glob("*/state.json")):
         choice = json.loads(state.read_text()).get("choice")
         if isinstance(choice, dict):
-            found[state.parent.name] = choice
+            found[(ids or {}).get(state.parent.name, state.parent.name)] = choice
     if not found:
         raise SystemExit(f"no stored choices under {run / 'users' / f'history-{history}'}")
     return found
+
+
+def user_ids(run: Path, method: str) -> dict[str, str]:
+    """{store name: user_id} of the users in the run's cache of `method` (each record holds both)."""
+    return {name: user_id(record) for name, record in cache_records(run, method).items()}
 
 
 def margin_of(choice: dict) -> float:
@@ -116,9 +121,14 @@ def main() -> None:
     suffix = "" if args.history == "all" else f"@history={args.history}"
     plain = load(f"{args.run}:global-history{suffix}")  # {user: {query_id: cached query record}}
     corrected = load(f"{args.run}:card-auto{suffix}")
-    chosen = choices(args.run, args.history)
+    chosen = choices(args.run, args.history, user_ids(args.run, f"card-auto{suffix}"))
     users = sorted(set(plain) & set(corrected) & set(chosen))
     rows = [(user, query) for user in users for query in sorted(set(plain[user]) & set(corrected[user]))]
+    if not rows:
+        raise SystemExit(
+            f"{args.run}: no user has a stored choice and queries scored by both global-history{suffix} and"
+            f" card-auto{suffix}: give a `localpers bench` run of both methods (and --history as its fits had)"
+        )
     mismatched = sum(
         1
         for user, query in rows

@@ -63,10 +63,16 @@ def main() -> None:
             parser.error(f"{folder}: not a directory; give two publisher work directories (`<bundle>/.work`)")
     report: dict[str, dict[str, int | float]] = {}
     for path in sorted(first.rglob("*")):
-        if not path.is_file() or path.name in SKIP or "staging" in path.parts or path.suffix == ".partial":
+        relative = path.relative_to(first)  # a folder above the work directory named "staging" is no staging
+        if (
+            not path.is_file()
+            or path.name in SKIP
+            or "staging" in relative.parts
+            or path.suffix == ".partial"
+        ):
             continue
-        other = second / path.relative_to(first)
-        stage = path.relative_to(first).parts[0]
+        other = second / relative
+        stage = relative.parts[0]
         entry = report.setdefault(stage, {"files": 0, "identical": 0, "missing": 0, "max_abs_diff": 0.0})
         entry["files"] += 1
         if not other.exists():

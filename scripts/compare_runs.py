@@ -10,7 +10,8 @@ gold likelihood: each query's mean per-token log-probability of the author's hea
 With --split-half it also asks whether a per-author choice between the two could pay: each author's better of
 the two chosen with the answers on all their queries (a ceiling, inflated by noise), and chosen on half of their
 queries (alternate ones) and scored on the other half, both ways, against the reference (paired interval). If
-authors had a stable preference, the split-half figure would keep much of the ceiling's gain.
+authors had a stable preference, the split-half figure would keep much of the ceiling's gain. An author with one
+query has no half to choose on: they count in the ceiling, not in the split-half figure (the output says how many).
 Usage: python scripts/compare_runs.py ../bench-runs/demo:global ../bench-runs/hist:global-history [--json]
 """
 
@@ -34,22 +35,50 @@ def load(spec: str) -> dict[str, dict[str, dict[str, float]]]:
         raise SystemExit(
             f"{spec}: give RUN_DIR:METHOD, a bench --out folder and a method of it (e.g. runs/a:global)"
         )
-    folder = Path(run) / "cache" / method
-    if not folder.is_dir():
-        raise SystemExit(f"{folder} does not exist: run the bench with -m {method} --out {run} first")
     table: dict[str, dict[str, dict[str, float]]] = {}
     fingerprints: dict[str, str | None] = {}
-    for path in sorted(folder.glob("*.json")):
-        record = json.loads(path.read_text())
-        # results.json names authors by their user_id; the cache file by its store name ("Alice Smith" is
-        # alice-smith-8ae10dfc there), and an old record may hold only the latter
-        user = str(record.get("user_id", record["user"]))
+    for record in cache_records(Path(run), method).values():
+        user = user_id(record)
         table[user] = {q["query_id"]: q for q in record["queries"]}
         fingerprints[user] = record.get("fingerprint")
-    return _of_the_run(Path(run), method, table, fingerprints)
+    return of_the_run(Path(run), method, table, fingerprints)
 
 
-def _of_the_run(
+def cache_records(run: Path, method: str) -> dict[str, dict]:
+    """{file name without .json (the user's store name): record} of one method's cache in a run."""
+    folder = run / "cache" / method
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} does not exist: run the bench with -m {method} --out {run} first")
+    records = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            records[path.stem] = _read_record(path)
+        except (OSError, ValueError) as exc:
+            # the bench recomputes such a file (an interrupted older run half-wrote it); a script cannot
+            raise SystemExit(
+                f"{path}: not a whole cache record ({exc}): rerun the bench with -m {method} --out {run} to write"
+                " it again (or delete the file if its user is not of that run)"
+            ) from None
+    return records
+
+
+def _read_record(path: Path) -> dict:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(record, dict) or "user" not in record or not isinstance(record.get("queries"), list):
+        raise ValueError("no 'user' and 'queries'")
+    if not all(isinstance(query, dict) and "query_id" in query for query in record["queries"]):
+        raise ValueError("a query without 'query_id'")
+    return record
+
+
+def user_id(record: dict) -> str:
+    """The user a cache record is of, as results.json and outputs.jsonl name them."""
+    # the cache file names a user by store name ("Alice Smith" is alice-smith-8ae10dfc there), and an old record
+    # may hold only that
+    return str(record.get("user_id", record["user"]))
+
+
+def of_the_run(
     run: Path,
     method: str,
     table: dict[str, dict[str, dict[str, float]]],
@@ -89,9 +118,21 @@ def _of_the_run(
     return {user: queries for user, queries in table.items() if user in users}
 
 
-def compare(reference: dict, other: dict, resamples: int, seed: int) -> dict[str, object]:
+def compare(
+    reference: dict,
+    other: dict,
+    resamples: int,
+    seed: int,
+    names: tuple[str, str] = ("the reference", "the run"),
+) -> dict[str, object]:
+    """`other` against `reference` on the queries both scored (`names`: theirs, for the error when there is none)."""
     users = sorted(set(reference) & set(other))
     rows = [(u, q) for u in users for q in sorted(set(reference[u]) & set(other[u]))]
+    if not rows:
+        raise SystemExit(
+            f"{names[0]} and {names[1]} share no scored query (no user id and query id in common): compare runs"
+            " of the same data file"
+        )
     base = np.array([reference[u][q]["rouge1"] for u, q in rows])
     new = np.array([other[u][q]["rouge1"] for u, q in rows])
     rng = np.random.default_rng(seed)
@@ -155,7 +196,7 @@ def split_half(reference: dict, other: dict, resamples: int, seed: int) -> dict[
     """A per-author choice between `reference` and `other`: its ceiling, and chosen on half, scored on the rest."""
     ceiling: list[float] = []
     held_out: list[float] = []
-    chose_other = 0
+    chose_other = too_short = 0
     for user in sorted(set(reference) & set(other)):
         ids = sorted(set(reference[user]) & set(other[user]))
         base = np.array([reference[user][q]["rouge1"] for q in ids])
@@ -163,19 +204,25 @@ def split_half(reference: dict, other: dict, resamples: int, seed: int) -> dict[
         better = new.mean() > base.mean()
         chose_other += bool(better)
         ceiling += list((new if better else base) - base)
+        if len(ids) < 2:  # one half would be empty: nothing to choose on, or nothing to score on
+            too_short += 1
+            continue
         for half in (0, 1):
             chosen_on = np.arange(len(ids)) % 2 == half
-            if chosen_on.all():
-                continue
             pick = new[chosen_on].mean() > base[chosen_on].mean()
             held_out += list((new if pick else base)[~chosen_on] - base[~chosen_on])
-    difference = paired_bootstrap(held_out, [0.0] * len(held_out), n_resamples=resamples, seed=seed)
+    difference = (
+        paired_bootstrap(held_out, [0.0] * len(held_out), n_resamples=resamples, seed=seed)
+        if held_out
+        else Interval(float("nan"), float("nan"), float("nan"))  # every author has one query
+    )
     return {
         "ceiling_diff": round(float(np.mean(ceiling)), 4),
         "ceiling_authors_choosing_other": chose_other,
         "split_half_diff": round(difference.mean, 4),
         "split_half_ci": [round(difference.low, 4), round(difference.high, 4)],
         "split_half_queries": len(held_out),
+        "split_half_authors_left_out": too_short,
     }
 
 
@@ -193,7 +240,7 @@ def main() -> None:
     report = {}
     for spec in args.runs[1:]:
         other = load(spec)
-        report[spec] = compare(reference, other, args.resamples, args.seed)
+        report[spec] = compare(reference, other, args.resamples, args.seed, names=(args.runs[0], spec))
         if args.split_half:
             report[spec]["per_author_choice"] = split_half(reference, other, args.resamples, args.seed)
     if args.json:
@@ -218,7 +265,12 @@ def main() -> None:
                 f"  per-author choice: ceiling {choice['ceiling_diff']:+} ({choice['ceiling_authors_choosing_other']}"
                 f" authors take it); chosen on half, scored on the other: {choice['split_half_diff']:+} "
                 f"{choice['split_half_ci']} over {choice['split_half_queries']} queries"
+                + _left_out(choice["split_half_authors_left_out"])
             )
+
+
+def _left_out(authors: int) -> str:
+    return f" ({authors} authors with one query left out: no half to choose on)" if authors else ""
 
 
 if __name__ == "__main__":

@@ -41,6 +41,11 @@ def main() -> None:
     closest, recent, oracle, bm25 = [], [], [], []
     for user in load_bench_users(args.data, dev_split=args.dev_split):
         history = list(user.history)
+        if not history:  # the bench scores such an author; a copy has nothing to copy
+            raise SystemExit(
+                f"{args.data} line {user.line}: user {user.user_id} has no history to copy a headline from: give a"
+                " file whose authors all have history items"
+            )
         pool = [(item.input, item.output) for item in history]
         index = Bm25Index([history_document(task, text, output) for text, output in pool])
         for query in user.queries:

@@ -5,7 +5,8 @@ headline of the author against the author's real headline, a property of the dat
 Without `--run` it prints how many queries and authors each bin holds (e.g. on the train authors' dev split);
 with `--run DIR` (a `localpers bench` output folder over the same file) it prints the table report.md now
 carries: each method's mean ROUGE-1 per bin against the baseline, and the share of the top bin at which it
-would reach the target ratio. It decodes nothing and needs no bundle.
+would reach the target ratio, over the queries the run's baseline scored (a run made with --max-queries or
+--max-users scored fewer than the file yields; give --dev-split and --history-limit as the run had them). It decodes nothing and needs no bundle.
 
     python scripts/gain_by_sibling.py ../shared/data/news-headlines/test.jsonl --run ../bench-runs/test46c
     python scripts/gain_by_sibling.py ../shared/data/news-headlines/train.jsonl --dev-split
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,16 @@ def run_records(run: Path) -> dict[str, list[dict[str, Any]]]:
         method: [{"user_id": user, "queries": queries} for user, queries in users.items()]
         for method, users in by_method.items()
     }
+
+
+def _note_unscored(run: Path, baseline: list[dict[str, Any]], in_file: int) -> None:
+    """Say when the run scored fewer queries than the file yields: the bins count only the scored ones."""
+    scored = sum(len(record["queries"]) for record in baseline)
+    if scored < in_file:
+        print(
+            f"note: {run} scored {scored} of the file's {in_file} queries with {BASELINE}: the bins count those",
+            file=sys.stderr,
+        )
 
 
 def main() -> None:
@@ -75,6 +87,7 @@ def main() -> None:
         raise SystemExit(f"{args.run}/outputs.jsonl has no method {missing[0]!r}")
     if args.methods:
         records = {name: rows for name, rows in records.items() if name in (BASELINE, *args.methods)}
+    _note_unscored(args.run, records[BASELINE], sum(len(user.queries) for user in users))
     entry = gain_by_sibling(
         users,
         records,

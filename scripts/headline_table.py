@@ -4,7 +4,8 @@ Each row is METHOD or METHOD:PAIRED (PAIRED = the method it is also compared wit
 the same history size). Columns: mean ROUGE-1; the ratio to the global adapter with paired bootstrap 95%
 intervals over queries and over authors; authors improved; the difference to PAIRED (query interval); the
 gold-likelihood difference to global (mean log p per token of the author's real headline; query interval).
-`--plot` draws each listed method's per-author ROUGE-1 ratio to global (one PNG).
+`--plot` draws each listed method's per-author ROUGE-1 ratio to global (one PNG); an author on whose queries
+global scored 0 has no ratio, so no bar (the figure and a printed note name them).
 
 Usage:
     python scripts/headline_table.py ../bench-runs/test7 cluster@history=20 card-auto@history=20:cluster@history=20 \
@@ -54,12 +55,13 @@ def table(run: str, rows: list[str], reference: str, resamples: int, seed: int) 
     for row in rows:
         method, _, paired = row.partition(":")
         other = load(f"{run}:{method}")
-        versus = compare(base, other, resamples, seed)
+        versus = compare(base, other, resamples, seed, names=(f"{run}:{reference}", f"{run}:{method}"))
         gold = _gold_difference(base, other, resamples, seed)
         gold_text = "" if gold is None else f"{gold[0]:+.3f} {_interval(gold[1], signed=True)}"
         paired_text = ""
         if paired:
-            against = compare(load(f"{run}:{paired}"), other, resamples, seed)
+            names = (f"{run}:{paired}", f"{run}:{method}")
+            against = compare(load(f"{run}:{paired}"), other, resamples, seed, names=names)
             paired_text = (
                 f"{against['diff']:+.4f} {_interval(against['diff_query_ci'], 4, signed=True)} ({paired})"
             )
@@ -70,7 +72,9 @@ def table(run: str, rows: list[str], reference: str, resamples: int, seed: int) 
     return "\n".join(lines)
 
 
-def plot_authors(run: str, methods: list[str], reference: str, path: Path) -> None:
+def plot_authors(run: str, methods: list[str], reference: str, path: Path) -> list[str]:
+    """Draw each method's per-author ROUGE-1 ratio to `reference`; returns the authors without a ratio (the
+    reference scored 0 on all their queries), whose bars are left out and named in the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,24 +82,42 @@ def plot_authors(run: str, methods: list[str], reference: str, path: Path) -> No
 
     base = load(f"{run}:{reference}")
     authors = sorted(base)
+    scored_zero = [a for a in authors if np.mean([base[a][q]["rouge1"] for q in base[a]]) == 0]
     figure, axis = plt.subplots(figsize=(9, 4))
     width = 0.8 / len(methods)
     for index, method in enumerate(methods):
         other = load(f"{run}:{method}")
-        ratios = [
-            np.mean([other[a][q]["rouge1"] for q in base[a]])
-            / max(np.mean([base[a][q]["rouge1"] for q in base[a]]), 1e-9)
-            for a in authors
-        ]
+        _check_covers(base, other, run, method, reference)
+        ratios = [_ratio(base[a], other[a]) for a in authors]
         positions = np.arange(len(authors)) + (index - (len(methods) - 1) / 2) * width
         axis.bar(positions, ratios, width, label=method)
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xticks(np.arange(len(authors)), authors, rotation=60, fontsize=8)
     axis.set_ylabel(f"ROUGE-1 / {reference}")
     axis.set_title(f"Per-author ROUGE-1 ratio to {reference} ({Path(run).name})")
+    if scored_zero:
+        note = f"no ratio ({reference} scored 0): {', '.join(scored_zero)}"
+        axis.text(0.01, 0.98, note, transform=axis.transAxes, va="top", fontsize=7)
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+    return scored_zero
+
+
+def _ratio(reference: dict, other: dict) -> float:
+    """An author's mean ROUGE-1 over the reference's; NaN (no bar) where the reference scored 0."""
+    base = np.mean([reference[q]["rouge1"] for q in reference])
+    return float(np.mean([other[q]["rouge1"] for q in reference]) / base) if base > 0 else float("nan")
+
+
+def _check_covers(base: dict, other: dict, run: str, method: str, reference: str) -> None:
+    """Refuse, in one line, a method that lacks an author or query of the reference's."""
+    missing = sorted(a for a in base if a not in other or not set(base[a]) <= set(other[a]))
+    if missing:
+        raise SystemExit(
+            f"{run}/cache/{method} lacks queries of {len(missing)} of {reference}'s authors"
+            f" ({', '.join(missing[:5])}): rerun the bench with -m {method} --out {run}, or plot other methods"
+        )
 
 
 def main() -> None:
@@ -111,8 +133,13 @@ def main() -> None:
     print(table(args.run, args.rows, args.reference, args.resamples, args.seed))
     if args.plot:
         methods = [m for m in args.plot_methods.split(",") if m] or [r.partition(":")[0] for r in args.rows]
-        plot_authors(args.run, methods, args.reference, args.plot)
+        scored_zero = plot_authors(args.run, methods, args.reference, args.plot)
         print(f"plot {args.plot}")
+        if scored_zero:
+            print(
+                f"note: no ratio for {len(scored_zero)} authors whose {args.reference} scored 0 (bars left out):"
+                f" {', '.join(scored_zero)}"
+            )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ scored the same way. It then writes the chosen mix's cached outputs as `OUT/cach
 per-user best mix chosen with the answers as `OUT/cache/oracle-choice/`, a ceiling no device can reach; compare
 with `scripts/compare_runs.py RUN:recent=4 RUN:choice`. Last it prints a split-half check of that ceiling: each
 author's mix chosen by ROUGE-1 on half of their queries (alternate ones) and scored on the other half, both ways,
-against the device's mix on the same queries, with a bootstrap interval over queries. If authors had a stable
+against the device's mix on the same queries, with a bootstrap interval over queries (an author with one query
+has no half to choose on and is left out of it; the line says how many). If authors had a stable
 preference, this would keep much of the ceiling's gain.
 
 It reads the dev split (train authors' most recent queries), never the test file's queries; nothing here is used
@@ -83,6 +84,7 @@ def main() -> None:
     oracle_counts = dict.fromkeys(args.mixes, 0)
     agreed = 0
     held_out_gains: list[float] = []
+    too_short = sum(1 for user in users if len(user.queries) < 2)
     for user in users:
         name = user.store_name
         by_mix = {mix: cached(mix, name) for mix in args.mixes}
@@ -104,24 +106,29 @@ def main() -> None:
     print("chosen by likelihood:", {f"recent={m}": c for m, c in chosen_counts.items()})
     print("chosen with the answers (ceiling):", {f"recent={m}": c for m, c in oracle_counts.items()})
     print(f"the likelihood's choice is the ceiling's for {agreed} of {len(users)} users")
+    if not held_out_gains:
+        print("split half: no user has two queries to choose on one half and score on the other")
+        return
     gains = np.array(held_out_gains)
     resampled = np.random.default_rng(0).choice(gains, size=(10_000, len(gains))).mean(axis=1)
     low, high = np.percentile(resampled, [2.5, 97.5])
     print(
         f"split half: mix chosen on half of a user's queries, scored on the other half: "
         f"{gains.mean():+.4f} R-1 [{low:+.4f}, {high:+.4f}] over {len(gains)} queries"
+        + (f" ({too_short} users with one query left out: no half to choose on)" if too_short else "")
     )
 
 
 def split_half_gains(by_mix: dict[int, dict], default: int) -> list[float]:
-    """Per held-out query, R-1 of the mix chosen on the user's other half minus the default mix's."""
+    """Per held-out query, R-1 of the mix chosen on the user's other half minus the default mix's; none for a user
+    with one query (one half would be empty: nothing to choose on)."""
     rouge = {mix: np.array([q["rouge1"] for q in record["queries"]]) for mix, record in by_mix.items()}
     count = len(rouge[default])
     gains: list[float] = []
+    if count < 2:
+        return gains
     for half in (0, 1):
         chosen_on = np.arange(count) % 2 == half
-        if chosen_on.all():
-            continue
         best = max(rouge, key=lambda m: (rouge[m][chosen_on].mean(), m == default))
         gains += list(rouge[best][~chosen_on] - rouge[default][~chosen_on])
     return gains

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localpers.bench.data import BenchUser, load_bench_users
+from localpers.bench.data import BenchQuery, BenchUser, load_bench_users
 from localpers.tasks import get_task
 from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
@@ -34,8 +34,13 @@ def headline_index(user: BenchUser) -> HistoryIndex:
     return HistoryIndex(task, [(i.input, i.output) for i in user.history if i.task == task.name])
 
 
+def output_key(user: BenchUser, query: BenchQuery) -> tuple[str, str]:
+    """A query's key in a run's outputs.jsonl: the bench names users there by user_id, not by store name."""
+    return user.user_id, query.id
+
+
 def series_queries(path: Path, dev_split: bool) -> tuple[set[tuple[str, str]], int]:
-    """{(user store name, query id)} where the rule changes the device's prompt, and the number of queries."""
+    """{(user id, query id)} where the rule changes the device's prompt, and the number of queries."""
     changed: set[tuple[str, str]] = set()
     total = 0
     for user in load_bench_users(path, dev_split=dev_split):
@@ -43,7 +48,7 @@ def series_queries(path: Path, dev_split: bool) -> tuple[set[tuple[str, str]], i
         for query in user.queries:
             total += 1
             if index.pool and index.prompt_for(query.input, DEVICE) != index.prompt_for(query.input, WITHOUT):
-                changed.add((user.store_name, query.id))  # as bench runs name users
+                changed.add(output_key(user, query))
     return changed, total
 
 

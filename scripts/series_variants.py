@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from series_queries import headline_index, outputs
+from series_queries import headline_index, output_key, outputs
 
 from localpers.bench.data import load_bench_users
 from localpers.bench.metrics import paired_bootstrap, rouge
@@ -63,10 +63,15 @@ def main() -> None:
                 prompt = index.prompt_for(query.input, with_rule)
                 if prompt == index.prompt_for(query.input, WITHOUT):
                     continue
+                key = output_key(user, query)
+                if key not in before:
+                    raise SystemExit(
+                        f"{args.run}/outputs.jsonl has no global-history output for user {user.user_id} query"
+                        f" {query.id}: give a whole `localpers bench --dev-split` run of {args.data}"
+                    )
                 result = personalizer.rewrite(
                     query.input, method="global-history", history=index, prompt_format=with_rule
                 )
-                key = (user.store_name, query.id)
                 after[key] = rouge(result.text, query.reference).rouge1
                 pairs.append((before[key], after[key]))
                 authors.add(user.user_id)

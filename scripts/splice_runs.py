@@ -5,6 +5,10 @@ decoded and fitted again in a small run, and the rest are, by construction, what
 assembles that run: for each method of PART's cache, BASE's per-author cache files with PART's authors replaced,
 and the same for outputs.jsonl, into OUT, which `scripts/compare_runs.py` and `scripts/series_queries.py` then
 read like any run. It checks that every author PART brings is one of BASE's, so a splice never adds authors.
+Only the users of each run are read, as `compare_runs.py` reads them (by the run's results.json: a cache also
+keeps an earlier run's users left in the same folder), and OUT gets a results.json holding the users table those
+readers filter by (each user's queries and cache-record fingerprints, PART's for its authors), no figures. A run
+without a results.json (stopped early) is read whole, with a note.
 
     python scripts/splice_runs.py ../bench-runs/dev47-a ../bench-runs/dev49-guard-3 ../bench-runs/dev49-spliced
 """
@@ -16,6 +20,8 @@ import json
 import shutil
 from pathlib import Path
 
+from compare_runs import cache_records, of_the_run, user_id
+
 
 def splice(base: Path, part: Path, out: Path) -> dict[str, list[str]]:
     """Write OUT from BASE with PART's authors; returns {method: the authors replaced}."""
@@ -24,30 +30,63 @@ def splice(base: Path, part: Path, out: Path) -> dict[str, list[str]]:
     methods = sorted(folder.name for folder in (part / "cache").iterdir() if folder.is_dir())
     if not methods:
         raise SystemExit(f"{part}/cache holds no method: is it a bench --out folder?")
+    users = _users_table(base)
     replaced: dict[str, list[str]] = {}
     for method in methods:
-        source = base / "cache" / method
-        if not source.is_dir():
-            raise SystemExit(f"{source} does not exist: {base} did not run {method}")
-        authors = sorted(path.name for path in (part / "cache" / method).glob("*.json"))
-        missing = [name for name in authors if not (source / name).exists()]
+        if not (base / "cache" / method).is_dir():
+            raise SystemExit(f"{base / 'cache' / method} does not exist: {base} did not run {method}")
+        kept, brought = run_files(base, method), run_files(part, method)
+        missing = sorted(set(brought) - set(kept))
         if missing:
             raise SystemExit(f"{part} has authors {base} lacks for {method}: {', '.join(missing)}")
         target = out / "cache" / method
         target.mkdir(parents=True)
-        for path in source.glob("*.json"):
+        for path in {**kept, **brought}.values():
             shutil.copyfile(path, target / path.name)
-        for name in authors:
-            shutil.copyfile(part / "cache" / method / name, target / name)
-        # outputs.jsonl names an author by user_id, the cache file by store name ("Alice Smith": alice-smith-...)
-        replaced[method] = [_user_id(part / "cache" / method / name) for name in authors]
+        replaced[method] = sorted(brought)
+        if users is not None:
+            _replace_rows(users, method, brought, base)
     _splice_outputs(base / "outputs.jsonl", part / "outputs.jsonl", out / "outputs.jsonl", replaced)
+    if users is not None:
+        spliced = {"base": str(base), "part": str(part), "replaced": replaced}
+        (out / "results.json").write_text(json.dumps({"spliced": spliced, "users": users}, indent=2) + "\n")
     return replaced
 
 
-def _user_id(cached: Path) -> str:
-    record = json.loads(cached.read_text(encoding="utf-8"))
-    return str(record.get("user_id", record["user"]))
+def run_files(run: Path, method: str) -> dict[str, Path]:
+    """{user_id: cache file} of the users of the run (`compare_runs.of_the_run`'s rule: not an earlier run's
+    users left in the same folder, and only the records its results.json's figures came from)."""
+    records = cache_records(run, method)
+    table = {user_id(record): {q["query_id"]: q for q in record["queries"]} for record in records.values()}
+    fingerprints = {user_id(record): record.get("fingerprint") for record in records.values()}
+    scored = of_the_run(run, method, table, fingerprints)
+    folder = run / "cache" / method
+    return {user_id(r): folder / f"{name}.json" for name, r in records.items() if user_id(r) in scored}
+
+
+def _users_table(base: Path) -> dict[str, dict] | None:
+    """BASE's results.json users table, cut to what readers filter the cache by (None without one)."""
+    results = base / "results.json"
+    if not results.is_file():
+        return None
+    users = json.loads(results.read_text(encoding="utf-8"))["users"]
+    return {
+        user: {"queries": row.get("queries"), "fingerprints": dict(row.get("fingerprints") or {})}
+        for user, row in users.items()
+    }
+
+
+def _replace_rows(users: dict[str, dict], method: str, brought: dict[str, Path], base: Path) -> None:
+    """The users table's rows for PART's authors: their records' fingerprints, for the same number of queries."""
+    for user, path in brought.items():
+        record = json.loads(path.read_text(encoding="utf-8"))
+        row = users[user]
+        if row["queries"] is not None and len(record["queries"]) != row["queries"]:
+            raise SystemExit(
+                f"{path} holds {len(record['queries'])} queries, {base}'s run scored {row['queries']} for {user}:"
+                " splice runs of the same data file and --max-queries"
+            )
+        row["fingerprints"][method] = record.get("fingerprint")
 
 
 def _splice_outputs(base: Path, part: Path, out: Path, replaced: dict[str, list[str]]) -> None:

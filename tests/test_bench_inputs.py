@@ -140,6 +140,8 @@ def test_a_data_path_that_is_no_file_exits_2(tmp_path: Path) -> None:
         (["--probes", "--probe-history", "0"], "--probe-history: '0' is not a positive count"),
         (["--probes", "--styles", "bogus"], "unknown style 'bogus'"),
         (["--probes", "--styles", ","], "--styles: name at least one style"),
+        (["--probes", "--styles", ""], "--styles: name at least one style"),  # ran the default styles
+        (["--probes", "--probe-history", ""], "--probe-history: '' is not a positive count"),  # and sizes
         (["--probes", "-m", "card@strength=inf"], "not a finite number"),
         (["--probes", "--history-limit", "1"], "--history-limit does not apply with --probes"),
         (["--styles", "kicker"], "--styles applies only with --probes"),

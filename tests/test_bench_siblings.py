@@ -121,3 +121,29 @@ def test_script_reads_a_run_folder(tmp_path: Path) -> None:
         [sys.executable, str(SCRIPT), str(data)], capture_output=True, text=True, check=True
     )
     assert alone.stdout.startswith("2 queries by their sibling score:")
+
+
+def test_script_bins_only_the_queries_the_run_scored(tmp_path: Path) -> None:
+    """A run made with --max-queries scored fewer queries than the file yields; the script binned them all, so the
+    counts and "this run: 50.0%" described n3, a query the run never scored (audit89 M4)."""
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"user_id": "u1", "history": HISTORY, "queries": QUERIES}) + "\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [
+        json.dumps({"user": "u1", "query_id": "n4", "method": method, "rouge1": value})
+        for method, value in (("global", 0.2), ("card-auto", 0.3))
+    ]
+    (run / "outputs.jsonl").write_text("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(data), "--run", str(run)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (
+        "< 0.3: 1 queries (1 author); 0.3-0.5: 0 queries (0 authors); >= 0.5: 0 queries (0 authors)"
+        in result.stdout
+    )
+    assert "this run: 50.0%" not in result.stdout
+    assert f"note: {run} scored 1 of the file's 2 queries with global: the bins count those" in result.stderr

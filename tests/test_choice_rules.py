@@ -94,3 +94,33 @@ def test_a_large_lead_is_kept_however_uneven(tmp_path: Path) -> None:
     assert rules["t >= 2.0 + margin 0.01"]["users_corrected"] == 0
     waived = rules["t >= 2.0 + margin 0.01, or lead >= 0.04"]
     assert waived["users_corrected"] == 1 and waived["rouge1"] == 0.3  # habit's 0.4, lumpy back to 0.2
+
+
+def test_a_user_whose_id_is_no_store_name_is_read(tmp_path: Path) -> None:
+    """The fits' folders and cache files are named by store name, the figures by user_id: "Alice Smith" (stored
+    as alice-smith-8ae10dfc) was dropped from every rule without a word (audit89 M1)."""
+    from localpers.bench.data import store_name
+
+    name = store_name("Alice Smith")
+    for method, rouge in (("global-history", 0.2), ("card-auto", 0.4)):
+        write_method(tmp_path, method, {"u1": (0.2, -3.0)})
+        query = {"query_id": "q0", "rouge1": rouge, "gold_logprob": -3.0}
+        record = {"user": name, "user_id": "Alice Smith", "queries": [query]}
+        (tmp_path / "cache" / method / f"{name}.json").write_text(json.dumps(record))
+    write_choice(tmp_path, "u1", "adapter", [0.0] * 4)
+    write_choice(tmp_path, name, "bias", [0.02, 0.04, 0.03, 0.03])
+    report = read_rules(tmp_path)
+    assert report["users"] == 2 and report["queries"] == 2
+    assert report["rules"]["any lead"]["users_corrected"] == 1
+    assert report["rules"]["any lead"]["rouge1"] == 0.3
+
+
+def test_no_user_in_common_is_one_line(tmp_path: Path) -> None:
+    """It was compare_authors' "no queries to compare" traceback (audit89 L1)."""
+    write_method(tmp_path, "global-history", {"u1": (0.2, -3.0)})
+    write_method(tmp_path, "card-auto", {"u2": (0.3, -3.0)})
+    write_choice(tmp_path, "u1", "adapter", [0.0] * 4)
+    write_choice(tmp_path, "u2", "bias", [0.02] * 4)
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith(f"{tmp_path}: no user has a stored choice and queries")

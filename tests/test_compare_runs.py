@@ -162,3 +162,56 @@ def test_a_cache_record_a_later_run_rewrote_is_refused(tmp_path: Path) -> None:
         refused.returncode != 0
         and "u1.json is not the record results.json's figures came from" in refused.stderr
     )
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def one_line_error(refused: subprocess.CompletedProcess[str]) -> str:
+    """The error a refused run ends with, after checking it is one line after the notes and no traceback."""
+    lines = refused.stderr.splitlines()
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert all(line.startswith("note: ") for line in lines[:-1]), refused.stderr
+    return lines[-1]
+
+
+def test_a_cut_short_cache_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """The bench recomputes a half-written cache file; the script ended in a JSONDecodeError traceback (audit89)."""
+    write_run(tmp_path / "a", "m", [0.1, 0.3], [None, None])
+    write_run(tmp_path / "b", "m", [0.2, 0.3], [None, None])
+    damaged = tmp_path / "b" / "cache" / "m" / "u1.json"
+    damaged.write_text('{"user": "u1", "queri')
+    refused = run_script(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m")
+    error = one_line_error(refused)
+    assert error.startswith(f"{damaged}: not a whole cache record")
+    assert f"rerun the bench with -m m --out {tmp_path / 'b'}" in error
+
+
+def test_runs_sharing_no_user_are_one_line(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", "m", [0.1, 0.3], [None, None])
+    (tmp_path / "b" / "cache" / "m").mkdir(parents=True)
+    query = {"query_id": "q0", "rouge1": 0.2, "ms_per_token": 1.0, "prompt_ms": 1.0}
+    (tmp_path / "b" / "cache" / "m" / "u9.json").write_text(json.dumps({"user": "u9", "queries": [query]}))
+    error = one_line_error(run_script(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m"))
+    assert "share no scored query" in error and f"{tmp_path / 'b'}:m" in error
+
+
+def test_split_half_leaves_out_an_author_with_one_query(tmp_path: Path) -> None:
+    """One query gives one empty half: it "chose" on nan (numpy's "Mean of empty slice") and added a zero gain."""
+    for run, rows in (("a", {"u0": [0.1] * 2, "solo": [0.2]}), ("b", {"u0": [0.3] * 2, "solo": [0.6]})):
+        folder = tmp_path / run / "cache" / "m"
+        folder.mkdir(parents=True)
+        for user, rouge in rows.items():
+            queries = [
+                {"query_id": f"q{i}", "rouge1": r, "ms_per_token": 1.0, "prompt_ms": 1.0}
+                for i, r in enumerate(rouge)
+            ]
+            (folder / f"{user}.json").write_text(json.dumps({"user": user, "queries": queries}))
+    result = run_script(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m", "--split-half", "--json")
+    assert result.returncode == 0 and "Mean of empty slice" not in result.stderr, result.stderr
+    choice = json.loads(result.stdout)["compared"][f"{tmp_path / 'b'}:m"]["per_author_choice"]
+    assert choice["split_half_authors_left_out"] == 1 and choice["split_half_queries"] == 2
+    assert choice["split_half_diff"] == 0.2 and choice["ceiling_authors_choosing_other"] == 2
+    printed = run_script(f"{tmp_path / 'a'}:m", f"{tmp_path / 'b'}:m", "--split-half")
+    assert "(1 authors with one query left out: no half to choose on)" in printed.stdout

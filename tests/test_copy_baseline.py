@@ -29,3 +29,16 @@ def test_scores_the_closest_earlier_headline_not_the_most_recent(tmp_path: Path)
     assert first.startswith("1 queries: R-1 of the closest earlier headline 1.0000, the most recent 0.0000")
     assert first.endswith("(oracle) 1.0000")
     assert "closest headline at R-1 >= 0.7: 1 queries" in result.stdout
+
+
+def test_a_user_without_history_is_one_line_naming_the_line(tmp_path: Path) -> None:
+    """The bench accepts such a file; the script ended in "BM25 needs at least one document" (audit89 L1)."""
+    query = item(4, "The council approved the tramway budget for next year.", "Council Backs Tramway Budget")
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"user_id": "u1", "history": [], "queries": [query]}) + "\n")
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(data)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == (
+        f"{data} line 1: user u1 has no history to copy a headline from: give a file whose authors all have"
+        " history items"
+    )

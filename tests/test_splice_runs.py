@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "splice_runs.py"
+COMPARE = SCRIPT.with_name("compare_runs.py")
 
 
 def make_run(folder: Path, method: str, scores: dict[str, float]) -> Path:
     (folder / "cache" / method).mkdir(parents=True)
-    with (folder / "outputs.jsonl").open("w") as writer:
+    with (folder / "outputs.jsonl").open("a") as writer:
         for user, score in scores.items():
-            query = {"query_id": "q1", "rouge1": score}
+            query = {"query_id": "q1", "rouge1": score, "ms_per_token": 1.0, "prompt_ms": 1.0}
             (folder / "cache" / method / f"{user}.json").write_text(
                 json.dumps({"user": user, "queries": [query]})
             )
@@ -70,3 +71,37 @@ def test_authors_whose_user_id_is_no_store_name_are_spliced_once(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in (tmp_path / "out" / "outputs.jsonl").read_text().splitlines()]
     assert [(r["user"], r["rouge1"]) for r in lines] == [("Alice Smith", 0.9)]
+
+
+def test_only_the_users_of_bases_run_are_spliced_and_out_can_be_filtered(tmp_path: Path) -> None:
+    """BASE's cache also kept u3 from an earlier run into the same folder; the splice copied it and wrote no
+    results.json, so compare_runs read 3 authors and 0.7x where the run is 1.4x over 2 (audit89 M2)."""
+    base = tmp_path / "base"
+    for method, scores in (
+        ("global", {"u1": 0.2, "u2": 0.3, "u3": 0.5}),
+        ("card", {"u1": 0.3, "u2": 0.3, "u3": 0.0}),
+    ):
+        make_run(base, method, scores)
+    users = {user: {"queries": 1, "fingerprints": {"global": None, "card": None}} for user in ("u1", "u2")}
+    (base / "results.json").write_text(json.dumps({"users": users}))
+    part = tmp_path / "part"
+    for method, score in (("global", 0.2), ("card", 0.4)):
+        make_run(part, method, {"u1": score})
+        record = json.loads((part / "cache" / method / "u1.json").read_text())
+        (part / "cache" / method / "u1.json").write_text(
+            json.dumps({**record, "fingerprint": f"new-{method}"})
+        )
+    out = tmp_path / "out"
+    done = splice(base, part, out)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.stem for p in (out / "cache" / "card").glob("*.json")) == ["u1", "u2"]
+    written = json.loads((out / "results.json").read_text())["users"]
+    assert sorted(written) == ["u1", "u2"] and written["u1"]["fingerprints"]["card"] == "new-card"
+    compared = subprocess.run(
+        [sys.executable, str(COMPARE), f"{out}:global", f"{out}:card", "--json", "--resamples", "200"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    row = json.loads(compared.stdout)["compared"][f"{out}:card"]
+    assert row["authors"] == 2 and row["ratio"] == 1.4

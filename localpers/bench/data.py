@@ -270,12 +270,10 @@ def _user_from_record(
             " train authors' histories (e.g. train.jsonl): drop --dev-split here, and choose settings on train.jsonl"
         )
     if dev_split:
-        merged, resorted = oldest_first([*history_records, *(query_records or [])])
-        # an item listed twice: moved into the queries, the second copy stopped the whole run ("duplicate id")
-        merged, repeats = _first_of_each(merged)
-        if repeats:
-            repairs.duplicates[user_id] = repeats
-        history_records, query_records = _dev_split(merged)
+        split = split_for_dev([*history_records, *(query_records or [])])
+        if split.repeats:
+            repairs.duplicates[user_id] = split.repeats
+        history_records, query_records, resorted = split.history, split.queries, split.resorted
     else:
         history_records, resorted = oldest_first(history_records)
     if resorted:
@@ -330,6 +328,34 @@ def dev_query_count(n_items: int) -> int:
     return count if n_items >= count + 1 else 0
 
 
+@dataclass(frozen=True)
+class DevSplit:
+    """One train author's items as `--dev-split` reads them: oldest first, each item once, cut before the most
+    recent ones, the queries (none for an author too short to split)."""
+
+    earlier: list[Any]  # every item before the queries
+    queries: list[Any]
+    resorted: bool  # the items were not oldest first
+    repeats: int  # items listed twice, left out
+
+    @property
+    def history(self) -> list[Any]:
+        """What the bench fits on: the last DEV_MAX_HISTORY items before the queries (none without queries)."""
+        return self.earlier[-DEV_MAX_HISTORY:] if self.queries else []
+
+
+def split_for_dev(records: list[Any]) -> DevSplit:
+    """The dev split of one author's items (history and any queries, in file order), as the test file was made.
+
+    The one place the split is made: `scripts/heldout_corpus.py` trains on `earlier`, so that no dev query is
+    trained on."""
+    merged, resorted = oldest_first(records)
+    # an item listed twice: moved into the queries, the second copy stopped the whole run ("duplicate id")
+    merged, repeats = _first_of_each(merged)
+    cut = len(merged) - dev_query_count(len(merged))
+    return DevSplit(merged[:cut], merged[cut:], resorted, repeats)
+
+
 def _first_of_each(records: list[Any]) -> tuple[list[Any], int]:
     """`records` without the repeats of an item (the same id, input and output; another article under a reused id
     is not a repeat), and how many were left out. What is not an item object is kept, for `_fields` to refuse by
@@ -344,14 +370,6 @@ def _first_of_each(records: list[Any]) -> tuple[list[Any], int]:
             seen.add(key)
         kept.append(entry)
     return kept, len(records) - len(kept)
-
-
-def _dev_split(records: list[Any]) -> tuple[list[Any], list[Any]]:
-    """(history, queries) of one author's items, oldest first, as the test file splits them; ([], []) if too short."""
-    count = dev_query_count(len(records))
-    if not count:
-        return [], []
-    return records[:-count][-DEV_MAX_HISTORY:], records[-count:]
 
 
 def _fields(entry: Any, where: str, task: str = DEFAULT_TASK) -> dict[str, str]:

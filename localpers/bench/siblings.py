@@ -109,8 +109,10 @@ def gain_by_sibling(
 
     The bins are by the history the run's `history_limit` keeps; a method fitted on another window of it
     (`other_windows`: its name and limit, `card@history=1`) never saw those siblings, so it is left out of the
-    bins and named under `left_out`."""
-    bins = query_bins(users, history_limit, edges)
+    bins and named under `left_out`. The bins count the queries the baseline scored: all of `users`' in a bench
+    run, fewer where a run's outputs are read against a whole file (a run made with --max-queries)."""
+    baseline_scores = _scores(records[baseline])
+    bins = {key: b for key, b in query_bins(users, history_limit, edges).items() if key in baseline_scores}
     names = bin_names(edges)
     counts = np.bincount(list(bins.values()), minlength=len(names)) if bins else np.zeros(len(names))
     shares = counts / max(1, counts.sum())
@@ -132,7 +134,6 @@ def gain_by_sibling(
             for name, limit in (other_windows or {}).items()
         },
     }
-    baseline_scores = _scores(records[baseline])
     for method, method_records in records.items():
         if method == baseline or method in (other_windows or {}):
             continue

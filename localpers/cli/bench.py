@@ -165,8 +165,9 @@ def bench_command(
             data,
             out,
             methods,
-            styles or DEFAULT_STYLES,
-            probe_history or DEFAULT_PROBE_HISTORY,
+            # an empty value is refused (as `--styles ,` is), not read as the defaults
+            DEFAULT_STYLES if styles is None else styles,
+            DEFAULT_PROBE_HISTORY if probe_history is None else probe_history,
             max_users,
             max_queries,
             seed,

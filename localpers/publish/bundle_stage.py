@@ -154,11 +154,20 @@ def run(context: PublishContext, directory: Path, summaries: dict[str, dict[str,
     check_as_devices_will(staging, context.backbone_path, context.options.out)
     install(staging, context.options.out)
     out = context.options.out
-    files = sorted(
-        p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and ".work" not in p.parts
-    )
-    total = sum((context.options.out / f).stat().st_size for f in files)
+    files = bundle_files(out, context.options.work_dir)
+    total = sum((out / f).stat().st_size for f in files)
     return {"files": files, "bytes": total, "manifest_sha256": _manifest_sha256(context.options.out)}
+
+
+def bundle_files(out: Path, work: Path) -> list[str]:
+    """OUT's files (paths relative to it), less the stage cache where it lies inside OUT, whatever its name: a
+    folder named `.work` above OUT, or another name given to --work, says nothing about which files are OUT's."""
+    work = work.resolve()
+    return sorted(
+        path.relative_to(out).as_posix()
+        for path in out.rglob("*")
+        if path.is_file() and not path.resolve().is_relative_to(work)
+    )
 
 
 def installed(out: Path, summary: dict[str, Any]) -> bool:
