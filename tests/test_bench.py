@@ -208,7 +208,7 @@ def test_gain_is_split_by_how_close_the_history_came(first_run) -> None:
 
 
 def test_costs_per_method_are_measured(first_run) -> None:
-    _, written, _ = first_run
+    config, written, _ = first_run
     rows = written.results["methods"]
     assert rows["global"]["bytes_per_user"] == 0 and rows["global"]["fit_s_per_user"] == 0
     assert rows["rag"]["bytes_per_user"] == 0 and rows["rag"]["history_bytes_per_user"] > 0
@@ -223,6 +223,10 @@ def test_costs_per_method_are_measured(first_run) -> None:
     # for a vector of its own, so lambda is the prior (zero: the cluster adapter without a correction).
     truncated = written.run.records["card@history=2"]
     assert all(r["fit"]["shared_negatives"] and r["fit"]["mode"] == "too-few-pairs" for r in truncated)
+    # and uses them: the shared file's key (bundle, adapter, fit mark) is the one its fit reads, so it generates none
+    states = sorted((config.out / "users" / "history-2" / "users").glob("*/state.json"))
+    assert len(states) == 2
+    assert all(json.loads(path.read_text())["fit"]["seconds"]["negatives"] == 0.0 for path in states)
     assert all(r["history_items"] == 2 for r in truncated)
     # the per-user table showed the file's whole history under --history-limit (audit85)
     from localpers.bench.results import build_results

@@ -195,6 +195,30 @@ def test_retrieval_returns_the_nearest_prompts_attributes(tmp_path: Path) -> Non
     assert retrieve(ExactIndex([], np.zeros((0, 384), np.float32), {}), "anything").attributes == []
 
 
+def test_retrieval_keeps_to_the_task_of_the_text() -> None:
+    """EXACT took the nearest indexed input whatever its task: a title rewrite used attributes selected on a
+    headline pair, while CARD's and CoPe's history prompts are per task (eighty-ninth session's methods audit, L2).
+    A task without indexed items gets no attributes, as a rewrite with an empty index does."""
+    from localpers.engine.encoder import embed_texts
+    from localpers.methods.exact_rewrite import Retrieval
+    from localpers.tasks import get_task
+
+    texts = {
+        "headline": "The city council voted to turn three parking lots into parks next spring.",
+        "title": "A recipe blog post about baking sourdough bread at home with a slow rise.",
+    }
+    entries = [
+        IndexEntry(f"id-{task}", task, text, [name], 1.0, 0.0)
+        for (task, text), name in zip(texts.items(), ["Concise", "Vivid"], strict=True)
+    ]
+    index = ExactIndex(entries, embed_texts([get_task(e.task).content(e.input) for e in entries]), {})
+    query = "Parks will replace downtown parking lots, the council decided."
+    assert retrieve(index, query, task="headline").item_id == "id-headline"
+    found = retrieve(index, query, task="title")  # the headline entry is nearer, but of another task
+    assert found.item_id == "id-title" and found.attributes == ["Vivid"]
+    assert retrieve(index, query, task="paraphrase") == Retrieval([], None, None, None)
+
+
 @pytest.fixture(scope="module")
 def bundle_dir(backbone: Backbone, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_bundle(tmp_path_factory.mktemp("bundle") / "bundle", backbone)
@@ -543,8 +567,10 @@ def one_entry_index_and_prompts_seen(
     from localpers.tasks import get_task
 
     example = item("The city opened a new bike lane.", "BIKE LANE OPENS!!!")
+    # an entry of `task`: retrieval keeps to the rewrite's task
+    entry = IndexEntry(example.id, task, example.input, ["Concise", "Vivid", "Humor"], 1.0, 0.0)
     index = ExactIndex(
-        [IndexEntry.of(example, ["Concise", "Vivid", "Humor"], 1.0, 0.0)],
+        [entry],
         embed_texts([get_task(task).content(example.input)]),
         {"cluster": 0, "bundle_sha256": personalizer.bundle_sha256},
     )

@@ -225,7 +225,7 @@ def test_centroids_that_cannot_assign_a_cluster_are_one_line_naming_the_file(
         ("layers", [3, 3], r"'head.layers' is \[3, 3\]"),
         ("top_k", 10**9, r"'head.top_k' is 1000000000; it must be from 1 to 1000"),
         ("top_k", 0, r"'head.top_k' is 0"),
-        ("alpha", 1e308, r"'head.alpha' is 1e\+308; it must be from 0 to 1000"),
+        ("alpha", 1e308, r"'head.alpha' is 1e\+308; it must be from 0 to 100\b"),
         ("alpha", float("nan"), r"'head.alpha' is nan"),
         ("strength", -0.5, r"'head.strength' is -0.5"),
     ],
@@ -236,6 +236,34 @@ def test_head_fields_no_head_can_serve_are_refused_in_one_line(
     entry = {**HeadConfig(d=8, layers=(14, 15, 16, 17), alpha=0.07).to_manifest(), field: value}
     with pytest.raises(LocalpersError, match=f"bundle manifest field {message}"):
         HeadConfig.from_manifest(entry)
+
+
+def test_a_head_strength_a_stored_choice_could_not_hold_is_refused_with_the_bundle() -> None:
+    """`head.strength` and `head.alpha` went up to 1000 while a stored choice's vector strength over 100 is damaged:
+    with such a bundle every rewrite called the user's fit damaged, and a refit stored the same strength again
+    (eighty-ninth session's methods audit, L1). One bound now: the bundle is refused where it is checked."""
+    import json
+
+    from localpers.methods.bounds import MAX_STRENGTH
+    from localpers.methods.card.choice import CANDIDATES, Choice, stored_choice
+
+    entry = HeadConfig(d=8, layers=(14, 15, 16, 17), alpha=0.07).to_manifest()
+    for field in ("strength", "alpha"):
+        with pytest.raises(LocalpersError, match=rf"'head.{field}' is 150.0; it must be from 0 to 100\b"):
+            HeadConfig.from_manifest({**entry, field: MAX_STRENGTH * 1.5})
+    config = HeadConfig.from_manifest({**entry, "strength": MAX_STRENGTH})  # the largest a bundle may state
+    for candidate in CANDIDATES:  # every choice a fit on it can store reads back
+        strength = candidate.vector_scale * config.default_strength
+        choice = Choice(candidate.label, strength, candidate.bias_strength, {}, 3, "it scored best")
+        assert stored_choice({"choice": choice.to_json()}) == (
+            strength,
+            candidate.bias_strength,
+            candidate.label,
+        )
+    shipped = Path(__file__).resolve().parents[1] / "models" / "demo-bundle" / "manifest.json"
+    assert (
+        HeadConfig.from_manifest(json.loads(shipped.read_text(encoding="utf-8"))["head"]).default_strength < 1
+    )
 
 
 def test_a_head_tapping_layers_the_backbone_lacks_is_refused() -> None:

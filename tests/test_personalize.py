@@ -144,6 +144,40 @@ def test_refit_reuses_cached_pair_features_and_scores_only_new_items(
     assert sum(scored) == 0
 
 
+def test_a_fit_format_bump_generates_and_scores_anew(
+    personalizer: Personalizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The y- and pair-feature caches were keyed by bundle and adapter only: after a FIT_FORMAT bump the refit
+    took every y- and every g(y+) - g(y-) from what the code before it wrote (0.0 s for both) while marking the
+    new fit with the new format (eighty-ninth session's methods audit, M1)."""
+    import localpers.methods.card.pair_batches as pair_batches
+    from localpers.methods import stored_files
+
+    scored: list[int] = []
+    batched = pair_batches.run_jobs
+
+    def counting_run_jobs(engine: Any, jobs: Any, **kwargs: Any) -> Any:
+        scored.append(len(jobs))
+        return batched(engine, jobs, **kwargs)
+
+    monkeypatch.setattr(pair_batches, "run_jobs", counting_run_jobs)
+    user = UserStore().create("reformatted")
+    user.save_history(items(SHOUTY[:4]))
+    personalizer.fit_user(user)
+    old_key = personalizer.pairs._negatives_key(0)
+
+    monkeypatch.setattr(stored_files, "FIT_FORMAT", stored_files.FIT_FORMAT + 1)
+    scored.clear()
+    personalizer.pairs._pair_memo.clear()  # a new process after the upgrade
+    report = personalizer.fit_user(user)
+    assert sum(scored) > 0 and report.seconds["negatives"] > 0  # y- generated and the pairs scored anew
+    assert user.state()["fitted_by"] == stored_files.fit_mark()
+    assert stored_files.fit_mark() in personalizer.pairs._negatives_key(0) != old_key
+    assert set(json.loads((user.dir / "negatives.json").read_text())) == {
+        personalizer.pairs._negatives_key(0)
+    }
+
+
 def test_cold_start_and_too_few_pairs(personalizer: Personalizer) -> None:
     store = UserStore()
     empty = store.create("empty")

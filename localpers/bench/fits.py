@@ -140,9 +140,9 @@ class FitStore:
         """Seed a new fit folder with y- already generated for this user in the other folders whose fits were made
         under the same `configuration`.
 
-        y- is the cluster model's greedy output, fixed by (bundle, cluster, item), and the file keys
-        them by exactly that, so history truncations and regularisation variants need not regenerate
-        them. Returns whether anything was shared (the fit time then excludes that generation).
+        y- is the cluster model's greedy output, fixed by (bundle, cluster, item) in one fit format, and the
+        file keys them by exactly that (its fit mark is the same in every folder of one run's code), so history
+        truncations and regularisation variants need not regenerate them. Returns whether anything was shared (the fit time then excludes that generation).
         """
         target = stored.dir / NEGATIVES_FILE
         if target.exists():

@@ -7,7 +7,9 @@ from the modules that use them (`card.choice`, `card.head_spec`), which load num
 
 from __future__ import annotations
 
-MAX_STRENGTH = 100.0  # the largest strength a fit stores, `rewrite --strength` and the API's `strength` take
+# The largest strength a fit stores, `rewrite --strength` and the API's `strength` take, and so the largest
+# `head.strength` and `head.alpha` a bundle may state (the choice stores the vector's strength as up to 1x it).
+MAX_STRENGTH = 100.0
 # What a manifest's head, `rewrite --top-k` and a request may ask for. CARD corrects the top 20 tokens; a k in
 # the hundreds of thousands scored the whole vocabulary at every step (33 s and 2.2 GB for two tokens).
 MAX_TOP_K = 1000

@@ -2,8 +2,8 @@
 
 The index lives in the user's folder as one safetensors file (`exact-index.safetensors`: the embeddings
 as a tensor, the entries and meta as JSON metadata), written atomically; `load` refuses a missing,
-damaged or other-version file with a one-line error. `nearest` is the retrieval's cosine look-up and
-`frequencies` the profile's attribute counts. Building the index (greedy selection over the user's
+damaged or other-version file with a one-line error. `nearest` is the retrieval's cosine look-up (within one
+task) and `frequencies` the profile's attribute counts. Building the index (greedy selection over the user's
 pairs) and prompting with it are `localpers.methods.exact`; this module runs no model.
 """
 
@@ -114,13 +114,15 @@ class ExactIndex:
         embeddings = self.embeddings[rows] if rows else self.embeddings[:0]
         return ExactIndex(entries, embeddings, dict(self.meta))
 
-    def nearest(self, query: np.ndarray) -> tuple[IndexEntry, float] | None:
-        """The entry whose input embedding is closest (cosine) to `query`; None for an empty index."""
-        if not self.entries:
+    def nearest(self, query: np.ndarray, task: str | None = None) -> tuple[IndexEntry, float] | None:
+        """The entry whose input embedding is closest (cosine) to `query`, among the entries of `task` when given;
+        None when there is none."""
+        rows = [row for row, entry in enumerate(self.entries) if task is None or entry.task == task]
+        if not rows:
             return None
-        similarities = self.embeddings @ np.asarray(query, dtype=np.float32)
+        similarities = self.embeddings[rows] @ np.asarray(query, dtype=np.float32)
         best = int(np.argmax(similarities))
-        return self.entries[best], float(similarities[best])
+        return self.entries[rows[best]], float(similarities[best])
 
     def frequencies(self) -> list[tuple[str, int]]:
         """How many indexed inputs use each attribute, most used first (ties: library order)."""

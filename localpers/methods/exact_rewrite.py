@@ -1,6 +1,7 @@
-"""EXACT at inference: retrieve the attributes of the nearest indexed input, and rewrite with them.
+"""EXACT at inference: retrieve the attributes of the nearest indexed input of the task, and rewrite with them.
 
-`retrieve` embeds the new input and takes the nearest input of the user's index (cosine); `rewrite_exact`
+`retrieve` embeds the new input and takes the nearest input of the user's index (cosine) among the items of the
+same task, as CARD's and CoPe's prompts take their history examples per task; `rewrite_exact`
 generates with the cluster model on the prompt carrying that input's attribute line (`exact.attributed_prompt`).
 `check_bundle` refuses an index made with another bundle or fit format. Building the index is
 `localpers.methods.exact`; the index file is `localpers.methods.exact_index`.
@@ -38,10 +39,11 @@ class Retrieval:
 
 
 def retrieve(index: ExactIndex, text: str, task: str = "headline") -> Retrieval:
-    """The attribute set of the indexed input nearest to `text` (none when the index is empty)."""
+    """The attribute set of the indexed input of `task` nearest to `text`; none when the index has no item of the
+    task (attributes selected on another task's pair describe how the user writes that task, not this one)."""
     from localpers.engine.encoder import embed_texts
 
-    found = index.nearest(embed_texts([get_task(task).content(text)])[0])
+    found = index.nearest(embed_texts([get_task(task).content(text)])[0], task)
     if found is None:
         return Retrieval([], None, None, None)
     entry, similarity = found

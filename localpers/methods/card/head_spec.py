@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 
 from localpers.errors import LocalpersError
-from localpers.methods.bounds import MAX_D, MAX_TOP_K
+from localpers.methods.bounds import MAX_D, MAX_STRENGTH, MAX_TOP_K
 
 BASES = ("cluster", "global")  # the adapters CARD's correction can sit on (`HeadConfig.base`)
 LAYER_NORMS = ("rms",)  # how the device normalises the tapped states (`head.normalise_features`)
-# What a manifest's head may ask for (its top-k: `bounds.MAX_TOP_K`). Calibrated scales are well under 1 (the
-# demo bundle's alpha: 0.066).
-MAX_SCALE = 1000.0
+# What a manifest's head may ask for: its top-k `bounds.MAX_TOP_K`, its alpha and strength `bounds.MAX_STRENGTH`.
+# The strength (alpha without one) is what a fit stores for the vector, and a stored strength over MAX_STRENGTH
+# is damaged, so a larger one gave fits every rewrite refused. Calibrated scales are well under 1 (the demo
+# bundle's alpha: 0.066).
 
 
 @dataclass(frozen=True)
@@ -98,14 +99,15 @@ class HeadConfig:
             (
                 "alpha",
                 self.alpha,
-                math.isfinite(self.alpha) and 0 <= self.alpha <= MAX_SCALE,
-                f"be from 0 to {MAX_SCALE:g}",
+                math.isfinite(self.alpha) and 0 <= self.alpha <= MAX_STRENGTH,
+                f"be from 0 to {MAX_STRENGTH:g}",
             ),
             (
                 "strength",
                 self.strength,
-                self.strength is None or (math.isfinite(self.strength) and 0 <= self.strength <= MAX_SCALE),
-                f"be from 0 to {MAX_SCALE:g}",
+                self.strength is None
+                or (math.isfinite(self.strength) and 0 <= self.strength <= MAX_STRENGTH),
+                f"be from 0 to {MAX_STRENGTH:g}",
             ),
         )
         for field, value, ok, rule in checks:

@@ -1,7 +1,7 @@
 """The fit's caches in a user's folder: the y- it generated and the pair features it scored.
 
-Both are keyed by what makes them valid (the bundle and the adapter y- came from), written atomically and
-read and written tolerantly: a missing, damaged or stale cache reads as empty and is rebuilt by the next fit, and
+Both are keyed by what makes them valid (the bundle, the adapter y- came from and the fit mark), written
+atomically and read and written tolerantly: a missing, damaged or stale cache reads as empty and is rebuilt by the next fit, and
 one that cannot be written (a folder or FIFO where it goes) stays as it was; neither is an error. Pruning a
 removed item's y- is not a cache write: it must happen, and fails loudly (the JSON file's reading, writing and
 pruning are `localpers.methods.keyed_cache`'s). `negatives.json` maps an item (and, for a conditioned prompt, the

@@ -6,8 +6,8 @@ base model's greedy output for the same prompt (conditioned on the items before 
 head; `fit_prompts` builds the prompts, in groups that share one block of recent outputs, so the batched pass
 evaluates each block once). y- are deterministic for (bundle, cluster, prompt), so they are cached in the user's
 folder; the pair features `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for
-the per-user choice's refit and cached beside them (both files: `pair_cache`), so a refit after new items scores
-only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
+the per-user choice's refit and cached beside them (both files: `pair_cache`, under the fit mark too, so a
+FIT_FORMAT bump makes them anew), so a refit after new items scores only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
 each group of prompts and once more when a fit is stopped (Ctrl-C), so the next fit goes on from there; a write
 that failed is remembered (`cache_write_failed`), so the command does not say the work was kept. It also
 yields the base model's log-probability of each y+'s first token (the opening habits' calibration). The batched
@@ -30,6 +30,7 @@ from localpers.methods.card import fit_prompts, pair_cache
 from localpers.methods.card.head import CardHead
 from localpers.methods.card.pair_batches import score_in_batches
 from localpers.methods.card.pair_keys import PairMemo, distinct, negative_key
+from localpers.methods.stored_files import fit_mark
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
 from localpers.users.history_prompt import PromptFormat
@@ -307,7 +308,8 @@ class PairBuilder:
     def cached_negatives(
         self, user: User, items: Sequence[HistoryItem], cluster: int, progress: Progress | None
     ) -> list[str]:
-        """y- are deterministic for (bundle, cluster, item): keep them in the user's own folder."""
+        """y- are deterministic for (bundle, cluster, item) in one fit format: keep them in the user's own
+        folder."""
         known = self._read_negatives(user, cluster)
         self._drop_impossible_negatives(items, [item.id for item in items], known)
         missing = [item for item in items if item.id not in known]
@@ -318,7 +320,9 @@ class PairBuilder:
         return [known[item.id] for item in items]
 
     def _negatives_key(self, cluster: int) -> str:
-        return f"{self.bundle_sha256}:{self._adapter(cluster)}"
+        """The key of both caches: the bundle, the adapter y- came from and the fit format (`fit_mark`), so a fit
+        after a FIT_FORMAT bump generates and scores anew instead of reading what the code before it computed."""
+        return f"{self.bundle_sha256}:{self._adapter(cluster)}:{fit_mark()}"
 
     def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
         return pair_cache.read_negatives(user.dir, self._negatives_key(cluster))

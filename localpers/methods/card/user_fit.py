@@ -12,6 +12,7 @@ module does not generate or rewrite; it needs the engine, the head and the pair 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,11 +26,17 @@ from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULAR
 from localpers.methods.card.recasing import fit_recasing
 from localpers.methods.card.respelling import fit_respelling
 from localpers.methods.card.token_bias import TokenBias, describe_habits, fit_token_bias
-from localpers.methods.card.user_state import refuse_fit_past_bundle, stored_token_bias, user_profile
+from localpers.methods.card.user_state import (
+    fit_kept_without_history,
+    kept_fit_report,
+    refuse_fit_past_bundle,
+    stored_token_bias,
+    user_profile,
+)
 from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_is_outdated, fit_made_for, fit_mark, is_current_fit
 from localpers.tasks import get_task
-from localpers.users.folder import IMPORTED_WITHOUT_HISTORY, check_history_limit
+from localpers.users.folder import check_history_limit
 from localpers.users.history import history_digest
 
 if TYPE_CHECKING:
@@ -146,17 +153,18 @@ def fit_without_history(user: User, bundle_sha256: str, head_d: int | None = Non
     is fitted anew, so the fit forgets what those items taught it. A marked fit never learned from this device's
     items (any fit here writes a state without the mark).
 
-    A kept fit whose vector is not `head_d` long is damaged: None, and the fit replaces it.
+    A kept fit no rewrite can use (a vector not `head_d` long, say) is damaged: None, and the fit replaces it.
     Raises for such a user whose fit no rewrite with this bundle can use: the imported fit may be the only copy,
-    and a fit of nothing would only throw it away."""
+    and a fit of nothing would only throw it away. For the same reason a fit rewrites can use whose report or
+    choice's words are damaged is refused in one line naming the field (`user_state.kept_fit_report`), not thrown
+    away: printing them ended the command in a traceback."""
     try:
         state = user.state()
-        if not state.get(IMPORTED_WITHOUT_HISTORY) or user.history():
-            return None
     except LocalpersError:
         return None
-    if state.get("cluster") is None:
-        return None  # a cold start holds nothing a new one would lose
+    # not imported so, items to fit, or a cold start (it holds nothing a new one would lose)
+    if not fit_kept_without_history(user, state):
+        return None
     refit = f"`localpers history import FILE --user {user.name}`, then `localpers fit --user {user.name}`"
     if not fit_made_for(state, bundle_sha256):
         cause = "another fit format's" if fit_is_outdated(state) else "another bundle's"
@@ -170,9 +178,10 @@ def fit_without_history(user: User, bundle_sha256: str, head_d: int | None = Non
         refuse_fit_past_bundle(user, cluster, vector, None, head_d)  # and against the head it feeds
         stored_token_bias(user, state)
         stored_choice(state, str(user.state_path), user.refit_advice)
-        return FitReport(**state["fit"], kept_without_history=True)
     except (LocalpersError, TypeError, ValueError, KeyError, AttributeError):
         return None  # damaged: the fit replaces it, as for any other user
+    report = kept_fit_report(user, state)
+    return None if report is None else dataclasses.replace(report, kept_without_history=True)
 
 
 def stored_fit_if_current(
