@@ -198,8 +198,9 @@ def test_side_by_side_keeps_each_prompt_its_own_scores(personalizer: Personalize
 
 
 def test_side_by_side_greedy_picks_within_noise_of_one_at_a_time(personalizer: Personalizer) -> None:  # noqa: F811
-    """Selections can differ where candidates are nearer than the batch noise (two of the three SHOUTED pairs'
-    first picks differ on the tests' bundle); each side-by-side pick is within that noise of the best."""
+    """Selections can differ where candidates are nearer than the batch noise (on the tests' bundle the second
+    picks of two of the three SHOUTED pairs differ); each side-by-side first pick is within that noise of the best
+    one-at-a-time margin."""
     engine = personalizer.engine
     engine.set_adapter("cluster-0")
     library = ("Concise", "Vivid", "Exclamatory", "Formal")
@@ -228,6 +229,7 @@ def test_what_does_not_fit_a_batched_sequence_is_scored_one_at_a_time(
     prompts = _prompts(engine, SHOUTED[1][0], [("Concise",), ("Vivid",), ("Humor",)])
     short = engine.tokenize(" BUS FARES HALVED!!!", add_bos=False)
     too_long = short * (SEQUENCE_CELLS // len(short) + 1)
+    assert SideBySideScorer(engine).score_each([], [short]) == []
     for continuations in ([short, too_long], [short]):
         alone = PrefixScorer(engine).score_each(prompts[:1], continuations)  # a single prompt: one at a time
         assert SideBySideScorer(engine).score_each(prompts[:1], continuations) == alone

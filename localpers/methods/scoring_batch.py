@@ -66,17 +66,17 @@ class SideBySideScorer(PrefixScorer):
         """Each prompt's `score(prompt, continuations)`; `done(n)` after each group of n prompts scored."""
         prompts = [list(prompt) for prompt in prompts]
         continuations = [list(continuation) for continuation in continuations]
-        shared = shared_length(prompts)
+        shared = shared_length(prompts) if prompts else 0
         if not self._side_by_side(prompts, continuations, shared):
             return super().score_each(prompts, continuations, done)
         self.hold(prompts[0][:shared])
         results: list[list[float]] = []
         size = self.engine.batch_sequences
+        asked = sum(len(continuation) - 1 for continuation in continuations)
         for start in range(0, len(prompts), size):
             group = prompts[start : start + size]
             results += score_group(self.engine, shared, group, continuations)
             for prompt in group:
-                asked = sum(len(continuation) - 1 for continuation in continuations)
                 self.evaluated_tokens += len(prompt) - shared + asked
                 self.requested_tokens += len(prompt) + asked
             if done is not None:
