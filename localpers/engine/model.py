@@ -517,18 +517,21 @@ class Engine(Vocabulary):
         positions: Sequence[int],
         sequences: Sequence[int],
         *,
-        all_outputs: bool,
+        all_outputs: bool = False,
+        outputs: Sequence[bool] | None = None,
         logits: bool = True,
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """One llama_decode of tokens at given positions of given sequences (1..batch_sequences).
 
         Returns the logits (a read-only view, valid until the next evaluation) and tap features of every
-        token with `all_outputs`, else of the last token only. Sequence 0 and `n_past` are not touched.
+        token with `all_outputs`, of the tokens marked True in `outputs` (in order), else of the last token only.
+        Sequence 0 and `n_past` are not touched.
         `logits=False` (features only) skips the vocabulary projection when the deepest tap is the model's
         last layer, about half of a multi-token pass on Gemma 3's 262k vocabulary, and returns None for them.
         """
         if not 0 < len(tokens) <= self.batch_capacity:
             raise ValueError(f"eval_sequences takes 1 to {self.batch_capacity} tokens")
+        wanted = _output_mask(len(tokens), all_outputs, outputs)
         context = self._ctx  # refused once closed, before the (then freed) batch is touched
         batch = self._batch
         for i, (token, position, sequence) in enumerate(zip(tokens, positions, sequences, strict=True)):
@@ -536,7 +539,7 @@ class Engine(Vocabulary):
                 raise LocalpersError(f"batched sequence {sequence} position {position} is out of range")
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
             batch.seq_id[i][0] = sequence
-            batch.logits[i] = all_outputs or i == len(tokens) - 1
+            batch.logits[i] = wanted[i]
         batch.n_tokens = len(tokens)
         skip_logits = not logits and self._taps is not None and self.tap_layers[-1] == self.n_layer - 1
         if self._taps is not None:
@@ -552,9 +555,11 @@ class Engine(Vocabulary):
                 self._taps.stop_after_deepest(False)
         if self._taps is not None and self._taps.error:
             raise LocalpersError(f"layer tap failed: {self._taps.error}")
-        n_out = len(tokens) if all_outputs else 1
-        features = self._taps.collect(len(tokens), n_out) if self._taps is not None else None
-        return (None if skip_logits else self._read_logits(n_out, copy=False)), features
+        picked = [i for i, wants in enumerate(wanted) if wants]
+        features = None
+        if self._taps is not None:
+            features = self._taps.collect(len(tokens), len(picked), None if outputs is None else picked)
+        return (None if skip_logits else self._read_logits(len(picked), copy=False)), features
 
     def forget_sequence(self, sequence: int, start: int = 0) -> None:
         """Drop positions >= `start` of a batched sequence from the KV cache."""
@@ -628,3 +633,15 @@ class Engine(Vocabulary):
             return rows.copy()
         rows.flags.writeable = False
         return rows
+
+
+def _output_mask(n_tokens: int, all_outputs: bool, outputs: Sequence[bool] | None) -> list[bool]:
+    """Which tokens of an `eval_sequences` batch return logits and features: all, the marked ones, or the last."""
+    if outputs is None:
+        return [all_outputs or i == n_tokens - 1 for i in range(n_tokens)]
+    if all_outputs:
+        raise ValueError("eval_sequences takes all_outputs or outputs, not both")
+    wanted = [bool(wants) for wants in outputs]
+    if len(wanted) != n_tokens or not any(wanted):
+        raise ValueError("outputs marks one flag per token, at least one of them True")
+    return wanted

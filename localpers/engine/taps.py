@@ -130,8 +130,11 @@ class LayerTaps:
         code = self._state.error if self.implementation == "c" else self._error
         return {0: None, 1: "a tapped tensor is not f32", 2: "tap buffer too small"}.get(code, f"code {code}")
 
-    def collect(self, n_tokens: int, n_out: int) -> np.ndarray:
-        """Stack the tapped layers for the output rows: `(n_out, n_taps, n_embd)`."""
+    def collect(self, n_tokens: int, n_out: int, picked: Sequence[int] | None = None) -> np.ndarray:
+        """Stack the tapped layers for the output rows: `(n_out, n_taps, n_embd)`.
+
+        The output rows are the last `n_out` tokens, or the tokens at `picked` (in order, `n_out` of them).
+        """
         per_layer = []
         for i, name in enumerate(self.names):
             filled = self._state.filled[i] if self.implementation == "c" else self._filled[i]
@@ -141,7 +144,9 @@ class LayerTaps:
                 )
             rows = self.buffers[i][: filled // 4].reshape(-1, self.n_embd)
             # llama.cpp keeps only the output rows in the final layer; earlier layers hold every token.
-            per_layer.append(rows[-n_out:] if rows.shape[0] == n_tokens else rows)
+            if rows.shape[0] == n_tokens:
+                rows = rows[-n_out:] if picked is None else rows[np.asarray(picked)]
+            per_layer.append(rows)
         return np.stack(per_layer, axis=1)
 
 

@@ -8,11 +8,12 @@ Indexing (`index_exact`), for each preference pair of the user's history (`y+` =
 
 The attribute set enters the prompt as a line after the input, `Attributes: <A1, A2, a>`, just before
 the answer cue, so every candidate prompt of a greedy step shares the article and the attributes
-already chosen; `PrefixScorer` keeps those in the KV cache and evaluates only the candidate's name,
-`y+` and `y-`. Pairs whose selected set does not beat the plain prompt (`F(A) < F({})`, the
-non-negative gain filter) are left out of the index, and a repeated input keeps its best set. What the
-search found for each pair is cached in the user's folder (`localpers.methods.exact_cache`), so a refit searches
-only new pairs and a stopped fit goes on where it stopped.
+already chosen; `SideBySideScorer` (`localpers.methods.scoring_batch`) evaluates those once in sequence 0 of the
+KV cache and a step's candidates side by side in the engine's batched sequences, each only its name, `y+` and
+`y-` (one at a time, as `PrefixScorer` does, where they do not fit a batched sequence). Pairs whose selected set
+does not beat the plain prompt (`F(A) < F({})`, the non-negative gain filter) are left out of the index, and a
+repeated input keeps its best set. What the search found for each pair is cached in the user's folder
+(`localpers.methods.exact_cache`), so a refit searches only new pairs and a stopped fit goes on where it stopped.
 The index (sentence-encoder embedding of each input -> attribute set) goes to the user's folder as
 one safetensors file, written atomically (`localpers.methods.exact_index`, whose `ExactIndex`,
 `IndexEntry`, `index_path` and `load_index` are importable from here too).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,7 @@ from localpers.methods.exact_cache import (
 from localpers.methods.exact_index import ExactIndex, IndexEntry, index_path
 from localpers.methods.exact_index import load_index as load_index  # re-exported for the index's readers
 from localpers.methods.scoring import PrefixScorer
+from localpers.methods.scoring_batch import SideBySideScorer
 from localpers.methods.stored_files import fit_mark
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
@@ -52,6 +55,7 @@ DEFAULT_K = 3
 
 Progress = Callable[[str, int, int], None]
 MarginFunction = Callable[[tuple[str, ...]], float]
+MarginsFunction = Callable[[list[tuple[str, ...]]], Sequence[float]]
 
 
 # --------------------------------------------------------------------------------------- greedy selection
@@ -73,32 +77,57 @@ class Selection:
 
 
 def greedy_select(
-    margin: MarginFunction, library: Sequence[str] = ATTRIBUTES, k: int = DEFAULT_K
+    margin: MarginFunction | None = None,
+    library: Sequence[str] = ATTRIBUTES,
+    k: int = DEFAULT_K,
+    *,
+    margins: MarginsFunction | None = None,
 ) -> Selection:
-    """EXACT's Algorithm 1 for one pair: k times, add the attribute whose addition maximises `margin`.
+    """EXACT's Algorithm 1 for one pair: k times, add the attribute whose addition maximises F.
 
-    `margin(attributes)` is F(A) for an ordered tuple of attribute names (the prompt lists them in
-    the order they were chosen). Ties go to the attribute listed first in `library`.
+    F comes from `margin(attributes)`, F(A) for an ordered tuple of attribute names (the prompt lists them in
+    the order they were chosen), or from `margins(sets)`, F of each set of a list: the base set alone, then each
+    step's candidate sets together (what `PairMargins.many` scores side by side). Give one of the two.
+    Ties go to the attribute listed first in `library`.
     """
     if k < 1:
         raise ValueError("k must be at least 1")
+    if (margin is None) == (margins is None):
+        raise TypeError("greedy_select takes margin or margins, one of them")
+    evaluate = margins if margins is not None else _one_at_a_time(margin)
     chosen: tuple[str, ...] = ()
-    base = margin(chosen)
+    (base,) = _evaluated(evaluate, [chosen])
     step_margins: list[float] = []
     evaluations = 1
     for _ in range(min(k, len(library))):
-        best_name, best_value = None, -np.inf
-        for name in library:
-            if name in chosen:
-                continue
-            value = margin((*chosen, name))
-            evaluations += 1
-            if value > best_value:
-                best_name, best_value = name, value
-        assert best_name is not None
-        chosen = (*chosen, best_name)
-        step_margins.append(float(best_value))
+        names = [name for name in library if name not in chosen]
+        values = _evaluated(evaluate, [(*chosen, name) for name in names])
+        evaluations += len(names)
+        best = _first_best(values)
+        chosen = (*chosen, names[best])
+        step_margins.append(float(values[best]))
     return Selection(chosen, step_margins[-1], float(base), step_margins, evaluations)
+
+
+def _first_best(values: Sequence[float]) -> int:
+    """The index of the first largest value (a NaN is never chosen; at least one value must exceed -inf)."""
+    best, best_value = None, -np.inf
+    for index, value in enumerate(values):
+        if value > best_value:
+            best, best_value = index, value
+    assert best is not None
+    return best
+
+
+def _one_at_a_time(margin: MarginFunction) -> MarginsFunction:
+    return lambda sets: [margin(attributes) for attributes in sets]
+
+
+def _evaluated(margins: MarginsFunction, sets: list[tuple[str, ...]]) -> list[float]:
+    values = list(margins(sets))
+    if len(values) != len(sets):
+        raise ValueError(f"margins gave {len(values)} values for {len(sets)} attribute sets")
+    return values
 
 
 # --------------------------------------------------------------------------------------- prompts and scoring
@@ -153,6 +182,13 @@ class PairMargins:
         plus, minus = self.scorer.score(self.scorer.engine.tokenize(prompt), [self.positive, self.negative])
         return plus - minus
 
+    def many(self, sets: Sequence[tuple[str, ...]], done: Callable[[int], None] | None = None) -> list[float]:
+        """F(A) for each set, through the scorer's `score_each` (side by side with a `SideBySideScorer`)."""
+        engine = self.scorer.engine
+        prompts = [engine.tokenize(attributed_prompt(self.item.task, self.item.input, a)) for a in sets]
+        scored = self.scorer.score_each(prompts, [self.positive, self.negative], done)
+        return [plus - minus for plus, minus in scored]
+
 
 def keep_for_index(
     selections: Sequence[tuple[HistoryItem, Selection]],
@@ -192,7 +228,10 @@ class ExactReport:
     n_duplicates_merged: int
     n_indexed: int
     margin_evaluations: int
+    # Tokens of this fit's searches run through the model: each step's shared prompt prefix (what sequence 0 did not
+    # hold yet) once, and each candidate's own prompt tokens, y+ and y- but their last tokens
     tokens_evaluated: int
+    # What scoring each candidate's whole prompt, y+ and y- (but their last tokens) from an empty cache would run
     tokens_without_reuse: int
     mean_gain: float | None
     seconds: dict[str, float]
@@ -277,7 +316,7 @@ def _index_exact(
     started = time.perf_counter()
     adapter = personalizer.adapter_for("cluster", cluster)
     personalizer.engine.set_adapter(adapter)
-    scorer = PrefixScorer(personalizer.engine)
+    scorer = SideBySideScorer(personalizer.engine)
     key = selections_key(personalizer.bundle_sha256, adapter, k, library, fit_mark())
     records = read_selections(user.dir, key, library, k)
     digests = {item.id: _scored_texts_digest(item, negative, library[:k]) for item, negative in pairs}
@@ -292,19 +331,16 @@ def _index_exact(
     per_pair = 1 + sum(len(library) - step for step in range(min(k, len(library))))
     scorings = 0
 
-    def scored(margin: PairMargins) -> MarginFunction:
-        def counted(attributes: tuple[str, ...]) -> float:
-            nonlocal scorings
-            value = margin(attributes)
+    def counted(count: int) -> None:
+        nonlocal scorings
+        for _ in range(count):  # each scoring reported, as when they were made one at a time
             scorings += 1
             if progress:
                 progress("attributes", scorings, per_pair * len(searched))
-            return value
-
-        return counted
 
     for item, negative in searched:
-        selection = greedy_select(scored(PairMargins(scorer, item, negative)), library, k)
+        margins = PairMargins(scorer, item, negative)
+        selection = greedy_select(library=library, k=k, margins=partial(margins.many, done=counted))
         found[item.id] = selection
         records[item.id] = SelectionRecord(
             digests[item.id], selection.attributes, selection.margin, selection.base_margin

@@ -5,12 +5,15 @@ continuation. Unlike `Engine.score`, it does not reset the cache between calls: 
 tokens the cache holds, truncates to the longest common prefix with the new prompt and evaluates only
 the rest. EXACT's greedy search scores ~40 prompts per step that differ only in their last attribute
 name, so the article and the chosen attributes are evaluated once per step instead of once per
-candidate. Works on whatever adapter is active; it does not choose adapters or build prompts.
+candidate. `score_each` scores several prompts this way, one after another, and `hold` makes sequence 0
+hold a given prefix; `localpers.methods.scoring_batch.SideBySideScorer` builds on both to score a step's
+prompts side by side. Everything here runs in sequence 0 of the KV cache. Works on whatever adapter is active;
+it does not choose adapters or build prompts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -34,9 +37,13 @@ def token_logprobs(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     float64, sparing EXACT's search a float64 copy of 262,144 logits a token.
     """
     rows = np.asarray(logits, dtype=np.float32)
+    return rows[np.arange(len(targets)), np.asarray(targets)].astype(np.float64) - log_norms(rows)
+
+
+def log_norms(rows: np.ndarray) -> np.ndarray:
+    """log sum exp of each float32 row of `(T, n_vocab)` logits, `(T,)` float64 (`token_logprobs`' denominator)."""
     peak = rows.max(axis=1)
-    log_norm = np.log(np.exp(rows - peak[:, None]).sum(axis=1, dtype=np.float64)) + peak
-    return rows[np.arange(len(targets)), np.asarray(targets)].astype(np.float64) - log_norm
+    return np.log(np.exp(rows - peak[:, None]).sum(axis=1, dtype=np.float64)) + peak
 
 
 class PrefixScorer:
@@ -51,13 +58,42 @@ class PrefixScorer:
 
     def _reusable(self, prompt: Sequence[int]) -> int:
         """How many prompt tokens can stay in the cache (never all: the last one's logits are needed)."""
+        return min(self._held(prompt), len(prompt) - 1)
+
+    def _held(self, tokens: Sequence[int]) -> int:
+        """How many leading `tokens` sequence 0 of the cache holds now (after checking the engine's state)."""
         engine = self.engine
         if (engine.active_adapter, engine.active_scale) != self._adapter or engine.n_past != len(
             self._cached
         ):
             self._cached = []  # someone switched adapters or used the engine since: start over
             self._adapter = (engine.active_adapter, engine.active_scale)
-        return min(common_prefix_length(self._cached, prompt), len(prompt) - 1)
+        return common_prefix_length(self._cached, tokens)
+
+    def hold(self, prefix: Sequence[int]) -> None:
+        """Make sequence 0 hold exactly `prefix`, evaluating only what it does not hold yet (no logits kept)."""
+        prefix = list(prefix)
+        keep = self._held(prefix)
+        self.engine.truncate(keep)  # truncate(0) resets
+        self._cached = prefix[:keep]  # true even when the evaluation below stops halfway
+        if keep < len(prefix):
+            self.engine.eval(prefix[keep:], copy_logits=False)
+            self.evaluated_tokens += len(prefix) - keep
+        self._cached = prefix
+
+    def score_each(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        done: Callable[[int], None] | None = None,
+    ) -> list[list[float]]:
+        """`score(prompt, continuations)` for each prompt in turn; `done(1)` after each prompt scored."""
+        results = []
+        for prompt in prompts:
+            results.append(self.score(prompt, continuations))
+            if done is not None:
+                done(1)
+        return results
 
     def score(self, prompt: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[float]:
         """Summed log-prob of each continuation after `prompt` (the prompt includes BOS if wanted)."""
