@@ -271,3 +271,14 @@ def test_a_group_stopped_halfway_leaves_the_batched_sequences_empty_and_the_next
     monkeypatch.setattr(engine, "eval_sequences", real)
     assert all(_empty(engine, sequence) for sequence in range(1, engine.batch_sequences + 1))
     assert scorer.score_each(prompts, continuations) == before
+
+
+def test_the_selection_cache_keys_searches_scored_side_by_side_apart_from_one_at_a_time() -> None:
+    """Side by side picks otherwise than one at a time (llama.cpp's numbers move with the batching), so a refit does
+    not mix the old searches into a new index; an index naming no search reads its records as before."""
+    from localpers.methods import exact_cache
+
+    identity = ("b" * 64, "cluster-0", 3, ["Base", "Formal"], "localpers test")
+    old = exact_cache.selections_key(*identity)
+    assert exact_cache.selections_key(*identity, None) == old
+    assert exact_cache.selections_key(*identity, "side-by-side") != old

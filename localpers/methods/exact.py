@@ -52,6 +52,9 @@ from localpers.users.history import HistoryItem
 from localpers.users.store import User, history_for
 
 DEFAULT_K = 3
+# How a search scores its candidates (the index's meta `search`, part of the selection cache's key): side by side
+# in batched sequences picks otherwise than one at a time, since llama.cpp's numbers move with the batching.
+SEARCH = "side-by-side"
 
 Progress = Callable[[str, int, int], None]
 MarginFunction = Callable[[tuple[str, ...]], float]
@@ -317,7 +320,7 @@ def _index_exact(
     adapter = personalizer.adapter_for("cluster", cluster)
     personalizer.engine.set_adapter(adapter)
     scorer = SideBySideScorer(personalizer.engine)
-    key = selections_key(personalizer.bundle_sha256, adapter, k, library, fit_mark())
+    key = selections_key(personalizer.bundle_sha256, adapter, k, library, fit_mark(), SEARCH)
     records = read_selections(user.dir, key, library, k)
     digests = {item.id: _scored_texts_digest(item, negative, library[:k]) for item, negative in pairs}
     found: dict[str, Selection] = {}
@@ -367,6 +370,7 @@ def _index_exact(
         "adapter": adapter,
         "k": k,
         "library": list(library),
+        "search": SEARCH,
     }
     with user.locked():  # refuses a user deleted while the index was built
         current = user.history_ids()  # an item removed while this fit ran stays removed, and uncounted

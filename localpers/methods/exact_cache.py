@@ -41,9 +41,13 @@ def scored_digest(texts: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(texts), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
-def selections_key(bundle_sha256: str, adapter: str, k: int, library: Sequence[str], fit_mark: str) -> str:
-    """The cache key: a record found under another bundle, adapter, k, library or fit format is not reused."""
-    identity = json.dumps([bundle_sha256, adapter, k, list(library), fit_mark])
+def selections_key(
+    bundle_sha256: str, adapter: str, k: int, library: Sequence[str], fit_mark: str, search: str | None = None
+) -> str:
+    """The cache key: a record found under another bundle, adapter, k, library, fit format or way of scoring the
+    search (`search`, the index's meta; None for the one-at-a-time scoring of indexes that do not name theirs) is
+    not reused: llama.cpp's numbers move with how the tokens are batched, so the two ways pick differently."""
+    identity = json.dumps([bundle_sha256, adapter, k, list(library), fit_mark, *([search] if search else [])])
     return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:24]
 
 

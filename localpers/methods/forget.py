@@ -85,7 +85,12 @@ def _successors(user: User, index: ExactIndex, kept: Set[str]) -> dict[int, Inde
     meta = index.meta
     try:
         key = exact_cache.selections_key(
-            meta["bundle_sha256"], meta["adapter"], meta["k"], meta["library"], meta["fitted_by"]
+            meta["bundle_sha256"],
+            meta["adapter"],
+            meta["k"],
+            meta["library"],
+            meta["fitted_by"],
+            meta.get("search"),
         )
         records = exact_cache.read_selections(user.dir, key, meta["library"], meta["k"])
     except (KeyError, TypeError):
