@@ -273,3 +273,15 @@ def test_a_head_tapping_layers_the_backbone_lacks_is_refused() -> None:
         LocalpersError, match=r"'head.layers' names layer 40, but the backbone has 18 \(0-17\)"
     ):
         config.check_backbone(18)
+
+
+def test_publish_refuses_a_calibrated_alpha_over_what_a_bundle_may_state() -> None:
+    """A head whose mean token correction is tiny calibrated to an alpha over MAX_STRENGTH: the publish went on
+    through SFT and the head, and the bundle it wrote was refused by every device (and by its own last stage)."""
+    from localpers.errors import InputError
+    from localpers.publish.head_training import calibrated_alpha
+
+    assert calibrated_alpha(1.0, 0.5) == 2.0
+    assert calibrated_alpha(1.0, 0.01) == 100.0  # exactly the bound is what a bundle may state
+    with pytest.raises(InputError, match=r"alpha would be 200 .*--head-target-correction 0\.5 or less"):
+        calibrated_alpha(1.0, 0.005)

@@ -29,6 +29,8 @@ import numpy as np
 
 from localpers.engine import llama  # noqa: F401  (before torch, as `engine.torch_model` says why)
 from localpers.engine.token_embeddings import TokenEmbeddings
+from localpers.errors import InputError
+from localpers.methods.bounds import MAX_STRENGTH
 from localpers.methods.card.head import CardHead
 from localpers.methods.card.head_spec import HeadConfig
 from localpers.publish.executor import GIB, Resources, Task
@@ -231,7 +233,7 @@ def run(context: PublishContext, directory: Path) -> dict[str, Any]:
     token_correction = _mean_abs_token_correction(head, features, all_inputs, data, defaults)
     if options.head_target_correction:
         # Rewards are scale-free for the pair ranking; alpha sets how hard the device pushes the logits.
-        config = replace(config, alpha=round(options.head_target_correction / max(token_correction, 1e-9), 6))
+        config = replace(config, alpha=calibrated_alpha(options.head_target_correction, token_correction))
     diffs = diffs * config.alpha
     accuracies = {
         "own_lambda": _fraction((diffs * lambdas[data.pair_user]).sum(-1) > 0, held),
@@ -346,3 +348,18 @@ def _mean_abs_token_correction(
             (token_inputs @ head.Q) * (features @ head.P.T) * torch.from_numpy(defaults[seq_cluster])
         ).sum(-1)
     return float(per_token.abs().mean())
+
+
+def calibrated_alpha(target_correction: float, token_correction: float) -> float:
+    """The head's alpha that makes its mean |per-token correction| `target_correction` logits, where alpha 1 gives
+    `token_correction`; refused (one line, before the bundle is written) over the MAX_STRENGTH a bundle may state,
+    which a device would refuse only after the whole publish."""
+    alpha = round(target_correction / max(token_correction, 1e-9), 6)
+    if alpha > MAX_STRENGTH:
+        highest = MAX_STRENGTH * token_correction
+        raise InputError(
+            f"the head's calibrated alpha would be {alpha:.4g} ({target_correction:g} logits / a mean token correction"
+            f" of {token_correction:.3g} at alpha 1), over the {MAX_STRENGTH:g} a bundle may state: give"
+            f" --head-target-correction {highest:.3g} or less (`--from-stage head`)"
+        )
+    return alpha
