@@ -53,8 +53,10 @@ def test_greedy_scores_each_step_in_one_call_and_selects_as_one_at_a_time() -> N
     batched = greedy_select(library=ATTRIBUTES, k=3, margins=margins)
     assert batched == greedy_select(_margin, ATTRIBUTES, k=3)
     assert batched.attributes == ("Formal", "Code", "Direct")
-    assert [len(sets) for sets in calls] == [1, 42, 41, 40]
-    assert calls[0] == [()] and calls[2] == [("Formal", name) for name in ATTRIBUTES if name != "Formal"]
+    # the plain prompt is scored with the first step's candidates, so the gain filter compares one path's numbers
+    assert [len(sets) for sets in calls] == [1 + 42, 41, 40]
+    assert calls[0] == [(), *((name,) for name in ATTRIBUTES)]
+    assert calls[1] == [("Formal", name) for name in ATTRIBUTES if name != "Formal"]
     assert batched.evaluations == 1 + 42 + 41 + 40
     # k beyond the library stops at the library's size
     assert len(greedy_select(library=ATTRIBUTES[:2], k=3, margins=margins).attributes) == 2
@@ -79,7 +81,7 @@ def test_greedy_takes_one_margin_function_and_the_right_number_of_values() -> No
         greedy_select(_margin, ATTRIBUTES, k=1, margins=lambda sets: [0.0] * len(sets))
     with pytest.raises(TypeError, match="margin or margins"):
         greedy_select(library=ATTRIBUTES, k=1)
-    with pytest.raises(ValueError, match="2 values for 1 attribute sets"):
+    with pytest.raises(ValueError, match="2 values for 43 attribute sets"):  # the empty set and 42 candidates
         greedy_select(library=ATTRIBUTES, k=1, margins=lambda sets: [0.0, 0.0])
 
 
@@ -96,7 +98,8 @@ def test_a_batch_of_sequences_returns_the_rows_its_mask_marks(backbone: Backbone
         mask = [index % 3 == 0 for index in range(len(prompt))]
         picked, picked_features = engine.eval_sequences(prompt, positions, sequences, outputs=mask)
         engine.forget_sequence(1)
-        np.testing.assert_array_equal(picked, rows[mask])
+        # the same rows to float32 rounding: another CPU's kernels may round fewer rows otherwise
+        np.testing.assert_allclose(picked, rows[mask], rtol=0, atol=1e-5 * float(np.abs(rows).max()))
         # the last layer runs on the output rows only, and on fewer of them its features round otherwise (measured:
         # 0.00075 at most, on values up to ~900)
         scale = float(np.abs(features).max())
@@ -131,7 +134,8 @@ def test_a_prompt_in_a_batched_sequence_scores_exactly_as_in_sequence_0_with_the
     small_engine: Engine,
 ) -> None:
     """The batched sequence adds no error of its own: the same tokens in the same llama.cpp batches give the same
-    numbers in sequence 0 (the prompt's own tokens and y+ in one evaluation, then y- after the prompt)."""
+    numbers in sequence 0 (the prompt's own tokens and y+ in one evaluation, then y- after the prompt); identical
+    on the CPUs measured, and held to 1e-4 nats, far under the batching noise's tenths of a nat, for others."""
     engine = small_engine
     prompts = _prompts(engine, SHOUTED[0][0], [("Concise", "Vivid"), ("Concise", "Humor")])
     shared = shared_length(prompts)
@@ -149,8 +153,8 @@ def test_a_prompt_in_a_batched_sequence_scores_exactly_as_in_sequence_0_with_the
     engine.truncate(len(prompt))
     rows, _ = engine.eval(minus[:-1], all_positions=True)
     expected_minus = token_logprobs(first[None], minus[:1]).sum() + token_logprobs(rows, minus[1:]).sum()
-    assert batched_plus == pytest.approx(expected_plus, abs=1e-9)
-    assert batched_minus == pytest.approx(expected_minus, abs=1e-9)
+    assert batched_plus == pytest.approx(expected_plus, abs=1e-4)
+    assert batched_minus == pytest.approx(expected_minus, abs=1e-4)
 
 
 def test_side_by_side_margins_match_one_at_a_time_up_to_batch_noise(personalizer: Personalizer) -> None:  # noqa: F811
@@ -212,9 +216,8 @@ def test_side_by_side_greedy_picks_within_noise_of_one_at_a_time(personalizer: P
         expected = greedy_select(sequential, library, k=2)
         selection = greedy_select(library=library, k=2, margins=batched.many)
         assert selection.evaluations == expected.evaluations == 1 + 4 + 3
-        assert selection.base_margin == pytest.approx(
-            expected.base_margin, abs=1e-9
-        )  # one prompt: one at a time
+        # scored side by side with the first step's candidates, as the gain filter wants it
+        assert selection.base_margin == pytest.approx(expected.base_margin, abs=MARGIN_NOISE)
         first_step = {name: sequential((name,)) for name in library}
         assert first_step[selection.attributes[0]] >= max(first_step.values()) - MARGIN_NOISE
         assert selection.margin == pytest.approx(sequential(selection.attributes), abs=MARGIN_NOISE)

@@ -89,8 +89,9 @@ def greedy_select(
     """EXACT's Algorithm 1 for one pair: k times, add the attribute whose addition maximises F.
 
     F comes from `margin(attributes)`, F(A) for an ordered tuple of attribute names (the prompt lists them in
-    the order they were chosen), or from `margins(sets)`, F of each set of a list: the base set alone, then each
-    step's candidate sets together (what `PairMargins.many` scores side by side). Give one of the two.
+    the order they were chosen), or from `margins(sets)`, F of each set of a list: each step's candidate sets
+    together, the first step's with the empty set before them (what `PairMargins.many` scores side by side). Give
+    one of the two.
     Ties go to the attribute listed first in `library`.
     """
     if k < 1:
@@ -99,13 +100,20 @@ def greedy_select(
         raise TypeError("greedy_select takes margin or margins, one of them")
     evaluate = margins if margins is not None else _one_at_a_time(margin)
     chosen: tuple[str, ...] = ()
-    (base,) = _evaluated(evaluate, [chosen])
+    base = np.nan
     step_margins: list[float] = []
-    evaluations = 1
-    for _ in range(min(k, len(library))):
+    evaluations = 0
+    for step in range(min(k, len(library))):
         names = [name for name in library if name not in chosen]
-        values = _evaluated(evaluate, [(*chosen, name) for name in names])
-        evaluations += len(names)
+        sets = [(*chosen, name) for name in names]
+        if step == 0:
+            # the plain prompt goes with the first step's candidates: the gain filter then compares F(A) and F({})
+            # scored the same way (side by side, a lone prompt would be scored one at a time, and the two differ by
+            # llama.cpp's batching noise)
+            base, *values = _evaluated(evaluate, [chosen, *sets])
+        else:
+            values = _evaluated(evaluate, sets)
+        evaluations += len(sets) + (step == 0)
         best = _first_best(values)
         chosen = (*chosen, names[best])
         step_margins.append(float(values[best]))
