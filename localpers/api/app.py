@@ -1,7 +1,7 @@
 """The ASGI app of `localpers api`: OpenAI-compatible `/v1/completions`, `/v1/chat/completions`, `/v1/models`.
 
 Routes parse the body (`localpers.api.requests`), run the generation in a worker thread through
-`ApiBackend` and answer in OpenAI's shapes; `"stream": true` answers with server-sent events, one chunk per
+`ApiBackend` and answer in OpenAI's shapes (`localpers.api.responses`); `"stream": true` answers with server-sent events, one chunk per
 text piece, then `data: [DONE]`. Every failure is a JSON error object with a 4xx/5xx status, never a
 traceback; a client that disconnects mid-stream stops its generation. With an API key configured, every
 route needs `Authorization: Bearer <key>`. Without one, only this machine's own clients are served: a request

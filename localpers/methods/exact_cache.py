@@ -1,14 +1,15 @@
 """EXACT's selection cache: the attribute set greedy search chose for each pair, kept so no pair is searched twice.
 
-Searching one pair costs 1 + 42 + 41 + 40 prompt scorings (~30 s on 2 cores), and every scoring needs the
-vocabulary's log-probabilities for each token of y+ and y-, so batching prompts side by side saves nothing
-(docs/PERFORMANCE.md). What can be saved is doing it again: `exact-selections.json` in the user's folder maps each
-searched item to what the search found and a digest of what it scored (the prompts, y+ and y-), under a key naming
-the rest the search depends on (the bundle, the adapter, k, the attribute library and the fit format). A refit
-searches only the items it has no record for, or whose scored texts changed (another y-, another prompt wording);
-a fit stopped by Ctrl-C finds the pairs it had searched (the cache is written after each one). Read and written
-tolerantly: a missing, damaged or stale file reads as empty, and one that cannot be written stays as it was. Like
-the y- cache, it is not exported with the user, and `localpers.methods.forget` drops the records of removed items.
+Searching one pair costs 1 + 42 + 41 + 40 prompt scorings (~30 s on 2 cores even side by side, `scoring_batch`:
+every scoring needs the vocabulary's log-probabilities for each token of y+ and y-; docs/PERFORMANCE.md). What can
+be saved is doing it again: `exact-selections.json` in the user's folder maps each searched item to what the search
+found and a digest of what it scored (the prompts, y+ and y-), under a key naming the rest the search depends on
+(the bundle, the adapter, k, the attribute library, the fit mark and the way its candidates were scored, `search`).
+A refit searches only the items it has no record for, or whose scored texts changed (another y-, another prompt
+wording); a fit stopped by Ctrl-C finds the pairs it had searched (the cache is written after each one). Read and
+written tolerantly: a missing, damaged or stale file reads as empty, and one that cannot be written stays as it was.
+Like the y- cache, it is not exported with the user, and `localpers.methods.forget` drops the records of removed
+items.
 This module runs no model and decides nothing about which pairs to search (`localpers.methods.exact` does).
 """
 

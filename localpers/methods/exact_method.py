@@ -58,7 +58,7 @@ class ExactUserDecoder(UserDecoder):
 
 class ExactMethod(Method):
     name = "exact"
-    summary = "the style attributes of your closest earlier inputs, written into the prompt"
+    summary = "the style attributes of your closest earlier inputs of the same task, written into the prompt"
     own_decoder = True
 
     def fit(

@@ -100,7 +100,7 @@ _METHODS: tuple[Listed, ...] = (
         "exact",
         "localpers.methods.exact_method:ExactMethod",
         "EXACT",
-        "the style attributes of your closest earlier inputs, written into the prompt",
+        "the style attributes of your closest earlier inputs of the same task, written into the prompt",
         fits=True,
     ),
 )

@@ -10,11 +10,10 @@ and takes the next continuation. A token's logits are asked for only where a log
 prompt's last token and the continuations' tokens), and read at once with `log_norms` (the same float32 rows
 and float64 sums as `token_logprobs`). The batched sequences are emptied after every group.
 
-Numbers differ from one-at-a-time scoring by llama.cpp's batch-split noise (tests/test_exact.py measures how
-much). When the engine has fewer than two batched sequences, for a single prompt, and when a prompt's own
-tokens and its longest continuation would not fit a batched sequence (`SEQUENCE_CELLS`) or sequence 0's
-context, the prompts are scored one at a time (`PrefixScorer.score_each`). It builds no prompt and chooses no
-adapter.
+Numbers differ from one-at-a-time scoring by llama.cpp's batch-split noise (tests/test_exact_side_by_side.py
+measures how much). When the engine has fewer than two batched sequences, for a single prompt, and when a prompt's
+own tokens and its longest continuation would not fit a batched sequence (`SEQUENCE_CELLS`) or sequence 0's context,
+the prompts are scored one at a time (`PrefixScorer.score_each`). It builds no prompt and chooses no adapter.
 """
 
 from __future__ import annotations

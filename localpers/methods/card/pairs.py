@@ -6,12 +6,13 @@ base model's greedy output for the same prompt (conditioned on the items before 
 head; `fit_prompts` builds the prompts, in groups that share one block of recent outputs, so the batched pass
 evaluates each block once). y- are deterministic for (bundle, cluster, prompt), so they are cached in the user's
 folder; the pair features `g(y+) - g(y-)` (the head's sequence features, teacher-forced) are kept in memory for
-the per-user choice's refit and cached beside them (both files: `pair_cache`, under the fit mark too, so a
-FIT_FORMAT bump makes them anew), so a refit after new items scores only the new pairs: evaluating the prompts, not generating y-, is most of a fit's time. Both are written after
-each group of prompts and once more when a fit is stopped (Ctrl-C), so the next fit goes on from there; a write
-that failed is remembered (`cache_write_failed`), so the command does not say the work was kept. It also
-yields the base model's log-probability of each y+'s first token (the opening habits' calibration). The batched
-pass is `pair_batches`'; the keys and the in-memory memo are `pair_keys`'. It fits nothing and decides nothing:
+the per-user choice's refit and cached beside them (both files: `pair_cache`, under the fit mark too, so a new
+fit format or version of localpers makes them anew), so a refit after new items scores only the new pairs:
+evaluating the prompts, not generating y-, is most of a fit's time. Both are written after each group of prompts
+and once more when a fit is stopped (Ctrl-C), so the next fit goes on from there; a write that failed is
+remembered (`cache_write_failed`), so the command does not say the work was kept. It also yields the base
+model's log-probability of each y+'s first token (the opening habits' calibration). The batched pass is
+`pair_batches`'; the keys and the in-memory memo are `pair_keys`'. It fits nothing and decides nothing:
 `user_fit.fit_items` turns its output into a vector and a token bias.
 """
 
@@ -320,8 +321,9 @@ class PairBuilder:
         return [known[item.id] for item in items]
 
     def _negatives_key(self, cluster: int) -> str:
-        """The key of both caches: the bundle, the adapter y- came from and the fit format (`fit_mark`), so a fit
-        after a FIT_FORMAT bump generates and scores anew instead of reading what the code before it computed."""
+        """The key of both caches: the bundle, the adapter y- came from and the fit mark (`fit_mark`: the version
+        and the fit format, as EXACT's selection cache), so a fit after a FIT_FORMAT bump, or by another version,
+        generates and scores anew instead of reading what the code before it computed."""
         return f"{self.bundle_sha256}:{self._adapter(cluster)}:{fit_mark()}"
 
     def _read_negatives(self, user: User, cluster: int) -> dict[str, str]:
