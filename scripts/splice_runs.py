@@ -70,8 +70,12 @@ def _users_table(base: Path) -> dict[str, dict] | None:
     if not results.is_file():
         return None
     users = json.loads(results.read_text(encoding="utf-8"))["users"]
+    # a row without a query count (an older results.json) stays without one: readers then take the cache's count
     return {
-        user: {"queries": row.get("queries"), "fingerprints": dict(row.get("fingerprints") or {})}
+        user: {
+            **({"queries": row["queries"]} if row.get("queries") is not None else {}),
+            "fingerprints": dict(row.get("fingerprints") or {}),
+        }
         for user, row in users.items()
     }
 
@@ -81,7 +85,7 @@ def _replace_rows(users: dict[str, dict], method: str, brought: dict[str, Path],
     for user, path in brought.items():
         record = json.loads(path.read_text(encoding="utf-8"))
         row = users[user]
-        if row["queries"] is not None and len(record["queries"]) != row["queries"]:
+        if row.get("queries") is not None and len(record["queries"]) != row["queries"]:
             raise SystemExit(
                 f"{path} holds {len(record['queries'])} queries, {base}'s run scored {row['queries']} for {user}:"
                 " splice runs of the same data file and --max-queries"

@@ -105,3 +105,27 @@ def test_only_the_users_of_bases_run_are_spliced_and_out_can_be_filtered(tmp_pat
     )
     row = json.loads(compared.stdout)["compared"][f"{out}:card"]
     assert row["authors"] == 2 and row["ratio"] == 1.4
+
+
+def test_a_users_table_without_query_counts_is_spliced_and_read(tmp_path: Path) -> None:
+    """An older results.json names no query count: OUT's table held `"queries": null`, and compare_runs then refused
+    every user of the spliced run."""
+    base = tmp_path / "base"
+    for method, scores in (("global", {"u1": 0.2, "u2": 0.3}), ("card", {"u1": 0.3, "u2": 0.3})):
+        make_run(base, method, scores)
+    users = {user: {"fingerprints": {"global": None, "card": None}} for user in ("u1", "u2")}
+    (base / "results.json").write_text(json.dumps({"users": users}))
+    part = tmp_path / "part"
+    for method, score in (("global", 0.2), ("card", 0.4)):
+        make_run(part, method, {"u1": score})
+    out = tmp_path / "out"
+    done = splice(base, part, out)
+    assert done.returncode == 0, done.stderr
+    assert "queries" not in json.loads((out / "results.json").read_text())["users"]["u1"]
+    compared = subprocess.run(
+        [sys.executable, str(COMPARE), f"{out}:global", f"{out}:card", "--json", "--resamples", "200"],
+        capture_output=True,
+        text=True,
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert json.loads(compared.stdout)["compared"][f"{out}:card"]["authors"] == 2
