@@ -56,14 +56,12 @@ def user_create(
 ) -> None:
     """Create a new, empty user (and make it active unless --no-use)."""
     store = UserStore()
-    user = store.create(name)
-    if use:
-        store.use(name)
-    active = _is_active(store, name)
+    user = store.create(name, activate=False)
+    note_saved(f"user {name!r} was created")
+    not_activated = _activate(store, name, use)
+    _say_made(user, "created", store, not_activated, as_json)
     if as_json:
-        print_json({"name": user.name, "dir": str(user.dir), "active": active})
         return
-    typer.echo(f"created user {name!r}{' (active)' if active else ''}")
     typer.echo("next: `localpers history import FILE` or `localpers history add --input ... --output ...`")
 
 
@@ -179,8 +177,10 @@ def user_delete(
         question = f"Delete user {name!r} ({contents}, its vector and state)? This cannot be undone"
         if not ask_yes_no(question):
             raise LocalpersError(f"user {name!r} was not deleted")
-    store.delete(name)
+    pointer_left = store.delete(name)
     typer.echo(f"deleted user {name!r}")
+    if pointer_left is not None:
+        typer.echo(f"note: {pointer_left}", err=True)
 
 
 def _fit_as_a_rewrite_reads_it(with_history: bool = True) -> Callable[[User], None]:
@@ -302,20 +302,47 @@ def _history_size(user: User) -> int:
 def user_import(
     archive: Annotated[Path, typer.Argument(help="A .zip written by `localpers user export`.")],
     new_name: Annotated[str | None, typer.Option("--as", help="Import under this name instead.")] = None,
-    use: Annotated[bool, typer.Option("--use/--no-use", help="Make the imported user active.")] = False,
+    use: Annotated[
+        bool | None,
+        typer.Option(
+            "--use/--no-use",
+            help="Make the imported user active, or not; without either, it is made active when no user is.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a user from an exported archive (checked before the user appears)."""
     store = UserStore()
-    user = store.import_(archive, new_name, check=_fit_as_a_rewrite_reads_it())
-    if use:
-        store.use(user.name)
-    note_saved(f"user {user.name!r} was imported{' and made active' if use else ''}")
+    user = store.import_(archive, new_name, check=_fit_as_a_rewrite_reads_it(), activate=False)
+    note_saved(f"user {user.name!r} was imported")
+    not_activated = _activate(store, user.name, use)
+    _say_made(user, "imported", store, not_activated, as_json)
+
+
+def _activate(store: UserStore, name: str, use: bool | None) -> str | None:
+    """Make the user just made active as asked (`use` None: only when no user is active); why it could not be, or
+    None. The user is kept either way: failing the command would have a script that retries find it taken."""
+    try:
+        if use or (use is None and store.active_name() is None):
+            store.use(name)
+    except LocalpersError as exc:
+        return f"user {name!r} was not made active: {one_line(str(exc))}; `localpers user use {name}` does it later"
+    return None
+
+
+def _say_made(user: User, made: str, store: UserStore, not_activated: str | None, as_json: bool) -> None:
+    """Report a created or imported user: its folder, whether it is active, and why not where it was asked."""
     active = _is_active(store, user.name)
     if as_json:
-        print_json({"name": user.name, "dir": str(user.dir), "active": active})
+        report: dict[str, Any] = {"name": user.name, "dir": str(user.dir), "active": active}
+        if not_activated is not None:
+            report["note"] = not_activated
+        print_json(report)
         return
-    typer.echo(f"imported user {user.name!r}{' (active)' if active else ''}")
+    typer.echo(f"{made} user {user.name!r}{' (active)' if active else ''}")
+    if not_activated is not None:
+        typer.echo(f"note: {not_activated}", err=True)
 
 
 def _is_active(store: UserStore, name: str) -> bool:

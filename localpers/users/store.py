@@ -102,8 +102,8 @@ class UserStore:
             )
         return self._identified(user)
 
-    def create(self, name: str) -> User:
-        """A new, empty user; it becomes the active user when none is active."""
+    def create(self, name: str, *, activate: bool = True) -> User:
+        """A new, empty user; with `activate`, it becomes the active user when none is active."""
         validate_new_name(name)
         self._check_free(name, "pick another name or delete it first")
         staging = self._staging_dir("creating")
@@ -116,7 +116,8 @@ class UserStore:
             self._commit_staging(staging, name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self._activate_if_none(name)
+        if activate:
+            self._activate_if_none(name)
         return self.get(name)
 
     def active_name(self) -> str | None:
@@ -157,8 +158,9 @@ class UserStore:
             )
         return self.get(active)
 
-    def delete(self, name: str) -> None:
-        """Remove the user's folder (history, vector, state) and the active pointer if it names them."""
+    def delete(self, name: str) -> str | None:
+        """Remove the user's folder (history, vector, state) and the active pointer if it names them; what could
+        not be done after the user was gone (the pointer left in place), or None."""
         user = self.get(name)
         if user.dir.is_symlink():
             raise LocalpersError(
@@ -172,9 +174,14 @@ class UserStore:
             pointer = read_json_object(self.active_path, "")
         except LocalpersError:
             pointer = {"user": name}  # a damaged pointer may name this user: remove it too
+        pointer_left = None
         if pointer is not None and pointer.get("user") == name:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.active_path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # the user is gone already: its files go all the same
+                pointer_left = f"{self.active_path} could not be removed ({exc.strerror or exc})"
         failures = _remove_tree(doomed)
         if failures:
             raise StorageError(
@@ -182,6 +189,13 @@ class UserStore:
                 f" (first: {failures[0]}); delete {doomed} yourself"
             )
         self._sweep()
+        if pointer_left is not None:
+            # a pointer to a user who does not exist reads as no active user: harmless, so said, not failed
+            return (
+                f"{pointer_left}; it names a user who no longer exists, which reads as no active user:"
+                " `localpers user use NAME` chooses another once the folder can be written"
+            )
+        return None
 
     def export(
         self,
@@ -253,11 +267,16 @@ class UserStore:
         return dest
 
     def import_(
-        self, archive: Path | str, name: str | None = None, check: Callable[[User], None] | None = None
+        self,
+        archive: Path | str,
+        name: str | None = None,
+        check: Callable[[User], None] | None = None,
+        *,
+        activate: bool = True,
     ) -> User:
         """A new user from an `export` archive, under its own name or `name`; checked before it appears (its
         vector and history here, and by `check`, which the command line gives the reading a rewrite makes of a
-        fit: this layer cannot import it)."""
+        fit: this layer cannot import it). With `activate`, it becomes the active user when none is active."""
         archive = Path(archive)
         manifest, members = read_archive(archive)
         if name is None:
@@ -298,7 +317,8 @@ class UserStore:
             self._commit_staging(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self._activate_if_none(target)
+        if activate:
+            self._activate_if_none(target)
         return self.get(target)
 
     def _check_free(self, name: str, advice: str) -> None:

@@ -1,0 +1,103 @@
+"""The CLI and the user store under the ninetieth session's audit (its fourth of them).
+
+Each test is a case that went wrong before: a user created or imported when the active pointer could not be
+written reported as a failure (`{"ok": false}`, exit 1: a retry found the name taken); a delete that had removed
+the user reported the pointer it could not remove as a bare OSError, leaving the user's files behind; `--no-use`
+made the user active all the same; one unreadable user folder stopped `doctor` before its report; standard input
+read whole whatever its size; a users folder that is a link to nothing read as "no user yet, create one"; a
+looping link of the user's own files blamed on the export's destination; a stop after the history was saved
+reported as of unknown effect.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from localpers.cli import app
+from localpers.users.store import UserStore
+
+runner = CliRunner()
+
+
+def invoke(*args: str, stdin: str | bytes | None = None):
+    return runner.invoke(app, list(args), input=stdin)
+
+
+def one_line_error(result, fragment: str, code: int = 2) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+    return lines[0]
+
+
+def pointer_made_a_folder() -> UserStore:
+    """A store with user ann, whose active.json is a folder: it can be neither written nor removed."""
+    store = UserStore()
+    store.create("ann")
+    store.active_path.unlink()
+    store.active_path.mkdir()
+    return store
+
+
+def test_a_user_created_when_the_pointer_cannot_be_written_is_reported_as_created() -> None:
+    store = pointer_made_a_folder()
+    made = invoke("user", "create", "bob", "--json")
+    assert made.exit_code == 0, (made.stdout, made.stderr)
+    report = json.loads(made.stdout)
+    assert report["name"] == "bob" and report["active"] is False
+    assert "not made active" in report["note"] and "localpers user use bob" in report["note"]
+    assert "bob" in store.list()
+    plain = invoke("user", "create", "cy")
+    assert plain.exit_code == 0 and "created user 'cy'" in plain.stdout
+    assert (
+        plain.stderr.startswith("note: user 'cy' was not made active") and len(plain.stderr.splitlines()) == 1
+    )
+
+
+def test_a_user_imported_with_use_when_the_pointer_cannot_be_written_is_reported_as_imported(
+    tmp_path: Path,
+) -> None:
+    store = UserStore()
+    store.create("ann")
+    assert invoke("user", "export", "ann", "-o", str(tmp_path / "a.zip")).exit_code == 0
+    store.active_path.unlink()
+    store.active_path.mkdir()
+    imported = invoke("user", "import", str(tmp_path / "a.zip"), "--as", "bob", "--use", "--json")
+    assert imported.exit_code == 0, (imported.stdout, imported.stderr)
+    report = json.loads(imported.stdout)
+    assert report["active"] is False and "not made active" in report["note"]
+    assert "bob" in store.list()
+
+
+def test_a_delete_that_cannot_remove_the_pointer_still_deletes_every_file() -> None:
+    store = pointer_made_a_folder()
+    (store.active_path / "x").write_text("")  # not even rmdir could take it
+    deleted = invoke("user", "delete", "ann", "-y")
+    assert deleted.exit_code == 0, (deleted.stdout, deleted.stderr)
+    assert "deleted user 'ann'" in deleted.stdout
+    assert deleted.stderr.startswith("note: ") and "could not be removed" in deleted.stderr
+    assert len(deleted.stderr.splitlines()) == 1
+    assert store.list() == []
+    assert [p.name for p in store.users_dir.iterdir()] == []  # no hidden .deleting-* folder left
+
+
+def test_no_use_keeps_a_new_or_imported_user_inactive(tmp_path: Path) -> None:
+    store = UserStore()
+    created = invoke("user", "create", "ann", "--no-use", "--json")
+    assert created.exit_code == 0 and json.loads(created.stdout)["active"] is False
+    assert store.active_name() is None
+    assert invoke("user", "export", "ann", "-o", str(tmp_path / "a.zip")).exit_code == 0
+    imported = invoke("user", "import", str(tmp_path / "a.zip"), "--as", "bob", "--no-use", "--json")
+    assert imported.exit_code == 0 and json.loads(imported.stdout)["active"] is False
+    assert store.active_name() is None
+    # without either flag an import is made active when no user is, and left inactive when one is
+    assert json.loads(invoke("user", "import", str(tmp_path / "a.zip"), "--as", "cy", "--json").stdout)[
+        "active"
+    ]
+    assert not json.loads(invoke("user", "import", str(tmp_path / "a.zip"), "--as", "dee", "--json").stdout)[
+        "active"
+    ]
+    assert store.active_name() == "cy"
