@@ -101,3 +101,36 @@ def test_no_use_keeps_a_new_or_imported_user_inactive(tmp_path: Path) -> None:
         "active"
     ]
     assert store.active_name() == "cy"
+
+
+def test_doctor_reports_a_user_folder_it_cannot_read_and_goes_on(monkeypatch, tmp_path: Path) -> None:
+    store = UserStore()
+    store.create("ann")
+    bob = store.create("bob")
+    exists = Path.exists
+
+    def unreadable_for_bob(path: Path, *args, **kwargs) -> bool:
+        if path.parent == bob.dir:  # what Path.exists raises under a folder this account cannot search
+            raise PermissionError(13, "Permission denied", str(path))
+        return exists(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", unreadable_for_bob)
+    monkeypatch.setenv("LOCALPERS_MODEL", str(tmp_path / "nothere.gguf"))  # no model is loaded
+    result = invoke("doctor", "--json")
+    report = json.loads(result.stdout)
+    assert "error" not in report and report["users"]["unreadable"] == ["bob"], report
+    assert report["users"]["count"] == 2
+    shown = invoke("user", "show", "bob")  # the same cause, one line naming the file
+    one_line_error(shown, "cannot read (Permission denied); give your account access to its folder", code=1)
+
+
+def test_standard_input_is_read_up_to_a_bound(monkeypatch) -> None:
+    from localpers.users import history
+
+    monkeypatch.setattr(history, "MAX_HISTORY_FILE_BYTES", 1000)
+    UserStore().create("ann")
+    refused = invoke("history", "add", "-i", "-", "-o", "Council votes", stdin="a" * 1001)
+    one_line_error(refused, "standard input holds more than the 1,000 bytes")
+    assert UserStore().get("ann").history() == []
+    kept = invoke("history", "add", "-i", "-", "-o", "Council votes", stdin="a" * 500)
+    assert kept.exit_code == 0, kept.stderr

@@ -199,12 +199,20 @@ def read_text_argument(text: str) -> str:
 def read_stdin_utf8() -> str:
     """Standard input read as UTF-8 bytes, whatever the locale says (as history files are read): under a Latin-1
     locale, text decoded by the locale would be stored as mojibake. Refused in one line if it is not UTF-8."""
+    from localpers.users.history import MAX_HISTORY_FILE_BYTES
+
     stream = sys.stdin
+    # bounded as `history import -` is: a pipe that never ends must not take the machine's memory first
     raw = (
-        stream.buffer.read()
+        stream.buffer.read(MAX_HISTORY_FILE_BYTES + 1)
         if hasattr(stream, "buffer")
-        else stream.read().encode("utf-8", "surrogateescape")
+        else stream.read(MAX_HISTORY_FILE_BYTES + 1).encode("utf-8", "surrogateescape")
     )
+    if len(raw) > MAX_HISTORY_FILE_BYTES:
+        raise InputError(
+            f"standard input holds more than the {MAX_HISTORY_FILE_BYTES:,} bytes localpers reads as one text;"
+            " pass the start of the text"
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -307,7 +307,10 @@ def _users_status(
     in_use = bundle_in_use_sha256()
     stale, unreadable = [], []
     refused: dict[str, str] = {}
-    names = store.list()
+    try:
+        names = store.list()
+    except OSError as exc:  # a users folder this account cannot read: the rest of the report still helps
+        names, folder_problem = [], f"{store.users_dir}: cannot read ({exc.strerror or exc})"
     for name in names:
         try:
             user = User(
@@ -315,9 +318,11 @@ def _users_status(
             )  # not store.get: it tidies the folder, doctor writes nothing
             check_stored_fit(user, in_use, clusters, head_d)  # the checks `localpers rewrite` makes
             state = user.state()
-        except LocalpersError as exc:
+        except (LocalpersError, OSError) as exc:  # OSError: a folder this account cannot read
             unreadable.append(name)
-            refused[name] = str(exc)
+            refused[name] = (
+                str(exc) if isinstance(exc, LocalpersError) else f"cannot read ({exc.strerror or exc})"
+            )
             continue
         # without a bundle in use to compare with, only the fit's format can be judged
         unusable = fit_is_outdated(state) if in_use is None else not fit_made_for(state, in_use)

@@ -74,8 +74,13 @@ def now() -> str:
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any] | None:
     """The JSON object in `path`, None if the file is absent; a one-line error if it is damaged."""
-    if not path.exists():  # absent, or a link to nothing (read as absent, as before)
-        return None
+    try:
+        if not path.exists():  # absent, or a link to nothing (read as absent, as before)
+            return None
+    except OSError as exc:  # a folder on the way that this account cannot read (Path.exists raises then)
+        raise LocalpersError(
+            f"{path}: cannot read ({exc.strerror or exc}); give your account access to its folder"
+        ) from None
     if path.is_dir():
         raise LocalpersError(f"{path} is a folder where localpers keeps a file; move it away")
     # a FIFO, a device (a link to /dev/zero) or a huge file is refused before it is read
