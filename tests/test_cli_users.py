@@ -1021,9 +1021,7 @@ def test_a_file_where_the_users_folder_goes_is_named_by_every_command() -> None:
     users_dir.parent.mkdir(parents=True, exist_ok=True)
     users_dir.write_text("not a folder")
     for command in (["user", "list"], ["user", "create", "ann"]):
-        assert_one_line_error(
-            run(*command, code=1), f"{users_dir} is not a folder (a file or a dangling link"
-        )
+        assert_one_line_error(run(*command, code=1), f"{users_dir} is not a folder (a file is in its place)")
     assert users_dir.read_text() == "not a folder"
 
 

@@ -134,3 +134,25 @@ def test_standard_input_is_read_up_to_a_bound(monkeypatch) -> None:
     assert UserStore().get("ann").history() == []
     kept = invoke("history", "add", "-i", "-", "-o", "Council votes", stdin="a" * 500)
     assert kept.exit_code == 0, kept.stderr
+
+
+def test_a_users_folder_linked_to_nothing_is_named_not_read_as_no_user(tmp_path: Path) -> None:
+    store = UserStore()
+    store.create("ann")
+    store.users_dir.rename(tmp_path / "on-the-drive")
+    store.users_dir.symlink_to(tmp_path / "unmounted" / "users")
+    for command in (["history", "list"], ["user", "show", "ann"], ["user", "delete", "ann", "-y"], ["fit"]):
+        line = one_line_error(
+            invoke(*command), f"{store.users_dir} is a link to {tmp_path / 'unmounted'}", code=1
+        )
+        assert "reconnect what it points to, or remove the link" in line and "user create" not in line
+
+
+def test_a_user_folder_linked_to_nothing_is_named_not_read_as_no_such_user(tmp_path: Path) -> None:
+    store = UserStore()
+    ann = store.create("ann")
+    ann.dir.rename(tmp_path / "ann-elsewhere")
+    ann.dir.symlink_to(tmp_path / "gone")
+    for command in (["history", "list"], ["user", "delete", "ann", "-y"]):
+        line = one_line_error(invoke(*command), f"{ann.dir} is a link to {tmp_path / 'gone'}", code=1)
+        assert "user create" not in line

@@ -93,9 +93,12 @@ class UserStore:
         )
 
     def get(self, name: str) -> User:
+        self.check_folder()  # a users folder linked to an unmounted drive is not "no such user: create one"
         self._sweep()  # an interrupted delete's leftover goes at once, not at the next create
         user = self._user(validate_name(name))
         if not user.dir.is_dir():
+            if os.path.lexists(user.dir):
+                raise StorageError(f"{_not_a_folder(user.dir)}; no command can use user {name!r} until then")
             raise LocalpersError(
                 f"no user named {name!r}; `localpers user list` shows the users, "
                 f"`localpers user create {name}` makes one"
@@ -133,7 +136,10 @@ class UserStore:
             raise InputError(
                 f"{self.active_path} is damaged (bad 'user'); run `localpers user use NAME` to choose the active user"
             )
-        return name if self._user(name).dir.is_dir() else None
+        folder = self._user(name).dir
+        if not folder.is_dir() and os.path.lexists(folder):  # not a user who was deleted: one out of reach
+            raise StorageError(f"{_not_a_folder(folder)}; no command can use user {name!r} until then")
+        return name if folder.is_dir() else None
 
     def use(self, name: str) -> User:
         """Make `name` the active user."""
@@ -146,6 +152,7 @@ class UserStore:
         """The named user, or the active one; a one-line error if neither exists."""
         if name is not None:
             return self.get(name)
+        self.check_folder()
         active = self.active_name()
         if active is None:
             names = self.list()
@@ -336,10 +343,7 @@ class UserStore:
         """Refuse a file (or a link to nothing) where the users' folder goes: `user list` read "no users yet"
         and `user create` blamed permissions or disk space."""
         if os.path.lexists(self.users_dir) and not self.users_dir.is_dir():
-            raise StorageError(
-                f"{self.users_dir} is not a folder (a file or a dangling link is in its place), so no user can be"
-                " kept there: move it away"
-            )
+            raise StorageError(f"{_not_a_folder(self.users_dir)}; no user can be kept there until then")
 
     def _staging_dir(self, purpose: str, create: bool = True) -> Path:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
@@ -395,6 +399,17 @@ class UserStore:
             return  # leave a damaged pointer for `user use` to repair, rather than guess
         if active is None:
             self.use(name)
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why `path`, where a folder goes, is none, and the mend: a link to nothing (a drive not mounted?) is
+    reconnected or removed, anything else moved away."""
+    if path.is_symlink():
+        return (
+            f"{path} is a link to {os.readlink(path)}, which is not a folder (a drive not mounted?): reconnect what"
+            " it points to, or remove the link"
+        )
+    return f"{path} is not a folder (a file is in its place): move it away"
 
 
 def _check_before_export(user: User, check: Callable[[User], None]) -> None:
