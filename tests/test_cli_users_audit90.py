@@ -156,3 +156,48 @@ def test_a_user_folder_linked_to_nothing_is_named_not_read_as_no_such_user(tmp_p
     for command in (["history", "list"], ["user", "delete", "ann", "-y"]):
         line = one_line_error(invoke(*command), f"{ann.dir} is a link to {tmp_path / 'gone'}", code=1)
         assert "user create" not in line
+
+
+def test_a_looping_link_among_the_users_files_is_not_blamed_on_the_export_destination(tmp_path: Path) -> None:
+    store = UserStore()
+    ann = store.create("ann")
+    ann.history_path.symlink_to(ann.history_path.name)  # history.jsonl -> itself
+    exported = invoke("user", "export", "ann", "-o", str(tmp_path / "a.zip"))  # without the history
+    assert exported.exit_code == 0, exported.stderr
+    assert (tmp_path / "a.zip").is_file()
+    with_history = invoke("user", "export", "ann", "--with-history", "-o", str(tmp_path / "b.zip"))
+    assert with_history.exit_code != 0 and "b.zip" not in with_history.stderr, with_history.stderr
+
+
+def test_an_export_path_that_cannot_be_written_is_a_bad_argument_whichever_way_it_is_written(
+    tmp_path: Path,
+) -> None:
+    UserStore().create("ann")
+    one_line_error(
+        invoke("user", "export", "ann", "-o", str(tmp_path / "nodir" / "a.zip")), "is not a folder"
+    )
+    (tmp_path / "d" / "localpers-user-ann.zip").mkdir(parents=True)
+    line = one_line_error(invoke("user", "export", "ann", "-o", str(tmp_path / "d")), "is not a regular file")
+    assert "(a folder, device, FIFO or socket)" in line
+
+
+def test_a_stop_while_the_history_index_is_written_says_the_history_was_saved(
+    monkeypatch, tmp_path: Path
+) -> None:
+    from localpers.users.history_index import HistoryIndex
+
+    def stopped(*args, **kwargs) -> None:
+        raise KeyboardInterrupt
+
+    UserStore().create("ann")
+    monkeypatch.setattr(HistoryIndex, "write", stopped)
+    added = invoke("history", "add", "-i", "The council met", "-o", "Council meets")
+    assert added.exit_code == 130
+    assert "this came after the work was saved: user 'ann' now has 1 item" in added.stderr, added.stderr
+    assert len(UserStore().get("ann").history()) == 1
+    source = tmp_path / "more.jsonl"
+    source.write_text('{"input": "Rates rose", "output": "Rates rise"}\n')
+    imported = invoke("history", "import", str(source))
+    assert imported.exit_code == 130 and "now has 2 items" in imported.stderr, imported.stderr
+    removed = invoke("history", "remove", "--oldest", "1")
+    assert removed.exit_code == 130 and "now has 1 item" in removed.stderr, removed.stderr

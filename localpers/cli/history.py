@@ -7,6 +7,7 @@ Commands stay thin: `localpers.users.history_import` parses a file, `localpers.u
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -116,8 +117,10 @@ def history_import(
             + (f", or import the file's latest with `--keep-latest {room}`" if room > 0 else ""),
         )
         if len(already) < len(parsed.items):  # nothing new: the stored history stays as it is, unwritten
-            target.save_history(merged)
-            note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}")
+            target.save_history(
+                merged,
+                on_saved=lambda: note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}"),
+            )
     added = len(parsed.items) - len(already)
     if as_json:
         print_json(
@@ -208,8 +211,10 @@ def history_add(
                 what=f"user {target.name!r} would have",
                 hint=make_room_hint(target.name, len(merged) - MAX_HISTORY_ITEMS),
             )
-            target.save_history(merged)
-            note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}")
+            target.save_history(
+                merged,
+                on_saved=lambda: note_saved(f"user {target.name!r} now has {items_phrase(len(merged))}"),
+            )
     if already:  # the item as stored (its source, its date), not the candidate that matched it
         item = next(stored for stored in merged if stored.id == item.id)
     if as_json:
@@ -300,8 +305,9 @@ def history_remove(
             raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
         return matches
 
-    removed, remaining = remove_history_items(target, the_matching_item)
-    note_saved(f"user {target.name!r} now has {items_phrase(len(remaining))}")
+    removed, remaining = remove_history_items(
+        target, the_matching_item, on_saved=_note_remaining(target.name)
+    )
     if as_json:
         _print_removed(target, removed, remaining)
         return
@@ -322,8 +328,7 @@ def _remove_oldest(target: User, count: int, as_json: bool = False) -> None:
             raise LocalpersError(f"user {target.name!r} has no history items to remove")
         return {item.id for item in items[:count]}
 
-    removed, remaining = remove_history_items(target, the_oldest)
-    note_saved(f"user {target.name!r} now has {items_phrase(len(remaining))}")
+    removed, remaining = remove_history_items(target, the_oldest, on_saved=_note_remaining(target.name))
     if as_json:
         _print_removed(target, removed, remaining)
         return
@@ -338,3 +343,8 @@ def _remove_oldest(target: User, count: int, as_json: bool = False) -> None:
 def make_room_hint(user_name: str, over: int) -> str:
     """How to free `over` places in a full history from the command line."""
     return f"make room with `localpers history remove --oldest {over} --user {user_name}`"
+
+
+def _note_remaining(name: str) -> Callable[[list[HistoryItem]], None]:
+    """What `remove_history_items` calls once the history is written: a stop from then on came after the work."""
+    return lambda remaining: note_saved(f"user {name!r} now has {items_phrase(len(remaining))}")

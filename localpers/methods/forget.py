@@ -24,7 +24,9 @@ from localpers.users.store import User
 
 
 def remove_history_items(
-    user: User, choose: Callable[[list[HistoryItem]], Set[str]]
+    user: User,
+    choose: Callable[[list[HistoryItem]], Set[str]],
+    on_saved: Callable[[list[HistoryItem]], None] | None = None,
 ) -> tuple[list[HistoryItem], list[HistoryItem]]:
     """Remove the items whose ids `choose` picks from the stored history, and what was derived from them.
 
@@ -32,6 +34,7 @@ def remove_history_items(
     The one way the CLI and the TUI remove items, so none forgets the derived files. Those are pruned first:
     a stop (Ctrl-C, a full disk) before the history is written leaves the items in it and their derived
     entries to be made again by the next fit, never a removed text in a file no command would prune again.
+    `on_saved` gets the remaining items as soon as the history is written (`User.save_history`).
     """
     with user.locked():
         items = user.history()
@@ -39,7 +42,9 @@ def remove_history_items(
         removed = [item for item in items if item.id in chosen]
         remaining = [item for item in items if item.id not in chosen]
         forget_removed_items(user, {item.id for item in remaining})
-        user.save_history(remaining, removing=True)
+        user.save_history(
+            remaining, removing=True, on_saved=None if on_saved is None else lambda: on_saved(remaining)
+        )
     return removed, remaining
 
 

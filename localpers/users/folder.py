@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -179,11 +179,14 @@ class User:
             _history_ids[self.history_path] = (stamp, ids)
         return ids
 
-    def save_history(self, items: list[HistoryItem], *, removing: bool = False) -> None:
+    def save_history(
+        self, items: list[HistoryItem], *, removing: bool = False, on_saved: Callable[[], None] | None = None
+    ) -> None:
         """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read).
 
         `removing`: `items` is the stored history less some items, so it is written even if still over the
-        item limit (a history made longer by hand must be reducible step by step).
+        item limit (a history made longer by hand must be reducible step by step). `on_saved` is called as soon
+        as the history itself is written, before its derived files: a stop after it came after the work.
         """
         text = serialize_history(items)
         if not removing:
@@ -201,6 +204,8 @@ class User:
             remove_kept(self.dir)
             # a history kept elsewhere through a link (a synced folder, another drive) stays there
             atomic_write_text(self.history_path, text, through_link=True)
+            if on_saved is not None:
+                on_saved()
             HistoryIndex.write(self.dir, text, items)
             write_ordinals(self.dir, ordinals)
 

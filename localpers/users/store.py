@@ -223,13 +223,14 @@ class UserStore:
             dest = dest / f"localpers-user-{name}.zip"
         try:
             resolved = dest.resolve()
-            # a history kept elsewhere through a link (a layout localpers supports): --force replaced it with a zip
-            kept = {
-                self.active_path.resolve(): "localpers' own active.json",
-                user.history_path.resolve(): f"the file user {name!r} keeps its history in",
-            }
         except (OSError, RuntimeError):  # Python 3.11 raises RuntimeError for a link that loops
             raise InputError(f"{dest}: a link that loops or cannot be followed; choose a file path") from None
+        # a history kept elsewhere through a link (a layout localpers supports): --force replaced it with a zip.
+        # realpath never raises: a loop among the user's own files is theirs to report, not the destination's.
+        kept = {
+            Path(os.path.realpath(self.active_path)): "localpers' own active.json",
+            Path(os.path.realpath(user.history_path)): f"the file user {name!r} keeps its history in",
+        }
         if resolved.is_relative_to(self.users_dir.resolve()):
             raise InputError(
                 f"{dest} is inside localpers' users folder {self.users_dir}, whose files it would replace or"
@@ -240,9 +241,9 @@ class UserStore:
                 f"{dest} is {kept[resolved]}, which the archive would replace; choose another path"
             )
         if dest.exists() and not dest.is_file():
-            raise LocalpersError(
-                f"{dest} exists and is not a regular file (a device, FIFO or socket); it is never replaced:"
-                " choose a file path"
+            raise InputError(
+                f"{dest} exists and is not a regular file (a folder, device, FIFO or socket); it is never"
+                " replaced: choose a file path"
             )
         if os.path.lexists(dest) and not overwrite:  # a link to nothing too: the export would replace it
             raise LocalpersError(f"{dest} already exists; choose another path or pass --force")
@@ -269,7 +270,7 @@ class UserStore:
             members["state.json"] = marked_for_history(user, archived, "history.jsonl" in members)
         data = pack_archive(name, archived.get("cluster") if isinstance(archived, dict) else None, members)
         if not dest.parent.is_dir():
-            raise LocalpersError(f"{dest.parent} is not a folder; create it or choose another path")
+            raise InputError(f"{dest.parent} is not a folder; create it or choose another path")
         atomic_write_bytes(dest, data)
         return dest
 
