@@ -77,10 +77,10 @@ def _check_creatable(directory: Path, option: str) -> None:
         raise LocalpersError(
             f"{option} {directory} cannot be made: {ancestor} is a file, not a directory; give another path"
         )
-    _refuse_unwritable(ancestor, f"{option} {directory} cannot be made: {ancestor}", "give another path")
+    refuse_unwritable(ancestor, f"{option} {directory} cannot be made: {ancestor}", "give another path")
 
 
-def _refuse_unwritable(directory: Path, what: str, fix: str) -> None:
+def refuse_unwritable(directory: Path, what: str, fix: str) -> None:
     """Refuse `directory` unless this process may create files in it (by its effective ids where the OS can say);
     `what` opens the message."""
     effective = os.access in os.supports_effective_ids
@@ -104,7 +104,7 @@ def check_own_directory(
         raise LocalpersError(
             f"{option} {directory} exists and is not a directory; give a new or empty directory"
         )
-    _refuse_unwritable(directory, f"{option} {directory}", "give another directory")
+    refuse_unwritable(directory, f"{option} {directory}", "give another directory")
     try:
         entries = sorted(directory.iterdir())
     except OSError as exc:

@@ -201,3 +201,25 @@ def test_a_stop_while_the_history_index_is_written_says_the_history_was_saved(
     assert imported.exit_code == 130 and "now has 2 items" in imported.stderr, imported.stderr
     removed = invoke("history", "remove", "--oldest", "1")
     assert removed.exit_code == 130 and "now has 1 item" in removed.stderr, removed.stderr
+
+
+def test_a_fit_in_a_folder_it_cannot_write_is_refused_before_the_model_loads(
+    monkeypatch, tmp_path: Path
+) -> None:
+    import os
+
+    from localpers.methods.card import personalizer
+
+    ann = UserStore().create("ann")
+    assert invoke("history", "add", "-i", "The council met", "-o", "Council meets").exit_code == 0
+    (ann.dir / ".fit.lock").touch()  # an earlier fit's: opening it needs no write access to the folder
+    access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode, **kw: Path(path) != ann.dir and access(path, mode, **kw)
+    )
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(personalizer.Personalizer, "open", no_model)
+    one_line_error(invoke("fit"), f"{ann.dir}, the folder of user 'ann', cannot be written", code=1)

@@ -78,11 +78,16 @@ def fit_command(
 ) -> None:
     """Fit the user from their history: CARD's cluster and vector, or CoPe/EXACT with --method (all on this machine)."""
     from localpers.methods.card.personalizer import Personalizer
+    from localpers.paths import refuse_unwritable
     from localpers.users.store import UserStore
 
     chosen = get_method(method, for_fit=True)
     target = UserStore().resolve(user)
     with target.fitting():  # taken before the model loads: a second fit of the user is refused at once
+        # a refit finds its lock file made already: without this it did all its work, then failed at the save
+        refuse_unwritable(
+            target.dir, f"{target.dir}, the folder of user {target.name!r},", "fix that, then fit again"
+        )
         personalizer = Personalizer.open(model=model, bundle=bundle)
         current = None if refit else chosen.current_fit(personalizer, target, history_limit=history_limit)
         if current is not None:
