@@ -1,0 +1,123 @@
+"""Gaps found by the ninetieth session's mutation audit of the user archive's reader and the bundle manifest's
+rules: each test fails under a mutation of `localpers/users/archive.py` or `localpers/bundle/manifest.py` that
+the rest of the suite let through.
+
+Nothing here loads a model: archives are built in memory and read with `read_archive`.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from localpers.errors import InputError
+from localpers.users.archive import (
+    MAX_ARCHIVE_MEMBER_BYTES,
+    MAX_ARCHIVE_TOTAL_BYTES,
+    pack_archive,
+    read_archive,
+)
+
+VECTOR_A = "vector-00000000000000aa.safetensors"
+VECTOR_B = "vector-00000000000000bb.safetensors"
+
+
+def zipped(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def manifest_of(members: dict[str, bytes]) -> bytes:
+    """The manifest.json `localpers user export` writes for `members`."""
+    with zipfile.ZipFile(io.BytesIO(pack_archive("ann", 0, members))) as archive:
+        return archive.read("manifest.json")
+
+
+def test_one_member_over_its_cap_is_refused_though_the_total_is_under_its_own(tmp_path: Path) -> None:
+    big = b"\0" * (MAX_ARCHIVE_MEMBER_BYTES + 1)
+    assert len(big) < MAX_ARCHIVE_TOTAL_BYTES  # only the per-member cap can refuse it
+    path = tmp_path / "big.zip"
+    path.write_bytes(zipped({"manifest.json": b"{}", "history.jsonl": big}))
+    with pytest.raises(InputError, match="history.jsonl is too large for a user archive"):
+        read_archive(path)
+
+
+def test_two_vectors_are_refused(tmp_path: Path) -> None:
+    members = {"state.json": b"{}", VECTOR_A: b"a", VECTOR_B: b"b"}
+    path = tmp_path / "two.zip"
+    path.write_bytes(zipped({"manifest.json": manifest_of(members), **members}))
+    with pytest.raises(InputError, match="more than one vector file"):
+        read_archive(path)
+
+
+def test_a_member_the_manifest_does_not_list_is_refused(tmp_path: Path) -> None:
+    listed = {"state.json": b"{}"}
+    path = tmp_path / "unlisted.zip"
+    # history.jsonl would go unchecked by any sha256
+    path.write_bytes(zipped({"manifest.json": manifest_of(listed), **listed, "history.jsonl": b"{}\n"}))
+    with pytest.raises(InputError, match="field 'files' does not list the archive's files"):
+        read_archive(path)
+    path.write_bytes(zipped({"manifest.json": manifest_of(listed), **listed}))
+    manifest, members = read_archive(path)  # the same archive without the extra member is read
+    assert members == listed and manifest["name"] == "ann"
+
+
+SHA = "ab" * 32
+
+
+def manifest(files: dict[str, dict] | None = None, **fields: object) -> dict:
+    """The smallest manifest validate_manifest passes, with `fields` changed."""
+    return {
+        "format": "localpers-bundle",
+        "format_version": 1,
+        "backbone": {"name": "b", "sha256": SHA},
+        "files": {"head.safetensors": {"sha256": SHA, "size": 1}} if files is None else files,
+        **fields,
+    }
+
+
+def test_the_smallest_manifest_passes() -> None:
+    from localpers.bundle.manifest import validate_manifest
+
+    validate_manifest(manifest())  # the cases below fail for their one change only
+
+
+def test_a_manifest_listing_itself_is_refused() -> None:
+    from localpers.bundle.manifest import BundleProblem, validate_manifest
+
+    with pytest.raises(BundleProblem, match="manifest.json cannot list itself"):
+        validate_manifest(manifest({"manifest.json": {"sha256": SHA, "size": 1}}))
+
+
+def test_a_backbone_hash_that_is_not_lowercase_hex_is_refused() -> None:
+    from localpers.bundle.manifest import BundleProblem, validate_manifest
+
+    for bad in ("AB" * 32, "ab" * 31, "zz" * 32):
+        with pytest.raises(BundleProblem, match="backbone.sha256"):
+            validate_manifest(manifest(backbone={"name": "b", "sha256": bad}))
+
+
+def test_a_manifest_listing_more_files_than_a_bundle_may_have_is_refused() -> None:
+    from localpers.bundle.manifest import MAX_BUNDLE_FILES, BundleProblem, validate_manifest
+
+    files = {f"f{i}": {"sha256": SHA, "size": 0} for i in range(MAX_BUNDLE_FILES + 1)}
+    with pytest.raises(BundleProblem, match=f"lists {MAX_BUNDLE_FILES + 1} files"):
+        validate_manifest(manifest(files))
+    files.popitem()
+    validate_manifest(manifest(files))  # the bound itself passes
+
+
+def test_manifest_bytes_over_the_cap_are_refused_before_they_are_parsed(monkeypatch) -> None:
+    from localpers.bundle import manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 100)
+    small = b'{"a": 1}'
+    assert manifest_module.parse_manifest(small, "m") == {"a": 1}
+    with pytest.raises(manifest_module.BundleProblem, match="101 bytes is too large for a manifest"):
+        manifest_module.parse_manifest(b"{" + b" " * 99 + b"}", "m")
