@@ -318,8 +318,9 @@ def check_given_bundle_dir(directory: Path) -> None:
 
 
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
-    """Verify and return the bundle at `path` (default: `default_bundle_dir()`; the pulled bundle's manifest
-    must still be the one `pull` recorded). A refusal says what to do for where the bundle came from."""
+    """Verify and return the bundle at `path` (default: `default_bundle_dir()`; a pulled version's manifest, the
+    default one or one named by path, must still be the one `pull` recorded). A refusal says what to do for where
+    the bundle came from."""
     if path is not None:
         directory = Path(path).expanduser()
         if not directory.is_dir():
@@ -332,6 +333,7 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
             # version itself is read and held as the default bundle is (through the link, this process read
             # another version's files beside those it had verified, and a pull could prune the one it verified)
             directory = pulled
+            check_installed_manifest(directory)  # its record sits beside it, current or kept
             hold_version(directory)
         if repair_advice(directory) == GIVEN_BUNDLE_ADVICE:  # neither the pulled bundle nor the demo's
             check_given_bundle_dir(directory)

@@ -6,8 +6,9 @@ The per-file sha256 checks cover the files a manifest lists, not the manifest it
 publisher's fingerprint) before it
 renames the staged bundle into `versions/<id>`, and `check_installed_manifest` refuses the installed bundle when
 its manifest no longer has that hash. A version pulled by a localpers that wrote no record is not checked (the
-next pull that finds it up to date writes one). Bundles given as a directory have no record: they are checked
-against their own manifest only, as before.
+next pull that finds it up to date writes one). A pulled version given by its path (`bundles/current`,
+`versions/<id>`) is checked as the default bundle is; other bundle directories have no record: they are checked
+against their own manifest only.
 """
 
 from __future__ import annotations
