@@ -35,6 +35,7 @@ from localpers.bundle.manifest import (
 from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.bundle.version_use import hold_version
 from localpers.errors import InputError, LocalpersError, StorageError
+from localpers.paths import expand_user
 from localpers.strict_json import strict_json_text
 
 __all__ = [
@@ -322,7 +323,7 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
     default one or one named by path, must still be the one `pull` recorded). A refusal says what to do for where
     the bundle came from."""
     if path is not None:
-        directory = Path(path).expanduser()
+        directory = expand_user(path)
         if not directory.is_dir():
             raise InputError(
                 f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"

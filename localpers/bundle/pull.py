@@ -58,6 +58,7 @@ from localpers.bundle.sources import (
     open_source,
 )
 from localpers.errors import LocalpersError
+from localpers.paths import expand_user
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -247,7 +248,7 @@ def _record(
     """Record the manifest installed as `version_dir` (its signed target hash where signed) and the source."""
     signed = isinstance(source, SignedSource)
     sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
-    where = given if "://" in given else str(Path(given).expanduser().resolve())
+    where = given if "://" in given else str(expand_user(given).resolve())
     publisher = source.fingerprint if isinstance(source, SignedSource) else None
     write_record(version_dir, sha256, where, signed=signed, publisher=publisher)
 
