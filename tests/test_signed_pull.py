@@ -256,8 +256,10 @@ def test_repo_commands_print_expiry_dates_and_warn_before_the_root_expires(
     shown = json.loads(renewed.stdout)
     later = datetime.strptime(shown["expires"]["root"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     assert shown["root"] == 3 and abs((later - datetime.now(UTC)).days - 700) <= 1 and not renewed.stderr
+    new_keys = repo_dir.parent / "new-keys"  # the keys in use are refused as new ones
+    generate_keys(new_keys)
     rotated = runner.invoke(
-        app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(keys)]
+        app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(new_keys)]
     )
     assert rotated.exit_code == 0 and "expires (UTC): root " in rotated.stdout, rotated.output
 
