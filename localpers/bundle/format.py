@@ -36,6 +36,7 @@ from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.bundle.version_use import hold_version
 from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.paths import expand_user
+from localpers.regular_files import read_regular_file
 from localpers.strict_json import strict_json_text
 
 __all__ = [
@@ -152,15 +153,11 @@ def check_file(bundle_dir: Path, relative: str, entry: dict[str, Any]) -> None:
 def read_manifest(bundle_dir: Path) -> dict[str, Any]:
     """Read and parse `bundle_dir/manifest.json` (no validation beyond JSON)."""
     path = Path(bundle_dir) / MANIFEST_NAME
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError:
-        raise BundleProblem(
-            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
-        ) from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not path.exists() and not path.is_symlink():
+        raise BundleProblem(f"{bundle_dir}: no manifest.json there, so it is not a bundle directory")
+    # a regular file only: opened blocking, a FIFO there hung every command that opened the bundle
+    too_big = "this is not a bundle"
+    data = read_regular_file(path, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True, too_big=too_big)
     return parse_manifest(data, str(path))
 
 
@@ -261,7 +258,10 @@ def installed_bundle_with(manifest_bytes: bytes, backbone_sha256: str | None) ->
     if installed is None:
         return None
     try:
-        if (installed / MANIFEST_NAME).read_bytes() != manifest_bytes:
+        installed_manifest = read_regular_file(
+            installed / MANIFEST_NAME, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True
+        )
+        if installed_manifest != manifest_bytes:
             return None
         verify_bundle(installed, backbone_sha256=backbone_sha256)
     except (OSError, LocalpersError):

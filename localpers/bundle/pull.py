@@ -60,6 +60,7 @@ from localpers.bundle.sources import (
 )
 from localpers.errors import LocalpersError
 from localpers.paths import expand_user
+from localpers.regular_files import open_lock_file
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -157,7 +158,11 @@ def _pull_lock(root: Path) -> Iterator[None]:
     except ImportError:  # Windows
         yield
         return
-    with (root / LOCK_NAME).open("a") as handle:
+    try:
+        handle = open_lock_file(root / LOCK_NAME)
+    except OSError as exc:
+        raise LocalpersError(f"{root / LOCK_NAME}: cannot be opened ({exc.strerror}); delete it") from None
+    with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
