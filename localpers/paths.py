@@ -31,6 +31,17 @@ def _root_override() -> Path | None:
     return root
 
 
+def expand_user(path: str | Path) -> Path:
+    """`path` with a leading `~` or `~user` expanded; a one-line error naming it when no such home folder is known
+    (`Path.expanduser` raises a bare RuntimeError then)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise InputError(
+            f"{path}: no home folder is known for {Path(path).parts[0]}; give the path in full"
+        ) from None
+
+
 def _made(path: Path, root: Path | None) -> Path:
     """`path`, created if missing; a one-line error naming LOCALPERS_HOME when that is what points wrong."""
     try:

@@ -2,14 +2,17 @@
 
 `read_regular_file` is what every reader of a history file, a user archive, a user's stored history or an
 engine state kept in a user's folder (`localpers.engine.prefix_files`) goes through. It only reads bytes;
-parsing them is the caller's job.
+parsing them is the caller's job. `open_lock_file` opens a lock file the same way: never a FIFO or device, never
+blocking.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
+from typing import IO
 
 from localpers.errors import InputError, LocalpersError
 
@@ -76,3 +79,26 @@ def read_regular_file(
     if len(raw) > limit:
         raise InputError(f"{path} is more than the {limit:,} bytes a {what} may have; {too_big}")
     return raw
+
+
+def open_lock_file(path: Path) -> IO[bytes]:
+    """`path` opened for appending (created if missing), to take an advisory lock on; an OSError where it is not
+    a regular file of its own (a FIFO, device, socket, folder or link). Opened blocking, a FIFO waited for a
+    reader forever."""
+    not_regular = OSError(
+        errno.EINVAL, "not a regular file (a FIFO, device, socket, folder or link)", str(path)
+    )
+    with_flags = (
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    )
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            raise not_regular
+    except FileNotFoundError:
+        pass
+    descriptor = os.open(path, with_flags, 0o666)
+    handle = os.fdopen(descriptor, "ab")
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        handle.close()
+        raise not_regular
+    return handle

@@ -130,17 +130,33 @@ def test_keygen_refuses_a_folder_other_accounts_can_write(tmp_path: Path) -> Non
     assert list(keys.iterdir()) == []
 
 
-def test_a_publisher_confirmed_at_the_prompt_may_replace_the_bundle_in_use(tmp_path: Path) -> None:
-    """The publisher binding refused a publisher the user had just accepted at the terminal's question (session
-    review): answering yes is the user's word, as --trust is; answering no installs nothing."""
+def test_the_prompt_is_not_offered_where_another_publishers_bundle_is_in_use(tmp_path: Path) -> None:
+    """The terminal's question put the server's own key one `y` away from replacing the bundle in use, and did
+    not say another publisher's bundle was in use (ninetieth session's trust audit): a hostile mirror at the usual
+    address needed one keypress. Switching publishers takes --trust with the fingerprint from the publisher; the
+    question stays for first contact, and for the in-use bundle's own publisher whose trust store was lost."""
+    from localpers.bundle.trust import trust_store
+
     first, first_fingerprint = publisher(tmp_path, "a")
     other, other_fingerprint = publisher(tmp_path, "b")
-    pull(first, trust=first_fingerprint)
+    asked: list[str] = []
+    pull(first, confirm_trust=lambda fingerprint: asked.append(fingerprint) or True)  # first contact: asked
+    assert asked == [first_fingerprint]
     in_use = installed_bundle_dir()
-    with pytest.raises(LocalpersError, match="which this device does not trust yet"):
-        pull(other, confirm_trust=lambda fingerprint: False)
-    assert installed_bundle_dir() == in_use
-    switched = pull(other, confirm_trust=lambda fingerprint: fingerprint == other_fingerprint)
+    with pytest.raises(LocalpersError) as refused:
+        pull(other, confirm_trust=lambda fingerprint: pytest.fail("asked to switch publishers"))
+    message = str(refused.value)
+    assert (
+        f"signed by publisher key {other_fingerprint}, which this device does not trust, but the bundle in use"
+        f" came from publisher {first_fingerprint}; nothing was installed" in message
+    )
+    assert "pull again with --trust and the fingerprint of the publisher you mean" in message
+    assert f"--trust {other_fingerprint}" not in message and "\n" not in message
+    assert installed_bundle_dir() == in_use and not trust_store(other_fingerprint).exists()
+    shutil.rmtree(trust_store(first_fingerprint))  # the in-use bundle's publisher, its store lost: no switch
+    pull(first, confirm_trust=lambda fingerprint: asked.append(fingerprint) or True)
+    assert asked == [first_fingerprint, first_fingerprint]
+    switched = pull(other, trust=other_fingerprint)  # the publisher's fingerprint, from them
     assert installed_bundle_dir() == switched.directory != in_use  # type: ignore[attr-defined]
 
 

@@ -216,3 +216,17 @@ def test_a_version_a_running_process_reads_is_not_pruned(tmp_path: Path) -> None
         (opened.directory / name).is_file() for name in opened.manifest["files"]
     )
     assert first.directory.is_dir() and record_path(first.directory).is_file()
+
+
+@pytest.mark.parametrize(
+    "command", [["pull"], ["bundle", "info"], ["bundle", "verify"], ["pull", "--unsigned"]]
+)
+def test_a_home_folder_of_an_unknown_user_is_a_one_line_error(command: list[str]) -> None:
+    """`~user/...` for no such user: Path.expanduser raised a bare RuntimeError, a traceback from pull, bundle
+    info and bundle verify (ninetieth session's trust audit)."""
+    given = "~localpers-no-such-user-90/x"
+    result = CliRunner().invoke(app, [*command, given])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: {given}: no home folder is known for ~localpers-no-such-user-90; give the path in full\n"
+    )

@@ -53,3 +53,55 @@ def test_a_redirect_off_http_is_refused_naming_its_target(redirecting: str, targ
 
 def test_a_redirect_to_http_is_followed(redirecting: str) -> None:
     assert b"".join(Fetcher(timeout=10).chunks(f"{redirecting}/to/{redirecting}/ok")) == b"ok"
+
+
+def test_a_redirect_is_followed_without_reading_its_body() -> None:
+    """urllib read a 3xx body whole, with no cap, before following it: an endless one grew memory until the OOM
+    killer came. The body is now left unread."""
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path == "/ok":
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+                return
+            self.send_response(302)
+            self.send_header("Location", "/ok")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            block = b"x" * 65536
+            try:
+                while not stop.is_set():  # endless, at a pace the old code survives until the test stops it
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                    stop.wait(0.01)
+            except OSError:
+                pass  # the client closed the connection: what a fetch that follows promptly does
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    got: list[bytes] = []
+    fetch = threading.Thread(
+        target=lambda: got.append(
+            b"".join(Fetcher(timeout=10).chunks(f"http://127.0.0.1:{server.server_address[1]}/endless"))
+        ),
+        daemon=True,
+    )
+    try:
+        fetch.start()
+        fetch.join(10)
+        assert not fetch.is_alive(), "the fetch is still reading the redirect's body"
+        assert got == [b"ok"]
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()

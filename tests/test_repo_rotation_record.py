@@ -147,3 +147,34 @@ def test_renewing_the_root_of_a_stopped_rotation_reports_its_expiry(
     assert result.exit_code == 0, result.output
     assert "expires (UTC): root" in result.output
     assert (repo_dir / "metadata" / "3.root.json").exists()
+
+
+def test_a_rotation_to_keys_the_repository_already_trusts_is_refused_writing_nothing(
+    published: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    """The keys in use given as --new-keys (the same folder, or a new root key beside the old, perhaps leaked,
+    targets and timestamp keys) were "rotated" to, exit 0, "now trusts only the keys in ...": the keys a
+    rotation was made to retire kept their power (ninetieth session's trust audit)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from localpers.cli import app
+
+    repo_dir, keys, _ = published
+    half = tmp_path / "half"
+    generate_keys(half)
+    for name in ("targets.key", "targets.pub.json", "timestamp.key", "timestamp.pub.json"):
+        shutil.copyfile(keys / name, half / name)
+    files = {path: path.read_bytes() for path in sorted(repo_dir.rglob("*")) if path.is_file()}
+    key_files = {path: path.read_bytes() for path in sorted([*keys.iterdir(), *half.iterdir()])}
+    for new_keys, role in ((keys, "root"), (half, "targets")):
+        result = CliRunner().invoke(
+            app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(new_keys)]
+        )
+        assert result.exit_code == 2, result.output
+        assert result.stderr.count("\n") == 1
+        assert f"{new_keys}: its {role} key is one {repo_dir}" in result.stderr
+        assert "already trusts (as its" in result.stderr
+    assert {path: path.read_bytes() for path in sorted(repo_dir.rglob("*")) if path.is_file()} == files
+    assert {path: path.read_bytes() for path in sorted([*keys.iterdir(), *half.iterdir()])} == key_files

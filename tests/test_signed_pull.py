@@ -256,8 +256,10 @@ def test_repo_commands_print_expiry_dates_and_warn_before_the_root_expires(
     shown = json.loads(renewed.stdout)
     later = datetime.strptime(shown["expires"]["root"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     assert shown["root"] == 3 and abs((later - datetime.now(UTC)).days - 700) <= 1 and not renewed.stderr
+    new_keys = repo_dir.parent / "new-keys"  # the keys in use are refused as new ones
+    generate_keys(new_keys)
     rotated = runner.invoke(
-        app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(keys)]
+        app, ["repo", "rotate", str(repo_dir), "--keys", str(keys), "--new-keys", str(new_keys)]
     )
     assert rotated.exit_code == 0 and "expires (UTC): root " in rotated.stdout, rotated.output
 
@@ -996,3 +998,32 @@ def test_publish_signs_into_a_repository_with_repo_and_keys(
     assert "signed into" in done.stdout
     result = pull(repo_dir, trust=fingerprint)
     assert (result.directory / MANIFEST_NAME).read_bytes() == (out / MANIFEST_NAME).read_bytes()  # type: ignore[attr-defined]
+
+
+def test_a_manifest_signed_as_too_large_is_refused_before_it_is_downloaded(
+    repo: tuple[Path, Path, str],
+) -> None:
+    """python-tuf downloads a target up to its signed length, into memory once read: a "manifest" signed as
+    gigabytes (a targets key used by another tool) cost every device that much before the size cap refused it."""
+    from tuf.api.metadata import TargetFile
+
+    from localpers.bundle.format import MAX_MANIFEST_BYTES
+    from localpers.bundle.keys import load_signers
+    from localpers.bundle.repository import publish_targets
+    from localpers.bundle.repository_metadata import load_repository, locked_repository
+
+    repo_dir, keys, fingerprint = repo
+    length = MAX_MANIFEST_BYTES + 1
+    with locked_repository(repo_dir):
+        loaded = load_repository(repo_dir)
+        signers = load_signers(loaded.directory, loaded.root, keys, ("targets", "snapshot", "timestamp"))
+        targets = dict(loaded.targets.signed.targets)
+        # signed only: no such file is stored, so any download attempt fails with another message
+        targets["bundle/manifest.json"] = TargetFile(length, {"sha256": "0" * 64}, "bundle/manifest.json")
+        publish_targets(loaded, targets, signers, None)
+    with pytest.raises(LocalpersError) as refused:
+        pull(repo_dir, trust=fingerprint)
+    message = str(refused.value)
+    assert f"targets/bundle/manifest.json: signed as {length} bytes, too large for a manifest" in message
+    assert "\n" not in message
+    assert nothing_installed()

@@ -25,6 +25,7 @@ from localpers.engine.backbone import (
     resolve_backbone,
 )
 from localpers.errors import LocalpersError
+from localpers.paths import expand_user
 from localpers.untrusted import JSONProblem, parse_json
 
 
@@ -51,7 +52,7 @@ def _named_backbone(bundle: str | Path | None) -> str | None:
     """The backbone sha256 the bundle's manifest names, or None where it cannot be read (`open_bundle` then says
     why, naming the file)."""
     try:
-        directory = Path(bundle).expanduser() if bundle is not None else installed_bundle_dir()
+        directory = expand_user(bundle) if bundle is not None else installed_bundle_dir()
         manifest = parse_json(((directory or embedded_bundle_dir()) / MANIFEST_NAME).read_bytes())
         named = manifest["backbone"]["sha256"]
     except (OSError, LocalpersError, JSONProblem, KeyError, TypeError):

@@ -28,6 +28,7 @@ from localpers import __version__
 from localpers.bundle.repository_metadata import is_repository
 from localpers.bundle.transport import HttpOnlyRedirects, is_loopback
 from localpers.errors import InputError, LocalpersError
+from localpers.paths import expand_user
 from localpers.untrusted import one_line
 
 CHUNK = 1 << 20
@@ -246,7 +247,7 @@ def repository_base(source: str) -> str:
         return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
     if "://" in source:
         raise InputError(f"{source}: only http://, https:// or a local directory can be pulled")
-    directory = Path(source).expanduser().resolve()
+    directory = expand_user(source).resolve()
     if not directory.is_dir():
         raise LocalpersError(f"{source}: no such directory; give a repository directory or an http(s) URL")
     return directory.as_uri() + "/"
@@ -256,4 +257,4 @@ def is_signed_repository(source: str) -> bool:
     """A local directory with metadata/1.root.json, or any URL (URLs are always pulled signed)."""
     if "://" in source:
         return True
-    return is_repository(Path(source).expanduser())
+    return is_repository(expand_user(source))

@@ -35,6 +35,8 @@ from localpers.bundle.manifest import (
 from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.bundle.version_use import hold_version
 from localpers.errors import InputError, LocalpersError, StorageError
+from localpers.paths import expand_user
+from localpers.regular_files import read_regular_file
 from localpers.strict_json import strict_json_text
 
 __all__ = [
@@ -151,15 +153,11 @@ def check_file(bundle_dir: Path, relative: str, entry: dict[str, Any]) -> None:
 def read_manifest(bundle_dir: Path) -> dict[str, Any]:
     """Read and parse `bundle_dir/manifest.json` (no validation beyond JSON)."""
     path = Path(bundle_dir) / MANIFEST_NAME
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError:
-        raise BundleProblem(
-            f"{bundle_dir}: no manifest.json there, so it is not a bundle directory"
-        ) from None
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not path.exists() and not path.is_symlink():
+        raise BundleProblem(f"{bundle_dir}: no manifest.json there, so it is not a bundle directory")
+    # a regular file only: opened blocking, a FIFO there hung every command that opened the bundle
+    too_big = "this is not a bundle"
+    data = read_regular_file(path, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True, too_big=too_big)
     return parse_manifest(data, str(path))
 
 
@@ -260,7 +258,10 @@ def installed_bundle_with(manifest_bytes: bytes, backbone_sha256: str | None) ->
     if installed is None:
         return None
     try:
-        if (installed / MANIFEST_NAME).read_bytes() != manifest_bytes:
+        installed_manifest = read_regular_file(
+            installed / MANIFEST_NAME, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True
+        )
+        if installed_manifest != manifest_bytes:
             return None
         verify_bundle(installed, backbone_sha256=backbone_sha256)
     except (OSError, LocalpersError):
@@ -318,10 +319,11 @@ def check_given_bundle_dir(directory: Path) -> None:
 
 
 def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = None) -> Bundle:
-    """Verify and return the bundle at `path` (default: `default_bundle_dir()`; the pulled bundle's manifest
-    must still be the one `pull` recorded). A refusal says what to do for where the bundle came from."""
+    """Verify and return the bundle at `path` (default: `default_bundle_dir()`; a pulled version's manifest, the
+    default one or one named by path, must still be the one `pull` recorded). A refusal says what to do for where
+    the bundle came from."""
     if path is not None:
-        directory = Path(path).expanduser()
+        directory = expand_user(path)
         if not directory.is_dir():
             raise InputError(
                 f"{directory}: no such directory; give a bundle directory (one with a manifest.json)"
@@ -332,6 +334,7 @@ def open_bundle(path: Path | str | None = None, backbone_sha256: str | None = No
             # version itself is read and held as the default bundle is (through the link, this process read
             # another version's files beside those it had verified, and a pull could prune the one it verified)
             directory = pulled
+            check_installed_manifest(directory)  # its record sits beside it, current or kept
             hold_version(directory)
         if repair_advice(directory) == GIVEN_BUNDLE_ADVICE:  # neither the pulled bundle nor the demo's
             check_given_bundle_dir(directory)

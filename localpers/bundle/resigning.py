@@ -27,7 +27,7 @@ from localpers.bundle.rotation_pending import (
     pending_role_files,
     record_pending,
 )
-from localpers.errors import LocalpersError
+from localpers.errors import InputError, LocalpersError
 
 
 def refresh(
@@ -119,6 +119,16 @@ def _rotate(
             " the rotation to them is done, or was stopped before it re-signed the other metadata;"
             f" `localpers repo refresh {repo.directory} --all --keys {new_keys_dir}` finishes it either way"
         )
+    # a rotation to keys already trusted (the same folder, or old keys copied beside a new one) would report
+    # success while the keys it replaces, often leaked ones, kept their power
+    for role in ROLES:
+        keyid = new_signers[role].public_key.keyid
+        holders = [held for held in ROLES if keyid in repo.root.signed.roles[held].keyids]
+        if holders:
+            raise InputError(
+                f"{new_keys_dir}: its {role} key is one {repo.directory} already trusts (as its {holders[0]} key);"
+                " a rotation needs new keys: make them with `localpers repo keygen DIR`"
+            )
     old_root = load_signers(repo.directory, repo.root, old_keys_dir, ("root",))["root"]  # what devices trust
     root = repo.root.signed
     for role in ROLES:

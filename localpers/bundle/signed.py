@@ -176,9 +176,15 @@ class SignedSource:
         return f"{self.base}{TARGETS_DIR}/{BUNDLE_PREFIX}{relative}"
 
     def read_manifest(self) -> bytes:
-        from localpers.bundle.format import MANIFEST_NAME
+        from localpers.bundle.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, BundleProblem
 
         info = self._target(MANIFEST_NAME)
+        # refused from its signed length: python-tuf would fetch it all first
+        if info.length > MAX_MANIFEST_BYTES:
+            raise BundleProblem(
+                f"{self.where(MANIFEST_NAME)}: signed as {info.length} bytes, too large for a manifest"
+                f" (at most {MAX_MANIFEST_BYTES}); this is not a bundle"
+            )
         self.manifest_sha256 = str(info.hashes.get("sha256", ""))  # recorded by pull beside the install
         with tempfile.TemporaryDirectory() as scratch:
             target = Path(scratch) / MANIFEST_NAME

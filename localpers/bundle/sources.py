@@ -23,6 +23,7 @@ from localpers.bundle.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, BundlePro
 from localpers.bundle.signed import SignedSource
 from localpers.bundle.trust import checked_fingerprint
 from localpers.errors import InputError, LocalpersError
+from localpers.paths import expand_user
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -100,7 +101,7 @@ def open_source(
                 " pull it without --unsigned"
             )
         return SignedSource(source, timeout=timeout, trust=trust, on_bytes=on_bytes, confirm=confirm)
-    path = Path(source).expanduser()
+    path = expand_user(source)
     if not path.exists():
         raise InputError(f"{source}: no such directory; give a repository directory or an http(s) URL")
     with advising("give a signed repository's directory (`localpers repo`) or a bundle directory"):

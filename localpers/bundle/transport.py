@@ -41,6 +41,7 @@ class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         location = headers.get("location") or headers.get("uri")
         if location:
             check_redirect(req.full_url, urllib.parse.urljoin(req.full_url, location))
+        fp.close()  # urllib reads the whole 3xx body before following, with no cap; a closed response reads b""
         return super().http_error_302(req, fp, code, msg, headers)
 
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302

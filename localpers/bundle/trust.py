@@ -25,6 +25,7 @@ import importlib.resources
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -294,7 +295,9 @@ def _is_root_metadata(path: Path) -> bool:
 
 def _check_kept_root(store: Path, fingerprint: str) -> None:
     """Refuse, naming it and the mend, a trusted root on this device that is not root metadata (a write cut
-    short by a full disk in an older localpers): python-tuf's refusal read as the repository's fault."""
+    short by a full disk in an older localpers): python-tuf's refusal read as the repository's fault. The other
+    files python-tuf reads from the store must be regular files: it opens them blocking, and a FIFO there hung
+    this pull and, through the trust store's lock, every other."""
     path = store / "root.json"
     problem = _root_problem(path)
     if problem is not None:
@@ -302,6 +305,23 @@ def _check_kept_root(store: Path, fingerprint: str) -> None:
             f"{path}: this device's trusted root for publisher {fingerprint} is damaged ({problem}); delete"
             f" {store} and pull again with --trust and the fingerprint your publisher gave you"
         )
+    history = store / "root_history"
+    kept = sorted(history.glob("*.root.json")) if history.is_dir() else []
+    for path in [store / "timestamp.json", store / "snapshot.json", store / "targets.json", *kept]:
+        try:
+            kind = os.stat(path).st_mode
+        except FileNotFoundError:
+            continue  # python-tuf fetches it again
+        except OSError as exc:
+            raise InputError(
+                f"{path}: cannot be read ({exc.strerror}); this device's trust store for publisher {fingerprint}"
+                " needs it readable"
+            ) from None
+        if not stat.S_ISREG(kind):
+            raise InputError(
+                f"{path} is not a regular file (a FIFO, device, socket or folder) in this device's trust store"
+                f" for publisher {fingerprint}; delete it and pull again"
+            )
 
 
 def _start_store(store: Path, root_bytes: bytes) -> None:

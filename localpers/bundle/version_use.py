@@ -14,9 +14,11 @@ import contextlib
 from pathlib import Path
 from typing import IO
 
+from localpers.regular_files import open_lock_file
+
 IN_USE_SUFFIX = ".in-use"
 
-_held: dict[str, IO[str]] = {}  # version folder -> the open lock file this process holds
+_held: dict[str, IO[bytes]] = {}  # version folder -> the open lock file this process holds
 
 
 def in_use_path(version_dir: Path) -> Path:
@@ -33,8 +35,8 @@ def hold_version(version_dir: Path) -> None:
     try:
         import fcntl
 
-        handle = in_use_path(version_dir).open("a")
-    except (ImportError, OSError):
+        handle = open_lock_file(in_use_path(version_dir))
+    except (ImportError, OSError):  # a FIFO there too: not held, never waited on
         return
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -54,7 +56,7 @@ def is_in_use(version_dir: Path) -> bool:
     except ImportError:
         return False
     try:
-        handle = path.open("a")
+        handle = open_lock_file(path)
     except OSError:
         return False
     with handle:

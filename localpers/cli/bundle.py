@@ -229,7 +229,8 @@ def _content_check(model: str | None) -> Callable[[Any, str], None]:
 
 
 def _ask_to_trust(progress: Any) -> Any:
-    """Ask once, on a terminal, whether to trust a new publisher's root key (stored if yes)."""
+    """Ask once, on a terminal, whether to trust a new publisher's root key (stored if yes); `pull_bundle` puts
+    the question on first contact only, never where another publisher's bundle is in use."""
 
     def ask(fingerprint: str) -> bool:
         progress.stop()

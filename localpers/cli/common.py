@@ -22,6 +22,7 @@ import typer
 from localpers import __version__, interrupts
 from localpers.cli import completion
 from localpers.errors import InputError, LocalpersError
+from localpers.paths import expand_user
 from localpers.strict_json import strict_json_text
 from localpers.untrusted import one_line
 
@@ -128,8 +129,8 @@ def _expanded(value: Any) -> Any:
     if not isinstance(value, Path):
         return value
     try:
-        return value.expanduser()
-    except RuntimeError:
+        return expand_user(value)
+    except InputError:
         return value
 
 

@@ -35,6 +35,7 @@ from localpers.engine.gguf_layout import GGUFLayout, gguf_layout
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.card.cluster_assignment import read_centroids
 from localpers.methods.card.head_spec import HeadConfig, check_head_file
+from localpers.regular_files import read_regular_file
 from localpers.users.history_prompt import PromptFormat
 
 
@@ -72,6 +73,7 @@ def check_bundle_content(bundle: Bundle, backbone: Path | None) -> None:
 # pulled (and stamped) before are then read again once.
 CHECK_REVISION = 1
 CHECKED_STAMP = "content-checked.json"  # in bundles_root(): the installed bundle that last passed
+STAMP_LIMIT = 64 << 10  # a stamp is a few hundred bytes
 
 
 def check_bundle_before_use(bundle: Bundle, backbone: Path, *, given: bool) -> None:
@@ -109,8 +111,11 @@ def _stamp(bundle: Bundle) -> dict[str, object]:
 
 def passed_before(bundle: Bundle) -> bool:
     """Whether this bundle's manifest (hence its files) passed this revision of the check with its backbone."""
-    with contextlib.suppress(OSError, ValueError):
-        return bool(json.loads((bundles_root() / CHECKED_STAMP).read_bytes()) == _stamp(bundle))
+    # a FIFO or folder there reads as not passed (the check runs), never waited on
+    with contextlib.suppress(LocalpersError, OSError, ValueError):
+        path = bundles_root() / CHECKED_STAMP
+        stamp = read_regular_file(path, STAMP_LIMIT, what="check stamp", stored=True)
+        return bool(json.loads(stamp) == _stamp(bundle))
     return False
 
 
