@@ -105,3 +105,54 @@ def test_a_redirect_is_followed_without_reading_its_body() -> None:
         stop.set()
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def trickling_head() -> Iterator[str]:
+    """A loopback server that answers every request with its status line one byte every 0.3 s (12 s at most)."""
+    import socket
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer(connection: socket.socket) -> None:
+        with connection:
+            connection.recv(4096)
+            for byte in b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"[:40]:
+                try:
+                    connection.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.3)
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_a_server_that_trickles_its_answers_head_is_given_up_on(trickling_head: str, tmp_path) -> None:
+    # each read waited up to the timeout and the body's pace check starts after the head, so a status line sent a
+    # byte at a time held a pull, and the trust store's lock, for days (ninetieth session's trust audit)
+    import time
+
+    fetcher = Fetcher(timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(
+        LocalpersError, match="the server is too slow to answer .* try again, or pull from another"
+    ):
+        list(fetcher.chunks(f"{trickling_head}/metadata/timestamp.json"))
+    assert time.monotonic() - started < 6
+    started = time.monotonic()
+    with pytest.raises(LocalpersError, match="too slow to answer .*; pull again to resume"):
+        fetcher.resume_into(f"{trickling_head}/targets/backbone.gguf", tmp_path / "b.partial", 2)
+    assert time.monotonic() - started < 6

@@ -26,7 +26,7 @@ from typing import Any
 
 from localpers import __version__
 from localpers.bundle.repository_metadata import is_repository
-from localpers.bundle.transport import HttpOnlyRedirects, is_loopback
+from localpers.bundle.transport import SlowHead, opener_handlers
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import expand_user
 from localpers.untrusted import one_line
@@ -49,6 +49,11 @@ class Pace:
                 f"{self.url}: the server sent {received:,} bytes in {elapsed:.0f} s, slower than"
                 f" {MIN_RATE // 1024} KB/s on average; {self.advice}"
             )
+
+
+def slow_head(exc: SlowHead, advice: str) -> str:
+    """The one-line message for a server too slow to send even its answer's head."""
+    return f"the server is too slow to answer ({exc}); {advice}"
 
 
 def reason(exc: BaseException) -> str:
@@ -79,8 +84,6 @@ class Fetcher:
         self.timeout = timeout
         self.on_bytes = on_bytes
         self.last_url = ""  # what python-tuf asked for last: the metadata file an error is about
-        self._redirects = HttpOnlyRedirects
-        self._is_loopback = is_loopback
 
     def chunks(self, url: str) -> Iterator[bytes]:
         from tuf.api.exceptions import DownloadHTTPError
@@ -90,10 +93,7 @@ class Fetcher:
         if parsed.scheme == "file":
             yield from self._file_chunks(Path(urllib.parse.unquote(parsed.path)))
             return
-        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
-        if parsed.hostname and self._is_loopback(parsed.hostname):
-            handlers.append(urllib.request.ProxyHandler({}))
-        opener = urllib.request.build_opener(*handlers)
+        opener = urllib.request.build_opener(*opener_handlers(parsed.hostname))
         request = urllib.request.Request(
             url, headers={"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
         )
@@ -101,6 +101,10 @@ class Fetcher:
             response = opener.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise DownloadHTTPError(f"{url}: HTTP {exc.code}", exc.code) from None
+        except SlowHead as exc:  # raised by the answer's read, which urllib does not wrap
+            raise LocalpersError(
+                f"{url}: {slow_head(exc, 'try again, or pull from another mirror')}"
+            ) from None
         except urllib.error.URLError as exc:
             raise LocalpersError(
                 f"could not reach {url}: {one_line(str(exc.reason), 200)}; check the address and that the"
@@ -164,19 +168,18 @@ class Fetcher:
                 handle.seek(have)
                 self._copy_capped(handle, out, length - have, url)
             return
-        handlers: list[urllib.request.BaseHandler] = [self._redirects()]
-        if parsed.hostname and self._is_loopback(parsed.hostname):
-            handlers.append(urllib.request.ProxyHandler({}))
         headers = {"User-Agent": f"localpers/{__version__}", "Accept-Encoding": "identity"}
         if have:
             headers["Range"] = f"bytes={have}-"
         try:
-            response = urllib.request.build_opener(*handlers).open(
+            response = urllib.request.build_opener(*opener_handlers(parsed.hostname)).open(
                 urllib.request.Request(url, headers=headers), timeout=self.timeout
             )
         except urllib.error.HTTPError as exc:
             raise LocalpersError(f"{url}: HTTP {exc.code}; the repository does not hold this file") from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        except SlowHead as exc:
+            raise LocalpersError(f"{url}: {slow_head(exc, 'pull again to resume')}") from None
+        except (OSError, http.client.HTTPException) as exc:
             raise LocalpersError(f"could not reach {url} ({reason(exc)}); pull again to resume") from None
         with response:
             resumed = response.status == 206 and str(response.headers.get("Content-Range", "")).startswith(

@@ -1,17 +1,25 @@
 """The device's HTTP rules for fetching bundles: follow no redirect off http(s), from https to plain http, or from
-a public address to this machine or its local network; use no proxy for loopback.
+a public address to this machine or its local network; use no proxy for loopback; give up on a server that sends
+its answer's head (status line and headers) too slowly.
 
 TUF checks every byte a redirect leads to, so these rules are not about content: a hostile repository could
 otherwise make the device send requests to its own network (a router's page) or read a pull in clear.
 
+A socket's timeout bounds each read, not the head as a whole: a server sending one byte a little within it held a
+pull (and the trust store's lock, so every other pull) for days before the body's pace check could start. The
+head must come within `HEAD_TIMEOUTS` timeouts (`SlowHead` otherwise).
+
 `fetcher.Fetcher` (python-tuf's fetcher, the only path that downloads over the network) opens every connection
-with these two helpers. Kept apart from `pull` so that `pull` -> `signed` -> `fetcher` -> `transport` runs one way.
+with `opener_handlers`. Kept apart from `pull` so that `pull` -> `signed` -> `fetcher` -> `transport` runs one way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import ipaddress
 import socket
+import threading
 import urllib.parse
 import urllib.request
 
@@ -45,6 +53,75 @@ class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         return super().http_error_302(req, fp, code, msg, headers)
 
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+HEAD_TIMEOUTS = 2  # the head's deadline, in the pull's timeouts
+
+
+class SlowHead(OSError):
+    """The server did not send its answer's status line and headers within the deadline."""
+
+
+class _HeadDeadline:
+    """Mixed into an `http.client` connection: the answer's head must arrive within `HEAD_TIMEOUTS` socket
+    timeouts, or the socket is shut down and `SlowHead` raised."""
+
+    timeout: object
+    sock: socket.socket | None
+
+    def getresponse(self) -> http.client.HTTPResponse:
+        seconds = self.timeout if isinstance(self.timeout, int | float) else None
+        if seconds is None:  # no timeout given: nothing to bound by
+            return super().getresponse()  # type: ignore[misc]
+        cut = threading.Event()
+
+        def shut() -> None:
+            cut.set()
+            with contextlib.suppress(OSError, AttributeError):
+                self.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+
+        timer = threading.Timer(HEAD_TIMEOUTS * seconds, shut)
+        timer.daemon = True
+        timer.start()
+        try:
+            return super().getresponse()  # type: ignore[misc]
+        except (OSError, http.client.HTTPException):
+            if cut.is_set():
+                raise SlowHead(f"no answer's head within {HEAD_TIMEOUTS * seconds:g} s") from None
+            raise
+        finally:
+            timer.cancel()
+
+
+class _DeadlineHTTPConnection(_HeadDeadline, http.client.HTTPConnection):
+    pass
+
+
+class _DeadlineHTTPSConnection(_HeadDeadline, http.client.HTTPSConnection):
+    pass
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):  # type: ignore[no-untyped-def]
+        return self.do_open(_DeadlineHTTPConnection, req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):  # type: ignore[no-untyped-def]
+        return self.do_open(_DeadlineHTTPSConnection, req, context=self._context)
+
+
+def opener_handlers(host: str | None) -> list[urllib.request.BaseHandler]:
+    """The handlers every download's opener is built with: the redirect rules, the head's deadline, and no proxy
+    for a loopback `host`."""
+    handlers: list[urllib.request.BaseHandler] = [
+        HttpOnlyRedirects(),
+        _DeadlineHTTPHandler(),
+        _DeadlineHTTPSHandler(),
+    ]
+    if host and is_loopback(host):
+        handlers.append(urllib.request.ProxyHandler({}))
+    return handlers
 
 
 def check_redirect(url: str, target: str) -> None:
