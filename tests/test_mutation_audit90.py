@@ -1,6 +1,6 @@
-"""Gaps found by the ninetieth session's mutation audit of the user archive's reader and the bundle manifest's
-rules: each test fails under a mutation of `localpers/users/archive.py` or `localpers/bundle/manifest.py` that
-the rest of the suite let through.
+"""Gaps found by the ninetieth session's mutation audit of the user archive's reader, the bundle manifest's rules
+and the reader of regular files: each test fails under a mutation of `localpers/users/archive.py`,
+`localpers/bundle/manifest.py` or `localpers/regular_files.py` that the test files covering them let through.
 
 Nothing here loads a model: archives are built in memory and read with `read_archive`.
 """
@@ -121,3 +121,63 @@ def test_manifest_bytes_over_the_cap_are_refused_before_they_are_parsed(monkeypa
     assert manifest_module.parse_manifest(small, "m") == {"a": 1}
     with pytest.raises(manifest_module.BundleProblem, match="101 bytes is too large for a manifest"):
         manifest_module.parse_manifest(b"{" + b" " * 99 + b"}", "m")
+
+
+# -- localpers/regular_files.py: what is read, and what is refused unopened --------------------------------
+
+
+def test_a_link_is_refused_where_links_are_not_followed(tmp_path: Path) -> None:
+    from localpers.regular_files import read_regular_file
+
+    (tmp_path / "real").write_bytes(b"data")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert read_regular_file(tmp_path / "link", 100, what="cache") == b"data"
+    with pytest.raises(InputError, match="link is a link; pass a cache"):
+        read_regular_file(tmp_path / "link", 100, what="cache", follow_links=False)
+
+
+def test_a_folder_a_fifo_and_an_oversized_file_are_refused_unopened(tmp_path: Path) -> None:
+    import os
+
+    from localpers.regular_files import read_regular_file
+
+    with pytest.raises(InputError, match="is a directory"):
+        read_regular_file(tmp_path, 100, what="cache")
+    os.mkfifo(tmp_path / "fifo")  # opening it for reading would wait for a writer
+    with pytest.raises(InputError, match=r"is not a regular file \(a FIFO, device or socket\)"):
+        read_regular_file(tmp_path / "fifo", 100, what="cache")
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    with pytest.raises(InputError, match="is 101 bytes, more than the 100 a cache may have"):
+        read_regular_file(tmp_path / "big", 100, what="cache")
+
+
+def test_what_changes_between_the_check_and_the_read_is_refused_too(monkeypatch, tmp_path: Path) -> None:
+    """A FIFO, or a file grown past the limit, swapped in after the stat check: the open must not block and the
+    read is capped."""
+    import os
+    import signal
+
+    from localpers.regular_files import read_regular_file
+
+    (tmp_path / "small").write_bytes(b"x")
+    as_checked = (tmp_path / "small").stat()
+    real_stat = Path.stat
+    monkeypatch.setattr(
+        Path, "stat", lambda self, **kw: as_checked if self.parent == tmp_path else real_stat(self, **kw)
+    )
+    os.mkfifo(tmp_path / "fifo")
+
+    def hung(*args: object) -> None:
+        raise TimeoutError("the open of a FIFO blocked")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        with pytest.raises(InputError, match="fifo is not a regular file; pass a cache"):
+            read_regular_file(tmp_path / "fifo", 100, what="cache")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    (tmp_path / "grown").write_bytes(b"x" * 101)
+    with pytest.raises(InputError, match="grown is more than the 100 bytes a cache may have"):
+        read_regular_file(tmp_path / "grown", 100, what="cache")
