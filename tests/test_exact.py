@@ -95,9 +95,36 @@ def test_index_keeps_non_negative_gains_and_the_best_of_duplicate_inputs() -> No
     kept, filtered, duplicates = keep_for_index(selections)
     assert filtered == 1 and duplicates == 1
     assert {key: sel.attributes for key, (_, sel) in kept.items()} == {
-        "Pandas at the zoo.": ("Concise",),
-        "Sun.": ("Direct",),
+        ("headline", "Pandas at the zoo."): ("Concise",),
+        ("headline", "Sun."): ("Direct",),
     }
+
+
+def test_an_input_given_for_two_tasks_is_indexed_for_each() -> None:
+    """Retrieval keeps to the rewrite's task, so the index keeps one entry per task and input: merging them by
+    text (audit90 #1) dropped the title pair of an input also paraphrased, and a title rewrite of that very input
+    found no entry of its own."""
+    text = "The council voted to halve bus fares from next month."
+    title = HistoryItem.create("title", text, "Fares Halved")
+    paraphrase = HistoryItem.create("paraphrase", text, "Bus tickets will cost half as much from next month.")
+    title_again = HistoryItem.create("title", text, "Council Halves Fares")
+    kept, filtered, duplicates = keep_for_index(
+        [
+            (title, Selection(("Concise",), margin=1.0, base_margin=0.0)),
+            (paraphrase, Selection(("Formal",), margin=2.0, base_margin=0.0)),
+            (title_again, Selection(("Vivid",), margin=0.5, base_margin=0.0)),  # the title's lesser duplicate
+        ]
+    )
+    assert (filtered, duplicates) == (0, 1)
+    assert {key[0]: (it.id, sel.attributes) for key, (it, sel) in kept.items()} == {
+        "title": (title.id, ("Concise",)),
+        "paraphrase": (paraphrase.id, ("Formal",)),
+    }
+    entries = [IndexEntry.of(it, sel.attributes, sel.margin, sel.base_margin) for it, sel in kept.values()]
+    vector = np.ones((1, 384), dtype=np.float32) / np.sqrt(384)
+    index = ExactIndex(entries, np.repeat(vector, len(entries), axis=0), {})
+    found = index.nearest(vector[0], "title")
+    assert found is not None and found[0].attributes == ["Concise"]
 
 
 def test_prefix_reuse_scores_like_fresh_scoring(backbone: Backbone, tmp_path: Path) -> None:

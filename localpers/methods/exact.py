@@ -11,8 +11,8 @@ the answer cue, so every candidate prompt of a greedy step shares the article an
 already chosen; `SideBySideScorer` (`localpers.methods.scoring_batch`) evaluates those once in sequence 0 of the
 KV cache and a step's candidates side by side in the engine's batched sequences, each only its name, `y+` and
 `y-` (one at a time, as `PrefixScorer` does, where they do not fit a batched sequence). Pairs whose selected set
-does not beat the plain prompt (`F(A) < F({})`, the non-negative gain filter) are left out of the index, and a
-repeated input keeps its best set. What the search found for each pair is cached in the user's folder
+does not beat the plain prompt (`F(A) < F({})`, the non-negative gain filter) are left out of the index, and an
+input repeated within a task keeps its best set. What the search found for each pair is cached in the user's folder
 (`localpers.methods.exact_cache`), so a refit searches only new pairs and a stopped fit goes on where it stopped.
 The index (sentence-encoder embedding of each input -> attribute set) goes to the user's folder as
 one safetensors file, written atomically (`localpers.methods.exact_index`, whose `ExactIndex`,
@@ -201,21 +201,27 @@ class PairMargins:
         return [plus - minus for plus, minus in scored]
 
 
+def index_key(task: str, text: str) -> tuple[str, str]:
+    """An index entry's key: its task and what the index embeds of its input (retrieval keeps to one task, so an
+    input given for two tasks is indexed once for each)."""
+    return task, get_task(task).content(text)
+
+
 def keep_for_index(
     selections: Sequence[tuple[HistoryItem, Selection]],
-) -> tuple[dict[str, tuple[HistoryItem, Selection]], int, int]:
-    """The pairs the index keeps, by input body: `(kept, n_negative_gain, n_duplicates)`.
+) -> tuple[dict[tuple[str, str], tuple[HistoryItem, Selection]], int, int]:
+    """The pairs the index keeps, by task and input body (`index_key`): `(kept, n_negative_gain, n_duplicates)`.
 
     A pair whose attributes lower the margin below the plain prompt's is dropped (the non-negative
-    gain filter); of several pairs with the same input, the one with the largest margin stays.
+    gain filter); of several pairs of one task with the same input, the one with the largest margin stays.
     """
-    best: dict[str, tuple[HistoryItem, Selection]] = {}
+    best: dict[tuple[str, str], tuple[HistoryItem, Selection]] = {}
     filtered = duplicates = 0
     for item, selection in selections:
         if selection.gain < 0:
             filtered += 1
             continue
-        key = get_task(item.task).content(item.input)  # what the index embeds
+        key = index_key(item.task, item.input)
         if key in best:
             duplicates += 1
             if best[key][1].margin >= selection.margin:
@@ -368,8 +374,9 @@ def _index_exact(
     started = time.perf_counter()
     from localpers.engine.encoder import embed_texts
 
-    keys = list(keep_for_index(selections)[0])  # every input an index of these pairs could hold
-    embedded = embed_texts(keys)
+    # every input an index of these pairs could hold, embedded once however many tasks it was given for
+    texts = list(dict.fromkeys(text for _, text in keep_for_index(selections)[0]))
+    embedded = embed_texts(texts)
     seconds["embed"] = time.perf_counter() - started
     meta = {
         "fitted_by": fit_mark(),
@@ -407,8 +414,8 @@ def _index_exact(
         entries = [
             IndexEntry.of(item, sel.attributes, sel.margin, sel.base_margin) for item, sel in best.values()
         ]
-        row_of = {text: row for row, text in enumerate(keys)}
-        embeddings = embedded[[row_of[text] for text in best]]
+        row_of = {text: row for row, text in enumerate(texts)}
+        embeddings = embedded[[row_of[text] for _, text in best]]
         ExactIndex(entries, embeddings, {**meta, "report": report.to_json()}).save(index_path(user))
     return report
 
