@@ -293,7 +293,7 @@ def test_index_exact_end_to_end_profile_and_rewrite(
         from localpers.methods.exact_method import ExactUserDecoder
 
         assert index.meta["fitted_by"] == stored_files.fit_mark()
-        assert index.meta["search"] == "side-by-side"  # part of the selection cache's key
+        assert index.meta["search"] == "side-by-side where a pair fits"  # part of the selection cache's key
         ExactUserDecoder(personalizer, user)
         monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this index
         with pytest.raises(

@@ -10,7 +10,8 @@ The attribute set enters the prompt as a line after the input, `Attributes: <A1,
 the answer cue, so every candidate prompt of a greedy step shares the article and the attributes
 already chosen; `SideBySideScorer` (`localpers.methods.scoring_batch`) evaluates those once in sequence 0 of the
 KV cache and a step's candidates side by side in the engine's batched sequences, each only its name, `y+` and
-`y-` (one at a time, as `PrefixScorer` does, where they do not fit a batched sequence). Pairs whose selected set
+`y-` (a pair's whole search one at a time, as `PrefixScorer` does, where a step of it does not fit a batched
+sequence: the margins a pair's gain compares come from one path). Pairs whose selected set
 does not beat the plain prompt (`F(A) < F({})`, the non-negative gain filter) are left out of the index, and an
 input repeated within a task keeps its best set. What the search found for each pair is cached in the user's folder
 (`localpers.methods.exact_cache`), so a refit searches only new pairs and a stopped fit goes on where it stopped.
@@ -53,8 +54,11 @@ from localpers.users.store import User, history_for
 
 DEFAULT_K = 3
 # How a search scores its candidates (the index's meta `search`, part of the selection cache's key): side by side
-# in batched sequences picks otherwise than one at a time, since llama.cpp's numbers move with the batching.
-SEARCH = "side-by-side"
+# in batched sequences picks otherwise than one at a time, since llama.cpp's numbers move with the batching. Each
+# pair's search scores every margin one way (`PairMargins.many`): side by side where all its steps fit the batched
+# sequences, else wholly one at a time; which one follows from the pair's texts and these settings, so the label
+# names that rule, not the path a given pair took. (Plain "side-by-side" searches could mix the two in one pair.)
+SEARCH = "side-by-side where a pair fits"
 
 Progress = Callable[[str, int, int], None]
 MarginFunction = Callable[[tuple[str, ...]], float]
@@ -62,6 +66,12 @@ MarginsFunction = Callable[[list[tuple[str, ...]]], Sequence[float]]
 
 
 # --------------------------------------------------------------------------------------- greedy selection
+
+
+class PathChanged(Exception):
+    """Raised by a margins function that cannot score a step the way it scored the search's earlier ones, and will
+    score every set one other way from now on: `greedy_select` starts the search over, so all its margins (the
+    gain filter's F(A) - F({}) included) come from one scoring path."""
 
 
 @dataclass
@@ -92,13 +102,21 @@ def greedy_select(
     the order they were chosen), or from `margins(sets)`, F of each set of a list: each step's candidate sets
     together, the first step's with the empty set before them (what `PairMargins.many` scores side by side). Give
     one of the two.
-    Ties go to the attribute listed first in `library`.
+    Ties go to the attribute listed first in `library`. A `margins` that raises `PathChanged` has the search
+    started over (once).
     """
     if k < 1:
         raise ValueError("k must be at least 1")
     if (margin is None) == (margins is None):
         raise TypeError("greedy_select takes margin or margins, one of them")
     evaluate = margins if margins is not None else _one_at_a_time(margin)
+    try:
+        return _greedy(evaluate, library, k)
+    except PathChanged:
+        return _greedy(evaluate, library, k)
+
+
+def _greedy(evaluate: MarginsFunction, library: Sequence[str], k: int) -> Selection:
     chosen: tuple[str, ...] = ()
     base = np.nan
     step_margins: list[float] = []
@@ -187,6 +205,12 @@ class PairMargins:
         self.item = item
         self.positive = engine.tokenize(" " + get_task(item.task).scored_output(item.output), add_bos=False)
         self.negative = engine.tokenize(" " + negative, add_bos=False)
+        # the path every `many` of this pair takes (a `SideBySideScorer`'s): None until the first call decides it
+        self.side_by_side: bool | None = None
+        self._reported = 0  # scorings `many` reported to its `done`
+        self._unreported = (
+            0  # scorings of a search started over to leave unreported (they were reported once)
+        )
 
     def __call__(self, attributes: tuple[str, ...]) -> float:
         prompt = attributed_prompt(self.item.task, self.item.input, attributes)
@@ -194,11 +218,36 @@ class PairMargins:
         return plus - minus
 
     def many(self, sets: Sequence[tuple[str, ...]], done: Callable[[int], None] | None = None) -> list[float]:
-        """F(A) for each set, through the scorer's `score_each` (side by side with a `SideBySideScorer`)."""
+        """F(A) for each set, through the scorer's `score_each` (side by side with a `SideBySideScorer`).
+
+        Every call scores one way, the first call's: side by side if its prompts fit the batched sequences, else one
+        at a time. A later call whose prompts do not fit (a cut text leaves a step less shared prefix than the first)
+        turns the pair to one at a time and raises `PathChanged`, so `greedy_select` searches again; `done` then
+        hears of each scoring once.
+        """
         engine = self.scorer.engine
         prompts = [engine.tokenize(attributed_prompt(self.item.task, self.item.input, a)) for a in sets]
-        scored = self.scorer.score_each(prompts, [self.positive, self.negative], done)
+        continuations = [self.positive, self.negative]
+        report = partial(self._report, done)
+        if not isinstance(self.scorer, SideBySideScorer):
+            scored = self.scorer.score_each(prompts, continuations, report)
+        else:
+            fits = self.scorer.fit(prompts, continuations)
+            if self.side_by_side is None:
+                self.side_by_side = fits
+            elif self.side_by_side and not fits:
+                self.side_by_side = False
+                self._unreported, self._reported = self._reported, 0
+                raise PathChanged
+            scored = self.scorer.score_each(prompts, continuations, report, side_by_side=self.side_by_side)
         return [plus - minus for plus, minus in scored]
+
+    def _report(self, done: Callable[[int], None] | None, count: int) -> None:
+        again = min(count, self._unreported)
+        self._unreported -= again
+        self._reported += count - again
+        if done is not None and count > again:
+            done(count - again)
 
 
 def index_key(task: str, text: str) -> tuple[str, str]:
