@@ -100,6 +100,38 @@ def test_index_keeps_non_negative_gains_and_the_best_of_duplicate_inputs() -> No
     }
 
 
+def test_nan_margins_give_one_line_or_leave_the_pair_out_never_an_index_its_loader_refuses(
+    tmp_path: Path,
+) -> None:
+    """Non-finite logits (a damaged adapter or backbone; audit90 #3): every candidate NaN ended the fit in a bare
+    AssertionError, and a NaN base margin passed the gain filter into an index the next rewrite called damaged."""
+    library = ("Concise", "Vivid", "Formal")
+    with pytest.raises(LocalpersError, match="no attribute set scored a finite margin.*localpers doctor"):
+        greedy_select(library=library, k=2, margins=lambda sets: [float("nan")] * len(sets))
+    with pytest.raises(LocalpersError, match="finite margin"):
+        greedy_select(library=library, k=1, margins=lambda sets: [float("-inf")] * len(sets))
+
+    def nan_base(sets: list[tuple[str, ...]]) -> list[float]:
+        return [float("nan") if not names else float(len(names[-1])) for names in sets]
+
+    selection = greedy_select(library=library, k=2, margins=nan_base)
+    kept_pair = item("Rain.", "Wet")
+    kept, filtered, duplicates = keep_for_index(
+        [
+            (item("Pandas at the zoo.", "PANDAS!"), selection),
+            (item("Sun.", "Hot"), Selection(("Vivid",), margin=float("inf"), base_margin=1.0)),
+            (kept_pair, Selection(("Formal",), margin=2.0, base_margin=1.0)),
+        ]
+    )
+    assert (filtered, duplicates) == (2, 0) and [it.id for it, _ in kept.values()] == [kept_pair.id]
+    entries = [IndexEntry.of(it, sel.attributes, sel.margin, sel.base_margin) for it, sel in kept.values()]
+    path = tmp_path / "exact-index.safetensors"
+    ExactIndex(entries, np.ones((1, 384), dtype=np.float32) / np.sqrt(384), {"library": list(library)}).save(
+        path
+    )
+    assert [entry.item_id for entry in ExactIndex.load(path).entries] == [kept_pair.id]
+
+
 def test_an_input_given_for_two_tasks_is_indexed_for_each() -> None:
     """Retrieval keeps to the rewrite's task, so the index keeps one entry per task and input: merging them by
     text (audit90 #1) dropped the title pair of an input also paraphrased, and a title rewrite of that very input

@@ -34,6 +34,7 @@ import numpy as np
 
 from localpers import interrupts
 from localpers.engine import Engine
+from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_cache import (
@@ -138,13 +139,21 @@ def _greedy(evaluate: MarginsFunction, library: Sequence[str], k: int) -> Select
     return Selection(chosen, step_margins[-1], float(base), step_margins, evaluations)
 
 
+class NoFiniteMargin(LocalpersError):
+    """Every attribute set of a greedy step scored NaN or -inf: the model's log-probabilities are not numbers."""
+
+
 def _first_best(values: Sequence[float]) -> int:
-    """The index of the first largest value (a NaN is never chosen; at least one value must exceed -inf)."""
+    """The index of the first largest value (a NaN is never chosen; `NoFiniteMargin` when none exceeds -inf)."""
     best, best_value = None, -np.inf
     for index, value in enumerate(values):
         if value > best_value:
             best, best_value = index, value
-    assert best is not None
+    if best is None:
+        raise NoFiniteMargin(
+            "no attribute set scored a finite margin (the model's log-probabilities are not finite numbers: a"
+            " damaged backbone or adapter); run `localpers doctor`, or pull the bundle again"
+        )
     return best
 
 
@@ -262,12 +271,13 @@ def keep_for_index(
     """The pairs the index keeps, by task and input body (`index_key`): `(kept, n_negative_gain, n_duplicates)`.
 
     A pair whose attributes lower the margin below the plain prompt's is dropped (the non-negative
-    gain filter); of several pairs of one task with the same input, the one with the largest margin stays.
+    gain filter), as is one whose margins are not finite numbers (non-finite logits; the index's loader refuses
+    them); of several pairs of one task with the same input, the one with the largest margin stays.
     """
     best: dict[tuple[str, str], tuple[HistoryItem, Selection]] = {}
     filtered = duplicates = 0
     for item, selection in selections:
-        if selection.gain < 0:
+        if not (np.isfinite(selection.margin) and np.isfinite(selection.base_margin) and selection.gain >= 0):
             filtered += 1
             continue
         key = index_key(item.task, item.input)
@@ -406,7 +416,10 @@ def _index_exact(
 
     for item, negative in searched:
         margins = PairMargins(scorer, item, negative)
-        selection = greedy_select(library=library, k=k, margins=partial(margins.many, done=counted))
+        try:
+            selection = greedy_select(library=library, k=k, margins=partial(margins.many, done=counted))
+        except NoFiniteMargin as exc:
+            raise LocalpersError(f"history item {item.id[:8]}: {exc}") from None
         found[item.id] = selection
         records[item.id] = SelectionRecord(
             digests[item.id], selection.attributes, selection.margin, selection.base_margin
@@ -440,7 +453,7 @@ def _index_exact(
         current = user.history_ids()  # an item removed while this fit ran stays removed, and uncounted
         selections = [(item, selection) for item, selection in selections if item.id in current]
         best, filtered, duplicates = keep_for_index(selections)
-        gains = [selection.gain for _, selection in selections]
+        gains = [selection.gain for _, selection in selections if np.isfinite(selection.gain)]
         report = ExactReport(
             cluster=cluster,
             adapter=adapter,
