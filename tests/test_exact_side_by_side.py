@@ -381,3 +381,23 @@ def test_a_last_step_of_one_candidate_is_scored_side_by_side_as_the_first(
     side-by-side step 0 (audit90 #2)."""
     paths, heard, evaluations = _searched(personalizer, monkeypatch, SHOUTED[0][0], ("Concise", "Formal"))
     assert paths == ["side by side", "side by side"] and heard == evaluations == 1 + 2 + 1
+
+
+def test_both_paths_refuse_a_token_outside_the_vocabulary_in_one_line_before_evaluating(
+    backbone: Backbone,
+) -> None:
+    """One at a time, a one-token continuation outside the vocabulary evaluated the prompt and then failed in an
+    IndexError (audit90 #4); side by side refused it in one line first."""
+    with Engine(backbone.path, n_ctx=256, tap_layers=None, batch_sequences=4) as engine:
+        prompts = _prompts(engine, SHOUTED[0][0], [("Concise",), ("Vivid",)])
+        outside = f"a continuation: token id {engine.n_vocab} is outside the vocabulary"
+        for scorer in (PrefixScorer(engine), SideBySideScorer(engine)):
+            for continuations in ([[engine.n_vocab]], [[5, 6], [engine.n_vocab]]):
+                with pytest.raises(ValueError, match=outside):
+                    scorer.score_each(prompts, continuations)
+                assert scorer.evaluated_tokens == 0 and engine.n_past == 0
+        with pytest.raises(ValueError, match=f"a prompt: token id {engine.n_vocab} is outside"):
+            PrefixScorer(engine).score([*prompts[0], engine.n_vocab], [[5]])
+        with pytest.raises(ValueError, match="a continuation: no token given"):
+            PrefixScorer(engine).score(prompts[0], [[5], []])
+        assert engine.n_past == 0
