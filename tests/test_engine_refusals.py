@@ -69,6 +69,50 @@ def test_a_grammar_nested_too_deep_or_too_long_and_an_infinite_bias_are_refused(
         SamplerSettings(logit_bias=((5, bias),)).validated()
 
 
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        ({"top_k": 2.5}, "top_k must be a whole number, got 2.5"),
+        ({"penalty_last_n": 1.5}, "penalty_last_n must be a whole number, got 1.5"),
+        ({"dry_allowed_length": 2.0}, "dry_allowed_length must be a whole number, got 2.0"),
+        ({"seed": True}, "seed must be a whole number, got True"),
+        ({"temperature": "0.7"}, "temperature must be a number, got '0.7'"),
+        ({"top_p": None}, "top_p must be a number, got None"),
+        ({"dry_base": "1.75"}, "dry_base must be a number, got '1.75'"),
+        ({"logit_bias": ((5.0, 1.0),)}, r"logit bias \(5.0, 1.0\) is invalid: .*whole-number token id"),
+        ({"logit_bias": ((5, "1"),)}, r"logit bias \(5, '1'\) is invalid"),
+        ({"logit_bias": (5,)}, "logit bias 5 is invalid: give .token id, bias. pairs"),
+        ({"grammar": b'root ::= "x"'}, "the grammar must be GBNF text, got bytes"),
+        ({"dry_multiplier": math.inf}, "dry_multiplier must be a finite number >= 0, got inf"),
+        ({"dry_multiplier": math.nan}, "dry_multiplier must be a finite number >= 0, got nan"),
+        ({"dry_base": 0.5}, "dry_base must be a finite number >= 1, got 0.5"),
+        ({"dry_base": math.inf}, "dry_base must be a finite number >= 1, got inf"),
+        ({"dry_allowed_length": -1}, "dry_allowed_length must be in"),
+    ],
+)
+def test_a_setting_of_the_wrong_type_or_range_is_one_line_naming_it(settings: dict, refusal: str) -> None:
+    """Only ranges were checked (audit90 #5): a float top-k or logit-bias id and a text temperature failed in
+    llama.cpp's ctypes or a comparison with a traceback, and DRY's base and allowed length went unchecked."""
+    with pytest.raises(LocalpersError, match=refusal) as refused:
+        SamplerSettings(**settings).validated()
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+
+
+def test_numbers_of_other_numeric_types_are_taken() -> None:
+    import numpy as np
+
+    SamplerSettings(
+        temperature=1,
+        top_k=np.int64(40),
+        top_p=np.float32(0.9),
+        seed=np.uint32(7),
+        dry_multiplier=0.8,
+        dry_base=1.0,
+        dry_allowed_length=0,
+        logit_bias=((np.int32(5), -1),),
+    ).validated()
+
+
 def test_a_grammar_file_that_is_a_fifo_or_too_large_is_refused_unread(tmp_path: Path) -> None:
     fifo = tmp_path / "grammar.fifo"
     os.mkfifo(fifo)

@@ -95,9 +95,68 @@ def test_index_keeps_non_negative_gains_and_the_best_of_duplicate_inputs() -> No
     kept, filtered, duplicates = keep_for_index(selections)
     assert filtered == 1 and duplicates == 1
     assert {key: sel.attributes for key, (_, sel) in kept.items()} == {
-        "Pandas at the zoo.": ("Concise",),
-        "Sun.": ("Direct",),
+        ("headline", "Pandas at the zoo."): ("Concise",),
+        ("headline", "Sun."): ("Direct",),
     }
+
+
+def test_nan_margins_give_one_line_or_leave_the_pair_out_never_an_index_its_loader_refuses(
+    tmp_path: Path,
+) -> None:
+    """Non-finite logits (a damaged adapter or backbone; audit90 #3): every candidate NaN ended the fit in a bare
+    AssertionError, and a NaN base margin passed the gain filter into an index the next rewrite called damaged."""
+    library = ("Concise", "Vivid", "Formal")
+    with pytest.raises(LocalpersError, match="no attribute set scored a finite margin.*localpers doctor"):
+        greedy_select(library=library, k=2, margins=lambda sets: [float("nan")] * len(sets))
+    with pytest.raises(LocalpersError, match="finite margin"):
+        greedy_select(library=library, k=1, margins=lambda sets: [float("-inf")] * len(sets))
+
+    def nan_base(sets: list[tuple[str, ...]]) -> list[float]:
+        return [float("nan") if not names else float(len(names[-1])) for names in sets]
+
+    selection = greedy_select(library=library, k=2, margins=nan_base)
+    kept_pair = item("Rain.", "Wet")
+    kept, filtered, duplicates = keep_for_index(
+        [
+            (item("Pandas at the zoo.", "PANDAS!"), selection),
+            (item("Sun.", "Hot"), Selection(("Vivid",), margin=float("inf"), base_margin=1.0)),
+            (kept_pair, Selection(("Formal",), margin=2.0, base_margin=1.0)),
+        ]
+    )
+    assert (filtered, duplicates) == (2, 0) and [it.id for it, _ in kept.values()] == [kept_pair.id]
+    entries = [IndexEntry.of(it, sel.attributes, sel.margin, sel.base_margin) for it, sel in kept.values()]
+    path = tmp_path / "exact-index.safetensors"
+    ExactIndex(entries, np.ones((1, 384), dtype=np.float32) / np.sqrt(384), {"library": list(library)}).save(
+        path
+    )
+    assert [entry.item_id for entry in ExactIndex.load(path).entries] == [kept_pair.id]
+
+
+def test_an_input_given_for_two_tasks_is_indexed_for_each() -> None:
+    """Retrieval keeps to the rewrite's task, so the index keeps one entry per task and input: merging them by
+    text (audit90 #1) dropped the title pair of an input also paraphrased, and a title rewrite of that very input
+    found no entry of its own."""
+    text = "The council voted to halve bus fares from next month."
+    title = HistoryItem.create("title", text, "Fares Halved")
+    paraphrase = HistoryItem.create("paraphrase", text, "Bus tickets will cost half as much from next month.")
+    title_again = HistoryItem.create("title", text, "Council Halves Fares")
+    kept, filtered, duplicates = keep_for_index(
+        [
+            (title, Selection(("Concise",), margin=1.0, base_margin=0.0)),
+            (paraphrase, Selection(("Formal",), margin=2.0, base_margin=0.0)),
+            (title_again, Selection(("Vivid",), margin=0.5, base_margin=0.0)),  # the title's lesser duplicate
+        ]
+    )
+    assert (filtered, duplicates) == (0, 1)
+    assert {key[0]: (it.id, sel.attributes) for key, (it, sel) in kept.items()} == {
+        "title": (title.id, ("Concise",)),
+        "paraphrase": (paraphrase.id, ("Formal",)),
+    }
+    entries = [IndexEntry.of(it, sel.attributes, sel.margin, sel.base_margin) for it, sel in kept.values()]
+    vector = np.ones((1, 384), dtype=np.float32) / np.sqrt(384)
+    index = ExactIndex(entries, np.repeat(vector, len(entries), axis=0), {})
+    found = index.nearest(vector[0], "title")
+    assert found is not None and found[0].attributes == ["Concise"]
 
 
 def test_prefix_reuse_scores_like_fresh_scoring(backbone: Backbone, tmp_path: Path) -> None:
@@ -266,7 +325,7 @@ def test_index_exact_end_to_end_profile_and_rewrite(
         from localpers.methods.exact_method import ExactUserDecoder
 
         assert index.meta["fitted_by"] == stored_files.fit_mark()
-        assert index.meta["search"] == "side-by-side"  # part of the selection cache's key
+        assert index.meta["search"] == "side-by-side where a pair fits"  # part of the selection cache's key
         ExactUserDecoder(personalizer, user)
         monkeypatch.setattr(stored_files, "FIT_FORMAT", 2)  # the fitting code changed since this index
         with pytest.raises(

@@ -285,3 +285,119 @@ def test_the_selection_cache_keys_searches_scored_side_by_side_apart_from_one_at
     old = exact_cache.selections_key(*identity)
     assert exact_cache.selections_key(*identity, None) == old
     assert exact_cache.selections_key(*identity, "side-by-side") != old
+
+
+# --------------------------------------------------------------------------------------- one path a search
+
+LONG_ARTICLE = (
+    "Pandas arrived at the zoo on a sunny Monday morning. " * 38
+)  # cut to leave the attribute line room
+
+
+def _own_tokens(engine: Engine, article: str, sets: list[tuple[str, ...]]) -> int:
+    """The most tokens a prompt of `sets` has past the prompts' shared prefix (what a batched sequence holds)."""
+    prompts = _prompts(engine, article, sets)
+    return max(len(prompt) - shared_length(prompts) for prompt in prompts)
+
+
+def _searched(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    article: str,
+    library: tuple[str, ...],
+    positive_tokens: int | None = None,
+) -> tuple[list[str], int, int]:
+    """Search one pair at k=2 (y+ made `positive_tokens` long): the paths its scorings took, in order, the scorings
+    its progress heard of, and the selection's evaluations."""
+    from localpers.methods import scoring_batch
+
+    engine = personalizer.engine
+    engine.set_adapter("cluster-0")
+    paths: list[str] = []
+    group, one = scoring_batch.score_group, PrefixScorer.score
+
+    def side_by_side(*args: object, **kwargs: object) -> object:
+        paths.append("side by side")
+        return group(*args, **kwargs)  # type: ignore[arg-type]
+
+    def one_at_a_time(self: PrefixScorer, *args: object, **kwargs: object) -> object:
+        paths.append("one at a time")
+        return one(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scoring_batch, "score_group", side_by_side)
+    monkeypatch.setattr(PrefixScorer, "score", one_at_a_time)
+    margins = PairMargins(SideBySideScorer(engine), item(article, "PANDAS!!!"), "Pandas arrive")
+    if positive_tokens is not None:
+        margins.positive = (
+            engine.tokenize(" Pandas arrive at the zoo, and the city cheers.", add_bos=False) * 40
+        )[:positive_tokens]
+    heard: list[int] = []
+    selection = greedy_select(library=library, k=2, margins=lambda sets: margins.many(sets, heard.append))
+    return paths, sum(heard), selection.evaluations
+
+
+def test_a_search_whose_first_step_does_not_fit_scores_every_step_one_at_a_time(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plain prompt has more tokens past the first step's shared prefix than a later step's candidates (audit90
+    #2): for a y+ between the two limits the base margin was scored one at a time and the chosen set's margin side
+    by side, and the gain filter compared the two paths' numbers (up to ~1.4 nats of batching noise apart)."""
+    engine, library = personalizer.engine, ("Concise", "Vivid", "Formal")
+    first = _own_tokens(engine, SHOUTED[0][0], [(), *((name,) for name in library)])
+    later = max(_own_tokens(engine, SHOUTED[0][0], [(f, n) for n in library if n != f]) for f in library)
+    assert later < first  # the band this test needs: step 0 does not fit, step 1 would
+    paths, heard, evaluations = _searched(
+        personalizer, monkeypatch, SHOUTED[0][0], library, SEQUENCE_CELLS + 1 - later
+    )
+    assert set(paths) == {"one at a time"} and len(paths) == heard == evaluations == 1 + 3 + 2
+
+
+def test_a_later_step_that_does_not_fit_has_the_whole_search_made_again_one_at_a_time(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cut text leaves a later step less shared prefix (longer attribute lines cut it at more places): step 0 fit
+    a batched sequence and step 1 did not, so the base margin came side by side and the chosen set's one at a time.
+    The search starts over one at a time; the progress still hears of each scoring once."""
+    engine, library = personalizer.engine, ("Base", "Code", "Tech Industry Priority", "Individualistic")
+    first = _own_tokens(engine, LONG_ARTICLE, [(), *((name,) for name in library)])
+    later = min(_own_tokens(engine, LONG_ARTICLE, [(f, n) for n in library if n != f]) for f in library)
+    assert (
+        first < later
+    )  # the band this test needs: step 0 fits, step 1 does not, whichever attribute it took
+    paths, heard, evaluations = _searched(
+        personalizer, monkeypatch, LONG_ARTICLE, library, SEQUENCE_CELLS + 1 - first
+    )
+    assert paths[0] == "side by side"  # the first try, given up at step 1
+    assert set(paths[1:]) == {"one at a time"} and len(paths[1:]) == heard == evaluations == 1 + 4 + 3
+
+
+def test_a_last_step_of_one_candidate_is_scored_side_by_side_as_the_first(
+    personalizer: Personalizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A two-name library leaves step 1 a single candidate, which was scored one at a time (a lone prompt) after a
+    side-by-side step 0 (audit90 #2)."""
+    paths, heard, evaluations = _searched(personalizer, monkeypatch, SHOUTED[0][0], ("Concise", "Formal"))
+    assert paths == ["side by side", "side by side"] and heard == evaluations == 1 + 2 + 1
+
+
+def test_both_paths_refuse_a_token_outside_the_vocabulary_in_one_line_before_evaluating(
+    backbone: Backbone,
+) -> None:
+    """One at a time, a one-token continuation outside the vocabulary evaluated the prompt and then failed in an
+    IndexError (audit90 #4); side by side refused it in one line first."""
+    with Engine(backbone.path, n_ctx=256, tap_layers=None, batch_sequences=4) as engine:
+        prompts = _prompts(engine, SHOUTED[0][0], [("Concise",), ("Vivid",)])
+        outside = f"a continuation: token id {engine.n_vocab} is outside the vocabulary"
+        for scorer in (PrefixScorer(engine), SideBySideScorer(engine)):
+            for continuations in ([[engine.n_vocab]], [[5, 6], [engine.n_vocab]]):
+                with pytest.raises(ValueError, match=outside):
+                    scorer.score_each(prompts, continuations)
+                assert scorer.evaluated_tokens == 0 and engine.n_past == 0
+        with pytest.raises(ValueError, match=f"a prompt: token id {engine.n_vocab} is outside"):
+            PrefixScorer(engine).score([*prompts[0], engine.n_vocab], [[5]])
+        with pytest.raises(ValueError, match="a continuation: no token given"):
+            PrefixScorer(engine).score(prompts[0], [[5], []])
+        assert engine.n_past == 0

@@ -151,6 +151,44 @@ def test_a_removed_items_input_stays_indexed_for_another_item_that_shares_it() -
     assert [e.item_id for e in load_index(user).entries] == [other.id]
 
 
+def test_a_removed_items_input_is_not_taken_over_by_another_tasks_item() -> None:
+    """The index is per task and input (retrieval keeps to one task): removing a title item whose input another,
+    unindexed paraphrase item shares put the paraphrase's search in the title's place (audit90 #1), an entry
+    retrieved for titles from a paraphrase pair."""
+    from localpers.methods import exact_cache
+
+    user = UserStore().create("fay")
+    shared = "The council voted to halve bus fares from next month."
+    title = HistoryItem.create("title", shared, "Fares Halved")
+    paraphrase = HistoryItem.create(
+        "paraphrase", shared, "Bus tickets will cost half as much from next month."
+    )
+    other = HistoryItem.create("title", "Rain is expected all week.", "Wet Week Ahead")
+    user.save_history([title, paraphrase, other])
+    meta = {"bundle_sha256": "b" * 64, "adapter": "cluster-0", "k": 1, "library": ["Base", "Formal"]}
+    meta["fitted_by"] = "localpers test"
+    entries = [
+        IndexEntry(title.id, "title", shared, ["Formal"], 0.9, 0.2),
+        IndexEntry(other.id, "title", other.input, ["Base"], 0.5, 0.1),
+    ]
+    ExactIndex(entries, np.eye(2, 384, dtype=np.float32), meta).save(index_path(user))
+    key = exact_cache.selections_key(
+        meta["bundle_sha256"], "cluster-0", 1, meta["library"], meta["fitted_by"]
+    )
+    records = {
+        title.id: exact_cache.SelectionRecord("d1", ("Formal",), 0.9, 0.2),
+        paraphrase.id: exact_cache.SelectionRecord("d2", ("Base",), 0.6, 0.2),
+        other.id: exact_cache.SelectionRecord("d3", ("Base",), 0.5, 0.1),
+    }
+    assert exact_cache.write_selections(user.dir, key, records)
+
+    result = CliRunner().invoke(app, ["history", "remove", title.id[:8], "--user", "fay"])
+    assert result.exit_code == 0, result.output
+    index = load_index(user)
+    assert [(e.item_id, e.task) for e in index.entries] == [(other.id, "title")]
+    assert np.allclose(index.embeddings, np.eye(2, 384, dtype=np.float32)[[1]])
+
+
 def test_a_remove_stopped_midway_leaves_no_removed_text_that_nothing_would_prune(monkeypatch) -> None:
     # before, the history was written first: a stop while the derived files were pruned left the removed input
     # in EXACT's index, and a second `history remove` found no such item to remove

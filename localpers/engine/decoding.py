@@ -87,7 +87,9 @@ class SamplerSettings:
         return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def validated(self) -> SamplerSettings:
-        """This object, or a one-line `LocalpersError` naming the first setting out of range."""
+        """This object, or a one-line `LocalpersError` naming the first setting of the wrong type or out of range
+        (a Python caller's float top-k or text temperature reached llama.cpp's ctypes as a TypeError traceback)."""
+        self._check_types()
         checks = (
             (
                 "temperature",
@@ -113,7 +115,25 @@ class SamplerSettings:
                 0 <= self.penalty_last_n <= INT32_MAX,
                 f"in [0, {INT32_MAX}]",
             ),
-            ("dry_multiplier", self.dry_multiplier, self.dry_multiplier >= 0.0, ">= 0"),
+            (
+                "dry_multiplier",
+                self.dry_multiplier,
+                math.isfinite(self.dry_multiplier) and self.dry_multiplier >= 0.0,
+                "a finite number >= 0",
+            ),
+            # below 1 llama.cpp turns DRY off without a word; the penalty is multiplier * base^(repeat - allowed)
+            (
+                "dry_base",
+                self.dry_base,
+                math.isfinite(self.dry_base) and self.dry_base >= 1.0,
+                "a finite number >= 1",
+            ),
+            (
+                "dry_allowed_length",
+                self.dry_allowed_length,
+                0 <= self.dry_allowed_length <= INT32_MAX,
+                f"in [0, {INT32_MAX}]",
+            ),
             (
                 "repeated_word_penalty",
                 self.repeated_word_penalty,
@@ -142,6 +162,51 @@ class SamplerSettings:
         if self.grammar is not None:
             _check_grammar(self.grammar)
         return self
+
+    def _check_types(self) -> None:
+        """Refuse, in one line, a setting that is not a number of its kind (whole numbers where llama.cpp takes
+        int32), before any range is compared (a text temperature could not be)."""
+        wholes = {"top_k": self.top_k, "penalty_last_n": self.penalty_last_n}
+        wholes |= {"dry_allowed_length": self.dry_allowed_length, "seed": self.seed}
+        for name, value in wholes.items():
+            if not (_is_whole(value) or (name == "seed" and value is None)):
+                raise LocalpersError(f"{name} must be a whole number, got {value!r}", exit_code=2)
+        numbers_of = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "typical_p": self.typical_p,
+            "repeat_penalty": self.repeat_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "dry_multiplier": self.dry_multiplier,
+            "dry_base": self.dry_base,
+            "repeated_word_penalty": self.repeated_word_penalty,
+        }
+        for name, value in numbers_of.items():
+            if not (_is_number(value) or (name == "repeated_word_penalty" and value is None)):
+                raise LocalpersError(f"{name} must be a number, got {value!r}", exit_code=2)
+        for pair in self.logit_bias:
+            if not (
+                isinstance(pair, tuple) and len(pair) == 2 and _is_whole(pair[0]) and _is_number(pair[1])
+            ):
+                raise LocalpersError(
+                    f"logit bias {pair!r} is invalid: give (token id, bias) pairs, a whole-number token id and a"
+                    " numeric bias",
+                    exit_code=2,
+                )
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise LocalpersError(
+                f"the grammar must be GBNF text, got {type(self.grammar).__name__}", exit_code=2
+            )
+
+
+def _is_whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_grammar(grammar: str) -> None:

@@ -10,9 +10,10 @@ The attribute set enters the prompt as a line after the input, `Attributes: <A1,
 the answer cue, so every candidate prompt of a greedy step shares the article and the attributes
 already chosen; `SideBySideScorer` (`localpers.methods.scoring_batch`) evaluates those once in sequence 0 of the
 KV cache and a step's candidates side by side in the engine's batched sequences, each only its name, `y+` and
-`y-` (one at a time, as `PrefixScorer` does, where they do not fit a batched sequence). Pairs whose selected set
-does not beat the plain prompt (`F(A) < F({})`, the non-negative gain filter) are left out of the index, and a
-repeated input keeps its best set. What the search found for each pair is cached in the user's folder
+`y-` (a pair's whole search one at a time, as `PrefixScorer` does, where a step of it does not fit a batched
+sequence: the margins a pair's gain compares come from one path). Pairs whose selected set
+does not beat the plain prompt (`F(A) < F({})`, the non-negative gain filter) are left out of the index, and an
+input repeated within a task keeps its best set. What the search found for each pair is cached in the user's folder
 (`localpers.methods.exact_cache`), so a refit searches only new pairs and a stopped fit goes on where it stopped.
 The index (sentence-encoder embedding of each input -> attribute set) goes to the user's folder as
 one safetensors file, written atomically (`localpers.methods.exact_index`, whose `ExactIndex`,
@@ -33,6 +34,7 @@ import numpy as np
 
 from localpers import interrupts
 from localpers.engine import Engine
+from localpers.errors import LocalpersError
 from localpers.methods.attributes import ATTRIBUTES, attribute_line
 from localpers.methods.card.personalizer import Personalizer
 from localpers.methods.exact_cache import (
@@ -53,8 +55,11 @@ from localpers.users.store import User, history_for
 
 DEFAULT_K = 3
 # How a search scores its candidates (the index's meta `search`, part of the selection cache's key): side by side
-# in batched sequences picks otherwise than one at a time, since llama.cpp's numbers move with the batching.
-SEARCH = "side-by-side"
+# in batched sequences picks otherwise than one at a time, since llama.cpp's numbers move with the batching. Each
+# pair's search scores every margin one way (`PairMargins.many`): side by side where all its steps fit the batched
+# sequences, else wholly one at a time; which one follows from the pair's texts and these settings, so the label
+# names that rule, not the path a given pair took. (Plain "side-by-side" searches could mix the two in one pair.)
+SEARCH = "side-by-side where a pair fits"
 
 Progress = Callable[[str, int, int], None]
 MarginFunction = Callable[[tuple[str, ...]], float]
@@ -62,6 +67,12 @@ MarginsFunction = Callable[[list[tuple[str, ...]]], Sequence[float]]
 
 
 # --------------------------------------------------------------------------------------- greedy selection
+
+
+class PathChanged(Exception):
+    """Raised by a margins function that cannot score a step the way it scored the search's earlier ones, and will
+    score every set one other way from now on: `greedy_select` starts the search over, so all its margins (the
+    gain filter's F(A) - F({}) included) come from one scoring path."""
 
 
 @dataclass
@@ -92,13 +103,21 @@ def greedy_select(
     the order they were chosen), or from `margins(sets)`, F of each set of a list: each step's candidate sets
     together, the first step's with the empty set before them (what `PairMargins.many` scores side by side). Give
     one of the two.
-    Ties go to the attribute listed first in `library`.
+    Ties go to the attribute listed first in `library`. A `margins` that raises `PathChanged` has the search
+    started over (once).
     """
     if k < 1:
         raise ValueError("k must be at least 1")
     if (margin is None) == (margins is None):
         raise TypeError("greedy_select takes margin or margins, one of them")
     evaluate = margins if margins is not None else _one_at_a_time(margin)
+    try:
+        return _greedy(evaluate, library, k)
+    except PathChanged:
+        return _greedy(evaluate, library, k)
+
+
+def _greedy(evaluate: MarginsFunction, library: Sequence[str], k: int) -> Selection:
     chosen: tuple[str, ...] = ()
     base = np.nan
     step_margins: list[float] = []
@@ -120,13 +139,21 @@ def greedy_select(
     return Selection(chosen, step_margins[-1], float(base), step_margins, evaluations)
 
 
+class NoFiniteMargin(LocalpersError):
+    """Every attribute set of a greedy step scored NaN or -inf: the model's log-probabilities are not numbers."""
+
+
 def _first_best(values: Sequence[float]) -> int:
-    """The index of the first largest value (a NaN is never chosen; at least one value must exceed -inf)."""
+    """The index of the first largest value (a NaN is never chosen; `NoFiniteMargin` when none exceeds -inf)."""
     best, best_value = None, -np.inf
     for index, value in enumerate(values):
         if value > best_value:
             best, best_value = index, value
-    assert best is not None
+    if best is None:
+        raise NoFiniteMargin(
+            "no attribute set scored a finite margin (the model's log-probabilities are not finite numbers: a"
+            " damaged backbone or adapter); run `localpers doctor`, or pull the bundle again"
+        )
     return best
 
 
@@ -187,6 +214,12 @@ class PairMargins:
         self.item = item
         self.positive = engine.tokenize(" " + get_task(item.task).scored_output(item.output), add_bos=False)
         self.negative = engine.tokenize(" " + negative, add_bos=False)
+        # the path every `many` of this pair takes (a `SideBySideScorer`'s): None until the first call decides it
+        self.side_by_side: bool | None = None
+        self._reported = 0  # scorings `many` reported to its `done`
+        self._unreported = (
+            0  # scorings of a search started over to leave unreported (they were reported once)
+        )
 
     def __call__(self, attributes: tuple[str, ...]) -> float:
         prompt = attributed_prompt(self.item.task, self.item.input, attributes)
@@ -194,28 +227,60 @@ class PairMargins:
         return plus - minus
 
     def many(self, sets: Sequence[tuple[str, ...]], done: Callable[[int], None] | None = None) -> list[float]:
-        """F(A) for each set, through the scorer's `score_each` (side by side with a `SideBySideScorer`)."""
+        """F(A) for each set, through the scorer's `score_each` (side by side with a `SideBySideScorer`).
+
+        Every call scores one way, the first call's: side by side if its prompts fit the batched sequences, else one
+        at a time. A later call whose prompts do not fit (a cut text leaves a step less shared prefix than the first)
+        turns the pair to one at a time and raises `PathChanged`, so `greedy_select` searches again; `done` then
+        hears of each scoring once.
+        """
         engine = self.scorer.engine
         prompts = [engine.tokenize(attributed_prompt(self.item.task, self.item.input, a)) for a in sets]
-        scored = self.scorer.score_each(prompts, [self.positive, self.negative], done)
+        continuations = [self.positive, self.negative]
+        report = partial(self._report, done)
+        if not isinstance(self.scorer, SideBySideScorer):
+            scored = self.scorer.score_each(prompts, continuations, report)
+        else:
+            fits = self.scorer.fit(prompts, continuations)
+            if self.side_by_side is None:
+                self.side_by_side = fits
+            elif self.side_by_side and not fits:
+                self.side_by_side = False
+                self._unreported, self._reported = self._reported, 0
+                raise PathChanged
+            scored = self.scorer.score_each(prompts, continuations, report, side_by_side=self.side_by_side)
         return [plus - minus for plus, minus in scored]
+
+    def _report(self, done: Callable[[int], None] | None, count: int) -> None:
+        again = min(count, self._unreported)
+        self._unreported -= again
+        self._reported += count - again
+        if done is not None and count > again:
+            done(count - again)
+
+
+def index_key(task: str, text: str) -> tuple[str, str]:
+    """An index entry's key: its task and what the index embeds of its input (retrieval keeps to one task, so an
+    input given for two tasks is indexed once for each)."""
+    return task, get_task(task).content(text)
 
 
 def keep_for_index(
     selections: Sequence[tuple[HistoryItem, Selection]],
-) -> tuple[dict[str, tuple[HistoryItem, Selection]], int, int]:
-    """The pairs the index keeps, by input body: `(kept, n_negative_gain, n_duplicates)`.
+) -> tuple[dict[tuple[str, str], tuple[HistoryItem, Selection]], int, int]:
+    """The pairs the index keeps, by task and input body (`index_key`): `(kept, n_negative_gain, n_duplicates)`.
 
     A pair whose attributes lower the margin below the plain prompt's is dropped (the non-negative
-    gain filter); of several pairs with the same input, the one with the largest margin stays.
+    gain filter), as is one whose margins are not finite numbers (non-finite logits; the index's loader refuses
+    them); of several pairs of one task with the same input, the one with the largest margin stays.
     """
-    best: dict[str, tuple[HistoryItem, Selection]] = {}
+    best: dict[tuple[str, str], tuple[HistoryItem, Selection]] = {}
     filtered = duplicates = 0
     for item, selection in selections:
-        if selection.gain < 0:
+        if not (np.isfinite(selection.margin) and np.isfinite(selection.base_margin) and selection.gain >= 0):
             filtered += 1
             continue
-        key = get_task(item.task).content(item.input)  # what the index embeds
+        key = index_key(item.task, item.input)
         if key in best:
             duplicates += 1
             if best[key][1].margin >= selection.margin:
@@ -351,7 +416,10 @@ def _index_exact(
 
     for item, negative in searched:
         margins = PairMargins(scorer, item, negative)
-        selection = greedy_select(library=library, k=k, margins=partial(margins.many, done=counted))
+        try:
+            selection = greedy_select(library=library, k=k, margins=partial(margins.many, done=counted))
+        except NoFiniteMargin as exc:
+            raise LocalpersError(f"history item {item.id[:8]}: {exc}") from None
         found[item.id] = selection
         records[item.id] = SelectionRecord(
             digests[item.id], selection.attributes, selection.margin, selection.base_margin
@@ -368,8 +436,9 @@ def _index_exact(
     started = time.perf_counter()
     from localpers.engine.encoder import embed_texts
 
-    keys = list(keep_for_index(selections)[0])  # every input an index of these pairs could hold
-    embedded = embed_texts(keys)
+    # every input an index of these pairs could hold, embedded once however many tasks it was given for
+    texts = list(dict.fromkeys(text for _, text in keep_for_index(selections)[0]))
+    embedded = embed_texts(texts)
     seconds["embed"] = time.perf_counter() - started
     meta = {
         "fitted_by": fit_mark(),
@@ -384,7 +453,7 @@ def _index_exact(
         current = user.history_ids()  # an item removed while this fit ran stays removed, and uncounted
         selections = [(item, selection) for item, selection in selections if item.id in current]
         best, filtered, duplicates = keep_for_index(selections)
-        gains = [selection.gain for _, selection in selections]
+        gains = [selection.gain for _, selection in selections if np.isfinite(selection.gain)]
         report = ExactReport(
             cluster=cluster,
             adapter=adapter,
@@ -407,8 +476,8 @@ def _index_exact(
         entries = [
             IndexEntry.of(item, sel.attributes, sel.margin, sel.base_margin) for item, sel in best.values()
         ]
-        row_of = {text: row for row, text in enumerate(keys)}
-        embeddings = embedded[[row_of[text] for text in best]]
+        row_of = {text: row for row, text in enumerate(texts)}
+        embeddings = embedded[[row_of[text] for _, text in best]]
         ExactIndex(entries, embeddings, {**meta, "report": report.to_json()}).save(index_path(user))
     return report
 

@@ -1,4 +1,4 @@
-"""EXACT's per-user index: one attribute set per indexed input, the inputs' embeddings, and its file.
+"""EXACT's per-user index: one attribute set per indexed input and task, the inputs' embeddings, and its file.
 
 The index lives in the user's folder as one safetensors file (`exact-index.safetensors`: the embeddings
 as a tensor, the entries and meta as JSON metadata), written atomically; `load` refuses a missing,
@@ -53,7 +53,7 @@ class IndexEntry:
 
 @dataclass
 class ExactIndex:
-    """A user's EXACT memory: one attribute set per indexed input, and the inputs' embeddings."""
+    """A user's EXACT memory: one attribute set per indexed input and task, and the inputs' embeddings."""
 
     entries: list[IndexEntry]
     embeddings: np.ndarray  # (n, dim) float32, L2-normalised, row i embeds entries[i].input
@@ -105,7 +105,7 @@ class ExactIndex:
 
     def keeping(self, item_ids: Set[str], successors: Mapping[int, IndexEntry] | None = None) -> ExactIndex:
         """This index without the entries of items not in `item_ids` (the history after a removal), except that
-        the entry in row r of a removed item becomes `successors[r]` (another item of the same input), in place."""
+        the entry in row r of a removed item becomes `successors[r]` (another item of the same task and input), in place."""
         successors = successors or {}
         rows = [
             row for row, entry in enumerate(self.entries) if entry.item_id in item_ids or row in successors

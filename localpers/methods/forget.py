@@ -4,7 +4,8 @@ A removed item's text must not live on in files the methods keep beside the hist
 indexed input verbatim (and `rewrite --method exact` would still retrieve it), and CARD's y- cache holds the
 model's rewrite of the input (EXACT's selection cache holds no text, but names the items by id).
 `forget_removed_items` drops all three for every item no longer in the history; where a removed item's input is
-another remaining item's too, the index keeps the input with that item's attributes, as a fit would.
+another remaining item's of the same task too, the index keeps the input with that item's attributes, as a fit
+would.
 It does not refit: the fitted vector, token bias and CoPe adapter were learned from the old history, and the
 caller says so (`refit_hint`). The history file and its BM25 index are the user's store's to write.
 """
@@ -77,10 +78,10 @@ def forget_removed_items(user: User, kept: Set[str] | None = None) -> list[str]:
 
 
 def _successors(user: User, index: ExactIndex, kept: Set[str]) -> dict[int, IndexEntry]:
-    """For each row of a removed item, the entry of a remaining item with the same input, where the fit would
-    have indexed one: row -> entry.
+    """For each row of a removed item, the entry of a remaining item of the same task with the same input, where the
+    fit would have indexed one: row -> entry.
 
-    Of several items with one input the fit indexes only the one whose attributes gave the largest margin
+    Of several items of one task with one input the fit indexes only the one whose attributes gave the largest margin
     (`exact.keep_for_index`); removing that one dropped the input from the index although the others remain.
     Their searches are in the selection cache under the index's key (same bundle, adapter, k, library and fit
     format), and the input's embedding is the removed entry's row. Without such a record (an index from before
@@ -123,6 +124,7 @@ def _successors(user: User, index: ExactIndex, kept: Set[str]) -> dict[int, Inde
     return successors
 
 
-def _indexed_text(task: str, text: str) -> str:
-    """What the index embeds of an input (`exact.keep_for_index`'s key)."""
-    return get_task(task).content(text)
+def _indexed_text(task: str, text: str) -> tuple[str, str]:
+    """An input's key in the index: its task and what the index embeds of it (`exact.index_key`, not imported:
+    that module loads the engine)."""
+    return task, get_task(task).content(text)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from localpers.engine import Engine
+from localpers.engine.steps import check_tokens
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -96,11 +97,17 @@ class PrefixScorer:
         return results
 
     def score(self, prompt: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[float]:
-        """Summed log-prob of each continuation after `prompt` (the prompt includes BOS if wanted)."""
+        """Summed log-prob of each continuation after `prompt` (the prompt includes BOS if wanted).
+
+        An empty prompt or continuation, or a token outside the vocabulary, is refused in one line before anything
+        is evaluated, as `SideBySideScorer` refuses it.
+        """
         prompt = list(prompt)
-        if not prompt:
-            raise ValueError("the prompt needs at least one token")
+        bodies = [list(continuation) for continuation in continuations]
         engine = self.engine
+        check_tokens(engine, prompt, "a prompt")
+        for body in bodies:
+            check_tokens(engine, body, "a continuation")
         keep = self._reusable(prompt)
         engine.truncate(keep)  # truncate(0) resets
         first_logits, _ = engine.eval(prompt[keep:])
@@ -108,10 +115,7 @@ class PrefixScorer:
         self.requested_tokens += len(prompt)
         totals = []
         last: list[int] = []
-        for continuation in continuations:
-            tokens = list(continuation)
-            if not tokens:
-                raise ValueError("a continuation needs at least one token")
+        for tokens in bodies:
             engine.truncate(len(prompt))
             parts = [token_logprobs(first_logits[None, :], tokens[:1])]
             if len(tokens) > 1:

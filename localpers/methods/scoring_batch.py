@@ -11,9 +11,11 @@ prompt's last token and the continuations' tokens), and read at once with `log_n
 and float64 sums as `token_logprobs`). The batched sequences are emptied after every group.
 
 Numbers differ from one-at-a-time scoring by llama.cpp's batch-split noise (tests/test_exact_side_by_side.py
-measures how much). When the engine has fewer than two batched sequences, for a single prompt, and when a prompt's
-own tokens and its longest continuation would not fit a batched sequence (`SEQUENCE_CELLS`) or sequence 0's context,
-the prompts are scored one at a time (`PrefixScorer.score_each`). It builds no prompt and chooses no adapter.
+measures how much). When the engine has fewer than two batched sequences, and when a prompt's own tokens and its
+longest continuation would not fit a batched sequence (`SEQUENCE_CELLS`) or sequence 0's context (`fit`), the
+prompts are scored one at a time (`PrefixScorer.score_each`), as a single prompt is unless the caller asks for side
+by side (`side_by_side`, which also lets a caller score every prompt of a search one way). It builds no prompt and
+chooses no adapter.
 """
 
 from __future__ import annotations
@@ -61,13 +63,24 @@ class SideBySideScorer(PrefixScorer):
         prompts: Sequence[Sequence[int]],
         continuations: Sequence[Sequence[int]],
         done: Callable[[int], None] | None = None,
+        *,
+        side_by_side: bool | None = None,
     ) -> list[list[float]]:
-        """Each prompt's `score(prompt, continuations)`; `done(n)` after each group of n prompts scored."""
+        """Each prompt's `score(prompt, continuations)`; `done(n)` after each group of n prompts scored.
+
+        `side_by_side`: None scores two or more prompts side by side where they `fit`, else one at a time; False one
+        at a time; True side by side, a single prompt too (a caller keeping every score of a search on one path),
+        refusing prompts that do not fit.
+        """
         prompts = [list(prompt) for prompt in prompts]
         continuations = [list(continuation) for continuation in continuations]
-        shared = shared_length(prompts) if prompts else 0
-        if not self._side_by_side(prompts, continuations, shared):
+        if side_by_side is None:
+            side_by_side = len(prompts) >= 2 and self.fit(prompts, continuations)
+        elif side_by_side and not self.fit(prompts, continuations):
+            raise ValueError("these prompts do not fit the batched sequences; score them one at a time")
+        if not side_by_side:
             return super().score_each(prompts, continuations, done)
+        shared = shared_length(prompts)
         self.hold(prompts[0][:shared])
         results: list[list[float]] = []
         size = self.engine.batch_sequences
@@ -82,10 +95,13 @@ class SideBySideScorer(PrefixScorer):
                 done(len(group))
         return results
 
-    def _side_by_side(self, prompts: list[list[int]], continuations: list[list[int]], shared: int) -> bool:
-        """Whether the prompts can be scored in batched sequences (else one at a time, which refuses the same)."""
+    def fit(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> bool:
+        """Whether the prompts can be scored in batched sequences: each one's tokens past their shared prefix and the
+        longest continuation within a batched sequence, and within sequence 0's context (else one at a time, which
+        refuses the same). Tokens outside the vocabulary are refused in one line."""
         engine = self.engine
-        if engine.batch_sequences < 2 or len(prompts) < 2 or shared < 1 or not continuations:
+        shared = shared_length(prompts) if prompts else 0
+        if engine.batch_sequences < 2 or shared < 1 or not continuations:
             return False
         for prompt in prompts:
             check_tokens(engine, prompt, "a prompt")
