@@ -1,6 +1,7 @@
-"""Gaps found by the ninetieth session's mutation audit of the user archive's reader, the bundle manifest's rules
-and the reader of regular files: each test fails under a mutation of `localpers/users/archive.py`,
-`localpers/bundle/manifest.py` or `localpers/regular_files.py` that the test files covering them let through.
+"""Gaps found by the ninetieth session's mutation audit of the user archive's reader, the bundle manifest's rules,
+the reader of regular files and the parsing of outside JSON: each test fails under a mutation of
+`localpers/users/archive.py`, `localpers/bundle/manifest.py`, `localpers/regular_files.py` or
+`localpers/untrusted.py` that the test files covering them let through.
 
 Nothing here loads a model: archives are built in memory and read with `read_archive`.
 """
@@ -181,3 +182,44 @@ def test_what_changes_between_the_check_and_the_read_is_refused_too(monkeypatch,
     (tmp_path / "grown").write_bytes(b"x" * 101)
     with pytest.raises(InputError, match="grown is more than the 100 bytes a cache may have"):
         read_regular_file(tmp_path / "grown", 100, what="cache")
+
+
+# -- localpers/untrusted.py: outside JSON and one-line text ----------------------------------------------------
+
+
+def test_json_nested_past_the_limit_is_refused_and_at_the_limit_read() -> None:
+    from localpers.untrusted import MAX_JSON_DEPTH, JSONProblem, parse_json
+
+    at_limit = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert parse_json(at_limit) == parse_json(at_limit)  # read, not refused
+    past = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)  # far from Python's recursion limit
+    with pytest.raises(JSONProblem, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        parse_json(past)
+    with pytest.raises(JSONProblem, match="nested deeper than 3 levels"):
+        parse_json('{"a": {"b": [1]}, "c": {"d": {"e": {}}}}', max_depth=3)
+
+
+def test_a_number_of_more_digits_than_python_reads_is_named() -> None:
+    from localpers.untrusted import JSONProblem, parse_json
+
+    with pytest.raises(JSONProblem, match="a number has more digits than the 4300 Python accepts"):
+        parse_json("9" * 5000)
+
+
+def test_one_line_cuts_at_its_limit() -> None:
+    from localpers.untrusted import one_line
+
+    assert one_line("abcdef", limit=3) == "abc..."
+    assert one_line("abc", limit=3) == "abc"
+    assert one_line("a\nb") == "a\\nb"
+
+
+def test_the_first_string_that_is_not_unicode_text_is_named() -> None:
+    from localpers.untrusted import unencodable_field
+
+    assert (
+        unencodable_field({"messages": [{"content": "ok"}, {"content": "\ud800"}]}) == "messages[1].content"
+    )
+    assert unencodable_field({"\udc80": 1}) == "the body (a key)"
+    assert unencodable_field("\ud800") == "the body"
+    assert unencodable_field({"messages": [{"content": "ok"}]}) is None
