@@ -115,3 +115,24 @@ def test_a_fifo_at_the_content_stamp_reads_as_not_checked(pulled: tuple[Path, st
             pass
         pytest.fail("passed_before waited on the FIFO")
     assert answers == [False]
+
+
+def test_a_pull_lock_that_cannot_be_made_is_not_told_to_be_deleted(tmp_path: Path, monkeypatch) -> None:
+    """With nothing in the lock file's place, "delete it" named a file that is not there (the session's review)."""
+    from localpers.bundle import pull as pull_module
+    from localpers.errors import LocalpersError
+
+    def denied(path: Path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(pull_module, "open_lock_file", denied)
+    with (
+        pytest.raises(
+            LocalpersError, match=f"cannot be opened \\(Permission denied\\); make {tmp_path} writable"
+        ),
+        pull_module._pull_lock(tmp_path),
+    ):
+        pass
+    (tmp_path / pull_module.LOCK_NAME).mkdir()
+    with pytest.raises(LocalpersError, match="move it away"), pull_module._pull_lock(tmp_path):
+        pass

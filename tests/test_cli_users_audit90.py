@@ -79,6 +79,7 @@ def test_a_delete_that_cannot_remove_the_pointer_still_deletes_every_file() -> N
     assert deleted.exit_code == 0, (deleted.stdout, deleted.stderr)
     assert "deleted user 'ann'" in deleted.stdout
     assert deleted.stderr.startswith("note: ") and "could not be removed" in deleted.stderr
+    assert "move it away or make its folder writable" in deleted.stderr
     assert len(deleted.stderr.splitlines()) == 1
     assert store.list() == []
     assert [p.name for p in store.users_dir.iterdir()] == []  # no hidden .deleting-* folder left
@@ -93,7 +94,8 @@ def test_no_use_keeps_a_new_or_imported_user_inactive(tmp_path: Path) -> None:
     imported = invoke("user", "import", str(tmp_path / "a.zip"), "--as", "bob", "--no-use", "--json")
     assert imported.exit_code == 0 and json.loads(imported.stdout)["active"] is False
     assert store.active_name() is None
-    # without either flag an import is made active when no user is, and left inactive when one is
+    # without either flag an import is made active when no user is, and left inactive when one is (or when the
+    # pointer is damaged: left for `user use` to mend, and nothing said of an activation not asked for)
     assert json.loads(invoke("user", "import", str(tmp_path / "a.zip"), "--as", "cy", "--json").stdout)[
         "active"
     ]
@@ -101,6 +103,10 @@ def test_no_use_keeps_a_new_or_imported_user_inactive(tmp_path: Path) -> None:
         "active"
     ]
     assert store.active_name() == "cy"
+    store.active_path.write_text("garbage")
+    quiet = invoke("user", "import", str(tmp_path / "a.zip"), "--as", "eve")
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+    assert store.active_path.read_text() == "garbage"
 
 
 def test_doctor_reports_a_user_folder_it_cannot_read_and_goes_on(monkeypatch, tmp_path: Path) -> None:
@@ -203,12 +209,10 @@ def test_a_stop_while_the_history_index_is_written_says_the_history_was_saved(
     assert removed.exit_code == 130 and "now has 1 item" in removed.stderr, removed.stderr
 
 
-def test_a_fit_in_a_folder_it_cannot_write_is_refused_before_the_model_loads(
-    monkeypatch, tmp_path: Path
-) -> None:
+def test_a_fit_in_a_folder_it_cannot_write_is_refused_before_its_work(monkeypatch, backbone) -> None:
     import os
 
-    from localpers.methods.card import personalizer
+    from localpers.methods.card.method import CardMethod
 
     ann = UserStore().create("ann")
     assert invoke("history", "add", "-i", "The council met", "-o", "Council meets").exit_code == 0
@@ -218,8 +222,37 @@ def test_a_fit_in_a_folder_it_cannot_write_is_refused_before_the_model_loads(
         os, "access", lambda path, mode, **kw: Path(path) != ann.dir and access(path, mode, **kw)
     )
 
-    def no_model(*args, **kwargs):
-        raise AssertionError("the model was loaded")
+    def no_work(*args, **kwargs):
+        raise AssertionError("the fit's work started")
 
-    monkeypatch.setattr(personalizer.Personalizer, "open", no_model)
-    one_line_error(invoke("fit"), f"{ann.dir}, the folder of user 'ann', cannot be written", code=1)
+    real_fit = CardMethod.fit
+    monkeypatch.setattr(CardMethod, "fit", no_work)
+    refused = invoke("fit", "--model", str(backbone.path))
+    one_line_error(refused, f"{ann.dir}, the folder of user 'ann', cannot be written", code=1)
+    monkeypatch.setattr(CardMethod, "fit", real_fit)
+    monkeypatch.setattr(os, "access", access)
+    fitted = invoke("fit", "--model", str(backbone.path))
+    assert fitted.exit_code == 0, fitted.stderr
+    monkeypatch.setattr(
+        os, "access", lambda path, mode, **kw: Path(path) != ann.dir and access(path, mode, **kw)
+    )
+    unchanged = invoke("fit", "--model", str(backbone.path))  # nothing to do, nothing to write: as before
+    assert unchanged.exit_code == 0 and "nothing to do" in unchanged.stderr, unchanged.stderr
+
+
+def test_doctor_reports_a_users_folder_it_cannot_search_and_goes_on(monkeypatch, tmp_path: Path) -> None:
+    store = UserStore()
+    store.create("ann")  # active: doctor reads its folder through the pointer too
+    is_dir, exists = Path.is_dir, Path.exists
+
+    def denied(path: Path) -> None:
+        if path.parent == store.users_dir:  # what Python raises under a folder this account cannot search
+            raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "is_dir", lambda self: denied(self) or is_dir(self))
+    monkeypatch.setattr(Path, "exists", lambda self, **kw: denied(self) or exists(self, **kw))
+    monkeypatch.setenv("LOCALPERS_MODEL", str(tmp_path / "nothere.gguf"))
+    result = invoke("doctor", "--json")
+    report = json.loads(result.stdout)
+    assert "error" not in report, report
+    assert "Permission denied" in report["users"]["active_problem"], report["users"]

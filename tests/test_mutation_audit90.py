@@ -223,3 +223,17 @@ def test_the_first_string_that_is_not_unicode_text_is_named() -> None:
     assert unencodable_field({"\udc80": 1}) == "the body (a key)"
     assert unencodable_field("\ud800") == "the body"
     assert unencodable_field({"messages": [{"content": "ok"}]}) is None
+
+
+def test_an_oversized_manifest_in_a_given_folder_gets_the_advice_for_its_source(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """Read as a stored file, a manifest over the cap was a plain InputError that `advising` passed by (the
+    session's review): the message ended without saying what to do about a bundle from there."""
+    from localpers.bundle import format as bundle_format
+    from localpers.bundle.format import GIVEN_BUNDLE_ADVICE, open_bundle
+
+    monkeypatch.setattr(bundle_format, "MAX_MANIFEST_BYTES", 10)
+    (tmp_path / "manifest.json").write_text('{"format": "localpers-bundle"}')
+    with pytest.raises(InputError, match=f"this is not a bundle; {GIVEN_BUNDLE_ADVICE}"):
+        open_bundle(tmp_path)

@@ -156,3 +156,23 @@ def test_a_server_that_trickles_its_answers_head_is_given_up_on(trickling_head: 
     with pytest.raises(LocalpersError, match="too slow to answer .*; pull again to resume"):
         fetcher.resume_into(f"{trickling_head}/targets/backbone.gguf", tmp_path / "b.partial", 2)
     assert time.monotonic() - started < 6
+
+
+def test_a_head_that_ends_as_its_deadline_passes_is_too_slow_not_a_cut_body(
+    redirecting: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline firing between the head's arrival and its timer's cancel shut the socket under the body: the
+    pull said the connection closed after 0 bytes (the session's review)."""
+    import http.client
+    import time
+
+    parse_head = http.client.HTTPConnection.getresponse
+
+    def late(self: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        response = parse_head(self)
+        time.sleep(1.5)  # past the 2 x 0.5 s deadline, before the caller cancels it
+        return response
+
+    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", late)
+    with pytest.raises(LocalpersError, match="the server is too slow to answer"):
+        list(Fetcher(timeout=0.5).chunks(f"{redirecting}/ok"))

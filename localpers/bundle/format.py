@@ -157,7 +157,16 @@ def read_manifest(bundle_dir: Path) -> dict[str, Any]:
         raise BundleProblem(f"{bundle_dir}: no manifest.json there, so it is not a bundle directory")
     # a regular file only: opened blocking, a FIFO there hung every command that opened the bundle
     too_big = "this is not a bundle"
-    data = read_regular_file(path, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True, too_big=too_big)
+    try:
+        data = read_regular_file(
+            path, MAX_MANIFEST_BYTES, what="bundle manifest", stored=True, too_big=too_big
+        )
+    except BundleProblem:
+        raise
+    except (
+        InputError
+    ) as exc:  # too large: a fault of the bundle, to which callers add what to do (`advising`)
+        raise BundleProblem(str(exc)) from None
     return parse_manifest(data, str(path))
 
 

@@ -160,8 +160,9 @@ def _pull_lock(root: Path) -> Iterator[None]:
         return
     try:
         handle = open_lock_file(root / LOCK_NAME)
-    except OSError as exc:
-        raise LocalpersError(f"{root / LOCK_NAME}: cannot be opened ({exc.strerror}); delete it") from None
+    except OSError as exc:  # what to do depends on whether something is in the lock file's place
+        fix = "move it away" if os.path.lexists(root / LOCK_NAME) else f"make {root} writable"
+        raise LocalpersError(f"{root / LOCK_NAME}: cannot be opened ({exc.strerror}); {fix}") from None
     with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -83,14 +83,19 @@ class _HeadDeadline:
         timer = threading.Timer(HEAD_TIMEOUTS * seconds, shut)
         timer.daemon = True
         timer.start()
+        slow = SlowHead(f"no answer's head within {HEAD_TIMEOUTS * seconds:g} s")
         try:
-            return super().getresponse()  # type: ignore[misc]
+            response = super().getresponse()  # type: ignore[misc]
         except (OSError, http.client.HTTPException):
             if cut.is_set():
-                raise SlowHead(f"no answer's head within {HEAD_TIMEOUTS * seconds:g} s") from None
+                raise slow from None
             raise
         finally:
             timer.cancel()
+        if cut.is_set():  # it fired as the head ended: the socket is shut, the body could not be read
+            response.close()
+            raise slow
+        return response
 
 
 class _DeadlineHTTPConnection(_HeadDeadline, http.client.HTTPConnection):

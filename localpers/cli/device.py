@@ -84,10 +84,6 @@ def fit_command(
     chosen = get_method(method, for_fit=True)
     target = UserStore().resolve(user)
     with target.fitting():  # taken before the model loads: a second fit of the user is refused at once
-        # a refit finds its lock file made already: without this it did all its work, then failed at the save
-        refuse_unwritable(
-            target.dir, f"{target.dir}, the folder of user {target.name!r},", "fix that, then fit again"
-        )
         personalizer = Personalizer.open(model=model, bundle=bundle)
         current = None if refit else chosen.current_fit(personalizer, target, history_limit=history_limit)
         if current is not None:
@@ -101,6 +97,11 @@ def fit_command(
                 )
                 typer.echo(current.summary)
             return
+        # a refit finds its lock file made already: without this it did all its work, then failed at the save
+        # (a fit with nothing to do, above, writes nothing and may run in a read-only folder)
+        refuse_unwritable(
+            target.dir, f"{target.dir}, the folder of user {target.name!r},", "fix that, then fit again"
+        )
         try:
             with fit_progress(not as_json, sys.stderr.isatty()) as progress:
                 fitted = chosen.fit(personalizer, target, history_limit=history_limit, progress=progress)

@@ -333,6 +333,11 @@ def _users_status(
         active = store.active_name()
     except LocalpersError as exc:
         active, active_problem = None, str(exc)
+    except OSError as exc:  # the active user's folder this account cannot read (Path.is_dir raises then)
+        active, active_problem = (
+            None,
+            f"cannot read {exc.filename or store.users_dir} ({exc.strerror or exc})",
+        )
     status = {
         "count": len(names),
         "active": active,

@@ -323,8 +323,13 @@ def user_import(
 def _activate(store: UserStore, name: str, use: bool | None) -> str | None:
     """Make the user just made active as asked (`use` None: only when no user is active); why it could not be, or
     None. The user is kept either way: failing the command would have a script that retries find it taken."""
+    if use is None:
+        try:
+            use = store.active_name() is None
+        except LocalpersError:  # a damaged pointer is left for `user use` to mend, not replaced unasked
+            return None
     try:
-        if use or (use is None and store.active_name() is None):
+        if use:
             store.use(name)
     except LocalpersError as exc:
         return f"user {name!r} was not made active: {one_line(str(exc))}; `localpers user use {name}` does it later"

@@ -102,7 +102,7 @@ def _successors(user: User, index: ExactIndex, kept: Set[str]) -> dict[int, Inde
     except (KeyError, TypeError):
         return {}
     indexed = {entry.item_id for entry in index.entries if entry.item_id in kept}
-    unindexed: dict[str, list[HistoryItem]] = {}
+    unindexed: dict[tuple[str, str], list[HistoryItem]] = {}
     for item in user.history():
         if item.id in kept and item.id not in indexed and item.id in records:
             with contextlib.suppress(LocalpersError):

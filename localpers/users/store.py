@@ -199,8 +199,8 @@ class UserStore:
         if pointer_left is not None:
             # a pointer to a user who does not exist reads as no active user: harmless, so said, not failed
             return (
-                f"{pointer_left}; it names a user who no longer exists, which reads as no active user:"
-                " `localpers user use NAME` chooses another once the folder can be written"
+                f"{pointer_left}: move it away or make its folder writable, then choose the active user with"
+                " `localpers user use NAME`"
             )
         return None
 
