@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_hardening import archive_bytes  # the zip of members, as the F4 tests build theirs
 
 from localpers.errors import InputError
 from localpers.users.archive import (
@@ -26,14 +27,6 @@ VECTOR_A = "vector-00000000000000aa.safetensors"
 VECTOR_B = "vector-00000000000000bb.safetensors"
 
 
-def zipped(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
-
-
 def manifest_of(members: dict[str, bytes]) -> bytes:
     """The manifest.json `localpers user export` writes for `members`."""
     with zipfile.ZipFile(io.BytesIO(pack_archive("ann", 0, members))) as archive:
@@ -44,7 +37,7 @@ def test_one_member_over_its_cap_is_refused_though_the_total_is_under_its_own(tm
     big = b"\0" * (MAX_ARCHIVE_MEMBER_BYTES + 1)
     assert len(big) < MAX_ARCHIVE_TOTAL_BYTES  # only the per-member cap can refuse it
     path = tmp_path / "big.zip"
-    path.write_bytes(zipped({"manifest.json": b"{}", "history.jsonl": big}))
+    path.write_bytes(archive_bytes({"manifest.json": b"{}", "history.jsonl": big}))
     with pytest.raises(InputError, match="history.jsonl is too large for a user archive"):
         read_archive(path)
 
@@ -52,7 +45,7 @@ def test_one_member_over_its_cap_is_refused_though_the_total_is_under_its_own(tm
 def test_two_vectors_are_refused(tmp_path: Path) -> None:
     members = {"state.json": b"{}", VECTOR_A: b"a", VECTOR_B: b"b"}
     path = tmp_path / "two.zip"
-    path.write_bytes(zipped({"manifest.json": manifest_of(members), **members}))
+    path.write_bytes(archive_bytes({"manifest.json": manifest_of(members), **members}))
     with pytest.raises(InputError, match="more than one vector file"):
         read_archive(path)
 
@@ -61,10 +54,12 @@ def test_a_member_the_manifest_does_not_list_is_refused(tmp_path: Path) -> None:
     listed = {"state.json": b"{}"}
     path = tmp_path / "unlisted.zip"
     # history.jsonl would go unchecked by any sha256
-    path.write_bytes(zipped({"manifest.json": manifest_of(listed), **listed, "history.jsonl": b"{}\n"}))
+    path.write_bytes(
+        archive_bytes({"manifest.json": manifest_of(listed), **listed, "history.jsonl": b"{}\n"})
+    )
     with pytest.raises(InputError, match="field 'files' does not list the archive's files"):
         read_archive(path)
-    path.write_bytes(zipped({"manifest.json": manifest_of(listed), **listed}))
+    path.write_bytes(archive_bytes({"manifest.json": manifest_of(listed), **listed}))
     manifest, members = read_archive(path)  # the same archive without the extra member is read
     assert members == listed and manifest["name"] == "ann"
 
