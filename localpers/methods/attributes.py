@@ -2,7 +2,7 @@
 
 An attribute set is written into a prompt as one line, `Attributes: <Concise, Vivid, Humor>`, the
 template of the paper's Figures 2-7. This module only holds the names and formats that line; selecting
-attributes lives in `localpers.methods.exact`.
+attributes lives in `localpers.methods.exact_greedy` (the search) and `localpers.methods.exact` (the index).
 """
 
 from __future__ import annotations
