@@ -136,3 +136,16 @@ def test_a_pull_lock_that_cannot_be_made_is_not_told_to_be_deleted(tmp_path: Pat
     (tmp_path / pull_module.LOCK_NAME).mkdir()
     with pytest.raises(LocalpersError, match="move it away"), pull_module._pull_lock(tmp_path):
         pass
+
+
+def test_hashing_a_fifo_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    """`sha256_of_file`'s callers check for a regular file first; a FIFO put there after the check blocked the
+    open for a writer (ninety-first session). A helper thread writes to it after a while, so the old code fails
+    instead of hanging."""
+    from fifo_helpers import fed_fifo
+
+    from localpers.bundle.format import sha256_of_file
+
+    fifo = tmp_path / "manifest.json"
+    with fed_fifo(fifo, b"{}", seconds=2.0), pytest.raises(OSError, match="not a regular file"):
+        sha256_of_file(fifo)

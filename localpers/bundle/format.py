@@ -11,6 +11,7 @@ loads adapters, heads or centroids (it only hands out their verified paths).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -73,9 +74,16 @@ CHUNK_SIZE = 1 << 20
 
 
 def sha256_of_file(path: Path, chunk_size: int = CHUNK_SIZE) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
+    """Hex sha256 of a regular file, read in 1 MiB chunks; an OSError (EINVAL) for anything else.
+
+    Opened without blocking: its callers check for a regular file first, but a FIFO swapped in after that check
+    would have held the command forever, waiting for a writer.
+    """
     digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
         while block := handle.read(chunk_size):
             digest.update(block)
     return digest.hexdigest()
