@@ -92,8 +92,8 @@ def refuse_non_regular(path: Path) -> None:
         raise LocalpersError(f"{path}: cannot be checked before replacing it ({exc.strerror})") from None
     if not stat.S_ISREG(info.st_mode):
         raise LocalpersError(
-            f"{path} exists and is not a regular file (a directory, device, FIFO or socket); it is never"
-            " replaced: choose a file path"
+            f"{path} exists and is not a regular file (a directory, device, FIFO or socket), which is never"
+            " replaced: move it away, or choose another path"
         )
 
 

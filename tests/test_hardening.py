@@ -584,11 +584,9 @@ def test_importing_a_user_on_a_full_disk_names_the_folder_and_what_to_do(
     UserStore().create("ann")
     archive = tmp_path / "ann.zip"
     assert runner.invoke(app, ["user", "export", "ann", "--output", str(archive)]).exit_code == 0
-    import localpers.users.store as store_module
+    from localpers.users import staging
 
-    monkeypatch.setattr(
-        store_module, "_write_synced", _disk_full
-    )  # each staged file is written (and synced) there
+    monkeypatch.setattr(staging, "write_synced", _disk_full)  # each staged file is written (and synced) there
     result = runner.invoke(app, ["user", "import", str(archive), "--as", "bob"])
     line = one_line_error(result, "No space left on device")
     assert f"cannot write user 'bob' into {UserStore().users_dir}" in line and "free some disk space" in line

@@ -182,11 +182,11 @@ def test_a_link_left_by_an_older_delete_is_swept_without_touching_its_target(tmp
 
 
 def test_a_delete_that_cannot_remove_every_file_names_the_full_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localpers.users import store as store_module
+    from localpers.users import staging
 
     store = UserStore()
     store.create("ann").save_history(items(1))
-    monkeypatch.setattr(store_module, "_remove_tree", lambda path: [f"{path}/sub/f: Permission denied"])
+    monkeypatch.setattr(staging, "remove_tree", lambda path: [f"{path}/sub/f: Permission denied"])
     with pytest.raises(StorageError, match=r"could not be deleted \(first: .*/sub/f: Permission denied\)"):
         store.delete("ann")
     assert store.list() == []

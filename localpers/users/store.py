@@ -6,10 +6,11 @@ Layout under `paths.data_dir()` (or the `root` given to `UserStore`):
     users/<name>/    one user's folder (`localpers.users.folder.User`: history, state, vector)
 
 A user appears and disappears in one rename: `create` and `import_` build the folder in a hidden staging
-folder beside the users and rename it into place, `delete` renames it away before removing the files,
-and leftovers of an interrupted one are swept. The archive format of `export`/`import_` is
-`localpers.users.archive`, and which of a user's files go in `localpers.users.archive_members`. Nothing of a user's text is written outside its folder (except `export`, to the
-destination the user names). This module does not fit or embed anything.
+folder beside the users and rename it into place, `delete` renames it away before removing the files, and
+leftovers of an interrupted one are swept (`localpers.users.staging`). The archive format of `export`/`import_`
+is `localpers.users.archive`, and which of a user's files go in `localpers.users.archive_members`. Nothing of a
+user's text is written outside its folder (except `export`, to the destination the user names). This module does
+not fit or embed anything.
 
 `User`, `validate_name`, `history_for` and the atomic writers are re-exported here for the modules that
 reach a user through the store.
@@ -18,22 +19,18 @@ reach a user through the store.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import secrets
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from localpers import paths
-from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory, process_is_running
+from localpers.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.regular_files import read_regular_file
 from localpers.untrusted import one_line, parse_json
-from localpers.users import folder
+from localpers.users import folder, staging
 from localpers.users.archive import pack_archive, read_archive
 from localpers.users.archive_members import fit_members, marked_for_history
 from localpers.users.folder import (
@@ -98,7 +95,9 @@ class UserStore:
         user = self._user(validate_name(name))
         if not user.dir.is_dir():
             if os.path.lexists(user.dir):
-                raise StorageError(f"{_not_a_folder(user.dir)}; no command can use user {name!r} until then")
+                raise StorageError(
+                    f"{staging.not_a_folder(user.dir)}; no command can use user {name!r} until then"
+                )
             raise LocalpersError(
                 f"no user named {name!r}; `localpers user list` shows the users, "
                 f"`localpers user create {name}` makes one"
@@ -109,16 +108,16 @@ class UserStore:
         """A new, empty user; with `activate`, it becomes the active user when none is active."""
         validate_new_name(name)
         self._check_free(name, "pick another name or delete it first")
-        staging = self._staging_dir("creating")
+        building = self._staging_dir("creating")
         try:
             try:
-                User(name, staging)._write_state({"created_at": folder.now()})
-                atomic_write_text(staging / IDENTITY_FILE, new_identity() + "\n")
+                User(name, building)._write_state({"created_at": folder.now()})
+                atomic_write_text(building / IDENTITY_FILE, new_identity() + "\n")
             except LocalpersError as exc:  # name the user's folder, not the hidden staging one
-                raise LocalpersError(str(exc).replace(str(staging), str(self._user(name).dir))) from None
-            self._commit_staging(staging, name)
+                raise LocalpersError(str(exc).replace(str(building), str(self._user(name).dir))) from None
+            self._commit_staging(building, name)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(building, ignore_errors=True)
         if activate:
             self._activate_if_none(name)
         return self.get(name)
@@ -138,13 +137,19 @@ class UserStore:
             )
         folder = self._user(name).dir
         if not folder.is_dir() and os.path.lexists(folder):  # not a user who was deleted: one out of reach
-            raise StorageError(f"{_not_a_folder(folder)}; no command can use user {name!r} until then")
+            raise StorageError(f"{staging.not_a_folder(folder)}; no command can use user {name!r} until then")
         return name if folder.is_dir() else None
 
     def use(self, name: str) -> User:
         """Make `name` the active user."""
         user = self.get(name)
         self.root.mkdir(parents=True, exist_ok=True)
+        if os.path.exists(self.active_path) and not self.active_path.is_file():
+            # the generic refusal's "or choose another path" is no choice here: the pointer's path is localpers'
+            raise StorageError(
+                f"{self.active_path} is not a regular file (a folder, FIFO or device is in its place), where"
+                " localpers keeps the active user's name; move it away"
+            )
         atomic_write_text(self.active_path, json.dumps({"user": name}) + "\n")
         return user
 
@@ -189,7 +194,7 @@ class UserStore:
                 pass
             except OSError as exc:  # the user is gone already: its files go all the same
                 pointer_left = f"{self.active_path} could not be removed ({exc.strerror or exc})"
-        failures = _remove_tree(doomed)
+        failures = staging.remove_tree(doomed)
         if failures:
             raise StorageError(
                 f"user {name!r} is gone from localpers, but {len(failures)} of its files could not be deleted"
@@ -296,19 +301,19 @@ class UserStore:
                 )
         target = validate_new_name(name, "import it under another name with --as NAME")
         self._check_free(target, "import under another name with --as NAME")
-        staging = self._staging_dir("importing")
+        building = self._staging_dir("importing")
         try:
             try:
                 for member, data in members.items():
-                    _write_synced(staging / member, data)
-                _write_synced(staging / IDENTITY_FILE, (new_identity() + "\n").encode("ascii"))
-                fsync_directory(staging)  # the files on disk before the folder is renamed into place
+                    staging.write_synced(building / member, data)
+                staging.write_synced(building / IDENTITY_FILE, (new_identity() + "\n").encode("ascii"))
+                fsync_directory(building)  # the files on disk before the folder is renamed into place
             except OSError as exc:
                 raise StorageError(
                     f"cannot write user {target!r} into {self.users_dir} ({exc.strerror or exc}); nothing was"
                     " imported: free some disk space or fix the folder's permissions, then import again"
                 ) from None
-            candidate = User(target, staging)
+            candidate = User(target, building)
             try:
                 items = candidate.history()
                 candidate._load_vector()
@@ -317,14 +322,14 @@ class UserStore:
             except LocalpersError as exc:
                 # the advice a damaged file's message ends with is for a user on this device ("run localpers
                 # fit"), which this is not yet
-                detail = str(exc).replace(f"{staging}{os.sep}", "").rsplit("; ", 1)[0]
+                detail = str(exc).replace(f"{building}{os.sep}", "").rsplit("; ", 1)[0]
                 raise InputError(
                     f"{archive} holds a damaged user: {detail}; export it again on the device it came from"
                 ) from None
             check_history_size(len(items), what=f"{archive} has")  # its own advice holds for an archive
-            self._commit_staging(staging, target)
+            self._commit_staging(building, target)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(building, ignore_errors=True)
         if activate:
             self._activate_if_none(target)
         return self.get(target)
@@ -341,57 +346,18 @@ class UserStore:
             )
 
     def check_folder(self) -> None:
-        """Refuse a file (or a link to nothing) where the users' folder goes: `user list` read "no users yet"
-        and `user create` blamed permissions or disk space."""
-        if os.path.lexists(self.users_dir) and not self.users_dir.is_dir():
-            raise StorageError(f"{_not_a_folder(self.users_dir)}; no user can be kept there until then")
+        """Refuse a file (or a link to nothing) where the users' folder goes (`staging.check_users_folder`)."""
+        staging.check_users_folder(self.users_dir)
 
     def _staging_dir(self, purpose: str, create: bool = True) -> Path:
         """A hidden folder beside the users (same filesystem, so renames are atomic); list() skips it."""
-        self.check_folder()
-        try:
-            self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its names are users' names
-            if self.users_dir.stat().st_mode & 0o077:  # made open by an earlier version
-                with contextlib.suppress(OSError):
-                    self.users_dir.chmod(0o700)
-            self._sweep()
-            path = self.users_dir / f".{purpose}-{os.getpid()}-{secrets.token_hex(6)}"
-            if create:
-                path.mkdir(mode=0o700)
-        except OSError as exc:
-            raise StorageError(
-                f"cannot write in {self.users_dir} ({exc.strerror}); fix the folder's permissions or free some"
-                " disk space"
-            ) from None
-        return path
+        return staging.staging_dir(self.users_dir, purpose, create)
 
-    def _commit_staging(self, staging: Path, name: str) -> None:
-        target = self._user(name).dir
-        try:
-            os.rename(staging, target)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) or os.path.lexists(target):  # made meanwhile
-                raise LocalpersError(f"user {name!r} already exists; pick another name") from None
-            raise StorageError(
-                f"cannot put user {name!r} into {self.users_dir} ({exc.strerror or exc}); nothing was saved: free"
-                " some disk space or fix the folder's permissions, then try again"
-            ) from None
-        fsync_directory(self.users_dir)
+    def _commit_staging(self, built: Path, name: str) -> None:
+        staging.commit_staging(built, self._user(name).dir, name)
 
     def _sweep(self) -> None:
-        """Remove folders left by an interrupted create, import or delete (not those of one still running)."""
-        for leftover in self.users_dir.glob(".*-*"):
-            purpose, _, rest = leftover.name.partition("-")
-            if not leftover.is_dir() or purpose not in (".creating", ".importing", ".deleting"):
-                continue
-            pid = rest.split("-")[0]
-            if pid.isdigit() and process_is_running(int(pid)):
-                continue
-            if leftover.is_symlink():  # left by an older delete of a linked user: the link, never its target
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
-                continue
-            shutil.rmtree(leftover, ignore_errors=True)
+        staging.sweep(self.users_dir)
 
     def _activate_if_none(self, name: str) -> None:
         try:
@@ -402,17 +368,6 @@ class UserStore:
             self.use(name)
 
 
-def _not_a_folder(path: Path) -> str:
-    """Why `path`, where a folder goes, is none, and the mend: a link to nothing (a drive not mounted?) is
-    reconnected or removed, anything else moved away."""
-    if path.is_symlink():
-        return (
-            f"{path} is a link to {os.readlink(path)}, which is not a folder (a drive not mounted?): reconnect what"
-            " it points to, or remove the link"
-        )
-    return f"{path} is not a folder (a file is in its place): move it away"
-
-
 def _check_before_export(user: User, check: Callable[[User], None]) -> None:
     """Run `check` on `user`, refusing the export in one line (nothing written) where it refuses: an archive
     `import_` refuses, with advice to export it again, would send the user round in a loop."""
@@ -420,29 +375,3 @@ def _check_before_export(user: User, check: Callable[[User], None]) -> None:
         check(user)
     except LocalpersError as exc:  # the message names the file and ends with `localpers fit --user NAME`
         raise type(exc)(f"user {user.name!r} was not exported: {exc}", exit_code=exc.exit_code) from None
-
-
-def _remove_tree(path: Path) -> list[str]:
-    """Delete the folder `path` with all it holds; what could not be deleted, as "FULL PATH: reason" lines."""
-    failures: list[str] = []
-
-    def note(_function: Any, failed: str, error: Any) -> None:
-        reason = (
-            error[1] if isinstance(error, tuple) else error
-        )  # onerror passes exc_info, onexc the exception
-        failures.append(f"{failed}: {getattr(reason, 'strerror', None) or reason}")
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=note)
-    else:
-        shutil.rmtree(path, onerror=note)
-    return failures
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    """Write a new file of a staging folder and flush it to disk: a crash after the folder's rename must not
-    leave an imported user with an empty history (which reads as none, without an error)."""
-    with path.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
