@@ -24,7 +24,6 @@ This module starts the app, picks the user, loads the engine and wires the contr
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import unicodedata
@@ -54,13 +53,12 @@ from localpers.tui.screens.welcome import WelcomeScreen
 from localpers.tui.service import EngineInfo, WritingService
 from localpers.tui.shell import ShellMixin
 from localpers.tui.teaching import TeachingMixin
+from localpers.tui.user_views import UserViewsMixin
 from localpers.tui.user_watch import UserWatchMixin
 from localpers.tui.userdata import (
     Profile,
-    load_profile,
 )
 from localpers.tui.widgets.stepper import Stepper
-from localpers.users.history import HistoryItem
 from localpers.users.store import User
 
 DEBOUNCE_SECONDS = 0.6
@@ -77,7 +75,9 @@ MAIN_SCREEN_ACTIONS = {
 }
 
 
-class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin, ShellMixin, App[None]):
+class LocalpersApp(
+    GenerationMixin, TeachingMixin, FirstRunMixin, UserViewsMixin, UserWatchMixin, ShellMixin, App[None]
+):
     """The `localpers tui` application over a `WritingService`."""
 
     CSS_PATH = "app.tcss"
@@ -208,81 +208,6 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
             return self._help_panel_shown()
         return not (action in MAIN_SCREEN_ACTIONS and self.screen is not self.main)
 
-    # ------------------------------------------------------------------ users and profile
-    def select_user(self, name: str) -> None:
-        """Make `name` the user of this session: profile, panels, refit if due, personalized output."""
-        try:
-            user = self.store.get(name)
-        except LocalpersError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            return
-        self.user = user
-        self.show_user_names(self.store.list())
-        self.refresh_user_views()
-        self.maybe_refit()
-        self.regenerate()
-
-    def refresh_user_views(self) -> None:
-        """Re-read the user's folder into the profile, history and profile panels and the header."""
-        self.remember_user_stamp()  # before reading: a change made while the files are read shows at the next watch
-        if self.user is None:
-            self.profile = None
-            self.main.history_panel.show(None, [])
-            self.main.profile_panel.profile = None
-            self.sub_title = "no user"
-            return
-        items: list[HistoryItem] = []
-        try:
-            items = self.user.history()
-            info = self.info
-            self.profile = load_profile(
-                self.user,
-                info.bundle_sha256 if info else None,
-                info.clusters if info else None,
-                info.head_d if info else None,
-            )
-        except LocalpersError as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            self.profile = Profile(self.user.name, len(items), problem=str(exc))
-        if self.profile.rejected_problem is not None:
-            self.notify(self.profile.rejected_problem, severity="error", timeout=10)
-        failed = self._fit_failed.get(self.user.name)
-        if failed is not None:  # kept in view, not only in the notice that reported it
-            self.profile = dataclasses.replace(self.profile, fit_error=failed)
-        self.main.history_panel.show(self.user.name, items)
-        self.main.profile_panel.profile = self.profile
-        self.sub_title = self._header_line()
-        self._start_strength()
-
-    def _start_strength(self) -> None:
-        """Set α to the strength the user's fit chose (what `localpers rewrite` uses), else the bundle's
-        default; once per user and choice, so the user's own α stays until either changes."""
-        if self.info is None or self.profile is None:
-            return
-        source = (self.profile.user, self.profile.vector_strength)
-        if source == self._strength_source:
-            return
-        self._strength_source = source
-        chosen = self.profile.vector_strength
-        strength = self.main.controls.strength
-        with strength.prevent(Stepper.Changed):
-            strength.set_value(self.info.default_strength if chosen is None else chosen)
-
-    def _header_line(self) -> str:
-        profile = self.profile
-        if profile is None:
-            return "no user"
-        if profile.problem is not None:  # not "0 examples · cold start": the Profile tab says what is wrong
-            return f"user {profile.user} · a file of this user cannot be read (Profile tab, F4)"
-        parts = [f"user {profile.user}", f"{profile.n_history} examples"]
-        if profile.can_personalize:
-            parts.append(f"cluster {profile.cluster}")
-        elif profile.n_history == 0:
-            parts.append("cold start")
-        if self.info is None:
-            parts.append("loading the model…")
-        return " · ".join(parts)
-
     # ------------------------------------------------------------------ engine loading
     def _run_engine_job(self, group: str, job: Callable[..., None], *args: object) -> None:
         """Run `job(thread, service, engine_lock, post_message, *args)` on a job thread; it cancels the group's
@@ -335,31 +260,10 @@ class LocalpersApp(GenerationMixin, TeachingMixin, FirstRunMixin, UserWatchMixin
     def on_select_changed(self, event: Select.Changed) -> None:
         select_id = event.select.id
         if select_id == "user":
-            name = event.value
-            if not isinstance(name, str):  # "(no user)" picked: there is no such choice while a user is open
-                self._show_current_user()
-                return
-            if self.user is None or name != self.user.name:
-                try:
-                    self.store.use(name)
-                except LocalpersError as exc:
-                    self.notify(str(exc), severity="error")
-                    self._show_current_user()
-                    return
-                self.select_user(name)
+            self.switch_user(event.value)
         elif select_id in ("task", "method"):
             self.main.controls.enable_tuning_for_method()
             self.schedule_generation()
-
-    def _show_current_user(self) -> None:
-        """Put the User select back on the user of this session (after a refused switch)."""
-        if self.user is None:
-            return
-        try:
-            names = self.store.list()
-        except LocalpersError:
-            names = [self.user.name]
-        self.show_user_names(names)
 
     def on_stepper_changed(self, event: Stepper.Changed) -> None:
         self.schedule_generation()
