@@ -784,6 +784,17 @@ async def test_a_user_made_within_the_folders_timestamp_tick_is_offered(service:
 
 
 @async_test
+async def test_a_watch_tick_while_the_app_closes_does_nothing(service: FakeService) -> None:
+    """A tick of the user watch after the app began to close found no screen (`ScreenStackError`, a traceback
+    at the end of a run under load; ninety-first session)."""
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_idle(pilot)
+    UserStore().create("dora")  # a change the tick would otherwise go on to show
+    app.watch_user_files()
+
+
+@async_test
 async def test_a_users_folder_that_cannot_be_listed_is_listed_again_later(
     service: FakeService, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,7 +69,10 @@ class UserWatchMixin:
         A delete or a re-creation is judged against the user object itself (its folder, its identity token), even
         while the app's own fit runs: that fit's end refreshes the views, which would take the new folder as the
         one read. Other changes wait for the app's own fit and dialogs (an import writes, then closes its dialog).
+        Nothing while the app closes: a tick then found no screen and ended the app in a traceback.
         """
+        if not self.is_running:  # type: ignore[attr-defined]
+            return
         user = self.user
         # a user made or deleted elsewhere (not only by the app): list them again; a listing that failed is retried
         listing = _listing_stamp(self.store.users_dir)
