@@ -620,7 +620,7 @@ def test_api_request_bytes_that_are_not_a_request_get_a_json_400(raw: bytes) -> 
 
 
 def test_a_served_path_with_invisible_characters_is_logged_escaped() -> None:
-    from localpers.bundle.serve import _printable
+    from localpers.bundle.serve_handler import _printable
 
     # a soft hyphen, a joiner and a bidi override
     assert _printable("/a\u00adb\u200dc\u202e") == "/a\\xadb\\u200dc\\u202e"

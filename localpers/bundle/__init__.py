@@ -11,9 +11,12 @@
   http nor from a public address into the local network; no proxy for loopback).
 - `keys`: the publisher's signing keys; `resigning`: renewing its metadata; `repository_lock`: one repo command
   at a time; `record`: what a pull installed (`.pulled.json`).
-- `pull`: fetch a bundle (signed, or a local directory with --unsigned) and install it atomically.
-- `serve`: serve a repository or one verified bundle read-only over HTTP; `served_files`: which files a
-  repository exposes (its TUF metadata and targets whose bytes match their names), listed again as it is re-signed.
+- `pull`: fetch a bundle (signed, or a local directory with --unsigned) and install it atomically;
+  `pull_downloads`: its downloads and the checks around them; `pull_publisher`: which publisher it may install
+  from, and the record it leaves.
+- `serve`: serve a repository or one verified bundle read-only over HTTP; `serve_handler`: how each request is
+  read and answered (its limits, byte ranges, the log); `served_files`: which files a repository exposes (its TUF
+  metadata and targets whose bytes match their names), listed again as it is re-signed.
 
 Nothing here reads user data or runs a model.
 """

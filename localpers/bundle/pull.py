@@ -8,26 +8,26 @@ signed target with the same length and sha256 before any of them is downloaded; 
 into a staging directory under cache_dir()/bundles, capped at its signed length. The staged bundle is
 verified once more as a whole, renamed into `versions/<id>`, and the `current` pointer is switched with
 one atomic rename. Any failure or interruption removes the staging directory and leaves the previously
-installed bundle in place. This is the only module of localpers (with `localpers.bundle.sources`,
-`localpers.bundle.signed` and `localpers.bundle.fetcher`, which it calls) that opens a network connection; it
-never loads what it downloads.
+installed bundle in place. This is the only module of localpers (with `localpers.bundle.pull_downloads`,
+`localpers.bundle.sources`, `localpers.bundle.signed` and `localpers.bundle.fetcher`, which it calls) that opens
+a network connection; it never loads what it downloads.
 
 A pull whose manifest is the installed bundle's, byte for byte, with the installed files still
 verifying, downloads nothing and says so (`PullResult.unchanged`).
 
-Which source a given argument names, and reading a plain directory's files, is `localpers.bundle.sources`;
-naming versions, switching `current` and pruning are `localpers.bundle.installed_versions`'s. The rest stays
-here because it is one install transaction: the capped fetch of each file, the lock, the free-space check and
-staging each rely on what the others guarantee, and read best in the order a pull runs them.
+What stays here is the install transaction itself: the lock (one pull at a time per cache), the staging
+directory and the order a pull runs its steps in, each relying on what the ones before it guarantee. The steps
+are other modules': which source a given argument names, and reading a plain directory's files,
+`localpers.bundle.sources`; the free-space check, the capped fetch of each file, the backbone download and the
+content check on the staged bundle, `localpers.bundle.pull_downloads`; which publisher may replace the bundle in
+use, and the record an installed version gets, `localpers.bundle.pull_publisher`; naming versions, switching
+`current` and pruning, `localpers.bundle.installed_versions`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import http.client
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -35,9 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from localpers.bundle.fetcher import repository_base
 from localpers.bundle.format import (
-    CHUNK_SIZE,
     GIVEN_BUNDLE_ADVICE,
     MANIFEST_NAME,
     Bundle,
@@ -50,23 +48,22 @@ from localpers.bundle.format import (
 )
 from localpers.bundle.installed_versions import new_version_name, prune_versions, switch_current
 from localpers.bundle.locations import VERSIONS_DIR, bundles_root, installed_bundle_dir
-from localpers.bundle.record import record_holds, recorded_publisher, write_record
-from localpers.bundle.signed import SignedSource
-from localpers.bundle.sources import (
-    DEFAULT_TIMEOUT_S,
-    BundleSource,
-    DirectorySource,
-    open_source,
+from localpers.bundle.pull_downloads import (
+    ProgressCallback,
+    check_free_space,
+    check_staged,
+    fetch_file,
+    pull_backbone,
 )
+from localpers.bundle.pull_publisher import asked_on_first_contact, record_pull, refuse_another_publisher
+from localpers.bundle.record import record_holds, recorded_publisher
+from localpers.bundle.signed import SignedSource
+from localpers.bundle.sources import DEFAULT_TIMEOUT_S, DirectorySource, open_source
 from localpers.errors import LocalpersError
-from localpers.paths import expand_user
 from localpers.regular_files import open_lock_file
 
 STAGING_PREFIX = ".staging-"
 LOCK_NAME = ".pull.lock"
-
-# (file being fetched, bytes fetched so far over all files, total bytes of all files)
-ProgressCallback = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -82,68 +79,6 @@ class PullResult:
     previous: Path | None
     # True when the installed bundle had this very manifest and still verified: nothing was downloaded
     unchanged: bool = False
-
-
-# --------------------------------------------------------------------------------------------------
-# Downloading into staging
-
-
-def _fetch_file(
-    source: BundleSource,
-    relative: str,
-    entry: dict,
-    staging: Path,
-    progress: Callable[[int], None],
-) -> None:
-    """Stream one listed file into `staging`, refusing it as soon as its size or sha256 is wrong."""
-    expected_size: int = entry["size"]
-    where = source.where(relative)
-    target = staging / relative
-    digest = hashlib.sha256()
-    received = 0
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        out = target.open("wb")
-    except OSError as exc:
-        raise LocalpersError(
-            f"{relative}: cannot be written into the staging directory {staging} ({exc})"
-        ) from None
-    with source.open_file(relative) as stream, out:
-        while True:
-            try:
-                block = stream.read(min(CHUNK_SIZE, expected_size + 1 - received))
-            except (OSError, http.client.HTTPException) as exc:
-                raise LocalpersError(
-                    f"{where}: download failed after {received} bytes ({exc}); try again"
-                ) from None
-            if not block:
-                break
-            received += len(block)
-            if received > expected_size:
-                raise BundleProblem(
-                    f"{relative}: the source sends more than the {expected_size} bytes the manifest lists;"
-                    f" refusing the bundle from {source.description}"
-                )
-            digest.update(block)
-            try:
-                out.write(block)
-            except OSError as exc:
-                raise LocalpersError(
-                    f"{relative}: writing into {staging} failed ({exc}); free some space and pull again"
-                ) from None
-            progress(len(block))
-        out.flush()
-        os.fsync(out.fileno())
-    if received != expected_size:
-        raise BundleProblem(
-            f"{relative}: got {received} bytes from {where}, the manifest lists {expected_size};"
-            " the file is cut short or not the one the manifest lists"
-        )
-    if digest.hexdigest() != entry["sha256"]:
-        raise BundleProblem(
-            f"{relative}: sha256 of the downloaded file is {digest.hexdigest()}, the manifest says"
-            f" {entry['sha256']}; the file at {where} is damaged or was tampered with"
-        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,125 +117,6 @@ def _remove_stale_staging(root: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
     for leftover in root.glob(".current-*"):
         leftover.unlink(missing_ok=True)
-
-
-def _check_free_space(root: Path, needed: int, largest: int = 0) -> None:
-    """Refuse a bundle that would not fit on the disk, before downloading any of it: all of it in `root`, and (a
-    signed pull, which python-tuf stages file by file in the temporary folder first) its `largest` file there."""
-    places = [(root, needed)]
-    if largest:
-        temporary = Path(tempfile.gettempdir())
-        try:
-            shared = os.stat(temporary).st_dev == os.stat(root).st_dev
-        except OSError:
-            shared = False
-        # one disk holds both the staged file and the bundle: the largest file twice at its peak
-        places = [(root, needed + largest)] if shared else [*places, (temporary, largest)]
-    for place, wanted in places:
-        try:
-            free = shutil.disk_usage(place).free
-        except OSError:
-            continue
-        if wanted > free:
-            raise LocalpersError(
-                f"the bundle needs {wanted} bytes in {place} but it has {free} free; free some space and pull"
-                " again"
-            )
-
-
-def _pull_backbone(
-    source: BundleSource | SignedSource,
-    manifest: dict,
-    current: list[str],
-    on_progress: ProgressCallback | None,
-) -> str:
-    """Install the backbone the manifest names from the signed repository (resuming); returns its sha256."""
-    from localpers.engine.backbone import cached_sha256, pulled_backbone_path
-
-    if not isinstance(source, SignedSource):
-        raise LocalpersError("--with-backbone needs a signed repository; a plain bundle does not carry one")
-    sha256 = manifest["backbone"]["sha256"]
-    destination = pulled_backbone_path(sha256)
-    if not (destination.is_file() and cached_sha256(destination) == sha256):
-        current[:] = [f"backbone/{sha256[:12]}.gguf"]
-        if on_progress:
-            on_progress(current[0], 0, 0)
-        source.download_backbone(sha256, destination)
-        current.clear()
-        cached_sha256(destination)
-    return sha256
-
-
-def _check_staged(
-    staged: Bundle,
-    source: BundleSource | SignedSource,
-    check_content: Callable[[Bundle, str], None],
-    backbone_sha256: str,
-) -> None:
-    """Run the caller's content check; its errors name the source's files, not the staging directory."""
-    try:
-        check_content(staged, backbone_sha256)
-    except LocalpersError as exc:
-        staging = re.escape(str(staged.directory))
-        message = re.sub(staging + r"/([^\s:;,]+)", lambda match: source.where(match.group(1)), str(exc))
-        message = re.sub(staging, lambda _: source.description, message) + " (nothing was installed)"
-        if isinstance(exc, BundleProblem):  # the bundle's content: the pull adds what to do about it
-            raise BundleProblem(message) from exc
-        raise LocalpersError(message, exit_code=exc.exit_code) from exc
-
-
-def _record(
-    source: BundleSource | SignedSource, version_dir: Path, given: str, manifest_bytes: bytes
-) -> None:
-    """Record the manifest installed as `version_dir` (its signed target hash where signed) and the source."""
-    signed = isinstance(source, SignedSource)
-    sha256 = source.manifest_sha256 if signed else hashlib.sha256(manifest_bytes).hexdigest()
-    where = given if "://" in given else str(expand_user(given).resolve())
-    publisher = source.fingerprint if isinstance(source, SignedSource) else None
-    write_record(version_dir, sha256, where, signed=signed, publisher=publisher)
-
-
-def _installed_publisher() -> str | None:
-    installed = installed_bundle_dir()
-    return recorded_publisher(installed) if installed is not None else None
-
-
-def _another_publisher(base: str, fingerprint: str, publisher: str, trusted: bool) -> LocalpersError:
-    known = "," if trusted else ", which this device does not trust,"
-    return LocalpersError(
-        f"{base} is signed by publisher key {fingerprint}{known} but the bundle in use came from"
-        f" publisher {publisher}; nothing was installed. To switch publishers, pull again with --trust and the"
-        " fingerprint of the publisher you mean (from them, not from this repository)"
-    )
-
-
-def _refuse_another_publisher(source: SignedSource) -> None:
-    """Refuse a repository of another publisher than the installed bundle's, unless the user named it (--trust)
-    or confirmed it on first contact. The device trusts several (the demo publisher's root ships with it): a
-    hostile mirror, or whoever sits on an http:// pull, served another trusted publisher's genuine repository at
-    the usual address, and its bundle replaced the one in use."""
-    publisher = _installed_publisher()
-    if publisher is not None and publisher != source.fingerprint:
-        raise _another_publisher(source.base, source.fingerprint, publisher, trusted=True)
-
-
-def _asked_on_first_contact(
-    confirm: Callable[[str], bool] | None, source: str
-) -> Callable[[str], bool] | None:
-    """`confirm`, put only where no publisher's bundle is in use (or to its own publisher, whose trust store was
-    lost). The question shows the server's own key: one keypress would let a hostile mirror at the usual address
-    replace the bundle in use, where switching publishers takes --trust with the fingerprint from the publisher,
-    as `_refuse_another_publisher` says."""
-    publisher = _installed_publisher()
-    if confirm is None or publisher is None:
-        return confirm
-
-    def ask(fingerprint: str) -> bool:
-        if fingerprint == publisher:
-            return confirm(fingerprint)
-        raise _another_publisher(repository_base(source), fingerprint, publisher, trusted=False)
-
-    return ask
 
 
 def pull_bundle(
@@ -351,10 +167,10 @@ def pull_bundle(
         trust=trust,
         unsigned=unsigned,
         on_bytes=advance,
-        confirm=_asked_on_first_contact(confirm_trust, source),
+        confirm=asked_on_first_contact(confirm_trust, source),
     )
     if isinstance(bundle_source, SignedSource) and not bundle_source.chosen:
-        _refuse_another_publisher(bundle_source)
+        refuse_another_publisher(bundle_source)
     root = bundles_root()
     versions = root / VERSIONS_DIR
     # A signed manifest's faults are the publisher's; a plain directory's, its copy's.
@@ -376,7 +192,7 @@ def pull_bundle(
                 ).sha256
             validate_manifest(manifest, origin=manifest_origin, backbone_sha256=backbone_sha256)
             if with_backbone:
-                backbone_sha256 = _pull_backbone(bundle_source, manifest, current, on_progress)
+                backbone_sha256 = pull_backbone(bundle_source, manifest, current, on_progress)
                 done = 0  # progress from here on counts the bundle's files
             files: dict[str, dict] = manifest["files"]
             total = sum(entry["size"] for entry in files.values())
@@ -391,7 +207,7 @@ def pull_bundle(
                     raise BundleProblem(f"{manifest_origin}: changed while it was pulled; pull again")
             if unchanged is None:
                 largest = max((entry["size"] for entry in files.values()), default=0)
-                _check_free_space(root, total, largest if isinstance(bundle_source, SignedSource) else 0)
+                check_free_space(root, total, largest if isinstance(bundle_source, SignedSource) else 0)
                 for relative, entry in files.items():
                     current[:] = [relative]
                     if on_progress:
@@ -399,15 +215,15 @@ def pull_bundle(
                     if isinstance(bundle_source, SignedSource):
                         bundle_source.download(relative, entry, staging / relative)
                     else:
-                        _fetch_file(bundle_source, relative, entry, staging, advance)
+                        fetch_file(bundle_source, relative, entry, staging, advance)
                 current.clear()
                 (staging / MANIFEST_NAME).write_bytes(manifest_bytes)
                 staged = verify_bundle(staging, backbone_sha256=backbone_sha256)
                 if check_content is not None:
-                    _check_staged(staged, bundle_source, check_content, manifest["backbone"]["sha256"])
+                    check_staged(staged, bundle_source, check_content, manifest["backbone"]["sha256"])
                 versions.mkdir(exist_ok=True)
                 version = new_version_name(versions, manifest_bytes)
-                _record(bundle_source, versions / version, source, manifest_bytes)
+                record_pull(bundle_source, versions / version, source, manifest_bytes)
                 os.replace(staging, versions / version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -418,7 +234,7 @@ def pull_bundle(
             # and one without its publisher (an older localpers): the publisher binding starts from here
             publisher_missing = signed and recorded_publisher(unchanged) is None
             if not record_holds(unchanged) or publisher_missing:
-                _record(bundle_source, unchanged, source, manifest_bytes)
+                record_pull(bundle_source, unchanged, source, manifest_bytes)
             return PullResult(
                 directory=unchanged,
                 version=unchanged.name,

@@ -2,8 +2,9 @@
 files a signed repository exposes and nothing else (its TUF metadata, and targets whose bytes have the sha256
 their names give), listed again as the publisher re-signs.
 
-`localpers.bundle.serve` answers the requests; this module decides which files exist for them. It writes
-nothing, and never follows a link or a path out of the repository's folder.
+`localpers.bundle.serve_handler` answers the requests (`localpers.bundle.serve` runs the server); this module
+decides which files exist for them. It writes nothing, and never follows a link or a path out of the repository's
+folder.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ What it does: choose the source for the argument a user gave (`open_source`), re
 malformed --trust fingerprint, and an unsigned directory without --unsigned; read a plain directory's manifest
 (capped) and open its listed files, refusing one that resolves outside the bundle or is not a regular file.
 
-What it does not do: download, check sizes and hashes, stage or install (`localpers.bundle.pull`), or verify
-signed metadata (`localpers.bundle.signed`). Only a `SignedSource` opens a network connection.
+What it does not do: download, check sizes and hashes (`localpers.bundle.pull_downloads`), stage or install
+(`localpers.bundle.pull`), or verify signed metadata (`localpers.bundle.signed`). Only a `SignedSource` opens a
+network connection.
 """
 
 from __future__ import annotations
