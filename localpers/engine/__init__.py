@@ -1,9 +1,11 @@
 """Running models on this machine: llama.cpp (loaded only through `llama`, which imports `llama_cpp` by way of
 `threads.load_llama_cpp`), the encoder, torch.
 
-- `model`, `steps`, `vocabulary`, `taps`, `ggml_buffers`, `sampler_chain`, `backend`: the llama.cpp model
-  (adapters, evaluation, scoring), what an evaluation returns, its tokens and chat template, its layer taps, the
-  weights' CPU buffer types, and its sampler chain; everything else in localpers reaches llama.cpp through these and the names re-exported here.
+- `model`, `evaluation`, `loaded_adapters`, `batched_sequences`, `steps`, `vocabulary`, `taps`, `ggml_buffers`,
+  `sampler_chain`, `backend`: the llama.cpp model (`Engine`: loading, the context, closing), its evaluation and
+  scoring in sequence 0 of the KV cache, its LoRA adapters, its batched sequences, what an evaluation returns, its
+  tokens and chat template, its layer taps, the weights' CPU buffer types, and its sampler chain; everything else
+  in localpers reaches llama.cpp through these and the names re-exported here.
 - `llama`: loads `llama_cpp` under `threads`' wait policy; `context`: the tokens a generation can hold.
 - `decoding`, `generation`: what a decoding step should do (settings, a method's sampler) and the decode loop;
   `batch`, `candidates`: prompts evaluated side by side, and sampled candidates; `repeated_words`: the word-only

@@ -5,8 +5,8 @@ llama_cpp (and with it libgomp) through `threads.load_llama_cpp`, which sets how
 Nothing else in localpers imports llama_cpp (`threads.load_llama_cpp` does it for this module), and nothing imports it before a command needs a model: the command
 line's help, completion and user commands start without it (`tests/test_startup.py`).
 
-It wraps no function: the typed API over these bindings is `model`, `vocabulary`, `taps`, `sampler_chain`,
-`ggml_buffers`, `prefix_snapshots` and `backend`.
+It wraps no function: the typed API over these bindings is `model`, `evaluation`, `loaded_adapters`,
+`batched_sequences`, `vocabulary`, `taps`, `sampler_chain`, `ggml_buffers`, `prefix_snapshots` and `backend`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cut of the method's own k, and choose a token from one step's logits with it (`s
 final pick, it returns the candidates the method left (`transform`, for teacher-forced scoring). An exception in
 the method's callback cannot cross llama.cpp: it is kept and raised again once the chain has returned.
 
-What it does not do: evaluate the model (`localpers.engine.model`), stop rules or streaming
+What it does not do: evaluate the model (`localpers.engine.evaluation`), stop rules or streaming
 (`localpers.engine.generation`).
 """
 

@@ -1,6 +1,6 @@
 """What evaluating tokens gives back: a `Step` (the next-token logits and the tapped layers' features at the
 last position) and a `ScoredContinuation` (a teacher-forced continuation's per-token log-probs and features),
-the log-softmax at chosen tokens both `model` and `batch` score with, and the check of a caller's token list.
+the log-softmax at chosen tokens both `evaluation` and `batch` score with, and the check of a caller's token list.
 
 It evaluates nothing and holds no llama.cpp handle.
 """
