@@ -93,7 +93,7 @@ def refuse_non_regular(path: Path) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise LocalpersError(
             f"{path} exists and is not a regular file (a directory, device, FIFO or socket), which is never"
-            " replaced: move it away, or choose another path"
+            " replaced: move it away"
         )
 
 

@@ -67,7 +67,9 @@ def read_regular_file(
         )
     try:
         no_follow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | no_follow)
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0) | no_follow
+        )
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise unusable(f"{path} is not a regular file; {fix}")
@@ -89,7 +91,12 @@ def open_lock_file(path: Path) -> IO[bytes]:
         errno.EINVAL, "not a regular file (a FIFO, device, socket, folder or link)", str(path)
     )
     with_flags = (
-        os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+        os.O_WRONLY
+        | os.O_CREAT
+        | os.O_APPEND
+        | getattr(os, "O_BINARY", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_NOFOLLOW", 0)
     )
     try:
         if not stat.S_ISREG(path.lstat().st_mode):

@@ -149,3 +149,24 @@ def test_hashing_a_fifo_is_refused_at_once_not_waited_on(tmp_path: Path) -> None
     fifo = tmp_path / "manifest.json"
     with fed_fifo(fifo, b"{}", seconds=2.0), pytest.raises(OSError, match="not a regular file"):
         sha256_of_file(fifo)
+
+
+def test_a_listed_file_that_cannot_be_hashed_is_a_bundle_problem_not_a_bare_os_error(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A file swapped for a FIFO between `check_file`'s stat and its hash (or unreadable there) reached the command
+    line as a bare OSError; it is a `BundleProblem` naming the file, as the stat's own failures are."""
+    import errno
+
+    from localpers.bundle import format as bundle_format
+    from localpers.bundle.manifest import BundleProblem
+
+    (tmp_path / "head.safetensors").write_bytes(b"weights")
+
+    def swapped(path: Path) -> str:
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
+
+    monkeypatch.setattr(bundle_format, "sha256_of_file", swapped)
+    entry = {"sha256": "0" * 64, "size": len(b"weights")}
+    with pytest.raises(BundleProblem, match=r"head\.safetensors: cannot be read \(not a regular file"):
+        bundle_format.check_file(tmp_path, "head.safetensors", entry)

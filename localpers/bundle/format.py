@@ -80,7 +80,8 @@ def sha256_of_file(path: Path, chunk_size: int = CHUNK_SIZE) -> str:
     would have held the command forever, waiting for a writer.
     """
     digest = hashlib.sha256()
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    # O_BINARY: on Windows a descriptor opened without it reads as text (CRLF -> LF, stops at 0x1A)
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(descriptor, "rb") as handle:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
@@ -150,7 +151,10 @@ def check_file(bundle_dir: Path, relative: str, entry: dict[str, Any]) -> None:
             f"{where}: size is {info.st_size} bytes, the manifest says {entry['size']};"
             " the file is damaged or was tampered with"
         )
-    digest = sha256_of_file(path)
+    try:
+        digest = sha256_of_file(path)
+    except OSError as exc:  # unreadable, or no longer a regular file (swapped since the check above)
+        raise BundleProblem(f"{where}: cannot be read ({exc.strerror or exc})") from None
     if digest != entry["sha256"]:
         raise BundleProblem(
             f"{where}: sha256 is {digest}, the manifest says {entry['sha256']};"

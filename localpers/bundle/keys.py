@@ -109,7 +109,7 @@ def _write_new_file(path: Path, data: bytes, mode: int) -> None:
     """Write `path` whole and durably, never over an existing file: a key written in place and lost to a power
     cut left an empty root.key behind a repository devices had already pinned."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)

@@ -12,7 +12,7 @@ next-token logits together with the tapped layers' hidden states, truncation, th
 prefix, and teacher-forced scoring of continuations that share a prompt), `LoadedAdapters`
 (`localpers.engine.loaded_adapters`: GGUF LoRA adapters, switched without reloading the backbone) and
 `BatchedSequences` (`localpers.engine.batched_sequences`: `eval_sequences` and the sequences it evaluates). This
-module creates every attribute they read, in `Engine._construct`; they create none.
+module creates every attribute they read, in `Engine.__init__` and `Engine._construct`; they create none.
 
 What it does not do: stop rules, streaming and the generation loop live in `localpers.engine.generation`;
 feature normalisation and the CARD head live elsewhere. Nothing here opens a network connection.

@@ -18,8 +18,10 @@ The app's two halves of behaviour are its bases: `GenerationMixin` (`localpers.t
 outputs for the draft; which request each panel gets is `localpers.tui.runs.personal_request`, which asks
 the method registry) and `TeachingMixin` (`localpers.tui.teaching`: accept, edit, reject, remove, import,
 and refitting); `FirstRunMixin` (`localpers.tui.first_run`) the welcome screen's choices, the demo user and
-imports; `ShellMixin` (`localpers.tui.shell`) holds notices, quitting, stop signals and crash reports.
-This module starts the app, picks the user, loads the engine and wires the controls.
+imports; `UserViewsMixin` (`localpers.tui.user_views`) the session's user and the views of them (profile,
+history, header); `UserWatchMixin` (`localpers.tui.user_watch`) what other commands change in the user's folder;
+`ShellMixin` (`localpers.tui.shell`) holds notices, quitting, stop signals and crash reports. This module starts
+the app, picks its first user, loads the engine and wires the controls.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The users of this device and their writing: where user text is stored and how it is read.
 
 - `store`: the users of this device (list, create, active, delete, export/import), one folder each.
+- `staging`: the hidden folders a user is built in or deleted through, so each appears and goes in one rename.
 - `folder`: one user's folder (history, fitted state, vector, per-method files), every write atomic.
 - `vector_file`: the user vector's safetensors file, made and read checked.
 - `archive`: `localpers user export|import` archives of one user's folder.

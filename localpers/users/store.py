@@ -144,12 +144,6 @@ class UserStore:
         """Make `name` the active user."""
         user = self.get(name)
         self.root.mkdir(parents=True, exist_ok=True)
-        if os.path.exists(self.active_path) and not self.active_path.is_file():
-            # the generic refusal's "or choose another path" is no choice here: the pointer's path is localpers'
-            raise StorageError(
-                f"{self.active_path} is not a regular file (a folder, FIFO or device is in its place), where"
-                " localpers keeps the active user's name; move it away"
-            )
         atomic_write_text(self.active_path, json.dumps({"user": name}) + "\n")
         return user
 
