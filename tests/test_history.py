@@ -373,6 +373,19 @@ def test_the_iso_forms_a_date_takes_and_a_clock_time_that_is_none() -> None:
         assert item_time({"date": none}) is None, none
 
 
+def test_a_date_is_read_without_the_spaces_around_it_and_words_are_no_date() -> None:
+    """Mutation round (ninety-first session): neither the spaces around a date nor a field that is no date at all
+    was tested."""
+    from localpers.users.dates import item_date, item_time
+
+    assert item_date({"date": " 2024-05-02 "}) == "2024-05-02"
+    assert item_date({"date": "\t2024-05-02T09:30Z\n"}) == "2024-05-02"
+    for none in ("yesterday", "May 2, 2024", "02/05/2024", "", 20240502, None):
+        assert item_date({"date": none}) is None, none
+        assert item_time({"date": none}) is None, none
+    assert item_date({"when": "2024-05-02"}) is None and item_date("2024-05-02") is None
+
+
 def test_a_json_document_is_refused_with_the_jq_command_that_makes_it_jsonl(tmp_path: Path) -> None:
     """The hint's `jq -c '.[]'` turned `history list --json`'s object into its values: a name and a list."""
     items = [{"input": "An article.", "output": "A Headline"}]

@@ -137,9 +137,11 @@ def test_a_closed_stdout_and_a_full_disk_are_not_tracebacks(home: Path) -> None:
 def test_windows_device_names_are_refused_for_new_users_only() -> None:
     with pytest.raises(InputError, match="device name on Windows"):
         UserStore().create("con")
-    with pytest.raises(InputError, match="device name on Windows"):
-        UserStore().create("com1")
+    for reserved in ("com1", "com9", "lpt1", "lpt9", "nul"):  # every numbered port, the ninth too
+        with pytest.raises(InputError, match="device name on Windows"):
+            UserStore().create(reserved)
     assert UserStore().create("con1").name == "con1"
+    assert UserStore().create("com10").name == "com10"
 
 
 def test_temp_files_are_never_swept_by_a_kill_on_windows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,6 +150,23 @@ def test_temp_files_are_never_swept_by_a_kill_on_windows(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(atomic, "ON_WINDOWS", True)
     monkeypatch.setattr(atomic.os, "kill", kill)
+    assert atomic.process_is_running(4242)
+
+
+def test_a_writer_that_cannot_be_checked_is_taken_as_running_and_no_pid_as_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutation round (ninety-first session): a temp file whose writer is another account's process, or whose pid
+    os.kill cannot take, must be left (taken as running); pid 0, which os.kill reads as this process group, is no
+    writer's."""
+    assert not atomic.process_is_running(0) and not atomic.process_is_running(-1)
+    assert atomic.process_is_running(2**70)  # OverflowError in os.kill: a number it cannot check
+    assert atomic.process_is_running(os.getpid())
+
+    def another_accounts(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(atomic.os, "kill", another_accounts)
     assert atomic.process_is_running(4242)
 
 
