@@ -22,3 +22,41 @@ def test_an_export_keeps_a_mebibyte_of_the_archives_bound_for_its_manifest() -> 
     over = {"history.jsonl": history, "state.json": b" " * (room_for_files - len(history) + 1)}
     with pytest.raises(LocalpersError, match="more than the .* bytes an archive can hold"):
         pack_archive("ann", 0, over)
+
+
+def write_lines(path, *records) -> None:
+    import json
+
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def test_a_history_file_is_refused_in_one_line_for_each_field_a_survivor_left_unchecked(tmp_path) -> None:
+    """history_import's checks of --keep-latest's upper bound, the default task, an empty user_id and a 'history'
+    that is no list each survived a mutant: every line still parsed."""
+    from localpers.errors import InputError
+    from localpers.users.history import MAX_HISTORY_ITEMS
+    from localpers.users.history_import import parse_history
+
+    plain = tmp_path / "plain.jsonl"
+    write_lines(plain, {"input": "An article.", "output": "A Headline"})
+    assert len(parse_history(plain, keep_latest=MAX_HISTORY_ITEMS).items) == 1
+    with pytest.raises(InputError, match=rf"--keep-latest {MAX_HISTORY_ITEMS + 1}: choose 1 to"):
+        parse_history(plain, keep_latest=MAX_HISTORY_ITEMS + 1)
+    tasked = tmp_path / "tasked.jsonl"
+    write_lines(tasked, {"task": "headline", "input": "An article.", "output": "A Headline"})
+    for path in (plain, tasked):  # a bad default is refused even where every line names its own task
+        with pytest.raises(InputError, match="unknown task 'limerick'; choose one of: headline"):
+            parse_history(path, default_task="limerick")
+    nameless = tmp_path / "nameless.jsonl"
+    write_lines(nameless, {"user_id": "", "history": [{"input": "An article.", "output": "A Headline"}]})
+    with pytest.raises(InputError, match="line 1: field 'user_id' must be a non-empty string or an integer"):
+        parse_history(nameless)
+    text = tmp_path / "text.jsonl"
+    write_lines(text, {"user_id": "ann", "history": "An article. A Headline"})
+    with pytest.raises(InputError, match="line 1: field 'history' must be a list of items"):
+        parse_history(text)
+    crowd = tmp_path / "crowd.jsonl"
+    item = {"input": "An article.", "output": "A Headline"}
+    write_lines(crowd, *({"user_id": f"u{n}", "history": [item]} for n in range(1, 8)))
+    with pytest.raises(InputError, match=r"holds 7 users \(u1, u2, u3, u4, u5, \.\.\.\); choose one"):
+        parse_history(crowd)
