@@ -139,6 +139,7 @@ class LocalpersApp(
         self._refit_timer_user: User | None = None
         self._refit_queue: list[User] = []
         self._fit_failed: dict[str, str] = {}
+        self._rejected_told: dict[str, str | None] = {}
         self._strength_source: tuple[str, float | None] | None = None  # whose chosen α the stepper shows
         self._busy_noticed: set[str] = set()
         self._saved_theme: str | None = None  # the theme `tui.json` holds (`localpers.tui.settings`)

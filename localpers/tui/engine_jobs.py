@@ -30,6 +30,7 @@ from localpers.tui.messages import (
 )
 from localpers.tui.runs import Run
 from localpers.tui.service import Progress, WritingService
+from localpers.untrusted import one_line
 from localpers.users.store import User
 
 Post = Callable[[Message], object]
@@ -40,7 +41,11 @@ class Superseded(Exception):
 
 
 def describe(error: Exception) -> str:
-    return str(error) if isinstance(error, LocalpersError) else f"{type(error).__name__}: {error}"
+    """What went wrong, in one line: a native or torch error's message can run over many lines, which a notice
+    showed whole."""
+    if isinstance(error, LocalpersError):
+        return str(error)
+    return one_line(" ".join(f"{type(error).__name__}: {error}".split()), limit=500)
 
 
 def _progress(worker: JobThread, post: Post) -> Progress:

@@ -32,7 +32,8 @@ class FirstRunMixin:
     fit_running: bool
     _refit_queue: list[User]
     # It also calls Textual's `notify`, `push_screen`, `exit` and `is_running`, and the app's `select_user`,
-    # `refresh_user_views`, `start_refit`, `start_queued_refit`, `draft_text` and `_run_engine_job`.
+    # `refresh_user_views`, `start_refit`, `start_queued_refit`, `quit_asking_first`, `draft_text` and
+    # `_run_engine_job`.
 
     def _after_welcome(self, choice: str | None) -> None:
         if choice == "demo":
@@ -41,8 +42,8 @@ class FirstRunMixin:
             self._run_engine_job("fit", engine_jobs.prepare_demo)
         elif choice == "import":
             self.push_screen(ImportScreen(self.store, None), self._after_import)
-        else:
-            self.exit()
+        else:  # a draft reopened from the last stop is in the editor only: asked first, as ctrl+q does
+            self.quit_asking_first(on_stay=lambda: self.push_screen(WelcomeScreen(), self._after_welcome))
 
     def _after_import(self, summary: ImportSummary | None) -> None:
         if summary is None:
@@ -51,20 +52,23 @@ class FirstRunMixin:
                 self.push_screen(WelcomeScreen(), self._after_welcome)
             return
         skipped = f", {_counted(summary.skipped, 'duplicate')} skipped" if summary.skipped else ""
-        self.notify(
-            f"Imported {_counted(summary.added, 'item')} into {summary.user!r} ({summary.total} in all{skipped})"
-            + ("; fitting…" if summary.added else "; its fit stays as it was")
-        )
+        imported = f"Imported {_counted(summary.added, 'item')} into {summary.user!r} ({summary.total} in all{skipped})"
+        fitting = "; fitting…" if summary.added else "; its fit stays as it was"
         if self.user is None or self.user.name != summary.user:
             try:
                 self.store.use(summary.user)
             # e.g. a full disk, or the user deleted since: as the User list says
             except LocalpersError as exc:
                 self.notify(f"{summary.user!r} could not be made the active user: {exc}", severity="error")
-                if self.user is not None:  # this session keeps its user, as the command line's does
+                # this session keeps its user, as the command line's does: the imported one is not fitted yet
+                if self.user is not None:
+                    later = f"; choose {summary.user!r} in the User list to fit it" if summary.added else ""
+                    self.notify(imported + later)
                     return
+            self.notify(imported + fitting)
             self.select_user(summary.user)
         else:
+            self.notify(imported + fitting)
             self.refresh_user_views()
             if summary.added:
                 self.start_refit()

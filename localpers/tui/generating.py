@@ -73,24 +73,14 @@ class GenerationMixin:
         main = self.main
         text = self.draft_text
         self.job_id += 1
-        if not text.strip():
-            self.engine_jobs.cancel_group("generate")
-            main.baseline_panel.clear(EMPTY_DRAFT_HINT)
-            main.personal_panel.clear(EMPTY_DRAFT_HINT)
-            self._set_personal(None, None)
-            return
         task = main.controls.task
         controls, profile = main.controls, self.profile
-        baseline = RewriteRequest(text, task, BASELINE_METHOD)
-        requests = [("baseline", baseline)]
+        history_problem = personal = None
         try:
             history = self.user.history_index(get_task(task)) if self.user is not None else None
         except LocalpersError as exc:
-            # A damaged history: the personal panel says so (refresh_user_views notified once) and the
-            # baseline still generates; the app keeps running.
+            history_problem = str(exc)
             main.personal_panel.border_title = "Personalized · the history cannot be read"
-            main.personal_panel.fail(str(exc))
-            self._set_personal(None, None)
         else:
             personal, title = personal_request(
                 text,
@@ -101,7 +91,22 @@ class GenerationMixin:
                 strength=controls.strength.value,
                 top_k=int(controls.top_k.value),
             )
+            # before an empty draft returns: the title said what an earlier user, method or α would have made
             main.personal_panel.border_title = title
+        if not text.strip():
+            self.engine_jobs.cancel_group("generate")
+            main.baseline_panel.clear(EMPTY_DRAFT_HINT)
+            main.personal_panel.clear(EMPTY_DRAFT_HINT)
+            self._set_personal(None, None)
+            return
+        baseline = RewriteRequest(text, task, BASELINE_METHOD)
+        requests = [("baseline", baseline)]
+        if personal is None:
+            # A damaged history: the personal panel says so (refresh_user_views notified once) and the
+            # baseline still generates; the app keeps running.
+            main.personal_panel.fail(history_problem or "")
+            self._set_personal(None, None)
+        else:
             requests.insert(0, ("personal", personal))
         cached, runs = plan_runs(requests, self._cache, force=force)
         for target, result in cached.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from textual.notifications import SeverityLevel
@@ -20,7 +21,7 @@ from textual.theme import Theme
 
 from localpers import interrupts
 from localpers.tui.crash_report import tracebacks_without_locals
-from localpers.tui.kept_draft import keep_draft, take_kept_draft
+from localpers.tui.kept_draft import keep_draft, kept_draft_path, kept_draft_waits, take_kept_draft
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.screens.edit_accept import EditAcceptScreen
 from localpers.tui.settings import load_settings, save_theme
@@ -130,41 +131,60 @@ class ShellMixin:
             QUIT_QUESTION,
             QUIT_EDIT_QUESTION,
         )
-        edited = self._edit_under_way()
-        if asked or not (edited or self.main.draft.text.strip()):
+        if asked:
+            self.exit()
+            return
+        self.quit_asking_first()
+
+    def quit_asking_first(self, on_stay: Callable[[], None] | None = None) -> None:
+        """Quit at once when nothing written would be lost, else ask first (`on_stay` runs when the answer is
+        no): the draft, and an Edit dialog's changed text."""
+        edited = self._edit_under_way() is not None
+        if not (edited or self.main.draft.text.strip()):
             self.exit()
             return
 
         def answered(quit_now: bool | None) -> None:
             if quit_now:
                 self.exit()
+            elif on_stay is not None:
+                on_stay()
 
         self.push_screen(ConfirmScreen(QUIT_EDIT_QUESTION if edited else QUIT_QUESTION), answered)
 
-    def _edit_under_way(self) -> bool:
-        """Whether an Edit dialog holds a text changed from the output it opened with (quitting loses it)."""
-        return any(
-            isinstance(screen, EditAcceptScreen) and screen.editor.text != screen.initial_text
-            for screen in self.screen_stack  # type: ignore[attr-defined]
-        )
+    def _edit_under_way(self) -> str | None:
+        """The text of an Edit dialog changed from the output it opened with (quitting loses it), or None."""
+        for screen in self.screen_stack:  # type: ignore[attr-defined]
+            if isinstance(screen, EditAcceptScreen) and screen.editor.text != screen.initial_text:
+                return screen.editor.text
+        return None
 
     def _stop_by_signal(self, signum: int) -> None:
-        """Close as ctrl+q does, without asking (no one may be there to answer): a draft is kept for the next start
-        (`localpers.tui.kept_draft`), which a closed terminal lost before."""
+        """Close as ctrl+q does, without asking (no one may be there to answer): the draft, and an Edit dialog's
+        changed text after it, are kept for the next start (`localpers.tui.kept_draft`), which a closed terminal
+        lost before."""
         self.stopped_by_signal = signum
-        draft = self.main.draft.text
-        if draft.strip():
-            self.draft_keep_problem = keep_draft(draft)
+        written = [self.main.draft.text, self._edit_under_way() or ""]
+        kept = "\n\n".join(text for text in written if text.strip())
+        if kept:
+            self.draft_keep_problem = keep_draft(kept)
             self.draft_kept = self.draft_keep_problem is None
         self.exit()
 
     def _reopen_kept_draft(self) -> None:
-        """Open with the draft the last stop signal kept, unless the command gave a text of its own."""
+        """Open with the draft the last stop signal kept, unless the command gave a text of its own (then say that
+        one waits: a later stop adds to it)."""
         if self.main.draft.text:
+            if kept_draft_waits():
+                self.notify(
+                    f"a draft kept when the app was last closed by a signal waits in {kept_draft_path()};"
+                    " `localpers tui` without --text opens it",
+                    severity="warning",
+                )
             return
         text, problem = take_kept_draft()
         if problem is not None:
             self.notify(problem, severity="warning")
         if text:
             self.main.draft.text = text
-            self.notify("the draft you were writing when the app was last closed by a signal is back")
+            self.notify("what you were writing when the app was last closed by a signal is back in the draft")

@@ -32,6 +32,7 @@ class UserViewsMixin:
     profile: Profile | None
     sub_title: str
     _fit_failed: dict[str, str]
+    _rejected_told: dict[str, str | None]  # user -> the damaged rejected-outputs file's problem last told
     _strength_source: tuple[str, float | None] | None  # whose chosen α the stepper shows
     # It also calls Textual's `notify` and the app's `show_user_names`, `remember_user_stamp`, `maybe_refit` and
     # `regenerate`.
@@ -71,8 +72,11 @@ class UserViewsMixin:
         except LocalpersError as exc:
             self.notify(str(exc), severity="error", timeout=10)
             self.profile = Profile(self.user.name, len(items), problem=str(exc))
-        if self.profile.rejected_problem is not None:
-            self.notify(self.profile.rejected_problem, severity="error", timeout=10)
+        rejected_problem = self.profile.rejected_problem
+        if rejected_problem is not None and self._rejected_told.get(self.user.name) != rejected_problem:
+            # once per problem: every refresh (each accept, each watch tick after a change) told it again
+            self.notify(rejected_problem, severity="error", timeout=10)
+        self._rejected_told[self.user.name] = rejected_problem
         failed = self._fit_failed.get(self.user.name)
         if failed is not None:  # kept in view, not only in the notice that reported it
             self.profile = dataclasses.replace(self.profile, fit_error=failed)

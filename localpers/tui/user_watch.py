@@ -76,7 +76,10 @@ class UserWatchMixin:
         user = self.user
         # a user made or deleted elsewhere (not only by the app): list them again; a listing that failed is retried
         listing = _listing_stamp(self.store.users_dir)
-        if listing != self._listing and (names := self._listed_users()) is not None:
+        # not while the User list is open: new options moved its highlight back to the session's user, so Enter
+        # picked that one again (a later tick offers them, once it is closed)
+        choosing = self.main.controls.user_select.expanded
+        if listing != self._listing and not choosing and (names := self._listed_users()) is not None:
             self._listing = listing
             if names != self._listed_names:
                 self.show_user_names(names)

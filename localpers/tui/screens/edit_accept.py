@@ -17,6 +17,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
 from localpers.tui.screens.confirm import ConfirmScreen
+from localpers.tui.text import drop_control_codes
+from localpers.tui.widgets.draft_editor import PlainTextArea
 from localpers.tui.widgets.key_footer import KeyFooter
 
 
@@ -52,13 +54,14 @@ class EditAcceptScreen(ModalScreen[str | None]):
 
     def __init__(self, text: str, accept: Callable[[str], str | None]) -> None:
         super().__init__()
-        self.initial_text = text
+        # the output as the panel draws it: a control code the model wrote reached the terminal raw from here
+        self.initial_text = drop_control_codes(text)
         self.accept = accept  # adds the text to the history; the one-line reason when refused
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("[b]Edit, then accept[/b] (ctrl+s accepts, esc cancels)")
-            yield TextArea(self.initial_text, soft_wrap=True, tab_behavior="focus", id="edit-text")
+            yield PlainTextArea(self.initial_text, soft_wrap=True, tab_behavior="focus", id="edit-text")
             yield Static("", id="edit-error")
         yield KeyFooter()
 

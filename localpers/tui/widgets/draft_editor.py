@@ -16,7 +16,20 @@ from localpers.tui.text import drop_control_codes
 PLACEHOLDER = "Type or paste a text (an article for the headline task), then wait a moment or press ctrl+r."
 
 
-class DraftEditor(TextArea):
+class PlainTextArea(TextArea):
+    """A `TextArea` whose pastes lose their control characters other than newline and tab (see the module
+    docstring); the Edit dialog's text is one too."""
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        # Textual runs TextArea's own handler after this one unless the default is prevented. Line ends first:
+        # VTE terminals and xterm paste a newline as CR, which is a control character to drop
+        cleaned = drop_control_codes(event.text.replace("\r\n", "\n").replace("\r", "\n"))
+        if cleaned != event.text:
+            event.prevent_default()
+            await super()._on_paste(events.Paste(cleaned))
+
+
+class DraftEditor(PlainTextArea):
     """The draft: soft-wrapped plain text, with a placeholder when empty."""
 
     DEFAULT_CSS = """
@@ -35,11 +48,3 @@ class DraftEditor(TextArea):
 
     def on_mount(self) -> None:
         self.border_title = "Draft (F1)"
-
-    async def _on_paste(self, event: events.Paste) -> None:
-        # Textual runs TextArea's own handler after this one unless the default is prevented. Line ends first:
-        # VTE terminals and xterm paste a newline as CR, which is a control character to drop
-        cleaned = drop_control_codes(event.text.replace("\r\n", "\n").replace("\r", "\n"))
-        if cleaned != event.text:
-            event.prevent_default()
-            await super()._on_paste(events.Paste(cleaned))

@@ -61,6 +61,7 @@ class HistoryPanel(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.items: list[HistoryItem] = []
+        self.user: str | None = None  # whose items the table shows
 
     def compose(self) -> ComposeResult:
         yield Static("No user yet.", id="history-caption")
@@ -77,9 +78,21 @@ class HistoryPanel(Vertical):
     def caption(self) -> Static:
         return self.query_one("#history-caption", Static)
 
-    def show(self, user: str | None, items: Sequence[HistoryItem]) -> None:
-        self.items = list(items)
+    def _selected(self) -> tuple[str, int] | None:
+        """The selected row's item id and row number, or None (an empty table)."""
         table = self.table
+        if not table.row_count:
+            return None
+        row = table.cursor_row
+        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value), row
+
+    def show(self, user: str | None, items: Sequence[HistoryItem]) -> None:
+        """Show `user`'s items, newest first; the same user's selected row stays selected (or, removed, the row
+        now in its place): a refresh the user did not ask for (a refit's end, another command's change) put the
+        cursor on the newest item, which `x` then offered to remove."""
+        table = self.table
+        selected = self._selected() if user is not None and user == self.user else None
+        self.items, self.user = list(items), user
         table.clear()
         if user is None:
             self.caption.update("No user yet.")
@@ -95,6 +108,12 @@ class HistoryPanel(Vertical):
                 ),  # no instruction
                 key=item.id,
             )
+        if selected is not None and table.row_count:
+            item_id, row = selected
+            kept = next(
+                (index for index, item in enumerate(reversed(self.items)) if item.id == item_id), None
+            )
+            table.move_cursor(row=kept if kept is not None else min(row, table.row_count - 1), animate=False)
         count = f"{len(self.items)} item{'' if len(self.items) == 1 else 's'}"
         self.caption.update(
             f"{user}: {count}, newest first. ctrl+s adds the current output; x removes the selected item."
