@@ -88,8 +88,8 @@ def refuse_non_regular(path: Path) -> None:
         info = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return
-    except OSError as exc:
-        raise LocalpersError(f"{path}: cannot be checked before replacing it ({exc.strerror})") from None
+    except OSError as exc:  # a name too long, a folder this account cannot search: said with the mend
+        raise _not_written(path, exc) from None
     if not stat.S_ISREG(info.st_mode):
         raise LocalpersError(
             f"{path} exists and is not a regular file (a directory, device, FIFO or socket), which is never"

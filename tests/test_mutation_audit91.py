@@ -73,3 +73,40 @@ def test_a_number_past_a_floats_range_is_refused_where_nan_is() -> None:
         with pytest.raises(JSONProblem, match="is out of range"):
             parse_json(text, allow_nan=False)
     assert parse_json(b'{"loss": 1.5e308}', allow_nan=False) == {"loss": 1.5e308}
+
+
+def test_atomic_writes_name_a_too_long_name_replace_a_link_itself_and_a_cache_never_fails(tmp_path) -> None:
+    """Three survivors in atomic.py: the mend for a name too long, `through_link` off by default (the link is
+    replaced, never what it points to), and a cache's write over a folder (a plain LocalpersError) read as False."""
+    import os
+
+    from localpers.atomic import atomic_write_text, write_cache_bytes
+    from localpers.errors import StorageError
+
+    with pytest.raises(StorageError, match="choose a shorter name"):
+        atomic_write_text(tmp_path / ("n" * 300), "text")
+    target = tmp_path / "target.txt"
+    target.write_text("kept")
+    link = tmp_path / "link.txt"
+    os.symlink(target, link)
+    atomic_write_text(link, "new")
+    assert not link.is_symlink() and link.read_text() == "new" and target.read_text() == "kept"
+    (tmp_path / "cache.bin").mkdir()
+    assert write_cache_bytes(tmp_path / "cache.bin", b"data") is False
+
+
+def test_one_line_keeps_the_invisible_marks_of_writing_and_cuts_one_past_its_limit() -> None:
+    from localpers.untrusted import one_line
+
+    for kept in ("❤\ufe0f", "co\u00adoperate", "\u0915\u094d\u200d\u0937", "\u2764\ufe0e"):
+        assert one_line(kept) == kept
+    assert one_line("abcd", limit=3) == "abc..." and one_line("abc", limit=3) == "abc"
+    assert one_line("a\nb\x1b") == "a\\nb\\x1b"
+
+
+def test_strict_json_writes_a_nan_inside_a_tuple_as_null() -> None:
+    from localpers.strict_json import strict_json_text
+
+    assert strict_json_text({"pair": (1.0, float("nan")), "list": [float("inf")]}) == (
+        '{"pair": [1.0, null], "list": [null]}'
+    )
