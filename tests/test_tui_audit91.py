@@ -203,3 +203,25 @@ async def test_a_user_made_elsewhere_waits_until_the_user_list_is_closed() -> No
         app.watch_user_files()  # the list closed: the new user is offered now
         await pilot.pause()
         assert app._listed_names == ["aaa", "ann", "bob"]
+
+
+@async_test
+async def test_a_refresh_reads_the_history_once(monkeypatch) -> None:
+    """`refresh_user_views` read and parsed the history, then `load_profile` did again: with a long history each
+    accept held the UI for a second or more on a small machine."""
+    from localpers.users.folder import User
+
+    service = one_user()
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        reads = []
+        real = User.history
+
+        def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            reads.append(self.name)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(User, "history", counted)
+        app.refresh_user_views()
+        assert reads == ["ann"]

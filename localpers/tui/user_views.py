@@ -68,6 +68,7 @@ class UserViewsMixin:
                 info.bundle_sha256 if info else None,
                 info.clusters if info else None,
                 info.head_d if info else None,
+                history=items,
             )
         except LocalpersError as exc:
             self.notify(str(exc), severity="error", timeout=10)

@@ -115,15 +115,21 @@ class Profile:
 
 
 def load_profile(
-    user: User, bundle_sha256: str | None, clusters: int | None = None, head_d: int | None = None
+    user: User,
+    bundle_sha256: str | None,
+    clusters: int | None = None,
+    head_d: int | None = None,
+    *,
+    history: list[HistoryItem] | None = None,
 ) -> Profile:
     """The user's profile; a damaged state or vector becomes `problem` (`refit_mends`), so the app can refit.
 
     A damaged rejected-outputs file becomes `rejected_problem` and leaves the history and fit in use. `clusters`
     and `head_d` (the bundle's k and head width, once known) refuse a fit for this bundle whose cluster it lacks
-    or whose vector has another length, as `localpers rewrite` does.
+    or whose vector has another length, as `localpers rewrite` does. `history`: the user's items when the caller
+    has just read them (a long history took a second on the UI thread to parse again).
     """
-    history = user.history()
+    history = user.history() if history is None else history
     n_history = len(history)
     try:
         n_rejected, rejected_problem = len(read_rejected(user)), None
