@@ -1,6 +1,6 @@
 """Reading one file whole, safely: a regular file of bounded size, never a FIFO, device or socket.
 
-`read_regular_file` is what every reader of a history file, a user archive, a user's stored history or an
+`read_regular_file` (over `open_regular_file`, which `sha256_of_file` uses too) is what every reader of a history file, a user archive, a user's stored history or an
 engine state kept in a user's folder (`localpers.engine.prefix_files`) goes through. It only reads bytes;
 parsing them is the caller's job. `open_lock_file` opens a lock file the same way: never a FIFO or device, never
 blocking.
@@ -66,14 +66,10 @@ def read_regular_file(
             f"{path} is {info.st_size:,} bytes, more than the {limit:,} a {what} may have; {too_big}"
         )
     try:
-        no_follow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(
-            path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0) | no_follow
-        )
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise unusable(f"{path} is not a regular file; {fix}")
+        with open_regular_file(path, follow_links=follow_links) as handle:
             raw = handle.read(limit + 1)
+    except NotRegularFile:
+        raise unusable(f"{path} is not a regular file; {fix}") from None
     except PermissionError as exc:
         raise unusable(f"{path}: cannot read ({exc.strerror}); give your account read access to it") from None
     except OSError as exc:
@@ -81,6 +77,27 @@ def read_regular_file(
     if len(raw) > limit:
         raise InputError(f"{path} is more than the {limit:,} bytes a {what} may have; {too_big}")
     return raw
+
+
+class NotRegularFile(OSError):
+    """What `open_regular_file` opened is a FIFO, device, socket or folder (EINVAL)."""
+
+
+def open_regular_file(path: Path, *, follow_links: bool = True) -> IO[bytes]:
+    """`path` opened for binary reading without blocking; `NotRegularFile` (an OSError) where it is no regular file.
+
+    O_NONBLOCK: a FIFO (swapped in after a caller's check) is never waited on for a writer. O_BINARY: on Windows a
+    descriptor opened without it reads as text (CRLF -> LF, stops at 0x1A). `follow_links=False` refuses a link.
+    """
+    no_follow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(
+        path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0) | no_follow
+    )
+    handle = os.fdopen(descriptor, "rb")
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        handle.close()
+        raise NotRegularFile(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
+    return handle
 
 
 def open_lock_file(path: Path) -> IO[bytes]:

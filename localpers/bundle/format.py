@@ -11,7 +11,6 @@ loads adapters, heads or centroids (it only hands out their verified paths).
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import stat
@@ -37,7 +36,7 @@ from localpers.bundle.record import check_installed_manifest, pull_command
 from localpers.bundle.version_use import hold_version
 from localpers.errors import InputError, LocalpersError, StorageError
 from localpers.paths import expand_user
-from localpers.regular_files import read_regular_file
+from localpers.regular_files import open_regular_file, read_regular_file
 from localpers.strict_json import strict_json_text
 
 __all__ = [
@@ -80,11 +79,7 @@ def sha256_of_file(path: Path, chunk_size: int = CHUNK_SIZE) -> str:
     would have held the command forever, waiting for a writer.
     """
     digest = hashlib.sha256()
-    # O_BINARY: on Windows a descriptor opened without it reads as text (CRLF -> LF, stops at 0x1A)
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
+    with open_regular_file(Path(path)) as handle:
         while block := handle.read(chunk_size):
             digest.update(block)
     return digest.hexdigest()
