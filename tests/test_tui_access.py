@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import pytest
 from tui_fakes import FakeService
-from tui_helpers import DRAFT, async_test, examples, make_app, wait_idle
+from tui_helpers import DRAFT, async_test, make_app, one_user_service, wait_idle
 
 from localpers.tui.screens.confirm import ConfirmScreen
 from localpers.tui.widgets.history_panel import HistoryTable
 from localpers.tui.widgets.token_strip import TokenStrip
-from localpers.users.store import UserStore
 
 LONG = " ".join(f"word{n}" for n in range(400))
 
 
 @pytest.fixture
 def service() -> FakeService:
-    store = UserStore()
-    store.create("ann").save_history(examples("ann", 4))
-    store.use("ann")
-    return FakeService(store)
+    return one_user_service()
 
 
 @async_test

@@ -4,7 +4,8 @@ A stop signal while the Edit dialog held a changed output kept the draft only; a
 `--text` leaves a kept draft waiting) replaced the draft the first had kept; a kept draft over the size a start
 reads was "kept" and then refused; Escape on the welcome screen quit without asking, losing a draft reopened
 from the last stop; the Edit dialog drew an output's escape codes raw; a damaged rejected-outputs file was told
-again at every refresh; a native error's many lines filled a notice.
+again at every refresh; a native error's many lines filled a notice. (The import that said "fitting…" without a
+fit is tested in `test_tui_edges.py`, beside the import it extends.)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import signal
 
 from tui_fakes import FakeService
-from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
+from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, one_user_service, wait_idle
 
 from localpers.tui.engine_jobs import describe
 from localpers.tui.kept_draft import DRAFT_LIMIT, keep_draft, kept_draft_path, take_kept_draft
@@ -23,16 +24,9 @@ from localpers.users.folder import REJECTED_FILE
 from localpers.users.store import UserStore
 
 
-def one_user() -> FakeService:
-    store = UserStore()
-    store.create("ann").save_history(examples("ann", 4))
-    store.use("ann")
-    return FakeService(store)
-
-
 @async_test
 async def test_a_stop_signal_keeps_an_edit_under_way_after_the_draft() -> None:
-    app = make_app(one_user(), text=DRAFT)
+    app = make_app(one_user_service(), text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
         await pilot.press("ctrl+g")
@@ -60,7 +54,7 @@ def test_a_second_stop_adds_its_draft_to_one_not_yet_reopened_and_a_draft_too_bi
 @async_test
 async def test_a_start_with_its_own_text_says_a_kept_draft_waits() -> None:
     assert keep_draft("kept at the last stop") is None
-    app = make_app(one_user(), text=DRAFT)
+    app = make_app(one_user_service(), text=DRAFT)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await wait_idle(pilot)
         told = [notice.message for notice in app._notifications]
@@ -86,7 +80,7 @@ async def test_leaving_the_welcome_screen_asks_before_a_reopened_draft_is_lost()
 
 @async_test
 async def test_the_edit_dialog_draws_no_control_codes_of_the_output() -> None:
-    app = make_app(one_user(), text=DRAFT)
+    app = make_app(one_user_service(), text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
         app.push_screen(EditAcceptScreen("Bike \x1b]0;owned\x07Lane \x1b[31mOpens", lambda text: None))
@@ -96,7 +90,7 @@ async def test_the_edit_dialog_draws_no_control_codes_of_the_output() -> None:
 
 @async_test
 async def test_a_damaged_rejected_file_is_told_once_not_at_every_refresh() -> None:
-    service = one_user()
+    service = one_user_service()
     (service.store.get("ann").dir / REJECTED_FILE).write_text("{not json\n")
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
@@ -117,7 +111,7 @@ def test_an_engine_error_of_many_lines_is_described_in_one() -> None:
 async def test_a_refresh_keeps_the_selected_history_row() -> None:
     """A refresh the user did not ask for (a refit's end, another command's change) put the History cursor on the
     newest item, which `x` then offered to remove."""
-    service = one_user()
+    service = one_user_service()
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
@@ -136,37 +130,10 @@ async def test_a_refresh_keeps_the_selected_history_row() -> None:
 
 
 @async_test
-async def test_an_import_into_a_user_that_cannot_be_made_active_does_not_say_fitting(
-    monkeypatch, tmp_path
-) -> None:
-    """No fit starts for an imported user the session cannot switch to (a full disk at active.json), yet the notice
-    said "fitting…"."""
-    from test_tui_edges import fitted_service, history_file, import_through_the_dialog, notices
-
-    from localpers.errors import LocalpersError
-
-    service = fitted_service()
-    app = make_app(service, text=DRAFT)
-    async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await wait_idle(pilot)
-
-        def refuse(name: str) -> None:
-            raise LocalpersError("cannot write active.json (No space left on device)")
-
-        monkeypatch.setattr(service.store, "use", refuse)
-        await import_through_the_dialog(pilot, app, history_file(tmp_path / "mine.jsonl", 3), "cy")
-        await wait_idle(pilot)
-        told = [notice for notice in notices(app) if notice.startswith("Imported")]
-        assert told and all("fitting" not in notice for notice in told), told
-        assert any("choose 'cy' in the User list to fit it" in notice for notice in told), told
-        assert "cy" not in service.fits
-
-
-@async_test
 async def test_the_personal_panels_title_follows_the_user_while_the_draft_is_empty() -> None:
     """With an empty draft `regenerate` returned before the title was made: a switch to a user with no history
     kept the last user's "CARD · cluster 0 · α ..." title."""
-    service = one_user()
+    service = one_user_service()
     service.store.create("cy")
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
@@ -183,7 +150,7 @@ async def test_the_personal_panels_title_follows_the_user_while_the_draft_is_emp
 async def test_a_user_made_elsewhere_waits_until_the_user_list_is_closed() -> None:
     """New options while the User list was open moved its highlight back to the session's user: Enter on the
     name the user had moved to picked the session's own user again."""
-    service = one_user()
+    service = one_user_service()
     service.store.create("bob").save_history(examples("bob", 2))
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
@@ -211,7 +178,7 @@ async def test_a_refresh_reads_the_history_once(monkeypatch) -> None:
     accept held the UI for a second or more on a small machine."""
     from localpers.users.folder import User
 
-    service = one_user()
+    service = one_user_service()
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)

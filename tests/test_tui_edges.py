@@ -72,6 +72,12 @@ async def test_an_imported_user_that_cannot_be_made_active_is_a_notice_not_a_cra
         assert any(
             "'cy' could not be made the active user" in n and "No space left" in n for n in notices(app)
         )
+        # no fit starts for a user the session cannot switch to, and the notice said "fitting…" (ninety-first
+        # session's audit)
+        told = [notice for notice in notices(app) if notice.startswith("Imported")]
+        assert told and all("fitting" not in notice for notice in told), told
+        assert any("choose 'cy' in the User list to fit it" in notice for notice in told), told
+        assert "cy" not in service.fits
 
 
 @async_test

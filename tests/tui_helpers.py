@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 import textual
 from textual.pilot import Pilot
+from tui_fakes import FakeService
 
 from localpers.tui.app import LocalpersApp
 from localpers.tui.job_threads import THREAD_PREFIX
 from localpers.users.history import HistoryItem
+from localpers.users.store import UserStore
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots" / "tui"
 VERSION_FILE = SNAPSHOT_DIR / "TEXTUAL_VERSION"
@@ -46,6 +48,14 @@ def examples(prefix: str, count: int) -> list[HistoryItem]:
         )
         for i in range(count)
     ]
+
+
+def one_user_service() -> FakeService:
+    """A fake engine over a store with one user, ann (4 items), active and not yet fitted."""
+    store = UserStore()
+    store.create("ann").save_history(examples("ann", 4))
+    store.use("ann")
+    return FakeService(store)
 
 
 def make_app(service: Any, **kwargs: object) -> LocalpersApp:
