@@ -12,7 +12,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual import events
 from tui_fakes import FakeService
-from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, wait_idle
+from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, one_user_service, wait_idle
 
 from localpers.errors import LocalpersError
 from localpers.tui.app import LocalpersApp
@@ -85,8 +85,9 @@ async def test_the_import_dialog_shows_its_errors_as_written_and_refuses_a_nul()
             await pilot.pause()
             screen = app.screen
             screen.path_input.focus()
-            screen.path_input.post_message(events.Paste(path))
+            app.post_message(events.Paste(path))  # as the terminal driver sends it: forwarded to the focus
             await pilot.pause()
+            assert screen.path_input.value == path  # once, as pasted
             await pilot.press("enter")
             await pilot.pause(0.2)
             assert expected in str(screen.error.render()), str(screen.error.render())
@@ -127,20 +128,24 @@ async def test_a_pasted_escape_sequence_is_dropped_from_the_draft() -> None:
     # model was shown them (eighty-seventh session); newlines and tabs stay
     from textual import events
 
-    service = FakeService(UserStore())
+    service = one_user_service()  # a user: the main screen, not the welcome, has the focus
     app = make_app(service)
     async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
         draft = app.main.draft
         draft.focus()
         await pilot.pause()
-        draft.post_message(events.Paste("City \x1b]0;HACKED\x07council\n\tmeets \x1b[31mtoday\x00"))
+        assert app.screen is app.main and app.focused is draft
+        # posted to the app, as the terminal driver does: the app forwards it to the focused widget (a Paste
+        # posted to the draft itself bubbles up to the app and is forwarded again, so it lands twice)
+        app.post_message(events.Paste("City \x1b]0;HACKED\x07council\n\tmeets \x1b[31mtoday\x00"))
         await wait_idle(pilot)
         assert draft.text == "City ]0;HACKEDcouncil\n\tmeets [31mtoday"
         drawn = "".join(segment.text for y in range(3) for segment in draft.render_line(y))
         assert "\x1b" not in drawn and "\x07" not in drawn
         assert service.rewrites and service.rewrites[-1].text == draft.text
         draft.clear()
-        draft.post_message(
+        app.post_message(
             events.Paste("First paragraph.\rSecond one.\r\rThird.\r\nFourth.")
         )  # as VTE sends it
         await wait_idle(pilot)

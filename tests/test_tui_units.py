@@ -32,18 +32,20 @@ from localpers.users.store import UserStore
 
 def test_accept_output_adds_once_and_validates() -> None:
     user = UserStore().create("ann")
-    item, added = accept_output(user, "headline", "An article", "My Headline")
-    assert added and user.history() == [item] and item.source == "tui"
-    _, again = accept_output(user, "headline", "An article", "My  Headline ")  # same after normalisation
-    assert not again and len(user.history()) == 1
+    item, added, history = accept_output(user, "headline", "An article", "My Headline")
+    assert added and user.history() == [item] == history and item.source == "tui"
+    _, again, history = accept_output(
+        user, "headline", "An article", "My  Headline "
+    )  # same after normalisation
+    assert not again and user.history() == [item] == history
     with pytest.raises(LocalpersError, match="field 'output' is empty"):
         accept_output(user, "headline", "An article", "   ")
 
 
 def test_remove_history_item() -> None:
     user = UserStore().create("ann")
-    first, _ = accept_output(user, "headline", "a", "A")
-    second, _ = accept_output(user, "headline", "b", "B")
+    first = accept_output(user, "headline", "a", "A").item
+    second = accept_output(user, "headline", "b", "B").item
     assert remove_history_item(user, first.id) == first
     assert user.history() == [second]
     with pytest.raises(LocalpersError, match="already removed"):

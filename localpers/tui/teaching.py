@@ -99,13 +99,13 @@ class TeachingMixin:
         if self.user is None:
             return "Choose or create a user first (ctrl+o imports a history file)."
         try:
-            item, added = accept_output(self.user, task, input_text, accepted)
+            outcome = accept_output(self.user, task, input_text, accepted)
         except LocalpersError as exc:
             return str(exc)
-        if not added:
-            self.notify(f"Already in {self.user.name}'s history as {item.id}; nothing added.")
+        if not outcome.added:
+            self.notify(f"Already in {self.user.name}'s history as {outcome.item.id}; nothing added.")
             return None
-        self.refresh_user_views()
+        self.refresh_user_views(history=outcome.history)
         count = self.profile.n_history if self.profile else 0
         self.notify(f"Added to {self.user.name}'s history ({count} examples); refitting in the background.")
         self.schedule_refit()

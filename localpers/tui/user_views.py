@@ -50,8 +50,9 @@ class UserViewsMixin:
         self.maybe_refit()
         self.regenerate()
 
-    def refresh_user_views(self) -> None:
-        """Re-read the user's folder into the profile, history and profile panels and the header."""
+    def refresh_user_views(self, history: list[HistoryItem] | None = None) -> None:
+        """Re-read the user's folder into the profile, history and profile panels and the header; `history`
+        is the history just saved by the caller (an accept), which is then not read and parsed again."""
         self.remember_user_stamp()  # before reading: a change made while the files are read shows at the next watch
         if self.user is None:
             self.profile = None
@@ -61,7 +62,7 @@ class UserViewsMixin:
             return
         items: list[HistoryItem] = []
         try:
-            items = self.user.history()
+            items = self.user.history() if history is None else history
             info = self.info
             self.profile = load_profile(
                 self.user,

@@ -15,7 +15,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -172,23 +172,33 @@ def load_profile(
     )
 
 
-def accept_output(user: User, task: str, input_text: str, output: str) -> tuple[HistoryItem, bool]:
-    """Add `(input_text, output)` to the history; (the item, False when the same text was already there)."""
+class Accepted(NamedTuple):
+    """What an accept did: the item, whether it was added (False: the same text was already there), and the
+    history as it now stands, which the caller shows without reading and parsing the file again."""
+
+    item: HistoryItem
+    added: bool
+    history: list[HistoryItem]
+
+
+def accept_output(user: User, task: str, input_text: str, output: str) -> Accepted:
+    """Add `(input_text, output)` to the history."""
     try:
         item = HistoryItem.create(task, input_text, output, source=TUI_SOURCE, strict=True)
     except ValueError as exc:
         raise LocalpersError(f"cannot add this example: {exc}") from None
     with user.locked(TUI_LOCK_WAIT_SECONDS):
-        merged, already = merge_history(user.history(), [item])
+        existing = user.history()
+        merged, already = merge_history(existing, [item])
         if already:
-            return item, False
+            return Accepted(item, False, existing)
         check_history_size(
             len(merged),
             what=f"user {user.name!r} would have",
             hint=tui_room_hint(user.name, len(merged) - MAX_HISTORY_ITEMS),
         )
         user.save_history(merged)
-    return item, True
+    return Accepted(item, True, merged)
 
 
 def tui_room_hint(user_name: str, over: int) -> str:
