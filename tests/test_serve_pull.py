@@ -879,3 +879,16 @@ def test_an_unsigned_folder_pulled_without_the_flag_is_a_usage_error(tmp_path: P
     """A flag the argument needs is a usage error (exit 2), as --unsigned given for a repository is; it was 1."""
     code, _, err = run_cli("pull", str(make_bundle(tmp_path / "plain")))
     assert code == 2 and "an unsigned bundle directory" in err and "--unsigned" in err
+
+
+def test_the_serve_commands_defaults_are_the_servers() -> None:
+    """The CLI spells its defaults out (it imports the server only when it serves): they must not drift apart."""
+    import inspect
+
+    from localpers.bundle import serve as serve_module
+    from localpers.cli.bundle import serve as serve_command
+
+    defaults = {
+        name: parameter.default for name, parameter in inspect.signature(serve_command).parameters.items()
+    }
+    assert (defaults["host"], defaults["port"]) == (serve_module.DEFAULT_HOST, serve_module.DEFAULT_PORT)
