@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -438,3 +439,44 @@ def test_a_draft_the_signal_stopped_opens_again_at_the_next_start(tmp_path: Path
         "'a text of its own' True",
         "'Half a page of my own words' False",
     ], result.stderr[-2000:]
+
+
+def test_a_stopped_json_command_answers_in_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    """A refusal printed `{"ok": false, ...}` for a --json command but a stop printed nothing on stdout, so a
+    script reading it got a decoding error instead of the reason."""
+    from localpers.cli.common import stopped_exit
+
+    def command(as_json: bool = False) -> None:
+        raise KeyboardInterrupt
+
+    def command_saying_what_it_kept(as_json: bool = False) -> None:
+        try:
+            raise interrupts.Terminated(signal.SIGTERM)
+        except KeyboardInterrupt as stop:
+            raise stopped_exit(stop, "the fit's caches are kept") from None
+
+    def command_running_a_step(as_json: bool = False) -> None:
+        one_line_errors(command)()  # a step, not given --json: it answers in its caller's format
+
+    for run, json_line in (
+        (lambda: one_line_errors(command)(as_json=True), "interrupted; no file was left half-written"),
+        (
+            lambda: one_line_errors(command_saying_what_it_kept)(as_json=True),
+            "terminated; the fit's caches are kept",
+        ),
+        (
+            lambda: one_line_errors(command_running_a_step)(as_json=True),
+            "interrupted; no file was left half-written",
+        ),
+    ):
+        with pytest.raises(typer.Exit):
+            run()
+        captured = capsys.readouterr()
+        verdict = json.loads(captured.out)
+        assert verdict["ok"] is False and verdict["error"].startswith(json_line)
+        assert captured.err.strip() == verdict["error"]
+    for run in (lambda: one_line_errors(command)(), lambda: one_line_errors(command)(as_json=False)):
+        with pytest.raises(typer.Exit):
+            run()
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith("interrupted; ")

@@ -60,6 +60,10 @@ def one_line_errors(func: F) -> F:
             _depth.set(_depth.get() + 1),
         )
         kwargs = {name: _expanded(value) for name, value in kwargs.items()}
+        # a step another command runs answers in its caller's format
+        json_now = _json_verdict.set(
+            kwargs.get("as_json") is True if _depth.get() == 1 else _json_verdict.get()
+        )
         try:
             result = func(*args, **kwargs)
             if _depth.get() == 1:  # the command itself, not one another command called as a step
@@ -89,6 +93,7 @@ def one_line_errors(func: F) -> F:
             _saved.reset(saved_now)
             _streamed_line.reset(streamed_now)
             _depth.reset(depth_now)
+            _json_verdict.reset(json_now)
 
     return wrapper  # type: ignore[return-value]
 
@@ -141,6 +146,8 @@ _depth: contextvars.ContextVar[int] = contextvars.ContextVar("localpers_command_
 _streamed_line: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "localpers_streamed_line", default=False
 )
+# Whether the command running (the outermost one) was given --json: a stop then answers in JSON on stdout too.
+_json_verdict: contextvars.ContextVar[bool] = contextvars.ContextVar("localpers_json_verdict", default=False)
 
 
 def note_saved(what: str) -> None:
@@ -152,7 +159,9 @@ def note_saved(what: str) -> None:
 
 def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer.Exit:
     """Say on stderr that the command was stopped (by Ctrl-C: "interrupted"; by SIGTERM/SIGHUP: "terminated")
-    and what that left, and give the exit to raise: 130, or 128 + the signal's number."""
+    and what that left, and give the exit to raise: 130, or 128 + the signal's number. A command given --json
+    also prints `{"ok": false, "error": ...}` with the same words on stdout, as a refusal does, so a script
+    reading its output finds JSON there."""
     from localpers import interrupts
 
     # Not "nothing was changed": a step may have been saved just before (an import's history, a fit's
@@ -166,8 +175,12 @@ def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer
         kept = f"this came after the work was saved: {saved}"
     else:
         kept = what_was_kept or "no file was left half-written (each is as it was, or fully saved)"
+    report = f"{interrupts.stopped_word(stop)}; {kept}"
     with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-        typer.echo(f"{interrupts.stopped_word(stop)}; {kept}", err=True)
+        typer.echo(report, err=True)
+    if _json_verdict.get():
+        with contextlib.suppress(OSError, ValueError):  # a closed or failing stdout: the stderr line said it
+            typer.echo(json.dumps({"ok": False, "error": report}))
     return typer.Exit(interrupts.exit_code(stop))
 
 
