@@ -140,3 +140,32 @@ def test_an_author_id_that_reads_as_math_is_plotted_as_written(tmp_path: Path) -
     }
     written = plot_authors({"users": users, "methods": {"global": {}, "card": {}}}, tmp_path / "authors.png")
     assert written is not None and written.stat().st_size > 0
+
+
+def test_plotting_keeps_matplotlibs_files_under_localpers_home(tmp_path: Path) -> None:
+    """matplotlib wrote its font list and config folder under the home folder (`~/.cache/matplotlib`,
+    `~/.config/matplotlib`), outside LOCALPERS_HOME, which promises to keep every file of localpers under it.
+    Run in a process of its own: matplotlib reads where to keep them once, when it is first imported."""
+    import subprocess
+    import sys
+
+    home, localpers_home = tmp_path / "home", tmp_path / "lp"
+    home.mkdir()
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
+    }
+    environment.update(HOME=str(home), LOCALPERS_HOME=str(localpers_home))
+    code = (
+        "import sys; from pathlib import Path; sys.path.insert(0, 'tests')\n"
+        "from test_bench_outputs import _results_with_intervals\n"
+        "from localpers.bench.plots import write_plots\n"
+        "assert write_plots(_results_with_intervals(), Path(sys.argv[1]))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "plots")], env=environment, check=True, timeout=300
+    )
+    assert (tmp_path / "plots" / "bars.png").is_file()
+    assert list(home.rglob("*")) == []
+    assert (localpers_home / "cache" / "matplotlib").is_dir()

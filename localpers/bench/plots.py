@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localpers.atomic import atomic_write_bytes
+from localpers.plotting import pyplot
 
 HISTORY_ALL_LABEL = "all"
 PLOT_NAMES = (
@@ -27,15 +28,6 @@ PLOT_NAMES = (
     "alpha_sweep.png",
     "topk_sweep.png",
 )
-
-
-def pyplot():  # noqa: ANN202 - matplotlib's module
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def main_methods(results: dict[str, Any]) -> list[str]:

@@ -283,7 +283,8 @@ def render_probes(probes: dict[str, Any], *, image: str | None = None) -> str:
 
 def plot_probes(probes: dict[str, Any], path: Path) -> Path | None:
     """One panel per style: hit rate against history size, a line per method, the global adapter dashed."""
-    from localpers.bench.plots import pyplot, save_figure
+    from localpers.bench.plots import save_figure
+    from localpers.plotting import pyplot
 
     plt = pyplot()
     styles = probes["styles"]

@@ -7,14 +7,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from localpers.plotting import pyplot
 
 
 def smooth(values: list[float], window: int) -> np.ndarray:
@@ -25,7 +18,7 @@ def smooth(values: list[float], window: int) -> np.ndarray:
 
 
 def plot_sft_losses(path: Path, train_loss: dict[str, list[float]], adapters: dict[str, Any]) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, losses in train_loss.items():
         window = max(1, len(losses) // 20)
@@ -50,7 +43,7 @@ def plot_sft_losses(path: Path, train_loss: dict[str, list[float]], adapters: di
 
 
 def plot_head(path: Path, curve: list[dict[str, float]], accuracy: dict[str, float]) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [p["step"] for p in curve]
     left.plot(steps, [p["train_loss"] for p in curve], label="train BT loss")
