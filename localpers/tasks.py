@@ -65,17 +65,24 @@ class Task:
             return self.template.format(text=cut_text(content, self.max_input_chars))
         return self.template.format(text=f"{cut_text(content, self.max_input_chars - len(note) - 1)}\n{note}")
 
-    def check_text(self, text: str, what: str = "the text", *, room: int = 0) -> None:
+    def check_text(
+        self,
+        text: str,
+        what: str = "the text",
+        *,
+        room: int = 0,
+        advice: str = "split it and rewrite the parts one at a time",
+    ) -> None:
         """Refuse a text this task would have to cut (headline and title cut it instead, and accept it).
 
         `room`: characters the method adds to the text (EXACT's attribute line), taken from the limit.
+        `advice`: what to do with a text refused, as a rewrite's (a history item's is not rewritten).
         """
         length = len(self.content(text))
         limit = self.max_input_chars - room
         if not self.cuts_long_input and length > limit:
             raise TextTooLong(
-                f"{what} has {length:,} characters; the {self.name} task takes at most "
-                f"{limit:,}: split it and rewrite the parts one at a time"
+                f"{what} has {length:,} characters; the {self.name} task takes at most {limit:,}: {advice}"
             )
 
     def cut_note(self, text: str, chars_read: int) -> str:

@@ -853,7 +853,7 @@ def test_history_remove_json_names_what_it_removed() -> None:
         run("history", "add", "-i", f"article {day}", "-o", f"Headline {day}")
     ids = [item.id for item in UserStore().get("ann").history()]
     assert run_json("history", "remove", ids[1]) == {"user": "ann", "removed": [ids[1]], "total": 2}
-    assert run_json("history", "remove", "--oldest", "5") == {
+    assert run_json("history", "remove", "--oldest", "5", "--yes") == {  # all of it: --yes, or it asks
         "user": "ann",
         "removed": [ids[0], ids[2]],
         "total": 0,
@@ -909,7 +909,7 @@ def test_user_show_of_an_emptied_history_says_a_fit_replaces_it() -> None:
     run("history", "add", "-i", "an article", "-o", "A Headline")
     ann = UserStore().get("ann")
     ann.save_fit(np.ones(4, np.float32), {"cluster": 1, "fit": {"mode": "vector", "n_items": 1}})
-    run("history", "remove", "--oldest", "1")
+    run("history", "remove", "--oldest", "1", "--yes")
     fitted = next(
         line for line in run("user", "show", "ann").stdout.splitlines() if line.startswith("fitted")
     )

@@ -118,11 +118,12 @@ def discard_unwritten_output() -> None:
         os.close(null)
 
 
-def ask_yes_no(question: str, *, default: bool = False) -> bool:
+def ask_yes_no(question: str, *, default: bool = False, err: bool = False) -> bool:
     """`typer.confirm`, except that a Ctrl-C stays a Ctrl-C: Click turned it into "Aborted." and exit 1, where
-    every other stop says `interrupted` (exit 130). Standard input at its end is a no."""
+    every other stop says `interrupted` (exit 130). Standard input at its end is a no. `err`: the question goes
+    to standard error."""
     try:
-        return bool(typer.confirm(question, default=default))
+        return bool(typer.confirm(question, default=default, err=err))
     except typer.Abort as abort:  # Click's for a Ctrl-C and for an ended input alike
         if isinstance(abort.__context__, KeyboardInterrupt):
             raise abort.__context__ from None

@@ -66,7 +66,7 @@ def demo_command(
             f"bundle {personalizer.bundle.directory} (k={personalizer.bundle.k}); backbone {personalizer.backbone.path.name}"
         )
     with fit_progress(not as_json, sys.stderr.isatty(), command="demo") as progress:
-        demo, fitted_now = ensure_demo_user(personalizer, store, progress)
+        demo, fitted_now = ensure_demo_user(personalizer, store, progress, _note_restored)
         rows = compare_on_demo(personalizer, demo, chosen, progress, candidates)
     report = demo.state()["fit"]
     hits = style_hits(rows)
@@ -96,6 +96,17 @@ def demo_command(
         f"in the headlines of {counted(len(rows), 'invented article')}"
         + (f", each the consensus of {candidates} candidates" if candidates > 1 else "")
         + f": {counts}"
+    )
+
+
+def _note_restored(count: int) -> None:
+    """Say that the demo put back shipped items missing from the demo user's history (a `history remove` of them
+    was undone, or a damaged line's item mended)."""
+    were = "was" if count == 1 else "were"
+    typer.echo(
+        f"note: put back {counted(count, 'shipped example')} that {were} missing from the demo user's history"
+        " (the demo shows the shipped user)",
+        err=True,
     )
 
 

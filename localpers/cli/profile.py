@@ -46,10 +46,10 @@ def profile_command(
     if as_json:
         print_json(profile, indent=None)
         return
-    _print_profile(profile, text is not None)
+    _print_profile(profile, text is not None, has_history=bool(target.history()))
 
 
-def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
+def _print_profile(profile: dict[str, Any], asked_for_text: bool, *, has_history: bool = True) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -59,8 +59,10 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
     console.print(f"[bold]{profile['user']}[/bold]")
     card = profile["card"]
     refit = f"`localpers fit --user {profile['user']}`"
+    # a fit learns from the history: with none, import it first (as `user show` advises)
+    first = "" if has_history else f"`localpers history import FILE --user {profile['user']}`, then "
     if card is None:
-        console.print(f"CARD: not fitted (run {refit})")
+        console.print(f"CARD: not fitted (run {first}{refit})")
     elif "damaged" in card:
         # soft_wrap: a path in the message is not broken mid-name, and can be copied
         console.print(one_line(f"CARD: {card['damaged']}"), markup=False, highlight=False, soft_wrap=True)
@@ -102,7 +104,8 @@ def _print_profile(profile: dict[str, Any], asked_for_text: bool) -> None:
         console.print("Series you repeat: none (3 or more alike outputs make one)")
     exact = profile["exact"]
     if exact is None:
-        console.print(f"EXACT: no index ({refit_advice('exact', profile['user'])})")
+        exact_fit = refit_advice("exact", profile["user"]).removeprefix("run ")
+        console.print(f"EXACT: no index (run {first}{exact_fit})")
         if asked_for_text:  # --text asked what EXACT retrieves: say why there is nothing, not drop it
             console.print("for this text: no attributes (EXACT has no index to retrieve them from)")
         sys.stdout.flush()

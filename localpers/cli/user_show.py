@@ -128,12 +128,11 @@ def other_fits(folder: Path, history: list[HistoryItem] | None = None) -> list[t
             cope = parse_json(raw)
             line = f"LoRA rank {int(cope['rank'])} fitted on {items_phrase(int(cope['n_items']))}"
             due = _refit_due(cope, "cope", folder.name)
-            digest = cope.get("history_sha256")
             if (
                 not due
                 and history is not None
-                and isinstance(digest, str)
-                and digest != history_digest(history)
+                and isinstance(cope.get("history_sha256"), str)
+                and not fitted_on_this_history(cope, history)
             ):
                 due = f", but the history has changed since ({refit_advice('cope', folder.name)} to refit)"
             lines.append(("cope", line + due))
@@ -242,7 +241,7 @@ def fit_freshness(
             " adapter's; add items first to fit them)"
         )
     if isinstance(digest, str):
-        if digest != history_digest(history):
+        if not fitted_on_this_history(fit, history):
             return (
                 f"on {items_phrase(fitted_on)}, but the history has changed since (it holds {n_history} now;"
                 f" {refit} refits)"
@@ -256,6 +255,13 @@ def fit_freshness(
             f" which: if you removed or replaced items since, {refit} refits)"
         )
     return f"on {items_phrase(int(fitted_on or 0))}; the history holds {n_history} now ({refit} refits)"
+
+
+def fitted_on_this_history(stored_fit: Any, history: list[HistoryItem]) -> bool:
+    """Whether a stored fit (state.json's `fit`, or cope.json) recorded the digest of `history` as it is now: a
+    refit would learn from the same items. False for a fit that recorded none (made before fits did)."""
+    digest = stored_fit.get("history_sha256") if isinstance(stored_fit, dict) else None
+    return isinstance(digest, str) and digest == history_digest(history)
 
 
 def _fit_bundle_line(fitted_with: str, name: str) -> str:

@@ -62,7 +62,12 @@ def user_create(
     _say_made(user, "created", store, not_activated, as_json)
     if as_json:
         return
-    typer.echo("next: `localpers history import FILE` or `localpers history add --input ... --output ...`")
+    # a bare `localpers history ...` acts on the active user, which this one is not with --no-use
+    for_user = "" if _is_active(store, user.name) else f" --user {user.name}"
+    typer.echo(
+        f"next: `localpers history import FILE{for_user}` or"
+        f" `localpers history add --input ... --output ...{for_user}`"
+    )
 
 
 @user_app.command("list")

@@ -28,14 +28,21 @@ DEMO_USER = "demo"
 _DEMO_KICKER = re.compile(r"^[^:]{2,40}: \S")
 
 
-def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any = None) -> tuple[User, bool]:
+def ensure_demo_user(
+    personalizer: Personalizer,
+    store: UserStore,
+    progress: Any = None,
+    on_restored: Callable[[int], None] | None = None,
+) -> tuple[User, bool]:
     """The demo user, created from the shipped history and fitted when missing or stale.
 
     A user called `demo` is taken as the shipped one while its history holds every shipped item (items added
     since may follow them), or while every item of it is a shipped one or an output accepted in the TUI (whose
     History tab may also have removed shipped items); one with a history of its own is refused, never fitted or
     written to. One that holds shipped items only, but not all of them (a
-    damaged line deleted, as its error advised), gets the shipped history back and is fitted anew.
+    damaged line deleted, as its error advised), gets the shipped history back and is fitted anew, so the demo's
+    figures are the shipped user's; `on_restored` is told how many items were put back (`history remove` may have
+    taken them on purpose, so the caller says so).
     """
     from localpers.users.history import TUI_SOURCE, demo_history_path
     from localpers.users.history_import import parse_history_file
@@ -58,6 +65,7 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
         elif history_ids < shipped_ids:
             demo.save_history(shipped)
             restored = True
+            put_back = len(shipped_ids - history_ids)
         elif not (shipped_ids <= history_ids or own <= shipped_ids):
             raise LocalpersError(
                 f"a user named '{DEMO_USER}' exists with a history of its own, so it is not the shipped demo user and"
@@ -65,6 +73,8 @@ def ensure_demo_user(personalizer: Personalizer, store: UserStore, progress: Any
                 " user import FILE.zip --as NAME`, then `localpers user delete demo`) or run the demo with another"
                 " LOCALPERS_HOME"
             )
+    if restored and on_restored is not None:
+        on_restored(put_back)
     fitted_now = False
     # another `localpers demo` fitting the demo user is waited for: its fit is then this one's
     with demo.fitting(wait_seconds=DEMO_FIT_WAIT_SECONDS):

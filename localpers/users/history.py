@@ -84,7 +84,11 @@ class HistoryItem:
                     f" {TASKS[task].max_input_chars:,}): keep the text's start"
                 )
             try:
-                TASKS[task].check_text(clean_input, "field 'input'")
+                TASKS[task].check_text(
+                    clean_input,
+                    "field 'input'",
+                    advice=f"split it into items of at most {TASKS[task].max_input_chars:,} characters",
+                )
                 TASKS[task].check_output(clean_output, "field 'output'")
             except InputError as exc:
                 raise ValueError(str(exc)) from None

@@ -55,6 +55,16 @@ __all__ = [
 ]
 
 
+def _creation_advice(name: str) -> str:
+    """ ", `localpers user create NAME` makes one", or "" for a name `user create` refuses (a Windows device
+    name)."""
+    try:
+        validate_new_name(name)
+    except InputError:
+        return ""
+    return f", `localpers user create {name}` makes one"
+
+
 class UserStore:
     """The users on this device and which one is active. `root` defaults to `paths.data_dir()`."""
 
@@ -99,8 +109,7 @@ class UserStore:
                     f"{staging.not_a_folder(user.dir)}; no command can use user {name!r} until then"
                 )
             raise LocalpersError(
-                f"no user named {name!r}; `localpers user list` shows the users, "
-                f"`localpers user create {name}` makes one"
+                f"no user named {name!r}; `localpers user list` shows the users{_creation_advice(name)}"
             )
         return self._identified(user)
 
