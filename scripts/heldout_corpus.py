@@ -1,9 +1,9 @@
 """Write a training corpus without each author's dev-split queries, so adapters trained on it never saw them.
 
 `localpers bench --dev-split` takes each train author's most recent items as queries after putting the items
-oldest first by their dates and dropping items listed twice (`localpers.bench.data.split_for_dev`, which this
-script calls, so the two cuts agree); this writes the same authors with only the items before that cut, less any
-copy of a dev query listed there under another id, for judging training choices (epochs, format) on the dev
+oldest first by their dates and dropping items listed twice (`localpers.bench.dev_split.split_for_dev`, which
+this script calls, so the two cuts agree); this writes the same authors with only the items before that cut, less
+any copy of a dev query listed there under another id, for judging training choices (epochs, format) on the dev
 split honestly. Write the output outside the repository.
 
     python scripts/heldout_corpus.py ../shared/data/news-headlines/train.jsonl /tmp/train-heldout.jsonl
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from localpers.bench.data import split_for_dev
+from localpers.bench.dev_split import split_for_dev
 from localpers.users.history import normalize_text
 
 

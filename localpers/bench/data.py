@@ -10,11 +10,12 @@ a file from elsewhere may not, so `read_bench_file` repairs what would make a ru
 says so in `BenchFile.notes` (printed, and kept in results.json and report.md): a history whose items all carry
 ISO dates but are out of order is sorted by them (stably); a history item equal to one of its author's queries
 is left out of the history (a method must not be fitted on the answer); duplicate history items are dropped; a
-user without queries is left out (with `dev_split` that is an author too short to split). Queries dated before
-their author's latest history item are counted, not changed, and so are references with no word ROUGE can
-count (`metrics.scorable`). Every error is an `InputError` (exit 2) naming the file, the line and the field:
-a line that is not JSON or names a key twice, a field of the wrong type, text that is not Unicode (a lone
-surrogate escape). Lines end at "\n" only, as in a history import. This module only reads; it scores nothing.
+user without queries is left out (with `dev_split` that is an author too short to split; the split itself is
+`localpers.bench.dev_split`'s). Queries dated before their author's latest history item are counted, not
+changed, and so are references with no word ROUGE can count (`metrics.scorable`). Every error is an
+`InputError` (exit 2) naming the file, the line and the field: a line that is not JSON or names a key twice, a
+field of the wrong type, text that is not Unicode (a lone surrogate escape). Lines end at "\n" only, as in a
+history import. This module only reads; it scores nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localpers.bench.dev_split import DEV_MIN_QUERIES, split_for_dev
 from localpers.bench.metrics import scorable
 from localpers.errors import InputError, LocalpersError
 from localpers.tasks import TASKS
@@ -152,10 +154,6 @@ def _users(user_ids: list[str], shown: int = 5) -> str:
     named = ", ".join(user_ids[:shown])
     more = f" and {len(user_ids) - shown} more" if len(user_ids) > shown else ""
     return f"user {named}{more}" if len(user_ids) == 1 else f"users {named}{more}"
-
-
-# The test file's protocol (../shared/data/news-headlines/README.md), applied to train authors by `dev_split`.
-DEV_QUERY_FRACTION, DEV_MIN_QUERIES, DEV_MAX_QUERIES, DEV_MAX_HISTORY = 0.3, 5, 40, 100
 
 
 def check_data_path(path: Path) -> None:
@@ -320,56 +318,6 @@ def _user_from_record(
     if early:
         repairs.early_queries[user_id] = early
     return BenchUser(user_id, tuple(history), tuple(queries), line_number)
-
-
-def dev_query_count(n_items: int) -> int:
-    """How many of an author's `n_items` the dev split takes as queries (0 when the author is too short)."""
-    count = min(DEV_MAX_QUERIES, max(DEV_MIN_QUERIES, round(DEV_QUERY_FRACTION * n_items)))
-    return count if n_items >= count + 1 else 0
-
-
-@dataclass(frozen=True)
-class DevSplit:
-    """One train author's items as `--dev-split` reads them: oldest first, each item once, cut before the most
-    recent ones, the queries (none for an author too short to split)."""
-
-    earlier: list[Any]  # every item before the queries
-    queries: list[Any]
-    resorted: bool  # the items were not oldest first
-    repeats: int  # items listed twice, left out
-
-    @property
-    def history(self) -> list[Any]:
-        """What the bench fits on: the last DEV_MAX_HISTORY items before the queries (none without queries)."""
-        return self.earlier[-DEV_MAX_HISTORY:] if self.queries else []
-
-
-def split_for_dev(records: list[Any]) -> DevSplit:
-    """The dev split of one author's items (history and any queries, in file order), as the test file was made.
-
-    The one place the split is made: `scripts/heldout_corpus.py` trains on `earlier`, so that no dev query is
-    trained on."""
-    merged, resorted = oldest_first(records)
-    # an item listed twice: moved into the queries, the second copy stopped the whole run ("duplicate id")
-    merged, repeats = _first_of_each(merged)
-    cut = len(merged) - dev_query_count(len(merged))
-    return DevSplit(merged[:cut], merged[cut:], resorted, repeats)
-
-
-def _first_of_each(records: list[Any]) -> tuple[list[Any], int]:
-    """`records` without the repeats of an item (the same id, input and output; another article under a reused id
-    is not a repeat), and how many were left out. What is not an item object is kept, for `_fields` to refuse by
-    its place."""
-    seen: set[tuple[str, ...]] = set()
-    kept = []
-    for entry in records:
-        if isinstance(entry, dict):
-            key = (str(entry.get("id") or ""), str(entry.get("input")), str(entry.get("output")))
-            if key in seen:
-                continue
-            seen.add(key)
-        kept.append(entry)
-    return kept, len(records) - len(kept)
 
 
 def _fields(entry: Any, where: str, task: str = DEFAULT_TASK) -> dict[str, str]:

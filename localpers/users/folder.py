@@ -21,7 +21,9 @@ checks the vector's sha256 against state.json and refuses a mismatch. Every file
 temporary file in the same folder (a linked history.jsonl: beside the file it links to), fsynced, then
 `os.replace`d. Damaged files raise a one-line
 `LocalpersError` naming the file and what to do. Methods keep their own files beside these, written
-through the same atomic helpers. This module does not fit or embed anything, and knows no other user.
+through the same atomic helpers. history.jsonl and what is derived from it are read and written by `User`'s
+base class `localpers.users.folder_history.UserHistory`. This module does not fit or embed anything, and knows
+no other user.
 """
 
 from __future__ import annotations
@@ -30,35 +32,22 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localpers.atomic import atomic_write_bytes, atomic_write_text
-from localpers.engine.prefix_files import remove_kept
 from localpers.errors import InputError, LocalpersError
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
-from localpers.tasks import Task
 from localpers.untrusted import JSONProblem, parse_json, reject_duplicate_keys
-from localpers.users.history import (
-    MAX_HISTORY_FILE_BYTES,
-    HistoryItem,
-    check_history_bytes,
-    check_history_size,
-    read_stored_history,
-    refuse_dangling_link,
-    serialize_history,
-)
+from localpers.users.folder_history import UserHistory
+from localpers.users.history import HistoryItem
 from localpers.users.lock import DEFAULT_WAIT_SECONDS, fit_lock, read_identity, user_lock
-from localpers.users.ordinals import updated_ordinals, write_ordinals
 from localpers.users.vector_file import read_vector_file, vector_file_bytes
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from localpers.users.history_index import HistoryIndex
 
 REJECTED_FILE = "negatives_user.jsonl"
 VECTOR_FILE_PATTERN = re.compile(r"vector-[0-9a-f]{16}\.safetensors")
@@ -111,18 +100,15 @@ IMPORTED_WITHOUT_HISTORY = "imported_without_history"
 
 
 @dataclass(frozen=True)
-class User:
-    """One user's folder. Read methods validate what they read; save methods write atomically."""
+class User(UserHistory):
+    """One user's folder. Read methods validate what they read; save methods write atomically. The history's
+    methods (`history`, `history_ids`, `save_history`, `history_index`) are `UserHistory`'s."""
 
     name: str
     dir: Path
     # The folder's `.identity` token when this object was made (`UserStore.get`); every locked write checks
     # it, so a command started before the user was deleted and created anew never writes into the new one.
     identity: str | None = field(default=None, compare=False)
-
-    @property
-    def history_path(self) -> Path:
-        return self.dir / "history.jsonl"
 
     @property
     def state_path(self) -> Path:
@@ -148,114 +134,11 @@ class User:
         """Hold this user's fit lock for a whole fit: a second fit of the user is refused (`lock.fit_lock`)."""
         return fit_lock(self.dir, who=f"user {self.name!r}", wait_seconds=wait_seconds)
 
-    def history(self) -> list[HistoryItem]:
-        """The stored history items, in order; empty if none were imported (refused if the user is gone)."""
-        items = read_stored_history(self.history_path)
-        if not items:
-            self._refuse_if_gone()
-        return items
-
-    def _refuse_if_gone(self) -> None:
-        """A one-line error when the user's folder no longer exists (deleted while this command ran): its files
-        must not read as a user with no history and no fit."""
-        if not self.dir.is_dir():
-            raise LocalpersError(f"user {self.name!r} no longer exists (deleted while this command ran)")
-
     def made_anew(self) -> bool:
         """Whether the folder now holds another identity token than this object read: the user was deleted and
         made again under the same name (`user import --as`) since. A folder without a token, or one this object
         read none from, cannot tell and says no."""
         return self.identity is not None and read_identity(self.dir) not in (None, self.identity)
-
-    def history_ids(self) -> frozenset[str]:
-        """The ids of the stored history's items; read again only when the file was replaced since the last call
-        (a fit asks at each of its cache writes whether an item was removed meanwhile)."""
-        stamp = _file_stamp(self.history_path)  # before reading: a file replaced meanwhile never matches
-        cached = _history_ids.get(self.history_path)
-        if stamp is not None and cached is not None and cached[0] == stamp:
-            return cached[1]
-        ids = frozenset(item.id for item in self.history())
-        if stamp is not None:
-            _history_ids[self.history_path] = (stamp, ids)
-        return ids
-
-    def save_history(
-        self, items: list[HistoryItem], *, removing: bool = False, on_saved: Callable[[], None] | None = None
-    ) -> None:
-        """Write the history, then its retrieval index (a stale index is noticed and rebuilt on read).
-
-        `removing`: `items` is the stored history less some items, so it is written even if still over the
-        item limit (a history made longer by hand must be reducible step by step). `on_saved` is called as soon
-        as the history itself is written, before its derived files: a stop after it came after the work.
-        """
-        text = serialize_history(items)
-        if not removing:
-            check_history_size(len(items), what=f"user {self.name!r} would have")
-        # even when removing: what reading it back would refuse must not be written
-        check_history_bytes(len(text.encode("utf-8")), items, what=f"user {self.name!r}")
-        from localpers.users.history_index import HistoryIndex  # its BM25 index loads numpy
-
-        with self.locked():
-            ordinals = updated_ordinals(self.dir, self._stored_history_or_none, items)
-            # what is derived from the old history goes first (the index holds every item's text, the engine's
-            # kept states an examples block): a stop before the history is written then leaves only caches to
-            # rebuild, never a removed item's text
-            HistoryIndex.forget(self.dir)
-            remove_kept(self.dir)
-            # a history kept elsewhere through a link (a synced folder, another drive) stays there
-            atomic_write_text(self.history_path, text, through_link=True)
-            if on_saved is not None:
-                on_saved()
-            HistoryIndex.write(self.dir, text, items)
-            write_ordinals(self.dir, ordinals)
-
-    def _stored_history_or_none(self) -> list[HistoryItem]:
-        """The history as stored, or none when it cannot be read (it is being replaced)."""
-        try:
-            return self.history()
-        except LocalpersError:
-            return []
-
-    def history_index(self, task: Task) -> HistoryIndex:
-        """The user's examples for `task` with their BM25 index, for history-conditioned prompts.
-
-        The engine may keep its state of the prompts' examples block in this folder (`write_lock`): only while
-        the history is still the file read here, so a block read before an item was removed is never kept.
-        """
-        from localpers.users.history_index import HistoryIndex
-
-        stamp = _file_stamp(self.history_path)  # before reading: a file replaced meanwhile never matches
-        if self.history_path.exists():
-            # as every reader of the history: a FIFO or a link to /dev/zero is refused, not read until it ends
-            raw = read_regular_file(
-                self.history_path, MAX_HISTORY_FILE_BYTES, what="history file", stored=True
-            )
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                self.history()  # raises the history's own one-line error, naming the line and the fix
-                raise
-        else:
-            refuse_dangling_link(self.history_path)
-            text = ""
-
-        def write_cache(items: Sequence[HistoryItem]) -> None:
-            # only while the history is still the text read: a reader that parsed it before an item was removed
-            # (or the user was deleted and made anew) must not write the old texts back; busy: left to the next
-            with contextlib.suppress(LocalpersError), self._locked_while_history_is(stamp):
-                HistoryIndex.write(self.dir, text, items)
-
-        index = HistoryIndex.load(self.dir, text, lambda: self.history() if text else [], task, write_cache)
-        index.user_dir, index.write_lock = self.dir, lambda: self._locked_while_history_is(stamp)
-        return index
-
-    @contextlib.contextmanager
-    def _locked_while_history_is(self, stamp: tuple[int, int, int] | None) -> Iterator[None]:
-        """This user's write lock, taken without waiting, if the history file is still the one `stamp` saw."""
-        with self.locked(wait_seconds=0.0):
-            if _file_stamp(self.history_path) != stamp:
-                raise LocalpersError(f"user {self.name!r}'s history changed since it was read")
-            yield
 
     def state(self) -> dict[str, Any]:
         """state.json as a dict ({} when absent)."""
@@ -376,19 +259,6 @@ class User:
             with contextlib.suppress(FileNotFoundError):
                 total += path.stat().st_size if path.is_file() else 0
         return total
-
-
-# history file -> (its stamp when read, its items' ids): `User.history_ids`'s memo
-_history_ids: dict[Path, tuple[tuple[int, int, int], frozenset[str]]] = {}
-
-
-def _file_stamp(path: Path) -> tuple[int, int, int] | None:
-    """(inode, mtime ns, size) of `path`: an atomic replace gives a new inode; None when it is absent."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 def check_history_limit(history_limit: int) -> int:
