@@ -2,13 +2,15 @@
 
 A `Personalizer` holds one backbone engine with every adapter of the bundle loaded, the shared head
 and the cluster centroids. Users are only `(cluster, vector)` pairs to it, so switching users never
-reloads anything. It assigns clusters (`cluster_assignment`), builds prompts, rewrites (CARD corrects the top-k
-logits inside llama.cpp's sampler chain) and scores references teacher-forced through the same correction. The fit
-of a user (pairs, lambda, token bias, the per-user choice, written atomically to the user's folder) lives in
-`localpers.methods.card.user_fit`, which works on this object; `fit_user`/`fit_items` here only call it. The
-preference pairs are built by `pairs`, the correction itself by `correction`, prompts' tokens by `prompting`,
-and the decode itself (one candidate or consensus), teacher-forced scoring and the Why view's steps by
-`decoding_runs`. It opens no network connection.
+reloads anything. It rewrites (CARD corrects the top-k logits inside llama.cpp's sampler chain) and scores
+references teacher-forced through the same correction. What each decode is set up with (the user's cluster,
+the method's adapter, CARD's correction sampler and the prompt) comes from its base class
+`localpers.methods.card.decode_setup.DecodeSetup`. The fit of a user (pairs, lambda, token bias, the
+per-user choice, written atomically to the user's folder) lives in `localpers.methods.card.user_fit`, which
+works on this object; `fit_user`/`fit_items` here only call it. The preference pairs are built by `pairs`, the
+correction itself by `correction`, prompts' tokens by `prompting`, and the decode itself (one candidate or
+consensus), teacher-forced scoring and the Why view's steps by `decoding_runs`. It opens no network
+connection.
 
 Methods: `global` (global adapter), `cluster` (the user's cluster adapter), `card` (the bundle's base adapter +
 reward-guided top-k correction with the user's vector; the base is the user's cluster adapter, or the global
@@ -35,8 +37,8 @@ from localpers.engine.token_embeddings import TokenEmbeddings
 from localpers.errors import LocalpersError
 from localpers.methods.card import decoding_runs, prompting, user_fit
 from localpers.methods.card.bundle_content import check_bundle_before_use
-from localpers.methods.card.cluster_assignment import nearest_centroid, read_centroids
-from localpers.methods.card.correction import CardCorrection, CorrectionVariant, build_correction
+from localpers.methods.card.correction import CorrectionVariant
+from localpers.methods.card.decode_setup import DecodeSetup
 from localpers.methods.card.fitting import DEFAULT_PRIOR_WEIGHT, DEFAULT_REGULARISATION
 from localpers.methods.card.head import CardHead
 from localpers.methods.card.head_spec import HeadConfig
@@ -48,19 +50,16 @@ from localpers.methods.consensus import MAX_CANDIDATES
 from localpers.methods.reports import FitReport, RewriteResult
 from localpers.tasks import get_task
 from localpers.users.history import HistoryItem
-from localpers.users.history_index import HistoryIndex, prompt_for_user
+from localpers.users.history_index import HistoryIndex
 from localpers.users.history_prompt import PromptFormat
 from localpers.users.store import User
 
-METHODS = ("card", "cluster", "global", "card-global", "global-history")
-# Methods that see the user's past outputs in the prompt when the bundle's adapters were trained that way.
-HISTORY_METHODS = ("card", "cluster", "card-global", "global-history")
 # Batched sequences of the engine: the fit's pair pass uses 8 side by side (`localpers.engine.batch`), a
 # rewrite's candidates up to all of them (`localpers.engine.candidates`).
 BATCH_SEQUENCES = MAX_CANDIDATES
 
 
-class Personalizer:
+class Personalizer(DecodeSetup):
     """Backbone + bundle (adapters, head, centroids) ready to fit users and rewrite for them."""
 
     def __init__(
@@ -112,34 +111,6 @@ class Personalizer:
 
     def close(self) -> None:
         self.engine.close()
-
-    # ------------------------------------------------------------------ clusters
-    @property
-    def centroids(self) -> np.ndarray:
-        if self._centroids is None:
-            with reading_bundle(self.bundle):
-                self._centroids = read_centroids(self.bundle.centroids_path, k=self.bundle.k)
-        return self._centroids
-
-    def assign_cluster(self, outputs: Sequence[str]) -> tuple[int, list[float]]:
-        """Nearest centroid (cosine) to the user's mean output embedding, and all similarities."""
-        return nearest_centroid(self.centroids, outputs)
-
-    def adapter_for(self, method: str, cluster: int | None) -> str:
-        """The adapter `method` decodes on for a user of `cluster` (the global one for a user without one)."""
-        if method not in METHODS:
-            raise LocalpersError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        if method == "card":
-            return self.card_adapter(cluster)
-        if method in ("global", "card-global", "global-history") or cluster is None:
-            return "global"
-        return self.bundle.cluster_adapter_name(cluster)
-
-    def card_adapter(self, cluster: int | None) -> str:
-        """The adapter CARD corrects (its y- come from it too): the bundle's `head.base` for this user."""
-        if self.head_config.base == "global" or cluster is None:
-            return "global"
-        return self.bundle.cluster_adapter_name(cluster)
 
     # ------------------------------------------------------------------ generation
     def rewrite(
@@ -271,42 +242,6 @@ class Personalizer:
             else [],
         )
 
-    def chat_prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """`(role, content)` messages as a prompt (`prompting.chat_prompt_tokens`)."""
-        return prompting.chat_prompt_tokens(self.engine, messages)
-
-    def correction_sampler(
-        self,
-        method: str,
-        cluster: int | None,
-        vector: np.ndarray | None,
-        strength: float | None,
-        top_k: int | None,
-        bias: TokenBias | None,
-        bias_strength: float | None,
-        *,
-        record: bool = False,
-    ) -> tuple[CardCorrection | None, float | None, int | None]:
-        """`(sampler, strength, top_k)` of `method`: CARD's top-k correction (None for the uncorrected methods).
-
-        Every generation and teacher-forced scoring gets its correction here (`correction.build_correction`);
-        with `record`, the sampler keeps each step's candidates, logits and corrections (the Why view).
-        """
-        if method not in ("card", "card-global"):
-            return None, None, None
-        return build_correction(
-            self.head,
-            self.head_config,
-            cluster=cluster,
-            vector=vector,
-            strength=strength,
-            top_k=top_k,
-            bias=bias,
-            bias_strength=bias_strength,
-            end_tokens=self.end_tokens,
-            record=record,
-        )
-
     def score_reference(
         self,
         text: str,
@@ -356,39 +291,6 @@ class Personalizer:
         ]
         prompt, shared, _ = self.prompt_tokens(chosen_task.name, text, method, history)
         return decoding_runs.score_references(self.engine, prompt, shared, reference, corrections)
-
-    def prompt_for(
-        self,
-        task: str,
-        text: str,
-        method: str,
-        history: HistoryIndex | None,
-        prompt_format: PromptFormat | None = None,
-    ) -> str:
-        """The prompt `method` sees for `text`: history-conditioned where the bundle and method allow."""
-        return prompt_for_user(task, text, self.format_for(method, prompt_format), history)
-
-    def prompt_tokens(
-        self,
-        task: str,
-        text: str,
-        method: str,
-        history: HistoryIndex | None,
-        prompt_format: PromptFormat | None = None,
-        prompt_prefix: str = "",
-        note: str = "",
-    ) -> tuple[list[int], int, int | None]:
-        """`prompt_prefix` + `prompt_for`'s prompt as tokens, how many of them the user's prompts share,
-        and how many characters of a long text it carries (`prompting.prompt_tokens`; None: all of it).
-
-        The shared tokens (the user's recent examples) stay in the engine's cache from one rewrite to the next.
-        """
-        chosen = self.format_for(method, prompt_format)
-        return prompting.prompt_tokens(self.engine, task, text, chosen, history, prompt_prefix, note)
-
-    def format_for(self, method: str, prompt_format: PromptFormat | None = None) -> PromptFormat | None:
-        """The history format `method`'s prompts use (`prompt_format` or the bundle's), None for a plain prompt."""
-        return (prompt_format or self.prompt_format) if method in HISTORY_METHODS else None
 
     # ------------------------------------------------------------------ fitting (localpers.methods.card.user_fit)
     def fit_user(
