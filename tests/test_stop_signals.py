@@ -480,3 +480,22 @@ def test_a_stopped_json_command_answers_in_json_on_stdout(capsys: pytest.Capture
             run()
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.startswith("interrupted; ")
+
+
+def test_a_stop_after_the_json_answer_adds_no_second_document(capsys: pytest.CaptureFixture[str]) -> None:
+    from localpers.cli.common import print_json
+
+    def answering_command(as_json: bool = False) -> None:
+        print_json({"ok": True}, indent=None)
+        raise KeyboardInterrupt  # lands after the answer was printed
+
+    def command_stopped_before_answering(as_json: bool = False) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit):
+        one_line_errors(answering_command)(as_json=True)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"ok": True} and captured.err.startswith("interrupted; ")
+    with pytest.raises(typer.Exit):  # the next command, not answered yet, answers the stop
+        one_line_errors(command_stopped_before_answering)(as_json=True)
+    assert json.loads(capsys.readouterr().out)["ok"] is False

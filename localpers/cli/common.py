@@ -61,6 +61,7 @@ def one_line_errors(func: F) -> F:
         )
         kwargs = {name: _expanded(value) for name, value in kwargs.items()}
         # a step another command runs answers in its caller's format
+        answered_now = _answered.set(False) if _depth.get() == 1 else None  # a step's answer is its caller's
         json_now = _json_verdict.set(
             kwargs.get("as_json") is True if _depth.get() == 1 else _json_verdict.get()
         )
@@ -94,6 +95,8 @@ def one_line_errors(func: F) -> F:
             _streamed_line.reset(streamed_now)
             _depth.reset(depth_now)
             _json_verdict.reset(json_now)
+            if answered_now is not None:
+                _answered.reset(answered_now)
 
     return wrapper  # type: ignore[return-value]
 
@@ -149,6 +152,8 @@ _streamed_line: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 # Whether the command running (the outermost one) was given --json: a stop then answers in JSON on stdout too.
 _json_verdict: contextvars.ContextVar[bool] = contextvars.ContextVar("localpers_json_verdict", default=False)
+# Whether the command has printed its JSON answer (`print_json`): a stop after it adds no second document.
+_answered: contextvars.ContextVar[bool] = contextvars.ContextVar("localpers_answered", default=False)
 
 
 def note_saved(what: str) -> None:
@@ -179,7 +184,7 @@ def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer
     report = f"{interrupts.stopped_word(stop)}; {kept}"
     with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
         typer.echo(report, err=True)
-    if _json_verdict.get():
+    if _json_verdict.get() and not _answered.get():
         with contextlib.suppress(OSError, ValueError):  # a closed or failing stdout: the stderr line said it
             typer.echo(json.dumps({"ok": False, "error": report}))
     return typer.Exit(interrupts.exit_code(stop))
@@ -320,6 +325,7 @@ def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any],
         except UnicodeEncodeError:  # a path of non-UTF-8 bytes (a lone surrogate): written raw, not UTF-8
             text = strict_json_text(payload, indent=indent, ensure_ascii=True, default=default)
     typer.echo(text)
+    _answered.set(True)
 
 
 def counted(count: int, noun: str) -> str:
