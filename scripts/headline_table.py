@@ -75,11 +75,9 @@ def table(run: str, rows: list[str], reference: str, resamples: int, seed: int) 
 def plot_authors(run: str, methods: list[str], reference: str, path: Path) -> list[str]:
     """Draw each method's per-author ROUGE-1 ratio to `reference`; returns the authors without a ratio (the
     reference scored 0 on all their queries), whose bars are left out and named in the figure."""
-    import matplotlib
+    from localpers.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     base = load(f"{run}:{reference}")
     authors = sorted(base)
     scored_zero = [a for a in authors if np.mean([base[a][q]["rouge1"] for q in base[a]]) == 0]

@@ -158,7 +158,7 @@ def test_plotting_keeps_matplotlibs_files_under_localpers_home(tmp_path: Path) -
     }
     environment.update(HOME=str(home), LOCALPERS_HOME=str(localpers_home))
     code = (
-        "import sys; from pathlib import Path; sys.path.insert(0, 'tests')\n"
+        f"import sys; from pathlib import Path; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_bench_outputs import _results_with_intervals\n"
         "from localpers.bench.plots import write_plots\n"
         "assert write_plots(_results_with_intervals(), Path(sys.argv[1]))\n"
