@@ -176,14 +176,15 @@ def test_oldest_n_that_would_empty_the_history_asks_first(monkeypatch: pytest.Mo
     ivy = user_with("ivy", items(6))
     refused = invoke("history", "remove", "--oldest", "600", "--user", "ivy")  # no terminal to ask at
     one_line_error(
-        refused, "--oldest 600 would remove the whole history of user 'ivy' (6 items); add --yes", code=1
+        refused, "--oldest 600 would remove the whole history of user 'ivy' (6 items); add `--yes`", code=1
     )
     assert len(ivy.history()) == 6
     fewer = invoke("history", "remove", "--oldest", "2", "--user", "ivy")  # not all of it: as before
     assert fewer.exit_code == 0 and "4 items left" in fewer.stdout, fewer.stderr
     monkeypatch.setattr(history_cli, "asks_a_person", lambda: True)
     declined = invoke("history", "remove", "--oldest", "4", "--user", "ivy", stdin="n\n")
-    assert declined.exit_code == 1 and "Remove the whole history of user 'ivy' (4 items)?" in declined.stdout
+    # asked on stderr, with or without --json: seen when stdout is redirected
+    assert declined.exit_code == 1 and "Remove the whole history of user 'ivy' (4 items)?" in declined.stderr
     assert "error: nothing was removed from user 'ivy'" in declined.stderr and len(ivy.history()) == 4
     agreed = invoke("history", "remove", "--oldest", "4", "--user", "ivy", "--json", stdin="y\n")
     assert agreed.exit_code == 0, agreed.stderr

@@ -27,7 +27,6 @@ from localpers.cli.common import (
     print_json,
     read_text_argument,
 )
-from localpers.cli.user_show import fitted_on_this_history
 from localpers.errors import InputError, LocalpersError
 from localpers.methods.stored_files import COPE_STATE_FILE
 from localpers.tasks import TASKS
@@ -39,6 +38,7 @@ from localpers.users.history import (
     MAX_HISTORY_ITEMS,
     HistoryItem,
     check_history_size,
+    fitted_on_this_history,
     merge_history,
 )
 from localpers.users.history_import import parse_history
@@ -292,7 +292,10 @@ def _shorten(text: str, limit: int) -> str:
 def history_remove(
     item_id: Annotated[
         str | None,
-        typer.Argument(metavar="ID", help="An item id from `history list` (a unique prefix works)."),
+        typer.Argument(
+            metavar="ID",
+            help="An item id from `history list` (a unique prefix of 4 or more characters works).",
+        ),
     ] = None,
     oldest: Annotated[
         int | None,
@@ -393,7 +396,7 @@ def _confirmed_emptying(target: User, count: int, as_json: bool) -> bool:
     question = (
         f"Remove the whole history of user {target.name!r} ({items_phrase(size)})? This cannot be undone"
     )
-    if not ask_yes_no(question, err=as_json):  # under --json, stdout holds only the JSON
+    if not ask_yes_no(question, err=True):  # seen with stdout redirected, and never inside --json's output
         raise LocalpersError(f"nothing was removed from user {target.name!r}")
     return True
 
@@ -401,7 +404,7 @@ def _confirmed_emptying(target: User, count: int, as_json: bool) -> bool:
 def _emptying_refused(target: User, count: int, size: int) -> LocalpersError:
     return LocalpersError(
         f"--oldest {count} would remove the whole history of user {target.name!r} ({items_phrase(size)}); add"
-        " --yes to remove it all"
+        " `--yes` to remove it all"
     )
 
 

@@ -17,7 +17,7 @@ from localpers.methods.stored_files import COPE_STATE_FILE, EXACT_INDEX_FILE, fi
 from localpers.regular_files import STATE_FILE_LIMIT, read_regular_file
 from localpers.untrusted import one_line, parse_json
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY
-from localpers.users.history import MAX_HISTORY_FILE_BYTES, HistoryItem, history_digest
+from localpers.users.history import MAX_HISTORY_FILE_BYTES, HistoryItem, fitted_on_this_history
 from localpers.users.store import User
 
 
@@ -255,13 +255,6 @@ def fit_freshness(
             f" which: if you removed or replaced items since, {refit} refits)"
         )
     return f"on {items_phrase(int(fitted_on or 0))}; the history holds {n_history} now ({refit} refits)"
-
-
-def fitted_on_this_history(stored_fit: Any, history: list[HistoryItem]) -> bool:
-    """Whether a stored fit (state.json's `fit`, or cope.json) recorded the digest of `history` as it is now: a
-    refit would learn from the same items. False for a fit that recorded none (made before fits did)."""
-    digest = stored_fit.get("history_sha256") if isinstance(stored_fit, dict) else None
-    return isinstance(digest, str) and digest == history_digest(history)
 
 
 def _fit_bundle_line(fitted_with: str, name: str) -> str:

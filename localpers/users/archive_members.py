@@ -19,7 +19,7 @@ from localpers.untrusted import parse_json
 from localpers.users import folder
 from localpers.users.archive import read_archive
 from localpers.users.folder import IMPORTED_WITHOUT_HISTORY, User
-from localpers.users.history import history_digest
+from localpers.users.history import fitted_on_this_history
 
 
 def archived_fit_kept_on_refit(archive: Path) -> bool | None:
@@ -53,7 +53,7 @@ def _fit_is_of_history_now(user: User, state: dict[str, Any]) -> bool:
         history = user.history()
     except LocalpersError:
         return False  # unreadable: not known to be what the fit saw
-    current = isinstance(fit, dict) and fit.get("history_sha256") == history_digest(history)
+    current = fitted_on_this_history(fit, history)
     return current or (bool(state.get(IMPORTED_WITHOUT_HISTORY)) and history == [])
 
 

@@ -103,6 +103,13 @@ def history_digest(items: Iterable[HistoryItem]) -> str:
     return hashlib.sha256("\n".join(item.id for item in items).encode("ascii")).hexdigest()[:16]
 
 
+def fitted_on_this_history(stored_fit: object, history: list[HistoryItem]) -> bool:
+    """Whether a stored fit (state.json's `fit`, or cope.json) recorded the digest of `history` as it is now: a
+    refit would learn from the same items. False for a fit that recorded none (made before fits did)."""
+    digest = stored_fit.get("history_sha256") if isinstance(stored_fit, dict) else None
+    return isinstance(digest, str) and digest == history_digest(history)
+
+
 def _check_unicode(text: str, what: str) -> None:
     """A ValueError naming `what` if `text` holds a lone surrogate: JSON's "\\ud800" escape, or bytes that were
     not UTF-8 (Python keeps those as surrogates), which nothing can encode to store or tokenize."""

@@ -37,7 +37,7 @@ from localpers.methods.reports import FitReport
 from localpers.methods.stored_files import fit_is_outdated, fit_made_for, fit_mark, is_current_fit
 from localpers.tasks import get_task
 from localpers.users.folder import check_history_limit
-from localpers.users.history import history_digest
+from localpers.users.history import fitted_on_this_history, history_digest
 
 if TYPE_CHECKING:
     from localpers.engine import Engine
@@ -201,7 +201,7 @@ def stored_fit_if_current(
         not isinstance(fit, dict)
         or not is_current_fit(state.get("fitted_by"))
         or state.get("bundle_sha256") != bundle_sha256
-        or fit.get("history_sha256") != history_digest(history)
+        or not fitted_on_this_history(fit, history)
     ):
         return None
     try:
