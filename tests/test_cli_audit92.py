@@ -17,25 +17,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from typer.testing import CliRunner
+from cli_helpers import invoke, one_line_error
 
-from localpers.cli import app
 from localpers.tasks import TASKS
 from localpers.users.history import HistoryItem, history_digest
 from localpers.users.store import User, UserStore
-
-runner = CliRunner()
-
-
-def invoke(*args: str, stdin: str | None = None):
-    return runner.invoke(app, list(args), input=stdin)
-
-
-def one_line_error(result, fragment: str, code: int = 2) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
-    return lines[0]
 
 
 def items(count: int, start: int = 0) -> list[HistoryItem]:

@@ -14,23 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
+from cli_helpers import invoke, one_line_error
 
-from localpers.cli import app
 from localpers.users.store import UserStore
-
-runner = CliRunner()
-
-
-def invoke(*args: str, stdin: str | bytes | None = None):
-    return runner.invoke(app, list(args), input=stdin)
-
-
-def one_line_error(result, fragment: str, code: int = 2) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
-    return lines[0]
 
 
 def pointer_made_a_folder() -> UserStore:

@@ -19,24 +19,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_helpers import invoke, one_line_error
 
-from localpers.cli import app
 from localpers.errors import StorageError
 from localpers.users import store as store_module
 from localpers.users.store import UserStore
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args))
-
-
-def one_line_error(result, fragment: str, code: int = 2) -> None:
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
 
 
 def archive(path: Path, state: bytes, name: str = "bob", method: int = zipfile.ZIP_DEFLATED) -> Path:
