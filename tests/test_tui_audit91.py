@@ -176,20 +176,11 @@ async def test_a_user_made_elsewhere_waits_until_the_user_list_is_closed() -> No
 async def test_a_refresh_reads_the_history_once(monkeypatch) -> None:
     """`refresh_user_views` read and parsed the history, then `load_profile` did again: with a long history each
     accept held the UI for a second or more on a small machine."""
-    from localpers.users.folder import User
-
     service = one_user_service()
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
-        reads = []
-        real = User.history
-
-        def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            reads.append(self.name)
-            return real(self, *args, **kwargs)
-
-        monkeypatch.setattr(User, "history", counted)
+        reads = count_history_reads(monkeypatch)
         app.refresh_user_views()
         assert reads == ["ann"]
 
@@ -198,22 +189,27 @@ async def test_a_refresh_reads_the_history_once(monkeypatch) -> None:
 async def test_an_accept_reads_the_history_once(monkeypatch) -> None:
     """The accept read the history under the user's lock to add the item, then the refresh read and parsed it
     again from the file just written (about 2 s of the UI thread with a 499-item history on a loaded machine)."""
-    from localpers.users.folder import User
-
     service = one_user_service()
     app = make_app(service, text=DRAFT)
     async with app.run_test(size=SIZE) as pilot:
         await wait_idle(pilot)
-        reads = []
-        real = User.history
-
-        def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            reads.append(self.name)
-            return real(self, *args, **kwargs)
-
-        monkeypatch.setattr(User, "history", counted)
+        reads = count_history_reads(monkeypatch)
         assert app.accept_text("headline", "An article about the harbour", "Harbour Reopens") is None
         assert reads == ["ann"]
-        monkeypatch.setattr(User, "history", real)
         assert app.profile is not None and app.profile.n_history == len(app.user.history())
         assert app.main.history_panel.items == app.user.history()
+
+
+def count_history_reads(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The names of the users whose history is read from now on, one entry per read."""
+    from localpers.users.folder import User
+
+    reads: list[str] = []
+    real = User.history
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads.append(self.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(User, "history", counted)
+    return reads
