@@ -200,6 +200,27 @@ async def test_an_accept_reads_the_history_once(monkeypatch) -> None:
         assert app.main.history_panel.items == app.user.history()
 
 
+@async_test
+async def test_a_remove_in_the_history_tab_reads_the_history_once(monkeypatch) -> None:
+    """The History tab's remove read and parsed the history under the user's lock to take the item out, then the
+    refresh read and parsed it again from the file just written, as the accept did."""
+    service = one_user_service()
+    app = make_app(service, text=DRAFT)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_idle(pilot)
+        await pilot.press("f3")
+        app.refit_delay = 3600.0  # the refit the remove schedules reads the history too: not within this test
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        reads = count_history_reads(monkeypatch)
+        await pilot.press("y")
+        await pilot.pause()
+        assert reads == ["ann"]
+        assert app.profile is not None and app.profile.n_history == len(app.user.history()) == 3
+        assert app.main.history_panel.items == app.user.history()
+
+
 def count_history_reads(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
     """The names of the users whose history is read from now on, one entry per read."""
     from localpers.users.folder import User

@@ -46,7 +46,7 @@ def test_remove_history_item() -> None:
     user = UserStore().create("ann")
     first = accept_output(user, "headline", "a", "A").item
     second = accept_output(user, "headline", "b", "B").item
-    assert remove_history_item(user, first.id) == first
+    assert remove_history_item(user, first.id).item == first
     assert user.history() == [second]
     with pytest.raises(LocalpersError, match="already removed"):
         remove_history_item(user, first.id)

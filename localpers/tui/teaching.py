@@ -144,12 +144,14 @@ class TeachingMixin:
             if not confirmed or self.user is None:
                 return
             try:
-                item = remove_history_item(self.user, item_id)
+                outcome = remove_history_item(self.user, item_id)
             except LocalpersError as exc:
                 self.notify(str(exc), severity="error")
                 return
-            self.refresh_user_views()
-            self.notify(f"Removed {item.id} from {self.user.name}'s history; refitting in the background.")
+            self.refresh_user_views(history=outcome.history)
+            self.notify(
+                f"Removed {outcome.item.id} from {self.user.name}'s history; refitting in the background."
+            )
             self.schedule_refit()
 
         shown = next((item for item in self.main.history_panel.items if item.id == item_id), None)

@@ -52,7 +52,7 @@ class UserViewsMixin:
 
     def refresh_user_views(self, history: list[HistoryItem] | None = None) -> None:
         """Re-read the user's folder into the profile, history and profile panels and the header; `history`
-        is the history just saved by the caller (an accept), which is then not read and parsed again."""
+        is the history just saved by the caller (an accept, a remove), which is then not read and parsed again."""
         self.remember_user_stamp()  # before reading: a change made while the files are read shows at the next watch
         if self.user is None:
             self.profile = None

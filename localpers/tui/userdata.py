@@ -209,8 +209,16 @@ def tui_room_hint(user_name: str, over: int) -> str:
     )
 
 
-def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
-    """Remove the item with id `wanted_id` from the history and return it."""
+class Removed(NamedTuple):
+    """What a remove did: the item taken out, and the history as it now stands, which the caller shows without
+    reading and parsing the file again."""
+
+    item: HistoryItem
+    history: list[HistoryItem]
+
+
+def remove_history_item(user: User, wanted_id: str) -> Removed:
+    """Remove the item with id `wanted_id` from the history."""
 
     def the_wanted_item(items: list[HistoryItem]) -> set[str]:
         if not any(item.id == wanted_id for item in items):
@@ -218,8 +226,8 @@ def remove_history_item(user: User, wanted_id: str) -> HistoryItem:
         return {wanted_id}
 
     with user.locked(TUI_LOCK_WAIT_SECONDS):  # held again inside, by this thread: no second wait
-        removed, _ = remove_history_items(user, the_wanted_item)
-    return removed[0]
+        removed, remaining = remove_history_items(user, the_wanted_item)
+    return Removed(removed[0], remaining)
 
 
 @dataclass(frozen=True)
