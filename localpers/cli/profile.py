@@ -46,7 +46,7 @@ def profile_command(
     if as_json:
         print_json(profile, indent=None)
         return
-    _print_profile(profile, text is not None, has_history=bool(target.history()))
+    _print_profile(profile, text is not None, has_history=bool(profile["history_items"]))
 
 
 def _print_profile(profile: dict[str, Any], asked_for_text: bool, *, has_history: bool = True) -> None:

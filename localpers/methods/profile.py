@@ -61,16 +61,22 @@ def _choice_summary(choice: Any) -> dict[str, Any] | None:
 
 
 def user_style_profile(user: User, text: str | None = None, task: str = "headline") -> dict[str, Any]:
-    """Attribute frequencies (EXACT), the attributes for `text`, and CARD's cluster, as one JSON-ready dict."""
+    """Attribute frequencies (EXACT), the attributes for `text`, CARD's cluster, the series and the size of the
+    history, as one JSON-ready dict."""
     card = card_summary(user)
-    series = [found.to_json() for found in history_series(user.history())]
+    history = user.history()
+    common: dict[str, Any] = {
+        "card": card,
+        "series": [found.to_json() for found in history_series(history)],
+        "history_items": len(history),
+    }
     if not index_path(user).is_file():
         # the front end says which fit makes one (a user without any fit gets the same view)
-        return {"user": user.name, "exact": None, "card": card, "series": series}
+        return {"user": user.name, "exact": None, **common}
     try:
         index = load_index(user)
     except LocalpersError as exc:  # the rest of the profile is still the user's to see (as `user show` does)
-        return {"user": user.name, "exact": {"damaged": str(exc)}, "card": card, "series": series}
+        return {"user": user.name, "exact": {"damaged": str(exc)}, **common}
     n = len(index.entries)
     exact: dict[str, Any] = {
         "k": index.meta.get("k"),
@@ -83,4 +89,4 @@ def user_style_profile(user: User, text: str | None = None, task: str = "headlin
     }
     if text is not None:
         exact["retrieved"] = retrieve(index, text, task).to_json()
-    return {"user": user.name, "exact": exact, "card": card, "series": series}
+    return {"user": user.name, "exact": exact, **common}
