@@ -146,7 +146,8 @@ def bench_command(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
+        bool,
+        typer.Option("--json", help='Print results.json to stdout, "ok": true first, instead of a summary.'),
     ] = False,
 ) -> None:
     """Evaluate methods on held-out users: fit on each history, generate each query, score with ROUGE.

@@ -315,7 +315,13 @@ def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any
 def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any], Any] | None = None) -> None:
     """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`.
     Non-ASCII text is kept as it is on a UTF-8 stdout and escaped (`\\u00e9`) on any other, so the JSON is
-    whole and valid whatever the locale."""
+    whole and valid whatever the locale.
+
+    It is the command's answer: an object gets `"ok": true` first, as a refusal or a stop prints
+    `{"ok": false, ...}`, so a script reads `out["ok"]` either way. An object with an "ok" of its own (doctor's:
+    whether the set-up has no problem, with exit 1 where not) keeps it, where it is."""
+    if isinstance(payload, dict) and "ok" not in payload:
+        payload = {"ok": True, **payload}
     encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
     ensure_ascii = encoding not in ("utf8", "utf8sig")
     text = strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii, default=default)
