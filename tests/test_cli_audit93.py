@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import invoke
+from cli_helpers import invoke, one_line_error
 
 import localpers.cli
 
@@ -101,3 +101,29 @@ def test_the_command_line_prints_through_echo_not_clicks_own_stdout() -> None:
             ):
                 direct.append(f"{path.name}:{node.lineno}")
     assert direct == [], direct
+
+
+def test_bench_given_a_history_file_says_so_and_what_it_takes(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    items = [{"input": "An article.", "output": "A Headline"}, {"input": "Another.", "output": "Another"}]
+    history.write_text("\n" + "".join(json.dumps(item) + "\n" for item in items))  # a blank first line
+    out = tmp_path / "out"
+    refused = invoke("bench", "--data", str(history), "--out", str(out))
+    line = one_line_error(
+        refused, f"{history} line 2: this looks like a history file (items with input and output"
+    )
+    assert (
+        "one line per user with user_id, history and queries, e.g. ../shared/data/news-headlines/test.jsonl"
+        in line
+    )
+    assert not out.exists()
+    split = invoke("bench", "--data", str(history), "--out", str(out), "--dev-split", "--json")
+    line = one_line_error(split, "this looks like a history file")
+    assert "with user_id and history, e.g. ../shared/data/news-headlines/train.jsonl" in line
+    assert json.loads(split.stdout) == {"ok": False, "error": line.removeprefix("error: ")}
+    nameless = tmp_path / "nameless.jsonl"  # a user's line missing its id is still told so
+    nameless.write_text(json.dumps({"history": items, "queries": items}) + "\n")
+    one_line_error(
+        invoke("bench", "--data", str(nameless), "--out", str(out)),
+        "line 1: field 'user_id' must be a non-empty string or an integer",
+    )
