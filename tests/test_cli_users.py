@@ -52,12 +52,14 @@ def test_no_active_user_is_a_one_line_error() -> None:
 
 def test_user_lifecycle() -> None:
     assert run_json("user", "create", "ann") == {
+        "ok": True,
         "name": "ann",
         "dir": str(UserStore().get("ann").dir),
         "active": True,
     }
     run("user", "create", "bob")  # a new user becomes active by default
     assert run_json("user", "list") == {
+        "ok": True,
         "users": [{"name": "ann", "active": False}, {"name": "bob", "active": True}],
         "active": "bob",
     }
@@ -84,7 +86,7 @@ def test_delete_asks_first() -> None:
     run("user", "delete", "bob", input="y\n")  # a damaged user can still be deleted
     run("user", "create", "cy")
     run("user", "delete", "cy", "--yes")
-    assert run_json("user", "list") == {"users": [], "active": None}
+    assert run_json("user", "list") == {"ok": True, "users": [], "active": None}
 
 
 def test_a_ctrl_c_at_the_delete_question_is_an_interrupt_and_an_ended_input_a_no(
@@ -852,8 +854,14 @@ def test_history_remove_json_names_what_it_removed() -> None:
     for day in range(3):
         run("history", "add", "-i", f"article {day}", "-o", f"Headline {day}")
     ids = [item.id for item in UserStore().get("ann").history()]
-    assert run_json("history", "remove", ids[1]) == {"user": "ann", "removed": [ids[1]], "total": 2}
+    assert run_json("history", "remove", ids[1]) == {
+        "ok": True,
+        "user": "ann",
+        "removed": [ids[1]],
+        "total": 2,
+    }
     assert run_json("history", "remove", "--oldest", "5", "--yes") == {  # all of it: --yes, or it asks
+        "ok": True,
         "user": "ann",
         "removed": [ids[0], ids[2]],
         "total": 0,

@@ -249,6 +249,17 @@ def _user_from_record(
     where = f"{path} line {line_number}"
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object with user_id, history and queries")
+    if not record.keys() & {"user_id", "history", "queries"} and record.keys() & {"input", "output"}:
+        # a line of the file `history import` takes: a user's own items, with no author to fit or query to score
+        expected = (
+            "one line per author with user_id and history, e.g. ../shared/data/news-headlines/train.jsonl"
+            if dev_split
+            else "one line per user with user_id, history and queries, e.g. ../shared/data/news-headlines/test.jsonl"
+        )
+        raise InputError(
+            f"{where}: this looks like a history file (items with input and output, as `localpers history import`"
+            f" takes), not benchmark users; --data takes {expected}"
+        )
     user_id = record.get("user_id")
     if isinstance(user_id, int) and not isinstance(user_id, bool):
         user_id = str(user_id)  # numbered authors, as `localpers publish` reads them

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from localpers.cli.common import BundleOption, ModelOption
+from localpers.cli.common import BundleOption, ModelOption, echo
 from localpers.engine.threads import MAX_THREADS
 
 # How long a stopped server waits for the requests still open, then for the generation in progress, before it
@@ -85,13 +85,13 @@ def api_command(
     backend = ApiBackend(Personalizer.open(model=model, bundle=bundle, n_threads=threads), store)
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
     active = store.active_name()
-    typer.echo(
+    echo(
         f"localpers api on http://{shown}:{port}/v1 (model `localpers` = active user {active or '(none)'},"
         f" `localpers/<user>` for another; {'API key required' if api_key else 'no API key'}); Ctrl+C stops",
         err=True,
     )
     if not api_key:
-        typer.echo(NO_KEY_NOTE, err=True)
+        echo(NO_KEY_NOTE, err=True)
     try:
         with interrupts.hangup_as_terminate():
             serve(

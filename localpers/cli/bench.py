@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import print_json, stopped_exit
+from localpers.cli.common import echo, print_json, stopped_exit
 from localpers.engine.threads import MAX_THREADS
 from localpers.errors import InputError
 
@@ -38,7 +38,7 @@ DEFAULT_PROBE_HISTORY = "5,10,20,all"
 def _log_progress(method: str, done: int, total: int, detail: str) -> None:
     """Without a terminal (nohup, CI logs): one line per finished user."""
     if not detail and done > 0:
-        typer.echo(f"bench: {method} {done}/{total} users", err=True)
+        echo(f"bench: {method} {done}/{total} users", err=True)
 
 
 @contextmanager
@@ -146,7 +146,8 @@ def bench_command(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print results.json to stdout instead of a summary.")
+        bool,
+        typer.Option("--json", help='Print results.json to stdout, "ok": true first, instead of a summary.'),
     ] = False,
 ) -> None:
     """Evaluate methods on held-out users: fit on each history, generate each query, score with ROUGE.
@@ -204,11 +205,11 @@ def bench_command(
         print_json(written.results)
         return
     _print_summary(written.results)
-    typer.echo(f"report   {written.report_path}")
-    typer.echo(f"results  {written.results_path}")
-    typer.echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
+    echo(f"report   {written.report_path}")
+    echo(f"results  {written.results_path}")
+    echo(f"outputs  {written.outputs_path} (generated text: keep it out of version control)")
     for plot in written.plots:
-        typer.echo(f"plot     {plot}")
+        echo(f"plot     {plot}")
 
 
 def _check_probe_options(
@@ -244,7 +245,7 @@ def _what_a_stop_kept(out: Path) -> str:
 
 def _print_note(note: str) -> None:
     """A note on how the data file was read, on stderr before the run (and again in the summary)."""
-    typer.echo(f"note: {note}", err=True)
+    echo(f"note: {note}", err=True)
 
 
 def _rate(rate: float | None) -> str:
@@ -320,9 +321,9 @@ def _run_probes(
         return
     for style in result["styles"]:
         rates = ", ".join(f"{name} {_rate(row['hit']['rate'])}" for name, row in style["methods"].items())
-        typer.echo(f"{style['style']:<14} {rates}")
-    typer.echo(f"report   {out / 'probes.md'}")
-    typer.echo(f"plot     {out / 'probes.png'}")
+        echo(f"{style['style']:<14} {rates}")
+    echo(f"report   {out / 'probes.md'}")
+    echo(f"plot     {out / 'probes.png'}")
 
 
 def _print_summary(results: dict[str, Any]) -> None:
@@ -363,13 +364,13 @@ def _print_summary(results: dict[str, Any]) -> None:
         console = Console(width=SUMMARY_WIDTH_WITHOUT_TERMINAL)
     console.print(table)
     for note in [*(results["config"].get("data_notes") or []), *(results["config"].get("run_notes") or [])]:
-        typer.echo(f"note     {note}")
+        echo(f"note     {note}")
     targets = results.get("targets")
     if targets:
-        typer.echo(f"targets  {targets['method']} against global: {targets['summary']}")
+        echo(f"targets  {targets['method']} against global: {targets['summary']}")
         siblings = sibling_summary(results.get("by_sibling") or {}, targets["method"])
         if siblings:
-            typer.echo(f"siblings {siblings} (report.md: where the gain comes from)")
+            echo(f"siblings {siblings} (report.md: where the gain comes from)")
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import ask_yes_no, print_json
+from localpers.cli.common import ask_yes_no, echo, print_json
 from localpers.cli.numbers import float_option
 from localpers.untrusted import one_line
 
@@ -65,28 +65,26 @@ def serve(
     what = "bundle" if server.bundle is not None else "repository"
     size = sum(served.size for served in server.files.values())
     try:  # from the first line it prints: a stop as soon as it says "serving" is a normal stop
-        typer.echo(
+        echo(
             f"serving {what} {directory} ({len(server.files)} files, {_megabytes(size)})"
             f" at {server.url}  (Ctrl-C stops)",
             err=True,
         )
         if server.bundle is not None:
-            typer.echo(
+            echo(
                 "note: a plain bundle is served for inspection and other tools: `localpers pull` over HTTP takes only"
                 " a signed repository (`localpers repo init` and `repo add` make one), and a plain bundle only from"
                 " a directory (`localpers pull DIR --unsigned`)",
                 err=True,
             )
         if host not in ("127.0.0.1", "::1", "localhost"):
-            typer.echo(
-                f"note: listening on {host}: anyone who can reach it can download this bundle", err=True
-            )
+            echo(f"note: listening on {host}: anyone who can reach it can download this bundle", err=True)
         server.serve_forever()
     except (
         KeyboardInterrupt
     ) as stop:  # Ctrl-C stops it normally (exit 0); kill or a closed terminal: 143, 129
         with contextlib.suppress(OSError):
-            typer.echo("stopped", err=True)
+            echo("stopped", err=True)
         from localpers import interrupts
 
         if isinstance(stop, interrupts.Terminated):
@@ -201,12 +199,12 @@ def pull(
         print_json(payload, indent=None)
         return
     if result.unchanged:
-        typer.echo(
+        echo(
             f"bundle {result.version} is up to date ({result.source} publishes the same manifest; its"
             f" {result.files} files verified here, nothing downloaded) -> {result.directory}"
         )
         return
-    typer.echo(
+    echo(
         f"installed bundle {result.version}: {result.files} files, {_megabytes(result.bytes)} verified"
         f" in {result.seconds:.1f} s -> {result.directory}"
     )
@@ -292,20 +290,18 @@ def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> No
         return
     backbone = report["backbone"] or {}
     # every manifest value is shown escaped: an unsigned bundle's could move the cursor or retitle the window
-    typer.echo(
+    echo(
         f"bundle        {report['directory']} ({report['origin']}, format {_shown(report['format_version'])})"
     )
-    typer.echo(f"created       {_shown(report['created'])}")
-    typer.echo(f"backbone      {_shown(backbone.get('name'))} sha256 {_shown(backbone.get('sha256'))}")
-    typer.echo(f"encoder       {_shown(report['encoder'])}   task {_shown(report['task'])}")
-    typer.echo(f"clusters      k={_shown(report['k'])} sizes={_shown(report['cluster_sizes'])}")
-    typer.echo(f"adapters      {_shown(', '.join(report['adapters']) or 'none')}")
-    typer.echo(
-        f"files         {report['files']} ({_megabytes(report['bytes'])}), all sizes and sha256 verified"
-    )
+    echo(f"created       {_shown(report['created'])}")
+    echo(f"backbone      {_shown(backbone.get('name'))} sha256 {_shown(backbone.get('sha256'))}")
+    echo(f"encoder       {_shown(report['encoder'])}   task {_shown(report['task'])}")
+    echo(f"clusters      k={_shown(report['k'])} sizes={_shown(report['cluster_sizes'])}")
+    echo(f"adapters      {_shown(', '.join(report['adapters']) or 'none')}")
+    echo(f"files         {report['files']} ({_megabytes(report['bytes'])}), all sizes and sha256 verified")
     card = report["data_card"] or {}
     if card:
-        typer.echo(
+        echo(
             f"data          {_shown(card.get('source'))} ({_shown(card.get('licence'))}),"
             f" {_shown(card.get('users'))} users, {_shown(card.get('items'))} items"
         )
@@ -356,7 +352,7 @@ def verify(
         if backbone
         else "backbone not checked (nor whether the adapters and head fit it)"
     )
-    typer.echo(
+    echo(
         f"ok: {bundle.directory}: {len(bundle.manifest['files'])} files, {_megabytes(bundle.total_size)}"
         f" verified in {seconds:.2f} s; head, centroids and adapters readable; {checked}"
     )

@@ -45,6 +45,15 @@ app = typer.Typer(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def echo(message: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """`typer.echo` onto standard output (`err`: standard error) as the process has it, so every line the
+    command line prints is written as streamed text and Rich's are. On an ASCII one (`PYTHONIOENCODING=ascii`,
+    a C locale without UTF-8 mode) Click's own default writes UTF-8 instead, which that output cannot show;
+    written here, a character the output's encoding lacks becomes an escape (`\\u2014`,
+    `entry.usable_standard_streams`)."""
+    typer.echo(message, file=sys.stderr if err else sys.stdout, nl=nl)
+
+
 def one_line_errors(func: F) -> F:
     """Print a LocalpersError as `error: ...` on stderr and exit with its code, never a traceback.
 
@@ -104,10 +113,10 @@ def one_line_errors(func: F) -> F:
 def _refusal(message: str, *, as_json: bool) -> None:
     """`error: message` on stderr; with --json also the verdict on stdout (only for the command itself: a command
     another one runs as a step leaves its caller's output alone)."""
-    typer.echo(f"error: {message}", err=True)
+    echo(f"error: {message}", err=True)
     if as_json and _depth.get() == 1:
         try:
-            typer.echo(json.dumps({"ok": False, "error": message}))  # ASCII, as every --json output
+            echo(json.dumps({"ok": False, "error": message}))  # ASCII, as every --json output
         except OSError:  # stdout itself failed (a full disk): the stderr line says it, once
             discard_unwritten_output()  # else written, failing and reported again at exit
 
@@ -183,10 +192,10 @@ def stopped_exit(stop: BaseException, what_was_kept: str | None = None) -> typer
         kept = what_was_kept or "no file was left half-written (each is as it was, or fully saved)"
     report = f"{interrupts.stopped_word(stop)}; {kept}"
     with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
-        typer.echo(report, err=True)
+        echo(report, err=True)
     if _json_verdict.get() and not _answered.get():
         with contextlib.suppress(OSError, ValueError):  # a closed or failing stdout: the stderr line said it
-            typer.echo(json.dumps({"ok": False, "error": report}))
+            echo(json.dumps({"ok": False, "error": report}))
     return typer.Exit(interrupts.exit_code(stop))
 
 
@@ -268,7 +277,7 @@ def checked_utf8(text: str, what: str) -> str:
 
 def _version_callback(ctx: typer.Context, value: bool) -> None:
     if value and not ctx.resilient_parsing:  # completing `localpers --version <TAB>` must not print it
-        typer.echo(f"localpers {__version__}")
+        echo(f"localpers {__version__}")
         raise typer.Exit()
 
 
@@ -315,7 +324,13 @@ def json_text(payload: Any, *, indent: int | None = None, default: Callable[[Any
 def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any], Any] | None = None) -> None:
     """`payload` as strict JSON on stdout (what `--json` prints): indented, or one line with `indent=None`.
     Non-ASCII text is kept as it is on a UTF-8 stdout and escaped (`\\u00e9`) on any other, so the JSON is
-    whole and valid whatever the locale."""
+    whole and valid whatever the locale.
+
+    It is the command's answer: an object gets `"ok": true` first, as a refusal or a stop prints
+    `{"ok": false, ...}`, so a script reads `out["ok"]` either way. An object with an "ok" of its own (doctor's:
+    whether the set-up has no problem, with exit 1 where not) keeps it, where it is."""
+    if isinstance(payload, dict) and "ok" not in payload:
+        payload = {"ok": True, **payload}
     encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
     ensure_ascii = encoding not in ("utf8", "utf8sig")
     text = strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii, default=default)
@@ -324,7 +339,7 @@ def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any],
             text.encode("utf-8")
         except UnicodeEncodeError:  # a path of non-UTF-8 bytes (a lone surrogate): written raw, not UTF-8
             text = strict_json_text(payload, indent=indent, ensure_ascii=True, default=default)
-    typer.echo(text)
+    echo(text)
     _answered.set(True)
 
 

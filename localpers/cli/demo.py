@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import BundleOption, JsonOption, ModelOption, counted, print_json
+from localpers.cli.common import BundleOption, JsonOption, ModelOption, counted, echo, print_json
 from localpers.cli.progress import fit_progress
 from localpers.errors import InputError
 from localpers.methods.consensus import MAX_CANDIDATES
@@ -62,7 +62,7 @@ def demo_command(
     personalizer = Personalizer.open(model=model, bundle=bundle)
     store = UserStore()
     if not as_json:
-        typer.echo(
+        echo(
             f"bundle {personalizer.bundle.directory} (k={personalizer.bundle.k}); backbone {personalizer.backbone.path.name}"
         )
     with fit_progress(not as_json, sys.stderr.isatty(), command="demo") as progress:
@@ -82,7 +82,7 @@ def demo_command(
         print_json(payload, indent=None)
         return
     if fitted_now:
-        typer.echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
+        echo(card_fit_summary(DEMO_USER, FitReport(**report), demo.state().get("choice")))
     if rows_shown:
         _print_comparison(rows[:rows_shown], len(rows))
     counts = ", ".join(f"{listed(m).label} {hits[m]}/{len(rows)}" for m in demo_methods())
@@ -91,7 +91,7 @@ def demo_command(
     ]  # 24 as shipped, all marked; the TUI may have added some
     marked = sum(map(carries_demo_style, history))
     which = f"all {len(history)}" if marked == len(history) else f"{marked} of its {len(history)}"
-    typer.echo(
+    echo(
         f"the demo user's markers (a short kicker before a colon, or \"Here's Why\"; {which} history items have one) "
         f"in the headlines of {counted(len(rows), 'invented article')}"
         + (f", each the consensus of {candidates} candidates" if candidates > 1 else "")
@@ -103,7 +103,7 @@ def _note_restored(count: int) -> None:
     """Say that the demo put back shipped items missing from the demo user's history (a `history remove` of them
     was undone, or a damaged line's item mended)."""
     were = "was" if count == 1 else "were"
-    typer.echo(
+    echo(
         f"note: put back {counted(count, 'shipped example')} that {were} missing from the demo user's history"
         " (the demo shows the shipped user)",
         err=True,

@@ -19,6 +19,7 @@ from localpers.cli.common import (
     JsonOption,
     ModelOption,
     UserOption,
+    echo,
     print_json,
     stopped_exit,
 )
@@ -90,12 +91,12 @@ def fit_command(
             if as_json:
                 print_json({**current.report, "unchanged": True}, indent=None)
             else:
-                typer.echo(
+                echo(
                     f"user {target.name!r} is already fitted on this history with this bundle; nothing to do"
                     " (`--refit` fits again). The stored fit:",
                     err=True,
                 )
-                typer.echo(current.summary)
+                echo(current.summary)
             return
         # a refit finds its lock file made already: without this it did all its work, then failed at the save
         # (a fit with nothing to do, above, writes nothing and may run in a read-only folder)
@@ -118,7 +119,7 @@ def fit_command(
             {**fitted.report, "unchanged": bool(fitted.report.get("kept_without_history"))}, indent=None
         )
     else:
-        typer.echo(fitted.summary)
+        echo(fitted.summary)
 
 
 def _what_a_stopped_fit_kept(method: str, user: User, given: dict[str, object], *, saved: bool = True) -> str:
@@ -295,7 +296,7 @@ def rewrite_command(
         if streaming:
             late_notes.append(text)
         elif not as_json:
-            typer.echo(f"note: {text}", err=True)
+            echo(f"note: {text}", err=True)
 
     payload = chosen.rewrite(
         personalizer,
@@ -324,13 +325,11 @@ def rewrite_command(
         sys.stdout.write("\n")
         sys.stdout.flush()
         for late in late_notes:
-            typer.echo(f"note: {late}", err=True)
+            echo(f"note: {late}", err=True)
     else:
-        typer.echo(payload["text"])
+        echo(payload["text"])
     if show_examples and not as_json:
-        typer.echo(
-            shown_examples_text(payload.get("examples", []), target.name if target else None), err=True
-        )
+        echo(shown_examples_text(payload.get("examples", []), target.name if target else None), err=True)
 
 
 def shown_examples_text(examples: list[dict[str, Any]], user_name: str | None) -> str:

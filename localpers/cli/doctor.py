@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from localpers import __version__
-from localpers.cli.common import JsonOption, ModelOption, one_line_errors, print_json
+from localpers.cli.common import JsonOption, ModelOption, echo, one_line_errors, print_json
 from localpers.errors import LocalpersError
 
 if TYPE_CHECKING:
@@ -188,66 +188,64 @@ def _active_user_problems(users: dict[str, Any], refused: dict[str, str]) -> lis
 
 def _print_report(report: dict[str, Any]) -> None:
     encoder = report["encoder"]
-    typer.echo(f"localpers {report['version']}")
+    echo(f"localpers {report['version']}")
     backbone = report["backbone"]
     if backbone["path"] is None:
-        typer.echo("backbone      none (see the problem below)")
+        echo("backbone      none (see the problem below)")
     else:
-        typer.echo(f"backbone      {backbone['path']} ({backbone['source']})")
-        typer.echo(f"  sha256      {backbone['sha256']}")
+        echo(f"backbone      {backbone['path']} ({backbone['source']})")
+        echo(f"  sha256      {backbone['sha256']}")
     bundle = report["bundle"]
-    typer.echo(f"bundle        {bundle['directory']} ({bundle['origin']})")
-    typer.echo(f"  content     {bundle['content']}")
+    echo(f"bundle        {bundle['directory']} ({bundle['origin']})")
+    echo(f"  content     {bundle['content']}")
     if bundle.get("pinned") is False:
-        typer.echo(
+        echo(
             "  pinned      no: an earlier localpers pulled it and kept no record of its manifest, so an edit to"
             " manifest.json goes unnoticed; pull it once more (`localpers pull URL`) to record it"
         )
     if report["llama_cpp_python"] is None:
-        typer.echo("llama.cpp     llama-cpp-python cannot be loaded (see problems)")
+        echo("llama.cpp     llama-cpp-python cannot be loaded (see problems)")
     else:
-        typer.echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
-        typer.echo(f"  system      {report['llama_system_info']}")
+        echo(f"llama.cpp     llama-cpp-python {report['llama_cpp_python']}")
+        echo(f"  system      {report['llama_system_info']}")
     unknown = "? (LOCALPERS_THREADS is refused)" if report["cpu_buffers"] else "? (the backbone did not load)"
-    typer.echo(f"threads       {unknown if report['threads'] is None else report['threads']}")
-    typer.echo(f"encoder       {encoder}")
+    echo(f"threads       {unknown if report['threads'] is None else report['threads']}")
+    echo(f"encoder       {encoder}")
     buffers = report["cpu_buffers"]
     if buffers is None:
-        typer.echo("cpu buffers   ? (the backbone did not load)")
+        echo("cpu buffers   ? (the backbone did not load)")
     else:
         placed = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in buffers["weights_mib"].items()) or "?"
-        typer.echo(f"cpu buffers   {buffers['reason']}")
-        typer.echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
-    typer.echo(f"layer taps    {report['layer_taps']}")
+        echo(f"cpu buffers   {buffers['reason']}")
+        echo(f"  weights in  {placed}   (LOCALPERS_CPU_BUFFERS=auto|repack|plain|all)")
+    echo(f"layer taps    {report['layer_taps']}")
     for name, where in report["dirs"].items():
-        typer.echo(f"{name + ' dir':<14}{where}")
+        echo(f"{name + ' dir':<14}{where}")
     installed = ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in report["extras"].items())
-    typer.echo(f"extras        {installed}")
+    echo(f"extras        {installed}")
     training = report["training"]
     if training is not None and training["device"] == "cuda":
-        typer.echo(f"training      cuda: {training['name']} (publish's SFT and export run on it)")
+        echo(f"training      cuda: {training['name']} (publish's SFT and export run on it)")
     elif training is not None:
         precision = "bf16 or fp32, whichever is faster" if training["bf16"] else "fp32 (no bf16 instructions)"
-        typer.echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
+        echo(f"training      cpu: no GPU that torch sees; --precision auto trains {precision}")
     users = report["users"]
-    typer.echo(
-        f"users         {users['count']}" + (f" (active: {users['active']})" if users["active"] else "")
-    )
+    echo(f"users         {users['count']}" + (f" (active: {users['active']})" if users["active"] else ""))
     if users["active_problem"]:
-        typer.echo(f"  active      none: {users['active_problem']}")
+        echo(f"  active      none: {users['active_problem']}")
     if users["fitted_with_another_bundle"]:
-        typer.echo(
+        echo(
             f"  refit due   {', '.join(users['fitted_with_another_bundle'])}: fitted with another bundle than the"
             " one in use or in another fit format, so rewrites show their history without CARD's correction until"
             " `localpers fit --user NAME`"
         )
     if users["unreadable"]:
-        typer.echo(
+        echo(
             f"  damaged     {', '.join(users['unreadable'])}: a rewrite refuses their files"
             " (`localpers user show NAME` says which and what to do)"
         )
     for problem in report["problems"]:
-        typer.echo(f"problem       {problem}")
+        echo(f"problem       {problem}")
 
 
 def _bundle_status(backbone: Backbone | None) -> dict[str, Any]:

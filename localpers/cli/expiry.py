@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import typer
+from localpers.cli.common import echo
 
 RENEW_ROOT_WITHIN_DAYS = 30
 
@@ -36,16 +36,14 @@ def expiry_report(repo: Path, *, dates: bool = True) -> None:
 
     expires = expiry_dates(repo)
     if dates:
-        typer.echo(
-            "expires (UTC): " + ", ".join(f"{role} {date:%Y-%m-%d %H:%M}" for role, date in expires.items())
-        )
+        echo("expires (UTC): " + ", ".join(f"{role} {date:%Y-%m-%d %H:%M}" for role, date in expires.items()))
     now = datetime.now(UTC)
     for role in ("targets", "snapshot"):
         left = expires[role] - now
         # due when the timestamp (which a refresh renews) outlives it: the next refreshes cannot help then
         if expires[role] < expires["timestamp"]:
             renew = f"`localpers repo refresh {repo} --keys KEYS --all` (needs targets.key and snapshot.key)"
-            typer.echo(
+            echo(
                 f"warning: the {role} metadata of {repo} has expired: devices refuse the repository until it is"
                 f" re-signed with {renew}"
                 if left <= timedelta(0)
@@ -58,7 +56,7 @@ def expiry_report(repo: Path, *, dates: bool = True) -> None:
     if left >= timedelta(days=RENEW_ROOT_WITHIN_DAYS):
         return
     renew = f"`localpers repo refresh {repo} --keys KEYS --root` (needs root.key)"
-    typer.echo(
+    echo(
         f"warning: the root of {repo} has expired: devices refuse the repository until it is renewed with {renew}"
         if left <= timedelta(0)
         else f"warning: the root of {repo} expires in {left.days} days, and devices then refuse the repository:"

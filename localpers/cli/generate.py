@@ -15,6 +15,7 @@ from localpers.cli import completion
 from localpers.cli.common import (
     JsonOption,
     ModelOption,
+    echo,
     one_line_errors,
     print_json,
     read_text_argument,
@@ -108,7 +109,7 @@ def generate(
         on_text=None if as_json else stdout_stream(strip_leading=chosen_task.one_line),
     )
     if chosen_task.is_cut(source_text):  # headline and title read an article's start, and say so
-        typer.echo(f"note: {chosen_task.cut_note(source_text, chosen_task.max_input_chars)}", err=True)
+        echo(f"note: {chosen_task.cut_note(source_text, chosen_task.max_input_chars)}", err=True)
     if as_json:
         payload = {
             "text": result.text.strip() if chosen_task.one_line else result.text,
@@ -125,7 +126,7 @@ def generate(
     else:
         sys.stdout.write("\n")
     if result.stop_reason == "context":
-        typer.echo(
+        echo(
             f"note: the output stops where the model's {CONTEXT_TOKENS}-token context is full (the prompt had"
             f" {result.prompt_tokens}); give a shorter text for a longer output",
             err=True,

@@ -21,6 +21,7 @@ from localpers.cli.common import (
     ask_yes_no,
     checked_utf8,
     counted,
+    echo,
     items_phrase,
     note_saved,
     one_line_errors,
@@ -162,36 +163,34 @@ def history_import(
         f"skipped {one_line(d.where)}: same text as {one_line(d.first_seen)}" for d in parsed.duplicates
     ] + [f"skipped {one_line(str(item.source))}: already in the history as {item.id}" for item in already]
     for line in skipped_lines[:SKIPPED_LINES_SHOWN]:
-        typer.echo(line, err=True)
+        echo(line, err=True)
     if len(skipped_lines) > SKIPPED_LINES_SHOWN:  # a re-imported archive would print one line per item
-        typer.echo(
+        echo(
             f"... and {len(skipped_lines) - SKIPPED_LINES_SHOWN} more skipped (`--json` lists them all)",
             err=True,
         )
     if parsed.sorted_by_date:
-        typer.echo(
-            "the file's items were out of date order: taken oldest first by their 'date' fields", err=True
-        )
+        echo("the file's items were out of date order: taken oldest first by their 'date' fields", err=True)
     if parsed.undated:
-        typer.echo(
+        echo(
             f"{items_phrase(parsed.undated)} of the file {'has' if parsed.undated == 1 else 'have'} no 'date' where"
             " others have one: the file's order is kept (items are taken oldest first by date only when every one"
             " has a date)",
             err=True,
         )
     if parsed.older_left_out:
-        typer.echo(
+        echo(
             f"left out the file's {items_phrase(parsed.older_left_out)} before its latest {keep_latest}",
             err=True,
         )
     skipped = len(parsed.duplicates) + len(already)
     skipped_note = f" ({counted(skipped, 'duplicate')} skipped)" if skipped else ""
-    typer.echo(
+    echo(
         f"imported {items_phrase(added)} into user {target.name!r}{skipped_note};"
         f" it now has {items_phrase(len(merged))}"
     )
     if added and (hint := refit_hint(target, merged)):
-        typer.echo(hint)
+        echo(hint)
 
 
 @history_app.command("add")
@@ -245,11 +244,11 @@ def history_add(
         )
         return
     if already:
-        typer.echo(f"already in the history of {target.name!r} as {item.id}; nothing added", err=True)
+        echo(f"already in the history of {target.name!r} as {item.id}; nothing added", err=True)
         return
-    typer.echo(f"added {item.id} to user {target.name!r}; it now has {items_phrase(len(merged))}")
+    echo(f"added {item.id} to user {target.name!r}; it now has {items_phrase(len(merged))}")
     if hint := refit_hint(target, merged):
-        typer.echo(hint)
+        echo(hint)
 
 
 @history_app.command("list")
@@ -270,7 +269,7 @@ def history_list(
         print_json({"user": target.name, "items": [_item_json(item) for item in items]})
         return
     if not items:
-        typer.echo(
+        echo(
             f"user {target.name!r} has no history yet; add some with `localpers history import FILE --user"
             f" {target.name}`",
             err=True,
@@ -278,8 +277,8 @@ def history_list(
         return
     for item in items:
         # Items are cleaned of control characters when read; one_line also keeps each on its row.
-        typer.echo(f"{item.id}  {item.task:<9} {one_line(item.output)}")
-        typer.echo(f"{'':12}  {'':<9} <- {one_line(_shorten(TASKS[item.task].content(item.input), 100))}")
+        echo(f"{item.id}  {item.task:<9} {one_line(item.output)}")
+        echo(f"{'':12}  {'':<9} <- {one_line(_shorten(TASKS[item.task].content(item.input), 100))}")
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -349,9 +348,9 @@ def history_remove(
     if as_json:
         _print_removed(target, removed, remaining)
         return
-    typer.echo(f"removed {removed[0].id} from user {target.name!r}; {items_phrase(len(remaining))} left")
+    echo(f"removed {removed[0].id} from user {target.name!r}; {items_phrase(len(remaining))} left")
     if hint := refit_hint(target, remaining, removed=True):
-        typer.echo(hint)
+        echo(hint)
 
 
 def _print_removed(target: User, removed: list[HistoryItem], remaining: list[HistoryItem]) -> None:
@@ -377,12 +376,12 @@ def _remove_oldest(target: User, count: int, *, yes: bool, as_json: bool) -> Non
         _print_removed(target, removed, remaining)
         return
     which = f"the newest of them {removed[-1].id}" if len(removed) > 1 else removed[0].id
-    typer.echo(
+    echo(
         f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
         f" ({which}); {items_phrase(len(remaining))} left"
     )
     if hint := refit_hint(target, remaining, removed=True):
-        typer.echo(hint)
+        echo(hint)
 
 
 def _confirmed_emptying(target: User, count: int, as_json: bool) -> bool:

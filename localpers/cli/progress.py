@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import typer
-
+from localpers.cli.common import echo
 from localpers.methods.reports import FIT_STAGE_LABELS
 
 LOG_EVERY_SECONDS = 10.0  # without a terminal, a long stage logs a line this often
@@ -77,7 +76,7 @@ def _stage_logger(command: str) -> Any:
             timing = f" ({elapsed:.1f} s)"
         else:  # at the pace so far
             timing = f", about {_duration(elapsed / done * (total - done))} left" if done > 0 else ""
-        typer.echo(f"{command}: {FIT_STAGE_LABELS.get(stage, stage)} {done}/{total}{timing}", err=True)
+        echo(f"{command}: {FIT_STAGE_LABELS.get(stage, stage)} {done}/{total}{timing}", err=True)
 
     return update
 

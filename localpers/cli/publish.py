@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from localpers.cli.common import one_line_errors, print_json
+from localpers.cli.common import echo, one_line_errors, print_json
 from localpers.cli.expiry import expiry_json, expiry_report
 from localpers.cli.numbers import float_option
 from localpers.engine.lora_targets import DEFAULT_TARGETS
@@ -299,14 +299,14 @@ def publish_command(
         if "repository" in result:
             expiry_report(repo, dates=False)  # type: ignore[arg-type]
         return
-    typer.echo(f"bundle stages done: {', '.join(result['stages'])}")
+    echo(f"bundle stages done: {', '.join(result['stages'])}")
     for stage, seconds in result["stage_seconds"].items():
-        typer.echo(f"  {stage:<9} {seconds:8.1f} s")
+        echo(f"  {stage:<9} {seconds:8.1f} s")
     if "bundle" in result["stages"]:
         bundle = result["stages"]["bundle"]
-        typer.echo(f"wrote {out} ({len(bundle['files'])} files, {bundle['bytes'] / 1e6:.1f} MB)")
+        echo(f"wrote {out} ({len(bundle['files'])} files, {bundle['bytes'] / 1e6:.1f} MB)")
     if "repository" in result:
-        typer.echo(f"signed into {repo} (targets version {result['repository']['targets_version']})")
+        echo(f"signed into {repo} (targets version {result['repository']['targets_version']})")
     if repo is not None and "repository" in result:
         expiry_report(repo)
 

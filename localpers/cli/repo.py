@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localpers.cli.common import JsonOption, ModelOption, print_json
+from localpers.cli.common import JsonOption, ModelOption, echo, print_json
 from localpers.cli.expiry import expiry_json, expiry_report
 from localpers.errors import InputError, LocalpersError
 
@@ -54,8 +54,8 @@ def keygen(keys: Annotated[Path, typer.Argument(help="New directory for the four
 
     refuse_keys_inside_a_repository(keys)
     keyids = generate_keys(keys)
-    typer.echo(f"created keys in {keys}; keep them off the web server, back up root.key offline")
-    typer.echo(
+    echo(f"created keys in {keys}; keep them off the web server, back up root.key offline")
+    echo(
         f"root key {keyids['root']}: the fingerprint devices pin once `localpers repo init` makes a repository with"
         " these keys (a repository rotated to them keeps its first fingerprint)"
     )
@@ -72,7 +72,7 @@ def init(
 
     earlier = [path for path in signed_repositories(keys) if path != str(repo.resolve())]
     if earlier:
-        typer.echo(
+        echo(
             f"warning: the keys in {keys} already sign the repository {earlier[-1]}: a device that trusts it refuses"
             " a new repository made with the same keys as a rollback (its versions start at 1 again); to move a"
             " repository, copy its folder, and for a new one make new keys with `localpers repo keygen`",
@@ -82,7 +82,7 @@ def init(
     # a read-only keys folder: the repository is made all the same
     with contextlib.suppress(OSError, LocalpersError):
         remember_repository(keys, repo)
-    typer.echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
+    echo(f"created repository {repo}; devices trust it with: localpers pull URL --trust {fingerprint}")
     expiry_report(repo)
 
 
@@ -109,13 +109,13 @@ def add(
     with advising(PUBLISH_ADVICE):
         check_bundle_content(verified, backbone)  # signing a bundle every device refuses helps no one
     if backbone is None:
-        typer.echo(
+        echo(
             f"note: the backbone {bundle} names is not here (give it with --model), so the adapters were not"
             " checked against it; devices check them when they pull",
             err=True,
         )
     version = add_bundle(repo, bundle, keys, _expiry(days, "targets"))
-    typer.echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
+    echo(f"published {bundle} in {repo} (targets version {version}); upload the repository files")
     expiry_report(repo)
 
 
@@ -136,7 +136,7 @@ def add_backbone(
     # under a name carrying the old hash, which devices then checked its bytes against, and refused
     sha256 = sha256_of_file(backbone.path)
     add_file_target(repo, f"{BACKBONE_PREFIX}{sha256}.gguf", backbone.path, keys, expected_sha256=sha256)
-    typer.echo(f"published backbone {backbone.path.name} (sha256 {sha256}) in {repo}")
+    echo(f"published backbone {backbone.path.name} (sha256 {sha256}) in {repo}")
     expiry_report(repo)
 
 
@@ -182,7 +182,7 @@ def refresh(
     signed = "targets, snapshot and timestamp" if everything else "the timestamp"
     signed = f"the root, {signed}" if root else signed
     versions_text = ", ".join(f"{role} {version}" for role, version in versions.items())
-    typer.echo(f"re-signed {signed} of {repo} with new expiry dates; versions now: {versions_text}")
+    echo(f"re-signed {signed} of {repo} with new expiry dates; versions now: {versions_text}")
     expiry_report(repo)
 
 
@@ -198,7 +198,7 @@ def rotate(
     from localpers.bundle.resigning import rotate_keys
 
     version = rotate_keys(repo, keys, new_keys)
-    typer.echo(
+    echo(
         f"root version {version} now trusts only the keys in {new_keys}; devices follow on their next pull. New"
         f" devices still pin the repository's first fingerprint, {root_keyid(repo)} (`localpers repo"
         " fingerprint`), and follow the rotation from there"
@@ -210,7 +210,7 @@ def fingerprint(repo: RepoArgument) -> None:
     """Print the fingerprint devices pin (`localpers pull URL --trust FINGERPRINT`)."""
     from localpers.bundle.repository import root_keyid
 
-    typer.echo(root_keyid(repo))
+    echo(root_keyid(repo))
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from localpers.cli.common import (
     JsonOption,
     ask_yes_no,
     counted,
+    echo,
     items_phrase,
     note_saved,
     one_line_errors,
@@ -64,7 +65,7 @@ def user_create(
         return
     # a bare `localpers history ...` acts on the active user, which this one is not with --no-use
     for_user = "" if _is_active(store, user.name) else f" --user {user.name}"
-    typer.echo(
+    echo(
         f"next: `localpers history import FILE{for_user}` or"
         f" `localpers history add --input ... --output ...{for_user}`"
     )
@@ -87,11 +88,11 @@ def user_list(as_json: JsonOption = False) -> None:
         print_json({**listing, "note": damaged} if damaged else listing)
         return
     if not names:
-        typer.echo("no users yet; create one with `localpers user create NAME`", err=True)
+        echo("no users yet; create one with `localpers user create NAME`", err=True)
     for name in names:
-        typer.echo(f"{'*' if name == active else ' '} {name}")
+        echo(f"{'*' if name == active else ' '} {name}")
     if damaged:
-        typer.echo(f"note: no user is marked active: {one_line(damaged)}", err=True)
+        echo(f"note: no user is marked active: {one_line(damaged)}", err=True)
 
 
 @user_app.command("use")
@@ -101,7 +102,7 @@ def user_use(
 ) -> None:
     """Make NAME the active user (the default for history, fit and rewrite)."""
     UserStore().use(name)
-    typer.echo(f"active user: {name}")
+    echo(f"active user: {name}")
 
 
 @user_app.command("show")
@@ -141,28 +142,28 @@ def user_show(
         print_json(report)
         return
     tasks = ", ".join(f"{task}: {count}" for task, count in report["tasks"].items())
-    typer.echo(f"user        {user.name}{' (active)' if report['active'] else ''}")
-    typer.echo(f"folder      {user.dir}")
-    typer.echo(f"history     {items_phrase(len(history))}{f' ({tasks})' if tasks else ''}")
-    typer.echo(f"cluster     {cluster_text(report['cluster'], user.name)}")
+    echo(f"user        {user.name}{' (active)' if report['active'] else ''}")
+    echo(f"folder      {user.dir}")
+    echo(f"history     {items_phrase(len(history))}{f' ({tasks})' if tasks else ''}")
+    echo(f"cluster     {cluster_text(report['cluster'], user.name)}")
     if vector is None:
         first = f"`localpers history import FILE --user {user.name}`, then " if not history else ""
-        typer.echo(f"vector      none (run {first}`localpers fit --user {user.name}`)")
+        echo(f"vector      none (run {first}`localpers fit --user {user.name}`)")
     else:
-        typer.echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
+        echo(f"vector      D={vector.size}, sha256 {str(state.get('vector_sha256'))[:16]}")
     imported = bool(state.get(IMPORTED_WITHOUT_HISTORY))
     freshness = fit_freshness(state.get("fit"), history, user.name, imported_without_history=imported)
-    typer.echo(f"fitted      {freshness}")
+    echo(f"fitted      {freshness}")
     for label, text in [*state_summary(state, user.name), *report["other_fits"].items()]:
         # escaped: an imported archive's state.json is kept as it is (a label or habit may hold terminal escapes)
-        typer.echo(f"{one_line(label):<11} {one_line(text)}")
+        echo(f"{one_line(label):<11} {one_line(text)}")
     if report["rejected_outputs"]:
-        typer.echo(
+        echo(
             f"rejected    {counted(report['rejected_outputs'], 'output')} turned down in the TUI, kept with their"
             f" inputs in {user.rejected_path.name} for a later fit (none reads them yet); remove that file to forget"
             " them"
         )
-    typer.echo(f"disk        {report['disk_bytes']} bytes")
+    echo(f"disk        {report['disk_bytes']} bytes")
 
 
 @user_app.command("delete")
@@ -183,9 +184,9 @@ def user_delete(
         if not ask_yes_no(question):
             raise LocalpersError(f"user {name!r} was not deleted")
     pointer_left = store.delete(name)
-    typer.echo(f"deleted user {name!r}")
+    echo(f"deleted user {name!r}")
     if pointer_left is not None:
-        typer.echo(f"note: {pointer_left}", err=True)
+        echo(f"note: {pointer_left}", err=True)
 
 
 def _fit_as_a_rewrite_reads_it(with_history: bool = True) -> Callable[[User], None]:
@@ -275,14 +276,14 @@ def user_export(
             }
         )
         return
-    typer.echo(f"exported user {user.name!r} to {dest}{' (with history)' if with_history else ''}")
+    echo(f"exported user {user.name!r} to {dest}{' (with history)' if with_history else ''}")
     if not with_history and (left := _history_size(user)):
-        typer.echo(
+        echo(
             f"not exported: the history ({items_phrase(left)}); on the other device rewrites show none of its"
             " examples, where most of the personalization comes from (--with-history includes it)"
         )
     if kept_on_refit is False:
-        typer.echo(
+        echo(
             "the fit is not of the history as it is now (items were added or removed since it was made): on the"
             " other device rewrites use it, but `localpers fit` there has no items to fit and replaces it with"
             f" the global adapter's; `localpers fit --user {user.name}` here first and export again, or export"
@@ -291,7 +292,7 @@ def user_export(
     if left_out:
         names = " and ".join({"cope": "CoPe's LoRA", "exact": "EXACT's index"}[method] for method in left_out)
         refits = " and ".join(refit_advice(method, user.name).removeprefix("run ") for method in left_out)
-        typer.echo(f"not exported: {names}; after importing, refit with {refits}")
+        echo(f"not exported: {names}; after importing, refit with {refits}")
 
 
 def _history_size(user: User) -> int:
@@ -350,9 +351,9 @@ def _say_made(user: User, made: str, store: UserStore, not_activated: str | None
             report["note"] = not_activated
         print_json(report)
         return
-    typer.echo(f"{made} user {user.name!r}{' (active)' if active else ''}")
+    echo(f"{made} user {user.name!r}{' (active)' if active else ''}")
     if not_activated is not None:
-        typer.echo(f"note: {not_activated}", err=True)
+        echo(f"note: {not_activated}", err=True)
 
 
 def _is_active(store: UserStore, name: str) -> bool:
