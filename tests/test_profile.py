@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from read_counting import count_history_reads
 from typer.testing import CliRunner
 
 from localpers.cli import app
@@ -192,17 +193,8 @@ def test_a_fit_whose_vector_is_gone_or_cut_is_named_damaged_as_a_rewrite_refuses
 def test_profile_reads_the_history_once_and_reports_its_size(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The text profile read and parsed the history for its series, then again to know whether there was one
     (for the advice to import first); `--json` now says how many items the profile was made from."""
-    from localpers.users.folder import User
-
     make_user("counted")
-    reads: list[str] = []
-    real = User.history
-
-    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        reads.append(self.name)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(User, "history", counted)
+    reads = count_history_reads(monkeypatch)
     shown = CliRunner().invoke(app, ["profile", "--user", "counted"])
     assert shown.exit_code == 0, shown.output
     assert reads == ["counted"]

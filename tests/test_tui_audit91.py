@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 
+from read_counting import count_history_reads
 from tui_fakes import FakeService
 from tui_helpers import DRAFT, SIZE, async_test, examples, make_app, one_user_service, wait_idle
 
@@ -219,18 +220,3 @@ async def test_a_remove_in_the_history_tab_reads_the_history_once(monkeypatch) -
         assert reads == ["ann"]
         assert app.profile is not None and app.profile.n_history == len(app.user.history()) == 3
         assert app.main.history_panel.items == app.user.history()
-
-
-def count_history_reads(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
-    """The names of the users whose history is read from now on, one entry per read."""
-    from localpers.users.folder import User
-
-    reads: list[str] = []
-    real = User.history
-
-    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        reads.append(self.name)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(User, "history", counted)
-    return reads
