@@ -84,6 +84,19 @@ def test_history_list_on_an_ascii_stdout_escapes_as_a_streamed_rewrite_does() ->
     assert refused.returncode == 1 and refused.stderr.startswith(b"error: no history item '" + ESCAPED + b"'")
 
 
+def test_the_app_called_from_python_on_an_ascii_stdout_escapes_too() -> None:
+    """`scripts/` call `localpers.cli.app()` without the `localpers` command's set-up of the streams: a line of
+    the user's text on an ASCII stdout ended the command in a UnicodeEncodeError traceback (the review of
+    91a5c5f), where Click's own writer had printed UTF-8 before."""
+    invoke("user", "create", "ann")
+    assert invoke("history", "add", "-i", f"An article: {TEXT}", "-o", TEXT).exit_code == 0
+    listed = _console(
+        code="import sys; sys.argv = ['localpers', 'history', 'list']; from localpers.cli import app; app()"
+    )
+    assert listed.returncode == 0 and b"Traceback" not in listed.stderr, listed.stderr
+    assert listed.stdout.splitlines()[0].endswith(b"  headline  " + ESCAPED), listed.stdout
+
+
 def test_the_command_line_prints_through_echo_not_clicks_own_stdout() -> None:
     """`typer.echo` without a file writes through a UTF-8 writer of Click's over an ASCII stdout: every line
     goes through `common.echo`, which writes onto the stream as it is."""
@@ -96,10 +109,16 @@ def test_the_command_line_prints_through_echo_not_clicks_own_stdout() -> None:
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr in ("echo", "secho")
                 and isinstance(node.func.value, ast.Name)
-                and node.func.value.id in ("typer", "click")
+                and node.func.value.id in ("typer", "click", "rich")
                 and not any(keyword.arg == "file" for keyword in node.keywords)
-            ):
+            ) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"):
                 direct.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and node.module in ("typer", "click", "rich"):
+                direct += [
+                    f"{path.name}:{node.lineno}"
+                    for alias in node.names
+                    if alias.name in ("echo", "secho", "print")
+                ]
     assert direct == [], direct
 
 

@@ -49,9 +49,15 @@ def echo(message: str = "", *, err: bool = False, nl: bool = True) -> None:
     """`typer.echo` onto standard output (`err`: standard error) as the process has it, so every line the
     command line prints is written as streamed text and Rich's are. On an ASCII one (`PYTHONIOENCODING=ascii`,
     a C locale without UTF-8 mode) Click's own default writes UTF-8 instead, which that output cannot show;
-    written here, a character the output's encoding lacks becomes an escape (`\\u2014`,
-    `entry.usable_standard_streams`)."""
-    typer.echo(message, file=sys.stderr if err else sys.stdout, nl=nl)
+    written here, a character the output's encoding lacks becomes an escape (`\\u2014`): the stream escapes it
+    once `entry.usable_standard_streams` has set it up (the `localpers` command), and this function does where
+    it has not (the app called from Python, as scripts/ do)."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        typer.echo(message, file=stream, nl=nl)
+    except UnicodeEncodeError:  # raised before anything is written: the whole line is encoded at once
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        typer.echo(message.encode(encoding, "backslashreplace").decode(encoding), file=stream, nl=nl)
 
 
 def one_line_errors(func: F) -> F:
