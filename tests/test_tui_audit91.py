@@ -4,7 +4,8 @@ A stop signal while the Edit dialog held a changed output kept the draft only; a
 `--text` leaves a kept draft waiting) replaced the draft the first had kept; a kept draft over the size a start
 reads was "kept" and then refused; Escape on the welcome screen quit without asking, losing a draft reopened
 from the last stop; the Edit dialog drew an output's escape codes raw; a damaged rejected-outputs file was told
-again at every refresh; a native error's many lines filled a notice. (The import that said "fitting…" without a
+again at every refresh; a native error's many lines filled a notice; a refresh read and parsed the history twice,
+and an accept and a History tab remove read it again after writing it. (The import that said "fitting…" without a
 fit is tested in `test_tui_edges.py`, beside the import it extends.)
 """
 

@@ -293,9 +293,7 @@ def publish_command(
         version = add_bundle(repo, out, keys)
         result["repository"] = {"path": str(repo), "targets_version": version, "expires": expiry_json(repo)}
     if as_json:
-        print_json(
-            {"ok": True, **result}, indent=2, default=str
-        )  # as every --json verdict (a refusal: false)
+        print_json(result, indent=2, default=str)
         if "repository" in result:
             expiry_report(repo, dates=False)  # type: ignore[arg-type]
         return
