@@ -157,7 +157,7 @@ def test_no_refit_reminder_when_the_stored_fit_is_of_the_history_now(tmp_path: P
 
 
 def test_oldest_n_that_would_empty_the_history_asks_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localpers.cli import history as history_cli
+    from localpers.cli import history_remove
 
     ivy = user_with("ivy", items(6))
     refused = invoke("history", "remove", "--oldest", "600", "--user", "ivy")  # no terminal to ask at
@@ -167,7 +167,7 @@ def test_oldest_n_that_would_empty_the_history_asks_first(monkeypatch: pytest.Mo
     assert len(ivy.history()) == 6
     fewer = invoke("history", "remove", "--oldest", "2", "--user", "ivy")  # not all of it: as before
     assert fewer.exit_code == 0 and "4 items left" in fewer.stdout, fewer.stderr
-    monkeypatch.setattr(history_cli, "asks_a_person", lambda: True)
+    monkeypatch.setattr(history_remove, "asks_a_person", lambda: True)
     declined = invoke("history", "remove", "--oldest", "4", "--user", "ivy", stdin="n\n")
     # asked on stderr, with or without --json: seen when stdout is redirected
     assert declined.exit_code == 1 and "Remove the whole history of user 'ivy' (4 items)?" in declined.stderr
@@ -177,7 +177,7 @@ def test_oldest_n_that_would_empty_the_history_asks_first(monkeypatch: pytest.Mo
     # the question went to stderr; stdout has the JSON after the answer CliRunner echoes (a terminal echoes it)
     assert "Remove the whole history" in agreed.stderr and "Remove" not in agreed.stdout
     assert json.loads(agreed.stdout[agreed.stdout.index("{") :])["total"] == 0 and ivy.history() == []
-    monkeypatch.setattr(history_cli, "asks_a_person", lambda: False)
+    monkeypatch.setattr(history_remove, "asks_a_person", lambda: False)
     ivy.save_history(items(3))
     forced = invoke("history", "remove", "--oldest", "3", "--user", "ivy", "-y")
     assert forced.exit_code == 0 and "0 items left" in forced.stdout, forced.stderr

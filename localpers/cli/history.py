@@ -1,13 +1,14 @@
-"""The `localpers history ...` commands: import, add, list and remove a user's writing examples.
+"""The `localpers history ...` group and its import, add and list commands (a user's writing examples).
 
 Commands stay thin: `localpers.users.history_import` parses a file, `localpers.users.history` merges items,
-`localpers.users.store` finds the user and writes atomically under its lock. Nothing here fits a vector or builds a prompt.
+`localpers.users.store` finds the user and writes atomically under its lock. `history remove` is in
+`localpers.cli.history_remove`, added to this group by `localpers.cli.main`. Nothing here fits a vector or builds a
+prompt.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +19,6 @@ from localpers.cli import completion
 from localpers.cli.common import (
     JsonOption,
     UserOption,
-    ask_yes_no,
     checked_utf8,
     counted,
     echo,
@@ -28,22 +28,20 @@ from localpers.cli.common import (
     print_json,
     read_text_argument,
 )
-from localpers.errors import InputError, LocalpersError
-from localpers.methods.stored_files import COPE_STATE_FILE
+from localpers.cli.history_hints import refit_hint
+from localpers.errors import InputError
 from localpers.tasks import TASKS
 from localpers.untrusted import one_line
-from localpers.users.folder import read_json_object
 from localpers.users.history import (
     DEFAULT_TASK,
     MAX_HISTORY_FILE_BYTES,
     MAX_HISTORY_ITEMS,
     HistoryItem,
     check_history_size,
-    fitted_on_this_history,
     merge_history,
 )
 from localpers.users.history_import import parse_history
-from localpers.users.store import User, UserStore
+from localpers.users.store import UserStore
 
 history_app = typer.Typer(
     help="Manage a user's writing history (the examples rewrites show and `localpers fit` learns from).",
@@ -53,34 +51,6 @@ history_app = typer.Typer(
 
 SKIPPED_LINES_SHOWN = 20  # skipped items named one per line on stderr; --json has every one
 STDIN_NAME = "standard input"  # how messages and item sources name a history piped in
-MIN_ID_PREFIX = 4  # characters of an item id `history remove` needs: fewer match several items by chance
-
-
-def refit_hint(user: User, history: list[HistoryItem], *, removed: bool = False) -> str | None:
-    """What to run after a history change, or None where the stored fits are of `history` already (an import of
-    the items a fit was made from, the removal of an item added since); it names the user, since a bare
-    `localpers fit` fits the active one."""
-    refits = []
-    if not fitted_on_this_history(_stored_json(user.state_path).get("fit"), history):
-        refits.append(
-            f"`localpers fit --user {user.name}` to refit CARD's correction (the vector and habits) to it"
-        )
-    cope_state = user.dir / COPE_STATE_FILE
-    if cope_state.is_file() and not fitted_on_this_history(_stored_json(cope_state), history):
-        # a CoPe adapter's weights change only with its own refit
-        refits.append(f"`localpers fit --method cope --user {user.name}` for the CoPe adapter")
-    if not refits:
-        return None
-    now = "rewrites no longer show what was removed" if removed else "rewrites use the history now"
-    return f"{now}; run {', and '.join(refits)}"
-
-
-def _stored_json(path: Path) -> dict[str, Any]:
-    """A fit's JSON file as stored; {} when absent or damaged (a refit mends it, so the reminder stays)."""
-    try:
-        return read_json_object(path, "") or {}
-    except LocalpersError:
-        return {}
 
 
 def _item_json(item: HistoryItem) -> dict[str, Any]:
@@ -286,137 +256,6 @@ def _shorten(text: str, limit: int) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-@history_app.command("remove")
-@one_line_errors
-def history_remove(
-    item_id: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="ID",
-            help="An item id from `history list` (a unique prefix of 4 or more characters works).",
-        ),
-    ] = None,
-    oldest: Annotated[
-        int | None,
-        typer.Option(
-            "--oldest",
-            min=1,
-            help="Remove the N oldest items instead (the first N of `history list`): room for newer ones.",
-        ),
-    ] = None,
-    yes: Annotated[
-        bool,
-        typer.Option(
-            "--yes", "-y", help="Do not ask for confirmation when --oldest N takes the whole history."
-        ),
-    ] = False,
-    user: UserOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Remove one item from a user's history, or its N oldest with --oldest N."""
-    from localpers.methods.forget import remove_history_items
-
-    if item_id is None and oldest is None:
-        raise InputError("give an item ID or --oldest N")
-    if item_id is not None and oldest is not None:
-        raise InputError("give an item ID or --oldest N (not both)")
-    target = UserStore().resolve(user)
-    if oldest is not None:
-        _remove_oldest(target, oldest, yes=yes, as_json=as_json)
-        return
-    assert item_id is not None
-    wanted = item_id.strip().lower()
-    if len(wanted) < MIN_ID_PREFIX:  # whether or not items start with it: a few characters pick one by chance
-        raise InputError(
-            f"{item_id!r} is too short: give at least {MIN_ID_PREFIX} characters of an id from"
-            " `localpers history list`"
-        )
-
-    def the_matching_item(items: list[HistoryItem]) -> set[str]:
-        matches = {item.id for item in items if item.id.startswith(wanted)}
-        if not matches:
-            raise LocalpersError(
-                f"no history item {item_id!r} in user {target.name!r} (use an id from `localpers history list`)"
-            )
-        if len(matches) > 1:
-            raise LocalpersError(f"{item_id!r} matches {len(matches)} items; give more characters of the id")
-        return matches
-
-    removed, remaining = remove_history_items(
-        target, the_matching_item, on_saved=_note_remaining(target.name)
-    )
-    if as_json:
-        _print_removed(target, removed, remaining)
-        return
-    echo(f"removed {removed[0].id} from user {target.name!r}; {items_phrase(len(remaining))} left")
-    if hint := refit_hint(target, remaining, removed=True):
-        echo(hint)
-
-
-def _print_removed(target: User, removed: list[HistoryItem], remaining: list[HistoryItem]) -> None:
-    print_json({"user": target.name, "removed": [item.id for item in removed], "total": len(remaining)})
-
-
-def _remove_oldest(target: User, count: int, *, yes: bool, as_json: bool) -> None:
-    """Remove the `count` oldest items (the history lists the oldest first), then what was derived from them; one
-    that takes the whole history is asked about first, as `user delete` asks, unless `yes`."""
-    from localpers.methods.forget import remove_history_items
-
-    may_empty = yes or _confirmed_emptying(target, count, as_json)
-
-    def the_oldest(items: list[HistoryItem]) -> set[str]:
-        if not items:
-            raise LocalpersError(f"user {target.name!r} has no history items to remove")
-        if count >= len(items) and not may_empty:  # items were removed elsewhere since the history was read
-            raise _emptying_refused(target, count, len(items))
-        return {item.id for item in items[:count]}
-
-    removed, remaining = remove_history_items(target, the_oldest, on_saved=_note_remaining(target.name))
-    if as_json:
-        _print_removed(target, removed, remaining)
-        return
-    which = f"the newest of them {removed[-1].id}" if len(removed) > 1 else removed[0].id
-    echo(
-        f"removed the oldest {items_phrase(len(removed))} from user {target.name!r}"
-        f" ({which}); {items_phrase(len(remaining))} left"
-    )
-    if hint := refit_hint(target, remaining, removed=True):
-        echo(hint)
-
-
-def _confirmed_emptying(target: User, count: int, as_json: bool) -> bool:
-    """Whether the person at the terminal agreed that the `count` oldest items, the whole history, go; False where
-    they are not the whole history. Refused (nothing removed) when they said no, or when no one can be asked."""
-    size = len(target.history())
-    if not 0 < size <= count:
-        return False
-    if not asks_a_person():
-        raise _emptying_refused(target, count, size)
-    question = (
-        f"Remove the whole history of user {target.name!r} ({items_phrase(size)})? This cannot be undone"
-    )
-    if not ask_yes_no(question, err=True):  # seen with stdout redirected, and never inside --json's output
-        raise LocalpersError(f"nothing was removed from user {target.name!r}")
-    return True
-
-
-def _emptying_refused(target: User, count: int, size: int) -> LocalpersError:
-    return LocalpersError(
-        f"--oldest {count} would remove the whole history of user {target.name!r} ({items_phrase(size)}); add"
-        " `--yes` to remove it all"
-    )
-
-
-def asks_a_person() -> bool:
-    """Whether standard input is a terminal, so a question can be answered (a script's pipe must say --yes)."""
-    return sys.stdin is not None and sys.stdin.isatty()
-
-
 def make_room_hint(user_name: str, over: int) -> str:
     """How to free `over` places in a full history from the command line."""
     return f"make room with `localpers history remove --oldest {over} --user {user_name}`"
-
-
-def _note_remaining(name: str) -> Callable[[list[HistoryItem]], None]:
-    """What `remove_history_items` calls once the history is written: a stop from then on came after the work."""
-    return lambda remaining: note_saved(f"user {name!r} now has {items_phrase(len(remaining))}")

@@ -17,6 +17,7 @@ from localpers.cli import (
     doctor,
     generate,
     history,
+    history_remove,
     profile,
     publish,
     repo,
@@ -28,6 +29,7 @@ from localpers.cli.common import app
 doctor.register(app)
 generate.register(app)
 app.add_typer(users.user_app, name="user")
+history_remove.register(history.history_app)
 app.add_typer(history.history_app, name="history")
 for _module in (bundle, device, demo, bench, tui, profile, api, repo, publish):
     _module.register(app)
