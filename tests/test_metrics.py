@@ -143,3 +143,10 @@ def test_one_pair_gives_no_interval_rather_than_a_significant_zero_width_one() -
     ratio = paired_ratio_bootstrap([0.5], [0.25], n_resamples=200)
     assert ratio.mean == pytest.approx(2.0) and ratio.as_list() is None
     assert paired_bootstrap([0.5, 0.6], [0.2, 0.3], n_resamples=200).as_list() is not None  # two are enough
+
+
+def test_ratio_interval_is_undefined_when_every_resample_has_a_zero_baseline() -> None:
+    """With baseline [1, 0], a resample that draws the second pair twice has a zero baseline; seed 0's single
+    resample does, so no ratio is defined: NaN bounds and the point ratio, not an IndexError."""
+    ratio = paired_ratio_bootstrap([1.0, 1.0], [1.0, 0.0], n_resamples=1, seed=0)
+    assert ratio.mean == pytest.approx(2.0) and ratio.as_list() is None

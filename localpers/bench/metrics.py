@@ -130,7 +130,10 @@ def paired_ratio_bootstrap(
     resampled_baseline = b[indices].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = a[indices].mean(axis=1) / resampled_baseline
-    low, high = _bounds(ratios[np.isfinite(ratios)], confidence)
+    finite = ratios[np.isfinite(ratios)]
+    if finite.size == 0:  # every resample drew only zero-baseline pairs (a handful of resamples can)
+        return Interval(math.nan, float(a.mean() / b.mean()), math.nan)
+    low, high = _bounds(finite, confidence)
     return Interval(low, float(a.mean() / b.mean()), high)
 
 
