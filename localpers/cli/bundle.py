@@ -284,7 +284,7 @@ def info(directory: BundleDirArgument = None, as_json: JsonOption = False) -> No
     from localpers.bundle.format import open_bundle
 
     bundle = open_bundle(directory)  # a refusal: `one_line_errors` prints it, on stdout too with --json
-    report = {"ok": True, **_describe(bundle, _origin_of(directory))}
+    report = _describe(bundle, _origin_of(directory))
     if as_json:
         print_json(report)  # strict: a manifest's NaN (which verify passes) is no bare NaN here
         return
@@ -337,7 +337,6 @@ def verify(
     seconds = time.perf_counter() - started
     if as_json:
         payload = {
-            "ok": True,
             "directory": str(bundle.directory),
             "files": len(bundle.manifest["files"]),
             "bytes": bundle.total_size,
