@@ -76,7 +76,7 @@ def test_history_list_on_an_ascii_stdout_escapes_as_a_streamed_rewrite_does() ->
     assert listed.stdout.splitlines()[0].endswith(b"  headline  " + ESCAPED), listed.stdout
     assert listed.stdout.splitlines()[1].endswith(b"<- An article: " + ESCAPED), listed.stdout
     streamed = _console(  # the rewrite's and generate's streamed text, which escaped already
-        code="from localpers.cli.entry import usable_standard_streams as u; u();"
+        code="from localpers.cli.streams import usable_standard_streams as u; u();"
         f"from localpers.cli.common import stdout_stream as s; s(strip_leading=False)({TEXT!r})",
     )
     assert streamed.returncode == 0 and streamed.stdout == ESCAPED, streamed.stderr

@@ -74,7 +74,7 @@ def test_output_that_stdout_cannot_encode_is_escaped_and_json_stays_valid(home: 
         [
             sys.executable,
             "-c",
-            "from localpers.cli.entry import usable_standard_streams as u; u();"
+            "from localpers.cli.streams import usable_standard_streams as u; u();"
             "from localpers.cli.common import stdout_stream as s; s(strip_leading=False)('it\u2019s \U0001f600')",
         ],
         capture_output=True,
@@ -104,7 +104,7 @@ def test_utf8_arguments_under_a_locale_python_cannot_decode_are_recovered(home: 
 def test_a_closed_stdout_and_a_full_disk_are_not_tracebacks(home: Path) -> None:
     code = (
         "import os; os.close(1)\n"
-        "from localpers.cli.entry import usable_standard_streams; usable_standard_streams()\n"
+        "from localpers.cli.streams import usable_standard_streams; usable_standard_streams()\n"
         "handle = open(os.devnull)\n"  # would have taken number 1, and anything printed would land in it
         "assert handle.fileno() != 1\n"
         "from localpers.cli.common import stdout_stream; stdout_stream(strip_leading=False)('a headline')\n"

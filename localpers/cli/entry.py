@@ -4,7 +4,8 @@ Importing the command line (Typer, Rich, every command module) takes a few tenth
 that time would otherwise print Python's import traceback, and one while click parses the arguments would end
 the command with exit 130 and no word at all. This module (and its package's `__init__`) import
 nothing of localpers until `main` runs, which first routes Ctrl-C (and SIGTERM, SIGHUP) through
-`localpers.interrupts` and lets a finished command ignore them (`interrupts.settle_when_done`). With `--json`
+`localpers.interrupts`, lets a finished command ignore them (`interrupts.settle_when_done`) and makes the
+standard streams usable (`localpers.cli.streams`). With `--json`
 among the options (told by the word, before any `--`), a command line Typer cannot parse also gets its verdict
 as JSON on stdout. It does nothing else.
 """
@@ -12,7 +13,6 @@ as JSON on stdout. It does nothing else.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 
@@ -21,6 +21,8 @@ def main() -> None:
 
     interrupts.install()  # a Ctrl-C that a C callback swallows is raised again when llama.cpp returns
     interrupts.settle_when_done()  # once a command's work is done, a late stop no longer turns it into exit 130
+    from localpers.cli.streams import usable_standard_streams
+
     usable_standard_streams()
     try:
         from localpers.cli.main import app
@@ -61,39 +63,6 @@ def _write_out_or_fail(exit_: SystemExit) -> None:
                 sys.stderr.write(f"error: {exc.strerror or exc}\n")
             if exit_.code in (0, None):
                 exit_.code = 1
-
-
-def usable_standard_streams() -> None:
-    """Make standard input, output and error safe to use whatever the process was started with.
-
-    A closed one (`>&-`) is opened on the null device: Python would leave `sys.stdout` None (a streamed
-    rewrite failed on it) and the next file opened, a user's history say, would take its number, so anything
-    written to standard output would land in that file. On an output whose encoding is not UTF-8 (a Latin-1
-    locale, `PYTHONIOENCODING=ascii`), a character it cannot encode is written as an escape (`\\u2019`)
-    instead of ending the command with a traceback half-way through its output.
-    """
-    for descriptor in (0, 1, 2):
-        try:
-            os.fstat(descriptor)
-        except OSError:
-            opened = os.open(
-                os.devnull, os.O_RDWR
-            )  # the lowest free number: this one, if lower ones are open
-            if opened != descriptor:
-                os.dup2(opened, descriptor)
-                os.close(opened)
-    if sys.stdin is None:
-        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own, never closed
-    for name, descriptor in (("stdout", 1), ("stderr", 2)):
-        stream = getattr(sys, name)
-        if stream is None:
-            setattr(sys, name, open(descriptor, "w", encoding="utf-8", closefd=False))  # noqa: SIM115
-        elif not _is_utf8(getattr(stream, "encoding", None)) and hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
-
-
-def _is_utf8(encoding: str | None) -> bool:
-    return (encoding or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
 
 
 def _ctrl_c_typer_swallowed(exit_: SystemExit) -> KeyboardInterrupt | None:

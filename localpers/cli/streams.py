@@ -1,0 +1,45 @@
+"""Standard input, output and error made safe to use, however the process was started.
+
+`usable_standard_streams` is called by the `localpers` console script before anything else, and again by the
+app's root callback, so that the app called from Python (`localpers.cli.app()`, as scripts/ do) prints the same
+way: Rich's tables and streamed text included, not only `common.echo`'s lines. It imports nothing of localpers;
+it does nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def usable_standard_streams() -> None:
+    """Make standard input, output and error safe to use whatever the process was started with.
+
+    A closed one (`>&-`) is opened on the null device: Python would leave `sys.stdout` None (a streamed
+    rewrite failed on it) and the next file opened, a user's history say, would take its number, so anything
+    written to standard output would land in that file. On an output whose encoding is not UTF-8 (a Latin-1
+    locale, `PYTHONIOENCODING=ascii`), a character it cannot encode is written as an escape (`\\u2019`)
+    instead of ending the command with a traceback half-way through its output.
+    """
+    for descriptor in (0, 1, 2):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            opened = os.open(
+                os.devnull, os.O_RDWR
+            )  # the lowest free number: this one, if lower ones are open
+            if opened != descriptor:
+                os.dup2(opened, descriptor)
+                os.close(opened)
+    if sys.stdin is None:
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own, never closed
+    for name, descriptor in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(descriptor, "w", encoding="utf-8", closefd=False))  # noqa: SIM115
+        elif not _is_utf8(getattr(stream, "encoding", None)) and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _is_utf8(encoding: str | None) -> bool:
+    return (encoding or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
