@@ -120,7 +120,8 @@ def paired_ratio_bootstrap(
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> Interval:
-    """`mean(candidate) / mean(baseline)` with a paired bootstrap interval (nan if the baseline is 0)."""
+    """`mean(candidate) / mean(baseline)` with a paired bootstrap interval (nan if the baseline is 0; NaN bounds
+    where fewer than two pairs, or no resample with a nonzero baseline, define one)."""
     a, b = _paired_arrays(candidate, baseline)
     if b.mean() == 0:
         return Interval(float("nan"), float("nan"), float("nan"))

@@ -21,7 +21,7 @@ import typer
 
 from localpers import __version__, interrupts
 from localpers.cli import completion
-from localpers.cli.streams import usable_standard_streams
+from localpers.cli.streams import escaping_standard_output
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import expand_user
 from localpers.strict_json import strict_json_text
@@ -51,7 +51,7 @@ def echo(message: str = "", *, err: bool = False, nl: bool = True) -> None:
     command line prints is written as streamed text and Rich's are. On an ASCII one (`PYTHONIOENCODING=ascii`,
     a C locale without UTF-8 mode) Click's own default writes UTF-8 instead, which that output cannot show;
     written here, a character the output's encoding lacks becomes an escape (`\\u2014`): the stream escapes it
-    once `streams.usable_standard_streams` has set it up (the console script, then the app's root callback),
+    once `localpers.cli.streams` has set it up (the console script, then the app's root callback),
     and this function does where nothing has yet (`--version`, handled while the command line is parsed)."""
     stream = sys.stderr if err else sys.stdout
     try:
@@ -298,7 +298,7 @@ def main_options(
     ] = False,
 ) -> None:
     """An LLM that writes the way you write, without your writing leaving your machine."""
-    usable_standard_streams()  # done by the console script already; here for the app called from Python
+    escaping_standard_output()  # done by the console script already; here for the app called from Python
 
 
 ModelOption = Annotated[

@@ -2,12 +2,11 @@
 
 Importing the command line (Typer, Rich, every command module) takes a few tenths of a second; a Ctrl-C in
 that time would otherwise print Python's import traceback, and one while click parses the arguments would end
-the command with exit 130 and no word at all. This module (and its package's `__init__`) import
-nothing of localpers until `main` runs, which first routes Ctrl-C (and SIGTERM, SIGHUP) through
-`localpers.interrupts`, lets a finished command ignore them (`interrupts.settle_when_done`) and makes the
-standard streams usable (`localpers.cli.streams`). With `--json`
-among the options (told by the word, before any `--`), a command line Typer cannot parse also gets its verdict
-as JSON on stdout. It does nothing else.
+the command with exit 130 and no word at all. This module (and its package's `__init__`) import nothing of
+localpers until `main` runs, which first routes Ctrl-C (and SIGTERM, SIGHUP) through `localpers.interrupts`,
+lets a finished command ignore them (`interrupts.settle_when_done`) and makes the standard streams usable
+(`localpers.cli.streams`). With `--json` among the options (told by the word, before any `--`), a command line
+Typer cannot parse also gets its verdict as JSON on stdout. It does nothing else.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The assembled `localpers` command line: every command module registered on the shared Typer app.
 
 Command modules import `localpers.cli.common` and the shared helper modules (`sampling`, `numbers`, `progress`,
-`expiry`, `completion`, `user_show`), never one another; this module is the one place that imports them all, so
-adding a command group is one module with a `register(app)` (or a Typer group added with `add_typer`, as
-`user` and `history` are) and one line here.
+`expiry`, `completion`, `user_show`, `history_hints`, `streams`), never one another; this module is the one place
+that imports them all, so adding a command group is one module with a `register(app)` (or a Typer group added
+with `add_typer`, as `user` and `history` are) and one line here. A command of a group kept in a module of its
+own registers on the group it is given (`history_remove.register(history.history_app)`).
 """
 
 from __future__ import annotations

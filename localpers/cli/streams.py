@@ -1,9 +1,11 @@
 """Standard input, output and error made safe to use, however the process was started.
 
-`usable_standard_streams` is called by the `localpers` console script before anything else, and again by the
-app's root callback, so that the app called from Python (`localpers.cli.app()`, as scripts/ do) prints the same
-way: Rich's tables and streamed text included, not only `common.echo`'s lines. It imports nothing of localpers;
-it does nothing else.
+`usable_standard_streams` is for the `localpers` console script, once its Ctrl-C handling is in place: it opens a
+closed standard stream on the null device and makes a non-UTF-8 output escape what it cannot encode. The app's
+root callback calls `escaping_standard_output` only, so that the app called from Python (`localpers.cli.app()`,
+as scripts/ do) prints Rich's tables and streamed text as the command does; a process that embeds the app keeps
+its own descriptors (one that closed standard output may have a file of its own on that number). It imports
+nothing of localpers; it does nothing else.
 """
 
 from __future__ import annotations
@@ -34,10 +36,20 @@ def usable_standard_streams() -> None:
     if sys.stdin is None:
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own, never closed
     for name, descriptor in (("stdout", 1), ("stderr", 2)):
-        stream = getattr(sys, name)
-        if stream is None:
+        if getattr(sys, name) is None:
             setattr(sys, name, open(descriptor, "w", encoding="utf-8", closefd=False))  # noqa: SIM115
-        elif not _is_utf8(getattr(stream, "encoding", None)) and hasattr(stream, "reconfigure"):
+    escaping_standard_output()
+
+
+def escaping_standard_output() -> None:
+    """Make standard output and error, where their encoding is not UTF-8, write a character they cannot encode
+    as an escape (`\\u2019`) instead of raising; a stream that is None, or UTF-8, is left as it is."""
+    for stream in (sys.stdout, sys.stderr):
+        if (
+            stream is not None
+            and not _is_utf8(getattr(stream, "encoding", None))
+            and hasattr(stream, "reconfigure")
+        ):
             stream.reconfigure(errors="backslashreplace")
 
 

@@ -1,7 +1,8 @@
 """The `localpers user ...` commands: create, list, use, show, delete, export and import this device's users.
 
 Commands stay thin: `localpers.users.store` does the work; `show` only words what state.json holds
-(`localpers.cli.user_show` writes those lines). Nothing here fits vectors. The `history` commands are in `localpers.cli.history`.
+(`localpers.cli.user_show` writes those lines). Nothing here fits vectors. The `history` commands are in `localpers.cli.history`
+(`remove` in `localpers.cli.history_remove`).
 """
 
 from __future__ import annotations
