@@ -1,5 +1,6 @@
-"""Cases the ninety-fourth session's mutation round of `localpers/methods/forget.py` found untested (each let a
-changed line pass the tests of removal there were).
+"""Cases the ninety-fourth session's mutation round of `localpers/methods/forget.py` and
+`localpers/methods/card/pair_cache.py` found untested (each let a changed line pass the tests of removal and of
+the caches there were).
 
 Removing the whole history prunes what was derived from it too; a stop after a removal was saved says so; the
 pruned selection cache is named among the files changed; an EXACT index written by another version is left to
@@ -7,11 +8,17 @@ the rewrite that refuses it, not deleted; and of the items left that share a rem
 takes its place in the index is a remaining one, with a non-negative gain, the largest margin, matched on the
 input without the task's instruction, as the fit would choose (and never an item removed with it, which two
 lines keep out; that test guards them together).
+
+The pair cache: a pair's hash names its cluster, prompt, output and y- and keeps its stored length; features are
+read under their own key and dimension only, with as many log-probabilities as pairs and a list of pairs; a
+log-probability of 0 is valid; the y- cache's bound counts only this fit's keys that have a y-; the features
+cache keeps the first pairs it is given.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +171,95 @@ def test_an_input_given_with_the_tasks_instruction_matches_the_same_text_without
     user = _user_with_shared_input("hal", [best, other, RAIN], {best.id: (0.9, 0.2), other.id: (0.6, 0.2)})
     remove_history_items(user, lambda stored: {best.id})
     assert [entry.item_id for entry in load_index(user).entries] == [other.id, RAIN.id]
+
+
+# The fit's pair cache (`localpers/methods/card/pair_cache.py`).
+
+
+def test_a_pairs_hash_names_every_part_of_the_pair_and_keeps_its_stored_length() -> None:
+    """One pair's features are another adapter's (cluster), prompt's, output's or y-'s nowhere; 24 hex characters
+    as the caches written so far hold, so an upgrade does not throw them all away."""
+    from localpers.methods.card.pair_cache import pair_hash
+
+    parts = (0, "prompt", "output", "negative")
+    digest = pair_hash(*parts)
+    assert len(digest) == 24 and int(digest, 16) >= 0
+    for changed in ((1, *parts[1:]), (0, "other", *parts[2:]), (0, "prompt", "other", "negative")):
+        assert pair_hash(*changed) != digest
+    assert pair_hash(0, "prompt", "output", "other") != digest
+
+
+def test_cached_features_are_read_under_their_own_key_and_dimension_only(tmp_path: Path) -> None:
+    from localpers.methods.card import pair_cache
+
+    pairs = {"a": (np.ones(4, np.float32), -1.5), "b": (np.zeros(4, np.float32), -0.5)}
+    assert pair_cache.write_features(tmp_path, "bundle-1:cluster-0", 4, pairs)
+    assert list(pair_cache.read_features(tmp_path, "bundle-1:cluster-0", 4)) == ["a", "b"]
+    assert pair_cache.read_features(tmp_path, "bundle-2:cluster-0", 4) == {}  # another bundle's features
+    assert pair_cache.read_features(tmp_path, "bundle-1:cluster-0", 2) == {}  # another head's dimension
+
+
+def test_cached_features_whose_pair_list_is_not_a_list_read_as_absent(tmp_path: Path) -> None:
+    from safetensors.numpy import save
+
+    from localpers.methods.card import pair_cache
+
+    tensors = {"differences": np.ones((1, 4), np.float32), "first_logprobs": np.full(1, -1.0, np.float32)}
+    for pairs in ('{"a": 1}', '"a"'):
+        (tmp_path / pair_cache.FEATURES_FILE).write_bytes(
+            save(tensors, metadata={"key": "k", "pairs": pairs})
+        )
+        assert pair_cache.read_features(tmp_path, "k", 4) == {}
+
+
+def test_the_y_minus_cache_keeps_this_fits_entries_then_the_newest_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys of this fit that have no y- (none was generated) take no place among the kept."""
+    from localpers.methods.card import pair_cache
+
+    monkeypatch.setattr(pair_cache, "NEGATIVES_FILE_ENTRIES", 3)
+    known = {key: f"y- {key}" for key in "abcde"}
+    assert pair_cache.write_negatives(tmp_path, "key", known, used=["x", "y", "a"])
+    assert list(pair_cache.read_negatives(tmp_path, "key")) == ["a", "d", "e"]
+
+
+def test_cached_features_with_one_log_probability_too_few_read_as_absent(tmp_path: Path) -> None:
+    from safetensors.numpy import save
+
+    from localpers.methods.card import pair_cache
+
+    tensors = {"differences": np.ones((2, 4), np.float32), "first_logprobs": np.full(1, -1.0, np.float32)}
+    metadata = {"key": "k", "pairs": '["a", "b"]'}
+    (tmp_path / pair_cache.FEATURES_FILE).write_bytes(save(tensors, metadata=metadata))
+    assert pair_cache.read_features(tmp_path, "k", 4) == {}
+
+
+def test_a_first_token_the_model_was_certain_of_is_a_valid_cached_log_probability(tmp_path: Path) -> None:
+    """log 1 = 0 is what a fit computes for a first token of probability 1; only above 0 is impossible."""
+    from localpers.methods.card import pair_cache
+
+    assert pair_cache.write_features(tmp_path, "k", 4, {"a": (np.ones(4, np.float32), 0.0)})
+    assert pair_cache.read_features(tmp_path, "k", 4)["a"][1] == 0.0
+
+
+def test_the_features_cache_keeps_the_first_pairs_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fit passes this fit's pairs first: they are the ones kept."""
+    from localpers.methods.card import pair_cache
+
+    monkeypatch.setattr(pair_cache, "FEATURES_FILE_PAIRS", 2)
+    pairs = {key: (np.full(4, n, np.float32), -1.0) for n, key in enumerate("abc")}
+    assert pair_cache.write_features(tmp_path, "k", 4, pairs)
+    assert list(pair_cache.read_features(tmp_path, "k", 4)) == ["a", "b"]
+
+
+def test_both_caches_hold_a_full_historys_pairs_twice_over() -> None:
+    """The choice's refits add pairs of other prompts: a bound under two full histories' would make refits of a
+    long history generate y- again."""
+    from localpers.methods.card import pair_cache
+    from localpers.users.history import MAX_HISTORY_ITEMS
+
+    assert pair_cache.FEATURES_FILE_PAIRS >= 2 * MAX_HISTORY_ITEMS
+    assert pair_cache.NEGATIVES_FILE_ENTRIES >= 2 * MAX_HISTORY_ITEMS
