@@ -21,7 +21,7 @@ import typer
 
 from localpers import __version__, interrupts
 from localpers.cli import completion
-from localpers.cli.streams import escaping_standard_output
+from localpers.cli.streams import escaping_standard_output, is_utf8
 from localpers.errors import InputError, LocalpersError
 from localpers.paths import expand_user
 from localpers.strict_json import strict_json_text
@@ -339,8 +339,7 @@ def print_json(payload: Any, *, indent: int | None = 2, default: Callable[[Any],
     whether the set-up has no problem, with exit 1 where not) keeps it, where it is."""
     if isinstance(payload, dict) and "ok" not in payload:
         payload = {"ok": True, **payload}
-    encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "").replace("_", "")
-    ensure_ascii = encoding not in ("utf8", "utf8sig")
+    ensure_ascii = not is_utf8(getattr(sys.stdout, "encoding", None) or "utf-8")
     text = strict_json_text(payload, indent=indent, ensure_ascii=ensure_ascii, default=default)
     if not ensure_ascii:
         try:

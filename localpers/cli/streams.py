@@ -47,11 +47,12 @@ def escaping_standard_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         if (
             stream is not None
-            and not _is_utf8(getattr(stream, "encoding", None))
+            and not is_utf8(getattr(stream, "encoding", None))
             and hasattr(stream, "reconfigure")
         ):
             stream.reconfigure(errors="backslashreplace")
 
 
-def _is_utf8(encoding: str | None) -> bool:
+def is_utf8(encoding: str | None) -> bool:
+    """Whether a stream's `encoding` names UTF-8 (in any of Python's spellings); None does not."""
     return (encoding or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
